@@ -1,0 +1,1 @@
+"""Generated protobuf/gRPC stubs: run `make protos`, never edit."""

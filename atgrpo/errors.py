@@ -1,0 +1,91 @@
+"""Domain errors that carry their gRPC status code and whether a caller should retry.
+
+Logic modules raise these; the server interceptor turns them into statuses (DESIGN.md §4) and the
+clients turn statuses back into them, so neither side handles grpc types outside the transport.
+Every message says what was wrong and what to do instead.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class AtgrpoError(Exception):
+    """Base class; `code` is the gRPC status the error travels as."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    retryable: bool = False
+
+    def __init__(self, message: str, *, retry_after_ms: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.retry_after_ms = retry_after_ms
+
+
+class InvalidArgument(AtgrpoError):
+    """The request is wrong; sending it again will fail the same way."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(AtgrpoError):
+    """A named thing (episode, pool, env, run) does not exist; do not retry."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class FailedPrecondition(AtgrpoError):
+    """A version or state mismatch: refresh what you know (e.g. the policy version) first."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class ResourceExhausted(AtgrpoError):
+    """A queue or cap is full; retry with backoff (after `retry_after_ms` when given)."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    retryable = True
+
+
+class Unavailable(AtgrpoError):
+    """The service is down, starting or shutting down; retry with backoff."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    retryable = True
+
+
+class DeadlineExceeded(AtgrpoError):
+    """The call ran past its deadline; retrying is safe only for idempotent calls."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+    retryable = True
+
+
+class Unimplemented(AtgrpoError):
+    """The RPC exists in the contract but this build does not serve it yet."""
+
+    code = grpc.StatusCode.UNIMPLEMENTED
+
+
+class Internal(AtgrpoError):
+    """A bug on the server side; the message says where."""
+
+    code = grpc.StatusCode.INTERNAL
+
+
+_BY_CODE: dict[grpc.StatusCode, type[AtgrpoError]] = {
+    cls.code: cls
+    for cls in (InvalidArgument, NotFound, FailedPrecondition, ResourceExhausted, Unavailable,
+                DeadlineExceeded, Unimplemented, Internal)
+}
+
+# Trailing metadata key carrying a retry hint with RESOURCE_EXHAUSTED.
+RETRY_AFTER_KEY = "atgrpo-retry-after-ms"
+
+
+def error_for_status(code: grpc.StatusCode, message: str, retry_after_ms: int | None = None) -> AtgrpoError:
+    """The domain error for a gRPC status (unknown codes become Internal, keeping the code name)."""
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        return Internal(f"{code.name}: {message}", retry_after_ms=retry_after_ms)
+    return cls(message, retry_after_ms=retry_after_ms)
