@@ -1,0 +1,134 @@
+"""The `atgrpo` command: local services (up/status/down), tiny models, config checks.
+
+Later issues add `train`, `eval`, `plot` and `env serve` here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from atgrpo import __version__, local
+from atgrpo.rpc.probe import STUBS, probe_all
+
+
+def _cmd_version(args: argparse.Namespace) -> int:
+    print(f"atgrpo {__version__}")
+    return 0
+
+
+def _cmd_model_tiny(args: argparse.Namespace) -> int:
+    from atgrpo.models import build_tiny_model  # torch is imported only when a model is built
+
+    out = build_tiny_model(args.out, size=args.size, seed=args.seed)
+    print(out)
+    return 0
+
+
+def _cmd_config_check(args: argparse.Namespace) -> int:
+    from atgrpo.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as err:
+        print(f"{args.config}: invalid config\n{err}", file=sys.stderr)
+        return 2
+    mode = "local" if cfg.local_mode else "connect"
+    print(f"{args.config}: ok ({cfg.level}, {len(cfg.agents)} agents on {len(cfg.pools)} pools, {mode} mode)")
+    return 0
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    try:
+        services = local.up(args.state_dir, timeout_s=args.timeout_s)
+    except local.LaunchError as err:
+        print(f"atgrpo up failed: {err}", file=sys.stderr)
+        return 1
+    for s in services:
+        print(f"{s.name:<8} {s.address:<22} pid {s.pid:<7} metrics {s.metrics_address}")
+    print(f"{len(services)} services up; state in {args.state_dir}; stop them with `atgrpo down`")
+    return 0
+
+
+def _parse_addresses(pairs: list[str]) -> list[tuple[str, str]]:
+    targets = []
+    for pair in pairs:
+        kind, sep, address = pair.partition("=")
+        if not sep or kind not in STUBS:
+            raise SystemExit(f"--address {pair!r}: expected KIND=HOST:PORT with KIND one of {sorted(STUBS)}")
+        targets.append((kind, address))
+    return targets
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    if args.address:
+        targets = [(k, k, a) for k, a in _parse_addresses(args.address)]
+    else:
+        targets = [(s.name, s.kind, s.address) for s in local.read_state(args.state_dir)]
+        if not targets:
+            print(f"no services recorded in {args.state_dir}: run `atgrpo up`, or pass --address KIND=HOST:PORT",
+                  file=sys.stderr)
+            return 1
+    probes = asyncio.run(probe_all([(k, a) for _, k, a in targets], timeout_s=args.timeout_s))
+    if args.json:
+        print(json.dumps([{"name": n, **vars(p)} for (n, _, _), p in zip(targets, probes, strict=True)], indent=2))
+    else:
+        for (name, _, _), p in zip(targets, probes, strict=True):
+            extra = p.error or p.instance
+            print(f"{name:<8} {p.address:<22} {p.health:<12} {p.version or '-':<8} {extra}")
+    return 0 if all(p.ok for p in probes) else 1
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    outcome = local.down(args.state_dir, timeout_s=args.timeout_s)
+    if not outcome:
+        print(f"no services recorded in {args.state_dir}")
+    for name, what in outcome.items():
+        print(f"{name:<8} {what}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="atgrpo", description="Train teams of LLM agents with AT-GRPO.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("version", help="print the version").set_defaults(fn=_cmd_version)
+
+    model = sub.add_parser("model", help="build models offline").add_subparsers(dest="what", required=True)
+    tiny = model.add_parser("tiny", help="a tiny Qwen-style model with a locally trained tokenizer")
+    tiny.add_argument("--out", required=True, type=Path, help="directory to write (from_pretrained-loadable)")
+    tiny.add_argument("--size", default="tiny", choices=["tiny", "small"])
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(fn=_cmd_model_tiny)
+
+    config = sub.add_parser("config", help="run configs").add_subparsers(dest="what", required=True)
+    check = config.add_parser("check", help="validate a run config and say what to fix")
+    check.add_argument("config", type=Path)
+    check.set_defaults(fn=_cmd_config_check)
+
+    def state(p: argparse.ArgumentParser, timeout: float) -> argparse.ArgumentParser:
+        p.add_argument("--state-dir", type=Path, default=local.DEFAULT_STATE_DIR,
+                       help="where `up` records the services it started (env ATGRPO_STATE_DIR)")
+        p.add_argument("--timeout-s", type=float, default=timeout)
+        return p
+
+    state(sub.add_parser("up", help="start the five services locally"), 60.0).set_defaults(fn=_cmd_up)
+    st = state(sub.add_parser("status", help="health and version of each service"), 3.0)
+    st.add_argument("--address", action="append", default=[], metavar="KIND=HOST:PORT",
+                    help="probe these instead of the local ones (repeatable)")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(fn=_cmd_status)
+    state(sub.add_parser("down", help="stop the services `up` started"), 10.0).set_defaults(fn=_cmd_down)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""The local launcher: the five services as processes on free loopback ports.
+
+`up` starts them (each binds port 0 and reports its port through a file, so there is no race for
+free ports), waits until each answers its health check, and records pid, start time and address
+in `<state_dir>/services.json`. `down` stops exactly those processes: a recorded pid whose start
+time no longer matches (the pid was reused) is left alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import psutil
+
+from atgrpo.rpc.probe import probe_all
+
+STATE_FILE = "services.json"
+DEFAULT_STATE_DIR = Path(os.environ.get("ATGRPO_STATE_DIR", ".atgrpo/local"))
+
+
+@dataclass(frozen=True)
+class ServicePlan:
+    """One process to start: a unique name, its kind (env, rollout ...) and extra flags."""
+
+    name: str
+    kind: str
+    args: tuple[str, ...] = ()
+
+
+DEFAULT_PLAN = tuple(ServicePlan(k, k) for k in ("env", "sandbox", "rollout", "trainer", "router"))
+
+
+@dataclass
+class LocalService:
+    name: str
+    kind: str
+    pid: int
+    create_time: float
+    address: str
+    metrics_address: str
+    log: str
+    argv: list[str] = field(default_factory=list)
+
+
+class LaunchError(RuntimeError):
+    """A service did not come up; the message names it and quotes its log."""
+
+
+def read_state(state_dir: Path = DEFAULT_STATE_DIR) -> list[LocalService]:
+    path = Path(state_dir) / STATE_FILE
+    if not path.exists():
+        return []
+    return [LocalService(**s) for s in json.loads(path.read_text())["services"]]
+
+
+def _write_state(state_dir: Path, services: list[LocalService]) -> None:
+    path = state_dir / STATE_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"services": [asdict(s) for s in services]}, indent=2))
+    tmp.replace(path)
+
+
+def is_ours(svc: LocalService) -> bool:
+    """True when the recorded process still runs (same pid *and* start time)."""
+    try:
+        return abs(psutil.Process(svc.pid).create_time() - svc.create_time) < 0.01
+    except psutil.Error:
+        return False
+
+
+def _log_tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _spawn(plan: ServicePlan, state_dir: Path, python: str) -> tuple[subprocess.Popen, Path, Path, list[str]]:
+    port_file = state_dir / f"{plan.name}.port.json"
+    port_file.unlink(missing_ok=True)
+    log_path = state_dir / "logs" / f"{plan.name}.log"
+    argv = [python, "-m", f"{plan.kind}_svc", "--port", "0", "--metrics-port", "0",
+            "--port-file", str(port_file), *plan.args]
+    with open(log_path, "ab") as log:
+        # A new session: the services outlive this CLI process and a Ctrl-C in its terminal.
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=os.getcwd())
+    return proc, port_file, log_path, argv
+
+
+def _await_port(proc: subprocess.Popen, port_file: Path, log_path: Path, name: str, deadline: float) -> dict:
+    while time.monotonic() < deadline:
+        if port_file.exists():
+            return json.loads(port_file.read_text())
+        if proc.poll() is not None:
+            raise LaunchError(f"{name} exited with code {proc.returncode} before serving; its log "
+                              f"({log_path}) ends with:\n{_log_tail(log_path)}")
+        time.sleep(0.05)
+    raise LaunchError(f"{name} did not report a port within the timeout; see {log_path}")
+
+
+def up(state_dir: Path = DEFAULT_STATE_DIR, plan: tuple[ServicePlan, ...] = DEFAULT_PLAN,
+       *, timeout_s: float = 60.0, python: str = sys.executable) -> list[LocalService]:
+    """Start every service of `plan`, wait until all are healthy, record them, return them."""
+    state_dir = Path(state_dir)
+    running = [s for s in read_state(state_dir) if is_ours(s)]
+    if running:
+        names = ", ".join(f"{s.name} (pid {s.pid})" for s in running)
+        raise LaunchError(f"services from {state_dir} are already running: {names}; "
+                          "run `atgrpo down` first or pass another --state-dir")
+    (state_dir / "logs").mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout_s
+    started: list[LocalService] = []
+    spawned = []
+    try:
+        for p in plan:
+            spawned.append((p, *_spawn(p, state_dir, python)))
+        for p, proc, port_file, log_path, argv in spawned:
+            ports = _await_port(proc, port_file, log_path, p.name, deadline)
+            started.append(LocalService(
+                p.name, p.kind, proc.pid, psutil.Process(proc.pid).create_time(),
+                f"127.0.0.1:{ports['port']}", f"127.0.0.1:{ports['metrics_port']}", str(log_path), argv))
+            _write_state(state_dir, started)  # record as we go, so `down` can clean a partial start
+        probes = asyncio.run(probe_all([(s.kind, s.address) for s in started],
+                                       timeout_s=max(1.0, deadline - time.monotonic())))
+        bad = [f"{s.name}: {pr.health} {pr.error}" for s, pr in zip(started, probes, strict=True) if not pr.ok]
+        if bad:
+            raise LaunchError("services not healthy: " + "; ".join(bad))
+    except BaseException:
+        _stop_all(started, timeout_s=5.0)
+        for _, proc, *_ in spawned:  # those that never reported a port
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        (state_dir / STATE_FILE).unlink(missing_ok=True)
+        raise
+    return started
+
+
+def _stop_all(services: list[LocalService], timeout_s: float) -> dict[str, str]:
+    outcome: dict[str, str] = {}
+    procs = []
+    for svc in services:
+        if not is_ours(svc):
+            outcome[svc.name] = "not running"
+            continue
+        try:
+            # The service is its own session leader: signal its group so helpers it forked go too.
+            os.killpg(svc.pid, signal.SIGTERM)
+            procs.append((svc, psutil.Process(svc.pid)))
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            outcome[svc.name] = "not running"
+    _, alive = psutil.wait_procs([p for _, p in procs], timeout=timeout_s)
+    for svc, proc in procs:
+        if proc in alive:
+            try:
+                os.killpg(svc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            outcome[svc.name] = "killed (did not stop on SIGTERM)"
+        else:
+            outcome[svc.name] = "stopped"
+    return outcome
+
+
+def down(state_dir: Path = DEFAULT_STATE_DIR, *, timeout_s: float = 10.0) -> dict[str, str]:
+    """Stop the services `up` recorded in `state_dir`; returns name -> what happened."""
+    state_dir = Path(state_dir)
+    outcome = _stop_all(read_state(state_dir), timeout_s)
+    (state_dir / STATE_FILE).unlink(missing_ok=True)
+    return outcome

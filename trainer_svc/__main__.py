@@ -1,0 +1,9 @@
+"""python -m trainer_svc: serve one model pool's trainer until SIGTERM."""
+
+from atgrpo.rpc.main import base_parser, run_service
+from trainer_svc.server import bindings
+
+if __name__ == "__main__":
+    parser = base_parser("trainer")
+    parser.add_argument("--pool", default="", help="the model pool this trainer owns")
+    run_service("trainer", bindings, parser=parser)
