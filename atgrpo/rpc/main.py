@@ -66,4 +66,7 @@ def run_service(service: str, build: Callable[[argparse.Namespace], Sequence[Bin
     args = (parser or base_parser(service)).parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s")
-    asyncio.run(_serve(args, build(args), service))
+    try:
+        asyncio.run(_serve(args, build(args), service))
+    except OSError as err:
+        raise SystemExit(f"{service}: {err}") from None

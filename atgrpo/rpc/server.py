@@ -75,7 +75,10 @@ async def create_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [b.name for b in bindings]
     reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    port = server.add_insecure_port(address)
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError:  # grpc raises instead of returning 0 when nothing could be bound
+        port = 0
     if port == 0:
         raise OSError(f"could not bind {address}: is the port in use? Pass --port 0 to pick a free one")
     await server.start()

@@ -1,0 +1,170 @@
+"""atgrpo.rpc over real gRPC on loopback: error mapping, metrics, health, graceful shutdown.
+
+The services under test here are small generic handlers written for the test (raw bytes in and
+out), so each rule of the interceptor is pinned without depending on any service's logic.
+"""
+
+import asyncio
+
+import grpc
+import pytest
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import REGISTRY
+
+from atgrpo import errors
+from atgrpo.rpc.client import ServiceClient
+from atgrpo.rpc.server import Binding, create_server
+
+SERVICE = "test.v1.Probe"
+
+
+async def _sleep(request: bytes, context) -> bytes:
+    await asyncio.sleep(float(request.decode()))
+    return b"slept"
+
+
+async def _fail(request: bytes, context) -> bytes:
+    kind = request.decode()
+    if kind == "invalid":
+        raise errors.InvalidArgument("k must be >= 1; set algorithm.k to a positive integer")
+    if kind == "busy":
+        raise errors.ResourceExhausted("queue full; retry later", retry_after_ms=250)
+    if kind == "todo":
+        raise NotImplementedError
+    raise ValueError("boom")
+
+
+async def _stream(request: bytes, context):
+    for i in range(3):
+        yield str(i).encode()
+    raise errors.FailedPrecondition("policy version moved on; recollect")
+
+
+def _binding() -> Binding:
+    handler = grpc.method_handlers_generic_handler(SERVICE, {
+        "Sleep": grpc.unary_unary_rpc_method_handler(_sleep),
+        "Fail": grpc.unary_unary_rpc_method_handler(_fail),
+        "Stream": grpc.unary_stream_rpc_method_handler(_stream),
+    })
+    return Binding(SERVICE, None, lambda _servicer, server: server.add_generic_rpc_handlers((handler,)))
+
+
+class _ProbeClient(ServiceClient):
+    stub_class = staticmethod(lambda channel: channel)  # the test calls methods by path
+
+    async def call(self, method: str, payload: bytes, timeout_s: float = 5.0):
+        return await self._call(self.channel.unary_unary(f"/{SERVICE}/{method}"), payload, timeout_s=timeout_s)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_domain_errors_become_their_status_codes_and_back():
+    async def go():
+        running = await create_server([_binding()])
+        async with _ProbeClient(f"127.0.0.1:{running.port}") as c:
+            with pytest.raises(errors.InvalidArgument, match="set algorithm.k"):
+                await c.call("Fail", b"invalid")
+            with pytest.raises(errors.ResourceExhausted) as busy:
+                await c.call("Fail", b"busy")
+            assert busy.value.retryable and busy.value.retry_after_ms == 250
+            with pytest.raises(errors.Unimplemented, match="/test.v1.Probe/Fail is not implemented"):
+                await c.call("Fail", b"todo")
+            with pytest.raises(errors.Internal, match="ValueError: boom.*keeps serving"):
+                await c.call("Fail", b"other")
+            # The server is still up after an unexpected exception.
+            assert await c.call("Sleep", b"0") == b"slept"
+        await running.stop(0)
+    run(go())
+
+
+def test_streaming_error_after_items_keeps_items_and_code():
+    async def go():
+        running = await create_server([_binding()])
+        async with aio.insecure_channel(f"127.0.0.1:{running.port}") as ch:
+            call = ch.unary_stream(f"/{SERVICE}/Stream")(b"", timeout=5)
+            got = []
+            with pytest.raises(aio.AioRpcError) as err:
+                async for item in call:
+                    got.append(item)
+            assert got == [b"0", b"1", b"2"]
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        await running.stop(0)
+    run(go())
+
+
+def test_metrics_count_calls_by_code():
+    def count(code):
+        return REGISTRY.get_sample_value("atgrpo_rpc_handled_total",
+                                         {"service": SERVICE, "method": "Fail", "code": code}) or 0.0
+
+    async def go():
+        running = await create_server([_binding()])
+        async with _ProbeClient(f"127.0.0.1:{running.port}") as c:
+            for _ in range(2):
+                with pytest.raises(errors.InvalidArgument):
+                    await c.call("Fail", b"invalid")
+        await running.stop(0)
+
+    before = count("INVALID_ARGUMENT")
+    run(go())
+    assert count("INVALID_ARGUMENT") == before + 2
+
+
+def test_health_serving_then_not_serving_on_shutdown():
+    async def go():
+        running = await create_server([_binding()])
+        async with aio.insecure_channel(f"127.0.0.1:{running.port}") as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            for name in ("", SERVICE):
+                resp = await stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=2)
+                assert resp.status == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(aio.AioRpcError) as err:
+                await stub.Check(health_pb2.HealthCheckRequest(service="no.Such"), timeout=2)
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+            await running.health.enter_graceful_shutdown()
+            resp = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
+            assert resp.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        await running.stop(0)
+    run(go())
+
+
+def test_graceful_stop_finishes_in_flight_and_refuses_new_calls():
+    async def go():
+        running = await create_server([_binding()])
+        address = f"127.0.0.1:{running.port}"
+        async with _ProbeClient(address) as c:
+            in_flight = asyncio.create_task(c.call("Sleep", b"0.5"))
+            await asyncio.sleep(0.1)
+            stopping = asyncio.create_task(running.stop(grace_s=5))
+            await asyncio.sleep(0.05)
+            async with _ProbeClient(address) as late:
+                with pytest.raises(errors.Unavailable):
+                    await late.call("Sleep", b"0", timeout_s=2)
+            assert await in_flight == b"slept"
+            await stopping
+    run(go())
+
+
+def test_concurrency_cap_refuses_with_resource_exhausted():
+    async def go():
+        running = await create_server([_binding()], max_concurrent_rpcs=2)
+        async with _ProbeClient(f"127.0.0.1:{running.port}") as c:
+            results = await asyncio.gather(*(c.call("Sleep", b"0.3") for _ in range(4)),
+                                           return_exceptions=True)
+        await running.stop(0)
+        return results
+    results = run(go())
+    assert results.count(b"slept") == 2
+    assert sum(isinstance(r, errors.ResourceExhausted) for r in results) == 2
+
+
+def test_unreachable_address_is_unavailable_and_retryable():
+    async def go():
+        async with _ProbeClient("127.0.0.1:1") as c:
+            with pytest.raises(errors.Unavailable, match="is the service running") as err:
+                await c.call("Sleep", b"0", timeout_s=2)
+            assert err.value.retryable
+    run(go())
