@@ -168,3 +168,14 @@ def test_unreachable_address_is_unavailable_and_retryable():
                 await c.call("Sleep", b"0", timeout_s=2)
             assert err.value.retryable
     run(go())
+
+
+def test_oversized_request_is_refused_and_the_server_keeps_serving():
+    async def go():
+        running = await create_server([_binding()], max_message_bytes=1024)
+        async with _ProbeClient(f"127.0.0.1:{running.port}") as c:
+            with pytest.raises(errors.ResourceExhausted):
+                await c.call("Sleep", b"0" * 4096)
+            assert await c.call("Sleep", b"0") == b"slept"
+        await running.stop(0)
+    run(go())

@@ -1,0 +1,44 @@
+"""The `atgrpo` command's offline subcommands, called as a user would (in-process main())."""
+
+from pathlib import Path
+
+import yaml
+
+from atgrpo.cli import main
+from atgrpo.models import model_fingerprint
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_version(capsys):
+    assert main(["version"]) == 0
+    assert capsys.readouterr().out.startswith("atgrpo 0.")
+
+
+def test_config_check_accepts_every_example(capsys):
+    examples = sorted(EXAMPLES.glob("*.yaml"))
+    assert examples
+    for path in examples:
+        assert main(["config", "check", str(path)]) == 0, capsys.readouterr().err
+        assert "ok (L" in capsys.readouterr().out
+
+
+def test_config_check_lists_every_problem_with_its_fix(tmp_path, capsys):
+    cfg = yaml.safe_load((EXAMPLES / "plan_path_L1_tiny.yaml").read_text())
+    cfg["algorithm"]["k"] = 0
+    cfg["agents"]["plan"]["pool"] = "missing"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(cfg))
+    assert main(["config", "check", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "algorithm.k" in err and "agents.plan.pool" in err and "shared" in err
+
+
+def test_model_tiny_writes_a_loadable_directory_and_prints_it(tmp_path, capsys):
+    out = tmp_path / "tiny"
+    assert main(["model", "tiny", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    assert (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
+    again = tmp_path / "again"
+    main(["model", "tiny", "--out", str(again)])
+    assert model_fingerprint(out) == model_fingerprint(again)
