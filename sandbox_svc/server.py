@@ -1,21 +1,43 @@
-"""SandboxService servicer: thin; execution backends live in plain modules (issue #3)."""
+"""SandboxService servicer: converts and delegates to the Executor, nothing more."""
 
 from __future__ import annotations
 
+import logging
+import time
+
 from atgrpo._proto.v1 import sandbox_pb2_grpc
 from atgrpo.rpc.server import Binding, service_info
+from sandbox_svc import convert
+from sandbox_svc.executor import Executor
+
+log = logging.getLogger(__name__)
+
+
+def _deadline(context) -> float | None:
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
 
 
 class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
-    """RPCs other than GetInfo answer UNIMPLEMENTED (through the generated base) until built."""
-
-    def __init__(self) -> None:
-        self._info = service_info("sandbox")
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
+        self._info = service_info("sandbox", {
+            "backend": executor.backend.name, "isolated": str(executor.backend.isolated).lower(),
+            "workers": str(executor.workers), "queue": str(executor.queue)})
 
     async def GetInfo(self, request, context):
         return self._info
 
+    async def Execute(self, request, context):
+        result = await self.executor.execute(convert.exec_request_from_pb(request), deadline=_deadline(context))
+        return convert.exec_result_to_pb(result)
 
-def bindings(args=None) -> list[Binding]:
-    return [Binding("atgrpo.v1.SandboxService", SandboxServicer(),
+    async def RunTests(self, request, context):
+        result = await self.executor.run_tests(convert.tests_request_from_pb(request),
+                                               deadline=_deadline(context))
+        return convert.tests_result_to_pb(result)
+
+
+def bindings(executor: Executor) -> list[Binding]:
+    return [Binding("atgrpo.v1.SandboxService", SandboxServicer(executor),
                     sandbox_pb2_grpc.add_SandboxServiceServicer_to_server)]

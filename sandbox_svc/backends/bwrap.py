@@ -1,0 +1,116 @@
+"""The default backend: bubblewrap namespaces plus rlimits (DESIGN.md §5).
+
+Each execution gets: new user, pid, network, ipc, uts and cgroup namespaces (no network at all:
+not even the host's loopback is reachable), a read-only /usr and nothing else of the host (no
+/etc, no /home, no server files), a private size-capped /tmp as the working directory, an
+unprivileged uid, and an empty environment. The root is remounted read-only, so the program can
+write only to /tmp and /dev/shm, both capped.
+
+When the server runs as root, each worker slot runs its programs under its own host uid
+(`uid_base + slot`): RLIMIT_NPROC then bounds a fork bomb per slot, no sandboxed program can
+signal the server or another slot's program, and after a kill every process of that uid is swept.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+
+from sandbox_svc.backends.base import BackendUnavailable
+from sandbox_svc.backends.process import (
+    Launch,
+    become_subreaper,
+    memfd_with,
+    prlimit_argv,
+    reap_orphans,
+    run_launch,
+)
+from sandbox_svc.languages import LANGUAGES
+from sandbox_svc.model import ExecRequest, ExecResult
+from sandbox_svc.policy import Policy
+
+SANDBOX_UID = 65534      # "nobody" inside the namespace
+_BWRAP_PROCESSES = 1     # bwrap itself counts against RLIMIT_NPROC
+
+
+def sweep_uid(uid: int) -> None:
+    """Kill every process running as `uid` (kill(-1) signals all a uid may signal but itself),
+    then reap those that were re-parented to us."""
+    subprocess.run(["/usr/bin/kill", "-9", "-1"], user=uid, group=uid, extra_groups=[],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={}, check=False)
+    reap_orphans(uid)
+
+
+class BwrapBackend:
+    name = "bwrap"
+    isolated = True
+
+    def __init__(self, policy: Policy | None = None, uid_base: int = 60000, bwrap: str | None = None):
+        self.policy = policy or Policy()
+        self.bwrap = bwrap or shutil.which("bwrap") or "/usr/bin/bwrap"
+        self.uid_base = uid_base if os.geteuid() == 0 else None
+        become_subreaper()
+
+    def uid_for(self, slot: int) -> int | None:
+        return None if self.uid_base is None else self.uid_base + slot
+
+    def check(self) -> None:
+        fix = ("install bubblewrap (apt-get install bubblewrap), or start the server with "
+               "--backend docker, or --backend subprocess --unsafe-no-isolation for local development only")
+        if not os.path.exists(self.bwrap):
+            raise BackendUnavailable(f"the bwrap backend needs bubblewrap, which is not installed: {fix}")
+        if not os.path.exists("/usr/bin/python3"):
+            raise BackendUnavailable("the bwrap backend runs /usr/bin/python3, which is missing: "
+                                     "apt-get install python3-minimal")
+        probe = subprocess.run([self.bwrap, *self._namespace_args(1 << 20), "true"],
+                               capture_output=True, user=self.uid_for(0), group=self.uid_for(0),
+                               extra_groups=[] if self.uid_base is not None else None, env={})
+        if probe.returncode != 0:
+            raise BackendUnavailable(
+                f"bubblewrap cannot create namespaces here ({probe.stderr.decode(errors='replace').strip()}); "
+                "enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1), "
+                f"or use another backend: {fix}")
+
+    def _namespace_args(self, tmp_bytes: int) -> list[str]:
+        return [
+            "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--disable-userns",
+            # The program is pid 1: its exit tears the namespace down (no process outlives it),
+            # and bwrap reaps it, so its CPU time reaches our wait4 (bwrap's own init would not).
+            "--as-pid-1",
+            "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+            "--ro-bind", "/usr", "/usr",
+            "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin",
+            "--proc", "/proc", "--dev", "/dev",
+            "--size", str(tmp_bytes), "--tmpfs", "/tmp",
+            "--size", str(tmp_bytes), "--tmpfs", "/dev/shm",
+            "--remount-ro", "/",
+            "--chdir", "/tmp", "--clearenv", "--setenv", "PATH", "/usr/bin", "--setenv", "HOME", "/tmp",
+        ]
+
+    def run(self, req: ExecRequest, slot: int, cancel: threading.Event | None = None) -> ExecResult:
+        language = LANGUAGES[req.language]
+        fds = [memfd_with("stdin", req.stdin), memfd_with(language.filename, req.code.encode())]
+        try:
+            args = [self.bwrap, *self._namespace_args(self.policy.tmp_bytes),
+                    "--file", str(fds[1]), f"/tmp/{language.filename}"]
+            for path, content in req.files:
+                fd = memfd_with("file", content)
+                fds.append(fd)
+                parent = os.path.dirname(path)
+                if parent:
+                    args += ["--dir", f"/tmp/{parent}"]
+                args += ["--file", str(fd), f"/tmp/{path}"]
+            launch = Launch(
+                argv=[*prlimit_argv(req.limits, _BWRAP_PROCESSES), *args, *language.argv],
+                stdin_fd=fds[0], limits=req.limits, language=language, uid=self.uid_for(slot),
+                pass_fds=tuple(fds[1:]), exit_code_encodes_signal=True)
+            uid = self.uid_for(slot)
+            return run_launch(launch, cancel, after_kill=(lambda: sweep_uid(uid)) if uid is not None else None)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,222 @@
+"""Run one sandboxed command: limits, capped output, a wall clock, and a verdict.
+
+Shared by the bwrap and subprocess backends. Limits are applied by `prlimit` in front of the
+command rather than a Python preexec_fn, which is unsafe to run in a forked child of a
+multi-threaded server; the uid switch uses Popen's `user=`, done in C. The command starts in its
+own session so a timeout can kill its whole process group.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import psutil
+
+from sandbox_svc.languages import Language
+from sandbox_svc.model import ExecResult, Limits, Verdict
+
+PRLIMIT = "/usr/bin/prlimit"
+_PR_SET_CHILD_SUBREAPER = 36
+_READ_CHUNK = 65536
+
+
+def prlimit_argv(limits: Limits, extra_processes: int = 0) -> list[str]:
+    """`prlimit` options for `limits`. `extra_processes` leaves room for a wrapper's own processes."""
+    cpu = max(1, math.ceil(limits.cpu_time_ms / 1000))
+    return [
+        PRLIMIT,
+        # Soft = hard: SIGKILL at the limit. A pid-1 program (bwrap --as-pid-1) would ignore a
+        # soft limit's SIGXCPU and run on to the hard one.
+        f"--cpu={cpu}:{cpu}",
+        f"--as={limits.memory_bytes}",
+        f"--fsize={limits.max_file_bytes}",
+        f"--nofile={limits.max_open_files}",
+        f"--nproc={limits.max_processes + extra_processes}",
+        "--core=0",
+        "--",
+    ]
+
+
+@dataclass
+class Launch:
+    """One command to run; fds in `pass_fds` are closed by the caller afterwards."""
+
+    argv: Sequence[str]
+    stdin_fd: int
+    limits: Limits
+    language: Language
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    uid: int | None = None
+    pass_fds: tuple[int, ...] = ()
+    # Exit codes above 128 mean death by signal (128 + n) for wrappers that relay it that way.
+    exit_code_encodes_signal: bool = False
+
+
+class _Output:
+    def __init__(self, cap: int):
+        self.cap, self.data, self.truncated = cap, bytearray(), False
+
+    def add(self, chunk: bytes) -> None:
+        room = self.cap - len(self.data)
+        if len(chunk) > room:
+            self.truncated = True
+        self.data += chunk[:max(room, 0)]
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """Kill the program, then its wrapper's group.
+
+    Descendants go first so that a wrapper (bwrap) reaps them and exits on its own: killing the
+    wrapper first would orphan them, and where the host's init does not reap, they would stay
+    zombies counting against the slot's process limit.
+    """
+    try:
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        descendants = []
+    for child in descendants:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    give_up = time.monotonic() + 1.0
+    while not _exited(proc.pid) and time.monotonic() < give_up:  # not reaped: wait4 needs it
+        time.sleep(0.005)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def become_subreaper() -> None:
+    """Orphans of sandboxed programs are re-parented to this process (not the host's init, which
+    may never reap them), so reap_orphans() can collect them."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+def reap_orphans(uid: int | None) -> None:
+    """Reap this process's zombie children (of `uid`, when given) left by killed programs."""
+    for child in psutil.Process().children():
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE and (uid is None or child.uids().real == uid):
+                os.waitpid(child.pid, os.WNOHANG)
+        except (psutil.NoSuchProcess, ChildProcessError):
+            pass
+
+
+def _exited(pid: int) -> bool:
+    """Whether `pid` has exited, without reaping it (so wait4 can still collect its rusage)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def _pump(proc: subprocess.Popen, limits: Limits, deadline: float, cancel: threading.Event | None,
+          out: _Output, err: _Output) -> str | None:
+    """Read both streams until EOF; returns why the process had to be killed, or None."""
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ, out)
+    sel.register(proc.stderr, selectors.EVENT_READ, err)
+    exited_at = None
+    while sel.get_map():
+        now = time.monotonic()
+        if now >= deadline:
+            return "wall"
+        if cancel is not None and cancel.is_set():
+            return "cancel"
+        # A child left running in the background may hold the pipes open after the program
+        # exited: give it a moment, then stop reading (the caller kills the group).
+        if exited_at is None and _exited(proc.pid):
+            exited_at = now
+        elif exited_at is not None and now - exited_at > 0.2:
+            return "orphans"
+        for key, _ in sel.select(timeout=min(0.05, deadline - now)):
+            chunk = os.read(key.fd, _READ_CHUNK)
+            if not chunk:
+                sel.unregister(key.fileobj)
+                continue
+            key.data.add(chunk)
+            if key.data.truncated:
+                return "output"
+    return None
+
+
+def _verdict(killed_for: str | None, code: int, sig: int, cpu_ms: int, stderr: bytes,
+             launch: Launch) -> Verdict:
+    limits = launch.limits
+    if killed_for == "output":
+        return Verdict.OUTPUT_LIMIT
+    if killed_for == "wall":
+        return Verdict.TIMEOUT
+    if killed_for == "cancel":
+        return Verdict.KILLED
+    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_ms >= 0.95 * limits.cpu_time_ms):
+        return Verdict.TIMEOUT
+    if sig == signal.SIGXFSZ:
+        return Verdict.OUTPUT_LIMIT
+    if (code or sig) and any(m in stderr[-8192:] for m in launch.language.oom_markers):
+        return Verdict.MEMORY_LIMIT
+    if sig:
+        return Verdict.KILLED
+    return Verdict.RUNTIME_ERROR if code else Verdict.OK
+
+
+def run_launch(launch: Launch, cancel: threading.Event | None = None,
+               after_kill: Callable[[], None] | None = None) -> ExecResult:
+    """Run `launch` to completion or to a limit; `after_kill` sweeps what a kill may leave."""
+    start = time.monotonic()
+    deadline = start + launch.limits.wall_timeout_ms / 1000
+    out, err = _Output(launch.limits.max_output_bytes), _Output(launch.limits.max_output_bytes)
+    proc = subprocess.Popen(
+        launch.argv, stdin=launch.stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=launch.cwd, env=launch.env if launch.env is not None else {},
+        pass_fds=launch.pass_fds, start_new_session=True,
+        user=launch.uid, group=launch.uid, extra_groups=[] if launch.uid is not None else None,
+    )
+    try:
+        killed_for = _pump(proc, launch.limits, deadline, cancel, out, err)
+    finally:
+        if proc.stdout is not None:
+            proc.stdout.close()
+        if proc.stderr is not None:
+            proc.stderr.close()
+    if killed_for is not None:
+        _kill_tree(proc)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)  # tell Popen it is reaped
+    if killed_for is not None and after_kill is not None:
+        after_kill()
+    wall_ms = int((time.monotonic() - start) * 1000)
+    cpu_ms = int((usage.ru_utime + usage.ru_stime) * 1000)
+    code, sig = (os.WEXITSTATUS(status), 0) if os.WIFEXITED(status) else (0, os.WTERMSIG(status))
+    if launch.exit_code_encodes_signal and code > 128:
+        code, sig = 0, code - 128
+    if killed_for == "orphans":  # the program itself finished; only its leftovers were killed
+        killed_for = None
+    verdict = _verdict(killed_for, code, sig, cpu_ms, bytes(err.data), launch)
+    return ExecResult(verdict=verdict, exit_code=code, signal=sig, stdout=bytes(out.data),
+                      stderr=bytes(err.data), stdout_truncated=out.truncated,
+                      stderr_truncated=err.truncated, wall_ms=wall_ms, cpu_ms=cpu_ms)
+
+
+def memfd_with(name: str, data: bytes) -> int:
+    """An anonymous in-memory file holding `data`, positioned at its start."""
+    fd = os.memfd_create(name, 0)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
