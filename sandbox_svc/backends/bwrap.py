@@ -21,9 +21,9 @@ import threading
 from sandbox_svc.backends.base import BackendUnavailable
 from sandbox_svc.backends.process import (
     Launch,
+    as_uid,
     become_subreaper,
     memfd_with,
-    prlimit_argv,
     reap_orphans,
     run_launch,
 )
@@ -38,7 +38,7 @@ _BWRAP_PROCESSES = 1     # bwrap itself counts against RLIMIT_NPROC
 def sweep_uid(uid: int) -> None:
     """Kill every process running as `uid` (kill(-1) signals all a uid may signal but itself),
     then reap those that were re-parented to us."""
-    subprocess.run(["/usr/bin/kill", "-9", "-1"], user=uid, group=uid, extra_groups=[],
+    subprocess.run([*as_uid(uid), "/usr/bin/kill", "-9", "-1"],
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={}, check=False)
     reap_orphans(uid)
 
@@ -64,9 +64,8 @@ class BwrapBackend:
         if not os.path.exists("/usr/bin/python3"):
             raise BackendUnavailable("the bwrap backend runs /usr/bin/python3, which is missing: "
                                      "apt-get install python3-minimal")
-        probe = subprocess.run([self.bwrap, *self._namespace_args(1 << 20), "true"],
-                               capture_output=True, user=self.uid_for(0), group=self.uid_for(0),
-                               extra_groups=[] if self.uid_base is not None else None, env={})
+        probe = subprocess.run([*as_uid(self.uid_for(0)), self.bwrap, *self._namespace_args(1 << 20), "true"],
+                               capture_output=True, env={})
         if probe.returncode != 0:
             raise BackendUnavailable(
                 f"bubblewrap cannot create namespaces here ({probe.stderr.decode(errors='replace').strip()}); "
@@ -103,9 +102,9 @@ class BwrapBackend:
                     args += ["--dir", f"/tmp/{parent}"]
                 args += ["--file", str(fd), f"/tmp/{path}"]
             launch = Launch(
-                argv=[*prlimit_argv(req.limits, _BWRAP_PROCESSES), *args, *language.argv],
-                stdin_fd=fds[0], limits=req.limits, language=language, uid=self.uid_for(slot),
-                pass_fds=tuple(fds[1:]), exit_code_encodes_signal=True)
+                argv=[*args, *language.argv], stdin_fd=fds[0], limits=req.limits, language=language,
+                uid=self.uid_for(slot), pass_fds=tuple(fds[1:]), exit_code_encodes_signal=True,
+                extra_processes=_BWRAP_PROCESSES)
             uid = self.uid_for(slot)
             return run_launch(launch, cancel, after_kill=(lambda: sweep_uid(uid)) if uid is not None else None)
         finally:

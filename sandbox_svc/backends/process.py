@@ -1,9 +1,10 @@
 """Run one sandboxed command: limits, capped output, a wall clock, and a verdict.
 
-Shared by the bwrap and subprocess backends. Limits are applied by `prlimit` in front of the
-command rather than a Python preexec_fn, which is unsafe to run in a forked child of a
-multi-threaded server; the uid switch uses Popen's `user=`, done in C. The command starts in its
-own session so a timeout can kill its whole process group.
+Shared by the bwrap and subprocess backends. The uid switch and the limits are done by `setpriv`
+and `prlimit` in front of the command, not in the forked child: a preexec_fn is unsafe in a
+multi-threaded server, and Popen's user= forces fork() (instead of vfork), which runs gRPC's
+fork handlers in the child, and those crash it. The command starts in its own session so a
+timeout can kill its whole process group.
 """
 
 from __future__ import annotations
@@ -25,8 +26,14 @@ from sandbox_svc.languages import Language
 from sandbox_svc.model import ExecResult, Limits, Verdict
 
 PRLIMIT = "/usr/bin/prlimit"
+SETPRIV = "/usr/bin/setpriv"
 _PR_SET_CHILD_SUBREAPER = 36
 _READ_CHUNK = 65536
+
+
+def as_uid(uid: int | None) -> list[str]:
+    """The prefix that runs a command as host `uid` with no supplementary groups."""
+    return [] if uid is None else [SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
 
 
 def prlimit_argv(limits: Limits, extra_processes: int = 0) -> list[str]:
@@ -48,7 +55,7 @@ def prlimit_argv(limits: Limits, extra_processes: int = 0) -> list[str]:
 
 @dataclass
 class Launch:
-    """One command to run; fds in `pass_fds` are closed by the caller afterwards."""
+    """One command to run as `uid` within `limits`; the caller closes the fds afterwards."""
 
     argv: Sequence[str]
     stdin_fd: int
@@ -60,6 +67,7 @@ class Launch:
     pass_fds: tuple[int, ...] = ()
     # Exit codes above 128 mean death by signal (128 + n) for wrappers that relay it that way.
     exit_code_encodes_signal: bool = False
+    extra_processes: int = 0   # the wrapper's own processes, on top of limits.max_processes
 
 
 class _Output:
@@ -180,11 +188,11 @@ def run_launch(launch: Launch, cancel: threading.Event | None = None,
     start = time.monotonic()
     deadline = start + launch.limits.wall_timeout_ms / 1000
     out, err = _Output(launch.limits.max_output_bytes), _Output(launch.limits.max_output_bytes)
+    argv = [*as_uid(launch.uid), *prlimit_argv(launch.limits, launch.extra_processes), *launch.argv]
     proc = subprocess.Popen(
-        launch.argv, stdin=launch.stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        argv, stdin=launch.stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         cwd=launch.cwd, env=launch.env if launch.env is not None else {},
         pass_fds=launch.pass_fds, start_new_session=True,
-        user=launch.uid, group=launch.uid, extra_groups=[] if launch.uid is not None else None,
     )
     try:
         killed_for = _pump(proc, launch.limits, deadline, cancel, out, err)

@@ -16,7 +16,6 @@ from sandbox_svc.backends.process import (
     Launch,
     become_subreaper,
     memfd_with,
-    prlimit_argv,
     run_launch,
 )
 from sandbox_svc.languages import LANGUAGES
@@ -51,7 +50,7 @@ class SubprocessBackend:
                     for root, dirs, files in os.walk(work):
                         for n in (root, *(os.path.join(root, x) for x in dirs + files)):
                             os.chown(n, uid, uid)
-                launch = Launch(argv=[*prlimit_argv(req.limits), *language.argv], stdin_fd=stdin_fd,
+                launch = Launch(argv=list(language.argv), stdin_fd=stdin_fd,
                                 limits=req.limits, language=language, cwd=work, uid=uid,
                                 env={"PATH": _PATH, "HOME": work})
                 result = run_launch(launch, cancel)
