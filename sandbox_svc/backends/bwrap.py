@@ -1,10 +1,11 @@
 """The default backend: bubblewrap namespaces plus rlimits (DESIGN.md §5).
 
-Each execution gets: new user, pid, network, ipc, uts and cgroup namespaces (no network at all:
-not even the host's loopback is reachable), a read-only /usr and nothing else of the host (no
-/etc, no /home, no server files), a private size-capped /tmp as the working directory, an
-unprivileged uid, and an empty environment. The root is remounted read-only, so the program can
-write only to /tmp and /dev/shm, both capped.
+Each worker slot has one sandbox: new user, pid, network, ipc, uts and cgroup namespaces (no
+network at all: not even the host's loopback is reachable), a read-only /usr and nothing else of
+the host (no /etc, no /home, no server files), a private size-capped /tmp as the working
+directory, an unprivileged uid, and an empty environment. The root is remounted read-only, so a
+program can write only to /tmp and /dev/shm, both capped and wiped after every program. Programs
+run as forks of a warm interpreter inside it (warm.py), under the request's rlimits.
 
 When the server runs as root, each worker slot runs its programs under its own host uid
 (`uid_base + slot`): RLIMIT_NPROC then bounds a fork bomb per slot, no sandboxed program can
@@ -19,20 +20,12 @@ import subprocess
 import threading
 
 from sandbox_svc.backends.base import BackendUnavailable
-from sandbox_svc.backends.process import (
-    Launch,
-    as_uid,
-    become_subreaper,
-    memfd_with,
-    reap_orphans,
-    run_launch,
-)
-from sandbox_svc.languages import LANGUAGES
+from sandbox_svc.backends.process import as_uid, become_subreaper, reap_orphans
+from sandbox_svc.backends.warm import WarmSandbox, run_warm
 from sandbox_svc.model import ExecRequest, ExecResult
 from sandbox_svc.policy import Policy
 
 SANDBOX_UID = 65534      # "nobody" inside the namespace
-_BWRAP_PROCESSES = 1     # bwrap itself counts against RLIMIT_NPROC
 
 
 def sweep_uid(uid: int) -> None:
@@ -51,6 +44,8 @@ class BwrapBackend:
         self.policy = policy or Policy()
         self.bwrap = bwrap or shutil.which("bwrap") or "/usr/bin/bwrap"
         self.uid_base = uid_base if os.geteuid() == 0 else None
+        self._sandboxes: dict[int, WarmSandbox] = {}
+        self._lock = threading.Lock()
         become_subreaper()
 
     def uid_for(self, slot: int) -> int | None:
@@ -88,28 +83,25 @@ class BwrapBackend:
             "--chdir", "/tmp", "--clearenv", "--setenv", "PATH", "/usr/bin", "--setenv", "HOME", "/tmp",
         ]
 
+    def _sandbox(self, slot: int) -> WarmSandbox:
+        with self._lock:
+            if slot not in self._sandboxes:
+                uid = self.uid_for(slot)
+                prefix = [*as_uid(uid), self.bwrap, *self._namespace_args(self.policy.tmp_bytes),
+                          "--mqueue", "/dev/mqueue"]
+                self._sandboxes[slot] = WarmSandbox(prefix, uid, (lambda: sweep_uid(uid)) if uid is not None else None)
+            return self._sandboxes[slot]
+
+    def sandbox_pids(self, slot: int) -> set[int]:
+        """The processes of slot's warm sandbox itself (not of any program)."""
+        sandbox = self._sandboxes.get(slot)
+        return sandbox.own_pids() if sandbox else set()
+
     def run(self, req: ExecRequest, slot: int, cancel: threading.Event | None = None) -> ExecResult:
-        language = LANGUAGES[req.language]
-        fds = [memfd_with("stdin", req.stdin), memfd_with(language.filename, req.code.encode())]
-        try:
-            args = [self.bwrap, *self._namespace_args(self.policy.tmp_bytes),
-                    "--file", str(fds[1]), f"/tmp/{language.filename}"]
-            for path, content in req.files:
-                fd = memfd_with("file", content)
-                fds.append(fd)
-                parent = os.path.dirname(path)
-                if parent:
-                    args += ["--dir", f"/tmp/{parent}"]
-                args += ["--file", str(fd), f"/tmp/{path}"]
-            launch = Launch(
-                argv=[*args, *language.argv], stdin_fd=fds[0], limits=req.limits, language=language,
-                uid=self.uid_for(slot), pass_fds=tuple(fds[1:]), exit_code_encodes_signal=True,
-                extra_processes=_BWRAP_PROCESSES)
-            uid = self.uid_for(slot)
-            return run_launch(launch, cancel, after_kill=(lambda: sweep_uid(uid)) if uid is not None else None)
-        finally:
-            for fd in fds:
-                os.close(fd)
+        return run_warm(self._sandbox(slot), req, cancel)
 
     def close(self) -> None:
-        pass
+        with self._lock:
+            for sandbox in self._sandboxes.values():
+                sandbox.stop()
+            self._sandboxes.clear()

@@ -43,7 +43,10 @@ PASSWD_SLOTS = 256
 _SKIP_DIRS = {"test", "tests", "idle_test", "__pycache__", "idlelib", "tkinter", "turtledemo",
               "ensurepip", "lib2to3", "pydoc_data", "distutils"}
 _SKIP_PREFIXES = ("config-3",)
-_SKIP_EXTENSIONS = ("_test", "xxlimited", "_xxtestfuzz", "_ctypes_test")
+# Extensions left out with the libraries only they load: tests, and terminal, audio, NIS and
+# Berkeley DB modules a program without a tty, sound or network has no use for (4 MB of libraries).
+_SKIP_EXTENSIONS = ("_test", "xxlimited", "_xxtestfuzz", "_ctypes_test", "nis.", "_dbm.", "readline.",
+                    "_curses", "ossaudiodev.")
 # The host's compiled bytecode for the modules included, so that every execution does not
 # recompile the imports it uses from source (about 30 ms for collections/re/json). Timestamp-based
 # .pyc files stay valid because the archive keeps the sources' mtimes.

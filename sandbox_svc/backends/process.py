@@ -70,7 +70,7 @@ class Launch:
     extra_processes: int = 0   # the wrapper's own processes, on top of limits.max_processes
 
 
-class _Output:
+class Output:
     def __init__(self, cap: int):
         self.cap, self.data, self.truncated = cap, bytearray(), False
 
@@ -132,39 +132,43 @@ def _exited(pid: int) -> bool:
         return True
 
 
-def _pump(proc: subprocess.Popen, limits: Limits, deadline: float, cancel: threading.Event | None,
-          out: _Output, err: _Output) -> str | None:
-    """Read both streams until EOF; returns why the process had to be killed, or None."""
+def pump(streams: Sequence[tuple[int, Output]], deadline: float, cancel: threading.Event | None,
+         exited: Callable[[], bool] | None = None) -> str | None:
+    """Read the fds until EOF; returns why the program has to be killed ("wall", "cancel",
+    "output", "orphans"), or None when it finished within its limits."""
     sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ, out)
-    sel.register(proc.stderr, selectors.EVENT_READ, err)
+    for fd, sink in streams:
+        sel.register(fd, selectors.EVENT_READ, sink)
     exited_at = None
-    while sel.get_map():
-        now = time.monotonic()
-        if now >= deadline:
-            return "wall"
-        if cancel is not None and cancel.is_set():
-            return "cancel"
-        # A child left running in the background may hold the pipes open after the program
-        # exited: give it a moment, then stop reading (the caller kills the group).
-        if exited_at is None and _exited(proc.pid):
-            exited_at = now
-        elif exited_at is not None and now - exited_at > 0.2:
-            return "orphans"
-        for key, _ in sel.select(timeout=min(0.05, deadline - now)):
-            chunk = os.read(key.fd, _READ_CHUNK)
-            if not chunk:
-                sel.unregister(key.fileobj)
-                continue
-            key.data.add(chunk)
-            if key.data.truncated:
-                return "output"
-    return None
+    try:
+        while sel.get_map():
+            now = time.monotonic()
+            if now >= deadline:
+                return "wall"
+            if cancel is not None and cancel.is_set():
+                return "cancel"
+            # A child left running in the background may hold the pipes open after the program
+            # exited: give it a moment, then stop reading (the caller kills what is left).
+            if exited is not None:
+                if exited_at is None and exited():
+                    exited_at = now
+                elif exited_at is not None and now - exited_at > 0.2:
+                    return "orphans"
+            for key, _ in sel.select(timeout=min(0.05, deadline - now)):
+                chunk = os.read(key.fd, _READ_CHUNK)
+                if not chunk:
+                    sel.unregister(key.fd)
+                    continue
+                key.data.add(chunk)
+                if key.data.truncated:
+                    return "output"
+        return None
+    finally:
+        sel.close()
 
 
-def _verdict(killed_for: str | None, code: int, sig: int, cpu_ms: int, stderr: bytes,
-             launch: Launch) -> Verdict:
-    limits = launch.limits
+def verdict(killed_for: str | None, code: int, sig: int, cpu_ms: int, stderr: bytes,
+            limits: Limits, language: Language) -> Verdict:
     if killed_for == "output":
         return Verdict.OUTPUT_LIMIT
     if killed_for == "wall":
@@ -175,7 +179,7 @@ def _verdict(killed_for: str | None, code: int, sig: int, cpu_ms: int, stderr: b
         return Verdict.TIMEOUT
     if sig == signal.SIGXFSZ:
         return Verdict.OUTPUT_LIMIT
-    if (code or sig) and any(m in stderr[-8192:] for m in launch.language.oom_markers):
+    if (code or sig) and any(m in stderr[-8192:] for m in language.oom_markers):
         return Verdict.MEMORY_LIMIT
     if sig:
         return Verdict.KILLED
@@ -187,7 +191,7 @@ def run_launch(launch: Launch, cancel: threading.Event | None = None,
     """Run `launch` to completion or to a limit; `after_kill` sweeps what a kill may leave."""
     start = time.monotonic()
     deadline = start + launch.limits.wall_timeout_ms / 1000
-    out, err = _Output(launch.limits.max_output_bytes), _Output(launch.limits.max_output_bytes)
+    out, err = Output(launch.limits.max_output_bytes), Output(launch.limits.max_output_bytes)
     argv = [*as_uid(launch.uid), *prlimit_argv(launch.limits, launch.extra_processes), *launch.argv]
     proc = subprocess.Popen(
         argv, stdin=launch.stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -195,7 +199,8 @@ def run_launch(launch: Launch, cancel: threading.Event | None = None,
         pass_fds=launch.pass_fds, start_new_session=True,
     )
     try:
-        killed_for = _pump(proc, launch.limits, deadline, cancel, out, err)
+        killed_for = pump([(proc.stdout.fileno(), out), (proc.stderr.fileno(), err)], deadline, cancel,
+                          exited=lambda: _exited(proc.pid))
     finally:
         if proc.stdout is not None:
             proc.stdout.close()
@@ -214,8 +219,8 @@ def run_launch(launch: Launch, cancel: threading.Event | None = None,
         code, sig = 0, code - 128
     if killed_for == "orphans":  # the program itself finished; only its leftovers were killed
         killed_for = None
-    verdict = _verdict(killed_for, code, sig, cpu_ms, bytes(err.data), launch)
-    return ExecResult(verdict=verdict, exit_code=code, signal=sig, stdout=bytes(out.data),
+    return ExecResult(verdict=verdict(killed_for, code, sig, cpu_ms, bytes(err.data), launch.limits,
+                                      launch.language), exit_code=code, signal=sig, stdout=bytes(out.data),
                       stderr=bytes(err.data), stdout_truncated=out.truncated,
                       stderr_truncated=err.truncated, wall_ms=wall_ms, cpu_ms=cpu_ms)
 

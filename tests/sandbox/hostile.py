@@ -42,3 +42,12 @@ LEAVE_DAEMON = (
     "subprocess.Popen(['python3', '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
     "print('spawned')\n"
 )
+
+# Warm sandboxes fork every program from one pid-1 interpreter: it must be out of reach.
+TAMPER_WITH_PID1 = (
+    "import os, signal\nrefused = 0\n"
+    "for attempt in (lambda: os.kill(1, signal.SIGKILL), lambda: open('/proc/1/mem', 'wb'),\n"
+    "                lambda: open('/proc/1/environ').read()):\n"
+    "    try:\n        attempt()\n    except OSError:\n        refused += 1\n"
+    "print('refused', refused)\n"
+)

@@ -8,8 +8,8 @@ import threading
 import psutil
 import pytest
 
-from sandbox_svc.backends.bwrap import BwrapBackend
 from sandbox_svc.backends.base import BackendUnavailable
+from sandbox_svc.backends.bwrap import BwrapBackend
 from sandbox_svc.model import ExecRequest, Limits, Verdict
 from sandbox_svc.policy import Policy, check_exec
 from tests.sandbox import hostile
@@ -23,7 +23,9 @@ FAST = Limits(wall_timeout_ms=3000, cpu_time_ms=2000, memory_bytes=256 * 2**20, 
 def backend():
     b = BwrapBackend(POLICY)
     b.check()
-    return b
+    yield b
+    b.close()
+    assert uid_processes(b) == [], "closing the backend left its sandbox running"
 
 
 def run(backend, code, *, slot=0, limits=FAST, stdin=b"", files=()):
@@ -34,7 +36,9 @@ def uid_processes(backend, slot=0):
     uid = backend.uid_for(slot)
     if uid is None:
         return []
-    return [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == uid]
+    keep = backend.sandbox_pids(slot)
+    return [p for p in psutil.process_iter(["uids"])
+            if p.info["uids"] and p.info["uids"].real == uid and p.pid not in keep]
 
 
 @pytest.fixture(autouse=True)
@@ -135,6 +139,25 @@ def test_nothing_persists_between_executions(backend):
     assert run(backend, hostile.FIND_FILE).stdout == b"False\n"
     assert run(backend, hostile.LEAVE_DAEMON).stdout == b"spawned\n"
     # The autouse fixture then checks that the daemon did not survive.
+
+
+def test_the_warm_interpreter_is_out_of_reach(backend):
+    r = run(backend, hostile.TAMPER_WITH_PID1)
+    assert r.stdout in (b"refused 2\n", b"refused 3\n"), r.stderr   # kill(1) is ignored, not refused
+    assert run(backend, "print('next')").stdout == b"next\n"
+
+
+def test_tracebacks_look_like_a_plain_interpreter(backend):
+    r = run(backend, "def f():\n    raise KeyError('k')\nf()\n")
+    assert r.stderr.startswith(b"Traceback (most recent call last):\n  File \"/tmp/run/main.py\", line 3")
+    assert b"<string>" not in r.stderr
+
+
+def test_ipc_left_behind_discards_the_sandbox(backend):
+    code = ("import ctypes\nlibc = ctypes.CDLL(None)\n"
+            "print(libc.shmget(0, 4096, 0o1000 | 0o600) >= 0)\n")  # IPC_PRIVATE, IPC_CREAT
+    assert run(backend, code).stdout == b"True\n"
+    assert run(backend, "print(open('/proc/sysvipc/shm').read().count(chr(10)))").stdout == b"1\n"
 
 
 def test_cancel_stops_the_program(backend):

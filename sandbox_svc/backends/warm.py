@@ -1,0 +1,158 @@
+"""A warm sandbox: one long-lived bwrap namespace per worker slot, serving programs by fork.
+
+Creating namespaces and starting an interpreter cost more than a short program itself; here
+both are paid once per slot, and each program is a fork of a small pid-1 interpreter inside the
+sandbox (zygote.py). What one program could leave for the next is removed after it (processes,
+files) or, when it cannot be (SysV IPC, message queues), the sandbox is discarded and a fresh one
+started: reuse only where it is safe.
+"""
+
+from __future__ import annotations
+
+import array
+import base64
+import json
+import logging
+import os
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from sandbox_svc.backends.process import Output, memfd_with, pump, verdict
+from sandbox_svc.languages import LANGUAGES
+from sandbox_svc.model import ExecRequest, ExecResult, Verdict
+
+log = logging.getLogger(__name__)
+
+ZYGOTE_SOURCE = (Path(__file__).with_name("zygote.py")).read_text()
+_REPLY_TIMEOUT_S = 5.0
+# Processes of the slot's uid besides the program's own: bwrap and the zygote.
+_SANDBOX_PROCESSES = 2
+
+
+class SandboxBroken(RuntimeError):
+    """The sandbox stopped answering; it is discarded and the execution retried in a fresh one."""
+
+
+class WarmSandbox:
+    def __init__(self, argv_prefix: list[str], uid: int | None, sweep: Callable[[], None] | None):
+        """`argv_prefix`: the uid switch plus bwrap with its namespace options, before the command."""
+        self.argv_prefix, self.uid, self.sweep = argv_prefix, uid, sweep
+        self.proc: subprocess.Popen | None = None
+        self.ctl: socket.socket | None = None
+        self.served = 0
+
+    def start(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        argv = [*self.argv_prefix, "python3", "-I", "-B", "-c", ZYGOTE_SOURCE, str(theirs.fileno())]
+        try:
+            self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={},
+                                         start_new_session=True)
+        finally:
+            theirs.close()
+        self.ctl = ours
+        try:
+            self._reply()  # {"ready": true}
+        except SandboxBroken:
+            err = self.proc.stderr.read().decode(errors="replace") if self.proc.poll() is not None else ""
+            self.stop()
+            raise SandboxBroken(f"the sandbox did not start: {err.strip() or 'no answer'}") from None
+
+    def _reply(self) -> dict:
+        self.ctl.settimeout(_REPLY_TIMEOUT_S)
+        try:
+            data = self.ctl.recv(4096)
+        except OSError as err:
+            raise SandboxBroken(f"no reply from the sandbox: {err}") from None
+        if not data:
+            raise SandboxBroken("the sandbox closed its control socket")
+        return json.loads(data)
+
+    def own_pids(self) -> set[int]:
+        """bwrap and the zygote: the processes that stay between programs."""
+        if self.proc is None:
+            return set()
+        try:
+            return {self.proc.pid, *(c.pid for c in psutil.Process(self.proc.pid).children())}
+        except psutil.NoSuchProcess:
+            return set()
+
+    def stop(self) -> None:
+        if self.ctl is not None:
+            self.ctl.close()
+            self.ctl = None
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, 9)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+            self.proc.stderr.close()
+            self.proc = None
+        if self.sweep is not None:
+            self.sweep()
+
+    def run(self, req: ExecRequest, cancel: threading.Event | None) -> ExecResult:
+        if self.proc is None:
+            self.start()
+        language = LANGUAGES[req.language]
+        limits = req.limits
+        payload = json.dumps({
+            "code": req.code, "filename": language.filename,
+            "files": {p: base64.b64encode(c).decode() for p, c in req.files},
+            "argv": None if language.name == "python" else list(language.argv),
+            "limits": {**limits.__dict__, "max_processes": limits.max_processes + _SANDBOX_PROCESSES},
+        }).encode()
+        out, err = Output(limits.max_output_bytes), Output(limits.max_output_bytes)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        sent = [memfd_with("payload", payload), memfd_with("stdin", req.stdin), out_w, err_w]
+        start = time.monotonic()
+        try:
+            self.ctl.sendmsg([b"run"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", sent))])
+        except OSError as e:
+            raise SandboxBroken(f"could not reach the sandbox: {e}") from None
+        finally:
+            for fd in sent:
+                os.close(fd)
+        try:
+            self._reply()  # {"started": pid}
+            killed_for = pump([(out_r, out), (err_r, err)], start + limits.wall_timeout_ms / 1000, cancel)
+            if killed_for is not None:
+                self.ctl.send(b"kill")
+            reply = self._reply()
+        finally:
+            os.close(out_r)
+            os.close(err_r)
+        self.served += 1
+        if not reply["clean"]:
+            log.info("discarding a sandbox: its last program left state that cannot be wiped")
+            self.stop()
+        status = reply["status"]
+        code, sig = (os.WEXITSTATUS(status), 0) if os.WIFEXITED(status) else (0, os.WTERMSIG(status))
+        stderr = bytes(err.data)
+        return ExecResult(
+            verdict=verdict(killed_for, code, sig, reply["cpu_ms"], stderr, limits, language),
+            exit_code=code, signal=sig, stdout=bytes(out.data), stderr=stderr,
+            stdout_truncated=out.truncated, stderr_truncated=err.truncated,
+            wall_ms=int((time.monotonic() - start) * 1000), cpu_ms=reply["cpu_ms"])
+
+
+def run_warm(sandbox: WarmSandbox, req: ExecRequest, cancel: threading.Event | None) -> ExecResult:
+    """Run in `sandbox`; a sandbox that broke is replaced once, then the failure is reported."""
+    try:
+        return sandbox.run(req, cancel)
+    except SandboxBroken as first:
+        log.warning("sandbox broken (%s); starting a fresh one", first)
+        sandbox.stop()
+    try:
+        return sandbox.run(req, cancel)
+    except SandboxBroken as second:
+        sandbox.stop()
+        return ExecResult(verdict=Verdict.KILLED, stderr=f"sandbox failure: {second}".encode())
