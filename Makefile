@@ -6,13 +6,14 @@ STAMP := $(VENV)/.installed
 # Exact versions that resolve together on the CPU machine (DESIGN.md §5); refresh with
 # `make lock` after changing pyproject.toml.
 CONSTRAINTS := constraints.txt
-EXTRAS ?= train,dev
+EXTRAS ?= train,docker,dev
 
 .PHONY: install demo test protos lint bench lock clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml $(CONSTRAINTS)
+$(STAMP): pyproject.toml $(CONSTRAINTS) scripts/install_system_packages.sh
+	bash scripts/install_system_packages.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
