@@ -91,6 +91,13 @@ def _cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_env_serve(args: argparse.Namespace) -> int:
+    from atgrpo.sdk.serve import serve_main
+
+    serve_main(args.rest)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="atgrpo", description="Train teams of LLM agents with AT-GRPO.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -103,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--size", default="tiny", choices=["tiny", "small"])
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(fn=_cmd_model_tiny)
+
+    env = sub.add_parser("env", help="environments").add_subparsers(dest="what", required=True)
+    serve = env.add_parser("serve", help="serve one Environment class as an EnvService",
+                           add_help=False)
+    serve.add_argument("rest", nargs=argparse.REMAINDER,
+                       help="package.module:Class [--port N] [--sandbox HOST:PORT] ... (see --help)")
+    serve.set_defaults(fn=_cmd_env_serve)
 
     config = sub.add_parser("config", help="run configs").add_subparsers(dest="what", required=True)
     check = config.add_parser("check", help="validate a run config and say what to fix")

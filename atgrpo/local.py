@@ -28,14 +28,27 @@ DEFAULT_STATE_DIR = Path(os.environ.get("ATGRPO_STATE_DIR", ".atgrpo/local"))
 
 @dataclass(frozen=True)
 class ServicePlan:
-    """One process to start: a unique name, its kind (env, rollout ...) and extra flags."""
+    """One process to start: a unique name, its kind (env, rollout ...) and extra flags.
+
+    An argument "{name}" becomes the address of the service `name` of the same plan, which is
+    then started first (env_svc needs the sandbox's address, for instance).
+    """
 
     name: str
     kind: str
     args: tuple[str, ...] = ()
 
+    def needs(self) -> set[str]:
+        return {a[1:-1] for a in self.args if a.startswith("{") and a.endswith("}")}
 
-DEFAULT_PLAN = tuple(ServicePlan(k, k) for k in ("env", "sandbox", "rollout", "trainer", "router"))
+
+DEFAULT_PLAN = (
+    ServicePlan("sandbox", "sandbox"),
+    ServicePlan("env", "env", ("--sandbox", "{sandbox}")),
+    ServicePlan("rollout", "rollout"),
+    ServicePlan("trainer", "trainer"),
+    ServicePlan("router", "router"),
+)
 
 
 @dataclass
@@ -83,12 +96,14 @@ def _log_tail(path: Path, lines: int = 20) -> str:
         return "(no log)"
 
 
-def _spawn(plan: ServicePlan, state_dir: Path, python: str) -> tuple[subprocess.Popen, Path, Path, list[str]]:
+def _spawn(plan: ServicePlan, state_dir: Path, python: str,
+           addresses: dict[str, str]) -> tuple[subprocess.Popen, Path, Path, list[str]]:
     port_file = state_dir / f"{plan.name}.port.json"
     port_file.unlink(missing_ok=True)
     log_path = state_dir / "logs" / f"{plan.name}.log"
+    args = [addresses[a[1:-1]] if a[1:-1] in plan.needs() else a for a in plan.args]
     argv = [python, "-m", f"{plan.kind}_svc", "--port", "0", "--metrics-port", "0",
-            "--port-file", str(port_file), *plan.args]
+            "--port-file", str(port_file), *args]
     with open(log_path, "ab") as log:
         # A new session: the services outlive this CLI process and a Ctrl-C in its terminal.
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -121,14 +136,21 @@ def up(state_dir: Path = DEFAULT_STATE_DIR, plan: tuple[ServicePlan, ...] = DEFA
     started: list[LocalService] = []
     spawned = []
     try:
-        for p in plan:
-            spawned.append((p, *_spawn(p, state_dir, python)))
-        for p, proc, port_file, log_path, argv in spawned:
-            ports = _await_port(proc, port_file, log_path, p.name, deadline)
-            started.append(LocalService(
-                p.name, p.kind, proc.pid, psutil.Process(proc.pid).create_time(),
-                f"127.0.0.1:{ports['port']}", f"127.0.0.1:{ports['metrics_port']}", str(log_path), argv))
-            _write_state(state_dir, started)  # record as we go, so `down` can clean a partial start
+        pending = list(plan)
+        while pending:  # start in waves: each service once those it needs report their ports
+            addresses = {s.name: s.address for s in started}
+            wave = [p for p in pending if p.needs() <= addresses.keys()]
+            if not wave:
+                raise LaunchError(f"services {[p.name for p in pending]} need addresses no plan provides")
+            pending = [p for p in pending if p not in wave]
+            batch = [(p, *_spawn(p, state_dir, python, addresses)) for p in wave]
+            spawned += batch
+            for p, proc, port_file, log_path, argv in batch:
+                ports = _await_port(proc, port_file, log_path, p.name, deadline)
+                started.append(LocalService(
+                    p.name, p.kind, proc.pid, psutil.Process(proc.pid).create_time(),
+                    f"127.0.0.1:{ports['port']}", f"127.0.0.1:{ports['metrics_port']}", str(log_path), argv))
+                _write_state(state_dir, started)  # record as we go, so `down` can clean a partial start
         probes = asyncio.run(probe_all([(s.kind, s.address) for s in started],
                                        timeout_s=max(1.0, deadline - time.monotonic())))
         bad = [f"{s.name}: {pr.health} {pr.error}" for s, pr in zip(started, probes, strict=True) if not pr.ok]

@@ -1,7 +1,8 @@
-"""python -m env_svc: serve the env service until SIGTERM."""
+"""python -m env_svc: serve the built-in and installed environments until SIGTERM."""
 
-from atgrpo.rpc.main import run_service
+from atgrpo.rpc.main import base_parser, run_service
+from atgrpo.sdk.serve import add_host_flags
 from env_svc.server import bindings
 
 if __name__ == "__main__":
-    run_service("env", bindings)
+    run_service("env", bindings, parser=add_host_flags(base_parser("env")))

@@ -1,20 +1,23 @@
-"""EnvService servicer: thin; episode logic lives in plain modules (issue #4)."""
+"""env_svc: hosts the built-in environments and those installed through entry points.
+
+The EnvService itself is the SDK's (atgrpo.sdk.servicer), so a third-party environment served
+with `atgrpo env serve` behaves exactly as one hosted here.
+"""
 
 from __future__ import annotations
 
-from atgrpo._proto.v1 import env_pb2_grpc
-from atgrpo.rpc.server import Binding, service_info
+import argparse
+
+from atgrpo.rpc.server import Binding
+from atgrpo.sdk.registry import Registry
+from atgrpo.sdk.serve import build_host
+from atgrpo.sdk.servicer import env_bindings
+from env_svc.envs import BUILTIN
 
 
-class EnvServicer(env_pb2_grpc.EnvServiceServicer):
-    """RPCs other than GetInfo answer UNIMPLEMENTED (through the generated base) until built."""
-
-    def __init__(self) -> None:
-        self._info = service_info("env")
-
-    async def GetInfo(self, request, context):
-        return self._info
+def builtin_registry() -> Registry:
+    return Registry(BUILTIN)
 
 
-def bindings(args=None) -> list[Binding]:
-    return [Binding("atgrpo.v1.EnvService", EnvServicer(), env_pb2_grpc.add_EnvServiceServicer_to_server)]
+def bindings(args: argparse.Namespace) -> list[Binding]:
+    return env_bindings(build_host(args, builtin_registry()))

@@ -44,7 +44,10 @@ def _write_port_file(path: Path, port: int, metrics_port: int | None) -> None:
     tmp.replace(path)
 
 
-async def _serve(args: argparse.Namespace, bindings: Sequence[Binding], service: str) -> None:
+async def _serve(args: argparse.Namespace, build: Callable[[argparse.Namespace], Sequence[Binding]],
+                 service: str) -> None:
+    # Built inside the event loop: servicers may create asyncio channels and background tasks.
+    bindings = build(args)
     host = args.host.strip("[]")
     address = f"[{host}]:{args.port}" if ":" in host else f"{host}:{args.port}"
     running = await create_server(bindings, address)
@@ -67,6 +70,6 @@ def run_service(service: str, build: Callable[[argparse.Namespace], Sequence[Bin
     logging.basicConfig(level=args.log_level.upper(),
                         format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s")
     try:
-        asyncio.run(_serve(args, build(args), service))
+        asyncio.run(_serve(args, build, service))
     except OSError as err:
         raise SystemExit(f"{service}: {err}") from None

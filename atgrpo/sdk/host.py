@@ -1,0 +1,124 @@
+"""EnvHost: the EnvService's logic over a registry and an episode store, free of gRPC.
+
+env_svc hosts the built-in environments with it, and `atgrpo env serve module:Class` hosts a
+single third-party class with it, so both behave the same over the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from atgrpo.errors import FailedPrecondition, Internal, InvalidArgument
+from atgrpo.sdk.env import Environment, EnvSpec, Message, Sandbox, StepResult
+from atgrpo.sdk.registry import Registry
+from atgrpo.sdk.store import Episode, EpisodeStore
+
+MAX_FORK = 1024
+MAX_ACTION_CHARS = 1 << 20
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+def _json_safe(info: Mapping[str, Any], where: str) -> dict[str, Any]:
+    try:
+        return json.loads(json.dumps(dict(info), default=str, allow_nan=False))
+    except (TypeError, ValueError) as err:
+        raise Internal(f"{where} returned info that is not JSON ({err}); environments must return "
+                       "plain dicts of str, numbers, bools, lists") from None
+
+
+class EnvHost:
+    def __init__(self, registry: Registry, *, sandbox: Sandbox | None = None,
+                 store: EpisodeStore | None = None):
+        self.registry, self.sandbox = registry, sandbox
+        self.store = store if store is not None else EpisodeStore()  # an empty store is falsy
+
+    def _make(self, name: str, options: Mapping[str, Any] | None) -> Environment:
+        cls = self.registry.get(name)
+        try:
+            env = cls(options or {})
+        except (TypeError, ValueError, KeyError) as err:
+            raise InvalidArgument(f"env {name!r} rejected its options {dict(options or {})}: {err}") from None
+        env.sandbox = self.sandbox
+        return env
+
+    def describe(self, name: str, options: Mapping[str, Any] | None = None) -> EnvSpec:
+        return self._make(name, options).spec
+
+    def list_envs(self) -> list[EnvSpec]:
+        return [self.describe(n) for n in self.registry.names()]
+
+    def list_tasks(self, name: str, split: str, offset: int = 0, limit: int = 0) -> tuple[list[str], int]:
+        env = self._make(name, None)
+        if split not in env.spec.splits:
+            raise InvalidArgument(f"env {name!r} has no split {split!r}; it has {list(env.spec.splits)}")
+        ids = env.task_ids(split)
+        if ids is None:
+            return [], -1
+        end = len(ids) if limit <= 0 else offset + limit
+        return list(ids[offset:end]), len(ids)
+
+    async def reset(self, name: str, task_id: str, seed: int, split: str,
+                    options: Mapping[str, Any] | None = None) -> tuple[str, EnvSpec]:
+        env = self._make(name, options)
+        if split not in env.spec.splits:
+            raise InvalidArgument(f"env {name!r} has no split {split!r}; it has {list(env.spec.splits)}")
+        await _maybe_await(env.reset(task_id, seed, split))
+        (episode,) = self.store.add(name, env)
+        return episode.id, env.spec
+
+    def _agent(self, episode: Episode, agent: str) -> None:
+        if agent not in episode.env.spec.agents:
+            raise InvalidArgument(f"env {episode.env_name!r} has no agent {agent!r}; "
+                                  f"its agents are {list(episode.env.spec.agents)}")
+
+    async def observe(self, episode_id: str, agent: str) -> tuple[list[Message], int]:
+        episode = self.store.get(episode_id)
+        self._agent(episode, agent)
+        async with episode.lock:
+            messages = await _maybe_await(episode.env.observe(agent))
+        return [dict(m) for m in messages], episode.turn
+
+    async def step(self, episode_id: str, agent: str, action: str) -> StepResult:
+        episode = self.store.get(episode_id)
+        self._agent(episode, agent)
+        if len(action) > MAX_ACTION_CHARS:
+            raise InvalidArgument(f"action is {len(action)} characters, over {MAX_ACTION_CHARS}; "
+                                  "cap the agent's max_tokens")
+        async with episode.lock:
+            if episode.done:
+                raise FailedPrecondition(f"episode {episode_id} is done; Reset a new one")
+            result = await _maybe_await(episode.env.step(agent, action))
+            if not isinstance(result, StepResult):
+                raise Internal(f"{type(episode.env).__name__}.step returned {type(result).__name__}, "
+                               "not a StepResult")
+            result.info = _json_safe(result.info, f"{type(episode.env).__name__}.step")
+            result.turn = episode.advance(agent)
+            episode.done = result.done or episode.turn >= episode.env.spec.max_turns
+        return result
+
+    async def fork(self, episode_id: str, n: int) -> list[str]:
+        if not 1 <= n <= MAX_FORK:
+            raise InvalidArgument(f"fork count {n} must be between 1 and {MAX_FORK}")
+        episode = self.store.get(episode_id)
+        async with episode.lock:
+            copy = await _maybe_await(episode.env.fork())
+            forks = self.store.add(episode.env_name, copy, turn=episode.turn, acted=episode.acted, count=n)
+        for f in forks:
+            f.done = episode.done
+        return [f.id for f in forks]
+
+    def close(self, episode_ids: Sequence[str]) -> int:
+        return self.store.remove(list(episode_ids))
+
+    async def expire_forever(self, every_s: float = 30.0) -> None:
+        """Reclaim abandoned episodes in the background."""
+        while True:
+            await asyncio.sleep(every_s)
+            self.store.expire()

@@ -1,0 +1,57 @@
+"""Where environment classes are found: built-ins, explicit registrations, and installed
+packages' entry points (group `atgrpo.envs`, `name = "package.module:Class"`), so a third party
+adds an environment with `pip install` and no change to atgrpo."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from importlib.metadata import entry_points
+
+from atgrpo.errors import InvalidArgument, NotFound
+from atgrpo.sdk.env import Environment
+
+ENTRY_POINT_GROUP = "atgrpo.envs"
+
+
+def load_class(path: str) -> type[Environment]:
+    """Import "package.module:Class" and check that it is an Environment."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise InvalidArgument(f"{path!r} is not an environment path; write it as 'package.module:ClassName'")
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise NotFound(f"cannot load environment {path!r}: {err}; is the package installed and the "
+                       "class name spelled right?") from None
+    if not (isinstance(obj, type) and issubclass(obj, Environment)):
+        raise InvalidArgument(f"{path!r} is not a subclass of atgrpo.sdk.Environment")
+    return obj
+
+
+class Registry:
+    """Environment name -> class, loaded on first use (an env's heavy imports wait until needed)."""
+
+    def __init__(self, paths: Mapping[str, str] | None = None, *, discover: bool = True):
+        self._paths: dict[str, str] = dict(paths or {})
+        self._classes: dict[str, type[Environment]] = {}
+        if discover:
+            for ep in entry_points(group=ENTRY_POINT_GROUP):
+                self._paths.setdefault(ep.name, ep.value)
+
+    def register(self, cls: type[Environment], name: str | None = None) -> type[Environment]:
+        name = name or cls.name
+        if not name:
+            raise InvalidArgument(f"{cls.__name__} has no `name`; set the class attribute or pass name=")
+        self._classes[name] = cls
+        return cls
+
+    def names(self) -> list[str]:
+        return sorted(set(self._paths) | set(self._classes))
+
+    def get(self, name: str) -> type[Environment]:
+        if name not in self._classes:
+            if name not in self._paths:
+                raise NotFound(f"no environment named {name!r}; available: {', '.join(self.names()) or 'none'}")
+            self._classes[name] = load_class(self._paths[name])
+        return self._classes[name]

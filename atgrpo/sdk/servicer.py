@@ -1,0 +1,63 @@
+"""EnvService servicer: thin, over EnvHost; shared by env_svc and `atgrpo env serve`."""
+
+from __future__ import annotations
+
+from atgrpo._proto.v1 import env_pb2, env_pb2_grpc
+from atgrpo.errors import InvalidArgument
+from atgrpo.rpc.server import Binding, service_info
+from atgrpo.sdk import convert
+from atgrpo.sdk.host import EnvHost
+
+
+def _required(value: str, field: str) -> str:
+    if not value:
+        raise InvalidArgument(f"{field} is empty; set it")
+    return value
+
+
+class EnvServicer(env_pb2_grpc.EnvServiceServicer):
+    def __init__(self, host: EnvHost, details: dict[str, str] | None = None) -> None:
+        self.host = host
+        self._info = service_info("env", {"envs": ",".join(host.registry.names()), **(details or {})})
+
+    async def GetInfo(self, request, context):
+        return self._info
+
+    async def ListEnvs(self, request, context):
+        return env_pb2.ListEnvsResponse(envs=[convert.spec_to_pb(s) for s in self.host.list_envs()])
+
+    async def Describe(self, request, context):
+        return convert.spec_to_pb(self.host.describe(_required(request.env, "env")))
+
+    async def ListTasks(self, request, context):
+        ids, total = self.host.list_tasks(_required(request.env, "env"), request.split or "train",
+                                          request.offset, request.limit)
+        return env_pb2.ListTasksResponse(task_ids=ids, total=total)
+
+    async def Reset(self, request, context):
+        episode_id, spec = await self.host.reset(
+            _required(request.env, "env"), request.task_id, request.seed, request.split or "train",
+            convert.dict_from(request.options))
+        return env_pb2.ResetResponse(episode_id=episode_id, spec=convert.spec_to_pb(spec))
+
+    async def Observe(self, request, context):
+        messages, turn = await self.host.observe(_required(request.episode_id, "episode_id"),
+                                                 _required(request.agent, "agent"))
+        return env_pb2.ObserveResponse(messages=convert.messages_to_pb(messages), turn=turn)
+
+    async def Step(self, request, context):
+        result = await self.host.step(_required(request.episode_id, "episode_id"),
+                                      _required(request.agent, "agent"), request.action_text)
+        return env_pb2.StepResponse(result=convert.step_to_pb(result))
+
+    async def Fork(self, request, context):
+        ids = await self.host.fork(_required(request.episode_id, "episode_id"), request.n)
+        return env_pb2.ForkResponse(episode_ids=ids)
+
+    async def Close(self, request, context):
+        return env_pb2.CloseResponse(closed=self.host.close(list(request.episode_ids)))
+
+
+def env_bindings(host: EnvHost, details: dict[str, str] | None = None) -> list[Binding]:
+    return [Binding("atgrpo.v1.EnvService", EnvServicer(host, details),
+                    env_pb2_grpc.add_EnvServiceServicer_to_server)]

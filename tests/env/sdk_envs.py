@@ -1,0 +1,59 @@
+"""Environments written for the SDK tests: each pins one rule of the host."""
+
+import asyncio
+
+from atgrpo.sdk import Environment, EnvSpec, StepResult, task_rng
+
+
+class CounterEnv(Environment):
+    """Two agents add numbers to a shared counter; done when it reaches the task's target."""
+
+    name = "counter"
+
+    def __init__(self, options=None):
+        super().__init__(options)
+        self.spec = EnvSpec("counter", ("a", "b"), ("a", "b"), max_turns=self.options.get("max_turns", 3))
+        self.total, self.target, self.log = 0, 0, []
+
+    def reset(self, task_id, seed, split):
+        self.target = task_rng(split, seed).randint(5, 9)
+
+    def observe(self, agent):
+        return [{"role": "user", "content": f"{agent}: total {self.total}, target {self.target}, log {self.log}"}]
+
+    def step(self, agent, action):
+        if not action.strip().isdigit():
+            return StepResult(0.0, -1.0, info={"parse_error": f"not a number: {action[:20]!r}"})
+        self.total += int(action)
+        self.log.append((agent, int(action)))
+        done = self.total >= self.target
+        return StepResult(team_reward=float(done), local_reward=0.1, done=done, success=self.total == self.target)
+
+
+class SlowEnv(CounterEnv):
+    """Async steps that detect overlapping calls on one episode."""
+
+    name = "slow"
+
+    def __init__(self, options=None):
+        super().__init__(options)
+        self.spec = EnvSpec("slow", ("a", "b"), ("a", "b"), max_turns=100)
+        self.inside = False
+
+    async def step(self, agent, action):
+        assert not self.inside, "two steps ran at once on one episode"
+        self.inside = True
+        await asyncio.sleep(0.01)
+        self.inside = False
+        return StepResult(0.0, 0.0)
+
+
+class FiniteEnv(CounterEnv):
+    name = "finite"
+
+    def __init__(self, options=None):
+        super().__init__(options)
+        self.spec = EnvSpec("finite", ("a", "b"), ("a", "b"), max_turns=3)
+
+    def task_ids(self, split):
+        return [f"{split}-{i}" for i in range(5)]

@@ -1,0 +1,168 @@
+"""The EnvService over real gRPC: episodes, forks, the bounded store, and the error codes."""
+
+import asyncio
+import time
+
+import pytest
+
+from atgrpo import errors
+from atgrpo.rpc.server import create_server
+from atgrpo.sdk.client import EnvClient
+from atgrpo.sdk.host import EnvHost
+from atgrpo.sdk.registry import Registry, load_class
+from atgrpo.sdk.servicer import env_bindings
+from atgrpo.sdk.store import EpisodeStore
+from tests.env.sdk_envs import CounterEnv, FiniteEnv, SlowEnv
+
+
+def registry():
+    r = Registry(discover=False)
+    for cls in (CounterEnv, SlowEnv, FiniteEnv):
+        r.register(cls)
+    return r
+
+
+def with_client(fn, **store_kw):
+    async def go():
+        host = EnvHost(registry(), store=EpisodeStore(**store_kw))
+        running = await create_server(env_bindings(host))
+        try:
+            async with EnvClient(f"127.0.0.1:{running.port}") as c:
+                return await fn(c, host)
+        finally:
+            await running.stop(0)
+    return asyncio.run(go())
+
+
+def test_an_episode_over_grpc():
+    async def go(c, host):
+        specs = {s.name: s for s in await c.list_envs()}
+        assert set(specs) == {"counter", "slow", "finite"} and specs["counter"].turn_order == ("a", "b")
+        ep, spec = await c.reset("counter", "t", seed=3, split="train", options={"max_turns": 2})
+        assert spec.max_turns == 2
+        messages, turn = await c.observe(ep, "a")
+        assert turn == 0 and messages[0]["role"] == "user" and "total 0" in messages[0]["content"]
+        r = await c.step(ep, "a", "2")
+        assert (r.team_reward, r.local_reward, r.done, r.turn) == (0.0, 0.1, False, 0)
+        bad = await c.step(ep, "b", "two")
+        assert bad.local_reward == -1.0 and "not a number" in bad.info["parse_error"] and bad.turn == 0
+        assert (await c.observe(ep, "a"))[1] == 1
+        assert await c.close_episodes([ep, "unknown"]) == 1
+        with pytest.raises(errors.NotFound, match="Reset a new one"):
+            await c.observe(ep, "a")
+    with_client(go)
+
+
+def test_same_seed_same_task_and_splits_differ():
+    async def go(c, host):
+        seen = []
+        for split, seed in (("train", 1), ("train", 1), ("eval", 1)):
+            ep, _ = await c.reset("counter", "t", seed=seed, split=split)
+            seen.append((await c.observe(ep, "a"))[0][0]["content"])
+        assert seen[0] == seen[1]
+        return seen
+    with_client(go)
+
+
+def test_forks_are_independent_and_keep_the_turn():
+    async def go(c, host):
+        ep, _ = await c.reset("counter", "t", seed=0, split="train")
+        await c.step(ep, "a", "1")
+        forks = await c.fork(ep, 3)
+        assert len(set(forks)) == 3 and ep not in forks
+        await c.step(forks[0], "b", "1")
+        await c.step(forks[1], "b", "2")
+        origin = (await c.observe(ep, "a"))[0][0]["content"]
+        assert "total 1," in origin
+        assert "total 2," in (await c.observe(forks[0], "a"))[0][0]["content"]
+        assert "total 3," in (await c.observe(forks[1], "a"))[0][0]["content"]
+        assert (await c.observe(forks[2], "a"))[0][0]["content"] == origin
+        assert (await c.observe(forks[0], "a"))[1] == 1   # a and b acted: turn 1 began
+        assert (await c.observe(ep, "a"))[1] == 0
+    with_client(go)
+
+
+def test_episode_ends_at_done_or_max_turns():
+    async def go(c, host):
+        ep, _ = await c.reset("counter", "t", seed=0, split="train", options={"max_turns": 1})
+        await c.step(ep, "a", "1")
+        r = await c.step(ep, "b", "1")
+        assert not r.done   # the env did not say done, but one turn was the limit
+        with pytest.raises(errors.FailedPrecondition, match="is done"):
+            await c.step(ep, "a", "1")
+        ep2, _ = await c.reset("counter", "t", seed=0, split="train")
+        r = await c.step(ep2, "a", "99")
+        assert r.done and not r.success and r.team_reward == 1.0
+        with pytest.raises(errors.FailedPrecondition):
+            await c.step(ep2, "b", "1")
+    with_client(go)
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda c, ep: c.reset("nope", "t", 0), errors.NotFound, "no environment named 'nope'; available: counter"),
+    (lambda c, ep: c.reset("counter", "t", 0, split="test"), errors.InvalidArgument, "no split 'test'"),
+    (lambda c, ep: c.observe(ep, "zed"), errors.InvalidArgument, "no agent 'zed'"),
+    (lambda c, ep: c.step(ep, "zed", "1"), errors.InvalidArgument, "no agent 'zed'"),
+    (lambda c, ep: c.step(ep, "a", "1" * (2 << 20)), errors.InvalidArgument, "cap the agent's max_tokens"),
+    (lambda c, ep: c.fork(ep, 0), errors.InvalidArgument, "between 1 and"),
+    (lambda c, ep: c.fork("missing", 2), errors.NotFound, "no live episode 'missing'"),
+    (lambda c, ep: c.observe("", "a"), errors.InvalidArgument, "episode_id is empty"),
+    (lambda c, ep: c.describe(""), errors.InvalidArgument, "env is empty"),
+])
+def test_bad_requests_get_their_codes(call, error, message):
+    async def go(c, host):
+        ep, _ = await c.reset("counter", "t", 0)
+        with pytest.raises(error) as err:
+            await call(c, ep)
+        assert message in err.value.message
+        assert (await c.observe(ep, "a"))[1] == 0   # still serving, episode intact
+    with_client(go)
+
+
+def test_the_store_is_bounded_and_abandoned_episodes_expire():
+    async def go(c, host):
+        ep, _ = await c.reset("counter", "t", 0)
+        await c.fork(ep, 3)
+        with pytest.raises(errors.ResourceExhausted, match="cap is 5") as err:
+            await c.fork(ep, 2)
+        assert err.value.retry_after_ms
+        assert len(host.store) == 4     # the refused fork added nothing
+        await c.reset("counter", "t", 0)
+        host.store.ttl_s = 0.05
+        await asyncio.sleep(0.1)
+        assert host.store.expire() == 5
+        with pytest.raises(errors.NotFound, match="expired"):
+            await c.observe(ep, "a")
+    with_client(go, max_episodes=5)
+
+
+def test_calls_on_one_episode_are_serialised():
+    async def go(c, host):
+        ep, _ = await c.reset("slow", "t", 0)
+        await asyncio.gather(*(c.step(ep, "a" if i % 2 else "b", "1") for i in range(10)))
+    with_client(go)
+
+
+def test_finite_task_lists_page():
+    async def go(c, host):
+        assert await c.list_tasks("finite", "eval", offset=1, limit=2) == (["eval-1", "eval-2"], 5)
+        assert await c.list_tasks("counter", "train") == ([], -1)
+    with_client(go)
+
+
+def test_load_class_errors_name_the_fix():
+    with pytest.raises(errors.InvalidArgument, match="package.module:ClassName"):
+        load_class("no_colon")
+    with pytest.raises(errors.NotFound, match="is the package installed"):
+        load_class("no.such.module:Env")
+    with pytest.raises(errors.InvalidArgument, match="not a subclass"):
+        load_class("time:sleep")
+
+
+def test_store_ids_are_unique_and_not_reused():
+    store = EpisodeStore(max_episodes=10)
+    env = CounterEnv()
+    ids = {e.id for _ in range(5) for e in store.add("counter", env)}
+    store.remove(list(ids))
+    assert not ids & {e.id for e in store.add("counter", env, count=3)}
+    assert time.monotonic() > 0
