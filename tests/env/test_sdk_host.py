@@ -166,3 +166,15 @@ def test_store_ids_are_unique_and_not_reused():
     store.remove(list(ids))
     assert not ids & {e.id for e in store.add("counter", env, count=3)}
     assert time.monotonic() > 0
+
+
+def test_installed_packages_add_environments_through_entry_points(tmp_path, monkeypatch):
+    dist = tmp_path / "third_party_envs-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: third-party-envs\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[atgrpo.envs]\ncounter_plus = tests.env.sdk_envs:CounterEnv\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reg = Registry({"builtin": "tests.env.sdk_envs:SlowEnv"})
+    assert reg.names() == ["builtin", "counter_plus"]
+    assert reg.get("counter_plus") is CounterEnv
+    assert Registry({}, discover=False).names() == []
