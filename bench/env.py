@@ -22,28 +22,10 @@ sys.path.insert(0, str(ROOT))
 
 from atgrpo.sdk.client import EnvClient  # noqa: E402
 from atgrpo.sdk.host import EnvHost  # noqa: E402
+from atgrpo.sdk.local import LocalEnvs  # noqa: E402
 from env_svc.server import builtin_registry  # noqa: E402
 
 ENV, MOVE = "sokoban", '#### ["U"]'
-
-
-class InProcess:
-    """The EnvHost behind the same three calls the client offers."""
-
-    def __init__(self):
-        self.host = EnvHost(builtin_registry())
-
-    async def reset(self, *a, **kw):
-        return await self.host.reset(*a, **kw)
-
-    async def fork(self, ep, n):
-        return await self.host.fork(ep, n)
-
-    async def step(self, ep, agent, action):
-        return await self.host.step(ep, agent, action)
-
-    async def close_episodes(self, ids):
-        return self.host.close(ids)
 
 
 async def _rate(fn, items, concurrency: int) -> float:
@@ -78,7 +60,7 @@ def start_env_svc() -> tuple[subprocess.Popen, str]:
 
 
 async def main_async(ops: int, concurrency: int) -> None:
-    rows = [("in-process", await measure(InProcess(), ops, 1))]
+    rows = [("in-process", await measure(LocalEnvs(EnvHost(builtin_registry())), ops, 1))]
     proc, address = start_env_svc()
     try:
         async with EnvClient(address) as client:
