@@ -1,0 +1,109 @@
+"""Plain types of the rollout service: sampling settings, generations, samples, episode ends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How one agent samples (DESIGN.md §1); log-probs are reported under exactly this transform."""
+
+    temperature: float = 1.0       # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = -1                # <= 0: off
+    max_tokens: int = 256
+    max_prompt_tokens: int = 2048  # longer prompts keep their end (the latest state)
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class PolicyRef:
+    pool: str
+    adapter: str = ""              # "" = the pool's full model
+    version: int = 0
+
+
+@dataclass(frozen=True)
+class AgentPlan:
+    """One agent's part in a collection: where it samples from and how."""
+
+    name: str
+    pool: str
+    adapter: str = ""
+    sampling: Sampling = field(default_factory=Sampling)
+    system_prompt: str = ""
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]          # one per token, under the sampling transform
+    text: str
+    finish_reason: str             # "stop" (EOS or a stop string) or "length"
+
+
+@dataclass
+class Generation:
+    prompt_ids: list[int]
+    completions: list[Completion]
+    policy: PolicyRef
+    prompt_truncated: bool = False
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    task_id: str
+    seed: int
+    split: str = "train"
+
+
+@dataclass(frozen=True)
+class CollectPlan:
+    env: str
+    tasks: tuple[TaskRef, ...]
+    agents: dict[str, AgentPlan]
+    turn_order: tuple[str, ...]
+    max_turns: int
+    k: int = 8
+    mode: Literal["tree", "flat"] = "tree"
+    selection: Literal["best", "first"] = "best"
+    parallel: bool = False         # agents of a turn all see the turn's starting state
+    alpha: float = 1.0
+    env_options: dict[str, Any] = field(default_factory=dict)
+    max_concurrent_tasks: int = 8
+    run_id: str = ""
+    step: int = 0
+
+
+@dataclass
+class Sample:
+    task_id: str
+    agent: str
+    turn: int
+    branch: int
+    policy: PolicyRef
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    team_reward: float
+    local_reward: float
+    done: bool
+    success: bool
+    selected: bool
+    sampling: Sampling
+    prompt_truncated: bool = False
+    response_truncated: bool = False
+    finish_reason: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EpisodeEnd:
+    task_id: str
+    success: bool
+    turns: int
+    agent_rewards: dict[str, float]
+    error: str = ""
