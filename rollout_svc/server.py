@@ -1,23 +1,75 @@
-"""RolloutService servicer: thin; engines and the tree driver live in plain modules (issue #5)."""
+"""RolloutService servicer: converts and delegates to the Replica and the tree driver."""
 
 from __future__ import annotations
 
+import time
+
 from atgrpo._proto.v1 import rollout_pb2, rollout_pb2_grpc
+from atgrpo.errors import InvalidArgument
 from atgrpo.rpc.server import Binding, service_info
+from rollout_svc import convert
+from rollout_svc.replica import Replica
+from rollout_svc.tree import Envs, collect
+from rollout_svc.types import EpisodeEnd, PolicyRef
+from rollout_svc.weights import receive
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
-    """RPCs other than GetInfo answer UNIMPLEMENTED (through the generated base) until built."""
-
-    def __init__(self, engine: str = "none") -> None:
-        # No engine is loaded yet, so no policy is served: GetInfo says so instead of inventing one.
-        self._info = rollout_pb2.RolloutInfo(service=service_info("rollout", {"engine": engine}),
-                                             engine=engine, device="cpu")
+    def __init__(self, replica: Replica, envs: Envs | None, *, engine: str = "hf", device: str = "cpu"):
+        self.replica, self.envs = replica, envs
+        self._service = service_info("rollout", {"engine": engine, "pools": ",".join(sorted(replica.pools))})
+        self._engine, self._device = engine, device
 
     async def GetInfo(self, request, context):
-        return self._info
+        return rollout_pb2.RolloutInfo(service=self._service, engine=self._engine, device=self._device,
+                                       policies=[convert.policy_to_pb(p) for p in self.replica.policies()])
+
+    async def Generate(self, request, context):
+        sampling = convert.sampling_from_pb(request.sampling)
+        which = request.WhichOneof("prompt")
+        if which is None:
+            raise InvalidArgument("no prompt: set messages or prompt_token_ids")
+        pool = self.replica.pool(request.pool)
+        if request.HasField("expected_version"):
+            self.replica.check_versions([PolicyRef(request.pool, request.adapter, request.expected_version)])
+        if which == "messages":
+            messages = [{"role": m.role, "content": m.content} for m in request.messages.messages]
+            ids, truncated = pool.engine.render(messages, sampling.max_prompt_tokens)
+        else:
+            ids = list(request.prompt_token_ids.ids)
+            truncated = len(ids) > sampling.max_prompt_tokens
+            ids = ids[-sampling.max_prompt_tokens:]
+        gen = await self.replica.generate_prompt(request.pool, request.adapter, ids, sampling, request.n or 1, truncated)
+        return rollout_pb2.GenerateResponse(
+            prompt_token_ids=gen.prompt_ids, prompt_truncated=gen.prompt_truncated,
+            policy=convert.policy_to_pb(gen.policy),
+            completions=[rollout_pb2.Completion(token_ids=c.token_ids, logprobs=c.logprobs, text=c.text,
+                                                finish_reason=c.finish_reason) for c in gen.completions])
+
+    async def Collect(self, request, context):
+        if self.envs is None:
+            raise InvalidArgument("this replica has no environment service; start it with --env HOST:PORT")
+        plan = convert.collect_plan_from_pb(request)
+        if not plan.tasks or not plan.turn_order or plan.max_turns < 1:
+            raise InvalidArgument("Collect needs tasks, a turn_order and max_turns >= 1")
+        missing = [a for a in plan.turn_order if a not in plan.agents]
+        if missing:
+            raise InvalidArgument(f"agents {missing} are in turn_order but have no AgentRollout")
+        for agent in plan.agents.values():
+            self.replica.pool(agent.pool)
+        self.replica.check_versions([convert.policy_from_pb(p) for p in request.expected_versions])
+        async for event in collect(plan, self.envs, self.replica):
+            yield convert.end_to_pb(event, plan) if isinstance(event, EpisodeEnd) else convert.sample_to_pb(event, plan)
+
+    async def LoadWeights(self, request_iterator, context):
+        push = await receive(request_iterator)
+        start = time.perf_counter()
+        await self.replica.load(push)
+        return rollout_pb2.LoadWeightsResponse(
+            policy=convert.policy_to_pb(PolicyRef(push.pool, push.adapter, push.version)),
+            bytes_received=len(push.data), load_ms=int((time.perf_counter() - start) * 1000))
 
 
-def bindings(args=None) -> list[Binding]:
-    return [Binding("atgrpo.v1.RolloutService", RolloutServicer(),
+def bindings(replica: Replica, envs: Envs | None, **info) -> list[Binding]:
+    return [Binding("atgrpo.v1.RolloutService", RolloutServicer(replica, envs, **info),
                     rollout_pb2_grpc.add_RolloutServiceServicer_to_server)]

@@ -1,0 +1,159 @@
+"""The transformers engine: the CPU default (also usable on a GPU).
+
+One prefill per prompt, shared by its n samples (the KV cache is duplicated after prefill, not
+recomputed), a batch of prompts at once, and per-token log-probs under the exact sampling
+transform (sampling.transform_logits), so the trainer can recompute them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from rollout_svc.engines.sampling import sample_tokens
+from rollout_svc.types import Completion, Sampling
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def pick_device(device: str) -> str:
+    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+
+
+def pick_dtype(dtype: str, device: str) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
+    return _DTYPES[dtype]
+
+
+class HFEngine:
+    def __init__(self, model_path: str, *, device: str = "auto", dtype: str = "auto"):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.model_path = model_path
+        self.device = pick_device(device)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=pick_dtype(dtype, self.device))
+        self.model.to(self.device).eval()
+        eos = self.model.generation_config.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
+        self.eos_ids.discard(None)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
+
+    def warm_up(self) -> None:
+        """One tiny generation: the first call pays seconds of lazy initialisation."""
+        self.generate([[self.pad_id]], [1], Sampling(max_tokens=2))
+
+    # --- weights ---------------------------------------------------------------------------
+
+    def load_full(self, state: dict[str, torch.Tensor]) -> None:
+        """Replace every weight (strict: the same names and shapes as the served model)."""
+        self.model.load_state_dict(state, strict=True, assign=False)
+
+    def load_adapter(self, name: str, config: dict, state: dict[str, torch.Tensor]) -> None:
+        """Add or replace the LoRA adapter `name` (PEFT's format) on the frozen base."""
+        from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
+
+        cfg = LoraConfig(**{k: v for k, v in config.items() if k in LoraConfig.__dataclass_fields__})
+        if not isinstance(self.model, PeftModel):
+            self.model = get_peft_model(self.model, cfg, adapter_name=name).eval()
+        elif name not in self.model.peft_config:
+            self.model.add_adapter(name, cfg)
+        result = set_peft_model_state_dict(self.model, state, adapter_name=name)
+        missing = [k for k in result.missing_keys if f".{name}." in k and "lora_" in k]
+        if missing or result.unexpected_keys:
+            raise ValueError(f"adapter {name!r}: missing {missing[:3]}, unexpected {list(result.unexpected_keys)[:3]}")
+
+    def adapters(self) -> list[str]:
+        return list(getattr(self.model, "peft_config", {}))
+
+    def _with_adapter(self, adapter: str):
+        """Context: generate with `adapter` ("" = the bare base model)."""
+        import contextlib
+
+        if not self.adapters():
+            if adapter:
+                raise KeyError(adapter)
+            return contextlib.nullcontext()
+        if not adapter:
+            return self.model.disable_adapter()
+        if adapter not in self.adapters():
+            raise KeyError(adapter)
+        self.model.set_adapter(adapter)
+        return contextlib.nullcontext()
+
+    # --- generation ------------------------------------------------------------------------
+
+    def render(self, messages: list[dict[str, str]], max_prompt_tokens: int) -> tuple[list[int], bool]:
+        """Prompt token ids through the chat template; over-long prompts keep their end."""
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "input_ids"):   # some tokenizers return a BatchEncoding
+            ids = ids["input_ids"]
+        ids = list(ids)
+        if max_prompt_tokens > 0 and len(ids) > max_prompt_tokens:
+            return ids[-max_prompt_tokens:], True
+        return ids, False
+
+    def _stopped(self, ids: list[int], stops: Sequence[str]) -> str | None:
+        """The decoded text cut at the first stop string, or None when none occurred."""
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        cuts = [text.find(s) for s in stops if s in text]
+        return text[:min(cuts)] if cuts else None
+
+    def generate(self, prompts: Sequence[Sequence[int]], ns: Sequence[int], s: Sampling,
+                 adapter: str = "") -> list[list[Completion]]:
+        """`ns[i]` samples of `prompts[i]`, all in one batch; returns completions per prompt."""
+        with self._with_adapter(adapter):
+            return self._generate(prompts, ns, s)
+
+    @torch.inference_mode()
+    def _generate(self, prompts: Sequence[Sequence[int]], ns: Sequence[int], s: Sampling) -> list[list[Completion]]:
+        dev = self.device
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):          # left padding: every prompt ends at the last column
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)                              # (B, L)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+        rows = torch.repeat_interleave(torch.arange(len(prompts)), torch.tensor(list(ns))).to(dev)  # (N,)
+        cache = out.past_key_values
+        cache.batch_select_indices(rows)        # the prefill is shared: copy the cache n ways
+        logits, mask, next_pos = out.logits[rows, -1, :], mask[rows], pos[rows, -1] + 1   # (N, V) ...
+        gen = torch.Generator(device=dev).manual_seed(s.seed) if s.seed is not None else None
+        n_rows = rows.shape[0]
+        tokens_out: list[list[int]] = [[] for _ in range(n_rows)]
+        logps_out: list[list[float]] = [[] for _ in range(n_rows)]
+        texts: list[str | None] = [None] * n_rows
+        finished = [False] * n_rows
+        for _ in range(s.max_tokens):
+            tokens, logps = sample_tokens(logits, s, gen)                     # (N,), (N,)
+            for r, (t, lp) in enumerate(zip(tokens.tolist(), logps.tolist(), strict=True)):
+                if finished[r]:
+                    continue
+                tokens_out[r].append(t)
+                logps_out[r].append(lp)
+                if t in self.eos_ids:
+                    finished[r] = True
+                elif s.stop and (cut := self._stopped(tokens_out[r], s.stop)) is not None:
+                    finished[r], texts[r] = True, cut
+            if all(finished):
+                break
+            tokens = torch.where(torch.tensor(finished, device=dev), self.pad_id, tokens)
+            mask = torch.cat([mask, torch.ones((n_rows, 1), dtype=mask.dtype, device=dev)], dim=1)
+            out = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_pos[:, None],
+                             past_key_values=cache, use_cache=True)
+            cache, logits, next_pos = out.past_key_values, out.logits[:, -1, :], next_pos + 1
+        completions = [
+            Completion(tokens_out[r], logps_out[r],
+                       texts[r] if texts[r] is not None else self.tokenizer.decode(tokens_out[r], skip_special_tokens=True),
+                       "stop" if finished[r] else "length")
+            for r in range(n_rows)]
+        per_prompt, start = [], 0
+        for n in ns:
+            per_prompt.append(completions[start:start + n])
+            start += n
+        return per_prompt

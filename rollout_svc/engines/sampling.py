@@ -1,0 +1,40 @@
+"""The sampling transform, shared by the engines and the trainer: the log-probs a sample carries
+are exactly those of the distribution it was drawn from (DESIGN.md §1)."""
+
+from __future__ import annotations
+
+import torch
+
+from rollout_svc.types import Sampling
+
+
+def transform_logits(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
+    """Logits of the distribution `s` samples from: temperature, then top-k, then top-p.
+
+    logits: (N, V) raw. Returns (N, V) with excluded tokens at -inf. Temperature 0 (greedy)
+    leaves the logits as they are: greedy picks the argmax and reports raw log-probs.
+    """
+    if s.temperature <= 0:
+        return logits
+    out = logits / s.temperature
+    if s.top_k > 0 and s.top_k < out.shape[-1]:
+        kth = torch.topk(out, s.top_k, dim=-1).values[..., -1:]          # (N, 1)
+        out = out.masked_fill(out < kth, float("-inf"))
+    if s.top_p < 1.0:
+        sorted_logits, order = torch.sort(out, descending=True, dim=-1)     # (N, V)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+        drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= s.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        out = out.masked_fill(drop, float("-inf"))
+    return out
+
+
+def sample_tokens(logits: torch.Tensor, s: Sampling, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row; returns (tokens (N,), their log-probs (N,)) under the transform."""
+    logprobs = torch.log_softmax(transform_logits(logits.float(), s), dim=-1)   # (N, V)
+    if s.temperature <= 0:
+        tokens = logprobs.argmax(dim=-1)
+    else:
+        tokens = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)
+    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)

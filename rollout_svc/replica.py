@@ -1,0 +1,61 @@
+"""A rollout replica's pools and the Generator the tree driver samples through."""
+
+from __future__ import annotations
+
+from atgrpo.errors import FailedPrecondition, InvalidArgument, NotFound
+from atgrpo.sdk.env import Message
+from rollout_svc.pool import PoolRuntime
+from rollout_svc.types import AgentPlan, Generation, PolicyRef, Sampling
+from rollout_svc.weights import WeightPush, tensors
+
+
+class Replica:
+    def __init__(self, pools: dict[str, PoolRuntime]):
+        self.pools = pools
+
+    def pool(self, name: str) -> PoolRuntime:
+        if name not in self.pools:
+            raise NotFound(f"this replica serves no pool {name!r}; it serves {sorted(self.pools) or 'none'}")
+        return self.pools[name]
+
+    def policies(self) -> list[PolicyRef]:
+        return [p for pool in self.pools.values() for p in pool.policies()]
+
+    def check_versions(self, expected: list[PolicyRef]) -> None:
+        for want in expected:
+            have = self.pool(want.pool).version(want.adapter)
+            if have != want.version:
+                what = f"{want.pool}/{want.adapter}" if want.adapter else want.pool
+                raise FailedPrecondition(f"{what} is at version {have} here, not {want.version}: the "
+                                         "weights were not pushed yet (or newer ones were); retry after the push")
+
+    async def generate_prompt(self, pool: str, adapter: str, prompt: list[int], sampling: Sampling,
+                              n: int, truncated: bool = False) -> Generation:
+        if not prompt:
+            raise InvalidArgument("the prompt is empty")
+        if not 1 <= n <= 1024:
+            raise InvalidArgument(f"n={n} must be between 1 and 1024")
+        generation = await self.pool(pool).generate(adapter, prompt, sampling, n)
+        generation.prompt_truncated = truncated
+        return generation
+
+    async def generate(self, agent: AgentPlan, messages: list[Message], n: int) -> Generation:
+        """The tree driver's Generator: render with the pool's chat template, then sample."""
+        runtime = self.pool(agent.pool)
+        ids, truncated = runtime.engine.render(messages, agent.sampling.max_prompt_tokens)
+        return await self.generate_prompt(agent.pool, agent.adapter, ids, agent.sampling, n, truncated)
+
+    async def load(self, push: WeightPush) -> None:
+        runtime = self.pool(push.pool)
+        state = tensors(push)
+        if push.adapter:
+            apply = lambda: runtime.engine.load_adapter(push.adapter, push.adapter_config, state)  # noqa: E731
+        elif runtime.lora:
+            raise InvalidArgument(f"pool {push.pool!r} is LoRA-specialised: push adapters (header.adapter), "
+                                  "not the full model")
+        else:
+            apply = lambda: runtime.engine.load_full(state)  # noqa: E731
+        try:
+            await runtime.swap(push.adapter, push.version, apply)
+        except (RuntimeError, ValueError, KeyError) as err:   # names or shapes that do not fit
+            raise InvalidArgument(f"the weights do not fit pool {push.pool!r}: {err}; nothing changed") from None

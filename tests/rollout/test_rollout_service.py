@@ -1,0 +1,222 @@
+"""rollout_svc with the tiny model over real gRPC: log-probs, weight swaps, adapters, Collect."""
+
+import asyncio
+import json
+
+import pytest
+import torch
+
+from atgrpo import errors
+from atgrpo._proto.v1 import rollout_pb2
+from atgrpo.models import build_tiny_model
+from atgrpo.rpc.server import create_server
+from atgrpo.sdk.host import EnvHost
+from atgrpo.sdk.local import LocalEnvs
+from atgrpo.sdk.registry import Registry
+from rollout_svc import convert, weights
+from rollout_svc.client import RolloutClient
+from rollout_svc.engines.hf import HFEngine
+from rollout_svc.engines.sampling import transform_logits
+from rollout_svc.pool import PoolRuntime
+from rollout_svc.replica import Replica
+from rollout_svc.server import bindings
+from rollout_svc.types import AgentPlan, Sampling
+from tests.rollout.scripted import PickEnv
+
+GREEDY = Sampling(temperature=0.0, max_tokens=12)
+HELLO = [{"role": "user", "content": "Say something about grids."}]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny")))
+
+
+def serve(model_dir, fn, *, lora=False):
+    async def go():
+        engine = HFEngine(model_dir, device="cpu", dtype="float32")
+        replica = Replica({"p": PoolRuntime("p", engine, lora=lora)})
+        registry = Registry(discover=False)
+        registry.register(PickEnv)
+        running = await create_server(bindings(replica, LocalEnvs(EnvHost(registry))))
+        try:
+            async with RolloutClient(f"127.0.0.1:{running.port}") as c:
+                return await fn(c, engine)
+        finally:
+            await running.stop(0)
+    return asyncio.run(go())
+
+
+def forward_logprobs(engine, prompt, response, s):
+    with torch.no_grad():
+        logits = engine.model(torch.tensor([prompt + response])).logits[0]          # (T, V)
+    lp = torch.log_softmax(transform_logits(logits[len(prompt) - 1:-1].float(), s), dim=-1)
+    return lp.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
+
+
+def test_logprobs_equal_a_separate_forward_pass_under_the_same_transform(model_dir):
+    s = Sampling(temperature=0.8, top_p=0.9, top_k=20, max_tokens=16, seed=3)
+
+    async def go(c, engine):
+        gen = await c.generate("p", messages=HELLO, sampling=s, n=4)
+        assert len(gen.completions) == 4 and gen.policy.version == 0
+        for comp in gen.completions:
+            assert len(comp.logprobs) == len(comp.token_ids) > 0
+            ref = forward_logprobs(engine, gen.prompt_ids, comp.token_ids, s)
+            assert torch.allclose(ref, torch.tensor(comp.logprobs), atol=1e-4)
+        # Sampled tokens are inside the transform's support: top-k never lets a -inf token through.
+        assert all(lp > float("-inf") for comp in gen.completions for lp in comp.logprobs)
+    serve(model_dir, go)
+
+
+def test_stop_strings_and_max_tokens(model_dir):
+    async def go(c, engine):
+        free = await c.generate("p", messages=HELLO, sampling=Sampling(temperature=0.0, max_tokens=20))
+        text = free.completions[0].text
+        assert free.completions[0].finish_reason == "length" and len(free.completions[0].token_ids) == 20
+        stop = text[len(text) // 2: len(text) // 2 + 2]
+        cut = await c.generate("p", messages=HELLO, sampling=Sampling(temperature=0.0, max_tokens=20, stop=(stop,)))
+        assert cut.completions[0].finish_reason == "stop"
+        assert cut.completions[0].text == text[:text.find(stop)]
+        longp = await c.generate("p", prompt_ids=list(range(5, 105)), sampling=Sampling(max_tokens=2, max_prompt_tokens=30))
+        assert longp.prompt_truncated and longp.prompt_ids == list(range(75, 105))
+    serve(model_dir, go)
+
+
+def _perturbed(engine, scale=0.5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {k: v + scale * torch.randn(v.shape, generator=g) for k, v in engine.model.state_dict().items()}
+
+
+def test_a_weight_swap_changes_outputs_and_version_and_bad_pushes_change_nothing(model_dir):
+    async def go(c, engine):
+        before = (await c.generate("p", messages=HELLO, sampling=GREEDY)).completions[0].token_ids
+        state = _perturbed(engine)
+        chunks = weights.encode(state, "p", 1, chunk_bytes=1 << 16)
+        assert len(chunks) > 3
+        bad_sum = [rollout_pb2.WeightChunk(header=rollout_pb2.WeightHeader(
+            **{**_header_dict(chunks[0]), "sha256": "0" * 64})), *chunks[1:]]
+        for stream, error, msg in [
+            (chunks[:-1], errors.InvalidArgument, "truncated"),
+            (bad_sum, errors.InvalidArgument, "checksum mismatch"),
+            (chunks[1:], errors.InvalidArgument, "must start with a header"),
+            (weights.encode(state, "nope", 1), errors.NotFound, "no pool 'nope'"),
+            (weights.encode({"x": torch.zeros(2)}, "p", 1), errors.InvalidArgument, "do not fit"),
+        ]:
+            with pytest.raises(error, match=msg):
+                await c._call(c.stub.LoadWeights, iter(stream))
+        assert (await c.policies())[0].version == 0
+        assert (await c.generate("p", messages=HELLO, sampling=GREEDY)).completions[0].token_ids == before
+        resp = await c.load_weights(state, "p", 1)
+        assert resp.policy.version == 1 and resp.bytes_received > 0
+        after = await c.generate("p", messages=HELLO, sampling=GREEDY)
+        assert after.policy.version == 1 and after.completions[0].token_ids != before
+        with pytest.raises(errors.FailedPrecondition, match="stale"):
+            await c.load_weights(state, "p", 1)
+        with pytest.raises(errors.FailedPrecondition, match="version 1 here, not 0"):
+            await c.generate("p", messages=HELLO, sampling=GREEDY, expected_version=0)
+    serve(model_dir, go)
+
+
+def _header_dict(chunk):
+    h = chunk.header
+    return {f.name: getattr(h, f.name) for f in h.DESCRIPTOR.fields}
+
+
+def test_generations_during_a_swap_never_mix_versions(model_dir):
+    async def go(c, engine):
+        v0 = (await c.generate("p", messages=HELLO, sampling=GREEDY)).completions[0].token_ids
+        state = _perturbed(engine, seed=1)
+        gens = [asyncio.create_task(c.generate("p", messages=HELLO, sampling=GREEDY)) for _ in range(12)]
+        await asyncio.sleep(0.01)
+        push = asyncio.create_task(c.load_weights(state, "p", 1))
+        gens += [asyncio.create_task(c.generate("p", messages=HELLO, sampling=GREEDY)) for _ in range(12)]
+        await push
+        v1 = (await c.generate("p", messages=HELLO, sampling=GREEDY)).completions[0].token_ids
+        assert v0 != v1
+        results = await asyncio.gather(*gens)
+        for g in results:
+            assert g.completions[0].token_ids == (v0 if g.policy.version == 0 else v1)
+        assert {g.policy.version for g in results} <= {0, 1}
+    serve(model_dir, go)
+
+
+def _adapter(model_dir, seed):
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir), cfg)
+    state = get_peft_model_state_dict(model)
+    return {k: v * 5 for k, v in state.items()}, json.loads(json.dumps(cfg.to_dict(), default=list))
+
+
+def test_per_agent_adapters_are_served_with_their_own_versions(model_dir):
+    async def go(c, engine):
+        base = (await c.generate("p", messages=HELLO, sampling=GREEDY)).completions[0].token_ids
+        with pytest.raises(errors.NotFound, match="no adapter 'planner'"):
+            await c.generate("p", adapter="planner", messages=HELLO, sampling=GREEDY)
+        with pytest.raises(errors.InvalidArgument, match="LoRA-specialised"):
+            await c.load_weights(engine.model.state_dict(), "p", 1)
+        for i, name in enumerate(("planner", "tool")):
+            state, cfg = _adapter(model_dir, seed=i)
+            await c.load_weights(state, "p", 1, adapter=name, adapter_config=cfg)
+        state, cfg = _adapter(model_dir, seed=7)
+        await c.load_weights(state, "p", 2, adapter="tool", adapter_config=cfg)
+        versions = {(p.adapter, p.version) for p in await c.policies()}
+        assert versions == {("", 0), ("planner", 1), ("tool", 2)}
+        planner = await c.generate("p", adapter="planner", messages=HELLO, sampling=GREEDY)
+        tool = await c.generate("p", adapter="tool", messages=HELLO, sampling=GREEDY)
+        again = await c.generate("p", messages=HELLO, sampling=GREEDY)
+        assert planner.policy.version == 1 and tool.policy.version == 2
+        assert len({tuple(base), tuple(planner.completions[0].token_ids), tuple(tool.completions[0].token_ids)}) == 3
+        assert again.completions[0].token_ids == base   # the bare base is untouched by adapters
+    serve(model_dir, go, lora=True)
+
+
+def test_collect_streams_groups_with_the_real_model(model_dir):
+    def request(**kw):
+        agents = [AgentPlan(n, "p", sampling=Sampling(temperature=1.0, max_tokens=4)) for n in ("a", "b")]
+        fields = dict(
+            run_id="r", step=3, env="pick", turn_order=["a", "b"], max_turns=2, k=3, alpha=1.0,
+            tasks=[rollout_pb2.TaskRef(task_id=f"t{i}", seed=i, split="train") for i in range(2)],
+            agents=[rollout_pb2.AgentRollout(name=a.name, pool=a.pool, sampling=convert.sampling_to_pb(a.sampling))
+                    for a in agents])
+        return rollout_pb2.CollectRequest(**{**fields, **kw})
+
+    async def go(c, engine):
+        events = [e async for e in c.collect(request())]
+        samples = [e.sample for e in events if e.WhichOneof("event") == "sample"]
+        ends = [e.episode_end for e in events if e.WhichOneof("event") == "episode_end"]
+        assert len(ends) == 2 and all(not e.error for e in ends)
+        assert len(samples) == sum(e.turns for e in ends) * 2 * 3
+        groups = {}
+        for s in samples:
+            groups.setdefault((s.task_id, s.agent, s.turn), []).append(s)
+        for group in groups.values():
+            assert sorted(s.branch for s in group) == [0, 1, 2]
+            assert len({tuple(s.prompt_token_ids) for s in group}) == 1
+            assert sum(s.selected for s in group) == 1
+            assert all(len(s.response_logprobs) == len(s.response_token_ids) for s in group)
+            assert all(s.run_id == "r" and s.step == 3 and s.sampling.temperature == 1.0 for s in group)
+        stale = request(expected_versions=[convert.policy_to_pb(convert.PolicyRef("p", "", 5))])
+        with pytest.raises(errors.FailedPrecondition):
+            [e async for e in c.collect(stale)]
+        with pytest.raises(errors.NotFound):
+            [e async for e in c.collect(request(agents=[rollout_pb2.AgentRollout(name="a", pool="zz"),
+                                                          rollout_pb2.AgentRollout(name="b", pool="p")]))]
+    serve(model_dir, go)
+
+
+def test_bad_generate_requests(model_dir):
+    async def go(c, engine):
+        with pytest.raises(errors.InvalidArgument, match="no prompt"):
+            await c._call(c.stub.Generate, rollout_pb2.GenerateRequest(pool="p"))
+        with pytest.raises(errors.NotFound, match="serves no pool 'q'"):
+            await c.generate("q", messages=HELLO)
+        with pytest.raises(errors.InvalidArgument, match="between 1 and 1024"):
+            await c.generate("p", messages=HELLO, n=5000)
+        with pytest.raises(errors.InvalidArgument, match="prompt is empty"):
+            await c.generate("p", prompt_ids=[])
+    serve(model_dir, go)
