@@ -1,0 +1,62 @@
+"""AT-GRPO rewards, groups and advantages as pure functions (Zhao et al., arXiv 2510.11062, §3;
+DESIGN.md §1).
+
+Groups are keyed by (task, agent, turn): exactly the K branches one agent sampled from one state.
+Different tasks or turns are never pooled, and nothing but real samples joins a group (both are
+bugs of the reference implementation, reference-system.md §1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import torch
+
+FLAT_TOLERANCE = 1e-9   # relative spread below which a group's rewards count as equal
+
+
+def mix_rewards(team: torch.Tensor, local: torch.Tensor, alpha: float) -> torch.Tensor:
+    """The training reward r = alpha * team + local.  team, local: (B,) -> (B,)."""
+    return alpha * team + local
+
+
+def group_index(keys: Sequence[Hashable]) -> torch.Tensor:
+    """Dense group ids for per-sample keys, in order of first appearance.
+
+    keys: B hashables, e.g. (task_id, agent, turn) -> (B,) int64 in [0, G).
+    """
+    ids: dict[Hashable, int] = {}
+    return torch.tensor([ids.setdefault(k, len(ids)) for k in keys], dtype=torch.long)
+
+
+def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, *, norm_std: bool = True,
+                     eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group-normalised advantages and which samples sit in a zero-variance group.
+
+    A = (r - mean_g) / (std_g + eps) with the unbiased std of the sample's group g; with
+    norm_std=False, A = r - mean_g (Dr. GRPO). A group whose rewards are all equal (within
+    FLAT_TOLERANCE; a singleton group included) carries no signal: its samples get A = 0 exactly.
+
+    rewards: (B,) float; groups: (B,) int64 in [0, G). Returns (A (B,), zero_variance (B,) bool).
+    """
+    rewards = rewards.double()
+    n_groups = int(groups.max()) + 1 if groups.numel() else 0
+    count = torch.zeros(n_groups, dtype=torch.double).index_add_(0, groups, torch.ones_like(rewards))   # (G,)
+    mean = torch.zeros(n_groups, dtype=torch.double).index_add_(0, groups, rewards) / count             # (G,)
+    centred = rewards - mean[groups]                                                                  # (B,)
+    sq = torch.zeros(n_groups, dtype=torch.double).index_add_(0, groups, centred ** 2)                 # (G,)
+    std = torch.sqrt(sq / (count - 1).clamp(min=1))                                                   # (G,)
+    # "All equal" is decided on the spread of the values, with a tolerance for float noise:
+    # 0.1 + 0.2 and 0.3 are the same reward, and dividing their 5e-17 difference by a 4e-17 std
+    # would turn noise into advantages of +-0.7.
+    lo = torch.full((n_groups,), float("inf"), dtype=torch.double).scatter_reduce(0, groups, rewards, "amin")
+    hi = torch.full((n_groups,), float("-inf"), dtype=torch.double).scatter_reduce(0, groups, rewards, "amax")
+    flat = ((hi - lo) <= FLAT_TOLERANCE * torch.maximum(hi.abs(), torch.ones_like(hi)))[groups]       # (B,)
+    adv = centred / (std[groups] + eps) if norm_std else centred
+    adv = torch.where(flat, torch.zeros_like(adv), adv)
+    return adv.float(), flat
+
+
+def zero_variance_keep(flat: torch.Tensor) -> torch.Tensor:
+    """The DAPO filter's mask: keep the samples whose group has any reward variance.  (B,) bool."""
+    return ~flat
