@@ -88,13 +88,18 @@ class WarmSandbox:
             self.ctl.close()
             self.ctl = None
         if self.proc is not None:
-            try:
-                os.killpg(self.proc.pid, 9)
-            except ProcessLookupError:
-                pass
+            # The zygote is in a session of its own: kill it by pid, not only bwrap's group, then
+            # wait for it (it is re-parented to this process, a subreaper, and must be reaped).
+            inner = [psutil.Process(p) for p in self.own_pids() - {self.proc.pid} if psutil.pid_exists(p)]
+            for target in (self.proc.pid, *(p.pid for p in inner)):
+                try:
+                    os.kill(target, 9)
+                except ProcessLookupError:
+                    pass
             self.proc.wait()
             self.proc.stderr.close()
             self.proc = None
+            psutil.wait_procs(inner, timeout=2.0)
         if self.sweep is not None:
             self.sweep()
 
