@@ -5,18 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from atgrpo.algo.sampling import Sampling
 
-@dataclass(frozen=True)
-class Sampling:
-    """How one agent samples (DESIGN.md §1); log-probs are reported under exactly this transform."""
-
-    temperature: float = 1.0       # 0 = greedy
-    top_p: float = 1.0
-    top_k: int = -1                # <= 0: off
-    max_tokens: int = 256
-    max_prompt_tokens: int = 2048  # longer prompts keep their end (the latest state)
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
+__all__ = ["AgentPlan", "CollectPlan", "Completion", "EpisodeEnd", "Generation", "PolicyRef", "Sample",
+           "Sampling", "TaskRef"]
 
 
 @dataclass(frozen=True)

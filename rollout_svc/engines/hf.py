@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from rollout_svc.engines.sampling import sample_tokens
+from atgrpo.algo.sampling import sample_tokens
 from rollout_svc.types import Completion, Sampling
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

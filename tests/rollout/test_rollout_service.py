@@ -8,6 +8,7 @@ import torch
 
 from atgrpo import errors
 from atgrpo._proto.v1 import rollout_pb2
+from atgrpo.algo.sampling import transform_logits
 from atgrpo.models import build_tiny_model
 from atgrpo.rpc.server import create_server
 from atgrpo.sdk.host import EnvHost
@@ -16,7 +17,6 @@ from atgrpo.sdk.registry import Registry
 from rollout_svc import convert, weights
 from rollout_svc.client import RolloutClient
 from rollout_svc.engines.hf import HFEngine
-from rollout_svc.engines.sampling import transform_logits
 from rollout_svc.pool import PoolRuntime
 from rollout_svc.replica import Replica
 from rollout_svc.server import bindings

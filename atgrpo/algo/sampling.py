@@ -1,11 +1,25 @@
-"""The sampling transform, shared by the engines and the trainer: the log-probs a sample carries
-are exactly those of the distribution it was drawn from (DESIGN.md §1)."""
+"""The sampling transform, shared by the rollout engines and the trainer: the log-probs a sample
+carries are exactly those of the distribution it was drawn from, and the trainer recomputes them
+under the same transform (DESIGN.md §1; the reference recomputed them at temperature 1)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from rollout_svc.types import Sampling
+
+@dataclass(frozen=True)
+class Sampling:
+    """How one agent samples; train and eval settings differ per agent."""
+
+    temperature: float = 1.0       # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = -1                # <= 0: off
+    max_tokens: int = 256
+    max_prompt_tokens: int = 2048  # longer prompts keep their end (the latest state)
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
 
 
 def transform_logits(logits: torch.Tensor, s: Sampling) -> torch.Tensor:

@@ -1,0 +1,154 @@
+"""One AT-GRPO update of a pool's model from a step's samples (plain logic, no gRPC).
+
+Samples are validated whole before anything trains. Each of `epochs` passes walks the samples in
+mini-batches (one optimizer step each); a mini-batch is split into micro-batches by a token
+budget, and every micro-batch's loss is weighted by its share of the mini-batch's tokens, so the
+gradient is the token-mean over the whole mini-batch whatever the micro-batching (1 x 8 equals
+8 x 1). On a LoRA pool a micro-batch holds one agent's samples and runs with that agent's
+adapter active: an agent's samples update only its adapter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from atgrpo.algo.loss import LossConfig, policy_loss
+from atgrpo.algo.sampling import Sampling, transform_logits
+from atgrpo.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    agent: str
+    prompt_ids: Sequence[int]
+    response_ids: Sequence[int]
+    old_logprobs: Sequence[float]       # under `sampling`, from the rollout engine
+    advantage: float
+    sampling: Sampling = field(default_factory=Sampling)
+
+
+@dataclass(frozen=True)
+class UpdateConfig:
+    loss: LossConfig = field(default_factory=LossConfig)
+    epochs: int = 1
+    mini_batch_size: int = 16
+    micro_batch_tokens: int = 8192
+    grad_clip: float = 1.0
+
+
+def validate(samples: Sequence[TrainSample], agents: Sequence[str]) -> None:
+    """InvalidArgument naming the first bad sample; nothing trains from a bad request."""
+    if not samples:
+        raise InvalidArgument("no samples to train on")
+    for i, s in enumerate(samples):
+        where = f"sample {i} (agent {s.agent!r})"
+        if s.agent not in agents:
+            raise InvalidArgument(f"{where}: this pool trains {list(agents)}, not {s.agent!r}; route it to its pool")
+        if not s.response_ids:
+            raise InvalidArgument(f"{where}: empty response; drop it before training")
+        if not s.prompt_ids:
+            raise InvalidArgument(f"{where}: empty prompt")
+        if len(s.old_logprobs) != len(s.response_ids):
+            raise InvalidArgument(f"{where}: {len(s.response_ids)} response tokens but {len(s.old_logprobs)} "
+                                  "log-probs; send one log-prob per token")
+        if not math.isfinite(s.advantage):
+            raise InvalidArgument(f"{where}: advantage {s.advantage} is not finite")
+        if not all(math.isfinite(x) for x in s.old_logprobs):
+            raise InvalidArgument(f"{where}: a log-prob is not finite")
+
+
+def micro_batches(rows: Sequence[int], samples: Sequence[TrainSample], budget: int) -> list[list[int]]:
+    """Consecutive rows packed while the padded size (rows x longest) stays within `budget`."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for r in rows:
+        length = len(samples[r].prompt_ids) + len(samples[r].response_ids)
+        if cur and max(longest, length) * (len(cur) + 1) > budget:
+            out.append(cur)
+            cur, longest = [], 0
+        cur.append(r)
+        longest = max(longest, length)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def response_logprobs(model, batch: Sequence[TrainSample], device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token log-probs and entropies of each response under its own sampling transform.
+
+    Returns logprobs, entropy, mask: (B, T) with T the longest response; mask 1 on real tokens.
+    """
+    width = max(len(s.prompt_ids) + len(s.response_ids) for s in batch)
+    t_max = max(len(s.response_ids) for s in batch)
+    ids = torch.zeros((len(batch), width), dtype=torch.long)
+    attn = torch.zeros((len(batch), width), dtype=torch.long)
+    for i, s in enumerate(batch):            # right padding: positions are plain 0..n-1
+        seq = [*s.prompt_ids, *s.response_ids]
+        ids[i, :len(seq)] = torch.tensor(seq)
+        attn[i, :len(seq)] = 1
+    logits = model(input_ids=ids.to(device), attention_mask=attn.to(device)).logits.float()   # (B, W, V)
+    lps, ents = [], []
+    mask = torch.zeros((len(batch), t_max), device=device)
+    for i, s in enumerate(batch):
+        p, n = len(s.prompt_ids), len(s.response_ids)
+        step_logits = transform_logits(logits[i, p - 1:p - 1 + n], s.sampling)                   # (n, V)
+        logp = torch.log_softmax(step_logits, dim=-1)
+        tok = torch.tensor(list(s.response_ids), device=device)
+        lp = logp.gather(-1, tok[:, None]).squeeze(-1)                                           # (n,)
+        probs = logp.exp()
+        ent = -(probs * torch.where(probs > 0, logp, torch.zeros_like(logp))).sum(-1)            # (n,)
+        lps.append(torch.nn.functional.pad(lp, (0, t_max - n)))
+        ents.append(torch.nn.functional.pad(ent, (0, t_max - n)))
+        mask[i, :n] = 1
+    return torch.stack(lps), torch.stack(ents), mask
+
+
+def _by_agent(rows: Sequence[int], samples: Sequence[TrainSample]) -> list[list[int]]:
+    groups: dict[str, list[int]] = {}
+    for r in rows:
+        groups.setdefault(samples[r].agent, []).append(r)
+    return list(groups.values())
+
+
+def update(model, optimizer: torch.optim.Optimizer, samples: Sequence[TrainSample], cfg: UpdateConfig, *,
+           params: Sequence[torch.nn.Parameter], device: str = "cpu",
+           adapter: Callable[[str], contextlib.AbstractContextManager] | None = None,
+           generator: torch.Generator | None = None) -> dict[str, float]:
+    """Run the update; returns averaged metrics. `adapter(agent)` activates an agent's LoRA
+    adapter (None: one shared model). `generator` seeds the mini-batch order (exact resume)."""
+    stats: dict[str, float] = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "entropy": 0.0, "grad_norm": 0.0}
+    steps = 0
+    model.train()
+    for _ in range(cfg.epochs):
+        order = torch.randperm(len(samples), generator=generator).tolist()
+        for start in range(0, len(order), cfg.mini_batch_size):
+            mini = order[start:start + cfg.mini_batch_size]
+            total = sum(len(samples[r].response_ids) for r in mini)
+            optimizer.zero_grad(set_to_none=True)
+            groups = _by_agent(mini, samples) if adapter else [mini]
+            for rows in groups:
+                ctx = adapter(samples[rows[0]].agent) if adapter else contextlib.nullcontext()
+                with ctx:
+                    for micro in micro_batches(rows, samples, cfg.micro_batch_tokens):
+                        batch = [samples[r] for r in micro]
+                        lp, ent, mask = response_logprobs(model, batch, device)
+                        old = torch.zeros_like(lp)
+                        for i, s in enumerate(batch):
+                            old[i, :len(s.old_logprobs)] = torch.tensor(list(s.old_logprobs))
+                        adv = torch.tensor([s.advantage for s in batch], device=device)
+                        loss, m = policy_loss(lp, old, adv, mask, cfg.loss, entropy=ent)
+                        share = mask.sum().item() / total
+                        (loss * share).backward()
+                        for k in ("loss", "clip_fraction", "approx_kl", "entropy"):
+                            stats[k] += m[k] * share
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            optimizer.step()
+            stats["grad_norm"] += float(grad_norm)
+            steps += 1
+    return {k: v / max(steps, 1) for k, v in stats.items()} | {"optimizer_steps": float(steps)}
