@@ -1,0 +1,154 @@
+"""A pool's trainable state: the model (full, or a frozen base with one LoRA adapter per agent),
+the optimizer and schedule, the version, and checkpoints that resume exactly."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from atgrpo.errors import FailedPrecondition, InvalidArgument
+
+PEFT_STATE_PREFIX = "base_model.model."
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    run_id: str
+    pool: str
+    model_path: str
+    agents: tuple[str, ...]
+    specialization: str = "full"            # "full" or "lora"
+    lora_rank: int = 16
+    lora_alpha: float = 32.0
+    lora_dropout: float = 0.0
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = 10
+    total_steps: int = 100
+    min_lr_ratio: float = 0.3
+    grad_clip: float = 1.0
+    device: str = "cpu"
+    dtype: str = "float32"
+    seed: int = 0
+    checkpoint_dir: str = ""
+    rollout_addresses: tuple[str, ...] = field(default=())
+
+
+def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """Linear warm-up to 1, then cosine down to `min_ratio` at `total` (the reference's schedule)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class PoolState:
+    def __init__(self, spec: PoolSpec):
+        from transformers import AutoModelForCausalLM
+
+        if spec.specialization not in ("full", "lora"):
+            raise InvalidArgument(f"specialization {spec.specialization!r}: use 'full' or 'lora'")
+        self.spec = spec
+        torch.manual_seed(spec.seed)
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(spec.dtype, torch.float32)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=dtype)
+        except OSError as err:
+            raise InvalidArgument(f"cannot load the pool's model from {spec.model_path!r}: {err}") from None
+        if spec.specialization == "lora":
+            model = self._with_adapters(model)
+        self.model = model.to(spec.device)
+        self.version = 0
+        self.updates = 0
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s, spec.warmup_steps, spec.total_steps, spec.min_lr_ratio))
+        self.generator = torch.Generator().manual_seed(spec.seed)
+
+    def _with_adapters(self, model):
+        from peft import LoraConfig, get_peft_model
+
+        cfg = LoraConfig(r=self.spec.lora_rank, lora_alpha=self.spec.lora_alpha, lora_dropout=self.spec.lora_dropout,
+                         target_modules=list(self.spec.lora_targets))
+        model = get_peft_model(model, cfg, adapter_name=self.spec.agents[0])
+        for agent in self.spec.agents[1:]:
+            model.add_adapter(agent, cfg)
+        for name, p in model.named_parameters():   # every adapter trains; the base never does
+            p.requires_grad = "lora_" in name
+        return model
+
+    @property
+    def lora(self) -> bool:
+        return self.spec.specialization == "lora"
+
+    def activate(self, agent: str):
+        """Make `agent`'s adapter the active one (LoRA pools); returns a no-op context."""
+        import contextlib
+
+        self.model.base_model.set_adapter(agent)
+        for name, p in self.model.named_parameters():
+            p.requires_grad = "lora_" in name   # set_adapter freezes inactive adapters; keep all trainable
+        return contextlib.nullcontext()
+
+    # --- what gets pushed to rollout replicas ------------------------------------------------
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def adapter_state(self, agent: str) -> tuple[dict[str, torch.Tensor], dict]:
+        from peft import get_peft_model_state_dict
+
+        state = get_peft_model_state_dict(self.model, adapter_name=agent)
+        config = json.loads(json.dumps(self.model.peft_config[agent].to_dict(), default=list))
+        return {k: v.detach() for k, v in state.items()}, config
+
+    # --- checkpoints -------------------------------------------------------------------------
+
+    def save(self, where: str | Path) -> Path:
+        """Model or adapters in HF / PEFT format (from_pretrained loads them), plus everything an
+        exact resume needs: optimizer, schedule, RNG states and version."""
+        where = Path(where)
+        where.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(where / "model")
+        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                    "generator": self.generator.get_state(), "torch_rng": torch.get_rng_state(),
+                    "numpy_rng": np.random.get_state(), "python_rng": random.getstate()},
+                   where / "trainer_state.pt")
+        (where / "atgrpo.json").write_text(json.dumps({"version": self.version, "updates": self.updates,
+                                                       "spec": asdict(self.spec)}, indent=2))
+        return where
+
+    def load(self, where: str | Path) -> None:
+        where = Path(where)
+        meta = json.loads((where / "atgrpo.json").read_text())
+        if meta["spec"]["pool"] != self.spec.pool or meta["spec"]["specialization"] != self.spec.specialization:
+            raise FailedPrecondition(f"checkpoint {where} is of pool {meta['spec']['pool']!r} "
+                                     f"({meta['spec']['specialization']}), not this one")
+        if self.lora:
+            from peft import set_peft_model_state_dict
+            from safetensors.torch import load_file
+
+            for agent in self.spec.agents:   # PEFT saves each named adapter in a folder of its name
+                sub = where / "model" / agent
+                set_peft_model_state_dict(self.model, load_file(str(sub / "adapter_model.safetensors")), adapter_name=agent)
+        else:
+            from transformers import AutoModelForCausalLM
+
+            self.model.load_state_dict(AutoModelForCausalLM.from_pretrained(where / "model").state_dict())
+        state = torch.load(where / "trainer_state.pt", weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.generator.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        np.random.set_state(state["numpy_rng"])
+        random.setstate(state["python_rng"])
+        self.version, self.updates = meta["version"], meta["updates"]
