@@ -116,12 +116,44 @@ def _by_agent(rows: Sequence[int], samples: Sequence[TrainSample]) -> list[list[
     return list(groups.values())
 
 
+def _world() -> tuple[int, int]:
+    """(rank, world size) under torch.distributed (torchrun), else (0, 1)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _all_reduce_grads(params: Sequence[torch.nn.Parameter], stats: dict[str, float], keys: Sequence[str]) -> None:
+    """Data parallelism: sum the gradients (each rank's share-weighted) and the metrics across
+    ranks. A parameter no rank touched keeps grad None, so the optimizer leaves it alone (an
+    adapter whose agent had no samples must not move, not even by weight decay)."""
+    dist = torch.distributed
+    touched = torch.tensor([float(p.grad is not None) for p in params])
+    dist.all_reduce(touched, op=dist.ReduceOp.MAX)
+    for p, t in zip(params, touched.tolist(), strict=True):
+        if t:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad)
+    values = torch.tensor([stats[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(values)
+    for k, v in zip(keys, values.tolist(), strict=True):
+        stats[k] = v
+
+
 def update(model, optimizer: torch.optim.Optimizer, samples: Sequence[TrainSample], cfg: UpdateConfig, *,
            params: Sequence[torch.nn.Parameter], device: str = "cpu",
            adapter: Callable[[str], contextlib.AbstractContextManager] | None = None,
            generator: torch.Generator | None = None) -> dict[str, float]:
     """Run the update; returns averaged metrics. `adapter(agent)` activates an agent's LoRA
-    adapter (None: one shared model). `generator` seeds the mini-batch order (exact resume)."""
+    adapter (None: one shared model). `generator` seeds the mini-batch order (exact resume).
+
+    Under torch.distributed every rank gets the same samples and generator seed, works on its
+    share of each mini-batch (rows rank::world), and gradients are summed before each step, so
+    the result is the single-process one whatever the world size."""
+    rank, world = _world()
+    metric_keys = ("loss", "clip_fraction", "approx_kl", "entropy")
     stats: dict[str, float] = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "entropy": 0.0, "grad_norm": 0.0}
     steps = 0
     model.train()
@@ -130,8 +162,10 @@ def update(model, optimizer: torch.optim.Optimizer, samples: Sequence[TrainSampl
         for start in range(0, len(order), cfg.mini_batch_size):
             mini = order[start:start + cfg.mini_batch_size]
             total = sum(len(samples[r].response_ids) for r in mini)
+            mine = mini[rank::world]
             optimizer.zero_grad(set_to_none=True)
-            groups = _by_agent(mini, samples) if adapter else [mini]
+            step_stats = dict.fromkeys(metric_keys, 0.0)
+            groups = (_by_agent(mine, samples) if adapter else [mine]) if mine else []
             for rows in groups:
                 ctx = adapter(samples[rows[0]].agent) if adapter else contextlib.nullcontext()
                 with ctx:
@@ -145,9 +179,13 @@ def update(model, optimizer: torch.optim.Optimizer, samples: Sequence[TrainSampl
                         loss, m = policy_loss(lp, old, adv, mask, cfg.loss, entropy=ent)
                         share = mask.sum().item() / total
                         (loss * share).backward()
-                        for k in ("loss", "clip_fraction", "approx_kl", "entropy"):
-                            stats[k] += m[k] * share
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+                        for k in metric_keys:
+                            step_stats[k] += m[k] * share
+            if world > 1:
+                _all_reduce_grads(params, step_stats, metric_keys)
+            for k in metric_keys:
+                stats[k] += step_stats[k]
+            grad_norm = torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], cfg.grad_clip)
             optimizer.step()
             stats["grad_norm"] += float(grad_norm)
             steps += 1
