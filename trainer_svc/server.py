@@ -27,7 +27,7 @@ def spec_from_pb(m: trainer_pb2.SetupRequest) -> PoolSpec:
         lr=o.lr or 1e-6, weight_decay=o.weight_decay, betas=(o.beta1 or 0.9, o.beta2 or 0.999),
         warmup_steps=o.warmup_steps, total_steps=o.total_steps or 100, min_lr_ratio=o.min_lr_ratio,
         grad_clip=o.grad_clip or 1.0,
-        device=m.device or "cpu", dtype=m.dtype or "float32", seed=m.seed, checkpoint_dir=m.checkpoint_dir,
+        device=m.device or "cpu", dtype=m.dtype or "auto", seed=m.seed, checkpoint_dir=m.checkpoint_dir,
         rollout_addresses=tuple(m.rollout_addresses))
 
 

@@ -36,7 +36,7 @@ class PoolSpec:
     min_lr_ratio: float = 0.3
     grad_clip: float = 1.0
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str = "auto"    # auto: bf16 mixed precision where the device supports it, else float32
     seed: int = 0
     checkpoint_dir: str = ""
     rollout_addresses: tuple[str, ...] = field(default=())
@@ -58,7 +58,10 @@ class PoolState:
             raise InvalidArgument(f"specialization {spec.specialization!r}: use 'full' or 'lora'")
         self.spec = spec
         torch.manual_seed(spec.seed)
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(spec.dtype, torch.float32)
+        dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(spec.dtype, torch.float32)
+        # Master weights stay float32 under mixed precision; only the forward/backward run in bf16.
+        self.mixed_bf16 = (spec.dtype == "auto" and spec.device.startswith("cuda") and torch.cuda.is_available()
+                           and torch.cuda.is_bf16_supported())
         try:
             model = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=dtype)
         except OSError as err:

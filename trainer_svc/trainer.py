@@ -4,6 +4,7 @@ to every rollout replica of the pool, checkpoint. Free of gRPC but for the rollo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -65,6 +66,7 @@ class Trainer:
                 raise FailedPrecondition(f"the samples were drawn from version {expected_version}, the pool is at "
                                          f"{state.version}: recollect with the current weights (on-policy)")
             validate(samples, state.spec.agents)
+            cfg = dataclasses.replace(cfg, autocast_bf16=state.mixed_bf16)
             start = time.perf_counter()
             metrics = await asyncio.to_thread(
                 update, state.model, state.optimizer, samples, cfg, params=state.params, device=state.spec.device,

@@ -39,6 +39,7 @@ class UpdateConfig:
     mini_batch_size: int = 16
     micro_batch_tokens: int = 8192
     grad_clip: float = 1.0
+    autocast_bf16: bool = False      # bf16 mixed precision for forward/backward (fp32 master weights)
 
 
 def validate(samples: Sequence[TrainSample], agents: Sequence[str]) -> None:
@@ -82,31 +83,40 @@ def micro_batches(rows: Sequence[int], samples: Sequence[TrainSample], budget: i
 def response_logprobs(model, batch: Sequence[TrainSample], device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token log-probs and entropies of each response under its own sampling transform.
 
+    Prompts are left-padded and responses right-padded, so every response starts at the same
+    column: the model computes logits for the response positions only, and the transform runs
+    once per distinct sampling setting instead of once per row.
     Returns logprobs, entropy, mask: (B, T) with T the longest response; mask 1 on real tokens.
     """
-    width = max(len(s.prompt_ids) + len(s.response_ids) for s in batch)
+    p_max = max(len(s.prompt_ids) for s in batch)
     t_max = max(len(s.response_ids) for s in batch)
-    ids = torch.zeros((len(batch), width), dtype=torch.long)
-    attn = torch.zeros((len(batch), width), dtype=torch.long)
-    for i, s in enumerate(batch):            # right padding: positions are plain 0..n-1
-        seq = [*s.prompt_ids, *s.response_ids]
-        ids[i, :len(seq)] = torch.tensor(seq)
-        attn[i, :len(seq)] = 1
-    logits = model(input_ids=ids.to(device), attention_mask=attn.to(device)).logits.float()   # (B, W, V)
-    lps, ents = [], []
-    mask = torch.zeros((len(batch), t_max), device=device)
+    ids = torch.zeros((len(batch), p_max + t_max), dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    targets = torch.zeros((len(batch), t_max), dtype=torch.long)
+    mask = torch.zeros((len(batch), t_max))
     for i, s in enumerate(batch):
         p, n = len(s.prompt_ids), len(s.response_ids)
-        step_logits = transform_logits(logits[i, p - 1:p - 1 + n], s.sampling)                   # (n, V)
-        logp = torch.log_softmax(step_logits, dim=-1)
-        tok = torch.tensor(list(s.response_ids), device=device)
-        lp = logp.gather(-1, tok[:, None]).squeeze(-1)                                           # (n,)
-        probs = logp.exp()
-        ent = -(probs * torch.where(probs > 0, logp, torch.zeros_like(logp))).sum(-1)            # (n,)
-        lps.append(torch.nn.functional.pad(lp, (0, t_max - n)))
-        ents.append(torch.nn.functional.pad(ent, (0, t_max - n)))
+        ids[i, p_max - p:p_max] = torch.tensor(list(s.prompt_ids))
+        ids[i, p_max:p_max + n] = torch.tensor(list(s.response_ids))
+        attn[i, p_max - p:p_max + n] = 1
+        targets[i, :n] = ids[i, p_max:p_max + n]
         mask[i, :n] = 1
-    return torch.stack(lps), torch.stack(ents), mask
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
+                logits_to_keep=t_max + 1)
+    logits = out.logits[:, :-1].float()                                     # (B, T, V): predicts each response token
+    logp = torch.empty_like(logits)
+    rows_by_sampling: dict[Sampling, list[int]] = {}
+    for i, s in enumerate(batch):
+        rows_by_sampling.setdefault(s.sampling, []).append(i)
+    for sampling, rows in rows_by_sampling.items():
+        idx = torch.tensor(rows, device=logits.device)
+        logp[idx] = torch.log_softmax(transform_logits(logits[idx], sampling), dim=-1)
+    targets, mask = targets.to(device), mask.to(device)
+    lp = logp.gather(-1, targets[..., None]).squeeze(-1) * mask            # (B, T)
+    probs = logp.exp()
+    ent = -(probs * torch.where(probs > 0, logp, torch.zeros_like(logp))).sum(-1) * mask   # (B, T)
+    return lp, ent, mask
 
 
 def _by_agent(rows: Sequence[int], samples: Sequence[TrainSample]) -> list[list[int]]:
@@ -171,7 +181,8 @@ def update(model, optimizer: torch.optim.Optimizer, samples: Sequence[TrainSampl
                 with ctx:
                     for micro in micro_batches(rows, samples, cfg.micro_batch_tokens):
                         batch = [samples[r] for r in micro]
-                        lp, ent, mask = response_logprobs(model, batch, device)
+                        with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
+                            lp, ent, mask = response_logprobs(model, batch, device)
                         old = torch.zeros_like(lp)
                         for i, s in enumerate(batch):
                             old[i, :len(s.old_logprobs)] = torch.tensor(list(s.old_logprobs))

@@ -1,0 +1,104 @@
+"""Trainer throughput: one update on the same samples with atgrpo's update against TRL's
+GRPOTrainer update (its own _compute_loss, backward, gradient clipping and optimizer step), on
+the tiny and small models, in one run. Prints tokens/s and the ratio (target: >= 1.0x TRL).
+
+    python bench/trainer.py [--samples 16] [--prompt 32] [--response 128] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from atgrpo.algo.sampling import Sampling  # noqa: E402
+from atgrpo.models import build_tiny_model  # noqa: E402
+from trainer_svc.update import TrainSample, UpdateConfig, update  # noqa: E402
+
+
+def batch(args, vocab=1500):
+    g = torch.Generator().manual_seed(0)
+    return (torch.randint(3, vocab, (args.samples, args.prompt), generator=g),
+            torch.randint(3, vocab, (args.samples, args.response), generator=g),
+            torch.randn(args.samples, generator=g))
+
+
+def trl_rate(model_dir: str, args, bf16: bool) -> float:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    prompts, responses, adv = batch(args)
+    cfg = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=args.samples, num_generations=8,
+                     max_completion_length=args.response, learning_rate=1e-5, loss_type="bnpo", beta=0.0,
+                     report_to=[], use_cpu=True, save_strategy="no", logging_steps=10**6, bf16=bf16)
+    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir), args=cfg,
+                          reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+                          train_dataset=Dataset.from_dict({"prompt": ["x"] * args.samples}),
+                          processing_class=AutoTokenizer.from_pretrained(model_dir))
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1   # set by Trainer.train(), which this bypasses
+    optimizer = trainer.create_optimizer()
+    inputs = {"prompt_ids": prompts, "prompt_mask": torch.ones_like(prompts), "completion_ids": responses,
+              "completion_mask": torch.ones_like(responses), "advantages": adv,
+              # Old log-probs as a fixed tensor, as a rollout engine would hand them over.
+              "old_per_token_logps": torch.full(responses.shape, -7.0),
+              "num_items_in_batch": torch.tensor(float(responses.numel()))}
+
+    def step():
+        loss = trainer._compute_loss(trainer.model, inputs)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+    return _rate(step, responses.numel(), args.repeats)
+
+
+def atgrpo_rate(model_dir: str, args, bf16: bool) -> float:
+    from transformers import AutoModelForCausalLM
+
+    prompts, responses, adv = batch(args)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-5)
+    samples = [TrainSample("a", prompts[i].tolist(), responses[i].tolist(), [-7.0] * args.response,
+                           float(adv[i]), Sampling(temperature=1.0)) for i in range(args.samples)]
+    cfg = UpdateConfig(mini_batch_size=args.samples, micro_batch_tokens=args.samples * (args.prompt + args.response),
+                       autocast_bf16=bf16)
+    return _rate(lambda: update(model, optimizer, samples, cfg, params=params), responses.numel(), args.repeats)
+
+
+def _rate(step, tokens: int, repeats: int) -> float:
+    step()  # warm-up
+    best = 0.0
+    for _ in range(repeats):
+        t = time.perf_counter()
+        step()
+        best = max(best, tokens / (time.perf_counter() - t))
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", type=int, default=16)
+    ap.add_argument("--prompt", type=int, default=32)
+    ap.add_argument("--response", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    print(f"one update of {args.samples} samples x ({args.prompt} prompt + {args.response} response) tokens, CPU")
+    print(f"{'model':<7} {'precision':<10} {'TRL tok/s':>10} {'atgrpo tok/s':>13} {'ratio':>7}")
+    for size in ("tiny", "small"):
+        model_dir = str(build_tiny_model(Path(tempfile.mkdtemp()) / size, size=size))
+        for bf16 in (False, True):   # TRL defaults to bf16 autocast on CPU: compare like with like
+            trl, ours = trl_rate(model_dir, args, bf16), atgrpo_rate(model_dir, args, bf16)
+            print(f"{size:<7} {'bf16 mixed' if bf16 else 'float32':<10} {trl:10.0f} {ours:13.0f} {ours / trl:6.2f}x")
+
+
+if __name__ == "__main__":
+    main()
