@@ -28,6 +28,7 @@ def spec_from_pb(m: trainer_pb2.SetupRequest) -> PoolSpec:
         warmup_steps=o.warmup_steps, total_steps=o.total_steps or 100, min_lr_ratio=o.min_lr_ratio,
         grad_clip=o.grad_clip or 1.0,
         device=m.device or "cpu", dtype=m.dtype or "auto", seed=m.seed, checkpoint_dir=m.checkpoint_dir,
+        checkpoint_every_updates=m.checkpoint_every_updates,
         rollout_addresses=tuple(m.rollout_addresses))
 
 

@@ -39,6 +39,7 @@ class PoolSpec:
     dtype: str = "auto"    # auto: bf16 mixed precision where the device supports it, else float32
     seed: int = 0
     checkpoint_dir: str = ""
+    checkpoint_every_updates: int = 0
     rollout_addresses: tuple[str, ...] = field(default=())
 
 

@@ -65,7 +65,7 @@ class Trainer:
             if expected_version != state.version:
                 raise FailedPrecondition(f"the samples were drawn from version {expected_version}, the pool is at "
                                          f"{state.version}: recollect with the current weights (on-policy)")
-            validate(samples, state.spec.agents)
+            validate(samples, state.spec.agents, cfg.micro_batch_tokens)
             cfg = dataclasses.replace(cfg, autocast_bf16=state.mixed_bf16)
             start = time.perf_counter()
             metrics = await asyncio.to_thread(
@@ -84,7 +84,14 @@ class Trainer:
                           "tokens": float(sum(len(s.response_ids) for s in samples if s.agent == a))} for a in trained}
             result = TrainResult(run_id, step, state.version, metrics, agents)
             self._done[(run_id, step)] = result
+            every = state.spec.checkpoint_every_updates
+            if every and state.spec.checkpoint_dir and state.updates % every == 0:
+                await asyncio.to_thread(state.save, self._default_dir(state))
             return result
+
+    @staticmethod
+    def _default_dir(state: PoolState) -> str:
+        return str(Path(state.spec.checkpoint_dir) / f"version-{state.version}")
 
     async def _push(self, state: PoolState, agents: Sequence[str]) -> tuple[float, int]:
         """New weights to every replica at once; answers once all acknowledged (on-policy)."""
@@ -112,6 +119,6 @@ class Trainer:
             if not where:
                 if not state.spec.checkpoint_dir:
                     raise InvalidArgument("no checkpoint directory: pass dir, or set checkpoint_dir in Setup")
-                where = str(Path(state.spec.checkpoint_dir) / f"version-{state.version}")
+                where = self._default_dir(state)
             path = await asyncio.to_thread(state.save, where)
             return path, state.version

@@ -42,8 +42,9 @@ class UpdateConfig:
     autocast_bf16: bool = False      # bf16 mixed precision for forward/backward (fp32 master weights)
 
 
-def validate(samples: Sequence[TrainSample], agents: Sequence[str]) -> None:
-    """InvalidArgument naming the first bad sample; nothing trains from a bad request."""
+def validate(samples: Sequence[TrainSample], agents: Sequence[str], max_tokens: int | None = None) -> None:
+    """InvalidArgument naming the first bad sample; nothing trains from a bad request.
+    `max_tokens`: the micro-batch budget; a longer sample cannot fit in memory as configured."""
     if not samples:
         raise InvalidArgument("no samples to train on")
     for i, s in enumerate(samples):
@@ -61,6 +62,10 @@ def validate(samples: Sequence[TrainSample], agents: Sequence[str]) -> None:
             raise InvalidArgument(f"{where}: advantage {s.advantage} is not finite")
         if not all(math.isfinite(x) for x in s.old_logprobs):
             raise InvalidArgument(f"{where}: a log-prob is not finite")
+        length = len(s.prompt_ids) + len(s.response_ids)
+        if max_tokens is not None and length > max_tokens:
+            raise InvalidArgument(f"{where}: {length} tokens, over the trainer's micro-batch budget of "
+                                  f"{max_tokens}; raise micro_batch_tokens or cap prompts and responses")
 
 
 def micro_batches(rows: Sequence[int], samples: Sequence[TrainSample], budget: int) -> list[list[int]]:

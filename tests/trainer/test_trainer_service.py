@@ -92,6 +92,8 @@ def test_bad_samples_train_nothing(model_dir):
             await t.train("run1", 1, 0, bad)
         with pytest.raises(errors.InvalidArgument, match="not 'zed'"):
             await t.train("run1", 1, 0, [TrainSample("zed", [1], [2], [0.0], 1.0)])
+        with pytest.raises(errors.InvalidArgument, match="over the trainer's micro-batch budget"):
+            await t.train("run1", 1, 0, [TrainSample("a", [1] * 9000, [2], [0.0], 1.0)])
         assert (await t.get_info()).version == 0
         assert (await t.train("run1", 1, 0, good)).version == 1   # the same step, now valid
     with_services(model_dir, go)
@@ -116,10 +118,12 @@ def test_checkpoint_round_trip_and_exact_resume(model_dir, tmp_path):
     s2 = on_policy_samples(load(model_dir), seed=2)
 
     async def first(t, r, rollout_address, logic):
-        await t.setup(setup_request(model_dir, checkpoint_dir=str(tmp_path)))
+        await t.setup(setup_request(model_dir, checkpoint_dir=str(tmp_path), checkpoint_every_updates=2))
         await t.train("run1", 1, 0, s1)
         saved = await t.save_checkpoint()
+        assert saved.path == str(tmp_path / "version-1") and saved.version == 1
         await t.train("run1", 2, 1, s2)
+        assert (tmp_path / "version-2" / "atgrpo.json").exists()   # every 2 updates, unasked
         return saved.path, _params(logic)
 
     async def resumed(t, r, rollout_address, logic):

@@ -153,6 +153,7 @@ class SetupRequest(_message.Message):
     ROLLOUT_ADDRESSES_FIELD_NUMBER: _builtins.int
     CHECKPOINT_DIR_FIELD_NUMBER: _builtins.int
     RESUME_FROM_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_EVERY_UPDATES_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     pool: _builtins.str
     model_path: _builtins.str
@@ -167,6 +168,8 @@ class SetupRequest(_message.Message):
     """where checkpoints go"""
     resume_from: _builtins.str
     """a checkpoint to resume from; empty = fresh"""
+    checkpoint_every_updates: _builtins.int
+    """also save after every N updates; 0 = only on request"""
     @_builtins.property
     def lora(self) -> Global___LoraParams: ...
     @_builtins.property
@@ -194,10 +197,11 @@ class SetupRequest(_message.Message):
         rollout_addresses: _abc.Iterable[_builtins.str] | None = ...,
         checkpoint_dir: _builtins.str = ...,
         resume_from: _builtins.str = ...,
+        checkpoint_every_updates: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lora", b"lora", "optim", b"optim"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "checkpoint_dir", b"checkpoint_dir", "device", b"device", "dtype", b"dtype", "lora", b"lora", "micro_batch_tokens", b"micro_batch_tokens", "model_path", b"model_path", "optim", b"optim", "pool", b"pool", "resume_from", b"resume_from", "rollout_addresses", b"rollout_addresses", "run_id", b"run_id", "seed", b"seed", "specialization", b"specialization"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "checkpoint_dir", b"checkpoint_dir", "checkpoint_every_updates", b"checkpoint_every_updates", "device", b"device", "dtype", b"dtype", "lora", b"lora", "micro_batch_tokens", b"micro_batch_tokens", "model_path", b"model_path", "optim", b"optim", "pool", b"pool", "resume_from", b"resume_from", "rollout_addresses", b"rollout_addresses", "run_id", b"run_id", "seed", b"seed", "specialization", b"specialization"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
