@@ -128,3 +128,13 @@ def test_bad_samples_are_refused_naming_the_sample(bad, message):
         validate(samples, ["a"])
     assert message in err.value.message
     validate([TrainSample(**good)], ["a"])
+
+
+def test_learning_rate_schedule_warms_up_then_decays_to_the_floor():
+    from trainer_svc.state import lr_factor
+
+    f = [lr_factor(s, warmup=4, total=14, min_ratio=0.3) for s in range(16)]
+    assert f[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert f[4] == pytest.approx(1.0) and f[9] == pytest.approx(0.3 + 0.7 * 0.5)
+    assert f[14] == pytest.approx(0.3) and f[15] == pytest.approx(0.3)
+    assert all(a >= b for a, b in zip(f[4:], f[5:], strict=False))
