@@ -7,7 +7,8 @@ import pytest
 
 from atgrpo import local
 from atgrpo.sdk.client import EnvClient
-from tests.env.test_planning_envs import PATH_SOLVER, plan_answer
+from tests.env.planning_solvers import PATH_SOLVER
+from tests.env.test_planning_envs import plan_answer
 
 PLAN = (local.ServicePlan("sandbox", "sandbox"), local.ServicePlan("env", "env", ("--sandbox", "{sandbox}")))
 
