@@ -1,0 +1,60 @@
+"""The router's step logic: resumable task choice, and samples -> per-pool training batches."""
+
+import pytest
+
+from atgrpo.algo.sampling import Sampling
+from atgrpo.sdk.env import EVAL_SEED_OFFSET
+from rollout_svc.types import EpisodeEnd, PolicyRef, Sample
+from router_svc.plan import episode_metrics, step_batches, step_tasks
+
+
+def sample(task, agent, turn, branch, team, local=0.0):
+    return Sample(task, agent, turn, branch, PolicyRef("p"), [1, 2], [3, 4], [-0.1, -0.2], team, local,
+                  False, False, branch == 0, Sampling())
+
+
+def test_generated_tasks_are_a_pure_function_of_seed_and_step():
+    a = step_tasks(7, 3, 4)
+    assert a == step_tasks(7, 3, 4)                        # a resumed run draws the same tasks
+    assert not {t.task_id for t in a} & {t.task_id for t in step_tasks(7, 4, 4)}   # never repeated
+    assert not {t.seed for t in a} & {t.seed for t in step_tasks(8, 3, 4)}         # runs differ
+    ev = step_tasks(7, 0, 2, split="eval")
+    assert all(t.seed >= EVAL_SEED_OFFSET and t.split == "eval" for t in ev)
+
+
+def test_finite_task_lists_are_walked_in_seeded_epochs():
+    ids = [f"q{i}" for i in range(5)]
+    first_epoch = [t.task_id for s in range(5) for t in step_tasks(1, s, 1, task_ids=ids)]
+    assert sorted(first_epoch) == ids                      # each task once per epoch
+    assert [t.task_id for t in step_tasks(1, 2, 3, task_ids=ids)] == \
+           [t.task_id for t in step_tasks(1, 2, 3, task_ids=ids)]
+    with pytest.raises(ValueError, match="no tasks"):
+        step_tasks(1, 0, 1, task_ids=[])
+
+
+def test_groups_are_per_task_agent_turn_and_routed_by_pool():
+    samples = [
+        *(sample("t0", "tool", 0, b, r) for b, r in enumerate([0.0, 1.0])),    # group with variance
+        *(sample("t0", "plan", 0, b, 0.5) for b in range(2)),                  # flat group
+        *(sample("t1", "tool", 0, b, r) for b, r in enumerate([2.0, 0.0])),    # another task: own group
+    ]
+    out = step_batches(samples, {"tool": "A", "plan": "B"}, alpha=1.0)
+    assert [s.advantage for s in out.per_pool["A"]] == pytest.approx([-0.7071064, 0.7071064, 0.7071064, -0.7071064])
+    assert [s.advantage for s in out.per_pool["B"]] == [0.0, 0.0]
+    assert out.agents["tool"].groups == 2 and out.agents["plan"].zero_variance_groups == 1
+    filtered = step_batches(samples, {"tool": "A", "plan": "B"}, filter_zero_variance=True)
+    assert "B" not in filtered.per_pool and filtered.dropped == 2
+    assert all(s.agent == "tool" for s in filtered.per_pool["A"])
+
+
+def test_alpha_mixes_team_and_local_before_grouping():
+    samples = [sample("t", "a", 0, 0, 1.0, 0.0), sample("t", "a", 0, 1, 0.0, 0.5)]
+    pos = step_batches(samples, {"a": "p"}, alpha=1.0).per_pool["p"]       # r = 1.0 vs 0.5
+    neg = step_batches(samples, {"a": "p"}, alpha=0.25).per_pool["p"]      # r = 0.25 vs 0.5
+    assert pos[0].advantage > 0 > pos[1].advantage
+    assert neg[0].advantage < 0 < neg[1].advantage
+
+
+def test_episode_metrics_count_failures_apart():
+    ends = [EpisodeEnd("a", True, 2, {}), EpisodeEnd("b", False, 4, {}), EpisodeEnd("c", False, 0, {}, error="x")]
+    assert episode_metrics(ends) == {"episodes": 2.0, "failed_episodes": 1.0, "success_rate": 0.5, "turns_mean": 3.0}
