@@ -46,7 +46,8 @@ def collect_plan_from_pb(m: pb.CollectRequest) -> CollectPlan:
         env=m.env, tasks=tuple(TaskRef(t.task_id, t.seed, t.split or "train") for t in m.tasks), agents=agents,
         turn_order=tuple(m.turn_order), max_turns=m.max_turns, k=m.k or 1, mode=_MODES[m.mode],
         selection=_SELECTIONS[m.selection], alpha=m.alpha, env_options=dict_from(m.env_options),
-        max_concurrent_tasks=m.max_concurrent_tasks or 8, run_id=m.run_id, step=m.step)
+        max_concurrent_tasks=m.max_concurrent_tasks or 8, pool_addresses=dict(m.pool_addresses),
+        run_id=m.run_id, step=m.step)
 
 
 def sample_to_pb(s: Sample, plan: CollectPlan) -> pb.CollectEvent:

@@ -13,6 +13,10 @@ class Replica:
     def __init__(self, pools: dict[str, PoolRuntime]):
         self.pools = pools
 
+    def routed(self, pool_addresses: dict[str, str]) -> RoutedGenerator:
+        """The tree driver's Generator for one Collect: local pools here, the others remote."""
+        return RoutedGenerator(self, pool_addresses)
+
     def pool(self, name: str) -> PoolRuntime:
         if name not in self.pools:
             raise NotFound(f"this replica serves no pool {name!r}; it serves {sorted(self.pools) or 'none'}")
@@ -59,3 +63,27 @@ class Replica:
             await runtime.swap(push.adapter, push.version, apply)
         except (RuntimeError, ValueError, KeyError) as err:   # names or shapes that do not fit
             raise InvalidArgument(f"the weights do not fit pool {push.pool!r}: {err}; nothing changed") from None
+
+
+class RoutedGenerator:
+    """Generates locally for the pools this replica serves and through another replica's
+    Generate for the rest, so one episode can mix agents of pools on different replicas (L3)."""
+
+    def __init__(self, replica: Replica, pool_addresses: dict[str, str]):
+        self.replica, self.pool_addresses = replica, pool_addresses
+        self._clients: dict[str, object] = {}
+
+    async def generate(self, agent: AgentPlan, messages: list[Message], n: int) -> Generation:
+        if agent.pool in self.replica.pools or agent.pool not in self.pool_addresses:
+            return await self.replica.generate(agent, messages, n)
+        from rollout_svc.client import RolloutClient
+
+        address = self.pool_addresses[agent.pool]
+        if address not in self._clients:
+            self._clients[address] = RolloutClient(address)
+        return await self._clients[address].generate(agent.pool, adapter=agent.adapter, messages=messages,
+                                                     sampling=agent.sampling, n=n)
+
+    async def close(self) -> None:
+        for client in self._clients.values():
+            await client.close()

@@ -56,10 +56,17 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         if missing:
             raise InvalidArgument(f"agents {missing} are in turn_order but have no AgentRollout")
         for agent in plan.agents.values():
-            self.replica.pool(agent.pool)
-        self.replica.check_versions([convert.policy_from_pb(p) for p in request.expected_versions])
-        async for event in collect(plan, self.envs, self.replica):
-            yield convert.end_to_pb(event, plan) if isinstance(event, EpisodeEnd) else convert.sample_to_pb(event, plan)
+            if agent.pool not in plan.pool_addresses:
+                self.replica.pool(agent.pool)
+        local = [p for p in (convert.policy_from_pb(v) for v in request.expected_versions)
+                 if p.pool in self.replica.pools]   # remote pools are checked by their replicas' tags
+        self.replica.check_versions(local)
+        generator = self.replica.routed(plan.pool_addresses)
+        try:
+            async for event in collect(plan, self.envs, generator):
+                yield convert.end_to_pb(event, plan) if isinstance(event, EpisodeEnd) else convert.sample_to_pb(event, plan)
+        finally:
+            await generator.close()
 
     async def LoadWeights(self, request_iterator, context):
         push = await receive(request_iterator)

@@ -66,6 +66,7 @@ class CollectPlan:
     alpha: float = 1.0
     env_options: dict[str, Any] = field(default_factory=dict)
     max_concurrent_tasks: int = 8
+    pool_addresses: dict[str, str] = field(default_factory=dict)   # pools served by other replicas
     run_id: str = ""
     step: int = 0
 

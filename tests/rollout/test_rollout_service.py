@@ -220,3 +220,37 @@ def test_bad_generate_requests(model_dir):
         with pytest.raises(errors.InvalidArgument, match="prompt is empty"):
             await c.generate("p", prompt_ids=[])
     serve(model_dir, go)
+
+
+def test_collect_routes_other_pools_to_their_replicas(model_dir):
+    """L3 with pools on different replicas: one episode mixes agents of both."""
+    async def go():
+        registry = Registry(discover=False)
+        registry.register(PickEnv)
+        envs = LocalEnvs(EnvHost(registry))
+        a = Replica({"A": PoolRuntime("A", HFEngine(model_dir, device="cpu", dtype="float32"))})
+        b_engine = HFEngine(model_dir, device="cpu", dtype="float32")
+        b = Replica({"B": PoolRuntime("B", b_engine)})
+        server_a = await create_server(bindings(a, envs))
+        server_b = await create_server(bindings(b, None))
+        try:
+            async with RolloutClient(f"127.0.0.1:{server_a.port}") as ca, \
+                    RolloutClient(f"127.0.0.1:{server_b.port}") as cb:
+                await cb.load_weights(_perturbed(b_engine), "B", 1)
+                sampling = convert.sampling_to_pb(Sampling(temperature=1.0, max_tokens=3))
+                req = rollout_pb2.CollectRequest(
+                    env="pick", turn_order=["a", "b"], max_turns=1, k=2,
+                    tasks=[rollout_pb2.TaskRef(task_id="t", seed=0, split="train")],
+                    agents=[rollout_pb2.AgentRollout(name="a", pool="A", sampling=sampling),
+                            rollout_pb2.AgentRollout(name="b", pool="B", sampling=sampling)])
+                with pytest.raises(errors.NotFound, match="serves no pool 'B'"):
+                    [e async for e in ca.collect(req)]
+                req.pool_addresses["B"] = f"127.0.0.1:{server_b.port}"
+                events = [e async for e in ca.collect(req)]
+                samples = [e.sample for e in events if e.WhichOneof("event") == "sample"]
+                return {(s.agent, s.policy.pool, s.policy.version) for s in samples}
+        finally:
+            await server_a.stop(0)
+            await server_b.stop(0)
+
+    assert asyncio.run(go()) == {("a", "A", 0), ("b", "B", 1)}

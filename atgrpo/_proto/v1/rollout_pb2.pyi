@@ -339,6 +339,26 @@ Global___TaskRef: _TypeAlias = TaskRef  # noqa: Y015
 class CollectRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class PoolAddressesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     RUN_ID_FIELD_NUMBER: _builtins.int
     STEP_FIELD_NUMBER: _builtins.int
     ENV_FIELD_NUMBER: _builtins.int
@@ -353,6 +373,7 @@ class CollectRequest(_message.Message):
     ALPHA_FIELD_NUMBER: _builtins.int
     EXPECTED_VERSIONS_FIELD_NUMBER: _builtins.int
     MAX_CONCURRENT_TASKS_FIELD_NUMBER: _builtins.int
+    POOL_ADDRESSES_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     step: _builtins.int
     env: _builtins.str
@@ -376,6 +397,12 @@ class CollectRequest(_message.Message):
     def expected_versions(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.PolicyVersion]:
         """FAILED_PRECONDITION when any differs"""
 
+    @_builtins.property
+    def pool_addresses(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Where to generate for agents whose pool this replica does not serve (L3 pools on other
+        replicas): pool -> a rollout address serving it. Absent pools must be served here.
+        """
+
     def __init__(
         self,
         *,
@@ -393,10 +420,11 @@ class CollectRequest(_message.Message):
         alpha: _builtins.float = ...,
         expected_versions: _abc.Iterable[_common_pb2.PolicyVersion] | None = ...,
         max_concurrent_tasks: _builtins.int = ...,
+        pool_addresses: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["env_options", b"env_options"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "alpha", b"alpha", "env", b"env", "env_options", b"env_options", "expected_versions", b"expected_versions", "k", b"k", "max_concurrent_tasks", b"max_concurrent_tasks", "max_turns", b"max_turns", "mode", b"mode", "run_id", b"run_id", "selection", b"selection", "step", b"step", "tasks", b"tasks", "turn_order", b"turn_order"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "alpha", b"alpha", "env", b"env", "env_options", b"env_options", "expected_versions", b"expected_versions", "k", b"k", "max_concurrent_tasks", b"max_concurrent_tasks", "max_turns", b"max_turns", "mode", b"mode", "pool_addresses", b"pool_addresses", "run_id", b"run_id", "selection", b"selection", "step", b"step", "tasks", b"tasks", "turn_order", b"turn_order"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
