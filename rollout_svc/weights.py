@@ -31,8 +31,10 @@ class WeightPush:
 def _check_header(h: pb.WeightHeader, max_bytes: int) -> None:
     if not h.pool:
         raise InvalidArgument("weight header names no pool; set header.pool")
-    if h.version < 1:
-        raise InvalidArgument(f"weight header version {h.version}: versions start at 1 (0 is the initial weights)")
+    # Version 0 is the initial weights: a model has them from its path, an adapter gets them pushed.
+    if h.version < (0 if h.adapter else 1):
+        raise InvalidArgument(f"weight header version {h.version}: model versions start at 1 (0 is the "
+                              "initial weights), adapter versions at 0")
     if h.format != pb.WEIGHT_FORMAT_SAFETENSORS:
         raise InvalidArgument("weight format must be WEIGHT_FORMAT_SAFETENSORS")
     if not 0 < h.total_bytes <= max_bytes:

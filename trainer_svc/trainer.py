@@ -45,6 +45,12 @@ class Trainer:
             state = await asyncio.to_thread(PoolState, spec)
             if resume_from:
                 await asyncio.to_thread(state.load, resume_from)
+            # Replicas must serve what this trainer holds before the first Collect: every adapter
+            # (a replica has none until pushed), or the resumed model (a replica starts at v0).
+            if state.lora:
+                await self._push(state, state.spec.agents)
+            elif state.version > 0:
+                await self._push(state, [])
             self.state = state
             return state
 

@@ -103,10 +103,15 @@ def test_lora_pool_pushes_only_the_trained_agents_adapter(model_dir):
     async def go(t, r, rollout_address, logic):
         await t.setup(setup_request(model_dir, [rollout_address], agents=["tool", "plan"], specialization="lora",
                                     lora=trainer_pb2.LoraParams(rank=4, alpha=8, target_modules=["q_proj", "v_proj"])))
+        # Setup pushed every fresh adapter at version 0, so Collect can sample each agent at once.
+        assert {(p.adapter, p.version) for p in await r.policies()} == {("", 0), ("tool", 0), ("plan", 0)}
+        fresh = await r.generate("p", adapter="tool", messages=HELLO, sampling=GREEDY)
+        base0 = await r.generate("p", messages=HELLO, sampling=GREEDY)
+        assert fresh.completions[0].logprobs == pytest.approx(base0.completions[0].logprobs, abs=1e-5)  # B = 0
         samples = on_policy_samples(load(model_dir), agents=("plan",))
         resp = await t.train("run1", 1, 0, samples)
         assert resp.version == 1 and set(resp.agents) == {"plan"}
-        assert {(p.adapter, p.version) for p in await r.policies()} == {("", 0), ("plan", 1)}
+        assert {(p.adapter, p.version) for p in await r.policies()} == {("", 0), ("tool", 0), ("plan", 1)}
         base = (await r.generate("p", messages=HELLO, sampling=GREEDY)).completions[0].logprobs
         plan = await r.generate("p", adapter="plan", messages=HELLO, sampling=GREEDY)
         assert plan.policy.version == 1 and plan.completions[0].logprobs != base
@@ -127,8 +132,9 @@ def test_checkpoint_round_trip_and_exact_resume(model_dir, tmp_path):
         return saved.path, _params(logic)
 
     async def resumed(t, r, rollout_address, logic):
-        info = await t.setup(setup_request(model_dir, resume_from=ckpt))
+        info = await t.setup(setup_request(model_dir, [rollout_address], resume_from=ckpt))
         assert info.version == 1
+        assert {(p.adapter, p.version) for p in await r.policies()} == {("", 1)}   # replica caught up
         await t.train("run1", 2, 1, s2)
         return _params(logic)
 
