@@ -1,9 +1,9 @@
-"""The docker backend against a real engine and the hostile programs: each is contained with the
-right verdict, a slot's warm container is reused and nothing persists in it between executions,
-and no process but the container's idle pid 1 outlives a request."""
+"""What is particular to the docker backend, against a real engine: a slot's warm container is
+reused and nothing persists in it, only its idle pid 1 outlives a request, slots are separate users,
+the image is small and built locally, and every failure to start names its fix. The hostile
+programs run against every backend in test_hostile.py."""
 
 import os
-import socket
 import sys
 import threading
 import time
@@ -70,44 +70,10 @@ def no_stray_processes(backend):
         assert len(procs) <= 1, f"a sandboxed process outlived its request: {procs}"
 
 
-def test_hello_with_stdin_and_files(backend):
-    r = run(backend, "import sys\nprint(sys.stdin.read().upper(), open('data/in.txt').read())",
-            stdin=b"abc", files=(("data/in.txt", b"file!"),))
-    assert r.verdict is Verdict.OK, r.stderr
-    assert r.stdout == b"ABC file!\n"
-    assert r.wall_ms > 0 and r.cpu_ms > 0
 
 
-def test_runtime_error_keeps_exit_code_and_stderr(backend):
-    r = run(backend, "import sys\nprint('partial')\nsys.exit(3)")
-    assert (r.verdict, r.exit_code, r.stdout) == (Verdict.RUNTIME_ERROR, 3, b"partial\n")
-    r = run(backend, "raise ValueError('bad')")
-    assert r.verdict is Verdict.RUNTIME_ERROR and b"ValueError: bad" in r.stderr
 
 
-def test_infinite_loop_gets_timeout_within_the_wall_limit(backend):
-    r = run(backend, hostile.INFINITE_LOOP)
-    assert r.verdict is Verdict.TIMEOUT
-    assert FAST.cpu_time_ms * 0.9 <= r.cpu_ms <= FAST.cpu_time_ms + 1000
-    assert r.wall_ms < FAST.wall_timeout_ms + 500
-
-
-def test_sleep_past_the_wall_limit_is_a_timeout(backend):
-    r = run(backend, hostile.SLEEP_FOREVER, limits=Limits(**{**FAST.__dict__, "wall_timeout_ms": 500}))
-    assert r.verdict is Verdict.TIMEOUT
-    assert 500 <= r.wall_ms < 1500
-
-
-def test_memory_bomb_gets_memory_limit(backend):
-    r = run(backend, hostile.MEMORY_BOMB)
-    assert r.verdict is Verdict.MEMORY_LIMIT, r.stderr
-
-
-def test_output_flood_is_cut_at_the_cap(backend):
-    r = run(backend, hostile.OUTPUT_FLOOD)   # would write gigabytes
-    assert r.verdict is Verdict.OUTPUT_LIMIT
-    assert r.stdout_truncated and len(r.stdout) == FAST.max_output_bytes
-    assert r.wall_ms < FAST.wall_timeout_ms
 
 
 def test_fork_bomb_is_contained(backend):
@@ -119,11 +85,6 @@ def test_fork_bomb_is_contained(backend):
     procs = only_idle(backend)
     assert len(procs) == 1 and procs[0]["USER"] in ("nobody", "65534"), procs
 
-
-def test_etc_shadow_is_unreadable(backend):
-    r = run(backend, hostile.READ_SHADOW)
-    assert r.verdict is Verdict.RUNTIME_ERROR
-    assert b"No such file" in r.stderr or b"Permission denied" in r.stderr
 
 
 def test_server_environment_is_invisible(backend, monkeypatch):
@@ -139,31 +100,6 @@ def test_host_files_are_invisible(backend):
     assert r.stdout.startswith(b"False "), r.stdout
 
 
-def test_nothing_outside_tmp_is_writable(backend):
-    r = run(backend, hostile.WRITE_OUTSIDE_TMP)
-    assert r.stdout == b"fails 5\n"
-
-
-def test_host_loopback_is_unreachable(backend):
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    server.settimeout(0.5)
-    got = []
-
-    def accept():
-        try:
-            got.append(server.accept())
-        except OSError:
-            pass
-
-    t = threading.Thread(target=accept)
-    t.start()
-    r = run(backend, hostile.connect_to(server.getsockname()[1]))
-    t.join()
-    server.close()
-    assert r.verdict is Verdict.RUNTIME_ERROR and b"connected" not in r.stdout
-    assert got == []
 
 
 def test_a_file_left_in_tmp_is_gone_next_time_in_the_same_container(backend):
@@ -201,12 +137,6 @@ def test_ipc_objects_do_not_persist(backend):
     assert run(backend, code).stdout == b"True False\n"    # no SysV message queues at all
     assert run(backend, "print(open('/proc/sysvipc/shm').read().count(chr(10)))").stdout == b"1\n"
 
-
-def test_cancel_stops_the_program(backend):
-    cancel = threading.Event()
-    threading.Timer(0.3, cancel.set).start()
-    r = run(backend, hostile.SLEEP_FOREVER, cancel=cancel)
-    assert r.verdict is Verdict.KILLED and r.wall_ms < 2000
 
 
 def test_slots_run_at_once_in_separate_containers_as_separate_users(backend):
