@@ -37,7 +37,6 @@ async def main_async(args) -> None:
     model = build_tiny_model(Path(tempfile.mkdtemp()) / "m", size=args.size)
     engine = HFEngine(str(model), device=args.device, dtype="float32")
     engine.warm_up()
-    # min_tokens is not a knob: a fixed-length sampling keeps the token count equal across rows.
     s = Sampling(temperature=1.0, max_tokens=args.tokens)
     pool = PoolRuntime("p", engine)
     replica = Replica({"p": pool})
