@@ -47,7 +47,21 @@ def collect_plan_from_pb(m: pb.CollectRequest) -> CollectPlan:
         turn_order=tuple(m.turn_order), max_turns=m.max_turns, k=m.k or 1, mode=_MODES[m.mode],
         selection=_SELECTIONS[m.selection], alpha=m.alpha, env_options=dict_from(m.env_options),
         max_concurrent_tasks=m.max_concurrent_tasks or 8, pool_addresses=dict(m.pool_addresses),
-        run_id=m.run_id, step=m.step)
+        run_id=m.run_id, step=m.step, parallel=m.parallel)
+
+
+def collect_plan_to_pb(p: CollectPlan) -> pb.CollectRequest:
+    """The inverse of collect_plan_from_pb (the router builds plans, replicas run them)."""
+    modes = {v: k for k, v in _MODES.items() if k}
+    selections = {v: k for k, v in _SELECTIONS.items() if k}
+    return pb.CollectRequest(
+        run_id=p.run_id, step=p.step, env=p.env, env_options=struct_from(p.env_options),
+        tasks=[pb.TaskRef(task_id=t.task_id, seed=t.seed, split=t.split) for t in p.tasks],
+        agents=[pb.AgentRollout(name=a.name, pool=a.pool, adapter=a.adapter, sampling=sampling_to_pb(a.sampling),
+                                system_prompt=a.system_prompt) for a in p.agents.values()],
+        turn_order=list(p.turn_order), max_turns=p.max_turns, k=p.k, mode=modes[p.mode],
+        selection=selections[p.selection], alpha=p.alpha, max_concurrent_tasks=p.max_concurrent_tasks,
+        pool_addresses=p.pool_addresses, parallel=p.parallel)
 
 
 def sample_to_pb(s: Sample, plan: CollectPlan) -> pb.CollectEvent:
@@ -64,3 +78,18 @@ def end_to_pb(e: EpisodeEnd, plan: CollectPlan) -> pb.CollectEvent:
     return pb.CollectEvent(episode_end=pb.EpisodeEnd(
         run_id=plan.run_id, step=plan.step, task_id=e.task_id, success=e.success, turns=e.turns,
         agent_rewards=e.agent_rewards, error=e.error))
+
+
+def event_from_pb(m: pb.CollectEvent) -> Sample | EpisodeEnd:
+    """A Collect stream event as the plain type the router groups (inverse of sample_to_pb/end_to_pb)."""
+    if m.WhichOneof("event") == "episode_end":
+        e = m.episode_end
+        return EpisodeEnd(e.task_id, e.success, e.turns, dict(e.agent_rewards), e.error)
+    s = m.sample
+    return Sample(
+        task_id=s.task_id, agent=s.agent, turn=s.turn, branch=s.branch, policy=policy_from_pb(s.policy),
+        prompt_ids=list(s.prompt_token_ids), response_ids=list(s.response_token_ids),
+        logprobs=list(s.response_logprobs), team_reward=s.team_reward, local_reward=s.local_reward,
+        done=s.done, success=s.success, selected=s.selected, sampling=sampling_from_pb(s.sampling),
+        prompt_truncated=s.prompt_truncated, response_truncated=s.response_truncated,
+        finish_reason=s.finish_reason, info=dict_from(s.info))

@@ -24,10 +24,10 @@ class EnvClient(ServiceClient):
     async def describe(self, env: str) -> EnvSpec:
         return convert.spec_from_pb(await self._call(self.stub.Describe, env_pb2.DescribeRequest(env=env)))
 
-    async def list_tasks(self, env: str, split: str = "train", offset: int = 0,
-                         limit: int = 0) -> tuple[list[str], int]:
+    async def list_tasks(self, env: str, split: str = "train", offset: int = 0, limit: int = 0,
+                         options: Mapping[str, Any] | None = None) -> tuple[list[str], int]:
         resp = await self._call(self.stub.ListTasks, env_pb2.ListTasksRequest(
-            env=env, split=split, offset=offset, limit=limit))
+            env=env, split=split, offset=offset, limit=limit, options=convert.struct_from(options)))
         return list(resp.task_ids), resp.total
 
     async def reset(self, env: str, task_id: str, seed: int, split: str = "train",

@@ -54,8 +54,9 @@ class EnvHost:
     def list_envs(self) -> list[EnvSpec]:
         return [self.describe(n) for n in self.registry.names()]
 
-    def list_tasks(self, name: str, split: str, offset: int = 0, limit: int = 0) -> tuple[list[str], int]:
-        env = self._make(name, None)
+    def list_tasks(self, name: str, split: str, offset: int = 0, limit: int = 0,
+                   options: Mapping[str, Any] | None = None) -> tuple[list[str], int]:
+        env = self._make(name, options)
         if split not in env.spec.splits:
             raise InvalidArgument(f"env {name!r} has no split {split!r}; it has {list(env.spec.splits)}")
         ids = env.task_ids(split)

@@ -31,7 +31,7 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
 
     async def ListTasks(self, request, context):
         ids, total = self.host.list_tasks(_required(request.env, "env"), request.split or "train",
-                                          request.offset, request.limit)
+                                          request.offset, request.limit, convert.dict_from(request.options))
         return env_pb2.ListTasksResponse(task_ids=ids, total=total)
 
     async def Reset(self, request, context):

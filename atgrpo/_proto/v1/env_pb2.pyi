@@ -127,11 +127,16 @@ class ListTasksRequest(_message.Message):
     SPLIT_FIELD_NUMBER: _builtins.int
     OFFSET_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
+    OPTIONS_FIELD_NUMBER: _builtins.int
     env: _builtins.str
     split: _builtins.str
     offset: _builtins.int
     limit: _builtins.int
     """0 = all"""
+    @_builtins.property
+    def options(self) -> _struct_pb2.Struct:
+        """the env's options (a dataset path decides the task list)"""
+
     def __init__(
         self,
         *,
@@ -139,10 +144,11 @@ class ListTasksRequest(_message.Message):
         split: _builtins.str = ...,
         offset: _builtins.int = ...,
         limit: _builtins.int = ...,
+        options: _struct_pb2.Struct | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["env", b"env", "limit", b"limit", "offset", b"offset", "split", b"split"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env", b"env", "limit", b"limit", "offset", b"offset", "options", b"options", "split", b"split"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -374,6 +374,7 @@ class CollectRequest(_message.Message):
     EXPECTED_VERSIONS_FIELD_NUMBER: _builtins.int
     MAX_CONCURRENT_TASKS_FIELD_NUMBER: _builtins.int
     POOL_ADDRESSES_FIELD_NUMBER: _builtins.int
+    PARALLEL_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     step: _builtins.int
     env: _builtins.str
@@ -385,6 +386,8 @@ class CollectRequest(_message.Message):
     """r = alpha * team + local, used for selection"""
     max_concurrent_tasks: _builtins.int
     """0 = server default"""
+    parallel: _builtins.bool
+    """every agent of a turn sees the turn's starting state"""
     @_builtins.property
     def env_options(self) -> _struct_pb2.Struct: ...
     @_builtins.property
@@ -421,10 +424,11 @@ class CollectRequest(_message.Message):
         expected_versions: _abc.Iterable[_common_pb2.PolicyVersion] | None = ...,
         max_concurrent_tasks: _builtins.int = ...,
         pool_addresses: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        parallel: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["env_options", b"env_options"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "alpha", b"alpha", "env", b"env", "env_options", b"env_options", "expected_versions", b"expected_versions", "k", b"k", "max_concurrent_tasks", b"max_concurrent_tasks", "max_turns", b"max_turns", "mode", b"mode", "pool_addresses", b"pool_addresses", "run_id", b"run_id", "selection", b"selection", "step", b"step", "tasks", b"tasks", "turn_order", b"turn_order"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "alpha", b"alpha", "env", b"env", "env_options", b"env_options", "expected_versions", b"expected_versions", "k", b"k", "max_concurrent_tasks", b"max_concurrent_tasks", "max_turns", b"max_turns", "mode", b"mode", "parallel", b"parallel", "pool_addresses", b"pool_addresses", "run_id", b"run_id", "selection", b"selection", "step", b"step", "tasks", b"tasks", "turn_order", b"turn_order"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

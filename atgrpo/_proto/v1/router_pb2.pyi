@@ -211,6 +211,26 @@ Global___AgentStepMetrics: _TypeAlias = AgentStepMetrics  # noqa: Y015
 class PoolStepMetrics(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class AgentsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     VERSION_FIELD_NUMBER: _builtins.int
     LOSS_FIELD_NUMBER: _builtins.int
     APPROX_KL_FIELD_NUMBER: _builtins.int
@@ -219,6 +239,7 @@ class PoolStepMetrics(_message.Message):
     ENTROPY_FIELD_NUMBER: _builtins.int
     PUSH_SECONDS_FIELD_NUMBER: _builtins.int
     PUSH_BYTES_FIELD_NUMBER: _builtins.int
+    AGENTS_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     loss: _builtins.float
     approx_kl: _builtins.float
@@ -227,6 +248,10 @@ class PoolStepMetrics(_message.Message):
     entropy: _builtins.float
     push_seconds: _builtins.float
     push_bytes: _builtins.int
+    @_builtins.property
+    def agents(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """agent -> samples this update took (only the pool's own agents)"""
+
     def __init__(
         self,
         *,
@@ -238,10 +263,11 @@ class PoolStepMetrics(_message.Message):
         entropy: _builtins.float = ...,
         push_seconds: _builtins.float = ...,
         push_bytes: _builtins.int = ...,
+        agents: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approx_kl", b"approx_kl", "clip_fraction", b"clip_fraction", "entropy", b"entropy", "grad_norm", b"grad_norm", "loss", b"loss", "push_bytes", b"push_bytes", "push_seconds", b"push_seconds", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "approx_kl", b"approx_kl", "clip_fraction", b"clip_fraction", "entropy", b"entropy", "grad_norm", b"grad_norm", "loss", b"loss", "push_bytes", b"push_bytes", "push_seconds", b"push_seconds", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
