@@ -58,6 +58,23 @@ class Sandbox(Protocol):
     async def run_tests(self, code: str, cases: list[tuple[bytes, bytes]], **kwargs: Any) -> Any: ...
 
 
+TURN_ORDER_OPTION = "turn_order"
+
+
+def turn_order_option(options: Mapping[str, Any], agents: tuple[str, ...], env: str) -> tuple[str, ...]:
+    """The agents that act, in order: options["turn_order"] when given, else all of `agents`.
+
+    The router always sets this option to the run config's env.turn_order, so an environment
+    that can run with fewer roles (a single agent at L0) learns which ones act from it."""
+    raw = options.get(TURN_ORDER_OPTION)
+    if raw is None:
+        return agents
+    order = tuple(raw) if isinstance(raw, (list, tuple)) else ()
+    if not order or len(set(order)) != len(order) or not set(order) <= set(agents):
+        raise ValueError(f"{env}: turn_order {raw!r} must list some of the agents {list(agents)}, each once")
+    return order
+
+
 def seed_for(split: str, index: int) -> int:
     """The seed of the `index`-th generated task of `split` (train and eval never share one)."""
     return index + (EVAL_SEED_OFFSET if split == "eval" else 0)

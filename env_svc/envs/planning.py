@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from atgrpo.sdk.env import Environment, EnvSpec, Message, StepResult, task_rng
+from atgrpo.sdk.env import Environment, EnvSpec, Message, StepResult, task_rng, turn_order_option
 
 try:  # the sandbox's plain types; an environment served without sandbox_svc still imports
     from sandbox_svc.model import Limits
@@ -158,7 +158,12 @@ class PlanningEnv(Environment):
     def __init__(self, options: Mapping[str, Any] | None = None):
         super().__init__(options)
         max_turns = int(self.options.get("max_turns", self.default_max_turns))
-        self.spec = EnvSpec(self.name, agents=AGENTS, turn_order=AGENTS, max_turns=max_turns,
+        order = turn_order_option(self.options, AGENTS, self.name)
+        if order == ("tool",):
+            raise ValueError(f"{self.name}: the tool agent alone never plays a move; use turn_order [plan] "
+                             "for a single agent, or [tool, plan]")
+        self.solo = "tool" not in order
+        self.spec = EnvSpec(self.name, agents=AGENTS, turn_order=order, max_turns=max_turns,
                             description=next(iter((self.__doc__ or "").strip().splitlines()), ""))
         self.failure_reward = float(self.options.get("failure_reward", FAILURE_REWARD))
         self.min_answer_reward = float(self.options.get("min_answer_reward", MIN_ANSWER_REWARD))
@@ -222,14 +227,15 @@ class PlanningEnv(Environment):
         if self.state is None:
             raise RuntimeError(f"{self.name}: observe() before reset()")
         role = ("You are the tool agent of a two-agent team: write a program that finds the moves."
-                if agent == "tool" else
-                "You are the plan agent of a two-agent team: decide the moves to play.")
+                if agent == "tool" else "You are solving this puzzle alone: decide the moves to play."
+                if self.solo else "You are the plan agent of a two-agent team: decide the moves to play.")
         parts = [f"{role}\nPuzzle: {self.title}. Turn {self.turn + 1} of {self.spec.max_turns}.",
                  self.render(), self.rules()]
         if self.history:
             shown = self.history[-HISTORY_TURNS:]
             first = len(self.history) - len(shown) + 1
-            lines = [f"Turn {first + i}: tool {h['tool']}; plan {h['plan']}" for i, h in enumerate(shown)]
+            lines = [f"Turn {first + i}: " + (h["plan"] if self.solo else f"tool {h['tool']}; plan {h['plan']}")
+                     for i, h in enumerate(shown)]
             parts.append("Previous turns:\n" + "\n".join(lines))
         if agent == "tool":
             parts.append(
@@ -238,7 +244,8 @@ class PlanningEnv(Environment):
                 f"**Actions List**: {self.example_moves}\n"
                 "with the JSON list of moves that solves the puzzle from the current state.")
         else:
-            parts.append(self._tool_report())
+            if not self.solo:
+                parts.append(self._tool_report())
             parts.append("End your answer with a line: #### followed by a JSON list of moves, "
                          f"e.g.\n#### {self.example_moves}")
         return [{"role": "user", "content": "\n\n".join(p for p in parts if p)}]

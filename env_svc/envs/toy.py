@@ -77,6 +77,16 @@ sample; over K = 8 branches and 16 tasks (256+ samples) a step, a few of them ar
 start, and the tree's selection passes a speaker branch that names the secret, when one does, on
 to the listener.
 
+**A code (option ``code``).** With ``code: "5678"`` the speaker must name the code symbol of
+the secret (secret ``3`` -> ``7``: same position) and the listener must decode it back to ``3``.
+The two roles then need different skills (encode, decode) and see different inputs, which is
+what the swap ablation needs: a speaker running the listener's weights answers in the wrong
+alphabet, so swapping the roles' adapters breaks the relay.
+
+**Alone (L0).** With option ``turn_order: [speaker]`` (the router sets it from the run config)
+the speaker acts alone and its own answer is judged: naming the secret solves the episode (team
+1.0, local 0.1 if clean). A listener alone never sees the secret, so that order is refused.
+
 Options: ``symbols`` (a string of distinct characters, or a list of distinct non-empty strings;
 default ``"1234"``), ``max_turns`` (default 2), ``max_message_chars`` (how much of the speaker's
 message the listener is shown, and the speaker is scored on; default 48).
@@ -87,7 +97,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from atgrpo.sdk.env import Environment, EnvSpec, Message, StepResult, task_rng
+from atgrpo.sdk.env import Environment, EnvSpec, Message, StepResult, task_rng, turn_order_option
 
 DEFAULT_SYMBOLS = "1234"
 
@@ -130,12 +140,18 @@ class ToyEnv(Environment):
     def __init__(self, options: Mapping[str, Any] | None = None):
         super().__init__(options)
         self.symbols = _parse_symbols(self.options.get("symbols", DEFAULT_SYMBOLS))
+        self.code = self._parse_code(self.options.get("code"))
         self.max_turns = _positive_int(self.options, "max_turns", 2)
         self.max_message_chars = _positive_int(self.options, "max_message_chars", 48)
+        order = turn_order_option(self.options, (SPEAKER, LISTENER), self.name)
+        if LISTENER in order and SPEAKER not in order:
+            raise ValueError("toy: a listener alone never sees the secret; use turn_order [speaker] "
+                             "for a single agent, or [speaker, listener]")
+        self.solo = order == (SPEAKER,)
         self.spec = EnvSpec(
             name=self.name,
             agents=(SPEAKER, LISTENER),
-            turn_order=(SPEAKER, LISTENER),
+            turn_order=order,
             max_turns=self.max_turns,
             description="the speaker sees a secret symbol and tells it to the listener, "
                         "who must name it",
@@ -164,7 +180,8 @@ class ToyEnv(Environment):
         if agent == SPEAKER:
             if self.turn > 0:
                 said = self.last_guess if self.last_guess is not None else "nothing"
-                content = f"speaker: the listener said {said}, wrong. the secret is {self.secret}"
+                who = "you" if self.solo else "the listener"
+                content = f"speaker: {who} said {said}, wrong. the secret is {self.secret}"
             else:
                 content = f"speaker: the secret is {self.secret}"
         else:
@@ -177,26 +194,28 @@ class ToyEnv(Environment):
             return StepResult(0.0, 0.0, done=True, success=self.success,
                               info={"error": "the episode is over"})
         text = action if isinstance(action, str) else ""
+        speaking = agent == SPEAKER and not self.solo
         if agent == SPEAKER:
             # The speaker is scored on what the listener will be shown.
             shown = text[: self.max_message_chars]
-            symbol, clean, info = self._score_format(shown)
+            symbol, clean, info = self._score_format(shown, self._speaker_alphabet() if speaking else self.symbols)
             if len(shown) < len(text):
                 info["truncated"] = f"only the first {self.max_message_chars} characters are shown"
         else:
-            symbol, clean, info = self._score_format(text)
-        right = symbol == self.secret
+            symbol, clean, info = self._score_format(text, self.symbols)
+        right = symbol == (self._encoded() if speaking else self.secret)
         # Only naming the *right* symbol pays: rewarding any symbol (format) or the listener's
         # repeating the speaker made a shared policy collapse onto one constant symbol in the
         # probes (see the module docstring).
         local = R_CLEAN if right and clean else 0.0
-        if agent == SPEAKER:
+        if speaking:
             self.message = shown
             if right:
                 local += R_INFORM
             return StepResult(0.0, local, info=info)
 
-        info["heard"] = self.first_symbol(self.message or "")
+        if not self.solo:
+            info["heard"] = self.first_symbol(self.message or "", self._speaker_alphabet())
         self.last_guess = symbol
         self.message = None
         self.turn += 1
@@ -207,23 +226,40 @@ class ToyEnv(Environment):
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def first_symbol(self, text: str) -> str | None:
-        """The alphabet symbol occurring first in `text` (the longest one on a tie), or None."""
+    def _parse_code(self, raw: Any) -> tuple[str, ...] | None:
+        if raw is None:
+            return None
+        code = _parse_symbols(raw)
+        if len(code) != len(self.symbols) or set(code) & set(self.symbols):
+            raise ValueError(f"toy: code {raw!r} must have one symbol per symbol of {self.symbols!r}, "
+                             "none of them shared with it")
+        return code
+
+    def _speaker_alphabet(self) -> tuple[str, ...]:
+        return self.code or self.symbols
+
+    def _encoded(self) -> str:
+        """What the speaker should say: the secret, or its code symbol."""
+        return self.code[self.symbols.index(self.secret)] if self.code else self.secret
+
+    def first_symbol(self, text: str, alphabet: Sequence[str] | None = None) -> str | None:
+        """The symbol of `alphabet` (default: the secret's) occurring first in `text` (the longest
+        one on a tie), or None."""
         best: tuple[int, int, str] | None = None
-        for s in self.symbols:
+        for s in alphabet or self.symbols:
             i = text.find(s)
             if i >= 0 and (best is None or (i, -len(s)) < best[:2]):
                 best = (i, -len(s), s)
         return None if best is None else best[2]
 
-    def _score_format(self, text: str) -> tuple[str | None, bool, dict[str, Any]]:
-        symbol = self.first_symbol(text)
-        clean = text.strip() in self.symbols
+    def _score_format(self, text: str, alphabet: Sequence[str]) -> tuple[str | None, bool, dict[str, Any]]:
+        symbol = self.first_symbol(text, alphabet)
+        clean = text.strip() in alphabet
         info: dict[str, Any] = {"symbol": symbol, "clean": clean, "secret": self.secret}
         if not text.strip():
-            info["parse_error"] = "empty output: name one of " + " ".join(self.symbols)
+            info["parse_error"] = "empty output: name one of " + " ".join(alphabet)
         elif symbol is None:
-            info["parse_error"] = "no symbol named: name one of " + " ".join(self.symbols)
+            info["parse_error"] = "no symbol named: name one of " + " ".join(alphabet)
         return symbol, clean, info
 
     def _check_agent(self, agent: str) -> None:

@@ -405,3 +405,19 @@ def test_prompts_are_deterministic_and_carry_the_format():
         assert "#### " in plan and "The tool agent has not acted this turn." in plan
         with pytest.raises(ValueError, match="unknown agent"):
             a.observe("critic")
+
+
+@pytest.mark.parametrize("name", ENVS)
+def test_plan_agent_alone(name):
+    """L0: with turn_order [plan] the plan agent plays alone and its prompt mentions no tool agent."""
+    env = make(name, turn_order=["plan"])
+    assert env.spec.turn_order == ("plan",)
+    (prompt,) = env.observe("plan")
+    assert "alone" in prompt["content"] and "tool agent" not in prompt["content"]
+    r = run(env.step("plan", plan_answer(optimal_plan(env))))
+    assert (r.done, r.success, r.team_reward) == (True, True, 1.0)
+
+
+def test_tool_agent_alone_is_refused():
+    with pytest.raises(ValueError, match="never plays a move"):
+        make("plan_path", turn_order=["tool"])

@@ -318,3 +318,47 @@ def test_prompts_are_short(tiny_tokenizer):
     assert n_tokens(env.observe("listener")) <= 24
     env.step("listener", other_symbol(env.secret))
     assert n_tokens(env.observe("speaker")) <= 40
+
+
+# -- the code option and the single-agent order ---------------------------------------------------
+
+
+def test_code_speaker_must_encode_and_listener_decode():
+    env = make(1, code="5678")
+    encoded = "5678"[SYMBOLS.index(env.secret)]
+    said = env.step("speaker", encoded)
+    assert said.local_reward == R_INFORM + R_CLEAN and said.info["symbol"] == encoded
+    answer = env.step("listener", env.secret)
+    assert answer.success and answer.team_reward == R_SOLVED and answer.info["heard"] == encoded
+
+
+def test_code_speaker_saying_the_plain_secret_is_not_informative():
+    env = make(1, code="5678")
+    said = env.step("speaker", env.secret)
+    assert said.local_reward == 0.0 and "parse_error" in said.info   # a secret digit is not in the code
+    answer = env.step("listener", "5678"[SYMBOLS.index(env.secret)])   # answering in the code alphabet fails
+    assert not answer.success and answer.team_reward == 0.0
+
+
+@pytest.mark.parametrize("code", ["567", "1567", [""] * 4])
+def test_bad_code_is_refused(code):
+    with pytest.raises(ValueError, match="toy: "):
+        ToyEnv({"code": code})
+
+
+def test_speaker_alone_is_judged_on_its_own_answer():
+    env = make(2, turn_order=["speaker"])
+    assert env.spec.turn_order == ("speaker",)
+    wrong = env.step("speaker", other_symbol(env.secret))
+    assert not wrong.done and wrong.team_reward == 0.0
+    (prompt,) = env.observe("speaker")
+    assert prompt["content"].startswith("speaker: you said ")
+    right = env.step("speaker", env.secret)
+    assert right.done and right.success and (right.team_reward, right.local_reward) == (R_SOLVED, R_CLEAN)
+
+
+def test_a_listener_alone_is_refused():
+    with pytest.raises(ValueError, match="never sees the secret"):
+        ToyEnv({"turn_order": ["listener"]})
+    with pytest.raises(ValueError, match="must list some of the agents"):
+        ToyEnv({"turn_order": ["speaker", "speaker"]})
