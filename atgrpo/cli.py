@@ -1,7 +1,5 @@
-"""The `atgrpo` command: local services (up/status/down), tiny models, config checks.
-
-Later issues add `train`, `eval`, `plot` and `env serve` here.
-"""
+"""The `atgrpo` command: train, eval and plot runs; local services (up/status/down); tiny
+models; config checks; serving an environment class."""
 
 from __future__ import annotations
 
@@ -38,6 +36,63 @@ def _cmd_config_check(args: argparse.Namespace) -> int:
         return 2
     mode = "local" if cfg.local_mode else "connect"
     print(f"{args.config}: ok ({cfg.level}, {len(cfg.agents)} agents on {len(cfg.pools)} pools, {mode} mode)")
+    return 0
+
+
+def _load_for_run(args: argparse.Namespace):
+    from atgrpo.config import ConfigError, load_config
+
+    try:
+        return load_config(args.config).with_overrides(steps=getattr(args, "steps", None),
+                                                       run_dir=getattr(args, "run_dir", None))
+    except ConfigError as err:
+        print(f"{args.config}: invalid config\n{err}", file=sys.stderr)
+        return None
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from atgrpo.errors import AtgrpoError
+    from atgrpo.train import TrainError, train
+
+    cfg = _load_for_run(args)
+    if cfg is None:
+        return 2
+    try:
+        final = train(cfg, connect=args.connect)
+    except (TrainError, AtgrpoError) as err:
+        print(f"atgrpo train: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("atgrpo train: left without waiting for the run to stop", file=sys.stderr)
+        return 130
+    return {"finished": 0, "stopped": 130}.get(final["state"], 1)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from atgrpo.errors import AtgrpoError
+    from atgrpo.report import eval_line
+    from atgrpo.train import TrainError, evaluate
+
+    cfg = _load_for_run(args)
+    if cfg is None:
+        return 2
+    try:
+        result = evaluate(cfg, args.checkpoint)
+    except (TrainError, AtgrpoError) as err:
+        print(f"atgrpo eval: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2) if args.json else eval_line(result))
+    return 0
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from atgrpo.report import plot_run
+
+    try:
+        print(plot_run(args.run_dir))
+    except FileNotFoundError as err:
+        print(f"atgrpo plot: {err}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -122,6 +177,24 @@ def build_parser() -> argparse.ArgumentParser:
     check = config.add_parser("check", help="validate a run config and say what to fix")
     check.add_argument("config", type=Path)
     check.set_defaults(fn=_cmd_config_check)
+
+    tr = sub.add_parser("train", help="train a team: start the services locally, or drive running ones")
+    tr.add_argument("config", type=Path)
+    tr.add_argument("--steps", type=int, help="override run.steps")
+    tr.add_argument("--run-dir", help="override run.run_dir")
+    tr.add_argument("--connect", action="store_true",
+                    help="drive the services named in the config's services: (e.g. on Kubernetes); "
+                         "fail rather than start local ones")
+    tr.set_defaults(fn=_cmd_train)
+    ev = sub.add_parser("eval", help="success rate and per-agent figures on the eval split")
+    ev.add_argument("config", type=Path)
+    ev.add_argument("--checkpoint", type=Path, required=True,
+                    help="a run directory (its last checkpoint) or one of its checkpoints/step-N")
+    ev.add_argument("--json", action="store_true")
+    ev.set_defaults(fn=_cmd_eval)
+    pl = sub.add_parser("plot", help="redraw a run's reward and success curves (RUN_DIR/curves.png)")
+    pl.add_argument("run_dir", type=Path)
+    pl.set_defaults(fn=_cmd_plot)
 
     def state(p: argparse.ArgumentParser, timeout: float) -> argparse.ArgumentParser:
         p.add_argument("--state-dir", type=Path, default=local.DEFAULT_STATE_DIR,

@@ -30,7 +30,7 @@ from atgrpo._config_util import (
 __all__ = [
     "AgentConfig", "AlgorithmConfig", "ConfigError", "EnvConfig", "LoraConfig", "OptimConfig",
     "PoolConfig", "RunConfig", "RunSection", "SamplingConfig", "ServicesConfig",
-    "dump_config", "load_config", "parse_config",
+    "dump_config", "load_config", "load_yaml_config", "parse_config",
 ]
 
 _RUN_NAME = re.compile(r"^[a-z0-9_-]+$")
@@ -81,7 +81,9 @@ class RunSection:
     eval_tasks: int = 64
     """episodes per evaluation"""
     checkpoint_every_steps: int = 50
-    """save every trainable pool every this many steps; 0 = never"""
+    """save every trainable pool every this many steps; 0 = only at the end (or a stop)"""
+    save_samples: bool = False
+    """write each step's samples (token ids, rewards, advantages) to run_dir/samples/step-N.jsonl"""
 
     def __post_init__(self) -> None:
         if not self.run_dir and self.name:
@@ -307,6 +309,12 @@ def load_config(path: str | Path) -> RunConfig:
     except OSError as e:
         raise ConfigError(where, f"cannot read the file ({e.strerror}). "
                           "Give the path of a readable YAML file") from None
+    return load_yaml_config(text, source=where)
+
+
+def load_yaml_config(text: str, source: str = "<yaml>") -> RunConfig:
+    """Validate a run config given as YAML text (StartRun sends it so)."""
+    where = source
     try:
         data = load_yaml(text)
     except yaml.YAMLError as e:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from atgrpo.algo.advantages import group_advantages, group_index, mix_rewards
-from atgrpo.sdk.env import seed_for
-from rollout_svc.types import EpisodeEnd, Sample, TaskRef
+from atgrpo.config import RunConfig
+from atgrpo.sdk.env import TURN_ORDER_OPTION, seed_for
+from rollout_svc.types import AgentPlan, CollectPlan, EpisodeEnd, Sample, Sampling, TaskRef
 from trainer_svc.update import TrainSample
 
 # Runs with different seeds draw from disjoint stretches of the generated tasks.
@@ -55,6 +56,8 @@ class StepBatches:
     per_pool: dict[str, list[TrainSample]]
     agents: dict[str, AgentStats]
     dropped: int                       # samples filtered out (zero-variance groups)
+    rewards: list[float] = field(default_factory=list)      # per input sample: alpha*team + local
+    advantages: list[float] = field(default_factory=list)   # per input sample (filtered ones too)
 
 
 def step_batches(samples: Sequence[Sample], pool_of: Mapping[str, str], *, alpha: float = 1.0,
@@ -85,7 +88,7 @@ def step_batches(samples: Sequence[Sample], pool_of: Mapping[str, str], *, alpha
         st.advantages.append(float(adv[i]))
         per_pool[pool_of[s.agent]].append(TrainSample(s.agent, s.prompt_ids, s.response_ids, s.logprobs,
                                                       float(adv[i]), s.sampling))
-    return StepBatches(dict(per_pool), dict(stats), dropped)
+    return StepBatches(dict(per_pool), dict(stats), dropped, rewards.tolist(), adv.tolist())
 
 
 def episode_metrics(ends: Sequence[EpisodeEnd]) -> dict[str, float]:
@@ -94,3 +97,58 @@ def episode_metrics(ends: Sequence[EpisodeEnd]) -> dict[str, float]:
     return {"episodes": float(len(ok)), "failed_episodes": float(len(ends) - len(ok)),
             "success_rate": sum(e.success for e in ok) / len(ok) if ok else 0.0,
             "turns_mean": sum(e.turns for e in ok) / len(ok) if ok else 0.0}
+
+
+# ---- collection plans ------------------------------------------------------------------------
+
+def agent_plans(cfg: RunConfig, *, eval_mode: bool = False) -> dict[str, AgentPlan]:
+    """Each agent's pool, adapter (its own name on a LoRA pool) and sampling settings."""
+    out = {}
+    for name in cfg.env.turn_order:
+        a = cfg.agents[name]
+        s = a.eval_sampling if eval_mode else a.train_sampling
+        adapter = name if cfg.pools[a.pool].specialization == "lora" else ""
+        out[name] = AgentPlan(name, a.pool, adapter,
+                              Sampling(s.temperature, s.top_p, s.top_k, s.max_tokens, s.max_prompt_tokens,
+                                       tuple(s.stop)),
+                              a.system_prompt or "")
+    return out
+
+
+def env_options(cfg: RunConfig) -> dict:
+    """The env's options, with the config's turn order (an env runs fewer roles at L0 from it)."""
+    return {**cfg.env.options, TURN_ORDER_OPTION: list(cfg.env.turn_order)}
+
+
+def collect_plan(cfg: RunConfig, tasks: Sequence[TaskRef], *, step: int, eval_mode: bool = False) -> CollectPlan:
+    """Training collects K-way trees; evaluation one flat rollout per task with eval sampling."""
+    alg = cfg.algorithm
+    return CollectPlan(
+        env=cfg.env.name, tasks=tuple(tasks), agents=agent_plans(cfg, eval_mode=eval_mode),
+        turn_order=tuple(cfg.env.turn_order), max_turns=cfg.env.max_turns,
+        k=1 if eval_mode else alg.k, mode="flat" if eval_mode else "tree",
+        selection="first" if eval_mode else alg.selection, parallel=cfg.env.parallel, alpha=alg.alpha,
+        env_options=env_options(cfg), max_concurrent_tasks=max(1, len(tasks)),
+        run_id=cfg.run.name, step=step)
+
+
+def shard(plan: CollectPlan, rollout: Mapping[str, Sequence[str]]) -> list[tuple[str, CollectPlan]]:
+    """Spread a plan's tasks over every rollout replica (round robin), each told where the pools
+    it does not serve live (L3: each pool's replicas are its own processes or nodes).
+
+    `rollout` maps pool -> replica addresses. The i-th replica of a pool is paired with the
+    i-th (mod count) replica of every other pool, so cross-pool traffic is spread too.
+    """
+    drivers = list(dict.fromkeys(a for addrs in rollout.values() for a in addrs))
+    if not drivers:
+        raise ValueError("no rollout replicas to collect with")
+    out = []
+    for i, address in enumerate(drivers):
+        tasks = plan.tasks[i::len(drivers)]
+        if not tasks:
+            continue
+        served = {p for p, addrs in rollout.items() if address in addrs}
+        routes = {p: addrs[i % len(addrs)] for p, addrs in rollout.items() if p not in served}
+        out.append((address, replace(plan, tasks=tasks, pool_addresses=routes,
+                                     max_concurrent_tasks=len(tasks))))
+    return out

@@ -1,0 +1,148 @@
+"""What `atgrpo train` shows and leaves: a progress bar, one line per step and evaluation,
+TensorBoard scalars and a PNG of the reward and success curves (`atgrpo plot` redraws it)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from atgrpo.config import RunConfig
+from router_svc.events import FINAL_STATES
+from router_svc.rundir import RunDir, read_metrics
+
+PLOT_FILE = "curves.png"
+
+
+def step_line(e: dict[str, Any], total: int) -> str:
+    agents = "  ".join(f"{a} {m['reward_mean']:+.3f}" for a, m in e["agents"].items())
+    pools = "  ".join(f"{p} v{int(m['version'])} loss {m['loss']:+.4f} kl {m['approx_kl']:.4f}"
+                      for p, m in e["pools"].items())
+    secs = e.get("rollout_seconds", 0.0) + e.get("train_seconds", 0.0) + e.get("weight_sync_seconds", 0.0)
+    return (f"step {e['step']:>4}/{total}  success {e['success_rate']:.2f}  reward {e['reward_mean']:+.3f} "
+            f"| {agents} | {pools} | {secs:.1f}s")
+
+
+def eval_line(e: dict[str, Any]) -> str:
+    agents = "  ".join(f"{a} {m['reward_mean']:+.3f}" for a, m in e["agents"].items())
+    return f"eval @ step {e['step']:>4}  success {e['success_rate']:.3f} over {e['episodes']} episodes | {agents}"
+
+
+def tensorboard_scalars(e: dict[str, Any]) -> dict[str, float]:
+    """TensorBoard tag -> value for one event (train/..., eval/..., per agent and per pool)."""
+    prefix = e["kind"] if e["kind"] == "eval" else "train"
+    out = {f"{prefix}/success_rate": e["success_rate"]}
+    if "reward_mean" in e:
+        out[f"{prefix}/reward_mean"] = e["reward_mean"]
+    for a, m in e["agents"].items():
+        out.update({f"{prefix}/agent/{a}/{k}": float(v) for k, v in m.items()})
+    for p, m in e.get("pools", {}).items():
+        out.update({f"pool/{p}/{k}": float(v) for k, v in m.items() if isinstance(v, int | float)})
+    for k in ("rollout_seconds", "train_seconds", "weight_sync_seconds"):
+        if k in e:
+            out[f"time/{k}"] = e[k]
+    return out
+
+
+def plot(events: list[dict[str, Any]], out: Path) -> Path:
+    """Success (sampled during training, greedy at evaluation) and each agent's reward, per step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [e for e in events if e["kind"] == "step"]
+    evals = [e for e in events if e["kind"] == "eval"]
+    fig, (ax_s, ax_r) = plt.subplots(1, 2, figsize=(11, 4))
+    ax_s.plot([e["step"] for e in steps], [e["success_rate"] for e in steps], label="train (sampled)", alpha=0.6)
+    if evals:
+        ax_s.plot([e["step"] for e in evals], [e["success_rate"] for e in evals], "o-", label="eval")
+    ax_s.set(title="success rate", xlabel="step", ylim=(-0.02, 1.02))
+    ax_s.legend(loc="lower right")
+    for agent in dict.fromkeys(a for e in steps for a in e["agents"]):
+        pts = [(e["step"], e["agents"][agent]["reward_mean"]) for e in steps if agent in e["agents"]]
+        ax_r.plot([s for s, _ in pts], [r for _, r in pts], label=agent)
+    ax_r.set(title="mean reward per agent (alpha*team + local)", xlabel="step")
+    if steps:
+        ax_r.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def plot_run(run_dir: str | Path) -> Path:
+    run_dir = Path(run_dir)
+    events = read_metrics(run_dir / "metrics.jsonl")
+    if not events:
+        raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'} holds no events: is {run_dir} a run directory?")
+    return plot(events, run_dir / PLOT_FILE)
+
+
+class Reporter:
+    """Receives the run's events. `mirror` also appends them to the local metrics.jsonl, for a run
+    whose router writes its own run directory on another machine."""
+
+    def __init__(self, cfg: RunConfig, *, mirror: bool):
+        self.cfg = cfg
+        self.dir = RunDir(cfg.run.run_dir)
+        self.mirror = mirror
+        self.events: list[dict[str, Any]] = []
+        self.bar = None
+        self.tb = None
+
+    def start(self, status: dict[str, Any]) -> None:
+        from tensorboardX import SummaryWriter
+        from tqdm import tqdm
+
+        self.dir.path.mkdir(parents=True, exist_ok=True)
+        # The router of this run writes metrics.jsonl itself when it shares this filesystem.
+        if self.mirror and Path(status["run_dir"]) == self.dir.path.resolve():
+            self.mirror = False
+        if self.mirror:
+            self.dir.truncate_events(-1)
+        self.tb = SummaryWriter(str(self.dir.path / "tb"))
+        self.bar = tqdm(total=self.cfg.run.steps, desc=self.cfg.run.name, unit="step", file=sys.stderr,
+                        disable=not sys.stderr.isatty(), dynamic_ncols=True)
+        print(f"run {status['run_id']}: {self.cfg.level}, {len(self.cfg.agents)} agents on {len(self.cfg.pools)} "
+              f"pool(s), {self.cfg.run.steps} steps; run directory {status['run_dir']}", flush=True)
+
+    def on_event(self, e: dict[str, Any]) -> None:
+        if e["kind"] == "status":
+            self._status(e)
+            return
+        self.events.append(e)
+        if self.mirror:
+            self.dir.append_event(e)
+        for tag, value in tensorboard_scalars(e).items():
+            self.tb.add_scalar(tag, value, e["step"])
+        self.tb.flush()
+        if e["kind"] == "step":
+            self.bar.n = e["step"]
+            self.bar.set_postfix(success=f"{e['success_rate']:.2f}", reward=f"{e['reward_mean']:+.3f}")
+            self._write(step_line(e, self.cfg.run.steps))
+        else:
+            self._write(eval_line(e))
+            self._plot()
+
+    def _status(self, e: dict[str, Any]) -> None:
+        if e["state"] == "running" and e["resumed_from_step"]:
+            self._write(f"resumed after step {e['resumed_from_step']}")
+        if e["state"] not in FINAL_STATES:
+            return
+        self._plot()
+        self.bar.close()
+        self.tb.close()
+        what = f"run {e['state']} after step {e['step']}/{e['total_steps']}"
+        print(what + (f": {e['error']}" if e["error"] else "") + f"; curves in {self.dir.path / PLOT_FILE}",
+              flush=True)
+
+    def _plot(self) -> None:
+        if any(e["kind"] == "step" for e in self.events):
+            plot(self.events, self.dir.path / PLOT_FILE)
+
+    def _write(self, line: str) -> None:
+        if self.bar is not None and not self.bar.disable:
+            self.bar.write(line)
+        else:
+            print(line, flush=True)

@@ -1,0 +1,176 @@
+"""`atgrpo train` and `atgrpo eval`: the same command on a laptop and on a cluster.
+
+With no service addresses in the config (the embedded default) the services a run needs are
+started as local processes: the sandbox, the env service, one rollout process per replica of each
+pool, one trainer per trainable pool, and the router; they stop when the run ends. With addresses
+(`--connect`, e.g. on Kubernetes) the command only drives the router that is already there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from atgrpo import local
+from atgrpo.config import ConfigError, RunConfig, dump_config, parse_config
+from atgrpo.local import LocalService, ServicePlan
+
+
+class TrainError(RuntimeError):
+    """A run that could not start or did not finish; the message says what to do."""
+
+
+def service_plan(cfg: RunConfig) -> tuple[ServicePlan, ...]:
+    """The local processes a config needs; names match the keys with_services() reads back."""
+    plan = [ServicePlan("sandbox", "sandbox"), ServicePlan("env", "env", ("--sandbox", "{sandbox}"))]
+    for name, pool in cfg.pools.items():
+        spec = f"{name}={pool.model_path}" + (":lora" if pool.specialization == "lora" else "")
+        for i in range(pool.rollout_replicas):
+            plan.append(ServicePlan(f"rollout-{name}-{i}", "rollout", (
+                "--pool", spec, "--env", "{env}", "--engine", pool.engine, "--device", pool.device,
+                "--dtype", pool.dtype)))
+        if pool.trainable:
+            plan.append(ServicePlan(f"trainer-{name}", "trainer", (
+                "--pool", name, "--micro-batch-tokens", str(pool.micro_batch_tokens))))
+    plan.append(ServicePlan("router", "router"))
+    return tuple(plan)
+
+
+def with_services(cfg: RunConfig, services: list[LocalService]) -> RunConfig:
+    """The config with the started services' addresses filled in (connect mode from here on)."""
+    by_name = {s.name: s.address for s in services}
+    data = cfg.to_dict()
+    data["services"] = {
+        "env": by_name["env"], "sandbox": by_name["sandbox"], "router": by_name["router"],
+        "rollout": {p: [by_name[f"rollout-{p}-{i}"] for i in range(pool.rollout_replicas)]
+                    for p, pool in cfg.pools.items()},
+        "trainer": {p: by_name[f"trainer-{p}"] for p, pool in cfg.pools.items() if pool.trainable},
+    }
+    return parse_config(data, source="the local services")
+
+
+def resolve_paths(cfg: RunConfig) -> RunConfig:
+    """Absolute model and run paths: the services may run elsewhere than this directory."""
+    data = cfg.to_dict()
+    data["run"]["run_dir"] = str(Path(cfg.run.run_dir).resolve())
+    for pool in data["pools"].values():
+        pool["model_path"] = str(Path(pool["model_path"]).expanduser().resolve())
+    return parse_config(data, source="the config")
+
+
+def check_models(cfg: RunConfig) -> None:
+    missing = [(p, pool.model_path) for p, pool in cfg.pools.items() if not Path(pool.model_path).is_dir()]
+    if missing:
+        lines = "; ".join(f"pools.{p}.model_path {path!r}" for p, path in missing)
+        raise TrainError(f"no model directory at {lines}. Build a tiny one with "
+                         f"`atgrpo model tiny --out {missing[0][1]}`, or point model_path at a local model")
+
+
+class LocalServices:
+    """The services of a config as local processes, for the duration of a `with` block."""
+
+    def __init__(self, cfg: RunConfig, *, timeout_s: float = 180.0):
+        self.cfg = cfg
+        self.state_dir = Path(cfg.run.run_dir) / "services"
+        self.plan = service_plan(cfg)
+        self.timeout_s = timeout_s
+
+    def __enter__(self) -> RunConfig:
+        print(f"starting {len(self.plan)} services locally (logs in {self.state_dir}/logs)", file=sys.stderr)
+        try:
+            started = local.up(self.state_dir, self.plan, timeout_s=self.timeout_s)
+        except local.LaunchError as err:
+            raise TrainError(f"the local services did not start: {err}") from None
+        return with_services(self.cfg, started)
+
+    def __exit__(self, *exc: object) -> None:
+        local.down(self.state_dir)
+
+
+async def drive(cfg: RunConfig, reporter: Any) -> dict[str, Any]:
+    """Start the run on the router and follow it to its end; Ctrl-C asks the router to stop cleanly
+    (the step in flight completes and is checkpointed), a second Ctrl-C leaves at once."""
+    from router_svc.client import RouterClient
+
+    async with RouterClient(cfg.services.router) as client:
+        status = await client.start_run(dump_config(cfg))
+        reporter.start(status)
+        loop = asyncio.get_running_loop()
+        stopping: list[asyncio.Task] = []
+
+        def on_sigint() -> None:
+            if stopping:
+                raise KeyboardInterrupt
+            print("\nstopping after the current step (Ctrl-C again to leave now)", file=sys.stderr)
+            stopping.append(loop.create_task(client.stop_run(status["run_id"], "Ctrl-C")))
+
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+        try:
+            final = status
+            async for event in client.watch_run(status["run_id"], from_step=0):
+                if event["kind"] == "status":
+                    final = event
+                reporter.on_event(event)
+            return final
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+
+
+def train(cfg: RunConfig, *, connect: bool = False) -> dict[str, Any]:
+    """Run training to its end; returns the final run status."""
+    from atgrpo.report import Reporter
+
+    if connect and cfg.local_mode:
+        raise TrainError("--connect needs the services' addresses in the config (services: env, sandbox, "
+                         "router, rollout, trainer); without them `atgrpo train` starts them locally")
+    if cfg.local_mode:
+        cfg = resolve_paths(cfg)
+        check_models(cfg)
+        with LocalServices(cfg) as running:
+            return asyncio.run(drive(running, Reporter(running, mirror=False)))
+    return asyncio.run(drive(cfg, Reporter(cfg, mirror=True)))
+
+
+def latest_checkpoint(where: Path) -> Path:
+    """A checkpoint folder (pool folders inside), or a run directory: its last checkpoint."""
+    if (where / "checkpoints").is_dir():
+        steps = sorted((where / "checkpoints").glob("step-*"))
+        if not steps:
+            raise TrainError(f"{where} has no checkpoints yet")
+        return steps[-1]
+    if not where.is_dir():
+        raise TrainError(f"no checkpoint at {where}: give a run directory or one of its checkpoints/step-N")
+    return where
+
+
+def evaluate(cfg: RunConfig, checkpoint: Path) -> dict[str, Any]:
+    """Success rate and per-agent figures on the eval split, with the checkpoint's weights."""
+    ckpt = latest_checkpoint(checkpoint.resolve())
+    missing = [p for p, pool in cfg.pools.items() if pool.trainable and not (ckpt / p).is_dir()]
+    if missing:
+        raise TrainError(f"{ckpt} has no folder for pool(s) {missing}; give a checkpoint of this config's run")
+    data = cfg.to_dict()
+    data["run"].update(name=f"{cfg.run.name}-eval", run_dir=str(ckpt / "eval"))
+    if not data["run"]["eval_tasks"]:
+        raise ConfigError("run.eval_tasks", "is 0: set how many eval episodes to run")
+    cfg = resolve_paths(parse_config(data, source=str(checkpoint)))
+    if cfg.local_mode:
+        check_models(cfg)
+        with LocalServices(cfg) as running:
+            return asyncio.run(_evaluate(running, ckpt))
+    return asyncio.run(_evaluate(cfg, ckpt))
+
+
+async def _evaluate(cfg: RunConfig, ckpt: Path) -> dict[str, Any]:
+    from router_svc.run import RunLoop
+
+    loop = RunLoop(cfg)
+    try:
+        await loop.load_checkpoint(ckpt)
+        step = int(ckpt.name.removeprefix("step-")) if ckpt.name.removeprefix("step-").isdigit() else 0
+        return await loop.evaluate(step)
+    finally:
+        await loop.clients.close()

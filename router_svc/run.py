@@ -1,0 +1,258 @@
+"""The run loop (DESIGN.md §2): collect, group, train every pool, evaluate, checkpoint, repeat.
+
+    for step in resumed+1 .. steps:
+        tasks   = step_tasks(seed, step)                        same tasks after a resume
+        samples = Collect(tasks) sharded over all rollout replicas (tree sampling, K-way)
+        batches = mix rewards, group (task, agent, turn), advantages, filter, route to pools
+        Train(batch) on every pool's trainer at once            answers once replicas hold v+1
+        every eval_every_steps:       flat rollouts on the eval split
+        every checkpoint_every_steps: SaveCheckpoint on every pool, then state.json
+
+A step's samples are used whole or not at all: nothing reaches a trainer before the step's
+collection is complete, and a step that fails is redone from its start on resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from atgrpo._proto.v1 import trainer_pb2
+from atgrpo.config import RunConfig
+from atgrpo.errors import FailedPrecondition, InvalidArgument
+from atgrpo.sdk.client import EnvClient
+from rollout_svc.client import RolloutClient
+from rollout_svc.convert import collect_plan_to_pb, event_from_pb
+from rollout_svc.types import CollectPlan, EpisodeEnd, Sample, TaskRef
+from router_svc import events
+from router_svc.plan import collect_plan, env_options, shard, step_batches, step_tasks
+from router_svc.rundir import Checkpoint, Progress, RunDir
+from trainer_svc.client import TrainerClient
+
+log = logging.getLogger("atgrpo.router")
+
+
+@dataclass
+class Clients:
+    env: EnvClient
+    rollout: dict[str, RolloutClient]       # replica address -> client
+    trainers: dict[str, TrainerClient]      # trainable pool -> client
+
+    @classmethod
+    def connect(cls, cfg: RunConfig) -> Clients:
+        s = cfg.services
+        if cfg.local_mode:
+            raise InvalidArgument("the config names no service addresses; the router drives running services. "
+                                  "Use `atgrpo train CONFIG`, which starts them locally, or fill in services:")
+        addresses = dict.fromkeys(a for addrs in s.rollout.values() for a in addrs)
+        trainable = [p for p, pool in cfg.pools.items() if pool.trainable]
+        return cls(EnvClient(s.env), {a: RolloutClient(a) for a in addresses},
+                   {p: TrainerClient(s.trainer[p]) for p in trainable})
+
+    async def close(self) -> None:
+        for c in [self.env, *self.rollout.values(), *self.trainers.values()]:
+            await c.close()
+
+
+def setup_request(cfg: RunConfig, pool: str, checkpoint_root: str, resume_from: str = "",
+                  run_id: str | None = None) -> trainer_pb2.SetupRequest:
+    p = cfg.pools[pool]
+    lora = p.lora
+    return trainer_pb2.SetupRequest(
+        run_id=run_id or cfg.run.name, pool=pool, model_path=p.model_path, specialization=p.specialization,
+        lora=trainer_pb2.LoraParams(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,
+                                    target_modules=list(lora.target_modules)) if lora else None,
+        agents=cfg.agents_of(pool),
+        optim=trainer_pb2.OptimParams(lr=p.optim.lr, weight_decay=p.optim.weight_decay,
+                                      warmup_steps=p.optim.warmup_steps, min_lr_ratio=p.optim.min_lr_ratio,
+                                      grad_clip=p.optim.grad_clip, beta1=p.optim.betas[0], beta2=p.optim.betas[1],
+                                      total_steps=cfg.run.steps),
+        device=p.device, dtype=p.dtype, micro_batch_tokens=p.micro_batch_tokens, seed=cfg.run.seed,
+        rollout_addresses=list(cfg.services.rollout[pool]), checkpoint_dir=checkpoint_root,
+        resume_from=resume_from, checkpoint_every_updates=0)   # the router keeps the cadence
+
+
+def loss_params(cfg: RunConfig) -> trainer_pb2.LossParams:
+    a = cfg.algorithm
+    return trainer_pb2.LossParams(clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high,
+                                  dual_clip_c=a.dual_clip_c, kl_coef=a.kl_coef, entropy_coef=a.entropy_coef,
+                                  epochs=a.epochs, mini_batch_size=a.mini_batch_size)
+
+
+def pool_metrics(r: trainer_pb2.TrainResponse) -> dict[str, Any]:
+    """The trainer's report of an update; `agents` (agent -> samples) says whose samples it took."""
+    return {"agents": {a: m.samples for a, m in r.agents.items()}, "version": r.version, "loss": r.loss, "approx_kl": r.approx_kl, "clip_fraction": r.clip_fraction,
+            "grad_norm": r.grad_norm, "entropy": r.entropy, "push_seconds": r.push_seconds,
+            "push_bytes": r.push_bytes, "train_seconds": r.train_seconds, "tokens": r.tokens, "samples": r.samples}
+
+
+class RunLoop:
+    """One run, driven against running services. `emit` receives every event dict as it happens."""
+
+    def __init__(self, cfg: RunConfig, emit: Callable[[dict[str, Any]], None] = lambda e: None,
+                 clients: Clients | None = None):
+        self.cfg = cfg
+        self.dir = RunDir(cfg.run.run_dir)
+        self.clients = clients or Clients.connect(cfg)
+        self.emit = emit
+        self.versions: dict[str, int] = {}
+        self.completed = 0
+        self.resumed_from = 0
+        self.stop_requested = asyncio.Event()
+        self._task_ids: dict[str, list[str] | None] = {}
+        self._last_checkpoint: Checkpoint | None = None
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    async def run(self) -> str:
+        """After prepare(): train to the configured step count, or until stop is requested.
+        Returns 'finished' or 'stopped'."""
+        cfg = self.cfg
+        if self.completed == 0 and cfg.run.eval_every_steps:
+            await self.evaluate(0)                       # the baseline the curves start from
+        while self.completed < cfg.run.steps and not self.stop_requested.is_set():
+            step = self.completed + 1
+            await self.run_step(step)
+            if cfg.run.eval_every_steps and (step % cfg.run.eval_every_steps == 0 or step == cfg.run.steps):
+                await self.evaluate(step)
+            if cfg.run.checkpoint_every_steps and step % cfg.run.checkpoint_every_steps == 0:
+                await self.checkpoint(step)
+        # A stopped run keeps its last step, so a restart continues right after it.
+        if self._last_checkpoint is None or self._last_checkpoint.step != self.completed:
+            await self.checkpoint(self.completed)
+        return "finished" if self.completed >= cfg.run.steps else "stopped"
+
+    async def prepare(self) -> None:
+        """Set up every trainer, resuming from the run directory when it holds progress."""
+        progress = self.dir.read_progress()
+        if progress is not None and progress.run != self.cfg.run.name:
+            raise FailedPrecondition(f"{self.dir.path} holds run {progress.run!r}, not {self.cfg.run.name!r}: "
+                                     "give this run its own run_dir")
+        ckpt = progress.checkpoint if progress else None
+        self.dir.write_config(self.cfg)
+        root = str(self.dir.path / "checkpoints")
+        infos = await asyncio.gather(*(
+            t.setup(setup_request(self.cfg, p, root, ckpt.paths.get(p, "") if ckpt else ""))
+            for p, t in self.clients.trainers.items()))
+        self.versions = {p: info.version for p, info in zip(self.clients.trainers, infos, strict=True)}
+        self.completed = self._resume_point(progress)
+        self.resumed_from = self.completed
+        self._last_checkpoint = ckpt if ckpt and ckpt.step == self.completed else None
+        self.dir.truncate_events(self.completed)
+        if self.completed:
+            log.info("resuming %s after step %d", self.cfg.run.name, self.completed)
+
+    async def load_checkpoint(self, where: Path) -> None:
+        """Set up every trainer from `where`/<pool> (evaluation of a finished run's weights)."""
+        await asyncio.gather(*(t.setup(setup_request(self.cfg, p, "", str(where / p)))
+                               for p, t in self.clients.trainers.items()))
+
+    def _resume_point(self, progress: Progress | None) -> int:
+        """The last step whose pool versions the trainers now hold: the last completed step when the
+        trainers kept running, the last checkpoint's step when they were restarted from it."""
+        if progress is None:
+            return 0
+        if progress.versions == self.versions:
+            return progress.completed_step
+        ckpt = progress.checkpoint
+        if ckpt and ckpt.versions == self.versions:
+            return ckpt.step
+        if not progress.completed_step and not any(self.versions.values()):
+            return 0
+        raise FailedPrecondition(
+            f"the trainers hold versions {self.versions}, but {self.dir.path} records {progress.versions} after "
+            f"step {progress.completed_step}" + (f" and {ckpt.versions} at step {ckpt.step}" if ckpt else "")
+            + ": restart the trainers so they load the last checkpoint")
+
+    async def run_step(self, step: int) -> dict[str, Any]:
+        cfg = self.cfg
+        start = time.perf_counter()
+        tasks = await self.tasks(cfg.env.train_split, step - 1, cfg.run.tasks_per_step)
+        samples, ends = await self.collect(collect_plan(cfg, tasks, step=step))
+        rollout_s = time.perf_counter() - start
+        pool_of = {a: cfg.agents[a].pool for a in cfg.env.turn_order}
+        batches = step_batches(samples, pool_of, alpha=cfg.algorithm.alpha, norm_std=cfg.algorithm.norm_std,
+                               filter_zero_variance=cfg.algorithm.filter == "zero_variance")
+        if cfg.run.save_samples:
+            self.dir.write_samples(step, samples, batches, pool_of)
+        t_train = time.perf_counter()
+        results = await self.train(step, batches.per_pool)
+        train_s = time.perf_counter() - t_train
+        sync_s = max((r["push_seconds"] for r in results.values()), default=0.0)
+        event = events.step_event(step, batches, ends, results, {
+            "rollout_seconds": rollout_s, "train_seconds": train_s - sync_s, "weight_sync_seconds": sync_s,
+            "step_seconds": time.perf_counter() - start, "time": time.time()}, cfg.env.turn_order)
+        self.completed = step
+        self.dir.write_progress(Progress(cfg.run.name, step, dict(self.versions), self._last_checkpoint))
+        self._record(event)
+        return event
+
+    async def train(self, step: int, per_pool: dict[str, list]) -> dict[str, dict[str, float]]:
+        """Every pool's update at once; a pool with no samples this step (all filtered) keeps its version."""
+        loss = loss_params(self.cfg)
+
+        async def one(pool: str) -> tuple[str, dict[str, float]]:
+            resp = await self.clients.trainers[pool].train(self.cfg.run.name, step, self.versions[pool],
+                                                           per_pool[pool], loss)
+            self.versions[pool] = resp.version
+            return pool, pool_metrics(resp)
+
+        trained = [p for p in self.clients.trainers if per_pool.get(p)]
+        return dict(await asyncio.gather(*(one(p) for p in trained)))
+
+    # ---- collection --------------------------------------------------------------------------
+
+    async def tasks(self, split: str, index: int, count: int) -> list[TaskRef]:
+        if split not in self._task_ids:
+            self._task_ids[split] = await self._list_tasks(split)
+        return step_tasks(self.cfg.run.seed, index, count, split, self._task_ids[split])
+
+    async def _list_tasks(self, split: str) -> list[str] | None:
+        env, options = self.cfg.env.name, env_options(self.cfg)
+        ids, total = await self.clients.env.list_tasks(env, split, options=options)
+        if total < 0:
+            return None                                  # generated from seeds: unbounded
+        while len(ids) < total:
+            more, _ = await self.clients.env.list_tasks(env, split, offset=len(ids), limit=10_000, options=options)
+            if not more:
+                break
+            ids += more
+        return ids
+
+    async def collect(self, plan: CollectPlan) -> tuple[list[Sample], list[EpisodeEnd]]:
+        """One plan over every replica at once; returns only when every shard has finished."""
+        async def one(address: str, part: CollectPlan) -> list[Sample | EpisodeEnd]:
+            return [event_from_pb(e) async for e in self.clients.rollout[address].collect(collect_plan_to_pb(part))]
+
+        shards = shard(plan, self.cfg.services.rollout)
+        parts = await asyncio.gather(*(one(a, p) for a, p in shards))
+        got = [x for part in parts for x in part]
+        return [x for x in got if isinstance(x, Sample)], [x for x in got if isinstance(x, EpisodeEnd)]
+
+    # ---- evaluation and checkpoints ----------------------------------------------------------
+
+    async def evaluate(self, step: int) -> dict[str, Any]:
+        cfg = self.cfg
+        tasks = await self.tasks(cfg.env.eval_split, 0, cfg.run.eval_tasks)   # the same tasks every time
+        _, ends = await self.collect(collect_plan(cfg, tasks, step=step, eval_mode=True))
+        event = events.eval_event(step, ends, cfg.env.turn_order)
+        self._record(event)
+        return event
+
+    async def checkpoint(self, step: int) -> Checkpoint:
+        where = self.dir.checkpoint_dir(step)
+        resps = await asyncio.gather(*(t.save_checkpoint(str(where / p)) for p, t in self.clients.trainers.items()))
+        ckpt = Checkpoint(step, {p: r.path for p, r in zip(self.clients.trainers, resps, strict=True)},
+                          {p: r.version for p, r in zip(self.clients.trainers, resps, strict=True)})
+        self._last_checkpoint = ckpt
+        self.dir.write_progress(Progress(self.cfg.run.name, self.completed, dict(self.versions), ckpt))
+        return ckpt
+
+    def _record(self, event: dict[str, Any]) -> None:
+        self.dir.append_event(event)
+        self.emit(event)

@@ -1,0 +1,119 @@
+"""A run directory: what a run leaves behind and what it resumes from.
+
+    config.yaml          the resolved config the run was started with
+    metrics.jsonl        one JSON line per step and per evaluation (router_svc.events)
+    state.json           last completed step and pool versions, and the last checkpoint
+    checkpoints/step-N/  one folder per trainable pool (HF / PEFT format plus trainer state)
+
+state.json is replaced atomically after each step, so a crash leaves either the old or the new.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from atgrpo.config import RunConfig, dump_config
+from rollout_svc.types import Sample
+from router_svc.plan import StepBatches
+
+
+@dataclass
+class Checkpoint:
+    step: int
+    paths: dict[str, str]              # pool -> checkpoint folder
+    versions: dict[str, int]           # pool -> version saved there
+
+
+@dataclass
+class Progress:
+    run: str
+    completed_step: int = 0
+    versions: dict[str, int] = field(default_factory=dict)   # pool versions after completed_step
+    checkpoint: Checkpoint | None = None
+
+
+class RunDir:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    def checkpoint_dir(self, step: int) -> Path:
+        return self.path / "checkpoints" / f"step-{step:06d}"
+
+    def write_config(self, cfg: RunConfig) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.path / "config.yaml", dump_config(cfg))
+
+    def read_progress(self) -> Progress | None:
+        path = self.path / "state.json"
+        if not path.exists():
+            return None
+        data = json.loads(path.read_text())
+        ckpt = data.pop("checkpoint", None)
+        return Progress(**data, checkpoint=Checkpoint(**ckpt) if ckpt else None)
+
+    def write_progress(self, p: Progress) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.path / "state.json", json.dumps(asdict(p), indent=2))
+
+    def append_event(self, event: dict[str, Any]) -> None:
+        with open(self.metrics, "a", encoding="utf-8") as f:
+            f.write(json.dumps(event) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def write_samples(self, step: int, samples: Sequence[Sample], batches: StepBatches,
+                      pool_of: Mapping[str, str]) -> Path:
+        """Every sample of a step with its reward, advantage and pool, for inspection and tests."""
+        out = self.path / "samples" / f"step-{step:06d}.jsonl"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        lines = []
+        for s, r, a in zip(samples, batches.rewards, batches.advantages, strict=True):
+            lines.append(json.dumps({
+                "task_id": s.task_id, "agent": s.agent, "turn": s.turn, "branch": s.branch, "pool": pool_of[s.agent],
+                "policy": {"pool": s.policy.pool, "adapter": s.policy.adapter, "version": s.policy.version},
+                "team_reward": s.team_reward, "local_reward": s.local_reward, "reward": r, "advantage": a,
+                "selected": s.selected, "done": s.done, "success": s.success, "prompt_ids": s.prompt_ids,
+                "response_ids": s.response_ids, "logprobs": s.logprobs}))
+        _atomic_write(out, "".join(line + "\n" for line in lines))
+        return out
+
+    def read_events(self) -> list[dict[str, Any]]:
+        return read_metrics(self.metrics)
+
+    def truncate_events(self, after_step: int) -> list[dict[str, Any]]:
+        """Drop the events of steps after `after_step` (a resumed run redoes them); return the rest.
+
+        Each step is then recorded exactly once, however often the run was interrupted."""
+        keep = [e for e in self.read_events() if e["step"] <= after_step]
+        self.path.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.metrics, "".join(json.dumps(e) + "\n" for e in keep))
+        return keep
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Events from a metrics.jsonl; a torn last line (a crash mid-write) is skipped."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)

@@ -1,0 +1,176 @@
+"""Training end to end: the five services as real processes, the tiny model, real updates.
+
+Each test starts the services a config needs (atgrpo.train.LocalServices), drives the router
+over gRPC as `atgrpo train` does, and checks what the run left: the step's samples as the router
+grouped them, the metrics, the checkpoints, and the versions the rollout replicas serve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from atgrpo.config import dump_config, parse_config
+from atgrpo.train import LocalServices, drive
+from rollout_svc.client import RolloutClient
+from router_svc.client import RouterClient
+from router_svc.rundir import read_metrics
+
+pytestmark = pytest.mark.slow
+
+K = 4
+
+
+class Collect:
+    """A reporter that keeps the events (drive() reports to it as the CLI's Reporter would)."""
+
+    def __init__(self):
+        self.status, self.events = None, []
+
+    def start(self, status):
+        self.status = status
+
+    def on_event(self, event):
+        self.events.append(event)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    from atgrpo.models import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("models") / "tiny"))
+
+
+def toy_config(run_dir: Path, model: str, level: str, *, steps: int = 2, **run) -> dict:
+    agents = ["speaker"] if level == "L0" else ["speaker", "listener"]
+    pools = {"a": {"model_path": model, "device": "cpu", "dtype": "float32",
+                   "optim": {"lr": 5e-4, "warmup_steps": 0}}}
+    if level == "L2":
+        pools["a"].update(specialization="lora", optim={"lr": 3e-3, "warmup_steps": 0})
+    if level == "L3":
+        pools["b"] = dict(pools["a"])
+    pool_of = {"speaker": "a", "listener": "b" if level == "L3" else "a"}
+    sampling = {"temperature": 1.0, "max_tokens": 4}
+    return {
+        "run": {"name": f"e2e-{level.lower()}", "seed": 0, "steps": steps, "tasks_per_step": 4,
+                "eval_every_steps": 0, "eval_tasks": 4, "checkpoint_every_steps": 0, "save_samples": True,
+                "run_dir": str(run_dir), **run},
+        "env": {"name": "toy", "turn_order": agents, "max_turns": 2},
+        "pools": pools,
+        "agents": {a: {"pool": pool_of[a], "train_sampling": sampling, "eval_sampling": {"max_tokens": 4}}
+                   for a in agents},
+        "algorithm": {"k": K, "mini_batch_size": 64},
+    }
+
+
+async def served_versions(cfg) -> dict[tuple[str, str], int]:
+    out = {}
+    for addresses in cfg.services.rollout.values():
+        for address in addresses:
+            async with RolloutClient(address) as client:
+                out.update({(p.pool, p.adapter): p.version for p in await client.policies()})
+    return out
+
+
+def train_locally(data: dict) -> tuple[Collect, dict]:
+    """Run to the end; returns the events and what the replicas serve before they stop."""
+    cfg = parse_config(data)
+    sink = Collect()
+    with LocalServices(cfg) as running:
+        final = asyncio.run(drive(running, sink))
+        served = asyncio.run(served_versions(running))
+    assert final["state"] == "finished", final
+    return sink, served
+
+
+@pytest.mark.parametrize("level", ["L0", "L1", "L2", "L3"])
+def test_a_few_steps_at_each_level(level, tiny, tmp_path):
+    data = toy_config(tmp_path / "run", tiny, level)
+    cfg = parse_config(data)
+    sink, served = train_locally(data)
+    assert cfg.level == level
+
+    steps = [e for e in sink.events if e["kind"] == "step"]
+    assert [e["step"] for e in steps] == [1, 2]
+    pools = {a: cfg.agents[a].pool for a in cfg.env.turn_order}
+    for e in steps:
+        for pool, m in e["pools"].items():
+            assert m["version"] == e["step"]                       # every pool advanced once per step
+            assert set(m["agents"]) <= {a for a, p in pools.items() if p == pool}   # only its agents' samples
+        for step_file in [tmp_path / "run" / "samples" / f"step-{e['step']:06d}.jsonl"]:
+            samples = [json.loads(line) for line in step_file.read_text().splitlines()]
+            groups = defaultdict(list)
+            for s in samples:
+                groups[(s["task_id"], s["agent"], s["turn"])].append(s)
+                assert s["pool"] == pools[s["agent"]] == s["policy"]["pool"]
+                assert s["policy"]["version"] == e["step"] - 1              # drawn from the weights before it
+            assert groups and all(len(g) == K for g in groups.values())   # K branches from one state
+            for g in groups.values():
+                assert abs(sum(s["advantage"] for s in g)) < 1e-6
+                assert all(math.isfinite(s["advantage"]) for s in g)
+            by_pool = defaultdict(int)
+            for s in samples:
+                by_pool[s["pool"]] += 1
+            assert {p: sum(m["agents"].values()) for p, m in e["pools"].items()} == dict(by_pool)
+
+    # The replicas serve what the trainers hold: the model, or every agent's adapter, at version 2.
+    if level == "L2":
+        assert served == {("a", "speaker"): 2, ("a", "listener"): 2} | {("a", ""): 0}
+    else:
+        assert served == {(p, ""): 2 for p in cfg.pools}
+    ckpt = tmp_path / "run" / "checkpoints" / "step-000002"
+    assert sorted(p.name for p in ckpt.iterdir()) == sorted(cfg.pools)
+
+
+def test_stopped_run_resumes_after_its_last_step(tiny, tmp_path):
+    data = toy_config(tmp_path / "run", tiny, "L1", steps=4)
+    cfg = parse_config(data)
+
+    async def run_until_step_2(running) -> dict:
+        async with RouterClient(running.services.router) as router:
+            status = await router.start_run(dump_config(running))
+            async for e in router.watch_run(status["run_id"]):
+                if e["kind"] == "step" and e["step"] == 2:
+                    await router.stop_run(status["run_id"], "test")
+                if e["kind"] == "status" and e["state"] in ("stopped", "finished", "failed"):
+                    return e
+        raise AssertionError("the watch ended without a final status")
+
+    with LocalServices(cfg) as running:
+        first = asyncio.run(run_until_step_2(running))
+    assert first["state"] == "stopped" and first["step"] in (2, 3), first
+
+    # New processes: the trainers load the stop's checkpoint, the router continues after it.
+    sink, served = train_locally(data)
+    assert sink.status["state"] in ("starting", "running")
+    final = [e for e in sink.events if e["kind"] == "status"][-1]
+    assert final["resumed_from_step"] == first["step"]
+    metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    steps = [e["step"] for e in metrics if e["kind"] == "step"]
+    assert steps == [1, 2, 3, 4]                                   # each step exactly once
+    assert [e["pools"]["a"]["version"] for e in metrics if e["kind"] == "step"] == [1, 2, 3, 4]
+    assert served == {("a", ""): 4}
+
+
+def test_bad_config_is_refused_by_the_router(tiny, tmp_path):
+    """StartRun answers INVALID_ARGUMENT with every config problem, and starts nothing."""
+    from atgrpo.errors import InvalidArgument
+
+    cfg = parse_config(toy_config(tmp_path / "run", tiny, "L1"))
+
+    async def start(router_address: str, text: str):
+        async with RouterClient(router_address) as router:
+            return await router.start_run(text)
+
+    with LocalServices(cfg) as running:
+        with pytest.raises(InvalidArgument, match="algorithm.k") as err:
+            asyncio.run(start(running.services.router, "run: {name: x}\nalgorithm: {k: 0}\n"))
+        assert "env" in str(err.value)
+        local_mode = dump_config(cfg)          # valid, but names no services the router could reach
+        with pytest.raises(InvalidArgument, match="services: section is empty"):
+            asyncio.run(start(running.services.router, local_mode))
