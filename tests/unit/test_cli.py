@@ -42,3 +42,24 @@ def test_model_tiny_writes_a_loadable_directory_and_prints_it(tmp_path, capsys):
     again = tmp_path / "again"
     main(["model", "tiny", "--out", str(again)])
     assert model_fingerprint(out) == model_fingerprint(again)
+
+
+def test_examples_cover_every_builtin_env_at_every_level():
+    """examples/<env>_<level>_<tiny|gpu>.yaml: the level the file names is the config's, tiny runs on
+    CPU with the hf engine, gpu with vllm on cuda."""
+    from atgrpo.config import load_config
+    from env_svc.envs import BUILTIN
+
+    found = set()
+    for path in EXAMPLES.glob("*.yaml"):
+        env, level, variant = path.stem.rsplit("_", 2)
+        cfg = load_config(path)
+        assert (cfg.env.name, cfg.level) == (env, level), path.name
+        pools = cfg.pools.values()
+        if variant == "tiny":
+            assert all((p.engine, p.device) == ("hf", "cpu") for p in pools), path.name
+        else:
+            assert variant == "gpu" and all((p.engine, p.device) == ("vllm", "cuda") for p in pools), path.name
+        found.add((env, level, variant))
+    want = {(e, lv, v) for e in BUILTIN for lv in ("L0", "L1", "L2", "L3") for v in ("tiny", "gpu")}
+    assert want <= found, sorted(want - found)
