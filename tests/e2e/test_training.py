@@ -190,3 +190,41 @@ def test_the_demo_learns(tiny, tmp_path):
     evals = [e["success_rate"] for e in sink.events if e["kind"] == "eval"]
     assert evals[0] <= 0.1, evals
     assert evals[-1] >= 0.75, evals
+
+
+def test_cli_train_eval_and_plot(tiny, tmp_path, subprocess_env):
+    """`atgrpo train` as a user runs it: a line per step and evaluation, and a run directory with
+    the config, metrics, TensorBoard events, checkpoints and the curves; then `eval` and `plot`."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    data = toy_config(tmp_path / "ignored", tiny, "L1", steps=5, eval_every_steps=2)
+    cfg_path = tmp_path / "toy.yaml"
+    cfg_path.write_text(yaml.safe_dump(data))
+    run_dir = tmp_path / "run"
+
+    def atgrpo(*args):
+        return subprocess.run([sys.executable, "-m", "atgrpo.cli", *args], env=subprocess_env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)
+
+    out = atgrpo("train", str(cfg_path), "--steps", "2", "--run-dir", str(run_dir))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "step    2/2" in out.stdout and "eval @ step    2" in out.stdout and "run finished" in out.stdout
+    assert {"config.yaml", "metrics.jsonl", "state.json", "curves.png", "tb", "checkpoints"} <= \
+           {p.name for p in run_dir.iterdir()}
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["run"]["steps"] == 2   # --steps applied
+    assert next((run_dir / "tb").glob("events.out.tfevents.*")).stat().st_size > 0
+    assert (run_dir / "checkpoints" / "step-000002" / "a" / "model" / "config.json").exists()
+
+    ev = atgrpo("eval", str(cfg_path), "--checkpoint", str(run_dir), "--json")
+    assert ev.returncode == 0, ev.stdout + ev.stderr
+    result = json.loads(ev.stdout[ev.stdout.index("{"):])
+    assert result["kind"] == "eval" and result["step"] == 2 and result["episodes"] == 4
+    assert 0.0 <= result["success_rate"] <= 1.0 and set(result["agents"]) == {"speaker", "listener"}
+
+    (run_dir / "curves.png").unlink()
+    assert atgrpo("plot", str(run_dir)).returncode == 0 and (run_dir / "curves.png").stat().st_size > 0
+    missing = atgrpo("train", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 2 and "file not found" in missing.stderr

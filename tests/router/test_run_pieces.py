@@ -1,0 +1,107 @@
+"""The run loop's plain pieces: sharding a Collect over replicas, the run directory, where a
+resumed run continues, and the event records."""
+
+import pytest
+
+from atgrpo.config import parse_config
+from atgrpo.errors import FailedPrecondition
+from rollout_svc.convert import collect_plan_from_pb, collect_plan_to_pb
+from rollout_svc.types import EpisodeEnd
+from router_svc import events
+from router_svc.plan import StepBatches, collect_plan, shard, step_tasks
+from router_svc.run import RunLoop
+from router_svc.rundir import Checkpoint, Progress, RunDir
+
+
+def config(tmp_path, level="L3", **run):
+    pools = {"a": {"model_path": "/m"}, "b": {"model_path": "/m"}} if level == "L3" else \
+        {"a": {"model_path": "/m", "specialization": "lora"}}
+    return parse_config({
+        "run": {"name": "r", "run_dir": str(tmp_path), **run},
+        "env": {"name": "toy", "turn_order": ["speaker", "listener"], "options": {"symbols": "12"}},
+        "pools": pools,
+        "agents": {"speaker": {"pool": "a"}, "listener": {"pool": "b" if level == "L3" else "a"}},
+        "services": {"env": "e:1", "sandbox": "s:1", "router": "r:1",
+                     "rollout": {p: [f"{p}{i}:1" for i in range(2)] for p in pools},
+                     "trainer": {p: f"t{p}:1" for p in pools}},
+    })
+
+
+def test_shard_spreads_tasks_and_routes_other_pools(tmp_path):
+    cfg = config(tmp_path)
+    plan = collect_plan(cfg, step_tasks(0, 0, 6), step=1)
+    parts = shard(plan, cfg.services.rollout)
+    assert [a for a, _ in parts] == ["a0:1", "a1:1", "b0:1", "b1:1"]
+    assert sorted(t.task_id for _, p in parts for t in p.tasks) == sorted(t.task_id for t in plan.tasks)
+    routes = {a: p.pool_addresses for a, p in parts}
+    assert routes == {"a0:1": {"b": "b0:1"}, "a1:1": {"b": "b1:1"}, "b0:1": {"a": "a0:1"}, "b1:1": {"a": "a1:1"}}
+    assert all(p.max_concurrent_tasks == len(p.tasks) for _, p in parts)
+
+
+def test_shard_skips_replicas_left_without_tasks(tmp_path):
+    cfg = config(tmp_path)
+    parts = shard(collect_plan(cfg, step_tasks(0, 0, 1), step=1), cfg.services.rollout)
+    assert len(parts) == 1 and len(parts[0][1].tasks) == 1
+
+
+def test_plans_round_trip_and_carry_the_turn_order(tmp_path):
+    cfg = config(tmp_path, level="L2")
+    plan = collect_plan(cfg, step_tasks(0, 0, 2), step=3)
+    assert plan.env_options == {"symbols": "12", "turn_order": ["speaker", "listener"]}
+    assert {a.adapter for a in plan.agents.values()} == {"speaker", "listener"}   # LoRA: own adapter
+    back = collect_plan_from_pb(collect_plan_to_pb(plan))
+    assert back.tasks == plan.tasks and back.agents == plan.agents and back.env_options == plan.env_options
+    assert (back.k, back.mode, back.selection, back.parallel) == (plan.k, plan.mode, plan.selection, plan.parallel)
+    ev = collect_plan(cfg, step_tasks(0, 0, 2, split="eval"), step=3, eval_mode=True)
+    assert (ev.k, ev.mode, ev.selection) == (1, "flat", "first")
+    assert all(a.sampling.temperature == 0.0 for a in ev.agents.values())
+
+
+def test_run_dir_drops_the_steps_a_resume_redoes(tmp_path):
+    d = RunDir(tmp_path)
+    for s in (1, 2, 3):
+        d.append_event({"kind": "step", "step": s})
+    d.append_event({"kind": "eval", "step": 3})
+    with open(d.metrics, "a") as f:
+        f.write('{"kind": "step", "st')             # a write torn by a crash
+    assert [e["step"] for e in d.read_events()] == [1, 2, 3, 3]
+    assert [e["step"] for e in d.truncate_events(2)] == [1, 2]
+    assert [e["step"] for e in d.read_events()] == [1, 2]
+    d.write_progress(Progress("r", 2, {"a": 2}, Checkpoint(1, {"a": "/c"}, {"a": 1})))
+    assert d.read_progress() == Progress("r", 2, {"a": 2}, Checkpoint(1, {"a": "/c"}, {"a": 1}))
+
+
+@pytest.mark.parametrize("versions, expect", [
+    ({"a": 5, "b": 4}, 5),          # the trainers kept running: continue after the last step
+    ({"a": 3, "b": 3}, 3),          # the trainers restarted from the checkpoint of step 3
+])
+def test_resume_point(tmp_path, versions, expect):
+    loop = RunLoop(config(tmp_path), clients=object())
+    loop.versions = versions
+    progress = Progress("r", 5, {"a": 5, "b": 4}, Checkpoint(3, {}, {"a": 3, "b": 3}))
+    assert loop._resume_point(progress) == expect
+
+
+def test_resume_refuses_trainers_that_match_no_recorded_step(tmp_path):
+    loop = RunLoop(config(tmp_path), clients=object())
+    loop.versions = {"a": 1, "b": 0}
+    with pytest.raises(FailedPrecondition, match="restart the trainers"):
+        loop._resume_point(Progress("r", 5, {"a": 5, "b": 4}, Checkpoint(3, {}, {"a": 3, "b": 3})))
+
+
+def test_events_survive_the_wire():
+    batches = StepBatches({}, {}, 0)
+    step = events.step_event(4, batches, [EpisodeEnd("t", True, 1, {"speaker": 1.0})],
+                             {"a": {"agents": {"speaker": 8}, "version": 4, "loss": 0.5, "approx_kl": 0.0,
+                                    "clip_fraction": 0.1, "grad_norm": 1.0, "entropy": 2.0, "push_seconds": 0.1,
+                                    "push_bytes": 10}},
+                             {"rollout_seconds": 1.0, "train_seconds": 2.0, "weight_sync_seconds": 0.1})
+    back = events.from_pb(events.to_pb("r", step))
+    assert back["success_rate"] == 1.0 and back["pools"]["a"]["agents"] == {"speaker": 8}
+    assert back["pools"]["a"]["version"] == 4 and back["train_seconds"] == 2.0
+    ev = events.eval_event(4, [EpisodeEnd("t", True, 2, {"speaker": 1.0, "listener": 0.5}),
+                               EpisodeEnd("u", False, 0, {}, error="env down")], order=["speaker", "listener"])
+    assert ev["success_rate"] == 1.0 and ev["failed_episodes"] == 1 and list(ev["agents"]) == ["speaker", "listener"]
+    assert events.from_pb(events.to_pb("r", ev))["agents"]["listener"] == {"reward_mean": 0.5, "turns_mean": 2.0}
+    status = events.status_dict("r", "stopped", 3, 10, "/d", 1, "")
+    assert events.from_pb(events.to_pb("r", status)) == status
