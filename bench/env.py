@@ -20,6 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _report import record  # noqa: E402
+
 from atgrpo.sdk.client import EnvClient  # noqa: E402
 from atgrpo.sdk.host import EnvHost  # noqa: E402
 from atgrpo.sdk.local import LocalEnvs  # noqa: E402
@@ -76,6 +78,9 @@ async def main_async(ops: int, concurrency: int) -> None:
     for name, r in rows:
         print(f"{name:<22} {r['fork']:9.0f} {r['fork'] / base['fork']:5.2f}x {r['step']:9.0f} "
               f"{r['step'] / base['step']:5.2f}x")
+    fast = rows[-1][1]
+    record("env", f"{ENV} step/s, gRPC {concurrency} in flight vs in-process", fast["step"] / base["step"],
+           f"{fast['step']:.0f} vs {base['step']:.0f} step/s")
 
 
 def main() -> None:

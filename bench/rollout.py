@@ -17,6 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _report import record  # noqa: E402
+
 from atgrpo.models import build_tiny_model  # noqa: E402
 from atgrpo.rpc.server import create_server  # noqa: E402
 from rollout_svc.client import RolloutClient  # noqa: E402
@@ -85,6 +87,10 @@ async def main_async(args) -> None:
         print(f"{name:<28} {rate:9.0f} {rate / rows[0][1]:6.2f}x")
     for name, rate in prefix_rows:
         print(f"{name:<28} {rate:9.0f} {rate / prefix_rows[1][1]:6.2f}x")
+    record("rollout", "Generate tok/s, gRPC vs in-process", rows[-1][1] / rows[0][1],
+           f"{rows[-1][1]:.0f} vs {rows[0][1]:.0f} tok/s")
+    record("rollout", f"n={args.k} shared prefill vs {args.k} calls", prefix_rows[0][1] / prefix_rows[1][1],
+           f"{prefix_rows[0][1]:.0f} vs {prefix_rows[1][1]:.0f} tok/s")
 
 
 def main() -> None:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _report import record  # noqa: E402
+
 from atgrpo.rpc.server import create_server  # noqa: E402
 from sandbox_svc.backends import BackendUnavailable, make_backend  # noqa: E402
 from sandbox_svc.client import SandboxClient  # noqa: E402
@@ -117,6 +119,8 @@ def main() -> None:
     for name, rate in rows:
         ratio = "n/a" if rate != rate else f"{rate / base:.2f}x"
         print(f"{name:<28} {rate:8.1f} {ratio:>8}")
+        if rate == rate and name != rows[0][0]:
+            record("sandbox", f"{name} exec/s vs bare subprocess", rate / base, f"{rate:.0f} vs {base:.0f} exec/s")
 
 
 if __name__ == "__main__":
