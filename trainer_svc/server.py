@@ -1,4 +1,5 @@
-"""TrainerService servicer: converts and delegates to the Trainer."""
+"""TrainerService servicer: converts and delegates to the Trainer. On a pool over several
+ranks (torchrun) only rank 0 runs it; its Trainer forwards each operation to the other ranks."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from atgrpo.algo.loss import LossConfig
 from atgrpo.errors import InvalidArgument
 from atgrpo.rpc.server import Binding, service_info
 from rollout_svc.convert import sampling_from_pb
+from trainer_svc.distributed import Ranks
 from trainer_svc.state import PoolSpec
 from trainer_svc.trainer import Trainer
 from trainer_svc.update import TrainSample, UpdateConfig
@@ -44,7 +46,9 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     def __init__(self, trainer: Trainer, micro_batch_tokens: int = 8192) -> None:
         self.trainer = trainer
         self.micro_batch_tokens = micro_batch_tokens
-        self._service = service_info("trainer", {"pool": trainer.pool_name})
+        ranks = trainer.ranks.world_size if trainer.ranks else 1
+        self._service = service_info("trainer", {"pool": trainer.pool_name, "ranks": str(ranks),
+                                                 "sharding": trainer.ops.sharding})
 
     def _info(self) -> trainer_pb2.TrainerInfo:
         state = self.trainer.state
@@ -102,8 +106,10 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         return trainer_pb2.SaveCheckpointResponse(path=str(path), version=version)
 
 
-def bindings(args=None, trainer: Trainer | None = None) -> list[Binding]:
-    pool = getattr(args, "pool", "") if args is not None else ""
-    tokens = getattr(args, "micro_batch_tokens", 8192) if args is not None else 8192
-    return [Binding("atgrpo.v1.TrainerService", TrainerServicer(trainer or Trainer(pool), tokens),
+def bindings(args=None, trainer: Trainer | None = None, ranks: Ranks | None = None) -> list[Binding]:
+    """`ranks`: this is rank 0 of a pool over several ranks (torchrun); the others follow it."""
+    pool = getattr(args, "pool", "")
+    tokens = getattr(args, "micro_batch_tokens", 8192)
+    trainer = trainer or Trainer(pool, getattr(args, "sharding", "auto"), ranks)
+    return [Binding("atgrpo.v1.TrainerService", TrainerServicer(trainer, tokens),
                     trainer_pb2_grpc.add_TrainerServiceServicer_to_server)]

@@ -1,5 +1,10 @@
 """A pool's trainable state: the model (full, or a frozen base with one LoRA adapter per agent),
-the optimizer and schedule, the version, and checkpoints that resume exactly."""
+the optimizer and schedule, the version, and checkpoints that resume exactly.
+
+On a pool over several ranks each rank holds one PoolState, built from the same spec and seed:
+the whole model (ddp) or its FSDP shards (see sharding.py). Pushes and checkpoints gather the
+full state onto rank 0; checkpoints keep the optimizer state by parameter name, so a sharded
+pool's checkpoint resumes in one process and the other way round."""
 
 from __future__ import annotations
 
@@ -13,6 +18,16 @@ import numpy as np
 import torch
 
 from atgrpo.errors import FailedPrecondition, InvalidArgument
+from trainer_svc.sharding import (
+    full_model_state,
+    load_full_model_state,
+    load_optimizer_state,
+    optimizer_state,
+    rank_device,
+    resolve,
+    shard,
+    world,
+)
 
 PEFT_STATE_PREFIX = "base_model.model."
 
@@ -52,24 +67,26 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
 
 
 class PoolState:
-    def __init__(self, spec: PoolSpec):
-        from transformers import AutoModelForCausalLM
+    """One rank's part of the pool. On a pool over several ranks (torchrun) every rank builds
+    one from the same spec and seed; `sharding` (see sharding.py) picks the layout."""
 
+    def __init__(self, spec: PoolSpec, sharding: str = "auto"):
         if spec.specialization not in ("full", "lora"):
             raise InvalidArgument(f"specialization {spec.specialization!r}: use 'full' or 'lora'")
         self.spec = spec
+        self.rank, world_size = world()
+        self.layout = resolve(sharding, world_size, spec.specialization == "lora")
+        self.device = rank_device(spec.device)
         torch.manual_seed(spec.seed)
-        dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(spec.dtype, torch.float32)
         # Master weights stay float32 under mixed precision; only the forward/backward run in bf16.
-        self.mixed_bf16 = (spec.dtype == "auto" and spec.device.startswith("cuda") and torch.cuda.is_available()
+        self.mixed_bf16 = (spec.dtype == "auto" and self.device.startswith("cuda") and torch.cuda.is_available()
                            and torch.cuda.is_bf16_supported())
-        try:
-            model = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=dtype)
-        except OSError as err:
-            raise InvalidArgument(f"cannot load the pool's model from {spec.model_path!r}: {err}") from None
+        model = self._load_model()
         if spec.specialization == "lora":
             model = self._with_adapters(model)
-        self.model = model.to(spec.device)
+        self.model = model.to(self.device)
+        if self.sharded:
+            shard(self.model, self.device)   # before the optimizer: it must hold the sharded parameters
         self.version = 0
         self.updates = 0
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -77,6 +94,19 @@ class PoolState:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, spec.warmup_steps, spec.total_steps, spec.min_lr_ratio))
         self.generator = torch.Generator().manual_seed(spec.seed)
+
+    def _load_model(self):
+        from transformers import AutoModelForCausalLM
+
+        dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(self.spec.dtype, torch.float32)
+        try:
+            return AutoModelForCausalLM.from_pretrained(self.spec.model_path, dtype=dtype)
+        except OSError as err:
+            raise InvalidArgument(f"cannot load the pool's model from {self.spec.model_path!r}: {err}") from None
+
+    @property
+    def sharded(self) -> bool:
+        return self.layout == "fsdp"
 
     def _with_adapters(self, model):
         from peft import LoraConfig, get_peft_model
@@ -106,6 +136,9 @@ class PoolState:
     # --- what gets pushed to rollout replicas ------------------------------------------------
 
     def full_state(self) -> dict[str, torch.Tensor]:
+        """The whole model (collective when sharded: full on rank 0 only)."""
+        if self.sharded:
+            return full_model_state(self.model)
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
     def adapter_state(self, agent: str) -> tuple[dict[str, torch.Tensor], dict]:
@@ -119,11 +152,19 @@ class PoolState:
 
     def save(self, where: str | Path) -> Path:
         """Model or adapters in HF / PEFT format (from_pretrained loads them), plus everything an
-        exact resume needs: optimizer, schedule, RNG states and version."""
+        exact resume needs: optimizer, schedule, RNG states and version. Every rank calls it (a
+        sharded pool gathers its state); rank 0 writes."""
         where = Path(where)
+        model_state = full_model_state(self.model) if self.sharded else None
+        optimizer = optimizer_state(self.model, self.optimizer)
+        if self.rank != 0:
+            return where
         where.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(where / "model")
-        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+        if model_state is None:
+            self.model.save_pretrained(where / "model")
+        else:   # the gathered tensors: the live ones are shards
+            self.model.save_pretrained(where / "model", state_dict=model_state)
+        torch.save({"optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
                     "generator": self.generator.get_state(), "torch_rng": torch.get_rng_state(),
                     "numpy_rng": np.random.get_state(), "python_rng": random.getstate()},
                    where / "trainer_state.pt")
@@ -147,9 +188,13 @@ class PoolState:
         else:
             from transformers import AutoModelForCausalLM
 
-            self.model.load_state_dict(AutoModelForCausalLM.from_pretrained(where / "model").state_dict())
+            full = AutoModelForCausalLM.from_pretrained(where / "model").state_dict()
+            if self.sharded:
+                load_full_model_state(self.model, full)
+            else:
+                self.model.load_state_dict(full)
         state = torch.load(where / "trainer_state.pt", weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.model, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])

@@ -1,5 +1,9 @@
 """The trainer's logic: set up a pool for a run, train on a step's samples, push the new weights
-to every rollout replica of the pool, checkpoint. Free of gRPC but for the rollout client."""
+to every rollout replica of the pool, checkpoint. Free of gRPC but for the rollout client.
+
+Trainer is what the servicer calls: request checks, versions, idempotent replay, pushes. The
+work on the model goes through PoolOps, so that on a pool over several ranks (torchrun) the
+other ranks run each operation with rank 0 (distributed.py); in one process it is a plain call."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from pathlib import Path
 
 from atgrpo.errors import FailedPrecondition, InvalidArgument
 from rollout_svc.client import RolloutClient
+from trainer_svc.distributed import Ranks
 from trainer_svc.state import PoolSpec, PoolState
 from trainer_svc.update import TrainSample, UpdateConfig, update, validate
 
@@ -26,12 +31,63 @@ class TrainResult:
     replayed: bool = False
 
 
-class Trainer:
-    def __init__(self, pool_name: str = ""):
-        self.pool_name = pool_name
+class PoolOps:
+    """The pool operations every rank runs, in the same order: on a pool over several ranks
+    (torchrun) rank 0's Trainer drives them and the other ranks replay each one it sends them
+    (distributed.py), because FSDP's gathers and gradient reductions are collectives. Requests
+    are validated on rank 0 before they are sent, so every rank sees only good input."""
+
+    def __init__(self, sharding: str = "auto"):
+        self.sharding = sharding
         self.state: PoolState | None = None
+
+    def setup(self, spec: PoolSpec, resume_from: str = "") -> PoolState:
+        state = PoolState(spec, self.sharding)
+        if resume_from:
+            state.load(resume_from)
+        self.state = state
+        return state
+
+    def train(self, samples: Sequence[TrainSample], cfg: UpdateConfig) -> dict[str, float]:
+        state = self.state
+        metrics = update(state.model, state.optimizer, samples, cfg, params=state.params, device=state.device,
+                         adapter=state.activate if state.lora else None, generator=state.generator)
+        state.scheduler.step()
+        state.version += 1
+        state.updates += 1
+        return metrics
+
+    def weights(self, agents: Sequence[str]) -> list[tuple[str, dict, dict | None]]:
+        """What to push: each named agent's adapter (LoRA), or the full model ("" adapter)."""
+        state = self.state
+        if state.lora:
+            return [(a, *state.adapter_state(a)) for a in agents]
+        return [("", state.full_state(), None)]
+
+    def save(self, where: str) -> Path:
+        return self.state.save(where)
+
+
+class Trainer:
+    def __init__(self, pool_name: str = "", sharding: str = "auto", ranks: Ranks | None = None):
+        self.pool_name = pool_name
+        self.ops = PoolOps(sharding)
+        self.ranks = ranks          # set on rank 0 of a torchrun pool: the other ranks follow
         self._done: dict[tuple[str, int], TrainResult] = {}   # (run, step) -> result: Train is idempotent
         self._lock = asyncio.Lock()
+
+    @property
+    def state(self) -> PoolState | None:
+        return self.ops.state
+
+    def _collective(self, op: str, *args):
+        if self.ranks is not None:
+            self.ranks.send(op, args)
+        return getattr(self.ops, op)(*args)
+
+    async def _run(self, op: str, *args):
+        """Run a PoolOps operation here and on every other rank (off the event loop)."""
+        return await asyncio.to_thread(self._collective, op, *args)
 
     async def setup(self, spec: PoolSpec, resume_from: str = "") -> PoolState:
         async with self._lock:
@@ -42,16 +98,17 @@ class Trainer:
                                          f"{self.state.spec.pool!r}; start another trainer for {spec.run_id!r}")
             if self.pool_name and spec.pool != self.pool_name:
                 raise InvalidArgument(f"this trainer was started for pool {self.pool_name!r}, not {spec.pool!r}")
-            state = await asyncio.to_thread(PoolState, spec)
-            if resume_from:
-                await asyncio.to_thread(state.load, resume_from)
+            state = await self._run("setup", spec, resume_from)
             # Replicas must serve what this trainer holds before the first Collect: every adapter
             # (a replica has none until pushed), or the resumed model (a replica starts at v0).
-            if state.lora:
-                await self._push(state, state.spec.agents)
-            elif state.version > 0:
-                await self._push(state, [])
-            self.state = state
+            try:
+                if state.lora:
+                    await self._push(state, state.spec.agents)
+                elif state.version > 0:
+                    await self._push(state, [])
+            except BaseException:
+                self.ops.state = None   # not set up until the replicas are: Setup may be retried
+                raise
             return state
 
     def need_state(self) -> PoolState:
@@ -74,12 +131,7 @@ class Trainer:
             validate(samples, state.spec.agents, cfg.micro_batch_tokens)
             cfg = dataclasses.replace(cfg, autocast_bf16=state.mixed_bf16)
             start = time.perf_counter()
-            metrics = await asyncio.to_thread(
-                update, state.model, state.optimizer, samples, cfg, params=state.params, device=state.spec.device,
-                adapter=state.activate if state.lora else None, generator=state.generator)
-            state.scheduler.step()
-            state.version += 1
-            state.updates += 1
+            metrics = await self._run("train", samples, cfg)
             metrics["train_seconds"] = time.perf_counter() - start
             metrics["tokens"] = float(sum(len(s.response_ids) for s in samples))
             metrics["samples"] = float(len(samples))
@@ -92,7 +144,7 @@ class Trainer:
             self._done[(run_id, step)] = result
             every = state.spec.checkpoint_every_updates
             if every and state.spec.checkpoint_dir and state.updates % every == 0:
-                await asyncio.to_thread(state.save, self._default_dir(state))
+                await self._run("save", self._default_dir(state))
             return result
 
     @staticmethod
@@ -103,8 +155,7 @@ class Trainer:
         """New weights to every replica at once; answers once all acknowledged (on-policy)."""
         if not state.spec.rollout_addresses:
             return 0.0, 0
-        payloads = ([(a, *state.adapter_state(a)) for a in agents] if state.lora
-                    else [("", state.full_state(), None)])
+        payloads = await self._run("weights", agents)
         start = time.perf_counter()
 
         async def one(address: str) -> int:
@@ -126,5 +177,5 @@ class Trainer:
                 if not state.spec.checkpoint_dir:
                     raise InvalidArgument("no checkpoint directory: pass dir, or set checkpoint_dir in Setup")
                 where = self._default_dir(state)
-            path = await asyncio.to_thread(state.save, where)
+            path = await self._run("save", where)
             return path, state.version

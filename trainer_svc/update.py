@@ -6,6 +6,11 @@ budget, and every micro-batch's loss is weighted by its share of the mini-batch'
 gradient is the token-mean over the whole mini-batch whatever the micro-batching (1 x 8 equals
 8 x 1). On a LoRA pool a micro-batch holds one agent's samples and runs with that agent's
 adapter active: an agent's samples update only its adapter.
+
+On a pool spread over several ranks (torchrun; see sharding.py and distributed.py) every rank
+runs `update` on the same samples at once and takes its share of each mini-batch; the gradients
+are summed across ranks (all-reduce when replicated, FSDP's reduce-scatter when sharded), so the
+update equals the single-process one.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ import torch
 from atgrpo.algo.loss import LossConfig, policy_loss
 from atgrpo.algo.sampling import Sampling, transform_logits
 from atgrpo.errors import InvalidArgument
+from trainer_svc.sharding import is_sharded, world
+
+METRIC_KEYS = ("loss", "clip_fraction", "approx_kl", "entropy")
 
 
 @dataclass(frozen=True)
@@ -131,18 +139,43 @@ def _by_agent(rows: Sequence[int], samples: Sequence[TrainSample]) -> list[list[
     return list(groups.values())
 
 
-def _world() -> tuple[int, int]:
-    """(rank, world size) under torch.distributed (torchrun), else (0, 1)."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+def _micro_plan(rows: Sequence[int], samples: Sequence[TrainSample], cfg: UpdateConfig,
+                by_agent: bool) -> list[list[int]]:
+    groups = (_by_agent(rows, samples) if by_agent else [rows]) if rows else []
+    return [m for g in groups for m in micro_batches(g, samples, cfg.micro_batch_tokens)]
 
 
-def _all_reduce_grads(params: Sequence[torch.nn.Parameter], stats: dict[str, float], keys: Sequence[str]) -> None:
-    """Data parallelism: sum the gradients (each rank's share-weighted) and the metrics across
-    ranks. A parameter no rank touched keeps grad None, so the optimizer leaves it alone (an
-    adapter whose agent had no samples must not move, not even by weight decay)."""
+def _plan(mini: Sequence[int], samples: Sequence[TrainSample], cfg: UpdateConfig, by_agent: bool,
+          rank: int, world_size: int, sharded: bool) -> list[tuple[list[int], float]]:
+    """This rank's micro-batches of a mini-batch (rows rank::world), each with a weight: 1, or 0
+    for padding. FSDP all-gathers in every forward and reduce-scatters in every backward, so
+    under FSDP every rank must run as many micro-batches: one with fewer repeats a real row at
+    weight 0 (it adds nothing to the gradient but takes part in the collectives)."""
+    mine = [(m, 1.0) for m in _micro_plan(mini[rank::world_size], samples, cfg, by_agent)]
+    if sharded:
+        most = max(len(_micro_plan(mini[r::world_size], samples, cfg, by_agent)) for r in range(world_size))
+        mine += [([mini[0]], 0.0)] * (most - len(mine))
+    return mine
+
+
+def _micro_step(model, batch: Sequence[TrainSample], cfg: UpdateConfig, device: str, share: float) -> dict[str, float]:
+    """Forward and backward of one micro-batch, its loss scaled by `share` (its part of the
+    mini-batch's tokens); returns its share-weighted metrics."""
+    with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
+        lp, ent, mask = response_logprobs(model, batch, device)
+    old = torch.zeros_like(lp)
+    for i, s in enumerate(batch):
+        old[i, :len(s.old_logprobs)] = torch.tensor(list(s.old_logprobs))
+    adv = torch.tensor([s.advantage for s in batch], device=device)
+    loss, m = policy_loss(lp, old, adv, mask, cfg.loss, entropy=ent)
+    (loss * share).backward()
+    return {k: m[k] * share for k in METRIC_KEYS}
+
+
+def _all_reduce_grads(params: Sequence[torch.nn.Parameter]) -> None:
+    """Data parallelism: sum the gradients (each rank's share-weighted) across ranks. A
+    parameter no rank touched keeps grad None, so the optimizer leaves it alone (an adapter
+    whose agent had no samples must not move, not even by weight decay)."""
     dist = torch.distributed
     touched = torch.tensor([float(p.grad is not None) for p in params])
     dist.all_reduce(touched, op=dist.ReduceOp.MAX)
@@ -151,10 +184,36 @@ def _all_reduce_grads(params: Sequence[torch.nn.Parameter], stats: dict[str, flo
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             dist.all_reduce(p.grad)
+
+
+def _sum_over_ranks(stats: dict[str, float]) -> None:
+    """Each rank's metrics are weighted by its share of the mini-batch: their sum is the mean."""
+    dist = torch.distributed
+    keys = sorted(stats)
     values = torch.tensor([stats[k] for k in keys], dtype=torch.float64)
     dist.all_reduce(values)
-    for k, v in zip(keys, values.tolist(), strict=True):
-        stats[k] = v
+    stats.update(zip(keys, values.tolist(), strict=True))
+
+
+def _clip(params: Sequence[torch.nn.Parameter], max_norm: float) -> float:
+    norm = torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm)
+    # Under FSDP the norm is a replicated DTensor, already reduced over every rank's shards.
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+
+def _mini_batch(model, samples: Sequence[TrainSample], mini: Sequence[int], cfg: UpdateConfig, device: str,
+                adapter, sharded: bool) -> dict[str, float]:
+    """Accumulate this rank's gradients for one mini-batch; returns its share-weighted metrics."""
+    rank, world_size = world()
+    total = sum(len(samples[r].response_ids) for r in mini)
+    stats = dict.fromkeys(METRIC_KEYS, 0.0)
+    for micro, weight in _plan(mini, samples, cfg, adapter is not None, rank, world_size, sharded):
+        batch = [samples[r] for r in micro]
+        share = weight * sum(len(s.response_ids) for s in batch) / total
+        with adapter(batch[0].agent) if adapter else contextlib.nullcontext():
+            for k, v in _micro_step(model, batch, cfg, device, share).items():
+                stats[k] += v
+    return stats
 
 
 def update(model, optimizer: torch.optim.Optimizer, samples: Sequence[TrainSample], cfg: UpdateConfig, *,
@@ -164,45 +223,28 @@ def update(model, optimizer: torch.optim.Optimizer, samples: Sequence[TrainSampl
     """Run the update; returns averaged metrics. `adapter(agent)` activates an agent's LoRA
     adapter (None: one shared model). `generator` seeds the mini-batch order (exact resume).
 
-    Under torch.distributed every rank gets the same samples and generator seed, works on its
-    share of each mini-batch (rows rank::world), and gradients are summed before each step, so
-    the result is the single-process one whatever the world size."""
-    rank, world = _world()
-    metric_keys = ("loss", "clip_fraction", "approx_kl", "entropy")
-    stats: dict[str, float] = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "entropy": 0.0, "grad_norm": 0.0}
+    Under torch.distributed every rank gets the same samples and generator seed and works on its
+    share of each mini-batch (rows rank::world). Replicated (ddp): gradients are summed by
+    all-reduce before each step. Sharded (an FSDP2 `model`, see sharding.py): FSDP sums them
+    by reduce-scatter in every backward, and each rank steps its own shard. Either way the
+    result is the single-process one whatever the world size."""
+    world_size = world()[1]
+    sharded = is_sharded(model)
+    stats = dict.fromkeys((*METRIC_KEYS, "grad_norm"), 0.0)
     steps = 0
     model.train()
     for _ in range(cfg.epochs):
         order = torch.randperm(len(samples), generator=generator).tolist()
         for start in range(0, len(order), cfg.mini_batch_size):
-            mini = order[start:start + cfg.mini_batch_size]
-            total = sum(len(samples[r].response_ids) for r in mini)
-            mine = mini[rank::world]
             optimizer.zero_grad(set_to_none=True)
-            step_stats = dict.fromkeys(metric_keys, 0.0)
-            groups = (_by_agent(mine, samples) if adapter else [mine]) if mine else []
-            for rows in groups:
-                ctx = adapter(samples[rows[0]].agent) if adapter else contextlib.nullcontext()
-                with ctx:
-                    for micro in micro_batches(rows, samples, cfg.micro_batch_tokens):
-                        batch = [samples[r] for r in micro]
-                        with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
-                            lp, ent, mask = response_logprobs(model, batch, device)
-                        old = torch.zeros_like(lp)
-                        for i, s in enumerate(batch):
-                            old[i, :len(s.old_logprobs)] = torch.tensor(list(s.old_logprobs))
-                        adv = torch.tensor([s.advantage for s in batch], device=device)
-                        loss, m = policy_loss(lp, old, adv, mask, cfg.loss, entropy=ent)
-                        share = mask.sum().item() / total
-                        (loss * share).backward()
-                        for k in metric_keys:
-                            step_stats[k] += m[k] * share
-            if world > 1:
-                _all_reduce_grads(params, step_stats, metric_keys)
-            for k in metric_keys:
-                stats[k] += step_stats[k]
-            grad_norm = torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], cfg.grad_clip)
+            step = _mini_batch(model, samples, order[start:start + cfg.mini_batch_size], cfg, device, adapter, sharded)
+            if world_size > 1:
+                _sum_over_ranks(step)
+                if not sharded:
+                    _all_reduce_grads(params)
+            for k, v in step.items():
+                stats[k] += v
+            stats["grad_norm"] += _clip(params, cfg.grad_clip)
             optimizer.step()
-            stats["grad_norm"] += float(grad_norm)
             steps += 1
     return {k: v / max(steps, 1) for k, v in stats.items()} | {"optimizer_steps": float(steps)}

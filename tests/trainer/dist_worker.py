@@ -1,4 +1,6 @@
-"""One rank of the data-parallel update test: `torchrun --nproc-per-node 2 dist_worker.py MODEL OUT`."""
+"""One rank of the multi-rank update tests:
+`torchrun --nproc-per-node 2 dist_worker.py MODEL OUT {ddp,fsdp} MINI_BATCH MICRO_BATCH_TOKENS`.
+Rank 0 saves the full parameters (gathered from the shards under fsdp) and the metrics."""
 
 import sys
 
@@ -6,21 +8,27 @@ import torch
 import torch.distributed as dist
 
 from tests.trainer.test_update import load, on_policy_samples
+from trainer_svc.sharding import full_model_state, shard
 from trainer_svc.update import UpdateConfig, update
 
+NO_CLIP = 1e9   # clipping would normalise a wrongly scaled gradient back to the right update
 
-def main(model_dir: str, out: str) -> None:
+
+def main(model_dir: str, out: str, sharding: str, mini_batch: int, micro_tokens: int) -> None:
     dist.init_process_group("gloo")
     model = load(model_dir)
     samples = on_policy_samples(model)
+    if sharding == "fsdp":
+        shard(model, "cpu")
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=1e-3)
-    metrics = update(model, opt, samples, UpdateConfig(mini_batch_size=8), params=params,
-                     generator=torch.Generator().manual_seed(1))
+    opt = torch.optim.SGD(params, lr=0.1)
+    cfg = UpdateConfig(mini_batch_size=mini_batch, micro_batch_tokens=micro_tokens, grad_clip=NO_CLIP)
+    metrics = update(model, opt, samples, cfg, params=params, generator=torch.Generator().manual_seed(1))
+    state = full_model_state(model) if sharding == "fsdp" else model.state_dict()
     if dist.get_rank() == 0:
-        torch.save({"state": model.state_dict(), "metrics": metrics}, out)
+        torch.save({"state": state, "metrics": metrics}, out)
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))

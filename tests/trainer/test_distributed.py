@@ -1,42 +1,73 @@
-"""Data parallelism within a pool: two gloo ranks under torchrun give the single-process update."""
+"""A pool over two gloo ranks under torchrun gives the single-process update: replicated (ddp,
+gradients all-reduced) and sharded (FSDP2, gradients reduce-scattered, full weights gathered)."""
 
 import os
 import socket
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from tests.conftest import ROOT
+from tests.trainer.dist_worker import NO_CLIP
 from tests.trainer.test_update import load, on_policy_samples
 from trainer_svc.update import UpdateConfig, update
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def test_two_gloo_ranks_equal_one_process(tmp_path):
+def torchrun_args(nproc: int = 2) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+
+
+def torchrun_env() -> dict[str, str]:
+    # One thread per rank: two ranks share the CI machine's two cores.
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
     from atgrpo.models import build_tiny_model
 
-    model_dir = str(build_tiny_model(tmp_path / "tiny"))
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny")))
+
+
+def assert_same_update(before, one, two, rel=1e-3):
+    """The two updates (parameter changes) agree to `rel` of the change's size, beyond float32's
+    rounding of the parameters themselves: a mutant that averages instead of summing the ranks'
+    gradients, or drops a rank's share, is off by half the change."""
+    assert set(one) == set(two)
+    for k in one:
+        d1, d2 = one[k] - before[k], two[k] - before[k]
+        rounding = 4 * torch.finfo(torch.float32).eps * float(before[k].abs().max())
+        assert float((d1 - d2).abs().max()) <= rel * float(d1.abs().max()) + rounding, k
+
+
+# fsdp: mini-batches of 5 and 3 rows, one row per micro-batch, so rank 0 runs one micro-batch
+# more than rank 1 in each: the padding that keeps FSDP's collectives in step is exercised.
+@pytest.mark.parametrize("sharding, mini_batch, micro_tokens", [("ddp", 8, 8192), ("fsdp", 5, 12)])
+def test_two_gloo_ranks_equal_one_process(model_dir, tmp_path, sharding, mini_batch, micro_tokens):
     out = tmp_path / "dist.pt"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                          "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-                          str(ROOT / "tests" / "trainer" / "dist_worker.py"), model_dir, str(out)],
-                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    worker = str(ROOT / "tests" / "trainer" / "dist_worker.py")
+    run = subprocess.run([*torchrun_args(), worker, model_dir, str(out), sharding, str(mini_batch), str(micro_tokens)],
+                         env=torchrun_env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     two = torch.load(out, weights_only=False)
 
     model = load(model_dir)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
     samples = on_policy_samples(model)
     params = [p for p in model.parameters() if p.requires_grad]
-    metrics = update(model, torch.optim.SGD(params, lr=1e-3), samples, UpdateConfig(mini_batch_size=8),
+    metrics = update(model, torch.optim.SGD(params, lr=0.1), samples,
+                     UpdateConfig(mini_batch_size=mini_batch, micro_batch_tokens=micro_tokens, grad_clip=NO_CLIP),
                      params=params, generator=torch.Generator().manual_seed(1))
-    one = model.state_dict()
-    for k in one:
-        assert torch.allclose(one[k], two["state"][k], atol=1e-8, rtol=1e-5), k
-    assert abs(metrics["loss"] - two["metrics"]["loss"]) < 1e-6
+    assert metrics["optimizer_steps"] == (1 if mini_batch == 8 else 2)
+    assert_same_update(before, model.state_dict(), two["state"])
+    for k in ("loss", "grad_norm", "entropy"):
+        assert two["metrics"][k] == pytest.approx(metrics[k], rel=1e-5, abs=1e-7), k

@@ -1,0 +1,112 @@
+"""The trainer service over two gloo ranks under torchrun (FSDP): rank 0 answers Setup, Train and
+SaveCheckpoint over gRPC, the other rank trains with it, the checkpoint holds the same weights as
+a one-process trainer's on the same samples and resumes in one process, and SIGTERM to rank 0
+stops every rank with status 0."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from atgrpo._proto.v1 import trainer_pb2
+from tests.conftest import ROOT
+from tests.trainer.test_distributed import torchrun_args, torchrun_env
+from tests.trainer.test_trainer_service import setup_request
+from tests.trainer.test_update import load, on_policy_samples
+from trainer_svc.client import TrainerClient
+from trainer_svc.server import spec_from_pb, update_config_from_pb
+from trainer_svc.trainer import Trainer
+
+LOSS = trainer_pb2.LossParams(mini_batch_size=4)   # two optimizer steps on 8 samples
+# AdamW moves a weight by about lr = 1e-3 per step whatever its gradient's size; where a
+# gradient is near Adam's eps, float summation order (two ranks' halves vs one sum) shows up as
+# a few 1e-6 (measured: 5.5e-6 at most). A rank's samples missing or counted twice moves weights
+# by ~1e-3.
+ADAM_ATOL = 2e-5
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from atgrpo.models import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny")))
+
+
+def wait_for_port_file(proc: subprocess.Popen, path, timeout_s: float = 90.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"torchrun exited {proc.returncode}: {proc.stdout.read()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError("the trainer did not report its port")
+        time.sleep(0.2)
+    return json.loads(path.read_text())
+
+
+def one_process(model_dir, steps, resume_from=""):
+    """The reference: an in-process trainer, no torch.distributed, the same calls. Returns each
+    step's result and the parameters after it."""
+    async def go():
+        trainer = Trainer()
+        await trainer.setup(spec_from_pb(setup_request(model_dir)), resume_from=resume_from)
+        out = []
+        for s in steps:
+            v = trainer.state.version
+            result = await trainer.train("run1", v + 1, v, s, update_config_from_pb(LOSS, 8192, 1.0))
+            out.append((result, {k: t.clone() for k, t in trainer.state.model.state_dict().items()}))
+        return out
+    return asyncio.run(go())
+
+
+def test_two_rank_fsdp_service_trains_like_one_process(model_dir, tmp_path):
+    samples = on_policy_samples(load(model_dir), seed=1)
+    port_file = tmp_path / "port.json"
+    proc = subprocess.Popen([*torchrun_args(), "-m", "trainer_svc", "--port", "0", "--port-file", str(port_file),
+                             "--sharding", "fsdp", "--grace-s", "1"],
+                            env=torchrun_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        served = wait_for_port_file(proc, port_file)
+
+        async def drive():
+            async with TrainerClient(f"127.0.0.1:{served['port']}") as t:
+                # Deadlines: a rank that failed to follow would leave rank 0 waiting in a collective.
+                info = await t.setup(setup_request(model_dir), timeout_s=60)
+                assert info.service.details["ranks"] == "2" and info.version == 0
+                resp = await t.train("run1", 1, 0, samples, loss=LOSS, timeout_s=60)
+                saved = await t.save_checkpoint(str(tmp_path / "ckpt"), timeout_s=60)
+                return resp, saved
+        resp, saved = asyncio.run(drive())
+        os.kill(served["pid"], signal.SIGTERM)   # rank 0: it stops serving, then stops rank 1
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out[-3000:]
+        assert "rank 1: stopped" in out
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    from transformers import AutoModelForCausalLM
+
+    more = on_policy_samples(load(model_dir), seed=2)
+    (ref, one), (_, uninterrupted) = one_process(model_dir, [samples, more])
+    assert (resp.version, saved.version) == (1, 1)
+    assert resp.loss == pytest.approx(ref.metrics["loss"], abs=1e-6)
+    assert resp.grad_norm > 1.0   # so the sharded gradient clipping was at work
+    assert resp.grad_norm == pytest.approx(ref.metrics["grad_norm"], rel=1e-5)
+    two = AutoModelForCausalLM.from_pretrained(f"{saved.path}/model").state_dict()
+    before = load(model_dir).state_dict()
+    for k in one:
+        assert not torch.equal(one[k], before[k]) or "rotary" in k, k
+        assert torch.allclose(two[k], one[k], rtol=0, atol=ADAM_ATOL), k
+    # The sharded pool's checkpoint (optimizer state gathered by parameter name) resumes in one
+    # process: its next update equals the uninterrupted one-process trainer's.
+    [(resumed, after)] = one_process(model_dir, [more], resume_from=saved.path)
+    assert resumed.version == 2
+    for k in after:
+        assert torch.allclose(after[k], uninterrupted[k], rtol=0, atol=ADAM_ATOL), k

@@ -1,0 +1,141 @@
+"""How a pool's model is laid out over the ranks of one trainer (torchrun), and how full weights
+and optimizer state are gathered from, and scattered back to, that layout.
+
+Three layouts:
+- ``none``: one process, the plain model (world size 1).
+- ``ddp``: every rank holds the whole model; each takes its share of a mini-batch and the
+  gradients are all-reduced (update.py). LoRA pools always run this way: their trainable state
+  is tiny, and FSDP would have to wrap peft's per-agent adapter switching (set_adapter replaces
+  which parameters require grad between micro-batches), which FSDP's parameter groups do not
+  follow.
+- ``fsdp``: full fine-tuning with torch's FSDP2 (``torch.distributed.fsdp.fully_shard``): each
+  decoder layer, then the root, becomes one parameter group whose parameters, gradients and
+  optimizer state are split over the ranks; forward/backward all-gather a layer's parameters
+  and reduce-scatter its gradients. Works on CPU with gloo and on GPUs with NCCL.
+
+Everything that gathers or scatters here is a collective: every rank must call it, in the same
+order (trainer.py's PoolOps guarantees that). Full state lands on rank 0 only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+SHARDINGS = ("auto", "ddp", "fsdp")
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) under torch.distributed (torchrun), else (0, 1)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def resolve(sharding: str, world_size: int, lora: bool) -> str:
+    """The layout a pool actually gets: `auto` shards full fine-tuning over several ranks."""
+    if sharding not in SHARDINGS:
+        raise ValueError(f"sharding {sharding!r}: use one of {SHARDINGS}")
+    if world_size == 1:
+        return "none"
+    if lora:
+        if sharding == "fsdp":
+            log.info("a LoRA pool runs replicated (ddp) over the ranks; fsdp applies to full fine-tuning")
+        return "ddp"
+    return "ddp" if sharding == "ddp" else "fsdp"
+
+
+def rank_device(device: str) -> str:
+    """Each rank of a multi-GPU pool drives its own GPU (LOCAL_RANK), whatever Setup named."""
+    if world()[1] > 1 and device.startswith("cuda"):
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    return device
+
+
+def shard(model: torch.nn.Module, device: str) -> torch.nn.Module:
+    """FSDP2 in place: one group per decoder layer (so only one layer is ever unsharded at a
+    time), then the root (embeddings, final norm, head; tied weights stay in one group)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
+    layers = set(getattr(model, "_no_split_modules", None) or ())
+    for module in model.modules():
+        if type(module).__name__ in layers:
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            # update.py weights each rank's loss by its share of the mini-batch's tokens, so the
+            # gradients must be summed, not averaged (FSDP's default); a plain SUM also works on
+            # gloo, which has no AVG or PREMUL_SUM.
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def _full_options(**kw):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **kw)
+
+
+def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Collective: the whole model's tensors (HF names) on rank 0's CPU; {} on other ranks."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_full_options(cpu_offload=True))
+
+
+def load_full_model_state(model: torch.nn.Module, full: dict[str, torch.Tensor]) -> None:
+    """Collective: every rank passes the whole state; each keeps its shard."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    set_model_state_dict(model, full, options=_full_options())
+
+
+def _names(model: torch.nn.Module) -> dict[int, str]:
+    return {id(p): n for n, p in model.named_parameters()}
+
+
+def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer's state keyed by parameter name (collective when sharded; full on rank 0).
+
+    One format whatever the layout, so a checkpoint of a sharded pool resumes in one process
+    and the other way round (torch's own state_dict keys parameters by position)."""
+    if is_sharded(model):
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(model, optimizer, options=_full_options(cpu_offload=True))
+    names = _names(model)
+    order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    plain = optimizer.state_dict()
+    groups = [{**g, "params": [order[i] for i in g["params"]]} for g in plain["param_groups"]]
+    return {"state": {order[i]: s for i, s in plain["state"].items()}, "param_groups": groups}
+
+
+def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Inverse of `optimizer_state` (collective when sharded; every rank passes the full state)."""
+    if is_sharded(model):
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, optimizer, state, options=_full_options())
+        return
+    if all(isinstance(n, int) for g in state["param_groups"] for n in g["params"]):
+        optimizer.load_state_dict(state)   # a checkpoint from before names: torch's positional keys
+        return
+    names = _names(model)
+    index = {names[id(p)]: i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
+    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]]
+    optimizer.load_state_dict({"state": {index[n]: s for n, s in state["state"].items()}, "param_groups": groups})
