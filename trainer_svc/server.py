@@ -29,7 +29,7 @@ def spec_from_pb(m: trainer_pb2.SetupRequest) -> PoolSpec:
         lr=o.lr or 1e-6, weight_decay=o.weight_decay, betas=(o.beta1 or 0.9, o.beta2 or 0.999),
         warmup_steps=o.warmup_steps, total_steps=o.total_steps or 100, min_lr_ratio=o.min_lr_ratio,
         grad_clip=o.grad_clip or 1.0,
-        device=m.device or "cpu", dtype=m.dtype or "auto", seed=m.seed, checkpoint_dir=m.checkpoint_dir,
+        device=m.device or "auto", dtype=m.dtype or "auto", seed=m.seed, checkpoint_dir=m.checkpoint_dir,
         checkpoint_every_updates=m.checkpoint_every_updates,
         rollout_addresses=tuple(m.rollout_addresses))
 
@@ -64,6 +64,8 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
 
     async def Setup(self, request, context):
         await self.trainer.setup(spec_from_pb(request), request.resume_from)
+        if request.micro_batch_tokens > 0:      # the run's budget; the --micro-batch-tokens flag is the default
+            self.micro_batch_tokens = request.micro_batch_tokens
         return self._info()
 
     async def Train(self, request_iterator, context):

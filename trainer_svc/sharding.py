@@ -51,7 +51,10 @@ def resolve(sharding: str, world_size: int, lora: bool) -> str:
 
 
 def rank_device(device: str) -> str:
-    """Each rank of a multi-GPU pool drives its own GPU (LOCAL_RANK), whatever Setup named."""
+    """Each rank of a multi-GPU pool drives its own GPU (LOCAL_RANK), whatever Setup named;
+    "auto" is cuda where there is one (the router does not know the trainer's hardware)."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if world()[1] > 1 and device.startswith("cuda"):
         return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
     return device

@@ -87,13 +87,13 @@ def test_bad_samples_train_nothing(model_dir):
     bad = [*good, TrainSample("a", [1, 2], [3], [0.0, 0.0], 0.1)]
 
     async def go(t, r, rollout_address, logic):
-        await t.setup(setup_request(model_dir))
+        await t.setup(setup_request(model_dir, micro_batch_tokens=1000))   # the run's budget, below the flag's
         with pytest.raises(errors.InvalidArgument, match="sample 2"):
             await t.train("run1", 1, 0, bad)
         with pytest.raises(errors.InvalidArgument, match="not 'zed'"):
             await t.train("run1", 1, 0, [TrainSample("zed", [1], [2], [0.0], 1.0)])
         with pytest.raises(errors.InvalidArgument, match="over the trainer's micro-batch budget"):
-            await t.train("run1", 1, 0, [TrainSample("a", [1] * 9000, [2], [0.0], 1.0)])
+            await t.train("run1", 1, 0, [TrainSample("a", [1] * 1500, [2], [0.0], 1.0)])
         assert (await t.get_info()).version == 0
         assert (await t.train("run1", 1, 0, good)).version == 1   # the same step, now valid
     with_services(model_dir, go)
