@@ -107,7 +107,14 @@ async def drive(cfg: RunConfig, reporter: Any) -> dict[str, Any]:
             print("\nstopping after the current step (Ctrl-C again to leave now)", file=sys.stderr)
             stopping.append(loop.create_task(client.stop_run(status["run_id"], "Ctrl-C")))
 
+        def on_term() -> None:
+            # Leave through the `with LocalServices` block, so local services stop with us; a
+            # router on a cluster keeps the run going without its watcher.
+            raise SystemExit(128 + signal.SIGTERM)
+
         loop.add_signal_handler(signal.SIGINT, on_sigint)
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            loop.add_signal_handler(sig, on_term)
         try:
             final = status
             async for event in client.watch_run(status["run_id"], from_step=0):
@@ -116,7 +123,8 @@ async def drive(cfg: RunConfig, reporter: Any) -> dict[str, Any]:
                 reporter.on_event(event)
             return final
         finally:
-            loop.remove_signal_handler(signal.SIGINT)
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                loop.remove_signal_handler(sig)
 
 
 def train(cfg: RunConfig, *, connect: bool = False) -> dict[str, Any]:

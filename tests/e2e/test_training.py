@@ -228,3 +228,31 @@ def test_cli_train_eval_and_plot(tiny, tmp_path, subprocess_env):
     assert atgrpo("plot", str(run_dir)).returncode == 0 and (run_dir / "curves.png").stat().st_size > 0
     missing = atgrpo("train", str(tmp_path / "nope.yaml"))
     assert missing.returncode == 2 and "file not found" in missing.stderr
+
+
+def test_sigterm_to_atgrpo_train_stops_its_local_services(tiny, tmp_path, subprocess_env):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+    import yaml
+
+    from atgrpo import local
+
+    cfg_path = tmp_path / "toy.yaml"
+    cfg_path.write_text(yaml.safe_dump(toy_config(tmp_path / "run", tiny, "L1", steps=1000)))
+    proc = subprocess.Popen([sys.executable, "-m", "atgrpo.cli", "train", str(cfg_path)], env=subprocess_env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while not (metrics.exists() and metrics.read_text()) and time.monotonic() < deadline:
+        assert proc.poll() is None
+        time.sleep(0.5)
+    services = local.read_state(tmp_path / "run" / "services")
+    assert len(services) == 5 and all(local.is_ours(s) for s in services)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    _, alive = psutil.wait_procs([psutil.Process(s.pid) for s in services if local.is_ours(s)], timeout=15)
+    assert not alive
