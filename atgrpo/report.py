@@ -54,7 +54,7 @@ def plot(events: list[dict[str, Any]], out: Path) -> Path:
     steps = [e for e in events if e["kind"] == "step"]
     evals = [e for e in events if e["kind"] == "eval"]
     fig, (ax_s, ax_r) = plt.subplots(1, 2, figsize=(11, 4))
-    ax_s.plot([e["step"] for e in steps], [e["success_rate"] for e in steps], label="train (sampled)", alpha=0.6)
+    ax_s.plot([e["step"] for e in steps], [e["success_rate"] for e in steps], label="train (tree: best of K per turn)", alpha=0.6)
     if evals:
         ax_s.plot([e["step"] for e in evals], [e["success_rate"] for e in evals], "o-", label="eval")
     ax_s.set(title="success rate", xlabel="step", ylim=(-0.02, 1.02))
