@@ -8,4 +8,6 @@ BUILTIN = {
     "plan_path": "env_svc.envs.plan_path:PlanPathEnv",
     "sokoban": "env_svc.envs.sokoban:SokobanEnv",
     "sudoku": "env_svc.envs.sudoku:SudokuEnv",
+    "code": "env_svc.envs.code:CodeEnv",
+    "math": "env_svc.envs.math:MathEnv",
 }

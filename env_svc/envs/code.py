@@ -1,0 +1,497 @@
+"""`code`: a coder and a unit tester solve a programming problem together (paper §5.2).
+
+Each turn the agents act in `turn_order` (default `("coder", "tester")`, sequential: the tester
+sees the coder's program of the same turn, and the coder's next prompt shows how that program did
+on the tester's tests). Every program runs in the sandbox (`RunTests`), never in this process.
+
+- **coder** writes one ```python block: a whole program reading stdin (stdin/stdout problems) or
+  the requested function / `class Solution` method (function-call problems; a harness calls it
+  with each test's arguments and prints the canonical JSON of the result). The last ```python
+  block counts (an unlabeled ``` block when none is labeled; text after `</think>` first). Its
+  program is run on the problem's **hidden tests**: local reward = the fraction passed (a crash,
+  a timeout or a wrong output fails that test). No code block: `failure_reward` (option,
+  default -1), the previous program stays.
+- **tester** writes test cases, each a `**Test Input:**` and a `**Test Output:**` marker followed
+  by a fenced block (function problems: the arguments one JSON value per line, the output one JSON
+  value). Local reward = the fraction of its tests that **agree with the reference solution**
+  (the reference program, run in the sandbox on the test's input, prints the test's output):
+  tests that are right, not tests that the coder happens to pass. The reference's tester reward
+  was always 0 because its golden code was never set. Where a dataset has no reference solution
+  (LiveCodeBench), a coder program of this episode that passed every hidden test serves as one;
+  until there is one the tester's local reward is 0 (`info["no_reference"]`). No parsable test:
+  `failure_reward`, the previous tests stay. At most `max_tests` (8) tests count.
+- **team reward** (both agents): the hidden-test pass fraction of the coder's current program
+  (0 before it has one). With alpha = 1 the coder earns 2 x pass fraction, the reference's reward.
+- **done**: `done_when: tests` (the default with a tester): the coder's current program passes
+  every one of the tester's current tests *and* those tests agree with the reference, so two
+  agents that agree on wrong tests do not end the episode. `done_when: success`: the hidden tests
+  all pass (the default when `turn_order` has no tester, e.g. an L0 single coder). Or after
+  `max_turns` (default 5, the reference's).
+- **success**: the coder's current program passes every hidden test.
+
+Hidden tests run in chunks of 1, 2, 4, ... cases; after a chunk in which a case ran past the time
+limit, the remaining cases are not run and count as failed (`info["not_run"]`), so a program that
+hangs costs one time limit, not one per test. Sandbox calls that find the sandbox busy or down are
+retried with backoff; if it stays down the step raises and the episode fails (no sample is scored
+without a sandbox run). A program the sandbox refuses (e.g. a NUL byte) is scored like a crash.
+
+Options: the problem source (`dataset`, `path`, `train`/`eval`, `start`/`stop`, `tests`; see
+env_svc/datasets.py), `max_turns`, `turn_order`, `parallel`, `done_when`, `failure_reward`,
+`case_timeout_s` (per test, default 2), `memory_mb` (512), `max_hidden_tests` (0 = all),
+`max_tests` (8), `stop_on_timeout` (true).
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import inspect
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from atgrpo.errors import FailedPrecondition, InvalidArgument
+from atgrpo.sdk.env import EVAL_SEED_OFFSET, Environment, EnvSpec, Message, StepResult
+from env_svc import datasets
+from env_svc.envs.math import _clip, _decode, extract_code, sandbox_call, turn_options
+
+try:  # the sandbox's plain types; an environment served without sandbox_svc still imports
+    from sandbox_svc.model import Compare, Limits
+except ImportError:  # pragma: no cover
+    Compare = Limits = None  # type: ignore[assignment,misc]
+
+AGENTS = ("coder", "tester")
+FAILURE_REWARD = -1.0
+MAX_TESTS = 8
+TEST_CHARS = 400          # per input / output shown in a prompt
+CODE_CHARS = 4000
+
+# Names a LeetCode-style solution expects without importing them (LiveCodeBench's harness does
+# the same).
+PRELUDE = """\
+import bisect, collections, functools, heapq, itertools, math, re, string, sys
+from typing import *
+from collections import *
+from functools import *
+from itertools import *
+from heapq import *
+from bisect import *
+from math import inf, gcd, sqrt, ceil, floor, log, log2, comb, factorial, isqrt
+"""
+
+_HARNESS = '''\
+from __future__ import annotations
+import io
+import json
+import sys
+import traceback
+
+{canonical}
+
+{canonical_json}
+
+SOURCE = {source!r}
+NAME = {name!r}
+PRELUDE = {prelude!r}
+
+
+def main():
+    args = [json.loads(line) for line in sys.stdin.read().splitlines() if line.strip()]
+    real_stdout = sys.stdout
+    sys.stdout = sys.stderr            # the solution's own prints must not look like its result
+    sys.stdin = io.StringIO("")
+    ns = {{"__name__": "solution"}}
+    exec(PRELUDE, ns)
+    exec(compile(SOURCE, "solution.py", "exec"), ns)
+    cls = ns.get("Solution")
+    if isinstance(cls, type) and hasattr(cls, NAME):
+        fn = getattr(cls(), NAME)
+    elif callable(ns.get(NAME)):
+        fn = ns[NAME]
+    else:
+        print(f"the program defines no function {{NAME}} (nor a class Solution with that method)", file=sys.stderr)
+        sys.exit(3)
+    result = fn(*args)
+    sys.stdout = real_stdout
+    print(canonical_json(result))
+
+
+try:
+    main()
+except SystemExit:
+    raise
+except BaseException:
+    traceback.print_exc()
+    sys.exit(1)
+'''
+
+
+def function_program(source: str, name: str) -> str:
+    """A stdin/stdout program that runs `source` (untrusted: it is only ever run in the sandbox)
+    and prints canonical_json(name(*args)) for the arguments on stdin, one JSON value a line."""
+    return _HARNESS.format(canonical=inspect.getsource(datasets.canonical),
+                           canonical_json=inspect.getsource(datasets.canonical_json),
+                           source=source, name=name, prelude=PRELUDE)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing the tester's output
+
+_MARK_RE = re.compile(r"(?:\*\*|__)?\s*test\s*(input|output)\s*(?:#?\s*\d+)?\s*(?:\*\*|__)?\s*[:：]?\s*(?:\*\*|__)?",
+                      re.IGNORECASE)
+_FENCE_RE = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.DOTALL)
+
+
+def _segment_text(segment: str) -> str | None:
+    """The test data in the text after a marker: its first fenced block, else the text itself
+    up to a blank line."""
+    fence = _FENCE_RE.search(segment)
+    if fence:
+        body = fence.group(1)
+        return body if body.strip() else None
+    if "```" in segment:                      # "``` 1 2 ```" on one line
+        inline = re.search(r"```(.*?)```", segment, re.DOTALL)
+        return inline.group(1).strip() + "\n" if inline and inline.group(1).strip() else None
+    text = segment.strip().split("\n\n")[0].strip().strip("`").strip()
+    return text + "\n" if text else None
+
+
+def parse_tests(text: str, limit: int = MAX_TESTS) -> list[tuple[str, str]]:
+    """(input, output) pairs from `**Test Input:**` / `**Test Output:**` sections (the reference's
+    format), in order; an input without an output is dropped. Text after </think> is preferred."""
+    if "</think>" in text and _MARK_RE.search(text.rsplit("</think>", 1)[1]):
+        text = text.rsplit("</think>", 1)[1]
+    marks = list(_MARK_RE.finditer(text))
+    tests: list[tuple[str, str]] = []
+    for k, m in enumerate(marks):
+        if m.group(1).lower() != "input" or k + 1 >= len(marks) or marks[k + 1].group(1).lower() != "output":
+            continue
+        out_end = marks[k + 2].start() if k + 2 < len(marks) else len(text)
+        inp = _segment_text(text[m.end():marks[k + 1].start()])
+        out = _segment_text(text[marks[k + 1].end():out_end])
+        if inp is not None and out is not None:
+            tests.append((inp if inp.endswith("\n") else inp + "\n", out if out.endswith("\n") else out + "\n"))
+        if len(tests) >= limit:
+            break
+    return tests
+
+
+def _literal(text: str) -> Any:
+    """One JSON value, or a Python literal (True, None, single quotes): never evaluated code."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    try:
+        return ast.literal_eval(text.strip())
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as e:
+        raise ValueError(f"{_clip(text.strip(), 60)!r} is not a JSON value") from e
+
+
+def function_case(inp: str, out: str) -> tuple[str, str]:
+    """A tester's function-call test in run form: arguments as JSON lines, canonical output."""
+    args = [_literal(line) for line in inp.splitlines() if line.strip()]
+    expected = _literal(out.strip())
+    return datasets.args_stdin(args), datasets.canonical_json(expected) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CaseRun:
+    passed: bool
+    verdict: str          # ok / runtime_error / timeout / ... ; "not_run" when skipped
+    stdout: str = ""
+    stderr: str = ""
+
+
+@dataclass
+class TesterTest:
+    input: str            # as the tester wrote it
+    output: str
+    stdin: str = ""       # run form
+    expected: str = ""
+    error: str = ""       # malformed (function problems): why; such a test is not run
+
+
+class CodeEnv(Environment):
+    """A coder and a unit tester solve a programming problem; programs run in the sandbox."""
+
+    name = "code"
+
+    def __init__(self, options: Mapping[str, Any] | None = None):
+        super().__init__(options)
+        order, parallel = turn_options(self.options, AGENTS, self.name)
+        self.spec = EnvSpec(self.name, agents=order, turn_order=order, max_turns=int(self.options.get("max_turns", 5)),
+                            parallel=parallel, description="a coder and a unit tester solve a programming problem")
+        self.sources = datasets.sources(self.options, "code")
+        self.done_when = str(self.options.get("done_when", "tests" if "tester" in order else "success"))
+        if self.done_when not in ("tests", "success"):
+            raise ValueError(f"code: done_when must be 'tests' or 'success', got {self.done_when!r}")
+        self.failure_reward = float(self.options.get("failure_reward", FAILURE_REWARD))
+        self.max_tests = int(self.options.get("max_tests", MAX_TESTS))
+        self.max_hidden = int(self.options.get("max_hidden_tests", 0))
+        self.stop_on_timeout = bool(self.options.get("stop_on_timeout", True))
+        timeout_ms = int(float(self.options.get("case_timeout_s", 2.0)) * 1000)
+        memory = int(self.options.get("memory_mb", 512)) * 2**20
+        if timeout_ms <= 0 or memory <= 0 or self.max_tests < 1 or self.max_hidden < 0:
+            raise ValueError("code: case_timeout_s and memory_mb must be > 0, max_tests >= 1, max_hidden_tests >= 0")
+        self.limits = None if Limits is None else Limits(
+            wall_timeout_ms=timeout_ms, cpu_time_ms=timeout_ms, memory_bytes=memory, max_output_bytes=4 * 2**20,
+            max_processes=16, max_file_bytes=2**20, max_open_files=64)
+        self.problem: datasets.CodeProblem | None = None
+        self.turn = 0
+        self.acted: set[str] = set()
+        self.done = self.success = False
+        self.code: str | None = None                 # the coder's current program (source)
+        self.hidden_ratio = 0.0
+        self.tests: list[TesterTest] = []            # the tester's current tests
+        self.valid: list[bool] | None = None         # per test: agrees with the reference (None: unknown)
+        self.runs: list[CaseRun] = []                # the current program on the current tests
+        self.reference = ""                          # dataset solution, or a program that passed all hidden tests
+        self.history: list[str] = []
+        self.notes: dict[str, str] = {}
+
+    # ---- Environment ------------------------------------------------------------------------
+
+    def reset(self, task_id: str, seed: int, split: str) -> None:
+        try:
+            problems = datasets.load("code", self.sources[split], split)
+        except datasets.DatasetError as e:
+            raise InvalidArgument(str(e)) from None
+        self.problem = datasets.pick(problems, task_id, seed, split, EVAL_SEED_OFFSET)
+        self.turn, self.acted, self.done, self.success = 0, set(), False, False
+        self.code, self.hidden_ratio, self.tests, self.valid, self.runs = None, 0.0, [], None, []
+        self.reference = self.problem.solution
+        self.history, self.notes = [], {}
+
+    def fork(self) -> CodeEnv:
+        memo = {id(v): v for v in (self.sandbox, self.spec, self.options, self.limits, self.problem, self.sources)}
+        return copy.deepcopy(self, memo)
+
+    def observe(self, agent: str) -> list[Message]:
+        self._check(agent)
+        p = self.problem
+        assert p is not None
+        team = "tester" in self.spec.turn_order and "coder" in self.spec.turn_order
+        if agent == "coder":
+            role = ("You are the coder of a two-agent team (you and a unit tester): write a correct Python 3 "
+                    "solution." if team else "Write a correct Python 3 solution.")
+        else:
+            role = ("You are the unit tester of a two-agent team (you and a coder): write test cases that a "
+                    "correct solution passes, to catch mistakes in the coder's program.")
+        parts = [f"{role}\nTurn {self.turn + 1} of {self.spec.max_turns}.", f"Problem:\n{p.statement}", self._io_rules()]
+        if self.history:
+            parts.append("Previous turns:\n" + "\n".join(self.history[-6:]))
+        if self.code is not None:
+            parts.append(f"The coder's current program:\n```python\n{_clip(self.code.strip(), CODE_CHARS)}\n```")
+        if self.tests:
+            parts.append(self._tests_report())
+        if agent == "coder":
+            parts.append("Answer with the complete program in one ```python code block.")
+        else:
+            parts.append(f"Write up to {self.max_tests} tests, each as:\n**Test Input:**\n```\n...\n```\n"
+                         "**Test Output:**\n```\n...\n```")
+        return [{"role": "user", "content": "\n\n".join(parts)}]
+
+    async def step(self, agent: str, action: str) -> StepResult:
+        self._check(agent)
+        if self.problem is None:
+            raise RuntimeError("code: step() before reset()")
+        if self.done:
+            return StepResult(self.hidden_ratio, 0.0, True, self.success, {"error": "the episode is over"})
+        if self.sandbox is None:
+            raise FailedPrecondition("the code env runs programs, but no sandbox is configured: start env_svc "
+                                     "with --sandbox HOST:PORT (local mode does this)")
+        action = action if isinstance(action, str) else ""
+        result = await (self._coder(action) if agent == "coder" else self._tester(action))
+        self.acted.add(agent)
+        if self.acted >= set(self.spec.turn_order):
+            line = "; ".join(f"{a} {self.notes[a]}" for a in self.spec.turn_order if a in self.notes)
+            self.history.append(f"Turn {self.turn + 1}: {line}")
+            self.turn, self.acted, self.notes = self.turn + 1, set(), {}
+        return result
+
+    # ---- agents -----------------------------------------------------------------------------
+
+    async def _coder(self, action: str) -> StepResult:
+        code = extract_code(action)
+        if code is None:
+            self.notes["coder"] = "gave no program"
+            return StepResult(self.hidden_ratio, self.failure_reward, False, False,
+                              {"parse_error": "no ```python code block found; answer with the whole program "
+                                              "in one ```python ... ``` block"})
+        p = self.problem
+        assert p is not None
+        hidden = list(p.tests[:self.max_hidden] if self.max_hidden else p.tests)
+        runs = await self._run(code, hidden, p.compare)
+        passed = sum(r.passed for r in runs)
+        self.code, self.hidden_ratio = code, round(passed / len(runs), 6)
+        self.success = passed == len(runs)
+        if self.success and not self.reference:
+            self.reference = code          # a program that passes every hidden test can judge tests
+            if self.tests:
+                self.valid = [r.passed for r in await self._run_on_tests(code, self.tests)]
+        info: dict[str, Any] = {"hidden_passed": passed, "hidden_total": len(runs),
+                                "verdicts": _count(r.verdict for r in runs)}
+        not_run = sum(r.verdict == "not_run" for r in runs)
+        if not_run:
+            info["not_run"] = not_run
+        failing = next((r for r in runs if not r.passed and r.verdict not in ("ok", "not_run")), None)
+        if failing is not None and failing.stderr.strip():
+            info["error"] = _clip(failing.stderr.strip().splitlines()[-1], 200)
+        if self.tests:
+            await self._run_current_on_tests()
+            info["tests_passed"] = sum(r.passed for r in self.runs)
+        self.done = self._is_done()
+        self.notes["coder"] = f"wrote a program ({self._tests_line()})"
+        return StepResult(self.hidden_ratio, self.hidden_ratio, self.done, self.success, info)
+
+    async def _tester(self, action: str) -> StepResult:
+        parsed = parse_tests(action, self.max_tests)
+        if not parsed:
+            self.notes["tester"] = "gave no tests"
+            return StepResult(self.hidden_ratio, self.failure_reward, False, False,
+                              {"parse_error": "no tests found; write each test as **Test Input:** and **Test "
+                                              "Output:** each followed by a ``` fenced block"})
+        p = self.problem
+        assert p is not None
+        tests = []
+        for inp, out in parsed:
+            t = TesterTest(inp, out)
+            if p.kind == "function":
+                try:
+                    t.stdin, t.expected = function_case(inp, out)
+                except ValueError as e:
+                    t.error = str(e)
+            else:
+                t.stdin, t.expected = inp, out
+            tests.append(t)
+        self.tests = tests
+        info: dict[str, Any] = {"tests": len(tests)}
+        malformed = [t.error for t in tests if t.error]
+        if malformed:
+            info["malformed"] = len(malformed)
+            info["parse_error"] = f"{len(malformed)} test(s) are not JSON values: {_clip(malformed[0], 120)}"
+        if self.reference:
+            runs = await self._run_on_tests(self.reference, tests)
+            self.valid = [r.passed for r in runs]
+            local = round(sum(self.valid) / len(tests), 6)
+            info["agree"] = sum(self.valid)
+        else:
+            self.valid = None
+            local = 0.0
+            info["no_reference"] = True
+        if self.code is not None:
+            await self._run_current_on_tests()
+            info["code_passed"] = sum(r.passed for r in self.runs)
+        else:
+            self.runs = []
+        self.done = self._is_done()
+        self.notes["tester"] = f"wrote {len(tests)} tests"
+        return StepResult(self.hidden_ratio, local, self.done, self.success, info)
+
+    # ---- running programs -------------------------------------------------------------------
+
+    def _program(self, source: str) -> str:
+        p = self.problem
+        assert p is not None
+        return function_program(source, p.fn_name) if p.kind == "function" else source
+
+    async def _run(self, source: str, cases: Sequence[tuple[str, str]], compare: str = "whitespace") -> list[CaseRun]:
+        """`source` on each (stdin, expected) case; chunks of 1, 2, 4, ... cases, stopping after a
+        chunk with a timeout (the rest count as failed, verdict not_run)."""
+        if not cases:
+            return []
+        program = self._program(source)
+        mode = Compare.FLOAT if compare == "float" else Compare.WHITESPACE
+        runs: list[CaseRun] = []
+        i, size = 0, 1
+        while i < len(cases):
+            chunk = cases[i:i + size]
+            encoded = [(a.encode(), b.encode()) for a, b in chunk]
+            try:
+                res = await sandbox_call(self.sandbox.run_tests, program, encoded, compare=mode, limits=self.limits)
+            except InvalidArgument as e:        # the program itself is unacceptable (e.g. a NUL byte)
+                return runs + [CaseRun(False, "refused", "", str(e))] * (len(cases) - i)
+            timed_out = False
+            for c in res.cases:
+                ex = c.execution
+                verdict = getattr(getattr(ex, "verdict", None), "value", "not_run") if ex is not None else "not_run"
+                timed_out = timed_out or verdict == "timeout"
+                runs.append(CaseRun(bool(c.passed), verdict, _decode(getattr(ex, "stdout", b"")),
+                                    _decode(getattr(ex, "stderr", b""))))
+            i += len(chunk)
+            size *= 2
+            if timed_out and self.stop_on_timeout and i < len(cases):
+                runs += [CaseRun(False, "not_run")] * (len(cases) - i)
+                break
+        return runs
+
+    async def _run_on_tests(self, source: str, tests: list[TesterTest]) -> list[CaseRun]:
+        """`source` on the tester's tests; malformed ones fail without running."""
+        runnable = [(t.stdin, t.expected) for t in tests if not t.error]
+        got = iter(await self._run(source, runnable))
+        return [CaseRun(False, "malformed", "", t.error) if t.error else next(got) for t in tests]
+
+    async def _run_current_on_tests(self) -> None:
+        assert self.code is not None
+        self.runs = await self._run_on_tests(self.code, self.tests)
+
+    def _is_done(self) -> bool:
+        if self.done_when == "success":
+            return self.success
+        if self.code is None or not self.tests or len(self.runs) != len(self.tests):
+            return False
+        tests_right = all(self.valid) if self.valid is not None else all(not t.error for t in self.tests)
+        return tests_right and all(r.passed for r in self.runs)
+
+    # ---- prompts ----------------------------------------------------------------------------
+
+    def _io_rules(self) -> str:
+        p = self.problem
+        assert p is not None
+        if p.kind == "function":
+            starter = f"\nStarter code:\n```python\n{p.starter_code.strip()}\n```" if p.starter_code.strip() else ""
+            return (f"Implement the function `{p.fn_name}` (a plain function, or a method of `class Solution`); "
+                    f"it is called with each test's arguments and must return the answer.{starter}\n"
+                    "A test's input is the arguments, one JSON value per line; its output is the returned value "
+                    "as JSON.")
+        return "The program reads the input from stdin and prints the answer to stdout."
+
+    def _tests_line(self) -> str:
+        if not self.tests or len(self.runs) != len(self.tests):
+            return "no tester tests yet"
+        return f"passes {sum(r.passed for r in self.runs)} of the tester's {len(self.tests)} tests"
+
+    def _tests_report(self) -> str:
+        lines = [f"The tester's current tests and how the coder's program does on them ({self._tests_line()}):"]
+        for k, t in enumerate(self.tests, 1):
+            lines.append(f"Test {k} input:\n{_clip(t.input.rstrip(), TEST_CHARS)}\nexpected output:\n"
+                         f"{_clip(t.output.rstrip(), TEST_CHARS)}")
+            if k - 1 < len(self.runs):
+                r = self.runs[k - 1]
+                if r.verdict == "malformed":
+                    lines.append(f"-> not run: {r.stderr}")
+                elif r.passed:
+                    lines.append("-> passed")
+                elif r.verdict == "ok":
+                    lines.append(f"-> failed, the program printed:\n{_clip(r.stdout.rstrip(), TEST_CHARS)}")
+                else:
+                    tail = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "no error output"
+                    lines.append(f"-> failed ({r.verdict}): {_clip(tail, 200)}")
+        return "\n".join(lines)
+
+    def _check(self, agent: str) -> None:
+        if agent not in self.spec.agents:
+            raise ValueError(f"code: unknown agent {agent!r}; this environment's agents are {self.spec.agents}")
+
+
+def _count(items: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for x in items:
+        out[x] = out.get(x, 0) + 1
+    return out
