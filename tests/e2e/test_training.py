@@ -24,6 +24,7 @@ from router_svc.rundir import read_metrics
 pytestmark = pytest.mark.slow
 
 K = 4
+SWAP_STEPS = 150
 
 
 class Collect:
@@ -256,3 +257,100 @@ def test_sigterm_to_atgrpo_train_stops_its_local_services(tiny, tmp_path, subpro
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     _, alive = psutil.wait_procs([psutil.Process(s.pid) for s in services if local.is_ours(s)], timeout=15)
     assert not alive
+
+
+def test_swapping_the_roles_adapters_lowers_success(tiny, tmp_path):
+    """The paper's swap ablation in miniature: train at L2 (one LoRA adapter per role) on the toy
+    relay with a code (the speaker encodes 1-4 as 5-8, the listener decodes), then evaluate with
+    the speaker's and listener's adapters exchanged. Each role's skill lives in its own adapter,
+    so the swapped team loses the relay."""
+    import shutil
+
+    import yaml
+
+    from atgrpo.train import evaluate
+
+    data = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "toy_L2_tiny.yaml").read_text())
+    data["run"].update(steps=SWAP_STEPS, eval_every_steps=0, checkpoint_every_steps=0, run_dir=str(tmp_path / "run"))
+    data["env"]["options"] = {"code": "5678"}
+    data["pools"]["shared"]["model_path"] = tiny
+    train_locally(data)
+    cfg = parse_config(data)
+    ckpt = tmp_path / "run" / "checkpoints" / f"step-{SWAP_STEPS:06d}"
+    trained = evaluate(cfg, ckpt)
+
+    swapped = tmp_path / "swapped" / ckpt.name
+    shutil.copytree(ckpt, swapped)
+    adapters = swapped / "shared" / "model"
+    (adapters / "speaker").rename(adapters / "tmp")
+    (adapters / "listener").rename(adapters / "speaker")
+    (adapters / "tmp").rename(adapters / "listener")
+    after = evaluate(cfg, swapped)
+    assert trained["success_rate"] >= 0.6, trained
+    assert after["success_rate"] <= trained["success_rate"] - 0.4, (trained, after)
+
+
+ANSWERS = {"coder": "```python\nprint(input())\n```",
+           "tester": "**Test Input:**\n```\n1\n2\n```\n**Test Output:**\n```\n0\n```",
+           "tool": "```python\nprint(120)\n```", "reasoner": "The answer is \\boxed{120}"}
+
+
+@pytest.fixture(scope="module")
+def taught(tiny, tmp_path_factory) -> str:
+    """The tiny model taught to answer each code/math role with a program, tests or a boxed answer."""
+    from env_svc.envs.code import CodeEnv
+    from env_svc.envs.math import MathEnv
+    from tests.e2e.taught import role_prompts, teach
+
+    prompts = role_prompts(CodeEnv({}), ["coder", "tester"]) + role_prompts(MathEnv({}), ["tool", "reasoner"])
+    return teach(tiny, tmp_path_factory.mktemp("models") / "taught", prompts, ANSWERS, steps=240)
+
+
+def sandbox_calls(services) -> dict[str, float]:
+    """The sandbox's own count of the programs it ran, by method (from its /metrics)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sandbox = next(s for s in services if s.kind == "sandbox")
+    text = urllib.request.urlopen(f"http://{sandbox.metrics_address}/metrics", timeout=5).read().decode()
+    out: dict[str, float] = defaultdict(float)
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "atgrpo_rpc_handled_total" and s.labels.get("code") == "OK":
+                out[s.labels["method"]] += s.value
+    return out
+
+
+@pytest.mark.parametrize("env, roles, ran, method", [
+    ("code", ["coder", "tester"], "verdicts", "RunTests"),
+    ("math", ["tool", "reasoner"], "verdict", "Execute"),
+])
+def test_code_and_math_train_through_the_sandbox(env, roles, ran, method, taught, tmp_path):
+    """A few steps of each environment through all five services: the programs the model writes run
+    in the real sandbox, and the rewards of the roles that write programs come from those runs."""
+    from atgrpo import local
+
+    data = toy_config(tmp_path / "run", taught, "L1")
+    data["env"] = {"name": env, "turn_order": roles, "max_turns": 2}
+    sampling = {"temperature": 0.7, "max_tokens": 40}
+    data["agents"] = {r: {"pool": "a", "train_sampling": sampling, "eval_sampling": {"max_tokens": 40}}
+                      for r in roles}
+    data["algorithm"]["k"] = 2
+    data["run"]["tasks_per_step"] = 2
+    cfg = parse_config(data)
+    sink = Collect()
+    with LocalServices(cfg) as running:
+        final = asyncio.run(drive(running, sink))
+        calls = sandbox_calls(local.read_state(tmp_path / "run" / "services"))
+    assert final["state"] == "finished", final
+    assert [e["pools"]["a"]["version"] for e in sink.events if e["kind"] == "step"] == [1, 2]
+    programs = [json.loads(line) for f in sorted((tmp_path / "run" / "samples").glob("*.jsonl"))
+                for line in f.read_text().splitlines()]
+    writer = [s for s in programs if s["agent"] == roles[0]]
+    assert writer and all(ran in s["info"] or "parse_error" in s["info"] for s in writer)
+    executed = [s for s in writer if ran in s["info"]]
+    assert len(executed) >= len(writer) / 2                        # the taught model writes programs
+    assert calls[method] >= len(executed)                          # each one ran in the sandbox service
+    clean = [s for s in executed if s["info"][ran] == "ok" or "ok" in s["info"][ran]]
+    assert clean and all(s["local_reward"] >= 0 for s in clean)   # a program that ran is scored on its output
