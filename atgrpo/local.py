@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,6 +23,8 @@ from pathlib import Path
 import psutil
 
 from atgrpo.rpc.probe import probe_all
+
+log = logging.getLogger("atgrpo.local")
 
 STATE_FILE = "services.json"
 DEFAULT_STATE_DIR = Path(os.environ.get("ATGRPO_STATE_DIR", ".atgrpo/local"))
@@ -82,9 +86,19 @@ def _write_state(state_dir: Path, services: list[LocalService]) -> None:
 
 
 def is_ours(svc: LocalService) -> bool:
-    """True when the recorded process still runs (same pid *and* start time)."""
+    """True when the recorded process still runs (same pid *and* start time). A dead child of this
+    process (a zombie) is reaped and counts as gone."""
     try:
-        return abs(psutil.Process(svc.pid).create_time() - svc.create_time) < 0.01
+        proc = psutil.Process(svc.pid)
+        if abs(proc.create_time() - svc.create_time) >= 0.01:
+            return False
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            try:
+                os.waitpid(svc.pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            return False
+        return True
     except psutil.Error:
         return False
 
@@ -199,3 +213,62 @@ def down(state_dir: Path = DEFAULT_STATE_DIR, *, timeout_s: float = 10.0) -> dic
     outcome = _stop_all(read_state(state_dir), timeout_s)
     (state_dir / STATE_FILE).unlink(missing_ok=True)
     return outcome
+
+
+def _pinned(argv: list[str], svc: LocalService) -> list[str]:
+    """`argv` with the ports the service had, so a restart serves at the address others know."""
+    out = list(argv)
+    for flag, address in (("--port", svc.address), ("--metrics-port", svc.metrics_address)):
+        if flag in out:
+            out[out.index(flag) + 1] = address.rsplit(":", 1)[1]
+    return out
+
+
+class Supervisor:
+    """Restarts a local service that died, on its old ports, as Kubernetes restarts a pod behind
+    its Service: the others keep its address, and their clients retry until it is back.
+
+    At most `max_restarts` per service; services.json follows the new processes, so `down`
+    stops them."""
+
+    def __init__(self, state_dir: Path, *, max_restarts: int = 5, poll_s: float = 0.5,
+                 timeout_s: float = 120.0):
+        self.state_dir = Path(state_dir)
+        self.max_restarts, self.poll_s, self.timeout_s = max_restarts, poll_s, timeout_s
+        self.restarts: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="atgrpo-supervisor", daemon=True)
+
+    def start(self) -> Supervisor:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.timeout_s)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            services = read_state(self.state_dir)
+            for i, svc in enumerate(services):
+                if self._stop.is_set() or is_ours(svc) or self.restarts.get(svc.name, 0) >= self.max_restarts:
+                    continue
+                try:
+                    services[i] = self._restart(svc)
+                except LaunchError as err:
+                    log.error("could not restart %s: %s", svc.name, err)
+                _write_state(self.state_dir, services)
+
+    def _restart(self, svc: LocalService) -> LocalService:
+        self.restarts[svc.name] = self.restarts.get(svc.name, 0) + 1
+        log.warning("%s (pid %d) died; restarting it on %s (restart %d)", svc.name, svc.pid, svc.address,
+                    self.restarts[svc.name])
+        argv = _pinned(svc.argv, svc)
+        port_file = Path(argv[argv.index("--port-file") + 1])
+        port_file.unlink(missing_ok=True)
+        with open(svc.log, "ab") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, cwd=os.getcwd())
+        _await_port(proc, port_file, Path(svc.log), svc.name, time.monotonic() + self.timeout_s)
+        return LocalService(svc.name, svc.kind, proc.pid, psutil.Process(proc.pid).create_time(), svc.address,
+                            svc.metrics_address, svc.log, argv)

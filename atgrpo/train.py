@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from atgrpo import local
 from atgrpo.config import ConfigError, RunConfig, dump_config, parse_config
 from atgrpo.local import LocalService, ServicePlan
+
+ROUTER_GRACE_S = 300.0     # how long a lost router may take to come back before `train` gives up
 
 
 class TrainError(RuntimeError):
@@ -84,9 +87,11 @@ class LocalServices:
             started = local.up(self.state_dir, self.plan, timeout_s=self.timeout_s)
         except local.LaunchError as err:
             raise TrainError(f"the local services did not start: {err}") from None
+        self.supervisor = local.Supervisor(self.state_dir).start()
         return with_services(self.cfg, started)
 
     def __exit__(self, *exc: object) -> None:
+        self.supervisor.stop()
         local.down(self.state_dir)
 
 
@@ -116,15 +121,37 @@ async def drive(cfg: RunConfig, reporter: Any) -> dict[str, Any]:
         for sig in (signal.SIGTERM, signal.SIGHUP):
             loop.add_signal_handler(sig, on_term)
         try:
-            final = status
-            async for event in client.watch_run(status["run_id"], from_step=0):
-                if event["kind"] == "status":
-                    final = event
-                reporter.on_event(event)
-            return final
+            return await _follow(client, dump_config(cfg), status, reporter)
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
+
+
+async def _follow(client: Any, config_yaml: str, status: dict[str, Any], reporter: Any) -> dict[str, Any]:
+    """Watch the run to its end. A router that restarted has lost the run, so start it again on
+    the same config (it resumes from the run directory) and watch from the next step."""
+    from atgrpo.errors import Unavailable
+
+    final, next_step, lost_since = status, 0, None
+    while True:
+        try:
+            if lost_since is not None:
+                status = await client.start_run(config_yaml)
+                lost_since = None
+            async for event in client.watch_run(status["run_id"], from_step=next_step):
+                if event["kind"] == "status":
+                    final = event
+                else:
+                    next_step = max(next_step, event["step"] + (event["kind"] == "step"))
+                reporter.on_event(event)
+            if final["state"] in ("stopped", "finished", "failed"):
+                return final
+        except Unavailable as err:
+            lost_since = lost_since or time.monotonic()
+            if time.monotonic() - lost_since > ROUTER_GRACE_S:
+                raise
+            print(f"lost the router ({err}); reconnecting", file=sys.stderr)
+            await asyncio.sleep(1.0)
 
 
 def train(cfg: RunConfig, *, connect: bool = False) -> dict[str, Any]:

@@ -46,7 +46,9 @@ class RolloutClient(ServiceClient):
             raise to_domain_error(err, self.address) from None
 
     async def load_weights(self, state: dict, pool: str, version: int, *, adapter: str = "",
-                           adapter_config: dict | None = None, timeout_s: float = 600.0) -> rollout_pb2.LoadWeightsResponse:
-        """Push `state` (name -> tensor) as the pool's model, or as one adapter of it."""
-        chunks = weights.encode(state, pool, version, adapter, adapter_config)
-        return await self._call(self.stub.LoadWeights, iter(chunks), timeout_s=timeout_s)
+                           adapter_config: dict | None = None, rollback: bool = False,
+                           timeout_s: float = 600.0) -> rollout_pb2.LoadWeightsResponse:
+        """Push `state` (name -> tensor) as the pool's model, or as one adapter of it.
+        `rollback` replaces whatever version is served (a trainer restored from a checkpoint)."""
+        chunks = weights.encode(state, pool, version, adapter, adapter_config, rollback=rollback)
+        return await self._call(self.stub.LoadWeights, lambda: iter(chunks), timeout_s=timeout_s)

@@ -60,7 +60,7 @@ class Replica:
         else:
             apply = lambda: runtime.engine.load_full(state)  # noqa: E731
         try:
-            await runtime.swap(push.adapter, push.version, apply)
+            await runtime.swap(push.adapter, push.version, apply, rollback=push.rollback)
         except (RuntimeError, ValueError, KeyError) as err:   # names or shapes that do not fit
             raise InvalidArgument(f"the weights do not fit pool {push.pool!r}: {err}; nothing changed") from None
 

@@ -26,13 +26,15 @@ class WeightPush:
     version: int
     data: bytes
     adapter_config: dict
+    rollback: bool = False         # replace whatever version is served (a restored trainer)
 
 
 def _check_header(h: pb.WeightHeader, max_bytes: int) -> None:
     if not h.pool:
         raise InvalidArgument("weight header names no pool; set header.pool")
-    # Version 0 is the initial weights: a model has them from its path, an adapter gets them pushed.
-    if h.version < (0 if h.adapter else 1):
+    # Version 0 is the initial weights: a model has them from its path, an adapter gets them pushed;
+    # a rollback may bring the initial model back (a trainer restarted before its first update).
+    if h.version < (0 if h.adapter or h.rollback else 1):
         raise InvalidArgument(f"weight header version {h.version}: model versions start at 1 (0 is the "
                               "initial weights), adapter versions at 0")
     if h.format != pb.WEIGHT_FORMAT_SAFETENSORS:
@@ -72,7 +74,7 @@ async def receive(stream: AsyncIterator[pb.WeightChunk], max_bytes: int = MAX_WE
         config = json.loads(header.adapter_config_json) if header.adapter else {}
     except json.JSONDecodeError as err:
         raise InvalidArgument(f"adapter_config_json is not JSON: {err}") from None
-    return WeightPush(header.pool, header.adapter, header.version, bytes(buf), config)
+    return WeightPush(header.pool, header.adapter, header.version, bytes(buf), config, header.rollback)
 
 
 def tensors(push: WeightPush) -> dict:
@@ -86,7 +88,7 @@ def tensors(push: WeightPush) -> dict:
 
 
 def encode(state: dict, pool: str, version: int, adapter: str = "", adapter_config: dict | None = None,
-           chunk_bytes: int = 4 * 2**20) -> list[pb.WeightChunk]:
+           chunk_bytes: int = 4 * 2**20, rollback: bool = False) -> list[pb.WeightChunk]:
     """The LoadWeights messages for `state` (name -> tensor): a header, then chunks."""
     from safetensors.torch import save
 
@@ -101,6 +103,6 @@ def encode(state: dict, pool: str, version: int, adapter: str = "", adapter_conf
     header = pb.WeightHeader(pool=pool, adapter=adapter, version=version,
                              format=pb.WEIGHT_FORMAT_SAFETENSORS, total_bytes=len(data),
                              sha256=hashlib.sha256(data).hexdigest(),
-                             adapter_config_json=json.dumps(adapter_config) if adapter else "")
+                             adapter_config_json=json.dumps(adapter_config) if adapter else "", rollback=rollback)
     return [pb.WeightChunk(header=header),
             *(pb.WeightChunk(data=data[i:i + chunk_bytes]) for i in range(0, len(data), chunk_bytes))]

@@ -9,7 +9,11 @@
         every checkpoint_every_steps: SaveCheckpoint on every pool, then state.json
 
 A step's samples are used whole or not at all: nothing reaches a trainer before the step's
-collection is complete, and a step that fails is redone from its start on resume.
+collection is complete (every episode ended without error), and a step that fails is redone from
+its start. After a fault (a service restarting, an episode lost) the loop recovers on its own:
+it sets the trainers up again (a restarted trainer loads the last checkpoint, restarted rollout
+replicas get the current weights), rolls every pool back to one checkpoint when their versions
+no longer agree with a recorded step, and continues after the step they hold.
 """
 
 from __future__ import annotations
@@ -24,17 +28,38 @@ from typing import Any
 
 from atgrpo._proto.v1 import trainer_pb2
 from atgrpo.config import RunConfig
-from atgrpo.errors import FailedPrecondition, InvalidArgument
+from atgrpo.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 from atgrpo.sdk.client import EnvClient
 from rollout_svc.client import RolloutClient
 from rollout_svc.convert import collect_plan_to_pb, event_from_pb
 from rollout_svc.types import CollectPlan, EpisodeEnd, Sample, TaskRef
-from router_svc import events
+from router_svc import events, metrics
 from router_svc.plan import collect_plan, env_options, shard, step_batches, step_tasks
 from router_svc.rundir import Checkpoint, Progress, RunDir
 from trainer_svc.client import TrainerClient
 
 log = logging.getLogger("atgrpo.router")
+
+MAX_ATTEMPTS = 12       # consecutive failed attempts of one step before the run fails
+
+
+class StepIncomplete(RuntimeError):
+    """Some episode of the step did not finish (a service went away mid-step): the step's samples
+    are dropped whole and it is collected again."""
+
+
+# Faults a run survives by recovering and trying the step again; anything else (a bad config, a
+# bug) fails the run at once with its message.
+RECOVERABLE = (Unavailable, ResourceExhausted, DeadlineExceeded, FailedPrecondition, NotFound, Internal,
+               StepIncomplete)
 
 
 @dataclass
@@ -60,7 +85,7 @@ class Clients:
 
 
 def setup_request(cfg: RunConfig, pool: str, checkpoint_root: str, resume_from: str = "",
-                  run_id: str | None = None) -> trainer_pb2.SetupRequest:
+                  run_id: str | None = None, reload: bool = False) -> trainer_pb2.SetupRequest:
     p = cfg.pools[pool]
     lora = p.lora
     return trainer_pb2.SetupRequest(
@@ -74,7 +99,8 @@ def setup_request(cfg: RunConfig, pool: str, checkpoint_root: str, resume_from: 
                                       total_steps=cfg.run.steps),
         device=p.device, dtype=p.dtype, micro_batch_tokens=p.micro_batch_tokens, seed=cfg.run.seed,
         rollout_addresses=list(cfg.services.rollout[pool]), checkpoint_dir=checkpoint_root,
-        resume_from=resume_from, checkpoint_every_updates=0)   # the router keeps the cadence
+        resume_from=resume_from, checkpoint_every_updates=0,   # the router keeps the cadence
+        reload=reload)
 
 
 def loss_params(cfg: RunConfig) -> trainer_pb2.LossParams:
@@ -106,6 +132,7 @@ class RunLoop:
         self.stop_requested = asyncio.Event()
         self._task_ids: dict[str, list[str] | None] = {}
         self._last_checkpoint: Checkpoint | None = None
+        self._failures = 0
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -113,19 +140,49 @@ class RunLoop:
         """After prepare(): train to the configured step count, or until stop is requested.
         Returns 'finished' or 'stopped'."""
         cfg = self.cfg
-        if self.completed == 0 and cfg.run.eval_every_steps:
-            await self.evaluate(0)                       # the baseline the curves start from
-        while self.completed < cfg.run.steps and not self.stop_requested.is_set():
-            step = self.completed + 1
-            await self.run_step(step)
-            if cfg.run.eval_every_steps and (step % cfg.run.eval_every_steps == 0 or step == cfg.run.steps):
-                await self.evaluate(step)
-            if cfg.run.checkpoint_every_steps and step % cfg.run.checkpoint_every_steps == 0:
-                await self.checkpoint(step)
-        # A stopped run keeps its last step, so a restart continues right after it.
-        if self._last_checkpoint is None or self._last_checkpoint.step != self.completed:
-            await self.checkpoint(self.completed)
-        return "finished" if self.completed >= cfg.run.steps else "stopped"
+        every = cfg.run.checkpoint_every_steps
+        if self.completed == 0:
+            if every and self._last_checkpoint is None:
+                await self._guarded(self.checkpoint, 0)   # a point to roll back to before the first one
+            if cfg.run.eval_every_steps:
+                await self._guarded(self.evaluate, 0)     # the baseline the curves start from
+        while True:
+            while self.completed < cfg.run.steps and not self.stop_requested.is_set():
+                step = self.completed + 1
+                if not await self._guarded(self.run_step, step):
+                    continue                             # recovered: the loop goes on from self.completed
+                if cfg.run.eval_every_steps and (step % cfg.run.eval_every_steps == 0 or step == cfg.run.steps):
+                    await self._guarded(self.evaluate, step)
+                if every and step % every == 0:
+                    await self._guarded(self.checkpoint, step)
+            # A stopped run keeps its last step, so a restart continues right after it.
+            if self._last_checkpoint is not None and self._last_checkpoint.step == self.completed:
+                return "finished" if self.completed >= cfg.run.steps else "stopped"
+            await self._guarded(self.checkpoint, self.completed)
+
+    async def _guarded(self, fn, step: int) -> bool:
+        """fn(step); after a recoverable fault, recover and return False (the caller redoes its
+        work from self.completed). Fails the run after MAX_ATTEMPTS faults in a row."""
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            try:
+                await fn(step)
+                self._failures = 0
+                return True
+            except RECOVERABLE as err:
+                self._failures += 1
+                if self._failures >= MAX_ATTEMPTS:
+                    raise
+                delay = min(10.0, 0.5 * 2 ** attempt)
+                log.warning("step %d: %s: %s; recovering in %.1fs (attempt %d of %d)", step,
+                            type(err).__name__, err, delay, self._failures, MAX_ATTEMPTS)
+                await asyncio.sleep(delay)
+                try:
+                    await self.prepare()
+                except RECOVERABLE as again:
+                    log.warning("recovery not possible yet: %s", again)
+                    continue
+                return False
+        return False
 
     async def prepare(self) -> None:
         """Set up every trainer, resuming from the run directory when it holds progress."""
@@ -136,16 +193,30 @@ class RunLoop:
         ckpt = progress.checkpoint if progress else None
         self.dir.write_config(self.cfg)
         root = str(self.dir.path / "checkpoints")
-        infos = await asyncio.gather(*(
-            t.setup(setup_request(self.cfg, p, root, ckpt.paths.get(p, "") if ckpt else ""))
-            for p, t in self.clients.trainers.items()))
-        self.versions = {p: info.version for p, info in zip(self.clients.trainers, infos, strict=True)}
-        self.completed = self._resume_point(progress)
+        await self._setup_trainers(root, ckpt)
+        try:
+            self.completed = self._resume_point(progress)
+        except FailedPrecondition:
+            if ckpt is None:
+                raise
+            # Some trainer restarted from the checkpoint while others went on: all go back to it.
+            behind = [p for p in self.clients.trainers if self.versions[p] != ckpt.versions.get(p)]
+            log.warning("pools %s roll back to the checkpoint of step %d", behind, ckpt.step)
+            await self._setup_trainers(root, ckpt, reload=behind)
+            self.completed = self._resume_point(progress)
         self.resumed_from = self.completed
         self._last_checkpoint = ckpt if ckpt and ckpt.step == self.completed else None
         self.dir.truncate_events(self.completed)
         if self.completed:
             log.info("resuming %s after step %d", self.cfg.run.name, self.completed)
+
+    async def _setup_trainers(self, root: str, ckpt: Checkpoint | None, reload: list[str] | None = None) -> None:
+        pools = reload if reload is not None else list(self.clients.trainers)
+        infos = await asyncio.gather(*(
+            self.clients.trainers[p].setup(setup_request(self.cfg, p, root, ckpt.paths.get(p, "") if ckpt else "",
+                                                         reload=reload is not None))
+            for p in pools))
+        self.versions.update({p: info.version for p, info in zip(pools, infos, strict=True)})
 
     async def load_checkpoint(self, where: Path) -> None:
         """Set up every trainer from `where`/<pool> (evaluation of a finished run's weights)."""
@@ -174,6 +245,7 @@ class RunLoop:
         start = time.perf_counter()
         tasks = await self.tasks(cfg.env.train_split, step - 1, cfg.run.tasks_per_step)
         samples, ends = await self.collect(collect_plan(cfg, tasks, step=step))
+        _check_complete(ends, len(tasks))
         rollout_s = time.perf_counter() - start
         pool_of = {a: cfg.agents[a].pool for a in cfg.env.turn_order}
         batches = step_batches(samples, pool_of, alpha=cfg.algorithm.alpha, norm_std=cfg.algorithm.norm_std,
@@ -240,6 +312,7 @@ class RunLoop:
         cfg = self.cfg
         tasks = await self.tasks(cfg.env.eval_split, 0, cfg.run.eval_tasks)   # the same tasks every time
         _, ends = await self.collect(collect_plan(cfg, tasks, step=step, eval_mode=True))
+        _check_complete(ends, len(tasks))
         event = events.eval_event(step, ends, cfg.env.turn_order)
         self._record(event)
         return event
@@ -255,4 +328,12 @@ class RunLoop:
 
     def _record(self, event: dict[str, Any]) -> None:
         self.dir.append_event(event)
+        metrics.observe_event(self.cfg.run.name, event)
         self.emit(event)
+
+
+def _check_complete(ends: list[EpisodeEnd], tasks: int) -> None:
+    failed = [e for e in ends if e.error]
+    if failed or len(ends) != tasks:
+        first = failed[0].error if failed else f"{tasks - len(ends)} episodes never ended"
+        raise StepIncomplete(f"{len(failed) or tasks - len(ends)} of {tasks} episodes did not finish ({first})")

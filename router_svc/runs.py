@@ -14,7 +14,7 @@ from typing import Any
 
 from atgrpo.config import RunConfig
 from atgrpo.errors import FailedPrecondition, NotFound
-from router_svc import events
+from router_svc import events, metrics
 from router_svc.run import RunLoop
 
 log = logging.getLogger("atgrpo.router")
@@ -45,6 +45,7 @@ class Run:
 
     def _set_state(self, state: str, error: str = "") -> None:
         self.state, self.error = state, error
+        metrics.observe_state(self.id, state)
         self._append(self.status())
 
     async def _main(self) -> None:

@@ -15,20 +15,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from prometheus_client import Counter, Gauge, Histogram
-
 from atgrpo.errors import DeadlineExceeded, ResourceExhausted
 from sandbox_svc.backends.base import Backend
 from sandbox_svc.compare import outputs_match
+from sandbox_svc.metrics import EXEC_SECONDS, QUEUE_DEPTH, REJECTED, RUNNING, set_capacity
 from sandbox_svc.model import CaseResult, ExecRequest, ExecResult, TestsRequest, TestsResult
 from sandbox_svc.policy import Policy, check_exec, check_tests
-
-EXEC_SECONDS = Histogram("atgrpo_sandbox_exec_seconds", "Wall time of one execution, by verdict.",
-                         ["backend", "verdict"],
-                         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))
-QUEUE_DEPTH = Gauge("atgrpo_sandbox_queue_depth", "Requests admitted and waiting for a worker slot.")
-RUNNING = Gauge("atgrpo_sandbox_running", "Executions running now.")
-REJECTED = Counter("atgrpo_sandbox_rejected_total", "Requests refused because the queue was full.")
 
 
 def _fit_deadline(req: ExecRequest, deadline: float | None) -> ExecRequest:
@@ -58,6 +50,7 @@ class Executor:
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="sandbox")
         self._admitted = 0
         self._mean_s = 0.05   # running estimate of an execution's time, for retry hints
+        set_capacity(self.workers, self.queue)
 
     def _admit(self) -> None:
         if self._admitted >= self.workers + self.queue:

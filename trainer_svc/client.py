@@ -29,7 +29,7 @@ class TrainerClient(ServiceClient):
                 yield trainer_pb2.TrainRequest(sample=trainer_pb2.TrainSample(
                     agent=s.agent, prompt_token_ids=list(s.prompt_ids), response_token_ids=list(s.response_ids),
                     response_logprobs=list(s.old_logprobs), advantage=s.advantage, sampling=sampling_to_pb(s.sampling)))
-        return await self._call(self.stub.Train, stream(), timeout_s=timeout_s)
+        return await self._call(self.stub.Train, stream, timeout_s=timeout_s)
 
     async def save_checkpoint(self, where: str = "", timeout_s: float = 600.0) -> trainer_pb2.SaveCheckpointResponse:
         return await self._call(self.stub.SaveCheckpoint, trainer_pb2.SaveCheckpointRequest(dir=where),

@@ -63,7 +63,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         return self._info()
 
     async def Setup(self, request, context):
-        await self.trainer.setup(spec_from_pb(request), request.resume_from)
+        await self.trainer.setup(spec_from_pb(request), request.resume_from, request.reload)
         if request.micro_batch_tokens > 0:      # the run's budget; the --micro-batch-tokens flag is the default
             self.micro_batch_tokens = request.micro_batch_tokens
         return self._info()

@@ -6,6 +6,8 @@ domain errors of atgrpo.errors instead of grpc.RpcError, so callers decide on re
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import grpc
@@ -14,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from atgrpo.errors import RETRY_AFTER_KEY, AtgrpoError, error_for_status
 from atgrpo.rpc.options import DEFAULT_DEADLINE_S, channel_options
+from atgrpo.rpc.security import open_channel
 
 
 def to_domain_error(err: aio.AioRpcError, target: str) -> AtgrpoError:
@@ -35,15 +38,29 @@ class ServiceClient:
     def __init__(self, address: str, *, timeout_s: float = DEFAULT_DEADLINE_S):
         self.address = address
         self.timeout_s = timeout_s
-        self.channel = aio.insecure_channel(address, options=channel_options())
+        # TLS, the client certificate and the auth token come from the environment (rpc.security).
+        self.channel = open_channel(address, options=channel_options())
         self.stub = self.stub_class(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
 
-    async def _call(self, method: Any, request: Any, *, timeout_s: float | None = None) -> Any:
-        try:
-            return await method(request, timeout=timeout_s or self.timeout_s)
-        except aio.AioRpcError as err:
-            raise to_domain_error(err, self.address) from None
+    async def _call(self, method: Any, request: Any, *, timeout_s: float | None = None,
+                    retry: bool = True) -> Any:
+        """One call, retried with backoff on UNAVAILABLE and RESOURCE_EXHAUSTED (a service
+        restarting, a full queue) until the deadline. A streamed request is given as a zero-arg
+        callable that makes a fresh iterator for every attempt."""
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        delay = 0.05
+        while True:
+            try:
+                return await method(request() if callable(request) else request,
+                                    timeout=max(0.001, deadline - time.monotonic()))
+            except aio.AioRpcError as err:
+                error = to_domain_error(err, self.address)
+            wait = max(delay, (error.retry_after_ms or 0) / 1000)
+            if not (retry and error.retryable) or time.monotonic() + wait >= deadline:
+                raise error
+            await asyncio.sleep(wait)
+            delay = min(delay * 2, 2.0)
 
     async def health(self, service: str = "", *, timeout_s: float = 2.0) -> str:
         """The health status name ("SERVING", "NOT_SERVING", ...); raises Unavailable when down."""

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from atgrpo.errors import FailedPrecondition, Internal, InvalidArgument
+from atgrpo.sdk import metrics
 from atgrpo.sdk.env import Environment, EnvSpec, Message, Sandbox, StepResult
 from atgrpo.sdk.registry import Registry
 from atgrpo.sdk.store import Episode, EpisodeStore
@@ -72,6 +73,7 @@ class EnvHost:
             raise InvalidArgument(f"env {name!r} has no split {split!r}; it has {list(env.spec.splits)}")
         await _maybe_await(env.reset(task_id, seed, split))
         (episode,) = self.store.add(name, env)
+        metrics.episode_started(name)
         return episode.id, env.spec
 
     def _agent(self, episode: Episode, agent: str) -> None:
@@ -95,7 +97,8 @@ class EnvHost:
         async with episode.lock:
             if episode.done:
                 raise FailedPrecondition(f"episode {episode_id} is done; Reset a new one")
-            result = await _maybe_await(episode.env.step(agent, action))
+            with metrics.STEP_SECONDS.labels(episode.env_name).time():
+                result = await _maybe_await(episode.env.step(agent, action))
             if not isinstance(result, StepResult):
                 raise Internal(f"{type(episode.env).__name__}.step returned {type(result).__name__}, "
                                "not a StepResult")
@@ -109,8 +112,9 @@ class EnvHost:
             raise InvalidArgument(f"fork count {n} must be between 1 and {MAX_FORK}")
         episode = self.store.get(episode_id)
         async with episode.lock:
-            copy = await _maybe_await(episode.env.fork())
-            forks = self.store.add(episode.env_name, copy, turn=episode.turn, acted=episode.acted, count=n)
+            with metrics.FORK_SECONDS.labels(episode.env_name).time():
+                copy = await _maybe_await(episode.env.fork())
+                forks = self.store.add(episode.env_name, copy, turn=episode.turn, acted=episode.acted, count=n)
         for f in forks:
             f.done = episode.done
         return [f.id for f in forks]

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from atgrpo.errors import NotFound, ResourceExhausted
+from atgrpo.sdk import metrics
 from atgrpo.sdk.env import Environment
 
 
@@ -44,6 +45,7 @@ class EpisodeStore:
         self._episodes: dict[str, Episode] = {}
         # Ids unique across restarts of this process too, so a stale id never names a new episode.
         self._ids = (f"{os.getpid():x}-{int(time.time()):x}-{i:x}" for i in itertools.count())
+        metrics.track_store(self)
 
     def __len__(self) -> int:
         return len(self._episodes)

@@ -1,6 +1,6 @@
 """Each service runs alone as `python -m <kind>_svc`, answers health, reflection and GetInfo over
-real gRPC, answers UNIMPLEMENTED (never fake data) for the RPCs later issues build, and exits
-cleanly on SIGTERM."""
+real gRPC, answers a request about something it does not hold with NOT_FOUND (never fake data),
+and exits cleanly on SIGTERM."""
 
 import asyncio
 import json
@@ -23,9 +23,9 @@ FULL_NAMES = {
     "rollout": "atgrpo.v1.RolloutService", "router": "atgrpo.v1.RouterService",
     "trainer": "atgrpo.v1.TrainerService",
 }
-# One RPC per service that a later issue implements, with a valid request.
-NOT_YET = {
-    "router": ("GetRun", router_pb2.GetRunRequest(run_id="r")),
+# A valid request about a thing the fresh service does not hold.
+ABSENT = {
+    "router": ("GetRun", router_pb2.GetRunRequest(run_id="r"), "no run 'r' on this router"),
 }
 
 
@@ -56,8 +56,8 @@ async def _list_services(address: str) -> set[str]:
     return set()
 
 
-async def _call_unimplemented(kind: str, address: str) -> tuple[grpc.StatusCode, str]:
-    method, request = NOT_YET[kind]
+async def _call_absent(kind: str, address: str) -> tuple[grpc.StatusCode, str]:
+    method, request, _ = ABSENT[kind]
     async with aio.insecure_channel(address) as ch:
         try:
             await getattr(STUBS[kind](ch), method)(request, timeout=5)
@@ -77,10 +77,10 @@ def test_service_serves_health_reflection_info_and_stops_on_sigterm(service):
     services = asyncio.run(_list_services(address))
     assert {FULL_NAMES[kind], "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= services
 
-    if kind in NOT_YET:
-        code, details = asyncio.run(_call_unimplemented(kind, address))
-        assert code == grpc.StatusCode.UNIMPLEMENTED
-        assert f"{FULL_NAMES[kind]}/{NOT_YET[kind][0]} is not implemented" in details
+    if kind in ABSENT:
+        code, details = asyncio.run(_call_absent(kind, address))
+        assert code == grpc.StatusCode.NOT_FOUND
+        assert ABSENT[kind][2] in details and "StartRun" in details
 
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=10) == 0

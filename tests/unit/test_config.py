@@ -59,7 +59,7 @@ def test_example_loads_with_its_values_and_defaults():
     cfg = load_config(EXAMPLE)
     assert cfg.level == "L1"
     assert cfg.local_mode
-    assert cfg.run.run_dir == "runs/toy-l1-tiny"  # empty run_dir -> runs/<name>
+    assert cfg.run.run_dir == "runs/plan-path-l1-tiny"  # empty run_dir -> runs/<name>
     assert cfg.agents_of("shared") == ["tool", "plan"]
     assert cfg.pools["shared"].optim.lr == pytest.approx(1e-5)
     assert cfg.pools["shared"].optim.betas == (0.9, 0.999)  # untouched optim keys keep defaults

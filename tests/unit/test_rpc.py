@@ -53,8 +53,9 @@ def _binding() -> Binding:
 class _ProbeClient(ServiceClient):
     stub_class = staticmethod(lambda channel: channel)  # the test calls methods by path
 
-    async def call(self, method: str, payload: bytes, timeout_s: float = 5.0):
-        return await self._call(self.channel.unary_unary(f"/{SERVICE}/{method}"), payload, timeout_s=timeout_s)
+    async def call(self, method: str, payload: bytes, timeout_s: float = 5.0, retry: bool = True):
+        return await self._call(self.channel.unary_unary(f"/{SERVICE}/{method}"), payload, timeout_s=timeout_s,
+                                retry=retry)
 
 
 def run(coro):
@@ -152,13 +153,34 @@ def test_concurrency_cap_refuses_with_resource_exhausted():
     async def go():
         running = await create_server([_binding()], max_concurrent_rpcs=2)
         async with _ProbeClient(f"127.0.0.1:{running.port}") as c:
-            results = await asyncio.gather(*(c.call("Sleep", b"0.3") for _ in range(4)),
+            refused = await asyncio.gather(*(c.call("Sleep", b"0.3", retry=False) for _ in range(4)),
                                            return_exceptions=True)
+            retried = await asyncio.gather(*(c.call("Sleep", b"0.3") for _ in range(4)))
         await running.stop(0)
-        return results
-    results = run(go())
-    assert results.count(b"slept") == 2
-    assert sum(isinstance(r, errors.ResourceExhausted) for r in results) == 2
+        return refused, retried
+    refused, retried = run(go())
+    assert refused.count(b"slept") == 2
+    assert sum(isinstance(r, errors.ResourceExhausted) for r in refused) == 2
+    assert retried == [b"slept"] * 4          # the client backs off and retries within its deadline
+
+
+def test_a_restarting_service_is_waited_for_within_the_deadline():
+    """UNAVAILABLE is retried with backoff: a call made while the server is down succeeds once a
+    server listens on the address again, before the deadline."""
+    async def go():
+        first = await create_server([_binding()])
+        port = first.port
+        await first.stop(0)
+        async with _ProbeClient(f"127.0.0.1:{port}") as c:
+            pending = asyncio.ensure_future(c.call("Sleep", b"0", timeout_s=10))
+            await asyncio.sleep(0.5)
+            assert not pending.done()
+            second = await create_server([_binding()], f"127.0.0.1:{port}")
+            try:
+                return await pending
+            finally:
+                await second.stop(0)
+    assert run(go()) == b"slept"
 
 
 def test_unreachable_address_is_unavailable_and_retryable():

@@ -619,6 +619,7 @@ class WeightHeader(_message.Message):
     TOTAL_BYTES_FIELD_NUMBER: _builtins.int
     SHA256_FIELD_NUMBER: _builtins.int
     ADAPTER_CONFIG_JSON_FIELD_NUMBER: _builtins.int
+    ROLLBACK_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     adapter: _builtins.str
     """empty = full model"""
@@ -630,6 +631,8 @@ class WeightHeader(_message.Message):
     """hex digest of the concatenated chunks"""
     adapter_config_json: _builtins.str
     """PEFT adapter_config.json, for adapters"""
+    rollback: _builtins.bool
+    """a trainer restored from a checkpoint: replace any served version"""
     def __init__(
         self,
         *,
@@ -640,10 +643,11 @@ class WeightHeader(_message.Message):
         total_bytes: _builtins.int = ...,
         sha256: _builtins.str = ...,
         adapter_config_json: _builtins.str = ...,
+        rollback: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapter", b"adapter", "adapter_config_json", b"adapter_config_json", "format", b"format", "pool", b"pool", "sha256", b"sha256", "total_bytes", b"total_bytes", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapter", b"adapter", "adapter_config_json", b"adapter_config_json", "format", b"format", "pool", b"pool", "rollback", b"rollback", "sha256", b"sha256", "total_bytes", b"total_bytes", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

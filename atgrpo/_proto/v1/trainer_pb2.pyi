@@ -154,6 +154,7 @@ class SetupRequest(_message.Message):
     CHECKPOINT_DIR_FIELD_NUMBER: _builtins.int
     RESUME_FROM_FIELD_NUMBER: _builtins.int
     CHECKPOINT_EVERY_UPDATES_FIELD_NUMBER: _builtins.int
+    RELOAD_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     pool: _builtins.str
     model_path: _builtins.str
@@ -170,6 +171,11 @@ class SetupRequest(_message.Message):
     """a checkpoint to resume from; empty = fresh"""
     checkpoint_every_updates: _builtins.int
     """also save after every N updates; 0 = only on request"""
+    reload: _builtins.bool
+    """Already set up for this run: load resume_from anyway (the router rolls every pool back to
+    one checkpoint after a fault). Without it a repeated Setup keeps the state and only brings
+    replicas that lag (restarted ones) up to the trainer's weights.
+    """
     @_builtins.property
     def lora(self) -> Global___LoraParams: ...
     @_builtins.property
@@ -198,10 +204,11 @@ class SetupRequest(_message.Message):
         checkpoint_dir: _builtins.str = ...,
         resume_from: _builtins.str = ...,
         checkpoint_every_updates: _builtins.int = ...,
+        reload: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lora", b"lora", "optim", b"optim"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "checkpoint_dir", b"checkpoint_dir", "checkpoint_every_updates", b"checkpoint_every_updates", "device", b"device", "dtype", b"dtype", "lora", b"lora", "micro_batch_tokens", b"micro_batch_tokens", "model_path", b"model_path", "optim", b"optim", "pool", b"pool", "resume_from", b"resume_from", "rollout_addresses", b"rollout_addresses", "run_id", b"run_id", "seed", b"seed", "specialization", b"specialization"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "checkpoint_dir", b"checkpoint_dir", "checkpoint_every_updates", b"checkpoint_every_updates", "device", b"device", "dtype", b"dtype", "lora", b"lora", "micro_batch_tokens", b"micro_batch_tokens", "model_path", b"model_path", "optim", b"optim", "pool", b"pool", "reload", b"reload", "resume_from", b"resume_from", "rollout_addresses", b"rollout_addresses", "run_id", b"run_id", "seed", b"seed", "specialization", b"specialization"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,69 @@
+"""Faults: kill -9 each service in turn during a local training run. The launcher restarts what
+died on its old ports, clients retry, the router recovers (a restarted trainer loads the last
+checkpoint, every pool rolls back to it) and the watcher reconnects to a restarted router. The
+run finishes with every step recorded exactly once and every step's samples trained."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from atgrpo import local
+from atgrpo.config import parse_config
+from atgrpo.train import LocalServices, drive
+from router_svc.rundir import read_metrics
+from tests.e2e.test_training import Collect, tiny, toy_config  # noqa: F401  (tiny is a fixture)
+
+pytestmark = pytest.mark.slow
+
+VICTIMS = ["env", "sandbox", "rollout-a-1", "trainer-a", "router"]   # in the order they are killed
+STEPS = 2 * len(VICTIMS) + 2
+
+
+def killer(state_dir, metrics, killed: list[str], stop: threading.Event) -> None:
+    """After every second completed step, SIGKILL the next victim (whatever its current pid)."""
+    for i, name in enumerate(VICTIMS):
+        while not stop.is_set():
+            steps = [e["step"] for e in read_metrics(metrics) if e["kind"] == "step"]
+            if steps and max(steps) >= 2 * (i + 1):
+                break
+            time.sleep(0.2)
+        if stop.is_set():
+            return
+        svc = next(s for s in local.read_state(state_dir) if s.name == name)
+        os.kill(svc.pid, signal.SIGKILL)
+        killed.append(name)
+
+
+def test_a_run_survives_kill_9_of_every_service(tiny, tmp_path):  # noqa: F811
+    data = toy_config(tmp_path / "run", tiny, "L1", steps=STEPS, checkpoint_every_steps=1)
+    data["pools"]["a"]["rollout_replicas"] = 2
+    cfg = parse_config(data)
+    sink, killed, stop = Collect(), [], threading.Event()
+    services = LocalServices(cfg)
+    with services as running:
+        thread = threading.Thread(target=killer, args=(tmp_path / "run" / "services",
+                                                       tmp_path / "run" / "metrics.jsonl", killed, stop))
+        thread.start()
+        try:
+            final = asyncio.run(drive(running, sink))
+        finally:
+            stop.set()
+            thread.join()
+    assert killed == VICTIMS
+    assert final["state"] == "finished", final
+    metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    steps = [e for e in metrics if e["kind"] == "step"]
+    assert [e["step"] for e in steps] == list(range(1, STEPS + 1))          # each step exactly once
+    assert [e["pools"]["a"]["version"] for e in steps] == list(range(1, STEPS + 1))
+    for e in steps:                                                       # nothing accepted was lost
+        lines = (tmp_path / "run" / "samples" / f"step-{e['step']:06d}.jsonl").read_text().splitlines()
+        assert sum(e["pools"]["a"]["agents"].values()) == len(lines) > 0
+        assert all(json.loads(x)["policy"]["version"] == e["step"] - 1 for x in lines)
+    assert services.supervisor.restarts == dict.fromkeys(VICTIMS, 1)     # each came back once

@@ -1,0 +1,103 @@
+"""The metrics modules' hooks, in process: the values an alert or a panel relies on."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client import REGISTRY
+
+from atgrpo.sdk import metrics as env_metrics
+from atgrpo.sdk.store import EpisodeStore
+from router_svc import metrics as router_metrics
+
+
+def sample(name: str, **labels) -> float | None:
+    return REGISTRY.get_sample_value(name, labels)
+
+
+def test_run_state_has_one_current_state_and_running_restarts_the_clock(monkeypatch):
+    monkeypatch.setattr(router_metrics.time, "time", lambda: 1000.0)
+    router_metrics.observe_state("unit-run", "running")
+    assert sample("atgrpo_router_last_step_timestamp_seconds", run="unit-run") == 1000.0
+    router_metrics.observe_event("unit-run", {"kind": "step", "step": 1, "time": 1500.0, "success_rate": 0.5,
+                                              "episodes": 2, "failed_episodes": 0, "dropped_samples": 0,
+                                              "agents": {"a": {"reward_mean": 0.5, "success_rate": 0.5,
+                                                               "turns_mean": 1.0, "samples": 8, "groups": 0,
+                                                               "zero_variance_fraction": 0.0,
+                                                               "advantage_mean": 0.0, "advantage_std": 0.0}}})
+    assert sample("atgrpo_router_last_step_timestamp_seconds", run="unit-run") == 1500.0
+    assert sample("atgrpo_router_group_size_mean", run="unit-run", agent="a") == 0.0   # no groups: no division
+    router_metrics.observe_state("unit-run", "finished")
+    states = {s: sample("atgrpo_router_run_state", run="unit-run", state=s) for s in router_metrics.STATES}
+    assert states == {s: float(s == "finished") for s in router_metrics.STATES}
+    monkeypatch.setattr(router_metrics.time, "time", lambda: 9000.0)
+    router_metrics.observe_state("unit-run", "running")        # resumed much later: not "stuck" at once
+    assert sample("atgrpo_router_last_step_timestamp_seconds", run="unit-run") == 9000.0
+
+
+def test_live_episodes_follow_the_store():
+    class Env:
+        def fork(self):
+            return Env()
+
+    store = EpisodeStore()
+    env_metrics.episode_started("unit-env")
+    episodes = store.add("unit-env", Env(), count=3)
+    assert sample("atgrpo_env_live_episodes", env="unit-env") == 3
+    store.remove([episodes[0].id])
+    assert sample("atgrpo_env_live_episodes", env="unit-env") == 2
+    del store, episodes                                          # a dropped store counts no more
+    assert sample("atgrpo_env_live_episodes", env="unit-env") == 0
+
+
+def test_a_failed_weight_push_is_counted(monkeypatch):
+    import trainer_svc.trainer
+    from atgrpo.errors import Unavailable
+    from trainer_svc.trainer import Trainer
+
+    class Ops:                                                   # just what _push asks the pool for
+        state = None
+
+        def weights(self, agents):
+            return [("", {}, None)]
+
+    class Unreachable:                                           # a replica that cannot be reached
+        def __init__(self, address):
+            self.address = address
+
+        async def __aenter__(self):
+            return self
+
+        async def __aexit__(self, *exc):
+            return False
+
+        async def load_weights(self, *args, **kwargs):
+            raise Unavailable(f"{self.address} is unreachable")
+
+    monkeypatch.setattr(trainer_svc.trainer, "RolloutClient", Unreachable)
+    trainer = Trainer("p")
+    trainer.ops = Ops()
+    state = SimpleNamespace(version=1, spec=SimpleNamespace(run_id="unit-run", pool="p",
+                                                            rollout_addresses=["replica-0:50051"]))
+    before = sample("atgrpo_trainer_weight_push_failures_total", run="unit-run", pool="p") or 0.0
+    with pytest.raises(Unavailable):
+        asyncio.run(trainer._push(state, []))
+    assert sample("atgrpo_trainer_weight_push_failures_total", run="unit-run", pool="p") == before + 1
+    assert not sample("atgrpo_trainer_weight_push_seconds_count", run="unit-run", pool="p")
+
+
+def test_the_docs_list_exactly_the_metrics_the_code_defines():
+    import re
+
+    from tests.observability.conftest import ROOT
+    from tests.observability.exported import OTHER_SERIES, exported_families
+
+    doc = (ROOT / "docs" / "observability.md").read_text()
+    rows = dict(re.findall(r"^\| `(atgrpo_\w+)` \| (\w+) \|", doc, flags=re.M))
+    families = {name: kind for name, kind in exported_families().items() if name.startswith("atgrpo_")}
+    # a counter's family name lacks the _total its series (and the docs) carry
+    defined = {name + ("_total" if kind == "counter" else ""): kind for name, kind in families.items()}
+    defined |= {n: "gauge" for n in OTHER_SERIES if n.startswith("atgrpo_")}
+    assert rows == defined

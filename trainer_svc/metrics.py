@@ -1,0 +1,64 @@
+"""The trainer's Prometheus metrics (atgrpo_trainer_<what>_<unit>, DESIGN.md §4), per run and pool.
+
+Defined here, once; trainer.py reports each update and each weight push with one call. Gauges
+hold the last update's values (a Train call is one step of the run); counters accumulate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_POOL = ["run", "pool"]
+
+POLICY_VERSION = Gauge("atgrpo_trainer_policy_version", "Weights version of the pool (bumped by each update).", _POOL)
+LOSS = Gauge("atgrpo_trainer_loss", "Clipped surrogate loss of the last update (token mean).", _POOL)
+APPROX_KL = Gauge("atgrpo_trainer_approx_kl", "Approximate KL(old || new) of the last update.", _POOL)
+CLIP_RATIO = Gauge("atgrpo_trainer_clip_ratio", "Fraction of tokens whose ratio was clipped in the last update.",
+                   _POOL)
+GRAD_NORM = Gauge("atgrpo_trainer_grad_norm", "Gradient norm before clipping, mean over the last update's "
+                  "optimizer steps.", _POOL)
+ENTROPY = Gauge("atgrpo_trainer_entropy_nats", "Mean token entropy of the policy in the last update.", _POOL)
+UPDATES = Counter("atgrpo_trainer_updates_total", "Updates (Train calls that trained; replays excluded).", _POOL)
+UPDATE_SECONDS = Histogram("atgrpo_trainer_update_seconds", "Time of one update, weight push excluded.", _POOL,
+                           buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800))
+TRAINED_SAMPLES = Counter("atgrpo_trainer_samples_total", "Samples trained on, by agent.", [*_POOL, "agent"])
+TRAINED_TOKENS = Counter("atgrpo_trainer_tokens_total", "Response tokens trained on, by agent.", [*_POOL, "agent"])
+PUSH_SECONDS = Histogram("atgrpo_trainer_weight_push_seconds",
+                         "Time to push new weights to every rollout replica of the pool.", _POOL,
+                         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+PUSH_BYTES = Counter("atgrpo_trainer_weight_push_bytes_total",
+                     "Weight bytes acknowledged by rollout replicas (all replicas summed).", _POOL)
+PUSH_FAILURES = Counter("atgrpo_trainer_weight_push_failures_total",
+                        "Weight pushes that failed (a replica refused or could not be reached).", _POOL)
+
+
+def set_version(run: str, pool: str, version: int) -> None:
+    POLICY_VERSION.labels(run, pool).set(version)
+
+
+def observe_update(run: str, pool: str, version: int, m: Mapping[str, float],
+                   agents: Mapping[str, Mapping[str, float]]) -> None:
+    """One update: `m` is the TrainResult's metrics, `agents` its per-agent samples and tokens."""
+    set_version(run, pool, version)
+    for gauge, key in ((LOSS, "loss"), (APPROX_KL, "approx_kl"), (CLIP_RATIO, "clip_fraction"),
+                       (GRAD_NORM, "grad_norm"), (ENTROPY, "entropy")):
+        if key in m:
+            gauge.labels(run, pool).set(m[key])
+    UPDATES.labels(run, pool).inc()
+    if "train_seconds" in m:
+        UPDATE_SECONDS.labels(run, pool).observe(m["train_seconds"])
+    for agent, a in agents.items():
+        TRAINED_SAMPLES.labels(run, pool, agent).inc(a.get("samples", 0.0))
+        TRAINED_TOKENS.labels(run, pool, agent).inc(a.get("tokens", 0.0))
+
+
+def push_failures(run: str, pool: str):
+    """A context manager counting an exception out of a push (it still propagates)."""
+    return PUSH_FAILURES.labels(run, pool).count_exceptions()
+
+
+def observe_push(run: str, pool: str, seconds: float, sent_bytes: int) -> None:
+    PUSH_SECONDS.labels(run, pool).observe(seconds)
+    PUSH_BYTES.labels(run, pool).inc(sent_bytes)
