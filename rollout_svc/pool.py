@@ -10,10 +10,12 @@ settings are run as one batch, which is what makes n=K tree sampling of many tas
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from atgrpo.errors import FailedPrecondition, InvalidArgument, NotFound
+from rollout_svc import metrics
 from rollout_svc.types import Completion, Generation, PolicyRef, Sampling
 
 MAX_BATCH_ROWS = 256
@@ -36,6 +38,7 @@ class _Swap:
     adapter: str
     version: int
     apply: Any                     # callable run in the worker thread
+    rollback: bool = False
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -45,6 +48,7 @@ class PoolRuntime:
         self.versions: dict[str, int] = {"": 0}         # "" = base model; adapters by agent name
         self._queue: asyncio.Queue = asyncio.Queue()
         self._worker: asyncio.Task | None = None
+        metrics.set_versions(name, self.versions)
 
     def policies(self) -> list[PolicyRef]:
         return [PolicyRef(self.name, a, v) for a, v in sorted(self.versions.items())]
@@ -66,10 +70,11 @@ class PoolRuntime:
         await self._queue.put(req)
         return await req.future
 
-    async def swap(self, adapter: str, version: int, apply) -> None:
+    async def swap(self, adapter: str, version: int, apply, *, rollback: bool = False) -> None:
         """Run `apply()` (which loads new weights into the engine) between batches, then set the
-        version. Versions only go up."""
-        job = _Swap(adapter, version, apply)
+        version. Versions only go up, but for a rollback (a trainer restored from a checkpoint,
+        whose weights are then the run's)."""
+        job = _Swap(adapter, version, apply, rollback)
         self._ensure_worker()
         await self._queue.put(job)
         await job.future
@@ -77,12 +82,13 @@ class PoolRuntime:
     async def _apply_swap(self, job: _Swap) -> None:
         # Checked here, in queue order, so two concurrent pushes cannot both pass.
         current = self.versions.get(job.adapter, -1)
-        if job.version <= current:
+        if job.version <= current and not job.rollback:
             what = f"adapter {job.adapter!r}" if job.adapter else "model"
             raise FailedPrecondition(f"pool {self.name!r} {what} is at version {current}; version "
                                      f"{job.version} is stale. Push a newer version")
         await asyncio.to_thread(job.apply)
         self.versions[job.adapter] = job.version
+        metrics.set_versions(self.name, self.versions)
 
     def _take_batch(self, first: _Request) -> list[_Request]:
         """`first` plus queued requests it can share a batch with (same adapter and sampling)."""
@@ -111,6 +117,7 @@ class PoolRuntime:
             policy = PolicyRef(self.name, item.adapter, self.versions[item.adapter])
             work = asyncio.to_thread(self.engine.generate, [r.prompt for r in batch], [r.n for r in batch],
                                      item.sampling, item.adapter)
+            start = time.perf_counter()
             try:
                 outs: list[list[Completion]] = await work
             except Exception as err:  # noqa: BLE001 - fail the requests, keep serving
@@ -118,6 +125,7 @@ class PoolRuntime:
                     if not r.future.done():
                         r.future.set_exception(InvalidArgument(f"generation failed: {err}"))
                 continue
+            metrics.observe_batch(self.name, outs, time.perf_counter() - start)
             for r, completions in zip(batch, outs, strict=True):
                 if not r.future.done():
                     r.future.set_result(Generation(r.prompt, completions, policy))

@@ -163,7 +163,7 @@ class RunLoop:
     async def _guarded(self, fn, step: int) -> bool:
         """fn(step); after a recoverable fault, recover and return False (the caller redoes its
         work from self.completed). Fails the run after MAX_ATTEMPTS faults in a row."""
-        for attempt in range(1, MAX_ATTEMPTS + 1):
+        for _ in range(MAX_ATTEMPTS):
             try:
                 await fn(step)
                 self._failures = 0
@@ -172,7 +172,7 @@ class RunLoop:
                 self._failures += 1
                 if self._failures >= MAX_ATTEMPTS:
                     raise
-                delay = min(10.0, 0.5 * 2 ** attempt)
+                delay = min(10.0, 0.25 * 2 ** self._failures)     # faults in a row back off further
                 log.warning("step %d: %s: %s; recovering in %.1fs (attempt %d of %d)", step,
                             type(err).__name__, err, delay, self._failures, MAX_ATTEMPTS)
                 await asyncio.sleep(delay)

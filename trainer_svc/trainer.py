@@ -16,6 +16,7 @@ from pathlib import Path
 
 from atgrpo.errors import FailedPrecondition, InvalidArgument
 from rollout_svc.client import RolloutClient
+from trainer_svc import metrics as telemetry  # `metrics` is a TrainResult's dict below
 from trainer_svc.distributed import Ranks
 from trainer_svc.state import PoolSpec, PoolState
 from trainer_svc.update import TrainSample, UpdateConfig, update, validate
@@ -74,6 +75,7 @@ class Trainer:
         self.ops = PoolOps(sharding)
         self.ranks = ranks          # set on rank 0 of a torchrun pool: the other ranks follow
         self._done: dict[tuple[str, int], TrainResult] = {}   # (run, step) -> result: Train is idempotent
+        self._pushed: dict[str, int] = {}   # adapter ("" = the model) -> the version last pushed
         self._lock = asyncio.Lock()
 
     @property
@@ -89,27 +91,45 @@ class Trainer:
         """Run a PoolOps operation here and on every other rank (off the event loop)."""
         return await asyncio.to_thread(self._collective, op, *args)
 
-    async def setup(self, spec: PoolSpec, resume_from: str = "") -> PoolState:
+    async def setup(self, spec: PoolSpec, resume_from: str = "", reload: bool = False) -> PoolState:
         async with self._lock:
             if self.state is not None:
-                if self.state.spec.run_id == spec.run_id and self.state.spec.pool == spec.pool:
-                    return self.state          # a repeated Setup of the same run is a no-op
-                raise FailedPrecondition(f"this trainer serves run {self.state.spec.run_id!r}, pool "
-                                         f"{self.state.spec.pool!r}; start another trainer for {spec.run_id!r}")
+                same = self.state.spec.run_id == spec.run_id and self.state.spec.pool == spec.pool
+                if not same:
+                    raise FailedPrecondition(f"this trainer serves run {self.state.spec.run_id!r}, pool "
+                                             f"{self.state.spec.pool!r}; start another trainer for {spec.run_id!r}")
+                if not (reload and resume_from):
+                    await self._sync_replicas(self.state)   # a repeat: bring restarted replicas up to date
+                    return self.state
             if self.pool_name and spec.pool != self.pool_name:
                 raise InvalidArgument(f"this trainer was started for pool {self.pool_name!r}, not {spec.pool!r}")
+            previous = self.ops.state
             state = await self._run("setup", spec, resume_from)
+            self._done.clear()      # results of steps after the checkpoint no longer hold
             # Replicas must serve what this trainer holds before the first Collect: every adapter
-            # (a replica has none until pushed), or the resumed model (a replica starts at v0).
+            # (a replica has none until pushed), or the resumed model (a replica starts at v0). A
+            # restored trainer's weights replace newer ones a replica may still serve.
             try:
                 if state.lora:
-                    await self._push(state, state.spec.agents)
-                elif state.version > 0:
-                    await self._push(state, [])
+                    await self._push(state, state.spec.agents, rollback=True)
+                elif state.version > 0 or previous is not None:
+                    await self._push(state, [], rollback=True)
             except BaseException:
                 self.ops.state = None   # not set up until the replicas are: Setup may be retried
                 raise
+            telemetry.set_version(spec.run_id, spec.pool, state.version)
             return state
+
+    async def _sync_replicas(self, state: PoolState) -> None:
+        """Push to each replica whose served versions differ from what this trainer last pushed."""
+        lagging = []
+        for address in state.spec.rollout_addresses:
+            async with RolloutClient(address) as client:
+                served = {p.adapter: p.version for p in await client.policies() if p.pool == state.spec.pool}
+            if any(served.get(adapter, -1) != version for adapter, version in self._pushed.items()):
+                lagging.append(address)
+        if lagging:
+            await self._push(state, state.spec.agents if state.lora else [], rollback=True, addresses=lagging)
 
     def need_state(self) -> PoolState:
         if self.state is None:
@@ -141,6 +161,7 @@ class Trainer:
             agents = {a: {"samples": float(sum(s.agent == a for s in samples)),
                           "tokens": float(sum(len(s.response_ids) for s in samples if s.agent == a))} for a in trained}
             result = TrainResult(run_id, step, state.version, metrics, agents)
+            telemetry.observe_update(run_id, state.spec.pool, state.version, metrics, agents)
             self._done[(run_id, step)] = result
             every = state.spec.checkpoint_every_updates
             if every and state.spec.checkpoint_dir and state.updates % every == 0:
@@ -151,9 +172,11 @@ class Trainer:
     def _default_dir(state: PoolState) -> str:
         return str(Path(state.spec.checkpoint_dir) / f"version-{state.version}")
 
-    async def _push(self, state: PoolState, agents: Sequence[str]) -> tuple[float, int]:
+    async def _push(self, state: PoolState, agents: Sequence[str], *, rollback: bool = False,
+                    addresses: Sequence[str] | None = None) -> tuple[float, int]:
         """New weights to every replica at once; answers once all acknowledged (on-policy)."""
-        if not state.spec.rollout_addresses:
+        addresses = state.spec.rollout_addresses if addresses is None else addresses
+        if not addresses:
             return 0.0, 0
         payloads = await self._run("weights", agents)
         start = time.perf_counter()
@@ -163,12 +186,16 @@ class Trainer:
             async with RolloutClient(address) as client:
                 for adapter, tensors, config in payloads:
                     resp = await client.load_weights(tensors, state.spec.pool, state.version, adapter=adapter,
-                                                     adapter_config=config)
+                                                     adapter_config=config, rollback=rollback)
                     sent += resp.bytes_received
             return sent
 
-        sent = await asyncio.gather(*(one(a) for a in state.spec.rollout_addresses))
-        return time.perf_counter() - start, sum(sent)
+        with telemetry.push_failures(state.spec.run_id, state.spec.pool):
+            sent = await asyncio.gather(*(one(a) for a in addresses))
+        self._pushed.update({adapter: state.version for adapter, _, _ in payloads})
+        seconds, total = time.perf_counter() - start, sum(sent)
+        telemetry.observe_push(state.spec.run_id, state.spec.pool, seconds, total)
+        return seconds, total
 
     async def save_checkpoint(self, where: str = "") -> tuple[Path, int]:
         async with self._lock:
