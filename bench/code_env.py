@@ -30,6 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _report import record  # noqa: E402
+
 from atgrpo.sdk.host import EnvHost  # noqa: E402
 from atgrpo.sdk.local import LocalEnvs  # noqa: E402
 from env_svc import datasets  # noqa: E402
@@ -230,6 +232,8 @@ async def main_async(args) -> None:
     print(f"   baseline: the same {len(requests)} RunTests requests sent straight to the executor: {base_s:.2f} s = "
           f"{steps2 / base_s:.1f} steps/s with no env, driver or generation; the env run reached "
           f"{base_s / wall2:.2f}x of that")
+    record("code_env", "env steps/s vs the same RunTests straight to the executor", base_s / wall2,
+           f"{steps2 / wall2:.1f} steps/s")
 
 
 def main() -> None:

@@ -17,6 +17,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _report import record  # noqa: E402
+
 from atgrpo.algo.sampling import Sampling  # noqa: E402
 from atgrpo.models import build_tiny_model  # noqa: E402
 from trainer_svc.update import TrainSample, UpdateConfig, update  # noqa: E402
@@ -98,6 +100,9 @@ def main() -> None:
         for bf16 in (False, True):   # TRL defaults to bf16 autocast on CPU: compare like with like
             trl, ours = trl_rate(model_dir, args, bf16), atgrpo_rate(model_dir, args, bf16)
             print(f"{size:<7} {'bf16 mixed' if bf16 else 'float32':<10} {trl:10.0f} {ours:13.0f} {ours / trl:6.2f}x")
+            precision = "bf16 mixed" if bf16 else "float32"
+            record("trainer", f"update tok/s vs TRL GRPO, {size} {precision}", ours / trl,
+                   f"{ours:.0f} vs {trl:.0f} tok/s")
 
 
 if __name__ == "__main__":
