@@ -27,9 +27,9 @@ def main() -> int:
                 failed.append(bench.name)
         rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     print("\n== every ratio (atgrpo / baseline measured in the same run)")
-    print(f"{'bench':<10} {'what':<46} {'ratio':>7}  detail")
+    print(f"{'bench':<10} {'what':<60} {'ratio':>7}  detail")
     for r in rows:
-        print(f"{r['bench']:<10} {r['what']:<46} {r['ratio']:6.2f}x  {r['detail']}")
+        print(f"{r['bench']:<10} {r['what']:<60} {r['ratio']:6.2f}x  {r['detail']}")
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
