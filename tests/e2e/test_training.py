@@ -184,7 +184,7 @@ def test_the_demo_learns(tiny, tmp_path):
     import yaml
 
     data = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "toy_L1_tiny.yaml").read_text())
-    data["run"].update(steps=300, eval_every_steps=50, checkpoint_every_steps=0, run_dir=str(tmp_path / "run"))
+    data["run"].update(steps=350, eval_every_steps=50, checkpoint_every_steps=0, run_dir=str(tmp_path / "run"))
     data["pools"]["shared"]["model_path"] = tiny
     sink, _ = train_locally(data)
     evals = [e["success_rate"] for e in sink.events if e["kind"] == "eval"]
