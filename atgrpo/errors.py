@@ -67,6 +67,13 @@ class Unimplemented(AtgrpoError):
     code = grpc.StatusCode.UNIMPLEMENTED
 
 
+class Unauthenticated(AtgrpoError):
+    """A state-changing RPC without the cluster's auth token (atgrpo.rpc.security); set
+    ATGRPO_AUTH_TOKEN (or ATGRPO_AUTH_TOKEN_FILE) for the client, then retry."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
 class Internal(AtgrpoError):
     """A bug on the server side; the message says where."""
 
@@ -76,7 +83,7 @@ class Internal(AtgrpoError):
 _BY_CODE: dict[grpc.StatusCode, type[AtgrpoError]] = {
     cls.code: cls
     for cls in (InvalidArgument, NotFound, FailedPrecondition, ResourceExhausted, Unavailable,
-                DeadlineExceeded, Unimplemented, Internal)
+                DeadlineExceeded, Unimplemented, Unauthenticated, Internal)
 }
 
 # Trailing metadata key carrying a retry hint with RESOURCE_EXHAUSTED.

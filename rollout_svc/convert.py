@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import math
+import re
+
 from atgrpo._proto.v1 import common_pb2
 from atgrpo._proto.v1 import rollout_pb2 as pb
+from atgrpo.discovery import DiscoveryError, parse_target
+from atgrpo.errors import InvalidArgument
 from atgrpo.sdk.convert import dict_from, struct_from
 from rollout_svc.types import (
     AgentPlan,
@@ -19,7 +24,33 @@ _MODES = {pb.COLLECT_MODE_UNSPECIFIED: "tree", pb.COLLECT_MODE_TREE: "tree", pb.
 _SELECTIONS = {pb.SELECTION_UNSPECIFIED: "best", pb.SELECTION_BEST: "best", pb.SELECTION_FIRST: "first"}
 
 
-def sampling_from_pb(m: common_pb2.SamplingParams) -> Sampling:
+# Generous sanity caps for what arrives over the wire; the engine checks its own context length.
+MAX_TOKENS = 1 << 20
+MAX_STOPS = 64
+
+
+def check_sampling(m: common_pb2.SamplingParams, where: str = "sampling") -> None:
+    """INVALID_ARGUMENT for settings no engine can sample with (NaN, negative, empty stops), so
+    they fail here, named, not inside a batch or as NaN log-probs that would reach the trainer."""
+    problems = []
+    if not (math.isfinite(m.temperature) and m.temperature >= 0):
+        problems.append(f"temperature {m.temperature} must be a finite number >= 0 (0 = greedy)")
+    if not (math.isfinite(m.top_p) and 0 <= m.top_p <= 1):
+        problems.append(f"top_p {m.top_p} must be in (0, 1] (0 or unset = 1, off)")
+    if not 0 <= m.max_tokens <= MAX_TOKENS:
+        problems.append(f"max_tokens {m.max_tokens} must be between 1 and {MAX_TOKENS} (0 = the default 256)")
+    if not 0 <= m.max_prompt_tokens <= MAX_TOKENS:
+        problems.append(f"max_prompt_tokens {m.max_prompt_tokens} must be between 1 and {MAX_TOKENS} "
+                        "(0 = the default 2048)")
+    if len(m.stop) > MAX_STOPS or any(not s for s in m.stop):
+        problems.append(f"stop must hold at most {MAX_STOPS} non-empty strings (an empty one would end every "
+                        "response at once)")
+    if problems:
+        raise InvalidArgument(f"{where}: " + "; ".join(problems))
+
+
+def sampling_from_pb(m: common_pb2.SamplingParams, where: str = "sampling") -> Sampling:
+    check_sampling(m, where)
     return Sampling(temperature=m.temperature, top_p=m.top_p or 1.0, top_k=m.top_k, max_tokens=m.max_tokens or 256,
                     max_prompt_tokens=m.max_prompt_tokens or 2048, stop=tuple(m.stop),
                     seed=m.seed if m.HasField("seed") else None)
@@ -39,13 +70,38 @@ def policy_from_pb(m: common_pb2.PolicyVersion) -> PolicyRef:
     return PolicyRef(m.pool, m.adapter, m.version)
 
 
+_HOST = re.compile(r"^[A-Za-z0-9_.-]+$|^[0-9A-Fa-f:.]+$")
+
+
+def check_address(address: str, field: str) -> None:
+    """INVALID_ARGUMENT unless `address` is host:port (or dns:///host:port): a malformed one
+    would otherwise only fail, call after call, once something dials it."""
+    try:
+        target = parse_target(address)
+    except DiscoveryError as err:
+        raise InvalidArgument(f"{field}: {err}") from None
+    if not _HOST.match(target.host):
+        raise InvalidArgument(f"{field}: {address[:200]!r} has characters no host name has; write host:port")
+
+
+def _enum(table: dict, value: int, field: str, enum) -> str:
+    if value not in table:
+        raise InvalidArgument(f"{field} {value} is not a known value; use one of {list(enum.keys())}")
+    return table[value]
+
+
 def collect_plan_from_pb(m: pb.CollectRequest) -> CollectPlan:
-    agents = {a.name: AgentPlan(a.name, a.pool, a.adapter, sampling_from_pb(a.sampling), a.system_prompt)
+    for pool, address in m.pool_addresses.items():
+        check_address(address, f"pool_addresses[{pool[:100]!r}]")
+    agents = {a.name: AgentPlan(a.name, a.pool, a.adapter, sampling_from_pb(a.sampling, f"agent {a.name!r} sampling"),
+                                a.system_prompt)
               for a in m.agents}
     return CollectPlan(
         env=m.env, tasks=tuple(TaskRef(t.task_id, t.seed, t.split or "train") for t in m.tasks), agents=agents,
-        turn_order=tuple(m.turn_order), max_turns=m.max_turns, k=m.k or 1, mode=_MODES[m.mode],
-        selection=_SELECTIONS[m.selection], alpha=m.alpha, env_options=dict_from(m.env_options),
+        turn_order=tuple(m.turn_order), max_turns=m.max_turns, k=m.k or 1,
+        mode=_enum(_MODES, m.mode, "mode", pb.CollectMode),
+        selection=_enum(_SELECTIONS, m.selection, "selection", pb.Selection), alpha=m.alpha,
+        env_options=dict_from(m.env_options, "env_options"),
         max_concurrent_tasks=m.max_concurrent_tasks or 8, pool_addresses=dict(m.pool_addresses),
         run_id=m.run_id, step=m.step, parallel=m.parallel)
 

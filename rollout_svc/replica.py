@@ -9,6 +9,19 @@ from rollout_svc.types import AgentPlan, Generation, PolicyRef, Sampling
 from rollout_svc.weights import WeightPush, tensors
 
 
+def check_prompt(engine, prompt: list[int], sampling: Sampling) -> None:
+    """Token ids the model has, and a response budget within its context (engines that say)."""
+    vocab = getattr(engine, "vocab_size", None)
+    if vocab and (min(prompt) < 0 or max(prompt) >= vocab):
+        bad = next(t for t in prompt if not 0 <= t < vocab)
+        raise InvalidArgument(f"prompt token id {bad} is not in this model's vocabulary [0, {vocab}); "
+                              "send ids from the pool's own tokenizer")
+    context = getattr(engine, "max_model_len", None)
+    if context and sampling.max_tokens > context:
+        raise InvalidArgument(f"max_tokens {sampling.max_tokens} is over the model's context length {context}; "
+                              "lower it")
+
+
 class Replica:
     def __init__(self, pools: dict[str, PoolRuntime]):
         self.pools = pools
@@ -39,7 +52,9 @@ class Replica:
             raise InvalidArgument("the prompt is empty")
         if not 1 <= n <= 1024:
             raise InvalidArgument(f"n={n} must be between 1 and 1024")
-        generation = await self.pool(pool).generate(adapter, prompt, sampling, n)
+        runtime = self.pool(pool)
+        check_prompt(runtime.engine, prompt, sampling)
+        generation = await runtime.generate(adapter, prompt, sampling, n)
         generation.prompt_truncated = truncated
         return generation
 

@@ -33,6 +33,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         if request.HasField("expected_version"):
             self.replica.check_versions([PolicyRef(request.pool, request.adapter, request.expected_version)])
         if which == "messages":
+            if not request.messages.messages:
+                raise InvalidArgument("messages is empty; send at least one chat message (or prompt_token_ids)")
             messages = [{"role": m.role, "content": m.content} for m in request.messages.messages]
             ids, truncated = pool.engine.render(messages, sampling.max_prompt_tokens)
         else:
@@ -52,6 +54,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         plan = convert.collect_plan_from_pb(request)
         if not plan.tasks or not plan.turn_order or plan.max_turns < 1:
             raise InvalidArgument("Collect needs tasks, a turn_order and max_turns >= 1")
+        if not 1 <= plan.k <= 1024:
+            raise InvalidArgument(f"k={plan.k} must be between 1 and 1024 (branches per agent turn; 0 = 1)")
         missing = [a for a in plan.turn_order if a not in plan.agents]
         if missing:
             raise InvalidArgument(f"agents {missing} are in turn_order but have no AgentRollout")

@@ -43,8 +43,10 @@ class ServiceClient:
         self.stub = self.stub_class(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
 
+    retry = True      # False: surface RESOURCE_EXHAUSTED / UNAVAILABLE at once (load shedding tests)
+
     async def _call(self, method: Any, request: Any, *, timeout_s: float | None = None,
-                    retry: bool = True) -> Any:
+                    retry: bool | None = None) -> Any:
         """One call, retried with backoff on UNAVAILABLE and RESOURCE_EXHAUSTED (a service
         restarting, a full queue) until the deadline. A streamed request is given as a zero-arg
         callable that makes a fresh iterator for every attempt."""
@@ -57,7 +59,8 @@ class ServiceClient:
             except aio.AioRpcError as err:
                 error = to_domain_error(err, self.address)
             wait = max(delay, (error.retry_after_ms or 0) / 1000)
-            if not (retry and error.retryable) or time.monotonic() + wait >= deadline:
+            if not (self.retry if retry is None else retry) or not error.retryable \
+                    or time.monotonic() + wait >= deadline:
                 raise error
             await asyncio.sleep(wait)
             delay = min(delay * 2, 2.0)

@@ -3,7 +3,9 @@
 Servicers raise `atgrpo.errors.AtgrpoError` subclasses (or nothing); this maps them to the codes
 of DESIGN.md §4, turns a generated servicer's NotImplementedError into UNIMPLEMENTED with a
 message naming the RPC, and turns any other exception into INTERNAL while the server keeps
-serving. Metrics follow the `atgrpo_<what>_<unit>` naming of DESIGN.md §4.
+serving. A request whose bytes do not parse as the RPC's message (truncated, corrupted, another
+type) is INVALID_ARGUMENT, not grpc's UNKNOWN. Metrics follow the `atgrpo_<what>_<unit>` naming
+of DESIGN.md §4.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from grpc import aio
 from prometheus_client import Counter, Histogram
 
 from atgrpo import __version__
-from atgrpo.errors import RETRY_AFTER_KEY, AtgrpoError
+from atgrpo.errors import RETRY_AFTER_KEY, AtgrpoError, InvalidArgument
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,20 @@ RPC_SECONDS = Histogram(
     "atgrpo_rpc_duration_seconds", "Server-side RPC latency.", ["service", "method"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
 )
+
+
+# A status message travels in a header that grpc caps (8 KiB soft, 16 KiB hard, percent-encoded);
+# over the cap the client would see RESOURCE_EXHAUSTED instead of the real status. Messages that
+# quote a caller's huge input are cut to fit.
+MAX_STATUS_MESSAGE_BYTES = 2048
+
+
+def _fit(message: str) -> str:
+    data = message.encode("utf-8", "replace")
+    if len(data) <= MAX_STATUS_MESSAGE_BYTES:
+        return message
+    head = data[:MAX_STATUS_MESSAGE_BYTES].decode("utf-8", "ignore")
+    return f"{head}... [{len(data) - len(head.encode())} more bytes of this message cut]"
 
 
 class _Call:
@@ -59,7 +75,7 @@ class _Call:
             message = (f"internal error in {self.full_method}: {type(exc).__name__}: {exc}. "
                        "This is a bug in atgrpo (the server keeps serving); report it with the server log")
         self.code = code
-        await self.context.abort(code, message)
+        await self.context.abort(code, _fit(message))
 
     def done(self) -> None:
         code = self.context.code() if self.code == grpc.StatusCode.OK else self.code
@@ -67,6 +83,42 @@ class _Call:
             code = self.code
         RPC_HANDLED.labels(self.service, self.method, code.name).inc()
         RPC_SECONDS.labels(self.service, self.method).observe(time.perf_counter() - self.start)
+
+
+class _Undecodable:
+    """Stands in for a request whose bytes did not parse; the handler then refuses the call."""
+
+    def __init__(self, error: str):
+        self.error = error
+
+
+def _safe_deserializer(deserialize: Callable | None, full_method: str) -> Callable | None:
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as exc:  # noqa: BLE001 - DecodeError, or whatever a custom parser raises
+            return _Undecodable(f"{type(exc).__name__}: {exc}")
+    return parse
+
+
+def _undecodable(error: _Undecodable, full_method: str) -> InvalidArgument:
+    return InvalidArgument(f"the request to {full_method} is not a valid message of its type ({error.error}); "
+                           "send the serialized request message the .proto declares (truncated or corrupted "
+                           "bytes, or another message type, do not parse)")
+
+
+def _checked(request: Any, full_method: str) -> Any:
+    if isinstance(request, _Undecodable):
+        raise _undecodable(request, full_method)
+    return request
+
+
+async def _checked_stream(requests: AsyncIterator[Any], full_method: str) -> AsyncIterator[Any]:
+    async for request in requests:
+        yield _checked(request, full_method)
 
 
 async def _resolve(result: Any) -> Any:
@@ -85,10 +137,11 @@ async def _iterate(result: Any) -> AsyncIterator[Any]:
             yield item
 
 
-def _wrap_unary_response(fn: Callable, full_method: str) -> Callable:
+def _wrap_unary_response(fn: Callable, full_method: str, streamed: bool = False) -> Callable:
     async def handler(request: Any, context: aio.ServicerContext) -> Any:
         call = _Call(full_method, context)
         try:
+            request = _checked_stream(request, full_method) if streamed else _checked(request, full_method)
             return await _resolve(fn(request, context))
         except aio.AbortError:
             raise
@@ -99,10 +152,11 @@ def _wrap_unary_response(fn: Callable, full_method: str) -> Callable:
     return handler
 
 
-def _wrap_stream_response(fn: Callable, full_method: str) -> Callable:
+def _wrap_stream_response(fn: Callable, full_method: str, streamed: bool = False) -> Callable:
     async def handler(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
         call = _Call(full_method, context)
         try:
+            request = _checked_stream(request, full_method) if streamed else _checked(request, full_method)
             async for item in _iterate(fn(request, context)):
                 yield item
         except aio.AbortError:
@@ -120,12 +174,14 @@ class ErrorAndMetricsInterceptor(aio.ServerInterceptor):
         if handler is None:
             return None
         name = handler_call_details.method
-        kw = dict(request_deserializer=handler.request_deserializer,
+        kw = dict(request_deserializer=_safe_deserializer(handler.request_deserializer, name),
                   response_serializer=handler.response_serializer)
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(_wrap_unary_response(handler.unary_unary, name), **kw)
         if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(_wrap_unary_response(handler.stream_unary, name), **kw)
+            return grpc.stream_unary_rpc_method_handler(
+                _wrap_unary_response(handler.stream_unary, name, streamed=True), **kw)
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(_wrap_stream_response(handler.unary_stream, name), **kw)
-        return grpc.stream_stream_rpc_method_handler(_wrap_stream_response(handler.stream_stream, name), **kw)
+        return grpc.stream_stream_rpc_method_handler(
+            _wrap_stream_response(handler.stream_stream, name, streamed=True), **kw)

@@ -21,6 +21,7 @@ from atgrpo._proto.v1 import (
     trainer_pb2_grpc,
 )
 from atgrpo.rpc.options import channel_options
+from atgrpo.rpc.security import SecurityConfigError, open_channel
 
 STUBS = {
     "env": env_pb2_grpc.EnvServiceStub,
@@ -51,7 +52,11 @@ async def probe(kind: str, address: str, timeout_s: float = 3.0) -> Probe:
     if kind not in STUBS:
         return Probe(kind, address, error=f"unknown service kind {kind!r}; expected one of {sorted(STUBS)}")
     result = Probe(kind, address)
-    async with aio.insecure_channel(address, options=channel_options()) as channel:
+    try:
+        channel = open_channel(address, options=channel_options())
+    except SecurityConfigError as err:
+        return Probe(kind, address, health="DOWN", error=str(err))
+    async with channel:
         try:
             resp = await health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(), timeout=timeout_s)

@@ -26,6 +26,7 @@ from atgrpo import __version__
 from atgrpo._proto.v1 import common_pb2
 from atgrpo.rpc.interceptors import ErrorAndMetricsInterceptor
 from atgrpo.rpc.options import MAX_MESSAGE_BYTES, server_options
+from atgrpo.rpc.security import ServerSecurity
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +46,16 @@ class RunningServer:
     port: int
     health: health.aio.HealthServicer
     names: list[str] = field(default_factory=list)
+    security: ServerSecurity = field(default_factory=ServerSecurity)
+    health_server: aio.Server | None = None     # the plaintext health-only port, when asked for
+    health_port: int | None = None
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Turn health NOT_SERVING, refuse new calls, and give calls in flight `grace_s` to end."""
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace_s)
+        if self.health_server is not None:
+            await self.health_server.stop(0)
 
 
 async def create_server(
@@ -58,14 +64,19 @@ async def create_server(
     *,
     max_concurrent_rpcs: int | None = 256,
     max_message_bytes: int = MAX_MESSAGE_BYTES,
+    security: ServerSecurity | None = None,
+    health_address: str | None = None,
 ) -> RunningServer:
     """Bind `address` (port 0 picks a free one), start serving, and return the bound port.
 
     Calls beyond `max_concurrent_rpcs` are refused with RESOURCE_EXHAUSTED by grpc itself, so a
-    flood cannot queue without bound.
+    flood cannot queue without bound. `security` turns on TLS, mutual TLS and the token on the
+    state-changing RPCs (atgrpo.rpc.security); `health_address` also serves the health check
+    alone, in plaintext, for probes that cannot speak TLS (Kubernetes' native gRPC probes).
     """
+    security = security or ServerSecurity()
     server = aio.server(
-        interceptors=[ErrorAndMetricsInterceptor()],
+        interceptors=[ErrorAndMetricsInterceptor(), *security.interceptors()],
         options=server_options(max_message_bytes),
         maximum_concurrent_rpcs=max_concurrent_rpcs,
     )
@@ -75,16 +86,31 @@ async def create_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [b.name for b in bindings]
     reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    port = _bind(server, address, security.credentials())
+    health_server = health_port = None
+    if health_address is not None:
+        health_server = aio.server(options=server_options(4096))
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
+        health_port = _bind(health_server, health_address, None)
+    await server.start()
+    if health_server is not None:
+        await health_server.start()
+    for name in ["", *names]:  # "" = the server as a whole, as probes ask
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return RunningServer(server, port, health_servicer, names, security, health_server, health_port)
+
+
+def _bind(server: aio.Server, address: str, credentials) -> int:
     try:
-        port = server.add_insecure_port(address)
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
     except RuntimeError:  # grpc raises instead of returning 0 when nothing could be bound
         port = 0
     if port == 0:
         raise OSError(f"could not bind {address}: is the port in use? Pass --port 0 to pick a free one")
-    await server.start()
-    for name in ["", *names]:  # "" = the server as a whole, as probes ask
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return RunningServer(server, port, health_servicer, names)
+    return port
 
 
 async def serve_until_signal(running: RunningServer, grace_s: float = 5.0) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 from google.protobuf import json_format, struct_pb2
 
 from atgrpo._proto.v1 import common_pb2, env_pb2
+from atgrpo.errors import InvalidArgument
 from atgrpo.sdk.env import EnvSpec, Message, StepResult
 
 
@@ -29,8 +30,12 @@ def _ints(value: Any) -> Any:
     return value
 
 
-def dict_from(s: struct_pb2.Struct) -> dict[str, Any]:
-    return _ints(json_format.MessageToDict(s))
+def dict_from(s: struct_pb2.Struct, what: str = "options") -> dict[str, Any]:
+    try:
+        return _ints(json_format.MessageToDict(s))
+    except ValueError as err:   # NaN or an infinity: JSON cannot carry them
+        raise InvalidArgument(f"{what} holds a value JSON cannot carry ({err}); send plain JSON values: "
+                              "finite numbers, strings, bools, lists and mappings") from None
 
 
 def spec_to_pb(spec: EnvSpec) -> env_pb2.EnvSpec:

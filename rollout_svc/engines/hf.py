@@ -40,6 +40,9 @@ class HFEngine:
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
         self.eos_ids.discard(None)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
+        # What a request may ask of this model (rollout_svc.replica.check_prompt).
+        self.vocab_size = self.model.get_input_embeddings().num_embeddings
+        self.max_model_len = getattr(self.model.config, "max_position_embeddings", None)
 
     def warm_up(self) -> None:
         """One tiny generation: the first call pays seconds of lazy initialisation."""

@@ -45,6 +45,7 @@ class VLLMEngine:
         from transformers import AutoTokenizer
 
         self.model_path = model_path
+        self.max_model_len = max_model_len    # requests asking for more are refused (replica.check_prompt)
         self.device = "cpu" if device == "cpu" or not torch.cuda.is_available() else "cuda"
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self._kwargs = dict(dtype=dtype if dtype != "auto" else ("float32" if self.device == "cpu" else "auto"),

@@ -1,0 +1,30 @@
+import os
+
+import pytest
+
+from tests.fuzz.harness import Services, start_services
+
+
+@pytest.fixture(scope="session")
+def fuzz_services(tmp_path_factory) -> Services:
+    """The five services, started once for the fuzz suite, in a scratch working directory: the
+    fuzzer sends relative paths (checkpoint dirs, run dirs) that the services then write to."""
+    from atgrpo.models import build_tiny_model
+
+    model_dir = str(build_tiny_model(tmp_path_factory.mktemp("tiny")))
+    work = tmp_path_factory.mktemp("fuzz-cwd")
+    saved_cwd, saved_offline = os.getcwd(), os.environ.get("HF_HUB_OFFLINE")
+    os.environ["HF_HUB_OFFLINE"] = "1"     # a random model_path must never become a hub download
+    os.chdir(work)
+    services = None
+    try:
+        services = start_services(model_dir)
+        yield services
+    finally:
+        if services is not None:
+            services.close()
+        os.chdir(saved_cwd)
+        if saved_offline is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = saved_offline
