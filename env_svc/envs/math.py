@@ -57,6 +57,9 @@ from typing import Any
 from atgrpo.errors import AtgrpoError, FailedPrecondition, InvalidArgument
 from atgrpo.sdk.env import EVAL_SEED_OFFSET, Environment, EnvSpec, Message, StepResult
 from env_svc import datasets
+from env_svc.envs._text import clip as _clip
+from env_svc.envs._text import decode as _decode
+from env_svc.envs._text import program_lines
 
 try:  # the sandbox's plain types; an environment served without sandbox_svc still imports
     from sandbox_svc.model import Limits
@@ -739,17 +742,6 @@ def answers_match(pred: str, gold: str, rel_tol: float = 1e-6, abs_tol: float = 
 # The environment
 
 
-def _clip(text: str, n: int) -> str:
-    if len(text) <= n:
-        return text
-    half = max(n // 2, 1)
-    return f"{text[:half]}...[{len(text) - 2 * half} chars cut]...{text[-half:]}"
-
-
-def _decode(data: Any) -> str:
-    return data.decode("utf-8", errors="replace") if isinstance(data, bytes) else str(data or "")
-
-
 async def sandbox_call(fn: Any, *args: Any, wait_s: float = SANDBOX_WAIT_S, **kwargs: Any) -> Any:
     """A sandbox call, retried with jittered backoff (the server's retry hint when it gives one)
     while the sandbox is busy or unavailable, for up to `wait_s`: tree sampling sends K branches
@@ -946,13 +938,7 @@ class MathEnv(Environment):
         out = self.tool_out
         if out is None:
             return "The tool agent has not acted this turn."
-        lines = []
-        if out["code"]:
-            lines.append(f"The tool agent's program this turn:\n```python\n{out['code']}\n```")
-        if out["stdout"]:
-            lines.append(f"Its output:\n{out['stdout']}")
-        if out["stderr"]:
-            lines.append(f"Its errors:\n{out['stderr']}")
+        lines = program_lines(out, "Its output", "Its errors")
         lines.append(f"The tool agent's answer: {out['answer']}" if out["answer"] is not None
                      else f"The tool agent gave no answer: {out['error']}")
         return "\n".join(lines)

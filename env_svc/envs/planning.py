@@ -42,6 +42,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from atgrpo.sdk.env import Environment, EnvSpec, Message, StepResult, task_rng, turn_order_option
+from env_svc.envs._text import clip as _clip
+from env_svc.envs._text import decode as _decode
+from env_svc.envs._text import program_lines
 
 try:  # the sandbox's plain types; an environment served without sandbox_svc still imports
     from sandbox_svc.model import Limits
@@ -128,14 +131,6 @@ def parse_list_after(text: str, marker: str) -> tuple[Any, str | None]:
             except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
                 return None, f"the list after '{marker}' is not valid JSON: {_clip(literal, 80)}"
     return None, f"'{marker}' is not followed by a JSON list like [\"U\", \"R\"]"
-
-
-def _clip(text: str, n: int) -> str:
-    """`text` shortened to about n characters, keeping its head and tail."""
-    if len(text) <= n:
-        return text
-    half = max(n // 2, 1)
-    return f"{text[:half]}...[{len(text) - 2 * half} chars cut]...{text[-half:]}"
 
 
 def moves_text(moves: Any) -> str:
@@ -322,13 +317,7 @@ class PlanningEnv(Environment):
         out = self.tool_out
         if out is None:
             return "The tool agent has not acted this turn."
-        lines = []
-        if out["code"]:
-            lines.append(f"The tool agent's program this turn:\n```python\n{out['code']}\n```")
-        if out["stdout"]:
-            lines.append(f"Its stdout:\n{out['stdout']}")
-        if out["stderr"]:
-            lines.append(f"Its stderr:\n{out['stderr']}")
+        lines = program_lines(out, "Its stdout", "Its stderr")
         if out["actions"] is not None:
             lines.append(f"The tool agent's proposed actions: {moves_text(out['actions'])}")
         else:
@@ -388,12 +377,6 @@ class PlanningEnv(Environment):
     def _check_agent(self, agent: str) -> None:
         if agent not in AGENTS:
             raise ValueError(f"{self.name}: unknown agent {agent!r}; this environment's agents are {AGENTS}")
-
-
-def _decode(data: Any) -> str:
-    if isinstance(data, bytes):
-        return data.decode("utf-8", errors="replace")
-    return str(data or "")
 
 
 def direction_moves(value: Any, *, limit: int = MAX_MOVES_PER_ACTION) -> list[str]:
