@@ -1,0 +1,94 @@
+"""A long local training run (the toy relay, tiny model): does every service hold its memory flat?
+
+Samples each service's RSS once the run has warmed up (step --early) and at the end (--steps),
+and records the largest growth; `make test` runs the short version (tests/load)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _report import record  # noqa: E402
+
+from atgrpo import local  # noqa: E402
+from atgrpo.config import parse_config  # noqa: E402
+from atgrpo.models import build_tiny_model  # noqa: E402
+from atgrpo.train import LocalServices, drive  # noqa: E402
+from router_svc.rundir import read_metrics  # noqa: E402
+
+
+class Quiet:
+    def start(self, status):
+        pass
+
+    def on_event(self, event):
+        pass
+
+
+def config(model: str, run_dir: Path, steps: int) -> dict:
+    sampling = {"temperature": 1.0, "max_tokens": 4}
+    return {"run": {"name": "long-run", "steps": steps, "tasks_per_step": 16, "eval_every_steps": 50,
+                    "eval_tasks": 32, "checkpoint_every_steps": 50, "run_dir": str(run_dir)},
+            "env": {"name": "toy", "turn_order": ["speaker", "listener"], "max_turns": 2},
+            "pools": {"shared": {"model_path": model, "device": "cpu", "dtype": "float32",
+                                 "optim": {"lr": 5e-4, "warmup_steps": 0}}},
+            "agents": {a: {"pool": "shared", "train_sampling": sampling, "eval_sampling": {"max_tokens": 4}}
+                       for a in ("speaker", "listener")},
+            "algorithm": {"k": 8, "mini_batch_size": 512}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--early", type=int, default=50)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp())
+    model = str(build_tiny_model(tmp / "tiny"))
+    cfg = parse_config(config(model, tmp / "run", args.steps))
+    marks: dict[int, dict[str, int]] = {}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            done = max((e["step"] for e in read_metrics(tmp / "run" / "metrics.jsonl") if e["kind"] == "step"),
+                       default=0)
+            for mark in (args.early, args.steps):
+                if done >= mark and mark not in marks:
+                    marks[mark] = {s.name: psutil.Process(s.pid).memory_info().rss
+                                   for s in local.read_state(tmp / "run" / "services")}
+            time.sleep(0.2)
+
+    start = time.perf_counter()
+    with LocalServices(cfg) as running:
+        thread = threading.Thread(target=sample)
+        thread.start()
+        try:
+            asyncio.run(drive(running, Quiet()))
+            while args.steps not in marks and not stop.wait(0.2):
+                pass
+        finally:
+            stop.set()
+            thread.join()
+    print(f"long run: {args.steps} steps of the toy relay in {time.perf_counter() - start:.0f} s; "
+          f"RSS at step {args.early} and at step {args.steps}")
+    print(f"{'service':<18} {'early MiB':>10} {'end MiB':>9} {'ratio':>7}")
+    worst = 0.0
+    for name, early in marks[args.early].items():
+        end = marks[args.steps][name]
+        worst = max(worst, end / early)
+        print(f"{name:<18} {early / 2**20:10.0f} {end / 2**20:9.0f} {end / early:6.2f}x")
+    record("long_run", f"largest RSS growth, step {args.early} -> {args.steps}", worst,
+           "1.00x = flat; every service sampled")
+
+
+if __name__ == "__main__":
+    main()
