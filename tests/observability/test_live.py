@@ -273,7 +273,6 @@ def test_rollout_series(scraped):
     assert completions >= trained                    # every training sample, plus the evaluations
     tokens = prom.value('atgrpo_rollout_generated_tokens_total{pool="a"}')
     assert 0 < tokens <= completions * MAX_TOKENS
-    assert prom.value('rate(atgrpo_rollout_generated_tokens_total{pool="a"}[5m])') > 0     # tokens per second
     assert prom.value('atgrpo_rollout_batch_rows_sum{pool="a"}') == completions
     assert prom.value('atgrpo_rollout_generate_seconds_count{pool="a"}') == prom.value(
         'atgrpo_rollout_batch_rows_count{pool="a"}') > 0
