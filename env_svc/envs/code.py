@@ -55,7 +55,10 @@ from typing import Any
 from atgrpo.errors import FailedPrecondition, InvalidArgument
 from atgrpo.sdk.env import EVAL_SEED_OFFSET, Environment, EnvSpec, Message, StepResult
 from env_svc import datasets
-from env_svc.envs.math import _clip, _decode, extract_code, sandbox_call, turn_options
+from env_svc.envs._text import clip as _clip
+from env_svc.envs._text import decode as _decode
+from env_svc.envs.answers import extract_code
+from env_svc.envs.math import sandbox_call, turn_options
 
 try:  # the sandbox's plain types; an environment served without sandbox_svc still imports
     from sandbox_svc.model import Compare, Limits

@@ -14,8 +14,8 @@ import pytest
 
 from env_svc import datasets
 from env_svc.datasets import DatasetError, Source, load, pick, read_rows, sources
+from env_svc.envs.answers import answers_match
 from env_svc.envs.code import CodeEnv
-from env_svc.envs.math import answers_match
 from tests.env.test_code_env import answer_with_tests, make_sandbox
 
 FIX = Path(__file__).resolve().parent / "fixtures"
