@@ -57,7 +57,7 @@ from atgrpo.sdk.env import EVAL_SEED_OFFSET, Environment, EnvSpec, Message, Step
 from env_svc import datasets
 from env_svc.envs._text import clip as _clip
 from env_svc.envs._text import decode as _decode
-from env_svc.envs._text import program_lines
+from env_svc.envs._text import program_lines, run_failure
 from env_svc.envs.answers import answers_match, extract_answer, extract_code, stdout_answer
 
 try:  # the sandbox's plain types; an environment served without sandbox_svc still imports
@@ -242,13 +242,10 @@ class MathEnv(Environment):
             return fail("exec_error", f"the sandbox refused the program: {e}")
         stdout, stderr = _decode(getattr(result, "stdout", b"")), _decode(getattr(result, "stderr", b""))
         out["stdout"], out["stderr"] = _clip(stdout.strip(), STDOUT_CHARS), _clip(stderr.strip(), STDERR_CHARS)
-        verdict = getattr(getattr(result, "verdict", None), "value", str(getattr(result, "verdict", "")))
-        info["verdict"] = verdict
-        if verdict != "ok":
-            tail = _clip(stderr.strip().splitlines()[-1], 200) if stderr.strip() else "no stderr"
-            what = {"timeout": "ran past its time limit", "memory_limit": "ran out of memory",
-                    "output_limit": "printed too much"}.get(verdict, f"failed (exit code {getattr(result, 'exit_code', '?')})")
-            return fail("exec_error", f"the program {what}: {tail}")
+        info["verdict"] = getattr(getattr(result, "verdict", None), "value", str(getattr(result, "verdict", "")))
+        failure = run_failure(result, stderr)
+        if failure:
+            return fail("exec_error", failure)
         ans = stdout_answer(stdout)
         if ans is None:
             out["error"] = "the program printed nothing"

@@ -44,7 +44,7 @@ from typing import Any, ClassVar
 from atgrpo.sdk.env import Environment, EnvSpec, Message, StepResult, task_rng, turn_order_option
 from env_svc.envs._text import clip as _clip
 from env_svc.envs._text import decode as _decode
-from env_svc.envs._text import program_lines
+from env_svc.envs._text import program_lines, run_failure
 
 try:  # the sandbox's plain types; an environment served without sandbox_svc still imports
     from sandbox_svc.model import Limits
@@ -293,13 +293,10 @@ class PlanningEnv(Environment):
         stdout = _decode(getattr(result, "stdout", b""))
         stderr = _decode(getattr(result, "stderr", b""))
         out["stdout"], out["stderr"] = _clip(stdout.strip(), STDOUT_CHARS), _clip(stderr.strip(), STDERR_CHARS)
-        verdict = getattr(getattr(result, "verdict", None), "value", str(getattr(result, "verdict", "")))
-        info["verdict"] = verdict
-        if verdict != "ok":
-            tail = _clip(stderr.strip().splitlines()[-1], 200) if stderr.strip() else "no stderr"
-            what = {"timeout": "ran past its time limit", "memory_limit": "ran out of memory",
-                    "output_limit": "printed too much"}.get(verdict, f"failed (exit code {getattr(result, 'exit_code', '?')})")
-            return fail("exec_error", f"the program {what}: {tail}")
+        info["verdict"] = getattr(getattr(result, "verdict", None), "value", str(getattr(result, "verdict", "")))
+        failure = run_failure(result, stderr)
+        if failure:
+            return fail("exec_error", failure)
         value, err = parse_list_after(stdout, ACTIONS_MARKER)
         if err is not None:
             return fail("parse_error", f"stdout has no actions list ({err}); print a line "
