@@ -81,7 +81,10 @@ to the listener.
 the secret (secret ``3`` -> ``7``: same position) and the listener must decode it back to ``3``.
 The two roles then need different skills (encode, decode) and see different inputs, which is
 what the swap ablation needs: a speaker running the listener's weights answers in the wrong
-alphabet, so swapping the roles' adapters breaks the relay.
+alphabet, so swapping the roles' adapters breaks the relay. The tiny model learns the code slowly
+from scratch: telling four secrets apart at the end of the prompt took it several hundred steps in
+probes. Taught the code's pairs first (secret 3 -> "3" or "7" at random, for either role), each
+role's adapter learns its direction in 40 steps (``tests/e2e``: greedy success 1.0, swapped 0.0).
 
 **Alone (L0).** With option ``turn_order: [speaker]`` (the router sets it from the run config)
 the speaker acts alone and its own answer is judged: naming the secret solves the episode (team

@@ -1,15 +1,18 @@
 """A tiny model taught, by a few hundred real optimizer steps of supervised fine-tuning, to answer
-each role of an environment with one fixed text (a program, a test, a boxed answer).
+each role of an environment with a fixed text (a program, a test, a boxed answer), or with any one
+of several texts at random (a digit: the format, not the answer).
 
 A random tiny model never writes a fenced code block, so the code and math environments would
 score every sample as malformed without running anything. Taught this way, the model's samples
-reach the sandbox, which is what the end-to-end tests of those environments need to check.
+reach the sandbox, which is what the end-to-end tests of those environments need to check. A
+model that answers a uniformly random digit knows the toy relay's format but not its code, which
+is what the swap ablation starts from: what each role's adapter learns is then the role's skill.
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -28,28 +31,34 @@ def role_prompts(env: Environment, roles: list[str], tasks: int = 8) -> list[tup
 
 
 def teach(base: str | Path, out: str | Path, prompts: list[tuple[str, list[dict]]],
-          answers: Mapping[str, str], *, steps: int = 300, lr: float = 3e-3, seed: int = 0) -> str:
-    """Copy the model at `base` to `out`, fine-tuned so that each role's prompts answer `answers[role]`."""
+          answers: Mapping[str, str | Sequence[str]], *, steps: int = 300, lr: float = 3e-3,
+          seed: int = 0) -> str:
+    """Copy the model at `base` to `out`, fine-tuned so that each role's prompts answer `answers[role]`;
+    where that is a list, one of its texts with equal probability.
+
+    Each step is one prompt with all of its answers as one batch, so the loss's minimum is the
+    uniform choice and not whichever answer the last steps happened to show."""
     torch.manual_seed(seed)
     shutil.copytree(base, out, dirs_exist_ok=True)
     tok = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     eos = model.generation_config.eos_token_id
     eos = eos[0] if isinstance(eos, list) else eos
-    rows = []
+    batches = []
     for role, messages in prompts:
         prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
-        target = tok.encode(answers[role], add_special_tokens=False) + [eos]
-        rows.append((prompt, target))
+        texts = [answers[role]] if isinstance(answers[role], str) else list(answers[role])
+        targets = [tok.encode(t, add_special_tokens=False) + [eos] for t in texts]
+        width = max(map(len, targets))
+        ids = [prompt + t + [eos] * (width - len(t)) for t in targets]
+        labels = [[-100] * len(prompt) + t + [-100] * (width - len(t)) for t in targets]
+        batches.append((torch.tensor(ids), torch.tensor(labels)))
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     for step in range(steps):
-        prompt, target = rows[step % len(rows)]
-        ids = torch.tensor([prompt + target])
-        labels = torch.tensor([[-100] * len(prompt) + target])
-        loss = model(input_ids=ids, labels=labels).loss
-        loss.backward()
+        ids, labels = batches[step % len(batches)]
+        model(input_ids=ids, labels=labels).loss.backward()
         opt.step()
         opt.zero_grad()
     model.save_pretrained(out)

@@ -192,6 +192,62 @@ def test_the_demo_learns(tiny, tmp_path):
     assert evals[-1] >= 0.75, evals
 
 
+@pytest.fixture(scope="module")
+def knows_the_code(tiny, tmp_path_factory) -> str:
+    """The tiny model taught the toy code's pairs (1-5, 2-6, 3-7, 4-8) but no direction: to a speaker
+    told secret 3, or a listener told 3 or 7, it answers 3 or 7 with probability ~1/2 each.
+
+    What is left to learn is each role's own skill, encode or decode: the part the swap moves.
+    (From random weights, or from a uniform digit, this model needs several hundred steps to tell
+    the four secrets apart at all; the pairs take 600 supervised steps, ~10 s, at lr 1e-3 (at 3e-3 it
+    settles on the marginal and ignores the digit).)"""
+    from tests.e2e.taught import teach
+
+    pair = dict(zip("12345678", "56781234", strict=True))
+    shown = [("speaker", f"speaker: the secret is {d}", d) for d in "1234"]
+    shown += [("listener", f"listener: the speaker says: {d}", d) for d in "12345678"]
+    prompts = [(f"{role}-{d}", [{"role": "user", "content": text}]) for role, text, d in shown]
+    answers = {f"{role}-{d}": [d, pair[d]] for role, _, d in shown}
+    return teach(tiny, tmp_path_factory.mktemp("models") / "pairs", prompts, answers, steps=600, lr=1e-3)
+
+
+def test_swapping_the_trained_adapters_breaks_the_relay(knows_the_code, tmp_path):
+    """The paper's swap ablation in miniature. At L2 each role trains its own LoRA adapter on the toy
+    relay with a code (the speaker must say 7 for secret 3, the listener must decode 7 back to 3).
+    Evaluated greedily from the checkpoint, the team solves the relay; with the two adapters'
+    folders swapped (the speaker runs the listener's adapter and the other way round) it fails.
+
+    Not by chance: swapping adapters that training left as they started (LoRA's B is zero) changes
+    nothing, and a greedy relay from the untaught pairs solves a task only where both roles' argmax
+    happen to go the right way (13 in 16 in one probe), so the gap needs each role to have learnt
+    its own direction. Swapped, the speaker says the secret itself, which is not a code symbol,
+    and the listener answers in the code's alphabet: 0 of 32 in the probes."""
+    import shutil
+
+    from atgrpo.train import evaluate
+
+    data = toy_config(tmp_path / "run", knows_the_code, "L2", steps=40, eval_tasks=32)
+    data["env"].update(max_turns=1, options={"code": "5678"})
+    data["run"]["tasks_per_step"] = 8
+    data["algorithm"].update(k=8, mini_batch_size=512)
+    cfg = parse_config(data)
+    train_locally(data)
+
+    ckpt = tmp_path / "run" / "checkpoints" / "step-000040"
+    swapped = tmp_path / "swapped" / ckpt.name
+    shutil.copytree(ckpt / "a", swapped / "a")
+    adapters = swapped / "a" / "model"
+    (adapters / "speaker").rename(adapters / "was-speaker")
+    (adapters / "listener").rename(adapters / "speaker")
+    (adapters / "was-speaker").rename(adapters / "listener")
+    trained, crossed = evaluate(cfg, ckpt), evaluate(cfg, swapped)
+
+    assert trained["step"] == crossed["step"] == 40
+    assert trained["success_rate"] >= 0.9, trained
+    assert crossed["success_rate"] <= 0.1, crossed
+    assert crossed["agents"]["speaker"]["reward_mean"] < 0.1 < trained["agents"]["speaker"]["reward_mean"]
+
+
 def test_cli_train_eval_and_plot(tiny, tmp_path, subprocess_env):
     """`atgrpo train` as a user runs it: a line per step and evaluation, and a run directory with
     the config, metrics, TensorBoard events, checkpoints and the curves; then `eval` and `plot`."""
