@@ -47,6 +47,13 @@ class ResourceExhausted(AtgrpoError):
     retryable = True
 
 
+class MessageTooLarge(ResourceExhausted):
+    """gRPC refused a message over the size cap (64 MiB by default). The same message is refused
+    every time, so this one is not retried: send less per call (fewer samples, shorter texts)."""
+
+    retryable = False
+
+
 class Unavailable(AtgrpoError):
     """The service is down, starting or shutting down; retry with backoff."""
 
@@ -90,8 +97,14 @@ _BY_CODE: dict[grpc.StatusCode, type[AtgrpoError]] = {
 RETRY_AFTER_KEY = "atgrpo-retry-after-ms"
 
 
+# How gRPC words a size refusal, on either side ("Sent/Received message larger than max (N vs. M)").
+_SIZE_REFUSAL = "message larger than max"
+
+
 def error_for_status(code: grpc.StatusCode, message: str, retry_after_ms: int | None = None) -> AtgrpoError:
     """The domain error for a gRPC status (unknown codes become Internal, keeping the code name)."""
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and _SIZE_REFUSAL in message.lower():
+        return MessageTooLarge(f"{message}: the message is over the gRPC size cap; send less per call")
     cls = _BY_CODE.get(code)
     if cls is None:
         return Internal(f"{code.name}: {message}", retry_after_ms=retry_after_ms)

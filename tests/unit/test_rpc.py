@@ -196,8 +196,10 @@ def test_oversized_request_is_refused_and_the_server_keeps_serving():
     async def go():
         running = await create_server([_binding()], max_message_bytes=1024)
         async with _ProbeClient(f"127.0.0.1:{running.port}") as c:
-            with pytest.raises(errors.ResourceExhausted):
-                await c.call("Sleep", b"0" * 4096, retry=False)   # see the refusal, not the backoff
+            # The same message is refused every time: raised at once, not retried until the deadline.
+            with pytest.raises(errors.MessageTooLarge, match="send less per call") as err:
+                await asyncio.wait_for(c.call("Sleep", b"0" * 4096, timeout_s=60), 10)
+            assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and not err.value.retryable
             assert await c.call("Sleep", b"0") == b"slept"
         await running.stop(0)
     run(go())
