@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
 from atgrpo.errors import FailedPrecondition, InvalidArgument, NotFound
 from atgrpo.sdk.env import Message
 from rollout_svc.pool import PoolRuntime
@@ -25,6 +28,16 @@ def check_prompt(engine, prompt: list[int], sampling: Sampling) -> None:
 class Replica:
     def __init__(self, pools: dict[str, PoolRuntime]):
         self.pools = pools
+        # The chat template is Python (jinja) and tokenizing a 64 MiB message took ~40 s: done on
+        # the event loop it stalled every other call, health checks included. One thread, so the
+        # tokenizers are never used by two renders at once.
+        self._renderer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="render")
+
+    async def render(self, pool: str, messages: list[Message], max_prompt_tokens: int) -> tuple[list[int], bool]:
+        """Prompt ids of `messages` through the pool's chat template, off the event loop."""
+        engine = self.pool(pool).engine
+        return await asyncio.get_running_loop().run_in_executor(self._renderer, engine.render, messages,
+                                                                max_prompt_tokens)
 
     def routed(self, pool_addresses: dict[str, str]) -> RoutedGenerator:
         """The tree driver's Generator for one Collect: local pools here, the others remote."""
@@ -60,8 +73,7 @@ class Replica:
 
     async def generate(self, agent: AgentPlan, messages: list[Message], n: int) -> Generation:
         """The tree driver's Generator: render with the pool's chat template, then sample."""
-        runtime = self.pool(agent.pool)
-        ids, truncated = runtime.engine.render(messages, agent.sampling.max_prompt_tokens)
+        ids, truncated = await self.render(agent.pool, messages, agent.sampling.max_prompt_tokens)
         return await self.generate_prompt(agent.pool, agent.adapter, ids, agent.sampling, n, truncated)
 
     async def load(self, push: WeightPush) -> None:

@@ -29,14 +29,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         which = request.WhichOneof("prompt")
         if which is None:
             raise InvalidArgument("no prompt: set messages or prompt_token_ids")
-        pool = self.replica.pool(request.pool)
+        self.replica.pool(request.pool)   # NOT_FOUND for an unknown pool before anything else
         if request.HasField("expected_version"):
             self.replica.check_versions([PolicyRef(request.pool, request.adapter, request.expected_version)])
         if which == "messages":
             if not request.messages.messages:
                 raise InvalidArgument("messages is empty; send at least one chat message (or prompt_token_ids)")
             messages = [{"role": m.role, "content": m.content} for m in request.messages.messages]
-            ids, truncated = pool.engine.render(messages, sampling.max_prompt_tokens)
+            ids, truncated = await self.replica.render(request.pool, messages, sampling.max_prompt_tokens)
         else:
             ids = list(request.prompt_token_ids.ids)
             truncated = len(ids) > sampling.max_prompt_tokens

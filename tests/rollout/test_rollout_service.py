@@ -222,6 +222,35 @@ def test_bad_generate_requests(model_dir):
     serve(model_dir, go)
 
 
+def test_a_huge_prompt_renders_off_the_event_loop(model_dir):
+    """Rendering an 8 MiB message through the chat template takes seconds; meanwhile the replica
+    still answers (here: a health check, issued once the render has started, returns before it
+    ends). On the event loop, the render held every other call until it was done."""
+    import threading
+
+    async def go(c, engine):
+        started, ended = threading.Event(), threading.Event()
+        render = engine.render
+
+        def observed(*args):
+            started.set()
+            try:
+                return render(*args)
+            finally:
+                ended.set()
+
+        engine.render = observed
+        huge = [{"role": "user", "content": "hello world " * (8 * 2**20 // 12)}]
+        big = asyncio.create_task(c.generate("p", messages=huge, sampling=Sampling(max_tokens=2, max_prompt_tokens=32)))
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        assert await c.health() == "SERVING"
+        assert not ended.is_set()
+        gen = await big
+        assert gen.prompt_truncated and len(gen.prompt_ids) == 32
+    serve(model_dir, go)
+
+
 def test_collect_routes_other_pools_to_their_replicas(model_dir):
     """L3 with pools on different replicas: one episode mixes agents of both."""
     async def go():
