@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -166,7 +167,7 @@ class PoolState:
             self.model.save_pretrained(where / "model", state_dict=model_state)
         torch.save({"optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
                     "generator": self.generator.get_state(), "torch_rng": torch.get_rng_state(),
-                    "numpy_rng": np.random.get_state(), "python_rng": random.getstate()},
+                    "numpy_rng": _numpy_rng_plain(), "python_rng": random.getstate()},
                    where / "trainer_state.pt")
         (where / "atgrpo.json").write_text(json.dumps({"version": self.version, "updates": self.updates,
                                                        "spec": asdict(self.spec)}, indent=2))
@@ -193,11 +194,23 @@ class PoolState:
                 load_full_model_state(self.model, full)
             else:
                 self.model.load_state_dict(full)
-        state = torch.load(where / "trainer_state.pt", weights_only=False)
+        # weights_only: tensors and plain containers only, so a checkpoint cannot run code on load.
+        try:
+            state = torch.load(where / "trainer_state.pt", weights_only=True)
+        except pickle.UnpicklingError as err:
+            raise InvalidArgument(f"{where / 'trainer_state.pt'} holds more than tensors and plain values, which "
+                                  f"could run code on load; resume from a checkpoint atgrpo wrote ({err})") from None
         load_optimizer_state(self.model, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
-        np.random.set_state(state["numpy_rng"])
+        name, keys, pos, has_gauss, gauss = state["numpy_rng"]
+        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
         random.setstate(state["python_rng"])
         self.version, self.updates = meta["version"], meta["updates"]
+
+
+def _numpy_rng_plain() -> tuple:
+    """numpy's global RNG state without numpy types, which torch.load(weights_only=True) refuses."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    return name, keys.tolist(), int(pos), int(has_gauss), float(gauss)

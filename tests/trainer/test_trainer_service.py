@@ -145,6 +145,34 @@ def test_checkpoint_round_trip_and_exact_resume(model_dir, tmp_path):
     assert AutoModelForCausalLM.from_pretrained(f"{ckpt}/model") is not None
 
 
+class _Payload:
+    """Unpickling this runs os.system: what a booby-trapped checkpoint would carry."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_unrun(model_dir, tmp_path):
+    async def save(t, r, rollout_address, logic):
+        await t.setup(setup_request(model_dir))
+        return (await t.save_checkpoint(str(tmp_path / "ckpt"))).path
+
+    ckpt = with_services(model_dir, save)
+    state = torch.load(f"{ckpt}/trainer_state.pt", weights_only=True)   # what atgrpo writes loads safely
+    marker = tmp_path / "ran"
+    torch.save({**state, "extra": _Payload(marker)}, f"{ckpt}/trainer_state.pt")
+
+    async def resume(t, r, rollout_address, logic):
+        with pytest.raises(errors.InvalidArgument, match="could run code on load"):
+            await t.setup(setup_request(model_dir, resume_from=ckpt))
+    with_services(model_dir, resume)
+    assert not marker.exists()
+
+
 def _params(logic):
     # The trainer runs in this process: read its model directly for a bitwise comparison.
     return {k: v.clone() for k, v in logic.state.model.state_dict().items()}
