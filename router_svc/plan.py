@@ -60,14 +60,30 @@ class StepBatches:
     advantages: list[float] = field(default_factory=list)   # per input sample (filtered ones too)
 
 
+def _group_keys(samples: Sequence[Sample]) -> list[tuple]:
+    """(task, agent, turn, episode) per sample. One step can run the same task twice (a finite task
+    list repeats a task when a step straddles an epoch boundary, or holds fewer tasks than a step);
+    each run is its own tree and must be its own group. A task's episodes are emitted whole, one
+    after another, and each (agent, turn) of an episode holds branches 0..K-1 once, so the n-th
+    sample seen with a given (task, agent, turn, branch) belongs to that task's n-th episode."""
+    seen: dict[tuple, int] = {}
+    keys = []
+    for s in samples:
+        b = (s.task_id, s.agent, s.turn, s.branch)
+        n = seen[b] = seen.get(b, -1) + 1
+        keys.append((s.task_id, s.agent, s.turn, n))
+    return keys
+
+
 def step_batches(samples: Sequence[Sample], pool_of: Mapping[str, str], *, alpha: float = 1.0,
                  norm_std: bool = True, filter_zero_variance: bool = False) -> StepBatches:
-    """Mix rewards, group by (task, agent, turn), compute advantages, filter, route by pool."""
+    """Mix rewards, group by (task, agent, turn) within each episode, compute advantages, filter,
+    route by pool."""
     if not samples:
         return StepBatches({}, {}, 0)
     rewards = mix_rewards(torch.tensor([s.team_reward for s in samples], dtype=torch.double),
                           torch.tensor([s.local_reward for s in samples], dtype=torch.double), alpha)   # (B,)
-    groups = group_index([(s.task_id, s.agent, s.turn) for s in samples])                           # (B,)
+    groups = group_index(_group_keys(samples))                                                        # (B,)
     adv, flat = group_advantages(rewards, groups, norm_std=norm_std)
     stats: dict[str, AgentStats] = defaultdict(AgentStats)
     seen_groups: set[int] = set()
