@@ -37,13 +37,16 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     log_ratio = logprobs - old_logprobs                                             # (B, T)
     ratio = torch.exp(log_ratio)
     clipped = torch.clamp(ratio, 1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high)
-    pg = torch.maximum(-adv * ratio, -adv * clipped)                                # (B, T)
+    unclipped = -adv * ratio                                                         # (B, T)
+    pg = torch.maximum(unclipped, -adv * clipped)
     # Dual clip: for A < 0 a huge ratio would make the loss unbounded; cap it at -c * A.
     pg = torch.where(adv < 0, torch.minimum(pg, -adv * cfg.dual_clip_c), pg)
     loss = masked_mean(pg, mask)
     metrics = {
         "pg_loss": loss.item(),
-        "clip_fraction": masked_mean(((ratio < 1 - cfg.clip_eps_low) | (ratio > 1 + cfg.clip_eps_high)).to(mask.dtype), mask).item(),
+        # Tokens whose loss a clip took over (no gradient), as verl and TRL count them: a ratio
+        # outside the range on the side its advantage does not push to is not clipped.
+        "clip_fraction": masked_mean((pg != unclipped).to(mask.dtype), mask).item(),
         "approx_kl": masked_mean(0.5 * log_ratio ** 2, mask).item(),   # to the sampling policy
     }
     if cfg.kl_coef and ref_logprobs is not None:

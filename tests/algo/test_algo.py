@@ -64,8 +64,9 @@ def test_policy_loss_by_hand():
     assert loss.item() == pytest.approx(-1.2)             # -A * clip(ratio) = -1.2
     assert m["clip_fraction"] == 1.0 and m["approx_kl"] == pytest.approx(0.125)
     # A = -1 with the same ratio: max(-A r, -A clip) = r = 1.6487 (below c=3: no dual clip).
-    loss, _ = policy_loss(lp, old, torch.tensor([-1.0]), mask, LossConfig())
+    loss, m = policy_loss(lp, old, torch.tensor([-1.0]), mask, LossConfig())
     assert loss.item() == pytest.approx(math.exp(0.5), rel=1e-6)
+    assert m["clip_fraction"] == 0.0                      # outside the range, but the clip is not what counts
 
 
 def test_dual_clip_bounds_negative_advantage_losses():
