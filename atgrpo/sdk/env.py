@@ -112,15 +112,18 @@ class Environment:
         info entry saying what was wrong); it never raises."""
         raise NotImplementedError
 
+    # Attributes every fork shares instead of copying: handles, and what no step changes (a problem
+    # set, the spec). Tree sampling forks K times per agent-turn, so copying those is pure cost.
+    shared_on_fork: ClassVar[tuple[str, ...]] = ("sandbox", "spec", "options")
+
     def fork(self) -> Environment:
-        """An independent copy of the current state. The sandbox handle is shared, not copied."""
-        sandbox, self.sandbox = self.sandbox, None
-        try:
-            clone = copy.deepcopy(self)
-        finally:
-            self.sandbox = sandbox
-        clone.sandbox = sandbox
-        return clone
+        """An independent copy of the current state; the `shared_on_fork` attributes are shared."""
+        memo: dict[int, Any] = {}
+        for name in self.shared_on_fork:
+            if hasattr(self, name):
+                value = getattr(self, name)
+                memo[id(value)] = value
+        return copy.deepcopy(self, memo)
 
     def task_ids(self, split: str) -> Sequence[str] | None:
         """The tasks of a split, or None when tasks are generated from seeds (any id is valid)."""

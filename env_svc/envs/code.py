@@ -44,7 +44,6 @@ env_svc/datasets.py), `max_turns`, `turn_order`, `parallel`, `done_when`, `failu
 from __future__ import annotations
 
 import ast
-import copy
 import inspect
 import json
 import re
@@ -224,6 +223,7 @@ class CodeEnv(Environment):
     """A coder and a unit tester solve a programming problem; programs run in the sandbox."""
 
     name = "code"
+    shared_on_fork = (*Environment.shared_on_fork, "limits", "problem", "sources")
 
     def __init__(self, options: Mapping[str, Any] | None = None):
         super().__init__(options)
@@ -270,10 +270,6 @@ class CodeEnv(Environment):
         self.code, self.hidden_ratio, self.tests, self.valid, self.runs = None, 0.0, [], None, []
         self.reference = self.problem.solution
         self.history, self.notes = [], {}
-
-    def fork(self) -> CodeEnv:
-        memo = {id(v): v for v in (self.sandbox, self.spec, self.options, self.limits, self.problem, self.sources)}
-        return copy.deepcopy(self, memo)
 
     def observe(self, agent: str) -> list[Message]:
         self._check(agent)

@@ -105,6 +105,7 @@ class MathEnv(Environment):
     """A reasoner and a tool agent solve a math problem; answers are checked as mathematics."""
 
     name = "math"
+    shared_on_fork = (*Environment.shared_on_fork, "limits", "problem", "sources")
 
     def __init__(self, options: Mapping[str, Any] | None = None):
         super().__init__(options)
@@ -149,11 +150,6 @@ class MathEnv(Environment):
         self.turn, self.acted, self.done, self.success = 0, set(), False, False
         self.answer = self.tool_answer = None
         self.tool_out, self.history, self.notes = None, [], {}
-
-    def fork(self) -> MathEnv:
-        import copy
-        memo = {id(v): v for v in (self.sandbox, self.spec, self.options, self.limits, self.problem, self.sources)}
-        return copy.deepcopy(self, memo)
 
     def observe(self, agent: str) -> list[Message]:
         self._check(agent)

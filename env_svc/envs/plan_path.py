@@ -79,7 +79,7 @@ class PlanPathEnv(PlanningEnv):
     title: ClassVar[str] = "Plan-Path (grid path planning)"
     stdin_doc: ClassVar[str] = ('keys: "grid" list of row strings with "#" wall and "." free, '
                                 '"pos" [row, col] current position, "goal" [row, col]; row 0 is the top')
-    shared_attrs: ClassVar[tuple[str, ...]] = ("grid", "dist")
+    shared_on_fork = (*PlanningEnv.shared_on_fork, "grid", "dist")
 
     def __init__(self, options=None):
         super().__init__(options)

@@ -33,7 +33,6 @@ default deep-copying `fork()` gives an independent copy.
 from __future__ import annotations
 
 import ast
-import copy
 import json
 import random
 import re
@@ -148,7 +147,7 @@ class PlanningEnv(Environment):
     stdin_doc: ClassVar[str] = ""         # the keys of the puzzle JSON the tool program reads
     example_moves: ClassVar[str] = '["U","R"]'
     # Attributes set by generate() and never changed after: forks share them instead of copying.
-    shared_attrs: ClassVar[tuple[str, ...]] = ()
+    shared_on_fork = (*Environment.shared_on_fork, "tool_limits")
 
     def __init__(self, options: Mapping[str, Any] | None = None):
         super().__init__(options)
@@ -254,15 +253,6 @@ class PlanningEnv(Environment):
         if agent == "tool":
             return await self._tool_step(action)
         return self._plan_step(action)
-
-    def fork(self) -> PlanningEnv:
-        """An independent copy: the state and history are copied; the sandbox handle, the options
-        and the puzzle's fixed data (`shared_attrs`) are shared."""
-        memo: dict[int, Any] = {}
-        for attr in ("sandbox", "spec", "options", "tool_limits", *self.shared_attrs):
-            value = getattr(self, attr, None)
-            memo[id(value)] = value
-        return copy.deepcopy(self, memo)
 
     # ---- the tool agent -------------------------------------------------------------------
 

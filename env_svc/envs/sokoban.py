@@ -132,7 +132,7 @@ class SokobanEnv(PlanningEnv):
     title: ClassVar[str] = "Sokoban"
     stdin_doc: ClassVar[str] = ('keys: "grid" list of row strings (legend above), "player" [row, col], '
                                 '"boxes" and "goals" lists of [row, col]; row 0 is the top')
-    shared_attrs: ClassVar[tuple[str, ...]] = ("floor", "goals", "dead")
+    shared_on_fork = (*PlanningEnv.shared_on_fork, "floor", "goals", "dead")
 
     def __init__(self, options=None):
         super().__init__(options)

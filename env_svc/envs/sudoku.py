@@ -159,7 +159,7 @@ class SudokuEnv(PlanningEnv):
     name: ClassVar[str] = "sudoku"
     title: ClassVar[str] = "Sudoku"
     example_moves: ClassVar[str] = "[[0,1,3],[2,2,4]]"
-    shared_attrs: ClassVar[tuple[str, ...]] = ("givens", "solution")
+    shared_on_fork = (*PlanningEnv.shared_on_fork, "givens", "solution")
 
     def __init__(self, options=None):
         super().__init__(options)
