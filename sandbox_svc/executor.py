@@ -109,6 +109,7 @@ class Executor:
                    slot: int) -> TestsResult:
         results: list[CaseResult] = []
         failed = False
+        budget = self.policy.max_tests_output_bytes
         for case in req.cases:
             if failed and req.stop_on_first_failure:
                 results.append(CaseResult(passed=False, execution=None, skipped=True))
@@ -117,6 +118,7 @@ class Executor:
             ex = self._run_one(run, deadline, cancel, slot)
             passed = ex.ok and outputs_match(ex.stdout, case.expected_stdout, req.compare, req.float_tolerance)
             failed = failed or not passed
+            ex, budget = _within(ex, budget)
             results.append(CaseResult(passed=passed, execution=ex))
         return TestsResult(tuple(results))
 
@@ -129,3 +131,14 @@ class Executor:
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
         self.backend.close()
+
+
+def _within(ex: ExecResult, budget: int) -> tuple[ExecResult, int]:
+    """`ex` with its outputs cut to what is left of a response's output budget, and what is left."""
+    if len(ex.stdout) + len(ex.stderr) <= budget:
+        return ex, budget - len(ex.stdout) - len(ex.stderr)
+    out = ex.stdout[:budget]
+    err = ex.stderr[:budget - len(out)]
+    return dataclasses.replace(ex, stdout=out, stderr=err,
+                               stdout_truncated=ex.stdout_truncated or len(out) < len(ex.stdout),
+                               stderr_truncated=ex.stderr_truncated or len(err) < len(ex.stderr)), 0

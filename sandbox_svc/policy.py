@@ -20,12 +20,17 @@ class Policy:
     defaults: Limits = field(default_factory=Limits)
     ceilings: Limits = field(default_factory=lambda: Limits(
         wall_timeout_ms=300_000, cpu_time_ms=300_000, memory_bytes=8 * 2**30,
-        max_output_bytes=64 * 2**20, max_processes=1024, max_file_bytes=2**30, max_open_files=4096))
+        # 16 MiB a stream: both streams of one Execute fit in a 64 MiB gRPC message with room to spare.
+        max_output_bytes=16 * 2**20, max_processes=1024, max_file_bytes=2**30, max_open_files=4096))
     max_code_bytes: int = 2**20
     max_stdin_bytes: int = 16 * 2**20
     max_files: int = 64
     max_files_bytes: int = 16 * 2**20
     max_cases: int = 1024
+    # RunTests keeps at most this much of all its cases' stdout and stderr together (later cases'
+    # outputs are cut, flagged truncated; each verdict is judged on the whole output first):
+    # 1024 cases at 16 MiB would otherwise be a 32 GiB answer held in memory.
+    max_tests_output_bytes: int = 32 * 2**20
     tmp_bytes: int = 64 * 2**20        # size of the private /tmp each execution gets
 
 

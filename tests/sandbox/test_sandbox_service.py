@@ -21,10 +21,10 @@ from tests.sandbox import hostile
 SQUARE = "n = int(input())\nprint(n * n)\n"
 
 
-def serve(coro_fn, *, workers=2, queue=4):
+def serve(coro_fn, *, workers=2, queue=4, policy=None):
     """Run `coro_fn(client)` against a fresh in-process server with the bwrap backend."""
     async def go():
-        executor = Executor(BwrapBackend(Policy()), workers=workers, queue=queue)
+        executor = Executor(BwrapBackend(policy or Policy()), workers=workers, queue=queue, policy=policy)
         running = await create_server(bindings(executor))
         try:
             async with SandboxClient(f"127.0.0.1:{running.port}") as client:
@@ -48,6 +48,17 @@ def test_execute_and_run_tests_round_trip():
         assert s.cases[0].execution.verdict is Verdict.RUNTIME_ERROR
         assert s.cases[1].skipped and s.cases[1].execution is None
     serve(go)
+
+
+def test_run_tests_answers_fit_one_message_and_cases_are_judged_on_their_whole_output():
+    """All cases' outputs together are cut at the policy's budget (here 12 bytes: two of three
+    `hello\n`); every case is still judged on its whole output."""
+    async def go(c):
+        t = await c.run_tests("print('hello')", [(b"", b"hello")] * 3)
+        assert [r.passed for r in t.cases] == [True, True, True]
+        assert [r.execution.stdout for r in t.cases] == [b"hello\n", b"hello\n", b""]
+        assert [r.execution.stdout_truncated for r in t.cases] == [False, False, True]
+    serve(go, policy=Policy(max_tests_output_bytes=12))
 
 
 @pytest.mark.parametrize("kwargs, message", [
