@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 
 ZYGOTE_SOURCE = (Path(__file__).with_name("zygote.py")).read_text()
 _REPLY_TIMEOUT_S = 5.0
+# How long the zygote may take to wipe /tmp and /dev/shm after a program (a program can leave
+# millions of files there) before the sandbox is discarded instead; a fresh one starts in ~0.1 s.
+_WIPE_TIMEOUT_S = 2.0
 # Processes of the slot's uid besides the program's own: bwrap and the zygote.
 _SANDBOX_PROCESSES = 2
 
@@ -64,8 +67,8 @@ class WarmSandbox:
             self.stop()
             raise SandboxBroken(f"the sandbox did not start: {err.strip() or 'no answer'}") from None
 
-    def _reply(self) -> dict:
-        self.ctl.settimeout(_REPLY_TIMEOUT_S)
+    def _reply(self, timeout_s: float = _REPLY_TIMEOUT_S) -> dict:
+        self.ctl.settimeout(timeout_s)
         try:
             data = self.ctl.recv(4096)
         except OSError as err:
@@ -131,14 +134,12 @@ class WarmSandbox:
             killed_for = pump([(out_r, out), (err_r, err)], start + limits.wall_timeout_ms / 1000, cancel)
             if killed_for is not None:
                 self.ctl.send(b"kill")
-            reply = self._reply()
+            reply = self._reply()   # {"status", "cpu_ms"}: the program is over
         finally:
             os.close(out_r)
             os.close(err_r)
         self.served += 1
-        if not reply["clean"]:
-            log.info("discarding a sandbox: its last program left state that cannot be wiped")
-            self.stop()
+        self._after_wipe()
         status = reply["status"]
         code, sig = (os.WEXITSTATUS(status), 0) if os.WIFEXITED(status) else (0, os.WTERMSIG(status))
         stderr = bytes(err.data)
@@ -147,6 +148,20 @@ class WarmSandbox:
             exit_code=code, signal=sig, stdout=bytes(out.data), stderr=stderr,
             stdout_truncated=out.truncated, stderr_truncated=err.truncated,
             wall_ms=int((time.monotonic() - start) * 1000), cpu_ms=reply["cpu_ms"])
+
+
+    def _after_wipe(self) -> None:
+        """Keep the sandbox only if the zygote wiped it in time. The program has run and its result
+        is in hand whatever happens here: a slow or failed wipe discards the sandbox, and the
+        program is never run again (run_warm retries only a sandbox that broke before that)."""
+        try:
+            clean = self._reply(_WIPE_TIMEOUT_S)["clean"]
+        except SandboxBroken as err:
+            clean = False
+            log.info("discarding a sandbox: wiping it after its last program took too long (%s)", err)
+        if not clean:
+            log.info("discarding a sandbox: its last program left state that cannot be wiped")
+            self.stop()
 
 
 def run_warm(sandbox: WarmSandbox, req: ExecRequest, cancel: threading.Event | None) -> ExecResult:

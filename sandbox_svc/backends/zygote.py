@@ -23,9 +23,17 @@ import select
 import shutil
 import signal
 import socket
+import struct
 import sys
 
 WORK = "/tmp/run"
+
+# SysV shared memory is outside every rlimit: a segment's pages count against no process's
+# address space once detached, and a fresh IPC namespace allows ~all of RAM (shmall), so a
+# program could attach, fill, detach and repeat until the host runs out of memory. Programs may
+# create segments (the sandbox is discarded after them) but not map them: shmat fails with ENOSYS.
+# (machine: audit arch, shmat's number, whether x32 numbers (bit 30) must be refused too)
+_SECCOMP_ARCH = {"x86_64": (0xC000003E, 30, True), "aarch64": (0xC00000B7, 196, False)}
 
 
 def _recv(sock):
@@ -44,6 +52,38 @@ def _limits(lim):
                        (resource.RLIMIT_NOFILE, lim["max_open_files"]),
                        (resource.RLIMIT_NPROC, lim["max_processes"]), (resource.RLIMIT_CORE, 0)):
         resource.setrlimit(res, (value, value))
+
+
+def _seccomp_filter():
+    """A classic-BPF seccomp program refusing shmat (and every syscall of a foreign ABI)."""
+    arch, shmat, x32 = _SECCOMP_ARCH[os.uname().machine]
+    ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    allow, enosys = 0x7FFF0000, 0x00050000 | 38    # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | ENOSYS
+    insns = [(ld_abs, 0, 0, 4),                      # A = seccomp_data.arch
+             (jeq, 1, 0, arch),                      # native ABI: go on; else refuse
+             (ret, 0, 0, enosys),
+             (ld_abs, 0, 0, 0),                      # A = seccomp_data.nr
+             (jge, 2, 0, 0x40000000) if x32 else (jeq, 2, 0, 0xFFFFFFFF),
+             (jeq, 1, 0, shmat),
+             (ret, 0, 0, allow),
+             (ret, 0, 0, enosys)]
+    return b"".join(struct.pack("HBBI", *i) for i in insns), len(insns)
+
+
+def _deny_shmat():
+    import ctypes
+    code, count = _seccomp_filter()
+    buf = ctypes.create_string_buffer(code, len(code))
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    prog = SockFprog(count, ctypes.addressof(buf))
+    libc = ctypes.CDLL(None, use_errno=True)
+    # PR_SET_NO_NEW_PRIVS (38) lets an unprivileged process install a filter; PR_SET_SECCOMP (22),
+    # SECCOMP_MODE_FILTER (2).
+    if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "could not install the sandbox's seccomp filter")
 
 
 def _run_child(req, stdin_fd, out_fd, err_fd):
@@ -66,6 +106,8 @@ def _run_child(req, stdin_fd, out_fd, err_fd):
         os.closerange(3, 1 << 16)
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as the interpreter sets it at start-up
         _limits(req["limits"])
+        if os.uname().machine in _SECCOMP_ARCH:
+            _deny_shmat()
         if req.get("argv"):
             os.execvp(req["argv"][0], req["argv"])
         status = _run_python(main_path, req["code"])
@@ -175,8 +217,10 @@ def _serve_one(ctl, fds):
     _, status, usage = os.wait4(pid, 0)
     os.close(pidfd)
     _kill_all_but_me()
-    reply = {"status": status, "cpu_ms": int((usage.ru_utime + usage.ru_stime) * 1000), "clean": _clean()}
-    ctl.send(json.dumps(reply).encode())
+    # The result first, then the wipe: a program that left a million files makes the wipe slow,
+    # and the server must not mistake that for a sandbox that died while the program ran.
+    ctl.send(json.dumps({"status": status, "cpu_ms": int((usage.ru_utime + usage.ru_stime) * 1000)}).encode())
+    ctl.send(json.dumps({"clean": _clean()}).encode())
 
 
 def main():
