@@ -60,6 +60,10 @@ def test_tests_request_rules():
     (b"no 0.5", b"yes 0.5", Compare.FLOAT, False),
     (b"nan", b"nan", Compare.FLOAT, True),
     (b"inf", b"1e308", Compare.FLOAT, False),
+    (b"inf", b"inf", Compare.FLOAT, True),                # inf - inf is nan: equal only as infinities
+    (b"-inf", b"inf", Compare.FLOAT, False),
+    (b"1000000008", b"1000000007", Compare.FLOAT, False),  # integers are exact, whatever the tolerance
+    (b"1000000007.0000001", b"1000000007", Compare.FLOAT, True),
 ])
 def test_outputs_match(actual, expected, mode, want):
     assert outputs_match(actual, expected, mode, 1e-6) is want
