@@ -28,12 +28,13 @@ import sys
 
 WORK = "/tmp/run"
 
-# SysV shared memory is outside every rlimit: a segment's pages count against no process's
-# address space once detached, and a fresh IPC namespace allows ~all of RAM (shmall), so a
-# program could attach, fill, detach and repeat until the host runs out of memory. Programs may
-# create segments (the sandbox is discarded after them) but not map them: shmat fails with ENOSYS.
-# (machine: audit arch, shmat's number, whether x32 numbers (bit 30) must be refused too)
-_SECCOMP_ARCH = {"x86_64": (0xC000003E, 30, True), "aarch64": (0xC00000B7, 196, False)}
+# Memory no rlimit counts: SysV shared memory (a detached segment's pages are in no process's
+# address space, and a fresh IPC namespace allows ~all of RAM) and memfd files (sized up to the
+# file-size limit, one per open file, in every process). A program could fill, let go, repeat
+# until the host runs out of memory, so both are refused with ENOSYS: shmat (creating a segment
+# stays possible; the sandbox is discarded after it) and memfd_create.
+# machine: (audit arch, [shmat, memfd_create], whether x32 numbers (bit 30) must be refused too)
+_SECCOMP_ARCH = {"x86_64": (0xC000003E, [30, 319], True), "aarch64": (0xC00000B7, [196, 279], False)}
 
 
 def _recv(sock):
@@ -55,22 +56,22 @@ def _limits(lim):
 
 
 def _seccomp_filter():
-    """A classic-BPF seccomp program refusing shmat (and every syscall of a foreign ABI)."""
-    arch, shmat, x32 = _SECCOMP_ARCH[os.uname().machine]
+    """A classic-BPF seccomp program refusing the denied calls and every syscall of a foreign ABI."""
+    arch, denied, x32 = _SECCOMP_ARCH[os.uname().machine]
     ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
     allow, enosys = 0x7FFF0000, 0x00050000 | 38    # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | ENOSYS
+    tests = [(jge, 0x40000000) if x32 else (jeq, 0xFFFFFFFF), *((jeq, nr) for nr in denied)]
     insns = [(ld_abs, 0, 0, 4),                      # A = seccomp_data.arch
              (jeq, 1, 0, arch),                      # native ABI: go on; else refuse
              (ret, 0, 0, enosys),
-             (ld_abs, 0, 0, 0),                      # A = seccomp_data.nr
-             (jge, 2, 0, 0x40000000) if x32 else (jeq, 2, 0, 0xFFFFFFFF),
-             (jeq, 1, 0, shmat),
-             (ret, 0, 0, allow),
-             (ret, 0, 0, enosys)]
+             (ld_abs, 0, 0, 0)]                      # A = seccomp_data.nr
+    # Each test jumps, when it holds, over the tests after it and the allow, to the refusal.
+    insns += [(op, len(tests) - i, 0, k) for i, (op, k) in enumerate(tests)]
+    insns += [(ret, 0, 0, allow), (ret, 0, 0, enosys)]
     return b"".join(struct.pack("HBBI", *i) for i in insns), len(insns)
 
 
-def _deny_shmat():
+def _deny_unbounded_memory():
     import ctypes
     code, count = _seccomp_filter()
     buf = ctypes.create_string_buffer(code, len(code))
@@ -107,7 +108,7 @@ def _run_child(req, stdin_fd, out_fd, err_fd):
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as the interpreter sets it at start-up
         _limits(req["limits"])
         if os.uname().machine in _SECCOMP_ARCH:
-            _deny_shmat()
+            _deny_unbounded_memory()
         if req.get("argv"):
             os.execvp(req["argv"][0], req["argv"])
         status = _run_python(main_path, req["code"])

@@ -186,6 +186,13 @@ def test_sysv_shared_memory_cannot_be_mapped(service):
     assert (r.verdict, r.stdout) == (Verdict.OK, b"True True\n"), r.stderr
 
 
+def test_memfd_files_cannot_be_made(service):
+    # A memfd is memory no rlimit counts (up to the file-size limit, per open file, per process).
+    code = ("import os\ntry:\n    os.memfd_create('x')\nexcept OSError as e:\n    print(e.errno)\n"
+            "else:\n    print('made')\n")
+    assert execute(service, code).stdout == b"38\n"   # ENOSYS
+
+
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="i386 system calls from x86_64 code")
 def test_foreign_abi_system_calls_are_refused(service):
     code = ("import ctypes, mmap\nm = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)\n"
