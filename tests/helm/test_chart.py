@@ -66,7 +66,7 @@ def test_helm_lint_passes_strict(helm, values):
 
 def test_ci_files_cover_the_issue_cases():
     assert {p.name for p in CI_VALUES} == {"cpu-values.yaml", "l3-two-gpu-pools-values.yaml",
-                                           "l2-lora-values.yaml", "monitoring-values.yaml"}
+                                           "l2-lora-values.yaml", "monitoring-values.yaml", "tls-values.yaml"}
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +224,9 @@ def test_every_server_container_has_native_grpc_probes(case):
     _, objs = case
     for obj in server_workloads(objs):
         for c in pod_spec(obj)["containers"]:
-            port = next(p["containerPort"] for p in c["ports"] if p["name"] == "grpc")
+            # With TLS on, the probes (which cannot speak it) ask the plaintext health-only port.
+            names = {p["name"] for p in c["ports"]}
+            port = next(p["containerPort"] for p in c["ports"] if p["name"] == ("health" if "health" in names else "grpc"))
             for probe in ("livenessProbe", "readinessProbe"):
                 assert c[probe]["grpc"] == {"port": port}, f"{obj['metadata']['name']}/{c['name']} {probe}"
             # pods that load a model before listening get a startup probe, so liveness spares them

@@ -141,6 +141,55 @@ trainable pool's trainer agree; a frozen pool has no trainer). */}}
 - --port={{ .Values.ports.grpc }}
 - --metrics-port={{ .Values.ports.metrics }}
 - --log-level={{ .Values.logLevel }}
+{{- if .Values.security.tlsSecret }}
+- --health-port={{ .Values.ports.health }}
+{{- end }}
+{{- end -}}
+
+{{/* Where the security Secrets are mounted, in every pod that has them. */}}
+{{- define "atgrpo.tlsDir" -}}/etc/atgrpo/tls{{- end -}}
+{{- define "atgrpo.tokenDir" -}}/etc/atgrpo/token{{- end -}}
+
+{{/* The environment atgrpo.rpc.security reads, servers and clients alike (a list; may be empty).
+Every process of the release is both: the services call each other, the run Job calls them all. */}}
+{{- define "atgrpo.securityEnv" -}}
+{{- $sec := .Values.security -}}
+{{- $tls := include "atgrpo.tlsDir" . -}}
+{{- $env := list -}}
+{{- if $sec.tlsSecret -}}
+{{- $env = concat $env (list
+      (dict "name" "ATGRPO_TLS_SERVER_CERT" "value" (printf "%s/tls.crt" $tls))
+      (dict "name" "ATGRPO_TLS_SERVER_KEY" "value" (printf "%s/tls.key" $tls))
+      (dict "name" "ATGRPO_TLS_CA" "value" (printf "%s/ca.crt" $tls))
+      (dict "name" "ATGRPO_TLS_SERVER_NAME" "value" $sec.serverName)) -}}
+{{- if $sec.mutualTLS -}}
+{{- $env = concat $env (list
+      (dict "name" "ATGRPO_TLS_CLIENT_CA" "value" (printf "%s/ca.crt" $tls))
+      (dict "name" "ATGRPO_TLS_CERT" "value" (printf "%s/tls.crt" $tls))
+      (dict "name" "ATGRPO_TLS_KEY" "value" (printf "%s/tls.key" $tls))) -}}
+{{- end -}}
+{{- end -}}
+{{- if $sec.tokenSecret -}}
+{{- $env = append $env (dict "name" "ATGRPO_AUTH_TOKEN_FILE" "value" (printf "%s/token" (include "atgrpo.tokenDir" .))) -}}
+{{- end -}}
+{{- toYaml $env -}}
+{{- end -}}
+
+{{/* The Secret volumes and their mounts (dicts with "volumes" and "mounts" lists). */}}
+{{- define "atgrpo.securityVolumes" -}}
+{{- $sec := .Values.security -}}
+{{- $volumes := list -}}
+{{- $mounts := list -}}
+{{- if $sec.tlsSecret -}}
+{{- $volumes = append $volumes (dict "name" "atgrpo-tls" "secret" (dict "secretName" $sec.tlsSecret "defaultMode" 288)) -}}
+{{- $mounts = append $mounts (dict "name" "atgrpo-tls" "mountPath" (include "atgrpo.tlsDir" .) "readOnly" true) -}}
+{{- end -}}
+{{- if $sec.tokenSecret -}}
+{{- $volumes = append $volumes (dict "name" "atgrpo-token" "secret" (dict "secretName" $sec.tokenSecret "defaultMode" 288
+      "items" (list (dict "key" "token" "path" "token")))) -}}
+{{- $mounts = append $mounts (dict "name" "atgrpo-token" "mountPath" (include "atgrpo.tokenDir" .) "readOnly" true) -}}
+{{- end -}}
+{{- toYaml (dict "volumes" $volumes "mounts" $mounts) -}}
 {{- end -}}
 
 {{/*
@@ -204,6 +253,9 @@ containers:
         valueFrom:
           fieldRef:
             fieldPath: metadata.name
+      {{- with include "atgrpo.securityEnv" .root | fromYamlArray }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
       {{- with .env }}
       {{- toYaml . | nindent 6 }}
       {{- end }}
@@ -215,21 +267,28 @@ containers:
       - name: metrics
         containerPort: {{ $v.ports.metrics }}
         protocol: TCP
+      {{- if $v.security.tlsSecret }}
+      - name: health
+        containerPort: {{ $v.ports.health }}
+        protocol: TCP
+      {{- end }}
     {{- /* Native gRPC probes ask grpc.health.v1 for service "" (the server as a whole), which
-    every atgrpo server sets SERVING once it listens and NOT_SERVING on SIGTERM. */}}
+    every atgrpo server sets SERVING once it listens and NOT_SERVING on SIGTERM. They cannot
+    speak TLS: with TLS on they ask the plaintext health-only port (--health-port). */}}
+    {{- $probePort := ternary $v.ports.health $v.ports.grpc (not (empty $v.security.tlsSecret)) }}
     {{- if .startup }}
     startupProbe:
       grpc:
-        port: {{ $v.ports.grpc }}
+        port: {{ $probePort }}
       {{- toYaml $v.probes.startup | nindent 6 }}
     {{- end }}
     livenessProbe:
       grpc:
-        port: {{ $v.ports.grpc }}
+        port: {{ $probePort }}
       {{- toYaml $v.probes.liveness | nindent 6 }}
     readinessProbe:
       grpc:
-        port: {{ $v.ports.grpc }}
+        port: {{ $probePort }}
       {{- toYaml $v.probes.readiness | nindent 6 }}
     {{- end }}
     {{- $resources := deepCopy (default dict .resources) -}}
@@ -243,15 +302,22 @@ containers:
     {{- end }}
     securityContext:
       {{- toYaml (default $v.securityContext .securityContext) | nindent 6 }}
+    {{- $secVolumes := include "atgrpo.securityVolumes" .root | fromYaml }}
     volumeMounts:
       - name: tmp
         mountPath: /tmp
+      {{- with $secVolumes.mounts }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
       {{- with .mounts }}
       {{- toYaml . | nindent 6 }}
       {{- end }}
 volumes:
   - name: tmp
     emptyDir: {}
+  {{- with $secVolumes.volumes }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
   {{- with .volumes }}
   {{- toYaml . | nindent 2 }}
   {{- end }}

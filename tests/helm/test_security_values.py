@@ -1,0 +1,122 @@
+"""The chart's `security` values, rendered and then used for real: a sandbox_svc started with the
+environment and flags the chart gives the sandbox pod (the Secrets' files written where the pod
+would mount them) serves TLS with mutual TLS and the token, and a client with the run Job's
+environment reaches it, while the probes' plaintext health port answers without TLS."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from pathlib import Path
+
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from atgrpo import errors
+from atgrpo.rpc.security import ClientSecurity, open_channel
+from sandbox_svc.client import SandboxClient
+from tests.helm.conftest import of_kind, pod_spec, template
+from tests.security.conftest import start_service
+from tests.security.pki import _ca, _leaf
+
+SECURE = ("--set", "security.tlsSecret=atgrpo-tls", "--set", "security.tokenSecret=atgrpo-token")
+TOKEN = "chart-token-0123456789abcdef0123456789"
+
+
+@pytest.fixture(scope="module")
+def objs(helm) -> list[dict]:
+    return template(*SECURE)
+
+
+def _mounted(spec: dict, container: dict, secrets: Path) -> dict[str, str]:
+    """The container's ATGRPO_* environment, with each Secret's mount path replaced by a local
+    folder holding what the pod would find there."""
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    where = {m["mountPath"]: secrets / volumes[m["name"]]["secret"]["secretName"]
+             for m in container["volumeMounts"] if "secret" in volumes.get(m["name"], {})}
+    env = {}
+    for e in container["env"]:
+        if e["name"].startswith("ATGRPO_") and "value" in e:
+            value = e["value"]
+            for mount, local in where.items():
+                value = value.replace(mount, str(local))
+            env[e["name"]] = value
+    return env
+
+
+@pytest.fixture(scope="module")
+def secrets(tmp_path_factory) -> Path:
+    """The two Secrets as a cert-manager Certificate and `kubectl create secret` would hold them:
+    one certificate for the chart's serverName, usable as server and as client."""
+    root = tmp_path_factory.mktemp("secrets")
+    pki = root / "pki"
+    pki.mkdir()
+    _ca(pki, "ca")
+    _leaf(pki, "pod", "ca", "atgrpo.internal", "subjectAltName=DNS:atgrpo.internal\n"
+          "extendedKeyUsage=serverAuth,clientAuth\nkeyUsage=critical,digitalSignature\n")
+    tls, token = root / "atgrpo-tls", root / "atgrpo-token"
+    tls.mkdir()
+    token.mkdir()
+    (tls / "ca.crt").write_bytes((pki / "ca.pem").read_bytes())
+    (tls / "tls.crt").write_bytes((pki / "pod.pem").read_bytes())
+    (tls / "tls.key").write_bytes((pki / "pod.key").read_bytes())
+    (token / "token").write_text(TOKEN)
+    return root
+
+
+def test_every_pod_gets_the_secrets_and_probes_the_plaintext_health_port(objs):
+    workloads = [o for kind in ("Deployment", "StatefulSet", "Job") for o in of_kind(objs, kind)]
+    assert workloads
+    for obj in workloads:
+        spec = pod_spec(obj)
+        for c in spec["containers"] + spec.get("initContainers", []):
+            names = {e["name"] for e in c["env"]}
+            assert {"ATGRPO_TLS_CA", "ATGRPO_TLS_CERT", "ATGRPO_TLS_KEY", "ATGRPO_TLS_SERVER_NAME",
+                    "ATGRPO_AUTH_TOKEN_FILE"} <= names, (obj["metadata"]["name"], c["name"])
+            mounts = {m["mountPath"] for m in c["volumeMounts"]}
+            assert {"/etc/atgrpo/tls", "/etc/atgrpo/token"} <= mounts
+        for c in spec["containers"]:
+            if "livenessProbe" in c:
+                health = next(p["containerPort"] for p in c["ports"] if p["name"] == "health")
+                assert c["livenessProbe"]["grpc"] == c["readinessProbe"]["grpc"] == {"port": health}
+                assert f"--health-port={health}" in c["args"]
+
+
+def test_the_rendered_settings_secure_a_real_service(objs, secrets, tmp_path, monkeypatch):
+    sandbox = next(o for o in of_kind(objs, "Deployment") if o["metadata"]["name"].endswith("-sandbox"))
+    spec = pod_spec(sandbox)
+    server_env = _mounted(spec, spec["containers"][0], secrets)
+    job = of_kind(objs, "Job")[0]
+    client_env = _mounted(pod_spec(job), pod_spec(job)["initContainers"][0], secrets)
+    with socket.socket() as s:   # a free port for the health-only server
+        s.bind(("127.0.0.1", 0))
+        health_port = s.getsockname()[1]
+    svc = start_service("sandbox", tmp_path, ["--health-port", str(health_port)], server_env)
+
+    def as_the_job(env: dict[str, str]) -> None:
+        for name in [k for k in os.environ if k.startswith("ATGRPO_")]:
+            monkeypatch.delenv(name)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+
+    async def go():
+        # Through the TLS port that checks client certificates, as the run Job would.
+        as_the_job(client_env)
+        assert ClientSecurity.from_env().server_name == "atgrpo.internal"
+        async with SandboxClient(svc.address) as client:
+            assert (await client.execute("print(6 * 7)")).stdout == b"42\n"
+        # Without a client certificate the same port refuses the handshake.
+        as_the_job({k: v for k, v in client_env.items() if k not in ("ATGRPO_TLS_CERT", "ATGRPO_TLS_KEY")})
+        async with SandboxClient(svc.address) as client:
+            with pytest.raises(errors.Unavailable):
+                await client.execute("print(1)", timeout_s=3)
+        # The probes' port: the health check alone, in plaintext.
+        async with open_channel(f"127.0.0.1:{health_port}", security=ClientSecurity()) as channel:
+            resp = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING
+
+    try:
+        asyncio.run(go())
+    finally:
+        svc.stop()
