@@ -53,10 +53,10 @@ from typing import Any
 
 from atgrpo.errors import FailedPrecondition, InvalidArgument
 from atgrpo.sdk.env import EVAL_SEED_OFFSET, Environment, EnvSpec, Message, StepResult
-from env_svc import datasets
+from env_svc import code_formats, datasets
 from env_svc.envs._text import clip as _clip
 from env_svc.envs._text import decode as _decode
-from env_svc.envs.answers import extract_code
+from env_svc.envs.answer_extract import extract_code
 from env_svc.envs.math import sandbox_call, turn_options
 
 try:  # the sandbox's plain types; an environment served without sandbox_svc still imports
@@ -133,8 +133,8 @@ except BaseException:
 def function_program(source: str, name: str) -> str:
     """A stdin/stdout program that runs `source` (untrusted: it is only ever run in the sandbox)
     and prints canonical_json(name(*args)) for the arguments on stdin, one JSON value a line."""
-    return _HARNESS.format(canonical=inspect.getsource(datasets.canonical),
-                           canonical_json=inspect.getsource(datasets.canonical_json),
+    return _HARNESS.format(canonical=inspect.getsource(code_formats.canonical),
+                           canonical_json=inspect.getsource(code_formats.canonical_json),
                            source=source, name=name, prelude=PRELUDE)
 
 
@@ -196,7 +196,7 @@ def function_case(inp: str, out: str) -> tuple[str, str]:
     """A tester's function-call test in run form: arguments as JSON lines, canonical output."""
     args = [_literal(line) for line in inp.splitlines() if line.strip()]
     expected = _literal(out.strip())
-    return datasets.args_stdin(args), datasets.canonical_json(expected) + "\n"
+    return code_formats.args_stdin(args), code_formats.canonical_json(expected) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -58,7 +58,8 @@ from env_svc import datasets
 from env_svc.envs._text import clip as _clip
 from env_svc.envs._text import decode as _decode
 from env_svc.envs._text import program_lines, run_failure
-from env_svc.envs.answers import answers_match, extract_answer, extract_code, stdout_answer
+from env_svc.envs.answer_extract import extract_answer, extract_code, stdout_answer
+from env_svc.envs.answers import answers_match
 
 try:  # the sandbox's plain types; an environment served without sandbox_svc still imports
     from sandbox_svc.model import Limits

@@ -16,7 +16,7 @@ from atgrpo import errors
 from atgrpo.sdk.host import EnvHost
 from atgrpo.sdk.local import LocalEnvs
 from atgrpo.sdk.registry import Registry
-from env_svc import datasets
+from env_svc import code_formats, datasets
 from env_svc.envs import BUILTIN
 from env_svc.envs.code import FAILURE_REWARD, CodeEnv, extract_code, function_program, parse_tests
 
@@ -238,8 +238,8 @@ def test_function_problem_tester_tests_are_json_arguments(sandbox):
 def test_harness_prints_canonical_results():
     program = function_program("def f(x):\n    return x", "f")
     assert "def canonical(" in program and "def canonical_json(" in program
-    assert inspect.getsource(datasets.canonical) in program
-    assert datasets.canonical_json((1.0, 0.1 + 0.2, {2, 1})) == "[1,0.3,[1,2]]"
+    assert inspect.getsource(code_formats.canonical) in program
+    assert code_formats.canonical_json((1.0, 0.1 + 0.2, {2, 1})) == "[1,0.3,[1,2]]"
 
 
 # ---- episodes through the env host ---------------------------------------------------------
@@ -302,8 +302,8 @@ def test_no_reference_solution_uses_a_program_that_passed(sandbox):
     assert r.local_reward == 1.0 and r.done
 
 
-CHECKER_HEAD = "\n".join(["import contextlib, io, json, sys", inspect.getsource(datasets.canonical),
-                          inspect.getsource(datasets.canonical_json)])
+CHECKER_HEAD = "\n".join(["import contextlib, io, json, sys", inspect.getsource(code_formats.canonical),
+                          inspect.getsource(code_formats.canonical_json)])
 
 
 def test_sample_problems_reference_solutions_pass_their_tests(sandbox):

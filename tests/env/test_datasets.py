@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from env_svc import datasets
+from env_svc import code_formats, datasets
 from env_svc.datasets import DatasetError, Source, load, pick, read_rows, sources
 from env_svc.envs.answers import answers_match
 from env_svc.envs.code import CodeEnv
@@ -87,7 +87,7 @@ def test_a_crafted_pickle_in_livecodebench_tests_is_refused(tmp_path):
     assert [p.fn_name for p in ps] == ["countPairs"]            # the crafted row is skipped ...
     assert not _Evil.marker.exists()                            # ... without running anything
     with pytest.raises(pickle.UnpicklingError, match="refusing to load posix.system"):
-        datasets.decode_lcb_tests(row["private_test_cases"])
+        code_formats.decode_lcb_tests(row["private_test_cases"])
 
 
 def test_pettingllms_code():

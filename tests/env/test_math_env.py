@@ -15,7 +15,8 @@ from atgrpo.sdk.local import LocalEnvs
 from atgrpo.sdk.registry import Registry
 from env_svc import datasets
 from env_svc.envs import BUILTIN
-from env_svc.envs.answers import _Text, answers_match, extract_answer, parse_answer
+from env_svc.envs.answer_extract import extract_answer
+from env_svc.envs.answers import _Text, answers_match, parse_answer
 from env_svc.envs.math import FAILURE_REWARD, MathEnv
 from tests.env.test_code_env import make_sandbox
 
