@@ -87,10 +87,18 @@ class Internal(AtgrpoError):
     code = grpc.StatusCode.INTERNAL
 
 
+class EnvCodeError(AtgrpoError):
+    """An environment's own code raised, or returned something the SDK cannot take (a NaN reward,
+    no StepResult): a bug in the environment, not in atgrpo. The same task fails the same way
+    again, so it is not retried; the env service's log has the traceback. Travels as UNKNOWN."""
+
+    code = grpc.StatusCode.UNKNOWN
+
+
 _BY_CODE: dict[grpc.StatusCode, type[AtgrpoError]] = {
     cls.code: cls
     for cls in (InvalidArgument, NotFound, FailedPrecondition, ResourceExhausted, Unavailable,
-                DeadlineExceeded, Unimplemented, Unauthenticated, Internal)
+                DeadlineExceeded, Unimplemented, Unauthenticated, Internal, EnvCodeError)
 }
 
 # Trailing metadata key carrying a retry hint with RESOURCE_EXHAUSTED.

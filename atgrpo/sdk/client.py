@@ -21,8 +21,9 @@ class EnvClient(ServiceClient):
         resp = await self._call(self.stub.ListEnvs, env_pb2.ListEnvsRequest())
         return [convert.spec_from_pb(s) for s in resp.envs]
 
-    async def describe(self, env: str) -> EnvSpec:
-        return convert.spec_from_pb(await self._call(self.stub.Describe, env_pb2.DescribeRequest(env=env)))
+    async def describe(self, env: str, options: Mapping[str, Any] | None = None) -> EnvSpec:
+        return convert.spec_from_pb(await self._call(self.stub.Describe, env_pb2.DescribeRequest(
+            env=env, options=convert.struct_from(options))))
 
     async def list_tasks(self, env: str, split: str = "train", offset: int = 0, limit: int = 0,
                          options: Mapping[str, Any] | None = None) -> tuple[list[str], int]:

@@ -7,12 +7,15 @@ single third-party class with it, so both behave the same over the wire.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
-from collections.abc import Mapping, Sequence
+import logging
+import math
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from atgrpo.errors import FailedPrecondition, Internal, InvalidArgument
+from atgrpo.errors import AtgrpoError, EnvCodeError, FailedPrecondition, InvalidArgument
 from atgrpo.sdk import metrics
 from atgrpo.sdk.env import Environment, EnvSpec, Message, Sandbox, StepResult
 from atgrpo.sdk.registry import Registry
@@ -20,6 +23,8 @@ from atgrpo.sdk.store import Episode, EpisodeStore
 
 MAX_FORK = 1024
 MAX_ACTION_CHARS = 1 << 20
+
+log = logging.getLogger(__name__)
 
 
 async def _maybe_await(value: Any) -> Any:
@@ -30,8 +35,45 @@ def _json_safe(info: Mapping[str, Any], where: str) -> dict[str, Any]:
     try:
         return json.loads(json.dumps(dict(info), default=str, allow_nan=False))
     except (TypeError, ValueError) as err:
-        raise Internal(f"{where} returned info that is not JSON ({err}); environments must return "
-                       "plain dicts of str, numbers, bools, lists") from None
+        raise EnvCodeError(f"{where} returned info that is not JSON ({err}); environments must return "
+                           "plain dicts of str, numbers, bools, lists") from None
+
+
+@contextlib.contextmanager
+def env_code(where: str) -> Iterator[None]:
+    """Exceptions from an environment's own code become EnvCodeError naming it (with the traceback
+    in this service's log). atgrpo's errors pass through: a sandbox that is down mid-step is still
+    UNAVAILABLE, and retried."""
+    try:
+        yield
+    except AtgrpoError:
+        raise
+    except Exception as err:
+        log.exception("%s raised", where)
+        raise EnvCodeError(f"{where} raised {type(err).__name__}: {err}. This is a bug in the environment, "
+                           "not in atgrpo: fix it (the traceback is in the env service's log)") from None
+
+
+def _checked_result(result: Any, where: str) -> StepResult:
+    if not isinstance(result, StepResult):
+        raise EnvCodeError(f"{where} returned {type(result).__name__}, not a StepResult")
+    for name in ("team_reward", "local_reward"):
+        value = getattr(result, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise EnvCodeError(f"{where} returned {name}={value!r}; rewards must be finite numbers "
+                               "(a NaN or inf would make every advantage of its group NaN)")
+    result.info = _json_safe(result.info or {}, where)
+    return result
+
+
+def _checked_messages(messages: Any, where: str) -> list[Message]:
+    ok = isinstance(messages, (list, tuple)) and messages and all(
+        isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in messages)
+    if not ok:
+        raise EnvCodeError(f"{where} returned {str(messages)[:200]!r}; observe() must return a non-empty "
+                           'list of {"role": str, "content": str} messages')
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
 class EnvHost:
@@ -42,10 +84,14 @@ class EnvHost:
 
     def _make(self, name: str, options: Mapping[str, Any] | None) -> Environment:
         cls = self.registry.get(name)
-        try:
-            env = cls(options or {})
-        except (TypeError, ValueError, KeyError) as err:
-            raise InvalidArgument(f"env {name!r} rejected its options {dict(options or {})}: {err}") from None
+        with env_code(f"env {name!r}: {cls.__name__}(options)"):
+            try:
+                env = cls(options or {})
+            except (TypeError, ValueError, KeyError) as err:   # what an options check raises
+                raise InvalidArgument(f"env {name!r} could not be built with options {dict(options or {})}: "
+                                      f"{type(err).__name__}: {err}") from None
+        if not isinstance(getattr(env, "spec", None), EnvSpec):
+            raise EnvCodeError(f"env {name!r}: {cls.__name__}.__init__ must set self.spec = EnvSpec(...)")
         env.sandbox = self.sandbox
         return env
 
@@ -60,7 +106,8 @@ class EnvHost:
         env = self._make(name, options)
         if split not in env.spec.splits:
             raise InvalidArgument(f"env {name!r} has no split {split!r}; it has {list(env.spec.splits)}")
-        ids = env.task_ids(split)
+        with env_code(f"env {name!r}: task_ids({split!r})"):
+            ids = env.task_ids(split)
         if ids is None:
             return [], -1
         end = len(ids) if limit <= 0 else offset + limit
@@ -71,7 +118,8 @@ class EnvHost:
         env = self._make(name, options)
         if split not in env.spec.splits:
             raise InvalidArgument(f"env {name!r} has no split {split!r}; it has {list(env.spec.splits)}")
-        await _maybe_await(env.reset(task_id, seed, split))
+        with env_code(f"env {name!r}: reset({task_id!r}, {seed}, {split!r})"):
+            await _maybe_await(env.reset(task_id, seed, split))
         (episode,) = self.store.add(name, env)
         metrics.episode_started(name)
         return episode.id, env.spec
@@ -84,9 +132,11 @@ class EnvHost:
     async def observe(self, episode_id: str, agent: str) -> tuple[list[Message], int]:
         episode = self.store.get(episode_id)
         self._agent(episode, agent)
+        where = f"env {episode.env_name!r}: observe({agent!r})"
         async with episode.lock:
-            messages = await _maybe_await(episode.env.observe(agent))
-        return [dict(m) for m in messages], episode.turn
+            with env_code(where):
+                messages = await _maybe_await(episode.env.observe(agent))
+        return _checked_messages(messages, where), episode.turn
 
     async def step(self, episode_id: str, agent: str, action: str) -> StepResult:
         episode = self.store.get(episode_id)
@@ -97,14 +147,14 @@ class EnvHost:
         async with episode.lock:
             if episode.done:
                 raise FailedPrecondition(f"episode {episode_id} is done; Reset a new one")
-            with metrics.STEP_SECONDS.labels(episode.env_name).time():
+            where = f"env {episode.env_name!r}: step({agent!r}, ...)"
+            with metrics.STEP_SECONDS.labels(episode.env_name).time(), env_code(where):
                 result = await _maybe_await(episode.env.step(agent, action))
-            if not isinstance(result, StepResult):
-                raise Internal(f"{type(episode.env).__name__}.step returned {type(result).__name__}, "
-                               "not a StepResult")
-            result.info = _json_safe(result.info, f"{type(episode.env).__name__}.step")
+            result = _checked_result(result, where)
             result.turn = episode.advance(agent)
-            episode.done = result.done or episode.turn >= episode.env.spec.max_turns
+            # Past its spec's max_turns an episode is over even if the env did not say so; the
+            # caller learns it here, not from a refused next step.
+            episode.done = result.done = bool(result.done) or episode.turn >= episode.env.spec.max_turns
         return result
 
     async def fork(self, episode_id: str, n: int) -> list[str]:
@@ -112,7 +162,7 @@ class EnvHost:
             raise InvalidArgument(f"fork count {n} must be between 1 and {MAX_FORK}")
         episode = self.store.get(episode_id)
         async with episode.lock:
-            with metrics.FORK_SECONDS.labels(episode.env_name).time():
+            with metrics.FORK_SECONDS.labels(episode.env_name).time(), env_code(f"env {episode.env_name!r}: fork()"):
                 copy = await _maybe_await(episode.env.fork())
                 forks = self.store.add(episode.env_name, copy, turn=episode.turn, acted=episode.acted, count=n)
         for f in forks:

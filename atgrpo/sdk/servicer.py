@@ -27,7 +27,7 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
         return env_pb2.ListEnvsResponse(envs=[convert.spec_to_pb(s) for s in self.host.list_envs()])
 
     async def Describe(self, request, context):
-        return convert.spec_to_pb(self.host.describe(_required(request.env, "env")))
+        return convert.spec_to_pb(self.host.describe(_required(request.env, "env"), convert.dict_from(request.options)))
 
     async def ListTasks(self, request, context):
         ids, total = self.host.list_tasks(_required(request.env, "env"), request.split or "train",

@@ -57,3 +57,35 @@ class FiniteEnv(CounterEnv):
 
     def task_ids(self, split):
         return [f"{split}-{i}" for i in range(5)]
+
+
+class CarelessEnv(CounterEnv):
+    """What a careless third-party environment does, chosen by option `mode` (one bug each)."""
+
+    name = "careless"
+
+    def __init__(self, options=None):
+        super().__init__(options)
+        self.spec = EnvSpec("careless", ("a", "b"), ("a", "b"), max_turns=3)
+        mode = self.options.get("mode", "")
+        if mode == "no_spec":
+            del self.spec
+        elif mode == "init_raises":
+            raise RuntimeError("cannot open the puzzle file")
+        self.mode = mode
+
+    def reset(self, task_id, seed, split):
+        if self.mode == "reset_raises":
+            raise ZeroDivisionError("division by zero")
+        super().reset(task_id, seed, split)
+
+    def observe(self, agent):
+        return "a bare string" if self.mode == "observe_str" else super().observe(agent)
+
+    def step(self, agent, action):
+        rewards = {"nan_reward": float("nan"), "inf_reward": float("inf"), "str_reward": "1.0"}
+        if self.mode in rewards:
+            return StepResult(rewards[self.mode], 0.0)
+        if self.mode == "step_raises":
+            raise ValueError("boom in step")
+        return super().step(agent, action)

@@ -11,12 +11,12 @@ from atgrpo.sdk.host import EnvHost
 from atgrpo.sdk.registry import Registry, load_class
 from atgrpo.sdk.servicer import env_bindings
 from atgrpo.sdk.store import EpisodeStore
-from tests.env.sdk_envs import CounterEnv, FiniteEnv, SlowEnv
+from tests.env.sdk_envs import CarelessEnv, CounterEnv, FiniteEnv, SlowEnv
 
 
 def registry():
     r = Registry(discover=False)
-    for cls in (CounterEnv, SlowEnv, FiniteEnv):
+    for cls in (CounterEnv, SlowEnv, FiniteEnv, CarelessEnv):
         r.register(cls)
     return r
 
@@ -36,7 +36,7 @@ def with_client(fn, **store_kw):
 def test_an_episode_over_grpc():
     async def go(c, host):
         specs = {s.name: s for s in await c.list_envs()}
-        assert set(specs) == {"counter", "slow", "finite"} and specs["counter"].turn_order == ("a", "b")
+        assert set(specs) == {"counter", "slow", "finite", "careless"} and specs["counter"].turn_order == ("a", "b")
         ep, spec = await c.reset("counter", "t", seed=3, split="train", options={"max_turns": 2})
         assert spec.max_turns == 2
         messages, turn = await c.observe(ep, "a")
@@ -86,7 +86,7 @@ def test_episode_ends_at_done_or_max_turns():
         ep, _ = await c.reset("counter", "t", seed=0, split="train", options={"max_turns": 1})
         await c.step(ep, "a", "1")
         r = await c.step(ep, "b", "1")
-        assert not r.done   # the env did not say done, but one turn was the limit
+        assert r.done and not r.success   # the env did not say done, but one turn was the limit
         with pytest.raises(errors.FailedPrecondition, match="is done"):
             await c.step(ep, "a", "1")
         ep2, _ = await c.reset("counter", "t", seed=0, split="train")
@@ -98,7 +98,7 @@ def test_episode_ends_at_done_or_max_turns():
 
 
 @pytest.mark.parametrize("call, error, message", [
-    (lambda c, ep: c.reset("nope", "t", 0), errors.NotFound, "no environment named 'nope'; available: counter"),
+    (lambda c, ep: c.reset("nope", "t", 0), errors.NotFound, "no environment named 'nope'; available: careless, counter"),
     (lambda c, ep: c.reset("counter", "t", 0, split="test"), errors.InvalidArgument, "no split 'test'"),
     (lambda c, ep: c.observe(ep, "zed"), errors.InvalidArgument, "no agent 'zed'"),
     (lambda c, ep: c.step(ep, "zed", "1"), errors.InvalidArgument, "no agent 'zed'"),
@@ -122,6 +122,7 @@ def test_the_store_is_bounded_and_abandoned_episodes_expire():
     async def go(c, host):
         ep, _ = await c.reset("counter", "t", 0)
         await c.fork(ep, 3)
+        c.retry = False     # see the refusal, not the client's backoff until the deadline
         with pytest.raises(errors.ResourceExhausted, match="cap is 5") as err:
             await c.fork(ep, 2)
         assert err.value.retry_after_ms
@@ -176,3 +177,36 @@ def test_installed_packages_add_environments_through_entry_points(tmp_path, monk
     assert reg.names() == ["builtin", "counter_plus"]
     assert reg.get("counter_plus") is CounterEnv
     assert Registry({}, discover=False).names() == []
+
+
+@pytest.mark.parametrize("mode, call, message", [
+    ("step_raises", "step", r"env 'careless': step\('a', ...\) raised ValueError: boom in step\. This is a bug in the environment"),
+    ("nan_reward", "step", "team_reward=nan; rewards must be finite numbers"),
+    ("inf_reward", "step", "team_reward=inf"),
+    ("str_reward", "step", "team_reward='1.0'"),
+    ("observe_str", "observe", "observe\\(\\) must return a non-empty list"),
+    ("reset_raises", "reset", r"reset\('t', 0, 'train'\) raised ZeroDivisionError"),
+    ("init_raises", "reset", r"CarelessEnv\(options\) raised RuntimeError: cannot open the puzzle file"),
+    ("no_spec", "reset", r"must set self.spec = EnvSpec"),
+])
+def test_an_environments_own_bugs_are_named_as_such_and_not_retryable(mode, call, message):
+    """Not INTERNAL "a bug in atgrpo": UNKNOWN, as EnvCodeError, naming the env and the call."""
+    async def go(c, host):
+        with pytest.raises(errors.EnvCodeError, match=message) as err:
+            ep, _ = await c.reset("careless", "t", seed=0, split="train", options={"mode": mode})
+            if call == "observe":
+                await c.observe(ep, "a")
+            else:
+                await c.step(ep, "a", "1")
+        assert not err.value.retryable
+        # The host keeps serving: a sound episode of the same env works.
+        ep, _ = await c.reset("careless", "t", seed=0, split="train")
+        assert (await c.step(ep, "a", "1")).local_reward == 0.1
+    with_client(go)
+
+
+def test_options_an_env_refuses_are_invalid_argument():
+    async def go(c, host):
+        with pytest.raises(errors.InvalidArgument, match="could not be built with options"):
+            await c.reset("counter", "t", seed=0, split="train", options={"max_turns": 0})
+    with_client(go)

@@ -26,7 +26,7 @@ from atgrpo._proto.v1 import common_pb2 as atgrpo_dot_v1_dot_common__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x61tgrpo/v1/env.proto\x12\tatgrpo.v1\x1a\x16\x61tgrpo/v1/common.proto\x1a\x1cgoogle/protobuf/struct.proto\"\x85\x01\n\x07\x45nvSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x61gents\x18\x02 \x03(\t\x12\x12\n\nturn_order\x18\x03 \x03(\t\x12\x10\n\x08parallel\x18\x04 \x01(\x08\x12\x11\n\tmax_turns\x18\x05 \x01(\x05\x12\x13\n\x0b\x64\x65scription\x18\x06 \x01(\t\x12\x0e\n\x06splits\x18\x07 \x03(\t\"\x11\n\x0fListEnvsRequest\"4\n\x10ListEnvsResponse\x12 \n\x04\x65nvs\x18\x01 \x03(\x0b\x32\x12.atgrpo.v1.EnvSpec\"\x1e\n\x0f\x44\x65scribeRequest\x12\x0b\n\x03\x65nv\x18\x01 \x01(\t\"w\n\x10ListTasksRequest\x12\x0b\n\x03\x65nv\x18\x01 \x01(\t\x12\r\n\x05split\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\r\n\x05limit\x18\x04 \x01(\x03\x12(\n\x07options\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\"4\n\x11ListTasksResponse\x12\x10\n\x08task_ids\x18\x01 \x03(\t\x12\r\n\x05total\x18\x02 \x01(\x03\"s\n\x0cResetRequest\x12\x0b\n\x03\x65nv\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0c\n\x04seed\x18\x03 \x01(\x03\x12\r\n\x05split\x18\x04 \x01(\t\x12(\n\x07options\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\"E\n\rResetResponse\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12 \n\x04spec\x18\x02 \x01(\x0b\x32\x12.atgrpo.v1.EnvSpec\"3\n\x0eObserveRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\"I\n\x0fObserveResponse\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.atgrpo.v1.ChatMessage\x12\x0c\n\x04turn\x18\x02 \x01(\x05\"E\n\x0bStepRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x13\n\x0b\x61\x63tion_text\x18\x03 \x01(\t\"\x8b\x01\n\nStepResult\x12\x13\n\x0bteam_reward\x18\x01 \x01(\x01\x12\x14\n\x0clocal_reward\x18\x02 \x01(\x01\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\x12\x0f\n\x07success\x18\x04 \x01(\x08\x12\x0c\n\x04turn\x18\x05 \x01(\x05\x12%\n\x04info\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\"5\n\x0cStepResponse\x12%\n\x06result\x18\x01 \x01(\x0b\x32\x15.atgrpo.v1.StepResult\",\n\x0b\x46orkRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\t\n\x01n\x18\x02 \x01(\x05\"#\n\x0c\x46orkResponse\x12\x13\n\x0b\x65pisode_ids\x18\x01 \x03(\t\"#\n\x0c\x43loseRequest\x12\x13\n\x0b\x65pisode_ids\x18\x01 \x03(\t\"\x1f\n\rCloseResponse\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x05\x32\xbf\x04\n\nEnvService\x12<\n\x07GetInfo\x12\x19.atgrpo.v1.GetInfoRequest\x1a\x16.atgrpo.v1.ServiceInfo\x12\x43\n\x08ListEnvs\x12\x1a.atgrpo.v1.ListEnvsRequest\x1a\x1b.atgrpo.v1.ListEnvsResponse\x12:\n\x08\x44\x65scribe\x12\x1a.atgrpo.v1.DescribeRequest\x1a\x12.atgrpo.v1.EnvSpec\x12\x46\n\tListTasks\x12\x1b.atgrpo.v1.ListTasksRequest\x1a\x1c.atgrpo.v1.ListTasksResponse\x12:\n\x05Reset\x12\x17.atgrpo.v1.ResetRequest\x1a\x18.atgrpo.v1.ResetResponse\x12@\n\x07Observe\x12\x19.atgrpo.v1.ObserveRequest\x1a\x1a.atgrpo.v1.ObserveResponse\x12\x37\n\x04Step\x12\x16.atgrpo.v1.StepRequest\x1a\x17.atgrpo.v1.StepResponse\x12\x37\n\x04\x46ork\x12\x16.atgrpo.v1.ForkRequest\x1a\x17.atgrpo.v1.ForkResponse\x12:\n\x05\x43lose\x12\x17.atgrpo.v1.CloseRequest\x1a\x18.atgrpo.v1.CloseResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x61tgrpo/v1/env.proto\x12\tatgrpo.v1\x1a\x16\x61tgrpo/v1/common.proto\x1a\x1cgoogle/protobuf/struct.proto\"\x85\x01\n\x07\x45nvSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x61gents\x18\x02 \x03(\t\x12\x12\n\nturn_order\x18\x03 \x03(\t\x12\x10\n\x08parallel\x18\x04 \x01(\x08\x12\x11\n\tmax_turns\x18\x05 \x01(\x05\x12\x13\n\x0b\x64\x65scription\x18\x06 \x01(\t\x12\x0e\n\x06splits\x18\x07 \x03(\t\"\x11\n\x0fListEnvsRequest\"4\n\x10ListEnvsResponse\x12 \n\x04\x65nvs\x18\x01 \x03(\x0b\x32\x12.atgrpo.v1.EnvSpec\"H\n\x0f\x44\x65scribeRequest\x12\x0b\n\x03\x65nv\x18\x01 \x01(\t\x12(\n\x07options\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\"w\n\x10ListTasksRequest\x12\x0b\n\x03\x65nv\x18\x01 \x01(\t\x12\r\n\x05split\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\r\n\x05limit\x18\x04 \x01(\x03\x12(\n\x07options\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\"4\n\x11ListTasksResponse\x12\x10\n\x08task_ids\x18\x01 \x03(\t\x12\r\n\x05total\x18\x02 \x01(\x03\"s\n\x0cResetRequest\x12\x0b\n\x03\x65nv\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0c\n\x04seed\x18\x03 \x01(\x03\x12\r\n\x05split\x18\x04 \x01(\t\x12(\n\x07options\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\"E\n\rResetResponse\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12 \n\x04spec\x18\x02 \x01(\x0b\x32\x12.atgrpo.v1.EnvSpec\"3\n\x0eObserveRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\"I\n\x0fObserveResponse\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.atgrpo.v1.ChatMessage\x12\x0c\n\x04turn\x18\x02 \x01(\x05\"E\n\x0bStepRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x13\n\x0b\x61\x63tion_text\x18\x03 \x01(\t\"\x8b\x01\n\nStepResult\x12\x13\n\x0bteam_reward\x18\x01 \x01(\x01\x12\x14\n\x0clocal_reward\x18\x02 \x01(\x01\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\x12\x0f\n\x07success\x18\x04 \x01(\x08\x12\x0c\n\x04turn\x18\x05 \x01(\x05\x12%\n\x04info\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\"5\n\x0cStepResponse\x12%\n\x06result\x18\x01 \x01(\x0b\x32\x15.atgrpo.v1.StepResult\",\n\x0b\x46orkRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\t\n\x01n\x18\x02 \x01(\x05\"#\n\x0c\x46orkResponse\x12\x13\n\x0b\x65pisode_ids\x18\x01 \x03(\t\"#\n\x0c\x43loseRequest\x12\x13\n\x0b\x65pisode_ids\x18\x01 \x03(\t\"\x1f\n\rCloseResponse\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x05\x32\xbf\x04\n\nEnvService\x12<\n\x07GetInfo\x12\x19.atgrpo.v1.GetInfoRequest\x1a\x16.atgrpo.v1.ServiceInfo\x12\x43\n\x08ListEnvs\x12\x1a.atgrpo.v1.ListEnvsRequest\x1a\x1b.atgrpo.v1.ListEnvsResponse\x12:\n\x08\x44\x65scribe\x12\x1a.atgrpo.v1.DescribeRequest\x1a\x12.atgrpo.v1.EnvSpec\x12\x46\n\tListTasks\x12\x1b.atgrpo.v1.ListTasksRequest\x1a\x1c.atgrpo.v1.ListTasksResponse\x12:\n\x05Reset\x12\x17.atgrpo.v1.ResetRequest\x1a\x18.atgrpo.v1.ResetResponse\x12@\n\x07Observe\x12\x19.atgrpo.v1.ObserveRequest\x1a\x1a.atgrpo.v1.ObserveResponse\x12\x37\n\x04Step\x12\x16.atgrpo.v1.StepRequest\x1a\x17.atgrpo.v1.StepResponse\x12\x37\n\x04\x46ork\x12\x16.atgrpo.v1.ForkRequest\x1a\x17.atgrpo.v1.ForkResponse\x12:\n\x05\x43lose\x12\x17.atgrpo.v1.CloseRequest\x1a\x18.atgrpo.v1.CloseResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,33 +40,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTENVSRESPONSE']._serialized_start=243
   _globals['_LISTENVSRESPONSE']._serialized_end=295
   _globals['_DESCRIBEREQUEST']._serialized_start=297
-  _globals['_DESCRIBEREQUEST']._serialized_end=327
-  _globals['_LISTTASKSREQUEST']._serialized_start=329
-  _globals['_LISTTASKSREQUEST']._serialized_end=448
-  _globals['_LISTTASKSRESPONSE']._serialized_start=450
-  _globals['_LISTTASKSRESPONSE']._serialized_end=502
-  _globals['_RESETREQUEST']._serialized_start=504
-  _globals['_RESETREQUEST']._serialized_end=619
-  _globals['_RESETRESPONSE']._serialized_start=621
-  _globals['_RESETRESPONSE']._serialized_end=690
-  _globals['_OBSERVEREQUEST']._serialized_start=692
-  _globals['_OBSERVEREQUEST']._serialized_end=743
-  _globals['_OBSERVERESPONSE']._serialized_start=745
-  _globals['_OBSERVERESPONSE']._serialized_end=818
-  _globals['_STEPREQUEST']._serialized_start=820
-  _globals['_STEPREQUEST']._serialized_end=889
-  _globals['_STEPRESULT']._serialized_start=892
-  _globals['_STEPRESULT']._serialized_end=1031
-  _globals['_STEPRESPONSE']._serialized_start=1033
-  _globals['_STEPRESPONSE']._serialized_end=1086
-  _globals['_FORKREQUEST']._serialized_start=1088
-  _globals['_FORKREQUEST']._serialized_end=1132
-  _globals['_FORKRESPONSE']._serialized_start=1134
-  _globals['_FORKRESPONSE']._serialized_end=1169
-  _globals['_CLOSEREQUEST']._serialized_start=1171
-  _globals['_CLOSEREQUEST']._serialized_end=1206
-  _globals['_CLOSERESPONSE']._serialized_start=1208
-  _globals['_CLOSERESPONSE']._serialized_end=1239
-  _globals['_ENVSERVICE']._serialized_start=1242
-  _globals['_ENVSERVICE']._serialized_end=1817
+  _globals['_DESCRIBEREQUEST']._serialized_end=369
+  _globals['_LISTTASKSREQUEST']._serialized_start=371
+  _globals['_LISTTASKSREQUEST']._serialized_end=490
+  _globals['_LISTTASKSRESPONSE']._serialized_start=492
+  _globals['_LISTTASKSRESPONSE']._serialized_end=544
+  _globals['_RESETREQUEST']._serialized_start=546
+  _globals['_RESETREQUEST']._serialized_end=661
+  _globals['_RESETRESPONSE']._serialized_start=663
+  _globals['_RESETRESPONSE']._serialized_end=732
+  _globals['_OBSERVEREQUEST']._serialized_start=734
+  _globals['_OBSERVEREQUEST']._serialized_end=785
+  _globals['_OBSERVERESPONSE']._serialized_start=787
+  _globals['_OBSERVERESPONSE']._serialized_end=860
+  _globals['_STEPREQUEST']._serialized_start=862
+  _globals['_STEPREQUEST']._serialized_end=931
+  _globals['_STEPRESULT']._serialized_start=934
+  _globals['_STEPRESULT']._serialized_end=1073
+  _globals['_STEPRESPONSE']._serialized_start=1075
+  _globals['_STEPRESPONSE']._serialized_end=1128
+  _globals['_FORKREQUEST']._serialized_start=1130
+  _globals['_FORKREQUEST']._serialized_end=1174
+  _globals['_FORKRESPONSE']._serialized_start=1176
+  _globals['_FORKRESPONSE']._serialized_end=1211
+  _globals['_CLOSEREQUEST']._serialized_start=1213
+  _globals['_CLOSEREQUEST']._serialized_end=1248
+  _globals['_CLOSERESPONSE']._serialized_start=1250
+  _globals['_CLOSERESPONSE']._serialized_end=1281
+  _globals['_ENVSERVICE']._serialized_start=1284
+  _globals['_ENVSERVICE']._serialized_end=1859
 # @@protoc_insertion_point(module_scope)

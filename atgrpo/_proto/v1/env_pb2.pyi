@@ -105,15 +105,21 @@ class DescribeRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ENV_FIELD_NUMBER: _builtins.int
+    OPTIONS_FIELD_NUMBER: _builtins.int
     env: _builtins.str
+    @_builtins.property
+    def options(self) -> _struct_pb2.Struct:
+        """the spec an episode with these options gets (turn order, max_turns)"""
+
     def __init__(
         self,
         *,
         env: _builtins.str = ...,
+        options: _struct_pb2.Struct | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["env", b"env"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env", b"env", "options", b"options"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
