@@ -102,6 +102,10 @@ class EnvConfig:
     """true: all agents of a turn act on the same state (no agent sees another's turn-t output)"""
     options: dict[str, Any] = field(default_factory=dict)
     """free-form settings passed to the env's constructor"""
+    path: str = ""
+    """'package.module:Class' of your own environment, hosted under `name` by the env service that
+    `atgrpo train` starts (local mode; run it where the module imports). Empty: a built-in or
+    installed environment"""
     train_split: str = "train"
     """task split sampled for training"""
     eval_split: str = "eval"
@@ -370,6 +374,9 @@ def _check_env_and_agents(c: Checks, cfg: RunConfig) -> None:
     if not env.name:
         c.add("env.name", "is empty. Give a registered environment name")
     c.limits("env", env, {"max_turns": AT_LEAST_1})
+    module, sep, cls = env.path.partition(":")
+    if env.path and not (sep and module and cls):
+        c.add("env.path", f"is {env.path!r}. Write it as 'package.module:ClassName', e.g. 'my_envs.relay:RelayEnv'")
     for split in ("train_split", "eval_split"):
         if not getattr(env, split):
             c.add(f"env.{split}", "is empty. Name a task split, e.g. 'train' or 'eval'")

@@ -28,7 +28,8 @@ class TrainError(RuntimeError):
 
 def service_plan(cfg: RunConfig) -> tuple[ServicePlan, ...]:
     """The local processes a config needs; names match the keys with_services() reads back."""
-    plan = [ServicePlan("sandbox", "sandbox"), ServicePlan("env", "env", ("--sandbox", "{sandbox}"))]
+    env_args = ("--sandbox", "{sandbox}") + (("--env-path", f"{cfg.env.name}={cfg.env.path}") if cfg.env.path else ())
+    plan = [ServicePlan("sandbox", "sandbox"), ServicePlan("env", "env", env_args)]
     for name, pool in cfg.pools.items():
         spec = f"{name}={pool.model_path}" + (":lora" if pool.specialization == "lora" else "")
         for i in range(pool.rollout_replicas):

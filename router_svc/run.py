@@ -56,6 +56,15 @@ class StepIncomplete(RuntimeError):
     are dropped whole and it is collected again."""
 
 
+class EpisodeFailed(RuntimeError):
+    """An episode failed in a way that does not change on a retry (the environment's code raised,
+    a request was invalid): the run fails at once with the message, not after a dozen retries."""
+
+
+# How an episode's error names its cause (rollout_svc.tree: "<error class>: <message>"); these
+# fail the same way every time.
+_DETERMINISTIC = ("EnvCodeError", "InvalidArgument")
+
 # Faults a run survives by recovering and trying the step again; anything else (a bad config, a
 # bug) fails the run at once with its message.
 RECOVERABLE = (Unavailable, ResourceExhausted, DeadlineExceeded, FailedPrecondition, NotFound, Internal,
@@ -184,8 +193,35 @@ class RunLoop:
                 return False
         return False
 
+    async def check_env(self) -> None:
+        """The env's spec under the run's options agrees with the config, or the run fails now with
+        what to change (not after a dozen retries of episodes that cannot finish)."""
+        env = self.cfg.env
+        try:
+            spec = await self.clients.env.describe(env.name, env_options(self.cfg))
+        except NotFound as err:   # no such env there: no retry will change that
+            raise InvalidArgument(f"{err.message}. For your own environment, set env.path: "
+                                  "'package.module:Class' (atgrpo train starts the env service with it), or "
+                                  "serve it with `atgrpo env serve` / `python -m env_svc --env-path NAME=...` "
+                                  "and give that address as services.env") from None
+        problems = []
+        unknown = [a for a in env.turn_order if a not in spec.agents]
+        if unknown:
+            problems.append(f"env.turn_order names {unknown}, which env {env.name!r} does not have "
+                            f"(its agents: {list(spec.agents)})")
+        elif tuple(env.turn_order) != tuple(spec.turn_order):
+            problems.append(f"env.turn_order is {list(env.turn_order)}, but env {env.name!r} with these options "
+                            f"acts in the order {list(spec.turn_order)}: make them the same")
+        if env.max_turns > spec.max_turns:
+            problems.append(f"env.max_turns is {env.max_turns}, over the {spec.max_turns} turns env {env.name!r} "
+                            "allows with these options (its spec's max_turns): lower env.max_turns, or raise the "
+                            "env's own limit (for the built-in envs, env.options.max_turns)")
+        if problems:
+            raise InvalidArgument("; ".join(problems))
+
     async def prepare(self) -> None:
         """Set up every trainer, resuming from the run directory when it holds progress."""
+        await self.check_env()
         progress = self.dir.read_progress()
         if progress is not None and progress.run != self.cfg.run.name:
             raise FailedPrecondition(f"{self.dir.path} holds run {progress.run!r}, not {self.cfg.run.name!r}: "
@@ -334,6 +370,10 @@ class RunLoop:
 
 def _check_complete(ends: list[EpisodeEnd], tasks: int) -> None:
     failed = [e for e in ends if e.error]
+    fatal = next((e for e in failed if e.error.split(":", 1)[0] in _DETERMINISTIC), None)
+    if fatal is not None:
+        raise EpisodeFailed(f"the episode of task {fatal.task_id!r} failed: {fatal.error} (not retried: "
+                            "it would fail the same way)")
     if failed or len(ends) != tasks:
         first = failed[0].error if failed else f"{tasks - len(ends)} episodes never ended"
         raise StepIncomplete(f"{len(failed) or tasks - len(ends)} of {tasks} episodes did not finish ({first})")

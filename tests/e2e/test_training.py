@@ -176,6 +176,33 @@ def test_bad_config_is_refused_by_the_router(tiny, tmp_path):
             asyncio.run(start(running.services.router, local_mode))
 
 
+@pytest.mark.parametrize("env, message", [
+    ({"max_turns": 5}, r"InvalidArgument: env.max_turns is 5, over the 3 turns env 'careless' allows"),
+    ({"turn_order": ["b", "a"]}, r"env.turn_order is \['b', 'a'\], but env 'careless' .* acts in the order \['a', 'b'\]"),
+    ({"options": {"mode": "step_raises"}}, r"EnvCodeError: env 'careless': step\('a', ...\) raised ValueError: boom "
+                                           r"in step.*\(not retried"),
+    ({"name": "nope", "path": ""}, r"no environment named 'nope'.*set env.path"),
+], ids=["max_turns", "turn_order", "env_code_raises", "unknown_env"])
+def test_a_run_that_cannot_work_fails_at_once_saying_why(env, message, tiny, tmp_path):
+    """A third-party env (env.path: hosted by the env service `atgrpo train` starts) whose spec
+    disagrees with the config, or whose code raises, fails the run on its first attempt with the
+    reason, instead of retrying a step that fails the same way every time."""
+    import re
+
+    data = toy_config(tmp_path / "run", tiny, "L1")
+    data["env"] = {"name": "careless", "path": "tests.env.sdk_envs:CarelessEnv", "turn_order": ["a", "b"],
+                   "max_turns": 2, **env}
+    data["agents"] = {a: {"pool": "a", "train_sampling": {"max_tokens": 4}} for a in ("a", "b")}
+    cfg = parse_config(data)
+    sink = Collect()
+    with LocalServices(cfg) as running:
+        final = asyncio.run(drive(running, sink))
+    assert final["state"] == "failed" and re.search(message, final["error"]), final
+    assert not [e for e in sink.events if e["kind"] == "step"]
+    router_log = (tmp_path / "run" / "services" / "logs" / "router.log").read_text()
+    assert "recovering in" not in router_log          # failed on the first attempt, no backoff
+
+
 def test_the_demo_learns(tiny, tmp_path):
     """The demo's config (examples/toy_L1_tiny.yaml), shortened: greedy eval success goes from ~0
     (a random tiny model hardly ever emits a digit) to at least 0.75. A listener that ignores the
