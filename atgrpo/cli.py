@@ -97,14 +97,39 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
+    plan, cfg = local.DEFAULT_PLAN, None
+    if args.config is not None:
+        from atgrpo.train import TrainError, check_models, resolve_paths, service_plan
+
+        cfg = _load_for_run(args)
+        if cfg is None:
+            return 2
+        try:
+            cfg = resolve_paths(cfg)
+            check_models(cfg)
+        except TrainError as err:
+            print(f"atgrpo up: {err}", file=sys.stderr)
+            return 1
+        plan = service_plan(cfg)   # what `atgrpo train CONFIG` would start: its pools, --env on every rollout
     try:
-        services = local.up(args.state_dir, timeout_s=args.timeout_s)
+        services = local.up(args.state_dir, plan, timeout_s=args.timeout_s)
     except local.LaunchError as err:
         print(f"atgrpo up failed: {err}", file=sys.stderr)
         return 1
     for s in services:
         print(f"{s.name:<8} {s.address:<22} pid {s.pid:<7} metrics {s.metrics_address}")
     print(f"{len(services)} services up; state in {args.state_dir}; stop them with `atgrpo down`")
+    if cfg is not None:
+        import yaml
+
+        from atgrpo.train import with_services
+
+        block = {"services": with_services(cfg, services).to_dict()["services"]}
+        print(f"\n# add to {args.config}, then `atgrpo train {args.config} --connect`:")
+        print(yaml.safe_dump(block, sort_keys=False, default_flow_style=False), end="")
+    else:
+        print("the rollout service serves no model pool: to train against these services, start them "
+              "with the run's config instead (`atgrpo up CONFIG`)", file=sys.stderr)
     return 0
 
 
@@ -171,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
                            add_help=False)
     serve.add_argument("rest", nargs=argparse.REMAINDER,
                        help="package.module:Class [--port N] [--sandbox HOST:PORT] ... (see --help)")
-    serve.set_defaults(fn=_cmd_env_serve)
+    serve.set_defaults(fn=_cmd_env_serve, passthrough=True)   # serve_main parses `rest`, --help included
 
     config = sub.add_parser("config", help="run configs").add_subparsers(dest="what", required=True)
     check = config.add_parser("check", help="validate a run config and say what to fix")
@@ -202,7 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--timeout-s", type=float, default=timeout)
         return p
 
-    state(sub.add_parser("up", help="start the five services locally"), 60.0).set_defaults(fn=_cmd_up)
+    up = state(sub.add_parser("up", help="start the five services locally"), 60.0)
+    up.add_argument("config", type=Path, nargs="?",
+                    help="a run config: start the services it needs (its pools on the rollouts and trainers, as "
+                         "`atgrpo train` would) and print the services: block for `atgrpo train --connect`")
+    up.set_defaults(fn=_cmd_up)
     st = state(sub.add_parser("status", help="health and version of each service"), 3.0)
     st.add_argument("--address", action="append", default=[], metavar="KIND=HOST:PORT",
                     help="probe these instead of the local ones (repeatable)")
@@ -213,7 +242,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    # argparse leaves a REMAINDER that starts with an option (`env serve --help`, `env serve --port
+    # 5 mod:Class`) out of it, as unrecognized: such arguments belong to the passthrough command.
+    args, extras = ap.parse_known_args(argv)
+    if extras:
+        if not getattr(args, "passthrough", False):
+            ap.error(f"unrecognized arguments: {' '.join(extras)}")
+        args.rest = [*extras, *args.rest]
     return args.fn(args)
 
 

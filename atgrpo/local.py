@@ -49,7 +49,9 @@ class ServicePlan:
 DEFAULT_PLAN = (
     ServicePlan("sandbox", "sandbox"),
     ServicePlan("env", "env", ("--sandbox", "{sandbox}")),
-    ServicePlan("rollout", "rollout"),
+    # Collect drives the env service, as atgrpo.train.service_plan's replicas do; without --env
+    # every run against these services fails with "this replica has no environment service".
+    ServicePlan("rollout", "rollout", ("--env", "{env}")),
     ServicePlan("trainer", "trainer"),
     ServicePlan("router", "router"),
 )

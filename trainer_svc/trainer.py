@@ -96,8 +96,14 @@ class Trainer:
             if self.state is not None:
                 same = self.state.spec.run_id == spec.run_id and self.state.spec.pool == spec.pool
                 if not same:
-                    raise FailedPrecondition(f"this trainer serves run {self.state.spec.run_id!r}, pool "
-                                             f"{self.state.spec.pool!r}; start another trainer for {spec.run_id!r}")
+                    held = self.state.spec
+                    raise FailedPrecondition(
+                        f"this trainer serves run {held.run_id!r}, pool {held.pool!r}, and holds that run's "
+                        f"weights, so it cannot take run {spec.run_id!r}, pool {spec.pool!r}. Locally: "
+                        "`atgrpo down` then `atgrpo up CONFIG` for fresh services (or leave services: out of the "
+                        "config and `atgrpo train` starts its own); on Kubernetes: restart the trainer pod "
+                        f"(`kubectl rollout restart statefulset/<release>-atgrpo-trainer-{held.pool}`; "
+                        "`helm upgrade` with the new config does it) or install the run in its own release")
                 if not (reload and resume_from):
                     await self._sync_replicas(self.state)   # a repeat: bring restarted replicas up to date
                     return self.state

@@ -7,6 +7,7 @@ import time
 
 import psutil
 import pytest
+import yaml
 
 from atgrpo import local
 from tests.conftest import SERVICE_KINDS
@@ -35,6 +36,9 @@ def test_up_status_down_leaves_no_process_behind(tmp_path, subprocess_env):
     recorded = json.loads((state / "services.json").read_text())["services"]
     assert sorted(s["kind"] for s in recorded) == sorted(SERVICE_KINDS)
     pids = {s["pid"] for s in recorded}
+    by_kind = {s["kind"]: s for s in recorded}
+    rollout_argv = by_kind["rollout"]["argv"]
+    assert rollout_argv[rollout_argv.index("--env") + 1] == by_kind["env"]["address"]   # Collect has an env
     assert pids <= _service_pids() - before
 
     status = atgrpo("status", "--state-dir", str(state), "--json", env=subprocess_env)
@@ -88,3 +92,72 @@ def test_a_service_that_fails_to_start_is_reported_and_nothing_is_left(tmp_path)
         local.up(tmp_path, plan, timeout_s=30)
     assert _service_pids() - before == set()
     assert local.read_state(tmp_path) == []
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    from atgrpo.models import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("models") / "tiny"))
+
+
+def toy_run(model: str, run_dir, name: str) -> dict:
+    """An L0 toy run on the tiny model on CPU, two short steps (as tests/e2e/test_training.py)."""
+    return {
+        "run": {"name": name, "seed": 0, "steps": 2, "tasks_per_step": 2, "eval_every_steps": 0,
+                "checkpoint_every_steps": 0, "run_dir": str(run_dir)},
+        "env": {"name": "toy", "turn_order": ["speaker"], "max_turns": 1},
+        "pools": {"a": {"model_path": model, "device": "cpu", "dtype": "float32",
+                        "optim": {"lr": 5e-4, "warmup_steps": 0}}},
+        "agents": {"speaker": {"pool": "a", "train_sampling": {"temperature": 1.0, "max_tokens": 4},
+                               "eval_sampling": {"max_tokens": 4}}},
+        "algorithm": {"k": 2, "mini_batch_size": 64},
+    }
+
+
+def test_up_then_train_connect_then_down(tmp_path, subprocess_env, tiny):
+    """The documented flow: `atgrpo up CONFIG`, its services: block into the config, `atgrpo train
+    CONFIG --connect` against them (no service of its own), `atgrpo down`."""
+    state, config = tmp_path / "state", tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(toy_run(tiny, tmp_path / "run", "up-connect")))
+    recorded = []
+    try:
+        up = atgrpo("up", str(config), "--state-dir", str(state), env=subprocess_env)
+        assert up.returncode == 0, up.stderr
+        recorded = local.read_state(state)
+        assert {s.name for s in recorded} == {"sandbox", "env", "rollout-a-0", "trainer-a", "router"}
+        env_address = next(s.address for s in recorded if s.name == "env")
+        rollout = next(s for s in recorded if s.kind == "rollout")
+        assert rollout.argv[rollout.argv.index("--env") + 1] == env_address
+
+        status = atgrpo("status", "--state-dir", str(state), "--json", env=subprocess_env)
+        assert status.returncode == 0, status.stdout + status.stderr
+        by_name = {p["name"]: p["address"] for p in json.loads(status.stdout)}
+
+        services = yaml.safe_load(up.stdout.split("--connect`:\n", 1)[1])["services"]
+        assert services == {"env": by_name["env"], "sandbox": by_name["sandbox"], "router": by_name["router"],
+                            "rollout": {"a": [by_name["rollout-a-0"]]}, "trainer": {"a": by_name["trainer-a"]}}
+        config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "services": services}))
+
+        train = atgrpo("train", str(config), "--connect", env=subprocess_env, timeout=120)
+        assert train.returncode == 0, train.stdout + train.stderr
+        events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+        assert [e["step"] for e in events if e["kind"] == "step"] == [1, 2], events
+        assert "services locally" not in train.stderr          # it drove ours, started none
+        assert all(local.is_ours(s) for s in recorded)
+
+        # Another run on the same long-lived trainer is refused, and the message says what to do.
+        other = tmp_path / "other.yaml"
+        other.write_text(yaml.safe_dump({**toy_run(tiny, tmp_path / "other", "other-run"), "services": services}))
+        refused = atgrpo("train", str(other), "--connect", "--steps", "1", env=subprocess_env, timeout=120)
+        assert refused.returncode == 1
+        said = refused.stdout + refused.stderr
+        assert "serves run 'up-connect'" in said and "atgrpo down" in said and "atgrpo up" in said, said
+    finally:
+        down = atgrpo("down", "--state-dir", str(state), env=subprocess_env)
+    assert down.returncode == 0 and down.stdout.count("stopped") == 5, down.stdout
+    gone_by = time.monotonic() + 10
+    while any(local.is_ours(s) for s in recorded) and time.monotonic() < gone_by:
+        time.sleep(0.1)
+    assert not [s.name for s in recorded if local.is_ours(s)]
+    assert not (state / "services.json").exists()
