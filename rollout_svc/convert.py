@@ -127,7 +127,7 @@ def sample_to_pb(s: Sample, plan: CollectPlan) -> pb.CollectEvent:
         response_logprobs=s.logprobs, team_reward=s.team_reward, local_reward=s.local_reward, done=s.done,
         success=s.success, selected=s.selected, prompt_truncated=s.prompt_truncated,
         response_truncated=s.response_truncated, finish_reason=s.finish_reason, info=struct_from(s.info),
-        sampling=sampling_to_pb(s.sampling)))
+        sampling=sampling_to_pb(s.sampling), response_text=s.response_text))
 
 
 def end_to_pb(e: EpisodeEnd, plan: CollectPlan) -> pb.CollectEvent:
@@ -148,4 +148,4 @@ def event_from_pb(m: pb.CollectEvent) -> Sample | EpisodeEnd:
         logprobs=list(s.response_logprobs), team_reward=s.team_reward, local_reward=s.local_reward,
         done=s.done, success=s.success, selected=s.selected, sampling=sampling_from_pb(s.sampling),
         prompt_truncated=s.prompt_truncated, response_truncated=s.response_truncated,
-        finish_reason=s.finish_reason, info=dict_from(s.info))
+        finish_reason=s.finish_reason, info=dict_from(s.info), response_text=s.response_text)

@@ -75,7 +75,8 @@ class _Episode:
                 prompt_ids=generation.prompt_ids, response_ids=c.token_ids, logprobs=c.logprobs,
                 team_reward=r.team_reward, local_reward=r.local_reward, done=r.done, success=r.success,
                 selected=i == best, sampling=agent.sampling, prompt_truncated=generation.prompt_truncated,
-                response_truncated=c.finish_reason == "length", finish_reason=c.finish_reason, info=r.info))
+                response_truncated=c.finish_reason == "length", finish_reason=c.finish_reason, info=r.info,
+                response_text=c.text))
         if plan.mode == "tree":
             await self.envs.close_episodes([self.episode_id, *(b for i, b in enumerate(branches) if i != best)])
             self.episode_id = branches[best]

@@ -91,6 +91,7 @@ class Sample:
     response_truncated: bool = False
     finish_reason: str = ""
     info: dict[str, Any] = field(default_factory=dict)
+    response_text: str = ""         # what the env was given; the ids are what training uses
 
 
 @dataclass

@@ -82,7 +82,8 @@ class RunDir:
                 "policy": {"pool": s.policy.pool, "adapter": s.policy.adapter, "version": s.policy.version},
                 "team_reward": s.team_reward, "local_reward": s.local_reward, "reward": r, "advantage": a,
                 "selected": s.selected, "done": s.done, "success": s.success, "prompt_ids": s.prompt_ids,
-                "response_ids": s.response_ids, "logprobs": s.logprobs, "info": s.info}))
+                "response_ids": s.response_ids, "response_text": s.response_text, "logprobs": s.logprobs,
+                "info": s.info}))
         _atomic_write(out, "".join(line + "\n" for line in lines))
         return out
 

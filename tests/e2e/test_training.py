@@ -107,6 +107,8 @@ def test_a_few_steps_at_each_level(level, tiny, tmp_path):
             groups = defaultdict(list)
             for s in samples:
                 groups[(s["task_id"], s["agent"], s["turn"])].append(s)
+                # the text the env judged is kept with the sample: the symbol it found is in it
+                assert s["info"]["symbol"] is None or s["info"]["symbol"] in s["response_text"]
                 assert s["pool"] == pools[s["agent"]] == s["policy"]["pool"]
                 assert s["policy"]["version"] == e["step"] - 1              # drawn from the weights before it
             assert groups and all(len(g) == K for g in groups.values())   # K branches from one state

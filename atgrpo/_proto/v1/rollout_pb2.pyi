@@ -458,6 +458,7 @@ class TurnSample(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _builtins.int
     INFO_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
+    RESPONSE_TEXT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     step: _builtins.int
     task_id: _builtins.str
@@ -473,6 +474,8 @@ class TurnSample(_message.Message):
     prompt_truncated: _builtins.bool
     response_truncated: _builtins.bool
     finish_reason: _builtins.str
+    response_text: _builtins.str
+    """the text the env was given (for inspection; training uses the ids)"""
     @_builtins.property
     def policy(self) -> _common_pb2.PolicyVersion: ...
     @_builtins.property
@@ -512,10 +515,11 @@ class TurnSample(_message.Message):
         finish_reason: _builtins.str = ...,
         info: _struct_pb2.Struct | None = ...,
         sampling: _common_pb2.SamplingParams | None = ...,
+        response_text: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["info", b"info", "policy", b"policy", "sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "branch", b"branch", "done", b"done", "finish_reason", b"finish_reason", "info", b"info", "local_reward", b"local_reward", "policy", b"policy", "prompt_token_ids", b"prompt_token_ids", "prompt_truncated", b"prompt_truncated", "response_logprobs", b"response_logprobs", "response_token_ids", b"response_token_ids", "response_truncated", b"response_truncated", "run_id", b"run_id", "sampling", b"sampling", "selected", b"selected", "step", b"step", "success", b"success", "task_id", b"task_id", "team_reward", b"team_reward", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "branch", b"branch", "done", b"done", "finish_reason", b"finish_reason", "info", b"info", "local_reward", b"local_reward", "policy", b"policy", "prompt_token_ids", b"prompt_token_ids", "prompt_truncated", b"prompt_truncated", "response_logprobs", b"response_logprobs", "response_text", b"response_text", "response_token_ids", b"response_token_ids", "response_truncated", b"response_truncated", "run_id", b"run_id", "sampling", b"sampling", "selected", b"selected", "step", b"step", "success", b"success", "task_id", b"task_id", "team_reward", b"team_reward", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
