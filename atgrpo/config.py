@@ -79,7 +79,7 @@ class RunSection:
     eval_every_steps: int = 10
     """evaluate every this many steps; 0 = never"""
     eval_tasks: int = 64
-    """episodes per evaluation"""
+    """episodes per evaluation (at most one per task when the eval split is a finite list)"""
     checkpoint_every_steps: int = 50
     """save every trainable pool every this many steps; 0 = only at the end (or a stop)"""
     save_samples: bool = False

@@ -48,7 +48,8 @@ def step_event(step: int, batches: StepBatches, ends: Sequence[EpisodeEnd], pool
 
 
 def eval_event(step: int, ends: Sequence[EpisodeEnd], order: Sequence[str] = ()) -> dict[str, Any]:
-    """Evaluation: success over the eval tasks, and each agent's mean reward over the episodes."""
+    """Evaluation: success over the eval tasks, and each agent's mean return (its rewards summed over
+    an episode's turns) over the episodes; a step event's agent reward_mean is per sample instead."""
     ok = [e for e in ends if not e.error]
     seen = {a for e in ok for a in e.agent_rewards}
     names = [a for a in order if a in seen] + sorted(seen - set(order))

@@ -315,10 +315,15 @@ class RunLoop:
 
     # ---- collection --------------------------------------------------------------------------
 
-    async def tasks(self, split: str, index: int, count: int) -> list[TaskRef]:
+    async def tasks(self, split: str, index: int, count: int, *, distinct: bool = False) -> list[TaskRef]:
+        """`distinct`: at most each task of a finite list once (evaluation: a repeat adds nothing)."""
         if split not in self._task_ids:
             self._task_ids[split] = await self._list_tasks(split)
-        return step_tasks(self.cfg.run.seed, index, count, split, self._task_ids[split])
+        ids = self._task_ids[split]
+        if distinct and ids is not None and count > len(ids):
+            log.info("the %s split has %d tasks; evaluating each once, not %d episodes", split, len(ids), count)
+            count = len(ids)
+        return step_tasks(self.cfg.run.seed, index, count, split, ids)
 
     async def _list_tasks(self, split: str) -> list[str] | None:
         env, options = self.cfg.env.name, env_options(self.cfg)
@@ -346,7 +351,7 @@ class RunLoop:
 
     async def evaluate(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
-        tasks = await self.tasks(cfg.env.eval_split, 0, cfg.run.eval_tasks)   # the same tasks every time
+        tasks = await self.tasks(cfg.env.eval_split, 0, cfg.run.eval_tasks, distinct=True)   # the same every time
         _, ends = await self.collect(collect_plan(cfg, tasks, step=step, eval_mode=True))
         _check_complete(ends, len(tasks))
         event = events.eval_event(step, ends, cfg.env.turn_order)

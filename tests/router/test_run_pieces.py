@@ -105,3 +105,14 @@ def test_events_survive_the_wire():
     assert events.from_pb(events.to_pb("r", ev))["agents"]["listener"] == {"reward_mean": 0.5, "turns_mean": 2.0}
     status = events.status_dict("r", "stopped", 3, 10, "/d", 1, "")
     assert events.from_pb(events.to_pb("r", status)) == status
+
+
+def test_evaluation_takes_each_task_of_a_finite_split_once(tmp_path):
+    import asyncio
+
+    loop = RunLoop(config(tmp_path), clients=object())
+    loop._task_ids["eval"] = ["e0", "e1"]            # what ListTasks gave: two eval tasks
+    assert sorted(t.task_id for t in asyncio.run(loop.tasks("eval", 0, 4, distinct=True))) == ["e0", "e1"]
+    assert len(asyncio.run(loop.tasks("eval", 0, 4))) == 4       # training walks the list in epochs
+    loop._task_ids["gen"] = None                    # generated from seeds: any count
+    assert len(asyncio.run(loop.tasks("gen", 0, 4, distinct=True))) == 4
