@@ -19,8 +19,11 @@ def step_line(e: dict[str, Any], total: int) -> str:
     pools = "  ".join(f"{p} v{int(m['version'])} loss {m['loss']:+.4f} kl {m['approx_kl']:.4f}"
                       for p, m in e["pools"].items())
     secs = e.get("rollout_seconds", 0.0) + e.get("train_seconds", 0.0) + e.get("weight_sync_seconds", 0.0)
+    # A prompt cut to max_prompt_tokens lost its beginning: the agent acted on part of what it saw.
+    cut = "  ".join(f"{a} {m['prompt_truncated_fraction']:.0%}" for a, m in e["agents"].items()
+                    if m.get("prompt_truncated_fraction"))
     return (f"step {e['step']:>4}/{total}  success {e['success_rate']:.2f}  reward {e['reward_mean']:+.3f} "
-            f"| {agents} | {pools} | {secs:.1f}s")
+            f"| {agents} | {pools} | {secs:.1f}s" + (f" | prompts cut: {cut}" if cut else ""))
 
 
 def eval_line(e: dict[str, Any]) -> str:

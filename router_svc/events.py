@@ -38,6 +38,8 @@ def step_event(step: int, batches: StepBatches, ends: Sequence[EpisodeEnd], pool
             "zero_variance_fraction": st.zero_variance_groups / st.groups if st.groups else 0.0,
             "advantage_mean": statistics.fmean(adv) if adv else 0.0,
             "advantage_std": statistics.pstdev(adv) if len(adv) > 1 else 0.0,
+            "prompt_truncated_fraction": st.prompts_cut / st.samples if st.samples else 0.0,
+            "response_truncated_fraction": st.responses_cut / st.samples if st.samples else 0.0,
         }
     samples = sum(a["samples"] for a in agents.values())
     reward = sum(a["reward_mean"] * a["samples"] for a in agents.values()) / samples if samples else 0.0
@@ -77,7 +79,7 @@ def status_from_pb(m: pb.RunStatus) -> dict[str, Any]:
 
 
 _AGENT_STEP = ("reward_mean", "success_rate", "turns_mean", "samples", "groups", "zero_variance_fraction",
-               "advantage_mean", "advantage_std")
+               "advantage_mean", "advantage_std", "prompt_truncated_fraction", "response_truncated_fraction")
 _POOL_STEP = ("version", "loss", "approx_kl", "clip_fraction", "grad_norm", "entropy", "push_seconds", "push_bytes")
 
 

@@ -49,6 +49,8 @@ class AgentStats:
     zero_variance_groups: int = 0
     reward_sum: float = 0.0
     advantages: list[float] = field(default_factory=list)
+    prompts_cut: int = 0            # prompts over max_prompt_tokens, kept by their end
+    responses_cut: int = 0          # responses that hit max_tokens
 
 
 @dataclass
@@ -93,6 +95,8 @@ def step_batches(samples: Sequence[Sample], pool_of: Mapping[str, str], *, alpha
         st = stats[s.agent]
         st.samples += 1
         st.reward_sum += float(rewards[i])
+        st.prompts_cut += s.prompt_truncated
+        st.responses_cut += s.response_truncated
         g = int(groups[i])
         if g not in seen_groups:
             seen_groups.add(g)

@@ -58,3 +58,17 @@ def test_alpha_mixes_team_and_local_before_grouping():
 def test_episode_metrics_count_failures_apart():
     ends = [EpisodeEnd("a", True, 2, {}), EpisodeEnd("b", False, 4, {}), EpisodeEnd("c", False, 0, {}, error="x")]
     assert episode_metrics(ends) == {"episodes": 2.0, "failed_episodes": 1.0, "success_rate": 0.5, "turns_mean": 3.0}
+
+
+def test_cut_prompts_and_responses_are_counted_and_shown():
+    from atgrpo.report import step_line
+    from router_svc import events
+
+    samples = [sample("t", "a", 0, b, 1.0 * b) for b in range(4)]
+    samples[0].prompt_truncated = samples[1].response_truncated = samples[2].response_truncated = True
+    e = events.step_event(1, step_batches(samples, {"a": "p"}), [], {}, {})
+    assert e["agents"]["a"]["prompt_truncated_fraction"] == 0.25
+    assert e["agents"]["a"]["response_truncated_fraction"] == 0.5
+    assert events.from_pb(events.to_pb("r", {**e, "rollout_seconds": 0.0, "train_seconds": 0.0,
+                                             "weight_sync_seconds": 0.0}))["agents"]["a"] == e["agents"]["a"]
+    assert step_line(e, 10).endswith("| prompts cut: a 25%")

@@ -179,6 +179,8 @@ class AgentStepMetrics(_message.Message):
     ZERO_VARIANCE_FRACTION_FIELD_NUMBER: _builtins.int
     ADVANTAGE_MEAN_FIELD_NUMBER: _builtins.int
     ADVANTAGE_STD_FIELD_NUMBER: _builtins.int
+    PROMPT_TRUNCATED_FRACTION_FIELD_NUMBER: _builtins.int
+    RESPONSE_TRUNCATED_FRACTION_FIELD_NUMBER: _builtins.int
     reward_mean: _builtins.float
     success_rate: _builtins.float
     turns_mean: _builtins.float
@@ -187,6 +189,10 @@ class AgentStepMetrics(_message.Message):
     zero_variance_fraction: _builtins.float
     advantage_mean: _builtins.float
     advantage_std: _builtins.float
+    prompt_truncated_fraction: _builtins.float
+    """prompts over the agent's max_prompt_tokens (kept by their end)"""
+    response_truncated_fraction: _builtins.float
+    """responses that hit max_tokens"""
     def __init__(
         self,
         *,
@@ -198,10 +204,12 @@ class AgentStepMetrics(_message.Message):
         zero_variance_fraction: _builtins.float = ...,
         advantage_mean: _builtins.float = ...,
         advantage_std: _builtins.float = ...,
+        prompt_truncated_fraction: _builtins.float = ...,
+        response_truncated_fraction: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["advantage_mean", b"advantage_mean", "advantage_std", b"advantage_std", "groups", b"groups", "reward_mean", b"reward_mean", "samples", b"samples", "success_rate", b"success_rate", "turns_mean", b"turns_mean", "zero_variance_fraction", b"zero_variance_fraction"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["advantage_mean", b"advantage_mean", "advantage_std", b"advantage_std", "groups", b"groups", "prompt_truncated_fraction", b"prompt_truncated_fraction", "response_truncated_fraction", b"response_truncated_fraction", "reward_mean", b"reward_mean", "samples", b"samples", "success_rate", b"success_rate", "turns_mean", b"turns_mean", "zero_variance_fraction", b"zero_variance_fraction"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
