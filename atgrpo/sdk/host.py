@@ -59,9 +59,14 @@ def _checked_result(result: Any, where: str) -> StepResult:
         raise EnvCodeError(f"{where} returned {type(result).__name__}, not a StepResult")
     for name in ("team_reward", "local_reward"):
         value = getattr(result, name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        try:   # a numpy or torch scalar is a number too; a bool or a text is a mistake
+            number = float(value) if not isinstance(value, (bool, str, bytes)) else math.nan
+        except (TypeError, ValueError):
+            number = math.nan
+        if not math.isfinite(number):
             raise EnvCodeError(f"{where} returned {name}={value!r}; rewards must be finite numbers "
                                "(a NaN or inf would make every advantage of its group NaN)")
+        setattr(result, name, number)
     result.info = _json_safe(result.info or {}, where)
     return result
 

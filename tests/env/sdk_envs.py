@@ -86,6 +86,9 @@ class CarelessEnv(CounterEnv):
         rewards = {"nan_reward": float("nan"), "inf_reward": float("inf"), "str_reward": "1.0"}
         if self.mode in rewards:
             return StepResult(rewards[self.mode], 0.0)
+        if self.mode == "numpy_reward":   # not a mistake: a numpy scalar is a number
+            import numpy as np
+            return StepResult(np.float32(0.5), np.int64(1))
         if self.mode == "step_raises":
             raise ValueError("boom in step")
         return super().step(agent, action)

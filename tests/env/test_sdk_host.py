@@ -205,6 +205,14 @@ def test_an_environments_own_bugs_are_named_as_such_and_not_retryable(mode, call
     with_client(go)
 
 
+def test_numpy_rewards_are_numbers():
+    async def go(c, host):
+        ep, _ = await c.reset("careless", "t", seed=0, split="train", options={"mode": "numpy_reward"})
+        r = await c.step(ep, "a", "1")
+        assert (r.team_reward, r.local_reward) == (0.5, 1.0)
+    with_client(go)
+
+
 def test_options_an_env_refuses_are_invalid_argument():
     async def go(c, host):
         with pytest.raises(errors.InvalidArgument, match="could not be built with options"):
