@@ -332,9 +332,13 @@ def load_yaml_config(text: str, source: str = "<yaml>") -> RunConfig:
     return parse_config(data, source=where)
 
 
-def dump_config(cfg: RunConfig) -> str:
-    """YAML text that load_config reads back into an equal RunConfig."""
-    return yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=False)
+def dump_config(cfg: RunConfig, *, services: bool = True) -> str:
+    """YAML text that load_config reads back into an equal RunConfig (`services=False`: without the
+    services: section, i.e. in local mode)."""
+    data = cfg.to_dict()
+    if not services:
+        data.pop("services", None)
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
 
 
 # ---- validation of values and cross-field rules --------------------------------------------

@@ -140,11 +140,15 @@ class Reporter:
         self.bar.close()
         self.tb.close()
         what = f"run {e['state']} after step {e['step']}/{e['total_steps']}"
-        print(what + (f": {e['error']}" if e["error"] else "") + f"; curves in {self.dir.path / PLOT_FILE}",
-              flush=True)
+        drawn = f"; curves in {self.dir.path / PLOT_FILE}" if self._plotted else ""
+        print(what + (f": {e['error']}" if e["error"] else "") + drawn, flush=True)
+
+    @property
+    def _plotted(self) -> bool:
+        return any(e["kind"] == "step" for e in self.events)
 
     def _plot(self) -> None:
-        if any(e["kind"] == "step" for e in self.events):
+        if self._plotted:
             plot(self.events, self.dir.path / PLOT_FILE)
 
     def _write(self, line: str) -> None:

@@ -200,10 +200,12 @@ class RunLoop:
         try:
             spec = await self.clients.env.describe(env.name, env_options(self.cfg))
         except NotFound as err:   # no such env there: no retry will change that
-            raise InvalidArgument(f"{err.message}. For your own environment, set env.path: "
-                                  "'package.module:Class' (atgrpo train starts the env service with it), or "
-                                  "serve it with `atgrpo env serve` / `python -m env_svc --env-path NAME=...` "
-                                  "and give that address as services.env") from None
+            hint = (f"check env.path {env.path!r}, and start atgrpo where its module imports (or put it on "
+                    "PYTHONPATH)" if env.path else
+                    "for your own environment, set env.path: 'package.module:Class' (atgrpo train starts "
+                    "the env service with it), or serve it with `atgrpo env serve` / `python -m env_svc "
+                    "--env-path NAME=...` and give that address as services.env")
+            raise InvalidArgument(f"{err.message.rstrip('.?')}: {hint}") from None
         problems = []
         unknown = [a for a in env.turn_order if a not in spec.agents]
         if unknown:

@@ -49,8 +49,11 @@ class RunDir:
         return self.path / "checkpoints" / f"step-{step:06d}"
 
     def write_config(self, cfg: RunConfig) -> None:
+        """The run's config without its services: addresses. They belong to the deployment that ran
+        it (for a local run, ports of processes long gone), and `atgrpo eval RUN_DIR/config.yaml`
+        must start fresh services rather than wait on dead ones."""
         self.path.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.path / "config.yaml", dump_config(cfg))
+        _atomic_write(self.path / "config.yaml", dump_config(cfg, services=False))
 
     def read_progress(self) -> Progress | None:
         path = self.path / "state.json"

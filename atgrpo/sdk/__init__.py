@@ -12,7 +12,8 @@ from atgrpo.sdk.env import (
     StepResult,
     seed_for,
     task_rng,
+    turn_order_option,
 )
 
 __all__ = ["EVAL_SEED_OFFSET", "EnvSpec", "Environment", "Message", "Sandbox", "StepResult",
-           "seed_for", "task_rng"]
+           "seed_for", "task_rng", "turn_order_option"]

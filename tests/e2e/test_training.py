@@ -299,11 +299,12 @@ def test_cli_train_eval_and_plot(tiny, tmp_path, subprocess_env):
     assert "step    2/2" in out.stdout and "eval @ step    2" in out.stdout and "run finished" in out.stdout
     assert {"config.yaml", "metrics.jsonl", "state.json", "curves.png", "tb", "checkpoints"} <= \
            {p.name for p in run_dir.iterdir()}
-    assert yaml.safe_load((run_dir / "config.yaml").read_text())["run"]["steps"] == 2   # --steps applied
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["run"]["steps"] == 2 and "services" not in saved   # --steps applied; no dead ports kept
     assert next((run_dir / "tb").glob("events.out.tfevents.*")).stat().st_size > 0
     assert (run_dir / "checkpoints" / "step-000002" / "a" / "model" / "config.json").exists()
 
-    ev = atgrpo("eval", str(cfg_path), "--checkpoint", str(run_dir), "--json")
+    ev = atgrpo("eval", str(run_dir / "config.yaml"), "--checkpoint", str(run_dir), "--json")
     assert ev.returncode == 0, ev.stdout + ev.stderr
     result = json.loads(ev.stdout[ev.stdout.index("{"):])
     assert result["kind"] == "eval" and result["step"] == 2 and result["episodes"] == 4
