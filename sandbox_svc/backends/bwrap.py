@@ -18,6 +18,9 @@ import os
 import shutil
 import subprocess
 import threading
+import time
+
+import psutil
 
 from sandbox_svc.backends.base import BackendUnavailable
 from sandbox_svc.backends.process import as_uid, become_subreaper, reap_orphans
@@ -28,12 +31,19 @@ from sandbox_svc.policy import Policy
 SANDBOX_UID = 65534      # "nobody" inside the namespace
 
 
-def sweep_uid(uid: int) -> None:
+def sweep_uid(uid: int, timeout_s: float = 2.0) -> None:
     """Kill every process running as `uid` (kill(-1) signals all a uid may signal but itself),
-    then reap those that were re-parented to us."""
+    then reap those that were re-parented to us. A program whose sandbox init was killed dies (and
+    is re-parented to us) a moment later, so this reaps until none of `uid` is left, or timeout_s."""
     subprocess.run([*as_uid(uid), "/usr/bin/kill", "-9", "-1"],
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={}, check=False)
-    reap_orphans(uid)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reap_orphans(uid)
+        left = [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == uid]
+        if not left or time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
 
 
 class BwrapBackend:
