@@ -5,6 +5,7 @@ Refuses to start when the asked-for backend cannot run here, naming the fix.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
@@ -59,6 +60,9 @@ def build(args) -> list:
         print(UNSAFE_WARNING, file=sys.stderr)
         REGISTRY.register(_UnsafeCollector())
     executor = Executor(backend, workers=args.workers or None, queue=None if args.queue < 0 else args.queue)
+    # On a graceful stop, end the warm sandboxes and reap them here: left to --die-with-parent, their
+    # pid-1 interpreters would be re-parented to whichever ancestor reaps orphans, as zombies.
+    atexit.register(executor.close)
     return bindings(executor)
 
 

@@ -19,7 +19,7 @@ FAST = Limits(wall_timeout_ms=3000, cpu_time_ms=2000, memory_bytes=256 * 2**20, 
 
 @pytest.fixture(scope="module")
 def backend():
-    b = BwrapBackend(POLICY)
+    b = BwrapBackend(POLICY, uid_base=62000)   # uids of its own: other tests' sandbox services use 60000+
     b.check()
     yield b
     b.close()
