@@ -69,6 +69,9 @@ def follow(ranks: Ranks, ops) -> None:
     while True:
         op, args = ranks.receive()
         if op == STOP:
+            # Both sides leave together: a rank tearing its gloo pairs down while another still
+            # uses them aborted that one ("terminate called without an active exception").
+            dist.barrier(group=ranks.control)
             return
         try:
             getattr(ops, op)(*args)
@@ -109,7 +112,11 @@ def run_follower(ranks: Ranks, ops, grace_s: float) -> int:
 def stop_followers(ranks: Ranks, timeout_s: float) -> bool:
     """Rank 0, after serving: tell the other ranks to exit, waiting at most `timeout_s` (a
     follower that already died must not keep rank 0 from exiting). True once they have it."""
-    sender = threading.Thread(target=ranks.send, args=(STOP, ()), daemon=True)
+    def send_stop() -> None:
+        ranks.send(STOP, ())
+        dist.barrier(group=ranks.control)   # see follow(): leave together
+
+    sender = threading.Thread(target=send_stop, daemon=True)
     sender.start()
     sender.join(timeout_s)
     if sender.is_alive():

@@ -2,6 +2,7 @@
 `torchrun --nproc-per-node 2 dist_worker.py MODEL OUT {ddp,fsdp} MINI_BATCH MICRO_BATCH_TOKENS`.
 Rank 0 saves the full parameters (gathered from the shards under fsdp) and the metrics."""
 
+import os
 import sys
 
 import torch
@@ -27,8 +28,15 @@ def main(model_dir: str, out: str, sharding: str, mini_batch: int, micro_tokens:
     state = full_model_state(model) if sharding == "fsdp" else model.state_dict()
     if dist.get_rank() == 0:
         torch.save({"state": state, "metrics": metrics}, out)
+    dist.barrier()   # leave together: a rank tearing down its gloo pairs while another still uses them aborts it
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+    # Skip the interpreter's teardown: torch's gloo objects destroyed there aborted a rank now and
+    # then under load ("terminate called without an active exception", SIGABRT) after its work was
+    # done. Everything this rank had to do is written and flushed by now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
