@@ -31,6 +31,7 @@ class Envs(Protocol):
                     options: dict[str, Any] | None = None) -> tuple[str, Any]: ...
     async def observe(self, episode_id: str, agent: str) -> tuple[list[Message], int]: ...
     async def step(self, episode_id: str, agent: str, action: str) -> StepResult: ...
+    async def step_many(self, steps: list[tuple[str, str, str]]) -> list[StepResult]: ...
     async def fork(self, episode_id: str, n: int) -> list[str]: ...
     async def close_episodes(self, episode_ids: list[str]) -> int: ...
 
@@ -65,8 +66,9 @@ class _Episode:
         k = plan.k if plan.mode == "tree" else 1
         generation = await self.gen.generate(agent, _prompt(agent, messages), k)
         branches = await self.envs.fork(self.episode_id, k) if plan.mode == "tree" else [self.episode_id]
-        results = await asyncio.gather(*(self.envs.step(b, agent.name, c.text)
-                                         for b, c in zip(branches, generation.completions, strict=True)))
+        # One RPC for the K branches' steps (K Step calls were most of a tree's env traffic).
+        results = await self.envs.step_many([(b, agent.name, c.text)
+                                             for b, c in zip(branches, generation.completions, strict=True)])
         mixed = [plan.alpha * r.team_reward + r.local_reward for r in results]
         best = select_branch(mixed, plan.selection)
         for i, (c, r) in enumerate(zip(generation.completions, results, strict=True)):

@@ -46,6 +46,12 @@ class EnvClient(ServiceClient):
             episode_id=episode_id, agent=agent, action_text=action))
         return convert.step_from_pb(resp.result)
 
+    async def step_many(self, steps: list[tuple[str, str, str]]) -> list[StepResult]:
+        """(episode_id, agent, action) each, in one RPC: a tree's K branches."""
+        resp = await self._call(self.stub.StepMany, env_pb2.StepManyRequest(steps=[
+            env_pb2.StepRequest(episode_id=e, agent=a, action_text=t) for e, a, t in steps]))
+        return [convert.step_from_pb(r) for r in resp.results]
+
     async def fork(self, episode_id: str, n: int) -> list[str]:
         resp = await self._call(self.stub.Fork, env_pb2.ForkRequest(episode_id=episode_id, n=n))
         return list(resp.episode_ids)

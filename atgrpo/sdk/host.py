@@ -162,6 +162,12 @@ class EnvHost:
             episode.done = result.done = bool(result.done) or episode.turn >= episode.env.spec.max_turns
         return result
 
+    async def step_many(self, steps: Sequence[tuple[str, str, str]]) -> list[StepResult]:
+        """(episode_id, agent, action) each, concurrently; the results in order."""
+        if len(steps) > MAX_FORK:
+            raise InvalidArgument(f"{len(steps)} steps in one call, over {MAX_FORK}; split them")
+        return list(await asyncio.gather(*(self.step(*s) for s in steps)))
+
     async def fork(self, episode_id: str, n: int) -> list[str]:
         if not 1 <= n <= MAX_FORK:
             raise InvalidArgument(f"fork count {n} must be between 1 and {MAX_FORK}")

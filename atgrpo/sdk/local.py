@@ -27,6 +27,9 @@ class LocalEnvs:
     async def step(self, episode_id: str, agent: str, action: str) -> StepResult:
         return await self.host.step(episode_id, agent, action)
 
+    async def step_many(self, steps: list[tuple[str, str, str]]) -> list[StepResult]:
+        return await self.host.step_many(steps)
+
     async def fork(self, episode_id: str, n: int) -> list[str]:
         return await self.host.fork(episode_id, n)
 

@@ -50,6 +50,11 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
                                       _required(request.agent, "agent"), request.action_text)
         return env_pb2.StepResponse(result=convert.step_to_pb(result))
 
+    async def StepMany(self, request, context):
+        results = await self.host.step_many([(_required(s.episode_id, "episode_id"), _required(s.agent, "agent"),
+                                              s.action_text) for s in request.steps])
+        return env_pb2.StepManyResponse(results=[convert.step_to_pb(r) for r in results])
+
     async def Fork(self, request, context):
         ids = await self.host.fork(_required(request.episode_id, "episode_id"), request.n)
         return env_pb2.ForkResponse(episode_ids=ids)

@@ -218,3 +218,16 @@ def test_options_an_env_refuses_are_invalid_argument():
         with pytest.raises(errors.InvalidArgument, match="could not be built with options"):
             await c.reset("counter", "t", seed=0, split="train", options={"max_turns": 0})
     with_client(go)
+
+
+def test_step_many_steps_each_branch_in_one_call():
+    async def go(c, host):
+        ep, _ = await c.reset("counter", "t", seed=0, split="train")
+        branches = await c.fork(ep, 3)
+        results = await c.step_many([(b, "a", str(i + 1)) for i, b in enumerate(branches)])
+        assert [r.turn for r in results] == [0, 0, 0] and all(r.local_reward == 0.1 for r in results)
+        totals = [(await c.observe(b, "b"))[0][0]["content"].split(",")[0] for b in branches]
+        assert totals == ["b: total 1", "b: total 2", "b: total 3"]     # each in its own branch, in order
+        with pytest.raises(errors.NotFound):
+            await c.step_many([(branches[0], "b", "1"), ("nope", "b", "1")])
+    with_client(go)

@@ -202,6 +202,8 @@ def valid_requests(services) -> dict[str, Callable[[], list]]:
         "env.Reset": lambda: [env_pb2.ResetRequest(env="toy", task_id="0", seed=1, split="train")],
         "env.Observe": lambda: [env_pb2.ObserveRequest(episode_id=episode(), agent="speaker")],
         "env.Step": lambda: [env_pb2.StepRequest(episode_id=episode(), agent="speaker", action_text="3")],
+        "env.StepMany": lambda: [env_pb2.StepManyRequest(steps=[
+            env_pb2.StepRequest(episode_id=episode(), agent="speaker", action_text=t) for t in ("3", "x")])],
         "env.Fork": lambda: [env_pb2.ForkRequest(episode_id=episode(), n=2)],
         "env.Close": lambda: [env_pb2.CloseRequest(episode_ids=[episode()])],
         "sandbox.Execute": lambda: [sandbox_pb2.ExecuteRequest(language="python", code="print(input())", stdin=b"5")],
@@ -339,7 +341,7 @@ def test_every_rpc_of_every_service_is_fuzzed():
     kinds = Counter(kind for kind, _ in RPCS)
     assert set(kinds) == set(KINDS)
     assert {"env.Reset", "rollout.LoadWeights", "trainer.Train", "router.StartRun", "sandbox.RunTests"} <= set(RPC_IDS)
-    assert len(RPC_IDS) == 25
+    assert len(RPC_IDS) == 26
 
 
 def _edit(rpc_id: str, change: Callable[[list], object]) -> Callable[[object], list]:

@@ -30,7 +30,7 @@ def test_stale_stub_is_detected(tmp_path):
 
 
 @pytest.mark.parametrize("module, service, rpcs", [
-    (env_pb2, "EnvService", {"ListEnvs", "Describe", "Reset", "Observe", "Step", "Fork", "Close", "ListTasks"}),
+    (env_pb2, "EnvService", {"ListEnvs", "Describe", "Reset", "Observe", "Step", "StepMany", "Fork", "Close", "ListTasks"}),
     (sandbox_pb2, "SandboxService", {"Execute", "RunTests"}),
     (rollout_pb2, "RolloutService", {"Generate", "Collect", "LoadWeights", "GetInfo"}),
     (router_pb2, "RouterService", {"StartRun", "WatchRun", "StopRun", "GetRun"}),

@@ -372,6 +372,46 @@ class StepResponse(_message.Message):
 Global___StepResponse: _TypeAlias = StepResponse  # noqa: Y015
 
 @_typing.final
+class StepManyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEPS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepRequest]: ...
+    def __init__(
+        self,
+        *,
+        steps: _abc.Iterable[Global___StepRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["steps", b"steps"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepManyRequest: _TypeAlias = StepManyRequest  # noqa: Y015
+
+@_typing.final
+class StepManyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepResult]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___StepResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepManyResponse: _TypeAlias = StepManyResponse  # noqa: Y015
+
+@_typing.final
 class ForkRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -70,6 +70,11 @@ class EnvServiceStub:
                 request_serializer=atgrpo_dot_v1_dot_env__pb2.StepRequest.SerializeToString,
                 response_deserializer=atgrpo_dot_v1_dot_env__pb2.StepResponse.FromString,
                 _registered_method=True)
+        self.StepMany = channel.unary_unary(
+                '/atgrpo.v1.EnvService/StepMany',
+                request_serializer=atgrpo_dot_v1_dot_env__pb2.StepManyRequest.SerializeToString,
+                response_deserializer=atgrpo_dot_v1_dot_env__pb2.StepManyResponse.FromString,
+                _registered_method=True)
         self.Fork = channel.unary_unary(
                 '/atgrpo.v1.EnvService/Fork',
                 request_serializer=atgrpo_dot_v1_dot_env__pb2.ForkRequest.SerializeToString,
@@ -131,6 +136,14 @@ class EnvServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StepMany(self, request, context):
+        """Several steps (of different episodes: a tree's K branches) in one call, run concurrently;
+        the results in request order. One failed step fails the call.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Fork(self, request, context):
         """n independent copies of an episode's current state (tree sampling).
         """
@@ -181,6 +194,11 @@ def add_EnvServiceServicer_to_server(servicer, server):
                     servicer.Step,
                     request_deserializer=atgrpo_dot_v1_dot_env__pb2.StepRequest.FromString,
                     response_serializer=atgrpo_dot_v1_dot_env__pb2.StepResponse.SerializeToString,
+            ),
+            'StepMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.StepMany,
+                    request_deserializer=atgrpo_dot_v1_dot_env__pb2.StepManyRequest.FromString,
+                    response_serializer=atgrpo_dot_v1_dot_env__pb2.StepManyResponse.SerializeToString,
             ),
             'Fork': grpc.unary_unary_rpc_method_handler(
                     servicer.Fork,
@@ -382,6 +400,33 @@ class EnvService:
             '/atgrpo.v1.EnvService/Step',
             atgrpo_dot_v1_dot_env__pb2.StepRequest.SerializeToString,
             atgrpo_dot_v1_dot_env__pb2.StepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StepMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atgrpo.v1.EnvService/StepMany',
+            atgrpo_dot_v1_dot_env__pb2.StepManyRequest.SerializeToString,
+            atgrpo_dot_v1_dot_env__pb2.StepManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,6 +46,10 @@ class EnvServiceStub:
     """The prompt one agent sees now."""
     Step: _grpc.UnaryUnaryMultiCallable[_env_pb2.StepRequest, _env_pb2.StepResponse]
     """Applies one agent's action text; malformed text scores, it never fails the call."""
+    StepMany: _grpc.UnaryUnaryMultiCallable[_env_pb2.StepManyRequest, _env_pb2.StepManyResponse]
+    """Several steps (of different episodes: a tree's K branches) in one call, run concurrently;
+    the results in request order. One failed step fails the call.
+    """
     Fork: _grpc.UnaryUnaryMultiCallable[_env_pb2.ForkRequest, _env_pb2.ForkResponse]
     """n independent copies of an episode's current state (tree sampling)."""
     Close: _grpc.UnaryUnaryMultiCallable[_env_pb2.CloseRequest, _env_pb2.CloseResponse]
@@ -65,6 +69,10 @@ class EnvServiceAsyncStub(EnvServiceStub):
     """The prompt one agent sees now."""
     Step: _aio.UnaryUnaryMultiCallable[_env_pb2.StepRequest, _env_pb2.StepResponse]  # type: ignore[assignment]
     """Applies one agent's action text; malformed text scores, it never fails the call."""
+    StepMany: _aio.UnaryUnaryMultiCallable[_env_pb2.StepManyRequest, _env_pb2.StepManyResponse]  # type: ignore[assignment]
+    """Several steps (of different episodes: a tree's K branches) in one call, run concurrently;
+    the results in request order. One failed step fails the call.
+    """
     Fork: _aio.UnaryUnaryMultiCallable[_env_pb2.ForkRequest, _env_pb2.ForkResponse]  # type: ignore[assignment]
     """n independent copies of an episode's current state (tree sampling)."""
     Close: _aio.UnaryUnaryMultiCallable[_env_pb2.CloseRequest, _env_pb2.CloseResponse]  # type: ignore[assignment]
@@ -123,6 +131,16 @@ class EnvServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_env_pb2.StepResponse, _abc.Awaitable[_env_pb2.StepResponse]]:
         """Applies one agent's action text; malformed text scores, it never fails the call."""
+
+    @_abc_1.abstractmethod
+    def StepMany(
+        self,
+        request: _env_pb2.StepManyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_env_pb2.StepManyResponse, _abc.Awaitable[_env_pb2.StepManyResponse]]:
+        """Several steps (of different episodes: a tree's K branches) in one call, run concurrently;
+        the results in request order. One failed step fails the call.
+        """
 
     @_abc_1.abstractmethod
     def Fork(
