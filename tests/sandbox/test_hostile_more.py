@@ -1,7 +1,7 @@
 """More hostile programs, through the real service: `python -m sandbox_svc` (bwrap backend) on
 loopback, with a secret auth token in its environment, driven by SandboxClient. Every program is
 contained, gets a verdict within its limits, leaves no process behind, and the service keeps
-answering a normal request quickly afterwards. The xfail tests record known gaps."""
+answering a normal request quickly afterwards."""
 
 import asyncio
 import json
