@@ -26,6 +26,8 @@ from atgrpo._config_util import (
     load_yaml,
     to_plain,
 )
+from atgrpo.contract.sampling import Sampling
+from atgrpo.contract.trainer import LossConfig, UpdateConfig
 
 __all__ = [
     "AgentConfig", "AlgorithmConfig", "ConfigError", "EnvConfig", "LoraConfig", "OptimConfig",
@@ -84,6 +86,9 @@ class RunSection:
     """save every trainable pool every this many steps; 0 = only at the end (or a stop)"""
     save_samples: bool = False
     """write each step's samples (token ids, rewards, advantages) to run_dir/samples/step-N.jsonl"""
+    evaluate_checkpoint: str = ""
+    """a checkpoint folder (one folder per trainable pool) on the services' machines: the run loads it,
+    evaluates once on the eval split and finishes, training nothing (what `atgrpo eval` runs)"""
 
     def __post_init__(self) -> None:
         if not self.run_dir and self.name:
@@ -183,6 +188,11 @@ class SamplingConfig:
     stop: tuple[str, ...] = ()
     """extra stop strings (EOS always stops)"""
 
+    def to_sampling(self) -> Sampling:
+        """The settings as the engines and the trainer take them."""
+        return Sampling(self.temperature, self.top_p, self.top_k, self.max_tokens, self.max_prompt_tokens,
+                        tuple(self.stop))
+
 
 @dataclass(frozen=True)
 class AgentConfig:
@@ -224,6 +234,11 @@ class AlgorithmConfig:
     """which branch continues the episode: highest reward (ties: lowest index) or branch 0"""
     loss_agg: Literal["token_mean"] = "token_mean"
     """loss aggregation over tokens"""
+
+    def to_update(self) -> UpdateConfig:
+        """What a trainer takes of these for each step's update."""
+        return UpdateConfig(LossConfig(self.clip_eps_low, self.clip_eps_high, self.dual_clip_c, self.kl_coef,
+                                       self.entropy_coef), epochs=self.epochs, mini_batch_size=self.mini_batch_size)
 
 
 @dataclass(frozen=True)

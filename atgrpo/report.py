@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from atgrpo.config import RunConfig
-from router_svc.events import FINAL_STATES
-from router_svc.rundir import RunDir, read_metrics
+from atgrpo.contract.run import FINAL_STATES
+from atgrpo.rundir import RunDir, read_metrics
 
 PLOT_FILE = "curves.png"
 

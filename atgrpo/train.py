@@ -183,30 +183,35 @@ def latest_checkpoint(where: Path) -> Path:
 
 
 def evaluate(cfg: RunConfig, checkpoint: Path) -> dict[str, Any]:
-    """Success rate and per-agent figures on the eval split, with the checkpoint's weights."""
+    """Success rate and per-agent figures on the eval split, with the checkpoint's weights: a run
+    in eval mode on the router (run.evaluate_checkpoint), like `atgrpo train`'s runs."""
     ckpt = latest_checkpoint(checkpoint.resolve())
     missing = [p for p, pool in cfg.pools.items() if pool.trainable and not (ckpt / p).is_dir()]
     if missing:
         raise TrainError(f"{ckpt} has no folder for pool(s) {missing}; give a checkpoint of this config's run")
     data = cfg.to_dict()
-    data["run"].update(name=f"{cfg.run.name}-eval", run_dir=str(ckpt / "eval"))
+    data["run"].update(name=f"{cfg.run.name}-eval", run_dir=str(ckpt / "eval"), evaluate_checkpoint=str(ckpt))
     if not data["run"]["eval_tasks"]:
         raise ConfigError("run.eval_tasks", "is 0: set how many eval episodes to run")
     cfg = resolve_paths(parse_config(data, source=str(checkpoint)))
     if cfg.local_mode:
         check_models(cfg)
         with LocalServices(cfg) as running:
-            return asyncio.run(_evaluate(running, ckpt))
-    return asyncio.run(_evaluate(cfg, ckpt))
+            return asyncio.run(_evaluate(running))
+    return asyncio.run(_evaluate(cfg))
 
 
-async def _evaluate(cfg: RunConfig, ckpt: Path) -> dict[str, Any]:
-    from router_svc.run import RunLoop
+async def _evaluate(cfg: RunConfig) -> dict[str, Any]:
+    from router_svc.client import RouterClient
 
-    loop = RunLoop(cfg)
-    try:
-        await loop.load_checkpoint(ckpt)
-        step = int(ckpt.name.removeprefix("step-")) if ckpt.name.removeprefix("step-").isdigit() else 0
-        return await loop.evaluate(step)
-    finally:
-        await loop.clients.close()
+    async with RouterClient(cfg.services.router) as client:
+        status = await client.start_run(dump_config(cfg))
+        result = None
+        async for event in client.watch_run(status["run_id"]):
+            if event["kind"] == "eval":
+                result = event
+            elif event["kind"] == "status":
+                status = event
+    if result is None:
+        raise TrainError(f"the evaluation run {status['state']} without a result: {status['error'] or 'no error given'}")
+    return result

@@ -14,9 +14,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from atgrpo.contract.rollout import Completion, Generation, PolicyRef
+from atgrpo.contract.sampling import Sampling
 from atgrpo.errors import FailedPrecondition, InvalidArgument, NotFound
 from rollout_svc import metrics
-from rollout_svc.types import Completion, Generation, PolicyRef, Sampling
 
 MAX_BATCH_ROWS = 256
 # After the first request of a batch, wait for others that are on their way: the requests of one

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
+from atgrpo.contract.rollout import AgentPlan, Generation, PolicyRef
+from atgrpo.contract.sampling import Sampling
 from atgrpo.errors import FailedPrecondition, InvalidArgument, NotFound
 from atgrpo.sdk.env import Message
 from rollout_svc.pool import PoolRuntime
-from rollout_svc.types import AgentPlan, Generation, PolicyRef, Sampling
 from rollout_svc.weights import WeightPush, tensors
 
 

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 
-from atgrpo._proto.v1 import rollout_pb2, rollout_pb2_grpc
+from grpc import aio
+
+from atgrpo._proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+from atgrpo.contract import rollout_wire
+from atgrpo.contract.rollout import EpisodeEnd, PolicyRef, RolloutInfo, WeightsLoaded
 from atgrpo.errors import InvalidArgument
 from atgrpo.rpc.server import Binding, service_info
-from rollout_svc import convert
 from rollout_svc.replica import Replica
 from rollout_svc.tree import Envs, collect
-from rollout_svc.types import EpisodeEnd, PolicyRef
 from rollout_svc.weights import receive
 
 
@@ -20,12 +23,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self._service = service_info("rollout", {"engine": engine, "pools": ",".join(sorted(replica.pools))})
         self._engine, self._device = engine, device
 
-    async def GetInfo(self, request, context):
-        return rollout_pb2.RolloutInfo(service=self._service, engine=self._engine, device=self._device,
-                                       policies=[convert.policy_to_pb(p) for p in self.replica.policies()])
+    async def GetInfo(self, request: common_pb2.GetInfoRequest,
+                      context: aio.ServicerContext) -> rollout_pb2.RolloutInfo:
+        return rollout_wire.info_to_pb(RolloutInfo(self._engine, self._device, tuple(self.replica.policies())),
+                                       self._service)
 
-    async def Generate(self, request, context):
-        sampling = convert.sampling_from_pb(request.sampling)
+    async def Generate(self, request: rollout_pb2.GenerateRequest,
+                       context: aio.ServicerContext) -> rollout_pb2.GenerateResponse:
+        sampling = rollout_wire.sampling_from_pb(request.sampling)
         which = request.WhichOneof("prompt")
         if which is None:
             raise InvalidArgument("no prompt: set messages or prompt_token_ids")
@@ -42,16 +47,13 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             truncated = len(ids) > sampling.max_prompt_tokens
             ids = ids[-sampling.max_prompt_tokens:]
         gen = await self.replica.generate_prompt(request.pool, request.adapter, ids, sampling, request.n or 1, truncated)
-        return rollout_pb2.GenerateResponse(
-            prompt_token_ids=gen.prompt_ids, prompt_truncated=gen.prompt_truncated,
-            policy=convert.policy_to_pb(gen.policy),
-            completions=[rollout_pb2.Completion(token_ids=c.token_ids, logprobs=c.logprobs, text=c.text,
-                                                finish_reason=c.finish_reason) for c in gen.completions])
+        return rollout_wire.generation_to_pb(gen)
 
-    async def Collect(self, request, context):
+    async def Collect(self, request: rollout_pb2.CollectRequest,
+                      context: aio.ServicerContext) -> AsyncIterator[rollout_pb2.CollectEvent]:
         if self.envs is None:
             raise InvalidArgument("this replica has no environment service; start it with --env HOST:PORT")
-        plan = convert.collect_plan_from_pb(request)
+        plan = rollout_wire.collect_plan_from_pb(request)
         if not plan.tasks or not plan.turn_order or plan.max_turns < 1:
             raise InvalidArgument("Collect needs tasks, a turn_order and max_turns >= 1")
         if not 1 <= plan.k <= 1024:
@@ -62,23 +64,23 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         for agent in plan.agents.values():
             if agent.pool not in plan.pool_addresses:
                 self.replica.pool(agent.pool)
-        local = [p for p in (convert.policy_from_pb(v) for v in request.expected_versions)
+        local = [p for p in (rollout_wire.policy_from_pb(v) for v in request.expected_versions)
                  if p.pool in self.replica.pools]   # remote pools are checked by their replicas' tags
         self.replica.check_versions(local)
         generator = self.replica.routed(plan.pool_addresses)
         try:
             async for event in collect(plan, self.envs, generator):
-                yield convert.end_to_pb(event, plan) if isinstance(event, EpisodeEnd) else convert.sample_to_pb(event, plan)
+                yield rollout_wire.end_to_pb(event, plan) if isinstance(event, EpisodeEnd) else rollout_wire.sample_to_pb(event, plan)
         finally:
             await generator.close()
 
-    async def LoadWeights(self, request_iterator, context):
+    async def LoadWeights(self, request_iterator: AsyncIterator[rollout_pb2.WeightChunk],
+                          context: aio.ServicerContext) -> rollout_pb2.LoadWeightsResponse:
         push = await receive(request_iterator)
         start = time.perf_counter()
         await self.replica.load(push)
-        return rollout_pb2.LoadWeightsResponse(
-            policy=convert.policy_to_pb(PolicyRef(push.pool, push.adapter, push.version)),
-            bytes_received=len(push.data), load_ms=int((time.perf_counter() - start) * 1000))
+        return rollout_wire.loaded_to_pb(WeightsLoaded(PolicyRef(push.pool, push.adapter, push.version),
+                                                       len(push.data), int((time.perf_counter() - start) * 1000)))
 
 
 def bindings(replica: Replica, envs: Envs | None, **info) -> list[Binding]:

@@ -20,8 +20,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+from atgrpo.contract.rollout import AgentPlan, CollectPlan, EpisodeEnd, Generation, Sample, TaskRef
 from atgrpo.sdk.env import Message, StepResult
-from rollout_svc.types import AgentPlan, CollectPlan, EpisodeEnd, Generation, Sample, TaskRef
 
 
 class Envs(Protocol):

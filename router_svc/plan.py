@@ -12,9 +12,9 @@ import torch
 
 from atgrpo.algo.advantages import group_advantages, group_index, mix_rewards
 from atgrpo.config import RunConfig
+from atgrpo.contract.rollout import AgentPlan, CollectPlan, EpisodeEnd, Sample, TaskRef
+from atgrpo.contract.trainer import TrainSample
 from atgrpo.sdk.env import TURN_ORDER_OPTION, seed_for
-from rollout_svc.types import AgentPlan, CollectPlan, EpisodeEnd, Sample, Sampling, TaskRef
-from trainer_svc.update import TrainSample
 
 # Runs with different seeds draw from disjoint stretches of the generated tasks.
 _RUN_STRIDE = 10_000_000
@@ -128,10 +128,7 @@ def agent_plans(cfg: RunConfig, *, eval_mode: bool = False) -> dict[str, AgentPl
         a = cfg.agents[name]
         s = a.eval_sampling if eval_mode else a.train_sampling
         adapter = name if cfg.pools[a.pool].specialization == "lora" else ""
-        out[name] = AgentPlan(name, a.pool, adapter,
-                              Sampling(s.temperature, s.top_p, s.top_k, s.max_tokens, s.max_prompt_tokens,
-                                       tuple(s.stop)),
-                              a.system_prompt or "")
+        out[name] = AgentPlan(name, a.pool, adapter, s.to_sampling(), a.system_prompt or "")
     return out
 
 

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from atgrpo._proto.v1 import trainer_pb2
 from atgrpo.config import RunConfig
+from atgrpo.contract.rollout import CollectPlan, EpisodeEnd, Sample, TaskRef
+from atgrpo.contract.trainer import PoolSpec, TrainResult
 from atgrpo.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -37,13 +38,11 @@ from atgrpo.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from atgrpo.rundir import Checkpoint, Progress, RunDir
 from atgrpo.sdk.client import EnvClient
 from rollout_svc.client import RolloutClient
-from rollout_svc.convert import collect_plan_to_pb, event_from_pb
-from rollout_svc.types import CollectPlan, EpisodeEnd, Sample, TaskRef
 from router_svc import events, metrics
 from router_svc.plan import collect_plan, env_options, shard, step_batches, step_tasks
-from router_svc.rundir import Checkpoint, Progress, RunDir
 from trainer_svc.client import TrainerClient
 
 log = logging.getLogger("atgrpo.router")
@@ -93,37 +92,26 @@ class Clients:
             await c.close()
 
 
-def setup_request(cfg: RunConfig, pool: str, checkpoint_root: str, resume_from: str = "",
-                  run_id: str | None = None, reload: bool = False) -> trainer_pb2.SetupRequest:
+def pool_spec(cfg: RunConfig, pool: str, checkpoint_root: str) -> PoolSpec:
+    """A trainable pool's setup for this run, from the config."""
     p = cfg.pools[pool]
     lora = p.lora
-    return trainer_pb2.SetupRequest(
-        run_id=run_id or cfg.run.name, pool=pool, model_path=p.model_path, specialization=p.specialization,
-        lora=trainer_pb2.LoraParams(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,
-                                    target_modules=list(lora.target_modules)) if lora else None,
-        agents=cfg.agents_of(pool),
-        optim=trainer_pb2.OptimParams(lr=p.optim.lr, weight_decay=p.optim.weight_decay,
-                                      warmup_steps=p.optim.warmup_steps, min_lr_ratio=p.optim.min_lr_ratio,
-                                      grad_clip=p.optim.grad_clip, beta1=p.optim.betas[0], beta2=p.optim.betas[1],
-                                      total_steps=cfg.run.steps),
-        device=p.device, dtype=p.dtype, micro_batch_tokens=p.micro_batch_tokens, seed=cfg.run.seed,
-        rollout_addresses=list(cfg.services.rollout[pool]), checkpoint_dir=checkpoint_root,
-        resume_from=resume_from, checkpoint_every_updates=0,   # the router keeps the cadence
-        reload=reload)
+    return PoolSpec(
+        run_id=cfg.run.name, pool=pool, model_path=p.model_path, agents=tuple(cfg.agents_of(pool)),
+        specialization=p.specialization, **(dict(lora_rank=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                 lora_targets=tuple(lora.target_modules)) if lora else {}),
+        lr=p.optim.lr, weight_decay=p.optim.weight_decay, betas=p.optim.betas, warmup_steps=p.optim.warmup_steps,
+        total_steps=cfg.run.steps, min_lr_ratio=p.optim.min_lr_ratio, grad_clip=p.optim.grad_clip,
+        device=p.device, dtype=p.dtype, seed=cfg.run.seed, checkpoint_dir=checkpoint_root,
+        checkpoint_every_updates=0,   # the router keeps the cadence
+        rollout_addresses=tuple(cfg.services.rollout[pool]), micro_batch_tokens=p.micro_batch_tokens)
 
 
-def loss_params(cfg: RunConfig) -> trainer_pb2.LossParams:
-    a = cfg.algorithm
-    return trainer_pb2.LossParams(clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high,
-                                  dual_clip_c=a.dual_clip_c, kl_coef=a.kl_coef, entropy_coef=a.entropy_coef,
-                                  epochs=a.epochs, mini_batch_size=a.mini_batch_size)
-
-
-def pool_metrics(r: trainer_pb2.TrainResponse) -> dict[str, Any]:
+def pool_metrics(r: TrainResult) -> dict[str, Any]:
     """The trainer's report of an update; `agents` (agent -> samples) says whose samples it took."""
-    return {"agents": {a: m.samples for a, m in r.agents.items()}, "version": r.version, "loss": r.loss, "approx_kl": r.approx_kl, "clip_fraction": r.clip_fraction,
-            "grad_norm": r.grad_norm, "entropy": r.entropy, "push_seconds": r.push_seconds,
-            "push_bytes": r.push_bytes, "train_seconds": r.train_seconds, "tokens": r.tokens, "samples": r.samples}
+    return {"agents": {a: int(m["samples"]) for a, m in r.agents.items()}, "version": r.version,
+            **{k: r.metrics[k] for k in ("loss", "approx_kl", "clip_fraction", "grad_norm", "entropy",
+                                         "push_seconds", "push_bytes", "train_seconds", "tokens", "samples")}}
 
 
 class RunLoop:
@@ -251,15 +239,20 @@ class RunLoop:
     async def _setup_trainers(self, root: str, ckpt: Checkpoint | None, reload: list[str] | None = None) -> None:
         pools = reload if reload is not None else list(self.clients.trainers)
         infos = await asyncio.gather(*(
-            self.clients.trainers[p].setup(setup_request(self.cfg, p, root, ckpt.paths.get(p, "") if ckpt else "",
-                                                         reload=reload is not None))
+            self.clients.trainers[p].setup(pool_spec(self.cfg, p, root), resume_from=ckpt.paths.get(p, "") if ckpt else "",
+                                           reload=reload is not None)
             for p in pools))
         self.versions.update({p: info.version for p, info in zip(pools, infos, strict=True)})
 
-    async def load_checkpoint(self, where: Path) -> None:
-        """Set up every trainer from `where`/<pool> (evaluation of a finished run's weights)."""
-        await asyncio.gather(*(t.setup(setup_request(self.cfg, p, "", str(where / p)))
+    async def evaluate_checkpoint(self, where: Path) -> str:
+        """An evaluation run: every trainer set up from `where`/<pool> (pushing those weights to the
+        rollout replicas), one evaluation, nothing trained. Returns 'finished'."""
+        await self.check_env()
+        await asyncio.gather(*(t.setup(pool_spec(self.cfg, p, ""), resume_from=str(where / p))
                                for p, t in self.clients.trainers.items()))
+        step = where.name.removeprefix("step-")
+        await self.evaluate(int(step) if step.isdigit() else 0)
+        return "finished"
 
     def _resume_point(self, progress: Progress | None) -> int:
         """The last step whose pool versions the trainers now hold: the last completed step when the
@@ -289,7 +282,7 @@ class RunLoop:
         batches = step_batches(samples, pool_of, alpha=cfg.algorithm.alpha, norm_std=cfg.algorithm.norm_std,
                                filter_zero_variance=cfg.algorithm.filter == "zero_variance")
         if cfg.run.save_samples:
-            self.dir.write_samples(step, samples, batches, pool_of)
+            self.dir.write_samples(step, samples, batches.rewards, batches.advantages, pool_of)
         t_train = time.perf_counter()
         results = await self.train(step, batches.per_pool)
         train_s = time.perf_counter() - t_train
@@ -304,11 +297,11 @@ class RunLoop:
 
     async def train(self, step: int, per_pool: dict[str, list]) -> dict[str, dict[str, float]]:
         """Every pool's update at once; a pool with no samples this step (all filtered) keeps its version."""
-        loss = loss_params(self.cfg)
+        update = self.cfg.algorithm.to_update()
 
         async def one(pool: str) -> tuple[str, dict[str, float]]:
             resp = await self.clients.trainers[pool].train(self.cfg.run.name, step, self.versions[pool],
-                                                           per_pool[pool], loss)
+                                                           per_pool[pool], update)
             self.versions[pool] = resp.version
             return pool, pool_metrics(resp)
 
@@ -342,7 +335,7 @@ class RunLoop:
     async def collect(self, plan: CollectPlan) -> tuple[list[Sample], list[EpisodeEnd]]:
         """One plan over every replica at once; returns only when every shard has finished."""
         async def one(address: str, part: CollectPlan) -> list[Sample | EpisodeEnd]:
-            return [event_from_pb(e) async for e in self.clients.rollout[address].collect(collect_plan_to_pb(part))]
+            return [e async for e in self.clients.rollout[address].collect(part)]
 
         shards = shard(plan, self.cfg.services.rollout)
         parts = await asyncio.gather(*(one(a, p) for a, p in shards))
@@ -362,9 +355,9 @@ class RunLoop:
 
     async def checkpoint(self, step: int) -> Checkpoint:
         where = self.dir.checkpoint_dir(step)
-        resps = await asyncio.gather(*(t.save_checkpoint(str(where / p)) for p, t in self.clients.trainers.items()))
-        ckpt = Checkpoint(step, {p: r.path for p, r in zip(self.clients.trainers, resps, strict=True)},
-                          {p: r.version for p, r in zip(self.clients.trainers, resps, strict=True)})
+        saved = await asyncio.gather(*(t.save_checkpoint(str(where / p)) for p, t in self.clients.trainers.items()))
+        ckpt = Checkpoint(step, {p: s.path for p, s in zip(self.clients.trainers, saved, strict=True)},
+                          {p: s.version for p, s in zip(self.clients.trainers, saved, strict=True)})
         self._last_checkpoint = ckpt
         self.dir.write_progress(Progress(self.cfg.run.name, self.completed, dict(self.versions), ckpt))
         return ckpt

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from atgrpo.config import RunConfig
+from atgrpo.contract.run import FINAL_STATES, status_dict
 from atgrpo.errors import FailedPrecondition, NotFound
-from router_svc import events, metrics
+from router_svc import metrics
 from router_svc.run import RunLoop
 
 log = logging.getLogger("atgrpo.router")
@@ -32,7 +33,7 @@ class Run:
         self.task: asyncio.Task | None = None
 
     def status(self) -> dict[str, Any]:
-        return events.status_dict(self.id, self.state, self.loop.completed, self.cfg.run.steps,
+        return status_dict(self.id, self.state, self.loop.completed, self.cfg.run.steps,
                                   str(Path(self.cfg.run.run_dir).resolve()), self.loop.resumed_from, self.error)
 
     def _append(self, event: dict[str, Any]) -> None:
@@ -50,10 +51,14 @@ class Run:
 
     async def _main(self) -> None:
         try:
-            await self.loop.prepare()
-            self.events = self.loop.dir.read_events()       # a resumed run's earlier steps, for watchers
-            self._set_state("stopping" if self.loop.stop_requested.is_set() else "running")
-            final = await self.loop.run()
+            if self.cfg.run.evaluate_checkpoint:
+                self._set_state("running")
+                final = await self.loop.evaluate_checkpoint(Path(self.cfg.run.evaluate_checkpoint))
+            else:
+                await self.loop.prepare()
+                self.events = self.loop.dir.read_events()   # a resumed run's earlier steps, for watchers
+                self._set_state("stopping" if self.loop.stop_requested.is_set() else "running")
+                final = await self.loop.run()
             self._set_state(final)
         except asyncio.CancelledError:
             self._set_state("stopped", "the router shut down")
@@ -77,14 +82,14 @@ class Run:
         sent = 0
         while True:
             async with self._changed:
-                while sent >= len(self.events) and self.state not in events.FINAL_STATES:
+                while sent >= len(self.events) and self.state not in FINAL_STATES:
                     await self._changed.wait()
             while sent < len(self.events):
                 e = self.events[sent]
                 sent += 1
                 if e["kind"] == "status" or e["step"] >= from_step:
                     yield e
-            if self.state in events.FINAL_STATES and sent >= len(self.events):
+            if self.state in FINAL_STATES and sent >= len(self.events):
                 return
 
 
@@ -97,9 +102,9 @@ class Runs:
 
     def start(self, cfg: RunConfig) -> Run:
         run = self._runs.get(cfg.run.name)
-        if run is not None and run.state not in events.FINAL_STATES:
+        if run is not None and run.state not in FINAL_STATES:
             return run                                       # StartRun is idempotent while it runs
-        busy = [r.id for r in self._runs.values() if r.state not in events.FINAL_STATES]
+        busy = [r.id for r in self._runs.values() if r.state not in FINAL_STATES]
         if busy:
             raise FailedPrecondition(f"this router is running {busy[0]!r}; stop it (StopRun) or use another router")
         run = Run(cfg, self._factory)

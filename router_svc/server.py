@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from atgrpo._proto.v1 import router_pb2_grpc
+from collections.abc import AsyncIterator
+
+from grpc import aio
+
+from atgrpo._proto.v1 import common_pb2, router_pb2, router_pb2_grpc
 from atgrpo.config import ConfigError, RunConfig, load_yaml_config
+from atgrpo.contract import run_wire
 from atgrpo.errors import InvalidArgument
 from atgrpo.rpc.server import Binding, service_info
-from router_svc import events
 from router_svc.runs import Runs
 
 
@@ -29,25 +33,30 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         self._info = service_info("router")
         self.runs = runs or Runs()
 
-    async def GetInfo(self, request, context):
+    async def GetInfo(self, request: common_pb2.GetInfoRequest,
+                      context: aio.ServicerContext) -> common_pb2.ServiceInfo:
         return self._info
 
-    async def StartRun(self, request, context):
+    async def StartRun(self, request: router_pb2.StartRunRequest,
+                       context: aio.ServicerContext) -> router_pb2.RunStatus:
         run = self.runs.start(parse_run_config(request.config_yaml))
-        return events.status_to_pb(run.status())
+        return run_wire.status_to_pb(run.status())
 
-    async def WatchRun(self, request, context):
+    async def WatchRun(self, request: router_pb2.WatchRunRequest,
+                       context: aio.ServicerContext) -> AsyncIterator[router_pb2.RunEvent]:
         run = self.runs.get(request.run_id)
         async for event in run.watch(request.from_step):
-            yield events.to_pb(run.id, event)
+            yield run_wire.event_to_pb(run.id, event)
 
-    async def StopRun(self, request, context):
+    async def StopRun(self, request: router_pb2.StopRunRequest,
+                      context: aio.ServicerContext) -> router_pb2.RunStatus:
         run = self.runs.get(request.run_id)
         run.stop()
-        return events.status_to_pb(run.status())
+        return run_wire.status_to_pb(run.status())
 
-    async def GetRun(self, request, context):
-        return events.status_to_pb(self.runs.get(request.run_id).status())
+    async def GetRun(self, request: router_pb2.GetRunRequest,
+                     context: aio.ServicerContext) -> router_pb2.RunStatus:
+        return run_wire.status_to_pb(self.runs.get(request.run_id).status())
 
 
 def bindings(args=None) -> list[Binding]:

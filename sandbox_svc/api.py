@@ -3,7 +3,7 @@ LocalSandbox (in-process): both build the same requests and differ only in how t
 
 from __future__ import annotations
 
-from sandbox_svc.model import (
+from atgrpo.contract.sandbox import (
     SERVER_DEFAULTS,
     Compare,
     ExecRequest,

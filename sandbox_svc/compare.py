@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from sandbox_svc.model import Compare
+from atgrpo.contract.sandbox import Compare
 
 
 def _tokens(data: bytes) -> list[bytes]:

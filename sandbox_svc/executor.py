@@ -15,11 +15,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from atgrpo.contract.sandbox import CaseResult, ExecRequest, ExecResult, TestsRequest, TestsResult
 from atgrpo.errors import DeadlineExceeded, ResourceExhausted
 from sandbox_svc.backends.base import Backend
 from sandbox_svc.compare import outputs_match
 from sandbox_svc.metrics import EXEC_SECONDS, QUEUE_DEPTH, REJECTED, RUNNING, set_capacity
-from sandbox_svc.model import CaseResult, ExecRequest, ExecResult, TestsRequest, TestsResult
 from sandbox_svc.policy import Policy, check_exec, check_tests
 
 

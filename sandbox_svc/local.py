@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import time
 
+from atgrpo.contract.sandbox import ExecRequest, ExecResult, TestsRequest, TestsResult
 from sandbox_svc.api import SandboxAPI
 from sandbox_svc.executor import Executor
-from sandbox_svc.model import ExecRequest, ExecResult, TestsRequest, TestsResult
 
 
 def _deadline(timeout_s: float | None) -> float | None:

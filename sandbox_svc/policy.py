@@ -10,9 +10,9 @@ import dataclasses
 import posixpath
 from dataclasses import dataclass, field
 
+from atgrpo.contract.sandbox import ExecRequest, Limits, TestsRequest
 from atgrpo.errors import InvalidArgument
 from sandbox_svc.languages import LANGUAGES
-from sandbox_svc.model import ExecRequest, Limits, TestsRequest
 
 
 @dataclass(frozen=True)

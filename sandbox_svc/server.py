@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 import time
 
-from atgrpo._proto.v1 import sandbox_pb2_grpc
+from grpc import aio
+
+from atgrpo._proto.v1 import common_pb2, sandbox_pb2, sandbox_pb2_grpc
+from atgrpo.contract import sandbox_wire
 from atgrpo.rpc.server import Binding, service_info
-from sandbox_svc import convert
 from sandbox_svc.executor import Executor
 
 log = logging.getLogger(__name__)
@@ -25,17 +27,20 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             "backend": executor.backend.name, "isolated": str(executor.backend.isolated).lower(),
             "workers": str(executor.workers), "queue": str(executor.queue)})
 
-    async def GetInfo(self, request, context):
+    async def GetInfo(self, request: common_pb2.GetInfoRequest,
+                      context: aio.ServicerContext) -> common_pb2.ServiceInfo:
         return self._info
 
-    async def Execute(self, request, context):
-        result = await self.executor.execute(convert.exec_request_from_pb(request), deadline=_deadline(context))
-        return convert.exec_result_to_pb(result)
+    async def Execute(self, request: sandbox_pb2.ExecuteRequest,
+                      context: aio.ServicerContext) -> sandbox_pb2.ExecuteResponse:
+        result = await self.executor.execute(sandbox_wire.exec_request_from_pb(request), deadline=_deadline(context))
+        return sandbox_wire.exec_result_to_pb(result)
 
-    async def RunTests(self, request, context):
-        result = await self.executor.run_tests(convert.tests_request_from_pb(request),
+    async def RunTests(self, request: sandbox_pb2.RunTestsRequest,
+                       context: aio.ServicerContext) -> sandbox_pb2.RunTestsResponse:
+        result = await self.executor.run_tests(sandbox_wire.tests_request_from_pb(request),
                                                deadline=_deadline(context))
-        return convert.tests_result_to_pb(result)
+        return sandbox_wire.tests_result_to_pb(result)
 
 
 def bindings(executor: Executor) -> list[Binding]:

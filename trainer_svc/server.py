@@ -3,18 +3,21 @@ ranks (torchrun) only rank 0 runs it; its Trainer forwards each operation to the
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import AsyncIterator
 from pathlib import Path
 
-from atgrpo._proto.v1 import trainer_pb2, trainer_pb2_grpc
-from atgrpo.algo.loss import LossConfig
+from grpc import aio
+
+from atgrpo._proto.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
+from atgrpo.contract import trainer_wire
+from atgrpo.contract.rollout_wire import check_address
+from atgrpo.contract.trainer import TrainerInfo, TrainSample
 from atgrpo.errors import FailedPrecondition, InvalidArgument, NotFound
 from atgrpo.rpc.server import Binding, service_info
-from rollout_svc.convert import check_address, sampling_from_pb
 from trainer_svc.distributed import Ranks
-from trainer_svc.state import PoolSpec
 from trainer_svc.trainer import Trainer
-from trainer_svc.update import TrainSample, UpdateConfig
 
 MAX_SAMPLES = 1_000_000
 
@@ -56,7 +59,8 @@ def _check_where(m: trainer_pb2.SetupRequest) -> None:
                        "(it has no atgrpo.json); give one that SaveCheckpoint wrote, or leave it empty")
 
 
-def spec_from_pb(m: trainer_pb2.SetupRequest) -> PoolSpec:
+def check_setup(m: trainer_pb2.SetupRequest) -> None:
+    """INVALID_ARGUMENT (or NOT_FOUND for what this machine lacks) before anything is set up."""
     if not m.run_id or not m.pool or not m.model_path or not m.agents:
         raise InvalidArgument("Setup needs run_id, pool, model_path and agents")
     o, lora = m.optim, m.lora
@@ -73,22 +77,12 @@ def spec_from_pb(m: trainer_pb2.SetupRequest) -> PoolSpec:
     _check("Setup lora", [
         ("rank", lora.rank, lora.rank >= 0, ">= 1"), ("alpha", lora.alpha, lora.alpha >= 0, "> 0"),
         ("dropout", lora.dropout, 0 <= lora.dropout < 1, "in [0, 1)")])
-    return PoolSpec(
-        run_id=m.run_id, pool=m.pool, model_path=m.model_path, agents=tuple(m.agents),
-        specialization=m.specialization or "full", lora_rank=lora.rank or 16, lora_alpha=lora.alpha or 32.0,
-        lora_dropout=lora.dropout, lora_targets=tuple(lora.target_modules) or ("q_proj", "k_proj", "v_proj", "o_proj"),
-        lr=o.lr or 1e-6, weight_decay=o.weight_decay, betas=(o.beta1 or 0.9, o.beta2 or 0.999),
-        warmup_steps=o.warmup_steps, total_steps=o.total_steps or 100, min_lr_ratio=o.min_lr_ratio,
-        grad_clip=o.grad_clip or 1.0,
-        device=m.device or "auto", dtype=m.dtype or "auto", seed=m.seed, checkpoint_dir=m.checkpoint_dir,
-        checkpoint_every_updates=m.checkpoint_every_updates,
-        rollout_addresses=tuple(m.rollout_addresses))
 
 
 MAX_EPOCHS = 1000
 
 
-def update_config_from_pb(loss: trainer_pb2.LossParams, micro_batch_tokens: int, grad_clip: float) -> UpdateConfig:
+def check_loss(loss: trainer_pb2.LossParams) -> None:
     _check("Train loss", [
         ("clip_eps_low", loss.clip_eps_low, 0 <= loss.clip_eps_low < 1, "in (0, 1)"),
         ("clip_eps_high", loss.clip_eps_high, 0 <= loss.clip_eps_high < 1, "in (0, 1)"),
@@ -97,11 +91,6 @@ def update_config_from_pb(loss: trainer_pb2.LossParams, micro_batch_tokens: int,
         ("entropy_coef", loss.entropy_coef, loss.entropy_coef >= 0, ">= 0"),
         ("epochs", loss.epochs, 0 <= loss.epochs <= MAX_EPOCHS, f"between 1 and {MAX_EPOCHS}"),
         ("mini_batch_size", loss.mini_batch_size, loss.mini_batch_size >= 0, ">= 1")])
-    return UpdateConfig(
-        loss=LossConfig(loss.clip_eps_low or 0.2, loss.clip_eps_high or 0.2, loss.dual_clip_c or 3.0,
-                        loss.kl_coef, loss.entropy_coef),
-        epochs=loss.epochs or 1, mini_batch_size=loss.mini_batch_size or 16,
-        micro_batch_tokens=micro_batch_tokens, grad_clip=grad_clip)
 
 
 def _vocab_size(state) -> int | None:
@@ -133,22 +122,26 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     def _info(self) -> trainer_pb2.TrainerInfo:
         state = self.trainer.state
         if state is None:
-            return trainer_pb2.TrainerInfo(service=self._service, pool=self.trainer.pool_name)
+            return trainer_wire.info_to_pb(TrainerInfo(pool=self.trainer.pool_name), self._service)
         s = state.spec
-        return trainer_pb2.TrainerInfo(service=self._service, run_id=s.run_id, pool=s.pool, version=state.version,
-                                       agents=s.agents, specialization=s.specialization, device=s.device,
-                                       rollout_addresses=s.rollout_addresses)
+        return trainer_wire.info_to_pb(TrainerInfo(s.pool, s.run_id, state.version, s.agents, s.specialization,
+                                                   s.device, s.rollout_addresses), self._service)
 
-    async def GetInfo(self, request, context):
+    async def GetInfo(self, request: common_pb2.GetInfoRequest,
+                      context: aio.ServicerContext) -> trainer_pb2.TrainerInfo:
         return self._info()
 
-    async def Setup(self, request, context):
-        await self.trainer.setup(spec_from_pb(request), request.resume_from, request.reload)
-        if request.micro_batch_tokens > 0:      # the run's budget; the --micro-batch-tokens flag is the default
-            self.micro_batch_tokens = request.micro_batch_tokens
+    async def Setup(self, request: trainer_pb2.SetupRequest,
+                    context: aio.ServicerContext) -> trainer_pb2.TrainerInfo:
+        check_setup(request)
+        spec = trainer_wire.spec_from_pb(request)
+        await self.trainer.setup(spec, request.resume_from, request.reload)
+        if spec.micro_batch_tokens > 0:      # the run's budget; the --micro-batch-tokens flag is the default
+            self.micro_batch_tokens = spec.micro_batch_tokens
         return self._info()
 
-    async def Train(self, request_iterator, context):
+    async def Train(self, request_iterator: AsyncIterator[trainer_pb2.TrainRequest],
+                    context: aio.ServicerContext) -> trainer_pb2.TrainResponse:
         header, samples = None, []
         async for part in request_iterator:
             kind = part.WhichOneof("part")
@@ -161,31 +154,22 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                 raise InvalidArgument("only the first message of a Train stream may be a header")
             if len(samples) >= MAX_SAMPLES:
                 raise InvalidArgument(f"more than {MAX_SAMPLES} samples in one Train call; split the step")
-            s = part.sample
-            samples.append(TrainSample(s.agent, list(s.prompt_token_ids), list(s.response_token_ids),
-                                       list(s.response_logprobs), s.advantage,
-                                       sampling_from_pb(s.sampling, f"sample {len(samples)} sampling")))
+            samples.append(trainer_wire.sample_from_pb(part.sample, f"sample {len(samples)}"))
         if header is None:
             raise InvalidArgument("empty Train stream; send a header, then the samples")
         if header.num_samples != len(samples):
             raise InvalidArgument(f"the header announced {header.num_samples} samples, {len(samples)} arrived; "
                                   "nothing was trained, resend the step")
+        check_loss(header.loss)
         state = self.trainer.need_state()
         _check_token_ids(samples, _vocab_size(state))
-        result = await self.trainer.train(header.run_id, header.step, header.expected_version, samples,
-                                          update_config_from_pb(header.loss, self.micro_batch_tokens,
-                                                                state.spec.grad_clip))
-        m = result.metrics
-        return trainer_pb2.TrainResponse(
-            run_id=result.run_id, step=result.step, pool=self.trainer.state.spec.pool, version=result.version,
-            replayed=result.replayed, loss=m["loss"], clip_fraction=m["clip_fraction"], approx_kl=m["approx_kl"],
-            entropy=m["entropy"], grad_norm=m["grad_norm"] if math.isfinite(m["grad_norm"]) else -1.0,
-            tokens=int(m["tokens"]), samples=int(m["samples"]), train_seconds=m["train_seconds"],
-            push_seconds=m["push_seconds"], push_bytes=int(m["push_bytes"]),
-            agents={a: trainer_pb2.AgentTrainMetrics(samples=int(v["samples"]), tokens=int(v["tokens"]))
-                    for a, v in result.agents.items()})
+        update = dataclasses.replace(trainer_wire.update_from_pb(header.loss), micro_batch_tokens=self.micro_batch_tokens,
+                                     grad_clip=state.spec.grad_clip)
+        result = await self.trainer.train(header.run_id, header.step, header.expected_version, samples, update)
+        return trainer_wire.result_to_pb(result, state.spec.pool)
 
-    async def SaveCheckpoint(self, request, context):
+    async def SaveCheckpoint(self, request: trainer_pb2.SaveCheckpointRequest,
+                             context: aio.ServicerContext) -> trainer_pb2.SaveCheckpointResponse:
         path, version = await self.trainer.save_checkpoint(request.dir)
         return trainer_pb2.SaveCheckpointResponse(path=str(path), version=version)
 

@@ -12,12 +12,13 @@ import json
 import math
 import pickle
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from atgrpo.contract.trainer import PoolSpec
 from atgrpo.errors import FailedPrecondition, InvalidArgument
 from trainer_svc.sharding import (
     full_model_state,
@@ -31,32 +32,6 @@ from trainer_svc.sharding import (
 )
 
 PEFT_STATE_PREFIX = "base_model.model."
-
-
-@dataclass(frozen=True)
-class PoolSpec:
-    run_id: str
-    pool: str
-    model_path: str
-    agents: tuple[str, ...]
-    specialization: str = "full"            # "full" or "lora"
-    lora_rank: int = 16
-    lora_alpha: float = 32.0
-    lora_dropout: float = 0.0
-    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
-    lr: float = 1e-6
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = 10
-    total_steps: int = 100
-    min_lr_ratio: float = 0.3
-    grad_clip: float = 1.0
-    device: str = "cpu"
-    dtype: str = "auto"    # auto: bf16 mixed precision where the device supports it, else float32
-    seed: int = 0
-    checkpoint_dir: str = ""
-    checkpoint_every_updates: int = 0
-    rollout_addresses: tuple[str, ...] = field(default=())
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:

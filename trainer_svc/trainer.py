@@ -11,25 +11,15 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from atgrpo.contract.trainer import PoolSpec, TrainResult, TrainSample, UpdateConfig
 from atgrpo.errors import FailedPrecondition, InvalidArgument
 from rollout_svc.client import RolloutClient
 from trainer_svc import metrics as telemetry  # `metrics` is a TrainResult's dict below
 from trainer_svc.distributed import Ranks
-from trainer_svc.state import PoolSpec, PoolState
-from trainer_svc.update import TrainSample, UpdateConfig, update, validate
-
-
-@dataclass
-class TrainResult:
-    run_id: str
-    step: int
-    version: int
-    metrics: dict[str, float]
-    agents: dict[str, dict[str, float]] = field(default_factory=dict)
-    replayed: bool = False
+from trainer_svc.state import PoolState
+from trainer_svc.update import update, validate
 
 
 class PoolOps:

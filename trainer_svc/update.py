@@ -18,36 +18,17 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import torch
 
-from atgrpo.algo.loss import LossConfig, policy_loss
-from atgrpo.algo.sampling import Sampling, transform_logits
+from atgrpo.algo.loss import policy_loss
+from atgrpo.algo.sampling import transform_logits
+from atgrpo.contract.sampling import Sampling
+from atgrpo.contract.trainer import TrainSample, UpdateConfig
 from atgrpo.errors import InvalidArgument
 from trainer_svc.sharding import is_sharded, world
 
 METRIC_KEYS = ("loss", "clip_fraction", "approx_kl", "entropy")
-
-
-@dataclass(frozen=True)
-class TrainSample:
-    agent: str
-    prompt_ids: Sequence[int]
-    response_ids: Sequence[int]
-    old_logprobs: Sequence[float]       # under `sampling`, from the rollout engine
-    advantage: float
-    sampling: Sampling = field(default_factory=Sampling)
-
-
-@dataclass(frozen=True)
-class UpdateConfig:
-    loss: LossConfig = field(default_factory=LossConfig)
-    epochs: int = 1
-    mini_batch_size: int = 16
-    micro_batch_tokens: int = 8192
-    grad_clip: float = 1.0
-    autocast_bf16: bool = False      # bf16 mixed precision for forward/backward (fp32 master weights)
 
 
 def validate(samples: Sequence[TrainSample], agents: Sequence[str], max_tokens: int | None = None) -> None:

@@ -4,18 +4,9 @@ Ye et al. 2020 and verl's compute_policy_loss)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-
-@dataclass(frozen=True)
-class LossConfig:
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.2
-    dual_clip_c: float = 3.0        # > 1; bounds the loss of negative-advantage tokens at c * |A|
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
+from atgrpo.contract.trainer import LossConfig
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -4,22 +4,9 @@ under the same transform (DESIGN.md §1; the reference recomputed them at temper
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-
-@dataclass(frozen=True)
-class Sampling:
-    """How one agent samples; train and eval settings differ per agent."""
-
-    temperature: float = 1.0       # 0 = greedy
-    top_p: float = 1.0
-    top_k: int = -1                # <= 0: off
-    max_tokens: int = 256
-    max_prompt_tokens: int = 2048  # longer prompts keep their end (the latest state)
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
+from atgrpo.contract.sampling import Sampling
 
 
 def transform_logits(logits: torch.Tensor, s: Sampling) -> torch.Tensor:

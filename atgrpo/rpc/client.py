@@ -14,6 +14,9 @@ import grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from atgrpo._proto.v1 import common_pb2
+from atgrpo.contract.service import ServiceInfo
+from atgrpo.contract.service_wire import service_info_from_pb
 from atgrpo.errors import RETRY_AFTER_KEY, AtgrpoError, error_for_status
 from atgrpo.rpc.options import DEFAULT_DEADLINE_S, channel_options
 from atgrpo.rpc.security import open_channel
@@ -64,6 +67,10 @@ class ServiceClient:
                 raise error
             await asyncio.sleep(wait)
             delay = min(delay * 2, 2.0)
+
+    async def get_info(self) -> ServiceInfo:
+        """What the service says of itself (the rollout and trainer clients say more)."""
+        return service_info_from_pb(await self._call(self.stub.GetInfo, common_pb2.GetInfoRequest()))
 
     async def health(self, service: str = "", *, timeout_s: float = 2.0) -> str:
         """The health status name ("SERVING", "NOT_SERVING", ...); raises Unavailable when down."""

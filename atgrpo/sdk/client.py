@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from atgrpo._proto.v1 import common_pb2, env_pb2, env_pb2_grpc
+from atgrpo._proto.v1 import env_pb2, env_pb2_grpc
 from atgrpo.rpc.client import ServiceClient
 from atgrpo.sdk import convert
 from atgrpo.sdk.env import EnvSpec, Message, StepResult
@@ -13,9 +13,6 @@ from atgrpo.sdk.env import EnvSpec, Message, StepResult
 
 class EnvClient(ServiceClient):
     stub_class = env_pb2_grpc.EnvServiceStub
-
-    async def get_info(self) -> common_pb2.ServiceInfo:
-        return await self._call(self.stub.GetInfo, common_pb2.GetInfoRequest())
 
     async def list_envs(self) -> list[EnvSpec]:
         resp = await self._call(self.stub.ListEnvs, env_pb2.ListEnvsRequest())

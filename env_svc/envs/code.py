@@ -51,6 +51,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from atgrpo.contract.sandbox import Compare, Limits
 from atgrpo.errors import FailedPrecondition, InvalidArgument
 from atgrpo.sdk.env import EVAL_SEED_OFFSET, Environment, EnvSpec, Message, StepResult
 from env_svc import code_formats, datasets
@@ -58,11 +59,6 @@ from env_svc.envs._text import clip as _clip
 from env_svc.envs._text import decode as _decode
 from env_svc.envs.answer_extract import extract_code
 from env_svc.envs.math import sandbox_call, turn_options
-
-try:  # the sandbox's plain types; an environment served without sandbox_svc still imports
-    from sandbox_svc.model import Compare, Limits
-except ImportError:  # pragma: no cover
-    Compare = Limits = None  # type: ignore[assignment,misc]
 
 AGENTS = ("coder", "tester")
 FAILURE_REWARD = -1.0

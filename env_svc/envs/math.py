@@ -52,6 +52,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from atgrpo.contract.sandbox import Limits
 from atgrpo.errors import AtgrpoError, FailedPrecondition, InvalidArgument
 from atgrpo.sdk.env import EVAL_SEED_OFFSET, Environment, EnvSpec, Message, StepResult
 from env_svc import datasets
@@ -60,11 +61,6 @@ from env_svc.envs._text import decode as _decode
 from env_svc.envs._text import program_lines, run_failure
 from env_svc.envs.answer_extract import extract_answer, extract_code, stdout_answer
 from env_svc.envs.answers import answers_match
-
-try:  # the sandbox's plain types; an environment served without sandbox_svc still imports
-    from sandbox_svc.model import Limits
-except ImportError:  # pragma: no cover
-    Limits = None  # type: ignore[assignment,misc]
 
 AGENTS = ("tool", "reasoner")
 FAILURE_REWARD = -1.0

@@ -40,15 +40,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from atgrpo.contract.sandbox import Limits
 from atgrpo.sdk.env import Environment, EnvSpec, Message, StepResult, task_rng, turn_order_option
 from env_svc.envs._text import clip as _clip
 from env_svc.envs._text import decode as _decode
 from env_svc.envs._text import program_lines, run_failure
-
-try:  # the sandbox's plain types; an environment served without sandbox_svc still imports
-    from sandbox_svc.model import Limits
-except ImportError:  # pragma: no cover
-    Limits = None  # type: ignore[assignment,misc]
 
 AGENTS = ("tool", "plan")
 FAILURE_REWARD = -1.0      # no code block, crash, timeout, no sandbox, no actions list, no `#### `...

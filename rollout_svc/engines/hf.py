@@ -12,7 +12,8 @@ from collections.abc import Sequence
 import torch
 
 from atgrpo.algo.sampling import sample_tokens
-from rollout_svc.types import Completion, Sampling
+from atgrpo.contract.rollout import Completion
+from atgrpo.contract.sampling import Sampling
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

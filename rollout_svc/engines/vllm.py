@@ -30,7 +30,8 @@ from pathlib import Path
 
 import torch
 
-from rollout_svc.types import Completion, Sampling
+from atgrpo.contract.rollout import Completion
+from atgrpo.contract.sampling import Sampling
 
 log = logging.getLogger(__name__)
 

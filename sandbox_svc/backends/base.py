@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
-from sandbox_svc.model import ExecRequest, ExecResult
+from atgrpo.contract.sandbox import ExecRequest, ExecResult
 
 
 class BackendUnavailable(RuntimeError):

@@ -22,10 +22,10 @@ import time
 
 import psutil
 
+from atgrpo.contract.sandbox import ExecRequest, ExecResult
 from sandbox_svc.backends.base import BackendUnavailable
 from sandbox_svc.backends.process import as_uid, become_subreaper, reap_orphans
 from sandbox_svc.backends.warm import WarmSandbox, run_warm
-from sandbox_svc.model import ExecRequest, ExecResult
 from sandbox_svc.policy import Policy
 
 SANDBOX_UID = 65534      # "nobody" inside the namespace

@@ -43,12 +43,12 @@ import threading
 import time
 from dataclasses import dataclass
 
+from atgrpo.contract.sandbox import ExecRequest, ExecResult, Limits, Verdict
 from sandbox_svc.backends.base import BackendUnavailable
 from sandbox_svc.backends.docker_image import IDLE_UID, SANDBOX_UID_BASE
 from sandbox_svc.backends.docker_programs import IDLE, LAUNCHER
 from sandbox_svc.backends.process import Output, verdict
 from sandbox_svc.languages import LANGUAGES
-from sandbox_svc.model import ExecRequest, ExecResult, Limits, Verdict
 from sandbox_svc.policy import Policy
 
 log = logging.getLogger("sandbox_svc.docker")

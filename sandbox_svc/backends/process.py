@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from atgrpo.contract.sandbox import ExecResult, Limits, Verdict
 from sandbox_svc.languages import Language
-from sandbox_svc.model import ExecResult, Limits, Verdict
 
 PRLIMIT = "/usr/bin/prlimit"
 SETPRIV = "/usr/bin/setpriv"

@@ -11,6 +11,7 @@ import os
 import tempfile
 import threading
 
+from atgrpo.contract.sandbox import ExecRequest, ExecResult
 from sandbox_svc.backends.bwrap import sweep_uid
 from sandbox_svc.backends.process import (
     Launch,
@@ -19,7 +20,6 @@ from sandbox_svc.backends.process import (
     run_launch,
 )
 from sandbox_svc.languages import LANGUAGES
-from sandbox_svc.model import ExecRequest, ExecResult
 
 _PATH = "/usr/local/bin:/usr/bin:/bin"
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import psutil
 
+from atgrpo.contract.sandbox import ExecRequest, ExecResult, Verdict
 from sandbox_svc.backends.process import Output, memfd_with, pump, verdict
 from sandbox_svc.languages import LANGUAGES
-from sandbox_svc.model import ExecRequest, ExecResult, Verdict
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from atgrpo.algo.advantages import group_advantages, group_index, mix_rewards, zero_variance_keep
-from atgrpo.algo.loss import LossConfig, masked_mean, policy_loss
+from atgrpo.algo.loss import masked_mean, policy_loss
+from atgrpo.contract.trainer import LossConfig
 from tests.algo.trl_reference import trl_loss
 
 EPS = 1e-6

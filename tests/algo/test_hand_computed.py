@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from atgrpo.algo.advantages import group_advantages
-from atgrpo.algo.loss import LossConfig, policy_loss
-from atgrpo.algo.sampling import Sampling
+from atgrpo.algo.loss import policy_loss
+from atgrpo.contract.rollout import PolicyRef, Sample
+from atgrpo.contract.sampling import Sampling
+from atgrpo.contract.trainer import LossConfig
 from rollout_svc.tree import select_branch
-from rollout_svc.types import PolicyRef, Sample
 from router_svc.plan import step_batches
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from atgrpo.config import dump_config, parse_config
+from atgrpo.rundir import read_metrics
 from atgrpo.train import LocalServices, drive
 from rollout_svc.client import RolloutClient
 from router_svc.client import RouterClient
-from router_svc.rundir import read_metrics
 
 pytestmark = pytest.mark.slow
 

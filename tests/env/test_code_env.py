@@ -334,7 +334,7 @@ print(json.dumps(failed))
 """
 
     async def go():
-        from sandbox_svc.model import Limits
+        from atgrpo.contract.sandbox import Limits
         for split in ("train", "eval"):
             problems = datasets.load("code", datasets.Source(), split)
             assert len(problems) >= 15 and len({p.id for p in problems}) == len(problems)

@@ -16,8 +16,8 @@ import pytest
 
 from atgrpo import local
 from atgrpo.config import parse_config
+from atgrpo.rundir import read_metrics
 from atgrpo.train import LocalServices, drive
-from router_svc.rundir import read_metrics
 from tests.e2e.test_training import Collect, tiny, toy_config  # noqa: F401  (tiny is a fixture)
 
 pytestmark = pytest.mark.slow

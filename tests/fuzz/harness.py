@@ -26,6 +26,7 @@ from atgrpo._proto.v1 import (
     sandbox_pb2,
     trainer_pb2,
 )
+from atgrpo.contract import trainer_wire
 from atgrpo.rpc.server import RunningServer, create_server
 
 KINDS = ("env", "sandbox", "rollout", "router", "trainer")
@@ -126,7 +127,7 @@ def start_services(model_dir: str) -> Services:
         running["router"] = await create_server(router_bindings())
         services = Services(loop, running, model_dir, closers=[executor.close, sandbox.close, envs.close])
         async with TrainerClient(f"127.0.0.1:{running['trainer'].port}") as t:
-            await t.setup(setup_request(model_dir, [services.address("rollout")]))
+            await t.setup(trainer_wire.spec_from_pb(setup_request(model_dir, [services.address("rollout")])))
         return services
 
     try:

@@ -3,8 +3,8 @@ predictable. The engine is a fake, on purpose: it pins the driver's rules, not g
 
 import asyncio
 
+from atgrpo.contract.rollout import AgentPlan, Completion, Generation, PolicyRef
 from atgrpo.sdk import Environment, EnvSpec, StepResult
-from rollout_svc.types import AgentPlan, Completion, Generation, PolicyRef
 
 
 class ScriptedEngine:

@@ -1,26 +1,31 @@
 """rollout_svc with the tiny model over real gRPC: log-probs, weight swaps, adapters, Collect."""
 
 import asyncio
+import dataclasses
 import json
 
+import grpc
 import pytest
 import torch
+from grpc import aio
 
 from atgrpo import errors
 from atgrpo._proto.v1 import rollout_pb2
 from atgrpo.algo.sampling import transform_logits
+from atgrpo.contract import rollout_wire
+from atgrpo.contract.rollout import AgentPlan, CollectPlan, EpisodeEnd, PolicyRef, Sample, TaskRef
+from atgrpo.contract.sampling import Sampling
 from atgrpo.models import build_tiny_model
 from atgrpo.rpc.server import create_server
 from atgrpo.sdk.host import EnvHost
 from atgrpo.sdk.local import LocalEnvs
 from atgrpo.sdk.registry import Registry
-from rollout_svc import convert, weights
+from rollout_svc import weights
 from rollout_svc.client import RolloutClient
 from rollout_svc.engines.hf import HFEngine
 from rollout_svc.pool import PoolRuntime
 from rollout_svc.replica import Replica
 from rollout_svc.server import bindings
-from rollout_svc.types import AgentPlan, Sampling
 from tests.rollout.scripted import PickEnv
 
 GREEDY = Sampling(temperature=0.0, max_tokens=12)
@@ -176,19 +181,18 @@ def test_per_agent_adapters_are_served_with_their_own_versions(model_dir):
 
 
 def test_collect_streams_groups_with_the_real_model(model_dir):
-    def request(**kw):
-        agents = [AgentPlan(n, "p", sampling=Sampling(temperature=1.0, max_tokens=4)) for n in ("a", "b")]
-        fields = dict(
-            run_id="r", step=3, env="pick", turn_order=["a", "b"], max_turns=2, k=3, alpha=1.0,
-            tasks=[rollout_pb2.TaskRef(task_id=f"t{i}", seed=i, split="train") for i in range(2)],
-            agents=[rollout_pb2.AgentRollout(name=a.name, pool=a.pool, sampling=convert.sampling_to_pb(a.sampling))
-                    for a in agents])
-        return rollout_pb2.CollectRequest(**{**fields, **kw})
+    def plan(**kw):
+        agents = {n: AgentPlan(n, "p", sampling=Sampling(temperature=1.0, max_tokens=4)) for n in ("a", "b")}
+        fields = dict(run_id="r", step=3, env="pick", turn_order=("a", "b"), max_turns=2, k=3, alpha=1.0,
+                      tasks=tuple(TaskRef(f"t{i}", i) for i in range(2)), agents=agents)
+        return CollectPlan(**{**fields, **kw})
 
     async def go(c, engine):
-        events = [e async for e in c.collect(request())]
-        samples = [e.sample for e in events if e.WhichOneof("event") == "sample"]
-        ends = [e.episode_end for e in events if e.WhichOneof("event") == "episode_end"]
+        raw = [e async for e in c.stub.Collect(rollout_wire.collect_plan_to_pb(plan()))]
+        assert all(e.sample.run_id == "r" and e.sample.step == 3 for e in raw if e.WhichOneof("event") == "sample")
+        events = [rollout_wire.event_from_pb(e) for e in raw]
+        samples = [e for e in events if isinstance(e, Sample)]
+        ends = [e for e in events if isinstance(e, EpisodeEnd)]
         assert len(ends) == 2 and all(not e.error for e in ends)
         assert len(samples) == sum(e.turns for e in ends) * 2 * 3
         groups = {}
@@ -196,16 +200,17 @@ def test_collect_streams_groups_with_the_real_model(model_dir):
             groups.setdefault((s.task_id, s.agent, s.turn), []).append(s)
         for group in groups.values():
             assert sorted(s.branch for s in group) == [0, 1, 2]
-            assert len({tuple(s.prompt_token_ids) for s in group}) == 1
+            assert len({tuple(s.prompt_ids) for s in group}) == 1
             assert sum(s.selected for s in group) == 1
-            assert all(len(s.response_logprobs) == len(s.response_token_ids) for s in group)
-            assert all(s.run_id == "r" and s.step == 3 and s.sampling.temperature == 1.0 for s in group)
-        stale = request(expected_versions=[convert.policy_to_pb(convert.PolicyRef("p", "", 5))])
-        with pytest.raises(errors.FailedPrecondition):
-            [e async for e in c.collect(stale)]
+            assert all(len(s.logprobs) == len(s.response_ids) for s in group)
+            assert all(s.sampling.temperature == 1.0 for s in group)
+        stale = rollout_wire.collect_plan_to_pb(plan())
+        stale.expected_versions.append(rollout_wire.policy_to_pb(PolicyRef("p", "", 5)))
+        with pytest.raises(aio.AioRpcError) as refused:
+            [e async for e in c.stub.Collect(stale)]
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         with pytest.raises(errors.NotFound):
-            [e async for e in c.collect(request(agents=[rollout_pb2.AgentRollout(name="a", pool="zz"),
-                                                          rollout_pb2.AgentRollout(name="b", pool="p")]))]
+            [e async for e in c.collect(plan(agents={"a": AgentPlan("a", "zz"), "b": AgentPlan("b", "p")}))]
     serve(model_dir, go)
 
 
@@ -266,17 +271,14 @@ def test_collect_routes_other_pools_to_their_replicas(model_dir):
             async with RolloutClient(f"127.0.0.1:{server_a.port}") as ca, \
                     RolloutClient(f"127.0.0.1:{server_b.port}") as cb:
                 await cb.load_weights(_perturbed(b_engine), "B", 1)
-                sampling = convert.sampling_to_pb(Sampling(temperature=1.0, max_tokens=3))
-                req = rollout_pb2.CollectRequest(
-                    env="pick", turn_order=["a", "b"], max_turns=1, k=2,
-                    tasks=[rollout_pb2.TaskRef(task_id="t", seed=0, split="train")],
-                    agents=[rollout_pb2.AgentRollout(name="a", pool="A", sampling=sampling),
-                            rollout_pb2.AgentRollout(name="b", pool="B", sampling=sampling)])
+                sampling = Sampling(temperature=1.0, max_tokens=3)
+                plan = CollectPlan(env="pick", turn_order=("a", "b"), max_turns=1, k=2, tasks=(TaskRef("t", 0),),
+                                   agents={"a": AgentPlan("a", "A", sampling=sampling),
+                                           "b": AgentPlan("b", "B", sampling=sampling)})
                 with pytest.raises(errors.NotFound, match="serves no pool 'B'"):
-                    [e async for e in ca.collect(req)]
-                req.pool_addresses["B"] = f"127.0.0.1:{server_b.port}"
-                events = [e async for e in ca.collect(req)]
-                samples = [e.sample for e in events if e.WhichOneof("event") == "sample"]
+                    [e async for e in ca.collect(plan)]
+                plan = dataclasses.replace(plan, pool_addresses={"B": f"127.0.0.1:{server_b.port}"})
+                samples = [e async for e in ca.collect(plan) if isinstance(e, Sample)]
                 return {(s.agent, s.policy.pool, s.policy.version) for s in samples}
         finally:
             await server_a.stop(0)

@@ -4,11 +4,11 @@ import asyncio
 
 import pytest
 
+from atgrpo.contract.rollout import AgentPlan, CollectPlan, EpisodeEnd, Sample, TaskRef
 from atgrpo.sdk.host import EnvHost
 from atgrpo.sdk.local import LocalEnvs
 from atgrpo.sdk.registry import Registry
 from rollout_svc.tree import collect, select_branch
-from rollout_svc.types import AgentPlan, CollectPlan, EpisodeEnd, Sample, TaskRef
 from tests.rollout.scripted import PickEnv, ScriptedEngine
 
 

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from atgrpo import errors
-from atgrpo.algo.sampling import Sampling, transform_logits
+from atgrpo.algo.sampling import transform_logits
+from atgrpo.contract.sampling import Sampling
 from atgrpo.models import build_tiny_model
 from rollout_svc.client import RolloutClient
 from tests.conftest import ROOT

@@ -2,9 +2,9 @@
 
 import pytest
 
-from atgrpo.algo.sampling import Sampling
+from atgrpo.contract.rollout import EpisodeEnd, PolicyRef, Sample
+from atgrpo.contract.sampling import Sampling
 from atgrpo.sdk.env import EVAL_SEED_OFFSET
-from rollout_svc.types import EpisodeEnd, PolicyRef, Sample
 from router_svc.plan import episode_metrics, step_batches, step_tasks
 
 
@@ -61,6 +61,7 @@ def test_episode_metrics_count_failures_apart():
 
 
 def test_cut_prompts_and_responses_are_counted_and_shown():
+    from atgrpo.contract import run_wire
     from atgrpo.report import step_line
     from router_svc import events
 
@@ -69,6 +70,6 @@ def test_cut_prompts_and_responses_are_counted_and_shown():
     e = events.step_event(1, step_batches(samples, {"a": "p"}), [], {}, {})
     assert e["agents"]["a"]["prompt_truncated_fraction"] == 0.25
     assert e["agents"]["a"]["response_truncated_fraction"] == 0.5
-    assert events.from_pb(events.to_pb("r", {**e, "rollout_seconds": 0.0, "train_seconds": 0.0,
+    assert run_wire.event_from_pb(run_wire.event_to_pb("r", {**e, "rollout_seconds": 0.0, "train_seconds": 0.0,
                                              "weight_sync_seconds": 0.0}))["agents"]["a"] == e["agents"]["a"]
     assert step_line(e, 10).endswith("| prompts cut: a 25%")

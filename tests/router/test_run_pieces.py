@@ -4,13 +4,15 @@ resumed run continues, and the event records."""
 import pytest
 
 from atgrpo.config import parse_config
+from atgrpo.contract import run_wire
+from atgrpo.contract.rollout import EpisodeEnd
+from atgrpo.contract.rollout_wire import collect_plan_from_pb, collect_plan_to_pb
+from atgrpo.contract.run import status_dict
 from atgrpo.errors import FailedPrecondition
-from rollout_svc.convert import collect_plan_from_pb, collect_plan_to_pb
-from rollout_svc.types import EpisodeEnd
+from atgrpo.rundir import Checkpoint, Progress, RunDir
 from router_svc import events
 from router_svc.plan import StepBatches, collect_plan, shard, step_tasks
 from router_svc.run import RunLoop
-from router_svc.rundir import Checkpoint, Progress, RunDir
 
 
 def config(tmp_path, level="L3", **run):
@@ -96,15 +98,15 @@ def test_events_survive_the_wire():
                                     "clip_fraction": 0.1, "grad_norm": 1.0, "entropy": 2.0, "push_seconds": 0.1,
                                     "push_bytes": 10}},
                              {"rollout_seconds": 1.0, "train_seconds": 2.0, "weight_sync_seconds": 0.1})
-    back = events.from_pb(events.to_pb("r", step))
+    back = run_wire.event_from_pb(run_wire.event_to_pb("r", step))
     assert back["success_rate"] == 1.0 and back["pools"]["a"]["agents"] == {"speaker": 8}
     assert back["pools"]["a"]["version"] == 4 and back["train_seconds"] == 2.0
     ev = events.eval_event(4, [EpisodeEnd("t", True, 2, {"speaker": 1.0, "listener": 0.5}),
                                EpisodeEnd("u", False, 0, {}, error="env down")], order=["speaker", "listener"])
     assert ev["success_rate"] == 1.0 and ev["failed_episodes"] == 1 and list(ev["agents"]) == ["speaker", "listener"]
-    assert events.from_pb(events.to_pb("r", ev))["agents"]["listener"] == {"reward_mean": 0.5, "turns_mean": 2.0}
-    status = events.status_dict("r", "stopped", 3, 10, "/d", 1, "")
-    assert events.from_pb(events.to_pb("r", status)) == status
+    assert run_wire.event_from_pb(run_wire.event_to_pb("r", ev))["agents"]["listener"] == {"reward_mean": 0.5, "turns_mean": 2.0}
+    status = status_dict("r", "stopped", 3, 10, "/d", 1, "")
+    assert run_wire.event_from_pb(run_wire.event_to_pb("r", status)) == status
 
 
 def test_evaluation_takes_each_task_of_a_finite_split_once(tmp_path):

@@ -6,9 +6,9 @@ slot's uid outlives its request. The hostile programs run against every backend 
 import psutil
 import pytest
 
+from atgrpo.contract.sandbox import ExecRequest, Limits, Verdict
 from sandbox_svc.backends.base import BackendUnavailable
 from sandbox_svc.backends.bwrap import BwrapBackend
-from sandbox_svc.model import ExecRequest, Limits, Verdict
 from sandbox_svc.policy import Policy, check_exec
 from tests.sandbox import hostile
 

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
+from atgrpo.contract.sandbox import ExecRequest, Limits, Verdict
 from sandbox_svc.backends import docker_image
 from sandbox_svc.backends.base import BackendUnavailable
 from sandbox_svc.backends.docker import DockerBackend
-from sandbox_svc.model import ExecRequest, Limits, Verdict
 from sandbox_svc.policy import Policy, check_exec
 from tests.sandbox import docker_engine as engine
 from tests.sandbox import hostile

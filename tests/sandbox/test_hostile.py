@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
+from atgrpo.contract.sandbox import ExecRequest, Limits, Verdict
 from sandbox_svc.backends.bwrap import BwrapBackend
 from sandbox_svc.backends.docker import DockerBackend
-from sandbox_svc.model import ExecRequest, Limits, Verdict
 from sandbox_svc.policy import Policy, check_exec
 from tests.sandbox import docker_engine as engine
 from tests.sandbox import hostile

@@ -15,8 +15,8 @@ import psutil
 import pytest
 
 from atgrpo import errors
+from atgrpo.contract.sandbox import Limits, Verdict
 from sandbox_svc.client import SandboxClient
-from sandbox_svc.model import Limits, Verdict
 
 TOKEN = "tok-planted-by-test-hostile-more-0123456789abcdef"
 SECRET = "s3cr3t-env-of-the-sandbox-service"

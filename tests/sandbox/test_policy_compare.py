@@ -2,9 +2,16 @@
 
 import pytest
 
+from atgrpo.contract.sandbox import (
+    SERVER_DEFAULTS,
+    Compare,
+    ExecRequest,
+    Limits,
+    TestCase,
+    TestsRequest,
+)
 from atgrpo.errors import InvalidArgument
 from sandbox_svc.compare import outputs_match
-from sandbox_svc.model import SERVER_DEFAULTS, Compare, ExecRequest, Limits, TestCase, TestsRequest
 from sandbox_svc.policy import Policy, check_exec, check_tests
 
 P = Policy()

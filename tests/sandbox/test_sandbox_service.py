@@ -9,11 +9,11 @@ import urllib.request
 import pytest
 
 from atgrpo import errors
+from atgrpo.contract.sandbox import Compare, Limits, Verdict
 from atgrpo.rpc.server import create_server
 from sandbox_svc.backends.bwrap import BwrapBackend
 from sandbox_svc.client import SandboxClient
 from sandbox_svc.executor import Executor
-from sandbox_svc.model import Compare, Limits, Verdict
 from sandbox_svc.policy import Policy
 from sandbox_svc.server import bindings
 from tests.sandbox import hostile

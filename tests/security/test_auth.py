@@ -12,6 +12,8 @@ from grpc import aio
 
 from atgrpo import errors
 from atgrpo._proto.v1 import common_pb2, rollout_pb2, router_pb2, trainer_pb2
+from atgrpo.contract import trainer_wire
+from atgrpo.contract.trainer import PoolSpec, TrainSample
 from atgrpo.rpc.security import (
     PROTECTED_METHODS,
     ClientSecurity,
@@ -22,7 +24,6 @@ from atgrpo.rpc.security import (
 from atgrpo.rpc.server import create_server
 from rollout_svc import weights
 from rollout_svc.client import RolloutClient
-from rollout_svc.convert import sampling_from_pb
 from rollout_svc.engines.hf import HFEngine
 from rollout_svc.pool import PoolRuntime
 from rollout_svc.replica import Replica
@@ -32,7 +33,6 @@ from tests.security.conftest import TOKEN, start_service
 from trainer_svc.client import TrainerClient
 from trainer_svc.server import bindings as trainer_bindings
 from trainer_svc.trainer import Trainer
-from trainer_svc.update import TrainSample
 
 GREEDY = rollout_pb2.GenerateRequest(pool="p", sampling=common_pb2.SamplingParams(temperature=0, max_tokens=6))
 GREEDY.messages.messages.add(role="user", content="hello there")
@@ -121,17 +121,17 @@ def test_unauthenticated_setup_train_and_save_are_refused_and_change_nothing(mod
             assert code == grpc.StatusCode.UNAUTHENTICATED, (method, details)
         async with TrainerClient(trainer) as t:     # no token in the environment: refused as a domain error
             with pytest.raises(errors.Unauthenticated, match="ATGRPO_AUTH_TOKEN"):
-                await t.setup(setup)
+                await t.setup(trainer_wire.spec_from_pb(setup))
             info = await t.get_info()                # GetInfo needs no token
             assert info.run_id == "" and info.version == 0
         assert not (tmp_path / "ckpt").exists()
         client_env({"ATGRPO_AUTH_TOKEN": TOKEN})    # now every client sends it, trainer -> rollout too
         async with TrainerClient(trainer) as t:
-            await t.setup(trainer_pb2.SetupRequest(run_id="r", pool="p", model_path=model_dir, agents=["a"], seed=0,
-                                                   rollout_addresses=[rollout]))
-            s = TrainSample("a", [5, 6, 7], [8, 9], [-1.0, -1.0], 1.0, sampling_from_pb(common_pb2.SamplingParams()))
+            await t.setup(PoolSpec(run_id="r", pool="p", model_path=model_dir, agents=("a",), device="auto",
+                                   rollout_addresses=(rollout,)))
+            s = TrainSample("a", [5, 6, 7], [8, 9], [-1.0, -1.0], 1.0)
             resp = await t.train("r", 1, 0, [s])
-            assert resp.version == 1 and resp.push_bytes > 0         # the push to rollout carried the token
+            assert resp.version == 1 and resp.metrics["push_bytes"] > 0         # the push to rollout carried the token
         async with RolloutClient(rollout) as r:
             assert [(p.adapter, p.version) for p in await r.policies()] == [("", 1)]
     with_pair(model_dir, go)

@@ -8,9 +8,10 @@ import sys
 import torch
 import torch.distributed as dist
 
+from atgrpo.contract.trainer import UpdateConfig
 from tests.trainer.test_update import load, on_policy_samples
 from trainer_svc.sharding import full_model_state, shard
-from trainer_svc.update import UpdateConfig, update
+from trainer_svc.update import update
 
 NO_CLIP = 1e9   # clipping would normalise a wrongly scaled gradient back to the right update
 

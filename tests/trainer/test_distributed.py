@@ -9,10 +9,11 @@ import sys
 import pytest
 import torch
 
+from atgrpo.contract.trainer import UpdateConfig
 from tests.conftest import ROOT
 from tests.trainer.dist_worker import NO_CLIP
 from tests.trainer.test_update import load, on_policy_samples
-from trainer_svc.update import UpdateConfig, update
+from trainer_svc.update import update
 
 
 def free_port() -> int:

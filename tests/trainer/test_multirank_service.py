@@ -13,16 +13,15 @@ import time
 import pytest
 import torch
 
-from atgrpo._proto.v1 import trainer_pb2
+from atgrpo.contract.trainer import UpdateConfig
 from tests.conftest import ROOT
 from tests.trainer.test_distributed import torchrun_args, torchrun_env
-from tests.trainer.test_trainer_service import setup_request
+from tests.trainer.test_trainer_service import pool_spec
 from tests.trainer.test_update import load, on_policy_samples
 from trainer_svc.client import TrainerClient
-from trainer_svc.server import spec_from_pb, update_config_from_pb
 from trainer_svc.trainer import Trainer
 
-LOSS = trainer_pb2.LossParams(mini_batch_size=4)   # two optimizer steps on 8 samples
+UPDATE = UpdateConfig(mini_batch_size=4)   # two optimizer steps on 8 samples
 # AdamW moves a weight by about lr = 1e-3 per step whatever its gradient's size; where a
 # gradient is near Adam's eps, float summation order (two ranks' halves vs one sum) shows up as
 # a few 1e-6 (measured: 5.5e-6 at most). A rank's samples missing or counted twice moves weights
@@ -53,11 +52,11 @@ def one_process(model_dir, steps, resume_from=""):
     step's result and the parameters after it."""
     async def go():
         trainer = Trainer()
-        await trainer.setup(spec_from_pb(setup_request(model_dir)), resume_from=resume_from)
+        await trainer.setup(pool_spec(model_dir), resume_from=resume_from)
         out = []
         for s in steps:
             v = trainer.state.version
-            result = await trainer.train("run1", v + 1, v, s, update_config_from_pb(LOSS, 8192, 1.0))
+            result = await trainer.train("run1", v + 1, v, s, UPDATE)
             out.append((result, {k: t.clone() for k, t in trainer.state.model.state_dict().items()}))
         return out
     return asyncio.run(go())
@@ -76,9 +75,9 @@ def test_two_rank_fsdp_service_trains_like_one_process(model_dir, tmp_path):
         async def drive():
             async with TrainerClient(f"127.0.0.1:{served['port']}") as t:
                 # Deadlines: a rank that failed to follow would leave rank 0 waiting in a collective.
-                info = await t.setup(setup_request(model_dir), timeout_s=60)
+                info = await t.setup(pool_spec(model_dir), timeout_s=60)
                 assert info.service.details["ranks"] == "2" and info.version == 0
-                resp = await t.train("run1", 1, 0, samples, loss=LOSS, timeout_s=60)
+                resp = await t.train("run1", 1, 0, samples, update=UPDATE, timeout_s=60)
                 saved = await t.save_checkpoint(str(tmp_path / "ckpt"), timeout_s=60)
                 return resp, saved
         resp, saved = asyncio.run(drive())
@@ -96,9 +95,9 @@ def test_two_rank_fsdp_service_trains_like_one_process(model_dir, tmp_path):
     more = on_policy_samples(load(model_dir), seed=2)
     (ref, one), (_, uninterrupted) = one_process(model_dir, [samples, more])
     assert (resp.version, saved.version) == (1, 1)
-    assert resp.loss == pytest.approx(ref.metrics["loss"], abs=1e-6)
-    assert resp.grad_norm > 1.0   # so the sharded gradient clipping was at work
-    assert resp.grad_norm == pytest.approx(ref.metrics["grad_norm"], rel=1e-5)
+    assert resp.metrics["loss"] == pytest.approx(ref.metrics["loss"], abs=1e-6)
+    assert resp.metrics["grad_norm"] > 1.0   # so the sharded gradient clipping was at work
+    assert resp.metrics["grad_norm"] == pytest.approx(ref.metrics["grad_norm"], rel=1e-5)
     two = AutoModelForCausalLM.from_pretrained(f"{saved.path}/model").state_dict()
     before = load(model_dir).state_dict()
     for k in one:

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from atgrpo import errors
-from atgrpo._proto.v1 import trainer_pb2
+from atgrpo.contract.sampling import Sampling
+from atgrpo.contract.trainer import PoolSpec, TrainSample
 from atgrpo.models import build_tiny_model
 from atgrpo.rpc.server import create_server
 from rollout_svc.client import RolloutClient
@@ -15,12 +16,10 @@ from rollout_svc.engines.hf import HFEngine
 from rollout_svc.pool import PoolRuntime
 from rollout_svc.replica import Replica
 from rollout_svc.server import bindings as rollout_bindings
-from rollout_svc.types import Sampling
 from tests.trainer.test_update import load, on_policy_samples
 from trainer_svc.client import TrainerClient
 from trainer_svc.server import bindings as trainer_bindings
 from trainer_svc.trainer import Trainer
-from trainer_svc.update import TrainSample
 
 GREEDY = Sampling(temperature=0.0, max_tokens=10)
 HELLO = [{"role": "user", "content": "Tell me about the grid."}]
@@ -31,12 +30,10 @@ def model_dir(tmp_path_factory):
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny")))
 
 
-def setup_request(model_dir, rollout=(), **kw):
-    base = dict(run_id="run1", pool="p", model_path=model_dir, agents=["a"], seed=0,
-                optim=trainer_pb2.OptimParams(lr=1e-3, warmup_steps=0, total_steps=10, min_lr_ratio=0.3),
-                rollout_addresses=list(rollout))
-    base.update(kw)
-    return trainer_pb2.SetupRequest(**base)
+def pool_spec(model_dir, rollout=(), **kw) -> PoolSpec:
+    base = dict(run_id="run1", pool="p", model_path=model_dir, agents=("a",), seed=0, lr=1e-3, weight_decay=0.0,
+                warmup_steps=0, total_steps=10, min_lr_ratio=0.3, device="auto", rollout_addresses=tuple(rollout))
+    return PoolSpec(**{**base, **kw})
 
 
 def with_services(model_dir, fn, *, lora=False):
@@ -61,21 +58,21 @@ def test_train_bumps_the_version_and_pushes_weights_that_change_the_rollout(mode
     async def go(t, r, rollout_address, logic):
         with pytest.raises(errors.FailedPrecondition, match="Setup first"):
             await t.train("run1", 1, 0, samples)
-        info = await t.setup(setup_request(model_dir, [rollout_address]))
+        info = await t.setup(pool_spec(model_dir, [rollout_address]))
         assert (info.version, info.run_id) == (0, "run1")
-        assert (await t.setup(setup_request(model_dir, [rollout_address]))).version == 0   # idempotent
+        assert (await t.setup(pool_spec(model_dir, [rollout_address]))).version == 0   # idempotent
         with pytest.raises(errors.FailedPrecondition, match="serves run 'run1'"):
-            await t.setup(setup_request(model_dir, run_id="other"))
+            await t.setup(pool_spec(model_dir, run_id="other"))
         # A single small update may keep the greedy tokens; their log-probs must move.
         before = (await r.generate("p", messages=HELLO, sampling=GREEDY)).completions[0].logprobs
         resp = await t.train("run1", 1, 0, samples)
-        assert resp.version == 1 and not resp.replayed and resp.push_bytes > 0 and resp.tokens > 0
-        assert resp.agents["a"].samples == len(samples)
+        assert resp.version == 1 and not resp.replayed and resp.metrics["push_bytes"] > 0 and resp.metrics["tokens"] > 0
+        assert resp.agents["a"]["samples"] == len(samples)
         assert {(p.adapter, p.version) for p in await r.policies()} == {("", 1)}
         after = await r.generate("p", messages=HELLO, sampling=GREEDY)
         assert after.policy.version == 1 and after.completions[0].logprobs != before
         again = await t.train("run1", 1, 0, samples)
-        assert again.replayed and again.version == 1 and again.loss == resp.loss
+        assert again.replayed and again.version == 1 and again.metrics["loss"] == resp.metrics["loss"]
         assert (await t.get_info()).version == 1
         with pytest.raises(errors.FailedPrecondition, match="drawn from version 0"):
             await t.train("run1", 2, 0, samples)
@@ -87,7 +84,7 @@ def test_bad_samples_train_nothing(model_dir):
     bad = [*good, TrainSample("a", [1, 2], [3], [0.0, 0.0], 0.1)]
 
     async def go(t, r, rollout_address, logic):
-        await t.setup(setup_request(model_dir, micro_batch_tokens=1000))   # the run's budget, below the flag's
+        await t.setup(pool_spec(model_dir, micro_batch_tokens=1000))   # the run's budget, below the flag's
         with pytest.raises(errors.InvalidArgument, match="sample 2"):
             await t.train("run1", 1, 0, bad)
         with pytest.raises(errors.InvalidArgument, match="not 'zed'"):
@@ -101,8 +98,8 @@ def test_bad_samples_train_nothing(model_dir):
 
 def test_lora_pool_pushes_only_the_trained_agents_adapter(model_dir):
     async def go(t, r, rollout_address, logic):
-        await t.setup(setup_request(model_dir, [rollout_address], agents=["tool", "plan"], specialization="lora",
-                                    lora=trainer_pb2.LoraParams(rank=4, alpha=8, target_modules=["q_proj", "v_proj"])))
+        await t.setup(pool_spec(model_dir, [rollout_address], agents=("tool", "plan"), specialization="lora",
+                                lora_rank=4, lora_alpha=8, lora_targets=("q_proj", "v_proj")))
         # Setup pushed every fresh adapter at version 0, so Collect can sample each agent at once.
         assert {(p.adapter, p.version) for p in await r.policies()} == {("", 0), ("tool", 0), ("plan", 0)}
         fresh = await r.generate("p", adapter="tool", messages=HELLO, sampling=GREEDY)
@@ -123,7 +120,7 @@ def test_checkpoint_round_trip_and_exact_resume(model_dir, tmp_path):
     s2 = on_policy_samples(load(model_dir), seed=2)
 
     async def first(t, r, rollout_address, logic):
-        await t.setup(setup_request(model_dir, checkpoint_dir=str(tmp_path), checkpoint_every_updates=2))
+        await t.setup(pool_spec(model_dir, checkpoint_dir=str(tmp_path), checkpoint_every_updates=2))
         await t.train("run1", 1, 0, s1)
         saved = await t.save_checkpoint()
         assert saved.path == str(tmp_path / "version-1") and saved.version == 1
@@ -132,7 +129,7 @@ def test_checkpoint_round_trip_and_exact_resume(model_dir, tmp_path):
         return saved.path, _params(logic)
 
     async def resumed(t, r, rollout_address, logic):
-        info = await t.setup(setup_request(model_dir, [rollout_address], resume_from=ckpt))
+        info = await t.setup(pool_spec(model_dir, [rollout_address]), resume_from=ckpt)
         assert info.version == 1
         assert {(p.adapter, p.version) for p in await r.policies()} == {("", 1)}   # replica caught up
         await t.train("run1", 2, 1, s2)
@@ -158,7 +155,7 @@ class _Payload:
 
 def test_a_checkpoint_that_would_run_code_is_refused_unrun(model_dir, tmp_path):
     async def save(t, r, rollout_address, logic):
-        await t.setup(setup_request(model_dir))
+        await t.setup(pool_spec(model_dir))
         return (await t.save_checkpoint(str(tmp_path / "ckpt"))).path
 
     ckpt = with_services(model_dir, save)
@@ -168,7 +165,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_unrun(model_dir, tmp_path):
 
     async def resume(t, r, rollout_address, logic):
         with pytest.raises(errors.InvalidArgument, match="could run code on load"):
-            await t.setup(setup_request(model_dir, resume_from=ckpt))
+            await t.setup(pool_spec(model_dir), resume_from=ckpt)
     with_services(model_dir, resume)
     assert not marker.exists()
 

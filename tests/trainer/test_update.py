@@ -7,17 +7,11 @@ import math
 import pytest
 import torch
 
-from atgrpo.algo.sampling import Sampling
+from atgrpo.contract.sampling import Sampling
+from atgrpo.contract.trainer import TrainSample, UpdateConfig
 from atgrpo.errors import InvalidArgument
 from atgrpo.models import build_tiny_model
-from trainer_svc.update import (
-    TrainSample,
-    UpdateConfig,
-    micro_batches,
-    response_logprobs,
-    update,
-    validate,
-)
+from trainer_svc.update import micro_batches, response_logprobs, update, validate
 
 S = Sampling(temperature=0.7)   # random test tokens must stay inside the support (no top-k/top-p)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from atgrpo._proto.v1 import sandbox_pb2 as pb
-from sandbox_svc.model import (
+from atgrpo.contract.sandbox import (
     CaseResult,
     Compare,
     ExecRequest,

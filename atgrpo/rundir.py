@@ -1,7 +1,7 @@
 """A run directory: what a run leaves behind and what it resumes from.
 
     config.yaml          the resolved config the run was started with
-    metrics.jsonl        one JSON line per step and per evaluation (router_svc.events)
+    metrics.jsonl        one JSON line per step and per evaluation (atgrpo.contract.run)
     state.json           last completed step and pool versions, and the last checkpoint
     checkpoints/step-N/  one folder per trainable pool (HF / PEFT format plus trainer state)
 
@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from atgrpo.config import RunConfig, dump_config
-from rollout_svc.types import Sample
-from router_svc.plan import StepBatches
+from atgrpo.contract.rollout import Sample
 
 
 @dataclass
@@ -73,13 +72,13 @@ class RunDir:
             f.flush()
             os.fsync(f.fileno())
 
-    def write_samples(self, step: int, samples: Sequence[Sample], batches: StepBatches,
-                      pool_of: Mapping[str, str]) -> Path:
+    def write_samples(self, step: int, samples: Sequence[Sample], rewards: Sequence[float],
+                      advantages: Sequence[float], pool_of: Mapping[str, str]) -> Path:
         """Every sample of a step with its reward, advantage and pool, for inspection and tests."""
         out = self.path / "samples" / f"step-{step:06d}.jsonl"
         out.parent.mkdir(parents=True, exist_ok=True)
         lines = []
-        for s, r, a in zip(samples, batches.rewards, batches.advantages, strict=True):
+        for s, r, a in zip(samples, rewards, advantages, strict=True):
             lines.append(json.dumps({
                 "task_id": s.task_id, "agent": s.agent, "turn": s.turn, "branch": s.branch, "pool": pool_of[s.agent],
                 "policy": {"pool": s.policy.pool, "adapter": s.policy.adapter, "version": s.policy.version},

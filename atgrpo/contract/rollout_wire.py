@@ -1,4 +1,4 @@
-"""Protobuf <-> rollout_svc.types."""
+"""Protobuf <-> atgrpo.contract.rollout (and the sampling settings every service passes on)."""
 
 from __future__ import annotations
 
@@ -7,18 +7,23 @@ import re
 
 from atgrpo._proto.v1 import common_pb2
 from atgrpo._proto.v1 import rollout_pb2 as pb
+from atgrpo.contract.rollout import (
+    AgentPlan,
+    CollectPlan,
+    Completion,
+    EpisodeEnd,
+    Generation,
+    PolicyRef,
+    RolloutInfo,
+    Sample,
+    TaskRef,
+    WeightsLoaded,
+)
+from atgrpo.contract.sampling import Sampling
+from atgrpo.contract.service_wire import service_info_from_pb
 from atgrpo.discovery import DiscoveryError, parse_target
 from atgrpo.errors import InvalidArgument
 from atgrpo.sdk.convert import dict_from, struct_from
-from rollout_svc.types import (
-    AgentPlan,
-    CollectPlan,
-    EpisodeEnd,
-    PolicyRef,
-    Sample,
-    Sampling,
-    TaskRef,
-)
 
 _MODES = {pb.COLLECT_MODE_UNSPECIFIED: "tree", pb.COLLECT_MODE_TREE: "tree", pb.COLLECT_MODE_FLAT: "flat"}
 _SELECTIONS = {pb.SELECTION_UNSPECIFIED: "best", pb.SELECTION_BEST: "best", pb.SELECTION_FIRST: "first"}
@@ -149,3 +154,34 @@ def event_from_pb(m: pb.CollectEvent) -> Sample | EpisodeEnd:
         done=s.done, success=s.success, selected=s.selected, sampling=sampling_from_pb(s.sampling),
         prompt_truncated=s.prompt_truncated, response_truncated=s.response_truncated,
         finish_reason=s.finish_reason, info=dict_from(s.info), response_text=s.response_text)
+
+
+def generation_to_pb(g: Generation) -> pb.GenerateResponse:
+    return pb.GenerateResponse(
+        prompt_token_ids=g.prompt_ids, prompt_truncated=g.prompt_truncated, policy=policy_to_pb(g.policy),
+        completions=[pb.Completion(token_ids=c.token_ids, logprobs=c.logprobs, text=c.text,
+                                   finish_reason=c.finish_reason) for c in g.completions])
+
+
+def generation_from_pb(m: pb.GenerateResponse) -> Generation:
+    return Generation(list(m.prompt_token_ids),
+                      [Completion(list(c.token_ids), list(c.logprobs), c.text, c.finish_reason) for c in m.completions],
+                      policy_from_pb(m.policy), m.prompt_truncated)
+
+
+def info_to_pb(i: RolloutInfo, service: common_pb2.ServiceInfo) -> pb.RolloutInfo:
+    return pb.RolloutInfo(service=service, engine=i.engine, device=i.device,
+                          policies=[policy_to_pb(p) for p in i.policies])
+
+
+def info_from_pb(m: pb.RolloutInfo) -> RolloutInfo:
+    return RolloutInfo(m.engine, m.device, tuple(policy_from_pb(p) for p in m.policies),
+                       service_info_from_pb(m.service))
+
+
+def loaded_to_pb(w: WeightsLoaded) -> pb.LoadWeightsResponse:
+    return pb.LoadWeightsResponse(policy=policy_to_pb(w.policy), bytes_received=w.bytes_received, load_ms=w.load_ms)
+
+
+def loaded_from_pb(m: pb.LoadWeightsResponse) -> WeightsLoaded:
+    return WeightsLoaded(policy_from_pb(m.policy), m.bytes_received, m.load_ms)

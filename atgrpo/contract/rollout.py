@@ -1,14 +1,13 @@
-"""Plain types of the rollout service: sampling settings, generations, samples, episode ends."""
+"""What the rollout service exchanges: collection plans, generations, samples and episode ends,
+weight loads, and what a replica serves. Protobuf lives in atgrpo.contract.rollout_wire."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from atgrpo.algo.sampling import Sampling
-
-__all__ = ["AgentPlan", "CollectPlan", "Completion", "EpisodeEnd", "Generation", "PolicyRef", "Sample",
-           "Sampling", "TaskRef"]
+from atgrpo.contract.sampling import Sampling
+from atgrpo.contract.service import ServiceInfo
 
 
 @dataclass(frozen=True)
@@ -92,6 +91,25 @@ class Sample:
     finish_reason: str = ""
     info: dict[str, Any] = field(default_factory=dict)
     response_text: str = ""         # what the env was given; the ids are what training uses
+
+
+@dataclass(frozen=True)
+class RolloutInfo:
+    """A replica: its engine and device, and every pool and adapter it serves with their versions."""
+
+    engine: str
+    device: str
+    policies: tuple[PolicyRef, ...]
+    service: ServiceInfo = field(default_factory=lambda: ServiceInfo("rollout"))
+
+
+@dataclass(frozen=True)
+class WeightsLoaded:
+    """A replica's answer to a weight push: what it serves now, how much arrived, how long loading took."""
+
+    policy: PolicyRef
+    bytes_received: int
+    load_ms: int
 
 
 @dataclass

@@ -1,0 +1,111 @@
+"""What the router and a trainer exchange: a pool's setup, a step's samples, how to update, and
+the result. Plain types; atgrpo.contract.trainer_wire converts them to and from protobuf."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from atgrpo.contract.sampling import Sampling
+from atgrpo.contract.service import ServiceInfo
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    """One sample as a trainer takes it: the ids, the sampling distribution's log-probs, the advantage."""
+
+    agent: str
+    prompt_ids: Sequence[int]
+    response_ids: Sequence[int]
+    old_logprobs: Sequence[float]       # under `sampling`, from the rollout engine
+    advantage: float
+    sampling: Sampling = field(default_factory=Sampling)
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The policy loss's settings (atgrpo.algo.loss.policy_loss; DESIGN.md §1)."""
+
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    dual_clip_c: float = 3.0        # > 1; bounds the loss of negative-advantage tokens at c * |A|
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+
+
+@dataclass(frozen=True)
+class UpdateConfig:
+    """How a pool updates on a step's samples. The router sends `loss`, `epochs` and
+    `mini_batch_size` (from the run's algorithm section); the trainer fills in the rest from its
+    pool's setup."""
+
+    loss: LossConfig = field(default_factory=LossConfig)
+    epochs: int = 1
+    mini_batch_size: int = 16
+    micro_batch_tokens: int = 8192
+    grad_clip: float = 1.0
+    autocast_bf16: bool = False      # bf16 mixed precision for forward/backward (fp32 master weights)
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """A pool's setup for a run: the model and how it trains, where its new weights go (its rollout
+    replicas) and where checkpoints go."""
+
+    run_id: str
+    pool: str
+    model_path: str
+    agents: tuple[str, ...]
+    specialization: str = "full"            # "full" or "lora"
+    lora_rank: int = 16
+    lora_alpha: float = 32.0
+    lora_dropout: float = 0.0
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = 10
+    total_steps: int = 100
+    min_lr_ratio: float = 0.3
+    grad_clip: float = 1.0
+    device: str = "cpu"
+    dtype: str = "auto"    # auto: bf16 mixed precision where the device supports it, else float32
+    seed: int = 0
+    checkpoint_dir: str = ""
+    checkpoint_every_updates: int = 0
+    rollout_addresses: tuple[str, ...] = field(default=())
+    micro_batch_tokens: int = 0      # the token budget of one forward/backward; 0 = the trainer's default
+
+
+@dataclass
+class TrainResult:
+    """A pool's update of one step: its new version and the update's figures (loss, clip_fraction,
+    approx_kl, entropy, grad_norm, tokens, samples, train_seconds, push_seconds, push_bytes), and
+    per trained agent its samples and tokens."""
+
+    run_id: str
+    step: int
+    version: int
+    metrics: dict[str, float]
+    agents: dict[str, dict[str, float]] = field(default_factory=dict)
+    replayed: bool = False
+
+
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    path: str            # the folder, on the trainer's machine
+    version: int         # the pool's version saved there
+
+
+@dataclass(frozen=True)
+class TrainerInfo:
+    """What a trainer holds: its pool, the run it serves and the version of its weights."""
+
+    pool: str
+    run_id: str = ""
+    version: int = 0
+    agents: tuple[str, ...] = ()
+    specialization: str = ""
+    device: str = ""
+    rollout_addresses: tuple[str, ...] = ()
+    service: ServiceInfo = field(default_factory=lambda: ServiceInfo("trainer"))
