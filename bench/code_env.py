@@ -90,11 +90,16 @@ class TimedSandbox:
 
 
 class CountingEnvs(LocalEnvs):
+    """Counts env steps: the tree driver sends a move's K branch steps in one step_many."""
     steps = 0
 
     async def step(self, episode_id, agent, action):
         self.steps += 1
         return await super().step(episode_id, agent, action)
+
+    async def step_many(self, steps):
+        self.steps += len(steps)
+        return await super().step_many(steps)
 
 
 def _tests_text(pairs) -> str:
