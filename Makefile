@@ -43,7 +43,10 @@ demo: install
 	rm -rf runs/demo
 	$(BIN)/atgrpo train examples/toy_L1_tiny.yaml --run-dir runs/demo
 
+# The service boundaries first (pyproject.toml's import-linter contracts): seconds, and a new
+# crossing fails before the long suite starts.
 test: install
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/pytest -q
 
 protos: install
@@ -51,6 +54,7 @@ protos: install
 
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python scripts/gen_protos.py --check
 
 bench: install
