@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from _report import record  # noqa: E402
+from _report import record, sandbox_uid_base  # noqa: E402
 
 from atgrpo.sdk.host import EnvHost  # noqa: E402
 from atgrpo.sdk.local import LocalEnvs  # noqa: E402
@@ -178,7 +178,7 @@ async def rollouts(plan, envs, policy) -> tuple[float, int, int]:
 
 
 async def main_async(args) -> None:
-    executor = Executor(BwrapBackend(Policy()), workers=args.workers)
+    executor = Executor(BwrapBackend(Policy(), uid_base=sandbox_uid_base(args.workers)), workers=args.workers)
     local = LocalSandbox(executor)
     timed = TimedSandbox(local)
     envs = CountingEnvs(EnvHost(builtin_registry(), sandbox=timed))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _report import record  # noqa: E402
+from _report import record, sandbox_uid_base  # noqa: E402
 
 from atgrpo.rpc.server import create_server  # noqa: E402
 from sandbox_svc.backends import BackendUnavailable, make_backend  # noqa: E402
@@ -65,7 +65,7 @@ def bare(seconds: float, concurrency: int) -> float:
 
 def backend_direct(name: str, seconds: float, concurrency: int) -> float:
     policy = Policy()
-    backend = make_backend(name, policy)
+    backend = make_backend(name, policy, uid_base=sandbox_uid_base(concurrency))
     req = check_exec(ExecRequest("python", PROGRAM, STDIN), policy)
 
     def once(slot=0):
@@ -79,7 +79,8 @@ def backend_direct(name: str, seconds: float, concurrency: int) -> float:
 
 def over_grpc(seconds: float, concurrency: int) -> float:
     async def go():
-        executor = Executor(make_backend("bwrap", Policy()), workers=concurrency, queue=concurrency)
+        executor = Executor(make_backend("bwrap", Policy(), uid_base=sandbox_uid_base(concurrency)),
+                            workers=concurrency, queue=concurrency)
         running = await create_server(bindings(executor))
         async with SandboxClient(f"127.0.0.1:{running.port}") as c:
             await c.execute(PROGRAM, stdin=STDIN)
