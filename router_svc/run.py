@@ -39,7 +39,7 @@ from atgrpo.errors import (
     Unavailable,
 )
 from atgrpo.rundir import Checkpoint, Progress, RunDir
-from atgrpo.sdk.client import EnvClient
+from env_svc.client import EnvClient
 from rollout_svc.client import RolloutClient
 from router_svc import events, metrics
 from router_svc.plan import collect_plan, env_options, shard, step_batches, step_tasks
@@ -111,7 +111,8 @@ def pool_metrics(r: TrainResult) -> dict[str, Any]:
     """The trainer's report of an update; `agents` (agent -> samples) says whose samples it took."""
     return {"agents": {a: int(m["samples"]) for a, m in r.agents.items()}, "version": r.version,
             **{k: r.metrics[k] for k in ("loss", "approx_kl", "clip_fraction", "grad_norm", "entropy",
-                                         "push_seconds", "push_bytes", "train_seconds", "tokens", "samples")}}
+                                         "push_seconds", "train_seconds")},
+            **{k: int(r.metrics[k]) for k in ("push_bytes", "tokens", "samples")}}
 
 
 class RunLoop:

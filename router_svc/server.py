@@ -59,6 +59,6 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         return run_wire.status_to_pb(self.runs.get(request.run_id).status())
 
 
-def bindings(args=None) -> list[Binding]:
+def bindings() -> list[Binding]:
     return [Binding("atgrpo.v1.RouterService", RouterServicer(),
                     router_pb2_grpc.add_RouterServiceServicer_to_server)]

@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import sys
 
 from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily
 
-from atgrpo.rpc.main import base_parser, run_service
-from sandbox_svc.backends import BACKENDS, BackendUnavailable, make_backend
+from atgrpo.rpc.main import run_service
+from sandbox_svc.backends import BackendUnavailable, make_backend
 from sandbox_svc.executor import Executor
 from sandbox_svc.policy import Policy
 from sandbox_svc.server import bindings
+from sandbox_svc.settings import SandboxSettings
 
 log = logging.getLogger("sandbox_svc")
 
@@ -36,30 +36,17 @@ class _UnsafeCollector:
         yield g
 
 
-def parser():
-    ap = base_parser("sandbox")
-    ap.add_argument("--backend", choices=BACKENDS, default=os.environ.get("ATGRPO_SANDBOX_BACKEND", "bwrap"))
-    ap.add_argument("--unsafe-no-isolation", action="store_true",
-                    help="allow --backend subprocess, which runs code without any isolation")
-    ap.add_argument("--workers", type=int, default=0, help="programs run at once (0 = the cores)")
-    ap.add_argument("--queue", type=int, default=-1, help="requests that may wait (-1 = 4 x workers)")
-    ap.add_argument("--uid-base", type=int, default=60000,
-                    help="as root, worker slot i runs programs as host uid uid_base + i")
-    ap.add_argument("--docker-image", default=None, help="image for --backend docker (default: built locally)")
-    return ap
-
-
-def build(args) -> list:
+def build(settings: SandboxSettings) -> list:
     try:
-        backend = make_backend(args.backend, Policy(), unsafe_no_isolation=args.unsafe_no_isolation,
-                               uid_base=args.uid_base, docker_image=args.docker_image)
+        backend = make_backend(settings.backend, Policy(), unsafe_no_isolation=settings.unsafe_no_isolation,
+                               uid_base=settings.uid_base, docker_image=settings.docker_image)
     except BackendUnavailable as err:
         sys.exit(f"sandbox: cannot start: {err}")
     if not backend.isolated:
         log.warning(UNSAFE_WARNING)
         print(UNSAFE_WARNING, file=sys.stderr)
         REGISTRY.register(_UnsafeCollector())
-    executor = Executor(backend, workers=args.workers or None, queue=None if args.queue < 0 else args.queue)
+    executor = Executor(backend, workers=settings.workers or None, queue=settings.queue)
     # On a graceful stop, end the warm sandboxes and reap them here: left to --die-with-parent, their
     # pid-1 interpreters would be re-parented to whichever ancestor reaps orphans, as zombies.
     atexit.register(executor.close)
@@ -67,4 +54,4 @@ def build(args) -> list:
 
 
 if __name__ == "__main__":
-    run_service("sandbox", build, parser=parser())
+    run_service("sandbox", build, SandboxSettings)

@@ -17,6 +17,7 @@ from atgrpo.contract.trainer import TrainerInfo, TrainSample
 from atgrpo.errors import FailedPrecondition, InvalidArgument, NotFound
 from atgrpo.rpc.server import Binding, service_info
 from trainer_svc.distributed import Ranks
+from trainer_svc.settings import TrainerSettings
 from trainer_svc.trainer import Trainer
 
 MAX_SAMPLES = 1_000_000
@@ -174,10 +175,10 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         return trainer_pb2.SaveCheckpointResponse(path=str(path), version=version)
 
 
-def bindings(args=None, trainer: Trainer | None = None, ranks: Ranks | None = None) -> list[Binding]:
+def bindings(settings: TrainerSettings | None = None, trainer: Trainer | None = None,
+             ranks: Ranks | None = None) -> list[Binding]:
     """`ranks`: this is rank 0 of a pool over several ranks (torchrun); the others follow it."""
-    pool = getattr(args, "pool", "")
-    tokens = getattr(args, "micro_batch_tokens", 8192)
-    trainer = trainer or Trainer(pool, getattr(args, "sharding", "auto"), ranks)
-    return [Binding("atgrpo.v1.TrainerService", TrainerServicer(trainer, tokens),
+    settings = settings or TrainerSettings()
+    trainer = trainer or Trainer(settings.pool, settings.sharding, ranks)
+    return [Binding("atgrpo.v1.TrainerService", TrainerServicer(trainer, settings.micro_batch_tokens),
                     trainer_pb2_grpc.add_TrainerServiceServicer_to_server)]

