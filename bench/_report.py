@@ -1,12 +1,19 @@
 """The benchmarks' shared record: each bench prints its own table and, under `make bench`, also
-appends its headline ratios here so bench/all.py can print one table of every ratio."""
+appends its headline ratios here so bench/all.py can print one table of every ratio.
+
+Smoke mode (ATGRPO_BENCH_SMOKE=1, what tests/bench runs under `make test`): every bench runs at
+the smallest size that still takes the same code path and records the same ratios, so a change
+that breaks a benchmark fails the tests instead of the next `make bench`."""
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import json
 import os
 from typing import Any
+
+SMOKE = os.environ.get("ATGRPO_BENCH_SMOKE", "") not in ("", "0")
 
 # Host uids 63000-64999 for the sandboxes the benches start themselves, in ranges of 250 (the
 # worker slots of one sandbox). A bwrap sandbox runs slot i as uid base + i and, when it closes
@@ -15,6 +22,13 @@ from typing import Any
 # server running beside it, and theirs killed its own ("sandbox broken ... starting a fresh one").
 _UID_RANGES = range(63000, 65000, 250)
 _held: dict[int, Any] = {}     # the range this process holds: base -> its lock file
+
+
+def parse_args(ap: argparse.ArgumentParser, smoke: dict[str, Any]) -> argparse.Namespace:
+    """`ap`'s arguments, with `smoke`'s values as the defaults in smoke mode (flags still win)."""
+    if SMOKE:
+        ap.set_defaults(**smoke)
+    return ap.parse_args()
 
 
 def sandbox_uid_base(slots: int) -> int:

@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from _report import record, sandbox_uid_base  # noqa: E402
+from _report import parse_args, record, sandbox_uid_base  # noqa: E402
 
 from atgrpo.sdk.host import EnvHost  # noqa: E402
 from atgrpo.sdk.local import LocalEnvs  # noqa: E402
@@ -253,7 +253,7 @@ def main() -> None:
     ap.add_argument("--model", default=str(default_model) if default_model.is_dir() else "",
                     help="a model directory for real generation timing (default: the tiny model if built)")
     ap.add_argument("--no-model", dest="model", action="store_const", const="", help="scripted generation only")
-    args = ap.parse_args()
+    args = parse_args(ap, smoke={"tasks": 2, "k": 2, "concurrency": 2, "max_tokens": 4})
     asyncio.run(main_async(args))
 
 

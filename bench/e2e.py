@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _report import record  # noqa: E402
+from _report import parse_args, record  # noqa: E402
 
 from atgrpo.models import build_tiny_model  # noqa: E402
 
@@ -300,7 +300,8 @@ def main() -> None:
     ap.add_argument("--trl-threads", default="0,1",
                     help="torch intra-op threads for TRL's runs, comma-separated (0: torch's default); "
                          "the headline ratio is against the fastest")
-    args = ap.parse_args()
+    args = parse_args(ap, smoke={"tasks": 2, "k": 2, "max_tokens": 4, "steps": 1, "warmup": 1,
+                                 "trl_threads": "1"})
     if args.warmup < 1 or args.steps < 1:
         ap.error("--warmup and --steps must be at least 1")
     default_threads = torch_threads()

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from _report import record  # noqa: E402
+from _report import parse_args, record  # noqa: E402
 
 from atgrpo.sdk.client import EnvClient  # noqa: E402
 from atgrpo.sdk.host import EnvHost  # noqa: E402
@@ -87,7 +87,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ops", type=int, default=2000)
     ap.add_argument("--concurrency", type=int, default=16)
-    args = ap.parse_args()
+    args = parse_args(ap, smoke={"ops": 100, "concurrency": 2})
     asyncio.run(main_async(args.ops, args.concurrency))
 
 

@@ -17,7 +17,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _report import record  # noqa: E402
+from _report import parse_args, record  # noqa: E402
 
 from atgrpo import local  # noqa: E402
 from atgrpo.config import parse_config  # noqa: E402
@@ -50,7 +50,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--early", type=int, default=50)
-    args = ap.parse_args()
+    args = parse_args(ap, smoke={"steps": 2, "early": 1})
     tmp = Path(tempfile.mkdtemp())
     model = str(build_tiny_model(tmp / "tiny"))
     cfg = parse_config(config(model, tmp / "run", args.steps))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _report import record  # noqa: E402
+from _report import parse_args, record  # noqa: E402
 
 from atgrpo.models import build_tiny_model  # noqa: E402
 from atgrpo.rpc.server import create_server  # noqa: E402
@@ -101,7 +101,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
-    asyncio.run(main_async(ap.parse_args()))
+    asyncio.run(main_async(parse_args(ap, smoke={"k": 2, "tokens": 4, "requests": 2, "repeats": 1})))
 
 
 if __name__ == "__main__":

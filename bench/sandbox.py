@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _report import record, sandbox_uid_base  # noqa: E402
+from _report import parse_args, record, sandbox_uid_base  # noqa: E402
 
 from atgrpo.rpc.server import create_server  # noqa: E402
 from sandbox_svc.backends import BackendUnavailable, make_backend  # noqa: E402
@@ -105,7 +105,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--concurrency", type=int, default=os.cpu_count() or 1)
-    args = ap.parse_args()
+    args = parse_args(ap, smoke={"seconds": 0.5})
     rows = [("bare subprocess (baseline)", bare(args.seconds, args.concurrency))]
     rows.append(("bwrap backend", backend_direct("bwrap", args.seconds, args.concurrency)))
     rows.append(("bwrap via gRPC Execute", over_grpc(args.seconds, args.concurrency)))
@@ -115,7 +115,7 @@ def main() -> None:
         print(f"docker backend not measured: {err}")
         rows.append(("docker backend", float("nan")))
     base = rows[0][1]
-    print(f"sandbox throughput, {args.concurrency} concurrent, {args.seconds:.0f} s each")
+    print(f"sandbox throughput, {args.concurrency} concurrent, {args.seconds:g} s each")
     print(f"{'backend':<28} {'exec/s':>8} {'vs bare':>8}")
     for name, rate in rows:
         ratio = "n/a" if rate != rate else f"{rate / base:.2f}x"

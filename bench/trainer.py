@@ -2,7 +2,7 @@
 GRPOTrainer update (its own _compute_loss, backward, gradient clipping and optimizer step), on
 the tiny and small models, in one run. Prints tokens/s and the ratio (target: >= 1.0x TRL).
 
-    python bench/trainer.py [--samples 16] [--prompt 32] [--response 128] [--repeats 5]
+    python bench/trainer.py [--samples 16] [--prompt 32] [--response 128] [--repeats 5] [--sizes tiny,small]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _report import record  # noqa: E402
+from _report import parse_args, record  # noqa: E402
 
 from atgrpo.algo.sampling import Sampling  # noqa: E402
 from atgrpo.models import build_tiny_model  # noqa: E402
@@ -92,10 +92,11 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--response", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=5)
-    args = ap.parse_args()
+    ap.add_argument("--sizes", default="tiny,small", help="models to compare on, comma-separated")
+    args = parse_args(ap, smoke={"samples": 8, "prompt": 8, "response": 8, "repeats": 1, "sizes": "tiny"})
     print(f"one update of {args.samples} samples x ({args.prompt} prompt + {args.response} response) tokens, CPU")
     print(f"{'model':<7} {'precision':<10} {'TRL tok/s':>10} {'atgrpo tok/s':>13} {'ratio':>7}")
-    for size in ("tiny", "small"):
+    for size in args.sizes.split(","):
         model_dir = str(build_tiny_model(Path(tempfile.mkdtemp()) / size, size=size))
         for bf16 in (False, True):   # TRL defaults to bf16 autocast on CPU: compare like with like
             trl, ours = trl_rate(model_dir, args, bf16), atgrpo_rate(model_dir, args, bf16)
