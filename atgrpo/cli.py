@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from atgrpo import __version__, local
+from atgrpo import __version__, launcher
 from atgrpo.rpc.probe import STUBS, probe_all
 
 
@@ -52,7 +52,7 @@ def _load_for_run(args: argparse.Namespace):
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from atgrpo.errors import AtgrpoError
-    from atgrpo.train import TrainError, train
+    from atgrpo.runner import TrainError, train
 
     cfg = _load_for_run(args)
     if cfg is None:
@@ -71,7 +71,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from atgrpo.errors import AtgrpoError
     from atgrpo.report import eval_line
-    from atgrpo.train import TrainError, evaluate
+    from atgrpo.runner import TrainError, evaluate
 
     cfg = _load_for_run(args)
     if cfg is None:
@@ -97,9 +97,9 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    plan, cfg = local.DEFAULT_PLAN, None
+    plan, cfg = launcher.DEFAULT_PLAN, None
     if args.config is not None:
-        from atgrpo.train import TrainError, check_models, resolve_paths, service_plan
+        from atgrpo.runner import TrainError, check_models, resolve_paths, service_plan
 
         cfg = _load_for_run(args)
         if cfg is None:
@@ -112,8 +112,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
             return 1
         plan = service_plan(cfg)   # what `atgrpo train CONFIG` would start: its pools, --env on every rollout
     try:
-        services = local.up(args.state_dir, plan, timeout_s=args.timeout_s)
-    except local.LaunchError as err:
+        services = launcher.up(args.state_dir, plan, timeout_s=args.timeout_s)
+    except launcher.LaunchError as err:
         print(f"atgrpo up failed: {err}", file=sys.stderr)
         return 1
     for s in services:
@@ -122,7 +122,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     if cfg is not None:
         import yaml
 
-        from atgrpo.train import with_services
+        from atgrpo.runner import with_services
 
         block = {"services": with_services(cfg, services).to_dict()["services"]}
         print(f"\n# add to {args.config}, then `atgrpo train {args.config} --connect`:")
@@ -147,7 +147,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if args.address:
         targets = [(k, k, a) for k, a in _parse_addresses(args.address)]
     else:
-        targets = [(s.name, s.kind, s.address) for s in local.read_state(args.state_dir)]
+        targets = [(s.name, s.kind, s.address) for s in launcher.read_state(args.state_dir)]
         if not targets:
             print(f"no services recorded in {args.state_dir}: run `atgrpo up`, or pass --address KIND=HOST:PORT",
                   file=sys.stderr)
@@ -163,7 +163,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_down(args: argparse.Namespace) -> int:
-    outcome = local.down(args.state_dir, timeout_s=args.timeout_s)
+    outcome = launcher.down(args.state_dir, timeout_s=args.timeout_s)
     if not outcome:
         print(f"no services recorded in {args.state_dir}")
     for name, what in outcome.items():
@@ -222,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.set_defaults(fn=_cmd_plot)
 
     def state(p: argparse.ArgumentParser, timeout: float) -> argparse.ArgumentParser:
-        p.add_argument("--state-dir", type=Path, default=local.DEFAULT_STATE_DIR,
+        p.add_argument("--state-dir", type=Path, default=launcher.DEFAULT_STATE_DIR,
                        help="where `up` records the services it started (env ATGRPO_STATE_DIR)")
         p.add_argument("--timeout-s", type=float, default=timeout)
         return p

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import yaml
 
-from atgrpo._config_util import (
+from atgrpo.config_parse import (
     AT_LEAST_1,
     NON_NEG,
     Checks,

@@ -16,7 +16,7 @@ from atgrpo.config import RunConfig
 from atgrpo.contract.run import FINAL_STATES, status_dict
 from atgrpo.errors import FailedPrecondition, NotFound
 from router_svc import metrics
-from router_svc.run import RunLoop
+from router_svc.loop import RunLoop
 
 log = logging.getLogger("atgrpo.router")
 

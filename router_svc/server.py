@@ -1,4 +1,4 @@
-"""RouterService servicer: config in, run status and events out; the loop lives in router_svc.run."""
+"""RouterService servicer: config in, run status and events out; the loop lives in router_svc.loop."""
 
 from __future__ import annotations
 

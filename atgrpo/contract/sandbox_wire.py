@@ -1,4 +1,4 @@
-"""Protobuf <-> sandbox_svc.model, so the logic never sees generated types."""
+"""Protobuf <-> atgrpo.contract.sandbox, so the sandbox's logic and the environments never see generated types."""
 
 from __future__ import annotations
 

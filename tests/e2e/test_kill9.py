@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from atgrpo import local
+from atgrpo import launcher
 from atgrpo.config import parse_config
 from atgrpo.rundir import read_metrics
-from atgrpo.train import LocalServices, drive
+from atgrpo.runner import LocalServices, drive
 from tests.e2e.test_training import Collect, tiny, toy_config  # noqa: F401  (tiny is a fixture)
 
 pytestmark = pytest.mark.slow
@@ -36,7 +36,7 @@ def killer(state_dir, metrics, killed: list[str], stop: threading.Event) -> None
             time.sleep(0.2)
         if stop.is_set():
             return
-        svc = next(s for s in local.read_state(state_dir) if s.name == name)
+        svc = next(s for s in launcher.read_state(state_dir) if s.name == name)
         os.kill(svc.pid, signal.SIGKILL)
         killed.append(name)
 

@@ -12,11 +12,11 @@ import time
 import psutil
 import pytest
 
-from atgrpo import errors, local
+from atgrpo import errors, launcher
 from atgrpo.config import parse_config
 from atgrpo.rundir import read_metrics
+from atgrpo.runner import LocalServices, drive
 from atgrpo.sdk.client import EnvClient
-from atgrpo.train import LocalServices, drive
 from tests.e2e.test_training import Collect, tiny, toy_config  # noqa: F401  (tiny is a fixture)
 
 pytestmark = pytest.mark.slow
@@ -79,7 +79,7 @@ def test_a_long_local_run_holds_its_memory_flat(tiny, tmp_path):  # noqa: F811
             done = max(steps, default=0)
             for mark in (10, 40):
                 if done >= mark and mark not in marks:
-                    marks[mark] = {s.name: psutil.Process(s.pid).memory_info().rss for s in local.read_state(state)}
+                    marks[mark] = {s.name: psutil.Process(s.pid).memory_info().rss for s in launcher.read_state(state)}
             time.sleep(0.1)
 
     with LocalServices(cfg) as running:

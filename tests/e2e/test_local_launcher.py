@@ -9,7 +9,7 @@ import psutil
 import pytest
 import yaml
 
-from atgrpo import local
+from atgrpo import launcher
 from tests.conftest import SERVICE_KINDS
 
 
@@ -75,10 +75,10 @@ def test_down_leaves_a_reused_pid_alone(tmp_path):
     try:
         state = tmp_path / "state"
         state.mkdir()
-        stale = local.LocalService("env", "env", bystander.pid, create_time=1.0, address="127.0.0.1:1",
+        stale = launcher.LocalService("env", "env", bystander.pid, create_time=1.0, address="127.0.0.1:1",
                                    metrics_address="", log="")
-        local._write_state(state, [stale])
-        assert local.down(state) == {"env": "not running"}
+        launcher._write_state(state, [stale])
+        assert launcher.down(state) == {"env": "not running"}
         assert bystander.poll() is None
     finally:
         bystander.kill()
@@ -86,12 +86,12 @@ def test_down_leaves_a_reused_pid_alone(tmp_path):
 
 
 def test_a_service_that_fails_to_start_is_reported_and_nothing_is_left(tmp_path):
-    plan = (local.ServicePlan("env", "env"), local.ServicePlan("broken", "env", ("--no-such-flag",)))
+    plan = (launcher.ServicePlan("env", "env"), launcher.ServicePlan("broken", "env", ("--no-such-flag",)))
     before = _service_pids()
-    with pytest.raises(local.LaunchError, match=r"(?s)broken exited with code 2.*unrecognized arguments: --no-such-flag"):
-        local.up(tmp_path, plan, timeout_s=30)
+    with pytest.raises(launcher.LaunchError, match=r"(?s)broken exited with code 2.*unrecognized arguments: --no-such-flag"):
+        launcher.up(tmp_path, plan, timeout_s=30)
     assert _service_pids() - before == set()
-    assert local.read_state(tmp_path) == []
+    assert launcher.read_state(tmp_path) == []
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ def test_up_then_train_connect_then_down(tmp_path, subprocess_env, tiny):
     try:
         up = atgrpo("up", str(config), "--state-dir", str(state), env=subprocess_env)
         assert up.returncode == 0, up.stderr
-        recorded = local.read_state(state)
+        recorded = launcher.read_state(state)
         assert {s.name for s in recorded} == {"sandbox", "env", "rollout-a-0", "trainer-a", "router"}
         env_address = next(s.address for s in recorded if s.name == "env")
         rollout = next(s for s in recorded if s.kind == "rollout")
@@ -144,7 +144,7 @@ def test_up_then_train_connect_then_down(tmp_path, subprocess_env, tiny):
         events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
         assert [e["step"] for e in events if e["kind"] == "step"] == [1, 2], events
         assert "services locally" not in train.stderr          # it drove ours, started none
-        assert all(local.is_ours(s) for s in recorded)
+        assert all(launcher.is_ours(s) for s in recorded)
 
         # Another run on the same long-lived trainer is refused, and the message says what to do.
         other = tmp_path / "other.yaml"
@@ -157,7 +157,7 @@ def test_up_then_train_connect_then_down(tmp_path, subprocess_env, tiny):
         down = atgrpo("down", "--state-dir", str(state), env=subprocess_env)
     assert down.returncode == 0 and down.stdout.count("stopped") == 5, down.stdout
     gone_by = time.monotonic() + 10
-    while any(local.is_ours(s) for s in recorded) and time.monotonic() < gone_by:
+    while any(launcher.is_ours(s) for s in recorded) and time.monotonic() < gone_by:
         time.sleep(0.1)
-    assert not [s.name for s in recorded if local.is_ours(s)]
+    assert not [s.name for s in recorded if launcher.is_ours(s)]
     assert not (state / "services.json").exists()

@@ -1,6 +1,6 @@
 """Training end to end: the five services as real processes, the tiny model, real updates.
 
-Each test starts the services a config needs (atgrpo.train.LocalServices), drives the router
+Each test starts the services a config needs (atgrpo.runner.LocalServices), drives the router
 over gRPC as `atgrpo train` does, and checks what the run left: the step's samples as the router
 grouped them, the metrics, the checkpoints, and the versions the rollout replicas serve.
 """
@@ -17,7 +17,7 @@ import pytest
 
 from atgrpo.config import dump_config, parse_config
 from atgrpo.rundir import read_metrics
-from atgrpo.train import LocalServices, drive
+from atgrpo.runner import LocalServices, drive
 from rollout_svc.client import RolloutClient
 from router_svc.client import RouterClient
 
@@ -253,7 +253,7 @@ def test_swapping_the_trained_adapters_breaks_the_relay(knows_the_code, tmp_path
     and the listener answers in the code's alphabet: 0 of 32 in the probes."""
     import shutil
 
-    from atgrpo.train import evaluate
+    from atgrpo.runner import evaluate
 
     data = toy_config(tmp_path / "run", knows_the_code, "L2", steps=40, eval_tasks=32)
     data["env"].update(max_turns=1, options={"code": "5678"})
@@ -325,7 +325,7 @@ def test_sigterm_to_atgrpo_train_stops_its_local_services(tiny, tmp_path, subpro
     import psutil
     import yaml
 
-    from atgrpo import local
+    from atgrpo import launcher
 
     cfg_path = tmp_path / "toy.yaml"
     cfg_path.write_text(yaml.safe_dump(toy_config(tmp_path / "run", tiny, "L1", steps=1000)))
@@ -336,11 +336,11 @@ def test_sigterm_to_atgrpo_train_stops_its_local_services(tiny, tmp_path, subpro
     while not (metrics.exists() and metrics.read_text()) and time.monotonic() < deadline:
         assert proc.poll() is None
         time.sleep(0.5)
-    services = local.read_state(tmp_path / "run" / "services")
-    assert len(services) == 5 and all(local.is_ours(s) for s in services)
+    services = launcher.read_state(tmp_path / "run" / "services")
+    assert len(services) == 5 and all(launcher.is_ours(s) for s in services)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
-    _, alive = psutil.wait_procs([psutil.Process(s.pid) for s in services if local.is_ours(s)], timeout=15)
+    _, alive = psutil.wait_procs([psutil.Process(s.pid) for s in services if launcher.is_ours(s)], timeout=15)
     assert not alive
 
 
@@ -383,7 +383,7 @@ def sandbox_calls(services) -> dict[str, float]:
 def test_code_and_math_train_through_the_sandbox(env, roles, ran, method, taught, tmp_path):
     """A few steps of each environment through all five services: the programs the model writes run
     in the real sandbox, and the rewards of the roles that write programs come from those runs."""
-    from atgrpo import local
+    from atgrpo import launcher
 
     data = toy_config(tmp_path / "run", taught, "L1")
     data["env"] = {"name": env, "turn_order": roles, "max_turns": 2}
@@ -396,7 +396,7 @@ def test_code_and_math_train_through_the_sandbox(env, roles, ran, method, taught
     sink = Collect()
     with LocalServices(cfg) as running:
         final = asyncio.run(drive(running, sink))
-        calls = sandbox_calls(local.read_state(tmp_path / "run" / "services"))
+        calls = sandbox_calls(launcher.read_state(tmp_path / "run" / "services"))
     assert final["state"] == "finished", final
     assert [e["pools"]["a"]["version"] for e in sink.events if e["kind"] == "step"] == [1, 2]
     programs = [json.loads(line) for f in sorted((tmp_path / "run" / "samples").glob("*.jsonl"))

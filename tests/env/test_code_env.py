@@ -14,7 +14,7 @@ import pytest
 
 from atgrpo import errors
 from atgrpo.sdk.host import EnvHost
-from atgrpo.sdk.local import LocalEnvs
+from atgrpo.sdk.inprocess import LocalEnvs
 from atgrpo.sdk.registry import Registry
 from env_svc import code_formats, datasets
 from env_svc.envs import BUILTIN
@@ -30,7 +30,7 @@ def make_sandbox():
     from sandbox_svc.backends.base import BackendUnavailable
     from sandbox_svc.backends.bwrap import BwrapBackend
     from sandbox_svc.executor import Executor
-    from sandbox_svc.local import LocalSandbox
+    from sandbox_svc.inprocess import LocalSandbox
     from sandbox_svc.policy import Policy
 
     backend = BwrapBackend(Policy())

@@ -5,20 +5,20 @@ import asyncio
 
 import pytest
 
-from atgrpo import local
+from atgrpo import launcher
 from atgrpo.sdk.client import EnvClient
 from tests.env.planning_solvers import PATH_SOLVER
 from tests.env.test_planning_envs import plan_answer
 
-PLAN = (local.ServicePlan("sandbox", "sandbox"), local.ServicePlan("env", "env", ("--sandbox", "{sandbox}")))
+PLAN = (launcher.ServicePlan("sandbox", "sandbox"), launcher.ServicePlan("env", "env", ("--sandbox", "{sandbox}")))
 
 
 @pytest.fixture(scope="module")
 def env_address(tmp_path_factory):
     state = tmp_path_factory.mktemp("services")
-    services = local.up(state, PLAN, timeout_s=60)
+    services = launcher.up(state, PLAN, timeout_s=60)
     yield next(s.address for s in services if s.name == "env")
-    local.down(state)
+    launcher.down(state)
 
 
 def test_builtins_are_listed_and_described(env_address):

@@ -11,7 +11,7 @@ import pytest
 
 from atgrpo import errors
 from atgrpo.sdk.host import EnvHost
-from atgrpo.sdk.local import LocalEnvs
+from atgrpo.sdk.inprocess import LocalEnvs
 from atgrpo.sdk.registry import Registry
 from env_svc import datasets
 from env_svc.envs import BUILTIN

@@ -37,7 +37,7 @@ def sandbox():
     from sandbox_svc.backends.base import BackendUnavailable
     from sandbox_svc.backends.bwrap import BwrapBackend
     from sandbox_svc.executor import Executor
-    from sandbox_svc.local import LocalSandbox
+    from sandbox_svc.inprocess import LocalSandbox
     from sandbox_svc.policy import Policy
 
     backend = BwrapBackend(Policy())

@@ -1,6 +1,6 @@
 """A short local training run as a real Prometheus sees it.
 
-The five services run as local processes (atgrpo.train.LocalServices) on the toy relay with the
+The five services run as local processes (atgrpo.runner.LocalServices) on the toy relay with the
 tiny model; Debian's prometheus scrapes every service's /metrics each second on loopback, with
 the chart's alert rules loaded. Then Prometheus' HTTP API must show the expected series with
 plausible values (cross-checked between services), every dashboard query must be valid PromQL
@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from atgrpo import local
+from atgrpo import launcher
 from atgrpo.config import parse_config
-from atgrpo.train import LocalServices, drive
+from atgrpo.runner import LocalServices, drive
 from tests.observability.conftest import DASHBOARDS, RULE_FILES
 from tests.observability.exported import metric_names
 
@@ -84,7 +84,7 @@ def _free_port() -> int:
 class Prometheus:
     """A real Prometheus on loopback scraping `services` every second, with `rule_files` loaded."""
 
-    def __init__(self, binary: str, workdir: Path, services: list[local.LocalService], rule_files: list[Path]):
+    def __init__(self, binary: str, workdir: Path, services: list[launcher.LocalService], rule_files: list[Path]):
         workdir.mkdir(parents=True, exist_ok=True)
         self.binary, self.workdir = binary, workdir
         jobs: dict[str, list[str]] = {}
@@ -173,7 +173,7 @@ def scraped(prometheus, tiny, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("obs")
     cfg = parse_config(toy_config(tmp / "run", tiny))
     with LocalServices(cfg) as running:
-        services = local.read_state(tmp / "run" / "services")
+        services = launcher.read_state(tmp / "run" / "services")
         with Prometheus(prometheus, tmp / "prometheus", services, RULE_FILES) as prom:
             assert len(services) == 5
             prom.wait_for('count(up{component=~"router|env|sandbox|rollout|trainer"} == 1)', len(services))

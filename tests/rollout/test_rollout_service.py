@@ -18,7 +18,7 @@ from atgrpo.contract.sampling import Sampling
 from atgrpo.models import build_tiny_model
 from atgrpo.rpc.server import create_server
 from atgrpo.sdk.host import EnvHost
-from atgrpo.sdk.local import LocalEnvs
+from atgrpo.sdk.inprocess import LocalEnvs
 from atgrpo.sdk.registry import Registry
 from rollout_svc import weights
 from rollout_svc.client import RolloutClient

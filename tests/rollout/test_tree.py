@@ -6,7 +6,7 @@ import pytest
 
 from atgrpo.contract.rollout import AgentPlan, CollectPlan, EpisodeEnd, Sample, TaskRef
 from atgrpo.sdk.host import EnvHost
-from atgrpo.sdk.local import LocalEnvs
+from atgrpo.sdk.inprocess import LocalEnvs
 from atgrpo.sdk.registry import Registry
 from rollout_svc.tree import collect, select_branch
 from tests.rollout.scripted import PickEnv, ScriptedEngine

@@ -11,8 +11,8 @@ from atgrpo.contract.run import status_dict
 from atgrpo.errors import FailedPrecondition
 from atgrpo.rundir import Checkpoint, Progress, RunDir
 from router_svc import events
+from router_svc.loop import RunLoop
 from router_svc.plan import StepBatches, collect_plan, shard, step_tasks
-from router_svc.run import RunLoop
 
 
 def config(tmp_path, level="L3", **run):

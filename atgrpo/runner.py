@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from atgrpo import local
+from atgrpo import launcher
 from atgrpo.config import ConfigError, RunConfig, dump_config, parse_config
-from atgrpo.local import LocalService, ServicePlan
+from atgrpo.launcher import LocalService, ServicePlan
 
 ROUTER_GRACE_S = 300.0     # how long a lost router may take to come back before `train` gives up
 
@@ -85,15 +85,15 @@ class LocalServices:
     def __enter__(self) -> RunConfig:
         print(f"starting {len(self.plan)} services locally (logs in {self.state_dir}/logs)", file=sys.stderr)
         try:
-            started = local.up(self.state_dir, self.plan, timeout_s=self.timeout_s)
-        except local.LaunchError as err:
+            started = launcher.up(self.state_dir, self.plan, timeout_s=self.timeout_s)
+        except launcher.LaunchError as err:
             raise TrainError(f"the local services did not start: {err}") from None
-        self.supervisor = local.Supervisor(self.state_dir).start()
+        self.supervisor = launcher.Supervisor(self.state_dir).start()
         return with_services(self.cfg, started)
 
     def __exit__(self, *exc: object) -> None:
         self.supervisor.stop()
-        local.down(self.state_dir)
+        launcher.down(self.state_dir)
 
 
 async def drive(cfg: RunConfig, reporter: Any) -> dict[str, Any]:

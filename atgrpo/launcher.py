@@ -24,7 +24,7 @@ import psutil
 
 from atgrpo.rpc.probe import probe_all
 
-log = logging.getLogger("atgrpo.local")
+log = logging.getLogger("atgrpo.launcher")
 
 STATE_FILE = "services.json"
 DEFAULT_STATE_DIR = Path(os.environ.get("ATGRPO_STATE_DIR", ".atgrpo/local"))
@@ -49,7 +49,7 @@ class ServicePlan:
 DEFAULT_PLAN = (
     ServicePlan("sandbox", "sandbox"),
     ServicePlan("env", "env", ("--sandbox", "{sandbox}")),
-    # Collect drives the env service, as atgrpo.train.service_plan's replicas do; without --env
+    # Collect drives the env service, as atgrpo.runner.service_plan's replicas do; without --env
     # every run against these services fails with "this replica has no environment service".
     ServicePlan("rollout", "rollout", ("--env", "{env}")),
     ServicePlan("trainer", "trainer"),
