@@ -1,7 +1,7 @@
 """A long local training run (the toy relay, tiny model): does every service hold its memory flat?
 
 Samples each service's RSS once the run has warmed up (step --early) and at the end (--steps),
-and records the largest growth; `make test` runs the short version (tests/load)."""
+and records the largest growth; `make test` runs the short version (tests/e2e/test_load.py)."""
 
 from __future__ import annotations
 

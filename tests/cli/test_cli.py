@@ -1,13 +1,13 @@
 """The `atgrpo` command's offline subcommands, called as a user would (in-process main())."""
 
-from pathlib import Path
 
 import yaml
 
 from atgrpo.cli import main
 from atgrpo.models import model_fingerprint
+from tests.conftest import ROOT
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = ROOT / "examples"
 
 
 def test_version(capsys):

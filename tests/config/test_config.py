@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import pickle
-from pathlib import Path
 
 import pytest
 import yaml
@@ -17,8 +16,9 @@ from atgrpo.config import (
     load_config,
     parse_config,
 )
+from tests.conftest import ROOT
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "plan_path_L1_tiny.yaml"
+EXAMPLE = ROOT / "examples" / "plan_path_L1_tiny.yaml"
 DELETE = object()
 ADDRESSES = {
     "env": "localhost:50051", "sandbox": "localhost:50052", "router": "localhost:50053",

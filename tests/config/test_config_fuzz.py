@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from atgrpo.config import ConfigError, load_yaml_config, parse_config
-from tests.fuzz.configs import mutations, sites, valid_config
+from tests.config.fuzz_configs import mutations, sites, valid_config
 
 BASE = valid_config()
 FUZZ = settings(max_examples=300, deadline=None, database=None,

@@ -21,8 +21,8 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from atgrpo.models import SIZES, build_tiny_model, model_fingerprint, tiny  # noqa: E402
+from tests.conftest import ROOT as REPO  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
 EXPECTED_FILES = {
     "chat_template.jinja",
     "config.json",

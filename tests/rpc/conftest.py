@@ -2,13 +2,13 @@ import os
 
 import pytest
 
-from tests.fuzz.harness import Services, start_services
+from tests.rpc.fuzz_harness import Services, start_services
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def fuzz_services(tmp_path_factory) -> Services:
-    """The five services, started once for the fuzz suite (and stopped after it: its bwrap
-    sandbox must not outlive tests/fuzz, the sandbox tests count every process of the sandbox
+    """The five services, started once for test_rpc_fuzz.py (and stopped after it: its bwrap
+    sandbox must not outlive that module, the sandbox tests count every process of the sandbox
     uids), in a scratch working directory: the
     fuzzer sends relative paths (checkpoint dirs, run dirs) that the services then write to."""
     from atgrpo.models import build_tiny_model

@@ -37,9 +37,9 @@ from atgrpo._proto.v1 import (
     trainer_pb2_grpc,
 )
 from atgrpo.rpc.options import MAX_MESSAGE_BYTES
-from tests.fuzz.configs import mutations, valid_config
-from tests.fuzz.harness import KINDS, RUN_ID, health, setup_request, valid_calls
-from tests.fuzz.strategies import MessageStrategies, mutated, mutated_stream, texts
+from tests.config.fuzz_configs import mutations, valid_config
+from tests.rpc.fuzz_harness import KINDS, RUN_ID, health, setup_request, valid_calls
+from tests.rpc.fuzz_strategies import MessageStrategies, mutated, mutated_stream, texts
 
 MODULES = (env_pb2, sandbox_pb2, rollout_pb2, router_pb2, trainer_pb2)
 RPCS = [(kind, method) for module in MODULES for service in module.DESCRIPTOR.services_by_name.values()
