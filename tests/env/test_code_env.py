@@ -25,27 +25,6 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def make_sandbox():
-    """A LocalSandbox over the bwrap backend (module-scoped in each test module)."""
-    from sandbox_svc.backends.base import BackendUnavailable
-    from sandbox_svc.backends.bwrap import BwrapBackend
-    from sandbox_svc.executor import Executor
-    from sandbox_svc.inprocess import LocalSandbox
-    from sandbox_svc.policy import Policy
-
-    backend = BwrapBackend(Policy())
-    try:
-        backend.check()
-    except BackendUnavailable as e:
-        backend.close()
-        pytest.fail(f"bwrap sandbox unavailable ({e}): `make install` installs bubblewrap")
-    executor = Executor(backend, workers=2)
-    yield LocalSandbox(executor)
-    executor.close()
-
-
-sandbox = pytest.fixture(scope="module")(make_sandbox)
-
 SUM = "train-sum-two"           # stdin: print a + b
 TWO_SUM = "train-two-sum"       # function: two_sum(nums, target)
 

@@ -16,11 +16,9 @@ from env_svc import code_formats, datasets
 from env_svc.datasets import DatasetError, Source, load, pick, read_rows, sources
 from env_svc.envs.answers import answers_match
 from env_svc.envs.code import CodeEnv
-from tests.env.test_code_env import answer_with_tests, make_sandbox
+from tests.env.test_code_env import answer_with_tests
 
 FIX = Path(__file__).resolve().parent / "fixtures"
-
-sandbox = pytest.fixture(scope="module")(make_sandbox)
 
 
 def code(dataset, name, **kw):

@@ -18,9 +18,6 @@ from env_svc.envs import BUILTIN
 from env_svc.envs.answer_extract import extract_answer
 from env_svc.envs.answers import _Text, answers_match, parse_answer
 from env_svc.envs.math import FAILURE_REWARD, MathEnv
-from tests.env.test_code_env import make_sandbox
-
-sandbox = pytest.fixture(scope="module")(make_sandbox)
 
 
 def run(coro):

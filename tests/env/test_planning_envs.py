@@ -30,27 +30,6 @@ def run(coro):
     return asyncio.run(coro)
 
 
-# ---- the real sandbox ------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def sandbox():
-    from sandbox_svc.backends.base import BackendUnavailable
-    from sandbox_svc.backends.bwrap import BwrapBackend
-    from sandbox_svc.executor import Executor
-    from sandbox_svc.inprocess import LocalSandbox
-    from sandbox_svc.policy import Policy
-
-    backend = BwrapBackend(Policy())
-    try:
-        backend.check()
-    except BackendUnavailable as e:
-        backend.close()
-        pytest.fail(f"bwrap sandbox unavailable ({e}): `make install` installs bubblewrap")
-    executor = Executor(backend, workers=1)
-    yield LocalSandbox(executor)
-    executor.close()
-
-
 # ---- per-env adapters ------------------------------------------------------------------------
 
 ENVS = {"plan_path": PlanPathEnv, "sokoban": SokobanEnv, "sudoku": SudokuEnv}

@@ -1,0 +1,22 @@
+import pytest
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    """A LocalSandbox over the bwrap backend, one per test module (what env_svc's envs run
+    model-written programs in); fails, rather than skips, where bwrap cannot run."""
+    from sandbox_svc.backends.base import BackendUnavailable
+    from sandbox_svc.backends.bwrap import BwrapBackend
+    from sandbox_svc.executor import Executor
+    from sandbox_svc.inprocess import LocalSandbox
+    from sandbox_svc.policy import Policy
+
+    backend = BwrapBackend(Policy())
+    try:
+        backend.check()
+    except BackendUnavailable as e:
+        backend.close()
+        pytest.fail(f"bwrap sandbox unavailable ({e}): `make install` installs bubblewrap")
+    executor = Executor(backend, workers=2)
+    yield LocalSandbox(executor)
+    executor.close()
