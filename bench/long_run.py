@@ -34,10 +34,10 @@ class Quiet:
         pass
 
 
-def config(model: str, run_dir: Path, steps: int) -> dict:
+def config(model: str, run_dir: Path, steps: int, tasks: int = 16, eval_tasks: int = 32) -> dict:
     sampling = {"temperature": 1.0, "max_tokens": 4}
-    return {"run": {"name": "long-run", "steps": steps, "tasks_per_step": 16, "eval_every_steps": 50,
-                    "eval_tasks": 32, "checkpoint_every_steps": 50, "run_dir": str(run_dir)},
+    return {"run": {"name": "long-run", "steps": steps, "tasks_per_step": tasks, "eval_every_steps": 50,
+                    "eval_tasks": eval_tasks, "checkpoint_every_steps": 50, "run_dir": str(run_dir)},
             "env": {"name": "toy", "turn_order": ["speaker", "listener"], "max_turns": 2},
             "pools": {"shared": {"model_path": model, "device": "cpu", "dtype": "float32",
                                  "optim": {"lr": 5e-4, "warmup_steps": 0}}},
@@ -50,10 +50,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--early", type=int, default=50)
-    args = parse_args(ap, smoke={"steps": 2, "early": 1})
+    ap.add_argument("--tasks", type=int, default=16, help="tasks per step")
+    ap.add_argument("--eval-tasks", type=int, default=32)
+    args = parse_args(ap, smoke={"steps": 2, "early": 1, "tasks": 2, "eval_tasks": 2})
     tmp = Path(tempfile.mkdtemp())
     model = str(build_tiny_model(tmp / "tiny"))
-    cfg = parse_config(config(model, tmp / "run", args.steps))
+    cfg = parse_config(config(model, tmp / "run", args.steps, args.tasks, args.eval_tasks))
     marks: dict[int, dict[str, int]] = {}
     stop = threading.Event()
 
