@@ -20,3 +20,13 @@ def subprocess_env():
 @pytest.fixture
 def python():
     return sys.executable
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    """The tiny offline model's directory (atgrpo.models.build_tiny_model), built once for the
+    session: the build is byte-identical every time. Read it, never write into it; a test that
+    changes a model copies it first (tests/e2e/taught.py)."""
+    from atgrpo.models import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("models") / "tiny"))

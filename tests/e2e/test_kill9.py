@@ -18,7 +18,7 @@ from atgrpo import launcher
 from atgrpo.config import parse_config
 from atgrpo.rundir import read_metrics
 from atgrpo.runner import LocalServices, drive
-from tests.e2e.test_training import Collect, tiny, toy_config  # noqa: F401  (tiny is a fixture)
+from tests.e2e.test_training import Collect, toy_config
 
 pytestmark = pytest.mark.slow
 
@@ -41,8 +41,8 @@ def killer(state_dir, metrics, killed: list[str], stop: threading.Event) -> None
         killed.append(name)
 
 
-def test_a_run_survives_kill_9_of_every_service(tiny, tmp_path):  # noqa: F811
-    data = toy_config(tmp_path / "run", tiny, "L1", steps=STEPS, checkpoint_every_steps=1)
+def test_a_run_survives_kill_9_of_every_service(tiny_model, tmp_path):
+    data = toy_config(tmp_path / "run", tiny_model, "L1", steps=STEPS, checkpoint_every_steps=1)
     data["pools"]["a"]["rollout_replicas"] = 2
     cfg = parse_config(data)
     sink, killed, stop = Collect(), [], threading.Event()

@@ -17,7 +17,7 @@ from atgrpo.config import parse_config
 from atgrpo.rundir import read_metrics
 from atgrpo.runner import LocalServices, drive
 from atgrpo.sdk.client import EnvClient
-from tests.e2e.test_training import Collect, tiny, toy_config  # noqa: F401  (tiny is a fixture)
+from tests.e2e.test_training import Collect, toy_config
 
 pytestmark = pytest.mark.slow
 
@@ -65,9 +65,9 @@ def test_env_svc_holds_ten_thousand_episodes_and_refuses_the_next(tmp_path, subp
     assert rss < MEMORY_BOUND, f"{rss / 2**20:.0f} MiB for {CAP} episodes"
 
 
-def test_a_long_local_run_holds_its_memory_flat(tiny, tmp_path):  # noqa: F811
+def test_a_long_local_run_holds_its_memory_flat(tiny_model, tmp_path):
     """Every service's memory after step 40 is within 10% (+16 MiB) of what it was at step 10."""
-    data = toy_config(tmp_path / "run", tiny, "L1", steps=40, save_samples=False)
+    data = toy_config(tmp_path / "run", tiny_model, "L1", steps=40, save_samples=False)
     cfg = parse_config(data)
     marks: dict[int, dict[str, int]] = {}
     stop = threading.Event()

@@ -94,13 +94,6 @@ def test_a_service_that_fails_to_start_is_reported_and_nothing_is_left(tmp_path)
     assert launcher.read_state(tmp_path) == []
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
-    from atgrpo.models import build_tiny_model
-
-    return str(build_tiny_model(tmp_path_factory.mktemp("models") / "tiny"))
-
-
 def toy_run(model: str, run_dir, name: str) -> dict:
     """An L0 toy run on the tiny model on CPU, two short steps (as tests/e2e/test_training.py)."""
     return {
@@ -115,11 +108,11 @@ def toy_run(model: str, run_dir, name: str) -> dict:
     }
 
 
-def test_up_then_train_connect_then_down(tmp_path, subprocess_env, tiny):
+def test_up_then_train_connect_then_down(tmp_path, subprocess_env, tiny_model):
     """The documented flow: `atgrpo up CONFIG`, its services: block into the config, `atgrpo train
     CONFIG --connect` against them (no service of its own), `atgrpo down`."""
     state, config = tmp_path / "state", tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump(toy_run(tiny, tmp_path / "run", "up-connect")))
+    config.write_text(yaml.safe_dump(toy_run(tiny_model, tmp_path / "run", "up-connect")))
     recorded = []
     try:
         up = atgrpo("up", str(config), "--state-dir", str(state), env=subprocess_env)
@@ -148,7 +141,7 @@ def test_up_then_train_connect_then_down(tmp_path, subprocess_env, tiny):
 
         # Another run on the same long-lived trainer is refused, and the message says what to do.
         other = tmp_path / "other.yaml"
-        other.write_text(yaml.safe_dump({**toy_run(tiny, tmp_path / "other", "other-run"), "services": services}))
+        other.write_text(yaml.safe_dump({**toy_run(tiny_model, tmp_path / "other", "other-run"), "services": services}))
         refused = atgrpo("train", str(other), "--connect", "--steps", "1", env=subprocess_env, timeout=120)
         assert refused.returncode == 1
         said = refused.stdout + refused.stderr

@@ -39,13 +39,6 @@ class Collect:
         self.events.append(event)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
-    from atgrpo.models import build_tiny_model
-
-    return str(build_tiny_model(tmp_path_factory.mktemp("models") / "tiny"))
-
-
 def toy_config(run_dir: Path, model: str, level: str, *, steps: int = 2, **run) -> dict:
     agents = ["speaker"] if level == "L0" else ["speaker", "listener"]
     pools = {"a": {"model_path": model, "device": "cpu", "dtype": "float32",
@@ -89,8 +82,8 @@ def train_locally(data: dict) -> tuple[Collect, dict]:
 
 
 @pytest.mark.parametrize("level", ["L0", "L1", "L2", "L3"])
-def test_a_few_steps_at_each_level(level, tiny, tmp_path):
-    data = toy_config(tmp_path / "run", tiny, level)
+def test_a_few_steps_at_each_level(level, tiny_model, tmp_path):
+    data = toy_config(tmp_path / "run", tiny_model, level)
     cfg = parse_config(data)
     sink, served = train_locally(data)
     assert cfg.level == level
@@ -129,8 +122,8 @@ def test_a_few_steps_at_each_level(level, tiny, tmp_path):
     assert sorted(p.name for p in ckpt.iterdir()) == sorted(cfg.pools)
 
 
-def test_stopped_run_resumes_after_its_last_step(tiny, tmp_path):
-    data = toy_config(tmp_path / "run", tiny, "L1", steps=4)
+def test_stopped_run_resumes_after_its_last_step(tiny_model, tmp_path):
+    data = toy_config(tmp_path / "run", tiny_model, "L1", steps=4)
     cfg = parse_config(data)
 
     async def run_until_step_2(running) -> dict:
@@ -159,11 +152,11 @@ def test_stopped_run_resumes_after_its_last_step(tiny, tmp_path):
     assert served == {("a", ""): 4}
 
 
-def test_bad_config_is_refused_by_the_router(tiny, tmp_path):
+def test_bad_config_is_refused_by_the_router(tiny_model, tmp_path):
     """StartRun answers INVALID_ARGUMENT with every config problem, and starts nothing."""
     from atgrpo.errors import InvalidArgument
 
-    cfg = parse_config(toy_config(tmp_path / "run", tiny, "L1"))
+    cfg = parse_config(toy_config(tmp_path / "run", tiny_model, "L1"))
 
     async def start(router_address: str, text: str):
         async with RouterClient(router_address) as router:
@@ -185,13 +178,13 @@ def test_bad_config_is_refused_by_the_router(tiny, tmp_path):
                                            r"in step.*\(not retried"),
     ({"name": "nope", "path": ""}, r"no environment named 'nope'.*set env.path"),
 ], ids=["max_turns", "turn_order", "env_code_raises", "unknown_env"])
-def test_a_run_that_cannot_work_fails_at_once_saying_why(env, message, tiny, tmp_path):
+def test_a_run_that_cannot_work_fails_at_once_saying_why(env, message, tiny_model, tmp_path):
     """A third-party env (env.path: hosted by the env service `atgrpo train` starts) whose spec
     disagrees with the config, or whose code raises, fails the run on its first attempt with the
     reason, instead of retrying a step that fails the same way every time."""
     import re
 
-    data = toy_config(tmp_path / "run", tiny, "L1")
+    data = toy_config(tmp_path / "run", tiny_model, "L1")
     data["env"] = {"name": "careless", "path": "tests.env.sdk_envs:CarelessEnv", "turn_order": ["a", "b"],
                    "max_turns": 2, **env}
     data["agents"] = {a: {"pool": "a", "train_sampling": {"max_tokens": 4}} for a in ("a", "b")}
@@ -205,7 +198,7 @@ def test_a_run_that_cannot_work_fails_at_once_saying_why(env, message, tiny, tmp
     assert "recovering in" not in router_log          # failed on the first attempt, no backoff
 
 
-def test_the_demo_learns(tiny, tmp_path):
+def test_the_demo_learns(tiny_model, tmp_path):
     """The demo's config (examples/toy_L1_tiny.yaml), shortened: greedy eval success goes from ~0
     (a random tiny model hardly ever emits a digit) to at least 0.75. A listener that ignores the
     speaker succeeds with probability at most 1/4 + 3/4 * 1/3 = 0.5 over two turns (a new guess on
@@ -214,7 +207,7 @@ def test_the_demo_learns(tiny, tmp_path):
 
     data = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "toy_L1_tiny.yaml").read_text())
     data["run"].update(steps=350, eval_every_steps=50, checkpoint_every_steps=0, run_dir=str(tmp_path / "run"))
-    data["pools"]["shared"]["model_path"] = tiny
+    data["pools"]["shared"]["model_path"] = tiny_model
     sink, _ = train_locally(data)
     evals = [e["success_rate"] for e in sink.events if e["kind"] == "eval"]
     assert evals[0] <= 0.1, evals
@@ -222,7 +215,7 @@ def test_the_demo_learns(tiny, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def knows_the_code(tiny, tmp_path_factory) -> str:
+def knows_the_code(tiny_model, tmp_path_factory) -> str:
     """The tiny model taught the toy code's pairs (1-5, 2-6, 3-7, 4-8) but no direction: to a speaker
     told secret 3, or a listener told 3 or 7, it answers 3 or 7 with probability ~1/2 each.
 
@@ -237,7 +230,7 @@ def knows_the_code(tiny, tmp_path_factory) -> str:
     shown += [("listener", f"listener: the speaker says: {d}", d) for d in "12345678"]
     prompts = [(f"{role}-{d}", [{"role": "user", "content": text}]) for role, text, d in shown]
     answers = {f"{role}-{d}": [d, pair[d]] for role, _, d in shown}
-    return teach(tiny, tmp_path_factory.mktemp("models") / "pairs", prompts, answers, steps=600, lr=1e-3)
+    return teach(tiny_model, tmp_path_factory.mktemp("models") / "pairs", prompts, answers, steps=600, lr=1e-3)
 
 
 def test_swapping_the_trained_adapters_breaks_the_relay(knows_the_code, tmp_path):
@@ -277,7 +270,7 @@ def test_swapping_the_trained_adapters_breaks_the_relay(knows_the_code, tmp_path
     assert crossed["agents"]["speaker"]["reward_mean"] < 0.1 < trained["agents"]["speaker"]["reward_mean"]
 
 
-def test_cli_train_eval_and_plot(tiny, tmp_path, subprocess_env):
+def test_cli_train_eval_and_plot(tiny_model, tmp_path, subprocess_env):
     """`atgrpo train` as a user runs it: a line per step and evaluation, and a run directory with
     the config, metrics, TensorBoard events, checkpoints and the curves; then `eval` and `plot`."""
     import subprocess
@@ -285,7 +278,7 @@ def test_cli_train_eval_and_plot(tiny, tmp_path, subprocess_env):
 
     import yaml
 
-    data = toy_config(tmp_path / "ignored", tiny, "L1", steps=5, eval_every_steps=2)
+    data = toy_config(tmp_path / "ignored", tiny_model, "L1", steps=5, eval_every_steps=2)
     cfg_path = tmp_path / "toy.yaml"
     cfg_path.write_text(yaml.safe_dump(data))
     run_dir = tmp_path / "run"
@@ -316,7 +309,7 @@ def test_cli_train_eval_and_plot(tiny, tmp_path, subprocess_env):
     assert missing.returncode == 2 and "file not found" in missing.stderr
 
 
-def test_sigterm_to_atgrpo_train_stops_its_local_services(tiny, tmp_path, subprocess_env):
+def test_sigterm_to_atgrpo_train_stops_its_local_services(tiny_model, tmp_path, subprocess_env):
     import signal
     import subprocess
     import sys
@@ -328,7 +321,7 @@ def test_sigterm_to_atgrpo_train_stops_its_local_services(tiny, tmp_path, subpro
     from atgrpo import launcher
 
     cfg_path = tmp_path / "toy.yaml"
-    cfg_path.write_text(yaml.safe_dump(toy_config(tmp_path / "run", tiny, "L1", steps=1000)))
+    cfg_path.write_text(yaml.safe_dump(toy_config(tmp_path / "run", tiny_model, "L1", steps=1000)))
     proc = subprocess.Popen([sys.executable, "-m", "atgrpo.cli", "train", str(cfg_path)], env=subprocess_env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics = tmp_path / "run" / "metrics.jsonl"
@@ -350,14 +343,14 @@ ANSWERS = {"coder": "```python\nprint(input())\n```",
 
 
 @pytest.fixture(scope="module")
-def taught(tiny, tmp_path_factory) -> str:
+def taught(tiny_model, tmp_path_factory) -> str:
     """The tiny model taught to answer each code/math role with a program, tests or a boxed answer."""
     from env_svc.envs.code import CodeEnv
     from env_svc.envs.math import MathEnv
     from tests.e2e.taught import role_prompts, teach
 
     prompts = role_prompts(CodeEnv({}), ["coder", "tester"]) + role_prompts(MathEnv({}), ["tool", "reasoner"])
-    return teach(tiny, tmp_path_factory.mktemp("models") / "taught", prompts, ANSWERS, steps=240)
+    return teach(tiny_model, tmp_path_factory.mktemp("models") / "taught", prompts, ANSWERS, steps=240)
 
 
 def sandbox_calls(services) -> dict[str, float]:

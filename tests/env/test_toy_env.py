@@ -279,14 +279,11 @@ def test_fork_is_independent():
 
 
 @pytest.fixture(scope="module")
-def tiny_tokenizer(tmp_path_factory):
+def tiny_tokenizer(tiny_model):
     pytest.importorskip("transformers")
     from transformers import AutoTokenizer
 
-    from atgrpo.models import build_tiny_model
-
-    out = build_tiny_model(tmp_path_factory.mktemp("tiny"))
-    return AutoTokenizer.from_pretrained(out)
+    return AutoTokenizer.from_pretrained(tiny_model)
 
 
 def test_symbols_are_single_tokens_of_the_tiny_tokenizer(tiny_tokenizer):

@@ -43,13 +43,6 @@ NOT_IN_A_TOY_RUN = {"atgrpo_sandbox_exec_seconds_bucket", "atgrpo_sandbox_exec_s
 GRAFANA_VARS = {"$__rate_interval": "1m", "$run": ".*", "$agent": ".*", "$pool": ".*"}
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
-    from atgrpo.models import build_tiny_model
-
-    return str(build_tiny_model(tmp_path_factory.mktemp("models") / "tiny"))
-
-
 def toy_config(run_dir: Path, model: str) -> dict:
     """L1: one pool plays both roles; an evaluation before the first step and after the last."""
     sampling = {"temperature": 1.0, "max_tokens": MAX_TOKENS}
@@ -168,10 +161,10 @@ class Prometheus:
 
 
 @pytest.fixture(scope="module")
-def scraped(prometheus, tiny, tmp_path_factory):
+def scraped(prometheus, tiny_model, tmp_path_factory):
     """Train STEPS steps under Prometheus' eye; yields (prometheus, services, start time)."""
     tmp = tmp_path_factory.mktemp("obs")
-    cfg = parse_config(toy_config(tmp / "run", tiny))
+    cfg = parse_config(toy_config(tmp / "run", tiny_model))
     with LocalServices(cfg) as running:
         services = launcher.read_state(tmp / "run" / "services")
         with Prometheus(prometheus, tmp / "prometheus", services, RULE_FILES) as prom:

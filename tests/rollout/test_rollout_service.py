@@ -15,7 +15,6 @@ from atgrpo.algo.sampling import transform_logits
 from atgrpo.contract import rollout_wire
 from atgrpo.contract.rollout import AgentPlan, CollectPlan, EpisodeEnd, PolicyRef, Sample, TaskRef
 from atgrpo.contract.sampling import Sampling
-from atgrpo.models import build_tiny_model
 from atgrpo.rpc.server import create_server
 from atgrpo.sdk.host import EnvHost
 from atgrpo.sdk.inprocess import LocalEnvs
@@ -30,11 +29,6 @@ from tests.rollout.scripted import PickEnv
 
 GREEDY = Sampling(temperature=0.0, max_tokens=12)
 HELLO = [{"role": "user", "content": "Say something about grids."}]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(build_tiny_model(tmp_path_factory.mktemp("tiny")))
 
 
 def serve(model_dir, fn, *, lora=False):
@@ -59,7 +53,7 @@ def forward_logprobs(engine, prompt, response, s):
     return lp.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
 
 
-def test_logprobs_equal_a_separate_forward_pass_under_the_same_transform(model_dir):
+def test_logprobs_equal_a_separate_forward_pass_under_the_same_transform(tiny_model):
     s = Sampling(temperature=0.8, top_p=0.9, top_k=20, max_tokens=16, seed=3)
 
     async def go(c, engine):
@@ -71,10 +65,10 @@ def test_logprobs_equal_a_separate_forward_pass_under_the_same_transform(model_d
             assert torch.allclose(ref, torch.tensor(comp.logprobs), atol=1e-4)
         # Sampled tokens are inside the transform's support: top-k never lets a -inf token through.
         assert all(lp > float("-inf") for comp in gen.completions for lp in comp.logprobs)
-    serve(model_dir, go)
+    serve(tiny_model, go)
 
 
-def test_stop_strings_and_max_tokens(model_dir):
+def test_stop_strings_and_max_tokens(tiny_model):
     async def go(c, engine):
         free = await c.generate("p", messages=HELLO, sampling=Sampling(temperature=0.0, max_tokens=20))
         text = free.completions[0].text
@@ -85,7 +79,7 @@ def test_stop_strings_and_max_tokens(model_dir):
         assert cut.completions[0].text == text[:text.find(stop)]
         longp = await c.generate("p", prompt_ids=list(range(5, 105)), sampling=Sampling(max_tokens=2, max_prompt_tokens=30))
         assert longp.prompt_truncated and longp.prompt_ids == list(range(75, 105))
-    serve(model_dir, go)
+    serve(tiny_model, go)
 
 
 def _perturbed(engine, scale=0.5, seed=0):
@@ -93,7 +87,7 @@ def _perturbed(engine, scale=0.5, seed=0):
     return {k: v + scale * torch.randn(v.shape, generator=g) for k, v in engine.model.state_dict().items()}
 
 
-def test_a_weight_swap_changes_outputs_and_version_and_bad_pushes_change_nothing(model_dir):
+def test_a_weight_swap_changes_outputs_and_version_and_bad_pushes_change_nothing(tiny_model):
     async def go(c, engine):
         before = (await c.generate("p", messages=HELLO, sampling=GREEDY)).completions[0].token_ids
         state = _perturbed(engine)
@@ -120,7 +114,7 @@ def test_a_weight_swap_changes_outputs_and_version_and_bad_pushes_change_nothing
             await c.load_weights(state, "p", 1)
         with pytest.raises(errors.FailedPrecondition, match="version 1 here, not 0"):
             await c.generate("p", messages=HELLO, sampling=GREEDY, expected_version=0)
-    serve(model_dir, go)
+    serve(tiny_model, go)
 
 
 def _header_dict(chunk):
@@ -128,7 +122,7 @@ def _header_dict(chunk):
     return {f.name: getattr(h, f.name) for f in h.DESCRIPTOR.fields}
 
 
-def test_generations_during_a_swap_never_mix_versions(model_dir):
+def test_generations_during_a_swap_never_mix_versions(tiny_model):
     async def go(c, engine):
         v0 = (await c.generate("p", messages=HELLO, sampling=GREEDY)).completions[0].token_ids
         state = _perturbed(engine, seed=1)
@@ -143,7 +137,7 @@ def test_generations_during_a_swap_never_mix_versions(model_dir):
         for g in results:
             assert g.completions[0].token_ids == (v0 if g.policy.version == 0 else v1)
         assert {g.policy.version for g in results} <= {0, 1}
-    serve(model_dir, go)
+    serve(tiny_model, go)
 
 
 def _adapter(model_dir, seed):
@@ -157,7 +151,7 @@ def _adapter(model_dir, seed):
     return {k: v * 5 for k, v in state.items()}, json.loads(json.dumps(cfg.to_dict(), default=list))
 
 
-def test_per_agent_adapters_are_served_with_their_own_versions(model_dir):
+def test_per_agent_adapters_are_served_with_their_own_versions(tiny_model):
     async def go(c, engine):
         base = (await c.generate("p", messages=HELLO, sampling=GREEDY)).completions[0].token_ids
         with pytest.raises(errors.NotFound, match="no adapter 'planner'"):
@@ -165,9 +159,9 @@ def test_per_agent_adapters_are_served_with_their_own_versions(model_dir):
         with pytest.raises(errors.InvalidArgument, match="LoRA-specialised"):
             await c.load_weights(engine.model.state_dict(), "p", 1)
         for i, name in enumerate(("planner", "tool")):
-            state, cfg = _adapter(model_dir, seed=i)
+            state, cfg = _adapter(tiny_model, seed=i)
             await c.load_weights(state, "p", 1, adapter=name, adapter_config=cfg)
-        state, cfg = _adapter(model_dir, seed=7)
+        state, cfg = _adapter(tiny_model, seed=7)
         await c.load_weights(state, "p", 2, adapter="tool", adapter_config=cfg)
         versions = {(p.adapter, p.version) for p in await c.policies()}
         assert versions == {("", 0), ("planner", 1), ("tool", 2)}
@@ -177,10 +171,10 @@ def test_per_agent_adapters_are_served_with_their_own_versions(model_dir):
         assert planner.policy.version == 1 and tool.policy.version == 2
         assert len({tuple(base), tuple(planner.completions[0].token_ids), tuple(tool.completions[0].token_ids)}) == 3
         assert again.completions[0].token_ids == base   # the bare base is untouched by adapters
-    serve(model_dir, go, lora=True)
+    serve(tiny_model, go, lora=True)
 
 
-def test_collect_streams_groups_with_the_real_model(model_dir):
+def test_collect_streams_groups_with_the_real_model(tiny_model):
     def plan(**kw):
         agents = {n: AgentPlan(n, "p", sampling=Sampling(temperature=1.0, max_tokens=4)) for n in ("a", "b")}
         fields = dict(run_id="r", step=3, env="pick", turn_order=("a", "b"), max_turns=2, k=3, alpha=1.0,
@@ -211,10 +205,10 @@ def test_collect_streams_groups_with_the_real_model(model_dir):
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         with pytest.raises(errors.NotFound):
             [e async for e in c.collect(plan(agents={"a": AgentPlan("a", "zz"), "b": AgentPlan("b", "p")}))]
-    serve(model_dir, go)
+    serve(tiny_model, go)
 
 
-def test_bad_generate_requests(model_dir):
+def test_bad_generate_requests(tiny_model):
     async def go(c, engine):
         with pytest.raises(errors.InvalidArgument, match="no prompt"):
             await c._call(c.stub.Generate, rollout_pb2.GenerateRequest(pool="p"))
@@ -224,10 +218,10 @@ def test_bad_generate_requests(model_dir):
             await c.generate("p", messages=HELLO, n=5000)
         with pytest.raises(errors.InvalidArgument, match="prompt is empty"):
             await c.generate("p", prompt_ids=[])
-    serve(model_dir, go)
+    serve(tiny_model, go)
 
 
-def test_a_huge_prompt_renders_off_the_event_loop(model_dir):
+def test_a_huge_prompt_renders_off_the_event_loop(tiny_model):
     """Rendering an 8 MiB message through the chat template takes seconds; meanwhile the replica
     still answers (here: a health check, issued once the render has started, returns before it
     ends). On the event loop, the render held every other call until it was done."""
@@ -253,17 +247,17 @@ def test_a_huge_prompt_renders_off_the_event_loop(model_dir):
         assert not ended.is_set()
         gen = await big
         assert gen.prompt_truncated and len(gen.prompt_ids) == 32
-    serve(model_dir, go)
+    serve(tiny_model, go)
 
 
-def test_collect_routes_other_pools_to_their_replicas(model_dir):
+def test_collect_routes_other_pools_to_their_replicas(tiny_model):
     """L3 with pools on different replicas: one episode mixes agents of both."""
     async def go():
         registry = Registry(discover=False)
         registry.register(PickEnv)
         envs = LocalEnvs(EnvHost(registry))
-        a = Replica({"A": PoolRuntime("A", HFEngine(model_dir, device="cpu", dtype="float32"))})
-        b_engine = HFEngine(model_dir, device="cpu", dtype="float32")
+        a = Replica({"A": PoolRuntime("A", HFEngine(tiny_model, device="cpu", dtype="float32"))})
+        b_engine = HFEngine(tiny_model, device="cpu", dtype="float32")
         b = Replica({"B": PoolRuntime("B", b_engine)})
         server_a = await create_server(bindings(a, envs))
         server_b = await create_server(bindings(b, None))

@@ -19,13 +19,6 @@ def pki(tmp_path_factory) -> PKI:
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> str:
-    from atgrpo.models import build_tiny_model
-
-    return str(build_tiny_model(tmp_path_factory.mktemp("tiny")))
-
-
 def tls_client_env(pki: PKI, *, cert: bool = True, token: str | None = TOKEN) -> dict[str, str]:
     """The ATGRPO_* variables a client (or a service calling others) reads."""
     env = {"ATGRPO_TLS_CA": pki.ca_pem}

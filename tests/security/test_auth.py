@@ -41,11 +41,6 @@ WRONG = ClientSecurity(token="not-" + TOKEN)
 RIGHT = ClientSecurity(token=TOKEN)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tiny_model):
-    return tiny_model
-
-
 def with_pair(model_dir, fn):
     """rollout_svc and trainer_svc in-process, both requiring the token."""
     async def go():
@@ -87,8 +82,8 @@ async def state(rollout: str) -> tuple[list, list[float]]:
     return [(p.pool, p.adapter, p.version) for p in info.policies], list(gen.completions[0].logprobs)
 
 
-def test_unauthenticated_load_weights_is_refused_and_changes_nothing(model_dir):
-    engine = HFEngine(model_dir, device="cpu", dtype="float32")
+def test_unauthenticated_load_weights_is_refused_and_changes_nothing(tiny_model):
+    engine = HFEngine(tiny_model, device="cpu", dtype="float32")
     new_state = {k: v + 0.05 * torch.randn_like(v) for k, v in engine.model.state_dict().items()}
     chunks = weights.encode(new_state, "p", 1)
 
@@ -104,11 +99,11 @@ def test_unauthenticated_load_weights_is_refused_and_changes_nothing(model_dir):
         assert code == grpc.StatusCode.OK, details
         versions, logprobs = await state(rollout)
         assert versions == [("p", "", 1)] and logprobs != before[1]   # the same push, with the token, lands
-    with_pair(model_dir, go)
+    with_pair(tiny_model, go)
 
 
-def test_unauthenticated_setup_train_and_save_are_refused_and_change_nothing(model_dir, tmp_path, client_env):
-    setup = trainer_pb2.SetupRequest(run_id="r", pool="p", model_path=model_dir, agents=["a"], seed=0)
+def test_unauthenticated_setup_train_and_save_are_refused_and_change_nothing(tiny_model, tmp_path, client_env):
+    setup = trainer_pb2.SetupRequest(run_id="r", pool="p", model_path=tiny_model, agents=["a"], seed=0)
 
     async def go(rollout, trainer):
         for method, request, stream in [
@@ -127,14 +122,14 @@ def test_unauthenticated_setup_train_and_save_are_refused_and_change_nothing(mod
         assert not (tmp_path / "ckpt").exists()
         client_env({"ATGRPO_AUTH_TOKEN": TOKEN})    # now every client sends it, trainer -> rollout too
         async with TrainerClient(trainer) as t:
-            await t.setup(PoolSpec(run_id="r", pool="p", model_path=model_dir, agents=("a",), device="auto",
+            await t.setup(PoolSpec(run_id="r", pool="p", model_path=tiny_model, agents=("a",), device="auto",
                                    rollout_addresses=(rollout,)))
             s = TrainSample("a", [5, 6, 7], [8, 9], [-1.0, -1.0], 1.0)
             resp = await t.train("r", 1, 0, [s])
             assert resp.version == 1 and resp.metrics["push_bytes"] > 0         # the push to rollout carried the token
         async with RolloutClient(rollout) as r:
             assert [(p.adapter, p.version) for p in await r.policies()] == [("", 1)]
-    with_pair(model_dir, go)
+    with_pair(tiny_model, go)
 
 
 def test_router_start_and_stop_need_the_token_and_other_rpcs_do_not():

@@ -32,13 +32,6 @@ def torchrun_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from atgrpo.models import build_tiny_model
-
-    return str(build_tiny_model(tmp_path_factory.mktemp("tiny")))
-
-
 def assert_same_update(before, one, two, rel=1e-3):
     """The two updates (parameter changes) agree to `rel` of the change's size, beyond float32's
     rounding of the parameters themselves: a mutant that averages instead of summing the ranks'
@@ -53,15 +46,15 @@ def assert_same_update(before, one, two, rel=1e-3):
 # fsdp: mini-batches of 5 and 3 rows, one row per micro-batch, so rank 0 runs one micro-batch
 # more than rank 1 in each: the padding that keeps FSDP's collectives in step is exercised.
 @pytest.mark.parametrize("sharding, mini_batch, micro_tokens", [("ddp", 8, 8192), ("fsdp", 5, 12)])
-def test_two_gloo_ranks_equal_one_process(model_dir, tmp_path, sharding, mini_batch, micro_tokens):
+def test_two_gloo_ranks_equal_one_process(tiny_model, tmp_path, sharding, mini_batch, micro_tokens):
     out = tmp_path / "dist.pt"
     worker = str(ROOT / "tests" / "trainer" / "dist_worker.py")
-    run = subprocess.run([*torchrun_args(), worker, model_dir, str(out), sharding, str(mini_batch), str(micro_tokens)],
+    run = subprocess.run([*torchrun_args(), worker, tiny_model, str(out), sharding, str(mini_batch), str(micro_tokens)],
                          env=torchrun_env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     two = torch.load(out, weights_only=False)
 
-    model = load(model_dir)
+    model = load(tiny_model)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     samples = on_policy_samples(model)
     params = [p for p in model.parameters() if p.requires_grad]

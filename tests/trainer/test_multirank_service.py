@@ -29,13 +29,6 @@ UPDATE = UpdateConfig(mini_batch_size=4)   # two optimizer steps on 8 samples
 ADAM_ATOL = 2e-5
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from atgrpo.models import build_tiny_model
-
-    return str(build_tiny_model(tmp_path_factory.mktemp("tiny")))
-
-
 def wait_for_port_file(proc: subprocess.Popen, path, timeout_s: float = 90.0) -> dict:
     deadline = time.monotonic() + timeout_s
     while not path.exists():
@@ -62,8 +55,8 @@ def one_process(model_dir, steps, resume_from=""):
     return asyncio.run(go())
 
 
-def test_two_rank_fsdp_service_trains_like_one_process(model_dir, tmp_path):
-    samples = on_policy_samples(load(model_dir), seed=1)
+def test_two_rank_fsdp_service_trains_like_one_process(tiny_model, tmp_path):
+    samples = on_policy_samples(load(tiny_model), seed=1)
     port_file = tmp_path / "port.json"
     proc = subprocess.Popen([*torchrun_args(), "-m", "trainer_svc", "--port", "0", "--port-file", str(port_file),
                              "--sharding", "fsdp", "--grace-s", "1"],
@@ -75,7 +68,7 @@ def test_two_rank_fsdp_service_trains_like_one_process(model_dir, tmp_path):
         async def drive():
             async with TrainerClient(f"127.0.0.1:{served['port']}") as t:
                 # Deadlines: a rank that failed to follow would leave rank 0 waiting in a collective.
-                info = await t.setup(pool_spec(model_dir), timeout_s=60)
+                info = await t.setup(pool_spec(tiny_model), timeout_s=60)
                 assert info.service.details["ranks"] == "2" and info.version == 0
                 resp = await t.train("run1", 1, 0, samples, update=UPDATE, timeout_s=60)
                 saved = await t.save_checkpoint(str(tmp_path / "ckpt"), timeout_s=60)
@@ -92,20 +85,20 @@ def test_two_rank_fsdp_service_trains_like_one_process(model_dir, tmp_path):
 
     from transformers import AutoModelForCausalLM
 
-    more = on_policy_samples(load(model_dir), seed=2)
-    (ref, one), (_, uninterrupted) = one_process(model_dir, [samples, more])
+    more = on_policy_samples(load(tiny_model), seed=2)
+    (ref, one), (_, uninterrupted) = one_process(tiny_model, [samples, more])
     assert (resp.version, saved.version) == (1, 1)
     assert resp.metrics["loss"] == pytest.approx(ref.metrics["loss"], abs=1e-6)
     assert resp.metrics["grad_norm"] > 1.0   # so the sharded gradient clipping was at work
     assert resp.metrics["grad_norm"] == pytest.approx(ref.metrics["grad_norm"], rel=1e-5)
     two = AutoModelForCausalLM.from_pretrained(f"{saved.path}/model").state_dict()
-    before = load(model_dir).state_dict()
+    before = load(tiny_model).state_dict()
     for k in one:
         assert not torch.equal(one[k], before[k]) or "rotary" in k, k
         assert torch.allclose(two[k], one[k], rtol=0, atol=ADAM_ATOL), k
     # The sharded pool's checkpoint (optimizer state gathered by parameter name) resumes in one
     # process: its next update equals the uninterrupted one-process trainer's.
-    [(resumed, after)] = one_process(model_dir, [more], resume_from=saved.path)
+    [(resumed, after)] = one_process(tiny_model, [more], resume_from=saved.path)
     assert resumed.version == 2
     for k in after:
         assert torch.allclose(after[k], uninterrupted[k], rtol=0, atol=ADAM_ATOL), k

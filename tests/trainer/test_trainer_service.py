@@ -9,7 +9,6 @@ import torch
 from atgrpo import errors
 from atgrpo.contract.sampling import Sampling
 from atgrpo.contract.trainer import PoolSpec, TrainSample
-from atgrpo.models import build_tiny_model
 from atgrpo.rpc.server import create_server
 from rollout_svc.client import RolloutClient
 from rollout_svc.engines.hf import HFEngine
@@ -23,11 +22,6 @@ from trainer_svc.trainer import Trainer
 
 GREEDY = Sampling(temperature=0.0, max_tokens=10)
 HELLO = [{"role": "user", "content": "Tell me about the grid."}]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(build_tiny_model(tmp_path_factory.mktemp("tiny")))
 
 
 def pool_spec(model_dir, rollout=(), **kw) -> PoolSpec:
@@ -52,17 +46,17 @@ def with_services(model_dir, fn, *, lora=False):
     return asyncio.run(go())
 
 
-def test_train_bumps_the_version_and_pushes_weights_that_change_the_rollout(model_dir):
-    samples = on_policy_samples(load(model_dir))
+def test_train_bumps_the_version_and_pushes_weights_that_change_the_rollout(tiny_model):
+    samples = on_policy_samples(load(tiny_model))
 
     async def go(t, r, rollout_address, logic):
         with pytest.raises(errors.FailedPrecondition, match="Setup first"):
             await t.train("run1", 1, 0, samples)
-        info = await t.setup(pool_spec(model_dir, [rollout_address]))
+        info = await t.setup(pool_spec(tiny_model, [rollout_address]))
         assert (info.version, info.run_id) == (0, "run1")
-        assert (await t.setup(pool_spec(model_dir, [rollout_address]))).version == 0   # idempotent
+        assert (await t.setup(pool_spec(tiny_model, [rollout_address]))).version == 0   # idempotent
         with pytest.raises(errors.FailedPrecondition, match="serves run 'run1'"):
-            await t.setup(pool_spec(model_dir, run_id="other"))
+            await t.setup(pool_spec(tiny_model, run_id="other"))
         # A single small update may keep the greedy tokens; their log-probs must move.
         before = (await r.generate("p", messages=HELLO, sampling=GREEDY)).completions[0].logprobs
         resp = await t.train("run1", 1, 0, samples)
@@ -76,15 +70,15 @@ def test_train_bumps_the_version_and_pushes_weights_that_change_the_rollout(mode
         assert (await t.get_info()).version == 1
         with pytest.raises(errors.FailedPrecondition, match="drawn from version 0"):
             await t.train("run1", 2, 0, samples)
-    with_services(model_dir, go)
+    with_services(tiny_model, go)
 
 
-def test_bad_samples_train_nothing(model_dir):
-    good = on_policy_samples(load(model_dir), n=2)
+def test_bad_samples_train_nothing(tiny_model):
+    good = on_policy_samples(load(tiny_model), n=2)
     bad = [*good, TrainSample("a", [1, 2], [3], [0.0, 0.0], 0.1)]
 
     async def go(t, r, rollout_address, logic):
-        await t.setup(pool_spec(model_dir, micro_batch_tokens=1000))   # the run's budget, below the flag's
+        await t.setup(pool_spec(tiny_model, micro_batch_tokens=1000))   # the run's budget, below the flag's
         with pytest.raises(errors.InvalidArgument, match="sample 2"):
             await t.train("run1", 1, 0, bad)
         with pytest.raises(errors.InvalidArgument, match="not 'zed'"):
@@ -93,34 +87,34 @@ def test_bad_samples_train_nothing(model_dir):
             await t.train("run1", 1, 0, [TrainSample("a", [1] * 1500, [2], [0.0], 1.0)])
         assert (await t.get_info()).version == 0
         assert (await t.train("run1", 1, 0, good)).version == 1   # the same step, now valid
-    with_services(model_dir, go)
+    with_services(tiny_model, go)
 
 
-def test_lora_pool_pushes_only_the_trained_agents_adapter(model_dir):
+def test_lora_pool_pushes_only_the_trained_agents_adapter(tiny_model):
     async def go(t, r, rollout_address, logic):
-        await t.setup(pool_spec(model_dir, [rollout_address], agents=("tool", "plan"), specialization="lora",
+        await t.setup(pool_spec(tiny_model, [rollout_address], agents=("tool", "plan"), specialization="lora",
                                 lora_rank=4, lora_alpha=8, lora_targets=("q_proj", "v_proj")))
         # Setup pushed every fresh adapter at version 0, so Collect can sample each agent at once.
         assert {(p.adapter, p.version) for p in await r.policies()} == {("", 0), ("tool", 0), ("plan", 0)}
         fresh = await r.generate("p", adapter="tool", messages=HELLO, sampling=GREEDY)
         base0 = await r.generate("p", messages=HELLO, sampling=GREEDY)
         assert fresh.completions[0].logprobs == pytest.approx(base0.completions[0].logprobs, abs=1e-5)  # B = 0
-        samples = on_policy_samples(load(model_dir), agents=("plan",))
+        samples = on_policy_samples(load(tiny_model), agents=("plan",))
         resp = await t.train("run1", 1, 0, samples)
         assert resp.version == 1 and set(resp.agents) == {"plan"}
         assert {(p.adapter, p.version) for p in await r.policies()} == {("", 0), ("tool", 0), ("plan", 1)}
         base = (await r.generate("p", messages=HELLO, sampling=GREEDY)).completions[0].logprobs
         plan = await r.generate("p", adapter="plan", messages=HELLO, sampling=GREEDY)
         assert plan.policy.version == 1 and plan.completions[0].logprobs != base
-    with_services(model_dir, go, lora=True)
+    with_services(tiny_model, go, lora=True)
 
 
-def test_checkpoint_round_trip_and_exact_resume(model_dir, tmp_path):
-    s1 = on_policy_samples(load(model_dir), seed=1)
-    s2 = on_policy_samples(load(model_dir), seed=2)
+def test_checkpoint_round_trip_and_exact_resume(tiny_model, tmp_path):
+    s1 = on_policy_samples(load(tiny_model), seed=1)
+    s2 = on_policy_samples(load(tiny_model), seed=2)
 
     async def first(t, r, rollout_address, logic):
-        await t.setup(pool_spec(model_dir, checkpoint_dir=str(tmp_path), checkpoint_every_updates=2))
+        await t.setup(pool_spec(tiny_model, checkpoint_dir=str(tmp_path), checkpoint_every_updates=2))
         await t.train("run1", 1, 0, s1)
         saved = await t.save_checkpoint()
         assert saved.path == str(tmp_path / "version-1") and saved.version == 1
@@ -129,14 +123,14 @@ def test_checkpoint_round_trip_and_exact_resume(model_dir, tmp_path):
         return saved.path, _params(logic)
 
     async def resumed(t, r, rollout_address, logic):
-        info = await t.setup(pool_spec(model_dir, [rollout_address]), resume_from=ckpt)
+        info = await t.setup(pool_spec(tiny_model, [rollout_address]), resume_from=ckpt)
         assert info.version == 1
         assert {(p.adapter, p.version) for p in await r.policies()} == {("", 1)}   # replica caught up
         await t.train("run1", 2, 1, s2)
         return _params(logic)
 
-    ckpt, uninterrupted = with_services(model_dir, first)
-    again = with_services(model_dir, resumed)
+    ckpt, uninterrupted = with_services(tiny_model, first)
+    again = with_services(tiny_model, resumed)
     assert all(torch.equal(uninterrupted[k], again[k]) for k in uninterrupted)
     from transformers import AutoModelForCausalLM
     assert AutoModelForCausalLM.from_pretrained(f"{ckpt}/model") is not None
@@ -153,20 +147,20 @@ class _Payload:
         return os.system, (f"touch {self.marker}",)
 
 
-def test_a_checkpoint_that_would_run_code_is_refused_unrun(model_dir, tmp_path):
+def test_a_checkpoint_that_would_run_code_is_refused_unrun(tiny_model, tmp_path):
     async def save(t, r, rollout_address, logic):
-        await t.setup(pool_spec(model_dir))
+        await t.setup(pool_spec(tiny_model))
         return (await t.save_checkpoint(str(tmp_path / "ckpt"))).path
 
-    ckpt = with_services(model_dir, save)
+    ckpt = with_services(tiny_model, save)
     state = torch.load(f"{ckpt}/trainer_state.pt", weights_only=True)   # what atgrpo writes loads safely
     marker = tmp_path / "ran"
     torch.save({**state, "extra": _Payload(marker)}, f"{ckpt}/trainer_state.pt")
 
     async def resume(t, r, rollout_address, logic):
         with pytest.raises(errors.InvalidArgument, match="could run code on load"):
-            await t.setup(pool_spec(model_dir), resume_from=ckpt)
-    with_services(model_dir, resume)
+            await t.setup(pool_spec(tiny_model), resume_from=ckpt)
+    with_services(tiny_model, resume)
     assert not marker.exists()
 
 

@@ -10,15 +10,9 @@ import torch
 from atgrpo.contract.sampling import Sampling
 from atgrpo.contract.trainer import TrainSample, UpdateConfig
 from atgrpo.errors import InvalidArgument
-from atgrpo.models import build_tiny_model
 from trainer_svc.update import micro_batches, response_logprobs, update, validate
 
 S = Sampling(temperature=0.7)   # random test tokens must stay inside the support (no top-k/top-p)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(build_tiny_model(tmp_path_factory.mktemp("tiny")))
 
 
 def load(model_dir):
@@ -49,8 +43,8 @@ def run_update(model, samples, optimizer=torch.optim.AdamW, **cfg):
     return update(model, opt, samples, UpdateConfig(**cfg), params=params, generator=torch.Generator().manual_seed(1))
 
 
-def test_parameters_change_and_the_on_policy_loss_is_minus_the_token_mean_advantage(model_dir):
-    model = load(model_dir)
+def test_parameters_change_and_the_on_policy_loss_is_minus_the_token_mean_advantage(tiny_model):
+    model = load(tiny_model)
     before = copy.deepcopy(model.state_dict())
     samples = on_policy_samples(model)
     metrics = run_update(model, samples, mini_batch_size=8)
@@ -63,12 +57,12 @@ def test_parameters_change_and_the_on_policy_loss_is_minus_the_token_mean_advant
     assert len(changed) == len(before) - sum("rotary" in k for k in before)
 
 
-def test_micro_batching_is_equivalent(model_dir):
+def test_micro_batching_is_equivalent(tiny_model):
     # SGD, so that the parameters' change is the gradient itself: Adam's normalisation would blow
     # float summation-order noise on near-zero gradients up to a visible difference.
     results = []
     for budget in (10_000, 1):            # 1 x 8 (one micro-batch) vs 8 x 1 (one sample each)
-        model = load(model_dir)
+        model = load(tiny_model)
         samples = on_policy_samples(model)
         assert len(micro_batches(range(8), samples, budget)) == (1 if budget > 100 else 8)
         run_update(model, samples, optimizer=torch.optim.SGD, mini_batch_size=8, micro_batch_tokens=budget)
@@ -77,16 +71,16 @@ def test_micro_batching_is_equivalent(model_dir):
         assert torch.allclose(results[0][k], results[1][k], atol=1e-8, rtol=1e-5), k
 
 
-def test_epochs_and_mini_batches_give_that_many_optimizer_steps(model_dir):
-    model = load(model_dir)
+def test_epochs_and_mini_batches_give_that_many_optimizer_steps(tiny_model):
+    model = load(tiny_model)
     metrics = run_update(model, on_policy_samples(model), mini_batch_size=3, epochs=2)
     assert metrics["optimizer_steps"] == 2 * 3
 
 
-def test_lora_updates_only_the_trained_agents_adapter(model_dir):
+def test_lora_updates_only_the_trained_agents_adapter(tiny_model):
     from peft import LoraConfig, get_peft_model
 
-    model = load(model_dir)
+    model = load(tiny_model)
     cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     model = get_peft_model(model, cfg, adapter_name="tool")
     model.add_adapter("plan", cfg)
