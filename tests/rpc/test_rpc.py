@@ -1,7 +1,9 @@
 """atgrpo.rpc over real gRPC on loopback: error mapping, metrics, health, graceful shutdown.
 
 The services under test here are small generic handlers written for the test (raw bytes in and
-out), so each rule of the interceptor is pinned without depending on any service's logic.
+out), so each rule of the interceptor is pinned without depending on any service's logic. Events
+are ordered by waiting for them (a call held in its handler, a refusal seen by the client), never
+by sleeping for a guessed time.
 """
 
 import asyncio
@@ -13,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 
 from atgrpo import errors
+from atgrpo.errors import AtgrpoError
 from atgrpo.rpc.client import ServiceClient
 from atgrpo.rpc.server import Binding, create_server
 
@@ -41,21 +44,82 @@ async def _stream(request: bytes, context):
     raise errors.FailedPrecondition("policy version moved on; recollect")
 
 
-def _binding() -> Binding:
-    handler = grpc.method_handlers_generic_handler(SERVICE, {
+class Hold:
+    """The handler of method Hold: each call stays in flight until `release` is set; `inside`
+    counts the calls in it now."""
+
+    def __init__(self) -> None:
+        self.inside = 0
+        self.release = asyncio.Event()
+
+    async def handle(self, request: bytes, context) -> bytes:
+        self.inside += 1
+        try:
+            await self.release.wait()
+            return b"held"
+        finally:
+            self.inside -= 1
+
+
+def _binding(hold: Hold | None = None) -> Binding:
+    methods = {
         "Sleep": grpc.unary_unary_rpc_method_handler(_sleep),
         "Fail": grpc.unary_unary_rpc_method_handler(_fail),
         "Stream": grpc.unary_stream_rpc_method_handler(_stream),
-    })
+    }
+    if hold is not None:
+        methods["Hold"] = grpc.unary_unary_rpc_method_handler(hold.handle)
+    handler = grpc.method_handlers_generic_handler(SERVICE, methods)
     return Binding(SERVICE, None, lambda _servicer, server: server.add_generic_rpc_handlers((handler,)))
 
 
 class _ProbeClient(ServiceClient):
-    stub_class = staticmethod(lambda channel: channel)  # the test calls methods by path
+    """Calls methods by path; `refused` has the status of every attempt that failed, retried or
+    not (the client's retries made visible)."""
+
+    stub_class = staticmethod(lambda channel: channel)
+
+    def __init__(self, address: str) -> None:
+        super().__init__(address)
+        self.refused: list[grpc.StatusCode] = []
 
     async def call(self, method: str, payload: bytes, timeout_s: float = 5.0, retry: bool = True):
-        return await self._call(self.channel.unary_unary(f"/{SERVICE}/{method}"), payload, timeout_s=timeout_s,
-                                retry=retry)
+        rpc = self.channel.unary_unary(f"/{SERVICE}/{method}")
+
+        async def attempt(request: bytes, timeout: float) -> bytes:
+            try:
+                return await rpc(request, timeout=timeout)
+            except aio.AioRpcError as err:
+                self.refused.append(err.code())
+                raise
+        return await self._call(attempt, payload, timeout_s=timeout_s, retry=retry)
+
+
+async def until(condition, what: str, timeout_s: float = 10.0) -> None:
+    """Poll `condition()` until it holds; fail naming `what` after `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        assert loop.time() < deadline, f"waited {timeout_s} s for {what}"
+        await asyncio.sleep(0.005)
+
+
+async def refused_soon(client: _ProbeClient, timeout_s: float = 10.0) -> bool:
+    """Whether a new call (Sleep(0), no retries) is refused as UNAVAILABLE within `timeout_s`.
+    Calls before that one may still be answered, or cancelled if they meet the server just as it
+    begins to stop; any other error is raised."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        try:
+            await client.call("Sleep", b"0", timeout_s=2, retry=False)
+        except errors.Unavailable:
+            return True
+        except AtgrpoError:
+            if client.refused[-1] != grpc.StatusCode.CANCELLED:
+                raise
+        await asyncio.sleep(0.005)
+    return False
 
 
 def run(coro):
@@ -134,34 +198,51 @@ def test_health_serving_then_not_serving_on_shutdown():
 
 def test_graceful_stop_finishes_in_flight_and_refuses_new_calls():
     async def go():
-        running = await create_server([_binding()])
+        hold = Hold()
+        running = await create_server([_binding(hold)])
         address = f"127.0.0.1:{running.port}"
         async with _ProbeClient(address) as c:
-            in_flight = asyncio.create_task(c.call("Sleep", b"0.5"))
-            await asyncio.sleep(0.1)
-            stopping = asyncio.create_task(running.stop(grace_s=5))
-            await asyncio.sleep(0.05)
+            in_flight = asyncio.create_task(c.call("Hold", b"", timeout_s=30))
+            await until(lambda: hold.inside == 1, "the call to reach its handler")
+            stopping = asyncio.create_task(running.stop(grace_s=30))
             async with _ProbeClient(address) as late:
-                with pytest.raises(errors.Unavailable):
-                    await late.call("Sleep", b"0", timeout_s=2)
-            assert await in_flight == b"slept"
+                refused = await refused_soon(late)
+            still_in_flight = not in_flight.done() and not stopping.done()
+            hold.release.set()
+            result = await in_flight
             await stopping
-    run(go())
+        return refused, still_in_flight, result
+    refused, still_in_flight, result = run(go())
+    assert refused                  # new calls get UNAVAILABLE once the server stops...
+    assert still_in_flight          # ...while the call made before is still running
+    assert result == b"held"        # and that one finished within the grace period
 
 
 def test_concurrency_cap_refuses_with_resource_exhausted():
     async def go():
-        running = await create_server([_binding()], max_concurrent_rpcs=2)
+        hold = Hold()
+        running = await create_server([_binding(hold)], max_concurrent_rpcs=2)
         async with _ProbeClient(f"127.0.0.1:{running.port}") as c:
-            refused = await asyncio.gather(*(c.call("Sleep", b"0.3", retry=False) for _ in range(4)),
-                                           return_exceptions=True)
-            retried = await asyncio.gather(*(c.call("Sleep", b"0.3") for _ in range(4)))
+            calls = [asyncio.create_task(c.call("Hold", b"", timeout_s=30, retry=False)) for _ in range(4)]
+            await until(lambda: hold.inside == 2 and sum(t.done() for t in calls) == 2,
+                        "two calls held and two refused")
+            hold.release.set()
+            refused = await asyncio.gather(*calls, return_exceptions=True)
+
+            hold.release = asyncio.Event()
+            c.refused.clear()
+            calls = [asyncio.create_task(c.call("Hold", b"", timeout_s=30)) for _ in range(4)]
+            await until(lambda: hold.inside == 2 and c.refused, "two calls held and a third refused")
+            hold.release.set()
+            retried = await asyncio.gather(*calls)
+            retried_after = set(c.refused)
         await running.stop(0)
-        return refused, retried
-    refused, retried = run(go())
-    assert refused.count(b"slept") == 2
+        return refused, retried, retried_after
+    refused, retried, retried_after = run(go())
+    assert refused.count(b"held") == 2
     assert sum(isinstance(r, errors.ResourceExhausted) for r in refused) == 2
-    assert retried == [b"slept"] * 4          # the client backs off and retries within its deadline
+    assert retried == [b"held"] * 4           # the client backs off and retries within its deadline
+    assert retried_after == {grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
 def test_a_restarting_service_is_waited_for_within_the_deadline():
@@ -172,15 +253,18 @@ def test_a_restarting_service_is_waited_for_within_the_deadline():
         port = first.port
         await first.stop(0)
         async with _ProbeClient(f"127.0.0.1:{port}") as c:
-            pending = asyncio.ensure_future(c.call("Sleep", b"0", timeout_s=10))
-            await asyncio.sleep(0.5)
-            assert not pending.done()
+            pending = asyncio.ensure_future(c.call("Sleep", b"0", timeout_s=30))
+            await until(lambda: c.refused, "the call to be refused by the closed port")
+            waiting = not pending.done()
             second = await create_server([_binding()], f"127.0.0.1:{port}")
             try:
-                return await pending
+                return waiting, await pending, set(c.refused)
             finally:
                 await second.stop(0)
-    assert run(go()) == b"slept"
+    waiting, result, refused = run(go())
+    assert waiting                  # refused while the server was down, and still retrying
+    assert refused == {grpc.StatusCode.UNAVAILABLE}
+    assert result == b"slept"       # answered by the server that came back
 
 
 def test_unreachable_address_is_unavailable_and_retryable():
