@@ -139,8 +139,11 @@ def test_the_store_is_bounded_and_abandoned_episodes_expire():
 def test_calls_on_one_episode_are_serialised():
     async def go(c, host):
         ep, _ = await c.reset("slow", "t", 0)
-        await asyncio.gather(*(c.step(ep, "a" if i % 2 else "b", "1") for i in range(10)))
-    with_client(go)
+        results = await asyncio.gather(*(c.step(ep, "a" if i % 2 else "b", "1") for i in range(10)))
+        return results, host.store.get(ep).env
+    results, env = with_client(go)
+    assert len(results) == 10 and env.steps == 10      # every call was answered and ran its step
+    assert env.most_inside == 1                         # one at a time, though all were sent at once
 
 
 def test_finite_task_lists_page():

@@ -142,25 +142,34 @@ def call(services, kind: str, method, requests, *, raw: bool = False) -> tuple[g
     return grpc.StatusCode.OK, ""
 
 
-def check(code: grpc.StatusCode, details: str, what: str) -> None:
+def improper(code: grpc.StatusCode, details: str, what: str) -> str:
+    """What is wrong with `code` and `details` as the answer to `what`; "" when nothing is. In
+    HUNT mode an improper status is recorded in FOUND instead (and "" returned), so the search
+    goes on."""
     if HUNT:
         with open(os.environ.get("ATGRPO_FUZZ_LOG", "/dev/null"), "a") as log:
             log.write(f"{time.strftime('%H:%M:%S')} {code.name} {details[:200]!r} <- {what[:300]!r}\n")
     SAMPLES.setdefault((what.split("(")[0], code.name), details[:300])
     if "metadata size exceeds" in details:   # grpc's own RESOURCE_EXHAUSTED: the real status was lost
         code = grpc.StatusCode.INTERNAL
-    if HUNT and code not in PROPER:
-        FOUND.append(f"{what[:1000]} -> {code.name}: {details[:1000]}")
-        return
-    assert code in PROPER, f"{what} -> {code.name}: {details}"
-    if code != grpc.StatusCode.OK:
-        assert details.strip(), f"{what} -> {code.name} without a message"
+    if code not in PROPER:
+        if HUNT:
+            FOUND.append(f"{what[:1000]} -> {code.name}: {details[:1000]}")
+            return ""
+        return f"{what} -> {code.name}: {details}"
+    if code != grpc.StatusCode.OK and not details.strip():
+        return f"{what} -> {code.name} without a message"
+    return ""
 
 
-def assert_serving(services) -> None:
-    for kind in KINDS:
-        assert health(services, kind) == "SERVING", kind
+SERVING = dict.fromkeys(KINDS, "SERVING")
+
+
+def serving(services) -> dict[str, str]:
+    """Each service's health; then one real call to each (valid_calls: each must succeed)."""
+    now = {kind: health(services, kind) for kind in KINDS}
     valid_calls(services)
+    return now
 
 
 _STEPS = itertools.count(1000)
@@ -274,10 +283,11 @@ def test_random_messages_get_proper_statuses(fuzz_services, gen, rpc_id):
         TRIED["messages"] += 1
         code, details = call(fuzz_services, kind, method, requests)
         OUTCOMES[(rpc_id, code.name)] += 1
-        check(code, details, f"{rpc_id}({[str(r)[:300] for r in requests]})")
+        problem = improper(code, details, f"{rpc_id}({[str(r)[:300] for r in requests]})")
+        assert not problem, problem
 
     fuzz()
-    assert_serving(fuzz_services)
+    assert serving(fuzz_services) == SERVING
 
 
 def _corrupt(data: bytes, cut: int, flips: list[tuple[int, int]]) -> bytes:
@@ -304,10 +314,11 @@ def test_garbage_and_truncated_bytes_get_proper_statuses(fuzz_services, gen, rpc
         TRIED["bytes"] += 1
         code, details = call(fuzz_services, kind, method, requests if method.client_streaming else requests[:1],
                              raw=True)
-        check(code, details, f"{rpc_id}(raw {requests[:1]!r:.200})")
+        problem = improper(code, details, f"{rpc_id}(raw {requests[:1]!r:.200})")
+        assert not problem, problem
 
     fuzz()
-    assert_serving(fuzz_services)
+    assert serving(fuzz_services) == SERVING
 
 
 def _oversized() -> bytes:
@@ -334,7 +345,7 @@ def test_oversized_messages_are_refused_with_resource_exhausted(fuzz_services, o
         code, details = call(fuzz_services, kind, method, [oversized], raw=True)
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, f"{rpc_id}: {code.name}: {details}"
         assert str(MAX_MESSAGE_BYTES) in details or "larger than max" in details, details
-    assert_serving(fuzz_services)
+    assert serving(fuzz_services) == SERVING
 
 
 def test_every_rpc_of_every_service_is_fuzzed():
@@ -428,7 +439,7 @@ def test_what_the_fuzzing_found_stays_fixed(fuzz_services, finding):
 
 def test_summary_of_inputs_tried(fuzz_services):
     """Runs last in this module: the servers are still up after everything above."""
-    assert_serving(fuzz_services)
+    assert serving(fuzz_services) == SERVING
     print(f"\nfuzz inputs tried: {dict(TRIED)} (total {sum(TRIED.values())}) over {len(RPC_IDS)} RPCs")
     for rpc_id in RPC_IDS:
         codes = {c: n for (r, c), n in sorted(OUTCOMES.items()) if r == rpc_id}
