@@ -1,6 +1,7 @@
 """A Docker engine for the docker backend's tests: the one already running, or a private dockerd.
 
-`docker_engine` (session scope) returns a `docker.DockerClient`. It uses the engine at DOCKER_HOST
+`engine_client()` yields a `docker.DockerClient` (the session fixture `docker_engine` in
+tests/sandbox/conftest.py, one engine for every module). It uses the engine at DOCKER_HOST
 (or the default socket) when that answers; otherwise it starts `dockerd` on a socket of its own,
 with vfs storage and no bridge or iptables (nothing it does needs a network), and stops it at the
 end of the session. When no engine can be had it fails the tests with the reason: these tests
@@ -113,8 +114,7 @@ class _PrivateEngine:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def docker_engine() -> Iterator:
+def engine_client() -> Iterator:
     try:
         import docker  # noqa: F401
     except ImportError:

@@ -15,12 +15,9 @@ from sandbox_svc.backends import docker_image
 from sandbox_svc.backends.base import BackendUnavailable
 from sandbox_svc.backends.docker import DockerBackend
 from sandbox_svc.policy import Policy, check_exec
-from tests.sandbox import docker_engine as engine
 from tests.sandbox import hostile
 
 pytestmark = pytest.mark.docker
-
-docker_engine = engine.docker_engine   # the session fixture, under its own name
 
 POLICY = Policy()
 FAST = Limits(wall_timeout_ms=3000, cpu_time_ms=2000, memory_bytes=256 * 2**20, max_output_bytes=2**16,

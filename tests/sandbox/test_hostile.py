@@ -10,12 +10,9 @@ from atgrpo.contract.sandbox import ExecRequest, Limits, Verdict
 from sandbox_svc.backends.bwrap import BwrapBackend
 from sandbox_svc.backends.docker import DockerBackend
 from sandbox_svc.policy import Policy, check_exec
-from tests.sandbox import docker_engine as engine
 from tests.sandbox import hostile
 from tests.sandbox.test_bwrap_backend import uid_processes
 from tests.sandbox.test_docker_backend import only_idle
-
-docker_engine = engine.docker_engine   # the session fixture, under its own name
 
 POLICY = Policy()
 FAST = Limits(wall_timeout_ms=3000, cpu_time_ms=2000, memory_bytes=256 * 2**20, max_output_bytes=2**16,
