@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 
+from atgrpo._proto.v1 import common_pb2
 from atgrpo._proto.v1 import trainer_pb2 as pb
 from atgrpo.contract.rollout_wire import sampling_from_pb, sampling_to_pb
 from atgrpo.contract.service_wire import service_info_from_pb
@@ -19,7 +20,7 @@ from atgrpo.contract.trainer import (
 )
 
 _DEFAULT = PoolSpec(run_id="", pool="", model_path="", agents=())
-_METRICS = ("loss", "clip_fraction", "approx_kl", "entropy", "grad_norm", "train_seconds", "push_seconds")
+_FIGURES = ("loss", "clip_fraction", "approx_kl", "entropy", "train_seconds", "push_seconds")
 _COUNTS = ("tokens", "samples", "push_bytes")
 
 
@@ -92,18 +93,18 @@ def result_to_pb(r: TrainResult, pool: str) -> pb.TrainResponse:
     grad_norm = m["grad_norm"] if math.isfinite(m["grad_norm"]) else -1.0   # -1: no finite norm (nothing stepped)
     return pb.TrainResponse(
         run_id=r.run_id, step=r.step, pool=pool, version=r.version, replayed=r.replayed,
-        **{k: m[k] for k in _METRICS if k != "grad_norm"}, grad_norm=grad_norm, **{k: int(m[k]) for k in _COUNTS},
+        grad_norm=grad_norm, **{k: m[k] for k in _FIGURES}, **{k: int(m[k]) for k in _COUNTS},
         agents={a: pb.AgentTrainMetrics(samples=int(v["samples"]), tokens=int(v["tokens"])) for a, v in r.agents.items()})
 
 
 def result_from_pb(m: pb.TrainResponse) -> TrainResult:
-    metrics = {k: getattr(m, k) for k in _METRICS} | {k: float(getattr(m, k)) for k in _COUNTS}
+    metrics = {k: getattr(m, k) for k in (*_FIGURES, "grad_norm")} | {k: float(getattr(m, k)) for k in _COUNTS}
     return TrainResult(m.run_id, m.step, m.version, metrics,
                        {a: {"samples": float(v.samples), "tokens": float(v.tokens)} for a, v in m.agents.items()},
                        m.replayed)
 
 
-def info_to_pb(i: TrainerInfo, service) -> pb.TrainerInfo:
+def info_to_pb(i: TrainerInfo, service: common_pb2.ServiceInfo) -> pb.TrainerInfo:
     return pb.TrainerInfo(service=service, run_id=i.run_id, pool=i.pool, version=i.version, agents=list(i.agents),
                           specialization=i.specialization, device=i.device,
                           rollout_addresses=list(i.rollout_addresses))
