@@ -32,23 +32,23 @@ sys.path.insert(0, str(ROOT))
 
 from _report import parse_args, record, sandbox_uid_base  # noqa: E402
 
-from atgrpo.sdk.host import EnvHost  # noqa: E402
-from atgrpo.sdk.local import LocalEnvs  # noqa: E402
-from env_svc import datasets  # noqa: E402
-from env_svc.server import builtin_registry  # noqa: E402
-from rollout_svc.tree import collect  # noqa: E402
-from rollout_svc.types import (  # noqa: E402
+from atgrpo.contract.rollout import (  # noqa: E402
     AgentPlan,
     CollectPlan,
     Completion,
     Generation,
     PolicyRef,
-    Sampling,
     TaskRef,
 )
+from atgrpo.contract.sampling import Sampling  # noqa: E402
+from atgrpo.sdk.host import EnvHost  # noqa: E402
+from atgrpo.sdk.inprocess import LocalEnvs  # noqa: E402
+from env_svc import datasets  # noqa: E402
+from env_svc.server import builtin_registry  # noqa: E402
+from rollout_svc.tree import collect  # noqa: E402
 from sandbox_svc.backends.bwrap import BwrapBackend  # noqa: E402
 from sandbox_svc.executor import Executor  # noqa: E402
-from sandbox_svc.local import LocalSandbox  # noqa: E402
+from sandbox_svc.inprocess import LocalSandbox  # noqa: E402
 from sandbox_svc.policy import Policy  # noqa: E402
 
 

@@ -125,16 +125,16 @@ class _Sink:
 
 
 def atgrpo_side(model_dir: str, args, root: Path) -> Side:
-    from atgrpo import local
+    from atgrpo import launcher
     from atgrpo.config import parse_config
-    from atgrpo.train import LocalServices, drive
-    from router_svc.rundir import read_metrics
+    from atgrpo.rundir import read_metrics
+    from atgrpo.runner import LocalServices, drive
 
     run_dir = Path(tempfile.mkdtemp(prefix="atgrpo-", dir=root)) / "run"
     cfg = parse_config(atgrpo_config(model_dir, run_dir, args))
     services = LocalServices(cfg)
     with services as running:
-        started = local.read_state(services.state_dir)
+        started = launcher.read_state(services.state_dir)
         sink = _Sink([s.pid for s in started], [s.metrics_address for s in started if s.kind == "rollout"],
                      (args.warmup, args.warmup + args.steps))
         final = asyncio.run(drive(running, sink))

@@ -24,7 +24,7 @@ from _report import parse_args, record  # noqa: E402
 
 from atgrpo.sdk.client import EnvClient  # noqa: E402
 from atgrpo.sdk.host import EnvHost  # noqa: E402
-from atgrpo.sdk.local import LocalEnvs  # noqa: E402
+from atgrpo.sdk.inprocess import LocalEnvs  # noqa: E402
 from env_svc.server import builtin_registry  # noqa: E402
 
 ENV, MOVE = "sokoban", '#### ["U"]'

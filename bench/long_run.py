@@ -19,11 +19,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _report import parse_args, record  # noqa: E402
 
-from atgrpo import local  # noqa: E402
+from atgrpo import launcher  # noqa: E402
 from atgrpo.config import parse_config  # noqa: E402
 from atgrpo.models import build_tiny_model  # noqa: E402
-from atgrpo.train import LocalServices, drive  # noqa: E402
-from router_svc.rundir import read_metrics  # noqa: E402
+from atgrpo.rundir import read_metrics  # noqa: E402
+from atgrpo.runner import LocalServices, drive  # noqa: E402
 
 
 class Quiet:
@@ -66,7 +66,7 @@ def main() -> None:
             for mark in (args.early, args.steps):
                 if done >= mark and mark not in marks:
                     marks[mark] = {s.name: psutil.Process(s.pid).memory_info().rss
-                                   for s in local.read_state(tmp / "run" / "services")}
+                                   for s in launcher.read_state(tmp / "run" / "services")}
             time.sleep(0.2)
 
     start = time.perf_counter()

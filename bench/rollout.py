@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _report import parse_args, record  # noqa: E402
 
+from atgrpo.contract.sampling import Sampling  # noqa: E402
 from atgrpo.models import build_tiny_model  # noqa: E402
 from atgrpo.rpc.server import create_server  # noqa: E402
 from rollout_svc.client import RolloutClient  # noqa: E402
@@ -26,7 +27,6 @@ from rollout_svc.engines.hf import HFEngine  # noqa: E402
 from rollout_svc.pool import PoolRuntime  # noqa: E402
 from rollout_svc.replica import Replica  # noqa: E402
 from rollout_svc.server import bindings  # noqa: E402
-from rollout_svc.types import Sampling  # noqa: E402
 
 PROMPT = [{"role": "user", "content": "Plan a path from the top left to the bottom right of a 6x6 grid."}]
 

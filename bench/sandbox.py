@@ -22,11 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _report import parse_args, record, sandbox_uid_base  # noqa: E402
 
+from atgrpo.contract.sandbox import ExecRequest, Verdict  # noqa: E402
 from atgrpo.rpc.server import create_server  # noqa: E402
 from sandbox_svc.backends import BackendUnavailable, make_backend  # noqa: E402
 from sandbox_svc.client import SandboxClient  # noqa: E402
 from sandbox_svc.executor import Executor  # noqa: E402
-from sandbox_svc.model import ExecRequest, Verdict  # noqa: E402
 from sandbox_svc.policy import Policy, check_exec  # noqa: E402
 from sandbox_svc.server import bindings  # noqa: E402
 

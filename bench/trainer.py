@@ -19,9 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _report import parse_args, record  # noqa: E402
 
-from atgrpo.algo.sampling import Sampling  # noqa: E402
+from atgrpo.contract.sampling import Sampling  # noqa: E402
+from atgrpo.contract.trainer import TrainSample, UpdateConfig  # noqa: E402
 from atgrpo.models import build_tiny_model  # noqa: E402
-from trainer_svc.update import TrainSample, UpdateConfig, update  # noqa: E402
+from trainer_svc.update import update  # noqa: E402
 
 
 def batch(args, vocab=1500):
