@@ -198,6 +198,9 @@ def test_a_run_that_cannot_work_fails_at_once_saying_why(env, message, tiny_mode
     assert "recovering in" not in router_log          # failed on the first attempt, no backoff
 
 
+# 350 steps take 3 to 7 minutes on two cores (395 s measured on a quiet 2-core machine on
+# 2026-12-01, the code before and after issue 16 alike): the suite's 300 s default is too tight.
+@pytest.mark.timeout(900)
 def test_the_demo_learns(tiny_model, tmp_path):
     """The demo's config (examples/toy_L1_tiny.yaml), shortened: greedy eval success goes from ~0
     (a random tiny model hardly ever emits a digit) to at least 0.75. A listener that ignores the
@@ -350,7 +353,9 @@ def taught(tiny_model, tmp_path_factory) -> str:
     from tests.e2e.taught import role_prompts, teach
 
     prompts = role_prompts(CodeEnv({}), ["coder", "tester"]) + role_prompts(MathEnv({}), ["tool", "reasoner"])
-    return teach(tiny_model, tmp_path_factory.mktemp("models") / "taught", prompts, ANSWERS, steps=240)
+    # 480 steps (~10 s): at 240 the tool answered the coder's program 91% of the time (measured at
+    # temperature 0.7), and a run whose tool never wrote print(120) failed the sandbox test below.
+    return teach(tiny_model, tmp_path_factory.mktemp("models") / "taught", prompts, ANSWERS, steps=480)
 
 
 def sandbox_calls(services) -> dict[str, float]:
