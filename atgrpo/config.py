@@ -7,7 +7,6 @@ so a user fixes the file in one go. The algorithm fields are defined in DESIGN.m
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,16 +15,12 @@ from typing import Any, Literal
 import yaml
 
 from atgrpo.config_parse import (
-    AT_LEAST_1,
-    NON_NEG,
-    Checks,
     Errors,
     build,
-    choices_text,
-    did_you_mean,
     load_yaml,
     to_plain,
 )
+from atgrpo.config_rules import validate
 from atgrpo.contract.sampling import Sampling
 from atgrpo.contract.trainer import LossConfig, UpdateConfig
 
@@ -35,10 +30,6 @@ __all__ = [
     "dump_config", "load_config", "load_yaml_config", "parse_config",
 ]
 
-_RUN_NAME = re.compile(r"^[a-z0-9_-]+$")
-_ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
-_HUB_PREFIXES = ("http://", "https://", "hf://")
-_TINY_MODEL_HINT = "e.g. one built with `atgrpo model tiny --out DIR`"
 
 
 class ConfigError(ValueError):
@@ -311,7 +302,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> RunConfig:
                           source=source)
     errors: Errors = []
     cfg = build(RunConfig, data, "", errors)
-    errors += _validate(cfg, bad=[f for f, _ in errors])
+    errors += validate(cfg, bad=[f for f, _ in errors])
     if errors:
         raise ConfigError(*errors[0], errors=errors, source=source)
     return cfg
@@ -354,158 +345,3 @@ def dump_config(cfg: RunConfig, *, services: bool = True) -> str:
     if not services:
         data.pop("services", None)
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
-
-
-# ---- validation of values and cross-field rules --------------------------------------------
-
-_OPEN_UNIT = (lambda v: 0 < v < 1, "in (0, 1)", "The usual value is 0.2")
-
-
-def _validate(cfg: RunConfig, bad: list[str]) -> Errors:
-    c = Checks(bad)
-    _check_run(c, cfg.run)
-    _check_env_and_agents(c, cfg)
-    _check_pools(c, cfg)
-    c.limits("algorithm", cfg.algorithm, {
-        "k": AT_LEAST_1, "epochs": AT_LEAST_1, "mini_batch_size": AT_LEAST_1,
-        "clip_eps_low": _OPEN_UNIT, "clip_eps_high": _OPEN_UNIT,
-        "dual_clip_c": (lambda v: v > 1, "> 1", "The usual value is 3.0"),
-        "kl_coef": NON_NEG, "entropy_coef": NON_NEG,
-    })
-    _check_services(c, cfg)
-    return c.errors
-
-
-def _check_run(c: Checks, run: RunSection) -> None:
-    if not _RUN_NAME.match(run.name):
-        better = re.sub(r"[^a-z0-9_-]+", "-", run.name.lower()).strip("-") or "my-run"
-        c.add("run.name", f"{run.name!r} must use only a-z, 0-9, '-' and '_'. Try {better!r}")
-    c.limits("run", run, {"steps": AT_LEAST_1, "tasks_per_step": AT_LEAST_1,
-                          "eval_every_steps": NON_NEG, "checkpoint_every_steps": NON_NEG,
-                          "eval_tasks": NON_NEG})
-    if run.eval_every_steps > 0 and run.eval_tasks == 0:
-        c.add("run.eval_tasks", "must be at least 1 when eval_every_steps > 0, got 0. "
-              "Set eval_tasks: 1 or more, or eval_every_steps: 0 to never evaluate")
-
-
-def _check_env_and_agents(c: Checks, cfg: RunConfig) -> None:
-    env, agents, order = cfg.env, cfg.agents, cfg.env.turn_order
-    if not env.name:
-        c.add("env.name", "is empty. Give a registered environment name")
-    c.limits("env", env, {"max_turns": AT_LEAST_1})
-    module, sep, cls = env.path.partition(":")
-    if env.path and not (sep and module and cls):
-        c.add("env.path", f"is {env.path!r}. Write it as 'package.module:ClassName', e.g. 'my_envs.relay:RelayEnv'")
-    for split in ("train_split", "eval_split"):
-        if not getattr(env, split):
-            c.add(f"env.{split}", "is empty. Name a task split, e.g. 'train' or 'eval'")
-    if not order:
-        c.add("env.turn_order", "is empty. List the agents in the order they act, "
-              "e.g. [planner, coder]")
-    for i, name in enumerate(order):
-        if name in order[:i]:
-            c.add(f"env.turn_order[{i}]", f"agent {name!r} is listed twice. List each agent "
-                  "once (the order repeats every turn)")
-        elif name not in agents:
-            hint = did_you_mean(name, agents)
-            c.add(f"env.turn_order[{i}]", f"agent {name!r} is not defined.{hint} Add it under "
-                  "agents: or remove it from turn_order", uses=("agents",))
-    if not agents:
-        c.add("agents", "no agents are defined. Add one entry per name in env.turn_order, "
-              "e.g. agents: {solver: {pool: main}}")
-    for name, agent in agents.items():
-        path = f"agents.{name}"
-        c.name(path, name, "agent")
-        if order and name not in order:  # an empty turn_order is reported once, above
-            c.add(path, "is not in env.turn_order, so it would never act. Add it to "
-                  "env.turn_order or remove it", uses=("env.turn_order",))
-        if agent.pool not in cfg.pools:
-            hint = did_you_mean(agent.pool, cfg.pools)
-            c.add(f"{path}.pool", f"no pool named {agent.pool!r}.{hint} Use one of the pools "
-                  f"defined: {choices_text(cfg.pools)}", uses=("pools",))
-        for which in ("train_sampling", "eval_sampling"):
-            _check_sampling(c, f"{path}.{which}", getattr(agent, which))
-
-
-def _check_sampling(c: Checks, path: str, s: SamplingConfig) -> None:
-    c.limits(path, s, {
-        "temperature": (lambda v: v >= 0, ">= 0", "Use 0 for greedy decoding"),
-        "top_p": (lambda v: 0 < v <= 1, "in (0, 1]", "Use 1.0 to turn top-p off"),
-        "top_k": (lambda v: v == -1 or v >= 1, "-1 or at least 1", "Use -1 to turn top-k off"),
-        "max_tokens": AT_LEAST_1, "max_prompt_tokens": AT_LEAST_1,
-    })
-    for i, stop in enumerate(s.stop):
-        if not stop:
-            c.add(f"{path}.stop[{i}]", "is an empty string. Remove it (an empty stop string "
-                  "would end every response at once)")
-
-
-def _check_pools(c: Checks, cfg: RunConfig) -> None:
-    if not cfg.pools:
-        c.add("pools", "no pools are defined. Add one, e.g. pools: {main: {model_path: DIR}}, "
-              + _TINY_MODEL_HINT)
-    used = {a.pool for a in cfg.agents.values()}
-    for name, pool in cfg.pools.items():
-        path = f"pools.{name}"
-        c.name(path, name, "pool")
-        if not pool.model_path:
-            c.add(f"{path}.model_path", "is empty. Give a local model directory, "
-                  + _TINY_MODEL_HINT)
-        elif pool.model_path.startswith(_HUB_PREFIXES):
-            c.add(f"{path}.model_path", f"{pool.model_path!r} is a URL, but no model hub is "
-                  f"reachable. Give a local directory instead, {_TINY_MODEL_HINT}")
-        if pool.specialization == "full" and pool.lora is not None:
-            c.add(f"{path}.lora", "is set but specialization is 'full'. Set specialization: lora "
-                  "or remove the lora block", uses=(f"{path}.specialization",))
-        elif pool.lora is not None:
-            c.limits(f"{path}.lora", pool.lora, {
-                "rank": AT_LEAST_1,
-                "alpha": (lambda v: v > 0, "> 0", "The usual value is 2 * rank"),
-                "dropout": (lambda v: 0 <= v < 1, "in [0, 1)", "Use 0.0 for no dropout"),
-                "target_modules": (bool, "non-empty", "List module names, e.g. [q_proj, v_proj]"),
-            })
-        c.limits(path, pool, {"rollout_replicas": AT_LEAST_1, "micro_batch_tokens": AT_LEAST_1})
-        c.limits(f"{path}.optim", pool.optim, {
-            "lr": (lambda v: v > 0, "> 0", "Typical values are 1e-6 (full) to 1e-4 (lora)"),
-            "weight_decay": NON_NEG, "warmup_steps": NON_NEG,
-            "min_lr_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]", "Use 1.0 for a constant lr"),
-            "grad_clip": (lambda v: v > 0, "> 0", "The usual value is 1.0"),
-            "betas": (lambda v: all(0 <= b < 1 for b in v), "two values in [0, 1)",
-                      "The usual values are [0.9, 0.999]"),
-        })
-        if name not in used:
-            c.add(path, "no agent uses this pool. Point an agent's pool: at it or remove it",
-                  uses=("agents",))
-
-
-def _check_services(c: Checks, cfg: RunConfig) -> None:
-    s = cfg.services
-    singles = ("env", "sandbox", "router")
-    addresses = [(f"services.{k}", getattr(s, k)) for k in singles if getattr(s, k)]
-    for kind, table in (("rollout", s.rollout), ("trainer", s.trainer)):
-        for pool, value in table.items():
-            path = f"services.{kind}.{pool}"
-            if pool not in cfg.pools:
-                c.add(path, f"no pool named {pool!r}.{did_you_mean(pool, cfg.pools)} Use one of "
-                      f"the pools defined: {choices_text(cfg.pools)}", uses=("pools",))
-            if kind == "trainer":
-                addresses.append((path, value))
-            elif not value:
-                c.add(path, "is an empty list. List at least one rollout address host:port, "
-                      "or remove the key")
-            else:
-                addresses += [(f"{path}[{i}]", a) for i, a in enumerate(value)]
-    for path, address in addresses:
-        m = _ADDRESS.match(address)
-        if not m or not 1 <= int(m.group(2)) <= 65535:
-            c.add(path, f"{address!r} is not a host:port address. Write it like "
-                  "'localhost:50051' or 'router.atgrpo.svc:50051'")
-    if cfg.local_mode:
-        return
-    missing = [f"services.{k}" for k in singles if not getattr(s, k)]
-    missing += [f"services.rollout.{p}" for p in cfg.pools if p not in s.rollout]
-    missing += [f"services.trainer.{p}" for p, pool in cfg.pools.items()
-                if pool.trainable and p not in s.trainer]
-    if missing:
-        c.add("services", f"{', '.join(missing)} not set: either give every service address "
-              "or none (none = local mode, where atgrpo starts the services itself)")
