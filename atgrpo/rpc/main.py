@@ -26,7 +26,7 @@ from atgrpo.rpc.server import Binding, create_server, serve_until_signal
 
 log = logging.getLogger(__name__)
 
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_LEVELS = tuple(logging.getLevelNamesMapping())   # what logging itself accepts (WARN too)
 
 
 class SettingsError(ValueError):
