@@ -175,7 +175,7 @@ class SamplingConfig:
     max_tokens: int = 256
     """max response tokens per agent turn"""
     max_prompt_tokens: int = 2048
-    """prompts longer than this are cut from the left (oldest turns first)"""
+    """longer prompts lose their oldest turns after the system prompt, then the last message's middle"""
     stop: tuple[str, ...] = ()
     """extra stop strings (EOS always stops)"""
 

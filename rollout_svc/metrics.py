@@ -1,6 +1,7 @@
 """The rollout service's Prometheus metrics (atgrpo_rollout_<what>_<unit>, DESIGN.md §4).
 
-Defined here, once; pool.py reports each engine batch and each weight swap with one call.
+Defined here, once; pool.py reports each engine batch, each weight swap, each out-of-memory retry
+and each failed request with one call.
 Generated tokens are a counter: tokens per second is `rate(atgrpo_rollout_generated_tokens_total[1m])`.
 """
 
@@ -19,6 +20,13 @@ GENERATE_SECONDS = Histogram("atgrpo_rollout_generate_seconds",
                              buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
 BATCH_ROWS = Histogram("atgrpo_rollout_batch_rows", "Sequences generated in one engine batch, by pool.", ["pool"],
                        buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+OOM_RETRIES = Counter("atgrpo_rollout_oom_retries_total",
+                      "Engine batches that ran out of memory and were run again as two smaller pieces, by pool.",
+                      ["pool"])
+FAILED_REQUESTS = Counter("atgrpo_rollout_failed_requests_total",
+                          "Generation requests the engine failed, by pool and error (InvalidArgument: a bad "
+                          "request; ResourceExhausted: out of memory even alone; Unavailable: the engine failed).",
+                          ["pool", "error"])
 POLICY_VERSION = Gauge("atgrpo_rollout_policy_version",
                        "Weights version served, by pool and adapter (\"\" = the full model).", ["pool", "adapter"])
 
@@ -30,6 +38,14 @@ def observe_batch(pool: str, outs: Sequence[Sequence], seconds: float) -> None:
     BATCH_ROWS.labels(pool).observe(len(completions))
     COMPLETIONS.labels(pool).inc(len(completions))
     GENERATED_TOKENS.labels(pool).inc(sum(len(c.token_ids) for c in completions))
+
+
+def count_oom_retry(pool: str) -> None:
+    OOM_RETRIES.labels(pool).inc()
+
+
+def count_failed(pool: str, error: str) -> None:
+    FAILED_REQUESTS.labels(pool, error).inc()
 
 
 def set_versions(pool: str, versions: dict[str, int]) -> None:

@@ -5,19 +5,39 @@ Every generation and every swap goes through one worker, so a swap happens betwe
 a generation in flight finishes on the old weights and is tagged with the old version, and no
 batch mixes two versions (rollout issue). Concurrent requests with the same adapter and sampling
 settings are run as one batch, which is what makes n=K tree sampling of many tasks fast.
+
+An engine exception is told apart (classify): a bad request fails as INVALID_ARGUMENT, a batch
+that runs out of memory is run again in smaller pieces (RESOURCE_EXHAUSTED only when one sample
+alone does not fit), and any other engine failure is UNAVAILABLE, for the caller to retry.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import dataclasses
+import gc
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from atgrpo.contract.rollout import Completion, Generation, PolicyRef
 from atgrpo.contract.sampling import Sampling
-from atgrpo.errors import FailedPrecondition, InvalidArgument, NotFound
+from atgrpo.errors import (
+    AtgrpoError,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 from rollout_svc import metrics
+
+log = logging.getLogger(__name__)
 
 MAX_BATCH_ROWS = 256
 # After the first request of a batch, wait for others that are on their way: the requests of one
@@ -28,6 +48,36 @@ MAX_BATCH_ROWS = 256
 BATCH_GAP_S = 0.002
 BATCH_MAX_WAIT_S = 0.02
 
+# How an engine exception is answered. The question is whether the same request, sent again,
+# fails the same way:
+# - out of memory: torch.OutOfMemoryError (torch.cuda.OutOfMemoryError is the same class),
+#   MemoryError, a RuntimeError that says it is out of memory (older torch, cuBLAS; torch's CPU
+#   allocator says "can't allocate memory"), or an engine's own `oom_errors`. The batch runs again in halves (by requests, then a lone request's n samples
+#   in two shares), inside the same worker iteration, so no weight swap comes between the pieces;
+#   only a single sample that still does not fit fails, as RESOURCE_EXHAUSTED (retryable);
+# - a bad request: ValueError, TypeError, IndexError, KeyError, NotImplementedError (what Python
+#   raises for an argument it cannot take: a setting out of range, an adapter the engine lacks, a
+#   token id past the vocabulary) or an engine's own `bad_request_errors` (vLLM's client errors,
+#   e.g. a prompt over max_model_len). Deterministic: INVALID_ARGUMENT, which the router does not
+#   retry. A batch of several requests is bisected first, so only the requests at fault fail;
+# - anything else (a RuntimeError from CUDA or a kernel, an engine whose core died, an OSError):
+#   the engine failed, not the request: UNAVAILABLE, retried by the caller, on another replica
+#   where there is one. Not retried here: the rest of the batch fails at once.
+# An AtgrpoError an engine raises travels as it is.
+OUT_OF_MEMORY, BAD_REQUEST, ENGINE_FAILURE = "out of memory", "bad request", "engine failure"
+_BAD_REQUEST_TYPES = (ValueError, TypeError, IndexError, KeyError, NotImplementedError)
+_OOM_WORDS = ("out of memory", "can't allocate memory", "cannot allocate memory")
+
+
+def classify(err: BaseException, engine: Any = None) -> str:
+    """OUT_OF_MEMORY, BAD_REQUEST or ENGINE_FAILURE for an exception `engine.generate` raised."""
+    if isinstance(err, (torch.OutOfMemoryError, MemoryError, *getattr(engine, "oom_errors", ()))) or (
+            isinstance(err, RuntimeError) and any(w in str(err).lower() for w in _OOM_WORDS)):
+        return OUT_OF_MEMORY
+    if isinstance(err, (*_BAD_REQUEST_TYPES, *getattr(engine, "bad_request_errors", ()))):
+        return BAD_REQUEST
+    return ENGINE_FAILURE
+
 
 @dataclass
 class _Request:
@@ -36,6 +86,15 @@ class _Request:
     prompt: list[int]
     n: int
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+@dataclass
+class _Piece:
+    """Part of a batch: `n` of `request`'s samples, from its sample number `first` on."""
+
+    request: _Request
+    n: int
+    first: int = 0
 
 
 @dataclass
@@ -53,6 +112,7 @@ class PoolRuntime:
         self.versions: dict[str, int] = {"": 0}         # "" = base model; adapters by agent name
         self._queue: asyncio.Queue = asyncio.Queue()
         self._worker: asyncio.Task | None = None
+        self.oom_retries = 0     # batches run again in smaller pieces after running out of memory
         metrics.set_versions(name, self.versions)
 
     def policies(self) -> list[PolicyRef]:
@@ -126,20 +186,83 @@ class PoolRuntime:
             await self._await_burst()
             batch = self._take_batch(item)
             policy = PolicyRef(self.name, item.adapter, self.versions[item.adapter])
-            work = asyncio.to_thread(self.engine.generate, [r.prompt for r in batch], [r.n for r in batch],
-                                     item.sampling, item.adapter)
-            start = time.perf_counter()
             try:
-                outs: list[list[Completion]] = await work
-            except Exception as err:  # noqa: BLE001 - fail the requests, keep serving
-                for r in batch:
-                    if not r.future.done():
-                        r.future.set_exception(InvalidArgument(f"generation failed: {err}"))
-                continue
+                outcomes = await self._generate([_Piece(r, r.n) for r in batch], item.adapter, item.sampling)
+            except Exception as err:  # noqa: BLE001 - a bug here: fail the requests, keep serving
+                log.exception("pool %s: generating a batch failed", self.name)
+                outcomes = [Internal(f"pool {self.name!r} failed generating: {err!r}")] * len(batch)
+            for r, outcome in zip(batch, outcomes, strict=True):
+                if r.future.done():
+                    continue
+                if isinstance(outcome, Exception):
+                    metrics.count_failed(self.name, type(outcome).__name__)
+                    r.future.set_exception(copy.copy(outcome))   # one instance per request raised
+                else:
+                    r.future.set_result(Generation(r.prompt, outcome, policy))
+
+    async def _generate(self, pieces: list[_Piece], adapter: str,
+                        sampling: Sampling) -> list[list[Completion] | AtgrpoError]:
+        """Each piece's completions, or the error it fails with (see classify). The retries run
+        here, inside one worker iteration: no swap comes between the pieces of a batch."""
+        s = sampling
+        if pieces[0].first and s.seed is not None:   # a later share of one request's samples
+            s = dataclasses.replace(s, seed=s.seed + pieces[0].first)   # draws its own, not the same again
+        start = time.perf_counter()
+        try:
+            outs = await asyncio.to_thread(self.engine.generate, [p.request.prompt for p in pieces],
+                                           [p.n for p in pieces], s, adapter)
+            if [len(o) for o in outs] != [p.n for p in pieces]:
+                raise RuntimeError(f"the engine answered {[len(o) for o in outs]} completions for "
+                                   f"{[p.n for p in pieces]} asked")
+        except AtgrpoError as err:
+            return [err] * len(pieces)
+        except Exception as err:  # noqa: BLE001 - told apart below; the pool keeps serving
+            kind = classify(err, self.engine)
+            error = self._error(kind, err, pieces, s)
+            if kind == ENGINE_FAILURE or (kind == BAD_REQUEST and len(pieces) == 1):
+                log.warning("pool %s: %s", self.name, error.message, exc_info=err)
+        else:
             metrics.observe_batch(self.name, outs, time.perf_counter() - start)
-            for r, completions in zip(batch, outs, strict=True):
-                if not r.future.done():
-                    r.future.set_result(Generation(r.prompt, completions, policy))
+            return outs
+        # Out of the except block, the exception's traceback (and the tensors its frames hold) is
+        # gone before a retry.
+        if kind == OUT_OF_MEMORY and (len(pieces) > 1 or pieces[0].n > 1):
+            self.oom_retries += 1
+            metrics.count_oom_retry(self.name)
+            log.warning("pool %s: out of memory on %d requests (%d samples); running them again in two "
+                        "pieces", self.name, len(pieces), sum(p.n for p in pieces))
+            await asyncio.to_thread(_free_memory)
+        elif kind != BAD_REQUEST or len(pieces) == 1:
+            return [error] * len(pieces)
+        if len(pieces) == 1:     # one request's samples in two shares, their completions joined
+            p = pieces[0]
+            half = p.n // 2
+            out = []
+            for share in (_Piece(p.request, half, p.first), _Piece(p.request, p.n - half, p.first + half)):
+                done = (await self._generate([share], adapter, sampling))[0]
+                if isinstance(done, AtgrpoError):
+                    return [done]
+                out += done
+            return [out]
+        half = len(pieces) // 2
+        first = await self._generate(pieces[:half], adapter, sampling)
+        broken = next((o for o in first if isinstance(o, Unavailable)), None)
+        if broken is not None:    # the engine failed: the rest would fail too
+            return first + [broken] * (len(pieces) - half)
+        return first + await self._generate(pieces[half:], adapter, sampling)
+
+    def _error(self, kind: str, err: BaseException, pieces: list[_Piece], s: Sampling) -> AtgrpoError:
+        what = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
+        if kind == OUT_OF_MEMORY:
+            p = pieces[0]   # the error is final only for one sample of one request
+            return ResourceExhausted(
+                f"pool {self.name!r} ran out of memory generating one sample of a {len(p.request.prompt)}-token "
+                f"prompt with max_tokens {s.max_tokens}, even alone ({what}). Retryable (memory may be free "
+                "later, or on another replica); to need less, lower sampling.max_tokens, the tree's k "
+                "(samples per prompt) or sampling.max_prompt_tokens")
+        if kind == BAD_REQUEST:
+            return InvalidArgument(f"generation failed on a bad request ({what}); sent again, it fails the same way")
+        return Unavailable(f"the engine of pool {self.name!r} failed: {what}; retry, possibly on another replica")
 
     @staticmethod
     async def _finish(future: asyncio.Future, work) -> None:
@@ -149,3 +272,10 @@ class PoolRuntime:
             future.set_exception(err)
         else:
             future.set_result(result)
+
+
+def _free_memory() -> None:
+    """After an out-of-memory: collect what the failed attempt left and hand cached GPU blocks back."""
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()

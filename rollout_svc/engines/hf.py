@@ -7,6 +7,7 @@ transform (sampling.transform_logits), so the trainer can recompute them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -14,6 +15,7 @@ import torch
 from atgrpo.algo.sampling import sample_tokens
 from atgrpo.contract.rollout import Completion
 from atgrpo.contract.sampling import Sampling
+from rollout_svc.engines.render import chat_tokens, fit_prompt
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -90,14 +92,9 @@ class HFEngine:
     # --- generation ------------------------------------------------------------------------
 
     def render(self, messages: list[dict[str, str]], max_prompt_tokens: int) -> tuple[list[int], bool]:
-        """Prompt token ids through the chat template; over-long prompts keep their end."""
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if hasattr(ids, "input_ids"):   # some tokenizers return a BatchEncoding
-            ids = ids["input_ids"]
-        ids = list(ids)
-        if max_prompt_tokens > 0 and len(ids) > max_prompt_tokens:
-            return ids[-max_prompt_tokens:], True
-        return ids, False
+        """(prompt ids through the chat template, truncated); an over-long prompt loses its oldest
+        turns after the system prompt, then the middle of its last message (engines.render)."""
+        return fit_prompt(messages, max_prompt_tokens, functools.partial(chat_tokens, self.tokenizer))
 
     def _stopped(self, ids: list[int], stops: Sequence[str]) -> str | None:
         """The decoded text cut at the first stop string, or None when none occurred."""

@@ -19,6 +19,7 @@ offline `LLM` (one `generate` per batch, continuously batched inside vLLM) is en
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -32,6 +33,7 @@ import torch
 
 from atgrpo.contract.rollout import Completion
 from atgrpo.contract.sampling import Sampling
+from rollout_svc.engines.render import chat_tokens, fit_prompt
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,15 @@ class VLLMEngine:
         self._workdir = Path(tempfile.mkdtemp(prefix="atgrpo-vllm-"))
         self._lora_ids = itertools.count(1)
         self._adapters: dict = {}
+        # What the pool fails as INVALID_ARGUMENT (rollout_svc.pool.classify): vLLM's own "caused
+        # by the request" errors (e.g. a prompt over max_model_len). Its engine dying (an out of
+        # memory in the engine core included) arrives as EngineDeadError: UNAVAILABLE.
+        try:
+            from vllm.exceptions import VLLMClientError
+
+            self.bad_request_errors: tuple[type[BaseException], ...] = (VLLMClientError,)
+        except ImportError:   # a vLLM without that module: ValueError and kin still count
+            self.bad_request_errors = ()
         self.llm = self._start(model_path)
 
     def _start(self, path: str):
@@ -71,11 +82,9 @@ class VLLMEngine:
         self.generate([[self.tokenizer.eos_token_id or 0]], [1], Sampling(max_tokens=2))
 
     def render(self, messages: list[dict[str, str]], max_prompt_tokens: int) -> tuple[list[int], bool]:
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        ids = list(ids["input_ids"] if hasattr(ids, "input_ids") else ids)
-        if max_prompt_tokens > 0 and len(ids) > max_prompt_tokens:
-            return ids[-max_prompt_tokens:], True
-        return ids, False
+        """(prompt ids through the chat template, truncated); an over-long prompt loses its oldest
+        turns after the system prompt, then the middle of its last message (engines.render)."""
+        return fit_prompt(messages, max_prompt_tokens, functools.partial(chat_tokens, self.tokenizer))
 
     def generate(self, prompts: Sequence[Sequence[int]], ns: Sequence[int], s: Sampling,
                  adapter: str = "") -> list[list[Completion]]:
