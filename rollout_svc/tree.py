@@ -1,14 +1,30 @@
 """The episode driver: AT-GRPO's tree sampling (training) and flat rollouts (evaluation).
 
-Tree mode, per task (Zhao et al., arXiv 2510.11062; DESIGN.md §1): keep one current state; at
-turn t, for each agent in turn order, fork the state K ways, sample K responses to the one shared
-prompt (a single n=K generation), step each branch with its response, score each branch with
-r = alpha * team + local, emit all K samples (one group: task, agent, turn), then keep the best
-branch (ties to the lowest index; selection "first" keeps branch 0) and close the others *before
-the next agent generates*, so that agent's prompt shows the selected output. The episode ends at
-the first step whose selected branch is done, or after max_turns.
+Tree mode, per task (Zhao et al., arXiv 2510.11062; DESIGN.md §1), keeps one current state and
+plays up to max_turns turns on it, in one of two ways:
 
-Flat mode: one sample per agent-turn on the single state, no forks.
+- Sequential turns (the default): for each agent in turn order, fork the state K ways, sample K
+  responses to the one shared prompt (a single n=K generation), step each branch with its
+  response, score each branch with r = alpha * team + local, emit all K samples (one group: task,
+  agent, turn), then keep the best branch (ties to the lowest index; selection "first" keeps
+  branch 0) and close the others *before the next agent generates*, so that agent's prompt shows
+  the selected output. The episode ends at the first step whose selected branch is done.
+- Parallel turns (plan.parallel): a turn is K joint actions. Every agent observes the pre-turn
+  state and samples K responses from it (one n=K generation per agent, all agents at once); the
+  pre-turn state is forked K ways once; branch k applies every agent's k-th response in turn
+  order (one StepMany per agent, over the K branches). The turn's outcome on branch k is the
+  result of the last step applied there: its team reward, done and success reach every agent's
+  sample of branch k, and each sample keeps its own step's local reward and info. A step that
+  says done ends the turn on its branch: the agents after it take no step there, and their
+  samples carry the turn's outcome with local reward 0 and info {"skipped": ...}. The branch that
+  goes on is the best joint branch, the highest sum over agents of alpha * team + local (ties to
+  the lowest index; "first" keeps branch 0); every agent's sample of it is `selected`, and the
+  other forks are closed. The episode ends when the kept branch is done after a turn.
+
+Groups stay (task, agent, turn) in both: each agent's K samples of a turn share one prompt.
+EpisodeEnd.agent_rewards sums each agent's mixed reward on the kept branches.
+
+Flat mode (evaluation): the same turns with K = 1 on the single state, no forks.
 
 A task's samples are emitted together when its episode ends, so a task that fails midway (the env
 service is gone, say) contributes none: its EpisodeEnd carries the error instead.
@@ -53,24 +69,33 @@ def _prompt(agent: AgentPlan, messages: list[Message]) -> list[Message]:
     return messages
 
 
+def _turn_outcomes(steps: list[list[StepResult | None]]) -> list[StepResult]:
+    """Per branch, the parallel turn's outcome: the last step applied there (steps[agent][branch])."""
+    return [next(s[b] for s in reversed(steps) if s[b] is not None) for b in range(len(steps[0]))]
+
+
+def _scored(own: StepResult | None, outcome: StepResult) -> StepResult:
+    """One agent's result on one branch of a parallel turn: the turn's team reward, done and
+    success, with the agent's own local reward and info (0 and "skipped" when the turn ended first)."""
+    if own is None:
+        return StepResult(outcome.team_reward, 0.0, outcome.done, outcome.success,
+                          {"skipped": "the turn ended on this branch before this agent acted"}, outcome.turn)
+    return StepResult(outcome.team_reward, own.local_reward, outcome.done, outcome.success, own.info, own.turn)
+
+
 class _Episode:
     def __init__(self, plan: CollectPlan, task: TaskRef, envs: Envs, gen: Generator):
         self.plan, self.task, self.envs, self.gen = plan, task, envs, gen
         self.samples: list[Sample] = []
         self.rewards = {a: 0.0 for a in plan.turn_order}
         self.episode_id = ""
+        self.tree = plan.mode == "tree"
+        self.k = plan.k if self.tree else 1
 
-    async def _act(self, agent: AgentPlan, turn: int, messages: list[Message]) -> StepResult:
-        """One agent's move: K branches in tree mode, one in flat mode; returns the kept result."""
-        plan = self.plan
-        k = plan.k if plan.mode == "tree" else 1
-        generation = await self.gen.generate(agent, _prompt(agent, messages), k)
-        branches = await self.envs.fork(self.episode_id, k) if plan.mode == "tree" else [self.episode_id]
-        # One RPC for the K branches' steps (K Step calls were most of a tree's env traffic).
-        results = await self.envs.step_many([(b, agent.name, c.text)
-                                             for b, c in zip(branches, generation.completions, strict=True)])
-        mixed = [plan.alpha * r.team_reward + r.local_reward for r in results]
-        best = select_branch(mixed, plan.selection)
+    def _mixed(self, r: StepResult) -> float:
+        return self.plan.alpha * r.team_reward + r.local_reward
+
+    def _emit(self, agent: AgentPlan, turn: int, generation: Generation, results: list[StepResult], best: int) -> None:
         for i, (c, r) in enumerate(zip(generation.completions, results, strict=True)):
             self.samples.append(Sample(
                 task_id=self.task.task_id, agent=agent.name, turn=turn, branch=i, policy=generation.policy,
@@ -79,11 +104,86 @@ class _Episode:
                 selected=i == best, sampling=agent.sampling, prompt_truncated=generation.prompt_truncated,
                 response_truncated=c.finish_reason == "length", finish_reason=c.finish_reason, info=r.info,
                 response_text=c.text))
-        if plan.mode == "tree":
+
+    async def _keep(self, branches: list[str], best: int) -> None:
+        """Tree mode: the kept branch becomes the current state; the old state and other forks close."""
+        if self.tree:
             await self.envs.close_episodes([self.episode_id, *(b for i, b in enumerate(branches) if i != best)])
             self.episode_id = branches[best]
+
+    async def _fork(self) -> list[str]:
+        return await self.envs.fork(self.episode_id, self.k) if self.tree else [self.episode_id]
+
+    # ---- sequential turns ----------------------------------------------------------------------
+
+    async def _act(self, agent: AgentPlan, turn: int, messages: list[Message]) -> StepResult:
+        """One agent's move: K branches in tree mode, one in flat mode; returns the kept result."""
+        generation = await self.gen.generate(agent, _prompt(agent, messages), self.k)
+        branches = await self._fork()
+        # One RPC for the K branches' steps (K Step calls were most of a tree's env traffic).
+        results = await self.envs.step_many([(b, agent.name, c.text)
+                                             for b, c in zip(branches, generation.completions, strict=True)])
+        mixed = [self._mixed(r) for r in results]
+        best = select_branch(mixed, self.plan.selection)
+        self._emit(agent, turn, generation, results, best)
+        await self._keep(branches, best)
         self.rewards[agent.name] += mixed[best]
         return results[best]
+
+    async def _sequential_turn(self, turn: int) -> StepResult | None:
+        """Each agent observes after the previous agent's kept move; stops at the first done."""
+        last = None
+        for name in self.plan.turn_order:
+            messages, _ = await self.envs.observe(self.episode_id, name)
+            last = await self._act(self.plan.agents[name], turn, messages)
+            if last.done:
+                break
+        return last
+
+    # ---- parallel turns (joint actions) --------------------------------------------------------
+
+    async def _generate_all(self, agents: list[AgentPlan]) -> list[Generation]:
+        """Every agent's K responses to its own prompt on the pre-turn state, all agents at once."""
+        observed = await asyncio.gather(*(self.envs.observe(self.episode_id, a.name) for a in agents))
+        return list(await asyncio.gather(*(self.gen.generate(a, _prompt(a, m), self.k)
+                                           for a, (m, _) in zip(agents, observed, strict=True))))
+
+    async def _apply_joint(self, branches: list[str], agents: list[AgentPlan],
+                           generations: list[Generation]) -> list[list[StepResult | None]]:
+        """Branch k applies every agent's k-th response, in turn order; one StepMany per agent over
+        the branches still in the turn. steps[agent][branch], None where the turn had ended."""
+        steps: list[list[StepResult | None]] = []
+        live = list(range(len(branches)))
+        for agent, generation in zip(agents, generations, strict=True):
+            row: list[StepResult | None] = [None] * len(branches)
+            results = await self.envs.step_many([(branches[b], agent.name, generation.completions[b].text)
+                                                 for b in live]) if live else []
+            for b, r in zip(live, results, strict=True):
+                row[b] = r
+            steps.append(row)
+            live = [b for b, r in zip(live, results, strict=True) if not r.done]
+        return steps
+
+    async def _joint_turn(self, turn: int) -> StepResult:
+        """A parallel turn as K joint actions; returns the kept branch's turn outcome."""
+        agents = [self.plan.agents[n] for n in self.plan.turn_order]
+        generations = await self._generate_all(agents)
+        branches = await self._fork()
+        try:
+            steps = await self._apply_joint(branches, agents, generations)
+        except BaseException:
+            if self.tree:
+                await self.envs.close_episodes(branches)
+            raise
+        outcomes = _turn_outcomes(steps)
+        scored = [[_scored(own, outcome) for own, outcome in zip(row, outcomes, strict=True)] for row in steps]
+        best = select_branch([sum(self._mixed(row[b]) for row in scored) for b in range(len(branches))],
+                             self.plan.selection)
+        for agent, generation, row in zip(agents, generations, scored, strict=True):
+            self._emit(agent, turn, generation, row, best)
+            self.rewards[agent.name] += self._mixed(row[best])
+        await self._keep(branches, best)
+        return outcomes[best]
 
     async def run(self) -> EpisodeEnd:
         plan, task = self.plan, self.task
@@ -93,15 +193,9 @@ class _Episode:
         try:
             for turn in range(plan.max_turns):
                 turns = turn + 1
-                # Parallel workflows: every agent's prompt is the turn's starting state. Sequential
-                # (default): each agent observes after the previous agent's kept move.
-                at_start = {n: (await self.envs.observe(self.episode_id, n))[0]
-                            for n in plan.turn_order} if plan.parallel else {}
-                for name in plan.turn_order:
-                    messages = at_start[name] if plan.parallel else (await self.envs.observe(self.episode_id, name))[0]
-                    last = await self._act(plan.agents[name], turn, messages)
-                    if last.done:
-                        return EpisodeEnd(task.task_id, last.success, turns, self.rewards)
+                last = await (self._joint_turn(turn) if plan.parallel else self._sequential_turn(turn))
+                if last is not None and last.done:
+                    break
             return EpisodeEnd(task.task_id, bool(last and last.success), turns, self.rewards)
         finally:
             await self.envs.close_episodes([self.episode_id])
