@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from atgrpo.contract.rollout import AgentPlan, Generation, PolicyRef
@@ -40,9 +41,10 @@ class Replica:
         return await asyncio.get_running_loop().run_in_executor(self._renderer, engine.render, messages,
                                                                 max_prompt_tokens)
 
-    def routed(self, pool_addresses: dict[str, str]) -> RoutedGenerator:
-        """The tree driver's Generator for one Collect: local pools here, the others remote."""
-        return RoutedGenerator(self, pool_addresses)
+    def routed(self, pool_addresses: dict[str, str], expected: Sequence[PolicyRef] = ()) -> RoutedGenerator:
+        """The tree driver's Generator for one Collect: local pools here, the others remote
+        (pinned to the `expected` versions there too)."""
+        return RoutedGenerator(self, pool_addresses, expected)
 
     def pool(self, name: str) -> PoolRuntime:
         if name not in self.pools:
@@ -52,13 +54,17 @@ class Replica:
     def policies(self) -> list[PolicyRef]:
         return [p for pool in self.pools.values() for p in pool.policies()]
 
-    def check_versions(self, expected: list[PolicyRef]) -> None:
+    def check_versions(self, expected: Sequence[PolicyRef]) -> None:
+        """FAILED_PRECONDITION unless this replica serves every `expected` policy at its version
+        (a restarted replica serves its initial weights and no adapters): the caller brings it up
+        to date (the router has the trainer push) and asks again."""
         for want in expected:
-            have = self.pool(want.pool).version(want.adapter)
+            have = self.pool(want.pool).versions.get(want.adapter)
             if have != want.version:
                 what = f"{want.pool}/{want.adapter}" if want.adapter else want.pool
-                raise FailedPrecondition(f"{what} is at version {have} here, not {want.version}: the "
-                                         "weights were not pushed yet (or newer ones were); retry after the push")
+                held = f"is at version {have}" if have is not None else "has not been loaded"
+                raise FailedPrecondition(f"{what} {held} here, not version {want.version}: this replica's weights "
+                                         "are not the run's (not pushed yet, or it restarted); push them, then retry")
 
     async def generate_prompt(self, pool: str, adapter: str, prompt: list[int], sampling: Sampling,
                               n: int, truncated: bool = False) -> Generation:
@@ -97,8 +103,9 @@ class RoutedGenerator:
     """Generates locally for the pools this replica serves and through another replica's
     Generate for the rest, so one episode can mix agents of pools on different replicas (L3)."""
 
-    def __init__(self, replica: Replica, pool_addresses: dict[str, str]):
+    def __init__(self, replica: Replica, pool_addresses: dict[str, str], expected: Sequence[PolicyRef] = ()):
         self.replica, self.pool_addresses = replica, pool_addresses
+        self.expected = {(p.pool, p.adapter): p.version for p in expected}
         self._clients: dict[str, object] = {}
 
     async def generate(self, agent: AgentPlan, messages: list[Message], n: int) -> Generation:
@@ -110,7 +117,8 @@ class RoutedGenerator:
         if address not in self._clients:
             self._clients[address] = RolloutClient(address)
         return await self._clients[address].generate(agent.pool, adapter=agent.adapter, messages=messages,
-                                                     sampling=agent.sampling, n=n)
+                                                     sampling=agent.sampling, n=n,
+                                                     expected_version=self.expected.get((agent.pool, agent.adapter)))
 
     async def close(self) -> None:
         for client in self._clients.values():

@@ -64,10 +64,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         for agent in plan.agents.values():
             if agent.pool not in plan.pool_addresses:
                 self.replica.pool(agent.pool)
-        local = [p for p in (rollout_wire.policy_from_pb(v) for v in request.expected_versions)
-                 if p.pool in self.replica.pools]   # remote pools are checked by their replicas' tags
-        self.replica.check_versions(local)
-        generator = self.replica.routed(plan.pool_addresses)
+        # Remote pools are checked by their replicas, on each Generate the routed generator sends.
+        self.replica.check_versions([p for p in plan.expected_versions if p.pool in self.replica.pools])
+        generator = self.replica.routed(plan.pool_addresses, plan.expected_versions)
         try:
             async for event in collect(plan, self.envs, generator):
                 yield rollout_wire.end_to_pb(event, plan) if isinstance(event, EpisodeEnd) else rollout_wire.sample_to_pb(event, plan)

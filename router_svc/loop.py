@@ -42,7 +42,15 @@ from atgrpo.rundir import Checkpoint, Progress, RunDir
 from env_svc.client import EnvClient
 from rollout_svc.client import RolloutClient
 from router_svc import events, metrics
-from router_svc.plan import collect_plan, env_options, shard, step_batches, step_tasks
+from router_svc.plan import (
+    collect_plan,
+    env_options,
+    off_version,
+    parallel_problem,
+    shard,
+    step_batches,
+    step_tasks,
+)
 from trainer_svc.client import TrainerClient
 
 log = logging.getLogger("atgrpo.router")
@@ -112,7 +120,10 @@ def pool_metrics(r: TrainResult) -> dict[str, Any]:
     return {"agents": {a: int(m["samples"]) for a, m in r.agents.items()}, "version": r.version,
             **{k: r.metrics[k] for k in ("loss", "approx_kl", "clip_fraction", "grad_norm", "entropy",
                                          "push_seconds", "train_seconds")},
-            **{k: int(r.metrics[k]) for k in ("push_bytes", "tokens", "samples")}}
+            **({"kl_ref": r.metrics["kl_ref"]} if "kl_ref" in r.metrics else {}),
+            **{k: int(r.metrics.get(k, 0)) for k in ("push_bytes", "tokens", "samples", "staleness_max", "masked_tokens")},
+            **({"agent_grad_norm": norms} if (norms := {a: m["grad_norm"] for a, m in r.agents.items()
+                                                          if "grad_norm" in m}) else {})}
 
 
 class RunLoop:
@@ -131,6 +142,7 @@ class RunLoop:
         self._task_ids: dict[str, list[str] | None] = {}
         self._last_checkpoint: Checkpoint | None = None
         self._failures = 0
+        self._retries = 0       # faults recovered from since the last recorded step
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -168,6 +180,7 @@ class RunLoop:
                 return True
             except RECOVERABLE as err:
                 self._failures += 1
+                self._retries += 1
                 if self._failures >= MAX_ATTEMPTS:
                     raise
                 delay = min(10.0, 0.25 * 2 ** self._failures)     # faults in a row back off further
@@ -203,6 +216,9 @@ class RunLoop:
         elif tuple(env.turn_order) != tuple(spec.turn_order):
             problems.append(f"env.turn_order is {list(env.turn_order)}, but env {env.name!r} with these options "
                             f"acts in the order {list(spec.turn_order)}: make them the same")
+        parallel = parallel_problem(env.parallel, spec.parallel, env.name)
+        if parallel:
+            problems.append(parallel)
         if env.max_turns > spec.max_turns:
             problems.append(f"env.max_turns is {env.max_turns}, over the {spec.max_turns} turns env {env.name!r} "
                             "allows with these options (its spec's max_turns): lower env.max_turns, or raise the "
@@ -276,8 +292,11 @@ class RunLoop:
         cfg = self.cfg
         start = time.perf_counter()
         tasks = await self.tasks(cfg.env.train_split, step - 1, cfg.run.tasks_per_step)
-        samples, ends = await self.collect(collect_plan(cfg, tasks, step=step))
+        samples, ends = await self.collect(collect_plan(cfg, tasks, step=step, versions=self.versions))
         _check_complete(ends, len(tasks))
+        stale = off_version(samples, self.versions)
+        if stale:   # recovery pushes the current weights to the replica, then the step is collected again
+            raise FailedPrecondition(f"step {step}: {stale}; nothing of this step is trained")
         rollout_s = time.perf_counter() - start
         pool_of = {a: cfg.agents[a].pool for a in cfg.env.turn_order}
         batches = step_batches(samples, pool_of, alpha=cfg.algorithm.alpha, norm_std=cfg.algorithm.norm_std,
@@ -290,7 +309,9 @@ class RunLoop:
         sync_s = max((r["push_seconds"] for r in results.values()), default=0.0)
         event = events.step_event(step, batches, ends, results, {
             "rollout_seconds": rollout_s, "train_seconds": train_s - sync_s, "weight_sync_seconds": sync_s,
-            "step_seconds": time.perf_counter() - start, "time": time.time()}, cfg.env.turn_order)
+            "step_seconds": time.perf_counter() - start, "time": time.time(), "retries": self._retries},
+            cfg.env.turn_order)
+        self._retries = 0
         self.completed = step
         self.dir.write_progress(Progress(cfg.run.name, step, dict(self.versions), self._last_checkpoint))
         self._record(event)
@@ -348,7 +369,7 @@ class RunLoop:
     async def evaluate(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
         tasks = await self.tasks(cfg.env.eval_split, 0, cfg.run.eval_tasks, distinct=True)   # the same every time
-        _, ends = await self.collect(collect_plan(cfg, tasks, step=step, eval_mode=True))
+        _, ends = await self.collect(collect_plan(cfg, tasks, step=step, eval_mode=True, versions=self.versions))
         _check_complete(ends, len(tasks))
         event = events.eval_event(step, ends, cfg.env.turn_order)
         self._record(event)

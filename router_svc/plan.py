@@ -12,7 +12,7 @@ import torch
 
 from atgrpo.algo.advantages import group_advantages, group_index, mix_rewards
 from atgrpo.config import RunConfig
-from atgrpo.contract.rollout import AgentPlan, CollectPlan, EpisodeEnd, Sample, TaskRef
+from atgrpo.contract.rollout import AgentPlan, CollectPlan, EpisodeEnd, PolicyRef, Sample, TaskRef
 from atgrpo.contract.trainer import TrainSample
 from atgrpo.sdk.env import TURN_ORDER_OPTION, seed_for
 
@@ -107,7 +107,7 @@ def step_batches(samples: Sequence[Sample], pool_of: Mapping[str, str], *, alpha
             continue
         st.advantages.append(float(adv[i]))
         per_pool[pool_of[s.agent]].append(TrainSample(s.agent, s.prompt_ids, s.response_ids, s.logprobs,
-                                                      float(adv[i]), s.sampling))
+                                                      float(adv[i]), s.sampling, s.policy.version))
     return StepBatches(dict(per_pool), dict(stats), dropped, rewards.tolist(), adv.tolist())
 
 
@@ -137,8 +137,44 @@ def env_options(cfg: RunConfig) -> dict:
     return {**cfg.env.options, TURN_ORDER_OPTION: list(cfg.env.turn_order)}
 
 
-def collect_plan(cfg: RunConfig, tasks: Sequence[TaskRef], *, step: int, eval_mode: bool = False) -> CollectPlan:
-    """Training collects K-way trees; evaluation one flat rollout per task with eval sampling."""
+def parallel_problem(config_parallel: bool, spec_parallel: bool, env_name: str) -> str | None:
+    """None when the run config's env.parallel equals the env's own EnvSpec.parallel (under the
+    run's options); else what to change. The tree driver plays turns the config's way, so an env
+    scored for the other way would hand out the wrong rewards."""
+    if bool(config_parallel) == bool(spec_parallel):
+        return None
+    want = "true" if spec_parallel else "false"
+    ways = {True: "in parallel (every agent acts on the turn's starting state)",
+            False: "sequentially (each agent sees the previous agent's move)"}
+    return (f"env.parallel is {str(bool(config_parallel)).lower()}, but env {env_name!r} with these options "
+            f"plays its turns {ways[bool(spec_parallel)]}: set env.parallel: {want} to match, or change the "
+            f"env's own option (for the built-in envs, env.options.parallel: {str(bool(config_parallel)).lower()})")
+
+
+def expected_versions(cfg: RunConfig, versions: Mapping[str, int]) -> tuple[PolicyRef, ...]:
+    """The policies a step must be sampled from: each trainable pool's model, or each of its
+    agents' adapters, at the version its trainer holds (`versions`: pool -> version)."""
+    full = [PolicyRef(p, "", v) for p, v in versions.items() if cfg.pools[p].specialization != "lora"]
+    lora = [PolicyRef(a.pool, a.adapter, versions[a.pool]) for a in agent_plans(cfg).values()
+            if a.adapter and a.pool in versions]
+    return (*full, *lora)
+
+
+def off_version(samples: Sequence[Sample], versions: Mapping[str, int]) -> str | None:
+    """What is wrong when a sample of a trainable pool was not drawn from the version its trainer
+    holds (a replica that swapped or restarted mid-collection); None when all were."""
+    for s in samples:
+        want = versions.get(s.policy.pool)
+        if want is not None and s.policy.version != want:
+            return (f"task {s.task_id!r}, agent {s.agent!r} was sampled from {s.policy.pool!r} version "
+                    f"{s.policy.version}, not {want}")
+    return None
+
+
+def collect_plan(cfg: RunConfig, tasks: Sequence[TaskRef], *, step: int, eval_mode: bool = False,
+                 versions: Mapping[str, int] | None = None) -> CollectPlan:
+    """Training collects K-way trees; evaluation one flat rollout per task with eval sampling.
+    `versions` (pool -> version) pins the weights every replica must serve."""
     alg = cfg.algorithm
     return CollectPlan(
         env=cfg.env.name, tasks=tuple(tasks), agents=agent_plans(cfg, eval_mode=eval_mode),
@@ -146,7 +182,7 @@ def collect_plan(cfg: RunConfig, tasks: Sequence[TaskRef], *, step: int, eval_mo
         k=1 if eval_mode else alg.k, mode="flat" if eval_mode else "tree",
         selection="first" if eval_mode else alg.selection, parallel=cfg.env.parallel, alpha=alg.alpha,
         env_options=env_options(cfg), max_concurrent_tasks=max(1, len(tasks)),
-        run_id=cfg.run.name, step=step)
+        expected_versions=expected_versions(cfg, versions) if versions else (), run_id=cfg.run.name, step=step)
 
 
 def shard(plan: CollectPlan, rollout: Mapping[str, Sequence[str]]) -> list[tuple[str, CollectPlan]]:

@@ -20,6 +20,12 @@ CLIP_RATIO = Gauge("atgrpo_trainer_clip_ratio", "Fraction of tokens whose ratio 
 GRAD_NORM = Gauge("atgrpo_trainer_grad_norm", "Gradient norm before clipping, mean over the last update's "
                   "optimizer steps.", _POOL)
 ENTROPY = Gauge("atgrpo_trainer_entropy_nats", "Mean token entropy of the policy in the last update.", _POOL)
+KL_REF = Gauge("atgrpo_trainer_kl_ref", "k3 KL of the policy to the frozen reference in the last update "
+               "(0 when kl_coef is 0).", _POOL)
+STALENESS = Gauge("atgrpo_trainer_staleness_max", "Versions between the weights the last update started from "
+                  "and the oldest weights its samples were drawn with.", _POOL)
+MASKED_TOKENS = Counter("atgrpo_trainer_masked_tokens_total", "Response tokens left out of the loss because "
+                        "a log-prob was -inf (the sampler's and trainer's top-k/top-p masks disagreed).", _POOL)
 UPDATES = Counter("atgrpo_trainer_updates_total", "Updates (Train calls that trained; replays excluded).", _POOL)
 UPDATE_SECONDS = Histogram("atgrpo_trainer_update_seconds", "Time of one update, weight push excluded.", _POOL,
                            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800))
@@ -43,10 +49,12 @@ def observe_update(run: str, pool: str, version: int, m: Mapping[str, float],
     """One update: `m` is the TrainResult's metrics, `agents` its per-agent samples and tokens."""
     set_version(run, pool, version)
     for gauge, key in ((LOSS, "loss"), (APPROX_KL, "approx_kl"), (CLIP_RATIO, "clip_fraction"),
-                       (GRAD_NORM, "grad_norm"), (ENTROPY, "entropy")):
+                       (GRAD_NORM, "grad_norm"), (ENTROPY, "entropy"), (KL_REF, "kl_ref"),
+                       (STALENESS, "staleness_max")):
         if key in m:
             gauge.labels(run, pool).set(m[key])
     UPDATES.labels(run, pool).inc()
+    MASKED_TOKENS.labels(run, pool).inc(m.get("masked_tokens", 0.0))
     if "train_seconds" in m:
         UPDATE_SECONDS.labels(run, pool).observe(m["train_seconds"])
     for agent, a in agents.items():

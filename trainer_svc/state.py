@@ -8,6 +8,7 @@ pool's checkpoint resumes in one process and the other way round."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import pickle
@@ -70,6 +71,7 @@ class PoolState:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, spec.warmup_steps, spec.total_steps, spec.min_lr_ratio))
         self.generator = torch.Generator().manual_seed(spec.seed)
+        self._reference = None   # a full pool's frozen initial weights, loaded when the KL first needs them
 
     def _load_model(self):
         from transformers import AutoModelForCausalLM
@@ -96,14 +98,30 @@ class PoolState:
             p.requires_grad = "lora_" in name
         return model
 
+    @contextlib.contextmanager
+    def reference(self):
+        """The frozen reference the KL term scores with: a LoRA pool's base with every adapter
+        off (no second copy), a full pool's initial weights (model_path; loaded on first use, so a
+        run with kl_coef 0 holds nothing extra; in bf16 under mixed precision, where the forward
+        runs in bf16 anyway). Every rank calls it in step, so a sharded pool shards it alike."""
+        if self.lora:
+            with self.model.disable_adapter():
+                yield self.model
+            return
+        if self._reference is None:
+            ref = self._load_model()
+            if self.mixed_bf16:
+                ref = ref.to(torch.bfloat16)
+            ref = ref.requires_grad_(False).eval().to(self.device)
+            self._reference = shard(ref, self.device) if self.sharded else ref
+        yield self._reference
+
     @property
     def lora(self) -> bool:
         return self.spec.specialization == "lora"
 
     def activate(self, agent: str):
         """Make `agent`'s adapter the active one (LoRA pools); returns a no-op context."""
-        import contextlib
-
         self.model.base_model.set_adapter(agent)
         for name, p in self.model.named_parameters():
             p.requires_grad = "lora_" in name   # set_adapter freezes inactive adapters; keep all trainable

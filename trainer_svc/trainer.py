@@ -22,6 +22,20 @@ from trainer_svc.state import PoolState
 from trainer_svc.update import update, validate
 
 
+def staleness_max(samples: Sequence[TrainSample], allowed: int) -> int:
+    """How many versions the oldest pinned sample lags `allowed`, the version the pool holds. A
+    synchronous run trains on-policy only: a sample of any other version (a rollout replica that
+    restarted and served its initial weights, say) is refused whole, before anything trains."""
+    for i, s in enumerate(samples):
+        if s.policy_version is not None and s.policy_version != allowed:
+            raise FailedPrecondition(
+                f"sample {i} (agent {s.agent!r}) was drawn from version {s.policy_version}, but this run trains only "
+                f"on version {allowed}, the weights the pool holds: nothing was trained; collect the step again "
+                f"from replicas that serve version {allowed} (the router resyncs them)")
+    pinned = [s.policy_version for s in samples if s.policy_version is not None]
+    return allowed - min(pinned) if pinned else 0
+
+
 class PoolOps:
     """The pool operations every rank runs, in the same order: on a pool over several ranks
     (torchrun) rank 0's Trainer drives them and the other ranks replay each one it sends them
@@ -42,7 +56,8 @@ class PoolOps:
     def train(self, samples: Sequence[TrainSample], cfg: UpdateConfig) -> dict[str, float]:
         state = self.state
         metrics = update(state.model, state.optimizer, samples, cfg, params=state.params, device=state.device,
-                         adapter=state.activate if state.lora else None, generator=state.generator)
+                         adapter=state.activate if state.lora else None, generator=state.generator,
+                         reference=state.reference)
         state.scheduler.step()
         state.version += 1
         state.updates += 1
@@ -145,17 +160,22 @@ class Trainer:
                 raise FailedPrecondition(f"the samples were drawn from version {expected_version}, the pool is at "
                                          f"{state.version}: recollect with the current weights (on-policy)")
             validate(samples, state.spec.agents, cfg.micro_batch_tokens)
+            staleness = staleness_max(samples, state.version)
             cfg = dataclasses.replace(cfg, autocast_bf16=state.mixed_bf16)
             start = time.perf_counter()
             metrics = await self._run("train", samples, cfg)
             metrics["train_seconds"] = time.perf_counter() - start
             metrics["tokens"] = float(sum(len(s.response_ids) for s in samples))
             metrics["samples"] = float(len(samples))
-            trained = sorted({s.agent for s in samples})
-            push_s, push_bytes = await self._push(state, trained)
+            metrics["staleness_max"] = float(staleness)
+            # Every adapter goes out, trained or not, so each of the pool's policies is at the
+            # pool's version: what the router pins in Collect and this check allows.
+            push_s, push_bytes = await self._push(state, state.spec.agents if state.lora else [])
             metrics.update(push_seconds=push_s, push_bytes=float(push_bytes))
             agents = {a: {"samples": float(sum(s.agent == a for s in samples)),
-                          "tokens": float(sum(len(s.response_ids) for s in samples if s.agent == a))} for a in trained}
+                          "tokens": float(sum(len(s.response_ids) for s in samples if s.agent == a)),
+                          **({"grad_norm": metrics.pop(f"grad_norm/{a}")} if f"grad_norm/{a}" in metrics else {})}
+                      for a in sorted({s.agent for s in samples})}
             result = TrainResult(run_id, step, state.version, metrics, agents)
             telemetry.observe_update(run_id, state.spec.pool, state.version, metrics, agents)
             self._done[(run_id, step)] = result

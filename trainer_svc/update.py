@@ -4,8 +4,13 @@ Samples are validated whole before anything trains. Each of `epochs` passes walk
 mini-batches (one optimizer step each); a mini-batch is split into micro-batches by a token
 budget, and every micro-batch's loss is weighted by its share of the mini-batch's tokens, so the
 gradient is the token-mean over the whole mini-batch whatever the micro-batching (1 x 8 equals
-8 x 1). On a LoRA pool a micro-batch holds one agent's samples and runs with that agent's
-adapter active: an agent's samples update only its adapter.
+8 x 1). On a LoRA pool each agent's policy updates on its own, as the paper's per-agent
+updates do: an agent's mini-batches hold only its samples, run with its adapter active, are a
+token-mean over its own tokens and clip its adapter's gradient by its own norm, so an agent's
+samples update only its adapter and never scale another agent's step.
+
+With kl_coef > 0 every micro-batch is also scored by the frozen reference (no gradient) and the
+loss adds kl_coef x the token-mean k3 KL to it (atgrpo.algo.loss).
 
 On a pool spread over several ranks (torchrun; see sharding.py and distributed.py) every rank
 runs `update` on the same samples at once and takes its share of each mini-batch; the gradients
@@ -17,9 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import math
+import zlib
 from collections.abc import Callable, Sequence
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from atgrpo.algo.loss import policy_loss
 from atgrpo.algo.sampling import transform_logits
@@ -29,6 +36,10 @@ from atgrpo.errors import InvalidArgument
 from trainer_svc.sharding import is_sharded, world
 
 METRIC_KEYS = ("loss", "clip_fraction", "approx_kl", "entropy")
+
+# The frozen reference for the KL term: a context that yields the model to score with (a LoRA
+# pool's base with its adapters off, or a full pool's initial weights).
+Reference = Callable[[], contextlib.AbstractContextManager]
 
 
 def validate(samples: Sequence[TrainSample], agents: Sequence[str], max_tokens: int | None = None) -> None:
@@ -49,8 +60,10 @@ def validate(samples: Sequence[TrainSample], agents: Sequence[str], max_tokens: 
                                   "log-probs; send one log-prob per token")
         if not math.isfinite(s.advantage):
             raise InvalidArgument(f"{where}: advantage {s.advantage} is not finite")
-        if not all(math.isfinite(x) for x in s.old_logprobs):
-            raise InvalidArgument(f"{where}: a log-prob is not finite")
+        # -inf is a token the sampling distribution excludes (the loss leaves it out); NaN and
+        # +inf are no log-probability at all.
+        if not all(x == -math.inf or math.isfinite(x) for x in s.old_logprobs):
+            raise InvalidArgument(f"{where}: a log-prob is NaN or +inf; send log-probs <= 0 (-inf allowed)")
         length = len(s.prompt_ids) + len(s.response_ids)
         if max_tokens is not None and length > max_tokens:
             raise InvalidArgument(f"{where}: {length} tokens, over the trainer's micro-batch budget of "
@@ -74,13 +87,40 @@ def micro_batches(rows: Sequence[int], samples: Sequence[TrainSample], budget: i
     return out
 
 
-def response_logprobs(model, batch: Sequence[TrainSample], device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+# Response positions per log-softmax pass. The (rows, positions, vocab) float32 temporaries of
+# one pass (logits, log-probs, probabilities) are what bounds it: 2048 positions of a 151,936-token
+# vocabulary are 1.2 GiB each. Past one pass each is recomputed in the backward (checkpointed) instead
+# of kept, so the peak holds one pass's, whatever the micro-batch.
+LOGPROB_CHUNK_TOKENS = 2048
+
+
+def _token_stats(logits: torch.Tensor, targets: torch.Tensor, sampling: Sampling,
+                 with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R, T, V) logits -> the targets' log-probs and the entropies (R, T) under `sampling`."""
+    logp = torch.log_softmax(transform_logits(logits.float(), sampling), dim=-1)
+    lp = logp.gather(-1, targets[..., None]).squeeze(-1)
+    if not with_entropy:
+        return lp, torch.zeros_like(lp)
+    probs = logp.exp()
+    return lp, -(probs * torch.where(probs > 0, logp, torch.zeros_like(logp))).sum(-1)
+
+
+def _chunks(rows: int, positions: int, budget: int) -> list[tuple[int, int]]:
+    step = max(1, budget // max(rows, 1))
+    return [(t, min(t + step, positions)) for t in range(0, positions, step)]
+
+
+def response_logprobs(model, batch: Sequence[TrainSample], device: str, *, with_entropy: bool = True,
+                      chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token log-probs and entropies of each response under its own sampling transform.
 
     Prompts are left-padded and responses right-padded, so every response starts at the same
     column: the model computes logits for the response positions only, and the transform runs
-    once per distinct sampling setting instead of once per row.
-    Returns logprobs, entropy, mask: (B, T) with T the longest response; mask 1 on real tokens.
+    once per distinct sampling setting instead of once per row, over `chunk_tokens` positions at
+    a time (each position's figures are computed alone, so chunking changes no number).
+    Returns logprobs, entropy, mask: (B, T) with T the longest response; mask 1 on real tokens,
+    and 0 in logprobs and entropy elsewhere. A real token outside the transform's support has
+    log-prob -inf (policy_loss leaves it out).
     """
     p_max = max(len(s.prompt_ids) for s in batch)
     t_max = max(len(s.response_ids) for s in batch)
@@ -98,59 +138,69 @@ def response_logprobs(model, batch: Sequence[TrainSample], device: str) -> tuple
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
                 logits_to_keep=t_max + 1)
-    logits = out.logits[:, :-1].float()                                     # (B, T, V): predicts each response token
-    logp = torch.empty_like(logits)
+    logits = out.logits[:, :-1]                                             # (B, T, V): predicts each response token
+    targets, mask = targets.to(device), mask.to(device)
+    lp = torch.zeros(mask.shape, device=logits.device)
+    ent = torch.zeros(mask.shape, device=logits.device)
     rows_by_sampling: dict[Sampling, list[int]] = {}
     for i, s in enumerate(batch):
         rows_by_sampling.setdefault(s.sampling, []).append(i)
     for sampling, rows in rows_by_sampling.items():
         idx = torch.tensor(rows, device=logits.device)
-        logp[idx] = torch.log_softmax(transform_logits(logits[idx], sampling), dim=-1)
-    targets, mask = targets.to(device), mask.to(device)
-    lp = logp.gather(-1, targets[..., None]).squeeze(-1) * mask            # (B, T)
-    probs = logp.exp()
-    ent = -(probs * torch.where(probs > 0, logp, torch.zeros_like(logp))).sum(-1) * mask   # (B, T)
-    return lp, ent, mask
+        spans = _chunks(len(rows), t_max, chunk_tokens)
+        for t0, t1 in spans:
+            args = (logits[idx, t0:t1], targets[idx, t0:t1], sampling, with_entropy)
+            if len(spans) > 1 and torch.is_grad_enabled():
+                part = checkpoint(_token_stats, *args, use_reentrant=False)
+            else:
+                part = _token_stats(*args)
+            lp[idx, t0:t1], ent[idx, t0:t1] = part
+    real = mask > 0     # where(), not a product: -inf * 0 is NaN on padding the transform excludes
+    return torch.where(real, lp, torch.zeros_like(lp)), torch.where(real, ent, torch.zeros_like(ent)), mask
 
 
-def _by_agent(rows: Sequence[int], samples: Sequence[TrainSample]) -> list[list[int]]:
-    groups: dict[str, list[int]] = {}
-    for r in rows:
-        groups.setdefault(samples[r].agent, []).append(r)
-    return list(groups.values())
+def _micro_batches(rows: Sequence[int], samples: Sequence[TrainSample], cfg: UpdateConfig) -> list[list[int]]:
+    return micro_batches(rows, samples, cfg.micro_batch_tokens) if rows else []
 
 
-def _micro_plan(rows: Sequence[int], samples: Sequence[TrainSample], cfg: UpdateConfig,
-                by_agent: bool) -> list[list[int]]:
-    groups = (_by_agent(rows, samples) if by_agent else [rows]) if rows else []
-    return [m for g in groups for m in micro_batches(g, samples, cfg.micro_batch_tokens)]
-
-
-def _plan(mini: Sequence[int], samples: Sequence[TrainSample], cfg: UpdateConfig, by_agent: bool,
+def _plan(mini: Sequence[int], samples: Sequence[TrainSample], cfg: UpdateConfig,
           rank: int, world_size: int, sharded: bool) -> list[tuple[list[int], float]]:
     """This rank's micro-batches of a mini-batch (rows rank::world), each with a weight: 1, or 0
     for padding. FSDP all-gathers in every forward and reduce-scatters in every backward, so
     under FSDP every rank must run as many micro-batches: one with fewer repeats a real row at
     weight 0 (it adds nothing to the gradient but takes part in the collectives)."""
-    mine = [(m, 1.0) for m in _micro_plan(mini[rank::world_size], samples, cfg, by_agent)]
+    mine = [(m, 1.0) for m in _micro_batches(mini[rank::world_size], samples, cfg)]
     if sharded:
-        most = max(len(_micro_plan(mini[r::world_size], samples, cfg, by_agent)) for r in range(world_size))
+        most = max(len(_micro_batches(mini[r::world_size], samples, cfg)) for r in range(world_size))
         mine += [([mini[0]], 0.0)] * (most - len(mine))
     return mine
 
 
-def _micro_step(model, batch: Sequence[TrainSample], cfg: UpdateConfig, device: str, share: float) -> dict[str, float]:
-    """Forward and backward of one micro-batch, its loss scaled by `share` (its part of the
-    mini-batch's tokens); returns its share-weighted metrics."""
-    with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
-        lp, ent, mask = response_logprobs(model, batch, device)
-    old = torch.zeros_like(lp)
+def _old_logprobs(batch: Sequence[TrainSample], like: torch.Tensor) -> torch.Tensor:
+    old = torch.zeros_like(like)
     for i, s in enumerate(batch):
         old[i, :len(s.old_logprobs)] = torch.tensor(list(s.old_logprobs))
+    return old
+
+
+def _micro_step(model, batch: Sequence[TrainSample], cfg: UpdateConfig, device: str, share: float,
+                reference: Reference | None) -> dict[str, float]:
+    """Forward and backward of one micro-batch, its loss scaled by `share` (its part of the
+    mini-batch's tokens); returns its share-weighted metrics and its masked-token count."""
+    with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
+        lp, ent, mask = response_logprobs(model, batch, device)
+        ref = None
+        if cfg.loss.kl_coef and reference is not None:
+            with torch.no_grad(), reference() as ref_model:
+                ref = response_logprobs(ref_model, batch, device, with_entropy=False)[0]
     adv = torch.tensor([s.advantage for s in batch], device=device)
-    loss, m = policy_loss(lp, old, adv, mask, cfg.loss, entropy=ent)
+    loss, m = policy_loss(lp, _old_logprobs(batch, lp), adv, mask, cfg.loss, ref_logprobs=ref, entropy=ent)
     (loss * share).backward()
-    return {k: m[k] * share for k in METRIC_KEYS}
+    return {k: m[k] * share for k in _mean_keys(cfg)} | {"masked_tokens": m["masked_tokens"]}
+
+
+def _mean_keys(cfg: UpdateConfig) -> tuple[str, ...]:
+    return (*METRIC_KEYS, "kl_ref") if cfg.loss.kl_coef else METRIC_KEYS
 
 
 def _all_reduce_grads(params: Sequence[torch.nn.Parameter]) -> None:
@@ -177,55 +227,106 @@ def _sum_over_ranks(stats: dict[str, float]) -> None:
 
 
 def _clip(params: Sequence[torch.nn.Parameter], max_norm: float) -> float:
-    norm = torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm)
+    with_grad = [p for p in params if p.grad is not None]
+    if not with_grad:
+        return 0.0
+    norm = torch.nn.utils.clip_grad_norm_(with_grad, max_norm)
     # Under FSDP the norm is a replicated DTensor, already reduced over every rank's shards.
     return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
 
 def _mini_batch(model, samples: Sequence[TrainSample], mini: Sequence[int], cfg: UpdateConfig, device: str,
-                adapter, sharded: bool) -> dict[str, float]:
-    """Accumulate this rank's gradients for one mini-batch; returns its share-weighted metrics."""
+                agent: str | None, adapter, sharded: bool, reference: Reference | None) -> dict[str, float]:
+    """Accumulate this rank's gradients for one mini-batch (of one agent when `agent` is set, with
+    its adapter active); returns its share-weighted metrics."""
     rank, world_size = world()
     total = sum(len(samples[r].response_ids) for r in mini)
-    stats = dict.fromkeys(METRIC_KEYS, 0.0)
-    for micro, weight in _plan(mini, samples, cfg, adapter is not None, rank, world_size, sharded):
+    stats = dict.fromkeys((*_mean_keys(cfg), "masked_tokens"), 0.0)
+    for micro, weight in _plan(mini, samples, cfg, rank, world_size, sharded):
         batch = [samples[r] for r in micro]
         share = weight * sum(len(s.response_ids) for s in batch) / total
-        with adapter(batch[0].agent) if adapter else contextlib.nullcontext():
-            for k, v in _micro_step(model, batch, cfg, device, share).items():
-                stats[k] += v
+        with adapter(agent) if agent is not None else contextlib.nullcontext():
+            for k, v in _micro_step(model, batch, cfg, device, share, reference).items():
+                stats[k] += v * weight if k == "masked_tokens" else v   # padding rows count no tokens
     return stats
+
+
+def _agent_order(seed: int, agent: str, n: int) -> list[int]:
+    """An agent's own shuffle: from one draw of the pool's generator and the agent's name, so it
+    does not depend on how many samples the other agents had."""
+    generator = torch.Generator().manual_seed((seed + zlib.crc32(agent.encode())) % 2**63)
+    return torch.randperm(n, generator=generator).tolist()
+
+
+def steps_of_epoch(samples: Sequence[TrainSample], mini_batch_size: int, per_agent: bool,
+                   generator: torch.Generator | None) -> list[list[tuple[str | None, list[int]]]]:
+    """Each optimizer step of one epoch as its clip groups: (agent, rows) pairs.
+
+    One shared model: one group (agent None) per step, `mini_batch_size` rows of one shuffle of
+    all samples. Per-agent adapters (LoRA) update each agent's policy on its own: each agent's
+    rows are shuffled apart, step i holds the i-th mini-batch of every agent that has one, and
+    each group's loss is a token-mean over its own tokens and clipped on its own, so one agent's
+    samples never change another agent's step."""
+    if not per_agent:
+        order = torch.randperm(len(samples), generator=generator).tolist()
+        return [[(None, order[i:i + mini_batch_size])] for i in range(0, len(order), mini_batch_size)]
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    rows: dict[str, list[int]] = {}
+    for i, s in enumerate(samples):
+        rows.setdefault(s.agent, []).append(i)
+    minis = {a: [[r[j] for j in _agent_order(seed, a, len(r))][i:i + mini_batch_size]
+                 for i in range(0, len(r), mini_batch_size)] for a, r in rows.items()}
+    steps = max(len(m) for m in minis.values())
+    return [[(a, m[i]) for a, m in minis.items() if i < len(m)] for i in range(steps)]
+
+
+def adapter_params(model, agent: str) -> list[torch.nn.Parameter]:
+    """The trainable parameters of `agent`'s LoRA adapter (PEFT names them lora_X.<adapter>)."""
+    return [p for n, p in model.named_parameters() if "lora_" in n and f".{agent}." in n]
 
 
 def update(model, optimizer: torch.optim.Optimizer, samples: Sequence[TrainSample], cfg: UpdateConfig, *,
            params: Sequence[torch.nn.Parameter], device: str = "cpu",
            adapter: Callable[[str], contextlib.AbstractContextManager] | None = None,
-           generator: torch.Generator | None = None) -> dict[str, float]:
-    """Run the update; returns averaged metrics. `adapter(agent)` activates an agent's LoRA
-    adapter (None: one shared model). `generator` seeds the mini-batch order (exact resume).
+           generator: torch.Generator | None = None, reference: Reference | None = None) -> dict[str, float]:
+    """Run the update; returns averaged metrics (per agent of a LoRA pool also `grad_norm/<agent>`).
+    `adapter(agent)` activates an agent's LoRA adapter (None: one shared model). `generator`
+    seeds the mini-batch order (exact resume). `reference()` gives the frozen reference model
+    for the KL term (used only when kl_coef > 0).
 
     Under torch.distributed every rank gets the same samples and generator seed and works on its
     share of each mini-batch (rows rank::world). Replicated (ddp): gradients are summed by
     all-reduce before each step. Sharded (an FSDP2 `model`, see sharding.py): FSDP sums them
     by reduce-scatter in every backward, and each rank steps its own shard. Either way the
     result is the single-process one whatever the world size."""
+    if cfg.loss.kl_coef and reference is None:
+        raise ValueError("kl_coef > 0 needs the frozen reference: pass reference=")
     world_size = world()[1]
     sharded = is_sharded(model)
-    stats = dict.fromkeys((*METRIC_KEYS, "grad_norm"), 0.0)
-    steps = 0
+    stats: dict[str, float] = dict.fromkeys((*_mean_keys(cfg), "grad_norm", "masked_tokens"), 0.0)
+    norms: dict[str, list[float]] = {}
+    groups = steps = 0
     model.train()
     for _ in range(cfg.epochs):
-        order = torch.randperm(len(samples), generator=generator).tolist()
-        for start in range(0, len(order), cfg.mini_batch_size):
+        for step in steps_of_epoch(samples, cfg.mini_batch_size, adapter is not None, generator):
             optimizer.zero_grad(set_to_none=True)
-            step = _mini_batch(model, samples, order[start:start + cfg.mini_batch_size], cfg, device, adapter, sharded)
+            parts = {f"{i}/{k}": v for i, (agent, rows) in enumerate(step)
+                     for k, v in _mini_batch(model, samples, rows, cfg, device, agent, adapter, sharded,
+                                             reference).items()}
             if world_size > 1:
-                _sum_over_ranks(step)
+                _sum_over_ranks(parts)
                 if not sharded:
                     _all_reduce_grads(params)
-            for k, v in step.items():
-                stats[k] += v
-            stats["grad_norm"] += _clip(params, cfg.grad_clip)
+            for key, v in parts.items():
+                stats[key.split("/", 1)[1]] += v
+            for agent, _ in step:
+                norm = _clip(params if agent is None else adapter_params(model, agent), cfg.grad_clip)
+                norms.setdefault(agent or "", []).append(norm)
+                stats["grad_norm"] += norm
             optimizer.step()
+            groups += len(step)
             steps += 1
-    return {k: v / max(steps, 1) for k, v in stats.items()} | {"optimizer_steps": float(steps)}
+    # masked_tokens: of the samples (each epoch sees them again); the rest: means over the groups.
+    out = {k: v / cfg.epochs if k == "masked_tokens" else v / max(groups, 1) for k, v in stats.items()}
+    per_agent = {f"grad_norm/{a}": sum(n) / len(n) for a, n in norms.items() if a}
+    return out | per_agent | {"optimizer_steps": float(steps)}

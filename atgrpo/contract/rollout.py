@@ -66,6 +66,9 @@ class CollectPlan:
     env_options: dict[str, Any] = field(default_factory=dict)
     max_concurrent_tasks: int = 8
     pool_addresses: dict[str, str] = field(default_factory=dict)   # pools served by other replicas
+    # The weights the samples must come from: a replica serving another version of any of them
+    # answers FAILED_PRECONDITION before it starts (and the router brings it up to date).
+    expected_versions: tuple[PolicyRef, ...] = ()
     run_id: str = ""
     step: int = 0
 

@@ -108,7 +108,8 @@ def collect_plan_from_pb(m: pb.CollectRequest) -> CollectPlan:
         selection=_enum(_SELECTIONS, m.selection, "selection", pb.Selection), alpha=m.alpha,
         env_options=dict_from(m.env_options, "env_options"),
         max_concurrent_tasks=m.max_concurrent_tasks or 8, pool_addresses=dict(m.pool_addresses),
-        run_id=m.run_id, step=m.step, parallel=m.parallel)
+        run_id=m.run_id, step=m.step, parallel=m.parallel,
+        expected_versions=tuple(policy_from_pb(v) for v in m.expected_versions))
 
 
 def collect_plan_to_pb(p: CollectPlan) -> pb.CollectRequest:
@@ -122,7 +123,8 @@ def collect_plan_to_pb(p: CollectPlan) -> pb.CollectRequest:
                                 system_prompt=a.system_prompt) for a in p.agents.values()],
         turn_order=list(p.turn_order), max_turns=p.max_turns, k=p.k, mode=modes[p.mode],
         selection=selections[p.selection], alpha=p.alpha, max_concurrent_tasks=p.max_concurrent_tasks,
-        pool_addresses=p.pool_addresses, parallel=p.parallel)
+        pool_addresses=p.pool_addresses, parallel=p.parallel,
+        expected_versions=[policy_to_pb(v) for v in p.expected_versions])
 
 
 def sample_to_pb(s: Sample, plan: CollectPlan) -> pb.CollectEvent:

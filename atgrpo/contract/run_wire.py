@@ -27,7 +27,8 @@ def status_from_pb(m: pb.RunStatus) -> dict[str, Any]:
 
 _AGENT_STEP = ("reward_mean", "success_rate", "turns_mean", "samples", "groups", "zero_variance_fraction",
                "advantage_mean", "advantage_std", "prompt_truncated_fraction", "response_truncated_fraction")
-_POOL_STEP = ("version", "loss", "approx_kl", "clip_fraction", "grad_norm", "entropy", "push_seconds", "push_bytes")
+_POOL_STEP = ("version", "loss", "approx_kl", "clip_fraction", "grad_norm", "entropy", "push_seconds", "push_bytes",
+              "staleness_max", "masked_tokens")
 
 
 def event_to_pb(run_id: str, e: Mapping[str, Any]) -> pb.RunEvent:
@@ -40,10 +41,11 @@ def event_to_pb(run_id: str, e: Mapping[str, Any]) -> pb.RunEvent:
     return pb.RunEvent(run_id=run_id, step=pb.StepEvent(
         step=e["step"], success_rate=e["success_rate"], reward_mean=e["reward_mean"],
         agents={a: pb.AgentStepMetrics(**{k: m[k] for k in _AGENT_STEP}) for a, m in e["agents"].items()},
-        pools={p: pb.PoolStepMetrics(agents=m.get("agents", {}), **{k: m[k] for k in _POOL_STEP if k in m})
+        pools={p: pb.PoolStepMetrics(agents=m.get("agents", {}), kl_ref=m.get("kl_ref"),
+                                     **{k: m[k] for k in _POOL_STEP if k in m})
                for p, m in e["pools"].items()},
         rollout_seconds=e["rollout_seconds"], train_seconds=e["train_seconds"],
-        weight_sync_seconds=e["weight_sync_seconds"]))
+        weight_sync_seconds=e["weight_sync_seconds"], retries=e.get("retries", 0)))
 
 
 def event_from_pb(m: pb.RunEvent) -> dict[str, Any]:
@@ -58,7 +60,8 @@ def event_from_pb(m: pb.RunEvent) -> dict[str, Any]:
     s = m.step
     return {"kind": "step", "step": s.step, "success_rate": s.success_rate, "reward_mean": s.reward_mean,
             "agents": {a: {k: getattr(v, k) for k in _AGENT_STEP} for a, v in s.agents.items()},
-            "pools": {p: {"agents": dict(v.agents), **{k: getattr(v, k) for k in _POOL_STEP}}
+            "pools": {p: {"agents": dict(v.agents), **{k: getattr(v, k) for k in _POOL_STEP},
+                          **({"kl_ref": v.kl_ref} if v.HasField("kl_ref") else {})}
                       for p, v in s.pools.items()},
             "rollout_seconds": s.rollout_seconds, "train_seconds": s.train_seconds,
-            "weight_sync_seconds": s.weight_sync_seconds}
+            "weight_sync_seconds": s.weight_sync_seconds, "retries": s.retries}

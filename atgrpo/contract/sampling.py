@@ -16,6 +16,6 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = -1                # <= 0: off
     max_tokens: int = 256
-    max_prompt_tokens: int = 2048  # longer prompts keep their end (the latest state)
+    max_prompt_tokens: int = 2048  # longer prompts lose their oldest turns after the system prompt
     stop: tuple[str, ...] = ()
     seed: int | None = None

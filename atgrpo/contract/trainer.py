@@ -20,6 +20,8 @@ class TrainSample:
     old_logprobs: Sequence[float]       # under `sampling`, from the rollout engine
     advantage: float
     sampling: Sampling = field(default_factory=Sampling)
+    # The version of the weights that sampled it; None: not pinned (taken as the current weights).
+    policy_version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -80,8 +82,9 @@ class PoolSpec:
 @dataclass
 class TrainResult:
     """A pool's update of one step: its new version and the update's figures (loss, clip_fraction,
-    approx_kl, entropy, grad_norm, tokens, samples, train_seconds, push_seconds, push_bytes), and
-    per trained agent its samples and tokens."""
+    approx_kl, entropy, grad_norm, kl_ref, staleness_max, masked_tokens, tokens, samples,
+    train_seconds, push_seconds, push_bytes), and per trained agent its samples, tokens and (LoRA
+    pools, whose adapters clip on their own) grad_norm."""
 
     run_id: str
     step: int

@@ -21,7 +21,7 @@ from atgrpo.contract.trainer import (
 
 _DEFAULT = PoolSpec(run_id="", pool="", model_path="", agents=())
 _FIGURES = ("loss", "clip_fraction", "approx_kl", "entropy", "train_seconds", "push_seconds")
-_COUNTS = ("tokens", "samples", "push_bytes")
+_COUNTS = ("tokens", "samples", "push_bytes", "staleness_max", "masked_tokens")
 
 
 def spec_to_pb(s: PoolSpec, *, resume_from: str = "", reload: bool = False) -> pb.SetupRequest:
@@ -71,12 +71,13 @@ def update_from_pb(m: pb.LossParams) -> UpdateConfig:
 def sample_to_pb(s: TrainSample) -> pb.TrainSample:
     return pb.TrainSample(agent=s.agent, prompt_token_ids=list(s.prompt_ids), response_token_ids=list(s.response_ids),
                           response_logprobs=list(s.old_logprobs), advantage=s.advantage,
-                          sampling=sampling_to_pb(s.sampling))
+                          sampling=sampling_to_pb(s.sampling), policy_version=s.policy_version)
 
 
 def sample_from_pb(m: pb.TrainSample, where: str = "sample") -> TrainSample:
     return TrainSample(m.agent, list(m.prompt_token_ids), list(m.response_token_ids), list(m.response_logprobs),
-                       m.advantage, sampling_from_pb(m.sampling, f"{where} sampling"))
+                       m.advantage, sampling_from_pb(m.sampling, f"{where} sampling"),
+                       m.policy_version if m.HasField("policy_version") else None)
 
 
 def train_stream(run_id: str, step: int, expected_version: int, samples: Sequence[TrainSample],
@@ -93,14 +94,19 @@ def result_to_pb(r: TrainResult, pool: str) -> pb.TrainResponse:
     grad_norm = m["grad_norm"] if math.isfinite(m["grad_norm"]) else -1.0   # -1: no finite norm (nothing stepped)
     return pb.TrainResponse(
         run_id=r.run_id, step=r.step, pool=pool, version=r.version, replayed=r.replayed,
-        grad_norm=grad_norm, **{k: m[k] for k in _FIGURES}, **{k: int(m[k]) for k in _COUNTS},
-        agents={a: pb.AgentTrainMetrics(samples=int(v["samples"]), tokens=int(v["tokens"])) for a, v in r.agents.items()})
+        grad_norm=grad_norm, kl_ref=m.get("kl_ref"), **{k: m[k] for k in _FIGURES},
+        **{k: int(m.get(k, 0)) for k in _COUNTS},
+        agents={a: pb.AgentTrainMetrics(samples=int(v["samples"]), tokens=int(v["tokens"]), grad_norm=v.get("grad_norm"))
+                for a, v in r.agents.items()})
 
 
 def result_from_pb(m: pb.TrainResponse) -> TrainResult:
     metrics = {k: getattr(m, k) for k in (*_FIGURES, "grad_norm")} | {k: float(getattr(m, k)) for k in _COUNTS}
-    return TrainResult(m.run_id, m.step, m.version, metrics,
-                       {a: {"samples": float(v.samples), "tokens": float(v.tokens)} for a, v in m.agents.items()},
+    if m.HasField("kl_ref"):
+        metrics["kl_ref"] = m.kl_ref
+    agents = {a: {"samples": float(v.samples), "tokens": float(v.tokens),
+                  **({"grad_norm": v.grad_norm} if v.HasField("grad_norm") else {})} for a, v in m.agents.items()}
+    return TrainResult(m.run_id, m.step, m.version, metrics, agents,
                        m.replayed)
 
 

@@ -185,5 +185,5 @@ def test_loss_with_k3_kl_to_the_reference():
     new = torch.tensor(NEW2)
     ref = new + torch.tensor([[0.0, 0.5], [-0.5, 0.0]])
     loss, m = policy_loss(new, OLD2, A2, torch.ones(2, 2), LossConfig(kl_coef=0.1), ref_logprobs=ref)
-    assert m["ref_kl"] == pytest.approx(0.0638129826, rel=1e-5)
+    assert m["kl_ref"] == pytest.approx(0.0638129826, rel=1e-5)
     assert loss.item() == pytest.approx(1.8284559038, rel=1e-6)

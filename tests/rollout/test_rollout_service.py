@@ -113,7 +113,7 @@ def test_a_weight_swap_changes_outputs_and_version_and_bad_pushes_change_nothing
         assert after.policy.version == 1 and after.completions[0].token_ids != before
         with pytest.raises(errors.FailedPrecondition, match="stale"):
             await c.load_weights(state, "p", 1)
-        with pytest.raises(errors.FailedPrecondition, match="version 1 here, not 0"):
+        with pytest.raises(errors.FailedPrecondition, match="version 1 here, not version 0"):
             await c.generate("p", messages=HELLO, sampling=GREEDY, expected_version=0)
     serve(tiny_model, go)
 

@@ -2,13 +2,14 @@
 pushed to a real rollout_svc, per-agent LoRA pushes, checkpoints that resume exactly."""
 
 import asyncio
+import dataclasses
 
 import pytest
 import torch
 
 from atgrpo import errors
 from atgrpo.contract.sampling import Sampling
-from atgrpo.contract.trainer import PoolSpec, TrainSample
+from atgrpo.contract.trainer import LossConfig, PoolSpec, TrainSample, UpdateConfig
 from atgrpo.rpc.server import create_server
 from rollout_svc.client import RolloutClient
 from rollout_svc.engines.hf import HFEngine
@@ -90,7 +91,7 @@ def test_bad_samples_train_nothing(tiny_model):
     with_services(tiny_model, go)
 
 
-def test_lora_pool_pushes_only_the_trained_agents_adapter(tiny_model):
+def test_lora_pool_trains_only_the_trained_agents_adapter_and_pushes_all_at_the_pools_version(tiny_model):
     async def go(t, r, rollout_address, logic):
         await t.setup(pool_spec(tiny_model, [rollout_address], agents=("tool", "plan"), specialization="lora",
                                 lora_rank=4, lora_alpha=8, lora_targets=("q_proj", "v_proj")))
@@ -102,11 +103,30 @@ def test_lora_pool_pushes_only_the_trained_agents_adapter(tiny_model):
         samples = on_policy_samples(load(tiny_model), agents=("plan",))
         resp = await t.train("run1", 1, 0, samples)
         assert resp.version == 1 and set(resp.agents) == {"plan"}
-        assert {(p.adapter, p.version) for p in await r.policies()} == {("", 0), ("tool", 0), ("plan", 1)}
+        # Every adapter is at the pool's version (what Collect pins); the untrained one is unchanged.
+        assert {(p.adapter, p.version) for p in await r.policies()} == {("", 0), ("tool", 1), ("plan", 1)}
+        tool = await r.generate("p", adapter="tool", messages=HELLO, sampling=GREEDY)
+        assert tool.completions[0].logprobs == fresh.completions[0].logprobs
         base = (await r.generate("p", messages=HELLO, sampling=GREEDY)).completions[0].logprobs
         plan = await r.generate("p", adapter="plan", messages=HELLO, sampling=GREEDY)
         assert plan.policy.version == 1 and plan.completions[0].logprobs != base
     with_services(tiny_model, go, lora=True)
+
+
+def test_kl_to_the_initial_weights_only_when_asked_and_samples_of_old_weights_are_refused(tiny_model):
+    samples = on_policy_samples(load(tiny_model))
+
+    async def go(t, r, rollout_address, logic):
+        await t.setup(pool_spec(tiny_model, [rollout_address]))
+        plain = await t.train("run1", 1, 0, [dataclasses.replace(s, policy_version=0) for s in samples])
+        assert "kl_ref" not in plain.metrics and logic.state._reference is None   # nothing held at kl_coef 0
+        assert plain.metrics["staleness_max"] == 0
+        with pytest.raises(errors.FailedPrecondition, match="drawn from version 0, but this run trains only on version 1"):
+            await t.train("run1", 2, 1, [dataclasses.replace(s, policy_version=0) for s in samples])
+        kl = await t.train("run1", 2, 1, samples, UpdateConfig(loss=LossConfig(kl_coef=0.1)))
+        assert kl.metrics["kl_ref"] > 0 and logic.state._reference is not None   # one update from the initial weights
+        assert kl.version == 2
+    with_services(tiny_model, go)
 
 
 def test_checkpoint_round_trip_and_exact_resume(tiny_model, tmp_path):

@@ -106,7 +106,8 @@ def test_lora_updates_only_the_trained_agents_adapter(tiny_model):
     (dict(response_ids=[]), "empty response"),
     (dict(old_logprobs=[0.0]), "3 response tokens but 1 log-probs"),
     (dict(advantage=float("nan")), "advantage nan is not finite"),
-    (dict(old_logprobs=[0.0, float("inf"), 0.0]), "not finite"),
+    (dict(old_logprobs=[0.0, float("inf"), 0.0]), "NaN or +inf"),
+    (dict(old_logprobs=[0.0, float("nan"), 0.0]), "NaN or +inf"),
     (dict(agent="zed"), "this pool trains ['a'], not 'zed'"),
 ])
 def test_bad_samples_are_refused_naming_the_sample(bad, message):

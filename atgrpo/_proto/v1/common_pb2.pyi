@@ -69,12 +69,14 @@ class SamplingParams(_message.Message):
     max_tokens: _builtins.int
     """response budget; longer responses are cut and flagged"""
     max_prompt_tokens: _builtins.int
-    """longer prompts are cut from the left and flagged"""
+    """longer chats lose their oldest turns after the system prompt"""
     seed: _builtins.int
     """unset = engine's own randomness"""
     @_builtins.property
     def stop(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """stop strings (not included in the response)"""
+        """(raw token ids: cut from the left); flagged
+        stop strings (not included in the response)
+        """
 
     def __init__(
         self,

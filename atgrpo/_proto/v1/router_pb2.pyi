@@ -248,6 +248,9 @@ class PoolStepMetrics(_message.Message):
     PUSH_SECONDS_FIELD_NUMBER: _builtins.int
     PUSH_BYTES_FIELD_NUMBER: _builtins.int
     AGENTS_FIELD_NUMBER: _builtins.int
+    KL_REF_FIELD_NUMBER: _builtins.int
+    STALENESS_MAX_FIELD_NUMBER: _builtins.int
+    MASKED_TOKENS_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     loss: _builtins.float
     approx_kl: _builtins.float
@@ -256,6 +259,10 @@ class PoolStepMetrics(_message.Message):
     entropy: _builtins.float
     push_seconds: _builtins.float
     push_bytes: _builtins.int
+    kl_ref: _builtins.float
+    """k3 KL to the frozen reference; unset when kl_coef is 0"""
+    staleness_max: _builtins.int
+    masked_tokens: _builtins.int
     @_builtins.property
     def agents(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """agent -> samples this update took (only the pool's own agents)"""
@@ -272,12 +279,17 @@ class PoolStepMetrics(_message.Message):
         push_seconds: _builtins.float = ...,
         push_bytes: _builtins.int = ...,
         agents: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        kl_ref: _builtins.float | None = ...,
+        staleness_max: _builtins.int = ...,
+        masked_tokens: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref", "kl_ref", b"kl_ref"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "approx_kl", b"approx_kl", "clip_fraction", b"clip_fraction", "entropy", b"entropy", "grad_norm", b"grad_norm", "loss", b"loss", "push_bytes", b"push_bytes", "push_seconds", b"push_seconds", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref", "agents", b"agents", "approx_kl", b"approx_kl", "clip_fraction", b"clip_fraction", "entropy", b"entropy", "grad_norm", b"grad_norm", "kl_ref", b"kl_ref", "loss", b"loss", "masked_tokens", b"masked_tokens", "push_bytes", b"push_bytes", "push_seconds", b"push_seconds", "staleness_max", b"staleness_max", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__kl_ref: _TypeAlias = _typing.Literal["kl_ref"]  # noqa: Y015
+    _WhichOneofArgType__kl_ref: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__kl_ref) -> _WhichOneofReturnType__kl_ref | None: ...
 
 Global___PoolStepMetrics: _TypeAlias = PoolStepMetrics  # noqa: Y015
 
@@ -335,12 +347,15 @@ class StepEvent(_message.Message):
     ROLLOUT_SECONDS_FIELD_NUMBER: _builtins.int
     TRAIN_SECONDS_FIELD_NUMBER: _builtins.int
     WEIGHT_SYNC_SECONDS_FIELD_NUMBER: _builtins.int
+    RETRIES_FIELD_NUMBER: _builtins.int
     step: _builtins.int
     success_rate: _builtins.float
     reward_mean: _builtins.float
     rollout_seconds: _builtins.float
     train_seconds: _builtins.float
     weight_sync_seconds: _builtins.float
+    retries: _builtins.int
+    """faults this step recovered from before it completed"""
     @_builtins.property
     def agents(self) -> _containers.MessageMap[_builtins.str, Global___AgentStepMetrics]: ...
     @_builtins.property
@@ -356,10 +371,11 @@ class StepEvent(_message.Message):
         rollout_seconds: _builtins.float = ...,
         train_seconds: _builtins.float = ...,
         weight_sync_seconds: _builtins.float = ...,
+        retries: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "pools", b"pools", "reward_mean", b"reward_mean", "rollout_seconds", b"rollout_seconds", "step", b"step", "success_rate", b"success_rate", "train_seconds", b"train_seconds", "weight_sync_seconds", b"weight_sync_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "pools", b"pools", "retries", b"retries", "reward_mean", b"reward_mean", "rollout_seconds", b"rollout_seconds", "step", b"step", "success_rate", b"success_rate", "train_seconds", b"train_seconds", "weight_sync_seconds", b"weight_sync_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

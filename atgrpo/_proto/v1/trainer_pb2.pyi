@@ -301,11 +301,16 @@ class TrainSample(_message.Message):
     RESPONSE_LOGPROBS_FIELD_NUMBER: _builtins.int
     ADVANTAGE_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     agent: _builtins.str
     turn: _builtins.int
     branch: _builtins.int
     advantage: _builtins.float
+    policy_version: _builtins.int
+    """The version of the weights that sampled it (TurnSample.policy.version). Set: the trainer
+    refuses it unless it is the version the run allows (FAILED_PRECONDITION naming both).
+    """
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -330,12 +335,15 @@ class TrainSample(_message.Message):
         response_logprobs: _abc.Iterable[_builtins.float] | None = ...,
         advantage: _builtins.float = ...,
         sampling: _common_pb2.SamplingParams | None = ...,
+        policy_version: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_policy_version", b"_policy_version", "policy_version", b"policy_version", "sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["advantage", b"advantage", "agent", b"agent", "branch", b"branch", "prompt_token_ids", b"prompt_token_ids", "response_logprobs", b"response_logprobs", "response_token_ids", b"response_token_ids", "sampling", b"sampling", "task_id", b"task_id", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_policy_version", b"_policy_version", "advantage", b"advantage", "agent", b"agent", "branch", b"branch", "policy_version", b"policy_version", "prompt_token_ids", b"prompt_token_ids", "response_logprobs", b"response_logprobs", "response_token_ids", b"response_token_ids", "sampling", b"sampling", "task_id", b"task_id", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__policy_version: _TypeAlias = _typing.Literal["policy_version"]  # noqa: Y015
+    _WhichOneofArgType__policy_version: _TypeAlias = _typing.Literal["_policy_version", b"_policy_version"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__policy_version) -> _WhichOneofReturnType__policy_version | None: ...
 
 Global___TrainSample: _TypeAlias = TrainSample  # noqa: Y015
 
@@ -374,21 +382,27 @@ class AgentTrainMetrics(_message.Message):
     SAMPLES_FIELD_NUMBER: _builtins.int
     TOKENS_FIELD_NUMBER: _builtins.int
     LOSS_FIELD_NUMBER: _builtins.int
+    GRAD_NORM_FIELD_NUMBER: _builtins.int
     samples: _builtins.int
     tokens: _builtins.int
     loss: _builtins.float
+    grad_norm: _builtins.float
+    """this agent's adapter's own norm before clipping (LoRA pools)"""
     def __init__(
         self,
         *,
         samples: _builtins.int = ...,
         tokens: _builtins.int = ...,
         loss: _builtins.float = ...,
+        grad_norm: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_grad_norm", b"_grad_norm", "grad_norm", b"grad_norm"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["loss", b"loss", "samples", b"samples", "tokens", b"tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_grad_norm", b"_grad_norm", "grad_norm", b"grad_norm", "loss", b"loss", "samples", b"samples", "tokens", b"tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__grad_norm: _TypeAlias = _typing.Literal["grad_norm"]  # noqa: Y015
+    _WhichOneofArgType__grad_norm: _TypeAlias = _typing.Literal["_grad_norm", b"_grad_norm"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__grad_norm) -> _WhichOneofReturnType__grad_norm | None: ...
 
 Global___AgentTrainMetrics: _TypeAlias = AgentTrainMetrics  # noqa: Y015
 
@@ -433,6 +447,9 @@ class TrainResponse(_message.Message):
     PUSH_SECONDS_FIELD_NUMBER: _builtins.int
     PUSH_BYTES_FIELD_NUMBER: _builtins.int
     AGENTS_FIELD_NUMBER: _builtins.int
+    KL_REF_FIELD_NUMBER: _builtins.int
+    STALENESS_MAX_FIELD_NUMBER: _builtins.int
+    MASKED_TOKENS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     step: _builtins.int
     pool: _builtins.str
@@ -450,6 +467,12 @@ class TrainResponse(_message.Message):
     train_seconds: _builtins.float
     push_seconds: _builtins.float
     push_bytes: _builtins.int
+    kl_ref: _builtins.float
+    """k3 KL to the frozen reference; unset when kl_coef is 0"""
+    staleness_max: _builtins.int
+    """version before the update minus the oldest sample version"""
+    masked_tokens: _builtins.int
+    """tokens left out of the loss: a log-prob was -inf"""
     @_builtins.property
     def agents(self) -> _containers.MessageMap[_builtins.str, Global___AgentTrainMetrics]: ...
     def __init__(
@@ -471,12 +494,17 @@ class TrainResponse(_message.Message):
         push_seconds: _builtins.float = ...,
         push_bytes: _builtins.int = ...,
         agents: _abc.Mapping[_builtins.str, Global___AgentTrainMetrics] | None = ...,
+        kl_ref: _builtins.float | None = ...,
+        staleness_max: _builtins.int = ...,
+        masked_tokens: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref", "kl_ref", b"kl_ref"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "approx_kl", b"approx_kl", "clip_fraction", b"clip_fraction", "entropy", b"entropy", "grad_norm", b"grad_norm", "loss", b"loss", "pool", b"pool", "push_bytes", b"push_bytes", "push_seconds", b"push_seconds", "replayed", b"replayed", "run_id", b"run_id", "samples", b"samples", "step", b"step", "tokens", b"tokens", "train_seconds", b"train_seconds", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref", "agents", b"agents", "approx_kl", b"approx_kl", "clip_fraction", b"clip_fraction", "entropy", b"entropy", "grad_norm", b"grad_norm", "kl_ref", b"kl_ref", "loss", b"loss", "masked_tokens", b"masked_tokens", "pool", b"pool", "push_bytes", b"push_bytes", "push_seconds", b"push_seconds", "replayed", b"replayed", "run_id", b"run_id", "samples", b"samples", "staleness_max", b"staleness_max", "step", b"step", "tokens", b"tokens", "train_seconds", b"train_seconds", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__kl_ref: _TypeAlias = _typing.Literal["kl_ref"]  # noqa: Y015
+    _WhichOneofArgType__kl_ref: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__kl_ref) -> _WhichOneofReturnType__kl_ref | None: ...
 
 Global___TrainResponse: _TypeAlias = TrainResponse  # noqa: Y015
 
