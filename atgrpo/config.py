@@ -95,7 +95,8 @@ class EnvConfig:
     max_turns: int = 4
     """an episode ends after this many turns if the env has not said done"""
     parallel: bool = False
-    """true: all agents of a turn act on the same state (no agent sees another's turn-t output)"""
+    """true: a turn is K joint actions: every agent acts on the turn's starting state and the turn's
+    team reward reaches all of them (docs/environments.md); must equal the env's own spec"""
     options: dict[str, Any] = field(default_factory=dict)
     """free-form settings passed to the env's constructor"""
     path: str = ""
@@ -212,9 +213,10 @@ class AlgorithmConfig:
     epochs: int = 1
     """passes over each step's samples"""
     mini_batch_size: int = 16
-    """samples (sequences) per optimizer step"""
+    """samples (sequences) per optimizer step; on a LoRA pool, per agent (each adapter steps on its own)"""
     kl_coef: float = 0.0
-    """weight of KL to the frozen reference; 0 = no reference model"""
+    """weight of the k3 KL to the frozen reference (a LoRA pool's base; a full pool's initial weights,
+    a second copy in memory); 0 = no reference model"""
     entropy_coef: float = 0.0
     """entropy bonus weight"""
     norm_std: bool = True

@@ -177,7 +177,8 @@ def test_bad_config_is_refused_by_the_router(tiny_model, tmp_path):
     ({"options": {"mode": "step_raises"}}, r"EnvCodeError: env 'careless': step\('a', ...\) raised ValueError: boom "
                                            r"in step.*\(not retried"),
     ({"name": "nope", "path": ""}, r"no environment named 'nope'.*set env.path"),
-], ids=["max_turns", "turn_order", "env_code_raises", "unknown_env"])
+    ({"parallel": True}, r"env.parallel is true, but env 'careless' with these options plays its turns sequentially"),
+], ids=["max_turns", "turn_order", "env_code_raises", "unknown_env", "parallel"])
 def test_a_run_that_cannot_work_fails_at_once_saying_why(env, message, tiny_model, tmp_path):
     """A third-party env (env.path: hosted by the env service `atgrpo train` starts) whose spec
     disagrees with the config, or whose code raises, fails the run on its first attempt with the
