@@ -211,6 +211,10 @@ def test_collect_streams_groups_with_the_real_model(tiny_model):
         with pytest.raises(aio.AioRpcError) as refused:
             [e async for e in c.stub.Collect(stale)]
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "p is at version 0 here, not version 5" in refused.value.details()
+        no_adapter = dataclasses.replace(plan(), expected_versions=(PolicyRef("p", "coder", 0),))
+        with pytest.raises(errors.FailedPrecondition, match="p/coder has not been loaded here"):
+            [e async for e in c.collect(no_adapter)]    # a restarted LoRA replica has no adapters
         with pytest.raises(errors.NotFound):
             [e async for e in c.collect(plan(agents={"a": AgentPlan("a", "zz"), "b": AgentPlan("b", "p")}))]
     serve(tiny_model, go)

@@ -118,3 +118,28 @@ def test_evaluation_takes_each_task_of_a_finite_split_once(tmp_path):
     assert len(asyncio.run(loop.tasks("eval", 0, 4))) == 4       # training walks the list in epochs
     loop._task_ids["gen"] = None                    # generated from seeds: any count
     assert len(asyncio.run(loop.tasks("gen", 0, 4, distinct=True))) == 4
+
+
+def test_collect_pins_each_trainable_policy_at_its_trainers_version(tmp_path):
+    from atgrpo.contract.rollout import PolicyRef
+
+    l3 = collect_plan(config(tmp_path), step_tasks(0, 0, 1), step=4, versions={"a": 3, "b": 5})
+    assert l3.expected_versions == (PolicyRef("a", "", 3), PolicyRef("b", "", 5))
+    l2 = collect_plan(config(tmp_path, level="L2"), step_tasks(0, 0, 1), step=3, versions={"a": 2})
+    assert l2.expected_versions == (PolicyRef("a", "speaker", 2), PolicyRef("a", "listener", 2))   # no base
+    assert collect_plan_from_pb(collect_plan_to_pb(l2)).expected_versions == l2.expected_versions
+    assert collect_plan(config(tmp_path), step_tasks(0, 0, 1), step=1).expected_versions == ()
+
+
+def test_a_sample_of_other_weights_is_named(tmp_path):
+    from atgrpo.contract.rollout import PolicyRef, Sample
+    from atgrpo.contract.sampling import Sampling
+    from router_svc.plan import off_version
+
+    def sample(version):
+        return Sample("t1", "speaker", 0, 0, PolicyRef("a", "", version), [1], [2], [-1.0], 0.0, 0.0, True, True,
+                      True, Sampling())
+
+    assert off_version([sample(2), sample(2)], {"a": 2}) is None
+    assert off_version([sample(0)], {}) is None                      # a pool no trainer holds is not pinned
+    assert off_version([sample(2), sample(0)], {"a": 2}) == "task 't1', agent 'speaker' was sampled from 'a' version 0, not 2"
