@@ -40,6 +40,14 @@ def observe_batch(pool: str, outs: Sequence[Sequence], seconds: float) -> None:
     GENERATED_TOKENS.labels(pool).inc(sum(len(c.token_ids) for c in completions))
 
 
+def register_pool(pool: str) -> None:
+    """The pool's failure counters exist from the start, at 0: a dashboard then shows "none yet"
+    instead of "no data", and increase() sees the first failure."""
+    OOM_RETRIES.labels(pool)
+    for error in ("InvalidArgument", "ResourceExhausted", "Unavailable"):
+        FAILED_REQUESTS.labels(pool, error)
+
+
 def count_oom_retry(pool: str) -> None:
     OOM_RETRIES.labels(pool).inc()
 

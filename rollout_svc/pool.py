@@ -114,6 +114,7 @@ class PoolRuntime:
         self._worker: asyncio.Task | None = None
         self.oom_retries = 0     # batches run again in smaller pieces after running out of memory
         metrics.set_versions(name, self.versions)
+        metrics.register_pool(name)
 
     def policies(self) -> list[PolicyRef]:
         return [PolicyRef(self.name, a, v) for a, v in sorted(self.versions.items())]

@@ -54,7 +54,8 @@ def toy_config(run_dir: Path, model: str) -> dict:
                         "optim": {"lr": 5e-4, "warmup_steps": 0}}},
         "agents": {a: {"pool": "a", "train_sampling": sampling, "eval_sampling": {"max_tokens": MAX_TOKENS}}
                    for a in AGENTS},
-        "algorithm": {"k": K, "mini_batch_size": 64},
+        # kl_coef > 0 so the reference is scored and its gauge (a dashboard panel) exported.
+        "algorithm": {"k": K, "mini_batch_size": 64, "kl_coef": 0.01},
     }
 
 
@@ -245,6 +246,8 @@ def test_trainer_series(scraped):
         assert math.isfinite(prom.value(f"atgrpo_trainer_{name}{{{p}}}")), name
     assert prom.value(f"atgrpo_trainer_grad_norm{{{p}}}") >= 0      # 0 when every group had equal rewards
     assert prom.value(f"atgrpo_trainer_entropy_nats{{{p}}}") > 0
+    assert prom.value(f"atgrpo_trainer_kl_ref{{{p}}}") >= 0             # kl_coef 0.01: scored each update
+    assert prom.value(f"atgrpo_trainer_staleness_max{{{p}}}") == 0       # synchronous: on-policy only
     assert 0 <= prom.value(f"atgrpo_trainer_clip_ratio{{{p}}}") <= 1
     # one push to the one replica per update, every byte acknowledged, none failed
     assert prom.value(f"atgrpo_trainer_weight_push_seconds_count{{{p}}}") == STEPS
