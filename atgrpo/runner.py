@@ -190,7 +190,10 @@ def evaluate(cfg: RunConfig, checkpoint: Path) -> dict[str, Any]:
     if missing:
         raise TrainError(f"{ckpt} has no folder for pool(s) {missing}; give a checkpoint of this config's run")
     data = cfg.to_dict()
-    data["run"].update(name=f"{cfg.run.name}-eval", run_dir=str(ckpt / "eval"), evaluate_checkpoint=str(ckpt))
+    # The evaluation's own run directory (its events, its services' logs) sits beside the training
+    # run's, never inside a checkpoint: a checkpoint folder holds only what resumes.
+    where = Path(cfg.run.run_dir) / "evals" / ckpt.name
+    data["run"].update(name=f"{cfg.run.name}-eval", run_dir=str(where), evaluate_checkpoint=str(ckpt))
     if not data["run"]["eval_tasks"]:
         raise ConfigError("run.eval_tasks", "is 0: set how many eval episodes to run")
     cfg = resolve_paths(parse_config(data, source=str(checkpoint)))

@@ -39,6 +39,12 @@ def _json_safe(info: Mapping[str, Any], where: str) -> dict[str, Any]:
                            "plain dicts of str, numbers, bools, lists") from None
 
 
+def _named(name: str, env: Any) -> str:
+    """An environment in an error about its own code: its name and the class that holds the bug."""
+    cls = env if isinstance(env, type) else type(env)
+    return f"env {name!r} ({cls.__module__}.{cls.__qualname__})"
+
+
 @contextlib.contextmanager
 def env_code(where: str) -> Iterator[None]:
     """Exceptions from an environment's own code become EnvCodeError naming it (with the traceback
@@ -89,14 +95,14 @@ class EnvHost:
 
     def _make(self, name: str, options: Mapping[str, Any] | None) -> Environment:
         cls = self.registry.get(name)
-        with env_code(f"env {name!r}: {cls.__name__}(options)"):
+        with env_code(f"{_named(name, cls)}: {cls.__name__}(options)"):
             try:
                 env = cls(options or {})
             except (TypeError, ValueError, KeyError) as err:   # what an options check raises
                 raise InvalidArgument(f"env {name!r} could not be built with options {dict(options or {})}: "
                                       f"{type(err).__name__}: {err}") from None
         if not isinstance(getattr(env, "spec", None), EnvSpec):
-            raise EnvCodeError(f"env {name!r}: {cls.__name__}.__init__ must set self.spec = EnvSpec(...)")
+            raise EnvCodeError(f"{_named(name, cls)}: {cls.__name__}.__init__ must set self.spec = EnvSpec(...)")
         env.sandbox = self.sandbox
         return env
 
@@ -111,7 +117,7 @@ class EnvHost:
         env = self._make(name, options)
         if split not in env.spec.splits:
             raise InvalidArgument(f"env {name!r} has no split {split!r}; it has {list(env.spec.splits)}")
-        with env_code(f"env {name!r}: task_ids({split!r})"):
+        with env_code(f"{_named(name, env)}: task_ids({split!r})"):
             ids = env.task_ids(split)
         if ids is None:
             return [], -1
@@ -123,7 +129,7 @@ class EnvHost:
         env = self._make(name, options)
         if split not in env.spec.splits:
             raise InvalidArgument(f"env {name!r} has no split {split!r}; it has {list(env.spec.splits)}")
-        with env_code(f"env {name!r}: reset({task_id!r}, {seed}, {split!r})"):
+        with env_code(f"{_named(name, env)}: reset({task_id!r}, {seed}, {split!r})"):
             await _maybe_await(env.reset(task_id, seed, split))
         (episode,) = self.store.add(name, env)
         metrics.episode_started(name)
@@ -137,7 +143,7 @@ class EnvHost:
     async def observe(self, episode_id: str, agent: str) -> tuple[list[Message], int]:
         episode = self.store.get(episode_id)
         self._agent(episode, agent)
-        where = f"env {episode.env_name!r}: observe({agent!r})"
+        where = f"{_named(episode.env_name, episode.env)}: observe({agent!r})"
         async with episode.lock:
             with env_code(where):
                 messages = await _maybe_await(episode.env.observe(agent))
@@ -152,7 +158,7 @@ class EnvHost:
         async with episode.lock:
             if episode.done:
                 raise FailedPrecondition(f"episode {episode_id} is done; Reset a new one")
-            where = f"env {episode.env_name!r}: step({agent!r}, ...)"
+            where = f"{_named(episode.env_name, episode.env)}: step({agent!r}, ...)"
             with metrics.STEP_SECONDS.labels(episode.env_name).time(), env_code(where):
                 result = await _maybe_await(episode.env.step(agent, action))
             result = _checked_result(result, where)
@@ -173,7 +179,7 @@ class EnvHost:
             raise InvalidArgument(f"fork count {n} must be between 1 and {MAX_FORK}")
         episode = self.store.get(episode_id)
         async with episode.lock:
-            with metrics.FORK_SECONDS.labels(episode.env_name).time(), env_code(f"env {episode.env_name!r}: fork()"):
+            with metrics.FORK_SECONDS.labels(episode.env_name).time(), env_code(f"{_named(episode.env_name, episode.env)}: fork()"):
                 copy = await _maybe_await(episode.env.fork())
                 forks = self.store.add(episode.env_name, copy, turn=episode.turn, acted=episode.acted, count=n)
         for f in forks:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -75,6 +77,10 @@ class ServeEnvSettings(HostSettings):
 
 
 def _bindings(settings: ServeEnvSettings) -> list[Binding]:
+    # The module may sit in the folder this is run from, as `atgrpo train` finds an env.path there
+    # (its env service runs as `python -m`, which puts that folder first); a console script does not.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         cls = load_class(settings.env_class)
     except AtgrpoError as err:

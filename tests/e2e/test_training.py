@@ -174,7 +174,8 @@ def test_bad_config_is_refused_by_the_router(tiny_model, tmp_path):
 @pytest.mark.parametrize("env, message", [
     ({"max_turns": 5}, r"InvalidArgument: env.max_turns is 5, over the 3 turns env 'careless' allows"),
     ({"turn_order": ["b", "a"]}, r"env.turn_order is \['b', 'a'\], but env 'careless' .* acts in the order \['a', 'b'\]"),
-    ({"options": {"mode": "step_raises"}}, r"EnvCodeError: env 'careless': step\('a', ...\) raised ValueError: boom "
+    ({"options": {"mode": "step_raises"}}, r"EnvCodeError: env 'careless' \(tests\.env\.sdk_envs\.CarelessEnv\): step\('a', ...\) raised "
+                                           r"ValueError: boom "
                                            r"in step.*\(not retried"),
     ({"name": "nope", "path": ""}, r"no environment named 'nope'.*set env.path"),
     ({"parallel": True}, r"env.parallel is true, but env 'careless' with these options plays its turns sequentially"),
@@ -306,6 +307,8 @@ def test_cli_train_eval_and_plot(tiny_model, tmp_path, subprocess_env):
     result = json.loads(ev.stdout[ev.stdout.index("{"):])
     assert result["kind"] == "eval" and result["step"] == 2 and result["episodes"] == 4
     assert 0.0 <= result["success_rate"] <= 1.0 and set(result["agents"]) == {"speaker", "listener"}
+    assert (run_dir / "evals" / "step-000002" / "services" / "logs" / "router.log").exists()
+    assert not (run_dir / "checkpoints" / "step-000002" / "eval").exists()     # a checkpoint holds only weights
 
     (run_dir / "curves.png").unlink()
     assert atgrpo("plot", str(run_dir)).returncode == 0 and (run_dir / "curves.png").stat().st_size > 0

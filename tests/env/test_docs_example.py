@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +97,21 @@ def test_serving_a_bad_path_says_what_to_fix():
     out = subprocess.run([sys.executable, "-m", "atgrpo.cli", "env", "serve", "nowhere:Env", "--port", "0"],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode != 0 and "is the package installed" in out.stderr
+
+
+def test_the_console_script_serves_a_module_from_the_folder_it_runs_in(example_dir, tmp_path):
+    """`atgrpo env serve pair_sum:PairSumEnv` in the module's folder, nothing on PYTHONPATH, as
+    `atgrpo train` finds an env.path there (the console script, not `python -m`, which adds it)."""
+    port_file = tmp_path / "port.json"
+    script = Path(sys.executable).parent / "atgrpo"
+    env = {"PATH": "/usr/bin:/bin", "ATGRPO_LOG_LEVEL": "WARNING"}
+    proc = subprocess.Popen([str(script), "env", "serve", "pair_sum:PairSumEnv", "--port", "0",
+                             "--port-file", str(port_file)], cwd=example_dir, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while not port_file.exists():
+        assert proc.poll() is None, proc.stdout.read().decode()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.terminate()
+    assert proc.wait(timeout=10) == 0

@@ -183,7 +183,7 @@ def test_installed_packages_add_environments_through_entry_points(tmp_path, monk
 
 
 @pytest.mark.parametrize("mode, call, message", [
-    ("step_raises", "step", r"env 'careless': step\('a', ...\) raised ValueError: boom in step\. This is a bug in the environment"),
+    ("step_raises", "step", r"env 'careless' \(tests\.env\.sdk_envs\.CarelessEnv\): step\('a', ...\) raised ValueError: boom in step\. This is a bug in the environment"),
     ("nan_reward", "step", "team_reward=nan; rewards must be finite numbers"),
     ("inf_reward", "step", "team_reward=inf"),
     ("str_reward", "step", "team_reward='1.0'"),
