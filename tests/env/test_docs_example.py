@@ -31,6 +31,15 @@ def example_dir(tmp_path_factory):
     return where
 
 
+def wait_for_port(proc: subprocess.Popen, port_file: Path) -> None:
+    """Until the served process writes its port file; fails with its output if it exits first."""
+    deadline = time.monotonic() + 30
+    while not port_file.exists():
+        assert proc.poll() is None, proc.stdout.read().decode()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
 @pytest.fixture(scope="module")
 def served(example_dir, tmp_path_factory):
     port_file = tmp_path_factory.mktemp("port") / "port.json"
@@ -38,11 +47,7 @@ def served(example_dir, tmp_path_factory):
     proc = subprocess.Popen([sys.executable, "-m", "atgrpo.cli", "env", "serve", "pair_sum:PairSumEnv",
                              "--port", "0", "--port-file", str(port_file)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while not port_file.exists():
-        assert proc.poll() is None, proc.stdout.read().decode()
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for_port(proc, port_file)
     yield f"127.0.0.1:{json.loads(port_file.read_text())['port']}"
     proc.terminate()
     assert proc.wait(timeout=10) == 0
@@ -108,10 +113,6 @@ def test_the_console_script_serves_a_module_from_the_folder_it_runs_in(example_d
     proc = subprocess.Popen([str(script), "env", "serve", "pair_sum:PairSumEnv", "--port", "0",
                              "--port-file", str(port_file)], cwd=example_dir, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while not port_file.exists():
-        assert proc.poll() is None, proc.stdout.read().decode()
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for_port(proc, port_file)
     proc.terminate()
     assert proc.wait(timeout=10) == 0
