@@ -34,9 +34,39 @@ def _cmd_config_check(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"{args.config}: invalid config\n{err}", file=sys.stderr)
         return 2
+    problem = _env_problem(cfg)
+    if problem:
+        print(f"{args.config}: env {cfg.env.name!r} does not fit this config\n{problem}", file=sys.stderr)
+        return 2
     mode = "local" if cfg.local_mode else "connect"
     print(f"{args.config}: ok ({cfg.level}, {len(cfg.agents)} agents on {len(cfg.pools)} pools, {mode} mode)")
     return 0
+
+
+def _env_problem(cfg) -> str | None:
+    """The router's start-of-run env check, run here on the env built in this process (no services),
+    so a config the env cannot run fails in a second, not after five services have started."""
+    import os
+
+    from atgrpo import env_check
+    from atgrpo.errors import AtgrpoError, NotFound
+
+    # An env.path module may sit in this folder, where `atgrpo train` (its env service runs as
+    # `python -m`) finds it; a console script does not put the folder on sys.path.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        env_check.check_spec(cfg.env, env_check.local_spec(cfg))
+    except NotFound as err:
+        if cfg.local_mode:   # the env service `atgrpo train` starts would not have it either
+            named = env_check.not_found(err, cfg.env)
+            return f"{type(named).__name__}: {named.message}"
+        # A cluster's env service may host envs this machine cannot import.
+        print(f"note: env {cfg.env.name!r} could not be built here ({err.message}); the router checks it "
+              f"against the config when the run starts, on the env service at {cfg.services.env}", file=sys.stderr)
+    except AtgrpoError as err:   # as a failed run's error reads: "InvalidArgument: env.turn_order is ..."
+        return f"{type(err).__name__}: {err.message}"
+    return None
 
 
 def _load_for_run(args: argparse.Namespace):

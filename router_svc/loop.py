@@ -29,6 +29,7 @@ from typing import Any
 from atgrpo.config import RunConfig
 from atgrpo.contract.rollout import CollectPlan, EpisodeEnd, Sample, TaskRef
 from atgrpo.contract.trainer import PoolSpec, TrainResult
+from atgrpo.env_check import check_spec, env_options, not_found
 from atgrpo.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -44,9 +45,7 @@ from rollout_svc.client import RolloutClient
 from router_svc import events, metrics
 from router_svc.plan import (
     collect_plan,
-    env_options,
     off_version,
-    parallel_problem,
     shard,
     step_batches,
     step_tasks,
@@ -202,29 +201,8 @@ class RunLoop:
         try:
             spec = await self.clients.env.describe(env.name, env_options(self.cfg))
         except NotFound as err:   # no such env there: no retry will change that
-            hint = (f"check env.path {env.path!r}, and start atgrpo where its module imports (or put it on "
-                    "PYTHONPATH)" if env.path else
-                    "for your own environment, set env.path: 'package.module:Class' (atgrpo train starts "
-                    "the env service with it), or serve it with `atgrpo env serve` / `python -m env_svc "
-                    "--env-path NAME=...` and give that address as services.env")
-            raise InvalidArgument(f"{err.message.rstrip('.?')}: {hint}") from None
-        problems = []
-        unknown = [a for a in env.turn_order if a not in spec.agents]
-        if unknown:
-            problems.append(f"env.turn_order names {unknown}, which env {env.name!r} does not have "
-                            f"(its agents: {list(spec.agents)})")
-        elif tuple(env.turn_order) != tuple(spec.turn_order):
-            problems.append(f"env.turn_order is {list(env.turn_order)}, but env {env.name!r} with these options "
-                            f"acts in the order {list(spec.turn_order)}: make them the same")
-        parallel = parallel_problem(env.parallel, spec.parallel, env.name)
-        if parallel:
-            problems.append(parallel)
-        if env.max_turns > spec.max_turns:
-            problems.append(f"env.max_turns is {env.max_turns}, over the {spec.max_turns} turns env {env.name!r} "
-                            "allows with these options (its spec's max_turns): lower env.max_turns, or raise the "
-                            "env's own limit (for the built-in envs, env.options.max_turns)")
-        if problems:
-            raise InvalidArgument("; ".join(problems))
+            raise not_found(err, env) from None
+        check_spec(env, spec)   # the same check, and message, as `atgrpo config check`
 
     async def prepare(self) -> None:
         """Set up every trainer, resuming from the run directory when it holds progress."""

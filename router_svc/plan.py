@@ -14,7 +14,8 @@ from atgrpo.algo.advantages import group_advantages, group_index, mix_rewards
 from atgrpo.config import RunConfig
 from atgrpo.contract.rollout import AgentPlan, CollectPlan, EpisodeEnd, PolicyRef, Sample, TaskRef
 from atgrpo.contract.trainer import TrainSample
-from atgrpo.sdk.env import TURN_ORDER_OPTION, seed_for
+from atgrpo.env_check import env_options
+from atgrpo.sdk.env import seed_for
 
 # Runs with different seeds draw from disjoint stretches of the generated tasks.
 _RUN_STRIDE = 10_000_000
@@ -130,25 +131,6 @@ def agent_plans(cfg: RunConfig, *, eval_mode: bool = False) -> dict[str, AgentPl
         adapter = name if cfg.pools[a.pool].specialization == "lora" else ""
         out[name] = AgentPlan(name, a.pool, adapter, s.to_sampling(), a.system_prompt or "")
     return out
-
-
-def env_options(cfg: RunConfig) -> dict:
-    """The env's options, with the config's turn order (an env runs fewer roles at L0 from it)."""
-    return {**cfg.env.options, TURN_ORDER_OPTION: list(cfg.env.turn_order)}
-
-
-def parallel_problem(config_parallel: bool, spec_parallel: bool, env_name: str) -> str | None:
-    """None when the run config's env.parallel equals the env's own EnvSpec.parallel (under the
-    run's options); else what to change. The tree driver plays turns the config's way, so an env
-    scored for the other way would hand out the wrong rewards."""
-    if bool(config_parallel) == bool(spec_parallel):
-        return None
-    want = "true" if spec_parallel else "false"
-    ways = {True: "in parallel (every agent acts on the turn's starting state)",
-            False: "sequentially (each agent sees the previous agent's move)"}
-    return (f"env.parallel is {str(bool(config_parallel)).lower()}, but env {env_name!r} with these options "
-            f"plays its turns {ways[bool(spec_parallel)]}: set env.parallel: {want} to match, or change the "
-            f"env's own option (for the built-in envs, env.options.parallel: {str(bool(config_parallel)).lower()})")
 
 
 def expected_versions(cfg: RunConfig, versions: Mapping[str, int]) -> tuple[PolicyRef, ...]:

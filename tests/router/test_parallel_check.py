@@ -2,7 +2,7 @@
 
 import pytest
 
-from router_svc.plan import parallel_problem
+from atgrpo.env_check import parallel_problem
 
 
 @pytest.mark.parametrize("both", [True, False])
