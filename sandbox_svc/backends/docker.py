@@ -1,7 +1,7 @@
 """The docker backend: each worker slot keeps a warm, locked-down container and runs programs in it.
 
 Every container has no network (`network_mode=none`), a read-only root, no capabilities, no new
-privileges, the engine's default seccomp profile, memory and pids limits, a size-capped private
+privileges, the engine's default seccomp profile (and, per program, the sandbox's own: syscalls.py), memory and pids limits, a size-capped private
 /tmp and /dev/shm, and SysV message queues and semaphores switched off (shared memory segments
 die with their last user). Its pid 1 is a tiny idle process running as `nobody` that reaps
 orphans and exits when the server's attach connection to its stdin closes, so a server that dies
@@ -13,7 +13,8 @@ pid 1 nor of another slot), of a small launcher (`python3 -c LAUNCHER`). The lau
 - reads the program, its files and its stdin from the exec's stdin (length-prefixed), writes them
   in a fresh /tmp/run-<n>, and makes itself non-dumpable, so that nothing the program starts can
   ptrace it, open its fds or read its memory;
-- forks the program with rlimits (CPU, address space, file size, open files, processes, no core),
+- forks the program with rlimits (CPU, address space, file size, open files, processes, no core)
+  and the syscall filter (lockdown.py),
   its stdin from an in-memory file, its stdout/stderr on pipes of its own, an empty environment
   but PATH and HOME, and relays the output to the server in frames the program cannot forge (it
   never holds the exec's own stdout);
@@ -50,6 +51,7 @@ from sandbox_svc.backends.docker_programs import IDLE, LAUNCHER
 from sandbox_svc.backends.process import Output, verdict
 from sandbox_svc.languages import LANGUAGES
 from sandbox_svc.policy import Policy
+from sandbox_svc.syscalls import launcher_seccomp
 
 log = logging.getLogger("sandbox_svc.docker")
 
@@ -289,6 +291,7 @@ class DockerBackend:
             "argv": list(language.argv),
             "env": {"PATH": _PATH, "HOME": workdir},
             "rlimits": _rlimits(limits),
+            "seccomp": launcher_seccomp(),
         }).encode()
         payload = [struct.pack(">I", len(header)), header, *(c for _, c in files), req.stdin]
 

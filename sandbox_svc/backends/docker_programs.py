@@ -1,6 +1,8 @@
 """The two programs that run inside a docker sandbox container (kept apart from the backend
 for length): the idle pid 1, and the launcher every execution starts."""
 
+from pathlib import Path
+
 # pid 1 of every warm container: reap orphans, ignore signals, exit on EOF of the attached stdin.
 IDLE = """
 import os, signal
@@ -22,7 +24,7 @@ while os.read(0, 4096):
 # 4-byte big-endian length, a JSON header, the files' bytes in header order, stdin's bytes; then
 # b"K" (or EOF) means kill. On its stdout: frames of kind (1 byte) + length (4 bytes) + data, kinds
 # b"o" (program stdout), b"e" (program stderr), b"r" (the JSON report, last).
-LAUNCHER = r"""
+LAUNCHER = (Path(__file__).with_name("lockdown.py")).read_text() + r"""
 import ctypes, json, os, resource, select, signal, struct, sys, time
 
 def frame(kind, data):
@@ -137,6 +139,7 @@ def main():
                 os.chdir(h["dir"])
                 for name, value in h["rlimits"]:
                     resource.setrlimit(getattr(resource, name), (value, value))
+                lock_down(h["seccomp"])
                 os.execvpe(h["argv"][0], h["argv"], h["env"])
             except BaseException as e:
                 os.write(2, ("sandbox: cannot start the program: %s\n" % e).encode())

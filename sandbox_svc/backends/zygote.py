@@ -2,7 +2,7 @@
 
 It waits on a control socket for requests; each request is served by a fresh fork() of this
 small interpreter, so a program starts without paying for an interpreter start-up, and never sees
-another program's memory. Per request the child sets the rlimits, writes the program's files in a
+another program's memory. Per request the child sets the rlimits and the syscall filter, writes the program's files in a
 fresh working directory, wires stdin/stdout/stderr to the fds it was sent, and runs the code as
 `python3 -I -B main.py` would. When the child ends, every other process in the sandbox is killed
 (kill(-1) from pid 1 reaches all of them), /tmp and /dev/shm are wiped, and the reply says
@@ -23,19 +23,12 @@ import select
 import shutil
 import signal
 import socket
-import struct
 import sys
 
 WORK = "/tmp/run"
 
-# Memory no rlimit counts: SysV shared memory (a detached segment's pages are in no process's
-# address space, and a fresh IPC namespace allows ~all of RAM) and memfd files (sized up to the
-# file-size limit, one per open file, in every process). A program could fill, let go, repeat
-# until the host runs out of memory, so both are refused with ENOSYS: shmat (creating a segment
-# stays possible; the sandbox is discarded after it) and memfd_create.
-# machine: (audit arch, [shmat, memfd_create], whether x32 numbers (bit 30) must be refused too)
-_SECCOMP_ARCH = {"x86_64": (0xC000003E, [30, 319], True), "aarch64": (0xC00000B7, [196, 279], False)}
-
+# Put before this source by warm.py (lockdown.py): lock_down(spec) installs the syscall filter.
+SECCOMP = None   # set by main() from argv: sandbox_svc.syscalls.launcher_seccomp()
 
 def _recv(sock):
     fds = array.array("i")
@@ -53,38 +46,6 @@ def _limits(lim):
                        (resource.RLIMIT_NOFILE, lim["max_open_files"]),
                        (resource.RLIMIT_NPROC, lim["max_processes"]), (resource.RLIMIT_CORE, 0)):
         resource.setrlimit(res, (value, value))
-
-
-def _seccomp_filter():
-    """A classic-BPF seccomp program refusing the denied calls and every syscall of a foreign ABI."""
-    arch, denied, x32 = _SECCOMP_ARCH[os.uname().machine]
-    ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
-    allow, enosys = 0x7FFF0000, 0x00050000 | 38    # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | ENOSYS
-    tests = [(jge, 0x40000000) if x32 else (jeq, 0xFFFFFFFF), *((jeq, nr) for nr in denied)]
-    insns = [(ld_abs, 0, 0, 4),                      # A = seccomp_data.arch
-             (jeq, 1, 0, arch),                      # native ABI: go on; else refuse
-             (ret, 0, 0, enosys),
-             (ld_abs, 0, 0, 0)]                      # A = seccomp_data.nr
-    # Each test jumps, when it holds, over the tests after it and the allow, to the refusal.
-    insns += [(op, len(tests) - i, 0, k) for i, (op, k) in enumerate(tests)]
-    insns += [(ret, 0, 0, allow), (ret, 0, 0, enosys)]
-    return b"".join(struct.pack("HBBI", *i) for i in insns), len(insns)
-
-
-def _deny_unbounded_memory():
-    import ctypes
-    code, count = _seccomp_filter()
-    buf = ctypes.create_string_buffer(code, len(code))
-
-    class SockFprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-    prog = SockFprog(count, ctypes.addressof(buf))
-    libc = ctypes.CDLL(None, use_errno=True)
-    # PR_SET_NO_NEW_PRIVS (38) lets an unprivileged process install a filter; PR_SET_SECCOMP (22),
-    # SECCOMP_MODE_FILTER (2).
-    if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "could not install the sandbox's seccomp filter")
 
 
 def _run_child(req, stdin_fd, out_fd, err_fd):
@@ -107,8 +68,7 @@ def _run_child(req, stdin_fd, out_fd, err_fd):
         os.closerange(3, 1 << 16)
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as the interpreter sets it at start-up
         _limits(req["limits"])
-        if os.uname().machine in _SECCOMP_ARCH:
-            _deny_unbounded_memory()
+        lock_down(SECCOMP)   # noqa: F821 - defined by lockdown.py, put before this source
         if req.get("argv"):
             os.execvp(req["argv"][0], req["argv"])
         status = _run_python(main_path, req["code"])
@@ -229,7 +189,9 @@ def main():
     # so none can tamper with the interpreter the next program is forked from.
     import ctypes
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    global SECCOMP
     ctl = socket.socket(fileno=int(sys.argv[1]))
+    SECCOMP = json.loads(sys.argv[2])
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     ctl.send(b'{"ready": true}')
     while True:

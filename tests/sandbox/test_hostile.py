@@ -128,3 +128,17 @@ def test_cancel_stops_the_program(backend):
     threading.Timer(0.3, cancel.set).start()
     r = run(backend, hostile.SLEEP_FOREVER, cancel=cancel)
     assert r.verdict is Verdict.KILLED and r.wall_ms < 2000
+
+
+def test_kernel_attack_surface_is_refused(backend):
+    # io_uring, bpf, userfaultfd, perf_event_open, keyrings, ptrace, mounts, namespaces, kexec, modules
+    r = run(backend, hostile.kernel_surface_probe())
+    got = dict(line.split() for line in r.stdout.decode().splitlines())
+    assert got == {name: "1" for name in hostile.KERNEL_CALLS}, r.stderr   # EPERM, every one
+
+
+def test_no_key_is_left_for_the_next_program(backend):
+    # Before the filter, a key added to the user keyring was read back by later programs on the slot.
+    assert run(backend, hostile.LEAVE_KEY).stdout == b"False\n"
+    for _ in range(2):
+        assert run(backend, hostile.FIND_KEY).stdout == b"b'none'\n"
