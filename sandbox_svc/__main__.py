@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import sys
 
 from prometheus_client import REGISTRY
@@ -18,6 +19,7 @@ from sandbox_svc.executor import Executor
 from sandbox_svc.policy import Policy
 from sandbox_svc.server import bindings
 from sandbox_svc.settings import SandboxSettings
+from sandbox_svc.uids import UidRangeTaken, claim
 
 log = logging.getLogger("sandbox_svc")
 
@@ -36,17 +38,29 @@ class _UnsafeCollector:
         yield g
 
 
+def _uid_base(settings: SandboxSettings, workers: int) -> int:
+    """The first of this server's host uids, claimed for its lifetime (uids.py): as root, the bwrap
+    and subprocess backends sweep a slot's uid, which must be no other sandbox's."""
+    if os.geteuid() != 0 or settings.backend == "docker":
+        return settings.uid_base or 60000    # unused: programs run as our own uid, or in containers
+    held = claim(workers, settings.uid_base)
+    atexit.register(held.close)
+    log.info("worker slots run as host uids %d-%d", held.base, held.base + workers - 1)
+    return held.base
+
+
 def build(settings: SandboxSettings) -> list:
+    workers = settings.workers or os.cpu_count() or 1
     try:
         backend = make_backend(settings.backend, Policy(), unsafe_no_isolation=settings.unsafe_no_isolation,
-                               uid_base=settings.uid_base, docker_image=settings.docker_image)
-    except BackendUnavailable as err:
+                               uid_base=_uid_base(settings, workers), docker_image=settings.docker_image)
+    except (BackendUnavailable, UidRangeTaken) as err:
         sys.exit(f"sandbox: cannot start: {err}")
     if not backend.isolated:
         log.warning(UNSAFE_WARNING)
         print(UNSAFE_WARNING, file=sys.stderr)
         REGISTRY.register(_UnsafeCollector())
-    executor = Executor(backend, workers=settings.workers or None, queue=settings.queue)
+    executor = Executor(backend, workers=workers, queue=settings.queue)
     # On a graceful stop, end the warm sandboxes and reap them here: left to --die-with-parent, their
     # pid-1 interpreters would be re-parented to whichever ancestor reaps orphans, as zombies.
     atexit.register(executor.close)

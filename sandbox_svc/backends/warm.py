@@ -26,10 +26,12 @@ import psutil
 from atgrpo.contract.sandbox import ExecRequest, ExecResult, Verdict
 from sandbox_svc.backends.process import Output, memfd_with, pump, verdict
 from sandbox_svc.languages import LANGUAGES
+from sandbox_svc.syscalls import launcher_seccomp
 
 log = logging.getLogger(__name__)
 
-ZYGOTE_SOURCE = (Path(__file__).with_name("zygote.py")).read_text()
+# The zygote, after the lock-down it applies to every program (both standard library only).
+ZYGOTE_SOURCE = "\n".join(Path(__file__).with_name(name).read_text() for name in ("lockdown.py", "zygote.py"))
 _REPLY_TIMEOUT_S = 5.0
 # How long the zygote may take to wipe /tmp and /dev/shm after a program (a program can leave
 # millions of files there) before the sandbox is discarded instead; a fresh one starts in ~0.1 s.
@@ -39,7 +41,12 @@ _SANDBOX_PROCESSES = 2
 
 
 class SandboxBroken(RuntimeError):
-    """The sandbox stopped answering; it is discarded and the execution retried in a fresh one."""
+    """The sandbox stopped answering; it is discarded. `delivered`: whether the program had been
+    handed to it (and so may have run, in part): only an undelivered one is retried."""
+
+    def __init__(self, message: str, delivered: bool = False):
+        super().__init__(message)
+        self.delivered = delivered
 
 
 class WarmSandbox:
@@ -52,7 +59,8 @@ class WarmSandbox:
 
     def start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        argv = [*self.argv_prefix, "python3", "-I", "-B", "-c", ZYGOTE_SOURCE, str(theirs.fileno())]
+        argv = [*self.argv_prefix, "python3", "-I", "-B", "-c", ZYGOTE_SOURCE, str(theirs.fileno()),
+                json.dumps(launcher_seccomp())]
         try:
             self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={},
@@ -76,6 +84,12 @@ class WarmSandbox:
         if not data:
             raise SandboxBroken("the sandbox closed its control socket")
         return json.loads(data)
+
+    def _delivered_reply(self) -> dict:
+        try:
+            return self._reply()
+        except SandboxBroken as err:
+            raise SandboxBroken(str(err), delivered=True) from None
 
     def own_pids(self) -> set[int]:
         """bwrap and the zygote: the processes that stay between programs."""
@@ -107,6 +121,8 @@ class WarmSandbox:
             self.sweep()
 
     def run(self, req: ExecRequest, cancel: threading.Event | None) -> ExecResult:
+        if self.proc is not None and self.proc.poll() is not None:
+            self.stop()      # died while idle: a fresh one, before the program is handed over
         if self.proc is None:
             self.start()
         language = LANGUAGES[req.language]
@@ -130,11 +146,11 @@ class WarmSandbox:
             for fd in sent:
                 os.close(fd)
         try:
-            self._reply()  # {"started": pid}
+            self._delivered_reply()  # {"started": pid}
             killed_for = pump([(out_r, out), (err_r, err)], start + limits.wall_timeout_ms / 1000, cancel)
             if killed_for is not None:
                 self.ctl.send(b"kill")
-            reply = self._reply()   # {"status", "cpu_ms"}: the program is over
+            reply = self._delivered_reply()   # {"status", "cpu_ms"}: the program is over
         finally:
             os.close(out_r)
             os.close(err_r)
@@ -165,14 +181,17 @@ class WarmSandbox:
 
 
 def run_warm(sandbox: WarmSandbox, req: ExecRequest, cancel: threading.Event | None) -> ExecResult:
-    """Run in `sandbox`; a sandbox that broke is replaced once, then the failure is reported."""
-    try:
-        return sandbox.run(req, cancel)
-    except SandboxBroken as first:
-        log.warning("sandbox broken (%s); starting a fresh one", first)
-        sandbox.stop()
-    try:
-        return sandbox.run(req, cancel)
-    except SandboxBroken as second:
-        sandbox.stop()
-        return ExecResult(verdict=Verdict.KILLED, stderr=f"sandbox failure: {second}".encode())
+    """Run in `sandbox`. A sandbox that broke before the program reached it is replaced and the
+    program run there, once; one that broke after is not: a program is never run twice (it may
+    have written, printed or spent its time), and the answer says why it stopped."""
+    for attempt in (0, 1):
+        try:
+            return sandbox.run(req, cancel)
+        except SandboxBroken as err:
+            sandbox.stop()
+            if err.delivered or attempt:
+                ran = "while the program ran; it was not run again" if err.delivered else "twice before the program ran"
+                log.warning("sandbox broken %s (%s)", ran, err)
+                return ExecResult(verdict=Verdict.KILLED, stderr=f"sandbox failure {ran}: {err}".encode())
+            log.warning("sandbox broken before the program reached it (%s); starting a fresh one", err)
+    raise AssertionError("unreachable")

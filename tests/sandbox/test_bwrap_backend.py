@@ -85,3 +85,29 @@ def test_ipc_left_behind_discards_the_sandbox(backend):
 def test_missing_bubblewrap_names_the_fix():
     with pytest.raises(BackendUnavailable, match="apt-get install bubblewrap"):
         BwrapBackend(POLICY, bwrap="/nonexistent/bwrap").check()
+
+
+def _kill_sandbox(backend, slot=0):
+    for pid in backend.sandbox_pids(slot):
+        try:
+            psutil.Process(pid).kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def test_a_sandbox_broken_while_its_program_ran_does_not_run_it_again(backend):
+    import threading
+    run(backend, "print(1)")                       # the slot's sandbox is up
+    threading.Timer(0.5, _kill_sandbox, args=(backend,)).start()
+    r = run(backend, "import time\ntime.sleep(2)\nprint('done')\n")
+    assert r.verdict is Verdict.KILLED and r.stdout == b""
+    assert b"while the program ran; it was not run again" in r.stderr, r.stderr
+    assert run(backend, "print('next')").stdout == b"next\n"   # a fresh sandbox serves the next
+
+
+def test_a_sandbox_that_died_while_idle_is_replaced_before_the_program(backend):
+    run(backend, "print(1)")
+    _kill_sandbox(backend)
+    psutil.wait_procs([p for p in psutil.process_iter() if p.pid in backend.sandbox_pids(0)], timeout=2)
+    r = run(backend, "print('fine')")
+    assert (r.verdict, r.stdout) == (Verdict.OK, b"fine\n"), r
