@@ -157,6 +157,9 @@ class PoolConfig:
     """optimizer of this pool's trainer"""
     micro_batch_tokens: int = 8192
     """tokens per forward/backward micro-batch (gradient accumulation bound), per trainer"""
+    gradient_checkpointing: bool | None = None
+    """recompute each decoder layer's activations in the backward instead of keeping them;
+    unset: on for cuda devices, off on cpu"""
     trainable: bool = True
     """false: a frozen pool that serves inference only (no trainer)"""
 

@@ -111,7 +111,8 @@ def pool_spec(cfg: RunConfig, pool: str, checkpoint_root: str) -> PoolSpec:
         total_steps=cfg.run.steps, min_lr_ratio=p.optim.min_lr_ratio, grad_clip=p.optim.grad_clip,
         device=p.device, dtype=p.dtype, seed=cfg.run.seed, checkpoint_dir=checkpoint_root,
         checkpoint_every_updates=0,   # the router keeps the cadence
-        rollout_addresses=tuple(cfg.services.rollout[pool]), micro_batch_tokens=p.micro_batch_tokens)
+        rollout_addresses=tuple(cfg.services.rollout[pool]), micro_batch_tokens=p.micro_batch_tokens,
+        gradient_checkpointing=p.gradient_checkpointing)
 
 
 def pool_metrics(r: TrainResult) -> dict[str, Any]:

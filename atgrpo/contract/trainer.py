@@ -77,6 +77,7 @@ class PoolSpec:
     checkpoint_every_updates: int = 0
     rollout_addresses: tuple[str, ...] = field(default=())
     micro_batch_tokens: int = 0      # the token budget of one forward/backward; 0 = the trainer's default
+    gradient_checkpointing: bool | None = None   # None: on where the trainer runs on cuda
 
 
 @dataclass

@@ -35,7 +35,8 @@ def spec_to_pb(s: PoolSpec, *, resume_from: str = "", reload: bool = False) -> p
                              total_steps=s.total_steps),
         device=s.device, dtype=s.dtype, micro_batch_tokens=s.micro_batch_tokens, seed=s.seed,
         rollout_addresses=list(s.rollout_addresses), checkpoint_dir=s.checkpoint_dir, resume_from=resume_from,
-        checkpoint_every_updates=s.checkpoint_every_updates, reload=reload)
+        checkpoint_every_updates=s.checkpoint_every_updates, reload=reload,
+        gradient_checkpointing=s.gradient_checkpointing)
 
 
 def spec_from_pb(m: pb.SetupRequest) -> PoolSpec:
@@ -49,7 +50,8 @@ def spec_from_pb(m: pb.SetupRequest) -> PoolSpec:
         warmup_steps=o.warmup_steps, total_steps=o.total_steps or d.total_steps, min_lr_ratio=o.min_lr_ratio,
         grad_clip=o.grad_clip or d.grad_clip, device=m.device or "auto", dtype=m.dtype or "auto", seed=m.seed,
         checkpoint_dir=m.checkpoint_dir, checkpoint_every_updates=m.checkpoint_every_updates,
-        rollout_addresses=tuple(m.rollout_addresses), micro_batch_tokens=m.micro_batch_tokens)
+        rollout_addresses=tuple(m.rollout_addresses), micro_batch_tokens=m.micro_batch_tokens,
+        gradient_checkpointing=m.gradient_checkpointing if m.HasField("gradient_checkpointing") else None)
 
 
 def update_to_pb(u: UpdateConfig) -> pb.LossParams:

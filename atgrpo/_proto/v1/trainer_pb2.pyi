@@ -155,6 +155,7 @@ class SetupRequest(_message.Message):
     RESUME_FROM_FIELD_NUMBER: _builtins.int
     CHECKPOINT_EVERY_UPDATES_FIELD_NUMBER: _builtins.int
     RELOAD_FIELD_NUMBER: _builtins.int
+    GRADIENT_CHECKPOINTING_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     pool: _builtins.str
     model_path: _builtins.str
@@ -176,6 +177,8 @@ class SetupRequest(_message.Message):
     one checkpoint after a fault). Without it a repeated Setup keeps the state and only brings
     replicas that lag (restarted ones) up to the trainer's weights.
     """
+    gradient_checkpointing: _builtins.bool
+    """Recompute decoder activations in the backward; unset: on for cuda, off on cpu."""
     @_builtins.property
     def lora(self) -> Global___LoraParams: ...
     @_builtins.property
@@ -205,12 +208,15 @@ class SetupRequest(_message.Message):
         resume_from: _builtins.str = ...,
         checkpoint_every_updates: _builtins.int = ...,
         reload: _builtins.bool = ...,
+        gradient_checkpointing: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["lora", b"lora", "optim", b"optim"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_gradient_checkpointing", b"_gradient_checkpointing", "gradient_checkpointing", b"gradient_checkpointing", "lora", b"lora", "optim", b"optim"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "checkpoint_dir", b"checkpoint_dir", "checkpoint_every_updates", b"checkpoint_every_updates", "device", b"device", "dtype", b"dtype", "lora", b"lora", "micro_batch_tokens", b"micro_batch_tokens", "model_path", b"model_path", "optim", b"optim", "pool", b"pool", "reload", b"reload", "resume_from", b"resume_from", "rollout_addresses", b"rollout_addresses", "run_id", b"run_id", "seed", b"seed", "specialization", b"specialization"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gradient_checkpointing", b"_gradient_checkpointing", "agents", b"agents", "checkpoint_dir", b"checkpoint_dir", "checkpoint_every_updates", b"checkpoint_every_updates", "device", b"device", "dtype", b"dtype", "gradient_checkpointing", b"gradient_checkpointing", "lora", b"lora", "micro_batch_tokens", b"micro_batch_tokens", "model_path", b"model_path", "optim", b"optim", "pool", b"pool", "reload", b"reload", "resume_from", b"resume_from", "rollout_addresses", b"rollout_addresses", "run_id", b"run_id", "seed", b"seed", "specialization", b"specialization"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__gradient_checkpointing: _TypeAlias = _typing.Literal["gradient_checkpointing"]  # noqa: Y015
+    _WhichOneofArgType__gradient_checkpointing: _TypeAlias = _typing.Literal["_gradient_checkpointing", b"_gradient_checkpointing"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gradient_checkpointing) -> _WhichOneofReturnType__gradient_checkpointing | None: ...
 
 Global___SetupRequest: _TypeAlias = SetupRequest  # noqa: Y015
 
