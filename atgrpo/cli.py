@@ -193,11 +193,14 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_down(args: argparse.Namespace) -> int:
-    outcome = launcher.down(args.state_dir, timeout_s=args.timeout_s)
+    # A run's local services are recorded in its run directory (atgrpo.runner.LocalServices).
+    state_dir = args.run_dir / "services" if args.run_dir is not None else args.state_dir
+    services = {s.name: s for s in launcher.read_state(state_dir)}
+    outcome = launcher.down(state_dir, timeout_s=args.timeout_s)
     if not outcome:
-        print(f"no services recorded in {args.state_dir}")
+        print(f"no services recorded in {state_dir}")
     for name, what in outcome.items():
-        print(f"{name:<8} {what}")
+        print(f"{name:<8} pid {services[name].pid:<7} {what}")
     return 0
 
 
@@ -267,7 +270,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="probe these instead of the local ones (repeatable)")
     st.add_argument("--json", action="store_true")
     st.set_defaults(fn=_cmd_status)
-    state(sub.add_parser("down", help="stop the services `up` started"), 10.0).set_defaults(fn=_cmd_down)
+    down = state(sub.add_parser("down", help="stop the services `up` started, or those a run left behind"), 10.0)
+    down.add_argument("--run-dir", type=Path, default=None,
+                      help="stop the local services of the run in this directory (`atgrpo train` or `eval` "
+                           "recorded them in RUN_DIR/services) that are still running")
+    down.set_defaults(fn=_cmd_down)
     return ap
 
 

@@ -4,6 +4,10 @@
 free ports), waits until each answers its health check, and records pid, start time and address
 in `<state_dir>/services.json`. `down` stops exactly those processes: a recorded pid whose start
 time no longer matches (the pid was reused) is left alone.
+
+Given a Tether (atgrpo.rpc.tether), the services stop by themselves once the process that started
+them is gone, however it died: `atgrpo train` and `atgrpo eval` pass one, `atgrpo up` does not
+(its services are meant to outlive it).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 import psutil
 
 from atgrpo.rpc.probe import probe_all
+from atgrpo.rpc.tether import Tether, pass_fds_of
 
 log = logging.getLogger("atgrpo.launcher")
 
@@ -112,19 +117,25 @@ def _log_tail(path: Path, lines: int = 20) -> str:
         return "(no log)"
 
 
-def _spawn(plan: ServicePlan, state_dir: Path, python: str,
-           addresses: dict[str, str]) -> tuple[subprocess.Popen, Path, Path, list[str]]:
+def _spawn(plan: ServicePlan, state_dir: Path, python: str, addresses: dict[str, str],
+           tether: Tether | None) -> tuple[subprocess.Popen, Path, Path, list[str]]:
     port_file = state_dir / f"{plan.name}.port.json"
     port_file.unlink(missing_ok=True)
     log_path = state_dir / "logs" / f"{plan.name}.log"
     args = [addresses[a[1:-1]] if a[1:-1] in plan.needs() else a for a in plan.args]
     argv = [python, "-m", f"{plan.kind}_svc", "--port", "0", "--metrics-port", "0",
             "--port-file", str(port_file), *args]
+    if tether is not None:
+        argv += tether.for_kind(plan.kind)[0]
+    return _popen(argv, log_path, tether, plan.kind), port_file, log_path, argv
+
+
+def _popen(argv: list[str], log_path: Path | str, tether: Tether | None, kind: str) -> subprocess.Popen:
     with open(log_path, "ab") as log:
-        # A new session: the services outlive this CLI process and a Ctrl-C in its terminal.
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=os.getcwd())
-    return proc, port_file, log_path, argv
+        # A new session: a Ctrl-C in the CLI's terminal is the CLI's to handle (it asks the router to
+        # stop after the step); without a tether the services also outlive the CLI.
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=os.getcwd(), pass_fds=pass_fds_of(argv, tether, kind))
 
 
 def _await_port(proc: subprocess.Popen, port_file: Path, log_path: Path, name: str, deadline: float) -> dict:
@@ -139,14 +150,15 @@ def _await_port(proc: subprocess.Popen, port_file: Path, log_path: Path, name: s
 
 
 def up(state_dir: Path = DEFAULT_STATE_DIR, plan: tuple[ServicePlan, ...] = DEFAULT_PLAN,
-       *, timeout_s: float = 60.0, python: str = sys.executable) -> list[LocalService]:
-    """Start every service of `plan`, wait until all are healthy, record them, return them."""
+       *, timeout_s: float = 60.0, python: str = sys.executable, tether: Tether | None = None) -> list[LocalService]:
+    """Start every service of `plan`, wait until all are healthy, record them, return them. With a
+    `tether` they stop once this process is gone or the tether is closed."""
     state_dir = Path(state_dir)
     running = [s for s in read_state(state_dir) if is_ours(s)]
     if running:
         names = ", ".join(f"{s.name} (pid {s.pid})" for s in running)
         raise LaunchError(f"services from {state_dir} are already running: {names}; "
-                          "run `atgrpo down` first or pass another --state-dir")
+                          f"stop them with `atgrpo down --state-dir {state_dir}` or use another directory")
     (state_dir / "logs").mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout_s
     started: list[LocalService] = []
@@ -159,7 +171,7 @@ def up(state_dir: Path = DEFAULT_STATE_DIR, plan: tuple[ServicePlan, ...] = DEFA
             if not wave:
                 raise LaunchError(f"services {[p.name for p in pending]} need addresses no plan provides")
             pending = [p for p in pending if p not in wave]
-            batch = [(p, *_spawn(p, state_dir, python, addresses)) for p in wave]
+            batch = [(p, *_spawn(p, state_dir, python, addresses, tether)) for p in wave]
             spawned += batch
             for p, proc, port_file, log_path, argv in batch:
                 ports = _await_port(proc, port_file, log_path, p.name, deadline)
@@ -185,7 +197,7 @@ def up(state_dir: Path = DEFAULT_STATE_DIR, plan: tuple[ServicePlan, ...] = DEFA
 
 def _stop_all(services: list[LocalService], timeout_s: float) -> dict[str, str]:
     outcome: dict[str, str] = {}
-    procs = []
+    stopping = []
     for svc in services:
         if not is_ours(svc):
             outcome[svc.name] = "not running"
@@ -193,12 +205,12 @@ def _stop_all(services: list[LocalService], timeout_s: float) -> dict[str, str]:
         try:
             # The service is its own session leader: signal its group so helpers it forked go too.
             os.killpg(svc.pid, signal.SIGTERM)
-            procs.append((svc, psutil.Process(svc.pid)))
-        except (ProcessLookupError, psutil.NoSuchProcess):
+            stopping.append(svc)
+        except ProcessLookupError:
             outcome[svc.name] = "not running"
-    _, alive = psutil.wait_procs([p for _, p in procs], timeout=timeout_s)
-    for svc, proc in procs:
-        if proc in alive:
+    alive = _wait_gone(stopping, timeout_s)
+    for svc in stopping:
+        if svc in alive:
             try:
                 os.killpg(svc.pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -207,6 +219,17 @@ def _stop_all(services: list[LocalService], timeout_s: float) -> dict[str, str]:
         else:
             outcome[svc.name] = "stopped"
     return outcome
+
+
+def _wait_gone(services: list[LocalService], timeout_s: float) -> list[LocalService]:
+    """Those of `services` still running after up to `timeout_s`. A zombie counts as gone: a service
+    left by a launcher that died may have a parent that never reaps it (psutil.wait_procs would wait the whole timeout)."""
+    deadline = time.monotonic() + timeout_s
+    alive = list(services)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [s for s in alive if is_ours(s)]
+    return alive
 
 
 def down(state_dir: Path = DEFAULT_STATE_DIR, *, timeout_s: float = 10.0) -> dict[str, str]:
@@ -231,11 +254,12 @@ class Supervisor:
     its Service: the others keep its address, and their clients retry until it is back.
 
     At most `max_restarts` per service; services.json follows the new processes, so `down`
-    stops them."""
+    stops them. Services started with a tether are restarted with the same one."""
 
     def __init__(self, state_dir: Path, *, max_restarts: int = 5, poll_s: float = 0.5,
-                 timeout_s: float = 120.0):
+                 timeout_s: float = 120.0, tether: Tether | None = None):
         self.state_dir = Path(state_dir)
+        self.tether = tether
         self.max_restarts, self.poll_s, self.timeout_s = max_restarts, poll_s, timeout_s
         self.restarts: dict[str, int] = {}
         self._stop = threading.Event()
@@ -268,9 +292,7 @@ class Supervisor:
         argv = _pinned(svc.argv, svc)
         port_file = Path(argv[argv.index("--port-file") + 1])
         port_file.unlink(missing_ok=True)
-        with open(svc.log, "ab") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, cwd=os.getcwd())
+        proc = _popen(argv, svc.log, self.tether, svc.kind)
         _await_port(proc, port_file, Path(svc.log), svc.name, time.monotonic() + self.timeout_s)
         return LocalService(svc.name, svc.kind, proc.pid, psutil.Process(proc.pid).create_time(), svc.address,
                             svc.metrics_address, svc.log, argv)

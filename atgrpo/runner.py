@@ -2,7 +2,9 @@
 
 With no service addresses in the config (the embedded default) the services a run needs are
 started as local processes: the sandbox, the env service, one rollout process per replica of each
-pool, one trainer per trainable pool, and the router; they stop when the run ends. With addresses
+pool, one trainer per trainable pool, and the router; they stop when the run ends, or when this
+process dies (atgrpo.rpc.tether: the router first, after the step in flight), and
+`atgrpo down --run-dir DIR` stops any left behind. With addresses
 (`--connect`, e.g. on Kubernetes) the command only drives the router that is already there.
 """
 
@@ -18,6 +20,7 @@ from typing import Any
 from atgrpo import launcher
 from atgrpo.config import ConfigError, RunConfig, dump_config, parse_config
 from atgrpo.launcher import LocalService, ServicePlan
+from atgrpo.rpc.tether import Tether
 
 ROUTER_GRACE_S = 300.0     # how long a lost router may take to come back before `train` gives up
 
@@ -74,7 +77,8 @@ def check_models(cfg: RunConfig) -> None:
 
 
 class LocalServices:
-    """The services of a config as local processes, for the duration of a `with` block."""
+    """The services of a config as local processes, for the duration of a `with` block, tied to
+    this process: if it dies they stop too. They are recorded in `<run_dir>/services/`."""
 
     def __init__(self, cfg: RunConfig, *, timeout_s: float = 180.0):
         self.cfg = cfg
@@ -84,16 +88,24 @@ class LocalServices:
 
     def __enter__(self) -> RunConfig:
         print(f"starting {len(self.plan)} services locally (logs in {self.state_dir}/logs)", file=sys.stderr)
+        self.tether = Tether()
         try:
-            started = launcher.up(self.state_dir, self.plan, timeout_s=self.timeout_s)
+            started = launcher.up(self.state_dir, self.plan, timeout_s=self.timeout_s, tether=self.tether)
         except launcher.LaunchError as err:
+            self.tether.close()
             raise TrainError(f"the local services did not start: {err}") from None
-        self.supervisor = launcher.Supervisor(self.state_dir).start()
+        except BaseException:
+            self.tether.close()
+            raise
+        self.supervisor = launcher.Supervisor(self.state_dir, tether=self.tether).start()
         return with_services(self.cfg, started)
 
     def __exit__(self, *exc: object) -> None:
         self.supervisor.stop()
-        launcher.down(self.state_dir)
+        try:
+            launcher.down(self.state_dir)
+        finally:
+            self.tether.close()
 
 
 async def drive(cfg: RunConfig, reporter: Any) -> dict[str, Any]:

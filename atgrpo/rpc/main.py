@@ -21,12 +21,14 @@ from typing import Any, Protocol, TypeVar
 
 from prometheus_client import start_http_server
 
+from atgrpo.rpc import tether
 from atgrpo.rpc.security import TOKEN_ENV, TOKEN_FILE_ENV, ServerSecurity, token_from_env
 from atgrpo.rpc.server import Binding, create_server, serve_until_signal
 
 log = logging.getLogger(__name__)
 
 LOG_LEVELS = tuple(logging.getLevelNamesMapping())   # what logging itself accepts (WARN too)
+DRAIN_S = 300.0       # the default --parent-drain-s: a training step of a real model takes minutes
 
 
 class SettingsError(ValueError):
@@ -58,6 +60,11 @@ def base_parser(service: str) -> argparse.ArgumentParser:
                     help="write {'port', 'metrics_port', 'pid'} as JSON here once serving")
     ap.add_argument("--grace-s", type=float, default=5.0, help="time calls in flight get on SIGTERM")
     ap.add_argument("--log-level", default=os.environ.get("ATGRPO_LOG_LEVEL", "INFO"))
+    ap.add_argument("--parent-fd", type=int, default=None, metavar="FD",
+                    help="stop (as on SIGTERM) once this inherited file descriptor reaches end of file: the "
+                         "read end of a pipe whose write end the launcher holds, so the service ends with it")
+    ap.add_argument("--parent-drain-s", type=float, default=DRAIN_S,
+                    help="once the launcher is gone, how long the work in flight may take before the stop")
     sec = ap.add_argument_group("security", "TLS, mutual TLS and the auth token (docs/deploy.md, Security)")
     sec.add_argument("--tls-cert", default=os.environ.get("ATGRPO_TLS_SERVER_CERT") or None, metavar="PEM",
                      help="serve TLS with this certificate (chain); needs --tls-key")
@@ -72,6 +79,16 @@ def base_parser(service: str) -> argparse.ArgumentParser:
                      help="also serve the gRPC health check alone, in plaintext, on this port "
                           "(for probes that cannot speak TLS); off when unset")
     return ap
+
+
+def _open_fd(fd: int | None) -> None:
+    if fd is None:
+        return
+    try:
+        os.fstat(fd)
+    except OSError:
+        raise SettingsError(f"--parent-fd {fd}: not an open file descriptor of this process; it is for "
+                            "launchers, which pass the read end of a pipe (subprocess pass_fds)") from None
 
 
 def _port(value: int | None, flag: str, *, optional: bool = False) -> None:
@@ -90,6 +107,8 @@ class ServeSettings:
     grace_s: float = 5.0
     log_level: str = "INFO"
     health_port: int | None = None
+    parent_fd: int | None = None
+    parent_drain_s: float = DRAIN_S
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None
@@ -104,9 +123,13 @@ class ServeSettings:
             raise SettingsError(f"--grace-s {args.grace_s}: give the seconds calls in flight get on SIGTERM (>= 0)")
         if args.log_level.upper() not in LOG_LEVELS:
             raise SettingsError(f"--log-level {args.log_level!r}: use one of {', '.join(LOG_LEVELS)}")
+        _open_fd(args.parent_fd)
+        if not args.parent_drain_s >= 0:
+            raise SettingsError(f"--parent-drain-s {args.parent_drain_s}: give the seconds (>= 0) the work in "
+                                "flight gets once the launcher is gone")
         return cls(args.host.strip("[]"), args.port, args.metrics_port, args.port_file, args.grace_s,
-                   args.log_level.upper(), args.health_port, args.tls_cert, args.tls_key, args.tls_client_ca,
-                   args.auth_token_file)
+                   args.log_level.upper(), args.health_port, args.parent_fd, args.parent_drain_s, args.tls_cert,
+                   args.tls_key, args.tls_client_ca, args.auth_token_file)
 
     def security(self) -> ServerSecurity:
         """TLS and the token of these settings (the token from the environment unless a file is given)."""
@@ -154,8 +177,19 @@ async def _serve(serve: ServeSettings, build: Callable[[], Sequence[Binding]], s
              security.describe(), metrics_port)
     if serve.port_file:
         _write_port_file(serve.port_file, running.port, metrics_port)
+    if serve.parent_fd is not None:
+        _tie_to_launcher(serve, [b.servicer for b in bindings])
     await serve_until_signal(running, serve.grace_s)
     log.info("%s service stopped", service)
+
+
+def _tie_to_launcher(serve: ServeSettings, servicers: list) -> None:
+    """Stop once the launcher's pipe closes (atgrpo.rpc.tether): its drain runs on this loop, after
+    serve_until_signal has taken over SIGTERM."""
+    loop = asyncio.get_running_loop()
+    tether.watch(serve.parent_fd,
+                 lambda: asyncio.run_coroutine_threadsafe(tether.drain_then_stop(servicers, serve.parent_drain_s), loop),
+                 hard_exit_after_s=serve.parent_drain_s + serve.grace_s + tether.HARD_EXIT_MARGIN_S)
 
 
 def serve_service(service: str, serve: ServeSettings, build: Callable[[], Sequence[Binding]]) -> None:
