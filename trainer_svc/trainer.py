@@ -119,11 +119,12 @@ class Trainer:
             self._done.clear()      # results of steps after the checkpoint no longer hold
             # Replicas must serve what this trainer holds before the first Collect: every adapter
             # (a replica has none until pushed), or the resumed model (a replica starts at v0). A
-            # restored trainer's weights replace newer ones a replica may still serve.
+            # restored trainer's weights replace newer ones a replica may still serve: a checkpoint
+            # of version 0 too, when the replicas kept running at a later version of the run.
             try:
                 if state.lora:
                     await self._push(state, state.spec.agents, rollback=True)
-                elif state.version > 0 or previous is not None:
+                elif state.version > 0 or previous is not None or resume_from:
                     await self._push(state, [], rollback=True)
             except BaseException:
                 self.ops.state = None   # not set up until the replicas are: Setup may be retried

@@ -156,6 +156,26 @@ def test_checkpoint_round_trip_and_exact_resume(tiny_model, tmp_path):
     assert AutoModelForCausalLM.from_pretrained(f"{ckpt}/model") is not None
 
 
+def test_a_restarted_trainer_takes_replicas_back_to_a_version_0_checkpoint(tiny_model, tmp_path):
+    """The run's first checkpoint is version 0; the replicas kept serving version 1 while the trainer
+    restarted: the restored trainer must push its weights, though a replica starts at v0."""
+    samples = on_policy_samples(load(tiny_model))
+
+    async def go(t, r, rollout_address, logic):
+        await t.setup(pool_spec(tiny_model, [rollout_address]))
+        ckpt = (await t.save_checkpoint(str(tmp_path / "step-0"))).path
+        await t.train("run1", 1, 0, samples)
+        assert {(p.adapter, p.version) for p in await r.policies()} == {("", 1)}
+        restarted = await create_server(trainer_bindings(trainer=Trainer()))
+        try:
+            async with TrainerClient(f"127.0.0.1:{restarted.port}") as again:
+                assert (await again.setup(pool_spec(tiny_model, [rollout_address]), resume_from=ckpt)).version == 0
+        finally:
+            await restarted.stop(0)
+        assert {(p.adapter, p.version) for p in await r.policies()} == {("", 0)}
+    with_services(tiny_model, go)
+
+
 class _Payload:
     """Unpickling this runs os.system: what a booby-trapped checkpoint would carry."""
 
