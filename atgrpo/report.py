@@ -34,6 +34,11 @@ def eval_line(e: dict[str, Any]) -> str:
             f"| return per episode: {agents}")
 
 
+def rollback_line(e: dict[str, Any]) -> str:
+    return (f"rolled back from step {e['from_step']} to step {e['to_step']} (checkpoint {e['checkpoint']}): "
+            f"{e['reason']}; steps {e['to_step'] + 1}-{e['from_step']} are trained again")
+
+
 def tensorboard_scalars(e: dict[str, Any]) -> dict[str, float]:
     """TensorBoard tag -> value for one event (train/..., eval/..., per agent and per pool)."""
     prefix = e["kind"] if e["kind"] == "eval" else "train"
@@ -107,7 +112,7 @@ class Reporter:
             self.mirror = False
         if self.mirror:
             self.dir.truncate_events(-1)
-        self.tb = SummaryWriter(str(self.dir.path / "tb"))
+        self._writer = SummaryWriter
         self.bar = tqdm(total=self.cfg.run.steps, desc=self.cfg.run.name, unit="step", file=sys.stderr,
                         disable=not sys.stderr.isatty(), dynamic_ncols=True)
         print(f"run {status['run_id']}: {self.cfg.level}, {len(self.cfg.agents)} agents on {len(self.cfg.pools)} "
@@ -117,9 +122,16 @@ class Reporter:
         if e["kind"] == "status":
             self._status(e)
             return
+        if e["kind"] == "rollback":
+            self._rollback(e)
+            return
         self.events.append(e)
         if self.mirror:
             self.dir.append_event(e)
+        if self.tb is None:
+            # The run's events come from its first one, so what an earlier `atgrpo train` of this
+            # run directory wrote from that step on is replaced, not doubled.
+            self._open_tb(purge_step=e["step"])
         for tag, value in tensorboard_scalars(e).items():
             self.tb.add_scalar(tag, value, e["step"])
         self.tb.flush()
@@ -131,6 +143,29 @@ class Reporter:
             self._write(eval_line(e))
             self._plot()
 
+    def _rollback(self, e: dict[str, Any]) -> None:
+        """The steps after e["to_step"] are done again: drop them from the curves, the mirrored
+        metrics.jsonl and TensorBoard (a writer reopened with purge_step hides every event at or
+        after it written before), then say so on the console, with why."""
+        keep = e["to_step"]
+        self.events = [x for x in self.events if x["step"] <= keep]
+        if self.mirror:
+            self.dir.truncate_events(keep)
+            self.dir.append_event(e)
+        self._open_tb(purge_step=keep + 1)
+        self.bar.n = keep
+        self.bar.refresh()
+        self._write(rollback_line(e))
+
+    def _open_tb(self, purge_step: int) -> None:
+        if self.tb is not None:
+            self.tb.close()
+        tb = self.dir.path / "tb"
+        # A new file per writer, ordered after the others: an event file's name holds only the
+        # second it was made, and a writer opened within the same second would overwrite it.
+        n = len(list(tb.glob("events.out.tfevents.*"))) if tb.is_dir() else 0
+        self.tb = self._writer(str(tb), purge_step=purge_step, filename_suffix=f".{n:04d}")
+
     def _status(self, e: dict[str, Any]) -> None:
         if e["state"] == "running" and e["resumed_from_step"]:
             self._write(f"resumed after step {e['resumed_from_step']}")
@@ -138,7 +173,8 @@ class Reporter:
             return
         self._plot()
         self.bar.close()
-        self.tb.close()
+        if self.tb is not None:
+            self.tb.close()
         what = f"run {e['state']} after step {e['step']}/{e['total_steps']}"
         drawn = f"; curves in {self.dir.path / PLOT_FILE}" if self._plotted else ""
         print(what + (f": {e['error']}" if e["error"] else "") + drawn, flush=True)

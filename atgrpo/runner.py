@@ -154,6 +154,8 @@ async def _follow(client: Any, config_yaml: str, status: dict[str, Any], reporte
             async for event in client.watch_run(status["run_id"], from_step=next_step):
                 if event["kind"] == "status":
                     final = event
+                elif event["kind"] == "rollback":   # the steps after to_step come again
+                    next_step = event["to_step"] + 1
                 else:
                     next_step = max(next_step, event["step"] + (event["kind"] == "step"))
                 reporter.on_event(event)

@@ -1,4 +1,4 @@
-"""A step's and an evaluation's event records (one JSON line each in metrics.jsonl).
+"""A step's, an evaluation's and a rollback's event records (one JSON line each in metrics.jsonl).
 
 The dict is the record: the run directory keeps it, WatchRun replays it (atgrpo.contract.run_wire),
 and the CLI draws its curves from it, so the three never disagree.
@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from atgrpo.contract.rollout import EpisodeEnd
+from atgrpo.contract.run import rollback_dict
 from router_svc.plan import StepBatches, episode_metrics
 
 
@@ -52,3 +53,20 @@ def eval_event(step: int, ends: Sequence[EpisodeEnd], order: Sequence[str] = ())
     ep = episode_metrics(ends)
     return {"kind": "eval", "step": step, "success_rate": ep["success_rate"], "episodes": int(ep["episodes"]),
             "failed_episodes": int(ep["failed_episodes"]), "agents": agents}
+
+
+def rollback_event(from_step: int, to_step: int, checkpoint: str, recorded: Mapping[str, int],
+                   held: Mapping[str, int], reloaded: Sequence[str] = ()) -> dict[str, Any] | None:
+    """The record of going back from step `from_step` to the checkpoint of `to_step`, or None when
+    the run continues where it was. `recorded`: pool -> version after `from_step` (state.json);
+    `held`: the versions the trainers came back with (a restarted trainer loads the checkpoint);
+    `reloaded`: pools that kept their weights but were sent back to the checkpoint with the others."""
+    if to_step >= from_step:
+        return None
+    lost = [f"trainer {p!r} restarted and lost its weights (it came back with version {v}, the checkpoint's; "
+            f"step {from_step} had left version {recorded.get(p)})"
+            for p, v in held.items() if v != recorded.get(p)]
+    reason = "; ".join(lost) or f"the trainers hold the versions of the checkpoint of step {to_step}"
+    if reloaded:
+        reason += f"; pool(s) {list(reloaded)} went back to the checkpoint too, so every pool holds the same step"
+    return rollback_dict(from_step, to_step, checkpoint, reason)

@@ -216,6 +216,7 @@ class RunLoop:
         self.dir.write_config(self.cfg)
         root = str(self.dir.path / "checkpoints")
         await self._setup_trainers(root, ckpt)
+        held, behind = dict(self.versions), []
         try:
             self.completed = self._resume_point(progress)
         except FailedPrecondition:
@@ -229,7 +230,18 @@ class RunLoop:
         self.resumed_from = self.completed
         self._last_checkpoint = ckpt if ckpt and ckpt.step == self.completed else None
         self.dir.truncate_events(self.completed)
-        if self.completed:
+        rollback = progress and ckpt and events.rollback_event(
+            progress.completed_step, self.completed, self.dir.checkpoint_dir(ckpt.step).name, progress.versions,
+            held, behind)
+        if rollback:
+            # The run is at the checkpoint now: a recovery that prepares again continues from it
+            # rather than recording the same rollback once more.
+            self.dir.write_progress(Progress(self.cfg.run.name, self.completed, dict(self.versions), ckpt))
+            # Said where the user looks (the console, metrics.jsonl, TensorBoard), not only here.
+            log.warning("rolled back from step %d to step %d: %s", rollback["from_step"], self.completed,
+                        rollback["reason"])
+            self._record(rollback)
+        elif self.completed:
             log.info("resuming %s after step %d", self.cfg.run.name, self.completed)
 
     async def _setup_trainers(self, root: str, ckpt: Checkpoint | None, reload: list[str] | None = None) -> None:

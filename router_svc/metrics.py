@@ -43,6 +43,11 @@ EPISODES = Counter("atgrpo_router_episodes_total", "Episodes finished, by split.
 FAILED_EPISODES = Counter("atgrpo_router_failed_episodes_total", "Episodes that ended in an error, by split.",
                           ["run", "split"])
 
+ROLLBACKS = Counter("atgrpo_router_rollbacks_total", "Times the run went back to its last checkpoint (a trainer "
+                    "restarted and lost its weights).", ["run"])
+REDONE_STEPS = Counter("atgrpo_router_redone_steps_total", "Completed steps undone by rollbacks, to be trained "
+                       "again (the cost of checkpoint_every_steps).", ["run"])
+
 SAMPLES = Counter("atgrpo_router_samples_total", "Samples collected, by agent (before filters).", _AGENT)
 DROPPED = Counter("atgrpo_router_dropped_samples_total", "Samples dropped by the filters (zero-variance groups).",
                   ["run"])
@@ -65,11 +70,15 @@ def observe_state(run: str, state: str) -> None:
 
 
 def observe_event(run: str, event: Mapping[str, Any]) -> None:
-    """A step or eval event of events.py (other kinds are ignored)."""
+    """A step, eval or rollback event of events.py (other kinds are ignored)."""
     if event.get("kind") == "step":
         _observe_step(run, event)
     elif event.get("kind") == "eval":
         _observe_episodes(run, "eval", event)
+    elif event.get("kind") == "rollback":
+        ROLLBACKS.labels(run).inc()
+        REDONE_STEPS.labels(run).inc(event["from_step"] - event["to_step"])
+        COMPLETED_STEP.labels(run).set(event["to_step"])
 
 
 def _observe_episodes(run: str, split: str, e: Mapping[str, Any]) -> None:

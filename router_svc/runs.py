@@ -78,7 +78,11 @@ class Run:
             self._set_state("stopping")
 
     async def watch(self, from_step: int = 0) -> AsyncIterator[dict[str, Any]]:
-        """Every event at or after `from_step` (status events always), until the run ends."""
+        """Every event at or after `from_step` (status events always), until the run ends.
+
+        Rollbacks are sent always too, and the steps after one are sent again from its to_step + 1:
+        a watcher may hold steps the rollback undid, whichever step it asked to start from. Sending a
+        rollback it has already acted on costs a resend, never a wrong record."""
         sent = 0
         while True:
             async with self._changed:
@@ -87,7 +91,9 @@ class Run:
             while sent < len(self.events):
                 e = self.events[sent]
                 sent += 1
-                if e["kind"] == "status" or e["step"] >= from_step:
+                if e["kind"] == "rollback":
+                    from_step = min(from_step, e["to_step"] + 1)
+                if e["kind"] in ("status", "rollback") or e["step"] >= from_step:
                     yield e
             if self.state in FINAL_STATES and sent >= len(self.events):
                 return

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from atgrpo._proto.v1 import router_pb2 as pb
-from atgrpo.contract.run import status_dict
+from atgrpo.contract.run import rollback_dict, status_dict
 
 STATE_NAMES = {
     pb.RUN_STATE_STARTING: "starting", pb.RUN_STATE_RUNNING: "running", pb.RUN_STATE_STOPPING: "stopping",
@@ -34,6 +34,9 @@ _POOL_STEP = ("version", "loss", "approx_kl", "clip_fraction", "grad_norm", "ent
 def event_to_pb(run_id: str, e: Mapping[str, Any]) -> pb.RunEvent:
     if e["kind"] == "status":
         return pb.RunEvent(run_id=run_id, status=status_to_pb(e))
+    if e["kind"] == "rollback":
+        return pb.RunEvent(run_id=run_id, rollback=pb.RollbackEvent(
+            from_step=e["from_step"], to_step=e["to_step"], checkpoint=e["checkpoint"], reason=e["reason"]))
     if e["kind"] == "eval":
         return pb.RunEvent(run_id=run_id, eval=pb.EvalEvent(
             step=e["step"], success_rate=e["success_rate"], episodes=e["episodes"],
@@ -53,6 +56,9 @@ def event_from_pb(m: pb.RunEvent) -> dict[str, Any]:
     kind = m.WhichOneof("event")
     if kind == "status":
         return status_from_pb(m.status)
+    if kind == "rollback":
+        r = m.rollback
+        return rollback_dict(r.from_step, r.to_step, r.checkpoint, r.reason)
     if kind == "eval":
         e = m.eval
         return {"kind": "eval", "step": e.step, "success_rate": e.success_rate, "episodes": e.episodes,

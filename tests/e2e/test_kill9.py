@@ -67,3 +67,43 @@ def test_a_run_survives_kill_9_of_every_service(tiny_model, tmp_path):
         assert sum(e["pools"]["a"]["agents"].values()) == len(lines) > 0
         assert all(json.loads(x)["policy"]["version"] == e["step"] - 1 for x in lines)
     assert services.supervisor.restarts == dict.fromkeys(VICTIMS, 1)     # each came back once
+
+
+def test_a_trainer_killed_between_checkpoints_rolls_back_and_says_so(tiny_model, tmp_path, capsys):
+    """kill -9 of the trainer after step 2 of a run whose only checkpoint is step 0: the run goes
+    back to step 0 and says so on the console (which step, which checkpoint, why), records it in
+    metrics.jsonl, and TensorBoard shows each step once."""
+    from atgrpo.report import Reporter
+    from tests.observability.tensorboard_events import shown_scalars
+
+    run_dir = tmp_path / "run"
+    cfg = parse_config(toy_config(run_dir, tiny_model, "L1", steps=4, checkpoint_every_steps=100))
+    killed, stop = [], threading.Event()
+
+    def kill_the_trainer_after_step_2():
+        while not stop.is_set() and 2 not in [e["step"] for e in read_metrics(run_dir / "metrics.jsonl")
+                                              if e["kind"] == "step"]:
+            time.sleep(0.1)
+        if not stop.is_set():
+            svc = next(s for s in launcher.read_state(run_dir / "services") if s.name == "trainer-a")
+            os.kill(svc.pid, signal.SIGKILL)
+            killed.append(svc.name)
+
+    with LocalServices(cfg) as running:
+        thread = threading.Thread(target=kill_the_trainer_after_step_2)
+        thread.start()
+        try:
+            final = asyncio.run(drive(running, Reporter(running, mirror=False)))
+        finally:
+            stop.set()
+            thread.join()
+    assert killed == ["trainer-a"] and final["state"] == "finished", final
+    out = capsys.readouterr().out
+    events = read_metrics(run_dir / "metrics.jsonl")
+    (back,) = [e for e in events if e["kind"] == "rollback"]
+    assert back["to_step"] == 0 and back["from_step"] >= 2
+    line = (f"rolled back from step {back['from_step']} to step 0 (checkpoint step-000000): trainer 'a' restarted "
+            "and lost its weights")
+    assert line in out
+    assert [e["step"] for e in events if e["kind"] == "step"] == [1, 2, 3, 4]      # each step once
+    assert [s for s, _ in shown_scalars(run_dir / "tb")["train/reward_mean"]] == [1, 2, 3, 4]

@@ -454,6 +454,43 @@ class EvalEvent(_message.Message):
 Global___EvalEvent: _TypeAlias = EvalEvent  # noqa: Y015
 
 @_typing.final
+class RollbackEvent(_message.Message):
+    """The run went back to a checkpoint (a trainer restarted and lost its weights): the steps after
+    to_step are done again, and their earlier events no longer count. WatchRun always sends it and
+    then resends from to_step + 1, so a watcher drops what it holds of the undone steps.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FROM_STEP_FIELD_NUMBER: _builtins.int
+    TO_STEP_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    from_step: _builtins.int
+    """the last step completed before the rollback"""
+    to_step: _builtins.int
+    """the checkpoint's step: the run continues with to_step + 1"""
+    checkpoint: _builtins.str
+    """the checkpoint's folder name, e.g. step-000000"""
+    reason: _builtins.str
+    """why, naming the trainer(s) that lost their weights"""
+    def __init__(
+        self,
+        *,
+        from_step: _builtins.int = ...,
+        to_step: _builtins.int = ...,
+        checkpoint: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "from_step", b"from_step", "reason", b"reason", "to_step", b"to_step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RollbackEvent: _TypeAlias = RollbackEvent  # noqa: Y015
+
+@_typing.final
 class RunEvent(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -461,6 +498,7 @@ class RunEvent(_message.Message):
     STEP_FIELD_NUMBER: _builtins.int
     EVAL_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
+    ROLLBACK_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     @_builtins.property
     def step(self) -> Global___StepEvent: ...
@@ -470,6 +508,8 @@ class RunEvent(_message.Message):
     def status(self) -> Global___RunStatus:
         """state changes, including the final one"""
 
+    @_builtins.property
+    def rollback(self) -> Global___RollbackEvent: ...
     def __init__(
         self,
         *,
@@ -477,12 +517,13 @@ class RunEvent(_message.Message):
         step: Global___StepEvent | None = ...,
         eval: Global___EvalEvent | None = ...,
         status: Global___RunStatus | None = ...,
+        rollback: Global___RollbackEvent | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["eval", b"eval", "event", b"event", "status", b"status", "step", b"step"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["eval", b"eval", "event", b"event", "rollback", b"rollback", "status", b"status", "step", b"step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["eval", b"eval", "event", b"event", "run_id", b"run_id", "status", b"status", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["eval", b"eval", "event", b"event", "rollback", b"rollback", "run_id", b"run_id", "status", b"status", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["step", "eval", "status"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["step", "eval", "status", "rollback"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 

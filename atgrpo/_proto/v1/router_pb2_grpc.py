@@ -80,7 +80,8 @@ class RouterServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchRun(self, request, context):
-        """Events from from_step on, then live ones until the run ends.
+        """Events from from_step on, then live ones until the run ends. Status and rollback events come
+        always; after a rollback, the steps from its to_step + 1 come again.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -40,7 +40,9 @@ class RouterServiceStub:
     resumes after the last one.
     """
     WatchRun: _grpc.UnaryStreamMultiCallable[_router_pb2.WatchRunRequest, _router_pb2.RunEvent]
-    """Events from from_step on, then live ones until the run ends."""
+    """Events from from_step on, then live ones until the run ends. Status and rollback events come
+    always; after a rollback, the steps from its to_step + 1 come again.
+    """
     StopRun: _grpc.UnaryUnaryMultiCallable[_router_pb2.StopRunRequest, _router_pb2.RunStatus]
     GetRun: _grpc.UnaryUnaryMultiCallable[_router_pb2.GetRunRequest, _router_pb2.RunStatus]
 
@@ -53,7 +55,9 @@ class RouterServiceAsyncStub(RouterServiceStub):
     resumes after the last one.
     """
     WatchRun: _aio.UnaryStreamMultiCallable[_router_pb2.WatchRunRequest, _router_pb2.RunEvent]  # type: ignore[assignment]
-    """Events from from_step on, then live ones until the run ends."""
+    """Events from from_step on, then live ones until the run ends. Status and rollback events come
+    always; after a rollback, the steps from its to_step + 1 come again.
+    """
     StopRun: _aio.UnaryUnaryMultiCallable[_router_pb2.StopRunRequest, _router_pb2.RunStatus]  # type: ignore[assignment]
     GetRun: _aio.UnaryUnaryMultiCallable[_router_pb2.GetRunRequest, _router_pb2.RunStatus]  # type: ignore[assignment]
 
@@ -81,7 +85,9 @@ class RouterServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _router_pb2.WatchRunRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_router_pb2.RunEvent], _abc.AsyncIterator[_router_pb2.RunEvent]]:
-        """Events from from_step on, then live ones until the run ends."""
+        """Events from from_step on, then live ones until the run ends. Status and rollback events come
+        always; after a rollback, the steps from its to_step + 1 come again.
+        """
 
     @_abc_1.abstractmethod
     def StopRun(

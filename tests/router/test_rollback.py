@@ -1,0 +1,87 @@
+"""A rollback to the last checkpoint is said, not silent: the router records why (metrics.jsonl,
+WatchRun, its metrics), and a watcher that held the undone steps is sent them again."""
+
+import asyncio
+from types import SimpleNamespace
+
+from atgrpo.contract import run_wire
+from atgrpo.contract.trainer import TrainerInfo
+from atgrpo.rundir import Checkpoint, Progress, RunDir
+from atgrpo.sdk.env import EnvSpec
+from router_svc import events
+from router_svc.loop import RunLoop
+from router_svc.runs import Run
+from tests.router.test_run_pieces import config
+
+
+def test_no_rollback_when_the_trainers_kept_their_weights():
+    assert events.rollback_event(5, 5, "step-000003", {"a": 5}, {"a": 5}) is None
+
+
+def test_a_rollback_names_the_trainer_that_lost_its_weights_and_the_pools_sent_back_with_it():
+    e = events.rollback_event(5, 3, "step-000003", {"a": 5, "b": 4}, {"a": 3, "b": 4}, ["b"])
+    assert (e["kind"], e["step"], e["from_step"], e["to_step"], e["checkpoint"]) == ("rollback", 3, 5, 3, "step-000003")
+    assert e["reason"].startswith("trainer 'a' restarted and lost its weights (it came back with version 3, "
+                                  "the checkpoint's; step 5 had left version 5)")
+    assert "pool(s) ['b'] went back to the checkpoint too" in e["reason"]
+    assert run_wire.event_from_pb(run_wire.event_to_pb("r", e)) == e
+
+
+class Trainer:
+    """A trainer that restarted: whatever it is asked, it holds the checkpoint's version."""
+
+    def __init__(self, version):
+        self.version = version
+
+    async def setup(self, spec, *, resume_from="", reload=False):
+        return TrainerInfo(spec.pool, spec.run_id, self.version)
+
+
+class Env:
+    async def describe(self, name, options):
+        return EnvSpec(name, ("speaker", "listener"), ("speaker", "listener"), max_turns=4)
+
+
+def test_prepare_after_a_trainer_restart_records_the_rollback(tmp_path):
+    cfg = config(tmp_path, level="L2")
+    d = RunDir(tmp_path)
+    for s in (1, 2, 3):
+        d.append_event({"kind": "step", "step": s})
+    d.write_progress(Progress("r", 3, {"a": 3}, Checkpoint(0, {"a": str(d.checkpoint_dir(0) / "a")}, {"a": 0})))
+    emitted = []
+    loop = RunLoop(cfg, emitted.append, clients=SimpleNamespace(env=Env(), trainers={"a": Trainer(0)}))
+    asyncio.run(loop.prepare())
+    assert loop.completed == 0
+    (rollback,) = emitted
+    assert d.read_events() == [rollback]            # the undone steps go, the record of why stays
+    assert (rollback["from_step"], rollback["to_step"], rollback["checkpoint"]) == (3, 0, "step-000000")
+    assert rollback["reason"].startswith("trainer 'a' restarted and lost its weights")
+    asyncio.run(loop.prepare())                     # a recovery that prepares again: said once
+    assert loop.completed == 0 and emitted == [rollback] and d.read_events() == [rollback]
+
+
+def test_prepare_that_continues_where_it_was_records_nothing(tmp_path):
+    cfg = config(tmp_path, level="L2")
+    d = RunDir(tmp_path)
+    d.append_event({"kind": "step", "step": 1})
+    d.write_progress(Progress("r", 1, {"a": 1}, Checkpoint(0, {"a": "/c"}, {"a": 0})))
+    emitted = []
+    asyncio.run(RunLoop(cfg, emitted.append, clients=SimpleNamespace(env=Env(), trainers={"a": Trainer(1)})).prepare())
+    assert emitted == [] and [e["step"] for e in d.read_events()] == [1]
+
+
+def watched(run: Run, from_step: int) -> list:
+    async def go():
+        run.state = "finished"
+        return [e for e in [x async for x in run.watch(from_step)] if e["kind"] != "status"]
+    return asyncio.run(go())
+
+
+def test_a_watcher_past_the_rollback_gets_it_and_the_steps_again(tmp_path):
+    run = Run(config(tmp_path, level="L2"), loop_factory=lambda cfg, emit: None)
+    back = events.rollback_event(3, 1, "step-000001", {"a": 3}, {"a": 1})
+    run.events = [{"kind": "step", "step": s} for s in (1, 2, 3)] + [back] + [{"kind": "step", "step": s}
+                                                                          for s in (2, 3, 4)]
+    got = [(e["kind"], e["step"]) for e in watched(run, from_step=4)]
+    assert got == [("rollback", 1), ("step", 2), ("step", 3), ("step", 4)]
+    assert [(e["kind"], e["step"]) for e in watched(run, from_step=0)] == [(e["kind"], e["step"]) for e in run.events]
