@@ -87,22 +87,40 @@ def micro_batches(rows: Sequence[int], samples: Sequence[TrainSample], budget: i
     return out
 
 
-# Response positions per log-softmax pass. The (rows, positions, vocab) float32 temporaries of
-# one pass (logits, log-probs, probabilities) are what bounds it: 2048 positions of a 151,936-token
-# vocabulary are 1.2 GiB each. Past one pass each is recomputed in the backward (checkpointed) instead
-# of kept, so the peak holds one pass's, whatever the micro-batch.
+# The chunked path's bound: logits elements (positions x vocabulary) per pass. Its float32
+# temporaries (logits, the transform's sort and softmax, log-probs, and their gradients in the
+# backward) are what bounds the log-prob path's memory: 2**24 elements are 64 MiB each, 110
+# positions of Qwen3's 151,936-token vocabulary. Past one pass each pass runs under checkpoint,
+# so the backward recomputes one pass at a time and the peak holds one pass's, whatever the
+# micro-batch. (On CUDA, Liger Kernel's fused linear cross-entropy does this without the
+# recompute, but it scores plain softmax only: it cannot express top-k / top-p.)
+LOGPROB_CHUNK_ELEMENTS = 2 ** 24
+# The full-logits path's positions per transform pass (the decoder's (B, T, V) logits exist whole).
 LOGPROB_CHUNK_TOKENS = 2048
+# Architectures whose CausalLM forward is `lm_head(norm(decoder(x)))`: no logit scale, no
+# softcapping, nothing after the output layer. Any other one takes the full-logits path, which
+# runs the model's own forward (Gemma2's softcapping, Cohere's logit_scale, Granite's scaling).
+_PLAIN_HEAD = frozenset({"qwen2", "qwen3", "llama", "mistral"})
 
 
-def _token_stats(logits: torch.Tensor, targets: torch.Tensor, sampling: Sampling,
-                 with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(R, T, V) logits -> the targets' log-probs and the entropies (R, T) under `sampling`."""
+def _stats_from_logits(logits: torch.Tensor, targets: torch.Tensor, sampling: Sampling,
+                       entropy: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(..., V) logits -> the targets' log-probs and the entropies (...) under `sampling`.
+    `entropy`: "grad" (a loss term), "metric" (no gradient), "none" (zeros)."""
     logp = torch.log_softmax(transform_logits(logits.float(), sampling), dim=-1)
     lp = logp.gather(-1, targets[..., None]).squeeze(-1)
-    if not with_entropy:
+    if entropy == "none":
         return lp, torch.zeros_like(lp)
-    probs = logp.exp()
-    return lp, -(probs * torch.where(probs > 0, logp, torch.zeros_like(logp))).sum(-1)
+    with torch.no_grad() if entropy == "metric" else contextlib.nullcontext():
+        probs = logp.exp()
+        ent = -(probs * torch.where(probs > 0, logp, torch.zeros_like(logp))).sum(-1)
+    return lp, ent
+
+
+def _head_stats(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, sampling: Sampling,
+                entropy: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, H) last hidden states -> the output layer's logits -> `_stats_from_logits`."""
+    return _stats_from_logits(head(hidden), targets, sampling, entropy)
 
 
 def _chunks(rows: int, positions: int, budget: int) -> list[tuple[int, int]]:
@@ -110,18 +128,13 @@ def _chunks(rows: int, positions: int, budget: int) -> list[tuple[int, int]]:
     return [(t, min(t + step, positions)) for t in range(0, positions, step)]
 
 
-def response_logprobs(model, batch: Sequence[TrainSample], device: str, *, with_entropy: bool = True,
-                      chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-token log-probs and entropies of each response under its own sampling transform.
+def _entropy_mode(with_entropy: bool, entropy_grad: bool) -> str:
+    return "none" if not with_entropy else "grad" if entropy_grad else "metric"
 
-    Prompts are left-padded and responses right-padded, so every response starts at the same
-    column: the model computes logits for the response positions only, and the transform runs
-    once per distinct sampling setting instead of once per row, over `chunk_tokens` positions at
-    a time (each position's figures are computed alone, so chunking changes no number).
-    Returns logprobs, entropy, mask: (B, T) with T the longest response; mask 1 on real tokens,
-    and 0 in logprobs and entropy elsewhere. A real token outside the transform's support has
-    log-prob -inf (policy_loss leaves it out).
-    """
+
+def _pad(batch: Sequence[TrainSample]):
+    """Prompts left-padded and responses right-padded, so every response starts at column p_max:
+    ids, attention mask, position ids (B, P + T), targets and mask (B, T)."""
     p_max = max(len(s.prompt_ids) for s in batch)
     t_max = max(len(s.response_ids) for s in batch)
     ids = torch.zeros((len(batch), p_max + t_max), dtype=torch.long)
@@ -136,27 +149,116 @@ def response_logprobs(model, batch: Sequence[TrainSample], device: str, *, with_
         targets[i, :n] = ids[i, p_max:p_max + n]
         mask[i, :n] = 1
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
-                logits_to_keep=t_max + 1)
-    logits = out.logits[:, :-1]                                             # (B, T, V): predicts each response token
+    return ids, attn, pos, targets, mask, p_max, t_max
+
+
+def _by_sampling(batch: Sequence[TrainSample]) -> dict[Sampling, list[int]]:
+    rows: dict[Sampling, list[int]] = {}
+    for i, s in enumerate(batch):
+        rows.setdefault(s.sampling, []).append(i)
+    return rows
+
+
+def chunked_head_available(model) -> bool:
+    """Whether the chunked path applies: a plain output layer (see _PLAIN_HEAD), and not an FSDP
+    model (its root's parameters are gathered by the root's forward hooks, which calling the
+    decoder and the head apart would skip)."""
+    config = getattr(model, "config", None)
+    return (getattr(config, "model_type", None) in _PLAIN_HEAD and not is_sharded(model)
+            and model.get_output_embeddings() is not None)
+
+
+def hidden_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
+                    samplings: dict[Sampling, list[int]], *, entropy: str = "grad",
+                    chunk_elements: int = LOGPROB_CHUNK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunked path from the decoder's last hidden states: (B, T, H) hidden states of the
+    positions that predict each response token, targets and mask (B, T), the rows of each
+    sampling setting -> log-probs and entropies (B, T), 0 off the mask.
+
+    Only real tokens are scored, a pass of at most `chunk_elements` logits at a time (each
+    position's figures are computed alone, so chunking changes no number)."""
+    lp = torch.zeros(mask.shape, device=hidden.device)
+    ent = torch.zeros(mask.shape, device=hidden.device)
+    vocab = head.weight.shape[0]
+    step = max(1, chunk_elements // vocab)
+    lp_parts, ent_parts, where = [], [], []
+    for sampling, rows in samplings.items():
+        sel = torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
+        sel[rows] = True
+        real = (mask > 0) & sel[:, None]
+        flat_h, flat_t = hidden[real], targets[real]                           # (N, H), (N,)
+        spans = [(t, min(t + step, len(flat_t))) for t in range(0, len(flat_t), step)]
+        for t0, t1 in spans:
+            args = (head, flat_h[t0:t1], flat_t[t0:t1], sampling, entropy)
+            if len(spans) > 1 and torch.is_grad_enabled():
+                part = checkpoint(_head_stats, *args, use_reentrant=False)
+            else:
+                part = _head_stats(*args)
+            lp_parts.append(part[0])
+            ent_parts.append(part[1])
+        where.append(real.nonzero(as_tuple=True))
+    if not lp_parts:
+        return lp, ent
+    rows_idx = torch.cat([w[0] for w in where])
+    cols_idx = torch.cat([w[1] for w in where])
+    lp = lp.index_put((rows_idx, cols_idx), torch.cat(lp_parts))
+    ent = ent.index_put((rows_idx, cols_idx), torch.cat(ent_parts))
+    return lp, ent
+
+
+def response_logprobs(model, batch: Sequence[TrainSample], device: str, *, with_entropy: bool = True,
+                      entropy_grad: bool = True, chunk_elements: int = LOGPROB_CHUNK_ELEMENTS,
+                      full_logits: bool = False, chunk_tokens: int = LOGPROB_CHUNK_TOKENS,
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token log-probs and entropies of each response under its own sampling transform.
+
+    The decoder runs to its last hidden state; the output layer, the transform, the log-softmax
+    and the gather of the sampled tokens run over `chunk_elements` logits at a time
+    (hidden_logprobs), so no (B, T, V) tensor exists. The full-logits path (`full_logits`, and
+    where the chunked one does not apply: chunked_head_available) runs the model's own forward
+    for the response positions' logits, then the transform over `chunk_tokens` positions at a
+    time. Both give the same numbers.
+    Entropy: with a gradient when `entropy_grad` (an entropy bonus), else as a metric (no
+    gradient, no memory kept for it); zeros when not `with_entropy`.
+    Returns logprobs, entropy, mask: (B, T) with T the longest response; mask 1 on real tokens,
+    and 0 in logprobs and entropy elsewhere. A real token outside the transform's support has
+    log-prob -inf (policy_loss leaves it out).
+    """
+    ids, attn, pos, targets, mask, p_max, t_max = _pad(batch)
+    entropy = _entropy_mode(with_entropy, entropy_grad)
     targets, mask = targets.to(device), mask.to(device)
+    if not full_logits and chunked_head_available(model):
+        out = model.get_decoder()(input_ids=ids.to(device), attention_mask=attn.to(device),
+                                  position_ids=pos.to(device), use_cache=False)
+        hidden = out.last_hidden_state[:, p_max - 1:p_max - 1 + t_max]         # (B, T, H): predicts each response token
+        lp, ent = hidden_logprobs(model.get_output_embeddings(), hidden, targets, mask, _by_sampling(batch),
+                                  entropy=entropy, chunk_elements=chunk_elements)
+    else:
+        lp, ent = _full_logits_stats(model, ids.to(device), attn.to(device), pos.to(device), targets, mask,
+                                     _by_sampling(batch), entropy, chunk_tokens)
+    real = mask > 0     # where(), not a product: -inf * 0 is NaN on padding the transform excludes
+    return torch.where(real, lp, torch.zeros_like(lp)), torch.where(real, ent, torch.zeros_like(ent)), mask
+
+
+def _full_logits_stats(model, ids, attn, pos, targets, mask, samplings, entropy, chunk_tokens):
+    """The full-logits path: the model's forward keeps the response positions' (B, T, V) logits,
+    then the transform runs `chunk_tokens` positions at a time (checkpointed past one pass)."""
+    t_max = targets.shape[1]
+    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t_max + 1)
+    logits = out.logits[:, :-1]                                             # (B, T, V): predicts each response token
     lp = torch.zeros(mask.shape, device=logits.device)
     ent = torch.zeros(mask.shape, device=logits.device)
-    rows_by_sampling: dict[Sampling, list[int]] = {}
-    for i, s in enumerate(batch):
-        rows_by_sampling.setdefault(s.sampling, []).append(i)
-    for sampling, rows in rows_by_sampling.items():
+    for sampling, rows in samplings.items():
         idx = torch.tensor(rows, device=logits.device)
         spans = _chunks(len(rows), t_max, chunk_tokens)
         for t0, t1 in spans:
-            args = (logits[idx, t0:t1], targets[idx, t0:t1], sampling, with_entropy)
+            args = (logits[idx, t0:t1], targets[idx, t0:t1], sampling, entropy)
             if len(spans) > 1 and torch.is_grad_enabled():
-                part = checkpoint(_token_stats, *args, use_reentrant=False)
+                part = checkpoint(_stats_from_logits, *args, use_reentrant=False)
             else:
-                part = _token_stats(*args)
+                part = _stats_from_logits(*args)
             lp[idx, t0:t1], ent[idx, t0:t1] = part
-    real = mask > 0     # where(), not a product: -inf * 0 is NaN on padding the transform excludes
-    return torch.where(real, lp, torch.zeros_like(lp)), torch.where(real, ent, torch.zeros_like(ent)), mask
+    return lp, ent
 
 
 def _micro_batches(rows: Sequence[int], samples: Sequence[TrainSample], cfg: UpdateConfig) -> list[list[int]]:
@@ -188,7 +290,8 @@ def _micro_step(model, batch: Sequence[TrainSample], cfg: UpdateConfig, device: 
     """Forward and backward of one micro-batch, its loss scaled by `share` (its part of the
     mini-batch's tokens); returns its share-weighted metrics and its masked-token count."""
     with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
-        lp, ent, mask = response_logprobs(model, batch, device)
+        # The entropy carries a gradient only as a bonus; otherwise it is a metric.
+        lp, ent, mask = response_logprobs(model, batch, device, entropy_grad=bool(cfg.loss.entropy_coef))
         ref = None
         if cfg.loss.kl_coef and reference is not None:
             with torch.no_grad(), reference() as ref_model:

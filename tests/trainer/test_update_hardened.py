@@ -59,7 +59,8 @@ def test_chunking_the_log_probs_changes_no_value_and_no_gradient(tiny_model):
     results = []
     for chunk in (10**6, 3):
         model.zero_grad()
-        lp, ent, mask = response_logprobs(model, samples, "cpu", chunk_tokens=chunk)
+        # The full-logits path (FSDP's); the chunked one: test_logprob_chunks.py.
+        lp, ent, mask = response_logprobs(model, samples, "cpu", full_logits=True, chunk_tokens=chunk)
         (lp.sum() + ent.sum()).backward()
         results.append((lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
     (lp1, ent1, g1), (lp2, ent2, g2) = results
