@@ -158,6 +158,16 @@ class PoolConfig:
     micro_batch_tokens: int = 8192
     """tokens per forward/backward micro-batch (gradient accumulation bound), per trainer"""
     gradient_checkpointing: bool | None = None
+    """keep only each decoder layer's input and recompute the layer in the backward: activations
+    shrink about 25x for about a third more compute. Unset: on when the trainer runs on CUDA"""
+    trainer_gpus: int = 1
+    """GPUs this pool's trainer is sized for, one rank each (FSDP shards a full model over them, a
+    LoRA pool is replicated). `atgrpo plan` reads it; on Kubernetes the chart's
+    pools.<name>.trainer.gpus starts the ranks; local mode starts one"""
+    gpu_memory: str = ""
+    """memory of each GPU this pool's trainer and rollout replicas run on, e.g. 80GiB or 141GiB:
+    `atgrpo plan` and `atgrpo train` check that they fit. Empty: not stated, not checked"""
+    gradient_checkpointing: bool | None = None
     """recompute each decoder layer's activations in the backward instead of keeping them;
     unset: on for cuda devices, off on cpu"""
     trainable: bool = True

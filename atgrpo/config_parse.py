@@ -186,6 +186,21 @@ def to_plain(obj: Any) -> Any:
     return obj
 
 
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT])(i?B|i|B)?\s*$", re.IGNORECASE)
+_SIZE_POWER = {"K": 1, "M": 2, "G": 3, "T": 4}
+
+
+def parse_bytes(text: str) -> int | None:
+    """'80GiB' / '80Gi' -> 80 * 2**30, '80GB' / '80G' -> 80 * 10**9; None when it is not a size.
+    A bare number is refused: '80' could be GB or GiB, 7% apart, which decides whether a run fits."""
+    m = _SIZE_RE.match(text)
+    if not m:
+        return None
+    number, prefix, suffix = float(m.group(1)), m.group(2).upper(), (m.group(3) or "").lower()
+    base = 1024 if suffix.startswith("i") else 1000
+    return int(number * base ** _SIZE_POWER[prefix])
+
+
 Rule = tuple[Callable[[Any], bool], str, str]  # (ok, requirement, fix)
 # agent and pool names become metric labels, adapter names and file names
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")

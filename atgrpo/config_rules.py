@@ -6,10 +6,18 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from atgrpo.config_parse import AT_LEAST_1, NON_NEG, Checks, Errors, choices_text, did_you_mean
+from atgrpo.config_parse import (
+    AT_LEAST_1,
+    NON_NEG,
+    Checks,
+    Errors,
+    choices_text,
+    did_you_mean,
+    parse_bytes,
+)
 
 if TYPE_CHECKING:
-    from atgrpo.config import RunConfig, RunSection, SamplingConfig
+    from atgrpo.config import PoolConfig, RunConfig, RunSection, SamplingConfig
 
 _RUN_NAME = re.compile(r"^[a-z0-9_-]+$")
 _ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
@@ -123,7 +131,9 @@ def _check_pools(c: Checks, cfg: RunConfig) -> None:
                 "dropout": (lambda v: 0 <= v < 1, "in [0, 1)", "Use 0.0 for no dropout"),
                 "target_modules": (bool, "non-empty", "List module names, e.g. [q_proj, v_proj]"),
             })
-        c.limits(path, pool, {"rollout_replicas": AT_LEAST_1, "micro_batch_tokens": AT_LEAST_1})
+        c.limits(path, pool, {"rollout_replicas": AT_LEAST_1, "micro_batch_tokens": AT_LEAST_1,
+                              "trainer_gpus": AT_LEAST_1})
+        _check_gpus(c, path, pool)
         c.limits(f"{path}.optim", pool.optim, {
             "lr": (lambda v: v > 0, "> 0", "Typical values are 1e-6 (full) to 1e-4 (lora)"),
             "weight_decay": NON_NEG, "warmup_steps": NON_NEG,
@@ -135,6 +145,21 @@ def _check_pools(c: Checks, cfg: RunConfig) -> None:
         if name not in used:
             c.add(path, "no agent uses this pool. Point an agent's pool: at it or remove it",
                   uses=("agents",))
+
+
+def _check_gpus(c: Checks, path: str, pool: PoolConfig) -> None:
+    """The GPUs a pool states it is sized for (what `atgrpo plan` checks it against)."""
+    if pool.gpu_memory and parse_bytes(pool.gpu_memory) is None:
+        c.add(f"{path}.gpu_memory", f"{pool.gpu_memory!r} is not a memory size. Write a number with "
+              "its unit, e.g. 80GiB or 141GiB (GB = 10^9 bytes, GiB = 2^30)")
+    if pool.device == "cpu":
+        for key, value, unset in (("trainer_gpus", pool.trainer_gpus, 1), ("gpu_memory", pool.gpu_memory, "")):
+            if value != unset:
+                c.add(f"{path}.{key}", f"is {value!r} but the pool runs on device: cpu. Set device: cuda, "
+                      f"or remove {key}", uses=(f"{path}.device",))
+    if pool.trainer_gpus > 1 and not pool.trainable:
+        c.add(f"{path}.trainer_gpus", f"is {pool.trainer_gpus} but the pool is not trainable (no trainer). "
+              "Remove trainer_gpus, or set trainable: true", uses=(f"{path}.trainable",))
 
 
 def _check_services(c: Checks, cfg: RunConfig) -> None:
