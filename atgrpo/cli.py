@@ -69,6 +69,30 @@ def _env_problem(cfg) -> str | None:
     return None
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from atgrpo.config import ConfigError, load_config
+    from atgrpo.config_parse import parse_bytes
+    from atgrpo.plan import plan_run, render
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as err:
+        print(f"{args.config}: invalid config\n{err}", file=sys.stderr)
+        return 2
+    memory = None
+    if args.gpu_memory is not None:
+        memory = parse_bytes(args.gpu_memory)
+        if memory is None:
+            print(f"--gpu-memory {args.gpu_memory!r}: write a size with its unit, e.g. 80GiB or 141GiB", file=sys.stderr)
+            return 2
+    if args.gpus is not None and args.gpus < 1:
+        print(f"--gpus {args.gpus}: give at least 1", file=sys.stderr)
+        return 2
+    plan = plan_run(cfg, gpus=args.gpus, gpu_memory=memory, source=str(args.config))
+    print(render(plan))
+    return 0 if plan.ok and not plan.unplanned else 1
+
+
 def _load_for_run(args: argparse.Namespace):
     from atgrpo.config import ConfigError, load_config
 
@@ -86,6 +110,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     cfg = _load_for_run(args)
     if cfg is None:
+        return 2
+    from atgrpo.plan import train_problem
+
+    problem = train_problem(cfg)   # before any service starts: a run that cannot fit fails now, not by OOM
+    if problem:
+        print(f"atgrpo train: {args.config} does not fit the GPUs it states\n{problem}", file=sys.stderr)
         return 2
     try:
         final = train(cfg, connect=args.connect)
@@ -235,6 +265,13 @@ def build_parser() -> argparse.ArgumentParser:
     check = config.add_parser("check", help="validate a run config and say what to fix")
     check.add_argument("config", type=Path)
     check.set_defaults(fn=_cmd_config_check)
+
+    plan = sub.add_parser("plan", help="GPU memory, host memory and disk of every process a config starts, "
+                                       "and whether it fits the GPUs it states")
+    plan.add_argument("config", type=Path)
+    plan.add_argument("--gpus", type=int, help="GPUs of each pool's trainer (overrides pools.<name>.trainer_gpus)")
+    plan.add_argument("--gpu-memory", help="memory of each GPU, e.g. 80GiB or 141GiB (overrides pools.<name>.gpu_memory)")
+    plan.set_defaults(fn=_cmd_plan)
 
     tr = sub.add_parser("train", help="train a team: start the services locally, or drive running ones")
     tr.add_argument("config", type=Path)
