@@ -241,11 +241,17 @@ def response_logprobs(model, batch: Sequence[TrainSample], device: str, *, with_
 
 
 def _full_logits_stats(model, ids, attn, pos, targets, mask, samplings, entropy, chunk_tokens):
-    """The full-logits path: the model's forward keeps the response positions' (B, T, V) logits,
-    then the transform runs `chunk_tokens` positions at a time (checkpointed past one pass)."""
+    """The full-logits path: the model's forward keeps the response positions' (B, T, V) logits."""
+    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=targets.shape[1] + 1)
+    return logits_logprobs(out.logits[:, :-1], targets, mask, samplings, entropy=entropy, chunk_tokens=chunk_tokens)
+
+
+def logits_logprobs(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
+                    samplings: dict[Sampling, list[int]], *, entropy: str = "grad",
+                    chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> tuple[torch.Tensor, torch.Tensor]:
+    """The full-logits path from (B, T, V) logits (each predicting its response token): the
+    transform runs `chunk_tokens` positions at a time (checkpointed past one pass)."""
     t_max = targets.shape[1]
-    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t_max + 1)
-    logits = out.logits[:, :-1]                                             # (B, T, V): predicts each response token
     lp = torch.zeros(mask.shape, device=logits.device)
     ent = torch.zeros(mask.shape, device=logits.device)
     for sampling, rows in samplings.items():
