@@ -126,6 +126,13 @@ class Runs:
             raise NotFound(f"no run {run_id!r} on this router (runs: {known}); start it with StartRun")
         return self._runs[run_id]
 
+    async def stop_all(self) -> None:
+        """Ask every active run to stop after its step in flight (with a checkpoint), and wait."""
+        active = [r for r in self._runs.values() if r.task and not r.task.done()]
+        for run in active:
+            run.stop()
+        await asyncio.gather(*(r.task for r in active), return_exceptions=True)
+
     async def shutdown(self) -> None:
         for run in self._runs.values():
             if run.task and not run.task.done():

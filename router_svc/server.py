@@ -54,6 +54,11 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         run.stop()
         return run_wire.status_to_pb(run.status())
 
+    async def on_launcher_gone(self) -> None:
+        """The `atgrpo train` that started this router is gone (atgrpo/rpc/tether.py): end each run
+        after its step in flight, checkpointed, so that a resume loses nothing."""
+        await self.runs.stop_all()
+
     async def GetRun(self, request: router_pb2.GetRunRequest,
                      context: aio.ServicerContext) -> router_pb2.RunStatus:
         return run_wire.status_to_pb(self.runs.get(request.run_id).status())

@@ -57,6 +57,10 @@ def test_services_of_a_killed_train_stop_by_themselves(tiny_model, tmp_path, sub
         _wait("every service of the run stopped", lambda: not _alive(services), 30)
     finally:
         launcher.down(run_dir / "services", timeout_s=5)   # leave nothing behind, even on failure
+    # The router ended the run after the step in flight, with a checkpoint of it: a resume loses nothing.
+    last = max(e["step"] for e in read_metrics(run_dir / "metrics.jsonl") if e["kind"] == "step")
+    assert last < 30 and (run_dir / "checkpoints" / f"step-{last:06d}").is_dir(), \
+        sorted(p.name for p in (run_dir / "checkpoints").iterdir())
 
 
 def test_the_router_stops_first_and_the_others_after_it(tmp_path, subprocess_env, monkeypatch):
