@@ -1,0 +1,244 @@
+"""Trainer memory at Qwen3's vocabulary (151,936) and Qwen3-1.7B's hidden size, on CPU, in one run:
+
+1. the log-prob and loss path (the decoder's last hidden state -> output layer -> sampling
+   transform -> log-softmax -> gather -> policy loss -> backward), its peak memory per response
+   token: the full-logits path (at token counts this machine holds) against the chunked one
+   (trainer_svc/update.py; target: under 1 GiB at 8,192 response tokens);
+2. activation bytes per token per layer, with and without gradient checkpointing (HF's, non-reentrant),
+   at Qwen3-1.7B's layer dimensions (hidden 2048, intermediate 6144, 16 heads, 8 kv heads, head_dim 128);
+3. the update's tokens/s, chunked against full logits (target >= 0.9x), on a few-layer model of
+   1.7B's hidden size and Qwen3's vocabulary.
+
+How memory is measured: every figure comes from a fresh subprocess (so nothing another
+measurement allocated or fragmented counts), with glibc returning every freed block over 64 KiB to
+the system (MALLOC_MMAP_THRESHOLD_), so the resident set follows torch's CPU allocations. A peak is
+Linux's high-water mark of the resident set (VmHWM), reset to the current size (/proc/self/clear_refs)
+just before the measured step, minus the resident set then: weights, their gradients (allocated
+beforehand: they are the planner's per-model figure, not per token) and the inputs are not in it.
+Activations are the resident set held after the forward (the autograd graph alive) minus before it,
+the difference between a 3-layer and a 1-layer model, per layer and per token.
+
+The figures at full size are float32 matmuls of 151,936 rows: about 10 minutes on 2 idle cores,
+most of it the chunked path at 8,192 tokens (four output-layer matmuls per token: the forward, the
+backward's recompute, and the two gradient products).
+
+    python bench/trainer_memory.py [--full-tokens 128,256] [--chunked-tokens 256,8192] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from _report import parse_args, record  # noqa: E402
+
+from atgrpo.algo.loss import policy_loss  # noqa: E402
+from atgrpo.contract.sampling import Sampling  # noqa: E402
+from atgrpo.contract.trainer import LossConfig, TrainSample, UpdateConfig  # noqa: E402
+
+GiB = 2 ** 30
+# The GPU examples' training transform at its heaviest (top-k and top-p: the sort's temporaries).
+SAMPLING = Sampling(temperature=1.0, top_k=20, top_p=0.9)
+ROWS = 8   # responses per micro-batch in the log-prob measurement
+
+
+def _status(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def _reset_peak() -> int:
+    """The resident set now, with the high-water mark reset to it."""
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")
+    return _status("VmRSS")
+
+
+def qwen3(args, layers: int, vocab: int):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(hidden_size=args.hidden, intermediate_size=args.intermediate, num_attention_heads=args.heads,
+                      num_key_value_heads=args.kv_heads, head_dim=args.head_dim, num_hidden_layers=layers,
+                      vocab_size=vocab, tie_word_embeddings=True, max_position_embeddings=32768)
+    return Qwen3ForCausalLM(cfg).float()
+
+
+# ---- measurements, each in its own subprocess -------------------------------------------------
+
+def measure_logprobs(args, path: str, tokens: int) -> dict:
+    """Peak of the log-prob and loss path from the last hidden state, forward and backward."""
+    from trainer_svc.update import hidden_logprobs, logits_logprobs
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(args.hidden, args.vocab, bias=False)
+    torch.nn.init.normal_(head.weight, std=0.02)
+    # Written, not only allocated: untouched zero pages would join the resident set mid-measurement.
+    head.weight.grad = torch.ones_like(head.weight).zero_()
+    t = tokens // ROWS
+    hidden = torch.randn(ROWS, t, args.hidden).requires_grad_()
+    hidden.grad = torch.ones_like(hidden).zero_()
+    targets = torch.randint(0, args.vocab, (ROWS, t))
+    mask = torch.ones(ROWS, t)
+    samplings = {SAMPLING: list(range(ROWS))}
+    adv = torch.randn(ROWS)
+    before = _reset_peak()
+    start = time.perf_counter()
+    if path == "chunked":
+        lp, ent = hidden_logprobs(head, hidden, targets, mask, samplings, entropy="metric")
+    else:
+        lp, ent = logits_logprobs(head(hidden), targets, mask, samplings, entropy="grad")
+    loss, _ = policy_loss(lp, lp.detach(), adv, mask, LossConfig(), entropy=ent)
+    loss.backward()
+    seconds = time.perf_counter() - start
+    return {"peak": _status("VmHWM") - before, "seconds": seconds}
+
+
+def measure_activations(args, checkpointing: bool) -> dict:
+    """Bytes the forward keeps for the backward, per layer: a 3-layer model less a 1-layer one."""
+    held = {}
+    models = {n: qwen3(args, n, vocab=args.act_vocab) for n in (1, 3)}
+    ids = torch.randint(0, args.act_vocab, (1, args.act_tokens))
+    for n, model in models.items():
+        model.train()
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        for measured in (False, True):   # a first pass allocates the gradients and torch's lazy state
+            before = _reset_peak()
+            out = model(input_ids=ids, use_cache=False)
+            if measured:
+                held[n] = _status("VmRSS") - before
+            out.logits.float().sum().backward()
+            del out
+    return {"per_token_layer": (held[3] - held[1]) / 2 / args.act_tokens}
+
+
+def run_child(args, what: str, **kw) -> dict:
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, __file__, "--child", json.dumps({"what": what, **kw}), *sys.argv[1:]]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} {kw}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ---- the update's throughput, in this process ------------------------------------------------
+
+def update_rates(args) -> tuple[float, float]:
+    """tokens/s of one update (forward, backward, AdamW step), chunked and with full logits."""
+    import trainer_svc.update as upd
+
+    model = qwen3(args, args.update_layers, vocab=args.vocab)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-6)
+    g = torch.Generator().manual_seed(0)
+    samples = [TrainSample("a", torch.randint(3, args.vocab, (args.prompt,), generator=g).tolist(),
+                           torch.randint(3, args.vocab, (args.response,), generator=g).tolist(),
+                           [-12.0] * args.response, float(torch.randn(1, generator=g)), Sampling(temperature=1.0))
+               for _ in range(args.samples)]
+    cfg = UpdateConfig(mini_batch_size=args.samples, micro_batch_tokens=args.samples * (args.prompt + args.response))
+    tokens = args.samples * args.response
+    chunked = upd.response_logprobs
+    rates = {}
+    try:
+        for name, fn in (("full", functools.partial(chunked, full_logits=True)), ("chunked", chunked)):
+            upd.response_logprobs = fn
+            upd.update(model, optimizer, samples, cfg, params=params)     # warm-up
+            best = 0.0
+            for _ in range(args.repeats):
+                t = time.perf_counter()
+                upd.update(model, optimizer, samples, cfg, params=params)
+                best = max(best, tokens / (time.perf_counter() - t))
+            rates[name] = best
+    finally:
+        upd.response_logprobs = chunked
+    return rates["chunked"], rates["full"]
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--intermediate", type=int, default=6144)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--full-tokens", default="128,256", help="response tokens for the full-logits path")
+    ap.add_argument("--chunked-tokens", default="256,8192", help="response tokens for the chunked path")
+    ap.add_argument("--act-tokens", type=int, default=256)
+    ap.add_argument("--act-vocab", type=int, default=1024, help="small: the activations are the layers'")
+    ap.add_argument("--update-layers", type=int, default=2)
+    ap.add_argument("--samples", type=int, default=2)
+    ap.add_argument("--prompt", type=int, default=32)
+    ap.add_argument("--response", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=2)
+    args = parse_args(ap, smoke={"vocab": 4096, "hidden": 128, "intermediate": 384, "heads": 4, "kv_heads": 2,
+                                 "head_dim": 32, "full_tokens": "64", "chunked_tokens": "64", "act_tokens": 512,
+                                 "act_vocab": 256, "update_layers": 1, "samples": 2, "prompt": 8,
+                                 "response": 64, "repeats": 1})
+    if args.child:
+        job = json.loads(args.child)
+        what = job.pop("what")
+        out = measure_logprobs(args, **job) if what == "logprobs" else measure_activations(args, **job)
+        print(json.dumps(out))
+        return
+
+    print(f"vocabulary {args.vocab}, hidden {args.hidden}, float32, CPU; sampling {SAMPLING}")
+    print("\nlog-prob and loss path, forward + backward, peak above weights, gradients and inputs")
+    print(f"{'path':<12} {'tokens':>7} {'peak MiB':>9} {'bytes/token':>12} {'seconds':>8}")
+    per_token = {}
+    peaks = {}
+    for path, sizes in (("full", _ints(args.full_tokens)), ("chunked", _ints(args.chunked_tokens))):
+        for tokens in sizes:
+            m = run_child(args, "logprobs", path=path, tokens=tokens)
+            per_token[path] = m["peak"] / tokens
+            peaks[path, tokens] = m["peak"]
+            print(f"{path:<12} {tokens:7d} {m['peak'] / 2**20:9.0f} {m['peak'] / tokens:12.0f} {m['seconds']:8.2f}")
+    biggest = max(_ints(args.chunked_tokens))
+    chunked_peak = peaks["chunked", biggest]
+    print(f"chunked peak at {biggest} tokens: {chunked_peak / GiB:.2f} GiB "
+          f"({'under' if chunked_peak < GiB else 'OVER'} the 1 GiB target)")
+    # Per token at the largest size each path ran: the full path's grows with the tokens, the
+    # chunked one's is one pass's whatever the tokens.
+    full_at = max(_ints(args.full_tokens))
+    full_per_token = peaks["full", full_at] / full_at
+    chunked_per_token = chunked_peak / biggest
+    record("trainer_memory", f"log-prob+loss peak bytes/token, full logits / chunked ({full_at} vs {biggest} tok)",
+           full_per_token / chunked_per_token, f"{full_per_token:.0f} vs {chunked_per_token:.0f} B/token")
+
+    print(f"\nactivations kept for the backward, per token per layer ({args.act_tokens} tokens, hidden {args.hidden},"
+          f" intermediate {args.intermediate}, {args.heads} heads, {args.kv_heads} kv heads, head_dim {args.head_dim})")
+    act = {ckpt: run_child(args, "activations", checkpointing=ckpt)["per_token_layer"] for ckpt in (False, True)}
+    for ckpt, v in act.items():
+        print(f"  gradient checkpointing {'on ' if ckpt else 'off'}: {v / 1024:8.1f} KiB/token/layer")
+    record("trainer_memory", "activations/token/layer, no checkpointing / checkpointing", act[False] / max(act[True], 1.0),
+           f"{act[False] / 1024:.1f} vs {act[True] / 1024:.1f} KiB")
+
+    chunked, full = update_rates(args)
+    print(f"\nupdate, {args.update_layers}-layer model, {args.samples} x ({args.prompt} + {args.response}) tokens, "
+          f"AdamW: chunked {chunked:.0f} tok/s, full logits {full:.0f} tok/s, ratio {chunked / full:.2f}x (target >= 0.9x)")
+    record("trainer_memory", f"update tok/s chunked / full logits, {args.update_layers}-layer", chunked / full,
+           f"{chunked:.0f} vs {full:.0f} tok/s")
+
+
+if __name__ == "__main__":
+    main()
