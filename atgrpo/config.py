@@ -150,7 +150,8 @@ class PoolConfig:
     device: Device = "auto"
     """auto picks cuda when available"""
     dtype: DType = "auto"
-    """auto: bfloat16 on cuda, float32 on cpu"""
+    """auto: bfloat16 compute on cuda, float32 on cpu; bfloat16: bf16 compute over float32 master
+    weights and optimizer state (weight pushes and checkpoints stay bfloat16)"""
     rollout_replicas: int = 1
     """rollout engine replicas serving this pool (local mode)"""
     optim: OptimConfig = field(default_factory=OptimConfig)

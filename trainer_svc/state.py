@@ -21,9 +21,18 @@ import torch
 
 from atgrpo.contract.trainer import PoolSpec
 from atgrpo.errors import FailedPrecondition, InvalidArgument
+from trainer_svc.loading import (
+    broadcast_full_state,
+    checkpointing_on,
+    compute_bf16,
+    enable_checkpointing,
+    io_dtype,
+    load_full,
+    load_sharded,
+    weight_dtype,
+)
 from trainer_svc.sharding import (
     full_model_state,
-    load_full_model_state,
     load_optimizer_state,
     optimizer_state,
     rank_device,
@@ -55,15 +64,10 @@ class PoolState:
         self.layout = resolve(sharding, world_size, spec.specialization == "lora")
         self.device = rank_device(spec.device)
         torch.manual_seed(spec.seed)
-        # Master weights stay float32 under mixed precision; only the forward/backward run in bf16.
-        self.mixed_bf16 = (spec.dtype == "auto" and self.device.startswith("cuda") and torch.cuda.is_available()
-                           and torch.cuda.is_bf16_supported())
-        model = self._load_model()
-        if spec.specialization == "lora":
-            model = self._with_adapters(model)
-        self.model = model.to(self.device)
-        if self.sharded:
-            shard(self.model, self.device)   # before the optimizer: it must hold the sharded parameters
+        # Master weights stay float32 under mixed precision; only the forward/backward run in bf16
+        # (loading.py).
+        self.mixed_bf16 = compute_bf16(spec, self.device)
+        self.model = self._build()   # sharded before the optimizer: it must hold the sharded parameters
         self.version = 0
         self.updates = 0
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -73,14 +77,24 @@ class PoolState:
         self.generator = torch.Generator().manual_seed(spec.seed)
         self._reference = None   # a full pool's frozen initial weights, loaded when the KL first needs them
 
-    def _load_model(self):
-        from transformers import AutoModelForCausalLM
+    def _build(self):
+        dtype = weight_dtype(self.spec, trainable=not self.lora)
+        if self.sharded:   # full fine-tuning only (see resolve)
+            return load_sharded(self.spec.model_path, dtype, self.device, self._prepare, shard)
+        model = load_full(self.spec.model_path, dtype)
+        self._prepare(model)
+        if self.lora:
+            model = self._with_adapters(model)
+        return model.to(self.device)
 
-        dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(self.spec.dtype, torch.float32)
-        try:
-            return AutoModelForCausalLM.from_pretrained(self.spec.model_path, dtype=dtype)
-        except OSError as err:
-            raise InvalidArgument(f"cannot load the pool's model from {self.spec.model_path!r}: {err}") from None
+    def _prepare(self, model) -> None:
+        if checkpointing_on(self.spec, self.device):
+            enable_checkpointing(model)
+
+    @property
+    def checkpointing(self) -> bool:
+        """Whether the model recomputes its decoder layers' activations in the backward."""
+        return bool(getattr(self.model, "is_gradient_checkpointing", False))
 
     @property
     def sharded(self) -> bool:
@@ -109,11 +123,12 @@ class PoolState:
                 yield self.model
             return
         if self._reference is None:
-            ref = self._load_model()
-            if self.mixed_bf16:
-                ref = ref.to(torch.bfloat16)
-            ref = ref.requires_grad_(False).eval().to(self.device)
-            self._reference = shard(ref, self.device) if self.sharded else ref
+            dtype = torch.bfloat16 if self.mixed_bf16 else weight_dtype(self.spec, trainable=False)
+            if self.sharded:
+                ref = load_sharded(self.spec.model_path, dtype, self.device, lambda _: None, shard)
+            else:
+                ref = load_full(self.spec.model_path, dtype).to(self.device)
+            self._reference = ref.requires_grad_(False).eval()
         yield self._reference
 
     @property
@@ -131,9 +146,8 @@ class PoolState:
 
     def full_state(self) -> dict[str, torch.Tensor]:
         """The whole model (collective when sharded: full on rank 0 only)."""
-        if self.sharded:
-            return full_model_state(self.model)
-        return {k: v.detach() for k, v in self.model.state_dict().items()}
+        state = full_model_state(self.model) if self.sharded else self.model.state_dict()
+        return _cast(state, io_dtype(self.spec))
 
     def adapter_state(self, agent: str) -> tuple[dict[str, torch.Tensor], dict]:
         from peft import get_peft_model_state_dict
@@ -154,17 +168,43 @@ class PoolState:
         if self.rank != 0:
             return where
         where.mkdir(parents=True, exist_ok=True)
+        # Under mixed precision the model folder keeps the pool's dtype (what eval and rollout
+        # load, the size it had) and the float32 masters go with the optimizer, for an exact resume.
+        master, out = None, io_dtype(self.spec)
+        if out is not None and not self.lora:
+            master = model_state if model_state is not None else self.model.state_dict()
+            model_state = _cast(master, out)
         if model_state is None:
             self.model.save_pretrained(where / "model")
-        else:   # the gathered tensors: the live ones are shards
+        else:   # the gathered (or cast) tensors: the live ones are shards or masters
             self.model.save_pretrained(where / "model", state_dict=model_state)
+        if master is not None:
+            _set_saved_dtype(where / "model", out)
         torch.save({"optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
+                    **({"master": {k: v.detach() for k, v in master.items()}} if master is not None else {}),
                     "generator": self.generator.get_state(), "torch_rng": torch.get_rng_state(),
                     "numpy_rng": _numpy_rng_plain(), "python_rng": random.getstate()},
                    where / "trainer_state.pt")
         (where / "atgrpo.json").write_text(json.dumps({"version": self.version, "updates": self.updates,
                                                        "spec": asdict(self.spec)}, indent=2))
         return where
+
+    def _load_weights(self, where: Path, master: dict | None) -> None:
+        """The float32 masters when the checkpoint has them, else its model folder; on a sharded
+        pool rank 0 reads them and broadcasts, so no other rank holds a full copy."""
+        full, error = {}, ""
+        if self.rank == 0:
+            try:
+                full = master if master is not None else \
+                    load_full(str(where / "model"), weight_dtype(self.spec, True)).state_dict()
+            except InvalidArgument as err:
+                if not self.sharded:
+                    raise
+                error = str(err)   # every rank raises it (broadcast_full_state)
+        if self.sharded:
+            broadcast_full_state(self.model, full, error)
+        else:
+            self.model.load_state_dict(full)
 
     def load(self, where: str | Path) -> None:
         where = Path(where)
@@ -179,20 +219,14 @@ class PoolState:
             for agent in self.spec.agents:   # PEFT saves each named adapter in a folder of its name
                 sub = where / "model" / agent
                 set_peft_model_state_dict(self.model, load_file(str(sub / "adapter_model.safetensors")), adapter_name=agent)
-        else:
-            from transformers import AutoModelForCausalLM
-
-            full = AutoModelForCausalLM.from_pretrained(where / "model").state_dict()
-            if self.sharded:
-                load_full_model_state(self.model, full)
-            else:
-                self.model.load_state_dict(full)
         # weights_only: tensors and plain containers only, so a checkpoint cannot run code on load.
         try:
             state = torch.load(where / "trainer_state.pt", weights_only=True)
         except pickle.UnpicklingError as err:
             raise InvalidArgument(f"{where / 'trainer_state.pt'} holds more than tensors and plain values, which "
                                   f"could run code on load; resume from a checkpoint atgrpo wrote ({err})") from None
+        if not self.lora:
+            self._load_weights(where, state.get("master"))
         load_optimizer_state(self.model, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.generator.set_state(state["generator"])
@@ -201,6 +235,21 @@ class PoolState:
         np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
         random.setstate(state["python_rng"])
         self.version, self.updates = meta["version"], meta["updates"]
+
+
+def _cast(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """Floating tensors in `dtype` (None: as they are), detached."""
+    return {k: v.detach().to(dtype) if dtype is not None and v.is_floating_point() else v.detach()
+            for k, v in state.items()}
+
+
+def _set_saved_dtype(model_dir: Path, dtype: torch.dtype) -> None:
+    """save_pretrained records the live (master) dtype in config.json; record the saved one, so
+    that from_pretrained(dtype="auto") loads the model as it was written."""
+    path = model_dir / "config.json"
+    config = json.loads(path.read_text())
+    config["dtype"] = str(dtype).removeprefix("torch.")
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def _numpy_rng_plain() -> tuple:
