@@ -1,5 +1,6 @@
 """One rank of the multi-rank update tests:
-`torchrun --nproc-per-node 2 dist_worker.py MODEL OUT {ddp,fsdp} MINI_BATCH MICRO_BATCH_TOKENS`.
+`torchrun --nproc-per-node 2 dist_worker.py MODEL OUT {ddp,fsdp} MINI_BATCH MICRO_BATCH_TOKENS [ckpt]`
+(ckpt: gradient checkpointing on, set before FSDP wraps the layers, as PoolState does).
 Rank 0 saves the full parameters (gathered from the shards under fsdp) and the metrics."""
 
 import os
@@ -10,16 +11,19 @@ import torch.distributed as dist
 
 from atgrpo.contract.trainer import UpdateConfig
 from tests.trainer.test_update import load, on_policy_samples
+from trainer_svc.loading import enable_checkpointing
 from trainer_svc.sharding import full_model_state, shard
 from trainer_svc.update import update
 
 NO_CLIP = 1e9   # clipping would normalise a wrongly scaled gradient back to the right update
 
 
-def main(model_dir: str, out: str, sharding: str, mini_batch: int, micro_tokens: int) -> None:
+def main(model_dir: str, out: str, sharding: str, mini_batch: int, micro_tokens: int, ckpt: bool) -> None:
     dist.init_process_group("gloo")
     model = load(model_dir)
     samples = on_policy_samples(model)
+    if ckpt:
+        enable_checkpointing(model)
     if sharding == "fsdp":
         shard(model, "cpu")
     params = [p for p in model.parameters() if p.requires_grad]
@@ -34,7 +38,7 @@ def main(model_dir: str, out: str, sharding: str, mini_batch: int, micro_tokens:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6:] == ["ckpt"])
     # Skip the interpreter's teardown: torch's gloo objects destroyed there aborted a rank now and
     # then under load ("terminate called without an active exception", SIGABRT) after its work was
     # done. Everything this rank had to do is written and flushed by now.

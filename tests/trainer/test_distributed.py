@@ -47,11 +47,14 @@ def update_mismatches(before, one, two, rel=1e-3) -> list[str]:
 
 # fsdp: mini-batches of 5 and 3 rows, one row per micro-batch, so rank 0 runs one micro-batch
 # more than rank 1 in each: the padding that keeps FSDP's collectives in step is exercised.
-@pytest.mark.parametrize("sharding, mini_batch, micro_tokens", [("ddp", 8, 8192), ("fsdp", 5, 12)])
-def test_two_gloo_ranks_equal_one_process(tiny_model, tmp_path, sharding, mini_batch, micro_tokens):
+# ckpt: FSDP with gradient checkpointing (each layer's recompute all-gathers it again).
+@pytest.mark.parametrize("sharding, mini_batch, micro_tokens, ckpt",
+                         [("ddp", 8, 8192, ""), ("fsdp", 5, 12, ""), ("fsdp", 5, 12, "ckpt")])
+def test_two_gloo_ranks_equal_one_process(tiny_model, tmp_path, sharding, mini_batch, micro_tokens, ckpt):
     out = tmp_path / "dist.pt"
     worker = str(ROOT / "tests" / "trainer" / "dist_worker.py")
-    run = subprocess.run([*torchrun_args(), worker, tiny_model, str(out), sharding, str(mini_batch), str(micro_tokens)],
+    run = subprocess.run([*torchrun_args(), worker, tiny_model, str(out), sharding, str(mini_batch), str(micro_tokens),
+                          *([ckpt] if ckpt else [])],
                          env=torchrun_env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     two = torch.load(out, weights_only=False)
