@@ -103,6 +103,138 @@ LOGPROB_CHUNK_TOKENS = 2048
 _PLAIN_HEAD = frozenset({"qwen2", "qwen3", "llama", "mistral"})
 
 
+# Saved, not recomputed: a backward recomputes each pass's logits (one more output-layer matmul
+# per token) unless all of a call's log-probabilities fit in this many float32 elements (128 MiB),
+# in which case the forward keeps them; a small micro-batch then costs what the full-logits path
+# costs, and a large one stays within one pass's temporaries.
+LOGPROB_KEEP_ELEMENTS = 2 ** 25
+
+
+def _compute_dtype(device: torch.device, weight: torch.Tensor) -> torch.dtype:
+    """The dtype the output layer's matmul runs in: autocast's where it is on (what head(hidden)
+    would do), else the weight's."""
+    kind = device.type
+    if torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return weight.dtype
+
+
+def _pass_logp(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, sampling: Sampling) -> torch.Tensor:
+    """One pass: (n, H) hidden rows -> (n, V) float32 log-probs under the transform (-inf off its support)."""
+    logits = h @ w.T if b is None else torch.addmm(b, h, w.T)
+    return torch.log_softmax(transform_logits(logits.float(), sampling), dim=-1)
+
+
+def _grad_add(param: torch.Tensor, grad: torch.Tensor) -> None:
+    """Adds to param.grad in place (allocating it the first time), as autograd's accumulation would."""
+    if param.grad is None:
+        param.grad = torch.zeros_like(param)
+    param.grad.add_(grad)
+
+
+class _FusedHeadLogprobs(torch.autograd.Function):
+    """Output layer + sampling transform + log-softmax + gather (+ entropy), a pass of `step`
+    rows at a time, with no (N, V) tensor kept between passes.
+
+    Forward: each pass's log-probs of the targets and entropies. Backward: each pass's log-probs
+    again (recomputed, or kept when small: LOGPROB_KEEP_ELEMENTS), then d(logits) from the
+    incoming gradients, exactly what autograd derives for the transform: with p the transformed
+    distribution, lp = log p[target] and H = -sum p log p over its support,
+        d(logits) = (g_lp (onehot(target) - p) - g_H p (log p + H)) / temperature
+    on the support and 0 off it (top-k / top-p masks are piecewise constant; -inf logits carry no
+    gradient), and 0 for a row whose target is outside the support (its log-prob is -inf; the loss
+    leaves it out). The hidden rows' gradient is returned; the output layer's weight (and bias)
+    gradient is added pass by pass straight into its .grad, so no second (V, H) buffer and no
+    per-pass (V, H) gradients exist. (This is what autograd's accumulation into .grad does; the
+    trainer sums .grad across ranks itself after the backward, _all_reduce_grads, and an FSDP model
+    never takes this path: chunked_head_available.) A frozen output layer (LoRA) gets none.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, sampling, entropy, step, keep):
+        cdt = _compute_dtype(hidden.device, weight)
+        with torch.autocast(hidden.device.type, enabled=False):
+            w = weight.to(cdt)
+            b = None if bias is None else bias.to(cdt)
+            n = hidden.shape[0]
+            lp = torch.empty(n, device=hidden.device)
+            ent = torch.zeros(n, device=hidden.device)
+            kept = []
+            for t0 in range(0, n, step):
+                logp = _pass_logp(hidden[t0:t0 + step].to(cdt), w, b, sampling)
+                lp[t0:t0 + step] = logp.gather(-1, targets[t0:t0 + step, None]).squeeze(-1)
+                if entropy != "none":
+                    p = logp.exp()
+                    ent[t0:t0 + step] = -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(-1)
+                    del p
+                if keep:
+                    kept.append(logp)
+                del logp
+        ctx.sampling, ctx.entropy, ctx.step, ctx.cdt = sampling, entropy, step, cdt
+        ctx.kept = kept if keep else None
+        ctx.weight, ctx.bias = weight, bias      # their .grad are written in the backward
+        ctx.save_for_backward(hidden, weight, bias, targets, lp, ent)
+        if entropy != "grad":
+            ctx.mark_non_differentiable(ent)
+        return lp, ent
+
+    @staticmethod
+    def backward(ctx, g_lp, g_ent):
+        hidden, _, _, targets, lp, ent = ctx.saved_tensors
+        weight, bias = ctx.weight, ctx.bias
+        sampling, step, cdt = ctx.sampling, ctx.step, ctx.cdt
+        want_w = weight.requires_grad
+        want_b = bias is not None and bias.requires_grad
+        want_h = ctx.needs_input_grad[0]
+        n = hidden.shape[0]
+        g_lp = torch.zeros(n, device=hidden.device) if g_lp is None else g_lp.float()
+        # A target outside the support: log-prob -inf, no gradient (not -inf x 0 = NaN).
+        g_lp = torch.where(torch.isfinite(lp), g_lp, torch.zeros_like(g_lp))
+        g_ent = None if (ctx.entropy != "grad" or g_ent is None) else g_ent.float()
+        scale = 1.0 / sampling.temperature if sampling.temperature > 0 else 1.0
+        grad_h = torch.empty_like(hidden) if want_h else None
+        with torch.autocast(hidden.device.type, enabled=False):
+            w = weight.to(cdt)
+            b = None if bias is None else bias.to(cdt)
+            if want_w and weight.grad is None:
+                weight.grad = torch.zeros_like(weight)
+            for i, t0 in enumerate(range(0, n, step)):
+                t1 = min(t0 + step, n)
+                h = hidden[t0:t1].to(cdt)
+                logp = ctx.kept[i] if ctx.kept is not None else _pass_logp(h, w, b, sampling)
+                p = logp.exp()
+                if g_ent is not None:
+                    # d H / d log p = -p (log p + 1) on the support (0 off it), as autograd derives it
+                    dlogp = torch.where(p > 0, logp, torch.zeros_like(logp)).add_(1).mul_(p).mul_(-g_ent[t0:t1, None])
+                else:
+                    dlogp = torch.zeros_like(logp)
+                dlogp.scatter_add_(-1, targets[t0:t1, None], g_lp[t0:t1, None])
+                del logp
+                # log-softmax backward, then the temperature; p is 0 off the support, and so is dlogp.
+                dz = dlogp.sub_(p.mul_(dlogp.sum(-1, keepdim=True)))
+                del p
+                if scale != 1.0:
+                    dz.mul_(scale)
+                dz = dz.to(cdt)
+                if want_h:
+                    grad_h[t0:t1] = (dz @ w).to(hidden.dtype)
+                if want_w:
+                    if weight.grad.dtype == cdt:
+                        weight.grad.addmm_(dz.T, h)
+                    else:       # bf16 compute into a float32 .grad: one pass's (V, H) product, then added
+                        weight.grad.add_(dz.T @ h)
+                if want_b:
+                    _grad_add(bias, dz.sum(0))
+                del dz
+        ctx.kept = None
+        return grad_h, None, None, None, None, None, None, None
+
+
+def _plain_linear(head: torch.nn.Module) -> bool:
+    """An nn.Linear whose forward is its own (not an adapter-wrapped one): the fused pass applies."""
+    return type(head) is torch.nn.Linear and not head._forward_hooks and not head._forward_pre_hooks
+
+
 def _stats_from_logits(logits: torch.Tensor, targets: torch.Tensor, sampling: Sampling,
                        entropy: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(..., V) logits -> the targets' log-probs and the entropies (...) under `sampling`.
@@ -170,23 +302,38 @@ def chunked_head_available(model) -> bool:
 
 def hidden_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
                     samplings: dict[Sampling, list[int]], *, entropy: str = "grad",
-                    chunk_elements: int = LOGPROB_CHUNK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
+                    chunk_elements: int = LOGPROB_CHUNK_ELEMENTS, keep_elements: int | None = None,
+                    fused: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The chunked path from the decoder's last hidden states: (B, T, H) hidden states of the
     positions that predict each response token, targets and mask (B, T), the rows of each
     sampling setting -> log-probs and entropies (B, T), 0 off the mask.
 
     Only real tokens are scored, a pass of at most `chunk_elements` logits at a time (each
-    position's figures are computed alone, so chunking changes no number)."""
+    position's figures are computed alone, so chunking changes no number). A plain nn.Linear head
+    runs the fused passes (_FusedHeadLogprobs: its backward adds the head's weight gradient into
+    its .grad pass by pass, and keeps the log-probs instead of recomputing them while they total
+    at most `keep_elements`, default LOGPROB_KEEP_ELEMENTS); any other head (`fused=False`), each
+    pass under checkpoint."""
     lp = torch.zeros(mask.shape, device=hidden.device)
     ent = torch.zeros(mask.shape, device=hidden.device)
     vocab = head.weight.shape[0]
     step = max(1, chunk_elements // vocab)
+    fused = _plain_linear(head) if fused is None else fused
+    keep_elements = LOGPROB_KEEP_ELEMENTS if keep_elements is None else keep_elements
     lp_parts, ent_parts, where = [], [], []
     for sampling, rows in samplings.items():
         sel = torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
         sel[rows] = True
         real = (mask > 0) & sel[:, None]
         flat_h, flat_t = hidden[real], targets[real]                           # (N, H), (N,)
+        if fused:
+            keep = torch.is_grad_enabled() and len(flat_t) * vocab <= keep_elements
+            keep_elements -= len(flat_t) * vocab if keep else 0     # the budget is the whole call's
+            part = _FusedHeadLogprobs.apply(flat_h, head.weight, head.bias, flat_t, sampling, entropy, step, keep)
+            lp_parts.append(part[0])
+            ent_parts.append(part[1])
+            where.append(real.nonzero(as_tuple=True))
+            continue
         spans = [(t, min(t + step, len(flat_t))) for t in range(0, len(flat_t), step)]
         for t0, t1 in spans:
             args = (head, flat_h[t0:t1], flat_t[t0:t1], sampling, entropy)

@@ -11,7 +11,10 @@ import torch
 from atgrpo.contract.sampling import Sampling
 from tests.trainer.test_update import load, on_policy_samples
 from tests.trainer.test_update_hardened import lora_model
-from trainer_svc.update import chunked_head_available, response_logprobs
+import trainer_svc.update as upd
+from atgrpo.algo.loss import policy_loss
+from atgrpo.contract.trainer import LossConfig
+from trainer_svc.update import chunked_head_available, hidden_logprobs, logits_logprobs, response_logprobs
 
 VOCAB = 1536   # the tiny model's
 SAMPLINGS = (Sampling(temperature=0.7), Sampling(temperature=0.9, top_k=50, top_p=0.95),
@@ -58,8 +61,13 @@ def test_the_chunked_path_equals_the_full_logits_path(tiny_model, kind):
     assert chunked_head_available(model)
     samples = mixed_samples(model)
     full = run(model, samples, full_logits=True)
-    for positions in (10**6, 16, 3, 1):        # one pass (no checkpoint), several, one position each
-        assert_same(full, run(model, samples, chunk_elements=positions * VOCAB))
+    for keep in (upd.LOGPROB_KEEP_ELEMENTS, 0):   # the fused backward on kept log-probs, and recomputing them
+        upd.LOGPROB_KEEP_ELEMENTS = keep
+        try:
+            for positions in (10**6, 16, 3, 1):        # one pass, several, one position each
+                assert_same(full, run(model, samples, chunk_elements=positions * VOCAB))
+        finally:
+            upd.LOGPROB_KEEP_ELEMENTS = 2 ** 25
 
 
 def test_entropy_as_a_metric_has_the_values_and_no_gradient(tiny_model):
@@ -83,3 +91,92 @@ def test_without_gradients_the_chunks_need_no_checkpoint(tiny_model):
     fin = torch.isfinite(a[0])
     torch.testing.assert_close(a[0][fin], b[0][fin])
     torch.testing.assert_close(a[1], b[1])
+
+
+def _head_case(bias: bool):
+    g = torch.Generator().manual_seed(1)
+    head = torch.nn.Linear(16, 97, bias=bias)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(97, 16, generator=g))
+        if bias:
+            head.bias.copy_(torch.randn(97, generator=g))
+    hidden = torch.randn(3, 11, 16, generator=g)
+    targets = torch.randint(0, 97, (3, 11), generator=g)
+    mask = torch.ones(3, 11)
+    mask[1, 7:] = 0
+    return head, hidden, targets, mask
+
+
+def _grads(head, hidden, targets, mask, samplings, path, entropy, accumulate, **kw):
+    """Log-probs, entropies and gradients of a GRPO loss with an entropy bonus, over two
+    micro-batches when `accumulate` (the head's .grad then holds the first one's)."""
+    head.zero_grad(set_to_none=True)
+    h = hidden.clone().requires_grad_()
+    adv = torch.tensor([1.0, -0.5, 2.0])
+    cfg = LossConfig(entropy_coef=0.01 if entropy == "grad" else 0.0)
+    for _ in range(2 if accumulate else 1):
+        if path == "full":
+            lp, ent = logits_logprobs(head(h), targets, mask, samplings, entropy=entropy)
+        else:
+            lp, ent = hidden_logprobs(head, h, targets, mask, samplings, entropy=entropy, **kw)
+        old = torch.where(torch.isfinite(lp), lp.detach() - 0.1, lp.detach())
+        loss, _ = policy_loss(torch.where(mask > 0, lp, torch.zeros_like(lp)), old, adv, mask, cfg, entropy=ent)
+        loss.backward()
+    return lp.detach(), ent.detach(), h.grad, {n: p.grad.clone() for n, p in head.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("entropy", ["grad", "metric"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_fused_head_equals_autograd_with_an_entropy_bonus_and_targets_off_the_support(entropy, bias):
+    """The fused backward's d(logits) against autograd's through the transform: temperature,
+    top-k and top-p, an entropy bonus (entropy_coef > 0) or entropy as a metric, targets outside
+    the top-k support (-inf log-prob, no gradient and no NaN), a bias, and gradient accumulation
+    into an existing .grad."""
+    head, hidden, targets, mask = _head_case(bias)
+    samplings = {Sampling(temperature=0.7, top_k=5): [0], Sampling(temperature=1.3, top_p=0.6): [1],
+                 Sampling(temperature=1.0): [2]}
+    with torch.no_grad():   # row 0: every other target the least likely token, outside the top 5
+        lowest = head(hidden[0]).argmin(-1)
+        targets[0, ::2] = lowest[::2]
+    for accumulate in (False, True):
+        ref = _grads(head, hidden, targets, mask, samplings, "full", entropy, accumulate)
+        assert (~torch.isfinite(ref[0][0, ::2])).all() and torch.isfinite(ref[0][2]).all()
+        for chunk, keep in ((10**6, 10**9), (3 * 97, 0), (97, 10**9), (97, 0)):
+            got = _grads(head, hidden, targets, mask, samplings, "fused", entropy, accumulate,
+                         chunk_elements=chunk, keep_elements=keep)
+            real = mask > 0     # the fused path scores real tokens only (0 elsewhere)
+            assert torch.equal(torch.isfinite(got[0][real]), torch.isfinite(ref[0][real]))
+            fin = torch.isfinite(ref[0]) & real
+            torch.testing.assert_close(got[0][fin], ref[0][fin])
+            torch.testing.assert_close(got[1][real], ref[1][real])
+            assert torch.isfinite(got[2]).all()
+            torch.testing.assert_close(got[2], ref[2], atol=1e-6, rtol=1e-5)
+            assert got[3].keys() == ref[3].keys()
+            for name in ref[3]:
+                assert torch.isfinite(got[3][name]).all()
+                torch.testing.assert_close(got[3][name], ref[3][name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_a_frozen_head_gets_no_gradient_and_the_hidden_rows_get_theirs():
+    head, hidden, targets, mask = _head_case(False)
+    head.weight.requires_grad_(False)
+    samplings = {Sampling(temperature=0.9, top_k=20, top_p=0.9): [0, 1, 2]}
+    ref = _grads(head, hidden, targets, mask, samplings, "full", "grad", False)
+    got = _grads(head, hidden, targets, mask, samplings, "fused", "grad", False, chunk_elements=97, keep_elements=0)
+    assert head.weight.grad is None and got[3] == {} == ref[3]
+    torch.testing.assert_close(got[2], ref[2], atol=1e-6, rtol=1e-5)
+
+
+def test_under_bf16_autocast_the_fused_head_matches_autograd():
+    """The output layer's matmul in bfloat16 (as head(hidden) under autocast), the rest float32."""
+    head, hidden, targets, mask = _head_case(False)
+    samplings = {Sampling(temperature=0.8, top_p=0.9): [0, 1, 2]}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = _grads(head, hidden, targets, mask, samplings, "full", "grad", False)
+        got = _grads(head, hidden, targets, mask, samplings, "fused", "grad", False, chunk_elements=2 * 97,
+                     keep_elements=0)
+    assert got[3]["weight"].dtype == torch.float32
+    fin = torch.isfinite(ref[0]) & (mask > 0)
+    torch.testing.assert_close(got[0][fin], ref[0][fin])
+    torch.testing.assert_close(got[2], ref[2], atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(got[3]["weight"], ref[3]["weight"], atol=1e-2, rtol=1e-2)
