@@ -6,11 +6,16 @@ and the model had loaded. These are estimates of each process's peak, in bytes, 
 shape and the run config; the formulas are in the docstrings, the figures they give for Qwen3 in
 docs and tests. Pure functions: nothing here imports torch or reads weights.
 
-Assumptions about the trainer (trainer_svc): under bfloat16/float16 it computes in 16 bits and
-keeps float32 master weights, float32 gradients and float32 AdamW moments for what trains (all of a
-full pool; only the adapters of a LoRA pool, whose base stays frozen in 16 bits); a full pool over
-several GPUs is sharded by FSDP (weights, gradients and optimizer divided by the ranks), a LoRA
-pool is replicated; the log-probs are computed LOGPROB_CHUNK_TOKENS positions at a time.
+Assumptions about the trainer (trainer_svc/loading.py, state.py, update.py): under bfloat16 a full
+pool's parameters are its float32 master weights (no second, 16-bit copy is resident), with float32
+gradients and float32 AdamW moments; forward and backward run under bf16 autocast, whose cast
+cache keeps a bf16 copy of every matmul weight through the forward. A LoRA pool keeps its frozen
+base in 16 bits and its adapters (all that trains) in float32. float16 trains in float16 (no
+masters). A full pool over several GPUs is sharded by FSDP (weights, gradients and optimizer
+divided by the ranks), a LoRA pool is replicated. The log-probs come from the decoder's last hidden
+state, the output layer run LOGPROB_CHUNK_ELEMENTS logits at a time; a sharded pool takes the
+full-logits path (the response positions' logits whole, the transform LOGPROB_CHUNK_TOKENS
+positions at a time).
 """
 
 from __future__ import annotations
@@ -28,12 +33,17 @@ if TYPE_CHECKING:
     from atgrpo.config import AlgorithmConfig, PoolConfig, RunConfig
 
 GiB = 2**30
-# Positions per log-softmax pass; equal to trainer_svc.update.LOGPROB_CHUNK_TOKENS (a test checks:
-# atgrpo may not import a service).
+# Logits elements (positions x vocab) per pass of the chunked log-prob path, and positions per
+# transform pass of the full-logits one; equal to trainer_svc.update's constants of the same names
+# (a test reads them from its source: atgrpo may not import a service).
+LOGPROB_CHUNK_ELEMENTS = 2 ** 24
 LOGPROB_CHUNK_TOKENS = 2048
 # float32 (positions, vocab) tensors alive in one pass: the logits in float32, the sampling
 # transform's sorted copy and its int64 indices (two), the log-softmax and the probabilities.
 LOGPROB_TEMPORARIES = 6
+# The full-logits path's (response positions, vocab) tensors at the compute width: the logits, the
+# chunks its checkpointed passes keep as their inputs, and the logits' gradient.
+FULL_LOGITS_COPIES = 3
 # Every process that uses a GPU: the CUDA context and the cuBLAS/NCCL workspaces.
 GPU_RUNTIME_BYTES = 1 * GiB
 # A rollout engine adds its CUDA graphs and the sampler's temporaries to that.
@@ -168,15 +178,43 @@ def activation_bytes(shape: ModelShape, tokens: int, width: int, checkpointing: 
     return tokens * shape.layers * full
 
 
-def logprob_bytes(shape: ModelShape, tokens: int) -> int:
-    """One log-prob pass: LOGPROB_TEMPORARIES float32 tensors of (chunk positions, vocab)."""
-    return min(tokens, LOGPROB_CHUNK_TOKENS) * shape.vocab * 4 * LOGPROB_TEMPORARIES
+def logprob_bytes(shape: ModelShape, positions: int, *, full_logits: bool = False, width: int = 2) -> int:
+    """The log-prob path at `positions` response positions. Chunked (update.hidden_logprobs): one
+    pass of at most LOGPROB_CHUNK_ELEMENTS // vocab positions, LOGPROB_TEMPORARIES float32 tensors
+    of (pass positions, vocab); the other passes run under checkpoint and keep nothing. Full logits
+    (a sharded pool): FULL_LOGITS_COPIES (positions, vocab) tensors at the compute `width`, plus one
+    transform pass of LOGPROB_CHUNK_TOKENS positions."""
+    if full_logits:
+        one_pass = min(positions, LOGPROB_CHUNK_TOKENS)
+        return positions * shape.vocab * width * FULL_LOGITS_COPIES + one_pass * shape.vocab * 4 * LOGPROB_TEMPORARIES
+    one_pass = min(positions, max(1, LOGPROB_CHUNK_ELEMENTS // shape.vocab))
+    return one_pass * shape.vocab * 4 * LOGPROB_TEMPORARIES
+
+
+def resolved_dtype(pool: PoolConfig, device: str) -> str:
+    return pool.dtype if pool.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
 
 
 def compute_dtype(pool: PoolConfig, device: str) -> tuple[int, bool]:
-    """(bytes per activation/weight element, whether float32 master weights are kept)."""
-    dtype = pool.dtype if pool.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
-    return (4, False) if dtype == "float32" else (2, True)
+    """(bytes per activation element, and per element of a frozen weight, a pushed or saved full
+    weight; whether bf16 autocast runs over float32 master weights)."""
+    dtype = resolved_dtype(pool, device)
+    return (4, False) if dtype == "float32" else (2, dtype == "bfloat16")
+
+
+def trained_width(pool: PoolConfig, device: str) -> int:
+    """Bytes per trained parameter, and per element of its gradient and of each AdamW moment:
+    float32 masters under bfloat16; PEFT keeps adapters float32 whatever the base; float16 full
+    fine-tuning trains the float16 weights themselves (loading.weight_dtype)."""
+    if pool.specialization == "lora" or resolved_dtype(pool, device) != "float16":
+        return 4
+    return 2
+
+
+def matmul_params(shape: ModelShape) -> int:
+    """What autocast casts to bf16 in a forward: every decoder linear and the output layer."""
+    linears = sum(i * o for i, o in map(shape.linear, _LINEAR))
+    return shape.layers * linears + shape.vocab * shape.hidden
 
 
 def checkpointing_on(pool: PoolConfig, device: str) -> bool:
@@ -202,31 +240,43 @@ def longest_sample(cfg: RunConfig, pool_name: str) -> int:
 
 def trainer_components(shape: ModelShape, pool: PoolConfig, algorithm: AlgorithmConfig,
                        device: str = "cuda", *, agents: int = 1, ranks: int | None = None,
-                       tokens: int | None = None) -> dict[str, int]:
+                       tokens: int | None = None, response_tokens: int | None = None) -> dict[str, int]:
     """One trainer rank's device memory by component, in bytes (P parameters, T of them trained,
-    w the compute width, N ranks of which FSDP divides a full pool's states):
+    w the compute width, m the trained width (trained_width: 4 but for float16 full fine-tuning),
+    N ranks of which FSDP divides a full pool's states):
 
-    weights P*w (a LoRA pool adds its adapters T*w), master T*4 (16-bit compute only), gradients
-    T*4, optimizer T*8 (AdamW's two moments), all / N when sharded; FSDP's unsharded units:
-    (embeddings + 2 layers) * (w + 4); the KL reference P*w / N (a full pool with kl_coef > 0; a
-    LoRA pool's reference is its base); activations at `tokens` (default micro_batch_tokens)
-    as activation_bytes(); one log-prob pass; the CUDA runtime."""
+    weights: a full pool's P*m (under bf16 these are the float32 masters: no 16-bit copy is
+    resident), a LoRA pool's frozen base P*w plus its float32 adapters T*4; casts: under bf16
+    autocast, the bf16 copy of every matmul weight (matmul_params() * 2) that the forward holds
+    (autocast's cache, then the backward's saved tensors), whole on every rank (FSDP's unsharded
+    weights are cast too); gradients T*m; optimizer T*2m (AdamW's two moments); weights,
+    gradients and optimizer / N when sharded; FSDP's unsharded units: (embeddings + 2 layers) *
+    (m + m); the KL reference P*w / N (a full pool with kl_coef > 0; a LoRA pool's reference is
+    its base); activations at `tokens` (default micro_batch_tokens) as activation_bytes(); the
+    log-prob path at `response_tokens` positions (default `tokens`; full logits when sharded);
+    the CUDA runtime.
+
+    A sum, where the phases overlap only in part (the gradients grow as the backward frees the
+    activations; AdamW's moments exist from the first step on): an upper bound of the peak, within
+    25% of the peaks measured on CPU (tests/trainer/test_plan_vs_measured.py)."""
     ranks = ranks or pool.trainer_gpus
     tokens = tokens or pool.micro_batch_tokens
-    width, mixed = compute_dtype(pool, device)
+    response_tokens = response_tokens or tokens
+    width, autocast = compute_dtype(pool, device)
+    m = trained_width(pool, device)
     lora = pool.specialization == "lora"
     p, t = shape.params, trained_params(shape, pool, agents)
     shards = ranks if not lora and ranks > 1 else 1
     return {
-        "weights": p * width // shards + (t * width if lora else 0),
-        "master": t * 4 // shards if mixed else 0,
-        "gradients": t * 4 // shards,
-        "optimizer": t * 8 // shards,
-        "fsdp_units": ((shape.embedding_params + FSDP_LAYERS_IN_FLIGHT * shape.layer_params) * (width + 4)
+        "weights": p * width + t * 4 if lora else p * m // shards,
+        "casts": matmul_params(shape) * 2 if autocast and not lora else 0,
+        "gradients": t * m // shards,
+        "optimizer": t * 2 * m // shards,
+        "fsdp_units": ((shape.embedding_params + FSDP_LAYERS_IN_FLIGHT * shape.layer_params) * 2 * m
                        if shards > 1 else 0),
         "kl_reference": p * width // shards if not lora and algorithm.kl_coef > 0 else 0,
         "activations": activation_bytes(shape, tokens, width, checkpointing_on(pool, device)),
-        "logprob": logprob_bytes(shape, tokens),
+        "logprob": logprob_bytes(shape, response_tokens, full_logits=shards > 1, width=width),
         "runtime": GPU_RUNTIME_BYTES if device == "cuda" else 0,
     }
 
@@ -264,31 +314,40 @@ def rollout_full_kv_bytes(shape: ModelShape, pool: PoolConfig, *, k: int, tasks:
 
 
 def trainer_host_bytes(shape: ModelShape, pool: PoolConfig, *, agents: int, ranks: int) -> int:
-    """Rank 0's host memory: the model as loaded (float32 when master weights are built from it),
-    or, when FSDP gathers a checkpoint onto rank 0's CPU, the whole model and optimizer state."""
-    width, mixed = compute_dtype(pool, "cuda" if pool.device != "cpu" else "cpu")
+    """Rank 0's host memory: the model as loaded (a full pool's in its trained width, a LoRA
+    pool's base at the compute width), or, when FSDP gathers a checkpoint onto rank 0's CPU, the
+    whole model (P*m), its cast for the model folder (P*w under bf16) and the optimizer state."""
+    device = "cuda" if pool.device != "cpu" else "cpu"
+    width, autocast = compute_dtype(pool, device)
+    m = trained_width(pool, device)
     lora = pool.specialization == "lora"
     t = trained_params(shape, pool, agents)
-    load = shape.params * (width if lora else 4)
-    gathered = shape.params * width + t * (8 + (4 if mixed else 0)) if not lora and ranks > 1 else 0
+    load = shape.params * (width if lora else m)
+    gathered = (shape.params * (m + (width if autocast else 0)) + t * 2 * m) if not lora and ranks > 1 else 0
     return HOST_BASE_BYTES + max(load, gathered)
 
 
 def checkpoint_bytes(shape: ModelShape, pool: PoolConfig, *, agents: int) -> int:
-    """One checkpoint of a pool: its weights (the adapters of a LoRA pool) at the compute width,
-    the float32 master copy (exact resume) and AdamW's moments."""
-    width, mixed = compute_dtype(pool, "cuda" if pool.device != "cpu" else "cpu")
+    """One checkpoint of a pool (state.PoolState.save): model/ (a full pool's weights in the
+    pool's dtype, P*w; a LoRA pool's float32 adapters, T*4), and trainer_state.pt: under bf16 a
+    full pool's float32 masters (P*4, for an exact resume) and AdamW's moments (T*2m). A bf16
+    full pool: 2 + 12 bytes per parameter."""
+    device = "cuda" if pool.device != "cpu" else "cpu"
+    width, autocast = compute_dtype(pool, device)
+    m = trained_width(pool, device)
     t = trained_params(shape, pool, agents)
-    weights = t * width if pool.specialization == "lora" else shape.params * width
-    return weights + t * (8 + (4 if mixed else 0))
+    if pool.specialization == "lora":
+        return t * 4 + t * 2 * m
+    return shape.params * width + (shape.params * 4 if autocast else 0) + t * 2 * m
 
 
 def push_bytes(shape: ModelShape, pool: PoolConfig, *, agents: int) -> int:
     """What one weight push sends to each rollout replica (held in its host memory until swapped):
-    the whole model, or every adapter of a LoRA pool."""
+    the whole model cast to the pool's dtype, or every adapter of a LoRA pool (float32, as PEFT
+    keeps them)."""
     width, _ = compute_dtype(pool, "cuda" if pool.device != "cpu" else "cpu")
     if pool.specialization == "lora":
-        return trained_params(shape, pool, agents) * width
+        return trained_params(shape, pool, agents) * 4
     return shape.params * width
 
 
@@ -496,7 +555,7 @@ def gib(n: int) -> str:
     return f"{n / GiB:.1f} GiB"
 
 
-_COLUMNS = (("weights", ("weights", "adapters")), ("master", ("master",)), ("grads", ("gradients",)),
+_COLUMNS = (("weights", ("weights", "adapters")), ("casts", ("casts",)), ("grads", ("gradients",)),
             ("optim", ("optimizer",)), ("fsdp", ("fsdp_units",)), ("kl-ref", ("kl_reference",)),
             ("activ", ("activations",)), ("logprob", ("logprob",)), ("kv", ("kv_cache",)),
             ("runtime", ("runtime",)))

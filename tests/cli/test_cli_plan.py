@@ -26,7 +26,7 @@ def test_plan_refuses_8b_full_on_one_80gb_gpu_and_names_the_fix(capsys):
     assert main(["plan", str(path), "--gpus", "1", "--gpu-memory", "80GiB"]) == 1
     out = capsys.readouterr().out
     assert "trainer-shared does not fit" in out and out.rstrip().endswith("does not fit")
-    assert "pools.shared.trainer_gpus: 4" in out and "pools.shared.specialization: lora" in out
+    assert "pools.shared.trainer_gpus: 6" in out and "pools.shared.specialization: lora" in out
     # the flags override the file both ways: a bigger GPU fits with fewer of them
     assert main(["plan", str(path), "--gpus", "2", "--gpu-memory", "141GiB"]) == 0
     capsys.readouterr()
@@ -54,5 +54,5 @@ def test_train_refuses_before_starting_any_service(tmp_path, capsys, monkeypatch
     path.write_text(yaml.safe_dump(cfg))
     assert main(["train", str(path)]) == 2
     err = capsys.readouterr().err
-    assert "does not fit" in err and "trainer_gpus: 4" in err and "specialization: lora" in err
+    assert "does not fit" in err and "trainer_gpus: 6" in err and "specialization: lora" in err
     assert not (tmp_path / "run").exists()

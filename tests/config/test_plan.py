@@ -21,6 +21,7 @@ from atgrpo.config import (
 from atgrpo.config_parse import parse_bytes
 from atgrpo.plan import (
     GPU_RUNTIME_BYTES,
+    LOGPROB_CHUNK_ELEMENTS,
     LOGPROB_CHUNK_TOKENS,
     ROLLOUT_RUNTIME_BYTES,
     GiB,
@@ -30,6 +31,7 @@ from atgrpo.plan import (
     checkpoint_bytes,
     find_model_config,
     load_shape,
+    matmul_params,
     plan_run,
     push_bytes,
     rollout_components,
@@ -52,7 +54,8 @@ ALGO = AlgorithmConfig()
 
 
 def small_pool(**kw) -> PoolConfig:
-    return PoolConfig(model_path="/nowhere/small", device="cuda", dtype="bfloat16", micro_batch_tokens=4096, **kw)
+    return PoolConfig(**{"model_path": "/nowhere/small", "device": "cuda", "dtype": "bfloat16",
+                         "micro_batch_tokens": 4096, **kw})
 
 
 def test_small_shape_counts_by_hand():
@@ -106,13 +109,20 @@ def test_trainer_components_of_a_full_bf16_pool_by_hand():
     s = ModelShape.from_config(SMALL)
     got = trainer_components(s, small_pool(), ALGO, "cuda")
     p = SMALL_PARAMS
+    linears = 2 * 36_864 + 1000 * 64                            # the layers' linears and the (tied) output layer
+    assert matmul_params(s) == linears
     assert got == {
-        "weights": 2 * p, "master": 4 * p, "gradients": 4 * p, "optimizer": 8 * p,
+        "weights": 4 * p,                                       # the float32 masters are the module's weights
+        "casts": 2 * linears,                                   # autocast's bf16 copies, held through the forward
+        "gradients": 4 * p, "optimizer": 8 * p,
         "fsdp_units": 0, "kl_reference": 0,
         "activations": 4096 * (2 * 2 * 64 + SMALL_ACT),        # checkpointing on by default on CUDA
-        "logprob": LOGPROB_CHUNK_TOKENS * 1000 * 4 * 6,          # one pass: 6 float32 (2048, vocab) tensors
+        "logprob": 4096 * 1000 * 4 * 6,   # one pass: 6 float32 (positions, vocab) tensors, 2**24 // 1000 positions at most
         "runtime": GPU_RUNTIME_BYTES,
     }
+    assert LOGPROB_CHUNK_ELEMENTS // 1000 > 4096
+    # only the response positions are scored: fewer of them, a smaller pass
+    assert trainer_components(s, small_pool(), ALGO, "cuda", response_tokens=300)["logprob"] == 300 * 1000 * 24
     assert trainer_peak_bytes(SMALL, small_pool(), ALGO, "cuda") == sum(got.values())
     off = trainer_components(s, small_pool(gradient_checkpointing=False), ALGO, "cuda")
     assert off["activations"] == 4096 * 2 * SMALL_ACT
@@ -121,19 +131,27 @@ def test_trainer_components_of_a_full_bf16_pool_by_hand():
 def test_trainer_components_float32_cpu_sharded_kl_and_lora():
     s, p = ModelShape.from_config(SMALL), SMALL_PARAMS
     cpu = trainer_components(s, PoolConfig(model_path="x", device="cpu", micro_batch_tokens=100), ALGO, "cpu")
-    assert (cpu["weights"], cpu["master"], cpu["gradients"], cpu["optimizer"], cpu["runtime"]) == (4 * p, 0, 4 * p, 8 * p, 0)
+    assert (cpu["weights"], cpu["gradients"], cpu["optimizer"], cpu["runtime"]) == (4 * p, 4 * p, 8 * p, 0)
     assert cpu["activations"] == 100 * 2 * activation_bytes_per_token_layer(s, 4)   # no checkpointing on CPU
     assert cpu["logprob"] == 100 * 1000 * 4 * 6                                      # a pass of 100 positions
+    assert cpu["casts"] == 0                                                         # no autocast in float32
 
     four = trainer_components(s, small_pool(trainer_gpus=4), AlgorithmConfig(kl_coef=0.1), "cuda")
-    assert (four["weights"], four["master"], four["gradients"], four["optimizer"]) == (2 * p // 4, p, p, 2 * p)
-    assert four["fsdp_units"] == (64_000 + 2 * SMALL_LAYER) * (2 + 4)   # embeddings + 2 layers, bf16 + grads
+    assert (four["weights"], four["gradients"], four["optimizer"]) == (p, p, 2 * p)   # float32 masters / 4
+    assert four["casts"] == 2 * matmul_params(s)    # autocast casts FSDP's unsharded weights: whole on every rank
+    assert four["fsdp_units"] == (64_000 + 2 * SMALL_LAYER) * (4 + 4)   # embeddings + 2 layers, float32 + grads
     assert four["kl_reference"] == 2 * p // 4
+    # FSDP takes the full-logits path: 3 (positions, vocab) bf16 tensors, and one transform pass of 2048 positions
+    assert four["logprob"] == 4096 * 1000 * 2 * 3 + LOGPROB_CHUNK_TOKENS * 1000 * 4 * 6
+
+    fp16 = trainer_components(s, small_pool(dtype="float16"), ALGO, "cuda")   # trains the float16 weights themselves
+    assert (fp16["weights"], fp16["casts"], fp16["gradients"], fp16["optimizer"]) == (2 * p, 0, 2 * p, 4 * p)
 
     lora = small_pool(specialization="lora", lora=LoraConfig(rank=8, target_modules=("q_proj", "v_proj")))
     got = trainer_components(s, lora, AlgorithmConfig(kl_coef=0.1), "cuda", agents=2, ranks=4)
     t = 2 * 3584                       # one adapter per agent
-    assert (got["weights"], got["master"], got["gradients"], got["optimizer"]) == (2 * p + 2 * t, 4 * t, 4 * t, 8 * t)
+    # the frozen bf16 base and the float32 adapters; no casts of the base (it does not train)
+    assert (got["weights"], got["casts"], got["gradients"], got["optimizer"]) == (2 * p + 4 * t, 0, 4 * t, 8 * t)
     assert (got["fsdp_units"], got["kl_reference"]) == (0, 0)   # replicated; the reference is the base
 
 
@@ -142,17 +160,21 @@ def test_rollout_and_disk_figures_by_hand():
     got = rollout_components(s, small_pool(), agents=2, k=4, tasks=8, sample_tokens=300)
     assert got == {"weights": 2 * p, "adapters": 0, "kv_cache": 4 * 300 * 256, "runtime": ROLLOUT_RUNTIME_BYTES}
     assert rollout_full_kv_bytes(s, small_pool(), k=4, tasks=8, sample_tokens=300) == 4 * 8 * 300 * 256
-    assert checkpoint_bytes(s, small_pool(), agents=1) == 2 * p + 12 * p          # weights + master + moments
-    assert push_bytes(s, small_pool(), agents=1) == 2 * p
+    # model/ in bf16, trainer_state.pt's float32 masters and AdamW moments: 2 + 12 bytes a parameter
+    assert checkpoint_bytes(s, small_pool(), agents=1) == 2 * p + 12 * p
+    assert checkpoint_bytes(s, small_pool(dtype="float32"), agents=1) == 4 * p + 8 * p   # no masters apart
+    assert push_bytes(s, small_pool(), agents=1) == 2 * p                                # cast to the pool's dtype
     lora = small_pool(specialization="lora", lora=LoraConfig(rank=8, target_modules=("q_proj", "v_proj")))
-    assert checkpoint_bytes(s, lora, agents=2) == 2 * 3584 * (2 + 12)
-    assert push_bytes(s, lora, agents=2) == 2 * 3584 * 2
+    assert checkpoint_bytes(s, lora, agents=2) == 2 * 3584 * (4 + 8)   # float32 adapters and their moments
+    assert push_bytes(s, lora, agents=2) == 2 * 3584 * 4
 
 
 def test_logprob_chunk_matches_the_trainers():
-    """atgrpo may not import trainer_svc; the constant is read from its source instead."""
+    """atgrpo may not import trainer_svc; the constants are read from its source instead."""
     text = (ROOT / "trainer_svc" / "update.py").read_text()
     assert int(re.search(r"^LOGPROB_CHUNK_TOKENS = (\d+)", text, re.M).group(1)) == LOGPROB_CHUNK_TOKENS
+    elements = re.search(r"^LOGPROB_CHUNK_ELEMENTS = (.+)$", text, re.M).group(1).strip()
+    assert eval(elements, {"__builtins__": {}}) == LOGPROB_CHUNK_ELEMENTS   # e.g. 2 ** 24
 
 
 def _gpu_example(name: str, **pool_edits) -> dict:
@@ -169,9 +191,10 @@ def test_8b_full_on_one_80gb_gpu_is_refused_with_fixes():
     assert not plan.ok
     (trainer,) = [p for p in plan.processes if p.kind == "trainer"]
     assert trainer.fits is False and trainer.gpu_total > 140 * GiB
-    assert any("trainer_gpus: 4" in f for f in trainer.fixes)
+    assert any("trainer_gpus: 6" in f for f in trainer.fixes)
     assert any("specialization: lora" in f for f in trainer.fixes)
-    assert plan_run(cfg, gpus=4).ok and plan_run(cfg, gpus=2, gpu_memory=141 * GiB).ok
+    assert plan_run(cfg, gpus=8).ok and plan_run(cfg, gpus=2, gpu_memory=141 * GiB).ok
+    assert not plan_run(cfg, gpus=4).ok   # FSDP's full-logits path and whole bf16 casts: 4 x 80 GB is too few
 
 
 def test_checkpointing_off_is_named_as_the_fix_when_it_is_enough():
@@ -194,7 +217,7 @@ def test_train_check_passes_cpu_configs_without_a_model_and_states_local_limits(
     assert train_problem(parse_config(_gpu_example("code_L1_gpu.yaml", model_path="/cluster/Other-3B"))) is None
     # local mode starts one trainer process: a pool sized for 4 is refused with the way to run it
     problem = train_problem(parse_config(_gpu_example("toy_L1_gpu.yaml")))
-    assert "local mode starts one trainer process" in problem and "trainer.gpus: 4" in problem
+    assert "local mode starts one trainer process" in problem and "trainer.gpus: 8" in problem
     connect = _gpu_example("toy_L1_gpu.yaml")
     connect["services"] = {"env": "e:1", "sandbox": "s:1", "router": "r:1", "rollout": {"shared": ["o:1"]},
                            "trainer": {"shared": "t:1"}}
