@@ -90,10 +90,11 @@ def micro_batches(rows: Sequence[int], samples: Sequence[TrainSample], budget: i
 # The chunked path's bound: logits elements (positions x vocabulary) per pass. Its float32
 # temporaries (logits, the transform's sort and softmax, log-probs, and their gradients in the
 # backward) are what bounds the log-prob path's memory: 2**24 elements are 64 MiB each, 110
-# positions of Qwen3's 151,936-token vocabulary. Past one pass each pass runs under checkpoint,
-# so the backward recomputes one pass at a time and the peak holds one pass's, whatever the
-# micro-batch. (On CUDA, Liger Kernel's fused linear cross-entropy does this without the
-# recompute, but it scores plain softmax only: it cannot express top-k / top-p.)
+# positions of Qwen3's 151,936-token vocabulary. The passes run in one autograd Function
+# (_FusedHeadLogprobs) whose backward recomputes one pass at a time and adds the output layer's
+# weight gradient into its .grad as it goes, so the peak holds one pass's temporaries and no
+# extra (V, H) gradient, whatever the micro-batch. (Liger Kernel's fused linear cross-entropy
+# does the like on CUDA, but it scores plain softmax only: it cannot express top-k / top-p.)
 LOGPROB_CHUNK_ELEMENTS = 2 ** 24
 # The full-logits path's positions per transform pass (the decoder's (B, T, V) logits exist whole).
 LOGPROB_CHUNK_TOKENS = 2048
