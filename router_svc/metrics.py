@@ -67,6 +67,10 @@ def observe_state(run: str, state: str) -> None:
         RUN_STATE.labels(run, s).set(1.0 if s == state else 0.0)
     if state == "running":
         LAST_STEP_TIME.labels(run).set(time.time())
+    # Counters of things that may never happen exist at 0 from the start: a dashboard's
+    # increase() over them then shows 0, not "no data", for a run without rollbacks.
+    ROLLBACKS.labels(run).inc(0)
+    REDONE_STEPS.labels(run).inc(0)
 
 
 def observe_event(run: str, event: Mapping[str, Any]) -> None:
