@@ -26,13 +26,21 @@ def _cmd_model_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_config_check(args: argparse.Namespace) -> int:
+def _load(args: argparse.Namespace, **overrides):
+    """The run config at args.config, or None after saying why it is invalid."""
     from atgrpo.config import ConfigError, load_config
 
     try:
         cfg = load_config(args.config)
+        return cfg.with_overrides(**overrides) if overrides else cfg
     except ConfigError as err:
         print(f"{args.config}: invalid config\n{err}", file=sys.stderr)
+        return None
+
+
+def _cmd_config_check(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    if cfg is None:
         return 2
     problem = _env_problem(cfg)
     if problem:
@@ -70,14 +78,11 @@ def _env_problem(cfg) -> str | None:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from atgrpo.config import ConfigError, load_config
     from atgrpo.config_parse import parse_bytes
     from atgrpo.plan import plan_run, render
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as err:
-        print(f"{args.config}: invalid config\n{err}", file=sys.stderr)
+    cfg = _load(args)
+    if cfg is None:
         return 2
     memory = None
     if args.gpu_memory is not None:
@@ -94,14 +99,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _load_for_run(args: argparse.Namespace):
-    from atgrpo.config import ConfigError, load_config
-
-    try:
-        return load_config(args.config).with_overrides(steps=getattr(args, "steps", None),
-                                                       run_dir=getattr(args, "run_dir", None))
-    except ConfigError as err:
-        print(f"{args.config}: invalid config\n{err}", file=sys.stderr)
-        return None
+    return _load(args, steps=getattr(args, "steps", None), run_dir=getattr(args, "run_dir", None))
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
