@@ -19,7 +19,7 @@ from sandbox_svc.executor import Executor
 from sandbox_svc.policy import Policy
 from sandbox_svc.server import bindings
 from sandbox_svc.settings import SandboxSettings
-from sandbox_svc.uids import UidRangeTaken, claim
+from sandbox_svc.uids import UidClaimError, claim
 
 log = logging.getLogger("sandbox_svc")
 
@@ -54,7 +54,7 @@ def build(settings: SandboxSettings) -> list:
     try:
         backend = make_backend(settings.backend, Policy(), unsafe_no_isolation=settings.unsafe_no_isolation,
                                uid_base=_uid_base(settings, workers), docker_image=settings.docker_image)
-    except (BackendUnavailable, UidRangeTaken) as err:
+    except (BackendUnavailable, UidClaimError) as err:
         sys.exit(f"sandbox: cannot start: {err}")
     if not backend.isolated:
         log.warning(UNSAFE_WARNING)

@@ -23,8 +23,9 @@ _SEARCH_SPAN = 1 << 16
 LOCK_DIR = Path(os.environ.get("ATGRPO_SANDBOX_UID_DIR", "/run/atgrpo/sandbox-uids"))
 
 
-class UidRangeTaken(RuntimeError):
-    """An explicitly asked-for uid range overlaps one another live process holds."""
+class UidClaimError(RuntimeError):
+    """No uids could be claimed: an asked-for range is held by another live process, or the lock
+    directory cannot be made."""
 
 
 class UidClaim:
@@ -75,12 +76,16 @@ def _holder(uid: int) -> str:
 
 def claim(count: int, base: int | None = None) -> UidClaim:
     """Claim `count` consecutive host uids: from `base` exactly, or the first free range from
-    DEFAULT_FIRST. UidRangeTaken names the holder when an asked-for range is taken."""
-    LOCK_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
+    DEFAULT_FIRST. UidClaimError names the holder when an asked-for range is taken."""
+    try:
+        LOCK_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as err:
+        raise UidClaimError(f"cannot make the uid lock directory {LOCK_DIR} ({err}); set ATGRPO_SANDBOX_UID_DIR "
+                            "to a writable directory every sandbox server on this host shares") from None
     if base is not None:
         held, taken = _try(base, count)
         if held is None:
-            raise UidRangeTaken(
+            raise UidClaimError(
                 f"host uid {taken} (of --uid-base {base} with {count} workers) is held by another sandbox "
                 f"({_holder(taken)}); leave out --uid-base to take a free range, or give one that does not overlap")
         return held
@@ -90,5 +95,5 @@ def claim(count: int, base: int | None = None) -> UidClaim:
         if held is not None:
             return held
         start = taken + 1      # the next candidate begins past the uid that was taken
-    raise UidRangeTaken(f"no {count} free consecutive host uids from {DEFAULT_FIRST} to "
+    raise UidClaimError(f"no {count} free consecutive host uids from {DEFAULT_FIRST} to "
                         f"{DEFAULT_FIRST + _SEARCH_SPAN}: are that many sandboxes running here?")

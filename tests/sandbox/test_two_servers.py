@@ -17,7 +17,7 @@ import pytest
 
 from atgrpo.contract.sandbox import Limits, Verdict
 from sandbox_svc.client import SandboxClient
-from sandbox_svc.uids import UidRangeTaken, claim
+from sandbox_svc.uids import UidClaimError, claim
 
 LEAVE_SEMAPHORE = "import ctypes\nprint(ctypes.CDLL(None).semget(0x1234, 1, 0o1666) >= 0)\n"
 # A silent re-run of B's program shows as a wall time past twice its sleep.
@@ -98,7 +98,7 @@ def test_a_taken_range_is_refused_with_its_holder_and_freed_when_the_holder_exit
     assert first.base == 60000
     second = claim(2)
     assert second.base == 60004                      # the next free range, not an overlap
-    with pytest.raises(UidRangeTaken, match=rf"host uid 60002 .* held by another sandbox \(pid {os.getpid()}\)"):
+    with pytest.raises(UidClaimError, match=rf"host uid 60002 .* held by another sandbox \(pid {os.getpid()}\)"):
         claim(2, base=60002)
     # Another process's claim: gone with that process, however it ends.
     child = subprocess.Popen([sys.executable, "-c",
@@ -107,10 +107,17 @@ def test_a_taken_range_is_refused_with_its_holder_and_freed_when_the_holder_exit
                               "print(h.base, flush=True); time.sleep(60)", os.getcwd(), str(tmp_path)],
                              stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "61000"
-    with pytest.raises(UidRangeTaken, match=f"pid {child.pid}"):
+    with pytest.raises(UidClaimError, match=f"pid {child.pid}"):
         claim(1, base=61001)
     child.kill()
     child.wait()
     assert claim(2, base=61000).base == 61000
     first.close()
     assert claim(4).base == 60000                    # released by close() too
+
+
+def test_an_unusable_lock_directory_is_refused_naming_the_setting(tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setattr("sandbox_svc.uids.LOCK_DIR", tmp_path / "a-file" / "uids")
+    with pytest.raises(UidClaimError, match="ATGRPO_SANDBOX_UID_DIR"):
+        claim(1)
