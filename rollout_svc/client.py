@@ -3,6 +3,7 @@ router collects with it, trainers push weights with it."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from atgrpo._proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
@@ -18,7 +19,10 @@ from atgrpo.contract.rollout import (
 )
 from atgrpo.contract.sampling import Sampling
 from atgrpo.rpc.client import ServiceClient, to_domain_error
-from rollout_svc import weights
+from rollout_svc.payload import Payload  # noqa: F401 - part of this client's API: a push encoded once
+
+# A push's deadline grows with its size: 2 minutes, plus a floor of 100 MB/s for the bytes.
+PUSH_BASE_S, PUSH_FLOOR_BYTES_PER_S = 120.0, 100e6
 
 
 class RolloutClient(ServiceClient):
@@ -53,11 +57,18 @@ class RolloutClient(ServiceClient):
         except aio.AioRpcError as err:
             raise to_domain_error(err, self.address) from None
 
-    async def load_weights(self, state: dict, pool: str, version: int, *, adapter: str = "",
+    async def weight_dtypes(self) -> dict[str, str]:
+        """pool -> the dtype its engine holds weights in: what full weights are cast to before a push."""
+        return (await self.get_info()).weight_dtypes
+
+    async def load_weights(self, weights: dict | Payload, pool: str, version: int, *, adapter: str = "",
                            adapter_config: dict | None = None, rollback: bool = False,
-                           timeout_s: float = 600.0) -> WeightsLoaded:
-        """Push `state` (name -> tensor) as the pool's model, or as one adapter of it.
-        `rollback` replaces whatever version is served (a trainer restored from a checkpoint)."""
-        chunks = weights.encode(state, pool, version, adapter, adapter_config, rollback=rollback)
-        return rollout_wire.loaded_from_pb(await self._call(self.stub.LoadWeights, lambda: iter(chunks),
+                           timeout_s: float | None = None) -> WeightsLoaded:
+        """Push `weights` (name -> tensor, or a Payload encoded once for several replicas) as the
+        pool's model, or as one adapter of it. `rollback` replaces whatever version is served (a
+        trainer restored from a checkpoint). The default deadline grows with the push's size."""
+        payload = weights if isinstance(weights, Payload) else await asyncio.to_thread(Payload, weights)
+        header = payload.header(pool, version, adapter, adapter_config, rollback)
+        timeout_s = timeout_s or PUSH_BASE_S + payload.total_bytes / PUSH_FLOOR_BYTES_PER_S
+        return rollout_wire.loaded_from_pb(await self._call(self.stub.LoadWeights, lambda: payload.stream(header),
                                                             timeout_s=timeout_s))

@@ -145,13 +145,17 @@ class PoolRuntime:
         await self._queue.put(job)
         await job.future
 
+    def check_newer(self, adapter: str, version: int, rollback: bool = False) -> None:
+        """FAILED_PRECONDITION for a version not newer than the one served (but for a rollback)."""
+        current = self.versions.get(adapter, -1)
+        if version <= current and not rollback:
+            what = f"adapter {adapter!r}" if adapter else "model"
+            raise FailedPrecondition(f"pool {self.name!r} {what} is at version {current}; version "
+                                     f"{version} is stale. Push a newer version")
+
     async def _apply_swap(self, job: _Swap) -> None:
         # Checked here, in queue order, so two concurrent pushes cannot both pass.
-        current = self.versions.get(job.adapter, -1)
-        if job.version <= current and not job.rollback:
-            what = f"adapter {job.adapter!r}" if job.adapter else "model"
-            raise FailedPrecondition(f"pool {self.name!r} {what} is at version {current}; version "
-                                     f"{job.version} is stale. Push a newer version")
+        self.check_newer(job.adapter, job.version, job.rollback)
         await asyncio.to_thread(job.apply)
         self.versions[job.adapter] = job.version
         metrics.set_versions(self.name, self.versions)

@@ -6,12 +6,13 @@ import asyncio
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from atgrpo._proto.v1 import rollout_pb2
 from atgrpo.contract.rollout import AgentPlan, Generation, PolicyRef
 from atgrpo.contract.sampling import Sampling
 from atgrpo.errors import FailedPrecondition, InvalidArgument, NotFound
 from atgrpo.sdk.env import Message
 from rollout_svc.pool import PoolRuntime
-from rollout_svc.weights import WeightPush, tensors
+from rollout_svc.weights import FileSink, Sink, TensorSink, WeightPush
 
 
 def check_prompt(engine, prompt: list[int], sampling: Sampling) -> None:
@@ -83,20 +84,41 @@ class Replica:
         ids, truncated = await self.render(agent.pool, messages, agent.sampling.max_prompt_tokens)
         return await self.generate_prompt(agent.pool, agent.adapter, ids, agent.sampling, n, truncated)
 
+    def weight_dtypes(self) -> dict[str, str]:
+        """pool -> the dtype its engine holds weights in, for engines that say."""
+        dtypes = {name: getattr(p.engine, "weight_dtype", None) for name, p in self.pools.items()}
+        return {name: str(d).removeprefix("torch.") for name, d in dtypes.items() if d is not None}
+
+    def sink(self, header: rollout_pb2.WeightHeader) -> Sink:
+        """Where a push's bytes go as they arrive: a file for an engine that reloads full weights
+        from disk (vLLM), else tensors. An unknown pool, or full weights for a LoRA pool, is
+        refused here, before any byte is taken."""
+        runtime = self.pool(header.pool)
+        runtime.check_newer(header.adapter, header.version, header.rollback)   # the swap checks again, in order
+        if header.adapter:
+            return TensorSink(header.total_bytes)
+        if runtime.lora:
+            raise InvalidArgument(f"pool {header.pool!r} is LoRA-specialised: push adapters (header.adapter), "
+                                  "not the full model")
+        new_file = getattr(runtime.engine, "weights_file", None)
+        return FileSink(new_file()) if new_file else TensorSink(header.total_bytes)
+
     async def load(self, push: WeightPush) -> None:
         runtime = self.pool(push.pool)
-        state = tensors(push)
+        engine = runtime.engine
         if push.adapter:
-            apply = lambda: runtime.engine.load_adapter(push.adapter, push.adapter_config, state)  # noqa: E731
-        elif runtime.lora:
-            raise InvalidArgument(f"pool {push.pool!r} is LoRA-specialised: push adapters (header.adapter), "
-                                  "not the full model")
+            apply = lambda: engine.load_adapter(push.adapter, push.adapter_config, push.state)  # noqa: E731
+        elif push.path is not None:
+            apply = lambda: engine.load_full_file(push.path)  # noqa: E731
         else:
-            apply = lambda: runtime.engine.load_full(state)  # noqa: E731
+            apply = lambda: engine.load_full(push.state)  # noqa: E731
         try:
             await runtime.swap(push.adapter, push.version, apply, rollback=push.rollback)
         except (RuntimeError, ValueError, KeyError) as err:   # names or shapes that do not fit
             raise InvalidArgument(f"the weights do not fit pool {push.pool!r}: {err}; nothing changed") from None
+        finally:
+            if push.path is not None:     # a refused push leaves no file behind; a loaded one replaced the last
+                engine.prune_weights()
 
 
 class RoutedGenerator:

@@ -25,8 +25,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
     async def GetInfo(self, request: common_pb2.GetInfoRequest,
                       context: aio.ServicerContext) -> rollout_pb2.RolloutInfo:
-        return rollout_wire.info_to_pb(RolloutInfo(self._engine, self._device, tuple(self.replica.policies())),
-                                       self._service)
+        info = RolloutInfo(self._engine, self._device, tuple(self.replica.policies()),
+                           weight_dtypes=self.replica.weight_dtypes())
+        return rollout_wire.info_to_pb(info, self._service)
 
     async def Generate(self, request: rollout_pb2.GenerateRequest,
                        context: aio.ServicerContext) -> rollout_pb2.GenerateResponse:
@@ -75,11 +76,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
     async def LoadWeights(self, request_iterator: AsyncIterator[rollout_pb2.WeightChunk],
                           context: aio.ServicerContext) -> rollout_pb2.LoadWeightsResponse:
-        push = await receive(request_iterator)
+        push = await receive(request_iterator, self.replica.sink)
         start = time.perf_counter()
         await self.replica.load(push)
         return rollout_wire.loaded_to_pb(WeightsLoaded(PolicyRef(push.pool, push.adapter, push.version),
-                                                       len(push.data), int((time.perf_counter() - start) * 1000)))
+                                                       push.nbytes, int((time.perf_counter() - start) * 1000)))
 
 
 def bindings(replica: Replica, envs: Envs | None, **info) -> list[Binding]:

@@ -1,22 +1,36 @@
-"""Receiving weights: a header, then chunks; verified whole before anything changes.
+"""Receiving weights: a header, the chunks, then (when the header has no digest) a trailer.
 
-A truncated, oversized or corrupted stream is refused with INVALID_ARGUMENT and the served
-weights stay as they were; the sender retries the whole push.
+The bytes are a safetensors file. They go where the engine loads them from as they arrive, never
+held whole twice: into tensors (`TensorSink`: one flat buffer, the tensors are views of it), or
+into a file (`FileSink`, for an engine that reloads from disk). Each chunk is written and hashed
+in a worker thread, so a multi-gigabyte push never stalls the event loop. Nothing is served from
+the new weights until the whole stream is verified: a truncated, oversized or corrupted stream is
+refused with INVALID_ARGUMENT, the served weights stay as they were, and the sender retries the
+whole push.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
-from collections.abc import AsyncIterator
+import struct
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
+
+import torch
 
 from atgrpo._proto.v1 import rollout_pb2 as pb
 from atgrpo.errors import InvalidArgument
 
 MAX_WEIGHT_BYTES = 64 * 2**30
+MAX_HEADER_BYTES = 100 * 2**20        # safetensors' own limit on its JSON header
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
 
 
 @dataclass
@@ -24,9 +38,112 @@ class WeightPush:
     pool: str
     adapter: str
     version: int
-    data: bytes
     adapter_config: dict
     rollback: bool = False         # replace whatever version is served (a restored trainer)
+    state: dict | None = None      # name -> tensor, from a TensorSink
+    path: Path | None = None       # the safetensors file, from a FileSink
+    nbytes: int = 0
+
+
+def _bad_payload(why: str) -> InvalidArgument:
+    return InvalidArgument(f"the payload is not a safetensors file ({why}); nothing changed")
+
+
+class TensorSink:
+    """Parses the safetensors header from the first bytes, then copies the rest into one buffer."""
+
+    def __init__(self, total_bytes: int):
+        self.total_bytes = total_bytes
+        self._head = bytearray()
+        self._meta: dict | None = None
+        self._flat: torch.Tensor | None = None
+        self._memory: memoryview | None = None
+        self._pos = 0
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        if self._flat is None:
+            view = self._take_header(view)
+            if self._flat is None:
+                return
+        if len(view):
+            self._memory[self._pos:self._pos + len(view)] = view    # one memcpy
+            self._pos += len(view)
+
+    def _take_header(self, view: memoryview) -> memoryview:
+        """Add `view`'s first bytes to the header; once it is whole, parse it and allocate the
+        buffer. Returns the bytes that are not the header's."""
+        take = max(0, min(8 - len(self._head), len(view)))
+        self._head += view[:take]
+        view = view[take:]
+        if len(self._head) < 8:
+            return view
+        size = struct.unpack("<Q", self._head[:8])[0]
+        if size > min(MAX_HEADER_BYTES, self.total_bytes - 8):
+            raise _bad_payload(f"a {size}-byte header in a {self.total_bytes}-byte payload")
+        take = min(8 + size - len(self._head), len(view))
+        self._head += view[:take]
+        view = view[take:]
+        if len(self._head) < 8 + size:
+            return view
+        self._meta = self._parse(bytes(self._head[8:]), self.total_bytes - len(self._head))
+        self._flat = torch.empty(self.total_bytes - len(self._head), dtype=torch.uint8)
+        self._memory = memoryview(self._flat.numpy())
+        return view
+
+    @staticmethod
+    def _parse(head: bytes, data_bytes: int) -> dict:
+        try:
+            meta = json.loads(head)
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise _bad_payload(f"its header is not JSON: {err}") from None
+        if not isinstance(meta, dict):
+            raise _bad_payload("its header is not a JSON object")
+        meta.pop("__metadata__", None)
+        for name, m in meta.items():
+            try:
+                dtype, shape, (begin, end) = _DTYPES[m["dtype"]], [int(d) for d in m["shape"]], m["data_offsets"]
+                size = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
+                ok = 0 <= begin <= end <= data_bytes and end - begin == size and min(shape, default=0) >= 0
+            except (KeyError, TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise _bad_payload(f"tensor {name!r} has an unreadable entry {m!r}")
+        return meta
+
+    def finish(self) -> dict[str, torch.Tensor]:
+        if self._flat is None or self._pos != len(self._flat):
+            raise _bad_payload("it ends before its header says")
+        out = {}
+        for name, m in self._meta.items():
+            dtype, (begin, end) = _DTYPES[m["dtype"]], m["data_offsets"]
+            raw = self._flat[begin:end]
+            if begin % raw.new_empty(0, dtype=dtype).element_size():
+                raw = raw.clone()      # torch views a dtype only at an offset that is a multiple of its size
+            out[name] = raw.view(dtype).reshape(m["shape"])
+        return out
+
+    def abort(self) -> None:
+        self._flat = self._memory = None
+
+
+class FileSink:
+    """Writes the payload to `path` as it arrives (an engine that loads from disk)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._file = open(path, "wb")   # noqa: SIM115 - closed in finish or abort
+
+    def write(self, data: bytes) -> None:
+        self._file.write(data)
+
+    def finish(self) -> Path:
+        self._file.close()
+        return self.path
+
+    def abort(self) -> None:
+        self._file.close()
+        self.path.unlink(missing_ok=True)
 
 
 def _check_header(h: pb.WeightHeader, max_bytes: int) -> None:
@@ -41,68 +158,83 @@ def _check_header(h: pb.WeightHeader, max_bytes: int) -> None:
         raise InvalidArgument("weight format must be WEIGHT_FORMAT_SAFETENSORS")
     if not 0 < h.total_bytes <= max_bytes:
         raise InvalidArgument(f"total_bytes {h.total_bytes} must be in (0, {max_bytes}]")
-    if not _HEX64.match(h.sha256):
-        raise InvalidArgument("sha256 must be the 64 lowercase hex digits of the payload's SHA-256")
+    if h.sha256 and not _HEX64.match(h.sha256):
+        raise InvalidArgument("sha256 must be the 64 lowercase hex digits of the payload's SHA-256 "
+                              "(or empty, with the digest in the trailer)")
     if h.adapter and not h.adapter_config_json:
         raise InvalidArgument(f"adapter {h.adapter!r} needs adapter_config_json (PEFT's adapter_config.json)")
 
 
-async def receive(stream: AsyncIterator[pb.WeightChunk], max_bytes: int = MAX_WEIGHT_BYTES) -> WeightPush:
-    header = None
-    buf = bytearray()
-    async for chunk in stream:
-        part = chunk.WhichOneof("part")
-        if header is None:
-            if part != "header":
-                raise InvalidArgument("a LoadWeights stream must start with a header message")
-            header = chunk.header
-            _check_header(header, max_bytes)
-            continue
-        if part != "data":
-            raise InvalidArgument("only the first message of a LoadWeights stream may be a header")
-        if len(buf) + len(chunk.data) > header.total_bytes:
-            raise InvalidArgument(f"more bytes than the header's total_bytes ({header.total_bytes}); nothing changed")
-        buf += chunk.data
-    if header is None:
+Sink = TensorSink | FileSink
+
+
+async def receive(stream: AsyncIterator[pb.WeightChunk], open_sink: Callable[[pb.WeightHeader], Sink] | None = None,
+                  max_bytes: int = MAX_WEIGHT_BYTES) -> WeightPush:
+    """Read one LoadWeights stream into the sink `open_sink(header)` gives (default: tensors)."""
+    it = stream.__aiter__()
+    first = await anext(it, None)
+    if first is None:
         raise InvalidArgument("empty LoadWeights stream; send a header, then the chunks")
-    if len(buf) != header.total_bytes:
-        raise InvalidArgument(f"truncated stream: {len(buf)} of {header.total_bytes} bytes arrived; "
-                              "nothing changed, resend the whole push")
-    if hashlib.sha256(buf).hexdigest() != header.sha256:
-        raise InvalidArgument("checksum mismatch: the bytes are corrupted; nothing changed, resend the push")
+    if first.WhichOneof("part") != "header":
+        raise InvalidArgument("a LoadWeights stream must start with a header message")
+    header = first.header
+    _check_header(header, max_bytes)
     try:
         config = json.loads(header.adapter_config_json) if header.adapter else {}
     except json.JSONDecodeError as err:
         raise InvalidArgument(f"adapter_config_json is not JSON: {err}") from None
-    return WeightPush(header.pool, header.adapter, header.version, bytes(buf), config, header.rollback)
-
-
-def tensors(push: WeightPush) -> dict:
-    """The pushed safetensors payload as name -> tensor."""
-    from safetensors.torch import load
-
+    sink = open_sink(header) if open_sink else TensorSink(header.total_bytes)
     try:
-        return load(push.data)
-    except Exception as err:  # noqa: BLE001 - any parse failure is the sender's
-        raise InvalidArgument(f"the payload is not a safetensors file ({err}); nothing changed") from None
+        got = await _fill(it, sink, header)
+        push = WeightPush(header.pool, header.adapter, header.version, config, header.rollback, nbytes=got)
+        result = await asyncio.to_thread(sink.finish)
+    except BaseException:
+        sink.abort()
+        raise
+    if isinstance(result, Path):
+        push.path = result
+    else:
+        push.state = result
+    return push
 
 
-def encode(state: dict, pool: str, version: int, adapter: str = "", adapter_config: dict | None = None,
-           chunk_bytes: int = 4 * 2**20, rollback: bool = False) -> list[pb.WeightChunk]:
-    """The LoadWeights messages for `state` (name -> tensor): a header, then chunks."""
-    from safetensors.torch import save
+async def _fill(it: AsyncIterator[pb.WeightChunk], sink: Sink, header: pb.WeightHeader) -> int:
+    """Every chunk into `sink`, hashed as it goes; the byte count once the digest matches."""
+    sha, got, digest = hashlib.sha256(), 0, header.sha256
 
-    seen: set[int] = set()
-    plain = {}
-    for name, tensor in state.items():
-        t = tensor.detach().contiguous().cpu()
-        # Tied weights (embeddings and lm_head) share storage, which safetensors refuses.
-        plain[name] = t.clone() if t.data_ptr() in seen else t
-        seen.add(t.data_ptr())
-    data = save(plain)
-    header = pb.WeightHeader(pool=pool, adapter=adapter, version=version,
-                             format=pb.WEIGHT_FORMAT_SAFETENSORS, total_bytes=len(data),
-                             sha256=hashlib.sha256(data).hexdigest(),
-                             adapter_config_json=json.dumps(adapter_config) if adapter else "", rollback=rollback)
-    return [pb.WeightChunk(header=header),
-            *(pb.WeightChunk(data=data[i:i + chunk_bytes]) for i in range(0, len(data), chunk_bytes))]
+    def take(data: bytes) -> None:
+        sha.update(data)
+        sink.write(data)
+
+    async for chunk in it:
+        part = chunk.WhichOneof("part")
+        if part == "trailer":
+            if digest:
+                raise InvalidArgument("a stream whose header has a sha256 takes no trailer")
+            digest = chunk.trailer.sha256
+            if not _HEX64.match(digest):
+                raise InvalidArgument("the trailer's sha256 must be 64 lowercase hex digits")
+            if await anext(it, None) is not None:
+                raise InvalidArgument("the trailer must be the last message of a LoadWeights stream")
+            break
+        if part != "data":
+            raise InvalidArgument("only the first message of a LoadWeights stream may be a header")
+        if got + len(chunk.data) > header.total_bytes:
+            raise InvalidArgument(f"more bytes than the header's total_bytes ({header.total_bytes}); nothing changed")
+        await asyncio.to_thread(take, chunk.data)
+        got += len(chunk.data)
+    if got != header.total_bytes:
+        raise InvalidArgument(f"truncated stream: {got} of {header.total_bytes} bytes arrived; "
+                              "nothing changed, resend the whole push")
+    if not digest:
+        raise InvalidArgument("no digest: put the sha256 in the header, or send a trailer after the chunks")
+    if sha.hexdigest() != digest:
+        raise InvalidArgument("checksum mismatch: the bytes are corrupted; nothing changed, resend the push")
+    return got
+
+
+def tensors(data: bytes) -> dict[str, torch.Tensor]:
+    """A whole safetensors payload in memory as name -> tensor (the same checks as a stream)."""
+    sink = TensorSink(len(data))
+    sink.write(data)
+    return sink.finish()

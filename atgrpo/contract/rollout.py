@@ -104,6 +104,7 @@ class RolloutInfo:
     device: str
     policies: tuple[PolicyRef, ...]
     service: ServiceInfo = field(default_factory=lambda: ServiceInfo("rollout"))
+    weight_dtypes: dict[str, str] = field(default_factory=dict)   # pool -> "bfloat16": what pushes are cast to
 
 
 @dataclass(frozen=True)

@@ -173,12 +173,12 @@ def generation_from_pb(m: pb.GenerateResponse) -> Generation:
 
 def info_to_pb(i: RolloutInfo, service: common_pb2.ServiceInfo) -> pb.RolloutInfo:
     return pb.RolloutInfo(service=service, engine=i.engine, device=i.device,
-                          policies=[policy_to_pb(p) for p in i.policies])
+                          policies=[policy_to_pb(p) for p in i.policies], weight_dtypes=i.weight_dtypes)
 
 
 def info_from_pb(m: pb.RolloutInfo) -> RolloutInfo:
     return RolloutInfo(m.engine, m.device, tuple(policy_from_pb(p) for p in m.policies),
-                       service_info_from_pb(m.service))
+                       service_info_from_pb(m.service), dict(m.weight_dtypes))
 
 
 def loaded_to_pb(w: WeightsLoaded) -> pb.LoadWeightsResponse:

@@ -53,6 +53,10 @@ class HFEngine:
 
     # --- weights ---------------------------------------------------------------------------
 
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        return self.model.dtype
+
     def load_full(self, state: dict[str, torch.Tensor]) -> None:
         """Replace every weight (strict: the same names and shapes as the served model)."""
         self.model.load_state_dict(state, strict=True, assign=False)

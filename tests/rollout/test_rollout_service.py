@@ -20,7 +20,7 @@ from atgrpo.rpc.server import create_server
 from atgrpo.sdk.host import EnvHost
 from atgrpo.sdk.inprocess import LocalEnvs
 from atgrpo.sdk.registry import Registry
-from rollout_svc import weights
+from rollout_svc import payload as weights
 from rollout_svc.client import RolloutClient
 from rollout_svc.engines.hf import HFEngine
 from rollout_svc.pool import PoolRuntime

@@ -22,7 +22,7 @@ from atgrpo.rpc.security import (
     open_channel,
 )
 from atgrpo.rpc.server import create_server
-from rollout_svc import weights
+from rollout_svc import payload as weights
 from rollout_svc.client import RolloutClient
 from rollout_svc.engines.hf import HFEngine
 from rollout_svc.pool import PoolRuntime

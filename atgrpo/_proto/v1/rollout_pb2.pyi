@@ -88,10 +88,31 @@ Global___WeightFormat: _TypeAlias = WeightFormat  # noqa: Y015
 class RolloutInfo(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class WeightDtypesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     SERVICE_FIELD_NUMBER: _builtins.int
     ENGINE_FIELD_NUMBER: _builtins.int
     DEVICE_FIELD_NUMBER: _builtins.int
     POLICIES_FIELD_NUMBER: _builtins.int
+    WEIGHT_DTYPES_FIELD_NUMBER: _builtins.int
     engine: _builtins.str
     """"hf" or "vllm" """
     device: _builtins.str
@@ -101,6 +122,10 @@ class RolloutInfo(_message.Message):
     def policies(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.PolicyVersion]:
         """every pool and adapter served, with its version"""
 
+    @_builtins.property
+    def weight_dtypes(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """pool -> the dtype its engine holds weights in ("bfloat16"):"""
+
     def __init__(
         self,
         *,
@@ -108,10 +133,11 @@ class RolloutInfo(_message.Message):
         engine: _builtins.str = ...,
         device: _builtins.str = ...,
         policies: _abc.Iterable[_common_pb2.PolicyVersion] | None = ...,
+        weight_dtypes: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["service", b"service"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "engine", b"engine", "policies", b"policies", "service", b"service"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "engine", b"engine", "policies", b"policies", "service", b"service", "weight_dtypes", b"weight_dtypes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -632,7 +658,7 @@ class WeightHeader(_message.Message):
     format: Global___WeightFormat.ValueType
     total_bytes: _builtins.int
     sha256: _builtins.str
-    """hex digest of the concatenated chunks"""
+    """hex digest of the concatenated chunks; empty when the trailer carries it"""
     adapter_config_json: _builtins.str
     """PEFT adapter_config.json, for adapters"""
     rollback: _builtins.bool
@@ -658,27 +684,56 @@ class WeightHeader(_message.Message):
 Global___WeightHeader: _TypeAlias = WeightHeader  # noqa: Y015
 
 @_typing.final
+class WeightTrailer(_message.Message):
+    """Sent last when the header's sha256 is empty: a sender that streams as it hashes knows the
+    digest only at the end.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHA256_FIELD_NUMBER: _builtins.int
+    sha256: _builtins.str
+    def __init__(
+        self,
+        *,
+        sha256: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sha256", b"sha256"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WeightTrailer: _TypeAlias = WeightTrailer  # noqa: Y015
+
+@_typing.final
 class WeightChunk(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     HEADER_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
+    TRAILER_FIELD_NUMBER: _builtins.int
     data: _builtins.bytes
     @_builtins.property
     def header(self) -> Global___WeightHeader:
         """first message only"""
+
+    @_builtins.property
+    def trailer(self) -> Global___WeightTrailer:
+        """last message only, when the header has no sha256"""
 
     def __init__(
         self,
         *,
         header: Global___WeightHeader | None = ...,
         data: _builtins.bytes = ...,
+        trailer: Global___WeightTrailer | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "header", b"header", "part", b"part"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "header", b"header", "part", b"part", "trailer", b"trailer"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "header", b"header", "part", b"part"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "header", b"header", "part", b"part", "trailer", b"trailer"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_part: _TypeAlias = _typing.Literal["header", "data"]  # noqa: Y015
+    _WhichOneofReturnType_part: _TypeAlias = _typing.Literal["header", "data", "trailer"]  # noqa: Y015
     _WhichOneofArgType_part: _TypeAlias = _typing.Literal["part", b"part"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_part) -> _WhichOneofReturnType_part | None: ...
 
