@@ -296,6 +296,13 @@ class RunConfig:
         """Agents that generate with `pool`, in turn order."""
         return [a for a in self.env.turn_order if self.agents[a].pool == pool]
 
+    def context_tokens(self, pool: str) -> int:
+        """The engine context `pool` needs: the longest prompt plus response one of its agents may
+        ask for, max_prompt_tokens + max_tokens of its train or eval sampling (0: no agent uses it).
+        The local launcher and the Helm chart start the pool's engines with at least this."""
+        return max((s.max_prompt_tokens + s.max_tokens for a in self.agents_of(pool)
+                    for s in (self.agents[a].train_sampling, self.agents[a].eval_sampling)), default=0)
+
     def to_dict(self) -> dict[str, Any]:
         return to_plain(self)
 

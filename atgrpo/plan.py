@@ -230,9 +230,7 @@ def trained_params(shape: ModelShape, pool: PoolConfig, agents: int) -> int:
 
 def longest_sample(cfg: RunConfig, pool_name: str) -> int:
     """Prompt plus response tokens of the longest sample one of the pool's agents can produce."""
-    lengths = [s.max_prompt_tokens + s.max_tokens for a in cfg.agents_of(pool_name)
-               for s in (cfg.agents[a].train_sampling, cfg.agents[a].eval_sampling)]
-    return max(lengths, default=0)
+    return cfg.context_tokens(pool_name)
 
 
 # --- per process -----------------------------------------------------------------------------------

@@ -35,10 +35,11 @@ def service_plan(cfg: RunConfig) -> tuple[ServicePlan, ...]:
     plan = [ServicePlan("sandbox", "sandbox"), ServicePlan("env", "env", env_args)]
     for name, pool in cfg.pools.items():
         spec = f"{name}={pool.model_path}" + (":lora" if pool.specialization == "lora" else "")
+        engine = ("--engine", pool.engine, "--device", pool.device, "--dtype", pool.dtype)
+        if pool.engine == "vllm":   # vLLM refuses a prompt + max_tokens over its context: size it for the agents
+            engine += ("--max-model-len", str(cfg.context_tokens(name)))
         for i in range(pool.rollout_replicas):
-            plan.append(ServicePlan(f"rollout-{name}-{i}", "rollout", (
-                "--pool", spec, "--env", "{env}", "--engine", pool.engine, "--device", pool.device,
-                "--dtype", pool.dtype)))
+            plan.append(ServicePlan(f"rollout-{name}-{i}", "rollout", ("--pool", spec, "--env", "{env}", *engine)))
         if pool.trainable:
             plan.append(ServicePlan(f"trainer-{name}", "trainer", (
                 "--pool", name, "--micro-batch-tokens", str(pool.micro_batch_tokens))))
