@@ -154,6 +154,14 @@ class PoolConfig:
     weights and optimizer state (weight pushes and checkpoints stay bfloat16)"""
     rollout_replicas: int = 1
     """rollout engine replicas serving this pool (local mode)"""
+    rollout_gpus: int = 1
+    """GPUs of each rollout replica: vLLM splits the model over them (tensor parallel; it must divide
+    the model's attention heads). Local mode gives each replica its own; the Helm chart sets it from
+    pools.<name>.rollout.gpus"""
+    rollout_gpu_memory_utilization: float | None = None
+    """the fraction of each of its GPUs a vLLM replica may fill (weights and KV cache). Unset: vLLM's
+    default on a GPU of its own; in local mode, on a GPU it shares with a trainer, what the trainer's
+    planned peak leaves (`atgrpo plan`)"""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """optimizer of this pool's trainer"""
     micro_batch_tokens: int = 8192
