@@ -46,6 +46,12 @@ def _cmd_config_check(args: argparse.Namespace) -> int:
     if problem:
         print(f"{args.config}: env {cfg.env.name!r} does not fit this config\n{problem}", file=sys.stderr)
         return 2
+    from atgrpo.context import context_problems
+
+    short = context_problems(cfg)   # vLLM would refuse to start these pools' engines
+    if short:
+        print(f"{args.config}: a model's context is too small\n" + "\n".join(short), file=sys.stderr)
+        return 2
     mode = "local" if cfg.local_mode else "connect"
     print(f"{args.config}: ok ({cfg.level}, {len(cfg.agents)} agents on {len(cfg.pools)} pools, {mode} mode)")
     return 0

@@ -154,6 +154,14 @@ class PoolConfig:
     weights and optimizer state (weight pushes and checkpoints stay bfloat16)"""
     rollout_replicas: int = 1
     """rollout engine replicas serving this pool (local mode)"""
+    rollout_gpus: int = 1
+    """GPUs of each rollout replica: vLLM splits the model over them (tensor parallel; it must divide
+    the model's attention heads). Local mode gives each replica its own; the Helm chart sets it from
+    pools.<name>.rollout.gpus"""
+    rollout_gpu_memory_utilization: float | None = None
+    """the fraction of each of its GPUs a vLLM replica may fill (weights and KV cache). Unset: vLLM's
+    default on a GPU of its own; in local mode, on a GPU it shares with a trainer, what the trainer's
+    planned peak leaves (`atgrpo plan`)"""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """optimizer of this pool's trainer"""
     micro_batch_tokens: int = 8192
@@ -295,6 +303,13 @@ class RunConfig:
     def agents_of(self, pool: str) -> list[str]:
         """Agents that generate with `pool`, in turn order."""
         return [a for a in self.env.turn_order if self.agents[a].pool == pool]
+
+    def context_tokens(self, pool: str) -> int:
+        """The engine context `pool` needs: the longest prompt plus response one of its agents may
+        ask for, max_prompt_tokens + max_tokens of its train or eval sampling (0: no agent uses it).
+        The local launcher and the Helm chart start the pool's engines with at least this."""
+        return max((s.max_prompt_tokens + s.max_tokens for a in self.agents_of(pool)
+                    for s in (self.agents[a].train_sampling, self.agents[a].eval_sampling)), default=0)
 
     def to_dict(self) -> dict[str, Any]:
         return to_plain(self)

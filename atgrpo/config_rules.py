@@ -132,7 +132,7 @@ def _check_pools(c: Checks, cfg: RunConfig) -> None:
                 "target_modules": (bool, "non-empty", "List module names, e.g. [q_proj, v_proj]"),
             })
         c.limits(path, pool, {"rollout_replicas": AT_LEAST_1, "micro_batch_tokens": AT_LEAST_1,
-                              "trainer_gpus": AT_LEAST_1})
+                              "trainer_gpus": AT_LEAST_1, "rollout_gpus": AT_LEAST_1})
         _check_gpus(c, path, pool)
         c.limits(f"{path}.optim", pool.optim, {
             "lr": (lambda v: v > 0, "> 0", "Typical values are 1e-6 (full) to 1e-4 (lora)"),
@@ -157,9 +157,29 @@ def _check_gpus(c: Checks, path: str, pool: PoolConfig) -> None:
             if value != unset:
                 c.add(f"{path}.{key}", f"is {value!r} but the pool runs on device: cpu. Set device: cuda, "
                       f"or remove {key}", uses=(f"{path}.device",))
+    _check_rollout_gpus(c, path, pool)
     if pool.trainer_gpus > 1 and not pool.trainable:
         c.add(f"{path}.trainer_gpus", f"is {pool.trainer_gpus} but the pool is not trainable (no trainer). "
               "Remove trainer_gpus, or set trainable: true", uses=(f"{path}.trainable",))
+
+
+def _check_rollout_gpus(c: Checks, path: str, pool: PoolConfig) -> None:
+    """Tensor parallelism and a memory fraction are vLLM's: transformers runs on one device, as it finds it."""
+    if pool.rollout_gpus > 1 and pool.engine != "vllm":
+        c.add(f"{path}.rollout_gpus", f"is {pool.rollout_gpus} but engine is {pool.engine!r}, which runs on one "
+              "GPU. Set engine: vllm (tensor parallel over the GPUs), or rollout_gpus: 1", uses=(f"{path}.engine",))
+    if pool.rollout_gpus > 1 and pool.device == "cpu":
+        c.add(f"{path}.rollout_gpus", f"is {pool.rollout_gpus} but the pool runs on device: cpu. Set device: cuda, "
+              "or remove rollout_gpus", uses=(f"{path}.device",))
+    fraction = pool.rollout_gpu_memory_utilization
+    if fraction is None:
+        return
+    if not 0 < fraction <= 1:
+        c.add(f"{path}.rollout_gpu_memory_utilization", f"is {fraction}; give a fraction in (0, 1], e.g. 0.5 for "
+              "half of each GPU, or remove it for vLLM's default")
+    elif pool.engine != "vllm":
+        c.add(f"{path}.rollout_gpu_memory_utilization", f"is set but engine is {pool.engine!r}, which takes no "
+              "memory fraction. Remove it, or set engine: vllm", uses=(f"{path}.engine",))
 
 
 def _check_services(c: Checks, cfg: RunConfig) -> None:

@@ -46,6 +46,7 @@ class ServicePlan:
     name: str
     kind: str
     args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()   # set in its environment, e.g. the GPUs it may use
 
     def needs(self) -> set[str]:
         return {a[1:-1] for a in self.args if a.startswith("{") and a.endswith("}")}
@@ -72,6 +73,7 @@ class LocalService:
     metrics_address: str
     log: str
     argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)   # what the plan set, kept for restarts
 
 
 class LaunchError(RuntimeError):
@@ -127,15 +129,17 @@ def _spawn(plan: ServicePlan, state_dir: Path, python: str, addresses: dict[str,
             "--port-file", str(port_file), *args]
     if tether is not None:
         argv += tether.for_kind(plan.kind)[0]
-    return _popen(argv, log_path, tether, plan.kind), port_file, log_path, argv
+    return _popen(argv, log_path, tether, plan.kind, dict(plan.env)), port_file, log_path, argv
 
 
-def _popen(argv: list[str], log_path: Path | str, tether: Tether | None, kind: str) -> subprocess.Popen:
+def _popen(argv: list[str], log_path: Path | str, tether: Tether | None, kind: str,
+           env: dict[str, str] | None = None) -> subprocess.Popen:
     with open(log_path, "ab") as log:
         # A new session: a Ctrl-C in the CLI's terminal is the CLI's to handle (it asks the router to
         # stop after the step); without a tether the services also outlive the CLI.
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=os.getcwd(), pass_fds=pass_fds_of(argv, tether, kind))
+                                start_new_session=True, cwd=os.getcwd(), pass_fds=pass_fds_of(argv, tether, kind),
+                                env={**os.environ, **env} if env else None)
 
 
 def _await_port(proc: subprocess.Popen, port_file: Path, log_path: Path, name: str, deadline: float) -> dict:
@@ -177,7 +181,8 @@ def up(state_dir: Path = DEFAULT_STATE_DIR, plan: tuple[ServicePlan, ...] = DEFA
                 ports = _await_port(proc, port_file, log_path, p.name, deadline)
                 started.append(LocalService(
                     p.name, p.kind, proc.pid, psutil.Process(proc.pid).create_time(),
-                    f"127.0.0.1:{ports['port']}", f"127.0.0.1:{ports['metrics_port']}", str(log_path), argv))
+                    f"127.0.0.1:{ports['port']}", f"127.0.0.1:{ports['metrics_port']}", str(log_path), argv,
+                    dict(p.env)))
                 _write_state(state_dir, started)  # record as we go, so `down` can clean a partial start
         probes = asyncio.run(probe_all([(s.kind, s.address) for s in started],
                                        timeout_s=max(1.0, deadline - time.monotonic())))
@@ -292,7 +297,7 @@ class Supervisor:
         argv = _pinned(svc.argv, svc)
         port_file = Path(argv[argv.index("--port-file") + 1])
         port_file.unlink(missing_ok=True)
-        proc = _popen(argv, svc.log, self.tether, svc.kind)
+        proc = _popen(argv, svc.log, self.tether, svc.kind, svc.env)   # on the same GPUs
         _await_port(proc, port_file, Path(svc.log), svc.name, time.monotonic() + self.timeout_s)
         return LocalService(svc.name, svc.kind, proc.pid, psutil.Process(proc.pid).create_time(), svc.address,
-                            svc.metrics_address, svc.log, argv)
+                            svc.metrics_address, svc.log, argv, svc.env)

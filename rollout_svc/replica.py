@@ -23,9 +23,23 @@ def check_prompt(engine, prompt: list[int], sampling: Sampling) -> None:
         raise InvalidArgument(f"prompt token id {bad} is not in this model's vocabulary [0, {vocab}); "
                               "send ids from the pool's own tokenizer")
     context = getattr(engine, "max_model_len", None)
-    if context and sampling.max_tokens > context:
-        raise InvalidArgument(f"max_tokens {sampling.max_tokens} is over the model's context length {context}; "
-                              "lower it")
+    if context and len(prompt) + sampling.max_tokens > context:
+        raise InvalidArgument(f"a prompt of {len(prompt)} tokens plus max_tokens {sampling.max_tokens} is over the "
+                              f"model's context length {context}; send a prompt of at most "
+                              f"{prompt_budget(engine, sampling)} tokens, or lower max_tokens")
+
+
+def prompt_budget(engine, sampling: Sampling) -> int:
+    """The prompt tokens a request may keep: max_prompt_tokens, or fewer where the engine's context
+    leaves less room beside max_tokens of response (the engine would refuse the whole request)."""
+    context = getattr(engine, "max_model_len", None)
+    if not context:
+        return sampling.max_prompt_tokens
+    room = context - sampling.max_tokens
+    if room < 1:
+        raise InvalidArgument(f"max_tokens {sampling.max_tokens} leaves no room for a prompt in the model's context "
+                              f"length {context}; lower max_tokens below {context}")
+    return min(sampling.max_prompt_tokens, room) if sampling.max_prompt_tokens > 0 else room
 
 
 class Replica:
@@ -41,6 +55,10 @@ class Replica:
         engine = self.pool(pool).engine
         return await asyncio.get_running_loop().run_in_executor(self._renderer, engine.render, messages,
                                                                 max_prompt_tokens)
+
+    def prompt_budget(self, pool: str, sampling: Sampling) -> int:
+        """What a prompt for `pool` is cut to: see prompt_budget()."""
+        return prompt_budget(self.pool(pool).engine, sampling)
 
     def routed(self, pool_addresses: dict[str, str], expected: Sequence[PolicyRef] = ()) -> RoutedGenerator:
         """The tree driver's Generator for one Collect: local pools here, the others remote
@@ -81,7 +99,7 @@ class Replica:
 
     async def generate(self, agent: AgentPlan, messages: list[Message], n: int) -> Generation:
         """The tree driver's Generator: render with the pool's chat template, then sample."""
-        ids, truncated = await self.render(agent.pool, messages, agent.sampling.max_prompt_tokens)
+        ids, truncated = await self.render(agent.pool, messages, self.prompt_budget(agent.pool, agent.sampling))
         return await self.generate_prompt(agent.pool, agent.adapter, ids, agent.sampling, n, truncated)
 
     def weight_dtypes(self) -> dict[str, str]:

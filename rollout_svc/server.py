@@ -38,15 +38,16 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self.replica.pool(request.pool)   # NOT_FOUND for an unknown pool before anything else
         if request.HasField("expected_version"):
             self.replica.check_versions([PolicyRef(request.pool, request.adapter, request.expected_version)])
+        budget = self.replica.prompt_budget(request.pool, sampling)   # room for max_tokens in the context
         if which == "messages":
             if not request.messages.messages:
                 raise InvalidArgument("messages is empty; send at least one chat message (or prompt_token_ids)")
             messages = [{"role": m.role, "content": m.content} for m in request.messages.messages]
-            ids, truncated = await self.replica.render(request.pool, messages, sampling.max_prompt_tokens)
+            ids, truncated = await self.replica.render(request.pool, messages, budget)
         else:
             ids = list(request.prompt_token_ids.ids)
-            truncated = len(ids) > sampling.max_prompt_tokens
-            ids = ids[-sampling.max_prompt_tokens:]
+            truncated = len(ids) > budget
+            ids = ids[-budget:]
         gen = await self.replica.generate_prompt(request.pool, request.adapter, ids, sampling, request.n or 1, truncated)
         return rollout_wire.generation_to_pb(gen)
 

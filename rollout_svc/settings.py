@@ -36,6 +36,7 @@ class RolloutSettings:
     max_model_len: int = 4096                    # vllm: context length
     gpu_memory_utilization: float | None = None  # vllm: memory fraction for weights and KV cache
     env: str = ""                                # the EnvService Collect drives; "" = none (Generate only)
+    tensor_parallel_size: int = 1                # vllm: GPUs the model is split over
 
     @staticmethod
     def add_flags(ap: argparse.ArgumentParser) -> None:
@@ -49,6 +50,8 @@ class RolloutSettings:
         ap.add_argument("--gpu-memory-utilization", type=float, default=None,
                         help="vllm: memory fraction for weights and KV cache (on CPU: of host memory)")
         ap.add_argument("--env", default="", metavar="HOST:PORT", help="the EnvService Collect drives")
+        ap.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="vllm: GPUs each pool's model is split over (all visible ones, usually)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RolloutSettings:
@@ -62,4 +65,8 @@ class RolloutSettings:
         u = args.gpu_memory_utilization
         if u is not None and not 0 < u <= 1:
             raise SettingsError(f"--gpu-memory-utilization {u}: give a fraction in (0, 1]")
-        return cls(tuple(args.pool), args.engine, args.device, args.dtype, args.max_model_len, u, args.env)
+        tp = args.tensor_parallel_size
+        if tp < 1 or (tp > 1 and args.engine != "vllm"):
+            raise SettingsError(f"--tensor-parallel-size {tp}: give 1, or more with --engine vllm "
+                                "(transformers runs on one GPU)")
+        return cls(tuple(args.pool), args.engine, args.device, args.dtype, args.max_model_len, u, args.env, tp)

@@ -48,7 +48,7 @@ _MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "toke
 class VLLMEngine:
     def __init__(self, model_path: str, *, device: str = "auto", dtype: str = "auto", lora: bool = False,
                  max_loras: int = 8, max_lora_rank: int = 64, max_model_len: int = 4096,
-                 gpu_memory_utilization: float | None = None):
+                 gpu_memory_utilization: float | None = None, tensor_parallel_size: int = 1):
         from transformers import AutoTokenizer
 
         self.model_path = model_path
@@ -58,6 +58,7 @@ class VLLMEngine:
         self._kwargs = dict(dtype=dtype if dtype != "auto" else ("float32" if self.device == "cpu" else "auto"),
                             max_model_len=max_model_len, enable_prefix_caching=True,
                             logprobs_mode="processed_logprobs", enable_lora=lora, seed=0,
+                            tensor_parallel_size=tensor_parallel_size,
                             worker_extension_cls="rollout_svc.engines.vllm_worker.WeightSync")
         if lora:
             self._kwargs.update(max_loras=max_loras, max_lora_rank=max_lora_rank)

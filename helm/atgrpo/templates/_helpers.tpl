@@ -129,6 +129,24 @@ Use as: $pools := include "atgrpo.pools" . | fromYaml */}}
 {{- toYaml $out -}}
 {{- end -}}
 
+{{/* The context (tokens) pool .pool's engines need: the longest max_prompt_tokens + max_tokens of
+the run config's agents on it, train or eval sampling, with atgrpo/config.py's SamplingConfig
+defaults (2048 + 256); 0 when no agent uses it. As RunConfig.context_tokens computes it. */}}
+{{- define "atgrpo.poolContext" -}}
+{{- $cfg := include "atgrpo.runConfig" .root | fromYaml -}}
+{{- $need := 0 -}}
+{{- range $name, $agent := default dict $cfg.agents }}
+{{- if eq (default "" $agent.pool) $.pool }}
+{{- range $which := list "train_sampling" "eval_sampling" }}
+{{- $s := default dict (index $agent $which) -}}
+{{- $n := add (int (default 2048 $s.max_prompt_tokens)) (int (default 256 $s.max_tokens)) -}}
+{{- if gt (int $n) $need }}{{ $need = int $n }}{{ end -}}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $need -}}
+{{- end -}}
+
 {{/* The device a pool's processes use: cuda when its rollout pods get GPUs (validate.yaml makes a
 trainable pool's trainer agree; a frozen pool has no trainer). */}}
 {{- define "atgrpo.poolDevice" -}}

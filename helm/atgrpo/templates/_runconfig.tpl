@@ -1,7 +1,8 @@
 {{/*
 The run config the Job trains with (atgrpo/config.py): values.run.config, plus
   - agents: every agent of env.turn_order, on the only pool when it names none;
-  - pools: from values.pools (model path, engine, device from the GPUs, replicas, trainable) and
+  - pools: from values.pools (model path, engine, device from the GPUs, replicas, rollout GPUs and
+    memory fraction, trainable) and
     their `config` extras (lora, optim, micro_batch_tokens);
   - services: the in-cluster addresses of this release's Services and per-pod StatefulSet names;
   - run.run_dir under dataMountPath, so trainers checkpoint onto their volumes.
@@ -36,6 +37,8 @@ The run config the Job trains with (atgrpo/config.py): values.run.config, plus
 {{- $_ := set $p "device" (include "atgrpo.poolDevice" $pool) -}}
 {{- $_ := set $p "dtype" $pool.dtype -}}
 {{- $_ := set $p "rollout_replicas" (int $pool.rollout.replicas) -}}
+{{- if gt (int $pool.rollout.gpus) 0 }}{{ $_ := set $p "rollout_gpus" (int $pool.rollout.gpus) }}{{ end -}}
+{{- with $pool.rollout.gpuMemoryUtilization }}{{ $_ := set $p "rollout_gpu_memory_utilization" . }}{{ end -}}
 {{- $_ := set $p "trainable" (ne $pool.trainable false) -}}
 {{- $_ := set $pools $name $p -}}
 {{- end }}
