@@ -195,10 +195,7 @@ async def _serve(serve: ServeSettings, build: Build, service: str) -> None:
         _tie_to_launcher(serve, servicers)
     start = time.monotonic()
     try:
-        # Built inside the event loop: servicers may create asyncio channels and background tasks.
-        bindings = build()
-        if inspect.isawaitable(bindings):
-            bindings = await bindings
+        bindings = await _built(build)
     except BaseException:
         await running.stop(0)
         raise
@@ -211,6 +208,12 @@ async def _serve(serve: ServeSettings, build: Build, service: str) -> None:
         _write_port_file(serve.port_file, running.port, metrics_port)
     await serve_until_signal(running, serve.grace_s)
     log.info("%s service stopped", service)
+
+
+async def _built(build: Build) -> Sequence[Binding]:
+    # Called inside the event loop: servicers may create asyncio channels and background tasks.
+    bindings = build()
+    return await bindings if inspect.isawaitable(bindings) else bindings
 
 
 def _tie_to_launcher(serve: ServeSettings, servicers: list) -> None:
