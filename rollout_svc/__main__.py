@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 
 from atgrpo.rpc.main import run_service
@@ -30,17 +31,26 @@ def make_engine(settings: RolloutSettings, pool: PoolFlag):
     return HFEngine(pool.model_path, device=settings.device, dtype=settings.dtype)
 
 
-def build(settings: RolloutSettings) -> list:
-    from rollout_svc.engines.hf import pick_device
-
-    pools = {}
+def load_engines(settings: RolloutSettings) -> dict:
+    """Every pool's engine, loaded and warmed up: minutes on a real model, so run in a thread."""
+    engines = {}
     for pool in settings.pools:
         try:
             engine = make_engine(settings, pool)
         except OSError as err:
             sys.exit(f"rollout: cannot load pool {pool.name!r} from {pool.model_path!r}: {err}")
         engine.warm_up()
-        pools[pool.name] = PoolRuntime(pool.name, engine, lora=pool.lora)
+        engines[pool.name] = engine
+    return engines
+
+
+async def build(settings: RolloutSettings) -> list:
+    from rollout_svc.engines.hf import pick_device
+
+    # Off the event loop, so health (NOT_SERVING) and /metrics answer during the load.
+    engines = await asyncio.to_thread(load_engines, settings)
+    # In the loop: the pools' queues and the env client's channel belong to it.
+    pools = {pool.name: PoolRuntime(pool.name, engines[pool.name], lora=pool.lora) for pool in settings.pools}
     envs = None
     if settings.env:
         from env_svc.client import EnvClient

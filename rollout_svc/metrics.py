@@ -3,13 +3,26 @@
 Defined here, once; pool.py reports each engine batch, each weight swap, each out-of-memory retry
 and each failed request with one call.
 Generated tokens are a counter: tokens per second is `rate(atgrpo_rollout_generated_tokens_total[1m])`.
+
+The state of each pool (requests queued and generating, the engine's KV cache and sequences) and
+the GPU memory are read when Prometheus scrapes, by a collector (PoolCollector): from counters the
+pool keeps and the engine's optional `stats()`, which reads what the engine already has and never
+waits on it, so a scrape answers while a batch generates.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram
+import torch
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+log = logging.getLogger(__name__)
 
 GENERATED_TOKENS = Counter("atgrpo_rollout_generated_tokens_total", "Completion tokens generated, by pool.",
                            ["pool"])
@@ -40,9 +53,12 @@ def observe_batch(pool: str, outs: Sequence[Sequence], seconds: float) -> None:
     GENERATED_TOKENS.labels(pool).inc(sum(len(c.token_ids) for c in completions))
 
 
-def register_pool(pool: str) -> None:
+def register_pool(pool: str, runtime: Any = None) -> None:
     """The pool's failure counters exist from the start, at 0: a dashboard then shows "none yet"
-    instead of "no data", and increase() sees the first failure."""
+    instead of "no data", and increase() sees the first failure. `runtime` (a PoolRuntime) is
+    read at each scrape from now on; a later one of the same name replaces it."""
+    if runtime is not None:
+        _POOLS[pool] = weakref.ref(runtime)   # weak: a pool dropped (a test's) is not kept alive
     OOM_RETRIES.labels(pool)
     for error in ("InvalidArgument", "ResourceExhausted", "Unavailable"):
         FAILED_REQUESTS.labels(pool, error)
@@ -59,3 +75,83 @@ def count_failed(pool: str, error: str) -> None:
 def set_versions(pool: str, versions: dict[str, int]) -> None:
     for adapter, version in versions.items():
         POLICY_VERSION.labels(pool, adapter).set(version)
+
+
+_POOLS: dict[str, weakref.ref] = {}
+
+
+class PoolCollector:
+    """Each pool's requests, KV cache and engine sequences, and this process's GPU memory, at scrape time."""
+
+    def __init__(self) -> None:
+        # vLLM's stats() reads prometheus_client's registry, which collects this collector again:
+        # inside that nested collect this one yields nothing.
+        self._inside = threading.local()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families = self._families()
+        if not getattr(self._inside, "value", False):
+            self._inside.value = True
+            try:
+                self._fill(families)
+            finally:
+                self._inside.value = False
+        yield from families.values()
+
+    @staticmethod
+    def _families() -> dict[str, GaugeMetricFamily]:
+        # Every family is yielded, with no samples when there are none (a CPU process has no GPU
+        # memory), so a scrape always lists what this service can export.
+        return {
+            "running": GaugeMetricFamily("atgrpo_rollout_requests_running",
+                                         "Requests in the engine batch being generated, by pool.", labels=["pool"]),
+            "waiting": GaugeMetricFamily("atgrpo_rollout_requests_waiting",
+                                         "Requests queued for the pool's engine, by pool.", labels=["pool"]),
+            "sequences": GaugeMetricFamily("atgrpo_rollout_engine_sequences",
+                                           "Sequences (samples) inside the engine, by pool and state: running, or "
+                                           "waiting for KV-cache room (vLLM's scheduler).", labels=["pool", "state"]),
+            "kv": GaugeMetricFamily("atgrpo_rollout_kv_cache_usage_ratio",
+                                    "Share of the engine's KV cache in use, 0 to 1, by pool (vLLM only).",
+                                    labels=["pool"]),
+            "allocated": GaugeMetricFamily("atgrpo_gpu_memory_allocated_bytes",
+                                           "GPU memory held by this process's tensors (torch), by device.",
+                                           labels=["device"]),
+            "reserved": GaugeMetricFamily("atgrpo_gpu_memory_reserved_bytes",
+                                          "GPU memory this process's torch allocator holds (tensors and its cache), "
+                                          "by device.", labels=["device"]),
+        }
+
+    @staticmethod
+    def _fill(f: dict[str, GaugeMetricFamily]) -> None:
+        for name, ref in dict(_POOLS).items():   # a copy: the event loop may add a pool meanwhile
+            runtime = ref()
+            if runtime is None:
+                continue
+            f["running"].add_metric([name], runtime.running)
+            f["waiting"].add_metric([name], runtime.waiting)
+            stats = engine_stats(runtime.engine)
+            for state in ("running", "waiting"):
+                if f"sequences_{state}" in stats:
+                    f["sequences"].add_metric([name, state], stats[f"sequences_{state}"])
+            if "kv_cache_usage" in stats:
+                f["kv"].add_metric([name], stats["kv_cache_usage"])
+        # Only where this process has started CUDA: asking otherwise would start it (and take memory).
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            for d in range(torch.cuda.device_count()):
+                f["allocated"].add_metric([f"cuda:{d}"], torch.cuda.memory_allocated(d))
+                f["reserved"].add_metric([f"cuda:{d}"], torch.cuda.memory_reserved(d))
+
+
+def engine_stats(engine: Any) -> dict[str, float]:
+    """The engine's `stats()`, or {} when it has none or it fails (a scrape must not fail for it)."""
+    stats = getattr(engine, "stats", None)
+    if stats is None:
+        return {}
+    try:
+        return stats()
+    except Exception:  # noqa: BLE001 - logged; the rest of the scrape goes on
+        log.warning("reading the engine's stats failed", exc_info=True)
+        return {}
+
+
+REGISTRY.register(PoolCollector())

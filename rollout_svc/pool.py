@@ -113,8 +113,9 @@ class PoolRuntime:
         self._queue: asyncio.Queue = asyncio.Queue()
         self._worker: asyncio.Task | None = None
         self.oom_retries = 0     # batches run again in smaller pieces after running out of memory
+        self.waiting = self.running = 0   # requests queued / in the batch generating (metrics, read at scrape)
         metrics.set_versions(name, self.versions)
-        metrics.register_pool(name)
+        metrics.register_pool(name, self)
 
     def policies(self) -> list[PolicyRef]:
         return [PolicyRef(self.name, a, v) for a, v in sorted(self.versions.items())]
@@ -133,6 +134,7 @@ class PoolRuntime:
         self.version(adapter)   # unknown adapters fail now, not inside a batch
         req = _Request(adapter, sampling, prompt, n)
         self._ensure_worker()
+        self.waiting += 1
         await self._queue.put(req)
         return await req.future
 
@@ -190,12 +192,14 @@ class PoolRuntime:
                 continue
             await self._await_burst()
             batch = self._take_batch(item)
+            self.waiting, self.running = self.waiting - len(batch), len(batch)
             policy = PolicyRef(self.name, item.adapter, self.versions[item.adapter])
             try:
                 outcomes = await self._generate([_Piece(r, r.n) for r in batch], item.adapter, item.sampling)
             except Exception as err:  # noqa: BLE001 - a bug here: fail the requests, keep serving
                 log.exception("pool %s: generating a batch failed", self.name)
                 outcomes = [Internal(f"pool {self.name!r} failed generating: {err!r}")] * len(batch)
+            self.running = 0
             for r, outcome in zip(batch, outcomes, strict=True):
                 if r.future.done():
                     continue

@@ -5,21 +5,28 @@ to listen, where to report the bound port, TLS and the token; the same for every
 service's own settings (sandbox_svc.settings.SandboxSettings, ...). The rest of a service sees only
 those objects. `--port 0` binds a free port and `--port-file` reports it, so a launcher never
 races another process for a port.
+
+A service serves from its first second: /metrics and the gRPC health check answer (NOT_SERVING)
+while its servicers are built, which for a rollout replica means loading and warming up models
+for minutes; other calls are refused as UNAVAILABLE until then. The port file is written only
+once it serves, so a launcher that waits for the file waits for the load.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import logging
 import os
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from prometheus_client import start_http_server
+from prometheus_client import Gauge, start_http_server
 
 from atgrpo.rpc import tether
 from atgrpo.rpc.security import TOKEN_ENV, TOKEN_FILE_ENV, ServerSecurity, token_from_env
@@ -29,6 +36,15 @@ log = logging.getLogger(__name__)
 
 LOG_LEVELS = tuple(logging.getLevelNamesMapping())   # what logging itself accepts (WARN too)
 DRAIN_S = 300.0       # the default --parent-drain-s: a training step of a real model takes minutes
+
+READY = Gauge("atgrpo_service_ready", "1 once the service serves; 0 while it builds its servicers (loads its "
+              "model), when health is NOT_SERVING and calls are refused as UNAVAILABLE.", ["service"])
+BUILD_SECONDS = Gauge("atgrpo_service_build_seconds", "How long the service took to build its servicers (load "
+                      "and warm up its models) before it served; 0 until then.", ["service"])
+
+# A service's build: returns its bindings, or an awaitable of them. A build that blocks for long
+# (loading a model) is async and runs that part in a thread, so health and /metrics answer meanwhile.
+Build = Callable[[], Sequence[Binding] | Awaitable[Sequence[Binding]]]
 
 
 class SettingsError(ValueError):
@@ -57,7 +73,7 @@ def base_parser(service: str) -> argparse.ArgumentParser:
     ap.add_argument("--metrics-port", type=int, default=None,
                     help="serve Prometheus /metrics on this port (0 = a free one); off when unset")
     ap.add_argument("--port-file", type=Path, default=None,
-                    help="write {'port', 'metrics_port', 'pid'} as JSON here once serving")
+                    help="write {'port', 'metrics_port', 'pid'} as JSON here once serving (its models loaded)")
     ap.add_argument("--grace-s", type=float, default=5.0, help="time calls in flight get on SIGTERM")
     ap.add_argument("--log-level", default=os.environ.get("ATGRPO_LOG_LEVEL", "INFO"))
     ap.add_argument("--parent-fd", type=int, default=None, metavar="FD",
@@ -162,25 +178,42 @@ def _write_port_file(path: Path, port: int, metrics_port: int | None) -> None:
     tmp.replace(path)
 
 
-async def _serve(serve: ServeSettings, build: Callable[[], Sequence[Binding]], service: str) -> None:
+async def _serve(serve: ServeSettings, build: Build, service: str) -> None:
     security = serve.security()   # before building: a bad setting fails fast, naming its flag
-    # Built inside the event loop: servicers may create asyncio channels and background tasks.
-    bindings = build()
-    health_address = serve.address(serve.health_port) if serve.health_port is not None else None
-    running = await create_server(bindings, serve.address(serve.port), security=security,
-                                  health_address=health_address)
     metrics_port = None
+    READY.labels(service).set(0)
+    BUILD_SECONDS.labels(service).set(0)
     if serve.metrics_port is not None:
         httpd, _ = start_http_server(serve.metrics_port, addr=serve.host)
         metrics_port = httpd.server_port
-    log.info("%s service listening on %s:%d (%s; metrics: %s)", service, serve.host, running.port,
-             security.describe(), metrics_port)
+    health_address = serve.address(serve.health_port) if serve.health_port is not None else None
+    running = await create_server(None, serve.address(serve.port), security=security, health_address=health_address)
+    log.info("%s service starting on %s:%d (%s; metrics: %s): health NOT_SERVING until its servicers are built",
+             service, serve.host, running.port, security.describe(), metrics_port)
+    servicers: list = []
+    if serve.parent_fd is not None:   # from now: a launcher gone during a long load stops it too
+        _tie_to_launcher(serve, servicers)
+    start = time.monotonic()
+    try:
+        bindings = await _built(build)
+    except BaseException:
+        await running.stop(0)
+        raise
+    servicers += [b.servicer for b in bindings]
+    await running.open(bindings)
+    BUILD_SECONDS.labels(service).set(time.monotonic() - start)
+    READY.labels(service).set(1)
+    log.info("%s service serving after %.1f s of building", service, time.monotonic() - start)
     if serve.port_file:
         _write_port_file(serve.port_file, running.port, metrics_port)
-    if serve.parent_fd is not None:
-        _tie_to_launcher(serve, [b.servicer for b in bindings])
     await serve_until_signal(running, serve.grace_s)
     log.info("%s service stopped", service)
+
+
+async def _built(build: Build) -> Sequence[Binding]:
+    # Called inside the event loop: servicers may create asyncio channels and background tasks.
+    bindings = build()
+    return await bindings if inspect.isawaitable(bindings) else bindings
 
 
 def _tie_to_launcher(serve: ServeSettings, servicers: list) -> None:
@@ -192,8 +225,8 @@ def _tie_to_launcher(serve: ServeSettings, servicers: list) -> None:
                  hard_exit_after_s=serve.parent_drain_s + serve.grace_s + tether.HARD_EXIT_MARGIN_S)
 
 
-def serve_service(service: str, serve: ServeSettings, build: Callable[[], Sequence[Binding]]) -> None:
-    """Build the servicers and serve until SIGTERM."""
+def serve_service(service: str, serve: ServeSettings, build: Build) -> None:
+    """Serve at once (NOT_SERVING), build the servicers, serve them until SIGTERM."""
     logging.basicConfig(level=serve.log_level, format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s")
     try:
         asyncio.run(_serve(serve, build, service))
@@ -201,7 +234,7 @@ def serve_service(service: str, serve: ServeSettings, build: Callable[[], Sequen
         raise SystemExit(f"{service}: {err}") from None
 
 
-def run_service(service: str, build: Callable[[S], Sequence[Binding]], settings: type[ServiceSettings] | None = None,
+def run_service(service: str, build: Callable[[S], Sequence[Binding] | Awaitable[Sequence[Binding]]], settings: type[ServiceSettings] | None = None,
                 argv: Sequence[str] | None = None, prog: str | None = None) -> None:
     """`python -m <service>`: parse the flags, build the servicers from the service's settings,
     serve until SIGTERM."""

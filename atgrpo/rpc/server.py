@@ -4,6 +4,12 @@ Every atgrpo service is built with it, so all of them answer the standard health
 Kubernetes' native gRPC probes use), list their services through reflection (grpcurl works), cap
 message sizes and concurrency, and stop gracefully: on SIGTERM health turns NOT_SERVING, new calls
 are refused, and calls in flight get `grace_s` to finish.
+
+A server may start before its servicers exist (`create_server(None)`, then `open(bindings)`):
+health answers NOT_SERVING and every other call UNAVAILABLE until then (atgrpo.rpc.gate), so a
+replica loading its model for minutes is seen as starting, not as down. The health service
+LIVENESS answers SERVING from the start: it tells "the process and its event loop answer" apart
+from "ready for work" (Kubernetes' liveness and readiness probes).
 """
 
 from __future__ import annotations
@@ -24,11 +30,14 @@ from grpc_reflection.v1alpha import reflection
 
 from atgrpo import __version__
 from atgrpo._proto.v1 import common_pb2
+from atgrpo.rpc.gate import Gate
 from atgrpo.rpc.interceptors import ErrorAndMetricsInterceptor
 from atgrpo.rpc.options import MAX_MESSAGE_BYTES, server_options
 from atgrpo.rpc.security import ServerSecurity
 
 log = logging.getLogger(__name__)
+
+LIVENESS = "liveness"   # the health service name the liveness probes ask for
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,14 @@ class RunningServer:
     security: ServerSecurity = field(default_factory=ServerSecurity)
     health_server: aio.Server | None = None     # the plaintext health-only port, when asked for
     health_port: int | None = None
+    gate: Gate = field(default_factory=Gate)
+
+    async def open(self, bindings: Sequence[Binding]) -> None:
+        """Serve `bindings` from now on, and turn health SERVING."""
+        self.names = [b.name for b in bindings]
+        self.gate.open(bindings, [*self.names, health.SERVICE_NAME, reflection.SERVICE_NAME])
+        for name in ["", *self.names]:  # "" = the server as a whole, as probes ask
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Turn health NOT_SERVING, refuse new calls, and give calls in flight `grace_s` to end."""
@@ -59,7 +76,7 @@ class RunningServer:
 
 
 async def create_server(
-    bindings: Sequence[Binding],
+    bindings: Sequence[Binding] | None,
     address: str = "127.0.0.1:0",
     *,
     max_concurrent_rpcs: int | None = 256,
@@ -73,6 +90,7 @@ async def create_server(
     flood cannot queue without bound. `security` turns on TLS, mutual TLS and the token on the
     state-changing RPCs (atgrpo.rpc.security); `health_address` also serves the health check
     alone, in plaintext, for probes that cannot speak TLS (Kubernetes' native gRPC probes).
+    `bindings` None: start NOT_SERVING; `RunningServer.open` serves them once they are built.
     """
     security = security or ServerSecurity()
     server = aio.server(
@@ -80,24 +98,26 @@ async def create_server(
         options=server_options(max_message_bytes),
         maximum_concurrent_rpcs=max_concurrent_rpcs,
     )
-    for b in bindings:
-        b.add_to_server(b.servicer, server)
+    gate = Gate()
+    server.add_generic_rpc_handlers((gate,))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = [b.name for b in bindings]
-    reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     port = _bind(server, address, security.credentials())
     health_server = health_port = None
     if health_address is not None:
         health_server = aio.server(options=server_options(4096))
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
         health_port = _bind(health_server, health_address, None)
+    # Before the start, so no probe ever sees "" SERVING (the servicer's default) while loading.
+    await health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    await health_servicer.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
     await server.start()
     if health_server is not None:
         await health_server.start()
-    for name in ["", *names]:  # "" = the server as a whole, as probes ask
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return RunningServer(server, port, health_servicer, names, security, health_server, health_port)
+    running = RunningServer(server, port, health_servicer, [], security, health_server, health_port, gate)
+    if bindings is not None:
+        await running.open(bindings)
+    return running
 
 
 def _bind(server: aio.Server, address: str, credentials) -> int:

@@ -46,6 +46,7 @@ class HFEngine:
         # What a request may ask of this model (rollout_svc.replica.check_prompt).
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.max_model_len = getattr(self.model.config, "max_position_embeddings", None)
+        self._sequences = 0    # in the generate call running now (stats)
 
     def warm_up(self) -> None:
         """One tiny generation: the first call pays seconds of lazy initialisation."""
@@ -109,8 +110,17 @@ class HFEngine:
     def generate(self, prompts: Sequence[Sequence[int]], ns: Sequence[int], s: Sampling,
                  adapter: str = "") -> list[list[Completion]]:
         """`ns[i]` samples of `prompts[i]`, all in one batch; returns completions per prompt."""
-        with self._with_adapter(adapter):
-            return self._generate(prompts, ns, s)
+        self._sequences = sum(ns)
+        try:
+            with self._with_adapter(adapter):
+                return self._generate(prompts, ns, s)
+        finally:
+            self._sequences = 0
+
+    def stats(self) -> dict[str, float]:
+        """What rollout_svc.metrics reads at each scrape. Every sequence of a batch runs at once, so
+        none waits; the KV cache is allocated per batch, so it has no usage share to report."""
+        return {"sequences_running": self._sequences, "sequences_waiting": 0}
 
     @torch.inference_mode()
     def _generate(self, prompts: Sequence[Sequence[int]], ns: Sequence[int], s: Sampling) -> list[list[Completion]]:

@@ -110,6 +110,24 @@ class VLLMEngine:
                             o.text, "length" if o.finish_reason == "length" else "stop")
                  for o in out.outputs] for out in outs]
 
+    def stats(self) -> dict[str, float]:
+        """What rollout_svc.metrics reads at each scrape: KV-cache usage (0 to 1) and the scheduler's
+        running and waiting sequences, from the gauges vLLM keeps in this process's Prometheus
+        registry (a read, never a call into the engine). Empty when vLLM keeps none: `LLM` turns
+        its stats off unless built with disable_log_stats=False."""
+        engine = self.llm.llm_engine
+        if not getattr(engine, "log_stats", False):
+            return {}
+        keys = {"vllm:kv_cache_usage_perc": "kv_cache_usage", "vllm:num_requests_running": "sequences_running",
+                "vllm:num_requests_waiting": "sequences_waiting"}   # vllm/v1/metrics/loggers.py
+        model = engine.model_config.served_model_name   # other pools' engines share the registry
+        out: dict[str, float] = {}
+        for m in engine.get_metrics():
+            key = keys.get(m.name)
+            if key is not None and m.labels.get("model_name") == model:
+                out[key] = out.get(key, 0.0) + m.value
+        return out
+
     def adapters(self) -> list[str]:
         return list(self._adapters)
 

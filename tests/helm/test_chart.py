@@ -16,6 +16,7 @@ import yaml
 
 from atgrpo.cli import build_parser
 from atgrpo.config import parse_config
+from atgrpo.rpc.server import LIVENESS
 from tests.helm.conftest import (
     CHART,
     CI_VALUES,
@@ -227,11 +228,14 @@ def test_every_server_container_has_native_grpc_probes(case):
             # With TLS on, the probes (which cannot speak it) ask the plaintext health-only port.
             names = {p["name"] for p in c["ports"]}
             port = next(p["containerPort"] for p in c["ports"] if p["name"] == ("health" if "health" in names else "grpc"))
-            for probe in ("livenessProbe", "readinessProbe"):
-                assert c[probe]["grpc"] == {"port": port}, f"{obj['metadata']['name']}/{c['name']} {probe}"
-            # pods that load a model before listening get a startup probe, so liveness spares them
+            where = f"{obj['metadata']['name']}/{c['name']}"
+            # Ready once built (its models loaded); alive as soon as it answers, so a load of any
+            # length is neither killed nor sent traffic (atgrpo.rpc.server.LIVENESS).
+            assert c["readinessProbe"]["grpc"] == {"port": port}, where
+            assert c["livenessProbe"]["grpc"] == {"port": port, "service": LIVENESS}, where
+            # pods that import torch before listening get a startup probe, so liveness spares them
             if component(obj) in ("rollout", "trainer"):
-                assert c["startupProbe"]["grpc"] == {"port": port}
+                assert c["startupProbe"]["grpc"] == {"port": port, "service": LIVENESS}
                 assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 300
 
 

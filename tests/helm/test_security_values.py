@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from atgrpo import errors
 from atgrpo.rpc.security import ClientSecurity, open_channel
+from atgrpo.rpc.server import LIVENESS
 from sandbox_svc.client import SandboxClient
 from tests.helm.conftest import of_kind, pod_spec, template
 from tests.security.conftest import start_service
@@ -79,7 +80,8 @@ def test_every_pod_gets_the_secrets_and_probes_the_plaintext_health_port(objs):
         for c in spec["containers"]:
             if "livenessProbe" in c:
                 health = next(p["containerPort"] for p in c["ports"] if p["name"] == "health")
-                assert c["livenessProbe"]["grpc"] == c["readinessProbe"]["grpc"] == {"port": health}
+                assert c["readinessProbe"]["grpc"] == {"port": health}
+                assert c["livenessProbe"]["grpc"] == {"port": health, "service": LIVENESS}
                 assert f"--health-port={health}" in c["args"]
 
 

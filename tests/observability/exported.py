@@ -12,7 +12,7 @@ import re
 
 from prometheus_client import REGISTRY
 
-METRIC_MODULES = ("atgrpo.rpc.interceptors", "atgrpo.sdk.metrics", "sandbox_svc.metrics", "rollout_svc.metrics",
+METRIC_MODULES = ("atgrpo.rpc.interceptors", "atgrpo.rpc.main", "atgrpo.sdk.metrics", "sandbox_svc.metrics", "rollout_svc.metrics",
                   "trainer_svc.metrics", "router_svc.metrics")
 # Series that come from elsewhere: Prometheus' own per-target `up`, and the sandbox's warning
 # gauge, registered by sandbox_svc/__main__.py only when it runs with --unsafe-no-isolation.

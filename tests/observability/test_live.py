@@ -35,10 +35,11 @@ pytestmark = pytest.mark.slow
 RUN = "obs-l1"
 STEPS, TASKS, K, MAX_TURNS, MAX_TOKENS = 3, 4, 4, 2, 4
 AGENTS = ("speaker", "listener")
-# Dashboard series the toy run cannot produce: the toy env runs no code in the sandbox, and the
-# sandbox runs isolated.
+# Dashboard series the toy run cannot produce: the toy env runs no code in the sandbox, the
+# sandbox runs isolated, and the rollout runs the hf engine on CPU (no KV-cache share, no GPU).
 NOT_IN_A_TOY_RUN = {"atgrpo_sandbox_exec_seconds_bucket", "atgrpo_sandbox_exec_seconds_count",
-                    "atgrpo_sandbox_isolation_disabled"}
+                    "atgrpo_sandbox_isolation_disabled", "atgrpo_rollout_kv_cache_usage_ratio",
+                    "atgrpo_gpu_memory_allocated_bytes", "atgrpo_gpu_memory_reserved_bytes"}
 # What Grafana substitutes into the queries ("All" for the variables).
 GRAFANA_VARS = {"$__rate_interval": "1m", "$run": ".*", "$agent": ".*", "$pool": ".*"}
 

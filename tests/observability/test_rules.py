@@ -12,7 +12,7 @@ from tests.observability.exported import exported_series, metric_names
 
 # The alerts the issue asks for (and one for a failed run), by name.
 REQUIRED_ALERTS = {"AtgrpoServiceDown", "AtgrpoSandboxQueueSaturated", "AtgrpoZeroVarianceHigh",
-                   "AtgrpoNoStepCompleted", "AtgrpoWeightPushFailing", "AtgrpoRunFailed"}
+                   "AtgrpoNoStepCompleted", "AtgrpoWeightPushFailing", "AtgrpoRunFailed", "AtgrpoServiceNotReady"}
 
 
 def rules() -> list[dict]:

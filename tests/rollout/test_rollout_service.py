@@ -288,3 +288,30 @@ def test_collect_routes_other_pools_to_their_replicas(tiny_model):
             await server_b.stop(0)
 
     assert asyncio.run(go()) == {("a", "A", 0), ("b", "B", 1)}
+
+
+def test_pool_and_engine_gauges_follow_a_generation(tiny_model):
+    """Read as Prometheus would, at scrape time: one request of 4 samples generating, then none."""
+    from prometheus_client import REGISTRY
+
+    def gauge(name, **labels):
+        return REGISTRY.get_sample_value(name, {"pool": "p", **labels})
+
+    async def go(c, engine):
+        assert gauge("atgrpo_rollout_requests_running") == 0 and gauge("atgrpo_rollout_requests_waiting") == 0
+        call = asyncio.ensure_future(c.generate("p", messages=HELLO, n=4,
+                                                sampling=Sampling(temperature=1.0, max_tokens=200, seed=1)))
+        seen = {}
+        while not call.done():   # the engine generates in a thread: the event loop and a scrape answer
+            if gauge("atgrpo_rollout_requests_running") == 1:
+                seen = {"sequences": gauge("atgrpo_rollout_engine_sequences", state="running"),
+                        "waiting": gauge("atgrpo_rollout_requests_waiting")}
+            await asyncio.sleep(0.005)
+        await call
+        assert seen == {"sequences": 4, "waiting": 0}
+        assert gauge("atgrpo_rollout_requests_running") == 0
+        assert gauge("atgrpo_rollout_engine_sequences", state="running") == 0
+        assert gauge("atgrpo_rollout_engine_sequences", state="waiting") == 0
+        assert gauge("atgrpo_rollout_kv_cache_usage_ratio") is None        # the hf engine has no shared cache
+        assert REGISTRY.get_sample_value("atgrpo_gpu_memory_allocated_bytes", {"device": "cuda:0"}) is None  # CPU
+    serve(tiny_model, go)

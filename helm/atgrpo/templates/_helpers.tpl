@@ -214,7 +214,7 @@ Every process of the release is both: the services call each other, the run Job 
 A pod spec. Arguments (a dict):
   root, component, pool (optional), image (cpu | rollout | trainer), args (list),
   resources, gpus, nodeSelector, tolerations, affinity, server (true: gRPC ports and probes),
-  startup (true: a startup probe for slow model loads), volumes, mounts, initContainers,
+  startup (true: a startup probe for slow imports before listening), volumes, mounts, initContainers,
   podSecurityContext, securityContext, hostUsers, runtimeClassName, restartPolicy, env.
 */}}
 {{- define "atgrpo.podSpec" -}}
@@ -290,19 +290,24 @@ containers:
         containerPort: {{ $v.ports.health }}
         protocol: TCP
       {{- end }}
-    {{- /* Native gRPC probes ask grpc.health.v1 for service "" (the server as a whole), which
-    every atgrpo server sets SERVING once it listens and NOT_SERVING on SIGTERM. They cannot
-    speak TLS: with TLS on they ask the plaintext health-only port (--health-port). */}}
+    {{- /* Native gRPC probes (grpc.health.v1). Readiness asks for service "" (the server as a
+    whole): SERVING once the service is built (a rollout replica: its models loaded), NOT_SERVING
+    while it loads and on SIGTERM, so a loading pod gets no traffic. Startup and liveness ask for
+    service "liveness", SERVING from the moment the process listens: a load of any length is
+    never killed, a process whose event loop stops answering is. They cannot speak TLS: with TLS
+    on they ask the plaintext health-only port (--health-port). */}}
     {{- $probePort := ternary $v.ports.health $v.ports.grpc (not (empty $v.security.tlsSecret)) }}
     {{- if .startup }}
     startupProbe:
       grpc:
         port: {{ $probePort }}
+        service: liveness
       {{- toYaml $v.probes.startup | nindent 6 }}
     {{- end }}
     livenessProbe:
       grpc:
         port: {{ $probePort }}
+        service: liveness
       {{- toYaml $v.probes.liveness | nindent 6 }}
     readinessProbe:
       grpc:
