@@ -1,10 +1,10 @@
 """RolloutClient: Generate, Collect and LoadWeights in plain types (atgrpo.contract.rollout); the
-router collects with it, trainers push weights with it."""
+router collects with it, trainers push weights with it (push_weights: to every replica at once)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from atgrpo._proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from atgrpo.contract import rollout_wire
@@ -19,7 +19,7 @@ from atgrpo.contract.rollout import (
 )
 from atgrpo.contract.sampling import Sampling
 from atgrpo.rpc.client import ServiceClient, to_domain_error
-from rollout_svc.payload import Payload  # noqa: F401 - part of this client's API: a push encoded once
+from rollout_svc.payload import Payload
 
 # A push's deadline grows with its size: 2 minutes, plus a floor of 100 MB/s for the bytes.
 PUSH_BASE_S, PUSH_FLOOR_BYTES_PER_S = 120.0, 100e6
@@ -72,3 +72,40 @@ class RolloutClient(ServiceClient):
         timeout_s = timeout_s or PUSH_BASE_S + payload.total_bytes / PUSH_FLOOR_BYTES_PER_S
         return rollout_wire.loaded_from_pb(await self._call(self.stub.LoadWeights, lambda: payload.stream(header),
                                                             timeout_s=timeout_s))
+
+
+async def push_weights(addresses: Sequence[str], weights: Sequence[tuple[str, dict, dict | None]], pool: str,
+                       version: int, *, rollback: bool = False) -> int:
+    """Push `weights` ((adapter, name -> tensor, adapter config); adapter "" = the full model) to
+    every replica at once; the bytes they acknowledged. Full weights are encoded once per dtype
+    the replicas hold (cast here, so a bfloat16 engine gets half a float32 master's bytes), each
+    encoding streamed to all of its replicas together."""
+    clients = [RolloutClient(a) for a in addresses]
+
+    async def encode(dtype: str | None) -> list[tuple[str, Payload, dict | None]]:
+        cast = _torch_dtype(dtype)
+        return [(adapter, await asyncio.to_thread(Payload, tensors, None if adapter else cast), config)
+                for adapter, tensors, config in weights]
+
+    async def one(client: RolloutClient, encoded: list[tuple[str, Payload, dict | None]]) -> int:
+        sent = 0
+        for adapter, payload, config in encoded:
+            resp = await client.load_weights(payload, pool, version, adapter=adapter, adapter_config=config,
+                                             rollback=rollback)
+            sent += resp.bytes_received
+        return sent
+
+    try:
+        dtypes = [(await c.weight_dtypes()).get(pool) for c in clients]
+        encodings = {d: await encode(d) for d in dict.fromkeys(dtypes)}
+        return sum(await asyncio.gather(*(one(c, encodings[d]) for c, d in zip(clients, dtypes, strict=True))))
+    finally:
+        await asyncio.gather(*(c.close() for c in clients))
+
+
+def _torch_dtype(name: str | None):
+    """The torch dtype a replica names ("bfloat16"); None (keep the sender's) for one it does not."""
+    import torch
+
+    dtype = getattr(torch, name, None) if name else None
+    return dtype if isinstance(dtype, torch.dtype) else None

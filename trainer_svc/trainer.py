@@ -15,7 +15,7 @@ from pathlib import Path
 
 from atgrpo.contract.trainer import PoolSpec, TrainResult, TrainSample, UpdateConfig
 from atgrpo.errors import FailedPrecondition, InvalidArgument
-from rollout_svc.client import Payload, RolloutClient
+from rollout_svc.client import RolloutClient, push_weights
 from trainer_svc import metrics as telemetry  # `metrics` is a TrainResult's dict below
 from trainer_svc.distributed import Ranks
 from trainer_svc.state import PoolState
@@ -191,40 +191,17 @@ class Trainer:
 
     async def _push(self, state: PoolState, agents: Sequence[str], *, rollback: bool = False,
                     addresses: Sequence[str] | None = None) -> tuple[float, int]:
-        """New weights to every replica at once; answers once all acknowledged (on-policy).
-        Full weights are encoded once per dtype the replicas hold (cast here, so a bfloat16
-        engine gets half a float32 master's bytes) and streamed to all of them together."""
+        """New weights to every replica at once; answers once all acknowledged (on-policy)."""
         addresses = state.spec.rollout_addresses if addresses is None else addresses
         if not addresses:
             return 0.0, 0
         payloads = await self._run("weights", agents)
         start = time.perf_counter()
-        pool = state.spec.pool
-        clients = [RolloutClient(a) for a in addresses]
-
-        async def encode(dtype_name: str | None) -> list[tuple[str, Payload, dict | None]]:
-            dtype = _torch_dtype(dtype_name)
-            return [(adapter, await asyncio.to_thread(Payload, tensors, None if adapter else dtype), config)
-                    for adapter, tensors, config in payloads]
-
-        async def one(client: RolloutClient, encoded: list[tuple[str, Payload, dict | None]]) -> int:
-            sent = 0
-            for adapter, payload, config in encoded:
-                resp = await client.load_weights(payload, pool, state.version, adapter=adapter,
-                                                 adapter_config=config, rollback=rollback)
-                sent += resp.bytes_received
-            return sent
-
-        try:
-            with telemetry.push_failures(state.spec.run_id, pool):
-                dtypes = [(await c.weight_dtypes()).get(pool) for c in clients]
-                encodings = {d: await encode(d) for d in dict.fromkeys(dtypes)}
-                sent = await asyncio.gather(*(one(c, encodings[d]) for c, d in zip(clients, dtypes, strict=True)))
-        finally:
-            await asyncio.gather(*(c.close() for c in clients))
+        with telemetry.push_failures(state.spec.run_id, state.spec.pool):
+            total = await push_weights(addresses, payloads, state.spec.pool, state.version, rollback=rollback)
         self._pushed.update({adapter: state.version for adapter, _, _ in payloads})
-        seconds, total = time.perf_counter() - start, sum(sent)
-        telemetry.observe_push(state.spec.run_id, pool, seconds, total)
+        seconds = time.perf_counter() - start
+        telemetry.observe_push(state.spec.run_id, state.spec.pool, seconds, total)
         return seconds, total
 
     async def save_checkpoint(self, where: str = "") -> tuple[Path, int]:
@@ -237,10 +214,3 @@ class Trainer:
             path = await self._run("save", where)
             return path, state.version
 
-
-def _torch_dtype(name: str | None):
-    """The torch dtype a replica names ("bfloat16"); None (keep the trainer's) for one it does not."""
-    import torch
-
-    dtype = getattr(torch, name, None) if name else None
-    return dtype if isinstance(dtype, torch.dtype) else None

@@ -59,7 +59,10 @@ class VLLMEngine:
                             max_model_len=max_model_len, enable_prefix_caching=True,
                             logprobs_mode="processed_logprobs", enable_lora=lora, seed=0,
                             tensor_parallel_size=tensor_parallel_size,
-                            worker_extension_cls="rollout_svc.engines.vllm_worker.WeightSync")
+                            worker_extension_cls="rollout_svc.engines.vllm_worker.WeightSync",
+                            # Keeps the KV-cache and scheduler gauges `stats` reads (it also logs
+                            # a line of throughput figures every few seconds).
+                            disable_log_stats=False)
         if lora:
             self._kwargs.update(max_loras=max_loras, max_lora_rank=max_lora_rank)
         if gpu_memory_utilization is not None:
@@ -79,6 +82,9 @@ class VLLMEngine:
         except ImportError:   # a vLLM without that module: ValueError and kin still count
             self.bad_request_errors = ()
         self._live: Path | None = None        # the pushed weights' directory being served (None: model_path)
+        # The engine starts after the gRPC server does (health answers during the load): a forked
+        # worker would inherit the server's sockets and threads, so workers are spawned.
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         from vllm import LLM
 
         self.llm = LLM(model=model_path, **self._kwargs)

@@ -21,7 +21,7 @@ from atgrpo.sdk.host import EnvHost
 from atgrpo.sdk.inprocess import LocalEnvs
 from atgrpo.sdk.registry import Registry
 from rollout_svc import payload as weights
-from rollout_svc.client import RolloutClient
+from rollout_svc.client import RolloutClient, push_weights
 from rollout_svc.engines.hf import HFEngine
 from rollout_svc.pool import PoolRuntime
 from rollout_svc.replica import Replica
@@ -32,9 +32,9 @@ GREEDY = Sampling(temperature=0.0, max_tokens=12)
 HELLO = [{"role": "user", "content": "Say something about grids."}]
 
 
-def serve(model_dir, fn, *, lora=False):
+def serve(model_dir, fn, *, lora=False, dtype="float32"):
     async def go():
-        engine = HFEngine(model_dir, device="cpu", dtype="float32")
+        engine = HFEngine(model_dir, device="cpu", dtype=dtype)
         replica = Replica({"p": PoolRuntime("p", engine, lora=lora)})
         registry = Registry(discover=False)
         registry.register(PickEnv)
@@ -116,6 +116,23 @@ def test_a_weight_swap_changes_outputs_and_version_and_bad_pushes_change_nothing
         with pytest.raises(errors.FailedPrecondition, match="version 1 here, not version 0"):
             await c.generate("p", messages=HELLO, sampling=GREEDY, expected_version=0)
     serve(tiny_model, go)
+
+
+def test_a_push_is_cast_to_the_dtype_the_replica_serves_and_streams_with_a_trailer(tiny_model):
+    """A float32 master pushed to a bfloat16 engine travels as bfloat16: half the bytes, and the
+    engine serves exactly the cast weights."""
+    async def go(c, engine):
+        assert (await c.weight_dtypes()) == {"p": "bfloat16"}
+        state = {k: v.float() for k, v in _perturbed(engine).items()}
+        if engine.model.config.tie_word_embeddings:      # tied, as a trainer's state is
+            state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        fp32_bytes = sum(v.numel() * 4 for v in state.values())
+        sent = await push_weights([c.address], [("", state, None)], "p", 1)
+        assert sent < 0.55 * fp32_bytes
+        served = engine.model.state_dict()
+        assert all(torch.equal(served[k], v.bfloat16()) for k, v in state.items())
+        assert (await c.policies())[0].version == 1
+    serve(tiny_model, go, dtype="bfloat16")
 
 
 def _header_dict(chunk):
