@@ -24,6 +24,7 @@ import torch
 from atgrpo._proto.v1 import rollout_pb2 as pb
 
 CHUNK_BYTES = 4 * 2**20
+KEEP_CHUNKS = 4          # recent chunks kept for the streams behind the leader (16 MiB)
 
 _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
                        torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
@@ -74,10 +75,26 @@ class Payload:
         self.num_chunks = max(1, -(-self.total_bytes // chunk_bytes))
         self._sha = hashlib.sha256()
         self._hashed = 0                       # chunks hashed so far, in order
+        self._recent: dict[int, bytes] = {}
         self._lock = threading.Lock()
 
     def chunk(self, k: int) -> bytes:
-        """Chunk k's bytes (one copy), hashed if no stream has hashed it yet."""
+        """Chunk k's bytes, hashed if no stream has hashed it yet. The streams of one push run
+        close together, so the last few chunks are kept for the ones behind: one copy per chunk,
+        not one per replica."""
+        with self._lock:
+            data = self._recent.get(k)
+        if data is None:
+            data = self._cut(k)
+        with self._lock:
+            if k == self._hashed:              # the leading stream hashes; the others only read
+                self._sha.update(data)
+                self._hashed += 1
+                self._recent[k] = data
+                self._recent.pop(k - KEEP_CHUNKS, None)
+        return data
+
+    def _cut(self, k: int) -> bytes:
         start, end = k * self.chunk_bytes, min((k + 1) * self.chunk_bytes, self.total_bytes)
         parts, pos = [], 0
         for seg in self._segments:
@@ -87,12 +104,7 @@ class Payload:
             pos += len(seg)
             if pos >= end:
                 break
-        data = b"".join(parts)
-        with self._lock:
-            if k == self._hashed:              # the leading stream hashes; the others only read
-                self._sha.update(data)
-                self._hashed += 1
-        return data
+        return b"".join(parts)
 
     def sha256(self) -> str:
         with self._lock:

@@ -8,6 +8,9 @@
    memory, against `atgrpo plan`'s estimate for the same pool.
 2. The services: 3 steps of the toy L1 loop (tiny model, hf engine) with the rollout and the
    trainer on the device, through all five services (`python -m atgrpo.cli train`).
+3. Weight sync (issue 20): the same random model served by an hf-engine replica on the device, a
+   full-weight push into it over loopback gRPC (GB/s, peak host and device memory), and the
+   engine's generation tokens/s there.
 
     python scripts/gpu_check.py                                   # on a GPU machine
     python scripts/gpu_check.py --device cpu --size small --out /tmp/check.json   # smoke (make test)
@@ -177,6 +180,58 @@ def check_services(args, work: Path) -> dict:
             "stderr_tail": out.stderr[-2000:] if out.returncode else ""}
 
 
+def check_push(args, work: Path) -> dict:
+    """A full-weight push of the model into an hf-engine replica on the device, and its tokens/s."""
+    import asyncio
+
+    import torch
+    from safetensors.torch import load_file
+
+    from atgrpo.contract.sampling import Sampling
+    from atgrpo.rpc.server import create_server
+    from rollout_svc.client import push_weights
+    from rollout_svc.engines.hf import HFEngine
+    from rollout_svc.pool import PoolRuntime
+    from rollout_svc.replica import Replica
+    from rollout_svc.server import bindings
+
+    path = work / "model"
+    if not (path / "config.json").exists():
+        path = build_random_model(model_config(args.size), path, "bfloat16")
+    dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
+    engine = HFEngine(str(path), device=args.device, dtype=dtype)
+    state = {k: v for f in sorted(path.glob("*.safetensors")) for k, v in load_file(f).items()}
+    size = sum(v.numel() * v.element_size() for v in state.values())
+
+    async def push() -> tuple[float, int]:
+        running = await create_server(bindings(Replica({"p": PoolRuntime("p", engine)}), None))
+        try:
+            t0 = time.monotonic()
+            sent = await push_weights([f"127.0.0.1:{running.port}"], [("", state, None)], "p", 1)
+            return time.monotonic() - t0, sent
+        finally:
+            await running.stop(0)
+
+    host = _rss()
+    _reset_peak(args.device)
+    if not args.device.startswith("cuda"):
+        host = _rss()
+    seconds, sent = asyncio.run(push())
+    device_peak = torch.cuda.max_memory_allocated() if args.device.startswith("cuda") else 0
+    host_peak = _peak("cpu") - host
+    sampling = Sampling(temperature=1.0, max_tokens=args.gen_tokens)
+    prompts = [[(7 * i + j) % 1000 + 3 for j in range(128)] for i in range(8)]
+    engine.generate(prompts[:1], [1], Sampling(temperature=1.0, max_tokens=4))       # warm-up
+    t0 = time.monotonic()
+    outs = engine.generate(prompts, [1] * len(prompts), sampling)
+    gen_s = time.monotonic() - t0
+    tokens = sum(len(c.token_ids) for out in outs for c in out)
+    return {"model_bytes": size, "bytes_sent": sent, "push_s": round(seconds, 2),
+            "push_gb_per_s": round(sent / seconds / 1e9, 3), "host_peak_growth_bytes": host_peak,
+            "host_peak_over_model": round(host_peak / size, 2), "device_peak_bytes": device_peak,
+            "generate_tokens_per_s": round(tokens / gen_s, 1), "generate_batch": len(prompts)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda")
@@ -187,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sample-tokens", type=int, default=2048, help="prompt + response tokens of each sample")
     ap.add_argument("--loop-steps", type=int, default=3)
     ap.add_argument("--loop-timeout-s", type=int, default=300)
+    ap.add_argument("--gen-tokens", type=int, default=64, help="tokens per sequence of the generation check")
     ap.add_argument("--out", default="gpu_check.json")
     args = ap.parse_args(argv)
     report: dict = {"device": args.device, "size": args.size}
@@ -198,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # noqa: BLE001 - reported, not raised: the report is the product
         report["error"] = f"torch: {err}"
     with tempfile.TemporaryDirectory(prefix="atgrpo-gpu-check-") as tmp:
-        for part, fn in (("trainer", check_trainer), ("services", check_services)):
+        for part, fn in (("trainer", check_trainer), ("services", check_services), ("push", check_push)):
             try:
                 report[part] = fn(args, Path(tmp))
             except Exception as err:  # noqa: BLE001 - one part failing must not lose the other's figures
@@ -206,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.out).write_text(json.dumps(report, indent=2))   # after each part: a timeout keeps what ran
     print(json.dumps(report, indent=2))
     ok = "error" not in report["trainer"] and report["services"].get("exit_code") == 0 \
-        and report["services"].get("steps") == args.loop_steps
+        and report["services"].get("steps") == args.loop_steps and "error" not in report["push"]
     return 0 if ok else 1
 
 

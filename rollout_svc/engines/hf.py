@@ -59,7 +59,11 @@ class HFEngine:
         return self.model.dtype
 
     def load_full(self, state: dict[str, torch.Tensor]) -> None:
-        """Replace every weight (strict: the same names and shapes as the served model)."""
+        """Replace every weight (strict: the same names and shapes as the served model). A tied
+        head may be left out, as safetensors files of tied models leave it out (vLLM's path too)."""
+        embed = "model.embed_tokens.weight"
+        if "lm_head.weight" not in state and embed in state and self.model.config.tie_word_embeddings:
+            state = {**state, "lm_head.weight": state[embed]}
         self.model.load_state_dict(state, strict=True, assign=False)
 
     def load_adapter(self, name: str, config: dict, state: dict[str, torch.Tensor]) -> None:

@@ -1,0 +1,262 @@
+"""Weight sync, in one run: a full-weight push of a ~1 GiB model to 2 rollout replicas (separate
+processes, hf engine) against a raw gRPC byte stream of the same size to 2 servers that only
+count the bytes, on the same loopback; memory and responsiveness during the push; and the LoRA
+hot-swap latency beside it.
+
+    python bench/weights.py [--gib 1.0] [--repeats 3]
+
+Reported (weight-sync issue; targets in brackets):
+- push GB/s (bytes per replica / seconds until both acknowledged, load included) against the raw
+  stream's [>= 0.8x];
+- peak RSS growth during a push over the model's bytes, on each replica and the sender [<= 1.5];
+- the longest health-check answer of a replica, and the longest stall of the sender's event
+  loop, during the pushes [< 100 ms].
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _report import parse_args, record  # noqa: E402
+
+CHUNK = 4 * 2**20
+GRPC_OPTIONS = [("grpc.max_receive_message_length", 64 * 2**20), ("grpc.max_send_message_length", 64 * 2**20)]
+
+
+# --- the raw baseline: a server that counts the bytes of one client stream ------------------
+
+def raw_server(port_file: str) -> None:
+    import grpc
+    from grpc import aio
+
+    async def put(requests, context):
+        n = 0
+        async for data in requests:
+            n += len(data)
+        return n.to_bytes(8, "little")
+
+    async def serve():
+        server = aio.server(options=GRPC_OPTIONS)
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            "raw.Sink", {"Put": grpc.stream_unary_rpc_method_handler(put)})])
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        Path(port_file).write_text(json.dumps({"port": port}))
+        await server.wait_for_termination()
+    asyncio.run(serve())
+
+
+async def raw_stream(addresses: list[str], total: int) -> float:
+    """Seconds to stream `total` bytes to every address at once, in CHUNK messages."""
+    from grpc import aio
+
+    block = os.urandom(CHUNK)
+    channels = [aio.insecure_channel(a, options=GRPC_OPTIONS) for a in addresses]
+
+    async def blocks():
+        for i in range(0, total, CHUNK):
+            yield block[:min(CHUNK, total - i)]
+
+    start = time.perf_counter()
+    counts = await asyncio.gather(*(c.stream_unary("/raw.Sink/Put")(blocks()) for c in channels))
+    seconds = time.perf_counter() - start
+    assert all(int.from_bytes(n, "little") == total for n in counts)
+    for c in channels:
+        await c.close()
+    return seconds
+
+
+# --- processes and measurements ----------------------------------------------------------------
+
+def start(argv: list[str], port_file: Path, log: Path) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    deadline = time.monotonic() + 600
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"{argv[:4]} did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+    return proc, f"127.0.0.1:{json.loads(port_file.read_text())['port']}"
+
+
+def rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+class PeakRSS:
+    """Samples the processes' resident memory every 5 ms from a thread."""
+
+    def __init__(self, pids: list[int]):
+        self.pids, self.base = pids, [rss(p) for p in pids]
+        self.peak = list(self.base)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = [max(p, rss(pid)) for p, pid in zip(self.peak, self.pids, strict=True)]
+
+    def growth(self) -> list[int]:
+        self._stop.set()
+        self._thread.join()
+        return [p - b for p, b in zip(self.peak, self.base, strict=True)]
+
+
+async def watch(addresses: list[str], stop: asyncio.Event) -> tuple[float, float]:
+    """(longest health answer of any replica, longest stall of this event loop), in ms."""
+    from rollout_svc.client import RolloutClient
+
+    clients = [RolloutClient(a) for a in addresses]
+    worst_health, worst_lag = 0.0, 0.0
+
+    async def health(c):
+        nonlocal worst_health
+        while not stop.is_set():
+            t = time.perf_counter()
+            await c.health()
+            worst_health = max(worst_health, (time.perf_counter() - t) * 1000)
+            await asyncio.sleep(0.01)
+
+    async def lag():
+        nonlocal worst_lag
+        while not stop.is_set():
+            t = time.perf_counter()
+            await asyncio.sleep(0.005)
+            worst_lag = max(worst_lag, (time.perf_counter() - t - 0.005) * 1000)
+
+    await asyncio.gather(*(health(c) for c in clients), lag())
+    for c in clients:
+        await c.close()
+    return worst_health, worst_lag
+
+
+def build_model(where: Path, gib: float) -> Path:
+    """A Qwen2-shaped model of about `gib` GiB in float32 (the tiny model's tokenizer)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from atgrpo.models import build_tiny_model
+
+    model = build_tiny_model(where, size="tiny")
+    cfg = AutoConfig.from_pretrained(model)
+    hidden = 2048 if gib >= 0.25 else 256
+    per_layer = 4 * hidden * hidden + 3 * hidden * (hidden * 23 // 8)
+    layers = max(1, round(gib * 2**30 / 4 / per_layer))
+    cfg.update(dict(hidden_size=hidden, intermediate_size=hidden * 23 // 8, num_attention_heads=16,
+                    num_key_value_heads=16, head_dim=hidden // 16, num_hidden_layers=layers,
+                    layer_types=["full_attention"] * layers))
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(model)
+    return model
+
+
+def adapter(model_dir: Path):
+    import torch
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir), cfg)
+    return dict(get_peft_model_state_dict(model)), json.loads(json.dumps(cfg.to_dict(), default=list))
+
+
+async def pushes(args, replicas: list[str], state: dict, pids: list[int]) -> dict:
+    from rollout_svc.client import RolloutClient, push_weights
+
+    best, growth, health_ms, lag_ms, sent = float("inf"), [0] * len(pids), 0.0, 0.0, 0
+    for version in range(1, args.repeats + 1):
+        meter, stop = PeakRSS(pids), asyncio.Event()
+        watcher = asyncio.create_task(watch(replicas, stop))
+        await asyncio.sleep(0.05)
+        t = time.perf_counter()
+        sent = await push_weights(replicas, [("", state, None)], "p", version)
+        best = min(best, time.perf_counter() - t)
+        stop.set()
+        h, lag = await watcher
+        health_ms, lag_ms = max(health_ms, h), max(lag_ms, lag)
+        growth = [max(g, n) for g, n in zip(growth, meter.growth(), strict=True)]
+    lora_state, lora_cfg = adapter(args.tiny)
+    async with RolloutClient(replicas[0]) as c:
+        swaps = []
+        for version in range(args.repeats + 2):
+            t = time.perf_counter()
+            await c.load_weights(lora_state, "l", version, adapter="tool", adapter_config=lora_cfg)
+            swaps.append((time.perf_counter() - t) * 1000)
+    return dict(seconds=best, bytes=sent // len(replicas), growth=growth, health_ms=health_ms, lag_ms=lag_ms,
+                lora_ms=sorted(swaps)[len(swaps) // 2])
+
+
+async def main_async(args, replicas: list[str], sinks: list[str], pids: list[int]) -> None:
+    from transformers import AutoModelForCausalLM
+
+    state = AutoModelForCausalLM.from_pretrained(args.model).state_dict()
+    size = sum(v.numel() * v.element_size() for v in {v.data_ptr(): v for v in state.values()}.values())
+    raw = min([await raw_stream(sinks, size) for _ in range(args.repeats)])
+    got = await pushes(args, replicas, state, pids)
+    raw_gbs, push_gbs = size / raw / 1e9, got["bytes"] / got["seconds"] / 1e9
+    print(f"model {size / 2**30:.2f} GiB, 2 replicas, best of {args.repeats}")
+    print(f"{'raw gRPC byte stream':<34} {raw_gbs:6.2f} GB/s per replica")
+    print(f"{'full-weight push (load included)':<34} {push_gbs:6.2f} GB/s per replica   {push_gbs / raw_gbs:.2f}x")
+    grow = [g / size for g in got["growth"]]
+    print(f"peak RSS growth / model: sender {grow[0]:.2f}, replicas {grow[1]:.2f} and {grow[2]:.2f}")
+    print(f"longest health answer {got['health_ms']:.1f} ms, longest sender loop stall {got['lag_ms']:.1f} ms")
+    print(f"LoRA hot-swap (rank 8, q/v, tiny model): {got['lora_ms']:.1f} ms median")
+    detail = f"{push_gbs:.2f} vs {raw_gbs:.2f} GB/s, {size / 2**30:.2f} GiB; LoRA swap {got['lora_ms']:.0f} ms"
+    record("weights", "full push GB/s vs raw gRPC stream, 2 replicas (>= 0.8)", push_gbs / raw_gbs, detail)
+    record("weights", "peak RSS growth / model, worst replica (<= 1.5)", max(grow[1:]), f"sender {grow[0]:.2f}")
+    record("weights", "longest health answer during a push / 100 ms (< 1)", max(got["health_ms"], 0.1) / 100,
+           f"{got['health_ms']:.1f} ms; sender loop stall {got['lag_ms']:.1f} ms")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gib", type=float, default=1.0)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--raw-server", help=argparse.SUPPRESS)
+    if "--raw-server" in sys.argv:
+        return raw_server(ap.parse_args().raw_server)
+    args = parse_args(ap, {"gib": 0.02, "repeats": 1})
+    tmp = Path(tempfile.mkdtemp(prefix="atgrpo-bench-weights-"))
+    args.model = build_model(tmp / "big", args.gib)
+    from atgrpo.models import build_tiny_model
+    args.tiny = build_tiny_model(tmp / "tiny", size="tiny")
+    env = {**os.environ, "ATGRPO_LOG_LEVEL": "WARNING"}
+    os.environ.update(env)
+    procs, replicas, sinks = [], [], []
+    try:
+        for i in range(2):
+            pools = ["--pool", f"p={args.model}"] + (["--pool", f"l={args.tiny}:lora"] if i == 0 else [])
+            proc, address = start([sys.executable, "-m", "rollout_svc", *pools, "--engine", "hf", "--device", "cpu",
+                                   "--dtype", "float32", "--port", "0", "--port-file", str(tmp / f"r{i}.json")],
+                                  tmp / f"r{i}.json", tmp / f"r{i}.log")
+            procs.append(proc)
+            replicas.append(address)
+            proc, address = start([sys.executable, __file__, "--raw-server", str(tmp / f"s{i}.json")],
+                                  tmp / f"s{i}.json", tmp / f"s{i}.log")
+            procs.append(proc)
+            sinks.append(address)
+        asyncio.run(main_async(args, replicas, sinks, [os.getpid(), procs[0].pid, procs[2].pid]))
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    main()
