@@ -8,13 +8,18 @@ import dataclasses
 import pytest
 import torch
 
-from atgrpo.contract.sampling import Sampling
-from tests.trainer.test_update import load, on_policy_samples
-from tests.trainer.test_update_hardened import lora_model
 import trainer_svc.update as upd
 from atgrpo.algo.loss import policy_loss
+from atgrpo.contract.sampling import Sampling
 from atgrpo.contract.trainer import LossConfig
-from trainer_svc.update import chunked_head_available, hidden_logprobs, logits_logprobs, response_logprobs
+from tests.trainer.test_update import load, on_policy_samples
+from tests.trainer.test_update_hardened import lora_model
+from trainer_svc.update import (
+    chunked_head_available,
+    hidden_logprobs,
+    logits_logprobs,
+    response_logprobs,
+)
 
 VOCAB = 1536   # the tiny model's
 SAMPLINGS = (Sampling(temperature=0.7), Sampling(temperature=0.9, top_k=50, top_p=0.95),
