@@ -85,9 +85,12 @@ class VLLMEngine:
         # The engine starts after the gRPC server does (health answers during the load): a forked
         # worker would inherit the server's sockets and threads, so workers are spawned.
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        self.llm = self._start(model_path)
+
+    def _start(self, path: str):
         from vllm import LLM
 
-        self.llm = LLM(model=model_path, **self._kwargs)
+        return LLM(model=path, **self._kwargs)
 
     @property
     def weight_dtype(self) -> torch.dtype:

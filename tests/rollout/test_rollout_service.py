@@ -318,14 +318,16 @@ def test_pool_and_engine_gauges_follow_a_generation(tiny_model):
         assert gauge("atgrpo_rollout_requests_running") == 0 and gauge("atgrpo_rollout_requests_waiting") == 0
         call = asyncio.ensure_future(c.generate("p", messages=HELLO, n=4,
                                                 sampling=Sampling(temperature=1.0, max_tokens=200, seed=1)))
-        seen = {}
+        sequences, waiting = set(), set()
         while not call.done():   # the engine generates in a thread: the event loop and a scrape answer
             if gauge("atgrpo_rollout_requests_running") == 1:
-                seen = {"sequences": gauge("atgrpo_rollout_engine_sequences", state="running"),
-                        "waiting": gauge("atgrpo_rollout_requests_waiting")}
+                # Read at any moment of the batch: its start and end may show the request running
+                # while the engine holds no sequence yet, or none any more.
+                sequences.add(gauge("atgrpo_rollout_engine_sequences", state="running"))
+                waiting.add(gauge("atgrpo_rollout_requests_waiting"))
             await asyncio.sleep(0.005)
         await call
-        assert seen == {"sequences": 4, "waiting": 0}
+        assert 4 in sequences and sequences <= {0, 4} and waiting == {0}
         assert gauge("atgrpo_rollout_requests_running") == 0
         assert gauge("atgrpo_rollout_engine_sequences", state="running") == 0
         assert gauge("atgrpo_rollout_engine_sequences", state="waiting") == 0
