@@ -6,7 +6,7 @@ and the model had loaded. These are estimates of each process's peak, in bytes, 
 shape and the run config; the formulas are in the docstrings, the figures they give for Qwen3 in
 docs and tests. Pure functions: nothing here imports torch or reads weights.
 
-Assumptions about the trainer (trainer_svc/loading.py, state.py, update.py): under bfloat16 a full
+Assumptions about the trainer (trainer_svc/loading.py, state.py, update.py, logprobs.py): under bfloat16 a full
 pool's parameters are its float32 master weights (no second, 16-bit copy is resident), with float32
 gradients and float32 AdamW moments; forward and backward run under bf16 autocast, whose cast
 cache keeps a bf16 copy of every matmul weight through the forward. A LoRA pool keeps its frozen
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 GiB = 2**30
 # Logits elements (positions x vocab) per pass of the chunked log-prob path, and positions per
-# transform pass of the full-logits one; equal to trainer_svc.update's constants of the same names
+# transform pass of the full-logits one; equal to trainer_svc.logprobs' constants of the same names
 # (a test reads them from its source: atgrpo may not import a service).
 LOGPROB_CHUNK_ELEMENTS = 2 ** 24
 LOGPROB_CHUNK_TOKENS = 2048

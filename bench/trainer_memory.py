@@ -3,7 +3,7 @@
 1. the log-prob and loss path (the decoder's last hidden state -> output layer -> sampling
    transform -> log-softmax -> gather -> policy loss -> backward), its peak memory per response
    token: the full-logits path (at token counts this machine holds) against the chunked one
-   (trainer_svc/update.py; target: under 1 GiB at 8,192 response tokens);
+   (trainer_svc/logprobs.py; target: under 1 GiB at 8,192 response tokens);
 2. activation bytes per token per layer, with and without gradient checkpointing (HF's, non-reentrant),
    at Qwen3-1.7B's layer dimensions (hidden 2048, intermediate 6144, 16 heads, 8 kv heads, head_dim 128);
 3. the update's tokens/s, chunked against full logits (target >= 0.9x), on a few-layer model of
@@ -16,7 +16,7 @@ Linux's high-water mark of the resident set (VmHWM), reset to the current size (
 just before the measured step, minus the resident set then: weights, their gradients (allocated
 beforehand: they are the planner's per-model figure, not per token) and the inputs are not in it.
 The chunked path's backward adds the output layer's weight gradient into that preallocated .grad
-pass by pass (trainer_svc/update.py, _FusedHeadLogprobs), so its peak holds no (V, H) tensor: what
+pass by pass (trainer_svc/logprobs.py, _FusedHeadLogprobs), so its peak holds no (V, H) tensor: what
 it holds is one pass's logits temporaries (the top-k / top-p transform's sort and softmaxes, about
 ten 64 MiB float32 tensors at 2**24 elements) plus a few (tokens, hidden) tensors.
 Activations are the resident set held after the forward (the autograd graph alive) minus before it,
@@ -86,7 +86,7 @@ def qwen3(args, layers: int, vocab: int):
 
 def measure_logprobs(args, path: str, tokens: int) -> dict:
     """Peak of the log-prob and loss path from the last hidden state, forward and backward."""
-    from trainer_svc.update import hidden_logprobs, logits_logprobs
+    from trainer_svc.logprobs import hidden_logprobs, logits_logprobs
 
     torch.manual_seed(0)
     head = torch.nn.Linear(args.hidden, args.vocab, bias=False)
@@ -144,6 +144,7 @@ def run_child(args, what: str, **kw) -> dict:
 
 def update_rates(args) -> tuple[float, float]:
     """tokens/s of one update (forward, backward, AdamW step), chunked and with full logits."""
+    import trainer_svc.logprobs as logprobs
     import trainer_svc.update as upd
 
     model = qwen3(args, args.update_layers, vocab=args.vocab)
@@ -157,7 +158,7 @@ def update_rates(args) -> tuple[float, float]:
     cfg = UpdateConfig(mini_batch_size=args.samples, micro_batch_tokens=args.samples * (args.prompt + args.response))
     tokens = args.samples * args.response
     chunked = upd.response_logprobs
-    keep = upd.LOGPROB_KEEP_ELEMENTS
+    keep = logprobs.LOGPROB_KEEP_ELEMENTS
     rates = {}
     try:
         # "recomputed": the log-probs not kept for the backward (as at any micro-batch over
@@ -165,7 +166,7 @@ def update_rates(args) -> tuple[float, float]:
         for name, fn, kept in (("full", functools.partial(chunked, full_logits=True), keep), ("chunked", chunked, keep),
                                ("recomputed", chunked, 0)):
             upd.response_logprobs = fn
-            upd.LOGPROB_KEEP_ELEMENTS = kept
+            logprobs.LOGPROB_KEEP_ELEMENTS = kept
             upd.update(model, optimizer, samples, cfg, params=params)     # warm-up
             best = 0.0
             for _ in range(args.repeats):
@@ -175,7 +176,7 @@ def update_rates(args) -> tuple[float, float]:
             rates[name] = best
     finally:
         upd.response_logprobs = chunked
-        upd.LOGPROB_KEEP_ELEMENTS = keep
+        logprobs.LOGPROB_KEEP_ELEMENTS = keep
     return rates["chunked"], rates["full"], rates["recomputed"]
 
 

@@ -119,7 +119,10 @@ class Replica:
             raise InvalidArgument(f"pool {header.pool!r} is LoRA-specialised: push adapters (header.adapter), "
                                   "not the full model")
         new_file = getattr(runtime.engine, "weights_file", None)
-        return FileSink(new_file()) if new_file else TensorSink(header.total_bytes)
+        if new_file is None:
+            return TensorSink(header.total_bytes)
+        path = new_file()
+        return FileSink(path, directory=path.parent)
 
     async def load(self, push: WeightPush) -> None:
         runtime = self.pool(push.pool)

@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import json
 import re
+import shutil
 import struct
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -128,10 +129,11 @@ class TensorSink:
 
 
 class FileSink:
-    """Writes the payload to `path` as it arrives (an engine that loads from disk)."""
+    """Writes the payload to `path` as it arrives (an engine that loads from disk). A refused push
+    removes the file, and the directory made for it when `directory` is given."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, path: Path, directory: Path | None = None):
+        self.path, self.directory = path, directory
         self._file = open(path, "wb")   # noqa: SIM115 - closed in finish or abort
 
     def write(self, data: bytes) -> None:
@@ -144,6 +146,8 @@ class FileSink:
     def abort(self) -> None:
         self._file.close()
         self.path.unlink(missing_ok=True)
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def _check_header(h: pb.WeightHeader, max_bytes: int) -> None:

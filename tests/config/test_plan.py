@@ -171,7 +171,7 @@ def test_rollout_and_disk_figures_by_hand():
 
 def test_logprob_chunk_matches_the_trainers():
     """atgrpo may not import trainer_svc; the constants are read from its source instead."""
-    text = (ROOT / "trainer_svc" / "update.py").read_text()
+    text = (ROOT / "trainer_svc" / "logprobs.py").read_text()
     assert int(re.search(r"^LOGPROB_CHUNK_TOKENS = (\d+)", text, re.M).group(1)) == LOGPROB_CHUNK_TOKENS
     elements = re.search(r"^LOGPROB_CHUNK_ELEMENTS = (.+)$", text, re.M).group(1).strip()
     assert eval(elements, {"__builtins__": {}}) == LOGPROB_CHUNK_ELEMENTS   # e.g. 2 ** 24

@@ -151,6 +151,10 @@ def test_a_file_sink_writes_the_file_as_it_arrives_and_a_refused_push_leaves_not
     push = _receive([pb.WeightChunk(header=_header(len(data), digest)), *chunks], lambda h: FileSink(target))
     assert push.path == target and push.state is None and target.read_bytes() == data
     target.unlink()
+    made = tmp_path / "model-2"
+    made.mkdir()
+    (made / "config.json").write_text("{}")
     with pytest.raises(InvalidArgument, match="checksum mismatch"):
-        _receive([pb.WeightChunk(header=_header(len(data), "0" * 64)), *chunks], lambda h: FileSink(target))
-    assert not target.exists()
+        _receive([pb.WeightChunk(header=_header(len(data), "0" * 64)), *chunks],
+                 lambda h: FileSink(made / "model.safetensors", directory=made))
+    assert not made.exists()

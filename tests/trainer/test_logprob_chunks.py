@@ -8,13 +8,13 @@ import dataclasses
 import pytest
 import torch
 
-import trainer_svc.update as upd
+import trainer_svc.logprobs as logprobs
 from atgrpo.algo.loss import policy_loss
 from atgrpo.contract.sampling import Sampling
 from atgrpo.contract.trainer import LossConfig
 from tests.trainer.test_update import load, on_policy_samples
 from tests.trainer.test_update_hardened import lora_model
-from trainer_svc.update import (
+from trainer_svc.logprobs import (
     chunked_head_available,
     hidden_logprobs,
     logits_logprobs,
@@ -66,13 +66,13 @@ def test_the_chunked_path_equals_the_full_logits_path(tiny_model, kind):
     assert chunked_head_available(model)
     samples = mixed_samples(model)
     full = run(model, samples, full_logits=True)
-    for keep in (upd.LOGPROB_KEEP_ELEMENTS, 0):   # the fused backward on kept log-probs, and recomputing them
-        upd.LOGPROB_KEEP_ELEMENTS = keep
+    for keep in (logprobs.LOGPROB_KEEP_ELEMENTS, 0):   # the fused backward on kept log-probs, and recomputing them
+        logprobs.LOGPROB_KEEP_ELEMENTS = keep
         try:
             for positions in (10**6, 16, 3, 1):        # one pass, several, one position each
                 assert_same(full, run(model, samples, chunk_elements=positions * VOCAB))
         finally:
-            upd.LOGPROB_KEEP_ELEMENTS = 2 ** 25
+            logprobs.LOGPROB_KEEP_ELEMENTS = 2 ** 25
 
 
 def test_entropy_as_a_metric_has_the_values_and_no_gradient(tiny_model):
