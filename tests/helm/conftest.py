@@ -17,6 +17,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "atgrpo"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+# Under every render here (ci/ files set their own registry; a test that needs none passes base=False).
+BASE_VALUES = Path(__file__).resolve().parent / "base-values.yaml"
 RELEASE, NAMESPACE = "rl", "ml"
 # Service modules the chart and the images start with `python -m`.
 SERVICE_MODULES = ("env_svc", "sandbox_svc", "rollout_svc", "router_svc", "trainer_svc")
@@ -51,9 +53,10 @@ def run_helm(*args: str) -> str:
     return proc.stdout
 
 
-def template(*value_args: str) -> list[dict]:
-    """`helm template` of the chart (tests included) -> its objects."""
-    out = run_helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, *value_args)
+def template(*value_args: str, base: bool = True) -> list[dict]:
+    """`helm template` of the chart (tests included) over BASE_VALUES (unless not `base`) -> its objects."""
+    out = run_helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                   *(["-f", str(BASE_VALUES)] if base else []), *value_args)
     return [d for d in yaml.safe_load_all(out) if d]
 
 
@@ -73,8 +76,8 @@ def deep_merge(base: dict, over: dict) -> dict:
 
 @cache
 def values_of(values_file: str | None) -> dict:
-    """The chart's values with `values_file` over them."""
-    base = yaml.safe_load((CHART / "values.yaml").read_text())
+    """The chart's values with BASE_VALUES and `values_file` over them."""
+    base = deep_merge(yaml.safe_load((CHART / "values.yaml").read_text()), yaml.safe_load(BASE_VALUES.read_text()))
     return deep_merge(base, yaml.safe_load(Path(values_file).read_text()) if values_file else {})
 
 

@@ -66,11 +66,13 @@ app.kubernetes.io/part-of: atgrpo
 {{- end -}}
 {{- end -}}
 
-{{/* An image reference: [registry/]repository:tag[@digest]; the tag defaults to appVersion. */}}
+{{/* An image reference: [registry/]repository:tag[@digest]; the tag defaults to appVersion.
+Registry "local" means none: the images are on the nodes already (validate.yaml refuses ""). */}}
 {{- define "atgrpo.image" -}}
 {{- $img := index .root.Values.images .kind -}}
 {{- $repo := $img.repository -}}
-{{- with .root.Values.images.registry }}{{ $repo = printf "%s/%s" (trimSuffix "/" .) $repo }}{{ end -}}
+{{- $registry := .root.Values.images.registry -}}
+{{- if and $registry (ne $registry "local") }}{{ $repo = printf "%s/%s" (trimSuffix "/" $registry) $repo }}{{ end -}}
 {{- $ref := printf "%s:%s" $repo (default .root.Chart.AppVersion $img.tag) -}}
 {{- with $img.digest }}{{ $ref = printf "%s@%s" $ref . }}{{ end -}}
 {{- $ref -}}
