@@ -433,7 +433,7 @@ def test_build_tiny_model_init_uses_the_cli():
         assert init["args"] == ["atgrpo", "model", "tiny", "--out", "/models/tiny"]
         args = build_parser().parse_args(init["args"][1:])
         assert str(args.out) == "/models/tiny"
-        assert {"name": "models", "emptyDir": {}} in spec["volumes"]
+        assert {"name": "models", "emptyDir": {"sizeLimit": "1Gi"}} in spec["volumes"]
 
 
 # ---- monitoring ------------------------------------------------------------------------------

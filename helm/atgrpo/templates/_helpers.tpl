@@ -212,16 +212,66 @@ Every process of the release is both: the services call each other, the run Job 
 {{- toYaml (dict "volumes" $volumes "mounts" $mounts) -}}
 {{- end -}}
 
+{{/* A Kubernetes quantity ("40Gi", "512Mi", "1.5G", 1073741824) in bytes, printed as a float;
+"" when it is not one. */}}
+{{- define "atgrpo.bytes" -}}
+{{- $q := toString . -}}
+{{- $num := regexFind "^[0-9]+(\\.[0-9]+)?([eE][-+]?[0-9]+)?" $q -}}
+{{- $units := dict "" 1.0 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0
+      "Ei" 1152921504606846976.0 "k" 1000.0 "K" 1000.0 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "m" 0.001 -}}
+{{- $unit := trimPrefix $num $q -}}
+{{- if and $num (hasKey $units $unit) }}{{ mulf (float64 $num) (index $units $unit) }}{{ end -}}
+{{- end -}}
+
+{{/* Fails unless the pod's ephemeral-storage limit (its containers' added up, as the kubelet
+counts it) covers what its disk-backed emptyDirs may hold (their size limits added up): else the
+kubelet evicts the pod before they fill. dict: where (the values path), resources, disks (a list
+of dicts: name, size). */}}
+{{- define "atgrpo.checkEphemeral" -}}
+{{- $limit := (default dict .resources.limits) | dig "ephemeral-storage" "" -}}
+{{- $fail := "atgrpo: invalid values:" -}}
+{{- if not $limit }}
+{{- fail (printf "%s %s.resources.limits.ephemeral-storage: not set, so the pod could fill its node's disk. Set it to at least what its emptyDirs may hold (%s) plus ~1Gi for logs" $fail .where (include "atgrpo.diskList" .disks)) }}
+{{- end }}
+{{- $limitBytes := include "atgrpo.bytes" $limit -}}
+{{- if not $limitBytes }}
+{{- fail (printf "%s %s.resources.limits.ephemeral-storage: %q is not a Kubernetes quantity. Write e.g. 2Gi" $fail .where (toString $limit)) }}
+{{- end }}
+{{- $sum := 0.0 -}}
+{{- range .disks }}{{ $sum = addf $sum (float64 (include "atgrpo.bytes" .size)) }}{{ end -}}
+{{- if lt (float64 $limitBytes) $sum }}
+{{- fail (printf "%s %s.resources.limits.ephemeral-storage: %s is below what the pod's emptyDirs may hold, %s = %.1fGi, so the kubelet would evict the pod before they fill. Raise it to at least %.0fGi (logs count too), or lower the sizes" $fail .where (toString $limit) (include "atgrpo.diskList" .disks) (divf $sum 1073741824.0) (ceil (addf (divf $sum 1073741824.0) 1.0))) }}
+{{- end }}
+{{- end -}}
+
+{{- define "atgrpo.diskList" -}}
+{{- $parts := list -}}
+{{- range . }}{{ $parts = append $parts (printf "%s %s" .name (toString .size)) }}{{ end -}}
+{{- join " + " $parts -}}
+{{- end -}}
+
 {{/*
 A pod spec. Arguments (a dict):
-  root, component, pool (optional), image (cpu | rollout | trainer), args (list),
-  resources, gpus, nodeSelector, tolerations, affinity, server (true: gRPC ports and probes),
-  startup (true: a startup probe for slow imports before listening), volumes, mounts, initContainers,
+  root, component, pool (optional), image (cpu | rollout | trainer), args (list), resources, where
+  (the values path of resources and tmpSize, for messages), tmpSize (the /tmp emptyDir's size
+  limit), gpus, nodeSelector, tolerations, affinity, server (true: gRPC ports and probes), startup
+  (true: a startup probe for slow imports before listening), volumes, mounts, initContainers,
   podSecurityContext, securityContext, hostUsers, runtimeClassName, restartPolicy, env.
 */}}
 {{- define "atgrpo.podSpec" -}}
 {{- $v := .root.Values -}}
 {{- $gpus := int (default 0 .gpus) -}}
+{{- $tmpSize := default "1Gi" .tmpSize -}}
+{{- $disks := list (dict "name" "/tmp" "size" $tmpSize) -}}
+{{- range .volumes }}
+{{- if hasKey . "emptyDir" }}
+{{- $e := default dict .emptyDir -}}
+{{- if ne (default "" $e.medium) "Memory" }}
+{{- $disks = append $disks (dict "name" .name "size" (required (printf "atgrpo: invalid values: volume %s of %s: an emptyDir without sizeLimit could fill its node's disk. Give it one, e.g. {emptyDir: {sizeLimit: 50Gi}}" .name (default $.component $.where)) $e.sizeLimit)) -}}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- include "atgrpo.checkEphemeral" (dict "where" (default .component .where) "resources" (default dict .resources) "disks" $disks) -}}
 serviceAccountName: {{ include "atgrpo.serviceAccountName" .root }}
 automountServiceAccountToken: false
 enableServiceLinks: false
@@ -339,7 +389,8 @@ containers:
       {{- end }}
 volumes:
   - name: tmp
-    emptyDir: {}
+    emptyDir:
+      sizeLimit: {{ $tmpSize }}
   {{- with $secVolumes.volumes }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
@@ -414,8 +465,8 @@ spec:
   securityContext:
     {{- toYaml .root.Values.securityContext | nindent 4 }}
   resources:
-    requests: {cpu: 500m, memory: 1Gi}
-    limits: {memory: 2Gi}
+    requests: {cpu: 500m, memory: 1Gi, ephemeral-storage: 256Mi}
+    limits: {memory: 2Gi, ephemeral-storage: 1Gi}
   volumeMounts:
     - name: tmp
       mountPath: /tmp
@@ -427,7 +478,8 @@ spec:
 {{- define "atgrpo.modelsVolume" -}}
 - name: models
   {{- if .Values.models.buildTiny }}
-  emptyDir: {}
+  emptyDir:
+    sizeLimit: 1Gi
   {{- else if .Values.models.volume }}
   {{- toYaml .Values.models.volume | nindent 2 }}
   {{- else }}
