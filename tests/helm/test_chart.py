@@ -69,7 +69,9 @@ def test_helm_lint_passes_strict(helm, values):
 
 def test_ci_files_cover_the_issue_cases():
     assert {p.name for p in CI_VALUES} == {"cpu-values.yaml", "l3-two-gpu-pools-values.yaml",
-                                           "l2-lora-values.yaml", "monitoring-values.yaml", "tls-values.yaml"}
+                                           "l2-lora-values.yaml", "monitoring-values.yaml", "tls-values.yaml",
+                                           "models-populate-values.yaml", "math-datasets-values.yaml",
+                                           "code-datasets-values.yaml"}
 
 
 @pytest.fixture(scope="module")
@@ -359,7 +361,7 @@ def test_small_floats_stay_numbers_in_the_run_config():
 
 def test_run_job_trains_with_the_config_map(case):
     _, objs = case
-    [job] = of_kind(objs, "Job")
+    [job] = [j for j in of_kind(objs, "Job") if component(j) == "run"]
     spec = pod_spec(job)
     [c] = spec["containers"]
     assert c["args"] == ["atgrpo", "train", "/config/run.yaml", "--connect"]

@@ -252,11 +252,12 @@ of dicts: name, size). */}}
 
 {{/*
 A pod spec. Arguments (a dict):
-  root, component, pool (optional), image (cpu | rollout | trainer), args (list), resources, where
-  (the values path of resources and tmpSize, for messages), tmpSize (the /tmp emptyDir's size
-  limit), gpus, nodeSelector, tolerations, affinity, server (true: gRPC ports and probes), startup
-  (true: a startup probe for slow imports before listening), volumes, mounts, initContainers,
-  podSecurityContext, securityContext, hostUsers, runtimeClassName, restartPolicy, env.
+  root, component, pool (optional), image (cpu | rollout | trainer, or imageRef: a full reference),
+  command (optional list), args (list), resources, where (the values path of resources and tmpSize,
+  for messages), tmpSize (the /tmp emptyDir's size limit), gpus, nodeSelector, tolerations,
+  affinity, server (true: gRPC ports and probes), startup (true: a startup probe for slow imports
+  before listening), volumes, mounts, initContainers, podSecurityContext, securityContext,
+  hostUsers, runtimeClassName, restartPolicy, env.
 */}}
 {{- define "atgrpo.podSpec" -}}
 {{- $v := .root.Values -}}
@@ -310,10 +311,16 @@ initContainers:
 {{- end }}
 containers:
   - name: {{ .component }}
-    image: {{ include "atgrpo.image" (dict "root" .root "kind" .image) }}
+    image: {{ .imageRef | default (include "atgrpo.image" (dict "root" .root "kind" .image)) }}
     imagePullPolicy: {{ $v.images.pullPolicy }}
+    {{- with .command }}
+    command:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    {{- with .args }}
     args:
-      {{- toYaml .args | nindent 6 }}
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
     env:
       - name: HOME
         value: /tmp
@@ -474,25 +481,128 @@ spec:
       mountPath: {{ .root.Values.models.mountPath }}
 {{- end -}}
 
-{{/* The models volume: the user's volume source, or an emptyDir the init container fills. */}}
+{{/*
+The two data stores, models (rollout and trainer pods) and datasets (env pods): each an existing
+claim, any volume source, or a claim the chart creates, optionally filled by a populate Job.
+dict: root, store (models | datasets).
+*/}}
+
+{{/* The volume source (a map without name; empty when the store has none), read-only or not. */}}
+{{- define "atgrpo.storeSource" -}}
+{{- $s := index .root.Values .store -}}
+{{- $readOnly := true -}}
+{{- if hasKey . "readOnly" }}{{ $readOnly = .readOnly }}{{ end -}}
+{{- if and (eq .store "models") $s.buildTiny }}
+{{- toYaml (dict "emptyDir" (dict "sizeLimit" "1Gi")) }}
+{{- else if $s.create.enabled }}
+{{- toYaml (dict "persistentVolumeClaim" (dict "claimName" (include "atgrpo.componentName" (dict "root" .root "component" .store)) "readOnly" $readOnly)) }}
+{{- else if $s.volume }}
+{{- toYaml $s.volume }}
+{{- else if $s.existingClaim }}
+{{- toYaml (dict "persistentVolumeClaim" (dict "claimName" $s.existingClaim "readOnly" $readOnly)) }}
+{{- end }}
+{{- end -}}
+
+{{/* Whether a populate Job fills the store ("true" or ""). */}}
+{{- define "atgrpo.storePopulated" -}}
+{{- $s := index .root.Values .store -}}
+{{- if and $s.populate.enabled (not (and (eq .store "models") $s.buildTiny)) }}true{{ end -}}
+{{- end -}}
+
+{{/* Hash of what the populate Job puts on the volume: the name of the file it writes last, which the
+pods wait for. A change of downloads, command or volume is a new file, so the pods wait again. */}}
+{{- define "atgrpo.populateMarker" -}}
+{{- $s := index .root.Values .store -}}
+{{- $what := dict "downloads" $s.populate.downloads "command" $s.populate.command "image" $s.populate.image
+      "mountPath" $s.mountPath "source" (include "atgrpo.storeSource" (dict "root" .root "store" .store "readOnly" false)) -}}
+{{- printf "%s/.atgrpo-populated-%s" (trimSuffix "/" $s.mountPath) (toYaml $what | sha256sum | trunc 8) -}}
+{{- end -}}
+
+{{/* The volume and mount of a store, for pods that read it (read-only). */}}
+{{- define "atgrpo.storeVolume" -}}
+{{- $source := include "atgrpo.storeSource" . | fromYaml -}}
+{{- if $source }}
+- {{ toYaml (merge (dict "name" .store) $source) | nindent 2 | trim }}
+{{- end }}
+{{- end -}}
+
+{{- define "atgrpo.storeMount" -}}
+{{- $s := index .root.Values .store -}}
+- name: {{ .store }}
+  mountPath: {{ $s.mountPath }}
+  readOnly: {{ not (and (eq .store "models") $s.buildTiny) }}
+{{- end -}}
+
+{{/* An init container that waits until the store's populate Job has finished, then checks that
+the paths the pod reads are there. dict: root, store, image (cpu | rollout | trainer), paths. */}}
+{{- define "atgrpo.storeWaitInit" -}}
+{{- $s := index .root.Values .store -}}
+{{- $marker := include "atgrpo.populateMarker" . -}}
+{{- $jobs := printf "kubectl -n %s get jobs -l app.kubernetes.io/instance=%s,app.kubernetes.io/component=%s" .root.Release.Namespace .root.Release.Name .store -}}
+{{- $paths := list -}}
+{{- range .paths }}{{ $paths = append $paths (squote .) }}{{ end -}}
+{{- $script := printf `n=0
+until [ -e %s ]; do
+  if [ $((n %% 20)) -eq 0 ]; then echo "waiting for the %s populate Job to fill %s (%s)"; fi
+  n=$((n + 1)); sleep 15
+done
+missing=0
+for p in %s; do
+  if [ ! -e "$p" ]; then echo "the %s populate Job has finished, but $p is not on the volume: check %s.populate" >&2; missing=1; fi
+done
+exit $missing` (squote $marker) .store $s.mountPath $jobs (join " " $paths) .store .store -}}
+- name: wait-for-{{ .store }}
+  image: {{ include "atgrpo.image" (dict "root" .root "kind" .image) }}
+  imagePullPolicy: {{ .root.Values.images.pullPolicy }}
+  command: [/bin/sh, -c, {{ $script | quote }}]
+  securityContext:
+    {{- toYaml .root.Values.securityContext | nindent 4 }}
+  resources:
+    requests: {cpu: 10m, memory: 32Mi, ephemeral-storage: 64Mi}
+    limits: {memory: 128Mi, ephemeral-storage: 256Mi}
+  volumeMounts:
+    {{- include "atgrpo.storeMount" . | nindent 4 }}
+{{- end -}}
+
+{{/* The models volume of rollout and trainer pods. */}}
 {{- define "atgrpo.modelsVolume" -}}
-- name: models
-  {{- if .Values.models.buildTiny }}
-  emptyDir:
-    sizeLimit: 1Gi
-  {{- else if .Values.models.volume }}
-  {{- toYaml .Values.models.volume | nindent 2 }}
-  {{- else }}
-  persistentVolumeClaim:
-    claimName: {{ .Values.models.existingClaim }}
-    readOnly: true
-  {{- end }}
+{{- include "atgrpo.storeVolume" (dict "root" . "store" "models") -}}
 {{- end -}}
 
 {{- define "atgrpo.modelsMount" -}}
-- name: models
-  mountPath: {{ .Values.models.mountPath }}
-  readOnly: {{ not .Values.models.buildTiny }}
+{{- include "atgrpo.storeMount" (dict "root" . "store" "models") -}}
+{{- end -}}
+
+{{/* The init containers of a pool's rollout or trainer pod: the tiny model's build, or the wait
+for the models' populate Job. dict: root, pool (merged values), image. */}}
+{{- define "atgrpo.modelsInit" -}}
+{{- if .root.Values.models.buildTiny }}
+{{- include "atgrpo.buildTinyInit" (dict "root" .root "modelPath" .pool.modelPath) }}
+{{- else if include "atgrpo.storePopulated" (dict "root" .root "store" "models") }}
+{{- include "atgrpo.storeWaitInit" (dict "root" .root "store" "models" "image" .image
+      "paths" (list (printf "%s/config.json" (trimSuffix "/" .pool.modelPath)))) }}
+{{- end }}
+{{- end -}}
+
+{{/* The dataset files env_svc reads: the math and code envs' path options (env_svc/datasets.py
+sources: options.path, overridden by train.path and eval.path; the built-in `sample` set reads
+none). A list of dicts: where (the values path), path. */}}
+{{- define "atgrpo.datasetPaths" -}}
+{{- $env := default dict (default dict .Values.run.config).env -}}
+{{- $out := list -}}
+{{- if has (toString $env.name) (list "math" "code") }}
+{{- $opts := default dict $env.options -}}
+{{- range $split := list "train" "eval" }}
+{{- $per := index $opts $split | default dict -}}
+{{- $dataset := lower (toString (default (default "sample" $opts.dataset) $per.dataset)) -}}
+{{- $path := toString (default (default "" $opts.path) $per.path) -}}
+{{- $where := ternary (printf "run.config.env.options.%s.path" $split) "run.config.env.options.path" (hasKey $per "path") -}}
+{{- if and $path (ne $dataset "sample") }}
+{{- $out = append $out (dict "where" $where "path" $path) -}}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- toYaml $out -}}
 {{- end -}}
 
 {{/* Scheduling for a pool's component: the component's own setting, else the pool's. */}}
