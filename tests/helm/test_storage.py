@@ -5,6 +5,7 @@ and limits that cover them), with defaults sized from the code's own figures (at
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 import yaml
 
 from atgrpo.config import parse_config
-from atgrpo.plan import load_shape, push_bytes
+from atgrpo.plan import checkpoint_bytes, load_shape, push_bytes
 from env_svc.datasets import sources
 from tests.helm.conftest import (
     CHART,
@@ -118,6 +119,20 @@ def test_rollout_tmp_holds_a_weight_swap_of_every_example_model():
     for example, cfg, name, pool, shape in pools:
         need = 2 * push_bytes(shape, pool, agents=len(cfg.agents_of(name))) + caches
         assert quantity(defaults["tmpSize"]) >= need, f"{example} pool {name}: {need / GIB:.1f} GiB"
+
+
+def test_checkpoint_volume_holds_the_kept_checkpoints_of_the_default_model():
+    """(keep_checkpoints + the best + the one being written) x one checkpoint (state.PoolState.save)."""
+    cfg = run_config(rendered(None))
+    pool = cfg.pools["main"]
+    keep = getattr(cfg.run, "keep_checkpoints", 3)
+    one = checkpoint_bytes(load_shape(pool.model_path), pool, agents=len(cfg.agents_of("main")))
+    assert 20 * GIB < one < 25 * GIB   # Qwen3-1.7B: 1.72 B parameters x 14 bytes under bf16
+    size = values_of(None)["poolDefaults"]["trainer"]["checkpoints"]["size"]
+    assert quantity(size) >= (keep + 2) * one
+    # a LoRA checkpoint is its adapters: far smaller
+    lora = dataclasses.replace(pool, specialization="lora")
+    assert checkpoint_bytes(load_shape(pool.model_path), lora, agents=2) < one / 50
 
 
 def test_an_ephemeral_limit_below_the_emptydirs_is_refused(helm, tmp_path):
