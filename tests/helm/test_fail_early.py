@@ -77,7 +77,8 @@ def test_user_namespaces_need_kubernetes_1_33(helm):
     error = refused("--kube-version", "1.32.4")
     assert ("sandbox.hostUsers: false needs Kubernetes 1.33 or newer, and this cluster is v1.32.4: before 1.33 the "
             "API server drops hostUsers") in error
-    assert "sandbox.runtimeClassName: gvisor, sandbox.hostUsers: true, sandbox.securityContext.procMount: Default" in error
+    assert ("sandbox.runtimeClassName: gvisor, sandbox.hostUsers: true, sandbox.securityContext.procMount: Default "
+            "(docs/deploy.md, step 9)") in error
     # the gVisor way on an older cluster, and the default on 1.33
     older = template("--kube-version", "1.30.0", "--set", "sandbox.hostUsers=true", "--set",
                      "sandbox.runtimeClassName=gvisor", "--set", "sandbox.securityContext.procMount=Default")
