@@ -32,14 +32,13 @@ from atgrpo.plan import (
     find_model_config,
     load_shape,
     matmul_params,
-    plan_run,
     push_bytes,
     rollout_components,
     rollout_full_kv_bytes,
-    train_problem,
     trainer_components,
     trainer_peak_bytes,
 )
+from atgrpo.runplan import plan_run, train_problem
 from tests.conftest import ROOT
 
 # A small decoder whose figures are easy to work out by hand:
