@@ -31,7 +31,7 @@ from atgrpo.plan import (
 )
 
 if TYPE_CHECKING:
-    from atgrpo.config import PoolConfig, RunConfig
+    from atgrpo.config import PoolConfig, RunConfig, RunSection
 
 
 # --- the plan of a run -----------------------------------------------------------------------------
@@ -71,6 +71,32 @@ class PoolDisk:
     checkpoints: int        # how many a run writes
     push: int
     replicas: int
+    at_once: int = 0        # the most on the trainer's volume at one time (checkpoints_at_once)
+    pushes_on_disk: int = 0  # pushes a rollout replica holds on disk at once (vLLM: 2 in a swap)
+
+    @property
+    def trainer_volume(self) -> int:
+        return self.checkpoint * self.at_once
+
+    @property
+    def replica_disk(self) -> int:
+        return self.push * self.pushes_on_disk
+
+
+def checkpoint_count(run: RunSection) -> int:
+    """Checkpoints a run writes: every checkpoint_every_steps, at the end, and at step 0 if asked."""
+    every = run.checkpoint_every_steps
+    count = (run.steps // every if every else 0) + (0 if every and run.steps % every == 0 else 1)
+    return count + (1 if run.checkpoint_at_start else 0)
+
+
+def checkpoints_at_once(run: RunSection) -> int:
+    """The most checkpoints on disk at one time under keep_checkpoints: the kept ones, the best by
+    eval success (when evaluation runs) and the new one, complete before older ones are deleted."""
+    count = checkpoint_count(run)
+    if not run.keep_checkpoints or count <= run.keep_checkpoints:
+        return count
+    return min(count, run.keep_checkpoints + (1 if run.eval_every_steps else 0) + 1)
 
 
 @dataclass(frozen=True)
@@ -126,10 +152,11 @@ def plan_run(cfg: RunConfig, *, gpus: int | None = None, gpu_memory: int | None 
         processes += _pool_processes(cfg, name, pool, shape, device, ranks, memory)
         agents = len(cfg.agents_of(name))
         if pool.trainable:
-            every = cfg.run.checkpoint_every_steps
-            count = (cfg.run.steps // every if every else 0) + (0 if every and cfg.run.steps % every == 0 else 1)
-            disks.append(PoolDisk(name, checkpoint_bytes(shape, pool, agents=agents), count,
-                                  push_bytes(shape, pool, agents=agents), pool.rollout_replicas))
+            # vLLM reloads a full pool from a file: the served one and the incoming push, in a swap.
+            on_disk = 2 if pool.engine == "vllm" and pool.specialization == "full" else 0
+            disks.append(PoolDisk(name, checkpoint_bytes(shape, pool, agents=agents), checkpoint_count(cfg.run),
+                                  push_bytes(shape, pool, agents=agents), pool.rollout_replicas,
+                                  checkpoints_at_once(cfg.run), on_disk))
     processes += [ProcessPlan(kind, kind, host=SERVICE_HOST_BYTES[kind]) for kind in ("env", "sandbox", "router")]
     return RunPlan(source, tuple(processes), tuple(disks), tuple(problems), tuple(unplanned))
 
@@ -272,8 +299,11 @@ def render(plan: RunPlan) -> str:
     for p in plan.processes:
         lines += [f"  {p.name}: {n}" for n in p.notes]
     for d in plan.disk:
-        lines.append(f"  disk, pool {d.pool}: {gib(d.checkpoint)} per checkpoint (x{d.checkpoints} in the run); "
-                     f"each weight push sends {gib(d.push)} to each of {d.replicas} rollout replica(s)")
+        lines.append(f"  disk, pool {d.pool}: {gib(d.checkpoint)} per checkpoint, {d.checkpoints} in the run, at most "
+                     f"{d.at_once} at once (run.keep_checkpoints): the trainer's volume needs {gib(d.trainer_volume)}; "
+                     f"each weight push sends {gib(d.push)} to each of {d.replicas} rollout replica(s)"
+                     + (f", which keep {d.pushes_on_disk} on local disk in a swap ({gib(d.replica_disk)})"
+                        if d.pushes_on_disk else ""))
     unchecked = [p.name for p in plan.processes if p.device == "cuda" and p.gpu_memory is None]
     if unchecked:
         lines.append(f"not checked (no GPU memory stated): {', '.join(unchecked)}. Set pools.<name>.gpu_memory "
