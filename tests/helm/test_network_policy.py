@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from tests.helm.conftest import (
+    CHART,
     NAMESPACE,
     RELEASE,
     ROOT,
@@ -30,6 +31,7 @@ from tests.helm.conftest import (
     pod_labels,
     pod_spec,
     pools_of,
+    rendered,
     template,
     values_of,
 )
@@ -214,7 +216,6 @@ def test_policies_allow_exactly_the_edges_the_services_use(case):
 
 def test_the_edges_by_hand_for_two_pools():
     """The L3 case written out: a planner pool and a coder pool."""
-    from tests.helm.conftest import CHART, rendered
     objs = rendered(str(CHART / "ci" / "l3-two-gpu-pools-values.yaml"))
     grpc = {(s, d) for s, d, p in allowed_edges(objs) if p == "grpc"}
     services = {"router", "env", "sandbox", "rollout/planner", "rollout/coder", "trainer/planner", "trainer/coder"}
