@@ -85,7 +85,7 @@ def _env_problem(cfg) -> str | None:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from atgrpo.config_parse import parse_bytes
-    from atgrpo.plan import plan_run, render
+    from atgrpo.runplan import plan_run, render
 
     cfg = _load(args)
     if cfg is None:
@@ -115,7 +115,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cfg = _load_for_run(args)
     if cfg is None:
         return 2
-    from atgrpo.plan import train_problem
+    from atgrpo.runplan import train_problem
 
     problem = train_problem(cfg)   # before any service starts: a run that cannot fit fails now, not by OOM
     if problem:

@@ -75,6 +75,13 @@ class RunSection:
     """episodes per evaluation (at most one per task when the eval split is a finite list)"""
     checkpoint_every_steps: int = 50
     """save every trainable pool every this many steps; 0 = only at the end (or a stop)"""
+    keep_checkpoints: int = 3
+    """checkpoints kept on disk: the last this many, plus the best by eval success (among those taken
+    at an evaluated step) when evaluation runs; older ones are deleted once a new one is complete.
+    0 = keep every one. A full bf16 Qwen3-8B checkpoint is 115 GB: `atgrpo plan` says what a run needs"""
+    checkpoint_at_start: bool = False
+    """also save before the first step (a copy of the starting weights). Without it, a trainer lost
+    before the first checkpoint sends the run back to step 0 from the model at model_path"""
     save_samples: bool = False
     """write each step's samples (token ids, rewards, advantages) to run_dir/samples/step-N.jsonl"""
     evaluate_checkpoint: str = ""

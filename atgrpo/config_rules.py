@@ -49,7 +49,7 @@ def _check_run(c: Checks, run: RunSection) -> None:
         c.add("run.name", f"{run.name!r} must use only a-z, 0-9, '-' and '_'. Try {better!r}")
     c.limits("run", run, {"steps": AT_LEAST_1, "tasks_per_step": AT_LEAST_1,
                           "eval_every_steps": NON_NEG, "checkpoint_every_steps": NON_NEG,
-                          "eval_tasks": NON_NEG})
+                          "eval_tasks": NON_NEG, "keep_checkpoints": NON_NEG})
     if run.eval_every_steps > 0 and run.eval_tasks == 0:
         c.add("run.eval_tasks", "must be at least 1 when eval_every_steps > 0, got 0. "
               "Set eval_tasks: 1 or more, or eval_every_steps: 0 to never evaluate")

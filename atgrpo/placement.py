@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from atgrpo.config import RunConfig
-from atgrpo.plan import ProcessPlan, gib, plan_run, usable
+from atgrpo.runplan import ProcessPlan, gib, plan_run, usable
 
 
 class PlacementError(ValueError):

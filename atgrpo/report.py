@@ -35,7 +35,8 @@ def eval_line(e: dict[str, Any]) -> str:
 
 
 def rollback_line(e: dict[str, Any]) -> str:
-    return (f"rolled back from step {e['from_step']} to step {e['to_step']} (checkpoint {e['checkpoint']}): "
+    to = "the starting weights: no checkpoint yet" if e["checkpoint"] == "start" else f"checkpoint {e['checkpoint']}"
+    return (f"rolled back from step {e['from_step']} to step {e['to_step']} ({to}): "
             f"{e['reason']}; steps {e['to_step'] + 1}-{e['from_step']} are trained again")
 
 

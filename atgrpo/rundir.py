@@ -2,7 +2,8 @@
 
     config.yaml          the resolved config the run was started with
     metrics.jsonl        one JSON line per step and per evaluation (atgrpo.contract.run)
-    state.json           last completed step and pool versions, and the last checkpoint
+    state.json           last completed step and pool versions, the last checkpoint and every
+                         checkpoint still on disk
     checkpoints/step-N/  one folder per trainable pool (HF / PEFT format plus trainer state)
 
 state.json is replaced atomically after each step, so a crash leaves either the old or the new.
@@ -26,6 +27,8 @@ class Checkpoint:
     step: int
     paths: dict[str, str]              # pool -> checkpoint folder
     versions: dict[str, int]           # pool -> version saved there
+    success: float | None = None       # eval success rate at this step, when it was evaluated
+    nbytes: dict[str, int] = field(default_factory=dict)   # pool -> about its size (deadlines)
 
 
 @dataclass
@@ -33,7 +36,8 @@ class Progress:
     run: str
     completed_step: int = 0
     versions: dict[str, int] = field(default_factory=dict)   # pool versions after completed_step
-    checkpoint: Checkpoint | None = None
+    checkpoint: Checkpoint | None = None                    # the last: what a resume loads
+    checkpoints: list[Checkpoint] = field(default_factory=list)   # every one on disk, oldest first
 
 
 class RunDir:
@@ -60,7 +64,10 @@ class RunDir:
             return None
         data = json.loads(path.read_text())
         ckpt = data.pop("checkpoint", None)
-        return Progress(**data, checkpoint=Checkpoint(**ckpt) if ckpt else None)
+        last = Checkpoint(**ckpt) if ckpt else None
+        # A state.json from before the list: the last checkpoint is the one known to be on disk.
+        on_disk = [Checkpoint(**c) for c in data.pop("checkpoints", [])] or ([last] if last else [])
+        return Progress(**data, checkpoint=last, checkpoints=on_disk)
 
     def write_progress(self, p: Progress) -> None:
         self.path.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,7 @@ from atgrpo.contract.rollout import CollectPlan, EpisodeEnd, Sample, TaskRef
 from atgrpo.contract.trainer import PoolSpec, TrainResult
 from atgrpo.env_check import check_spec, env_options, not_found
 from atgrpo.errors import (
+    AtgrpoError,
     DeadlineExceeded,
     FailedPrecondition,
     Internal,
@@ -43,6 +44,7 @@ from atgrpo.rundir import Checkpoint, Progress, RunDir
 from env_svc.client import EnvClient
 from rollout_svc.client import RolloutClient
 from router_svc import events, metrics
+from router_svc.checkpoints import retained
 from router_svc.plan import (
     collect_plan,
     off_version,
@@ -50,7 +52,7 @@ from router_svc.plan import (
     step_batches,
     step_tasks,
 )
-from trainer_svc.client import TrainerClient
+from trainer_svc.client import TrainerClient, checkpoint_deadline_s
 
 log = logging.getLogger("atgrpo.router")
 
@@ -140,7 +142,9 @@ class RunLoop:
         self.resumed_from = 0
         self.stop_requested = asyncio.Event()
         self._task_ids: dict[str, list[str] | None] = {}
-        self._last_checkpoint: Checkpoint | None = None
+        self._checkpoints: list[Checkpoint] = []   # on disk, oldest first; the last is what a resume loads
+        self._checkpoint_bytes: dict[str, int] = {}   # pool -> about one checkpoint's size
+        self._last_eval: tuple[int, float] | None = None   # (step, success rate)
         self._failures = 0
         self._retries = 0       # faults recovered from since the last recorded step
 
@@ -152,8 +156,10 @@ class RunLoop:
         cfg = self.cfg
         every = cfg.run.checkpoint_every_steps
         if self.completed == 0:
-            if every and self._last_checkpoint is None:
-                await self._guarded(self.checkpoint, 0)   # a point to roll back to before the first one
+            # Without it a lost trainer sends the run back to the start from model_path: the same
+            # weights, without writing a checkpoint of them (115 GB for a full Qwen3-8B).
+            if cfg.run.checkpoint_at_start and not self._checkpoint_at(0):
+                await self._guarded(self.checkpoint, 0)
             if cfg.run.eval_every_steps:
                 await self._guarded(self.evaluate, 0)     # the baseline the curves start from
         while True:
@@ -166,7 +172,7 @@ class RunLoop:
                 if every and step % every == 0:
                     await self._guarded(self.checkpoint, step)
             # A stopped run keeps its last step, so a restart continues right after it.
-            if self._last_checkpoint is not None and self._last_checkpoint.step == self.completed:
+            if self._checkpoint_at(self.completed):
                 return "finished" if self.completed >= cfg.run.steps else "stopped"
             await self._guarded(self.checkpoint, self.completed)
 
@@ -213,6 +219,7 @@ class RunLoop:
             raise FailedPrecondition(f"{self.dir.path} holds run {progress.run!r}, not {self.cfg.run.name!r}: "
                                      "give this run its own run_dir")
         ckpt = progress.checkpoint if progress else None
+        self._checkpoints = list(progress.checkpoints) if progress else []
         self.dir.write_config(self.cfg)
         root = str(self.dir.path / "checkpoints")
         await self._setup_trainers(root, ckpt)
@@ -220,23 +227,23 @@ class RunLoop:
         try:
             self.completed = self._resume_point(progress)
         except FailedPrecondition:
-            if ckpt is None:
-                raise
-            # Some trainer restarted from the checkpoint while others went on: all go back to it.
-            behind = [p for p in self.clients.trainers if self.versions[p] != ckpt.versions.get(p)]
-            log.warning("pools %s roll back to the checkpoint of step %d", behind, ckpt.step)
+            # Some trainer restarted from the checkpoint (before the first one: from model_path, at
+            # version 0) while others went on: all go back to it.
+            back = ckpt or Checkpoint(0, {}, dict.fromkeys(self.clients.trainers, 0))
+            behind = [p for p in self.clients.trainers if self.versions[p] != back.versions.get(p)]
+            log.warning("pools %s roll back to the %s", behind,
+                        f"checkpoint of step {ckpt.step}" if ckpt else "starting weights (no checkpoint yet)")
             await self._setup_trainers(root, ckpt, reload=behind)
             self.completed = self._resume_point(progress)
         self.resumed_from = self.completed
-        self._last_checkpoint = ckpt if ckpt and ckpt.step == self.completed else None
         self.dir.truncate_events(self.completed)
-        rollback = progress and ckpt and events.rollback_event(
-            progress.completed_step, self.completed, self.dir.checkpoint_dir(ckpt.step).name, progress.versions,
-            held, behind)
+        rollback = progress and events.rollback_event(
+            progress.completed_step, self.completed, self.dir.checkpoint_dir(ckpt.step).name if ckpt else "start",
+            progress.versions, held, behind)
         if rollback:
             # The run is at the checkpoint now: a recovery that prepares again continues from it
             # rather than recording the same rollback once more.
-            self.dir.write_progress(Progress(self.cfg.run.name, self.completed, dict(self.versions), ckpt))
+            self._write_progress()
             # Said where the user looks (the console, metrics.jsonl, TensorBoard), not only here.
             log.warning("rolled back from step %d to step %d: %s", rollback["from_step"], self.completed,
                         rollback["reason"])
@@ -245,12 +252,16 @@ class RunLoop:
             log.info("resuming %s after step %d", self.cfg.run.name, self.completed)
 
     async def _setup_trainers(self, root: str, ckpt: Checkpoint | None, reload: list[str] | None = None) -> None:
+        """`reload`: these pools go back to `ckpt` (None: to the model at model_path) even when their
+        trainers kept running. Loading a checkpoint gets as long as saving it would."""
         pools = reload if reload is not None else list(self.clients.trainers)
         infos = await asyncio.gather(*(
             self.clients.trainers[p].setup(pool_spec(self.cfg, p, root), resume_from=ckpt.paths.get(p, "") if ckpt else "",
-                                           reload=reload is not None)
+                                           reload=reload is not None,
+                                           timeout_s=checkpoint_deadline_s(ckpt.nbytes.get(p, 0) if ckpt else 0))
             for p in pools))
         self.versions.update({p: info.version for p, info in zip(pools, infos, strict=True)})
+        self._checkpoint_bytes.update({p: info.checkpoint_bytes for p, info in zip(pools, infos, strict=True)})
 
     async def evaluate_checkpoint(self, where: Path) -> str:
         """An evaluation run: every trainer set up from `where`/<pool> (pushing those weights to the
@@ -272,8 +283,8 @@ class RunLoop:
         ckpt = progress.checkpoint
         if ckpt and ckpt.versions == self.versions:
             return ckpt.step
-        if not progress.completed_step and not any(self.versions.values()):
-            return 0
+        if ckpt is None and not any(self.versions.values()):
+            return 0    # no checkpoint yet, and every trainer holds the starting weights
         raise FailedPrecondition(
             f"the trainers hold versions {self.versions}, but {self.dir.path} records {progress.versions} after "
             f"step {progress.completed_step}" + (f" and {ckpt.versions} at step {ckpt.step}" if ckpt else "")
@@ -304,7 +315,7 @@ class RunLoop:
             cfg.env.turn_order)
         self._retries = 0
         self.completed = step
-        self.dir.write_progress(Progress(cfg.run.name, step, dict(self.versions), self._last_checkpoint))
+        self._write_progress()
         self._record(event)
         return event
 
@@ -363,17 +374,47 @@ class RunLoop:
         _, ends = await self.collect(collect_plan(cfg, tasks, step=step, eval_mode=True, versions=self.versions))
         _check_complete(ends, len(tasks))
         event = events.eval_event(step, ends, cfg.env.turn_order)
+        self._last_eval = (step, event["success_rate"])
         self._record(event)
         return event
 
     async def checkpoint(self, step: int) -> Checkpoint:
         where = self.dir.checkpoint_dir(step)
-        saved = await asyncio.gather(*(t.save_checkpoint(str(where / p)) for p, t in self.clients.trainers.items()))
-        ckpt = Checkpoint(step, {p: s.path for p, s in zip(self.clients.trainers, saved, strict=True)},
-                          {p: s.version for p, s in zip(self.clients.trainers, saved, strict=True)})
-        self._last_checkpoint = ckpt
-        self.dir.write_progress(Progress(self.cfg.run.name, self.completed, dict(self.versions), ckpt))
+        pools = list(self.clients.trainers)
+        saved = await asyncio.gather(*(self.clients.trainers[p].save_checkpoint(
+            str(where / p), nbytes=self._checkpoint_bytes.get(p, 0)) for p in pools))
+        evaluated = self._last_eval[1] if self._last_eval and self._last_eval[0] == step else None
+        ckpt = Checkpoint(step, {p: s.path for p, s in zip(pools, saved, strict=True)},
+                          {p: s.version for p, s in zip(pools, saved, strict=True)}, evaluated,
+                          {p: self._checkpoint_bytes.get(p, 0) for p in pools})
+        self._checkpoints = [c for c in self._checkpoints if c.step != step] + [ckpt]
+        self._write_progress()     # complete and recorded before any older one is deleted
+        await self._prune()
         return ckpt
+
+    async def _prune(self) -> None:
+        """Delete the checkpoints run.keep_checkpoints no longer keeps. state.json lists each until
+        its folders are gone, so one whose delete failed (or was cut short) is tried again after
+        the next checkpoint; a failed delete never fails the run."""
+        keep = retained(self._checkpoints, self.cfg.run.keep_checkpoints)
+        for old in [c for c in self._checkpoints if c not in keep]:
+            try:
+                await asyncio.gather(*(self.clients.trainers[p].delete_checkpoint(path, old.nbytes.get(p, 0))
+                                       for p, path in old.paths.items() if p in self.clients.trainers))
+            except AtgrpoError as err:
+                log.warning("could not delete the checkpoint of step %d (%s): %s; it stays listed in state.json "
+                            "and is tried again after the next checkpoint", old.step, type(err).__name__, err)
+                continue
+            self._checkpoints.remove(old)
+            self._write_progress()
+
+    def _checkpoint_at(self, step: int) -> bool:
+        return bool(self._checkpoints) and self._checkpoints[-1].step == step
+
+    def _write_progress(self) -> None:
+        last = self._checkpoints[-1] if self._checkpoints else None
+        self.dir.write_progress(Progress(self.cfg.run.name, self.completed, dict(self.versions), last,
+                                         list(self._checkpoints)))
 
     def _record(self, event: dict[str, Any]) -> None:
         self.dir.append_event(event)

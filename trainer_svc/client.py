@@ -37,8 +37,27 @@ class TrainerClient(ServiceClient):
             return trainer_wire.train_stream(run_id, step, expected_version, samples, update or UpdateConfig())
         return trainer_wire.result_from_pb(await self._call(self.stub.Train, stream, timeout_s=timeout_s))
 
-    async def save_checkpoint(self, where: str = "", timeout_s: float = 600.0) -> SavedCheckpoint:
-        """Save to `where` (empty: the pool's checkpoint_dir/version-N)."""
+    async def save_checkpoint(self, where: str = "", timeout_s: float | None = None,
+                              nbytes: int = 0) -> SavedCheckpoint:
+        """Save to `where` (empty: the pool's checkpoint_dir/version-N). The deadline is `timeout_s`,
+        else one for `nbytes` (TrainerInfo.checkpoint_bytes) written at a slow volume's pace."""
         resp = await self._call(self.stub.SaveCheckpoint, trainer_pb2.SaveCheckpointRequest(dir=where),
-                                timeout_s=timeout_s)
+                                timeout_s=timeout_s or checkpoint_deadline_s(nbytes))
         return SavedCheckpoint(resp.path, resp.version)
+
+    async def delete_checkpoint(self, where: str, nbytes: int = 0) -> bool:
+        """Delete a checkpoint folder this pool saved; False when it was already gone."""
+        resp = await self._call(self.stub.DeleteCheckpoint, trainer_pb2.DeleteCheckpointRequest(dir=where),
+                                timeout_s=checkpoint_deadline_s(nbytes // 10))   # unlinks, not writes
+        return resp.deleted
+
+
+# A checkpoint's deadline: a fixed part (the gather onto rank 0, opening files) and the bytes at
+# 50 MB/s, a slow network volume's pace (a cloud disk's baseline is 125 MB/s and up): 10 minutes
+# for a tiny model, 10 + 38 minutes for a full bf16 Qwen3-8B's 115 GB.
+SAVE_FIXED_S = 600.0
+SAVE_BYTES_PER_S = 50e6
+
+
+def checkpoint_deadline_s(nbytes: int) -> float:
+    return SAVE_FIXED_S + max(0, nbytes) / SAVE_BYTES_PER_S

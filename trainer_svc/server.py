@@ -126,7 +126,8 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             return trainer_wire.info_to_pb(TrainerInfo(pool=self.trainer.pool_name), self._service)
         s = state.spec
         return trainer_wire.info_to_pb(TrainerInfo(s.pool, s.run_id, state.version, s.agents, s.specialization,
-                                                   s.device, s.rollout_addresses), self._service)
+                                                   s.device, s.rollout_addresses,
+                                                   checkpoint_bytes=state.checkpoint_bytes()), self._service)
 
     async def GetInfo(self, request: common_pb2.GetInfoRequest,
                       context: aio.ServicerContext) -> trainer_pb2.TrainerInfo:
@@ -173,6 +174,12 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                              context: aio.ServicerContext) -> trainer_pb2.SaveCheckpointResponse:
         path, version = await self.trainer.save_checkpoint(request.dir)
         return trainer_pb2.SaveCheckpointResponse(path=str(path), version=version)
+
+    async def DeleteCheckpoint(self, request: trainer_pb2.DeleteCheckpointRequest,
+                               context: aio.ServicerContext) -> trainer_pb2.DeleteCheckpointResponse:
+        if not request.dir:
+            raise InvalidArgument("DeleteCheckpoint needs dir: the folder SaveCheckpoint answered with")
+        return trainer_pb2.DeleteCheckpointResponse(deleted=await self.trainer.delete_checkpoint(request.dir))
 
 
 def bindings(settings: TrainerSettings | None = None, trainer: Trainer | None = None,

@@ -13,6 +13,7 @@ import json
 import math
 import pickle
 import random
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 
@@ -158,6 +159,20 @@ class PoolState:
 
     # --- checkpoints -------------------------------------------------------------------------
 
+    def checkpoint_bytes(self) -> int:
+        """About what save() writes: model/ (a full pool's weights in the saved dtype, a LoRA pool's
+        adapters) and trainer_state.pt (the float32 masters when saved in another dtype, AdamW's
+        two moments of every trained parameter). numel() of an FSDP parameter is the whole one's."""
+        trained = sum(p.numel() * p.element_size() for p in self.params)
+        moments = 2 * trained
+        if self.lora:
+            return trained + moments
+        out = io_dtype(self.spec)
+        weights = sum(p.numel() * (out.itemsize if out is not None else p.element_size())
+                      for p in self.model.parameters())
+        masters = sum(p.numel() * p.element_size() for p in self.model.parameters()) if out is not None else 0
+        return weights + masters + moments
+
     def save(self, where: str | Path) -> Path:
         """Model or adapters in HF / PEFT format (from_pretrained loads them), plus everything an
         exact resume needs: optimizer, schedule, RNG states and version. Every rank calls it (a
@@ -237,10 +252,45 @@ class PoolState:
         self.version, self.updates = meta["version"], meta["updates"]
 
 
+def delete_checkpoint(where: str | Path, spec: PoolSpec) -> bool:
+    """Delete a folder save() wrote for this pool and run; False when it is already gone. Anything
+    else is refused: the path comes over the network, and only checkpoints are ours to delete.
+    The emptied step-N folder above it (the router's layout) goes too."""
+    where = Path(where)
+    if not where.exists():
+        return False
+    meta_path = where / "atgrpo.json"
+    try:
+        meta = json.loads(meta_path.read_text())["spec"]
+        ours = where.is_dir() and not where.is_symlink() and \
+            (meta["pool"], meta["run_id"]) == (spec.pool, spec.run_id)
+    except (OSError, ValueError, KeyError, TypeError):
+        ours = False
+    if not ours:
+        raise FailedPrecondition(f"{where} is not a checkpoint of run {spec.run_id!r}, pool {spec.pool!r} (no "
+                                 "atgrpo.json of theirs in it): only such folders are deleted")
+    shutil.rmtree(where)
+    if where.parent.name.startswith("step-"):
+        with contextlib.suppress(OSError):   # not empty: another pool's checkpoint of that step
+            where.parent.rmdir()
+    return True
+
+
 def _cast(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    """Floating tensors in `dtype` (None: as they are), detached."""
-    return {k: v.detach().to(dtype) if dtype is not None and v.is_floating_point() else v.detach()
-            for k, v in state.items()}
+    """Floating tensors in `dtype` (None: as they are), detached. Tied weights (an embedding and
+    the head: one tensor under two names) stay one tensor, so they are saved and pushed once:
+    a second copy of Qwen3-1.7B's embedding is 0.6 GB."""
+    out: dict[str, torch.Tensor] = {}
+    cast: dict[tuple, torch.Tensor] = {}
+    for k, v in state.items():
+        if dtype is None or not v.is_floating_point():
+            out[k] = v.detach()
+            continue
+        same = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), tuple(v.stride()))
+        if same not in cast:
+            cast[same] = v.detach().to(dtype)
+        out[k] = cast[same]
+    return out
 
 
 def _set_saved_dtype(model_dir: Path, dtype: torch.dtype) -> None:

@@ -18,7 +18,7 @@ from atgrpo.errors import FailedPrecondition, InvalidArgument
 from rollout_svc.client import RolloutClient, push_weights
 from trainer_svc import metrics as telemetry  # `metrics` is a TrainResult's dict below
 from trainer_svc.distributed import Ranks
-from trainer_svc.state import PoolState
+from trainer_svc.state import PoolState, delete_checkpoint
 from trainer_svc.update import update, validate
 
 
@@ -109,7 +109,7 @@ class Trainer:
                         "config and `atgrpo train` starts its own); on Kubernetes: restart the trainer pod "
                         f"(`kubectl rollout restart statefulset/<release>-atgrpo-trainer-{held.pool}`; "
                         "`helm upgrade` with the new config does it) or install the run in its own release")
-                if not (reload and resume_from):
+                if not reload:
                     await self._sync_replicas(self.state)   # a repeat: bring restarted replicas up to date
                     return self.state
             if self.pool_name and spec.pool != self.pool_name:
@@ -126,6 +126,8 @@ class Trainer:
                     await self._push(state, state.spec.agents, rollback=True)
                 elif state.version > 0 or previous is not None or resume_from:
                     await self._push(state, [], rollback=True)
+                else:   # a restarted trainer back at the start: replicas may serve a later version
+                    await self._sync_replicas(state)
             except BaseException:
                 self.ops.state = None   # not set up until the replicas are: Setup may be retried
                 raise
@@ -133,12 +135,14 @@ class Trainer:
             return state
 
     async def _sync_replicas(self, state: PoolState) -> None:
-        """Push to each replica whose served versions differ from what this trainer last pushed."""
+        """Push to each replica whose served versions differ from what this trainer last pushed
+        (before its first push: from the version it holds)."""
+        held = self._pushed or {adapter: state.version for adapter in (state.spec.agents if state.lora else [""])}
         lagging = []
         for address in state.spec.rollout_addresses:
             async with RolloutClient(address) as client:
                 served = {p.adapter: p.version for p in await client.policies() if p.pool == state.spec.pool}
-            if any(served.get(adapter, -1) != version for adapter, version in self._pushed.items()):
+            if any(served.get(adapter, -1) != version for adapter, version in held.items()):
                 lagging.append(address)
         if lagging:
             await self._push(state, state.spec.agents if state.lora else [], rollback=True, addresses=lagging)
@@ -213,4 +217,10 @@ class Trainer:
                 where = self._default_dir(state)
             path = await self._run("save", where)
             return path, state.version
+
+    async def delete_checkpoint(self, where: str) -> bool:
+        """Rank 0 wrote the checkpoint (PoolState.save), so rank 0 alone deletes it."""
+        async with self._lock:
+            state = self.need_state()
+            return await asyncio.to_thread(delete_checkpoint, where, state.spec)
 

@@ -113,3 +113,4 @@ class TrainerInfo:
     device: str = ""
     rollout_addresses: tuple[str, ...] = ()
     service: ServiceInfo = field(default_factory=lambda: ServiceInfo("trainer"))
+    checkpoint_bytes: int = 0   # about what one SaveCheckpoint writes

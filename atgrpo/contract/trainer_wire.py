@@ -115,10 +115,11 @@ def result_from_pb(m: pb.TrainResponse) -> TrainResult:
 def info_to_pb(i: TrainerInfo, service: common_pb2.ServiceInfo) -> pb.TrainerInfo:
     return pb.TrainerInfo(service=service, run_id=i.run_id, pool=i.pool, version=i.version, agents=list(i.agents),
                           specialization=i.specialization, device=i.device,
-                          rollout_addresses=list(i.rollout_addresses))
+                          rollout_addresses=list(i.rollout_addresses), checkpoint_bytes=i.checkpoint_bytes)
 
 
 def info_from_pb(m: pb.TrainerInfo) -> TrainerInfo:
     return TrainerInfo(pool=m.pool, run_id=m.run_id, version=m.version, agents=tuple(m.agents),
                        specialization=m.specialization, device=m.device,
-                       rollout_addresses=tuple(m.rollout_addresses), service=service_info_from_pb(m.service))
+                       rollout_addresses=tuple(m.rollout_addresses), service=service_info_from_pb(m.service),
+                       checkpoint_bytes=m.checkpoint_bytes)

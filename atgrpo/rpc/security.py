@@ -44,6 +44,7 @@ PROTECTED_METHODS = frozenset({
     "/atgrpo.v1.TrainerService/Setup",
     "/atgrpo.v1.TrainerService/Train",
     "/atgrpo.v1.TrainerService/SaveCheckpoint",
+    "/atgrpo.v1.TrainerService/DeleteCheckpoint",
     "/atgrpo.v1.RouterService/StartRun",
     "/atgrpo.v1.RouterService/StopRun",
 })

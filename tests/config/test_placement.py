@@ -7,8 +7,9 @@ import pytest
 from atgrpo import launcher, placement
 from atgrpo.config import ConfigError, parse_config
 from atgrpo.placement import Placement, PlacementError, local_placement, place
-from atgrpo.plan import GiB, ProcessPlan, RunPlan, plan_run
+from atgrpo.plan import GiB
 from atgrpo.runner import service_plan
+from atgrpo.runplan import ProcessPlan, RunPlan, plan_run
 
 GPU = 100 * GiB      # usable: 90 GiB (plan.USABLE_FRACTION)
 

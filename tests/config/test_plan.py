@@ -32,14 +32,13 @@ from atgrpo.plan import (
     find_model_config,
     load_shape,
     matmul_params,
-    plan_run,
     push_bytes,
     rollout_components,
     rollout_full_kv_bytes,
-    train_problem,
     trainer_components,
     trainer_peak_bytes,
 )
+from atgrpo.runplan import plan_run, train_problem
 from tests.conftest import ROOT
 
 # A small decoder whose figures are easy to work out by hand:
@@ -167,6 +166,29 @@ def test_rollout_and_disk_figures_by_hand():
     lora = small_pool(specialization="lora", lora=LoraConfig(rank=8, target_modules=("q_proj", "v_proj")))
     assert checkpoint_bytes(s, lora, agents=2) == 2 * 3584 * (4 + 8)   # float32 adapters and their moments
     assert push_bytes(s, lora, agents=2) == 2 * 3584 * 4
+
+
+@pytest.mark.parametrize("run, written, at_once", [
+    # 200 steps, every 20: 10 checkpoints; keep 3 + the best + the one being written = 5
+    ({"steps": 200, "checkpoint_every_steps": 20, "eval_every_steps": 10}, 10, 5),
+    # no evaluation: no best to keep
+    ({"steps": 200, "checkpoint_every_steps": 20, "eval_every_steps": 0}, 10, 4),
+    # keep every one
+    ({"steps": 200, "checkpoint_every_steps": 20, "keep_checkpoints": 0}, 10, 10),
+    # 45 steps, every 20: 20, 40 and the end (45); fewer than keep 3 + 2
+    ({"steps": 45, "checkpoint_every_steps": 20}, 3, 3),
+    # only at the end, plus step 0 when asked
+    ({"steps": 10, "checkpoint_every_steps": 0, "checkpoint_at_start": True}, 2, 2),
+    ({"steps": 100, "checkpoint_every_steps": 10, "checkpoint_at_start": True, "keep_checkpoints": 1}, 11, 3),
+])
+def test_checkpoints_a_run_keeps_on_disk(run, written, at_once, tmp_path):
+    data = yaml.safe_load((ROOT / "examples" / "toy_L1_gpu.yaml").read_text())
+    data["run"].update(run)
+    cfg = parse_config(data)
+    (disk,) = plan_run(cfg).disk
+    assert (disk.checkpoints, disk.at_once) == (written, at_once)
+    assert disk.trainer_volume == at_once * disk.checkpoint
+    assert disk.pushes_on_disk == 2 and disk.replica_disk == 2 * disk.push    # vLLM: served + incoming
 
 
 def test_logprob_chunk_matches_the_trainers():

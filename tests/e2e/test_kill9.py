@@ -70,9 +70,9 @@ def test_a_run_survives_kill_9_of_every_service(tiny_model, tmp_path):
 
 
 def test_a_trainer_killed_between_checkpoints_rolls_back_and_says_so(tiny_model, tmp_path, capsys):
-    """kill -9 of the trainer after step 2 of a run whose only checkpoint is step 0: the run goes
-    back to step 0 and says so on the console (which step, which checkpoint, why), records it in
-    metrics.jsonl, and TensorBoard shows each step once."""
+    """kill -9 of the trainer after step 2 of a run with no checkpoint yet (none is written at step
+    0 unless asked): the run goes back to the starting weights at step 0 and says so on the console
+    (which step, from what, why), records it in metrics.jsonl, and TensorBoard shows each step once."""
     from atgrpo.report import Reporter
     from tests.observability.tensorboard_events import shown_scalars
 
@@ -101,9 +101,10 @@ def test_a_trainer_killed_between_checkpoints_rolls_back_and_says_so(tiny_model,
     out = capsys.readouterr().out
     events = read_metrics(run_dir / "metrics.jsonl")
     (back,) = [e for e in events if e["kind"] == "rollback"]
-    assert back["to_step"] == 0 and back["from_step"] >= 2
-    line = (f"rolled back from step {back['from_step']} to step 0 (checkpoint step-000000): trainer 'a' restarted "
-            "and lost its weights")
+    assert back["to_step"] == 0 and back["from_step"] >= 2 and back["checkpoint"] == "start"
+    assert not (run_dir / "checkpoints" / "step-000000").exists()
+    line = (f"rolled back from step {back['from_step']} to step 0 (the starting weights: no checkpoint yet): "
+            "trainer 'a' restarted and lost its weights")
     assert line in out
     assert [e["step"] for e in events if e["kind"] == "step"] == [1, 2, 3, 4]      # each step once
     assert [s for s, _ in shown_scalars(run_dir / "tb")["train/reward_mean"]] == [1, 2, 3, 4]

@@ -152,6 +152,38 @@ def test_stopped_run_resumes_after_its_last_step(tiny_model, tmp_path):
     assert served == {("a", ""): 4}
 
 
+def test_keep_checkpoints_prunes_the_disk_and_the_run_still_resumes(tiny_model, tmp_path):
+    """keep_checkpoints 2 over 6 checkpoint intervals: the last 2 and the best by eval success stay
+    on disk, nothing at step 0; new processes resume from the last and prune on."""
+    from atgrpo.rundir import RunDir
+    from router_svc.checkpoints import retained
+
+    run_dir = tmp_path / "run"
+    data = toy_config(run_dir, tiny_model, "L1", steps=6, checkpoint_every_steps=1, keep_checkpoints=2,
+                      eval_every_steps=1, eval_tasks=2, save_samples=False)
+    train_locally(data)
+
+    def on_disk() -> list[int]:
+        return sorted(int(p.name.removeprefix("step-")) for p in (run_dir / "checkpoints").iterdir())
+
+    evals = {e["step"]: e["success_rate"] for e in read_metrics(run_dir / "metrics.jsonl") if e["kind"] == "eval"}
+    progress = RunDir(run_dir).read_progress()
+    assert [c.success for c in progress.checkpoints] == [evals[c.step] for c in progress.checkpoints]
+    best = max(range(1, 7), key=lambda s: (evals[s], s))
+    assert on_disk() == sorted({5, 6, best}) == [c.step for c in progress.checkpoints]
+    assert [c.step for c in retained(progress.checkpoints, 2)] == on_disk()
+    assert all(sorted(p.name for p in (run_dir / "checkpoints" / f"step-{s:06d}").iterdir()) == ["a"]
+               for s in on_disk())
+
+    data["run"]["steps"] = 8                          # new processes: the trainer loads step 6
+    sink, served = train_locally(data)
+    final = [e for e in sink.events if e["kind"] == "status"][-1]
+    assert final["resumed_from_step"] == 6 and served == {("a", ""): 8}
+    evals = {e["step"]: e["success_rate"] for e in read_metrics(run_dir / "metrics.jsonl") if e["kind"] == "eval"}
+    best = max(range(1, 9), key=lambda s: (evals[s], s))
+    assert on_disk() == sorted({7, 8, best})
+
+
 def test_bad_config_is_refused_by_the_router(tiny_model, tmp_path):
     """StartRun answers INVALID_ARGUMENT with every config problem, and starts nothing."""
     from atgrpo.errors import InvalidArgument

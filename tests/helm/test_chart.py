@@ -283,22 +283,6 @@ def test_sandbox_security_settings(case):
     assert c["resources"]["limits"]["cpu"] and c["resources"]["limits"]["memory"]
 
 
-def test_sandbox_egress_is_denied(case):
-    _, objs = case
-    sandbox = named(objs, "Deployment", f"{FULLNAME}-sandbox")
-    [policy] = of_kind(objs, "NetworkPolicy")
-    spec = policy["spec"]
-    assert spec["podSelector"]["matchLabels"].items() <= pod_labels(sandbox).items()
-    assert "Egress" in spec["policyTypes"] and spec["egress"] == []  # no rule: nothing may leave
-    grpc_rule, metrics_rule = spec["ingress"]
-    assert grpc_rule["from"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/instance": RELEASE}}}]
-    assert grpc_rule["ports"] == [{"port": "grpc", "protocol": "TCP"}]
-    assert "from" not in metrics_rule and metrics_rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
-    # the env pods, the only callers, are admitted
-    env = named(objs, "Deployment", f"{FULLNAME}-env")
-    assert pod_labels(env)["app.kubernetes.io/instance"] == RELEASE
-
-
 def test_every_workload_has_a_matching_disruption_budget(case):
     values_file, objs = case
     budgets = of_kind(objs, "PodDisruptionBudget")

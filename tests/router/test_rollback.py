@@ -33,7 +33,7 @@ class Trainer:
     def __init__(self, version):
         self.version = version
 
-    async def setup(self, spec, *, resume_from="", reload=False):
+    async def setup(self, spec, *, resume_from="", reload=False, timeout_s=None):
         return TrainerInfo(spec.pool, spec.run_id, self.version)
 
 
@@ -85,3 +85,34 @@ def test_a_watcher_past_the_rollback_gets_it_and_the_steps_again(tmp_path):
     got = [(e["kind"], e["step"]) for e in watched(run, from_step=4)]
     assert got == [("rollback", 1), ("step", 2), ("step", 3), ("step", 4)]
     assert [(e["kind"], e["step"]) for e in watched(run, from_step=0)] == [(e["kind"], e["step"]) for e in run.events]
+
+
+def test_a_resume_past_the_last_checkpoint_keeps_it_for_the_next_rollback(tmp_path):
+    """Trainers that kept running: the run continues after step 3, and the checkpoint of step 2
+    stays recorded (once it was dropped at the next step, leaving a later fault nothing to go back to)."""
+    cfg = config(tmp_path, level="L2")
+    d = RunDir(tmp_path)
+    two = Checkpoint(2, {"a": str(d.checkpoint_dir(2) / "a")}, {"a": 2})
+    d.write_progress(Progress("r", 3, {"a": 3}, two, [two]))
+    loop = RunLoop(cfg, clients=SimpleNamespace(env=Env(), trainers={"a": Trainer(3)}))
+    asyncio.run(loop.prepare())
+    assert loop.completed == 3
+    loop.completed = 4
+    loop._write_progress()                          # what a step writes
+    assert d.read_progress().checkpoint == two and d.read_progress().checkpoints == [two]
+
+
+def test_a_trainer_lost_before_the_first_checkpoint_sends_the_run_back_to_the_start(tmp_path):
+    """No checkpoint yet: the restarted trainer holds the starting weights (version 0), and the run
+    goes back to step 0, saying so; nothing had to be written at step 0 for it."""
+    cfg = config(tmp_path, level="L2")
+    d = RunDir(tmp_path)
+    for s in (1, 2):
+        d.append_event({"kind": "step", "step": s})
+    d.write_progress(Progress("r", 2, {"a": 2}))
+    emitted = []
+    loop = RunLoop(cfg, emitted.append, clients=SimpleNamespace(env=Env(), trainers={"a": Trainer(0)}))
+    asyncio.run(loop.prepare())
+    (rollback,) = emitted
+    assert loop.completed == 0 and (rollback["from_step"], rollback["to_step"], rollback["checkpoint"]) == (2, 0, "start")
+    assert d.read_events() == [rollback] and d.read_progress().completed_step == 0

@@ -1,6 +1,8 @@
 """The run loop's plain pieces: sharding a Collect over replicas, the run directory, where a
 resumed run continues, and the event records."""
 
+import json
+
 import pytest
 
 from atgrpo.config import parse_config
@@ -69,8 +71,17 @@ def test_run_dir_drops_the_steps_a_resume_redoes(tmp_path):
     assert [e["step"] for e in d.read_events()] == [1, 2, 3, 3]
     assert [e["step"] for e in d.truncate_events(2)] == [1, 2]
     assert [e["step"] for e in d.read_events()] == [1, 2]
-    d.write_progress(Progress("r", 2, {"a": 2}, Checkpoint(1, {"a": "/c"}, {"a": 1})))
-    assert d.read_progress() == Progress("r", 2, {"a": 2}, Checkpoint(1, {"a": "/c"}, {"a": 1}))
+    one, two = Checkpoint(1, {"a": "/c"}, {"a": 1}, 0.5, {"a": 10}), Checkpoint(2, {"a": "/d"}, {"a": 2})
+    d.write_progress(Progress("r", 2, {"a": 2}, two, [one, two]))
+    assert d.read_progress() == Progress("r", 2, {"a": 2}, two, [one, two])
+
+
+def test_a_state_json_from_before_the_checkpoint_list_lists_its_last_checkpoint(tmp_path):
+    (tmp_path / "state.json").write_text(json.dumps({
+        "run": "r", "completed_step": 2, "versions": {"a": 2},
+        "checkpoint": {"step": 1, "paths": {"a": "/c"}, "versions": {"a": 1}}}))
+    last = Checkpoint(1, {"a": "/c"}, {"a": 1})
+    assert RunDir(tmp_path).read_progress() == Progress("r", 2, {"a": 2}, last, [last])
 
 
 @pytest.mark.parametrize("versions, expect", [

@@ -154,7 +154,7 @@ def test_router_start_and_stop_need_the_token_and_other_rpcs_do_not():
 
 def test_every_state_changing_rpc_is_protected():
     assert {m.rsplit("/", 1)[1] for m in PROTECTED_METHODS} == {
-        "LoadWeights", "Setup", "Train", "SaveCheckpoint", "StartRun", "StopRun"}
+        "LoadWeights", "Setup", "Train", "SaveCheckpoint", "DeleteCheckpoint", "StartRun", "StopRun"}
 
 
 @pytest.mark.parametrize("metadata, ok", [

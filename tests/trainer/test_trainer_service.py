@@ -3,6 +3,7 @@ pushed to a real rollout_svc, per-agent LoRA pushes, checkpoints that resume exa
 
 import asyncio
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -207,3 +208,74 @@ def test_a_checkpoint_that_would_run_code_is_refused_unrun(tiny_model, tmp_path)
 def _params(logic):
     # The trainer runs in this process: read its model directly for a bitwise comparison.
     return {k: v.clone() for k, v in logic.state.model.state_dict().items()}
+
+
+def _du(path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_checkpoint_bytes_is_what_a_save_writes(tiny_model, tmp_path, dtype):
+    """GetInfo's checkpoint_bytes sizes the save's deadline and `atgrpo plan`'s disk: after an update
+    (AdamW's moments exist), it is what SaveCheckpoint writes, to within the files' headers."""
+    samples = on_policy_samples(load(tiny_model))
+
+    async def go(t, r, rollout_address, logic):
+        assert (await t.get_info()).checkpoint_bytes == 0        # no pool yet
+        await t.setup(pool_spec(tiny_model, dtype=dtype))
+        await t.train("run1", 1, 0, samples)
+        return (await t.get_info()).checkpoint_bytes, (await t.save_checkpoint(str(tmp_path / "c"))).path
+
+    expected, path = with_services(tiny_model, go)
+    written = _du(tmp_path / "c")
+    assert expected > 0 and abs(written - expected) / expected < 0.05, (written, expected)
+
+
+def test_delete_checkpoint_deletes_only_this_runs_checkpoints(tiny_model, tmp_path):
+    async def go(t, r, rollout_address, logic):
+        await t.setup(pool_spec(tiny_model))
+        ours = (await t.save_checkpoint(str(tmp_path / "checkpoints" / "step-000002" / "p"))).path
+        other_pool = tmp_path / "checkpoints" / "step-000002" / "q"
+        (other_pool / "model").mkdir(parents=True)
+        stray = tmp_path / "notes"
+        stray.mkdir()
+        (stray / "keep.txt").write_text("mine")
+        with pytest.raises(errors.FailedPrecondition, match="not a checkpoint of run 'run1', pool 'p'"):
+            await t.delete_checkpoint(str(stray))
+        with pytest.raises(errors.FailedPrecondition, match="not a checkpoint"):
+            await t.delete_checkpoint(str(other_pool))
+        with pytest.raises(errors.InvalidArgument, match="needs dir"):
+            await t.delete_checkpoint("")
+        assert await t.delete_checkpoint(ours) is True
+        assert not (tmp_path / "checkpoints" / "step-000002" / "p").exists()
+        assert other_pool.exists()                         # the step folder stays while it holds another
+        assert await t.delete_checkpoint(ours) is False    # already gone: a retry is harmless
+        assert (stray / "keep.txt").read_text() == "mine"
+
+        other_run = (await t.save_checkpoint(str(tmp_path / "checkpoints" / "step-000004" / "p"))).path
+        meta = json.loads((tmp_path / "checkpoints" / "step-000004" / "p" / "atgrpo.json").read_text())
+        meta["spec"]["run_id"] = "another-run"
+        (tmp_path / "checkpoints" / "step-000004" / "p" / "atgrpo.json").write_text(json.dumps(meta))
+        with pytest.raises(errors.FailedPrecondition, match="not a checkpoint of run 'run1'"):
+            await t.delete_checkpoint(other_run)
+        meta["spec"]["run_id"] = "run1"
+        (tmp_path / "checkpoints" / "step-000004" / "p" / "atgrpo.json").write_text(json.dumps(meta))
+        assert await t.delete_checkpoint(other_run) is True
+        assert not (tmp_path / "checkpoints" / "step-000004").exists()   # emptied: it goes too
+    with_services(tiny_model, go)
+
+
+def test_a_rollback_to_the_start_reloads_the_model_at_model_path(tiny_model):
+    """Setup with reload and no resume_from: a trainer that kept its weights goes back to version 0
+    and the starting weights (the router's rollback before the first checkpoint)."""
+    samples = on_policy_samples(load(tiny_model))
+
+    async def go(t, r, rollout_address, logic):
+        await t.setup(pool_spec(tiny_model, [rollout_address]))
+        start = _params(logic)
+        await t.train("run1", 1, 0, samples)
+        assert (await t.setup(pool_spec(tiny_model, [rollout_address]))).version == 1   # a repeat keeps it
+        info = await t.setup(pool_spec(tiny_model, [rollout_address]), reload=True)
+        assert info.version == 0 and all(torch.equal(start[k], v) for k, v in _params(logic).items())
+        assert {(p.adapter, p.version) for p in await r.policies()} == {("", 0)}
+    with_services(tiny_model, go)

@@ -33,12 +33,17 @@ class TrainerInfo(_message.Message):
     SPECIALIZATION_FIELD_NUMBER: _builtins.int
     DEVICE_FIELD_NUMBER: _builtins.int
     ROLLOUT_ADDRESSES_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_BYTES_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     pool: _builtins.str
     version: _builtins.int
     specialization: _builtins.str
     """"full" or "lora" """
     device: _builtins.str
+    checkpoint_bytes: _builtins.int
+    """About what one SaveCheckpoint writes (weights, float32 masters, optimizer moments); 0 before
+    Setup. The router sizes the save's deadline by it.
+    """
     @_builtins.property
     def service(self) -> _common_pb2.ServiceInfo: ...
     @_builtins.property
@@ -56,10 +61,11 @@ class TrainerInfo(_message.Message):
         specialization: _builtins.str = ...,
         device: _builtins.str = ...,
         rollout_addresses: _abc.Iterable[_builtins.str] | None = ...,
+        checkpoint_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["service", b"service"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "device", b"device", "pool", b"pool", "rollout_addresses", b"rollout_addresses", "run_id", b"run_id", "service", b"service", "specialization", b"specialization", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "checkpoint_bytes", b"checkpoint_bytes", "device", b"device", "pool", b"pool", "rollout_addresses", b"rollout_addresses", "run_id", b"run_id", "service", b"service", "specialization", b"specialization", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -173,9 +179,10 @@ class SetupRequest(_message.Message):
     checkpoint_every_updates: _builtins.int
     """also save after every N updates; 0 = only on request"""
     reload: _builtins.bool
-    """Already set up for this run: load resume_from anyway (the router rolls every pool back to
-    one checkpoint after a fault). Without it a repeated Setup keeps the state and only brings
-    replicas that lag (restarted ones) up to the trainer's weights.
+    """Already set up for this run: load resume_from anyway, or with it empty start again from
+    model_path at version 0 (the router rolls every pool back to one checkpoint, or to the start,
+    after a fault). Without it a repeated Setup keeps the state and only brings replicas that lag
+    (restarted ones) up to the trainer's weights.
     """
     gradient_checkpointing: _builtins.bool
     """Recompute decoder activations in the backward; unset: on for cuda, off on cpu."""
@@ -555,3 +562,42 @@ class SaveCheckpointResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SaveCheckpointResponse: _TypeAlias = SaveCheckpointResponse  # noqa: Y015
+
+@_typing.final
+class DeleteCheckpointRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DIR_FIELD_NUMBER: _builtins.int
+    dir: _builtins.str
+    def __init__(
+        self,
+        *,
+        dir: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dir", b"dir"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteCheckpointRequest: _TypeAlias = DeleteCheckpointRequest  # noqa: Y015
+
+@_typing.final
+class DeleteCheckpointResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELETED_FIELD_NUMBER: _builtins.int
+    deleted: _builtins.bool
+    """false: it was already gone"""
+    def __init__(
+        self,
+        *,
+        deleted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted", b"deleted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteCheckpointResponse: _TypeAlias = DeleteCheckpointResponse  # noqa: Y015

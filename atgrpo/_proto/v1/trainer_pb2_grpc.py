@@ -55,6 +55,11 @@ class TrainerServiceStub:
                 request_serializer=atgrpo_dot_v1_dot_trainer__pb2.SaveCheckpointRequest.SerializeToString,
                 response_deserializer=atgrpo_dot_v1_dot_trainer__pb2.SaveCheckpointResponse.FromString,
                 _registered_method=True)
+        self.DeleteCheckpoint = channel.unary_unary(
+                '/atgrpo.v1.TrainerService/DeleteCheckpoint',
+                request_serializer=atgrpo_dot_v1_dot_trainer__pb2.DeleteCheckpointRequest.SerializeToString,
+                response_deserializer=atgrpo_dot_v1_dot_trainer__pb2.DeleteCheckpointResponse.FromString,
+                _registered_method=True)
 
 
 class TrainerServiceServicer:
@@ -88,6 +93,15 @@ class TrainerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteCheckpoint(self, request, context):
+        """Deletes a checkpoint folder of this pool and run (one holding the atgrpo.json SaveCheckpoint
+        writes): the router prunes what run.keep_checkpoints no longer keeps. A folder already gone
+        answers deleted=false; FAILED_PRECONDITION for any other folder.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -110,6 +124,11 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     servicer.SaveCheckpoint,
                     request_deserializer=atgrpo_dot_v1_dot_trainer__pb2.SaveCheckpointRequest.FromString,
                     response_serializer=atgrpo_dot_v1_dot_trainer__pb2.SaveCheckpointResponse.SerializeToString,
+            ),
+            'DeleteCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteCheckpoint,
+                    request_deserializer=atgrpo_dot_v1_dot_trainer__pb2.DeleteCheckpointRequest.FromString,
+                    response_serializer=atgrpo_dot_v1_dot_trainer__pb2.DeleteCheckpointResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -220,6 +239,33 @@ class TrainerService:
             '/atgrpo.v1.TrainerService/SaveCheckpoint',
             atgrpo_dot_v1_dot_trainer__pb2.SaveCheckpointRequest.SerializeToString,
             atgrpo_dot_v1_dot_trainer__pb2.SaveCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atgrpo.v1.TrainerService/DeleteCheckpoint',
+            atgrpo_dot_v1_dot_trainer__pb2.DeleteCheckpointRequest.SerializeToString,
+            atgrpo_dot_v1_dot_trainer__pb2.DeleteCheckpointResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,6 +44,11 @@ class TrainerServiceStub:
     every rollout replica. Idempotent per (run_id, step): a replay returns the first result.
     """
     SaveCheckpoint: _grpc.UnaryUnaryMultiCallable[_trainer_pb2.SaveCheckpointRequest, _trainer_pb2.SaveCheckpointResponse]
+    DeleteCheckpoint: _grpc.UnaryUnaryMultiCallable[_trainer_pb2.DeleteCheckpointRequest, _trainer_pb2.DeleteCheckpointResponse]
+    """Deletes a checkpoint folder of this pool and run (one holding the atgrpo.json SaveCheckpoint
+    writes): the router prunes what run.keep_checkpoints no longer keeps. A folder already gone
+    answers deleted=false; FAILED_PRECONDITION for any other folder.
+    """
 
 @_typing.type_check_only
 class TrainerServiceAsyncStub(TrainerServiceStub):
@@ -58,6 +63,11 @@ class TrainerServiceAsyncStub(TrainerServiceStub):
     every rollout replica. Idempotent per (run_id, step): a replay returns the first result.
     """
     SaveCheckpoint: _aio.UnaryUnaryMultiCallable[_trainer_pb2.SaveCheckpointRequest, _trainer_pb2.SaveCheckpointResponse]  # type: ignore[assignment]
+    DeleteCheckpoint: _aio.UnaryUnaryMultiCallable[_trainer_pb2.DeleteCheckpointRequest, _trainer_pb2.DeleteCheckpointResponse]  # type: ignore[assignment]
+    """Deletes a checkpoint folder of this pool and run (one holding the atgrpo.json SaveCheckpoint
+    writes): the router prunes what run.keep_checkpoints no longer keeps. A folder already gone
+    answers deleted=false; FAILED_PRECONDITION for any other folder.
+    """
 
 class TrainerServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -93,5 +103,16 @@ class TrainerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _trainer_pb2.SaveCheckpointRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_trainer_pb2.SaveCheckpointResponse, _abc.Awaitable[_trainer_pb2.SaveCheckpointResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteCheckpoint(
+        self,
+        request: _trainer_pb2.DeleteCheckpointRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trainer_pb2.DeleteCheckpointResponse, _abc.Awaitable[_trainer_pb2.DeleteCheckpointResponse]]:
+        """Deletes a checkpoint folder of this pool and run (one holding the atgrpo.json SaveCheckpoint
+        writes): the router prunes what run.keep_checkpoints no longer keeps. A folder already gone
+        answers deleted=false; FAILED_PRECONDITION for any other folder.
+        """
 
 def add_TrainerServiceServicer_to_server(servicer: TrainerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

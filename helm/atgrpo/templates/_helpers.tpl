@@ -170,6 +170,16 @@ trainable pool's trainer agree; a frozen pool has no trainer). */}}
 {{- define "atgrpo.tlsDir" -}}/etc/atgrpo/tls{{- end -}}
 {{- define "atgrpo.tokenDir" -}}/etc/atgrpo/token{{- end -}}
 
+{{/* The Secret holding the token: security.tokenSecret, else the chart's own <fullname>-token
+(secret-token.yaml) unless security.generateToken is false; "" = no token at all. */}}
+{{- define "atgrpo.tokenSecretName" -}}
+{{- if .Values.security.tokenSecret -}}
+{{- .Values.security.tokenSecret -}}
+{{- else if .Values.security.generateToken -}}
+{{- printf "%s-token" (include "atgrpo.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The environment atgrpo.rpc.security reads, servers and clients alike (a list; may be empty).
 Every process of the release is both: the services call each other, the run Job calls them all. */}}
 {{- define "atgrpo.securityEnv" -}}
@@ -189,7 +199,7 @@ Every process of the release is both: the services call each other, the run Job 
       (dict "name" "ATGRPO_TLS_KEY" "value" (printf "%s/tls.key" $tls))) -}}
 {{- end -}}
 {{- end -}}
-{{- if $sec.tokenSecret -}}
+{{- if include "atgrpo.tokenSecretName" . -}}
 {{- $env = append $env (dict "name" "ATGRPO_AUTH_TOKEN_FILE" "value" (printf "%s/token" (include "atgrpo.tokenDir" .))) -}}
 {{- end -}}
 {{- toYaml $env -}}
@@ -204,8 +214,9 @@ Every process of the release is both: the services call each other, the run Job 
 {{- $volumes = append $volumes (dict "name" "atgrpo-tls" "secret" (dict "secretName" $sec.tlsSecret "defaultMode" 288)) -}}
 {{- $mounts = append $mounts (dict "name" "atgrpo-tls" "mountPath" (include "atgrpo.tlsDir" .) "readOnly" true) -}}
 {{- end -}}
-{{- if $sec.tokenSecret -}}
-{{- $volumes = append $volumes (dict "name" "atgrpo-token" "secret" (dict "secretName" $sec.tokenSecret "defaultMode" 288
+{{- $token := include "atgrpo.tokenSecretName" . -}}
+{{- if $token -}}
+{{- $volumes = append $volumes (dict "name" "atgrpo-token" "secret" (dict "secretName" $token "defaultMode" 288
       "items" (list (dict "key" "token" "path" "token")))) -}}
 {{- $mounts = append $mounts (dict "name" "atgrpo-token" "mountPath" (include "atgrpo.tokenDir" .) "readOnly" true) -}}
 {{- end -}}
@@ -257,10 +268,20 @@ A pod spec. Arguments (a dict):
   for messages), tmpSize (the /tmp emptyDir's size limit), gpus, nodeSelector, tolerations,
   affinity, server (true: gRPC ports and probes), startup (true: a startup probe for slow imports
   before listening), volumes, mounts, initContainers, podSecurityContext, securityContext,
-  hostUsers, runtimeClassName, restartPolicy, env.
+  hostUsers, runtimeClassName, restartPolicy, env,
+  noToken (true: without the token, for a pod that neither serves a token-guarded RPC nor calls one).
 */}}
 {{- define "atgrpo.podSpec" -}}
 {{- $v := .root.Values -}}
+{{- $secEnv := include "atgrpo.securityEnv" .root | fromYamlArray -}}
+{{- $secVolumes := include "atgrpo.securityVolumes" .root | fromYaml -}}
+{{- if .noToken }}
+{{- $keep := dict "env" list "volumes" list "mounts" list -}}
+{{- range $secEnv }}{{ if ne .name "ATGRPO_AUTH_TOKEN_FILE" }}{{ $_ := set $keep "env" (append $keep.env .) }}{{ end }}{{ end -}}
+{{- range $k := list "volumes" "mounts" }}{{ range index $secVolumes $k }}{{ if ne .name "atgrpo-token" }}{{ $_ := set $keep $k (append (index $keep $k) .) }}{{ end }}{{ end }}{{ end -}}
+{{- $secEnv = $keep.env -}}
+{{- $secVolumes = $keep -}}
+{{- end }}
 {{- $gpus := int (default 0 .gpus) -}}
 {{- $tmpSize := default "1Gi" .tmpSize -}}
 {{- $disks := list (dict "name" "/tmp" "size" $tmpSize) -}}
@@ -330,7 +351,7 @@ containers:
         valueFrom:
           fieldRef:
             fieldPath: metadata.name
-      {{- with include "atgrpo.securityEnv" .root | fromYamlArray }}
+      {{- with $secEnv }}
       {{- toYaml . | nindent 6 }}
       {{- end }}
       {{- with .env }}
@@ -384,7 +405,6 @@ containers:
     {{- end }}
     securityContext:
       {{- toYaml (default $v.securityContext .securityContext) | nindent 6 }}
-    {{- $secVolumes := include "atgrpo.securityVolumes" .root | fromYaml }}
     volumeMounts:
       - name: tmp
         mountPath: /tmp

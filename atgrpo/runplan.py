@@ -1,0 +1,332 @@
+"""`atgrpo plan`: what every process of a run needs, and whether it fits the GPUs the config is
+sized for. The per-process formulas are in atgrpo.plan; this module lays out a run's processes
+(trainers, rollout replicas, the services without a model), their disk, and the table the CLI prints.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from atgrpo.config_parse import parse_bytes
+from atgrpo.plan import (
+    HOST_BASE_BYTES,
+    SERVICE_HOST_BYTES,
+    USABLE_FRACTION,
+    GiB,
+    ModelShape,
+    activation_bytes,
+    checkpoint_bytes,
+    checkpointing_on,
+    compute_dtype,
+    load_shape,
+    longest_sample,
+    push_bytes,
+    rollout_components,
+    rollout_full_kv_bytes,
+    trainer_components,
+    trainer_host_bytes,
+)
+
+if TYPE_CHECKING:
+    from atgrpo.config import PoolConfig, RunConfig, RunSection
+
+
+# --- the plan of a run -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProcessPlan:
+    """One process (a trainer's ranks share one row: each rank needs what the row says)."""
+
+    name: str
+    kind: str                                   # trainer | rollout | env | sandbox | router
+    pool: str = ""
+    device: str = "cpu"
+    gpus: int = 0
+    gpu: dict[str, int] = field(default_factory=dict)   # component -> bytes on each of its GPUs
+    gpu_memory: int | None = None               # bytes per GPU it is checked against
+    host: int = 0
+    notes: tuple[str, ...] = ()
+    fixes: tuple[str, ...] = ()                 # what would make it fit (when it does not)
+
+    @property
+    def gpu_total(self) -> int:
+        return sum(self.gpu.values())
+
+    @property
+    def fits(self) -> bool | None:
+        """None: no GPU memory to check against (a CPU process, or none stated)."""
+        if self.device != "cuda" or self.gpu_memory is None:
+            return None
+        return self.gpu_total <= usable(self.gpu_memory)
+
+
+@dataclass(frozen=True)
+class PoolDisk:
+    pool: str
+    checkpoint: int
+    checkpoints: int        # how many a run writes
+    push: int
+    replicas: int
+    at_once: int = 0        # the most on the trainer's volume at one time (checkpoints_at_once)
+    pushes_on_disk: int = 0  # pushes a rollout replica holds on disk at once (vLLM: 2 in a swap)
+
+    @property
+    def trainer_volume(self) -> int:
+        return self.checkpoint * self.at_once
+
+    @property
+    def replica_disk(self) -> int:
+        return self.push * self.pushes_on_disk
+
+
+def checkpoint_count(run: RunSection) -> int:
+    """Checkpoints a run writes: every checkpoint_every_steps, at the end, and at step 0 if asked."""
+    every = run.checkpoint_every_steps
+    count = (run.steps // every if every else 0) + (0 if every and run.steps % every == 0 else 1)
+    return count + (1 if run.checkpoint_at_start else 0)
+
+
+def checkpoints_at_once(run: RunSection) -> int:
+    """The most checkpoints on disk at one time under keep_checkpoints: the kept ones, the best by
+    eval success (when evaluation runs) and the new one, complete before older ones are deleted."""
+    count = checkpoint_count(run)
+    if not run.keep_checkpoints or count <= run.keep_checkpoints:
+        return count
+    return min(count, run.keep_checkpoints + (1 if run.eval_every_steps else 0) + 1)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    source: str
+    processes: tuple[ProcessPlan, ...]
+    disk: tuple[PoolDisk, ...]
+    problems: tuple[str, ...]   # config-level reasons the run cannot go as written
+    unplanned: tuple[str, ...] = ()   # GPU pools with no model config to plan from
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and all(p.fits is not False for p in self.processes)
+
+
+def usable(gpu_memory: int) -> int:
+    return int(gpu_memory * USABLE_FRACTION)
+
+
+def pool_device(pool: PoolConfig, gpu_memory: int | None) -> str:
+    """cuda or cpu as planned: `auto` counts as cuda when GPU memory is stated for it."""
+    if pool.device == "auto":
+        return "cuda" if gpu_memory is not None else "cpu"
+    return pool.device
+
+
+def plan_run(cfg: RunConfig, *, gpus: int | None = None, gpu_memory: int | None = None,
+             source: str = "", local: bool = False) -> RunPlan:
+    """Every process `cfg` starts, with what it needs. `gpus` / `gpu_memory` override each pool's
+    trainer_gpus / gpu_memory. `local`: plan what local mode starts (one trainer process a pool)."""
+    processes: list[ProcessPlan] = []
+    disks: list[PoolDisk] = []
+    problems: list[str] = []
+    unplanned: list[str] = []
+    for name, pool in cfg.pools.items():
+        memory = gpu_memory if gpu_memory is not None else parse_bytes(pool.gpu_memory) if pool.gpu_memory else None
+        device = pool_device(pool, memory)
+        ranks = gpus if gpus is not None else pool.trainer_gpus
+        if local and device == "cuda" and pool.trainable and ranks > 1:
+            problems.append(
+                f"pools.{name}.trainer_gpus is {ranks}, but local mode starts one trainer process per pool. "
+                f"Start the services on a cluster (Helm chart: pools.{name}.trainer.gpus: {ranks}) and run "
+                "`atgrpo train --connect`, or size the pool for one GPU")
+            ranks = 1
+        shape = load_shape(pool.model_path)
+        if shape is None:
+            if device == "cuda":
+                unplanned.append(
+                    f"pools.{name}.model_path: no config.json at {pool.model_path!r} and none carried for a model "
+                    f"named {Path(pool.model_path).name!r} (atgrpo/models/configs/). Put the model there, or its "
+                    "config.json alone (architecture only) to plan without the weights")
+            continue
+        processes += _pool_processes(cfg, name, pool, shape, device, ranks, memory)
+        agents = len(cfg.agents_of(name))
+        if pool.trainable:
+            # vLLM reloads a full pool from a file: the served one and the incoming push, in a swap.
+            on_disk = 2 if pool.engine == "vllm" and pool.specialization == "full" else 0
+            disks.append(PoolDisk(name, checkpoint_bytes(shape, pool, agents=agents), checkpoint_count(cfg.run),
+                                  push_bytes(shape, pool, agents=agents), pool.rollout_replicas,
+                                  checkpoints_at_once(cfg.run), on_disk))
+    processes += [ProcessPlan(kind, kind, host=SERVICE_HOST_BYTES[kind]) for kind in ("env", "sandbox", "router")]
+    return RunPlan(source, tuple(processes), tuple(disks), tuple(problems), tuple(unplanned))
+
+
+def _pool_processes(cfg: RunConfig, name: str, pool: PoolConfig, shape: ModelShape, device: str,
+                    ranks: int, memory: int | None) -> list[ProcessPlan]:
+    agents = len(cfg.agents_of(name))
+    sample = longest_sample(cfg, name)
+    k = cfg.algorithm.k
+    out = []
+    if pool.trainable:
+        tokens = max(pool.micro_batch_tokens, sample)   # a sample longer than the budget goes alone
+        comps = trainer_components(shape, pool, cfg.algorithm, device, agents=agents, ranks=ranks, tokens=tokens)
+        width, _ = compute_dtype(pool, device)
+        other = activation_bytes(shape, tokens, width, not checkpointing_on(pool, device))
+        notes = [f"activations at {tokens} tokens: {gib(comps['activations'])} with checkpointing "
+                 f"{'on' if checkpointing_on(pool, device) else 'off'}, {gib(other)} with it "
+                 f"{'off' if checkpointing_on(pool, device) else 'on'}"]
+        if tokens > pool.micro_batch_tokens:
+            notes.append(f"micro_batch_tokens {pool.micro_batch_tokens} is below the longest sample ({sample} "
+                         "tokens), which goes alone")
+        host = (trainer_host_bytes(shape, pool, agents=agents, ranks=ranks) if device == "cuda"
+                else HOST_BASE_BYTES + sum(comps.values()))   # on CPU the device memory is the host's
+        plan = ProcessPlan(f"trainer-{name}", "trainer", name, device, ranks if device == "cuda" else 0, comps,
+                           memory if device == "cuda" else None, host, tuple(notes))
+        if plan.fits is False:
+            plan = replace(plan, fixes=tuple(trainer_fixes(cfg, name, pool, shape, ranks, memory)))
+        out.append(plan)
+    tasks = math.ceil(cfg.run.tasks_per_step / pool.rollout_replicas)
+    comps = rollout_components(shape, pool, agents=agents, k=k, tasks=tasks, sample_tokens=sample, device=device)
+    full = rollout_full_kv_bytes(shape, pool, k=k, tasks=tasks, sample_tokens=sample, device=device)
+    tp = pool.rollout_gpus if device == "cuda" else 1
+    if tp > 1:   # tensor parallel: each GPU holds 1/tp of the weights and of every KV head; the runtime whole
+        comps = {key: v if key == "runtime" else v // tp for key, v in comps.items()}
+        full //= tp
+    width, _ = compute_dtype(pool, device)
+    host = HOST_BASE_BYTES + shape.params * width + push_bytes(shape, pool, agents=agents)
+    if device != "cuda":
+        host += sum(comps.values())
+    for i in range(pool.rollout_replicas):
+        plan = ProcessPlan(f"rollout-{name}-{i}", "rollout", name, device, tp if device == "cuda" else 0, comps,
+                           memory if device == "cuda" else None, host)
+        if memory is not None and device == "cuda":
+            room = usable(memory) - plan.gpu_total + comps["kv_cache"]
+            at_once = k * tasks
+            if full > room:
+                share = max(0, room) * at_once // full
+                need = math.ceil(cfg.run.tasks_per_step / max(1, room // (full // tasks)))
+                plan = replace(plan, notes=(
+                    f"KV cache for all {at_once} sequences (K {k} x {tasks} tasks x {sample} tokens) at once: "
+                    f"{gib(full)}; about {share} fit at once and vLLM queues the rest (rollout_replicas: "
+                    f"{need} would run them all at once)",))
+            else:
+                plan = replace(plan, notes=(f"KV cache for all {at_once} sequences at once: {gib(full)}",))
+            if plan.fits is False:
+                plan = replace(plan, fixes=(
+                    f"shorter samples: max_prompt_tokens + max_tokens of pools.{name}'s agents is {sample}",
+                    f"more GPUs per replica: pools.{name}.rollout_gpus: {tp * 2} (vLLM splits the model over them)",
+                    "a GPU with more memory"))
+        out.append(plan)
+    return out
+
+
+def trainer_fixes(cfg: RunConfig, name: str, pool: PoolConfig, shape: ModelShape, ranks: int,
+                  memory: int) -> list[str]:
+    """Each single change that would make the pool's trainer fit, found by re-running the estimate."""
+    agents, sample, room = len(cfg.agents_of(name)), longest_sample(cfg, name), usable(memory)
+
+    def fits(p: PoolConfig, n: int = ranks, tokens: int | None = None) -> bool:
+        tokens = max(tokens or p.micro_batch_tokens, sample)
+        return sum(trainer_components(shape, p, cfg.algorithm, "cuda", agents=agents, ranks=n,
+                                      tokens=tokens).values()) <= room
+
+    fixes = []
+    if not checkpointing_on(pool, "cuda") and fits(replace(pool, gradient_checkpointing=True)):
+        fixes.append(f"turn checkpointing on: pools.{name}.gradient_checkpointing: true")
+    fit_tokens = _largest_fitting(lambda t: fits(pool, tokens=t), sample, pool.micro_batch_tokens)
+    if fit_tokens:
+        fixes.append(f"fewer micro-batch tokens: pools.{name}.micro_batch_tokens: {fit_tokens}")
+    if pool.specialization == "full":
+        more = next((n for n in range(ranks + 1, 65) if fits(pool, n=n)), None)
+        if more:
+            fixes.append(f"more GPUs: pools.{name}.trainer_gpus: {more} (FSDP shards the model and optimizer "
+                         f"over them; or `atgrpo plan --gpus {more}`)")
+        from atgrpo.config import LoraConfig
+
+        if fits(replace(pool, specialization="lora", lora=LoraConfig())):
+            fixes.append(f"LoRA: pools.{name}.specialization: lora (the base stays frozen in 16 bits; "
+                         "only the adapters train)")
+    if not fixes:
+        fixes.append("a GPU with more memory (--gpu-memory), or a smaller model")
+    return fixes
+
+
+def _largest_fitting(ok: Any, low: int, high: int) -> int | None:
+    """The largest multiple of 1024 in [low, high) for which ok() holds (ok is monotone)."""
+    if not ok(low):
+        return None
+    lo, hi = low, high
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    best = lo // 1024 * 1024
+    return best if best >= low else lo
+
+
+# --- output ----------------------------------------------------------------------------------------
+
+
+def gib(n: int) -> str:
+    return f"{n / GiB:.1f} GiB"
+
+
+_COLUMNS = (("weights", ("weights", "adapters")), ("casts", ("casts",)), ("grads", ("gradients",)),
+            ("optim", ("optimizer",)), ("fsdp", ("fsdp_units",)), ("kl-ref", ("kl_reference",)),
+            ("activ", ("activations",)), ("logprob", ("logprob",)), ("kv", ("kv_cache",)),
+            ("runtime", ("runtime",)))
+
+
+def render(plan: RunPlan) -> str:
+    """The table `atgrpo plan` prints: GiB per GPU of each process, its host memory, and whether it fits."""
+    head = ["process", "gpus", *(c for c, _ in _COLUMNS), "total", "of", "fits", "host"]
+    rows = [head]
+    for p in plan.processes:
+        gpu = p.device == "cuda"
+        cells = [p.name, str(p.gpus) if p.gpus else "-"]
+        for _, keys in _COLUMNS:
+            value = sum(p.gpu.get(k, 0) for k in keys) if gpu else 0
+            cells.append(f"{value / GiB:.1f}" if value else "-")
+        cells += [f"{p.gpu_total / GiB:.1f}" if gpu else "-",
+                  f"{usable(p.gpu_memory) / GiB:.0f}" if gpu and p.gpu_memory else "-",
+                  {True: "yes", False: "NO", None: "-" if not gpu else "?"}[p.fits],
+                  f"{p.host / GiB:.1f}"]
+        rows.append(cells)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = [f"{plan.source}: GiB per GPU ('of': usable, {USABLE_FRACTION:.0%} of each GPU; kv: one group's K "
+             "sequences); host: GiB of RAM (a cpu process's all)"]
+    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+              for r in rows]
+    for p in plan.processes:
+        lines += [f"  {p.name}: {n}" for n in p.notes]
+    for d in plan.disk:
+        lines.append(f"  disk, pool {d.pool}: {gib(d.checkpoint)} per checkpoint, {d.checkpoints} in the run, at most "
+                     f"{d.at_once} at once (run.keep_checkpoints): the trainer's volume needs {gib(d.trainer_volume)}; "
+                     f"each weight push sends {gib(d.push)} to each of {d.replicas} rollout replica(s)"
+                     + (f", which keep {d.pushes_on_disk} on local disk in a swap ({gib(d.replica_disk)})"
+                        if d.pushes_on_disk else ""))
+    unchecked = [p.name for p in plan.processes if p.device == "cuda" and p.gpu_memory is None]
+    if unchecked:
+        lines.append(f"not checked (no GPU memory stated): {', '.join(unchecked)}. Set pools.<name>.gpu_memory "
+                     "(e.g. 80GiB) or pass --gpu-memory")
+    lines += [f"not planned: {m}" for m in plan.unplanned]
+    lines += [f"problem: {m}" for m in plan.problems]
+    for p in plan.processes:
+        if p.fits is False:
+            lines.append(f"{p.name} does not fit: {gib(p.gpu_total)} needed per GPU, {gib(usable(p.gpu_memory or 0))} "
+                         "usable. Any one of:")
+            lines += [f"  - {f}" for f in p.fixes]
+    lines.append("fits" if plan.ok else "does not fit")
+    return "\n".join(lines)
+
+
+def train_problem(cfg: RunConfig) -> str | None:
+    """What `atgrpo train` checks before it starts anything: the config's GPU pools against the GPU
+    memory they state, and in local mode what local mode can start. None when it fits or when
+    nothing can be checked: CPU pools (a local CPU run passes without reading a model), GPU pools
+    with no memory stated, or whose model config is on the cluster only (they are left out)."""
+    if all(p.device == "cpu" for p in cfg.pools.values()):
+        return None
+    plan = plan_run(cfg, source="the config", local=cfg.local_mode)
+    if plan.ok:
+        return None
+    return render(plan) + "\n(see `atgrpo plan CONFIG`; --gpus and --gpu-memory try other GPUs)"
