@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from atgrpo.config import parse_config
-from atgrpo.plan import checkpoint_bytes, load_shape, push_bytes
+from atgrpo.plan import checkpoint_bytes, load_shape
+from atgrpo.runplan import checkpoints_at_once, plan_run
 from env_svc.datasets import sources
 from tests.helm.conftest import (
     CHART,
@@ -97,42 +98,45 @@ def test_every_emptydir_is_bounded_and_every_container_has_ephemeral_storage(cas
         assert disk <= limit, f"{name}: emptyDirs may hold {disk / GIB:.1f} GiB, limit {limit / GIB:.1f} GiB"
 
 
-def example_pools():
-    """Every pool of examples/*_gpu.yaml whose model atgrpo knows the shape of."""
+def example_disks():
+    """(example, atgrpo plan's disk figures) of every pool of examples/*_gpu.yaml whose model
+    atgrpo knows the shape of."""
     out = []
     for path in sorted((ROOT / "examples").glob("*_gpu.yaml")):
         cfg = parse_config(yaml.safe_load(path.read_text()), source=str(path))
-        for name, pool in cfg.pools.items():
-            shape = load_shape(pool.model_path)
-            if shape is not None:
-                out.append((path.name, cfg, name, pool, shape))
+        out += [(path.name, cfg.pools[d.pool].model_path, d) for d in plan_run(cfg).disk]
     return out
 
 
 def test_rollout_tmp_holds_a_weight_swap_of_every_example_model():
     """A vLLM replica writes each full-weight push into a new model-* directory under /tmp and
-    deletes the old one once the new one serves: two copies during a swap, plus compile caches."""
+    deletes the old one once the new one serves: two copies during a swap (atgrpo plan's
+    replica_disk), plus compile caches."""
     defaults = values_of(None)["poolDefaults"]["rollout"]
-    pools = example_pools()
-    assert {Path(p.model_path).name for _, _, _, p, _ in pools} >= {"Qwen3-1.7B", "Qwen3-8B"}
+    disks = example_disks()
+    assert {Path(model).name for _, model, _ in disks} >= {"Qwen3-1.7B", "Qwen3-8B"}
     caches = 4 * GIB
-    for example, cfg, name, pool, shape in pools:
-        need = 2 * push_bytes(shape, pool, agents=len(cfg.agents_of(name))) + caches
-        assert quantity(defaults["tmpSize"]) >= need, f"{example} pool {name}: {need / GIB:.1f} GiB"
+    for example, _, d in disks:
+        assert quantity(defaults["tmpSize"]) >= d.replica_disk + caches, \
+            f"{example} pool {d.pool}: {(d.replica_disk + caches) / GIB:.1f} GiB"
+    assert max(d.replica_disk for _, _, d in disks) == 2 * max(d.push for _, _, d in disks)
 
 
 def test_checkpoint_volume_holds_the_kept_checkpoints_of_the_default_model():
-    """(keep_checkpoints + the best + the one being written) x one checkpoint (state.PoolState.save)."""
+    """(keep_checkpoints + the best + the one being written) x one checkpoint (state.PoolState.save),
+    as atgrpo plan counts them, for the default run and for any longer one."""
     cfg = run_config(rendered(None))
-    pool = cfg.pools["main"]
-    keep = getattr(cfg.run, "keep_checkpoints", 3)
-    one = checkpoint_bytes(load_shape(pool.model_path), pool, agents=len(cfg.agents_of("main")))
-    assert 20 * GIB < one < 25 * GIB   # Qwen3-1.7B: 1.72 B parameters x 14 bytes under bf16
-    size = values_of(None)["poolDefaults"]["trainer"]["checkpoints"]["size"]
-    assert quantity(size) >= (keep + 2) * one
+    size = quantity(values_of(None)["poolDefaults"]["trainer"]["checkpoints"]["size"])
+    [d] = plan_run(cfg).disk
+    assert 20 * GIB < d.checkpoint < 25 * GIB   # Qwen3-1.7B: 1.72 B parameters x 14 bytes under bf16
+    assert size >= d.trainer_volume
+    longer = dataclasses.replace(cfg.run, steps=10_000)
+    assert checkpoints_at_once(longer) == cfg.run.keep_checkpoints + 2 == 5
+    assert size >= checkpoints_at_once(longer) * d.checkpoint
     # a LoRA checkpoint is its adapters: far smaller
+    pool = cfg.pools["main"]
     lora = dataclasses.replace(pool, specialization="lora")
-    assert checkpoint_bytes(load_shape(pool.model_path), lora, agents=2) < one / 50
+    assert checkpoint_bytes(load_shape(pool.model_path), lora, agents=2) < d.checkpoint / 50
 
 
 def test_an_ephemeral_limit_below_the_emptydirs_is_refused(helm, tmp_path):
