@@ -4,9 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Exact versions that resolve together on the CPU machine (DESIGN.md §5); refresh with
-# `make lock` after changing pyproject.toml.
+# `make lock` after changing pyproject.toml. The CPU and trainer images install with them too;
+# the GPU rollout image has its own (docker/constraints-rollout-gpu.txt, `make lock-images`).
 CONSTRAINTS := constraints.txt
-EXTRAS ?= train,docker,dev
+EXTRAS ?= train,data,docker,dev
 
 # vLLM's CPU build, for the vllm engine's integration test: its own venv, since it brings its
 # own dependency pins (and CUDA-built torchvision/torchaudio that cannot load beside CPU torch).
@@ -14,7 +15,7 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 HELM := .atgrpo/bin/helm
 
-.PHONY: install demo test protos lint bench lock clean
+.PHONY: install demo test protos lint bench lock lock-images clean
 
 install: $(STAMP) $(VLLM_STAMP) $(HELM)
 
@@ -71,6 +72,13 @@ bench: install
 
 lock: install
 	$(BIN)/pip freeze --exclude-editable | grep -vi '^atgrpo' > $(CONSTRAINTS)
+	$(MAKE) lock-images
+
+# The GPU rollout image's pins: its requirements resolved for the image's platform (pip's dry
+# run; nothing installed), keeping constraints.txt's versions wherever vLLM allows.
+# tests/helm/test_image_deps.py resolves every image the same way.
+lock-images: install
+	$(BIN)/python scripts/lock_images.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .atgrpo runs .pytest_cache .ruff_cache

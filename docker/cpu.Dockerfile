@@ -14,8 +14,10 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH
 RUN python -m venv /opt/venv
 WORKDIR /src
 # Dependencies first, in their own layer: it changes only with pyproject.toml or the pins.
+# constraints.txt: the CPU machine's exact pins (`make lock`); the data extra brings pyarrow, so
+# env_svc reads .parquet datasets.
 COPY pyproject.toml constraints.txt docker/requirements.py ./
-RUN python requirements.py train > requirements.txt \
+RUN python requirements.py train data > requirements.txt \
  && pip install --extra-index-url "${TORCH_INDEX_URL}" -c constraints.txt -r requirements.txt
 # Then the package itself (the .dockerignore beside this file admits only its sources).
 COPY . .

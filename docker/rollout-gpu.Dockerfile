@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # atgrpo GPU rollout image: rollout_svc with vLLM and CUDA torch (both from PyPI: torch's Linux
-# wheels bundle the CUDA runtime, so the base needs no CUDA; the node's driver comes in through
-# the NVIDIA container toolkit). Build from the repository root:
+# wheels bundle the CUDA runtime, whose version docker/cuda.txt holds, so the base needs no CUDA;
+# the node's driver comes in through the NVIDIA container toolkit). Build from the repository root:
 #   docker build -f docker/rollout-gpu.Dockerfile -t atgrpo-rollout-gpu:0.1.0 .
 # Pin the base by digest for reproducible builds: --build-arg BASE_IMAGE=python:3.11.13-slim-bookworm@sha256:...
 ARG BASE_IMAGE=python:3.11.13-slim-bookworm
@@ -11,9 +11,11 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH
 RUN python -m venv /opt/venv
 WORKDIR /src
 # Dependencies first, in their own layer (gigabytes): it changes only with pyproject.toml or the pins.
-COPY pyproject.toml constraints.txt docker/requirements.py ./
+# Its own pins: vLLM's requirements cannot share constraints.txt (mistral_common[image] needs
+# numpy<2.4); `make lock-images` writes them. cuda.txt: the CUDA of the GPU images.
+COPY pyproject.toml docker/constraints-rollout-gpu.txt docker/cuda.txt docker/requirements.py ./
 RUN python requirements.py train vllm > requirements.txt \
- && pip install -c constraints.txt -r requirements.txt
+ && pip install -c constraints-rollout-gpu.txt -c cuda.txt -r requirements.txt
 # Then the package itself (the .dockerignore beside this file admits only its sources).
 COPY . .
 RUN pip install --no-deps .

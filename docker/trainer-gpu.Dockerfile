@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # atgrpo GPU trainer image: trainer_svc with CUDA torch (PyPI's Linux wheels bundle the CUDA
-# runtime and NCCL; the node's driver comes in through the NVIDIA container toolkit), and
+# runtime, whose version docker/cuda.txt holds, and NCCL; the node's driver comes in through the NVIDIA container toolkit), and
 # torchrun for pools trained over several GPUs. Build from the repository root:
 #   docker build -f docker/trainer-gpu.Dockerfile -t atgrpo-trainer-gpu:0.1.0 .
 # Pin the base by digest for reproducible builds: --build-arg BASE_IMAGE=python:3.11.13-slim-bookworm@sha256:...
@@ -11,9 +11,10 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH
 RUN python -m venv /opt/venv
 WORKDIR /src
 # Dependencies first, in their own layer (gigabytes): it changes only with pyproject.toml or the pins.
-COPY pyproject.toml constraints.txt docker/requirements.py ./
+# constraints.txt (the CPU machine's pins) resolves for it too; cuda.txt: the CUDA of the GPU images.
+COPY pyproject.toml constraints.txt docker/cuda.txt docker/requirements.py ./
 RUN python requirements.py train > requirements.txt \
- && pip install -c constraints.txt -r requirements.txt
+ && pip install -c constraints.txt -c cuda.txt -r requirements.txt
 # Then the package itself (the .dockerignore beside this file admits only its sources).
 COPY . .
 RUN pip install --no-deps .
