@@ -463,3 +463,21 @@ def test_pod_monitor_alternative(helm):
     selector = pm["spec"]["selector"]["matchLabels"]
     scraped = [o for o in objs if o["kind"] in WORKLOADS and selector.items() <= pod_labels(o).items()]
     assert sorted(component(o) for o in scraped) == ["env", "rollout", "router", "sandbox", "trainer"]
+
+
+def _run_job(*value_args: str) -> dict:
+    [job] = [j for j in of_kind(template(*value_args), "Job") if component(j) == "run"]
+    return job
+
+
+def test_what_changes_the_run_pod_makes_a_new_job():
+    """A Job's pod template is immutable: `helm upgrade` with anything that changes it (the config,
+    the image, the token) under the same Job name would fail, so each such change is a new name;
+    what the run pod does not see (the sandbox's replicas) keeps it."""
+    base = _run_job()
+    assert _run_job()["metadata"]["name"] == base["metadata"]["name"]
+    assert _run_job("--set", "sandbox.replicas=5")["metadata"]["name"] == base["metadata"]["name"]
+    for change in ("run.config.run.steps=7", "images.cpu.tag=0.1.1", "security.tokenSecret=mine",
+                   "security.generateToken=false", "run.resources.limits.memory=3Gi"):
+        job = _run_job("--set", change)
+        assert job["metadata"]["name"] != base["metadata"]["name"], change
