@@ -231,6 +231,8 @@ def valid_requests(services) -> dict[str, Callable[[], list]]:
         "trainer.Setup": lambda: [setup_request(services.model_dir, [services.address("rollout")])],
         "trainer.Train": train,
         "trainer.SaveCheckpoint": lambda: [trainer_pb2.SaveCheckpointRequest(dir="fuzz-out/ckpt")],
+        # the folder SaveCheckpoint's examples write; any other is refused (FAILED_PRECONDITION)
+        "trainer.DeleteCheckpoint": lambda: [trainer_pb2.DeleteCheckpointRequest(dir="fuzz-out/ckpt")],
     }
 
 
@@ -352,7 +354,7 @@ def test_every_rpc_of_every_service_is_fuzzed():
     kinds = Counter(kind for kind, _ in RPCS)
     assert set(kinds) == set(KINDS)
     assert {"env.Reset", "rollout.LoadWeights", "trainer.Train", "router.StartRun", "sandbox.RunTests"} <= set(RPC_IDS)
-    assert len(RPC_IDS) == 26
+    assert len(RPC_IDS) == 27
 
 
 def _edit(rpc_id: str, change: Callable[[list], object]) -> Callable[[object], list]:
