@@ -82,6 +82,9 @@ def test_health_and_metrics_answer_while_the_service_builds_then_it_serves(slow_
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.stdout.read().decode()
+        # Looked at before the state: the port file comes after SERVING, so a file seen now with a
+        # state still loading after it is the bug (looked at after, a build ending in between is not).
+        written = port_file.exists()
         try:
             text = _scrape(metrics_port)
             state = asyncio.run(_state(address))
@@ -93,7 +96,7 @@ def test_health_and_metrics_answer_while_the_service_builds_then_it_serves(slow_
         # Loading: health NOT_SERVING, the process live, calls refused, no port file yet.
         assert state == (NOT_SERVING, SERVING, grpc.StatusCode.UNAVAILABLE)
         assert 'atgrpo_service_ready{service="router"} 0.0' in text
-        assert not port_file.exists()
+        assert not written
         seen_loading = True
         time.sleep(0.2)
     assert seen_loading, "the service was never seen loading: it should answer during its 3 s build"
