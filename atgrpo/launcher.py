@@ -47,6 +47,7 @@ class ServicePlan:
     kind: str
     args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()   # set in its environment, e.g. the GPUs it may use
+    python: str = ""                        # its interpreter; "" = the launcher's
 
     def needs(self) -> set[str]:
         return {a[1:-1] for a in self.args if a.startswith("{") and a.endswith("}")}
@@ -125,7 +126,7 @@ def _spawn(plan: ServicePlan, state_dir: Path, python: str, addresses: dict[str,
     port_file.unlink(missing_ok=True)
     log_path = state_dir / "logs" / f"{plan.name}.log"
     args = [addresses[a[1:-1]] if a[1:-1] in plan.needs() else a for a in plan.args]
-    argv = [python, "-m", f"{plan.kind}_svc", "--port", "0", "--metrics-port", "0",
+    argv = [plan.python or python, "-m", f"{plan.kind}_svc", "--port", "0", "--metrics-port", "0",
             "--port-file", str(port_file), *args]
     if tether is not None:
         argv += tether.for_kind(plan.kind)[0]

