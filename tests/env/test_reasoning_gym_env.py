@@ -171,3 +171,15 @@ def test_sudoku_family_over_grpc(env_address):
                 assert (good.local_reward, good.done, good.success) == (1.0, True, True)
                 await c.close_episodes([ep, bad_ep])
     asyncio.run(go())
+
+
+def test_the_docs_example_builds():
+    import yaml
+
+    from tests.conftest import ROOT
+
+    doc = (ROOT / "docs" / "environments.md").read_text()
+    section = doc.split("## The built-in `reasoning_gym` environment", 1)[1]
+    env = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))["env"]
+    built = ReasoningGymEnv(env["options"])
+    assert built.spec.turn_order == tuple(env["turn_order"]) and built.spec.max_turns == env["max_turns"]
