@@ -6,6 +6,7 @@ import re
 import sys
 
 import pytest
+import reasoning_gym as rg  # make install brings it: the benchmarks extra
 
 from atgrpo import errors
 from atgrpo.sdk.env import EVAL_SEED_OFFSET
@@ -13,8 +14,6 @@ from atgrpo.sdk.host import EnvHost
 from atgrpo.sdk.registry import Registry
 from env_svc.envs import BUILTIN
 from env_svc.envs.reasoning_gym import FAILURE_REWARD, ReasoningGymEnv, _dataset
-
-rg = pytest.importorskip("reasoning_gym", reason="the env wraps reasoning-gym: pip install 'atgrpo[benchmarks]'")
 
 ARITHMETIC = {"dataset": "basic_arithmetic",
               "dataset_config": {"min_terms": 2, "max_terms": 3, "max_digits": 2, "operators": ["+", "-", "*"]}}

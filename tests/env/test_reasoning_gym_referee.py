@@ -40,13 +40,12 @@ import json
 import re
 
 import pytest
+import reasoning_gym as rg  # make install brings it: the benchmarks extra
 
 from env_svc.envs.plan_path import PathState, PlanPathEnv, bfs_distances, shortest_path
 from env_svc.envs.sokoban import SokobanEnv, SokobanState, box_distance, dead_squares, solve_sokoban
 from env_svc.envs.sudoku import SudokuEnv, SudokuState, count_solutions
 from tests.env.planning_solvers import SOKOBAN_SOLVER, SUDOKU_SOLVER
-
-rg = pytest.importorskip("reasoning_gym", reason="reasoning-gym is the referee: pip install 'atgrpo[benchmarks]'")
 
 SEED = 20250  # any; fixed so a failure names the same puzzle again
 WORD = {"up": "U", "down": "D", "left": "L", "right": "R"}
