@@ -10,4 +10,5 @@ BUILTIN = {
     "sudoku": "env_svc.envs.sudoku:SudokuEnv",
     "code": "env_svc.envs.code:CodeEnv",
     "math": "env_svc.envs.math:MathEnv",
+    "reasoning_gym": "env_svc.envs.reasoning_gym:ReasoningGymEnv",
 }

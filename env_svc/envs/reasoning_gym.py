@@ -1,0 +1,297 @@
+"""`reasoning_gym`: any task of the reasoning-gym library (`pip install 'atgrpo[benchmarks]'`) as
+an environment: a `reasoner` alone, or a `tool` agent plus the `reasoner`, as in `math`.
+
+Each episode is one generated entry of the dataset named by the `dataset` option (e.g.
+`basic_arithmetic`, `leg_counting`, `sudoku`, `maze`; `dataset_config` is passed to
+`reasoning_gym.create_dataset` as keyword arguments). Entries come from two datasets of
+`train_size` and `eval_size` entries, seeded `data_seed` and `data_seed + EVAL_SEED_OFFSET`:
+reasoning-gym draws entry i from Random(seed + i), so the two splits never share a draw, and the
+same (split, seed) always gives the same entry. A task's seed picks the entry (seed modulo the
+split's size; eval seeds count from EVAL_SEED_OFFSET), so training walks its split in order, once
+per epoch, and evaluation takes the first `eval_size` entries.
+
+- **reasoner** sees the question and ends with `<answer>...</answer>` (reasoning-gym's own
+  convention; the last one counts; a `\\boxed{}` or `Final answer:` line is accepted when there is
+  none). Local reward: the dataset's `score_answer` (in [0, 1]; some tasks give partial credit),
+  `failure_reward` (default -1) when no answer can be found.
+- **tool** writes one ```python block, run in the sandbox like `math`'s tool agent; its answer is
+  the `<answer>...</answer>` it prints, else its last non-empty stdout line. Local reward: its
+  answer's score, 0 when it printed nothing, `failure_reward` for no code block or a crash.
+- **team reward** (both agents): the reasoner's latest score (0 before it answers).
+- **done / success**: success = the reasoner's latest score is 1.0; the episode ends then, or
+  after `max_turns` (default 1; a later turn tells the agents their answer was not right, an
+  oracle, so evaluate with `max_turns: 1`).
+
+Options: `dataset` (required when any option is given), `dataset_config`, `train_size` (10000),
+`eval_size` (200), `data_seed` (0), `max_turns`, `turn_order` (e.g. `[reasoner]` for L0),
+`failure_reward`, `tool_timeout_s` (5). Built with no options at all (ListEnvs describes every
+built-in so) the env names its spec without importing reasoning-gym, and reset asks for `dataset`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from atgrpo.contract.sandbox import Limits
+from atgrpo.errors import FailedPrecondition, InvalidArgument
+from atgrpo.sdk.env import EVAL_SEED_OFFSET, Environment, EnvSpec, Message, StepResult
+from env_svc.envs._text import clip as _clip
+from env_svc.envs._text import decode as _decode
+from env_svc.envs._text import program_lines, run_failure
+from env_svc.envs.answer_extract import extract_answer, extract_code
+from env_svc.envs.math import sandbox_call, turn_options
+
+AGENTS = ("tool", "reasoner")
+FAILURE_REWARD = -1.0
+CODE_CHARS, STDOUT_CHARS, STDERR_CHARS, ANSWER_CHARS = 1500, 800, 400, 600
+INSTALL_HINT = "pip install 'atgrpo[benchmarks]'"
+OWNED_KEYS = ("seed", "size")     # create_dataset arguments this env sets from its own options
+_TAG_RE = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)
+
+
+def tagged_answer(text: str) -> str | None:
+    """The content of the last <answer>...</answer> (reasoning-gym's convention), or None."""
+    found = [m.strip() for m in _TAG_RE.findall(text)]
+    return found[-1] if found and found[-1] else None
+
+
+def reasoner_answer(text: str) -> str | None:
+    return tagged_answer(text) or extract_answer(text)
+
+
+def program_answer(stdout: str) -> str | None:
+    """A tool program's answer: a printed <answer> block (answers may span lines, e.g. a grid),
+    else its last non-empty line."""
+    lines = [ln.strip() for ln in stdout.strip().splitlines() if ln.strip()]
+    return tagged_answer(stdout) or (lines[-1] if lines else None)
+
+
+def _library() -> Any:
+    try:
+        import reasoning_gym
+    except ImportError:
+        raise ValueError(f"env reasoning_gym needs the reasoning-gym package: {INSTALL_HINT}") from None
+    return reasoning_gym
+
+
+@functools.lru_cache(maxsize=32)
+def _dataset(name: str, config_json: str, seed: int, size: int) -> Any:
+    """A dataset object, shared by every episode with the same options (creating one validates
+    its config; entries are generated on demand)."""
+    rg = _library()
+    try:
+        return rg.create_dataset(name, seed=seed, size=size, **json.loads(config_json))
+    except (TypeError, AssertionError, ValueError) as e:
+        raise ValueError(f"reasoning_gym: dataset {name!r} refused dataset_config {json.loads(config_json)}: "
+                         f"{type(e).__name__}: {e or 'its config check failed'}") from None
+
+
+def dataset_names() -> list[str]:
+    from reasoning_gym.factory import DATASETS
+    return sorted(DATASETS)
+
+
+def check_dataset(name: Any, config: Any) -> tuple[str, str]:
+    """(name, config as canonical JSON), or ValueError saying what to write instead."""
+    _library()
+    names = dataset_names()
+    if name is None:
+        raise ValueError("reasoning_gym: the option `dataset` is required: a reasoning-gym dataset name, "
+                         "e.g. basic_arithmetic")
+    if not isinstance(name, str) or name not in names:
+        some = ", ".join(n for n in ("basic_arithmetic", "leg_counting", "sudoku", "maze", "countdown") if n in names)
+        raise ValueError(f"reasoning_gym: unknown dataset {name!r}; use one of reasoning-gym's {len(names)} "
+                         f"datasets, e.g. {some} (all: reasoning_gym.factory.DATASETS)")
+    if not isinstance(config, Mapping):
+        raise ValueError(f"reasoning_gym: dataset_config must be a mapping of {name}'s config fields, got {config!r}")
+    if owned := sorted(set(config) & set(OWNED_KEYS)):
+        raise ValueError(f"reasoning_gym: dataset_config may not set {owned}; use the options data_seed, "
+                         "train_size and eval_size")
+    try:
+        config_json = json.dumps(dict(config), sort_keys=True)
+    except (TypeError, ValueError):
+        raise ValueError(f"reasoning_gym: dataset_config must hold plain values, got {config!r}") from None
+    _dataset(name, config_json, 0, 1)      # the dataset's own config check, now rather than at reset
+    return name, config_json
+
+
+def entry_index(seed: int, split: str, size: int) -> int:
+    index = seed - EVAL_SEED_OFFSET if split == "eval" and seed >= EVAL_SEED_OFFSET else seed
+    return abs(index) % size
+
+
+class ReasoningGymEnv(Environment):
+    """A reasoning-gym task: a reasoner (and optionally a tool agent) answers; the dataset scores."""
+
+    name = "reasoning_gym"
+    shared_on_fork = (*Environment.shared_on_fork, "limits", "dataset", "entry")
+
+    def __init__(self, options: Mapping[str, Any] | None = None):
+        super().__init__(options)
+        order, parallel = turn_options(self.options, AGENTS, self.name)
+        self.spec = EnvSpec(self.name, agents=order, turn_order=order,
+                            max_turns=int(self.options.get("max_turns", 1)), parallel=parallel,
+                            description="a reasoning-gym task: the dataset's own scorer grades the answer")
+        self.sizes = {"train": int(self.options.get("train_size", 10_000)),
+                      "eval": int(self.options.get("eval_size", 200))}
+        for split, size in self.sizes.items():
+            if not 1 <= size < EVAL_SEED_OFFSET:
+                raise ValueError(f"reasoning_gym: {split}_size must be in 1..{EVAL_SEED_OFFSET - 1}, got {size}")
+        self.data_seed = int(self.options.get("data_seed", 0))
+        self.failure_reward = float(self.options.get("failure_reward", FAILURE_REWARD))
+        timeout_ms = int(float(self.options.get("tool_timeout_s", 5.0)) * 1000)
+        if timeout_ms <= 0:
+            raise ValueError("reasoning_gym: tool_timeout_s must be > 0")
+        self.limits = None if Limits is None else Limits(
+            wall_timeout_ms=timeout_ms, cpu_time_ms=timeout_ms, memory_bytes=512 * 2**20,
+            max_output_bytes=64 * 2**10, max_processes=16, max_file_bytes=2**20, max_open_files=64)
+        # A run always passes options (atgrpo adds turn_order); only a listing builds with none.
+        self.source = check_dataset(self.options.get("dataset"), self.options.get("dataset_config") or {}) \
+            if self.options else None
+        self.dataset: Any = None
+        self.entry: dict[str, Any] | None = None
+        self.turn, self.acted, self.done = 0, set(), False
+        self.score = 0.0                        # the reasoner's latest score
+        self.tool_out: dict[str, Any] | None = None
+        self.history: list[str] = []
+        self.notes: dict[str, str] = {}
+
+    # ---- Environment ------------------------------------------------------------------------
+
+    def reset(self, task_id: str, seed: int, split: str) -> None:
+        if self.source is None:
+            raise InvalidArgument("env reasoning_gym needs the option `dataset` (a reasoning-gym dataset name, "
+                                  "e.g. basic_arithmetic)")
+        name, config_json = self.source
+        offset = EVAL_SEED_OFFSET if split == "eval" else 0
+        self.dataset = _dataset(name, config_json, self.data_seed + offset, self.sizes[split])
+        self.entry = self.dataset[entry_index(seed, split, self.sizes[split])]
+        self.turn, self.acted, self.done, self.score = 0, set(), False, 0.0
+        self.tool_out, self.history, self.notes = None, [], {}
+
+    def observe(self, agent: str) -> list[Message]:
+        self._check(agent)
+        if self.entry is None:
+            raise RuntimeError("reasoning_gym: observe() before reset()")
+        multi = len(self.spec.turn_order) > 1
+        role = ("You are the tool agent of a two-agent team (you and a reasoner): write a Python program "
+                "that computes the answer." if agent == "tool" else
+                "You are the reasoning agent of a two-agent team (you and a tool agent who writes programs): "
+                "give the final answer." if multi else "Solve the task.")
+        parts = [f"{role}\nTurn {self.turn + 1} of {self.spec.max_turns}.", f"Task:\n{self.entry['question']}"]
+        if self.history:
+            parts.append("Previous turns:\n" + "\n".join(self.history[-6:]))
+        if agent == "tool":
+            parts.append("Write the program in one ```python code block. It runs with Python 3 and its standard "
+                         "library only, without input. Print the final answer on the last line, or between "
+                         "<answer> and </answer> when it spans several lines.")
+        else:
+            if "tool" in self.spec.turn_order:
+                parts.append(self._tool_report())
+            parts.append("Think step by step, then give only the final answer between <answer> and </answer>, "
+                         "in exactly the format the task asks for.")
+        return [{"role": "user", "content": "\n\n".join(parts)}]
+
+    async def step(self, agent: str, action: str) -> StepResult:
+        self._check(agent)
+        if self.entry is None:
+            raise RuntimeError("reasoning_gym: step() before reset()")
+        if self.done:
+            return StepResult(self.score, 0.0, True, True, {"error": "the episode is over"})
+        action = action if isinstance(action, str) else ""
+        result = await (self._tool(action) if agent == "tool" else self._reasoner(action))
+        self.acted.add(agent)
+        if self.acted >= set(self.spec.turn_order):
+            self._end_turn()
+        return result
+
+    # ---- agents -----------------------------------------------------------------------------
+
+    async def _score(self, answer: str) -> tuple[float, dict[str, Any]]:
+        """The dataset's score_answer, off the event loop (some scorers use sympy); a scorer that
+        raises on odd text scores 0, since model output must never fail the episode."""
+        try:
+            score = float(await asyncio.to_thread(self.dataset.score_answer, answer, self.entry))
+        except Exception as e:  # noqa: BLE001 - third-party scorers raise anything on malformed answers
+            return 0.0, {"score_error": _clip(f"{type(e).__name__}: {e}", 200)}
+        return (score, {}) if 0.0 <= score <= 1.0 else (0.0, {"score_error": f"scorer returned {score}"})
+
+    async def _reasoner(self, action: str) -> StepResult:
+        answer = reasoner_answer(action)
+        if answer is None:
+            self._record("reasoner", "gave no <answer>")
+            return StepResult(self.score, self.failure_reward, False, False,
+                              {"parse_error": "no <answer>...</answer> found; end with the final answer in "
+                                              "<answer></answer> tags"})
+        self.score, info = await self._score(answer)
+        self.done = self.score >= 1.0
+        info.update(answer=_clip(answer, ANSWER_CHARS), score=self.score)
+        self._record("reasoner", f"answered {_clip(answer, 200)}" + ("" if self.done else " (not right)"))
+        return StepResult(self.score, self.score, self.done, self.done, info)
+
+    async def _tool(self, action: str) -> StepResult:
+        out: dict[str, Any] = {"code": "", "stdout": "", "stderr": "", "answer": None, "error": ""}
+        self.tool_out = out
+        info: dict[str, Any] = {}
+
+        def fail(key: str, message: str) -> StepResult:
+            out["error"] = info[key] = message
+            self._record("tool", f"failed ({_clip(message, 120)})")
+            return StepResult(self.score, self.failure_reward, False, False, info)
+
+        code = extract_code(action)
+        if code is None:
+            return fail("parse_error", "no ```python code block found; put the program in one ```python ... ``` block")
+        out["code"] = _clip(code.strip(), CODE_CHARS)
+        if self.sandbox is None:
+            raise FailedPrecondition("the reasoning_gym env's tool agent runs code, but no sandbox is configured: "
+                                     "start env_svc with --sandbox HOST:PORT (local mode does this)")
+        kwargs = {} if self.limits is None else {"limits": self.limits}
+        try:
+            result = await sandbox_call(self.sandbox.execute, code, **kwargs)
+        except InvalidArgument as e:           # the program itself is unacceptable (e.g. a NUL byte)
+            return fail("exec_error", f"the sandbox refused the program: {e}")
+        stdout, stderr = _decode(getattr(result, "stdout", b"")), _decode(getattr(result, "stderr", b""))
+        out["stdout"], out["stderr"] = _clip(stdout.strip(), STDOUT_CHARS), _clip(stderr.strip(), STDERR_CHARS)
+        info["verdict"] = getattr(getattr(result, "verdict", None), "value", str(getattr(result, "verdict", "")))
+        if failure := run_failure(result, stderr):
+            return fail("exec_error", failure)
+        answer = program_answer(stdout)
+        if answer is None:
+            out["error"] = "the program printed nothing"
+            self._record("tool", "printed nothing")
+            return StepResult(self.score, 0.0, False, False, {**info, "answer": None, "score": 0.0})
+        out["answer"] = _clip(answer, ANSWER_CHARS)
+        score, extra = await self._score(answer)
+        info.update(extra, answer=out["answer"], score=score)
+        self._record("tool", f"printed {_clip(answer, 200)}")
+        return StepResult(self.score, score, False, False, info)
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    def _tool_report(self) -> str:
+        out = self.tool_out
+        if out is None:
+            return "The tool agent has not acted this turn."
+        lines = program_lines(out, "Its output", "Its errors")
+        lines.append(f"The tool agent's answer: {out['answer']}" if out["answer"] is not None
+                     else f"The tool agent gave no answer: {out['error']}")
+        return "\n".join(lines)
+
+    def _record(self, agent: str, text: str) -> None:
+        self.notes[agent] = text
+
+    def _end_turn(self) -> None:
+        line = "; ".join(f"{a} {self.notes[a]}" for a in self.spec.turn_order if a in self.notes)
+        self.history.append(f"Turn {self.turn + 1}: {line}")
+        self.notes, self.acted, self.tool_out = {}, set(), None
+        self.turn += 1
+
+    def _check(self, agent: str) -> None:
+        if agent not in self.spec.agents:
+            raise ValueError(f"reasoning_gym: unknown agent {agent!r}; this environment's agents are {self.spec.agents}")
