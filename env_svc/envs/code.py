@@ -29,6 +29,12 @@ on the tester's tests). Every program runs in the sandbox (`RunTests`), never in
   `max_turns` (default 5, the reference's).
 - **success**: the coder's current program passes every hidden test.
 
+HumanEval problems (`dataset: humaneval`) are function problems with their own judge: the coder
+completes the prompt (signature + docstring) with a whole function or a body, and the one hidden
+test is HumanEval's `check(entry_point)` run on the prompt plus that answer (code_check.py), so
+the team reward and success are HumanEval's pass/fail. The tester's tests call the function with
+JSON arguments as for any function problem, judged by the canonical solution.
+
 Hidden tests run in chunks of 1, 2, 4, ... cases; after a chunk in which a case ran past the time
 limit, the remaining cases are not run and count as failed (`info["not_run"]`), so a program that
 hangs costs one time limit, not one per test. Sandbox calls that find the sandbox busy or down are
@@ -58,6 +64,7 @@ from env_svc import code_formats, datasets
 from env_svc.envs._text import clip as _clip
 from env_svc.envs._text import decode as _decode
 from env_svc.envs.answer_extract import extract_code
+from env_svc.envs.code_check import check_program, complete_function
 from env_svc.envs.math import sandbox_call, turn_options
 
 AGENTS = ("coder", "tester")
@@ -126,12 +133,12 @@ except BaseException:
 '''
 
 
-def function_program(source: str, name: str) -> str:
+def function_program(source: str, name: str, prelude: str = PRELUDE) -> str:
     """A stdin/stdout program that runs `source` (untrusted: it is only ever run in the sandbox)
     and prints canonical_json(name(*args)) for the arguments on stdin, one JSON value a line."""
     return _HARNESS.format(canonical=inspect.getsource(code_formats.canonical),
                            canonical_json=inspect.getsource(code_formats.canonical_json),
-                           source=source, name=name, prelude=PRELUDE)
+                           source=source, name=name, prelude=prelude)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,7 +293,8 @@ class CodeEnv(Environment):
         if self.tests:
             parts.append(self._tests_report())
         if agent == "coder":
-            parts.append("Answer with the complete program in one ```python code block.")
+            whole = "function" if p.check else "program"
+            parts.append(f"Answer with the complete {whole} in one ```python code block.")
         else:
             parts.append(f"Write up to {self.max_tests} tests, each as:\n**Test Input:**\n```\n...\n```\n"
                          "**Test Output:**\n```\n...\n```")
@@ -322,7 +330,7 @@ class CodeEnv(Environment):
         p = self.problem
         assert p is not None
         hidden = list(p.tests[:self.max_hidden] if self.max_hidden else p.tests)
-        runs = await self._run(code, hidden, p.compare)
+        runs = await self._run(self._judge_program(code), hidden, p.compare)
         passed = sum(r.passed for r in runs)
         self.code, self.hidden_ratio = code, round(passed / len(runs), 6)
         self.success = passed == len(runs)
@@ -392,16 +400,26 @@ class CodeEnv(Environment):
     # ---- running programs -------------------------------------------------------------------
 
     def _program(self, source: str) -> str:
+        """The program that runs `source` on the tester's tests (stdin: a test's input)."""
         p = self.problem
         assert p is not None
+        if p.check:     # no prelude: HumanEval's own check runs the answer without one
+            return function_program(complete_function(p.starter_code, source, p.fn_name), p.fn_name, prelude="")
         return function_program(source, p.fn_name) if p.kind == "function" else source
 
-    async def _run(self, source: str, cases: Sequence[tuple[str, str]], compare: str = "whitespace") -> list[CaseRun]:
-        """`source` on each (stdin, expected) case; chunks of 1, 2, 4, ... cases, stopping after a
+    def _judge_program(self, source: str) -> str:
+        """The program that runs `source` on the hidden tests: the problem's own check, if it has one."""
+        p = self.problem
+        assert p is not None
+        if p.check:
+            return check_program(complete_function(p.starter_code, source, p.fn_name), p.check, p.fn_name)
+        return self._program(source)
+
+    async def _run(self, program: str, cases: Sequence[tuple[str, str]], compare: str = "whitespace") -> list[CaseRun]:
+        """`program` on each (stdin, expected) case; chunks of 1, 2, 4, ... cases, stopping after a
         chunk with a timeout (the rest count as failed, verdict not_run)."""
         if not cases:
             return []
-        program = self._program(source)
         mode = Compare.FLOAT if compare == "float" else Compare.WHITESPACE
         runs: list[CaseRun] = []
         i, size = 0, 1
@@ -429,7 +447,7 @@ class CodeEnv(Environment):
     async def _run_on_tests(self, source: str, tests: list[TesterTest]) -> list[CaseRun]:
         """`source` on the tester's tests; malformed ones fail without running."""
         runnable = [(t.stdin, t.expected) for t in tests if not t.error]
-        got = iter(await self._run(source, runnable))
+        got = iter(await self._run(self._program(source), runnable))
         return [CaseRun(False, "malformed", "", t.error) if t.error else next(got) for t in tests]
 
     async def _run_current_on_tests(self) -> None:
@@ -449,6 +467,10 @@ class CodeEnv(Environment):
     def _io_rules(self) -> str:
         p = self.problem
         assert p is not None
+        if p.check:
+            return (f"Write the whole function `{p.fn_name}` (with the imports it needs), or only its body; "
+                    "the code above runs first, so its imports and helper functions are there. A test's input "
+                    "is the arguments, one JSON value per line; its output is the returned value as JSON.")
         if p.kind == "function":
             starter = f"\nStarter code:\n```python\n{p.starter_code.strip()}\n```" if p.starter_code.strip() else ""
             return (f"Implement the function `{p.fn_name}` (a plain function, or a method of `class Solution`); "

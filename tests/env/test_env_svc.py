@@ -46,3 +46,17 @@ def test_tool_code_runs_in_the_sandbox_service_and_reaches_the_plan_prompt(env_a
             bad2 = await c.step(ep, "plan", plan_answer(["X"]))
             assert bad2.local_reward < 0
     asyncio.run(go())
+
+
+def test_humaneval_problems_are_judged_by_their_check_in_the_sandbox_service(env_address):
+    async def go():
+        async with EnvClient(env_address) as c:
+            ep, spec = await c.reset("code", "humaneval-53", seed=0, split="eval", options={"dataset": "humaneval"})
+            assert spec.turn_order == ("coder", "tester")
+            prompt, _ = await c.observe(ep, "coder")
+            assert "def add(x: int, y: int):" in prompt[-1]["content"]
+            wrong = await c.step((await c.fork(ep, 1))[0], "coder", "```python\n    return x - y\n```")
+            assert not wrong.success and wrong.local_reward == 0.0 and "AssertionError" in wrong.info["error"]
+            right = await c.step(ep, "coder", "```python\ndef add(x: int, y: int):\n    return x + y\n```")
+            assert right.success and right.team_reward == 1.0
+    asyncio.run(go())
