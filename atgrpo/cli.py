@@ -306,8 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.set_defaults(fn=_cmd_train)
     ev = sub.add_parser("eval", help="success rate and per-agent figures on the eval split")
     ev.add_argument("config", type=Path)
-    ev.add_argument("--checkpoint", type=Path, required=True,
-                    help="a run directory (its last checkpoint) or one of its checkpoints/step-N")
+    ev.add_argument("--checkpoint", type=Path, default=None,
+                    help="a run directory (its last checkpoint) or one of its checkpoints/step-N; "
+                         "without it, the starting weights (each pool's model_path)")
     ev.add_argument("--json", action="store_true")
     ev.set_defaults(fn=_cmd_eval)
     pl = sub.add_parser("plot", help="redraw a run's reward and success curves (RUN_DIR/curves.png)")

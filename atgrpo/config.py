@@ -57,6 +57,9 @@ Device = Literal["cpu", "cuda", "auto"]
 DType = Literal["float32", "bfloat16", "float16", "auto"]
 
 
+EVALUATE_START = "start"   # run.evaluate_checkpoint: the starting weights, no checkpoint
+
+
 @dataclass(frozen=True)
 class RunSection:
     name: str
@@ -85,8 +88,9 @@ class RunSection:
     save_samples: bool = False
     """write each step's samples (token ids, rewards, advantages) to run_dir/samples/step-N.jsonl"""
     evaluate_checkpoint: str = ""
-    """a checkpoint folder (one folder per trainable pool) on the services' machines: the run loads it,
-    evaluates once on the eval split and finishes, training nothing (what `atgrpo eval` runs)"""
+    """a checkpoint folder (one folder per trainable pool) on the services' machines, or `start` (each
+    pool's model_path): the run loads it, evaluates once on the eval split and finishes, training
+    nothing (what `atgrpo eval` runs)"""
 
     def __post_init__(self) -> None:
         if not self.run_dir and self.name:

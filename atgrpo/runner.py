@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from atgrpo import launcher
-from atgrpo.config import ConfigError, RunConfig, dump_config, parse_config
+from atgrpo.config import EVALUATE_START, ConfigError, RunConfig, dump_config, parse_config
 from atgrpo.launcher import LocalService, ServicePlan
 from atgrpo.placement import Placement, PlacementError, local_placement
 from atgrpo.rpc.tether import Tether
@@ -220,18 +220,23 @@ def latest_checkpoint(where: Path) -> Path:
     return where
 
 
-def evaluate(cfg: RunConfig, checkpoint: Path) -> dict[str, Any]:
-    """Success rate and per-agent figures on the eval split, with the checkpoint's weights: a run
-    in eval mode on the router (run.evaluate_checkpoint), like `atgrpo train`'s runs."""
-    ckpt = latest_checkpoint(checkpoint.resolve())
-    missing = [p for p, pool in cfg.pools.items() if pool.trainable and not (ckpt / p).is_dir()]
-    if missing:
-        raise TrainError(f"{ckpt} has no folder for pool(s) {missing}; give a checkpoint of this config's run")
+def evaluate(cfg: RunConfig, checkpoint: Path | None) -> dict[str, Any]:
+    """Success rate and per-agent figures on the eval split, with the checkpoint's weights (None:
+    the starting weights, each pool's model_path): a run in eval mode on the router
+    (run.evaluate_checkpoint), like `atgrpo train`'s runs."""
+    if checkpoint is None:
+        ckpt, name = EVALUATE_START, EVALUATE_START
+    else:
+        found = latest_checkpoint(checkpoint.resolve())
+        missing = [p for p, pool in cfg.pools.items() if pool.trainable and not (found / p).is_dir()]
+        if missing:
+            raise TrainError(f"{found} has no folder for pool(s) {missing}; give a checkpoint of this config's run")
+        ckpt, name = str(found), found.name
     data = cfg.to_dict()
     # The evaluation's own run directory (its events, its services' logs) sits beside the training
     # run's, never inside a checkpoint: a checkpoint folder holds only what resumes.
-    where = Path(cfg.run.run_dir) / "evals" / ckpt.name
-    data["run"].update(name=f"{cfg.run.name}-eval", run_dir=str(where), evaluate_checkpoint=str(ckpt))
+    where = Path(cfg.run.run_dir) / "evals" / name
+    data["run"].update(name=f"{cfg.run.name}-eval", run_dir=str(where), evaluate_checkpoint=ckpt)
     if not data["run"]["eval_tasks"]:
         raise ConfigError("run.eval_tasks", "is 0: set how many eval episodes to run")
     cfg = resolve_paths(parse_config(data, source=str(checkpoint)))

@@ -263,13 +263,14 @@ class RunLoop:
         self.versions.update({p: info.version for p, info in zip(pools, infos, strict=True)})
         self._checkpoint_bytes.update({p: info.checkpoint_bytes for p, info in zip(pools, infos, strict=True)})
 
-    async def evaluate_checkpoint(self, where: Path) -> str:
-        """An evaluation run: every trainer set up from `where`/<pool> (pushing those weights to the
-        rollout replicas), one evaluation, nothing trained. Returns 'finished'."""
+    async def evaluate_checkpoint(self, where: Path | None) -> str:
+        """An evaluation run: every trainer set up from `where`/<pool> (None: from its model_path),
+        which pushes those weights to the rollout replicas; one evaluation, nothing trained.
+        Returns 'finished'."""
         await self.check_env()
-        await asyncio.gather(*(t.setup(pool_spec(self.cfg, p, ""), resume_from=str(where / p))
+        await asyncio.gather(*(t.setup(pool_spec(self.cfg, p, ""), resume_from=str(where / p) if where else "")
                                for p, t in self.clients.trainers.items()))
-        step = where.name.removeprefix("step-")
+        step = where.name.removeprefix("step-") if where else "0"
         await self.evaluate(int(step) if step.isdigit() else 0)
         return "finished"
 

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from atgrpo.config import RunConfig
+from atgrpo.config import EVALUATE_START, RunConfig
 from atgrpo.contract.run import FINAL_STATES, status_dict
 from atgrpo.errors import FailedPrecondition, NotFound
 from router_svc import metrics
@@ -53,7 +53,8 @@ class Run:
         try:
             if self.cfg.run.evaluate_checkpoint:
                 self._set_state("running")
-                final = await self.loop.evaluate_checkpoint(Path(self.cfg.run.evaluate_checkpoint))
+                where = self.cfg.run.evaluate_checkpoint
+                final = await self.loop.evaluate_checkpoint(None if where == EVALUATE_START else Path(where))
             else:
                 await self.loop.prepare()
                 self.events = self.loop.dir.read_events()   # a resumed run's earlier steps, for watchers

@@ -1,6 +1,6 @@
 """`atgrpo eval` on the HumanEval example (examples/code_humaneval_L1_tiny.yaml) as a user runs it,
-shrunk to a few problems and tokens: one training step on the sample set makes the checkpoint,
-then the evaluation runs HumanEval episodes through every service to a result."""
+shrunk to a few problems and tokens: without --checkpoint it evaluates the starting weights
+(each pool's model_path), running HumanEval episodes through every service to a result."""
 
 import json
 import subprocess
@@ -32,10 +32,11 @@ def test_atgrpo_eval_on_the_humaneval_example(tiny_model, tmp_path, subprocess_e
         return subprocess.run([sys.executable, "-m", "atgrpo.cli", *args], env=subprocess_env, cwd=tmp_path,
                               capture_output=True, text=True, timeout=240)
 
-    train = atgrpo("train", str(cfg), "--steps", "1")
-    assert train.returncode == 0, train.stdout + train.stderr
-    ev = atgrpo("eval", str(cfg), "--checkpoint", str(tmp_path / "run"), "--json")
+    ev = atgrpo("eval", str(cfg), "--json")
     assert ev.returncode == 0, ev.stdout + ev.stderr
     result = json.loads(ev.stdout[ev.stdout.index("{"):])
-    assert (result["kind"], result["step"], result["episodes"]) == ("eval", 1, 3)
+    assert (result["kind"], result["step"], result["episodes"]) == ("eval", 0, 3)
     assert result["success_rate"] == 0.0 and set(result["agents"]) == {"coder", "tester"}
+    # Its own run directory beside the (absent) training run's; no checkpoint was written or needed.
+    assert (tmp_path / "run" / "evals" / "start" / "metrics.jsonl").is_file()
+    assert not (tmp_path / "run" / "checkpoints").exists()
