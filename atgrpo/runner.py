@@ -25,6 +25,7 @@ from atgrpo.placement import Placement, PlacementError, local_placement
 from atgrpo.rpc.tether import Tether
 
 VLLM_PYTHON_ENV = "ATGRPO_VLLM_PYTHON"
+START_S, VLLM_START_S = 180.0, 900.0
 ROUTER_GRACE_S = 300.0     # how long a lost router may take to come back before `train` gives up
 
 
@@ -97,18 +98,25 @@ def check_models(cfg: RunConfig) -> None:
                          f"`atgrpo model tiny --out {missing[0][1]}`, or point model_path at a local model")
 
 
+def start_timeout_s(cfg: RunConfig) -> float:
+    """How long the local services may take to serve: 3 min, or 15 when a pool runs vLLM, which on
+    a GPU compiles its model and captures CUDA graphs before serving (SmolLM2-135M with its compile
+    on 2 loaded CPU cores: 205-217 s, over the 3 min)."""
+    return VLLM_START_S if any(p.engine == "vllm" for p in cfg.pools.values()) else START_S
+
+
 class LocalServices:
     """The services of a config as local processes, for the duration of a `with` block, tied to
     this process: if it dies they stop too. They are recorded in `<run_dir>/services/`."""
 
-    def __init__(self, cfg: RunConfig, *, timeout_s: float = 180.0):
+    def __init__(self, cfg: RunConfig, *, timeout_s: float | None = None):
         self.cfg = cfg
         self.state_dir = Path(cfg.run.run_dir) / "services"
         try:
             self.plan = service_plan(cfg, local_placement(cfg))
         except PlacementError as err:
             raise TrainError(f"the local services do not fit this machine's GPUs: {err}") from None
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s if timeout_s is not None else start_timeout_s(cfg)
 
     def __enter__(self) -> RunConfig:
         print(f"starting {len(self.plan)} services locally (logs in {self.state_dir}/logs)", file=sys.stderr)

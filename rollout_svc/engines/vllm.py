@@ -63,6 +63,12 @@ class VLLMEngine:
                             # Keeps the KV-cache and scheduler gauges `stats` reads (it also logs
                             # a line of throughput figures every few seconds).
                             disable_log_stats=False)
+        if self.device == "cpu":
+            # No torch.compile on CPU: vLLM traces and compiles the model before serving, over 3
+            # minutes for SmolLM2-135M on 2 CPU cores (and its compile cache failed to load on the
+            # second start), where an eager start is seconds; vLLM's own CPU CI skips the compile
+            # the same way, and a LoRA engine on CPU is eager anyway (vllm/platforms/cpu.py).
+            self._kwargs["enforce_eager"] = True
         if lora:
             self._kwargs.update(max_loras=max_loras, max_lora_rank=max_lora_rank)
         if gpu_memory_utilization is not None:
