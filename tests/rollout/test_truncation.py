@@ -155,3 +155,22 @@ def test_special_token_strings_in_a_content_stay_text(which, tiny_model, smollm2
     assert injected in text and text.endswith(GENERATION_PROMPT)
     # Nothing changes for a content without them.
     assert tokenizer.decode(chat_tokens(tokenizer, plain)).count("\u2060") == 0
+
+
+def test_smollm2s_template_fits_every_budget(smollm2_model):
+    """SmolLM2's template adds its own system prompt when the conversation has none: every budget
+    from 10 tokens to the whole render still fits, ends with the generation prompt, and keeps the
+    end of the last message once there is room for it."""
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_model)
+    render = functools.partial(chat_tokens, tokenizer)
+    conversation = [{"role": "user", "content": "Turn one: " + "the grid is empty. " * 20},
+                    {"role": "assistant", "content": "I go north."},
+                    {"role": "user", "content": "Turn two: " + "wall. " * 40 + "Where now?"}]
+    full = len(render(conversation))
+    assert full == 235
+    for budget in range(10, full + 1):
+        ids, truncated = fit_prompt(conversation, budget, render)
+        text = tokenizer.decode(ids)
+        assert len(ids) <= budget and truncated == (budget < full) and text.endswith(GENERATION_PROMPT)
+        if budget >= 40:
+            assert "Where now?<|im_end|>" in text and "named SmolLM" in text, (budget, text)
