@@ -107,7 +107,9 @@ def run_row(name: str, row: Row, data: dict[str, Any], services: dict[str, Any],
     ran = result["episodes"] + result["failed_episodes"]
     turns = [m["turns_mean"] for m in result["agents"].values()]
     return {**out, "tasks": ran, "success": result["success_rate"], "failed_episodes": result["failed_episodes"],
-            "turns_mean": turns[0] if turns else None, "wall_s": wall, "s_per_episode": wall / max(ran, 1)}
+            "turns_mean": turns[0] if turns else None,
+            # Each agent's return per episode: near a format failure's reward per turn says unparsed output.
+            "returns": {a: m["reward_mean"] for a, m in result["agents"].items()}, "wall_s": wall, "s_per_episode": wall / max(ran, 1)}
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
