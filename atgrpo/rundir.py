@@ -74,6 +74,8 @@ class RunDir:
         _atomic_write(self.path / "state.json", json.dumps(asdict(p), indent=2))
 
     def append_event(self, event: dict[str, Any]) -> None:
+        # An evaluation run against services already running writes here first: nothing made it.
+        self.path.mkdir(parents=True, exist_ok=True)
         with open(self.metrics, "a", encoding="utf-8") as f:
             f.write(json.dumps(event) + "\n")
             f.flush()

@@ -4,8 +4,8 @@
 
 A table of success rates, not a ratio, and tens of minutes on CPU: bench/all.py (`make bench`)
 skips it; run it alone. One set of local services serves every row: the model is a frozen pool
-(no trainer), each row is `atgrpo eval` (atgrpo.runner.evaluate) of the env's L1 example config
-on an empty checkpoint folder, so what is evaluated is the model at --model itself.
+(no trainer), each row is `atgrpo eval` without a checkpoint (atgrpo.runner.evaluate: the starting
+weights) of the env's L1 example config, so what is evaluated is the model at --model itself.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from atgrpo.config import parse_config  # noqa: E402
+from atgrpo.config import EVALUATE_START, parse_config  # noqa: E402
 from atgrpo.errors import AtgrpoError  # noqa: E402
 from atgrpo.rundir import read_metrics  # noqa: E402
 from atgrpo.runner import LocalServices, TrainError, evaluate, resolve_paths  # noqa: E402
@@ -86,19 +86,18 @@ def unavailable(row: Row) -> str:
     return ""
 
 
-def run_row(name: str, row: Row, data: dict[str, Any], services: dict[str, Any], ckpt: Path) -> dict[str, Any]:
+def run_row(name: str, row: Row, data: dict[str, Any], services: dict[str, Any]) -> dict[str, Any]:
     order = data["env"]["turn_order"]
     out = {"env": name, "env_name": data["env"]["name"], "dataset": row.dataset, "level": "L1",
            "agents": order, "max_tokens": row.max_tokens, "tasks": data["run"]["eval_tasks"]}
     if why := unavailable(row):
         return {**out, "error": why}
     cfg = parse_config({**data, "services": services}, source=f"baseline row {name}")
-    where = Path(cfg.run.run_dir) / "evals" / ckpt.name
+    where = Path(cfg.run.run_dir) / "evals" / EVALUATE_START
     shutil.rmtree(where, ignore_errors=True)    # an earlier run's events would be read as this one's
-    where.mkdir(parents=True)   # the router writes into an eval's run dir but, unlike a training run, does not create it
     start = time.perf_counter()
     try:
-        evaluate(cfg, ckpt)
+        evaluate(cfg, None)
     except (TrainError, AtgrpoError, ValueError) as err:
         return {**out, "error": f"{type(err).__name__}: {err}"}
     wall = time.perf_counter() - start
@@ -148,8 +147,6 @@ def main() -> int:
         ap.error(f"unknown env(s) {bad}; choose from {', '.join(ROWS)}")
     model, work = ensure_model(args.model), args.work.resolve()
     configs = {n: row_config(n, ROWS[n], model, args.tasks, work) for n in names}
-    ckpt = work / "untrained"       # no pool folders inside: the frozen pool serves model_path as is
-    ckpt.mkdir(parents=True, exist_ok=True)
     json_path = args.out.with_suffix(".json") if args.out else work / "baseline.json"
     meta = {"model": str(model), "date": date.today().isoformat(), "cpus": len(os.sched_getaffinity(0))}
     start = time.perf_counter()
@@ -158,7 +155,7 @@ def main() -> int:
         services = running.to_dict()["services"]
         rows = []
         for n in names:
-            rows.append(run_row(n, ROWS[n], configs[n], services, ckpt))
+            rows.append(run_row(n, ROWS[n], configs[n], services))
             print(markdown(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
             write(rows, {**meta, "total_wall_s": time.perf_counter() - start}, json_path, args.out)
     total = time.perf_counter() - start

@@ -13,7 +13,7 @@ EXAMPLES = ROOT / "examples"
 
 def test_plan_passes_every_gpu_example_as_written(capsys):
     examples = sorted(EXAMPLES.glob("*_gpu.yaml"))
-    assert len(examples) == 24
+    assert len(examples) == 28          # 7 environments x L0-L3
     for path in examples:
         assert main(["plan", str(path)]) == 0, capsys.readouterr().out
         out = capsys.readouterr().out

@@ -76,6 +76,13 @@ def test_run_dir_drops_the_steps_a_resume_redoes(tmp_path):
     assert d.read_progress() == Progress("r", 2, {"a": 2}, two, [one, two])
 
 
+def test_the_first_event_makes_the_run_dir(tmp_path):
+    """An evaluation run against running services (nothing local made its directory) records."""
+    d = RunDir(tmp_path / "run" / "evals" / "start")
+    d.append_event({"kind": "eval", "step": 0})
+    assert d.read_events() == [{"kind": "eval", "step": 0}]
+
+
 def test_a_state_json_from_before_the_checkpoint_list_lists_its_last_checkpoint(tmp_path):
     (tmp_path / "state.json").write_text(json.dumps({
         "run": "r", "completed_step": 2, "versions": {"a": 2},
