@@ -50,6 +50,7 @@ import importlib.util
 import random
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from atgrpo.contract.sandbox import Limits
@@ -89,6 +90,42 @@ async def sandbox_call(fn: Any, *args: Any, wait_s: float = SANDBOX_WAIT_S, **kw
             hint = e.retry_after_ms / 1000 if e.retry_after_ms else 0.05 * 2 ** min(attempt, 6)
             attempt += 1
             await asyncio.sleep(min(left, min(hint, 5.0) * (0.5 + random.random())))
+
+
+@dataclass
+class ToolRun:
+    """A tool agent's program run in the sandbox (math and reasoning_gym's tool agents)."""
+
+    out: dict[str, Any]         # code, stdout, stderr (clipped, for the prompts), answer, error
+    info: dict[str, Any]        # the step's info so far (the sandbox's verdict)
+    stdout: str = ""            # the whole decoded stdout, to read an answer from
+    failure: tuple[str, str] | None = None     # (info key, message): no code block, a refusal, a crash
+
+
+async def run_tool(action: str, sandbox: Any, limits: Limits | None, env: str) -> ToolRun:
+    """The ```python block of `action` run in the sandbox, what the prompts show of it, and why it
+    failed if it did (the caller rewards that with its failure_reward)."""
+    run = ToolRun({"code": "", "stdout": "", "stderr": "", "answer": None, "error": ""}, {})
+    code = extract_code(action)
+    if code is None:
+        run.failure = ("parse_error", "no ```python code block found; put the program in one ```python ... ``` block")
+        return run
+    run.out["code"] = _clip(code.strip(), CODE_CHARS)
+    if sandbox is None:
+        raise FailedPrecondition(f"the {env} env's tool agent runs code, but no sandbox is configured: start "
+                                 "env_svc with --sandbox HOST:PORT (local mode does this)")
+    kwargs = {} if limits is None else {"limits": limits}
+    try:
+        result = await sandbox_call(sandbox.execute, code, **kwargs)
+    except InvalidArgument as e:           # the program itself is unacceptable (e.g. a NUL byte)
+        run.failure = ("exec_error", f"the sandbox refused the program: {e}")
+        return run
+    run.stdout, stderr = _decode(getattr(result, "stdout", b"")), _decode(getattr(result, "stderr", b""))
+    run.out["stdout"], run.out["stderr"] = _clip(run.stdout.strip(), STDOUT_CHARS), _clip(stderr.strip(), STDERR_CHARS)
+    run.info["verdict"] = getattr(getattr(result, "verdict", None), "value", str(getattr(result, "verdict", "")))
+    if failure := run_failure(result, stderr):
+        run.failure = ("exec_error", failure)
+    return run
 
 
 def turn_options(options: Mapping[str, Any], agents: tuple[str, ...], name: str) -> tuple[tuple[str, ...], bool]:
@@ -212,34 +249,15 @@ class MathEnv(Environment):
         return StepResult(self._team(), 1.0 if correct else 0.0, self.done, self.success, info)
 
     async def _tool(self, action: str) -> StepResult:
-        out: dict[str, Any] = {"code": "", "stdout": "", "stderr": "", "answer": None, "error": ""}
+        run = await run_tool(action, self.sandbox, self.limits, self.name)
+        out, info = run.out, run.info
         self.tool_out = out
-        info: dict[str, Any] = {}
-
-        def fail(key: str, message: str) -> StepResult:
+        if run.failure:
+            key, message = run.failure
             out["error"] = info[key] = message
             self._record("tool", f"failed ({_clip(message, 120)})")
             return StepResult(self._team(), self.failure_reward, False, False, info)
-
-        code = extract_code(action)
-        if code is None:
-            return fail("parse_error", "no ```python code block found; put the program in one ```python ... ``` block")
-        out["code"] = _clip(code.strip(), CODE_CHARS)
-        if self.sandbox is None:
-            raise FailedPrecondition("the math env's tool agent runs code, but no sandbox is configured: start "
-                                     "env_svc with --sandbox HOST:PORT (local mode does this)")
-        kwargs = {} if self.limits is None else {"limits": self.limits}
-        try:
-            result = await sandbox_call(self.sandbox.execute, code, **kwargs)
-        except InvalidArgument as e:           # the program itself is unacceptable (e.g. a NUL byte)
-            return fail("exec_error", f"the sandbox refused the program: {e}")
-        stdout, stderr = _decode(getattr(result, "stdout", b"")), _decode(getattr(result, "stderr", b""))
-        out["stdout"], out["stderr"] = _clip(stdout.strip(), STDOUT_CHARS), _clip(stderr.strip(), STDERR_CHARS)
-        info["verdict"] = getattr(getattr(result, "verdict", None), "value", str(getattr(result, "verdict", "")))
-        failure = run_failure(result, stderr)
-        if failure:
-            return fail("exec_error", failure)
-        ans = stdout_answer(stdout)
+        ans = stdout_answer(run.stdout)
         if ans is None:
             out["error"] = "the program printed nothing"
             self._record("tool", "printed nothing")

@@ -38,17 +38,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from atgrpo.contract.sandbox import Limits
-from atgrpo.errors import FailedPrecondition, InvalidArgument
+from atgrpo.errors import InvalidArgument
 from atgrpo.sdk.env import EVAL_SEED_OFFSET, Environment, EnvSpec, Message, StepResult
 from env_svc.envs._text import clip as _clip
-from env_svc.envs._text import decode as _decode
-from env_svc.envs._text import program_lines, run_failure
-from env_svc.envs.answer_extract import extract_answer, extract_code
-from env_svc.envs.math import sandbox_call, turn_options
+from env_svc.envs._text import program_lines
+from env_svc.envs.answer_extract import extract_answer
+from env_svc.envs.math import run_tool, turn_options
 
 AGENTS = ("tool", "reasoner")
 FAILURE_REWARD = -1.0
-CODE_CHARS, STDOUT_CHARS, STDERR_CHARS, ANSWER_CHARS = 1500, 800, 400, 600
+ANSWER_CHARS = 600
 INSTALL_HINT = "pip install 'atgrpo[benchmarks]'"
 OWNED_KEYS = ("seed", "size")     # create_dataset arguments this env sets from its own options
 _TAG_RE = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)
@@ -235,33 +234,15 @@ class ReasoningGymEnv(Environment):
         return StepResult(self.score, self.score, self.done, self.done, info)
 
     async def _tool(self, action: str) -> StepResult:
-        out: dict[str, Any] = {"code": "", "stdout": "", "stderr": "", "answer": None, "error": ""}
+        run = await run_tool(action, self.sandbox, self.limits, self.name)
+        out, info = run.out, run.info
         self.tool_out = out
-        info: dict[str, Any] = {}
-
-        def fail(key: str, message: str) -> StepResult:
+        if run.failure:
+            key, message = run.failure
             out["error"] = info[key] = message
             self._record("tool", f"failed ({_clip(message, 120)})")
             return StepResult(self.score, self.failure_reward, False, False, info)
-
-        code = extract_code(action)
-        if code is None:
-            return fail("parse_error", "no ```python code block found; put the program in one ```python ... ``` block")
-        out["code"] = _clip(code.strip(), CODE_CHARS)
-        if self.sandbox is None:
-            raise FailedPrecondition("the reasoning_gym env's tool agent runs code, but no sandbox is configured: "
-                                     "start env_svc with --sandbox HOST:PORT (local mode does this)")
-        kwargs = {} if self.limits is None else {"limits": self.limits}
-        try:
-            result = await sandbox_call(self.sandbox.execute, code, **kwargs)
-        except InvalidArgument as e:           # the program itself is unacceptable (e.g. a NUL byte)
-            return fail("exec_error", f"the sandbox refused the program: {e}")
-        stdout, stderr = _decode(getattr(result, "stdout", b"")), _decode(getattr(result, "stderr", b""))
-        out["stdout"], out["stderr"] = _clip(stdout.strip(), STDOUT_CHARS), _clip(stderr.strip(), STDERR_CHARS)
-        info["verdict"] = getattr(getattr(result, "verdict", None), "value", str(getattr(result, "verdict", "")))
-        if failure := run_failure(result, stderr):
-            return fail("exec_error", failure)
-        answer = program_answer(stdout)
+        answer = program_answer(run.stdout)
         if answer is None:
             out["error"] = "the program printed nothing"
             self._record("tool", "printed nothing")
