@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import os
 from pathlib import Path
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -74,7 +73,8 @@ def write_plain(tokenizer, loaded, out_dir: str | Path, dtype: str = "float32") 
     """The GGUF-loaded `loaded` model's weights in a fresh model, saved with `tokenizer`."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
-    from transformers.utils import logging as hf_logging
+
+    from atgrpo.models.tiny import save_model
 
     config = copy.deepcopy(loaded.config)
     # What made the loaded model unsaveable; the fresh model has none of it.
@@ -93,16 +93,4 @@ def write_plain(tokenizer, loaded, out_dir: str | Path, dtype: str = "float32") 
     model.generation_config = GenerationConfig(bos_token_id=config.bos_token_id,
                                                eos_token_id=config.eos_token_id,
                                                pad_token_id=config.pad_token_id)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        model.save_pretrained(out, safe_serialization=True)
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
-    tokenizer.save_pretrained(out)
-    # safetensors writes its file 0600; give it the mode the other files got from the umask.
-    os.chmod(out / "model.safetensors", (out / "config.json").stat().st_mode & 0o777)
-    return out
+    return save_model(model, tokenizer, Path(out_dir))

@@ -219,7 +219,6 @@ def build_tiny_model(out_dir: str | Path, size: str = "tiny", seed: int = 0) -> 
         raise ValueError(f"unknown size {size!r}; choose one of {sorted(SIZES)}")
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-    from transformers.utils import logging as hf_logging
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -243,6 +242,14 @@ def build_tiny_model(out_dir: str | Path, size: str = "tiny", seed: int = 0) -> 
     model.generation_config = GenerationConfig(
         bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id
     )
+    return save_model(model, tokenizer, out)
+
+
+def save_model(model: Any, tokenizer: Any, out: Path) -> Path:
+    """`model` as safetensors and `tokenizer` into `out` (made), quietly; returns `out`."""
+    from transformers.utils import logging as hf_logging
+
+    out.mkdir(parents=True, exist_ok=True)
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # "Writing model shards" would go to the CLI's stderr
     try:
