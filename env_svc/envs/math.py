@@ -135,7 +135,38 @@ def turn_options(options: Mapping[str, Any], agents: tuple[str, ...], name: str)
     return order, bool(options.get("parallel", False))
 
 
-class MathEnv(Environment):
+class ToolTurns:
+    """The turn bookkeeping of an environment with a tool agent (math, reasoning_gym): what each
+    agent did this turn (`notes`), the history line a turn leaves, the tool's report to the others.
+    The environment sets `notes`, `history`, `acted`, `tool_out` and `turn` in its reset."""
+
+    spec: EnvSpec
+    notes: dict[str, str]
+    history: list[str]
+    acted: set[str]
+    tool_out: dict[str, Any] | None
+    turn: int
+
+    def _tool_report(self) -> str:
+        out = self.tool_out
+        if out is None:
+            return "The tool agent has not acted this turn."
+        lines = program_lines(out, "Its output", "Its errors")
+        lines.append(f"The tool agent's answer: {out['answer']}" if out["answer"] is not None
+                     else f"The tool agent gave no answer: {out['error']}")
+        return "\n".join(lines)
+
+    def _record(self, agent: str, text: str) -> None:
+        self.notes[agent] = text
+
+    def _end_turn(self) -> None:
+        line = "; ".join(f"{a} {self.notes[a]}" for a in self.spec.turn_order if a in self.notes)
+        self.history.append(f"Turn {self.turn + 1}: {line}")
+        self.notes, self.acted, self.tool_out = {}, set(), None
+        self.turn += 1
+
+
+class MathEnv(ToolTurns, Environment):
     """A reasoner and a tool agent solve a math problem; answers are checked as mathematics."""
 
     name = "math"
@@ -273,26 +304,6 @@ class MathEnv(Environment):
         return StepResult(self._team(), 1.0 if correct else 0.0, self.done, self.success, info)
 
     # ---- helpers ----------------------------------------------------------------------------
-
-    def _tool_report(self) -> str:
-        out = self.tool_out
-        if out is None:
-            return "The tool agent has not acted this turn."
-        lines = program_lines(out, "Its output", "Its errors")
-        lines.append(f"The tool agent's answer: {out['answer']}" if out["answer"] is not None
-                     else f"The tool agent gave no answer: {out['error']}")
-        return "\n".join(lines)
-
-    def _record(self, agent: str, text: str) -> None:
-        self.notes[agent] = text
-
-    def _end_turn(self) -> None:
-        line = "; ".join(f"{a} {self.notes[a]}" for a in self.spec.turn_order if a in self.notes)
-        self.history.append(f"Turn {self.turn + 1}: {line}")
-        self.notes = {}
-        self.turn += 1
-        self.acted = set()
-        self.tool_out = None
 
     def _team(self) -> float:
         return 1.0 if self.success else 0.0

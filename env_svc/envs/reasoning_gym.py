@@ -41,9 +41,8 @@ from atgrpo.contract.sandbox import Limits
 from atgrpo.errors import InvalidArgument
 from atgrpo.sdk.env import EVAL_SEED_OFFSET, Environment, EnvSpec, Message, StepResult
 from env_svc.envs._text import clip as _clip
-from env_svc.envs._text import program_lines
 from env_svc.envs.answer_extract import extract_answer
-from env_svc.envs.math import run_tool, turn_options
+from env_svc.envs.math import ToolTurns, run_tool, turn_options
 
 AGENTS = ("tool", "reasoner")
 FAILURE_REWARD = -1.0
@@ -124,7 +123,7 @@ def entry_index(seed: int, split: str, size: int) -> int:
     return abs(index) % size
 
 
-class ReasoningGymEnv(Environment):
+class ReasoningGymEnv(ToolTurns, Environment):
     """A reasoning-gym task: a reasoner (and optionally a tool agent) answers; the dataset scores."""
 
     name = "reasoning_gym"
@@ -254,24 +253,6 @@ class ReasoningGymEnv(Environment):
         return StepResult(self.score, score, False, False, info)
 
     # ---- helpers ----------------------------------------------------------------------------
-
-    def _tool_report(self) -> str:
-        out = self.tool_out
-        if out is None:
-            return "The tool agent has not acted this turn."
-        lines = program_lines(out, "Its output", "Its errors")
-        lines.append(f"The tool agent's answer: {out['answer']}" if out["answer"] is not None
-                     else f"The tool agent gave no answer: {out['error']}")
-        return "\n".join(lines)
-
-    def _record(self, agent: str, text: str) -> None:
-        self.notes[agent] = text
-
-    def _end_turn(self) -> None:
-        line = "; ".join(f"{a} {self.notes[a]}" for a in self.spec.turn_order if a in self.notes)
-        self.history.append(f"Turn {self.turn + 1}: {line}")
-        self.notes, self.acted, self.tool_out = {}, set(), None
-        self.turn += 1
 
     def _check(self, agent: str) -> None:
         if agent not in self.spec.agents:
