@@ -128,6 +128,16 @@ async def run_tool(action: str, sandbox: Any, limits: Limits | None, env: str) -
     return run
 
 
+def tool_limits(options: Mapping[str, Any], env: str) -> Limits:
+    """The sandbox limits of a tool agent's program: `tool_timeout_s` (default 5) of wall and CPU
+    time, 512 MiB, 64 KiB of output."""
+    timeout_ms = int(float(options.get("tool_timeout_s", 5.0)) * 1000)
+    if timeout_ms <= 0:
+        raise ValueError(f"{env}: tool_timeout_s must be > 0")
+    return Limits(wall_timeout_ms=timeout_ms, cpu_time_ms=timeout_ms, memory_bytes=512 * 2**20,
+                  max_output_bytes=64 * 2**10, max_processes=16, max_file_bytes=2**20, max_open_files=64)
+
+
 def turn_options(options: Mapping[str, Any], agents: tuple[str, ...], name: str) -> tuple[tuple[str, ...], bool]:
     order = tuple(options.get("turn_order") or agents)
     if not order or len(set(order)) != len(order) or not set(order) <= set(agents):
@@ -185,12 +195,7 @@ class MathEnv(ToolTurns, Environment):
         self.failure_reward = float(self.options.get("failure_reward", FAILURE_REWARD))
         self.rel_tol = float(self.options.get("rel_tol", 1e-6))
         self.abs_tol = float(self.options.get("abs_tol", 1e-9))
-        timeout_ms = int(float(self.options.get("tool_timeout_s", 5.0)) * 1000)
-        if timeout_ms <= 0:
-            raise ValueError("math: tool_timeout_s must be > 0")
-        self.limits = None if Limits is None else Limits(
-            wall_timeout_ms=timeout_ms, cpu_time_ms=timeout_ms, memory_bytes=512 * 2**20,
-            max_output_bytes=64 * 2**10, max_processes=16, max_file_bytes=2**20, max_open_files=64)
+        self.limits = tool_limits(self.options, self.name)
         self.problem: datasets.MathProblem | None = None
         self.turn = 0
         self.acted: set[str] = set()

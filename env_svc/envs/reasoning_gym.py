@@ -37,12 +37,11 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from atgrpo.contract.sandbox import Limits
 from atgrpo.errors import InvalidArgument
 from atgrpo.sdk.env import EVAL_SEED_OFFSET, Environment, EnvSpec, Message, StepResult
 from env_svc.envs._text import clip as _clip
 from env_svc.envs.answer_extract import extract_answer
-from env_svc.envs.math import ToolTurns, run_tool, turn_options
+from env_svc.envs.math import ToolTurns, run_tool, tool_limits, turn_options
 
 AGENTS = ("tool", "reasoner")
 FAILURE_REWARD = -1.0
@@ -142,12 +141,7 @@ class ReasoningGymEnv(ToolTurns, Environment):
                 raise ValueError(f"reasoning_gym: {split}_size must be in 1..{EVAL_SEED_OFFSET - 1}, got {size}")
         self.data_seed = int(self.options.get("data_seed", 0))
         self.failure_reward = float(self.options.get("failure_reward", FAILURE_REWARD))
-        timeout_ms = int(float(self.options.get("tool_timeout_s", 5.0)) * 1000)
-        if timeout_ms <= 0:
-            raise ValueError("reasoning_gym: tool_timeout_s must be > 0")
-        self.limits = None if Limits is None else Limits(
-            wall_timeout_ms=timeout_ms, cpu_time_ms=timeout_ms, memory_bytes=512 * 2**20,
-            max_output_bytes=64 * 2**10, max_processes=16, max_file_bytes=2**20, max_open_files=64)
+        self.limits = tool_limits(self.options, self.name)
         # A run always passes options (atgrpo adds turn_order); only a listing builds with none.
         self.source = check_dataset(self.options.get("dataset"), self.options.get("dataset_config") or {}) \
             if self.options else None
