@@ -30,7 +30,8 @@ def eval_line(e: dict[str, Any]) -> str:
     # An eval agent's reward_mean is its return: the sum over the episode's turns, where a step
     # line's is the mean per sample; the label says which.
     agents = "  ".join(f"{a} {m['reward_mean']:+.3f}" for a, m in e["agents"].items())
-    return (f"eval @ step {e['step']:>4}  success {e['success_rate']:.3f} over {e['episodes']} episodes "
+    failed = f" ({e['failed_episodes']} more ended in an error)" if e.get("failed_episodes") else ""
+    return (f"eval @ step {e['step']:>4}  success {e['success_rate']:.3f} over {e['episodes']} episodes{failed} "
             f"| return per episode: {agents}")
 
 

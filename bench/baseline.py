@@ -28,7 +28,6 @@ sys.path.insert(0, str(ROOT))
 
 from atgrpo.config import EVALUATE_START, parse_config  # noqa: E402
 from atgrpo.errors import AtgrpoError  # noqa: E402
-from atgrpo.rundir import read_metrics  # noqa: E402
 from atgrpo.runner import LocalServices, TrainError, evaluate, resolve_paths  # noqa: E402
 
 DEFAULT_MODEL = ROOT / ".atgrpo" / "models" / "smollm2"
@@ -93,16 +92,14 @@ def run_row(name: str, row: Row, data: dict[str, Any], services: dict[str, Any])
     if why := unavailable(row):
         return {**out, "error": why}
     cfg = parse_config({**data, "services": services}, source=f"baseline row {name}")
-    where = Path(cfg.run.run_dir) / "evals" / EVALUATE_START
-    shutil.rmtree(where, ignore_errors=True)    # an earlier run's events would be read as this one's
+    # An earlier run's events would be taken for this one's (a run dir that has them resumes).
+    shutil.rmtree(Path(cfg.run.run_dir) / "evals" / EVALUATE_START, ignore_errors=True)
     start = time.perf_counter()
     try:
-        evaluate(cfg, None)
+        result = evaluate(cfg, None)
     except (TrainError, AtgrpoError, ValueError) as err:
         return {**out, "error": f"{type(err).__name__}: {err}"}
     wall = time.perf_counter() - start
-    # The run's own record, not the watched event: the wire's EvalEvent has no failed_episodes.
-    result = [e for e in read_metrics(where / "metrics.jsonl") if e["kind"] == "eval"][-1]
     ran = result["episodes"] + result["failed_episodes"]
     turns = [m["turns_mean"] for m in result["agents"].values()]
     return {**out, "tasks": ran, "success": result["success_rate"], "failed_episodes": result["failed_episodes"],

@@ -40,7 +40,7 @@ def event_to_pb(run_id: str, e: Mapping[str, Any]) -> pb.RunEvent:
     if e["kind"] == "eval":
         return pb.RunEvent(run_id=run_id, eval=pb.EvalEvent(
             step=e["step"], success_rate=e["success_rate"], episodes=e["episodes"],
-            agents={a: pb.AgentEvalMetrics(**m) for a, m in e["agents"].items()}))
+            failed_episodes=e.get("failed_episodes", 0), agents={a: pb.AgentEvalMetrics(**m) for a, m in e["agents"].items()}))
     return pb.RunEvent(run_id=run_id, step=pb.StepEvent(
         step=e["step"], success_rate=e["success_rate"], reward_mean=e["reward_mean"],
         agents={a: pb.AgentStepMetrics(**{k: m[k] for k in _AGENT_STEP}) for a, m in e["agents"].items()},
@@ -62,7 +62,7 @@ def event_from_pb(m: pb.RunEvent) -> dict[str, Any]:
     if kind == "eval":
         e = m.eval
         return {"kind": "eval", "step": e.step, "success_rate": e.success_rate, "episodes": e.episodes,
-                "agents": {a: {"reward_mean": v.reward_mean, "turns_mean": v.turns_mean} for a, v in e.agents.items()}}
+                "failed_episodes": e.failed_episodes, "agents": {a: {"reward_mean": v.reward_mean, "turns_mean": v.turns_mean} for a, v in e.agents.items()}}
     s = m.step
     return {"kind": "step", "step": s.step, "success_rate": s.success_rate, "reward_mean": s.reward_mean,
             "agents": {a: {k: getattr(v, k) for k in _AGENT_STEP} for a, v in s.agents.items()},

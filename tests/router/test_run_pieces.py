@@ -11,6 +11,7 @@ from atgrpo.contract.rollout import EpisodeEnd
 from atgrpo.contract.rollout_wire import collect_plan_from_pb, collect_plan_to_pb
 from atgrpo.contract.run import status_dict
 from atgrpo.errors import FailedPrecondition
+from atgrpo.report import eval_line
 from atgrpo.rundir import Checkpoint, Progress, RunDir
 from router_svc import events
 from router_svc.loop import RunLoop
@@ -122,7 +123,10 @@ def test_events_survive_the_wire():
     ev = events.eval_event(4, [EpisodeEnd("t", True, 2, {"speaker": 1.0, "listener": 0.5}),
                                EpisodeEnd("u", False, 0, {}, error="env down")], order=["speaker", "listener"])
     assert ev["success_rate"] == 1.0 and ev["failed_episodes"] == 1 and list(ev["agents"]) == ["speaker", "listener"]
-    assert run_wire.event_from_pb(run_wire.event_to_pb("r", ev))["agents"]["listener"] == {"reward_mean": 0.5, "turns_mean": 2.0}
+    back = run_wire.event_from_pb(run_wire.event_to_pb("r", ev))
+    assert back["agents"]["listener"] == {"reward_mean": 0.5, "turns_mean": 2.0}
+    assert (back["episodes"], back["failed_episodes"]) == (1, 1)       # what `atgrpo eval` shows and prints
+    assert eval_line(back).startswith("eval @ step    4  success 1.000 over 1 episodes (1 more ended in an error)")
     status = status_dict("r", "stopped", 3, 10, "/d", 1, "")
     assert run_wire.event_from_pb(run_wire.event_to_pb("r", status)) == status
 

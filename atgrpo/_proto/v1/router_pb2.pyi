@@ -432,9 +432,12 @@ class EvalEvent(_message.Message):
     SUCCESS_RATE_FIELD_NUMBER: _builtins.int
     EPISODES_FIELD_NUMBER: _builtins.int
     AGENTS_FIELD_NUMBER: _builtins.int
+    FAILED_EPISODES_FIELD_NUMBER: _builtins.int
     step: _builtins.int
     success_rate: _builtins.float
     episodes: _builtins.int
+    failed_episodes: _builtins.int
+    """episodes that ended in an error: not in success_rate's denominator"""
     @_builtins.property
     def agents(self) -> _containers.MessageMap[_builtins.str, Global___AgentEvalMetrics]: ...
     def __init__(
@@ -444,10 +447,11 @@ class EvalEvent(_message.Message):
         success_rate: _builtins.float = ...,
         episodes: _builtins.int = ...,
         agents: _abc.Mapping[_builtins.str, Global___AgentEvalMetrics] | None = ...,
+        failed_episodes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "episodes", b"episodes", "step", b"step", "success_rate", b"success_rate"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "episodes", b"episodes", "failed_episodes", b"failed_episodes", "step", b"step", "success_rate", b"success_rate"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
