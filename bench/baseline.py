@@ -109,17 +109,18 @@ def run_row(name: str, row: Row, data: dict[str, Any], services: dict[str, Any])
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| env (dataset) | level: agents | eval tasks | max_tokens | greedy success | mean turns | s / episode |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = ["| env (dataset) | level: agents | eval tasks | max_tokens | greedy success | mean turns | s / episode "
+             "| return per episode |", "|---|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         env = f"{r['env_name']} ({r['dataset']})" if r["dataset"] else r["env_name"]
         head = f"| {env} | {r['level']}: {' + '.join(r['agents'])} | {r['tasks']} | {r['max_tokens']} |"
         if "error" in r:
-            lines.append(f"{head} not run: {r['error']} | | |")
+            lines.append(f"{head} not run: {r['error']} | | | |")
         else:
             turns = "" if r["turns_mean"] is None else f"{r['turns_mean']:.2f}"
             failed = f" ({r['failed_episodes']} episodes failed)" if r["failed_episodes"] else ""
-            lines.append(f"{head} {r['success']:.3f}{failed} | {turns} | {r['s_per_episode']:.1f} |")
+            returns = ", ".join(f"{a} {v:+.2f}" for a, v in r["returns"].items())
+            lines.append(f"{head} {r['success']:.3f}{failed} | {turns} | {r['s_per_episode']:.1f} | {returns} |")
     return "\n".join(lines)
 
 
