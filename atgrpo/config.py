@@ -187,11 +187,11 @@ class PoolConfig:
     gpu_memory: str = ""
     """memory of each GPU this pool's trainer and rollout replicas run on, e.g. 80GiB or 141GiB:
     `atgrpo plan` and `atgrpo train` check that they fit. Empty: not stated, not checked"""
-    gradient_checkpointing: bool | None = None
-    """recompute each decoder layer's activations in the backward instead of keeping them;
-    unset: on for cuda devices, off on cpu"""
     trainable: bool = True
     """false: a frozen pool that serves inference only (no trainer)"""
+    max_staleness: int | None = None
+    """this pool's bound on how many versions a sample may lag the weights that train it; unset:
+    algorithm.max_staleness"""
 
     def __post_init__(self) -> None:
         if self.specialization == "lora" and self.lora is None:
@@ -260,11 +260,21 @@ class AlgorithmConfig:
     """which branch continues the episode: highest reward (ties: lowest index) or branch 0"""
     loss_agg: Literal["token_mean"] = "token_mean"
     """loss aggregation over tokens"""
+    max_staleness: int = 0
+    """asynchronous training: a sample drawn by version v is trained at version u only if
+    u - v <= max_staleness (older ones are dropped and their task collected again), and collection
+    runs ahead while the pools train. 0 = the synchronous on-policy loop"""
+    behav_imp_cap: float = 5.0
+    """with max_staleness > 0 (the decoupled PPO loss): the cap on each token's importance weight
+    from the sampling policy to the trainer's policy before the update"""
 
-    def to_update(self) -> UpdateConfig:
-        """What a trainer takes of these for each step's update."""
+    def to_update(self, max_staleness: int | None = None) -> UpdateConfig:
+        """What a trainer takes of these for each step's update; `max_staleness`: its pool's bound
+        (unset: this section's)."""
+        staleness = self.max_staleness if max_staleness is None else max_staleness
         return UpdateConfig(LossConfig(self.clip_eps_low, self.clip_eps_high, self.dual_clip_c, self.kl_coef,
-                                       self.entropy_coef), epochs=self.epochs, mini_batch_size=self.mini_batch_size)
+                                       self.entropy_coef, self.behav_imp_cap), epochs=self.epochs,
+                            mini_batch_size=self.mini_batch_size, max_staleness=staleness)
 
 
 @dataclass(frozen=True)
@@ -310,6 +320,11 @@ class RunConfig:
         if len(used) > 1:
             return "L3"
         return "L2" if self.pools[used.pop()].specialization == "lora" else "L1"
+
+    def max_staleness(self, pool: str) -> int:
+        """How many versions `pool`'s samples may lag its weights (0: on-policy)."""
+        own = self.pools[pool].max_staleness
+        return self.algorithm.max_staleness if own is None else own
 
     def agents_of(self, pool: str) -> list[str]:
         """Agents that generate with `pool`, in turn order."""

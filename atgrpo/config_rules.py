@@ -37,7 +37,8 @@ def validate(cfg: RunConfig, bad: list[str]) -> Errors:
         "k": AT_LEAST_1, "epochs": AT_LEAST_1, "mini_batch_size": AT_LEAST_1,
         "clip_eps_low": _OPEN_UNIT, "clip_eps_high": _OPEN_UNIT,
         "dual_clip_c": (lambda v: v > 1, "> 1", "The usual value is 3.0"),
-        "kl_coef": NON_NEG, "entropy_coef": NON_NEG,
+        "kl_coef": NON_NEG, "entropy_coef": NON_NEG, "max_staleness": NON_NEG,
+        "behav_imp_cap": (lambda v: v >= 1, ">= 1", "The usual value is 5.0"),
     })
     _check_services(c, cfg)
     return c.errors
@@ -134,6 +135,9 @@ def _check_pools(c: Checks, cfg: RunConfig) -> None:
         c.limits(path, pool, {"rollout_replicas": AT_LEAST_1, "micro_batch_tokens": AT_LEAST_1,
                               "trainer_gpus": AT_LEAST_1, "rollout_gpus": AT_LEAST_1})
         _check_gpus(c, path, pool)
+        if pool.max_staleness is not None and pool.max_staleness < 0:
+            c.add(f"{path}.max_staleness", f"must be >= 0, got {pool.max_staleness}. Use 0 for on-policy "
+                  "training, or remove it to take algorithm.max_staleness")
         c.limits(f"{path}.optim", pool.optim, {
             "lr": (lambda v: v > 0, "> 0", "Typical values are 1e-6 (full) to 1e-4 (lora)"),
             "weight_decay": NON_NEG, "warmup_steps": NON_NEG,

@@ -33,6 +33,9 @@ class LossConfig:
     dual_clip_c: float = 3.0        # > 1; bounds the loss of negative-advantage tokens at c * |A|
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
+    # The decoupled loss (max_staleness > 0): cap on each token's importance weight from the
+    # sampling policy to the trainer's policy before the update.
+    behav_imp_cap: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,8 @@ class UpdateConfig:
     micro_batch_tokens: int = 8192
     grad_clip: float = 1.0
     autocast_bf16: bool = False      # bf16 mixed precision for forward/backward (fp32 master weights)
+    # How many versions a sample may lag the pool's weights; > 0 trains with the decoupled loss.
+    max_staleness: int = 0
 
 
 @dataclass(frozen=True)
