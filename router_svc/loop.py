@@ -1,4 +1,6 @@
 """The run loop (DESIGN.md §2): collect, group, train every pool, evaluate, checkpoint, repeat.
+With algorithm.max_staleness > 0 the steps between two evaluations or checkpoints run through
+router_svc.pipeline instead, collection ahead of training; the rest is this loop's.
 
     for step in resumed+1 .. steps:
         tasks   = step_tasks(seed, step)                        same tasks after a resume
@@ -28,7 +30,7 @@ from typing import Any
 
 from atgrpo.config import RunConfig
 from atgrpo.contract.rollout import CollectPlan, EpisodeEnd, Sample, TaskRef
-from atgrpo.contract.trainer import PoolSpec, TrainResult
+from atgrpo.contract.trainer import PoolSpec
 from atgrpo.env_check import check_spec, env_options, not_found
 from atgrpo.errors import (
     AtgrpoError,
@@ -45,6 +47,8 @@ from env_svc.client import EnvClient
 from rollout_svc.client import RolloutClient
 from router_svc import events, metrics
 from router_svc.checkpoints import retained
+from router_svc.outcome import StepIncomplete, check_complete, pool_metrics
+from router_svc.pipeline import Pipeline
 from router_svc.plan import (
     collect_plan,
     off_version,
@@ -58,20 +62,6 @@ log = logging.getLogger("atgrpo.router")
 
 MAX_ATTEMPTS = 12       # consecutive failed attempts of one step before the run fails
 
-
-class StepIncomplete(RuntimeError):
-    """Some episode of the step did not finish (a service went away mid-step): the step's samples
-    are dropped whole and it is collected again."""
-
-
-class EpisodeFailed(RuntimeError):
-    """An episode failed in a way that does not change on a retry (the environment's code raised,
-    a request was invalid): the run fails at once with the message, not after a dozen retries."""
-
-
-# How an episode's error names its cause (rollout_svc.tree: "<error class>: <message>"); these
-# fail the same way every time.
-_DETERMINISTIC = ("EnvCodeError", "InvalidArgument")
 
 # Faults a run survives by recovering and trying the step again; anything else (a bad config, a
 # bug) fails the run at once with its message.
@@ -117,17 +107,6 @@ def pool_spec(cfg: RunConfig, pool: str, checkpoint_root: str) -> PoolSpec:
         gradient_checkpointing=p.gradient_checkpointing)
 
 
-def pool_metrics(r: TrainResult) -> dict[str, Any]:
-    """The trainer's report of an update; `agents` (agent -> samples) says whose samples it took."""
-    return {"agents": {a: int(m["samples"]) for a, m in r.agents.items()}, "version": r.version,
-            **{k: r.metrics[k] for k in ("loss", "approx_kl", "clip_fraction", "grad_norm", "entropy",
-                                         "push_seconds", "train_seconds")},
-            **({"kl_ref": r.metrics["kl_ref"]} if "kl_ref" in r.metrics else {}),
-            **{k: int(r.metrics.get(k, 0)) for k in ("push_bytes", "tokens", "samples", "staleness_max", "masked_tokens")},
-            **({"agent_grad_norm": norms} if (norms := {a: m["grad_norm"] for a, m in r.agents.items()
-                                                          if "grad_norm" in m}) else {})}
-
-
 class RunLoop:
     """One run, driven against running services. `emit` receives every event dict as it happens."""
 
@@ -147,6 +126,8 @@ class RunLoop:
         self._last_eval: tuple[int, float] | None = None   # (step, success rate)
         self._failures = 0
         self._retries = 0       # faults recovered from since the last recorded step
+        asynchronous = any(cfg.max_staleness(p) for p in cfg.pools if cfg.pools[p].trainable)
+        self.pipeline = Pipeline(self) if asynchronous else None
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -164,8 +145,12 @@ class RunLoop:
                 await self._guarded(self.evaluate, 0)     # the baseline the curves start from
         while True:
             while self.completed < cfg.run.steps and not self.stop_requested.is_set():
-                step = self.completed + 1
-                if not await self._guarded(self.run_step, step):
+                if self.pipeline is None:
+                    step, ran = self.completed + 1, await self._guarded(self.run_step, self.completed + 1)
+                else:   # up to the next evaluation or checkpoint, collecting ahead of training
+                    ran = await self._guarded(self.pipeline.run, self._segment_end())
+                    step = self.completed
+                if not ran:
                     continue                             # recovered: the loop goes on from self.completed
                 if cfg.run.eval_every_steps and (step % cfg.run.eval_every_steps == 0 or step == cfg.run.steps):
                     await self._guarded(self.evaluate, step)
@@ -175,6 +160,13 @@ class RunLoop:
             if self._checkpoint_at(self.completed):
                 return "finished" if self.completed >= cfg.run.steps else "stopped"
             await self._guarded(self.checkpoint, self.completed)
+
+    def _segment_end(self) -> int:
+        """The next step after self.completed with an evaluation or a checkpoint, or the last step:
+        the asynchronous pipeline drains there."""
+        run = self.cfg.run
+        every = [n for n in (run.eval_every_steps, run.checkpoint_every_steps) if n]
+        return min([run.steps] + [(self.completed // n + 1) * n for n in every])
 
     async def _guarded(self, fn, step: int) -> bool:
         """fn(step); after a recoverable fault, recover and return False (the caller redoes its
@@ -222,10 +214,13 @@ class RunLoop:
         self._checkpoints = list(progress.checkpoints) if progress else []
         self.dir.write_config(self.cfg)
         root = str(self.dir.path / "checkpoints")
+        # Asynchronous: pools may be past the recorded step; when the trainers come back with the
+        # versions this router gave them, the run goes on from what it holds (Pipeline).
+        live = dict(self.versions) if self.pipeline is not None else None
         await self._setup_trainers(root, ckpt)
         held, behind = dict(self.versions), []
         try:
-            self.completed = self._resume_point(progress)
+            self.completed = self._resume_point(progress, live)
         except FailedPrecondition:
             # Some trainer restarted from the checkpoint (before the first one: from model_path, at
             # version 0) while others went on: all go back to it.
@@ -274,12 +269,13 @@ class RunLoop:
         await self.evaluate(int(step) if step.isdigit() else 0)
         return "finished"
 
-    def _resume_point(self, progress: Progress | None) -> int:
+    def _resume_point(self, progress: Progress | None, live: dict[str, int] | None = None) -> int:
         """The last step whose pool versions the trainers now hold: the last completed step when the
-        trainers kept running, the last checkpoint's step when they were restarted from it."""
+        trainers kept running (`live`: the versions this router last saw them at), the last
+        checkpoint's step when they were restarted from it."""
         if progress is None:
             return 0
-        if progress.versions == self.versions:
+        if progress.versions == self.versions or (live and live == self.versions):
             return progress.completed_step
         ckpt = progress.checkpoint
         if ckpt and ckpt.versions == self.versions:
@@ -296,7 +292,7 @@ class RunLoop:
         start = time.perf_counter()
         tasks = await self.tasks(cfg.env.train_split, step - 1, cfg.run.tasks_per_step)
         samples, ends = await self.collect(collect_plan(cfg, tasks, step=step, versions=self.versions))
-        _check_complete(ends, len(tasks))
+        check_complete(ends, len(tasks))
         stale = off_version(samples, self.versions)
         if stale:   # recovery pushes the current weights to the replica, then the step is collected again
             raise FailedPrecondition(f"step {step}: {stale}; nothing of this step is trained")
@@ -322,11 +318,9 @@ class RunLoop:
 
     async def train(self, step: int, per_pool: dict[str, list]) -> dict[str, dict[str, float]]:
         """Every pool's update at once; a pool with no samples this step (all filtered) keeps its version."""
-        update = self.cfg.algorithm.to_update()
-
         async def one(pool: str) -> tuple[str, dict[str, float]]:
             resp = await self.clients.trainers[pool].train(self.cfg.run.name, step, self.versions[pool],
-                                                           per_pool[pool], update)
+                                                           per_pool[pool], self.cfg.algorithm.to_update(0))
             self.versions[pool] = resp.version
             return pool, pool_metrics(resp)
 
@@ -373,7 +367,7 @@ class RunLoop:
         cfg = self.cfg
         tasks = await self.tasks(cfg.env.eval_split, 0, cfg.run.eval_tasks, distinct=True)   # the same every time
         _, ends = await self.collect(collect_plan(cfg, tasks, step=step, eval_mode=True, versions=self.versions))
-        _check_complete(ends, len(tasks))
+        check_complete(ends, len(tasks))
         event = events.eval_event(step, ends, cfg.env.turn_order)
         self._last_eval = (step, event["success_rate"])
         self._record(event)
@@ -412,23 +406,13 @@ class RunLoop:
     def _checkpoint_at(self, step: int) -> bool:
         return bool(self._checkpoints) and self._checkpoints[-1].step == step
 
-    def _write_progress(self) -> None:
+    def _write_progress(self, versions: dict[str, int] | None = None) -> None:
+        """`versions`: each pool's after self.completed (default: what the pools hold now)."""
         last = self._checkpoints[-1] if self._checkpoints else None
-        self.dir.write_progress(Progress(self.cfg.run.name, self.completed, dict(self.versions), last,
+        self.dir.write_progress(Progress(self.cfg.run.name, self.completed, dict(versions or self.versions), last,
                                          list(self._checkpoints)))
 
     def _record(self, event: dict[str, Any]) -> None:
         self.dir.append_event(event)
         metrics.observe_event(self.cfg.run.name, event)
         self.emit(event)
-
-
-def _check_complete(ends: list[EpisodeEnd], tasks: int) -> None:
-    failed = [e for e in ends if e.error]
-    fatal = next((e for e in failed if e.error.split(":", 1)[0] in _DETERMINISTIC), None)
-    if fatal is not None:
-        raise EpisodeFailed(f"the episode of task {fatal.task_id!r} failed: {fatal.error} (not retried: "
-                            "it would fail the same way)")
-    if failed or len(ends) != tasks:
-        first = failed[0].error if failed else f"{tasks - len(ends)} episodes never ended"
-        raise StepIncomplete(f"{len(failed) or tasks - len(ends)} of {tasks} episodes did not finish ({first})")

@@ -153,6 +153,14 @@ def off_version(samples: Sequence[Sample], versions: Mapping[str, int]) -> str |
     return None
 
 
+def stale_tasks(samples: Sequence[Sample], pool_of: Mapping[str, str], pool: str, version: int,
+                max_staleness: int) -> set[str]:
+    """The tasks with a sample of `pool`'s agents drawn more than `max_staleness` versions behind
+    `version` (the weights that would train it). A newer sample is not stale: a replica serves a
+    pushed version a moment before its trainer's answer reaches the router."""
+    return {s.task_id for s in samples if pool_of.get(s.agent) == pool and version - s.policy.version > max_staleness}
+
+
 def collect_plan(cfg: RunConfig, tasks: Sequence[TaskRef], *, step: int, eval_mode: bool = False,
                  versions: Mapping[str, int] | None = None) -> CollectPlan:
     """Training collects K-way trees; evaluation one flat rollout per task with eval sampling.

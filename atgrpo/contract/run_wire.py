@@ -28,7 +28,7 @@ def status_from_pb(m: pb.RunStatus) -> dict[str, Any]:
 _AGENT_STEP = ("reward_mean", "success_rate", "turns_mean", "samples", "groups", "zero_variance_fraction",
                "advantage_mean", "advantage_std", "prompt_truncated_fraction", "response_truncated_fraction")
 _POOL_STEP = ("version", "loss", "approx_kl", "clip_fraction", "grad_norm", "entropy", "push_seconds", "push_bytes",
-              "staleness_max", "masked_tokens")
+              "staleness_max", "masked_tokens", "dropped_stale", "staleness_mean")
 
 
 def event_to_pb(run_id: str, e: Mapping[str, Any]) -> pb.RunEvent:

@@ -251,6 +251,8 @@ class PoolStepMetrics(_message.Message):
     KL_REF_FIELD_NUMBER: _builtins.int
     STALENESS_MAX_FIELD_NUMBER: _builtins.int
     MASKED_TOKENS_FIELD_NUMBER: _builtins.int
+    DROPPED_STALE_FIELD_NUMBER: _builtins.int
+    STALENESS_MEAN_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     loss: _builtins.float
     approx_kl: _builtins.float
@@ -263,6 +265,10 @@ class PoolStepMetrics(_message.Message):
     """k3 KL to the frozen reference; unset when kl_coef is 0"""
     staleness_max: _builtins.int
     masked_tokens: _builtins.int
+    dropped_stale: _builtins.int
+    """samples dropped as more than max_staleness versions behind (then recollected)"""
+    staleness_mean: _builtins.float
+    """versions the trained samples lagged the pool's weights, mean"""
     @_builtins.property
     def agents(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """agent -> samples this update took (only the pool's own agents)"""
@@ -282,10 +288,12 @@ class PoolStepMetrics(_message.Message):
         kl_ref: _builtins.float | None = ...,
         staleness_max: _builtins.int = ...,
         masked_tokens: _builtins.int = ...,
+        dropped_stale: _builtins.int = ...,
+        staleness_mean: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref", "kl_ref", b"kl_ref"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref", "agents", b"agents", "approx_kl", b"approx_kl", "clip_fraction", b"clip_fraction", "entropy", b"entropy", "grad_norm", b"grad_norm", "kl_ref", b"kl_ref", "loss", b"loss", "masked_tokens", b"masked_tokens", "push_bytes", b"push_bytes", "push_seconds", b"push_seconds", "staleness_max", b"staleness_max", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref", "agents", b"agents", "approx_kl", b"approx_kl", "clip_fraction", b"clip_fraction", "dropped_stale", b"dropped_stale", "entropy", b"entropy", "grad_norm", b"grad_norm", "kl_ref", b"kl_ref", "loss", b"loss", "masked_tokens", b"masked_tokens", "push_bytes", b"push_bytes", "push_seconds", b"push_seconds", "staleness_max", b"staleness_max", "staleness_mean", b"staleness_mean", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__kl_ref: _TypeAlias = _typing.Literal["kl_ref"]  # noqa: Y015
     _WhichOneofArgType__kl_ref: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref"]  # noqa: Y015

@@ -1,0 +1,51 @@
+"""What a step's collection and updates came to: whether every episode finished, and a pool's
+update as a step event records it (shared by the synchronous loop and the pipeline)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from atgrpo.contract.rollout import EpisodeEnd
+from atgrpo.contract.trainer import TrainResult
+
+
+class StepIncomplete(RuntimeError):
+    """Some episode of the step did not finish (a service went away mid-step): the step's samples
+    are dropped whole and it is collected again."""
+
+
+class EpisodeFailed(RuntimeError):
+    """An episode failed in a way that does not change on a retry (the environment's code raised,
+    a request was invalid): the run fails at once with the message, not after a dozen retries."""
+
+
+# How an episode's error names its cause (rollout_svc.tree: "<error class>: <message>"); these
+# fail the same way every time.
+_DETERMINISTIC = ("EnvCodeError", "InvalidArgument")
+
+
+# Figures a trainer reports only when they apply: the KL to the reference (kl_coef > 0), the
+# staleness and importance weights of the decoupled loss (max_staleness > 0).
+_IF_SENT = ("kl_ref", "staleness_mean", "behav_imp_weight_mean", "behav_imp_weight_max", "behav_approx_kl")
+
+
+def pool_metrics(r: TrainResult) -> dict[str, Any]:
+    """The trainer's report of an update; `agents` (agent -> samples) says whose samples it took."""
+    return {"agents": {a: int(m["samples"]) for a, m in r.agents.items()}, "version": r.version,
+            **{k: r.metrics[k] for k in ("loss", "approx_kl", "clip_fraction", "grad_norm", "entropy",
+                                         "push_seconds", "train_seconds")},
+            **{k: r.metrics[k] for k in _IF_SENT if k in r.metrics},
+            **{k: int(r.metrics.get(k, 0)) for k in ("push_bytes", "tokens", "samples", "staleness_max", "masked_tokens")},
+            **({"agent_grad_norm": norms} if (norms := {a: m["grad_norm"] for a, m in r.agents.items()
+                                                          if "grad_norm" in m}) else {})}
+
+
+def check_complete(ends: list[EpisodeEnd], tasks: int) -> None:
+    failed = [e for e in ends if e.error]
+    fatal = next((e for e in failed if e.error.split(":", 1)[0] in _DETERMINISTIC), None)
+    if fatal is not None:
+        raise EpisodeFailed(f"the episode of task {fatal.task_id!r} failed: {fatal.error} (not retried: "
+                            "it would fail the same way)")
+    if failed or len(ends) != tasks:
+        first = failed[0].error if failed else f"{tasks - len(ends)} episodes never ended"
+        raise StepIncomplete(f"{len(failed) or tasks - len(ends)} of {tasks} episodes did not finish ({first})")
