@@ -18,6 +18,7 @@ from atgrpo import launcher
 from atgrpo.config import parse_config
 from atgrpo.rundir import read_metrics
 from atgrpo.runner import LocalServices, drive
+from router_svc.plan import step_tasks
 from tests.e2e.test_training import Collect, toy_config
 
 pytestmark = pytest.mark.slow
@@ -41,9 +42,13 @@ def killer(state_dir, metrics, killed: list[str], stop: threading.Event) -> None
         killed.append(name)
 
 
-def test_a_run_survives_kill_9_of_every_service(tiny_model, tmp_path):
-    data = toy_config(tmp_path / "run", tiny_model, "L1", steps=STEPS, checkpoint_every_steps=1)
+@pytest.mark.parametrize("max_staleness", [0, 1])
+def test_a_run_survives_kill_9_of_every_service(max_staleness, tiny_model, tmp_path):
+    """Asynchronous (max_staleness 1) checkpoints every third step, so kills land while collection
+    runs ahead of training and a lost trainer rolls two steps back."""
+    data = toy_config(tmp_path / "run", tiny_model, "L1", steps=STEPS, checkpoint_every_steps=3 if max_staleness else 1)
     data["pools"]["a"]["rollout_replicas"] = 2
+    data["algorithm"]["max_staleness"] = max_staleness
     cfg = parse_config(data)
     sink, killed, stop = Collect(), [], threading.Event()
     services = LocalServices(cfg)
@@ -65,7 +70,11 @@ def test_a_run_survives_kill_9_of_every_service(tiny_model, tmp_path):
     for e in steps:                                                       # nothing accepted was lost
         lines = (tmp_path / "run" / "samples" / f"step-{e['step']:06d}.jsonl").read_text().splitlines()
         assert sum(e["pools"]["a"]["agents"].values()) == len(lines) > 0
-        assert all(json.loads(x)["policy"]["version"] == e["step"] - 1 for x in lines)
+        # the step's own tasks, each once: none lost or repeated by a kill, a rollback or a resume
+        planned = [t.task_id for t in step_tasks(cfg.run.seed, e["step"] - 1, cfg.run.tasks_per_step)]
+        assert sorted({json.loads(x)["task_id"] for x in lines}) == sorted(planned)
+        # drawn from the weights before the step, or up to max_staleness versions before them
+        assert all(0 <= e["step"] - 1 - json.loads(x)["policy"]["version"] <= max_staleness for x in lines)
     assert services.supervisor.restarts == dict.fromkeys(VICTIMS, 1)     # each came back once
 
 
