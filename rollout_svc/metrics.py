@@ -4,10 +4,12 @@ Defined here, once; pool.py reports each engine batch, each weight swap, each ou
 and each failed request with one call.
 Generated tokens are a counter: tokens per second is `rate(atgrpo_rollout_generated_tokens_total[1m])`.
 
-The state of each pool (requests queued and generating, the engine's KV cache and sequences) and
-the GPU memory are read when Prometheus scrapes, by a collector (PoolCollector): from counters the
-pool keeps and the engine's optional `stats()`, which reads what the engine already has and never
-waits on it, so a scrape answers while a batch generates.
+The state of each pool (requests queued and generating, the engine's KV cache and sequences, the
+time its engine has been busy) and the GPU memory are read when Prometheus scrapes, by a collector
+(PoolCollector): from counters the pool keeps and the engine's optional `stats()`, which reads what
+the engine already has and never waits on it, so a scrape answers while a batch generates.
+The replica's busy fraction is `rate(atgrpo_rollout_busy_seconds_total[1m])` (each replica is its
+own scrape target: `instance` tells them apart).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 import torch
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +90,7 @@ class PoolCollector:
         # inside that nested collect this one yields nothing.
         self._inside = threading.local()
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         families = self._families()
         if not getattr(self._inside, "value", False):
             self._inside.value = True
@@ -99,7 +101,7 @@ class PoolCollector:
         yield from families.values()
 
     @staticmethod
-    def _families() -> dict[str, GaugeMetricFamily]:
+    def _families() -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
         # Every family is yielded, with no samples when there are none (a CPU process has no GPU
         # memory), so a scrape always lists what this service can export.
         return {
@@ -110,6 +112,10 @@ class PoolCollector:
             "sequences": GaugeMetricFamily("atgrpo_rollout_engine_sequences",
                                            "Sequences (samples) inside the engine, by pool and state: running, or "
                                            "waiting for KV-cache room (vLLM's scheduler).", labels=["pool", "state"]),
+            "busy": CounterMetricFamily("atgrpo_rollout_busy_seconds",
+                                        "Wall seconds the pool's engine spent generating batches or loading "
+                                        "weights (the one in progress counted up to now), by pool: rate() is "
+                                        "the replica's busy fraction.", labels=["pool"]),
             "kv": GaugeMetricFamily("atgrpo_rollout_kv_cache_usage_ratio",
                                     "Share of the engine's KV cache in use, 0 to 1, by pool (vLLM only).",
                                     labels=["pool"]),
@@ -122,13 +128,14 @@ class PoolCollector:
         }
 
     @staticmethod
-    def _fill(f: dict[str, GaugeMetricFamily]) -> None:
+    def _fill(f: dict[str, GaugeMetricFamily | CounterMetricFamily]) -> None:
         for name, ref in dict(_POOLS).items():   # a copy: the event loop may add a pool meanwhile
             runtime = ref()
             if runtime is None:
                 continue
             f["running"].add_metric([name], runtime.running)
             f["waiting"].add_metric([name], runtime.waiting)
+            f["busy"].add_metric([name], runtime.busy_seconds())
             stats = engine_stats(runtime.engine)
             for state in ("running", "waiting"):
                 if f"sequences_{state}" in stats:

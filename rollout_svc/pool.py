@@ -14,10 +14,12 @@ alone does not fit), and any other engine failure is UNAVAILABLE, for the caller
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import gc
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,6 +116,10 @@ class PoolRuntime:
         self._worker: asyncio.Task | None = None
         self.oom_retries = 0     # batches run again in smaller pieces after running out of memory
         self.waiting = self.running = 0   # requests queued / in the batch generating (metrics, read at scrape)
+        # Wall seconds the worker spent on batches and swaps: those finished, and when the one in
+        # progress started. Read at scrape (busy_seconds) from another thread, hence the lock.
+        self._busy_lock = threading.Lock()
+        self._busy_done, self._busy_since = 0.0, None
         metrics.set_versions(name, self.versions)
         metrics.register_pool(name, self)
 
@@ -125,6 +131,26 @@ class PoolRuntime:
             raise NotFound(f"pool {self.name!r} serves no adapter {adapter!r}; it has "
                            f"{sorted(a for a in self.versions if a) or 'none'} (load one with LoadWeights)")
         return self.versions[adapter]
+
+    def busy_seconds(self) -> float:
+        """Wall seconds spent generating batches and swapping weights so far, the batch or swap in
+        progress included up to now: rate() of it is the share of time the engine was busy, and it
+        grows during a long batch instead of jumping at its end. Never decreases."""
+        with self._busy_lock:
+            since = self._busy_since
+            return self._busy_done + (time.monotonic() - since if since is not None else 0.0)
+
+    @contextlib.contextmanager
+    def _busy(self):
+        """Counts the wall time of the block (a batch, its retries included, or a swap)."""
+        with self._busy_lock:
+            self._busy_since = time.monotonic()
+        try:
+            yield
+        finally:
+            with self._busy_lock:
+                self._busy_done += time.monotonic() - self._busy_since
+                self._busy_since = None
 
     def _ensure_worker(self) -> None:
         if self._worker is None or self._worker.done():
@@ -188,14 +214,16 @@ class PoolRuntime:
         while True:
             item = await self._queue.get()
             if isinstance(item, _Swap):
-                await self._finish(item.future, self._apply_swap(item))
+                with self._busy():
+                    await self._finish(item.future, self._apply_swap(item))
                 continue
             await self._await_burst()
             batch = self._take_batch(item)
             self.waiting, self.running = self.waiting - len(batch), len(batch)
             policy = PolicyRef(self.name, item.adapter, self.versions[item.adapter])
             try:
-                outcomes = await self._generate([_Piece(r, r.n) for r in batch], item.adapter, item.sampling)
+                with self._busy():
+                    outcomes = await self._generate([_Piece(r, r.n) for r in batch], item.adapter, item.sampling)
             except Exception as err:  # noqa: BLE001 - a bug here: fail the requests, keep serving
                 log.exception("pool %s: generating a batch failed", self.name)
                 outcomes = [Internal(f"pool {self.name!r} failed generating: {err!r}")] * len(batch)

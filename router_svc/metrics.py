@@ -5,7 +5,9 @@ metrics, metrics.jsonl and WatchRun never disagree; and from the run's state cha
 Per agent: reward, success, turns (split="train" for the step's tree rollouts, "eval" for the
 evaluation), groups, group size, zero-variance fraction, advantages. Per run: the step's time
 split into rollout, train and weight sync, and when the last step completed (the no-progress alert).
-Each pool's update (version, loss, KL, clip fraction, ...) is the trainer's to export.
+Per pool, what the router decides (asynchronous training, algorithm.max_staleness): samples dropped
+as too stale, and the staleness of the samples the step trained. Each pool's update (version, loss,
+KL, clip fraction, ...) is the trainer's to export.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram
 
 _AGENT = ["run", "agent"]
+_POOL = ["run", "pool"]
 _SPLIT = ["run", "agent", "split"]
 STATES = ("starting", "running", "stopping", "stopped", "finished", "failed")
 PHASES = {"rollout": "rollout_seconds", "train": "train_seconds", "weight_sync": "weight_sync_seconds"}
@@ -58,6 +61,12 @@ ZERO_VARIANCE = Gauge("atgrpo_router_zero_variance_ratio", "Fraction of the last
                       "were all equal (advantage 0: no learning signal).", _AGENT)
 ADV_MEAN = Gauge("atgrpo_router_advantage_mean", "Mean advantage of the agent's trained samples, last step.", _AGENT)
 ADV_STD = Gauge("atgrpo_router_advantage_std", "Standard deviation of those advantages, last step.", _AGENT)
+
+STALE_DROPPED = Counter("atgrpo_router_stale_samples_dropped_total",
+                        "Samples dropped as too stale (drawn more than max_staleness versions before the "
+                        "update that would train them), their tasks collected again, by pool.", _POOL)
+STALENESS_MAX = Gauge("atgrpo_router_sample_staleness_max", "Versions between the weights the pool's update "
+                      "started from and the oldest weights its samples were drawn with, last step.", _POOL)
 
 
 def observe_state(run: str, state: str) -> None:
@@ -112,3 +121,8 @@ def _observe_step(run: str, e: Mapping[str, Any]) -> None:
         ZERO_VARIANCE.labels(run, agent).set(a["zero_variance_fraction"])
         ADV_MEAN.labels(run, agent).set(a["advantage_mean"])
         ADV_STD.labels(run, agent).set(a["advantage_std"])
+    for pool, p in e.get("pools", {}).items():
+        # inc(0) too: the series exists at 0 for a synchronous run (or an async one that dropped none)
+        STALE_DROPPED.labels(run, pool).inc(p.get("dropped_stale", 0))
+        if "staleness_max" in p:
+            STALENESS_MAX.labels(run, pool).set(p["staleness_max"])

@@ -24,6 +24,13 @@ KL_REF = Gauge("atgrpo_trainer_kl_ref", "k3 KL of the policy to the frozen refer
                "(0 when kl_coef is 0).", _POOL)
 STALENESS = Gauge("atgrpo_trainer_staleness_max", "Versions between the weights the last update started from "
                   "and the oldest weights its samples were drawn with.", _POOL)
+# Asynchronous training (issue 23, algorithm.max_staleness): defined here so the dashboards can name
+# them; the update and the weight push observe them.
+SAMPLE_STALENESS = Histogram("atgrpo_trainer_sample_staleness", "Versions between the weights an update started "
+                             "from and the weights each of its samples was drawn with, one per trained sample.",
+                             _POOL, buckets=(0, 1, 2, 3, 4, 8, 16))
+BUSY_SECONDS = Counter("atgrpo_trainer_busy_seconds_total", "Wall seconds spent in updates and weight pushes: "
+                       "rate() is the trainer's busy fraction.", _POOL)
 MASKED_TOKENS = Counter("atgrpo_trainer_masked_tokens_total", "Response tokens left out of the loss because "
                         "a log-prob was -inf (the sampler's and trainer's top-k/top-p masks disagreed).", _POOL)
 UPDATES = Counter("atgrpo_trainer_updates_total", "Updates (Train calls that trained; replays excluded).", _POOL)

@@ -235,6 +235,9 @@ def test_router_series(scraped):
     assert all(abs(v) < 1e-3 for v in per_agent(prom, f"atgrpo_router_advantage_mean{{{r}}}").values())
     assert all(v >= 0 for v in per_agent(prom, f"atgrpo_router_advantage_std{{{r}}}").values())
     assert prom.value(f"atgrpo_router_dropped_samples_total{{{r}}}") == 0      # no filter configured
+    # synchronous: nothing too stale, every sample on-policy (both exist for the dashboard at 0)
+    assert prom.value(f'atgrpo_router_stale_samples_dropped_total{{{r}, pool="a"}}') == 0
+    assert prom.value(f'atgrpo_router_sample_staleness_max{{{r}, pool="a"}}') == 0
 
 
 def test_trainer_series(scraped):
@@ -263,7 +266,7 @@ def test_trainer_series(scraped):
 
 
 def test_rollout_series(scraped):
-    prom, _, _ = scraped
+    prom, _, started = scraped
     assert prom.value('atgrpo_rollout_policy_version{pool="a", adapter=""}') == STEPS
     completions = prom.value('atgrpo_rollout_completions_total{pool="a"}')
     trained = sum(per_agent(prom, f'atgrpo_router_samples_total{{run="{RUN}"}}').values())
@@ -273,6 +276,9 @@ def test_rollout_series(scraped):
     assert prom.value('atgrpo_rollout_batch_rows_sum{pool="a"}') == completions
     assert prom.value('atgrpo_rollout_generate_seconds_count{pool="a"}') == prom.value(
         'atgrpo_rollout_batch_rows_count{pool="a"}') > 0
+    # busy: every engine batch (and the weight loads besides), within the run's wall time
+    busy = prom.value('atgrpo_rollout_busy_seconds_total{pool="a"}')
+    assert prom.value('atgrpo_rollout_generate_seconds_sum{pool="a"}') <= busy <= time.time() - started
 
 
 def test_env_and_sandbox_series(scraped):

@@ -37,6 +37,23 @@ def test_run_state_has_one_current_state_and_running_restarts_the_clock(monkeypa
     assert sample("atgrpo_router_last_step_timestamp_seconds", run="unit-run") == 9000.0
 
 
+def test_stale_samples_dropped_and_staleness_max_per_pool():
+    """Asynchronous training: a step's per-pool dropped_stale adds up, staleness_max is the last step's;
+    a pool that reports no dropped_stale (a synchronous run) still has its counter, at 0."""
+    def step(n, pools):
+        return {"kind": "step", "step": n, "success_rate": 0.0, "episodes": 0, "failed_episodes": 0,
+                "dropped_samples": 0, "agents": {}, "pools": pools}
+
+    router_metrics.observe_event("stale-run", step(1, {"a": {"staleness_max": 2, "dropped_stale": 3},
+                                                       "b": {"staleness_max": 0}}))
+    router_metrics.observe_event("stale-run", step(2, {"a": {"staleness_max": 1, "dropped_stale": 4},
+                                                       "b": {"staleness_max": 0}}))
+    assert sample("atgrpo_router_stale_samples_dropped_total", run="stale-run", pool="a") == 7
+    assert sample("atgrpo_router_stale_samples_dropped_total", run="stale-run", pool="b") == 0
+    assert sample("atgrpo_router_sample_staleness_max", run="stale-run", pool="a") == 1
+    assert sample("atgrpo_router_sample_staleness_max", run="stale-run", pool="b") == 0
+
+
 def test_live_episodes_follow_the_store():
     class Env:
         def fork(self):

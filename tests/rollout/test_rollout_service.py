@@ -4,6 +4,7 @@ import asyncio
 import dataclasses
 import json
 import threading
+import time
 
 import grpc
 import pytest
@@ -334,3 +335,69 @@ def test_pool_and_engine_gauges_follow_a_generation(tiny_model):
         assert gauge("atgrpo_rollout_kv_cache_usage_ratio") is None        # the hf engine has no shared cache
         assert REGISTRY.get_sample_value("atgrpo_gpu_memory_allocated_bytes", {"device": "cuda:0"}) is None  # CPU
     serve(tiny_model, go)
+
+
+def test_busy_seconds_count_generations_and_weight_loads_not_idle_time(tiny_model):
+    """rate(atgrpo_rollout_busy_seconds_total) is a replica's busy fraction: the counter grows by the
+    time the engine generates (or loads weights), never by more than the wall time, and not while idle."""
+    from prometheus_client import REGISTRY
+
+    def busy():
+        return REGISTRY.get_sample_value("atgrpo_rollout_busy_seconds_total", {"pool": "p"})
+
+    def generated():
+        return REGISTRY.get_sample_value("atgrpo_rollout_generate_seconds_sum", {"pool": "p"}) or 0.0
+
+    async def go(c, engine):
+        idle = busy()
+        await asyncio.sleep(0.3)
+        assert busy() == idle                                 # an idle pool's counter does not grow
+
+        before, engine_before = busy(), generated()
+        start = time.perf_counter()
+        await c.generate("p", messages=HELLO, n=2, sampling=Sampling(temperature=1.0, max_tokens=64, seed=1))
+        wall = time.perf_counter() - start
+        grown = busy() - before
+        # at least the engine's own batch time, at most the request's wall time (the RPC, the batching wait)
+        assert 0 < generated() - engine_before <= grown <= wall
+
+        seen = busy()
+        await asyncio.sleep(0.3)
+        assert busy() == seen                                 # idle again
+
+        start = time.perf_counter()
+        await c.load_weights(_perturbed(engine), "p", 1)      # a weight swap is busy time too
+        assert 0 < busy() - seen <= time.perf_counter() - start
+    serve(tiny_model, go)
+
+
+def test_busy_seconds_grow_while_a_long_batch_runs():
+    """The batch in progress is counted up to the scrape: a long batch shows as busy while it runs,
+    not as a jump at its end (which rate() over a shorter window would read as more than 100%)."""
+    from prometheus_client import REGISTRY
+
+    release = threading.Event()
+
+    class Slow:                                  # generates until released, then fails the request
+        def generate(self, prompts, ns, sampling, adapter):
+            release.wait(10)
+            raise ValueError("released")
+
+    def busy():
+        return REGISTRY.get_sample_value("atgrpo_rollout_busy_seconds_total", {"pool": "busy-slow"})
+
+    async def go():
+        pool = PoolRuntime("busy-slow", Slow())
+        assert busy() == 0
+        call = asyncio.ensure_future(pool.generate("", [1, 2, 3], GREEDY, 1))
+        await asyncio.sleep(0.3)
+        mid = busy()
+        await asyncio.sleep(0.2)
+        assert 0 < mid < busy()                  # still generating: counted up to now
+        release.set()
+        with pytest.raises(errors.InvalidArgument):
+            await call
+        done = busy()
+        await asyncio.sleep(0.1)
+        assert busy() == done >= 0.5             # the whole batch, and nothing since
+    asyncio.run(go())
