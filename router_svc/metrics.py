@@ -65,8 +65,6 @@ ADV_STD = Gauge("atgrpo_router_advantage_std", "Standard deviation of those adva
 STALE_DROPPED = Counter("atgrpo_router_stale_samples_dropped_total",
                         "Samples dropped as too stale (drawn more than max_staleness versions before the "
                         "update that would train them), their tasks collected again, by pool.", _POOL)
-STALENESS_MAX = Gauge("atgrpo_router_sample_staleness_max", "Versions between the weights the pool's update "
-                      "started from and the oldest weights its samples were drawn with, last step.", _POOL)
 
 
 def observe_state(run: str, state: str) -> None:
@@ -124,5 +122,3 @@ def _observe_step(run: str, e: Mapping[str, Any]) -> None:
     for pool, p in e.get("pools", {}).items():
         # inc(0) too: the series exists at 0 for a synchronous run (or an async one that dropped none)
         STALE_DROPPED.labels(run, pool).inc(p.get("dropped_stale", 0))
-        if "staleness_max" in p:
-            STALENESS_MAX.labels(run, pool).set(p["staleness_max"])
