@@ -54,3 +54,43 @@ def test_collection_runs_ahead_within_the_staleness_bound(level, tiny_model, tmp
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000003", "step-000006"]
     assert served == {(p, ""): 6 for p in cfg.pools}
     assert [e["step"] for e in read_metrics(run_dir / "metrics.jsonl") if e["kind"] == "step"] == list(range(1, 7))
+
+
+def test_a_stopped_asynchronous_run_resumes_with_each_step_once(tiny_model, tmp_path):
+    """A stop lets the steps already collected train, checkpoints, and new processes go on after
+    that step: each step recorded once, one version per step, each step's own tasks."""
+    import asyncio
+
+    from atgrpo.config import dump_config
+    from atgrpo.runner import LocalServices
+    from router_svc.client import RouterClient
+    from router_svc.plan import step_tasks
+
+    run_dir = tmp_path / "run"
+    data = toy_config(run_dir, tiny_model, "L1", steps=6)
+    data["algorithm"]["max_staleness"] = 1
+    cfg = parse_config(data)
+
+    async def stop_after_step_2(running) -> dict:
+        async with RouterClient(running.services.router) as router:
+            status = await router.start_run(dump_config(running))
+            async for e in router.watch_run(status["run_id"]):
+                if e["kind"] == "step" and e["step"] == 2:
+                    await router.stop_run(status["run_id"], "test")
+                if e["kind"] == "status" and e["state"] in ("stopped", "finished", "failed"):
+                    return e
+        raise AssertionError("the watch ended without a final status")
+
+    with LocalServices(cfg) as running:
+        first = asyncio.run(stop_after_step_2(running))
+    # the steps collected ahead of training when the stop came are trained, not thrown away
+    assert first["state"] == "stopped" and 2 <= first["step"] <= 4, first
+    sink, served = train_locally(data)
+    assert [e for e in sink.events if e["kind"] == "status"][-1]["resumed_from_step"] == first["step"]
+    steps = [e for e in read_metrics(run_dir / "metrics.jsonl") if e["kind"] == "step"]
+    assert [e["step"] for e in steps] == list(range(1, 7))
+    assert [e["pools"]["a"]["version"] for e in steps] == list(range(1, 7))
+    for e in steps:
+        planned = [t.task_id for t in step_tasks(cfg.run.seed, e["step"] - 1, cfg.run.tasks_per_step)]
+        assert sorted({s["task_id"] for s in step_samples(run_dir, e["step"])}) == sorted(planned)
+    assert served == {("a", ""): 6}
