@@ -101,14 +101,16 @@ def result_to_pb(r: TrainResult, pool: str) -> pb.TrainResponse:
     grad_norm = m["grad_norm"] if math.isfinite(m["grad_norm"]) else -1.0   # -1: no finite norm (nothing stepped)
     return pb.TrainResponse(
         run_id=r.run_id, step=r.step, pool=pool, version=r.version, replayed=r.replayed,
-        grad_norm=grad_norm, kl_ref=m.get("kl_ref"), **{k: m[k] for k in _FIGURES},
+        grad_norm=grad_norm, kl_ref=m.get("kl_ref"), staleness_mean=m.get("staleness_mean", 0.0),
+        **{k: m[k] for k in _FIGURES},
         **{k: int(m.get(k, 0)) for k in _COUNTS},
         agents={a: pb.AgentTrainMetrics(samples=int(v["samples"]), tokens=int(v["tokens"]), grad_norm=v.get("grad_norm"))
                 for a, v in r.agents.items()})
 
 
 def result_from_pb(m: pb.TrainResponse) -> TrainResult:
-    metrics = {k: getattr(m, k) for k in (*_FIGURES, "grad_norm")} | {k: float(getattr(m, k)) for k in _COUNTS}
+    metrics = {k: getattr(m, k) for k in (*_FIGURES, "grad_norm", "staleness_mean")} | {
+        k: float(getattr(m, k)) for k in _COUNTS}
     if m.HasField("kl_ref"):
         metrics["kl_ref"] = m.kl_ref
     agents = {a: {"samples": float(v.samples), "tokens": float(v.tokens),

@@ -4,8 +4,15 @@ defaults (atgrpo.contract.trainer_wire)."""
 import pytest
 
 from atgrpo._proto.v1 import trainer_pb2 as pb
-from atgrpo.contract.trainer import LossConfig, TrainSample, UpdateConfig
-from atgrpo.contract.trainer_wire import sample_from_pb, sample_to_pb, update_from_pb, update_to_pb
+from atgrpo.contract.trainer import LossConfig, TrainResult, TrainSample, UpdateConfig
+from atgrpo.contract.trainer_wire import (
+    result_from_pb,
+    result_to_pb,
+    sample_from_pb,
+    sample_to_pb,
+    update_from_pb,
+    update_to_pb,
+)
 from atgrpo.errors import InvalidArgument
 
 
@@ -25,6 +32,18 @@ def test_an_old_client_gets_the_default_cap_and_a_synchronous_update():
     assert got.loss.behav_imp_cap == 5.0 == LossConfig().behav_imp_cap       # not the proto's 0.0
     assert got.max_staleness == 0 and got == UpdateConfig()
     assert update_from_pb(pb.LossParams(behav_imp_cap=0.0)).loss.behav_imp_cap == 5.0   # 0 = the default
+
+
+def test_a_result_carries_the_mean_staleness():
+    metrics = dict(loss=0.5, clip_fraction=0.1, approx_kl=0.01, entropy=2.0, train_seconds=1.5, push_seconds=0.25,
+                   grad_norm=0.75, tokens=40.0, samples=8.0, push_bytes=1024.0, staleness_max=2.0,
+                   masked_tokens=1.0, staleness_mean=1.25)
+    sent = TrainResult("r", 3, 4, metrics, {"a": {"samples": 8.0, "tokens": 40.0}})
+    back = result_from_pb(pb.TrainResponse.FromString(result_to_pb(sent, "p").SerializeToString()))
+    assert back == sent
+    old = dict(metrics)
+    del old["staleness_mean"]                                  # a result made before it existed
+    assert result_from_pb(result_to_pb(TrainResult("r", 3, 4, old), "p")).metrics["staleness_mean"] == 0.0
 
 
 def test_a_sample_keeps_its_policy_version():

@@ -477,6 +477,7 @@ class TrainResponse(_message.Message):
     KL_REF_FIELD_NUMBER: _builtins.int
     STALENESS_MAX_FIELD_NUMBER: _builtins.int
     MASKED_TOKENS_FIELD_NUMBER: _builtins.int
+    STALENESS_MEAN_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     step: _builtins.int
     pool: _builtins.str
@@ -500,6 +501,8 @@ class TrainResponse(_message.Message):
     """version before the update minus the oldest sample version"""
     masked_tokens: _builtins.int
     """tokens left out of the loss: a log-prob was -inf"""
+    staleness_mean: _builtins.float
+    """mean over the samples of (version before the update - sample version)"""
     @_builtins.property
     def agents(self) -> _containers.MessageMap[_builtins.str, Global___AgentTrainMetrics]: ...
     def __init__(
@@ -524,10 +527,11 @@ class TrainResponse(_message.Message):
         kl_ref: _builtins.float | None = ...,
         staleness_max: _builtins.int = ...,
         masked_tokens: _builtins.int = ...,
+        staleness_mean: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref", "kl_ref", b"kl_ref"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref", "agents", b"agents", "approx_kl", b"approx_kl", "clip_fraction", b"clip_fraction", "entropy", b"entropy", "grad_norm", b"grad_norm", "kl_ref", b"kl_ref", "loss", b"loss", "masked_tokens", b"masked_tokens", "pool", b"pool", "push_bytes", b"push_bytes", "push_seconds", b"push_seconds", "replayed", b"replayed", "run_id", b"run_id", "samples", b"samples", "staleness_max", b"staleness_max", "step", b"step", "tokens", b"tokens", "train_seconds", b"train_seconds", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref", "agents", b"agents", "approx_kl", b"approx_kl", "clip_fraction", b"clip_fraction", "entropy", b"entropy", "grad_norm", b"grad_norm", "kl_ref", b"kl_ref", "loss", b"loss", "masked_tokens", b"masked_tokens", "pool", b"pool", "push_bytes", b"push_bytes", "push_seconds", b"push_seconds", "replayed", b"replayed", "run_id", b"run_id", "samples", b"samples", "staleness_max", b"staleness_max", "staleness_mean", b"staleness_mean", "step", b"step", "tokens", b"tokens", "train_seconds", b"train_seconds", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__kl_ref: _TypeAlias = _typing.Literal["kl_ref"]  # noqa: Y015
     _WhichOneofArgType__kl_ref: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref"]  # noqa: Y015
