@@ -24,9 +24,9 @@ class EpisodeFailed(RuntimeError):
 _DETERMINISTIC = ("EnvCodeError", "InvalidArgument")
 
 
-# Figures a trainer reports only when they apply: the KL to the reference (kl_coef > 0), the
-# staleness and importance weights of the decoupled loss (max_staleness > 0).
-_IF_SENT = ("kl_ref", "staleness_mean", "behav_imp_weight_mean", "behav_imp_weight_max", "behav_approx_kl")
+# Figures a trainer may not report: the KL to the reference (only with kl_coef > 0), the mean
+# staleness (not from a trainer older than asynchronous training).
+_IF_SENT = ("kl_ref", "staleness_mean")
 
 
 def pool_metrics(r: TrainResult) -> dict[str, Any]:

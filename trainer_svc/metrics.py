@@ -6,7 +6,7 @@ hold the last update's values (a Train call is one step of the run); counters ac
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -24,13 +24,11 @@ KL_REF = Gauge("atgrpo_trainer_kl_ref", "k3 KL of the policy to the frozen refer
                "(0 when kl_coef is 0).", _POOL)
 STALENESS = Gauge("atgrpo_trainer_staleness_max", "Versions between the weights the last update started from "
                   "and the oldest weights its samples were drawn with.", _POOL)
-# Asynchronous training (issue 23, algorithm.max_staleness): defined here so the dashboards can name
-# them; the update and the weight push observe them.
-SAMPLE_STALENESS = Histogram("atgrpo_trainer_sample_staleness", "Versions between the weights an update started "
-                             "from and the weights each of its samples was drawn with, one per trained sample.",
-                             _POOL, buckets=(0, 1, 2, 3, 4, 8, 16))
-BUSY_SECONDS = Counter("atgrpo_trainer_busy_seconds_total", "Wall seconds spent in updates and weight pushes: "
-                       "rate() is the trainer's busy fraction.", _POOL)
+SAMPLE_STALENESS = Histogram("atgrpo_trainer_sample_staleness", "Versions each trained sample's weights lagged "
+                             "the pool's when its update started (0: on-policy).", _POOL,
+                             buckets=(0, 1, 2, 3, 4, 8, 16))
+BUSY_SECONDS = Counter("atgrpo_trainer_busy_seconds_total", "Wall seconds spent in Train calls' updates and weight "
+                       "pushes; its rate is the fraction of time the trainer is busy.", _POOL)
 MASKED_TOKENS = Counter("atgrpo_trainer_masked_tokens_total", "Response tokens left out of the loss because "
                         "a log-prob was -inf (the sampler's and trainer's top-k/top-p masks disagreed).", _POOL)
 UPDATES = Counter("atgrpo_trainer_updates_total", "Updates (Train calls that trained; replays excluded).", _POOL)
@@ -52,8 +50,11 @@ def set_version(run: str, pool: str, version: int) -> None:
 
 
 def observe_update(run: str, pool: str, version: int, m: Mapping[str, float],
-                   agents: Mapping[str, Mapping[str, float]]) -> None:
-    """One update: `m` is the TrainResult's metrics, `agents` its per-agent samples and tokens."""
+                   agents: Mapping[str, Mapping[str, float]], *, staleness: Sequence[int] = (),
+                   busy_seconds: float = 0.0) -> None:
+    """One update: `m` is the TrainResult's metrics, `agents` its per-agent samples and tokens,
+    `staleness` each trained sample's lag in versions, `busy_seconds` the update's and push's
+    wall time."""
     set_version(run, pool, version)
     for gauge, key in ((LOSS, "loss"), (APPROX_KL, "approx_kl"), (CLIP_RATIO, "clip_fraction"),
                        (GRAD_NORM, "grad_norm"), (ENTROPY, "entropy"), (KL_REF, "kl_ref"),
@@ -64,6 +65,9 @@ def observe_update(run: str, pool: str, version: int, m: Mapping[str, float],
     MASKED_TOKENS.labels(run, pool).inc(m.get("masked_tokens", 0.0))
     if "train_seconds" in m:
         UPDATE_SECONDS.labels(run, pool).observe(m["train_seconds"])
+    for lag in staleness:
+        SAMPLE_STALENESS.labels(run, pool).observe(lag)
+    BUSY_SECONDS.labels(run, pool).inc(busy_seconds)
     for agent, a in agents.items():
         TRAINED_SAMPLES.labels(run, pool, agent).inc(a.get("samples", 0.0))
         TRAINED_TOKENS.labels(run, pool, agent).inc(a.get("tokens", 0.0))

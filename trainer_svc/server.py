@@ -91,7 +91,9 @@ def check_loss(loss: trainer_pb2.LossParams) -> None:
         ("kl_coef", loss.kl_coef, loss.kl_coef >= 0, ">= 0"),
         ("entropy_coef", loss.entropy_coef, loss.entropy_coef >= 0, ">= 0"),
         ("epochs", loss.epochs, 0 <= loss.epochs <= MAX_EPOCHS, f"between 1 and {MAX_EPOCHS}"),
-        ("mini_batch_size", loss.mini_batch_size, loss.mini_batch_size >= 0, ">= 1")])
+        ("mini_batch_size", loss.mini_batch_size, loss.mini_batch_size >= 0, ">= 1"),
+        ("max_staleness", loss.max_staleness, loss.max_staleness >= 0, ">= 0"),
+        ("behav_imp_cap", loss.behav_imp_cap, loss.behav_imp_cap >= 0, "> 0")])
 
 
 def _vocab_size(state) -> int | None:

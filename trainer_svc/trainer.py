@@ -22,18 +22,38 @@ from trainer_svc.state import PoolState, delete_checkpoint
 from trainer_svc.update import update, validate
 
 
-def staleness_max(samples: Sequence[TrainSample], allowed: int) -> int:
-    """How many versions the oldest pinned sample lags `allowed`, the version the pool holds. A
-    synchronous run trains on-policy only: a sample of any other version (a rollout replica that
-    restarted and served its initial weights, say) is refused whole, before anything trains."""
+def staleness_max(samples: Sequence[TrainSample], allowed: int, max_staleness: int = 0) -> int:
+    """How many versions the oldest pinned sample lags `allowed`, the version the pool holds.
+    Samples may lag it by up to `max_staleness` versions (asynchronous training); a sample of any
+    other version is refused whole, before anything trains. A synchronous run (0) trains
+    on-policy only: a sample of another version (a rollout replica that restarted and served its
+    initial weights, say) is refused. A sample newer than the pool's weights is refused always:
+    no replica can serve weights the trainer has not made yet."""
     for i, s in enumerate(samples):
-        if s.policy_version is not None and s.policy_version != allowed:
+        v = s.policy_version
+        if v is None or allowed - max_staleness <= v <= allowed:
+            continue
+        where = f"sample {i} (agent {s.agent!r}) was drawn from version {v}"
+        if max_staleness == 0:
             raise FailedPrecondition(
-                f"sample {i} (agent {s.agent!r}) was drawn from version {s.policy_version}, but this run trains only "
-                f"on version {allowed}, the weights the pool holds: nothing was trained; collect the step again "
-                f"from replicas that serve version {allowed} (the router resyncs them)")
+                f"{where}, but this run trains only on version {allowed}, the weights the pool holds: nothing was "
+                f"trained; collect the step again from replicas that serve version {allowed} (the router resyncs them)")
+        if v > allowed:
+            raise FailedPrecondition(
+                f"{where}, newer than version {allowed}, the weights the pool holds: nothing was trained; a replica "
+                "serves weights this trainer did not make (another run's, or a trainer restored from an older "
+                "checkpoint): resync the replicas (the router's Setup does) and collect the step again")
+        raise FailedPrecondition(
+            f"{where}, {allowed - v} versions behind version {allowed}, the weights the pool holds, but this pool "
+            f"trains on samples at most {max_staleness} behind (max_staleness): nothing was trained; drop the "
+            f"samples older than version {allowed - max_staleness} and send the rest, or raise max_staleness")
     pinned = [s.policy_version for s in samples if s.policy_version is not None]
     return allowed - min(pinned) if pinned else 0
+
+
+def sample_staleness(samples: Sequence[TrainSample], allowed: int) -> list[int]:
+    """How many versions each sample lags `allowed` (an unpinned sample: 0, taken as current)."""
+    return [0 if s.policy_version is None else allowed - s.policy_version for s in samples]
 
 
 class PoolOps:
@@ -165,7 +185,8 @@ class Trainer:
                 raise FailedPrecondition(f"the samples were drawn from version {expected_version}, the pool is at "
                                          f"{state.version}: recollect with the current weights (on-policy)")
             validate(samples, state.spec.agents, cfg.micro_batch_tokens)
-            staleness = staleness_max(samples, state.version)
+            staleness = staleness_max(samples, state.version, cfg.max_staleness)
+            lags = sample_staleness(samples, state.version)
             cfg = dataclasses.replace(cfg, autocast_bf16=state.mixed_bf16)
             start = time.perf_counter()
             metrics = await self._run("train", samples, cfg)
@@ -173,16 +194,19 @@ class Trainer:
             metrics["tokens"] = float(sum(len(s.response_ids) for s in samples))
             metrics["samples"] = float(len(samples))
             metrics["staleness_max"] = float(staleness)
+            metrics["staleness_mean"] = sum(lags) / len(lags)
             # Every adapter goes out, trained or not, so each of the pool's policies is at the
             # pool's version: what the router pins in Collect and this check allows.
             push_s, push_bytes = await self._push(state, state.spec.agents if state.lora else [])
+            busy = time.perf_counter() - start      # the update and the push, as the router waits on both
             metrics.update(push_seconds=push_s, push_bytes=float(push_bytes))
             agents = {a: {"samples": float(sum(s.agent == a for s in samples)),
                           "tokens": float(sum(len(s.response_ids) for s in samples if s.agent == a)),
                           **({"grad_norm": metrics.pop(f"grad_norm/{a}")} if f"grad_norm/{a}" in metrics else {})}
                       for a in sorted({s.agent for s in samples})}
             result = TrainResult(run_id, step, state.version, metrics, agents)
-            telemetry.observe_update(run_id, state.spec.pool, state.version, metrics, agents)
+            telemetry.observe_update(run_id, state.spec.pool, state.version, metrics, agents, staleness=lags,
+                                     busy_seconds=busy)
             self._done[(run_id, step)] = result
             every = state.spec.checkpoint_every_updates
             if every and state.spec.checkpoint_dir and state.updates % every == 0:

@@ -12,6 +12,12 @@ samples update only its adapter and never scale another agent's step.
 With kl_coef > 0 every micro-batch is also scored by the frozen reference (no gradient) and the
 loss adds kl_coef x the token-mean k3 KL to it (atgrpo.algo.loss).
 
+Asynchronous training (max_staleness > 0): samples may come from weights up to max_staleness
+versions behind, so before the first optimizer step every sample is scored by the weights as
+they are (no gradient): the proximal policy. The update then trains with the decoupled loss,
+whose trust region is around those log-probs and whose importance weight corrects from the
+sampler's (atgrpo.algo.loss.decoupled_policy_loss). With max_staleness 0 none of this runs.
+
 On a pool spread over several ranks (torchrun; see sharding.py and distributed.py) every rank
 runs `update` on the same samples at once and takes its share of each mini-batch; the gradients
 are summed across ranks (all-reduce when replicated, FSDP's reduce-scatter when sharded), so the
@@ -21,19 +27,22 @@ update equals the single-process one.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import zlib
 from collections.abc import Callable, Sequence
 
 import torch
 
-from atgrpo.algo.loss import policy_loss
+from atgrpo.algo.loss import decoupled_policy_loss, policy_loss
 from atgrpo.contract.trainer import TrainSample, UpdateConfig
 from atgrpo.errors import InvalidArgument
 from trainer_svc.logprobs import response_logprobs
 from trainer_svc.sharding import is_sharded, world
 
 METRIC_KEYS = ("loss", "clip_fraction", "approx_kl", "entropy")
+# The decoupled loss's own figures (max_staleness > 0), averaged like the others.
+DECOUPLED_KEYS = ("behav_approx_kl", "behav_imp_weight_mean", "behav_imp_weight_max", "behav_capped_fraction")
 
 # The frozen reference for the KL term: a context that yields the model to score with (a LoRA
 # pool's base with its adapters off, or a full pool's initial weights).
@@ -103,17 +112,64 @@ def _plan(mini: Sequence[int], samples: Sequence[TrainSample], cfg: UpdateConfig
 
 
 def _old_logprobs(batch: Sequence[TrainSample], like: torch.Tensor) -> torch.Tensor:
-    old = torch.zeros_like(like)
-    for i, s in enumerate(batch):
-        old[i, :len(s.old_logprobs)] = torch.tensor(list(s.old_logprobs))
-    return old
+    return _padded([s.old_logprobs for s in batch], like)
+
+
+def _padded(rows: Sequence[Sequence[float] | torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """Per-sample values as a (B, T) tensor shaped, typed and placed like `like`; 0 past each row."""
+    out = torch.zeros_like(like)
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = torch.as_tensor(row if isinstance(row, torch.Tensor) else list(row))
+    return out
+
+
+def _autocast(cfg: UpdateConfig, device: str):
+    return torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.autocast_bf16)
+
+
+def _agent_rows(samples: Sequence[TrainSample]) -> dict[str, list[int]]:
+    """Each agent's rows, agents in first-seen order (the same on every rank)."""
+    rows: dict[str, list[int]] = {}
+    for i, s in enumerate(samples):
+        rows.setdefault(s.agent, []).append(i)
+    return rows
+
+
+def proximal_logprobs(model, samples: Sequence[TrainSample], cfg: UpdateConfig, device: str = "cpu",
+                      adapter: Callable[[str], contextlib.AbstractContextManager] | None = None,
+                      sharded: bool = False) -> list[torch.Tensor]:
+    """Every sample's response log-probs under the weights as they are (the decoupled loss's
+    proximal policy), without gradient: one float32 CPU tensor per sample, -inf where the
+    sample's transform excludes the token. Scored as the update's forward scores: per agent with
+    its adapter active (LoRA), in micro-batches of the same budget, under the same autocast.
+
+    Under torch.distributed each rank scores its share (rows rank::world of each agent's rows;
+    under FSDP padded to the same number of forwards, as _plan does, since every forward is a
+    collective) and the ranks sum their disjoint shares, so every rank ends with all of them."""
+    rank, world_size = world()
+    offsets = [0, *itertools.accumulate(len(s.response_ids) for s in samples)]
+    flat = torch.zeros(offsets[-1], dtype=torch.float32)
+    groups = _agent_rows(samples) if adapter is not None else {None: list(range(len(samples)))}
+    for agent, rows in groups.items():
+        # no_grad inside the adapter's context: activating an adapter may turn gradients back on.
+        with adapter(agent) if agent is not None else contextlib.nullcontext(), torch.no_grad():
+            for micro, weight in _plan(rows, samples, cfg, rank, world_size, sharded):
+                with _autocast(cfg, device):
+                    lp = response_logprobs(model, [samples[r] for r in micro], device, with_entropy=False)[0]
+                if weight:      # a padding forward (weight 0) repeats a row another rank owns
+                    for i, r in enumerate(micro):
+                        flat[offsets[r]:offsets[r + 1]] = lp[i, :offsets[r + 1] - offsets[r]].float().cpu()
+    if world_size > 1:
+        torch.distributed.all_reduce(flat)
+    return [flat[offsets[r]:offsets[r + 1]] for r in range(len(samples))]
 
 
 def _micro_step(model, batch: Sequence[TrainSample], cfg: UpdateConfig, device: str, share: float,
-                reference: Reference | None) -> dict[str, float]:
+                reference: Reference | None, prox: Sequence[torch.Tensor] | None = None) -> dict[str, float]:
     """Forward and backward of one micro-batch, its loss scaled by `share` (its part of the
-    mini-batch's tokens); returns its share-weighted metrics and its masked-token count."""
-    with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
+    mini-batch's tokens); returns its share-weighted metrics and its masked-token count. `prox`:
+    the batch's proximal log-probs, for the decoupled loss (None: the synchronous loss)."""
+    with _autocast(cfg, device):
         # The entropy carries a gradient only as a bonus; otherwise it is a metric.
         lp, ent, mask = response_logprobs(model, batch, device, entropy_grad=bool(cfg.loss.entropy_coef))
         ref = None
@@ -121,13 +177,18 @@ def _micro_step(model, batch: Sequence[TrainSample], cfg: UpdateConfig, device: 
             with torch.no_grad(), reference() as ref_model:
                 ref = response_logprobs(ref_model, batch, device, with_entropy=False)[0]
     adv = torch.tensor([s.advantage for s in batch], device=device)
-    loss, m = policy_loss(lp, _old_logprobs(batch, lp), adv, mask, cfg.loss, ref_logprobs=ref, entropy=ent)
+    if prox is None:
+        loss, m = policy_loss(lp, _old_logprobs(batch, lp), adv, mask, cfg.loss, ref_logprobs=ref, entropy=ent)
+    else:   # the samples' own log-probs are the sampler's (behaviour) policy's
+        loss, m = decoupled_policy_loss(lp, _padded(prox, lp), _old_logprobs(batch, lp), adv, mask, cfg.loss,
+                                        ref_logprobs=ref, entropy=ent)
     (loss * share).backward()
     return {k: m[k] * share for k in _mean_keys(cfg)} | {"masked_tokens": m["masked_tokens"]}
 
 
 def _mean_keys(cfg: UpdateConfig) -> tuple[str, ...]:
-    return (*METRIC_KEYS, "kl_ref") if cfg.loss.kl_coef else METRIC_KEYS
+    keys = (*METRIC_KEYS, "kl_ref") if cfg.loss.kl_coef else METRIC_KEYS
+    return (*keys, *DECOUPLED_KEYS) if cfg.max_staleness > 0 else keys
 
 
 def _all_reduce_grads(params: Sequence[torch.nn.Parameter]) -> None:
@@ -163,9 +224,11 @@ def _clip(params: Sequence[torch.nn.Parameter], max_norm: float) -> float:
 
 
 def _mini_batch(model, samples: Sequence[TrainSample], mini: Sequence[int], cfg: UpdateConfig, device: str,
-                agent: str | None, adapter, sharded: bool, reference: Reference | None) -> dict[str, float]:
+                agent: str | None, adapter, sharded: bool, reference: Reference | None,
+                prox: Sequence[torch.Tensor] | None = None) -> dict[str, float]:
     """Accumulate this rank's gradients for one mini-batch (of one agent when `agent` is set, with
-    its adapter active); returns its share-weighted metrics."""
+    its adapter active); returns its share-weighted metrics. `prox`: every sample's proximal
+    log-probs (decoupled loss), or None."""
     rank, world_size = world()
     total = sum(len(samples[r].response_ids) for r in mini)
     stats = dict.fromkeys((*_mean_keys(cfg), "masked_tokens"), 0.0)
@@ -173,7 +236,8 @@ def _mini_batch(model, samples: Sequence[TrainSample], mini: Sequence[int], cfg:
         batch = [samples[r] for r in micro]
         share = weight * sum(len(s.response_ids) for s in batch) / total
         with adapter(agent) if agent is not None else contextlib.nullcontext():
-            for k, v in _micro_step(model, batch, cfg, device, share, reference).items():
+            rows = [prox[r] for r in micro] if prox is not None else None
+            for k, v in _micro_step(model, batch, cfg, device, share, reference, rows).items():
                 stats[k] += v * weight if k == "masked_tokens" else v   # padding rows count no tokens
     return stats
 
@@ -198,9 +262,7 @@ def steps_of_epoch(samples: Sequence[TrainSample], mini_batch_size: int, per_age
         order = torch.randperm(len(samples), generator=generator).tolist()
         return [[(None, order[i:i + mini_batch_size])] for i in range(0, len(order), mini_batch_size)]
     seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-    rows: dict[str, list[int]] = {}
-    for i, s in enumerate(samples):
-        rows.setdefault(s.agent, []).append(i)
+    rows = _agent_rows(samples)
     minis = {a: [[r[j] for j in _agent_order(seed, a, len(r))][i:i + mini_batch_size]
                  for i in range(0, len(r), mini_batch_size)] for a, r in rows.items()}
     steps = max(len(m) for m in minis.values())
@@ -219,7 +281,9 @@ def update(model, optimizer: torch.optim.Optimizer, samples: Sequence[TrainSampl
     """Run the update; returns averaged metrics (per agent of a LoRA pool also `grad_norm/<agent>`).
     `adapter(agent)` activates an agent's LoRA adapter (None: one shared model). `generator`
     seeds the mini-batch order (exact resume). `reference()` gives the frozen reference model
-    for the KL term (used only when kl_coef > 0).
+    for the KL term (used only when kl_coef > 0). With max_staleness > 0 every sample's
+    proximal log-probs are scored first (proximal_logprobs) and the update trains with the
+    decoupled loss; with 0 it is the synchronous update, unchanged.
 
     Under torch.distributed every rank gets the same samples and generator seed and works on its
     share of each mini-batch (rows rank::world). Replicated (ddp): gradients are summed by
@@ -234,12 +298,14 @@ def update(model, optimizer: torch.optim.Optimizer, samples: Sequence[TrainSampl
     norms: dict[str, list[float]] = {}
     groups = steps = 0
     model.train()
+    # Before any step: the proximal policy is the weights this update starts from, for every epoch.
+    prox = proximal_logprobs(model, samples, cfg, device, adapter, sharded) if cfg.max_staleness > 0 else None
     for _ in range(cfg.epochs):
         for step in steps_of_epoch(samples, cfg.mini_batch_size, adapter is not None, generator):
             optimizer.zero_grad(set_to_none=True)
             parts = {f"{i}/{k}": v for i, (agent, rows) in enumerate(step)
                      for k, v in _mini_batch(model, samples, rows, cfg, device, agent, adapter, sharded,
-                                             reference).items()}
+                                             reference, prox).items()}
             if world_size > 1:
                 _sum_over_ranks(parts)
                 if not sharded:

@@ -1,6 +1,7 @@
 """The AT-GRPO policy loss: token-level clipped PPO surrogate with dual clip, token-mean
 aggregation, optional KL to a frozen reference and entropy bonus (DESIGN.md §1; dual clip as in
-Ye et al. 2020 and verl's compute_policy_loss)."""
+Ye et al. 2020 and verl's compute_policy_loss), and its decoupled form for samples drawn by
+older weights (asynchronous training, max_staleness > 0; Fu et al. 2025, AReaL)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,51 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.clamp(torch.exp(d) - d - 1, max=KL_TOKEN_BOUND)
 
 
+def _clipped_surrogate(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                       ok: torch.Tensor, cfg: LossConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token clipped PPO surrogate with dual clip, ratio exp(logprobs - old_logprobs), on the
+    `ok` tokens (the others get a finite value the caller masks out). Returns (pg, clipped,
+    log_ratio): `clipped` marks tokens whose loss a clip took over (no gradient), as verl and TRL
+    count them: a ratio outside the range on the side its advantage does not push to is not clipped."""
+    adv = advantages[:, None].to(logprobs.dtype)                                   # (B, 1)
+    log_ratio = torch.clamp(_finite(logprobs, ok) - _finite(old_logprobs, ok), -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    ratio = torch.exp(log_ratio)
+    clipped_ratio = torch.clamp(ratio, 1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high)
+    unclipped = -adv * ratio                                                         # (B, T)
+    pg = torch.maximum(unclipped, -adv * clipped_ratio)
+    # Dual clip: for A < 0 a huge ratio would make the loss unbounded; cap it at -c * A.
+    pg = torch.where(adv < 0, torch.minimum(pg, -adv * cfg.dual_clip_c), pg)
+    return pg, pg != unclipped, log_ratio
+
+
+def _surrogate_metrics(loss: torch.Tensor, clipped: torch.Tensor, log_ratio: torch.Tensor, m: torch.Tensor,
+                       masked: torch.Tensor) -> dict[str, float]:
+    return {
+        "pg_loss": loss.item(),
+        "clip_fraction": masked_mean(clipped.to(m.dtype), m).item(),
+        "approx_kl": masked_mean(0.5 * log_ratio ** 2, m).item(),   # to the ratio's denominator
+        "masked_tokens": float(masked.sum()),
+    }
+
+
+def _regularised(loss: torch.Tensor, metrics: dict[str, float], logprobs: torch.Tensor, ok: torch.Tensor,
+                 mask: torch.Tensor, cfg: LossConfig, ref_logprobs: torch.Tensor | None,
+                 entropy: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The surrogate plus the KL to the reference and minus the entropy bonus (each when asked)."""
+    if cfg.kl_coef and ref_logprobs is not None:
+        ok_ref = ok & torch.isfinite(ref_logprobs)
+        kl = masked_mean(kl_k3(_finite(logprobs, ok_ref), _finite(ref_logprobs, ok_ref)), ok_ref.to(logprobs.dtype))
+        loss = loss + cfg.kl_coef * kl
+        metrics["kl_ref"] = kl.item()
+    if entropy is not None:
+        ent = masked_mean(entropy, mask.to(entropy.dtype))
+        metrics["entropy"] = ent.item()
+        if cfg.entropy_coef:
+            loss = loss - cfg.entropy_coef * ent
+    metrics["loss"] = loss.item()
+    return loss, metrics
+
+
 def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                 mask: torch.Tensor, cfg: LossConfig, *, ref_logprobs: torch.Tensor | None = None,
                 entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
@@ -47,32 +93,53 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     real = mask > 0
     ok = real & torch.isfinite(logprobs) & torch.isfinite(old_logprobs)
     m = ok.to(logprobs.dtype)
-    adv = advantages[:, None].to(logprobs.dtype)                                   # (B, 1)
-    log_ratio = torch.clamp(_finite(logprobs, ok) - _finite(old_logprobs, ok), -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
-    ratio = torch.exp(log_ratio)
-    clipped = torch.clamp(ratio, 1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high)
-    unclipped = -adv * ratio                                                         # (B, T)
-    pg = torch.maximum(unclipped, -adv * clipped)
-    # Dual clip: for A < 0 a huge ratio would make the loss unbounded; cap it at -c * A.
-    pg = torch.where(adv < 0, torch.minimum(pg, -adv * cfg.dual_clip_c), pg)
+    pg, clipped, log_ratio = _clipped_surrogate(logprobs, old_logprobs, advantages, ok, cfg)
     loss = masked_mean(pg, m)
-    metrics = {
-        "pg_loss": loss.item(),
-        # Tokens whose loss a clip took over (no gradient), as verl and TRL count them: a ratio
-        # outside the range on the side its advantage does not push to is not clipped.
-        "clip_fraction": masked_mean((pg != unclipped).to(m.dtype), m).item(),
-        "approx_kl": masked_mean(0.5 * log_ratio ** 2, m).item(),   # to the sampling policy
-        "masked_tokens": float((real & ~ok).sum()),
-    }
-    if cfg.kl_coef and ref_logprobs is not None:
-        ok_ref = ok & torch.isfinite(ref_logprobs)
-        kl = masked_mean(kl_k3(_finite(logprobs, ok_ref), _finite(ref_logprobs, ok_ref)), ok_ref.to(m.dtype))
-        loss = loss + cfg.kl_coef * kl
-        metrics["kl_ref"] = kl.item()
-    if entropy is not None:
-        ent = masked_mean(entropy, mask.to(entropy.dtype))
-        metrics["entropy"] = ent.item()
-        if cfg.entropy_coef:
-            loss = loss - cfg.entropy_coef * ent
-    metrics["loss"] = loss.item()
-    return loss, metrics
+    metrics = _surrogate_metrics(loss, clipped, log_ratio, m, real & ~ok)   # approx_kl: to the sampler
+    return _regularised(loss, metrics, logprobs, ok, mask, cfg, ref_logprobs, entropy)
+
+
+def decoupled_policy_loss(logprobs: torch.Tensor, prox_logprobs: torch.Tensor, behav_logprobs: torch.Tensor,
+                          advantages: torch.Tensor, mask: torch.Tensor, cfg: LossConfig, *,
+                          ref_logprobs: torch.Tensor | None = None,
+                          entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The decoupled PPO objective for samples drawn by older weights (Fu et al. 2025, AReaL,
+    arXiv 2505.24298, eq. 5): the trust region is around the proximal policy (the trainer's
+    weights before this update), not around the behaviour policy that sampled the tokens, which
+    may be several versions behind. Per token:
+
+        w * max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))   (then the dual clip for A < 0)
+        r = exp(logprobs - prox_logprobs),  w = min(exp(prox_logprobs - behav_logprobs), behav_imp_cap)
+
+    w is the importance weight from the behaviour policy to the proximal one, detached: it
+    corrects which tokens were sampled, while the clip bounds how far this update moves.
+
+    AReaL drops tokens whose w exceeds the cap (their loss is zeroed). Here w is capped instead
+    (truncated importance sampling, as issue 23 asks): a token the sampler found much less likely
+    than the trainer does still pushes, with a bounded weight, rather than vanishing from the
+    update, so the cap trades a little bias for variance without silently discarding data.
+
+    Shapes and masking as policy_loss; a real token where any of the three log-probs is -inf is
+    left out and counted in `masked_tokens`. prox_logprobs and behav_logprobs carry no gradient.
+    Metrics: policy_loss's (approx_kl to the proximal policy) and `behav_approx_kl` (proximal to
+    sampler), `behav_imp_weight_mean` and `behav_imp_weight_max` (of w before the cap, over the
+    kept tokens), `behav_capped_fraction` (kept tokens whose w the cap lowered). With prox ==
+    behav, w = 1 and the loss and its gradient are policy_loss's.
+    """
+    prox_logprobs, behav_logprobs = prox_logprobs.detach(), behav_logprobs.detach()
+    real = mask > 0
+    ok = real & torch.isfinite(logprobs) & torch.isfinite(prox_logprobs) & torch.isfinite(behav_logprobs)
+    m = ok.to(logprobs.dtype)
+    pg, clipped, log_ratio = _clipped_surrogate(logprobs, prox_logprobs, advantages, ok, cfg)
+    behav_log_ratio = torch.clamp(_finite(prox_logprobs, ok) - _finite(behav_logprobs, ok),
+                                  -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    weight = torch.exp(behav_log_ratio)
+    loss = masked_mean(torch.clamp(weight, max=cfg.behav_imp_cap) * pg, m)
+    metrics = _surrogate_metrics(loss, clipped, log_ratio, m, real & ~ok)
+    metrics.update(
+        behav_approx_kl=masked_mean(0.5 * behav_log_ratio ** 2, m).item(),
+        behav_imp_weight_mean=masked_mean(weight, m).item(),
+        behav_imp_weight_max=float(torch.where(ok, weight, torch.zeros_like(weight)).max()) if ok.any() else 0.0,
+        behav_capped_fraction=masked_mean((weight > cfg.behav_imp_cap).to(m.dtype), m).item(),
+    )
+    return _regularised(loss, metrics, logprobs, ok, mask, cfg, ref_logprobs, entropy)

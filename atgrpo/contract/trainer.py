@@ -88,8 +88,10 @@ class PoolSpec:
 @dataclass
 class TrainResult:
     """A pool's update of one step: its new version and the update's figures (loss, clip_fraction,
-    approx_kl, entropy, grad_norm, kl_ref, staleness_max, masked_tokens, tokens, samples,
-    train_seconds, push_seconds, push_bytes), and per trained agent its samples, tokens and (LoRA
+    approx_kl, entropy, grad_norm, kl_ref, staleness_max, staleness_mean, masked_tokens, tokens,
+    samples, train_seconds, push_seconds, push_bytes; with max_staleness > 0 also the decoupled
+    loss's behav_approx_kl, behav_imp_weight_mean, behav_imp_weight_max, behav_capped_fraction,
+    which stay on the trainer: the wire does not carry them), and per trained agent its samples, tokens and (LoRA
     pools, whose adapters clip on their own) grad_norm."""
 
     run_id: str

@@ -59,15 +59,20 @@ def update_to_pb(u: UpdateConfig) -> pb.LossParams:
     loss = u.loss
     return pb.LossParams(clip_eps_low=loss.clip_eps_low, clip_eps_high=loss.clip_eps_high,
                          dual_clip_c=loss.dual_clip_c, kl_coef=loss.kl_coef, entropy_coef=loss.entropy_coef,
-                         epochs=u.epochs, mini_batch_size=u.mini_batch_size)
+                         epochs=u.epochs, mini_batch_size=u.mini_batch_size, max_staleness=u.max_staleness,
+                         behav_imp_cap=loss.behav_imp_cap)
 
 
 def update_from_pb(m: pb.LossParams) -> UpdateConfig:
     d, dl = UpdateConfig(), LossConfig()
+    # A client that predates behav_imp_cap sends none: it gets the default cap, not 0 (which
+    # would zero every token's loss); an explicit 0 means the default too, as elsewhere here.
+    cap = m.behav_imp_cap or dl.behav_imp_cap
     return UpdateConfig(
         loss=LossConfig(m.clip_eps_low or dl.clip_eps_low, m.clip_eps_high or dl.clip_eps_high,
-                        m.dual_clip_c or dl.dual_clip_c, m.kl_coef, m.entropy_coef),
-        epochs=m.epochs or d.epochs, mini_batch_size=m.mini_batch_size or d.mini_batch_size)
+                        m.dual_clip_c or dl.dual_clip_c, m.kl_coef, m.entropy_coef, behav_imp_cap=cap),
+        epochs=m.epochs or d.epochs, mini_batch_size=m.mini_batch_size or d.mini_batch_size,
+        max_staleness=m.max_staleness)
 
 
 def sample_to_pb(s: TrainSample) -> pb.TrainSample:
@@ -96,14 +101,16 @@ def result_to_pb(r: TrainResult, pool: str) -> pb.TrainResponse:
     grad_norm = m["grad_norm"] if math.isfinite(m["grad_norm"]) else -1.0   # -1: no finite norm (nothing stepped)
     return pb.TrainResponse(
         run_id=r.run_id, step=r.step, pool=pool, version=r.version, replayed=r.replayed,
-        grad_norm=grad_norm, kl_ref=m.get("kl_ref"), **{k: m[k] for k in _FIGURES},
+        grad_norm=grad_norm, kl_ref=m.get("kl_ref"), staleness_mean=m.get("staleness_mean", 0.0),
+        **{k: m[k] for k in _FIGURES},
         **{k: int(m.get(k, 0)) for k in _COUNTS},
         agents={a: pb.AgentTrainMetrics(samples=int(v["samples"]), tokens=int(v["tokens"]), grad_norm=v.get("grad_norm"))
                 for a, v in r.agents.items()})
 
 
 def result_from_pb(m: pb.TrainResponse) -> TrainResult:
-    metrics = {k: getattr(m, k) for k in (*_FIGURES, "grad_norm")} | {k: float(getattr(m, k)) for k in _COUNTS}
+    metrics = {k: getattr(m, k) for k in (*_FIGURES, "grad_norm", "staleness_mean")} | {
+        k: float(getattr(m, k)) for k in _COUNTS}
     if m.HasField("kl_ref"):
         metrics["kl_ref"] = m.kl_ref
     agents = {a: {"samples": float(v.samples), "tokens": float(v.tokens),

@@ -13,7 +13,7 @@ import pytest
 
 from atgrpo.config import parse_config
 from atgrpo.rundir import read_metrics
-from tests.e2e.test_training import train_locally, toy_config
+from tests.e2e.test_training import toy_config, train_locally
 
 pytestmark = pytest.mark.slow
 

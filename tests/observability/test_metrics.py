@@ -103,6 +103,20 @@ def test_a_failed_weight_push_is_counted(monkeypatch):
     assert not sample("atgrpo_trainer_weight_push_seconds_count", run="unit-run", pool="p")
 
 
+def test_an_update_observes_each_samples_staleness_and_the_busy_seconds():
+    from trainer_svc import metrics as trainer_metrics
+
+    labels = dict(run="unit-run", pool="stale")
+    trainer_metrics.observe_update("unit-run", "stale", 3, {"loss": 0.1}, {}, staleness=[0, 1, 1, 5, 20],
+                                   busy_seconds=2.5)
+    trainer_metrics.observe_update("unit-run", "stale", 4, {"loss": 0.1}, {}, busy_seconds=0.5)
+    buckets = {le: sample("atgrpo_trainer_sample_staleness_bucket", le=le, **labels)
+               for le in ("0.0", "1.0", "4.0", "8.0", "16.0", "+Inf")}
+    assert buckets == {"0.0": 1, "1.0": 3, "4.0": 3, "8.0": 4, "16.0": 4, "+Inf": 5}
+    assert sample("atgrpo_trainer_sample_staleness_sum", **labels) == 27
+    assert sample("atgrpo_trainer_busy_seconds_total", **labels) == 3.0
+
+
 def test_the_docs_list_exactly_the_metrics_the_code_defines():
     import re
 

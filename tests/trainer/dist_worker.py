@@ -1,6 +1,7 @@
 """One rank of the multi-rank update tests:
-`torchrun --nproc-per-node 2 dist_worker.py MODEL OUT {ddp,fsdp} MINI_BATCH MICRO_BATCH_TOKENS [ckpt]`
-(ckpt: gradient checkpointing on, set before FSDP wraps the layers, as PoolState does).
+`torchrun --nproc-per-node 2 dist_worker.py MODEL OUT {ddp,fsdp} MINI_BATCH MICRO_BATCH_TOKENS [ckpt] [stale]`
+(ckpt: gradient checkpointing on, set before FSDP wraps the layers, as PoolState does; stale:
+max_staleness 1 on samples of mixed staleness, so the proximal pass runs on every rank).
 Rank 0 saves the full parameters (gathered from the shards under fsdp) and the metrics."""
 
 import os
@@ -11,6 +12,7 @@ import torch.distributed as dist
 
 from atgrpo.contract.trainer import UpdateConfig
 from tests.trainer.test_update import load, on_policy_samples
+from tests.trainer.test_update_async import mixed_staleness
 from trainer_svc.loading import enable_checkpointing
 from trainer_svc.sharding import full_model_state, shard
 from trainer_svc.update import update
@@ -18,17 +20,19 @@ from trainer_svc.update import update
 NO_CLIP = 1e9   # clipping would normalise a wrongly scaled gradient back to the right update
 
 
-def main(model_dir: str, out: str, sharding: str, mini_batch: int, micro_tokens: int, ckpt: bool) -> None:
+def main(model_dir: str, out: str, sharding: str, mini_batch: int, micro_tokens: int, ckpt: bool,
+         stale: bool) -> None:
     dist.init_process_group("gloo")
     model = load(model_dir)
-    samples = on_policy_samples(model)
+    samples = mixed_staleness(on_policy_samples(model)) if stale else on_policy_samples(model)
     if ckpt:
         enable_checkpointing(model)
     if sharding == "fsdp":
         shard(model, "cpu")
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=0.1)
-    cfg = UpdateConfig(mini_batch_size=mini_batch, micro_batch_tokens=micro_tokens, grad_clip=NO_CLIP)
+    cfg = UpdateConfig(mini_batch_size=mini_batch, micro_batch_tokens=micro_tokens, grad_clip=NO_CLIP,
+                       max_staleness=int(stale))
     metrics = update(model, opt, samples, cfg, params=params, generator=torch.Generator().manual_seed(1))
     state = full_model_state(model) if sharding == "fsdp" else model.state_dict()
     if dist.get_rank() == 0:
@@ -38,7 +42,8 @@ def main(model_dir: str, out: str, sharding: str, mini_batch: int, micro_tokens:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6:] == ["ckpt"])
+    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), "ckpt" in sys.argv[6:],
+         "stale" in sys.argv[6:])
     # Skip the interpreter's teardown: torch's gloo objects destroyed there aborted a rank now and
     # then under load ("terminate called without an active exception", SIGABRT) after its work was
     # done. Everything this rank had to do is written and flushed by now.

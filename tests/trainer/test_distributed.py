@@ -13,7 +13,8 @@ from atgrpo.contract.trainer import UpdateConfig
 from tests.conftest import ROOT
 from tests.trainer.dist_worker import NO_CLIP
 from tests.trainer.test_update import load, on_policy_samples
-from trainer_svc.update import update
+from tests.trainer.test_update_async import mixed_staleness
+from trainer_svc.update import DECOUPLED_KEYS, update
 
 
 def free_port() -> int:
@@ -48,26 +49,30 @@ def update_mismatches(before, one, two, rel=1e-3) -> list[str]:
 # fsdp: mini-batches of 5 and 3 rows, one row per micro-batch, so rank 0 runs one micro-batch
 # more than rank 1 in each: the padding that keeps FSDP's collectives in step is exercised.
 # ckpt: FSDP with gradient checkpointing (each layer's recompute all-gathers it again).
-@pytest.mark.parametrize("sharding, mini_batch, micro_tokens, ckpt",
-                         [("ddp", 8, 8192, ""), ("fsdp", 5, 12, ""), ("fsdp", 5, 12, "ckpt")])
-def test_two_gloo_ranks_equal_one_process(tiny_model, tmp_path, sharding, mini_batch, micro_tokens, ckpt):
+# stale: max_staleness 1 on 7 samples of mixed staleness: the proximal pass splits them over the
+# ranks (4 and 3 forwards, padded to 4 under FSDP) and sums the shares.
+@pytest.mark.parametrize("sharding, mini_batch, micro_tokens, flag",
+                         [("ddp", 8, 8192, ""), ("fsdp", 5, 12, ""), ("fsdp", 5, 12, "ckpt"),
+                          ("fsdp", 5, 12, "stale")])
+def test_two_gloo_ranks_equal_one_process(tiny_model, tmp_path, sharding, mini_batch, micro_tokens, flag):
     out = tmp_path / "dist.pt"
     worker = str(ROOT / "tests" / "trainer" / "dist_worker.py")
     run = subprocess.run([*torchrun_args(), worker, tiny_model, str(out), sharding, str(mini_batch), str(micro_tokens),
-                          *([ckpt] if ckpt else [])],
+                          *([flag] if flag else [])],
                          env=torchrun_env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     two = torch.load(out, weights_only=False)
 
     model = load(tiny_model)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    samples = on_policy_samples(model)
+    samples = mixed_staleness(on_policy_samples(model)) if flag == "stale" else on_policy_samples(model)
     params = [p for p in model.parameters() if p.requires_grad]
     metrics = update(model, torch.optim.SGD(params, lr=0.1), samples,
-                     UpdateConfig(mini_batch_size=mini_batch, micro_batch_tokens=micro_tokens, grad_clip=NO_CLIP),
+                     UpdateConfig(mini_batch_size=mini_batch, micro_batch_tokens=micro_tokens, grad_clip=NO_CLIP,
+                                  max_staleness=int(flag == "stale")),
                      params=params, generator=torch.Generator().manual_seed(1))
     assert metrics["optimizer_steps"] == (1 if mini_batch == 8 else 2)
     assert set(two["state"]) == set(before)
     assert update_mismatches(before, model.state_dict(), two["state"]) == []
-    for k in ("loss", "grad_norm", "entropy"):
+    for k in ("loss", "grad_norm", "entropy", *(DECOUPLED_KEYS if flag == "stale" else ())):
         assert two["metrics"][k] == pytest.approx(metrics[k], rel=1e-5, abs=1e-7), k

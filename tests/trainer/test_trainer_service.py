@@ -282,3 +282,32 @@ def test_a_rollback_to_the_start_reloads_the_model_at_model_path(tiny_model):
         assert info.version == 0 and all(torch.equal(start[k], v) for k, v in _params(logic).items())
         assert {(p.adapter, p.version) for p in await r.policies()} == {("", 0)}
     with_services(tiny_model, go)
+
+
+def test_an_async_update_takes_stale_samples_over_the_wire_and_reports_their_staleness(tiny_model):
+    from prometheus_client import REGISTRY
+
+    samples = on_policy_samples(load(tiny_model))
+    labels = {"run": "run1", "pool": "p"}
+
+    def value(name):
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    async def go(t, r, rollout_address, logic):
+        await t.setup(pool_spec(tiny_model))
+        await t.train("run1", 1, 0, [dataclasses.replace(s, policy_version=0) for s in samples])
+        seen, busy = value("atgrpo_trainer_sample_staleness_count"), value("atgrpo_trainer_busy_seconds_total")
+        lagging = value("atgrpo_trainer_sample_staleness_sum")
+        # Step 2 at version 1: half the samples from version 0 (max_staleness travels in LossParams).
+        mixed = [dataclasses.replace(s, policy_version=i % 2) for i, s in enumerate(samples)]
+        resp = await t.train("run1", 2, 1, mixed, UpdateConfig(max_staleness=1))
+        assert resp.version == 2
+        assert resp.metrics["staleness_max"] == 1 and resp.metrics["staleness_mean"] == 0.5
+        assert value("atgrpo_trainer_sample_staleness_count") == seen + len(samples)
+        assert value("atgrpo_trainer_sample_staleness_sum") == lagging + len(samples) / 2
+        assert value("atgrpo_trainer_busy_seconds_total") > busy
+        # Version 0 is now 2 behind: refused whole, nothing trained.
+        with pytest.raises(errors.FailedPrecondition, match="2 versions behind version 2"):
+            await t.train("run1", 3, 2, mixed, UpdateConfig(max_staleness=1))
+        assert (await t.get_info()).version == 2
+    with_services(tiny_model, go)

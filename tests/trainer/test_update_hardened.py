@@ -143,3 +143,16 @@ def test_samples_of_other_weights_are_refused_naming_both_versions():
     assert staleness_max([sample(None)], allowed=7) == 0
     with pytest.raises(FailedPrecondition, match=r"sample 1 \(agent 'b'\) was drawn from version 0.*only on version 5"):
         staleness_max([sample(5), sample(0, "b")], allowed=5)
+
+
+def test_an_async_pool_takes_samples_up_to_max_staleness_behind_and_no_newer():
+    assert staleness_max([sample(5), sample(3), sample(None)], allowed=5, max_staleness=2) == 2
+    assert staleness_max([sample(5)], allowed=5, max_staleness=2) == 0
+    with pytest.raises(FailedPrecondition, match=r"sample 1 \(agent 'b'\) was drawn from version 2, 3 versions behind "
+                                                 r"version 5.*at most 2 behind \(max_staleness\).*raise max_staleness"):
+        staleness_max([sample(4), sample(2, "b")], allowed=5, max_staleness=2)
+    with pytest.raises(FailedPrecondition, match=r"sample 0 \(agent 'a'\) was drawn from version 6, newer than version 5"):
+        staleness_max([sample(6)], allowed=5, max_staleness=2)
+    # Synchronous: a newer sample gets today's message, as an older one does.
+    with pytest.raises(FailedPrecondition, match=r"drawn from version 6, but this run trains only on version 5"):
+        staleness_max([sample(6)], allowed=5)

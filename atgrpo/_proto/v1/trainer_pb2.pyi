@@ -238,6 +238,8 @@ class LossParams(_message.Message):
     ENTROPY_COEF_FIELD_NUMBER: _builtins.int
     EPOCHS_FIELD_NUMBER: _builtins.int
     MINI_BATCH_SIZE_FIELD_NUMBER: _builtins.int
+    MAX_STALENESS_FIELD_NUMBER: _builtins.int
+    BEHAV_IMP_CAP_FIELD_NUMBER: _builtins.int
     clip_eps_low: _builtins.float
     clip_eps_high: _builtins.float
     dual_clip_c: _builtins.float
@@ -245,6 +247,14 @@ class LossParams(_message.Message):
     entropy_coef: _builtins.float
     epochs: _builtins.int
     mini_batch_size: _builtins.int
+    max_staleness: _builtins.int
+    """How many versions a sample may lag the pool's weights; 0: synchronous (on-policy only).
+    > 0 trains with the decoupled loss (atgrpo.algo.loss.decoupled_policy_loss).
+    """
+    behav_imp_cap: _builtins.float
+    """The decoupled loss's cap on each token's sampler-to-trainer importance weight; unset or 0:
+    the default, 5.0 (optional, so that "not sent" is told apart from any value sent).
+    """
     def __init__(
         self,
         *,
@@ -255,12 +265,16 @@ class LossParams(_message.Message):
         entropy_coef: _builtins.float = ...,
         epochs: _builtins.int = ...,
         mini_batch_size: _builtins.int = ...,
+        max_staleness: _builtins.int = ...,
+        behav_imp_cap: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_behav_imp_cap", b"_behav_imp_cap", "behav_imp_cap", b"behav_imp_cap"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["clip_eps_high", b"clip_eps_high", "clip_eps_low", b"clip_eps_low", "dual_clip_c", b"dual_clip_c", "entropy_coef", b"entropy_coef", "epochs", b"epochs", "kl_coef", b"kl_coef", "mini_batch_size", b"mini_batch_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_behav_imp_cap", b"_behav_imp_cap", "behav_imp_cap", b"behav_imp_cap", "clip_eps_high", b"clip_eps_high", "clip_eps_low", b"clip_eps_low", "dual_clip_c", b"dual_clip_c", "entropy_coef", b"entropy_coef", "epochs", b"epochs", "kl_coef", b"kl_coef", "max_staleness", b"max_staleness", "mini_batch_size", b"mini_batch_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__behav_imp_cap: _TypeAlias = _typing.Literal["behav_imp_cap"]  # noqa: Y015
+    _WhichOneofArgType__behav_imp_cap: _TypeAlias = _typing.Literal["_behav_imp_cap", b"_behav_imp_cap"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__behav_imp_cap) -> _WhichOneofReturnType__behav_imp_cap | None: ...
 
 Global___LossParams: _TypeAlias = LossParams  # noqa: Y015
 
@@ -463,6 +477,7 @@ class TrainResponse(_message.Message):
     KL_REF_FIELD_NUMBER: _builtins.int
     STALENESS_MAX_FIELD_NUMBER: _builtins.int
     MASKED_TOKENS_FIELD_NUMBER: _builtins.int
+    STALENESS_MEAN_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     step: _builtins.int
     pool: _builtins.str
@@ -486,6 +501,8 @@ class TrainResponse(_message.Message):
     """version before the update minus the oldest sample version"""
     masked_tokens: _builtins.int
     """tokens left out of the loss: a log-prob was -inf"""
+    staleness_mean: _builtins.float
+    """mean over the samples of (version before the update - sample version)"""
     @_builtins.property
     def agents(self) -> _containers.MessageMap[_builtins.str, Global___AgentTrainMetrics]: ...
     def __init__(
@@ -510,10 +527,11 @@ class TrainResponse(_message.Message):
         kl_ref: _builtins.float | None = ...,
         staleness_max: _builtins.int = ...,
         masked_tokens: _builtins.int = ...,
+        staleness_mean: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref", "kl_ref", b"kl_ref"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref", "agents", b"agents", "approx_kl", b"approx_kl", "clip_fraction", b"clip_fraction", "entropy", b"entropy", "grad_norm", b"grad_norm", "kl_ref", b"kl_ref", "loss", b"loss", "masked_tokens", b"masked_tokens", "pool", b"pool", "push_bytes", b"push_bytes", "push_seconds", b"push_seconds", "replayed", b"replayed", "run_id", b"run_id", "samples", b"samples", "staleness_max", b"staleness_max", "step", b"step", "tokens", b"tokens", "train_seconds", b"train_seconds", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref", "agents", b"agents", "approx_kl", b"approx_kl", "clip_fraction", b"clip_fraction", "entropy", b"entropy", "grad_norm", b"grad_norm", "kl_ref", b"kl_ref", "loss", b"loss", "masked_tokens", b"masked_tokens", "pool", b"pool", "push_bytes", b"push_bytes", "push_seconds", b"push_seconds", "replayed", b"replayed", "run_id", b"run_id", "samples", b"samples", "staleness_max", b"staleness_max", "staleness_mean", b"staleness_mean", "step", b"step", "tokens", b"tokens", "train_seconds", b"train_seconds", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__kl_ref: _TypeAlias = _typing.Literal["kl_ref"]  # noqa: Y015
     _WhichOneofArgType__kl_ref: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref"]  # noqa: Y015

@@ -1,0 +1,61 @@
+"""The trainer's wire conversions give back what went in, and an old client's request gets today's
+defaults (atgrpo.contract.trainer_wire)."""
+
+import pytest
+
+from atgrpo._proto.v1 import trainer_pb2 as pb
+from atgrpo.contract.trainer import LossConfig, TrainResult, TrainSample, UpdateConfig
+from atgrpo.contract.trainer_wire import (
+    result_from_pb,
+    result_to_pb,
+    sample_from_pb,
+    sample_to_pb,
+    update_from_pb,
+    update_to_pb,
+)
+from atgrpo.errors import InvalidArgument
+
+
+def test_update_config_round_trips_including_the_async_fields():
+    sent = UpdateConfig(loss=LossConfig(0.1, 0.28, 4.0, 0.05, 0.01, behav_imp_cap=2.5), epochs=3,
+                        mini_batch_size=7, max_staleness=2)
+    wire = pb.LossParams.FromString(update_to_pb(sent).SerializeToString())
+    assert (wire.max_staleness, wire.behav_imp_cap) == (2, 2.5)
+    # Only what the router decides travels; the trainer fills in the rest from its pool.
+    assert update_from_pb(wire) == sent
+
+
+def test_an_old_client_gets_the_default_cap_and_a_synchronous_update():
+    # A client that predates max_staleness and behav_imp_cap sends neither field (8 and 9).
+    old = pb.LossParams(clip_eps_low=0.2, clip_eps_high=0.2, dual_clip_c=3.0, epochs=1, mini_batch_size=16)
+    got = update_from_pb(pb.LossParams.FromString(old.SerializeToString()))
+    assert got.loss.behav_imp_cap == 5.0 == LossConfig().behav_imp_cap       # not the proto's 0.0
+    assert got.max_staleness == 0 and got == UpdateConfig()
+    assert update_from_pb(pb.LossParams(behav_imp_cap=0.0)).loss.behav_imp_cap == 5.0   # 0 = the default
+
+
+def test_a_result_carries_the_mean_staleness():
+    metrics = dict(loss=0.5, clip_fraction=0.1, approx_kl=0.01, entropy=2.0, train_seconds=1.5, push_seconds=0.25,
+                   grad_norm=0.75, tokens=40.0, samples=8.0, push_bytes=1024.0, staleness_max=2.0,
+                   masked_tokens=1.0, staleness_mean=1.25)
+    sent = TrainResult("r", 3, 4, metrics, {"a": {"samples": 8.0, "tokens": 40.0}})
+    back = result_from_pb(pb.TrainResponse.FromString(result_to_pb(sent, "p").SerializeToString()))
+    assert back == sent
+    old = dict(metrics)
+    del old["staleness_mean"]                                  # a result made before it existed
+    assert result_from_pb(result_to_pb(TrainResult("r", 3, 4, old), "p")).metrics["staleness_mean"] == 0.0
+
+
+def test_a_sample_keeps_its_policy_version():
+    for version in (None, 0, 3):
+        s = TrainSample("a", [1, 2], [3, 4], [-0.5, -1.0], 0.25, policy_version=version)
+        assert sample_from_pb(pb.TrainSample.FromString(sample_to_pb(s).SerializeToString())) == s
+
+
+def test_the_trainer_refuses_a_negative_staleness_or_cap():
+    from trainer_svc.server import check_loss  # the servicer's range checks, before it converts
+
+    check_loss(pb.LossParams(max_staleness=4, behav_imp_cap=2.0))
+    check_loss(pb.LossParams())                                              # an old client
+    with pytest.raises(InvalidArgument, match=r"max_staleness -1 must be >= 0.*behav_imp_cap -1.0 must be > 0"):
+        check_loss(pb.LossParams(max_staleness=-1, behav_imp_cap=-1.0))

@@ -1,0 +1,137 @@
+"""The update with max_staleness > 0 (asynchronous training): the proximal log-probs are the
+weights the update starts from, scored per agent's adapter; on-policy samples give the synchronous
+update, stale ones change it as the decoupled loss says."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from atgrpo.contract.trainer import LossConfig, UpdateConfig
+from tests.trainer.test_update import load, on_policy_samples
+from tests.trainer.test_update_hardened import lora_model
+from trainer_svc.update import DECOUPLED_KEYS, proximal_logprobs, response_logprobs, update
+
+
+def sgd_update(model, samples, **cfg):
+    # SGD: the parameters' change is the gradient itself (Adam's normalisation would blow float
+    # noise on near-zero gradients up into a visible difference).
+    params = [p for p in model.parameters() if p.requires_grad]
+    return update(model, torch.optim.SGD(params, lr=0.1), samples, UpdateConfig(**cfg), params=params,
+                  generator=torch.Generator().manual_seed(1))
+
+
+def stale(samples, shift):
+    """The same tokens as if a sampler had found each `shift` nats less likely than these weights do."""
+    return [dataclasses.replace(s, old_logprobs=[x - shift for x in s.old_logprobs]) for s in samples]
+
+
+def mixed_staleness(samples):
+    """Seven samples (an odd count: one rank of two scores one more in the proximal pass), every
+    other one as if from a sampler 0.5 nats less sure: the multi-rank test's input."""
+    return [stale([s], 0.5)[0] if i % 2 else s for i, s in enumerate(samples[:7])]
+
+
+def test_on_policy_samples_give_the_synchronous_update(tiny_model):
+    # Two epochs of three mini-batches: after the first step the weights move away from the
+    # proximal policy, which stays the starting weights, as the samples' own log-probs do.
+    runs = {}
+    for staleness in (0, 2):
+        model = load(tiny_model)
+        samples = on_policy_samples(model)
+        runs[staleness] = (sgd_update(model, samples, mini_batch_size=3, epochs=2, micro_batch_tokens=20,
+                                      max_staleness=staleness), model.state_dict())
+    (sync, sync_w), (decoupled, dec_w) = runs[0], runs[2]
+    assert not set(DECOUPLED_KEYS) & set(sync)
+    for k in sync_w:
+        torch.testing.assert_close(dec_w[k], sync_w[k], rtol=1e-5, atol=1e-7, msg=k)
+    for k in ("loss", "clip_fraction", "approx_kl", "entropy", "grad_norm", "masked_tokens", "optimizer_steps"):
+        assert decoupled[k] == pytest.approx(sync[k], rel=1e-4, abs=1e-7), k
+    assert decoupled["behav_imp_weight_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert decoupled["behav_approx_kl"] == pytest.approx(0.0, abs=1e-10)
+    assert decoupled["behav_capped_fraction"] == 0.0
+
+
+def test_stale_log_probs_change_the_update(tiny_model):
+    # Every old log-prob 0.5 nats lower: the synchronous loss sees ratios e^0.5 = 1.65 to the sampler
+    # and clips; the decoupled one sees ratio 1 to the proximal policy and weighs each token by
+    # w = e^0.5 (under the cap of 5), so its one step is 1.65 x the on-policy step.
+    model = load(tiny_model)
+    fresh = on_policy_samples(model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    results = {}
+    for name, samples, staleness in (("fresh", fresh, 1), ("stale", stale(fresh, 0.5), 1),
+                                     ("sync", stale(fresh, 0.5), 0)):
+        model.load_state_dict(before)
+        metrics = sgd_update(model, samples, mini_batch_size=8, grad_clip=1e9, max_staleness=staleness)
+        results[name] = (metrics, {k: v - before[k] for k, v in model.state_dict().items()})
+    (m_stale, d_stale), (_, d_fresh), (m_sync, _) = results["stale"], results["fresh"], results["sync"]
+    assert m_stale["behav_imp_weight_mean"] == pytest.approx(1.6487213, rel=1e-5)       # e^0.5
+    assert m_stale["behav_approx_kl"] == pytest.approx(0.125, rel=1e-5)                 # 0.5 * 0.5^2
+    assert m_stale["approx_kl"] == pytest.approx(0.0, abs=1e-10) and m_stale["clip_fraction"] == 0.0
+    assert m_sync["approx_kl"] == pytest.approx(0.125, rel=1e-5) and m_sync["clip_fraction"] > 0
+    # Over all parameters at once: a bias whose exact gradient is 0 (k_proj's, softmax cancels it)
+    # carries float noise that scales with nothing.
+    got, want = (torch.cat([d[k].flatten() for k in sorted(d)]) for d in (d_stale, d_fresh))
+    assert want.norm() > 0
+    assert (got - 1.6487213 * want).norm() <= 1e-4 * got.norm()
+
+
+def test_the_cap_bounds_a_very_stale_token(tiny_model):
+    model = load(tiny_model)
+    samples = stale(on_policy_samples(model), 3.0)           # w = e^3 = 20.1 > the cap of 5
+    metrics = sgd_update(model, samples, mini_batch_size=8, max_staleness=4)
+    assert metrics["behav_capped_fraction"] == 1.0
+    assert metrics["behav_imp_weight_max"] == pytest.approx(20.085537, rel=1e-5)
+
+
+def test_micro_batching_of_the_proximal_pass_changes_nothing(tiny_model):
+    model = load(tiny_model)
+    samples = on_policy_samples(model)
+    whole = proximal_logprobs(model, samples, UpdateConfig(micro_batch_tokens=10_000))
+    one_each = proximal_logprobs(model, samples, UpdateConfig(micro_batch_tokens=1))
+    for s, a, b in zip(samples, whole, one_each, strict=True):
+        assert a.shape == (len(s.response_ids),) and a.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(a, torch.tensor(list(s.old_logprobs)), rtol=1e-5, atol=1e-6)
+        assert not a.requires_grad
+
+
+def test_a_lora_pool_scores_each_agent_with_its_own_adapter(tiny_model):
+    # init_lora_weights=False: the two adapters differ, so an agent scored with the other's adapter
+    # would show an importance weight far from 1.
+    model = lora_model(tiny_model)
+    samples = on_policy_samples(model, n=8, agents=("coder", "tester"))
+    own = []
+    for s in samples:
+        model.base_model.set_adapter(s.agent)
+        with torch.no_grad():
+            lp = response_logprobs(model, [s], "cpu")[0][0]
+        own.append(dataclasses.replace(s, old_logprobs=lp.tolist()))
+    assert any(a.old_logprobs != b.old_logprobs for a, b in zip(samples, own, strict=True) if a.agent == "tester")
+    model = lora_model(tiny_model)
+    for name, p in model.named_parameters():
+        p.requires_grad = "lora_" in name
+    params = [p for n, p in model.named_parameters() if "lora_" in n]
+
+    def adapter(agent):
+        model.base_model.set_adapter(agent)
+        return torch.enable_grad()     # as a test adapter may: the proximal pass must stay gradient-free
+
+    metrics = update(model, torch.optim.AdamW(params, lr=1e-2), own,
+                     UpdateConfig(mini_batch_size=2, max_staleness=1, loss=LossConfig()), params=params,
+                     adapter=adapter, generator=torch.Generator().manual_seed(3))
+    assert metrics["behav_imp_weight_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["behav_approx_kl"] == pytest.approx(0.0, abs=1e-9)
+    # Two steps per agent: the second one's ratio is to the weights before the first.
+    assert metrics["optimizer_steps"] == 2 and metrics["approx_kl"] > 0
+
+
+def test_samples_of_two_versions_train_together(tiny_model):
+    model = load(tiny_model)
+    samples = on_policy_samples(model)
+    mixed = [dataclasses.replace(s, policy_version=3 if i % 2 else 2) for i, s in enumerate(samples)]
+    metrics = sgd_update(model, mixed, mini_batch_size=4, max_staleness=1)
+    assert metrics["optimizer_steps"] == 2 and metrics["behav_imp_weight_mean"] == pytest.approx(1.0, abs=1e-5)
+
+
