@@ -13,8 +13,9 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-# baseline.py is a table of success rates, not a ratio, and takes tens of minutes: run it alone.
-SKIP = ("all.py", "baseline.py")
+# baseline.py and async_learning.py are tables of success rates, not ratios, and take tens of
+# minutes: run them alone.
+SKIP = ("all.py", "baseline.py", "async_learning.py")
 
 
 def main() -> int:
