@@ -43,6 +43,9 @@ from trainer_svc.sharding import is_sharded, world
 METRIC_KEYS = ("loss", "clip_fraction", "approx_kl", "entropy")
 # The decoupled loss's own figures (max_staleness > 0), averaged like the others.
 DECOUPLED_KEYS = ("behav_approx_kl", "behav_imp_weight_mean", "behav_imp_weight_max", "behav_capped_fraction")
+# `prox` when the update is one optimizer step: every forward runs on the weights it starts from,
+# so each micro-batch's own log-probs, detached, are the proximal policy's, and no extra pass runs.
+SAME_FORWARD = "same forward"
 
 # The frozen reference for the KL term: a context that yields the model to score with (a LoRA
 # pool's base with its adapters off, or a full pool's initial weights).
@@ -180,7 +183,8 @@ def _micro_step(model, batch: Sequence[TrainSample], cfg: UpdateConfig, device: 
     if prox is None:
         loss, m = policy_loss(lp, _old_logprobs(batch, lp), adv, mask, cfg.loss, ref_logprobs=ref, entropy=ent)
     else:   # the samples' own log-probs are the sampler's (behaviour) policy's
-        loss, m = decoupled_policy_loss(lp, _padded(prox, lp), _old_logprobs(batch, lp), adv, mask, cfg.loss,
+        prox_lp = lp.detach() if prox is SAME_FORWARD else _padded(prox, lp)
+        loss, m = decoupled_policy_loss(lp, prox_lp, _old_logprobs(batch, lp), adv, mask, cfg.loss,
                                         ref_logprobs=ref, entropy=ent)
     (loss * share).backward()
     return {k: m[k] * share for k in _mean_keys(cfg)} | {"masked_tokens": m["masked_tokens"]}
@@ -236,7 +240,7 @@ def _mini_batch(model, samples: Sequence[TrainSample], mini: Sequence[int], cfg:
         batch = [samples[r] for r in micro]
         share = weight * sum(len(s.response_ids) for s in batch) / total
         with adapter(agent) if agent is not None else contextlib.nullcontext():
-            rows = [prox[r] for r in micro] if prox is not None else None
+            rows = [prox[r] for r in micro] if prox not in (None, SAME_FORWARD) else prox
             for k, v in _micro_step(model, batch, cfg, device, share, reference, rows).items():
                 stats[k] += v * weight if k == "masked_tokens" else v   # padding rows count no tokens
     return stats
@@ -269,6 +273,15 @@ def steps_of_epoch(samples: Sequence[TrainSample], mini_batch_size: int, per_age
     return [[(a, m[i]) for a, m in minis.items() if i < len(m)] for i in range(steps)]
 
 
+def one_step(samples: Sequence[TrainSample], cfg: UpdateConfig, per_agent: bool) -> bool:
+    """Whether the update is a single optimizer step: one epoch, and every sample (each agent's,
+    on a LoRA pool) in one mini-batch."""
+    if cfg.epochs != 1:
+        return False
+    counts = [len(r) for r in _agent_rows(samples).values()] if per_agent else [len(samples)]
+    return max(counts) <= cfg.mini_batch_size
+
+
 def adapter_params(model, agent: str) -> list[torch.nn.Parameter]:
     """The trainable parameters of `agent`'s LoRA adapter (PEFT names them lora_X.<adapter>)."""
     return [p for n, p in model.named_parameters() if "lora_" in n and f".{agent}." in n]
@@ -299,7 +312,10 @@ def update(model, optimizer: torch.optim.Optimizer, samples: Sequence[TrainSampl
     groups = steps = 0
     model.train()
     # Before any step: the proximal policy is the weights this update starts from, for every epoch.
-    prox = proximal_logprobs(model, samples, cfg, device, adapter, sharded) if cfg.max_staleness > 0 else None
+    prox = None
+    if cfg.max_staleness > 0:
+        prox = (SAME_FORWARD if one_step(samples, cfg, adapter is not None)
+                else proximal_logprobs(model, samples, cfg, device, adapter, sharded))
     for _ in range(cfg.epochs):
         for step in steps_of_epoch(samples, cfg.mini_batch_size, adapter is not None, generator):
             optimizer.zero_grad(set_to_none=True)

@@ -135,3 +135,36 @@ def test_samples_of_two_versions_train_together(tiny_model):
     assert metrics["optimizer_steps"] == 2 and metrics["behav_imp_weight_mean"] == pytest.approx(1.0, abs=1e-5)
 
 
+
+
+def test_a_one_step_update_takes_the_proximal_log_probs_from_its_own_forward(tiny_model, monkeypatch):
+    """One epoch, one mini-batch: every forward runs on the starting weights, so the extra scoring
+    pass is skipped (a third less compute) and the update is the one with the pass."""
+    import trainer_svc.update as upd
+
+    runs = {}
+    for shortcut in (True, False):
+        monkeypatch.setattr(upd, "one_step", lambda *a, s=shortcut: s)
+        model = load(tiny_model)
+        samples = stale(on_policy_samples(model), 0.3)
+        calls = []
+        monkeypatch.setattr(upd, "proximal_logprobs",
+                            lambda *a, calls=calls, **k: calls.append(1) or proximal_logprobs(*a, **k))
+        runs[shortcut] = (sgd_update(model, samples, mini_batch_size=len(samples), max_staleness=1),
+                          model.state_dict(), len(calls))
+    (m_short, w_short, n_short), (m_pass, w_pass, n_pass) = runs[True], runs[False]
+    assert (n_short, n_pass) == (0, 1)
+    for k in w_pass:
+        torch.testing.assert_close(w_short[k], w_pass[k], rtol=1e-5, atol=1e-7, msg=k)
+    for k in ("loss", "behav_imp_weight_mean", "behav_approx_kl", "approx_kl"):
+        assert m_short[k] == pytest.approx(m_pass[k], rel=1e-4, abs=1e-7), k
+
+
+def test_which_updates_are_one_step():
+    from trainer_svc.update import one_step
+
+    samples = [type("S", (), {"agent": a})() for a in "aab"]
+    assert one_step(samples, UpdateConfig(mini_batch_size=3), per_agent=False)
+    assert not one_step(samples, UpdateConfig(mini_batch_size=2), per_agent=False)
+    assert one_step(samples, UpdateConfig(mini_batch_size=2), per_agent=True)      # each agent's 2 and 1
+    assert not one_step(samples, UpdateConfig(mini_batch_size=3, epochs=2), per_agent=False)
