@@ -40,8 +40,12 @@ def service_plan(cfg: RunConfig, gpus: Placement | None = None) -> tuple[Service
     env_args = ("--sandbox", "{sandbox}") + (("--env-path", f"{cfg.env.name}={cfg.env.path}") if cfg.env.path else ())
     plan = [ServicePlan("sandbox", "sandbox"), ServicePlan("env", "env", env_args)]
 
+    threads = cpu_threads(cfg, gpus)
+
     def on(name: str) -> tuple[tuple[str, str], ...]:
-        return (("CUDA_VISIBLE_DEVICES", gpus.devices[name]),) if name in gpus.devices else ()
+        if name in gpus.devices:
+            return (("CUDA_VISIBLE_DEVICES", gpus.devices[name]),)
+        return (("OMP_NUM_THREADS", str(threads)),) if threads else ()
 
     for name, pool in cfg.pools.items():
         spec = f"{name}={pool.model_path}" + (":lora" if pool.specialization == "lora" else "")
@@ -59,6 +63,21 @@ def service_plan(cfg: RunConfig, gpus: Placement | None = None) -> tuple[Service
                 "--pool", name, "--micro-batch-tokens", str(pool.micro_batch_tokens)), on(f"trainer-{name}")))
     plan.append(ServicePlan("router", "router"))
     return tuple(plan)
+
+
+def cpu_threads(cfg: RunConfig, gpus: Placement) -> int:
+    """The torch threads of each rollout and trainer process on the CPU, or 0 for torch's default
+    (one per core). Asynchronous training runs rollout and updates at once, and a team of one
+    thread per core in each process oversubscribes the cores: OpenMP threads spin-wait on each
+    other (a small matmul was measured 17x slower beside another busy process). So each such
+    process gets its share of the cores, unless OMP_NUM_THREADS is set already. The synchronous
+    loop computes in one process at a time and keeps the default."""
+    if "OMP_NUM_THREADS" in os.environ or not any(cfg.max_staleness(p) for p in cfg.pools if cfg.pools[p].trainable):
+        return 0
+    procs = [f"rollout-{n}-{i}" for n, p in cfg.pools.items() for i in range(p.rollout_replicas)]
+    procs += [f"trainer-{n}" for n, p in cfg.pools.items() if p.trainable]
+    on_cpu = [p for p in procs if p not in gpus.devices]
+    return max(1, (os.cpu_count() or 1) // len(on_cpu)) if on_cpu else 0
 
 
 def _vllm_python() -> str:

@@ -2,6 +2,8 @@
 fraction of an engine that shares a GPU with a trainer, from `atgrpo plan`'s per-process figures;
 refused with the fix when they cannot fit. Plus the pool settings behind it."""
 
+import os
+
 import pytest
 
 from atgrpo import launcher, placement
@@ -111,6 +113,25 @@ def test_the_launcher_gets_each_process_its_gpus_and_flags():
     assert one[one.index("--tensor-parallel-size") + 1] == "2" and "--gpu-memory-utilization" not in one
     assert two[two.index("--gpu-memory-utilization") + 1] == "0.55"
     assert plan["router"].env == () and plan["env"].env == ()
+
+
+def test_an_asynchronous_run_on_cpu_shares_the_cores_between_rollout_and_trainer(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    data = config(device="cpu", engine="hf", rollout_replicas=3)
+    sync = {p.name: p.env for p in service_plan(parse_config(data))}
+    assert set(sync.values()) == {()}                      # synchronous: torch's default, one per core
+    data["algorithm"] = {"max_staleness": 1}
+    plan = {p.name: p.env for p in service_plan(parse_config(data))}
+    share = (("OMP_NUM_THREADS", "2"),)                    # 8 cores over 3 replicas and 1 trainer
+    assert plan == {**dict.fromkeys(sync, ()), "rollout-x-0": share, "rollout-x-1": share,
+                    "rollout-x-2": share, "trainer-x": share}
+    # a process on a GPU keeps only its devices; the user's own setting wins
+    gpus = Placement({"trainer-x": "0"})
+    assert {p.name: p.env for p in service_plan(parse_config(data), gpus)}["trainer-x"] == (("CUDA_VISIBLE_DEVICES", "0"),)
+    assert {p.name: p.env for p in service_plan(parse_config(data), gpus)}["rollout-x-0"] == (("OMP_NUM_THREADS", "2"),)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert set(p.env for p in service_plan(parse_config(data))) == {()}
 
 
 def test_spawn_sets_the_planned_environment(tmp_path, monkeypatch):
