@@ -38,7 +38,7 @@ def validate(cfg: RunConfig, bad: list[str]) -> Errors:
         "clip_eps_low": _OPEN_UNIT, "clip_eps_high": _OPEN_UNIT,
         "dual_clip_c": (lambda v: v > 1, "> 1", "The usual value is 3.0"),
         "kl_coef": NON_NEG, "entropy_coef": NON_NEG, "max_staleness": NON_NEG,
-        "behav_imp_cap": (lambda v: v >= 1, ">= 1", "The usual value is 5.0"),
+        "behav_imp_cap": (lambda v: v >= 1, ">= 1", "The usual values are 1 (V-trace) to 5 (AReaL)"),
     })
     _check_services(c, cfg)
     return c.errors

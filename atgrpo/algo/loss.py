@@ -15,6 +15,9 @@ LOG_RATIO_BOUND = 20.0
 # verl's bound on a token's k3 estimate: one token the reference finds near-impossible must not
 # swamp the KL term of the whole batch.
 KL_TOKEN_BOUND = 10.0
+# A token counts as capped (behav_capped_fraction) when its importance weight is over the cap by
+# more than this relative amount: float noise on a weight of exactly the cap is not a cut.
+CAP_TOLERANCE = 1e-5
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -140,6 +143,8 @@ def decoupled_policy_loss(logprobs: torch.Tensor, prox_logprobs: torch.Tensor, b
         behav_approx_kl=masked_mean(0.5 * behav_log_ratio ** 2, m).item(),
         behav_imp_weight_mean=masked_mean(weight, m).item(),
         behav_imp_weight_max=float(torch.where(ok, weight, torch.zeros_like(weight)).max()) if ok.any() else 0.0,
-        behav_capped_fraction=masked_mean((weight > cfg.behav_imp_cap).to(m.dtype), m).item(),
+        # Over the cap by more than float noise: with the cap at 1, an on-policy token's weight is
+        # 1 +- 1e-7, which the cap lowers by nothing worth counting.
+        behav_capped_fraction=masked_mean((weight > cfg.behav_imp_cap * (1 + CAP_TOLERANCE)).to(m.dtype), m).item(),
     )
     return _regularised(loss, metrics, logprobs, ok, mask, cfg, ref_logprobs, entropy)

@@ -21,6 +21,9 @@ def sgd_update(model, samples, **cfg):
                   generator=torch.Generator().manual_seed(1))
 
 
+CAP5 = LossConfig(behav_imp_cap=5.0)     # AReaL's cap, so that an importance weight of e^0.5 is not cut
+
+
 def stale(samples, shift):
     """The same tokens as if a sampler had found each `shift` nats less likely than these weights do."""
     return [dataclasses.replace(s, old_logprobs=[x - shift for x in s.old_logprobs]) for s in samples]
@@ -63,7 +66,7 @@ def test_stale_log_probs_change_the_update(tiny_model):
     for name, samples, staleness in (("fresh", fresh, 1), ("stale", stale(fresh, 0.5), 1),
                                      ("sync", stale(fresh, 0.5), 0)):
         model.load_state_dict(before)
-        metrics = sgd_update(model, samples, mini_batch_size=8, grad_clip=1e9, max_staleness=staleness)
+        metrics = sgd_update(model, samples, mini_batch_size=8, grad_clip=1e9, max_staleness=staleness, loss=CAP5)
         results[name] = (metrics, {k: v - before[k] for k, v in model.state_dict().items()})
     (m_stale, d_stale), (_, d_fresh), (m_sync, _) = results["stale"], results["fresh"], results["sync"]
     assert m_stale["behav_imp_weight_mean"] == pytest.approx(1.6487213, rel=1e-5)       # e^0.5
@@ -80,7 +83,7 @@ def test_stale_log_probs_change_the_update(tiny_model):
 def test_the_cap_bounds_a_very_stale_token(tiny_model):
     model = load(tiny_model)
     samples = stale(on_policy_samples(model), 3.0)           # w = e^3 = 20.1 > the cap of 5
-    metrics = sgd_update(model, samples, mini_batch_size=8, max_staleness=4)
+    metrics = sgd_update(model, samples, mini_batch_size=8, max_staleness=4, loss=CAP5)
     assert metrics["behav_capped_fraction"] == 1.0
     assert metrics["behav_imp_weight_max"] == pytest.approx(20.085537, rel=1e-5)
 
