@@ -6,6 +6,7 @@ and checkpoints see every pool at the same step."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import defaultdict
 
@@ -13,7 +14,9 @@ import pytest
 
 from atgrpo.config import parse_config
 from atgrpo.rundir import read_metrics
-from tests.e2e.test_training import toy_config, train_locally
+from atgrpo.runner import LocalServices
+from router_svc.plan import step_tasks
+from tests.e2e.test_training import stop_after_step, toy_config, train_locally
 
 pytestmark = pytest.mark.slow
 
@@ -64,30 +67,13 @@ def test_collection_runs_ahead_within_the_staleness_bound(level, tiny_model, tmp
 def test_a_stopped_asynchronous_run_resumes_with_each_step_once(tiny_model, tmp_path):
     """A stop lets the steps already collected train, checkpoints, and new processes go on after
     that step: each step recorded once, one version per step, each step's own tasks."""
-    import asyncio
-
-    from atgrpo.config import dump_config
-    from atgrpo.runner import LocalServices
-    from router_svc.client import RouterClient
-    from router_svc.plan import step_tasks
-
     run_dir = tmp_path / "run"
     data = toy_config(run_dir, tiny_model, "L1", steps=6)
     data["algorithm"]["max_staleness"] = 1
     cfg = parse_config(data)
 
-    async def stop_after_step_2(running) -> dict:
-        async with RouterClient(running.services.router) as router:
-            status = await router.start_run(dump_config(running))
-            async for e in router.watch_run(status["run_id"]):
-                if e["kind"] == "step" and e["step"] == 2:
-                    await router.stop_run(status["run_id"], "test")
-                if e["kind"] == "status" and e["state"] in ("stopped", "finished", "failed"):
-                    return e
-        raise AssertionError("the watch ended without a final status")
-
     with LocalServices(cfg) as running:
-        first = asyncio.run(stop_after_step_2(running))
+        first = asyncio.run(stop_after_step(running, 2))
     # the steps collected ahead of training when the stop came are trained, not thrown away
     assert first["state"] == "stopped" and 2 <= first["step"] <= 4, first
     sink, served = train_locally(data)

@@ -122,22 +122,23 @@ def test_a_few_steps_at_each_level(level, tiny_model, tmp_path):
     assert sorted(p.name for p in ckpt.iterdir()) == sorted(cfg.pools)
 
 
+async def stop_after_step(running, step: int) -> dict:
+    """Start the run, ask it to stop once `step` is recorded; its final status."""
+    async with RouterClient(running.services.router) as router:
+        status = await router.start_run(dump_config(running))
+        async for e in router.watch_run(status["run_id"]):
+            if e["kind"] == "step" and e["step"] == step:
+                await router.stop_run(status["run_id"], "test")
+            if e["kind"] == "status" and e["state"] in ("stopped", "finished", "failed"):
+                return e
+    raise AssertionError("the watch ended without a final status")
+
+
 def test_stopped_run_resumes_after_its_last_step(tiny_model, tmp_path):
     data = toy_config(tmp_path / "run", tiny_model, "L1", steps=4)
     cfg = parse_config(data)
-
-    async def run_until_step_2(running) -> dict:
-        async with RouterClient(running.services.router) as router:
-            status = await router.start_run(dump_config(running))
-            async for e in router.watch_run(status["run_id"]):
-                if e["kind"] == "step" and e["step"] == 2:
-                    await router.stop_run(status["run_id"], "test")
-                if e["kind"] == "status" and e["state"] in ("stopped", "finished", "failed"):
-                    return e
-        raise AssertionError("the watch ended without a final status")
-
     with LocalServices(cfg) as running:
-        first = asyncio.run(run_until_step_2(running))
+        first = asyncio.run(stop_after_step(running, 2))
     assert first["state"] == "stopped" and first["step"] in (2, 3), first
 
     # New processes: the trainers load the stop's checkpoint, the router continues after it.
