@@ -1,8 +1,11 @@
 """Asynchronous AT-GRPO (algorithm.max_staleness) against the synchronous loop and TRL, in one run.
 
 Two cores stand in for two GPUs: every service runs one torch thread, the trainers are pinned to
-core 0 and the rollout replicas (with env, sandbox and router) to core 1, so rollout and training
-can only overlap as they would on separate devices.
+core 0 and the rollout replicas to core 1, so rollout and training can only overlap as they would
+on separate devices. The CPU services (router, env, sandbox) are not pinned: on a cluster they run
+on CPUs of their own, not on a GPU's, and here they take whichever of the same two cores is free
+(TRL gets both cores too). Pinned with the rollout instead, they took 0.34 of its core (env 0.20,
+router 0.14, in a 250-step profile), and async / TRL read 1.30x instead of 1.59x.
 
 1. L0 toy (bench/e2e.py's workload: one agent, tasks x K samples, one optimizer step per step):
    samples/s at max_staleness 1 against max_staleness 0 (target >= 1.6x), and against TRL's
@@ -47,6 +50,8 @@ def pin(state_dir: Path) -> None:
         return                        # one core: nothing to separate
     trainer, rollout = sorted(cores)[:2]
     for svc in launcher.read_state(state_dir):
+        if svc.kind not in ("trainer", "rollout"):
+            continue                  # a CPU service: on a cluster it has CPUs of its own
         core = trainer if svc.kind == "trainer" else rollout
         for tid in os.listdir(f"/proc/{svc.pid}/task"):
             try:
