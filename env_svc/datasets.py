@@ -23,7 +23,7 @@ the reference split APPS: rows 500-4500 for training, 0-500 for evaluation); JSO
 slice are not even parsed.
 
 Function-call problems become stdin/stdout problems through a harness (see
-env_svc/envs/code.py): the stdin of a case is its arguments, one JSON value per line (the
+env_svc/envs/code_program.py): the stdin of a case is its arguments, one JSON value per line (the
 LiveCodeBench convention), and the expected stdout is `canonical_json(return value)`.
 
 HumanEval problems are function problems judged by their own test code: one hidden case, a
