@@ -327,6 +327,16 @@ class RunConfig:
         own = self.pools[pool].max_staleness
         return self.algorithm.max_staleness if own is None else own
 
+    @property
+    def asynchronous(self) -> bool:
+        """Whether collection runs ahead of training: some trainable pool allows stale samples."""
+        return any(self.max_staleness(p) for p, pool in self.pools.items() if pool.trainable)
+
+    @property
+    def pool_of(self) -> dict[str, str]:
+        """Each acting agent's pool."""
+        return {a: self.agents[a].pool for a in self.env.turn_order}
+
     def agents_of(self, pool: str) -> list[str]:
         """Agents that generate with `pool`, in turn order."""
         return [a for a in self.env.turn_order if self.agents[a].pool == pool]

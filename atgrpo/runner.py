@@ -72,7 +72,7 @@ def cpu_threads(cfg: RunConfig, gpus: Placement) -> int:
     other (a small matmul was measured 17x slower beside another busy process). So each such
     process gets its share of the cores, unless OMP_NUM_THREADS is set already. The synchronous
     loop computes in one process at a time and keeps the default."""
-    if "OMP_NUM_THREADS" in os.environ or not any(cfg.max_staleness(p) for p in cfg.pools if cfg.pools[p].trainable):
+    if "OMP_NUM_THREADS" in os.environ or not cfg.asynchronous:
         return 0
     procs = [f"rollout-{n}-{i}" for n, p in cfg.pools.items() for i in range(p.rollout_replicas)]
     procs += [f"trainer-{n}" for n, p in cfg.pools.items() if p.trainable]

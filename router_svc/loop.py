@@ -50,10 +50,10 @@ from router_svc.checkpoints import retained
 from router_svc.outcome import StepIncomplete, check_complete, pool_metrics
 from router_svc.pipeline import Pipeline
 from router_svc.plan import (
+    batches_for,
     collect_plan,
     off_version,
     shard,
-    step_batches,
     step_tasks,
 )
 from trainer_svc.client import TrainerClient, checkpoint_deadline_s
@@ -126,8 +126,7 @@ class RunLoop:
         self._last_eval: tuple[int, float] | None = None   # (step, success rate)
         self._failures = 0
         self._retries = 0       # faults recovered from since the last recorded step
-        asynchronous = any(cfg.max_staleness(p) for p in cfg.pools if cfg.pools[p].trainable)
-        self.pipeline = Pipeline(self) if asynchronous else None
+        self.pipeline = Pipeline(self) if cfg.asynchronous else None
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -297,11 +296,9 @@ class RunLoop:
         if stale:   # recovery pushes the current weights to the replica, then the step is collected again
             raise FailedPrecondition(f"step {step}: {stale}; nothing of this step is trained")
         rollout_s = time.perf_counter() - start
-        pool_of = {a: cfg.agents[a].pool for a in cfg.env.turn_order}
-        batches = step_batches(samples, pool_of, alpha=cfg.algorithm.alpha, norm_std=cfg.algorithm.norm_std,
-                               filter_zero_variance=cfg.algorithm.filter == "zero_variance")
+        batches = batches_for(cfg, samples)
         if cfg.run.save_samples:
-            self.dir.write_samples(step, samples, batches.rewards, batches.advantages, pool_of)
+            self.dir.write_samples(step, samples, batches.rewards, batches.advantages, cfg.pool_of)
         t_train = time.perf_counter()
         results = await self.train(step, batches.per_pool)
         train_s = time.perf_counter() - t_train

@@ -32,7 +32,7 @@ from atgrpo.contract.rollout import EpisodeEnd, Sample, TaskRef
 from atgrpo.errors import FailedPrecondition
 from router_svc import events
 from router_svc.outcome import check_complete, pool_metrics
-from router_svc.plan import StepBatches, collect_plan, stale_tasks, step_batches
+from router_svc.plan import StepBatches, batches_for, collect_plan, stale_tasks
 
 if TYPE_CHECKING:
     from router_svc.loop import RunLoop
@@ -72,6 +72,7 @@ class Pipeline:
     def __init__(self, loop: RunLoop):
         self.loop = loop
         self.cfg = loop.cfg
+        self.pool_of = loop.cfg.pool_of     # agent -> pool
         self.state: PipelineState | None = None
         self._changed = asyncio.Condition()
         self._collection_over = False     # the collector collects no further step in this run()
@@ -147,25 +148,17 @@ class Pipeline:
         samples, ends = await loop.collect(collect_plan(cfg, tasks, step=step))
         check_complete(ends, len(tasks))
         self._check_not_behind(step, samples)
-        return Collected(step, list(tasks), samples, ends, self._batches(samples), start, time.perf_counter() - start)
+        return Collected(step, list(tasks), samples, ends, batches_for(self.cfg, samples), start, time.perf_counter() - start)
 
     def _check_not_behind(self, step: int, samples: list[Sample]) -> None:
         """A sample already too stale for the weights its pool holds now comes from a replica that
         missed a push (one restarted with its initial weights): recovery resyncs it first."""
         for pool, version in self.state.versions.items():
-            stale = stale_tasks(samples, self._pool_of(), pool, version, self.staleness(pool))
+            stale = stale_tasks(samples, self.pool_of, pool, version, self.staleness(pool))
             if stale:
                 raise FailedPrecondition(f"step {step}: tasks {sorted(stale)[:3]} of pool {pool!r} were sampled more "
                                          f"than {self.staleness(pool)} versions behind {version}; the replicas are "
                                          "resynced and the step is collected again")
-
-    def _pool_of(self) -> dict[str, str]:
-        return {a: self.cfg.agents[a].pool for a in self.cfg.env.turn_order}
-
-    def _batches(self, samples: list[Sample]) -> StepBatches:
-        alg = self.cfg.algorithm
-        return step_batches(samples, self._pool_of(), alpha=alg.alpha, norm_std=alg.norm_std,
-                            filter_zero_variance=alg.filter == "zero_variance")
 
     async def _pool(self, pool: str, last: int) -> None:
         s, loop = self.state, self.loop
@@ -190,7 +183,7 @@ class Pipeline:
     async def _fresh_samples(self, pool: str, c: Collected) -> tuple[list, int]:
         """Pool's samples of step c.step, none more than N versions behind its weights now: a task
         with a sample that is goes out (its samples counted as dropped) and is collected again."""
-        version, limit, pool_of = self.state.versions[pool], self.staleness(pool), self._pool_of()
+        version, limit, pool_of = self.state.versions[pool], self.staleness(pool), self.pool_of
         samples, batches, dropped = c.samples, c.batches, 0
         for _ in range(RECOLLECT_ATTEMPTS):
             stale = stale_tasks(samples, pool_of, pool, version, limit)
@@ -201,7 +194,7 @@ class Pipeline:
                         "version %d; collecting them again", c.step, pool, len(stale), limit, version)
             again = await self._collect(c.step, [t for t in c.tasks if t.task_id in stale])
             samples = [x for x in samples if x.task_id not in stale] + again.samples
-            batches = self._batches(samples)
+            batches = batches_for(self.cfg, samples)
         raise FailedPrecondition(f"step {c.step}: pool {pool!r} got samples more than {limit} versions behind "
                                  f"version {version} {RECOLLECT_ATTEMPTS} times; the replicas are resynced")
 
@@ -229,7 +222,7 @@ class Pipeline:
             "time": time.time(), "retries": loop._retries}, cfg.env.turn_order)
         self._last_record = now
         if cfg.run.save_samples:
-            loop.dir.write_samples(step, c.samples, c.batches.rewards, c.batches.advantages, self._pool_of())
+            loop.dir.write_samples(step, c.samples, c.batches.rewards, c.batches.advantages, self.pool_of)
         loop._retries = 0
         s.completed = loop.completed = step
         loop._write_progress(after)          # the versions after this step, not those of pools already ahead

@@ -78,6 +78,13 @@ def _group_keys(samples: Sequence[Sample]) -> list[tuple]:
     return keys
 
 
+def batches_for(cfg: RunConfig, samples: Sequence[Sample]) -> StepBatches:
+    """step_batches with the run's agent-to-pool map and algorithm settings."""
+    alg = cfg.algorithm
+    return step_batches(samples, cfg.pool_of, alpha=alg.alpha, norm_std=alg.norm_std,
+                        filter_zero_variance=alg.filter == "zero_variance")
+
+
 def step_batches(samples: Sequence[Sample], pool_of: Mapping[str, str], *, alpha: float = 1.0,
                  norm_std: bool = True, filter_zero_variance: bool = False) -> StepBatches:
     """Mix rewards, group by (task, agent, turn) within each episode, compute advantages, filter,

@@ -139,6 +139,15 @@ def test_with_overrides_revalidates_and_leaves_the_original():
     assert info.value.field == "run.steps" and "1 or more" in str(info.value)
 
 
+
+def test_a_run_is_asynchronous_when_a_trainable_pool_allows_stale_samples():
+    assert not parse_config(example()).asynchronous                                 # default 0
+    assert parse_config(edited({"algorithm.max_staleness": 1})).asynchronous
+    assert parse_config(edited({"pools.shared.max_staleness": 2})).asynchronous     # a pool's own bound
+    # The pool's own 0 overrides the run's 1: no pool may lag, so the loop stays synchronous.
+    assert not parse_config(edited({"algorithm.max_staleness": 1, "pools.shared.max_staleness": 0})).asynchronous
+    assert parse_config(example()).pool_of == {"tool": "shared", "plan": "shared"}
+
 # ---- invalid configs: every rule names its field and a fix -------------------------------------
 
 # (case id, edits of the example, expected .field, fragment of the message)
