@@ -1,6 +1,7 @@
 """Does asynchronous AT-GRPO learn as the synchronous loop does? The demo's config
 (examples/toy_L1_tiny.yaml) at max_staleness 0 and 1, for several seeds: the first step whose
 greedy evaluation reaches --target, and the async/sync ratio of those steps (the bar: <= 1.25x).
+A run stops at that evaluation.
 
 Each run is a full `atgrpo train` (local services, tiny model on CPU): minutes each, so `make
 bench` skips this script (bench/all.py SKIP); run it alone.
@@ -26,12 +27,20 @@ sys.path.insert(0, str(ROOT))
 from atgrpo.models import build_tiny_model  # noqa: E402
 
 
-class _Quiet:
-    def start(self, status):
-        pass
+async def until(running, target: float) -> dict:
+    """Run to the end, or stop once a greedy evaluation reaches `target` (the figure is that
+    step; what follows it is not measured); the final status."""
+    from atgrpo.config import dump_config
+    from router_svc.client import RouterClient
 
-    def on_event(self, event):
-        pass
+    async with RouterClient(running.services.router) as router:
+        status = await router.start_run(dump_config(running))
+        async for e in router.watch_run(status["run_id"]):
+            if e["kind"] == "eval" and e["success_rate"] >= target:
+                await router.stop_run(status["run_id"], f"reached {target}")
+            if e["kind"] == "status" and e["state"] in ("stopped", "finished", "failed"):
+                return e
+    raise RuntimeError("the watch ended without a final status")
 
 
 def first_reaching(metrics: Path, target: float) -> tuple[int | None, list[tuple[int, float]]]:
@@ -42,7 +51,7 @@ def first_reaching(metrics: Path, target: float) -> tuple[int | None, list[tuple
 
 def train(model: Path, run_dir: Path, seed: int, staleness: int, args) -> tuple[int | None, list, float]:
     from atgrpo.config import parse_config
-    from atgrpo.runner import LocalServices, drive
+    from atgrpo.runner import LocalServices
 
     data = yaml.safe_load((ROOT / "examples" / "toy_L1_tiny.yaml").read_text())
     data["run"].update(seed=seed, steps=args.steps, eval_every_steps=args.eval_every, checkpoint_every_steps=0,
@@ -51,8 +60,8 @@ def train(model: Path, run_dir: Path, seed: int, staleness: int, args) -> tuple[
     data["algorithm"]["max_staleness"] = staleness
     start = time.perf_counter()
     with LocalServices(parse_config(data)) as running:
-        final = asyncio.run(drive(running, _Quiet()))
-    if final["state"] != "finished":
+        final = asyncio.run(until(running, args.target))
+    if final["state"] not in ("finished", "stopped"):
         raise RuntimeError(f"seed {seed}, max_staleness {staleness}: {final}")
     return (*first_reaching(run_dir / "metrics.jsonl", args.target), time.perf_counter() - start)
 

@@ -14,7 +14,8 @@ _POOL = ["run", "pool"]
 
 POLICY_VERSION = Gauge("atgrpo_trainer_policy_version", "Weights version of the pool (bumped by each update).", _POOL)
 LOSS = Gauge("atgrpo_trainer_loss", "Clipped surrogate loss of the last update (token mean).", _POOL)
-APPROX_KL = Gauge("atgrpo_trainer_approx_kl", "Approximate KL(old || new) of the last update.", _POOL)
+APPROX_KL = Gauge("atgrpo_trainer_approx_kl", "Approximate KL(old || new) of the last update; old is the "
+                  "sampler's policy, or with max_staleness >= 1 the trainer's own before the update.", _POOL)
 CLIP_RATIO = Gauge("atgrpo_trainer_clip_ratio", "Fraction of tokens whose ratio was clipped in the last update.",
                    _POOL)
 GRAD_NORM = Gauge("atgrpo_trainer_grad_norm", "Gradient norm before clipping, mean over the last update's "
