@@ -4,6 +4,9 @@ DESIGN.md §1).
 Groups are keyed by (task, agent, turn): exactly the K branches one agent sampled from one state.
 Different tasks or turns are never pooled, and nothing but real samples joins a group (both are
 bugs of the reference implementation, reference-system.md §1).
+
+The trajectory-level baseline (algorithm.grouping: trajectory) groups per (task, agent) over K
+independent copies of the episode instead; trajectory_advantages normalises one return per copy.
 """
 
 from __future__ import annotations
@@ -55,6 +58,30 @@ def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, *, norm_std: b
     adv = centred / (std[groups] + eps) if norm_std else centred
     adv = torch.where(flat, torch.zeros_like(adv), adv)
     return adv.float(), flat
+
+
+def trajectory_advantages(returns: torch.Tensor, groups: torch.Tensor, copies: torch.Tensor, *,
+                          norm_std: bool = True, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Trajectory-level GRPO: every sample of a copy gets its copy's advantage.
+
+    A group (task, agent) holds K copies of one episode; copy j's return R_j sits on each of its
+    samples. A_j = (R_j - mean) / (std + eps) with the mean and unbiased std over the group's
+    copies, one value per copy, so a copy with more turns (more samples) does not weigh more;
+    norm_std=False gives R_j - mean. Equal returns (a single copy included) give A = 0.
+
+    returns: (B,) float, the same within a copy; groups: (B,) int64 in [0, G); copies: (B,) int64,
+    the copy index within its group. Returns (A (B,), zero_variance (B,) bool), as group_advantages.
+    """
+    if not returns.numel():
+        return returns.float(), torch.zeros(0, dtype=torch.bool)
+    pair = group_index(list(zip(groups.tolist(), copies.tolist(), strict=True)))                    # (B,) in [0, P)
+    n_pairs = int(pair.max()) + 1
+    count = torch.zeros(n_pairs, dtype=torch.double).index_add_(0, pair, torch.ones_like(returns, dtype=torch.double))
+    # The copy's samples all carry R_j; their mean is R_j (and stays defined if float noise differs).
+    per_copy = torch.zeros(n_pairs, dtype=torch.double).index_add_(0, pair, returns.double()) / count  # (P,)
+    copy_group = torch.zeros(n_pairs, dtype=torch.long).scatter_(0, pair, groups)                     # (P,)
+    adv, flat = group_advantages(per_copy, copy_group, norm_std=norm_std, eps=eps)                     # (P,)
+    return adv[pair], flat[pair]
 
 
 def zero_variance_keep(flat: torch.Tensor) -> torch.Tensor:
