@@ -258,6 +258,11 @@ class AlgorithmConfig:
     """zero_variance drops groups whose rewards are all equal (DAPO)"""
     selection: Literal["best", "first"] = "best"
     """which branch continues the episode: highest reward (ties: lowest index) or branch 0"""
+    grouping: Literal["turn", "trajectory"] = "turn"
+    """turn = AT-GRPO: tree sampling, groups (task, agent, turn). trajectory = the trajectory-level
+    GRPO baseline: K independent episodes per task (forked once after reset), each turn's sample
+    gets its episode's return alpha * final team reward + the agent's summed local rewards, groups
+    (task, agent) over the K copies; selection does not apply"""
     loss_agg: Literal["token_mean"] = "token_mean"
     """loss aggregation over tokens"""
     max_staleness: int = 0

@@ -140,6 +140,11 @@ def test_with_overrides_revalidates_and_leaves_the_original():
 
 
 
+def test_grouping_defaults_to_turn_and_takes_trajectory():
+    assert parse_config(example()).algorithm.grouping == "turn"
+    assert parse_config(edited({"algorithm.grouping": "trajectory"})).algorithm.grouping == "trajectory"
+
+
 def test_a_run_is_asynchronous_when_a_trainable_pool_allows_stale_samples():
     assert not parse_config(example()).asynchronous                                 # default 0
     assert parse_config(edited({"algorithm.max_staleness": 1})).asynchronous
@@ -184,6 +189,9 @@ BAD = [
     ("agent-unknown-pool", {"agents.plan.pool": "sharde"}, "agents.plan.pool",
      "Did you mean 'shared'? Use one of the pools defined: 'shared'"),
     ("k-zero", {"algorithm.k": 0}, "algorithm.k", "Set it to 1 or more"),
+    ("grouping-typo", {"algorithm.grouping": "trajectry"}, "algorithm.grouping", "Did you mean 'trajectory'?"),
+    ("grouping-unknown", {"algorithm.grouping": "episode"}, "algorithm.grouping",
+     "must be one of 'turn', 'trajectory'"),
     ("lora-on-full", {"pools.shared.lora": {"rank": 8}}, "pools.shared.lora",
      "Set specialization: lora or remove the lora block"),
     ("unused-pool", {"pools.spare": {"model_path": "/m"}}, "pools.spare", "no agent uses"),
