@@ -25,7 +25,8 @@ from atgrpo.discovery import DiscoveryError, parse_target
 from atgrpo.errors import InvalidArgument
 from atgrpo.sdk.convert import dict_from, struct_from
 
-_MODES = {pb.COLLECT_MODE_UNSPECIFIED: "tree", pb.COLLECT_MODE_TREE: "tree", pb.COLLECT_MODE_FLAT: "flat"}
+_MODES = {pb.COLLECT_MODE_UNSPECIFIED: "tree", pb.COLLECT_MODE_TREE: "tree", pb.COLLECT_MODE_FLAT: "flat",
+          pb.COLLECT_MODE_TRAJECTORY: "trajectory"}
 _SELECTIONS = {pb.SELECTION_UNSPECIFIED: "best", pb.SELECTION_BEST: "best", pb.SELECTION_FIRST: "first"}
 
 

@@ -35,6 +35,8 @@ class _CollectModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CollectMo
     """fork K per agent per turn, keep the best branch (training)"""
     COLLECT_MODE_FLAT: _CollectMode.ValueType  # 2
     """one sample per agent-turn (evaluation)"""
+    COLLECT_MODE_TRAJECTORY: _CollectMode.ValueType  # 3
+    """K independent flat episodes per task (trajectory-level GRPO baseline)"""
 
 class CollectMode(_CollectMode, metaclass=_CollectModeEnumTypeWrapper): ...
 
@@ -44,6 +46,8 @@ COLLECT_MODE_TREE: CollectMode.ValueType  # 1
 """fork K per agent per turn, keep the best branch (training)"""
 COLLECT_MODE_FLAT: CollectMode.ValueType  # 2
 """one sample per agent-turn (evaluation)"""
+COLLECT_MODE_TRAJECTORY: CollectMode.ValueType  # 3
+"""K independent flat episodes per task (trajectory-level GRPO baseline)"""
 Global___CollectMode: _TypeAlias = CollectMode  # noqa: Y015
 
 class _Selection:
@@ -591,7 +595,7 @@ class EpisodeEnd(_message.Message):
     """non-empty when the episode could not finish"""
     @_builtins.property
     def agent_rewards(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
-        """sum of the selected branches' mixed rewards"""
+        """sum of the selected branches' mixed rewards; trajectory: mean return over the K copies"""
 
     def __init__(
         self,
