@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from atgrpo.algo.advantages import group_advantages, group_index, mix_rewards
+from atgrpo.algo.advantages import group_advantages, group_index, mix_rewards, trajectory_advantages
 from atgrpo.config import RunConfig
 from atgrpo.contract.rollout import AgentPlan, CollectPlan, EpisodeEnd, PolicyRef, Sample, TaskRef
 from atgrpo.contract.trainer import TrainSample
@@ -78,23 +78,49 @@ def _group_keys(samples: Sequence[Sample]) -> list[tuple]:
     return keys
 
 
+def _trajectory_keys(samples: Sequence[Sample]) -> list[tuple]:
+    """(task, agent, episode) per sample for grouping "trajectory": one group per agent over the
+    K copies of one run of a task. A task run twice in a step is two groups. Counting occurrences
+    as _group_keys does would not do here: a turn that only the second run reached would count as
+    the first run's and join its group. Instead, as a task's runs are emitted whole one after
+    another, a sample whose (agent, turn, branch) the task's current run already holds starts its
+    next run (each run begins with copy 0's first sample, which every run has)."""
+    run: dict[str, int] = {}
+    held: dict[str, set[tuple]] = {}
+    keys = []
+    for s in samples:
+        mark = (s.agent, s.turn, s.branch)
+        if mark in held.setdefault(s.task_id, set()):
+            run[s.task_id] = run.get(s.task_id, 0) + 1
+            held[s.task_id] = set()
+        held[s.task_id].add(mark)
+        keys.append((s.task_id, s.agent, run.get(s.task_id, 0)))
+    return keys
+
+
 def batches_for(cfg: RunConfig, samples: Sequence[Sample]) -> StepBatches:
     """step_batches with the run's agent-to-pool map and algorithm settings."""
     alg = cfg.algorithm
     return step_batches(samples, cfg.pool_of, alpha=alg.alpha, norm_std=alg.norm_std,
-                        filter_zero_variance=alg.filter == "zero_variance")
+                        filter_zero_variance=alg.filter == "zero_variance", grouping=alg.grouping)
 
 
 def step_batches(samples: Sequence[Sample], pool_of: Mapping[str, str], *, alpha: float = 1.0,
-                 norm_std: bool = True, filter_zero_variance: bool = False) -> StepBatches:
+                 norm_std: bool = True, filter_zero_variance: bool = False, grouping: str = "turn") -> StepBatches:
     """Mix rewards, group by (task, agent, turn) within each episode, compute advantages, filter,
-    route by pool."""
+    route by pool. grouping "trajectory": groups (task, agent) per episode over its K copies, one
+    return per copy (the driver puts copy j's return on each of its samples; see rollout_svc.tree)."""
     if not samples:
         return StepBatches({}, {}, 0)
     rewards = mix_rewards(torch.tensor([s.team_reward for s in samples], dtype=torch.double),
                           torch.tensor([s.local_reward for s in samples], dtype=torch.double), alpha)   # (B,)
-    groups = group_index(_group_keys(samples))                                                        # (B,)
-    adv, flat = group_advantages(rewards, groups, norm_std=norm_std)
+    if grouping == "trajectory":
+        groups = group_index(_trajectory_keys(samples))                                               # (B,)
+        copies = torch.tensor([s.branch for s in samples], dtype=torch.long)                          # (B,)
+        adv, flat = trajectory_advantages(rewards, groups, copies, norm_std=norm_std)
+    else:
+        groups = group_index(_group_keys(samples))                                                    # (B,)
+        adv, flat = group_advantages(rewards, groups, norm_std=norm_std)
     stats: dict[str, AgentStats] = defaultdict(AgentStats)
     seen_groups: set[int] = set()
     per_pool: dict[str, list[TrainSample]] = defaultdict(list)
@@ -170,13 +196,15 @@ def stale_tasks(samples: Sequence[Sample], pool_of: Mapping[str, str], pool: str
 
 def collect_plan(cfg: RunConfig, tasks: Sequence[TaskRef], *, step: int, eval_mode: bool = False,
                  versions: Mapping[str, int] | None = None) -> CollectPlan:
-    """Training collects K-way trees; evaluation one flat rollout per task with eval sampling.
-    `versions` (pool -> version) pins the weights every replica must serve."""
+    """Training collects K-way trees (grouping "trajectory": K independent episodes per task);
+    evaluation one flat rollout per task with eval sampling. `versions` (pool -> version) pins the
+    weights every replica must serve."""
     alg = cfg.algorithm
+    train_mode = "trajectory" if alg.grouping == "trajectory" else "tree"
     return CollectPlan(
         env=cfg.env.name, tasks=tuple(tasks), agents=agent_plans(cfg, eval_mode=eval_mode),
         turn_order=tuple(cfg.env.turn_order), max_turns=cfg.env.max_turns,
-        k=1 if eval_mode else alg.k, mode="flat" if eval_mode else "tree",
+        k=1 if eval_mode else alg.k, mode="flat" if eval_mode else train_mode,
         selection="first" if eval_mode else alg.selection, parallel=cfg.env.parallel, alpha=alg.alpha,
         env_options=env_options(cfg), max_concurrent_tasks=max(1, len(tasks)),
         expected_versions=expected_versions(cfg, versions) if versions else (), run_id=cfg.run.name, step=step)

@@ -73,3 +73,30 @@ def test_cut_prompts_and_responses_are_counted_and_shown():
     assert run_wire.event_from_pb(run_wire.event_to_pb("r", {**e, "rollout_seconds": 0.0, "train_seconds": 0.0,
                                              "weight_sync_seconds": 0.0}))["agents"]["a"] == e["agents"]["a"]
     assert step_line(e, 10).endswith("| prompts cut: a 25%")
+
+
+def test_trajectory_groups_are_per_task_agent_episode_over_copies():
+    # Task t0 ran twice in the step (two episodes, K = 2 copies each, emitted one after another).
+    # Episode 1: copy 0 has two turns with return 1.0, copy 1 one turn with 0.0; episode 2: returns
+    # 0.0 and 2.0 (own group). norm_std off: A = R - mean over the copies, one value per copy:
+    # episode 1 mean 0.5 -> copy 0 +0.5 (both its samples), copy 1 -0.5 (not -1/3 over samples);
+    # episode 2 mean 1.0 -> -1.0, +1.0.
+    samples = [sample("t0", "tool", 0, 0, 1.0), sample("t0", "tool", 1, 0, 1.0), sample("t0", "tool", 0, 1, 0.0),
+               sample("t0", "tool", 0, 0, 0.0), sample("t0", "tool", 0, 1, 2.0)]
+    out = step_batches(samples, {"tool": "p"}, norm_std=False, grouping="trajectory")
+    assert out.advantages == pytest.approx([0.5, 0.5, -0.5, -1.0, 1.0])
+    assert out.agents["tool"].groups == 2
+    # The default (turn) grouping of the same samples is unchanged: episode 1's turn 1 is a group alone.
+    turn = step_batches(samples, {"tool": "p"}, norm_std=False)
+    assert turn.advantages == pytest.approx([0.5, 0.0, -0.5, -1.0, 1.0]) and turn.agents["tool"].groups == 3
+
+
+def test_trajectory_turns_only_a_second_run_reached_stay_in_that_run():
+    # Run 1 of t0: copies 0 and 1 end after turn 0 (returns 1.0, 0.0). Run 2: copy 0 plays turns
+    # 0 and 1 (return 3.0), copy 1 turn 0 (1.0). Run 2's turn-1 sample must not join run 1's group.
+    # norm_std off: run 1 mean 0.5 -> +0.5, -0.5; run 2 mean 2.0 -> +1.0 (both samples), -1.0.
+    samples = [sample("t0", "tool", 0, 0, 1.0), sample("t0", "tool", 0, 1, 0.0),
+               sample("t0", "tool", 0, 0, 3.0), sample("t0", "tool", 1, 0, 3.0), sample("t0", "tool", 0, 1, 1.0)]
+    out = step_batches(samples, {"tool": "p"}, norm_std=False, grouping="trajectory")
+    assert out.advantages == pytest.approx([0.5, -0.5, 1.0, 1.0, -1.0])
+    assert out.agents["tool"].groups == 2

@@ -2,6 +2,7 @@
 resumed run continues, and the event records."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -60,6 +61,16 @@ def test_plans_round_trip_and_carry_the_turn_order(tmp_path):
     ev = collect_plan(cfg, step_tasks(0, 0, 2, split="eval"), step=3, eval_mode=True)
     assert (ev.k, ev.mode, ev.selection) == (1, "flat", "first")
     assert all(a.sampling.temperature == 0.0 for a in ev.agents.values())
+
+
+def test_trajectory_grouping_collects_trajectory_plans_and_evaluates_flat(tmp_path):
+    cfg = config(tmp_path)
+    cfg = replace(cfg, algorithm=replace(cfg.algorithm, grouping="trajectory", k=3))
+    plan = collect_plan(cfg, step_tasks(0, 0, 2), step=1)
+    assert (plan.mode, plan.k) == ("trajectory", 3)
+    assert collect_plan_from_pb(collect_plan_to_pb(plan)).mode == "trajectory"
+    ev = collect_plan(cfg, step_tasks(0, 0, 2, split="eval"), step=1, eval_mode=True)
+    assert (ev.mode, ev.k) == ("flat", 1)
 
 
 def test_run_dir_drops_the_steps_a_resume_redoes(tmp_path):
