@@ -26,6 +26,20 @@ EpisodeEnd.agent_rewards sums each agent's mixed reward on the kept branches.
 
 Flat mode (evaluation): the same turns with K = 1 on the single state, no forks.
 
+Trajectory mode (algorithm.grouping: trajectory, the trajectory-level GRPO baseline the paper
+compares AT-GRPO against): after reset the state is forked K ways once and the original closed;
+copy j is played as a flat episode (train sampling, n=1 generations, the K copies concurrently so
+the pool batches them), and each of its samples has branch = j and selected = True (no copy is
+preferred). Every turn's sample gets its episode's return, as a single-agent GRPO trainer does:
+agent a's return in copy j is R_aj = alpha * T_j + L_aj, where T_j is the team reward of copy j's
+last step (the episode's outcome: team rewards here are state values such as a pass fraction, not
+increments, so they are not summed) and L_aj the sum of a's local rewards over its turns in copy j.
+Each of a's samples of copy j carries team_reward = T_j and local_reward = L_aj, so the router's
+mix alpha * team + local is exactly R_aj; the step's own rewards stay in info (step_team_reward,
+step_local_reward); done and success stay the step's own. EpisodeEnd: success and turns of copy 0
+(an unbiased draw of the policy), agent_rewards the mean of R_aj over the copies (an agent that
+never acted in a copy gets alpha * T_j there). Groups are (task, agent) over the K copies.
+
 A task's samples are emitted together when its episode ends, so a task that fails midway (the env
 service is gone, say) contributes none: its EpisodeEnd carries the error instead.
 """
@@ -34,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any, Protocol
 
 from atgrpo.contract.rollout import AgentPlan, CollectPlan, EpisodeEnd, Generation, Sample, TaskRef
@@ -188,6 +203,11 @@ class _Episode:
     async def run(self) -> EpisodeEnd:
         plan, task = self.plan, self.task
         self.episode_id, _ = await self.envs.reset(plan.env, task.task_id, task.seed, task.split, plan.env_options)
+        return await self.play()
+
+    async def play(self) -> EpisodeEnd:
+        """Play the turns from self.episode_id, closing the current state at the end."""
+        plan, task = self.plan, self.task
         last: StepResult | None = None
         turns = 0
         try:
@@ -201,10 +221,52 @@ class _Episode:
             await self.envs.close_episodes([self.episode_id])
 
 
+def _with_returns(copy: int, samples: list[Sample], alpha: float,
+                  agents: tuple[str, ...]) -> tuple[list[Sample], dict[str, float]]:
+    """Trajectory mode: copy `copy`'s samples carrying its returns (team = the last step's team
+    reward, local = the agent's summed local rewards), and each agent's return R_aj."""
+    final = samples[-1].team_reward
+    local = {a: 0.0 for a in agents}
+    for s in samples:
+        local[s.agent] += s.local_reward
+    out = [replace(s, branch=copy, team_reward=final, local_reward=local[s.agent], selected=True,
+                   info={**s.info, "step_team_reward": s.team_reward, "step_local_reward": s.local_reward})
+           for s in samples]
+    return out, {a: alpha * final + local[a] for a in agents}
+
+
+async def _run_copies(plan: CollectPlan, task: TaskRef, envs: Envs, gen: Generator) -> tuple[list[Sample], EpisodeEnd]:
+    """Trajectory mode: K independent flat episodes from one reset (see the module docstring)."""
+    root, _ = await envs.reset(plan.env, task.task_id, task.seed, task.split, plan.env_options)
+    try:
+        ids = await envs.fork(root, plan.k)
+    finally:
+        await envs.close_episodes([root])
+    copies = [_Episode(replace(plan, mode="flat", k=1), task, envs, gen) for _ in ids]
+    for c, episode_id in zip(copies, ids, strict=True):
+        c.episode_id = episode_id
+    # Every copy runs to its end (and closes its state) even when one fails, so none is left open.
+    ends = await asyncio.gather(*(c.play() for c in copies), return_exceptions=True)
+    for e in ends:
+        if isinstance(e, BaseException):
+            raise e
+    samples: list[Sample] = []
+    returns = {a: 0.0 for a in plan.turn_order}
+    for j, c in enumerate(copies):
+        rewritten, r = _with_returns(j, c.samples, plan.alpha, plan.turn_order)
+        samples += rewritten
+        for a in returns:
+            returns[a] += r[a] / len(copies)
+    first = ends[0]
+    return samples, EpisodeEnd(task.task_id, first.success, first.turns, returns)
+
+
 async def run_episode(plan: CollectPlan, task: TaskRef, envs: Envs, gen: Generator) -> tuple[list[Sample], EpisodeEnd]:
     """One task's samples and end; on failure no samples and an EpisodeEnd with the error."""
-    episode = _Episode(plan, task, envs, gen)
     try:
+        if plan.mode == "trajectory":
+            return await _run_copies(plan, task, envs, gen)
+        episode = _Episode(plan, task, envs, gen)
         end = await episode.run()
     except Exception as err:  # noqa: BLE001 - a failed task is reported, the others go on
         return [], EpisodeEnd(task.task_id, False, 0, {}, error=f"{type(err).__name__}: {err}")
