@@ -41,7 +41,8 @@ step_local_reward); done and success stay the step's own. EpisodeEnd: success an
 never acted in a copy gets alpha * T_j there). Groups are (task, agent) over the K copies.
 
 A task's samples are emitted together when its episode ends, so a task that fails midway (the env
-service is gone, say) contributes none: its EpisodeEnd carries the error instead.
+service is gone, say) contributes none: its EpisodeEnd carries the error instead. In trajectory
+mode one failing copy fails the task, once every copy has finished and closed its state.
 """
 
 from __future__ import annotations
