@@ -17,7 +17,7 @@ router 0.14, in a 250-step profile), and async / TRL read 1.30x instead of 1.59x
    pool waits for the large pool's update before anything is collected again; here the small pool
    trains as soon as its samples are in.
 
-    python bench/async.py [--tasks 8] [--k 8] [--max-tokens 16] [--steps 8] [--warmup 2]
+    python bench/async.py [--tasks 8] [--k 8] [--max-tokens 16] [--steps 16] [--warmup 2]
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=8)
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-5)
     args = parse_args(ap, {"tasks": 2, "k": 4, "max_tokens": 4, "steps": 2, "warmup": 1})
