@@ -15,6 +15,7 @@ import grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from atgrpo.errors import RETRY_AFTER_KEY
+from atgrpo.rpc.interceptors import drain
 
 RETRY_AFTER_MS = 1000
 
@@ -34,6 +35,7 @@ class _Capture:
 
 
 async def _loading(requests: Any, context: grpc.aio.ServicerContext) -> None:
+    await drain(requests)  # a client still streaming would see INTERNAL, not this retryable status
     await context.abort(grpc.StatusCode.UNAVAILABLE,
                         "the service is still starting (loading its model); retry in a few seconds",
                         trailing_metadata=((RETRY_AFTER_KEY, str(RETRY_AFTER_MS)),))

@@ -10,6 +10,7 @@ of DESIGN.md §4.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import time
@@ -137,15 +138,40 @@ async def _iterate(result: Any) -> AsyncIterator[Any]:
             yield item
 
 
+# grpc's asyncio client loses the status of a client-streaming call that the server ends before
+# the client has sent its last message (grpc/grpc#36066): a write that meets the closed stream
+# replaces the server's code and message with INTERNAL "Internal error from Core", which is not
+# retryable and names nothing. So a streamed request that fails is read to its end (and thrown
+# away) before the status goes out, for at most this long; a client still sending after that
+# gets the status as soon as grpc can deliver it.
+DRAIN_S = 30.0
+
+
+async def drain(requests: Any, limit_s: float | None = None) -> None:
+    """Read and drop what is left of a request stream, until the client half-closes or `limit_s`
+    (default DRAIN_S) passes. Errors reading it (the client cancelled) end the drain: the status
+    still goes out."""
+    async def read_all() -> None:
+        async for _ in requests:
+            pass
+    try:
+        await asyncio.wait_for(read_all(), DRAIN_S if limit_s is None else limit_s)
+    except Exception:  # noqa: BLE001 - a timeout or a cancelled client: the drain only ever helps
+        pass
+
+
 def _wrap_unary_response(fn: Callable, full_method: str, streamed: bool = False) -> Callable:
     async def handler(request: Any, context: aio.ServicerContext) -> Any:
         call = _Call(full_method, context)
+        raw = request
         try:
             request = _checked_stream(request, full_method) if streamed else _checked(request, full_method)
             return await _resolve(fn(request, context))
         except aio.AbortError:
             raise
         except Exception as exc:  # noqa: BLE001 - every failure becomes a status
+            if streamed:
+                await drain(raw)
             await call.fail(exc)
         finally:
             call.done()
@@ -155,6 +181,7 @@ def _wrap_unary_response(fn: Callable, full_method: str, streamed: bool = False)
 def _wrap_stream_response(fn: Callable, full_method: str, streamed: bool = False) -> Callable:
     async def handler(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
         call = _Call(full_method, context)
+        raw = request
         try:
             request = _checked_stream(request, full_method) if streamed else _checked(request, full_method)
             async for item in _iterate(fn(request, context)):
@@ -162,6 +189,8 @@ def _wrap_stream_response(fn: Callable, full_method: str, streamed: bool = False
         except aio.AbortError:
             raise
         except Exception as exc:  # noqa: BLE001
+            if streamed:
+                await drain(raw)
             await call.fail(exc)
         finally:
             call.done()

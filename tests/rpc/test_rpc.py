@@ -16,6 +16,7 @@ from prometheus_client import REGISTRY
 
 from atgrpo import errors
 from atgrpo.errors import AtgrpoError
+from atgrpo.rpc import interceptors
 from atgrpo.rpc.client import ServiceClient
 from atgrpo.rpc.server import Binding, create_server
 
@@ -61,11 +62,26 @@ class Hold:
             self.inside -= 1
 
 
-def _binding(hold: Hold | None = None) -> Binding:
+class Refuse:
+    """The handler of method Upload, a client-streaming call: it reads the first message and
+    refuses the call; `refused` is set once it has raised."""
+
+    def __init__(self) -> None:
+        self.refused = asyncio.Event()
+
+    async def handle(self, requests, context) -> bytes:
+        async for _first in requests:
+            self.refused.set()
+            raise errors.InvalidArgument("the first message is refused; send a header first")
+        return b"empty"
+
+
+def _binding(hold: Hold | None = None, refuse: Refuse | None = None) -> Binding:
     methods = {
         "Sleep": grpc.unary_unary_rpc_method_handler(_sleep),
         "Fail": grpc.unary_unary_rpc_method_handler(_fail),
         "Stream": grpc.unary_stream_rpc_method_handler(_stream),
+        "Upload": grpc.stream_unary_rpc_method_handler((refuse or Refuse()).handle),
     }
     if hold is not None:
         methods["Hold"] = grpc.unary_unary_rpc_method_handler(hold.handle)
@@ -158,6 +174,45 @@ def test_streaming_error_after_items_keeps_items_and_code():
             assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         await running.stop(0)
     run(go())
+
+
+def test_a_refused_stream_is_read_to_its_end_so_the_client_gets_the_status():
+    """grpc's asyncio client turns a status that arrives while it is still writing into INTERNAL
+    "Internal error from Core" (grpc/grpc#36066; CI met it on LoadWeights). The server reads
+    the refused stream to its end first: every write after the refusal succeeds, and the client
+    gets the server's code and message."""
+    async def go():
+        refuse = Refuse()
+        running = await create_server([_binding(refuse=refuse)])
+        async with aio.insecure_channel(f"127.0.0.1:{running.port}") as ch:
+            call = ch.stream_unary(f"/{SERVICE}/Upload")(timeout=10)
+            await call.write(b"first")
+            await refuse.refused.wait()
+            for _ in range(200):
+                await call.write(b"x" * 16)
+            await call.done_writing()
+            with pytest.raises(aio.AioRpcError) as err:
+                await call
+        await running.stop(0)
+        return err.value
+    err = run(go())
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.details() == "the first message is refused; send a header first"
+
+
+def test_a_client_that_never_finishes_its_stream_gets_the_status_after_the_drain_limit(monkeypatch):
+    monkeypatch.setattr(interceptors, "DRAIN_S", 0.2)
+
+    async def go():
+        running = await create_server([_binding()])
+        async with aio.insecure_channel(f"127.0.0.1:{running.port}") as ch:
+            call = ch.stream_unary(f"/{SERVICE}/Upload")(timeout=10)
+            await call.write(b"first")       # and never half-closes
+            with pytest.raises(aio.AioRpcError) as err:
+                await asyncio.wait_for(call, 5)
+        await running.stop(0)
+        return err.value
+    assert run(go()).code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_metrics_count_calls_by_code():
