@@ -269,10 +269,11 @@ class AlgorithmConfig:
     """asynchronous training: a sample drawn by version v is trained at version u only if
     u - v <= max_staleness (older ones are dropped and their task collected again), and collection
     runs ahead while the pools train. 0 = the synchronous on-policy loop"""
-    behav_imp_cap: float = 1.0
+    behav_imp_cap: float = 2.0
     """with max_staleness > 0 (the decoupled PPO loss): the cap on each token's importance weight
     from the sampling policy to the trainer's policy before the update. 1 truncates as V-trace
-    does (Espeholt et al. 2018); AReaL uses 5, which at the demo's large learning rate did not learn"""
+    does (Espeholt et al. 2018); AReaL uses 5, which at the demo's large learning rate did not
+    learn; 2 matched the synchronous loop's steps to 0.75 on six seeds (docs/design.md)"""
 
     def to_update(self, max_staleness: int | None = None) -> UpdateConfig:
         """What a trainer takes of these for each step's update; `max_staleness`: its pool's bound

@@ -35,7 +35,7 @@ class LossConfig:
     entropy_coef: float = 0.0
     # The decoupled loss (max_staleness > 0): cap on each token's importance weight from the
     # sampling policy to the trainer's policy before the update.
-    behav_imp_cap: float = 1.0
+    behav_imp_cap: float = 2.0
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,9 @@ def test_an_old_client_gets_the_default_cap_and_a_synchronous_update():
     # A client that predates max_staleness and behav_imp_cap sends neither field (8 and 9).
     old = pb.LossParams(clip_eps_low=0.2, clip_eps_high=0.2, dual_clip_c=3.0, epochs=1, mini_batch_size=16)
     got = update_from_pb(pb.LossParams.FromString(old.SerializeToString()))
-    assert got.loss.behav_imp_cap == 1.0 == LossConfig().behav_imp_cap       # not the proto's 0.0
+    assert got.loss.behav_imp_cap == 2.0 == LossConfig().behav_imp_cap       # not the proto's 0.0
     assert got.max_staleness == 0 and got == UpdateConfig()
-    assert update_from_pb(pb.LossParams(behav_imp_cap=0.0)).loss.behav_imp_cap == 1.0   # 0 = the default
+    assert update_from_pb(pb.LossParams(behav_imp_cap=0.0)).loss.behav_imp_cap == 2.0   # 0 = the default
 
 
 def test_a_result_carries_the_mean_staleness():
