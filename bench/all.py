@@ -13,9 +13,9 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-# baseline.py and async_learning.py are tables of success rates, not ratios, and take tens of
-# minutes: run them alone.
-SKIP = ("all.py", "baseline.py", "async_learning.py")
+# baseline.py, async_learning.py and ablations.py are tables of success rates, not ratios, and
+# take tens of minutes: run them alone.
+SKIP = ("all.py", "baseline.py", "async_learning.py", "ablations.py")
 
 
 def main() -> int:

@@ -26,10 +26,18 @@ def python():
 def tiny_model(tmp_path_factory) -> str:
     """The tiny offline model's directory (atgrpo.models.build_tiny_model), built once for the
     session: the build is byte-identical every time. Read it, never write into it; a test that
-    changes a model copies it first (tests/e2e/taught.py)."""
+    changes a model copies it first (atgrpo/models/taught.py)."""
     from atgrpo.models import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("models") / "tiny"))
+
+
+@pytest.fixture(scope="session")
+def knows_the_code(tiny_model, tmp_path_factory) -> str:
+    """The tiny model taught the toy code's pairs but no direction (atgrpo.models.taught), ~10 s."""
+    from atgrpo.models.taught import code_pairs_model
+
+    return code_pairs_model(tiny_model, tmp_path_factory.mktemp("models") / "pairs")
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from atgrpo.config import dump_config, parse_config
+from atgrpo.models.taught import TOY_CODE
 from atgrpo.rundir import read_metrics
 from atgrpo.runner import LocalServices, drive
 from rollout_svc.client import RolloutClient
@@ -252,25 +253,6 @@ def test_the_demo_learns(tiny_model, tmp_path):
     assert evals[-1] >= 0.75, evals
 
 
-@pytest.fixture(scope="module")
-def knows_the_code(tiny_model, tmp_path_factory) -> str:
-    """The tiny model taught the toy code's pairs (1-5, 2-6, 3-7, 4-8) but no direction: to a speaker
-    told secret 3, or a listener told 3 or 7, it answers 3 or 7 with probability ~1/2 each.
-
-    What is left to learn is each role's own skill, encode or decode: the part the swap moves.
-    (From random weights, or from a uniform digit, this model needs several hundred steps to tell
-    the four secrets apart at all; the pairs take 600 supervised steps, ~10 s, at lr 1e-3 (at 3e-3 it
-    settles on the marginal and ignores the digit).)"""
-    from tests.e2e.taught import teach
-
-    pair = dict(zip("12345678", "56781234", strict=True))
-    shown = [("speaker", f"speaker: the secret is {d}", d) for d in "1234"]
-    shown += [("listener", f"listener: the speaker says: {d}", d) for d in "12345678"]
-    prompts = [(f"{role}-{d}", [{"role": "user", "content": text}]) for role, text, d in shown]
-    answers = {f"{role}-{d}": [d, pair[d]] for role, _, d in shown}
-    return teach(tiny_model, tmp_path_factory.mktemp("models") / "pairs", prompts, answers, steps=600, lr=1e-3)
-
-
 def test_swapping_the_trained_adapters_breaks_the_relay(knows_the_code, tmp_path):
     """The paper's swap ablation in miniature. At L2 each role trains its own LoRA adapter on the toy
     relay with a code (the speaker must say 7 for secret 3, the listener must decode 7 back to 3).
@@ -287,7 +269,7 @@ def test_swapping_the_trained_adapters_breaks_the_relay(knows_the_code, tmp_path
     from atgrpo.runner import evaluate
 
     data = toy_config(tmp_path / "run", knows_the_code, "L2", steps=40, eval_tasks=32)
-    data["env"].update(max_turns=1, options={"code": "5678"})
+    data["env"].update(max_turns=1, options={"code": TOY_CODE})
     data["run"]["tasks_per_step"] = 8
     data["algorithm"].update(k=8, mini_batch_size=512)
     cfg = parse_config(data)
@@ -387,9 +369,9 @@ ANSWERS = {"coder": "```python\nprint(input())\n```",
 @pytest.fixture(scope="module")
 def taught(tiny_model, tmp_path_factory) -> str:
     """The tiny model taught to answer each code/math role with a program, tests or a boxed answer."""
+    from atgrpo.models.taught import role_prompts, teach
     from env_svc.envs.code import CodeEnv
     from env_svc.envs.math import MathEnv
-    from tests.e2e.taught import role_prompts, teach
 
     prompts = role_prompts(CodeEnv({}), ["coder", "tester"]) + role_prompts(MathEnv({}), ["tool", "reasoner"])
     # 480 steps (~10 s): at 240 the tool answered the coder's program 91% of the time (measured at

@@ -7,6 +7,8 @@ score every sample as malformed without running anything. Taught this way, the m
 reach the sandbox, which is what the end-to-end tests of those environments need to check. A
 model that answers a uniformly random digit knows the toy relay's format but not its code, which
 is what the swap ablation starts from: what each role's adapter learns is then the role's skill.
+
+Used by the end-to-end tests and by bench/ablations.py.
 """
 
 from __future__ import annotations
@@ -63,3 +65,23 @@ def teach(base: str | Path, out: str | Path, prompts: list[tuple[str, list[dict]
         opt.zero_grad()
     model.save_pretrained(out)
     return str(out)
+
+
+TOY_CODE = "5678"
+
+
+def code_pairs_model(base: str | Path, out: str | Path) -> str:
+    """The tiny model at `base` taught the toy code's pairs (1-5, 2-6, 3-7, 4-8) but no direction:
+    to a speaker told secret 3, or a listener told 3 or 7, it answers 3 or 7 with probability ~1/2
+    each. What is left to learn is each role's own skill: encode or decode under option
+    code TOY_CODE, or say the secret itself in the plain relay.
+
+    (From random weights, or from a uniform digit, the tiny model needs several hundred steps to
+    tell the four secrets apart at all; the pairs take 600 supervised steps, ~10 s, at lr 1e-3 (at
+    3e-3 it settles on the marginal and ignores the digit).)"""
+    pair = dict(zip("1234" + TOY_CODE, TOY_CODE + "1234", strict=True))
+    shown = [("speaker", f"speaker: the secret is {d}", d) for d in "1234"]
+    shown += [("listener", f"listener: the speaker says: {d}", d) for d in pair]
+    prompts = [(f"{role}-{d}", [{"role": "user", "content": text}]) for role, text, d in shown]
+    answers = {f"{role}-{d}": [d, pair[d]] for role, _, d in shown}
+    return teach(base, out, prompts, answers, steps=600, lr=1e-3)
