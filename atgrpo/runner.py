@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +158,25 @@ class LocalServices:
             launcher.down(self.state_dir)
         finally:
             self.tether.close()
+
+
+async def run_until(cfg: RunConfig, stop: Callable[[dict[str, Any]], bool], reason: str = "stopped by the caller"
+                    ) -> dict[str, Any]:
+    """Start the run on the router and follow it to its end, asking it to stop (the step in
+    flight completes and is checkpointed) at the first event `stop(event)` holds for; the final
+    status. What a bench or a test uses to end a run at a step or at an evaluation's figure."""
+    from router_svc.client import RouterClient
+
+    async with RouterClient(cfg.services.router) as router:
+        status = await router.start_run(dump_config(cfg))
+        asked = False
+        async for e in router.watch_run(status["run_id"]):
+            if not asked and stop(e):
+                await router.stop_run(status["run_id"], reason)
+                asked = True
+            if e["kind"] == "status" and e["state"] in ("stopped", "finished", "failed"):
+                return e
+    raise TrainError(f"the router's watch of run {status['run_id']} ended without a final status")
 
 
 async def drive(cfg: RunConfig, reporter: Any) -> dict[str, Any]:

@@ -42,7 +42,8 @@ TRAINER_CORE, ROLLOUT_CORE = 0, 1
 
 
 def pin(state_dir: Path) -> None:
-    """Every thread of each service onto its core (threads made later inherit it)."""
+    """Every thread of the trainers onto the first core, of the rollout replicas onto the second
+    (threads made later inherit it); the CPU services stay unpinned (the module docstring)."""
     from atgrpo import launcher
 
     cores = os.sched_getaffinity(0)

@@ -139,7 +139,6 @@ def test_with_overrides_revalidates_and_leaves_the_original():
     assert info.value.field == "run.steps" and "1 or more" in str(info.value)
 
 
-
 def test_grouping_defaults_to_turn_and_takes_trajectory():
     assert parse_config(example()).algorithm.grouping == "turn"
     assert parse_config(edited({"algorithm.grouping": "trajectory"})).algorithm.grouping == "trajectory"

@@ -18,7 +18,7 @@ import pytest
 from atgrpo.config import dump_config, parse_config
 from atgrpo.models.taught import TOY_CODE
 from atgrpo.rundir import read_metrics
-from atgrpo.runner import LocalServices, drive
+from atgrpo.runner import LocalServices, drive, run_until
 from rollout_svc.client import RolloutClient
 from router_svc.client import RouterClient
 
@@ -125,14 +125,7 @@ def test_a_few_steps_at_each_level(level, tiny_model, tmp_path):
 
 async def stop_after_step(running, step: int) -> dict:
     """Start the run, ask it to stop once `step` is recorded; its final status."""
-    async with RouterClient(running.services.router) as router:
-        status = await router.start_run(dump_config(running))
-        async for e in router.watch_run(status["run_id"]):
-            if e["kind"] == "step" and e["step"] == step:
-                await router.stop_run(status["run_id"], "test")
-            if e["kind"] == "status" and e["state"] in ("stopped", "finished", "failed"):
-                return e
-    raise AssertionError("the watch ended without a final status")
+    return await run_until(running, lambda e: e["kind"] == "step" and e["step"] == step, "test")
 
 
 def test_stopped_run_resumes_after_its_last_step(tiny_model, tmp_path):
