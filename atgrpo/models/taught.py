@@ -5,10 +5,8 @@ of several texts at random (a digit: the format, not the answer).
 A random tiny model never writes a fenced code block, so the code and math environments would
 score every sample as malformed without running anything. Taught this way, the model's samples
 reach the sandbox, which is what the end-to-end tests of those environments need to check. A
-model that answers a uniformly random digit knows the toy relay's format but not its code, which
-is what the swap ablation starts from: what each role's adapter learns is then the role's skill.
-
-Used by the end-to-end tests and by bench/ablations.py.
+model taught the toy code's pairs but not their direction (code_pairs_model) is what the swap
+ablation (tests/e2e) and bench/ablations.py start from: what each role learns is then its skill.
 """
 
 from __future__ import annotations
