@@ -71,7 +71,7 @@ def run_config(task: str, variant: str, seed: int, model: str, run_dir: Path, st
         rank = equal_rank if variant == "L2-equal" else LoraConfig().rank
         pool.update(specialization="lora", lora={"rank": rank, "alpha": 2.0 * rank},
                     optim={**pool["optim"], "lr": LORA_LR})
-    algorithm = {"k": K, "alpha": 0.0 if variant == "alpha0" else 1.0, "mini_batch_size": 1024,
+    algorithm = {"k": K, "alpha": 0.0 if variant == "alpha0" else 1.0, "mini_batch_size": 1024,   # one step a step
                  "grouping": "trajectory" if variant == "trajectory" else "turn"}
     return {
         "run": {"name": f"ablation-{task}-{variant.lower()}-{seed}", "seed": seed, "steps": steps,
@@ -84,28 +84,18 @@ def run_config(task: str, variant: str, seed: int, model: str, run_dir: Path, st
     }
 
 
-class _Quiet:
-    """drive()'s reporter: the bench reads metrics.jsonl afterwards."""
-
-    def start(self, status: Any) -> None:
-        pass
-
-    def on_event(self, event: Any) -> None:
-        pass
-
-
 def one_run(task: str, variant: str, seed: int, model: str, work: str, steps: int, eval_every: int,
             equal_rank: int) -> dict:
     """Train one variant on one task; its evaluations and what it trained a step."""
     from atgrpo.config import parse_config
     from atgrpo.rundir import read_metrics
-    from atgrpo.runner import LocalServices, drive, evaluate
+    from atgrpo.runner import LocalServices, evaluate, run_until
 
     run_dir = Path(work) / f"{task}-{variant}-{seed}"
     data = run_config(task, variant, seed, model, run_dir, steps, eval_every, equal_rank)
     start = time.perf_counter()
     with LocalServices(parse_config(data)) as running:
-        final = asyncio.run(drive(running, _Quiet()))
+        final = asyncio.run(run_until(running, lambda _event: False))     # to the end; metrics.jsonl has it all
     if final["state"] != "finished":
         raise RuntimeError(f"{task}/{variant}/seed {seed} ended {final['state']}: {final}")
     for agent in data["agents"].values():
