@@ -61,14 +61,19 @@ VARIANTS = ("at-grpo", "trajectory", "alpha0", "L0", "L2", "L2-equal")
 LORA_LR, FULL_LR = 3e-3, 5e-4
 
 
+def lora_rank(variant: str, equal_rank: int) -> int:
+    """An L2 variant's adapter rank: LoraConfig's default, or `equal_rank` for L2-equal."""
+    return equal_rank if variant == "L2-equal" else LoraConfig().rank
+
+
 def run_config(task: str, variant: str, seed: int, model: str, run_dir: Path, steps: int, eval_every: int,
-               equal_rank: int = 16) -> dict:
+               equal_rank: int) -> dict:
     """The config of one run: the AT-GRPO baseline with `variant`'s one change."""
     agents = ["speaker"] if variant == "L0" else ["speaker", "listener"]
     pool: dict[str, Any] = {"model_path": model, "device": "cpu", "dtype": "float32",
                             "optim": {"lr": FULL_LR, "warmup_steps": 0, "min_lr_ratio": 1.0}}
     if variant.startswith("L2"):
-        rank = equal_rank if variant == "L2-equal" else LoraConfig().rank
+        rank = lora_rank(variant, equal_rank)
         pool.update(specialization="lora", lora={"rank": rank, "alpha": 2.0 * rank},
                     optim={**pool["optim"], "lr": LORA_LR})
     algorithm = {"k": K, "alpha": 0.0 if variant == "alpha0" else 1.0, "mini_batch_size": 1024,   # one step a step
@@ -128,7 +133,7 @@ def trainable_params(model: str) -> tuple[int, int]:
 def trainable(variant: str, whole: int, per_rank: int, equal_rank: int) -> int:
     """What `variant` trains: the whole model, or two adapters (speaker's, listener's)."""
     if variant.startswith("L2"):
-        return 2 * per_rank * (equal_rank if variant == "L2-equal" else LoraConfig().rank)
+        return 2 * per_rank * lora_rank(variant, equal_rank)
     return whole
 
 

@@ -70,8 +70,12 @@ def main() -> None:
                 print(f"{seed:>4} {staleness:>13} {str(step):>20} {seconds:>8.0f}  "
                       + " ".join(f"{s}:{r:.2f}" for s, r in evals), flush=True)
         for seed, r in reached.items():
-            ratio = (f"{r[1] / r[0]:.2f}x" if r[0] and r[1] is not None else "n/a (reached at step 0)" if r[0] == 0
-                     else "n/a (one did not reach the target)")
+            if r[0] is None or r[1] is None:
+                ratio = "n/a (one did not reach the target)"
+            elif r[0] == 0:
+                ratio = "n/a (the synchronous run started at the target)"
+            else:
+                ratio = f"{r[1] / r[0]:.2f}x"
             print(f"seed {seed}: async / sync steps to {args.target}: {ratio} (bar <= 1.25x)")
 
 
