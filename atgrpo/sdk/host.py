@@ -162,6 +162,7 @@ class EnvHost:
             with metrics.STEP_SECONDS.labels(episode.env_name).time(), env_code(where):
                 result = await _maybe_await(episode.env.step(agent, action))
             result = _checked_result(result, where)
+            metrics.judged(episode.env_name, result.info)
             result.turn = episode.advance(agent)
             # Past its spec's max_turns an episode is over even if the env did not say so; the
             # caller learns it here, not from a refused next step.

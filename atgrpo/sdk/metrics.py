@@ -23,6 +23,10 @@ STEP_SECONDS = Histogram("atgrpo_env_step_seconds", "Time of one Step (the envir
 FORK_SECONDS = Histogram("atgrpo_env_fork_seconds", "Time of one Fork (all its copies), by environment.",
                          ["env"], buckets=_LATENCY)
 RESETS = Counter("atgrpo_env_resets_total", "Episodes started (Reset), by environment.", ["env"])
+JUDGE_ERRORS = Counter("atgrpo_env_judge_errors_total", "Answers a judge refused to judge (a format "
+                       "failure: too large, too deep, not data, a scorer that failed), by environment "
+                       "and reason; a policy drifting into malformed or hostile answers shows here.",
+                       ["env", "reason"])
 
 _stores: weakref.WeakSet[EpisodeStore] = weakref.WeakSet()
 _started: set[str] = set()     # envs that have had an episode in this process
@@ -50,6 +54,13 @@ REGISTRY.register(_LiveEpisodes())
 def episode_started(env: str) -> None:
     RESETS.labels(env).inc()
     _started.add(env)
+
+
+def judged(env: str, info: dict) -> None:
+    """Count a step whose info carries a judge error (atgrpo.sdk.judge.failure_info)."""
+    reason = info.get("judge_error")
+    if isinstance(reason, str) and reason:
+        JUDGE_ERRORS.labels(env, reason if len(reason) <= 32 else "other").inc()
 
 
 def track_store(store: EpisodeStore) -> None:
