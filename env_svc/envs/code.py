@@ -8,31 +8,39 @@ on the tester's tests). Every program runs in the sandbox (`RunTests`), never in
   the requested function / `class Solution` method (function-call problems; a harness calls it
   with each test's arguments and prints the canonical JSON of the result). The last ```python
   block counts (an unlabeled ``` block when none is labeled; text after `</think>` first). Its
-  program is run on the problem's **hidden tests**: local reward = the fraction passed (a crash,
-  a timeout or a wrong output fails that test). No code block: `failure_reward` (option,
-  default -1), the previous program stays.
+  program is run on the problem's **hidden tests** (a crash, a timeout or a wrong output fails
+  that test). Local reward = the hidden pass fraction gained over the episode's previous program
+  (the first program: its fraction), so a coder's rewards over an episode add up to its last
+  program's fraction: submitting a correct program again, or a worse one and then a better one,
+  earns nothing more. No code block: `failure_reward` (option, default -1), the previous program
+  stays. Hidden tests exclude the cases the statement itself shows (an input and output both in
+  the statement), so printing the example earns nothing.
 - **tester** writes test cases, each a `**Test Input:**` and a `**Test Output:**` marker followed
   by a fenced block (function problems: the arguments one JSON value per line, the output one JSON
-  value). Local reward = the fraction of its tests that **agree with the reference solution**
-  (the reference program, run in the sandbox on the test's input, prints the test's output):
-  tests that are right, not tests that the coder happens to pass. The reference's tester reward
+  value). Local reward = validity x discrimination. Validity: the distinct tests (one per input)
+  that **agree with the reference solution** (the reference program, run in the sandbox on the
+  test's input, prints the test's output), over the tests written, so eight copies of one test
+  earn 1/8. Discrimination: the fraction of this episode's wrong programs (the coder's programs
+  that failed a hidden test, the last MAX_WRONG distinct ones) that some valid test fails, or 1
+  before there is a wrong program. Tests that are right and catch bugs, not tests that the coder
+  happens to pass. The reference's tester reward
   was always 0 because its golden code was never set. Where a dataset has no reference solution
   (LiveCodeBench), a coder program of this episode that passed every hidden test serves as one;
   until there is one the tester's local reward is 0 (`info["no_reference"]`). No parsable test:
   `failure_reward`, the previous tests stay. At most `max_tests` (8) tests count.
 - **team reward** (both agents): the hidden-test pass fraction of the coder's current program
   (0 before it has one). With alpha = 1 the coder earns 2 x pass fraction, the reference's reward.
-- **done**: `done_when: tests` (the default with a tester): the coder's current program passes
-  every one of the tester's current tests *and* those tests agree with the reference, so two
-  agents that agree on wrong tests do not end the episode. `done_when: success`: the hidden tests
-  all pass (the default when `turn_order` has no tester, e.g. an L0 single coder). Or after
-  `max_turns` (default 5, the reference's).
+- **done**: never while a hidden test fails. `done_when: success` (the default): when the hidden
+  tests all pass. `done_when: tests`: when they pass *and* the tester's current tests are all right
+  and the program passes them (the tester must finish its job too). Or after `max_turns` (default
+  5, the reference's).
 - **success**: the coder's current program passes every hidden test.
 
 HumanEval problems (`dataset: humaneval`) are function problems with their own judge: the coder
 completes the prompt (signature + docstring) with a whole function or a body, and the one hidden
-test is HumanEval's `check(entry_point)` run on the prompt plus that answer (code_check.py), so
-the team reward and success are HumanEval's pass/fail. The tester's tests call the function with
+test is HumanEval's `check(entry_point)`, run in this service against a proxy whose every call
+runs the answer in its own sandboxed process, data in and data out (code_check.py), so the team
+reward and success are HumanEval's pass/fail and the answer cannot reach the verdict. The tester's tests call the function with
 JSON arguments as for any function problem, judged by the canonical solution.
 
 Hidden tests run in chunks of 1, 2, 4, ... cases; after a chunk in which a case ran past the time
@@ -49,6 +57,8 @@ env_svc/datasets.py), `max_turns`, `turn_order`, `parallel`, `done_when`, `failu
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,11 +66,19 @@ from typing import Any
 from atgrpo.contract.sandbox import Compare, Limits
 from atgrpo.errors import FailedPrecondition, InvalidArgument
 from atgrpo.sdk.env import EVAL_SEED_OFFSET, Environment, EnvSpec, Message, StepResult
+from atgrpo.sdk.judge import JudgeError, failure_info
 from env_svc import datasets
 from env_svc.envs._text import clip as _clip
 from env_svc.envs._text import decode as _decode
 from env_svc.envs.answer_extract import extract_code
-from env_svc.envs.code_check import check_program, complete_function
+from env_svc.envs.code_check import (
+    Check,
+    call_outcome,
+    call_program,
+    complete_function,
+    gather_chunks,
+    judge,
+)
 from env_svc.envs.code_program import MAX_TESTS, function_case, function_program, parse_tests
 from env_svc.envs.math import sandbox_call, turn_options
 
@@ -68,6 +86,7 @@ AGENTS = ("coder", "tester")
 FAILURE_REWARD = -1.0
 TEST_CHARS = 400          # per input / output shown in a prompt
 CODE_CHARS = 4000
+MAX_WRONG = 4             # wrong programs a tester's tests are tried against
 
 @dataclass
 class CaseRun:
@@ -98,7 +117,7 @@ class CodeEnv(Environment):
         self.spec = EnvSpec(self.name, agents=order, turn_order=order, max_turns=int(self.options.get("max_turns", 5)),
                             parallel=parallel, description="a coder and a unit tester solve a programming problem")
         self.sources = datasets.sources(self.options, "code")
-        self.done_when = str(self.options.get("done_when", "tests" if "tester" in order else "success"))
+        self.done_when = str(self.options.get("done_when", "success"))
         if self.done_when not in ("tests", "success"):
             raise ValueError(f"code: done_when must be 'tests' or 'success', got {self.done_when!r}")
         self.failure_reward = float(self.options.get("failure_reward", FAILURE_REWARD))
@@ -118,6 +137,7 @@ class CodeEnv(Environment):
         self.done = self.success = False
         self.code: str | None = None                 # the coder's current program (source)
         self.hidden_ratio = 0.0
+        self.wrong: list[str] = []                   # distinct programs that failed a hidden test
         self.tests: list[TesterTest] = []            # the tester's current tests
         self.valid: list[bool] | None = None         # per test: agrees with the reference (None: unknown)
         self.runs: list[CaseRun] = []                # the current program on the current tests
@@ -135,6 +155,7 @@ class CodeEnv(Environment):
         self.problem = datasets.pick(problems, task_id, seed, split, EVAL_SEED_OFFSET)
         self.turn, self.acted, self.done, self.success = 0, set(), False, False
         self.code, self.hidden_ratio, self.tests, self.valid, self.runs = None, 0.0, [], None, []
+        self.wrong = []
         self.reference = self.problem.solution
         self.history, self.notes = [], {}
 
@@ -193,11 +214,22 @@ class CodeEnv(Environment):
                                               "in one ```python ... ``` block"})
         p = self.problem
         assert p is not None
-        hidden = list(p.tests[:self.max_hidden] if self.max_hidden else p.tests)
-        runs = await self._run(self._judge_program(code), hidden, p.compare)
+        if p.check:
+            try:
+                runs = [await self._run_check(code)]
+            except JudgeError as e:
+                self.notes["coder"] = "wrote a program the judge could not judge"
+                return StepResult(self.hidden_ratio, self.failure_reward, False, False, failure_info(e))
+        else:
+            hidden = hidden_tests(p.statement, p.tests)
+            runs = await self._run(self._program(code), hidden[:self.max_hidden] if self.max_hidden else hidden,
+                                   p.compare)
         passed = sum(r.passed for r in runs)
+        before = self.hidden_ratio
         self.code, self.hidden_ratio = code, round(passed / len(runs), 6)
         self.success = passed == len(runs)
+        if not self.success and code not in self.wrong:
+            self.wrong = [*self.wrong, code][-MAX_WRONG:]
         if self.success and not self.reference:
             self.reference = code          # a program that passes every hidden test can judge tests
             if self.tests:
@@ -215,7 +247,8 @@ class CodeEnv(Environment):
             info["tests_passed"] = sum(r.passed for r in self.runs)
         self.done = self._is_done()
         self.notes["coder"] = f"wrote a program ({self._tests_line()})"
-        return StepResult(self.hidden_ratio, self.hidden_ratio, self.done, self.success, info)
+        # Paid what it gained: the sum over an episode is the last program's pass fraction.
+        return StepResult(self.hidden_ratio, round(self.hidden_ratio - before, 6), self.done, self.success, info)
 
     async def _tester(self, action: str) -> StepResult:
         parsed = parse_tests(action, self.max_tests)
@@ -246,8 +279,8 @@ class CodeEnv(Environment):
         if self.reference:
             runs = await self._run_on_tests(self.reference, tests)
             self.valid = [r.passed for r in runs]
-            local = round(sum(self.valid) / len(tests), 6)
             info["agree"] = sum(self.valid)
+            local, info["caught"] = await self._tester_reward(tests, self.valid)
         else:
             self.valid = None
             local = 0.0
@@ -263,6 +296,45 @@ class CodeEnv(Environment):
 
     # ---- running programs -------------------------------------------------------------------
 
+    async def _tester_reward(self, tests: list[TesterTest], valid: list[bool]) -> tuple[float, int]:
+        """validity x discrimination (module docstring), and how many wrong programs were caught."""
+        seen: set[str] = set()
+        distinct = []                       # one valid test per input: copies add nothing
+        for t, ok in zip(tests, valid, strict=True):
+            key = " ".join(t.stdin.split())
+            if ok and key not in seen:
+                seen.add(key)
+                distinct.append(t)
+        validity = len(distinct) / len(tests)
+        if not self.wrong or not distinct:
+            return round(validity, 6), 0
+        caught = 0
+        for program in self.wrong:
+            caught += not all(r.passed for r in await self._run_on_tests(program, distinct))
+        return round(validity * caught / len(self.wrong), 6), caught
+
+    async def _run_check(self, code: str) -> CaseRun:
+        """HumanEval's check(entry_point) against `code`, each call in its own sandboxed process."""
+        p = self.problem
+        assert p is not None
+        program = call_program(complete_function(p.starter_code, code, p.fn_name), p.fn_name)
+
+        async def run_chunk(keys: Sequence[str]) -> list[tuple[str, Any]]:
+            cases = [(k.encode(), b"") for k in keys]
+            try:
+                res = await sandbox_call(self.sandbox.run_tests, program, cases, limits=self.limits)
+            except InvalidArgument as e:            # the program itself is unacceptable (a NUL byte)
+                return [("error", f"refused: {e}")] * len(keys)
+            out = []
+            for c in res.cases:
+                ex = c.execution
+                verdict = getattr(getattr(ex, "verdict", None), "value", "not_run") if ex is not None else "not_run"
+                out.append(call_outcome(verdict, _decode(getattr(ex, "stdout", b"")), _decode(getattr(ex, "stderr", b""))))
+            return out + [("error", "not run")] * (len(keys) - len(out))
+
+        verdict = await judge(Check(p.starter_code, p.check, p.fn_name, p.id), lambda keys: gather_chunks(keys, run_chunk))
+        return CaseRun(verdict.passed, verdict.verdict, "", verdict.error)
+
     def _program(self, source: str) -> str:
         """The program that runs `source` on the tester's tests (stdin: a test's input)."""
         p = self.problem
@@ -270,14 +342,6 @@ class CodeEnv(Environment):
         if p.check:     # no prelude: HumanEval's own check runs the answer without one
             return function_program(complete_function(p.starter_code, source, p.fn_name), p.fn_name, prelude="")
         return function_program(source, p.fn_name) if p.kind == "function" else source
-
-    def _judge_program(self, source: str) -> str:
-        """The program that runs `source` on the hidden tests: the problem's own check, if it has one."""
-        p = self.problem
-        assert p is not None
-        if p.check:
-            return check_program(complete_function(p.starter_code, source, p.fn_name), p.check, p.fn_name)
-        return self._program(source)
 
     async def _run(self, program: str, cases: Sequence[tuple[str, str]], compare: str = "whitespace") -> list[CaseRun]:
         """`program` on each (stdin, expected) case; chunks of 1, 2, 4, ... cases, stopping after a
@@ -319,7 +383,7 @@ class CodeEnv(Environment):
         self.runs = await self._run_on_tests(self.code, self.tests)
 
     def _is_done(self) -> bool:
-        if self.done_when == "success":
+        if not self.success or self.done_when == "success":     # never ends while a hidden test fails
             return self.success
         if self.code is None or not self.tests or len(self.runs) != len(self.tests):
             return False
@@ -376,3 +440,22 @@ def _count(items: Any) -> dict[str, int]:
     for x in items:
         out[x] = out.get(x, 0) + 1
     return out
+
+
+_TOKEN_RE = re.compile(r"[A-Za-z0-9_.+-]+|[^\sA-Za-z0-9_.+-]")
+
+
+@functools.lru_cache(maxsize=4096)
+def hidden_tests(statement: str, tests: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """The tests the statement does not show: a case whose input and output both appear in the
+    statement (as runs of whole tokens) is an example, and a program that prints the example must
+    earn nothing for it. All of them when the statement shows every one (nothing else to judge)."""
+    words = [t.lower() for t in _TOKEN_RE.findall(statement)]
+
+    def shown(text: str) -> bool:
+        toks = [t.lower() for t in _TOKEN_RE.findall(text)]
+        n = len(toks)
+        return 0 < n <= 200 and any(words[i:i + n] == toks for i in range(len(words) - n + 1))
+
+    hidden = tuple(c for c in tests if not (shown(c[0]) and shown(c[1])))
+    return hidden or tests

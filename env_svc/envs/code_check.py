@@ -1,63 +1,312 @@
-"""Judging HumanEval-style problems: the answer completes a given prompt (signature + docstring),
-and the problem's own test code (`def check(candidate): assert ...`) decides, run verbatim in the
-sandbox. Nothing here runs model code; it only builds the program text that the sandbox runs.
+"""Judging HumanEval-style problems so that the answer cannot reach the verdict.
 
-HumanEval's executor runs `prompt + completion + test + check(entry_point)` in one namespace and
-passes on no exception; `check_program` does the same (with stdout kept apart, see below), so a
-solution passes here iff it passes HumanEval's test.
+HumanEval's own executor runs `prompt + completion + test + check(entry_point)` in one namespace
+and passes on no exception. Run that way, the answer can pass without being right: exit before the
+check (`os._exit(0)`, an atexit hook), forge the pass line, return an object equal to everything,
+patch `compile`, `exec`, `sys.exit`, `abs` or the prompt's helpers, or read the test from disk or
+from its caller's frame. So here the two never meet:
+
+- the problem's `check(candidate)` (trusted dataset code, with the prompt's helpers) runs in the
+  env service, in a namespace of its own, against a proxy `candidate`;
+- each distinct call of the proxy runs the answer in its own sandboxed process (`call_program`),
+  its arguments going in and its result coming out as data (call_data.py): the judge compares
+  fresh built-in values, and a result that is not plain data is a failed call;
+- nothing of the test is in the sandbox, and no exit code or output line means "passed".
+
+The check is sequential (an assert needs its call's result) and the sandbox is best used in
+batches, so it is replayed: each probing round runs check() with its asserts made harmless and
+the results known so far; a call not yet known records its arguments and gets a placeholder so the
+round can find more calls; the calls a round found run in the sandbox together. When a probing
+round finds nothing new, the check runs as written, every call known, and that round's outcome is
+the verdict: a placeholder never decides anything. As in HumanEval's namespace, the entry point's
+own name in the check (HumanEval/33 compares candidate to sort_third) is the candidate. The check's `random` is a generator seeded per
+problem, so every round makes the same calls (HumanEval/53 draws its arguments unseeded).
 """
 
 from __future__ import annotations
 
 import ast
+import asyncio
+import builtins
+import copy
+import inspect
+import json
+import random
 import textwrap
+import traceback
+import types
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-# What the check program prints, on the real stdout, only after check() returned (the problem's
-# expected stdout): the sandbox's RunTests compares stdout, and a candidate that exits early
-# (sys.exit(0), os._exit(0)) or prints freely does not print this line.
-from env_svc.code_formats import CHECK_PASSED
+from atgrpo.sdk.judge import JudgeError
+from env_svc.envs import call_data
 
-_CHECK = '''\
+MAX_CALLS = 512          # distinct candidate calls one check may make (HumanEval's most: ~110)
+MAX_ROUNDS = 64
+CHUNK = 32               # calls per sandbox request; requests run concurrently over its workers
+CHECK_FILE = "<check>"
+
+_HARNESS = '''\
+from __future__ import annotations
 import io
+import json
+import os
 import sys
 import traceback
 
+{encode}
+
+_TAGS = {{"$tuple": tuple, "$set": set, "$frozenset": frozenset}}
+
+
+def decode(v):
+    if isinstance(v, list):
+        return [decode(x) for x in v]
+    if not isinstance(v, dict):
+        return v
+    ((tag, x),) = v.items()
+    if tag == "$float":
+        return float(x)
+    if tag == "$bytes":
+        return bytes.fromhex(x)
+    if tag == "$complex":
+        return complex(*x)
+    if tag == "$dict":
+        return dict((decode(k), decode(y)) for k, y in x)
+    return _TAGS[tag](decode(y) for y in x)
+
+
 SOURCE = {source!r}
-TEST = {test!r}
 NAME = {name!r}
 
 
 def main():
-    real_stdout = sys.stdout
-    sys.stdout = sys.stderr            # the solution's prints must not look like the verdict
+    result = os.fdopen(os.dup(1), "w")   # the call's result goes here, and only the result
+    os.dup2(2, 1)                         # the answer's own writes to fd 1 land with its stderr
+    sys.stdout = sys.stderr
+    call = decode(json.loads(sys.stdin.read()))
     sys.stdin = io.StringIO("")
-    ns = {{"__name__": "solution"}}    # not __main__: an answer's demo block does not run
-    # Compiled apart, run in one namespace (as HumanEval's concatenation): an unterminated string in
-    # the answer cannot swallow the test code.
-    exec(compile(SOURCE, "solution.py", "exec"), ns)
-    exec(compile(TEST, "test.py", "exec"), ns)
-    if NAME not in ns:
-        print(f"the program defines no function {{NAME}}", file=sys.stderr)
-        sys.exit(3)
-    ns["check"](ns[NAME])
-    sys.stdout = real_stdout
-    print({passed!r})
+    try:
+        ns = {{"__name__": "solution"}}
+        exec(compile(SOURCE, "solution.py", "exec"), ns)
+        fn = ns.get(NAME)
+        if not callable(fn):
+            raise NameError(f"the program defines no function {{NAME}}")
+        outcome = {{"value": encode(fn(*call[0], **call[1]))}}
+    except BaseException as e:           # SystemExit in the function is a failed call too
+        traceback.print_exc()
+        outcome = {{"error": type(e).__name__}}
+    result.write(json.dumps(outcome, separators=(",", ":"), allow_nan=False))
+    result.flush()
+    os._exit(0)
 
 
-try:
-    main()
-except SystemExit:
-    raise
-except BaseException:
-    traceback.print_exc()
-    sys.exit(1)
+main()
 '''
 
 
-def check_program(source: str, test: str, entry_point: str) -> str:
-    """A program that runs `source`, then `test`, then check(entry_point), and prints
-    CHECK_PASSED when no assert failed (its expected stdout; stdin is empty)."""
-    return _CHECK.format(source=source, test=test, name=entry_point, passed=CHECK_PASSED)
+def call_program(source: str, entry_point: str) -> str:
+    """A program that runs `source` (untrusted: only ever in the sandbox), calls entry_point with
+    the (args, kwargs) on stdin and writes {"value": result} or {"error": exception name} as data."""
+    return _HARNESS.format(encode=inspect.getsource(call_data.encode), source=source, name=entry_point)
+
+
+class CandidateError(Exception):
+    """The candidate's call failed (raised, crashed, returned non-data): in check() it is what
+    the candidate raising would be."""
+
+
+class _Stop(BaseException):
+    """Ends a round early (check's own `except Exception` cannot catch it)."""
+
+
+class _Refused(BaseException):
+    """Carries a JudgeError out of check() past any `except Exception` in the check's own code."""
+
+    def __init__(self, err: JudgeError):
+        super().__init__(str(err))
+        self.err = err
+
+
+class _Pending:
+    """The stand-in result of a call not made yet: it lets a round go on to find later calls. Its
+    answers are arbitrary, and a round that met one decides nothing."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __contains__ = __eq__
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __len__(self) -> int:
+        return 0
+
+    def __iter__(self) -> Any:
+        return iter(())
+
+    def __float__(self) -> float:
+        return 0.0
+
+    def __int__(self) -> int:
+        return 0
+
+    __index__ = __int__
+
+    def _same(self, *_: Any) -> _Pending:
+        return self
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _same
+    __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = __pow__ = __rpow__ = __getitem__ = _same
+    __abs__ = __neg__ = __pos__ = __round__ = _same
+
+
+@dataclass
+class _Round:
+    known: dict[str, tuple[str, Any]]               # call key -> ("value", v) | ("error", message)
+    missing: list[str] = field(default_factory=list)
+
+    def call(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            key = call_data.dumps([list(args), kwargs])
+        except (TypeError, ValueError):
+            if self.missing:                     # built from a placeholder: known next round
+                raise _Stop from None
+            raise _Refused(JudgeError("check_error", "the check passed the candidate an argument that "
+                                                     "is not plain data")) from None
+        if key in self.known:
+            kind, value = self.known[key]
+            if kind == "error":
+                raise CandidateError(value)
+            return copy.deepcopy(value)           # check may mutate it; the next call gets it fresh
+        if key not in self.missing:
+            if len(self.known) + len(self.missing) >= MAX_CALLS:
+                raise _Refused(JudgeError("too_many_calls", f"the check makes over {MAX_CALLS} distinct calls"))
+            self.missing.append(key)
+        return _Pending()
+
+
+def _seeded_random(seed: str) -> types.ModuleType:
+    """A `random` module whose functions draw from a generator of their own, seeded by `seed`."""
+    rng = random.Random(seed)
+    mod = types.ModuleType("random")
+    for name in dir(random):
+        value = getattr(random, name)
+        if getattr(value, "__self__", None) is random._inst:     # randint, choice, shuffle, ...
+            value = getattr(rng, name)
+        setattr(mod, name, value)
+    return mod
+
+
+@dataclass
+class Verdict:
+    passed: bool
+    verdict: str             # ok / runtime_error / timeout
+    error: str = ""
+    calls: int = 0
+
+
+class _SoftAsserts(ast.NodeTransformer):
+    """`assert test, msg` -> `__probe__(test)`: a probing round evaluates every assert's test (and
+    so makes its calls) without stopping at the first that fails."""
+
+    def visit_Assert(self, node: ast.Assert) -> ast.AST:
+        probe = ast.Call(ast.Name("__probe__", ast.Load()), [node.test], [])
+        return ast.copy_location(ast.Expr(probe), node)
+
+
+class Check:
+    """A problem's check(candidate), compiled once, replayed against recorded calls."""
+
+    def __init__(self, prompt: str, test: str, entry_point: str, seed: str):
+        prompt_code = compile(prompt, "<prompt>", "exec")
+        soft = ast.fix_missing_locations(_SoftAsserts().visit(ast.parse(test)))
+        self.code = {False: (prompt_code, compile(test, CHECK_FILE, "exec")),
+                     True: (prompt_code, compile(soft, CHECK_FILE, "exec"))}
+        self.entry_point, self.seed = entry_point, seed
+
+    def replay(self, known: dict[str, tuple[str, Any]], probe: bool) -> tuple[list[str], BaseException | None]:
+        """One round: the calls it could not answer, and how check() ended (None: it returned)."""
+        rnd = _Round(known)
+        fake_random = _seeded_random(self.seed)
+
+        def _import(name: str, *args: Any, **kwargs: Any) -> Any:
+            return fake_random if name == "random" else builtins.__import__(name, *args, **kwargs)
+
+        ns: dict[str, Any] = {"__name__": "check", "__probe__": lambda _: None,
+                              "__builtins__": {**builtins.__dict__, "__import__": _import}}
+        try:
+            for code in self.code[probe]:
+                exec(code, ns)
+            ns[self.entry_point] = rnd.call
+            ns["check"](rnd.call)
+        except _Stop:
+            return rnd.missing, None
+        except _Refused as r:
+            raise r.err from None
+        except Exception as e:          # an assert or the candidate's failure (or a placeholder)
+            return rnd.missing, e
+        return rnd.missing, None
+
+
+Runner = Callable[[Sequence[str]], Awaitable[list[tuple[str, Any]]]]
+
+
+async def judge(check: Check, run_calls: Runner) -> Verdict:
+    """Replay `check` until a round needs no new call; `run_calls(keys)` runs the candidate on each
+    call and returns ("value", v) / ("error", message) / ("timeout", message) per key."""
+    known: dict[str, tuple[str, Any]] = {}
+    for _ in range(MAX_ROUNDS):
+        missing, _ = check.replay(known, probe=True)
+        if not missing:
+            missing, ended = check.replay(known, probe=False)
+        if not missing:
+            if ended is None:
+                return Verdict(True, "ok", calls=len(known))
+            return Verdict(False, "runtime_error", _describe(ended), len(known))
+        for key, outcome in zip(missing, await run_calls(missing), strict=True):
+            if outcome[0] == "timeout":
+                return Verdict(False, "timeout", outcome[1], len(known) + 1)
+            known[key] = outcome
+    raise JudgeError("too_many_calls", f"the check needed more than {MAX_ROUNDS} rounds of calls")
+
+
+def _describe(err: BaseException) -> str:
+    """What failed, without the test's text (the coder sees this): the exception and the check's line."""
+    line = next((f.lineno for f in reversed(traceback.extract_tb(err.__traceback__)) if f.filename == CHECK_FILE), None)
+    at = f" at line {line} of the check" if line else ""
+    what = f"the candidate raised {err}" if isinstance(err, CandidateError) else type(err).__name__
+    return f"{what}{at}"
+
+
+def call_outcome(verdict: str, stdout: str, stderr: str) -> tuple[str, Any]:
+    """One sandbox run of call_program, as the judge sees it."""
+    if verdict == "timeout":
+        return "timeout", "a call ran past the time limit"
+    if verdict != "ok":
+        return "error", f"{verdict} ({_last_line(stderr)})"
+    try:
+        out = json.loads(stdout) if len(stdout) <= call_data.MAX_RESULT_CHARS else None
+    except (ValueError, RecursionError):
+        out = None
+    if not isinstance(out, dict) or len(out) != 1:
+        return "error", "the call wrote no readable result"
+    if "error" in out:
+        return "error", f"{str(out['error'])[:80]} ({_last_line(stderr)})"
+    try:
+        return "value", call_data.decode(json.dumps(out.get("value")), "the returned value")
+    except JudgeError as e:
+        return "error", str(e)
+
+
+def _last_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    return lines[-1][:200] if lines else "no error output"
 
 
 def complete_function(prompt: str, answer: str, entry_point: str) -> str:
@@ -78,7 +327,7 @@ def complete_function(prompt: str, answer: str, entry_point: str) -> str:
 def _parses(source: str) -> bool:
     try:
         ast.parse(source)
-    except (SyntaxError, ValueError):       # ValueError: a NUL byte
+    except (SyntaxError, ValueError, RecursionError, MemoryError):   # ValueError: a NUL byte
         return False
     return True
 
@@ -87,3 +336,9 @@ def _defines(source: str, name: str) -> bool:
     """`source` (which parses) defines `name` at top level."""
     return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name
                for n in ast.parse(source).body)
+
+
+async def gather_chunks(keys: Sequence[str], run_chunk: Callable[[Sequence[str]], Awaitable[list[tuple[str, Any]]]]) -> list[tuple[str, Any]]:
+    """`run_chunk` over chunks of CHUNK keys, concurrently, results in order."""
+    parts = await asyncio.gather(*(run_chunk(keys[i:i + CHUNK]) for i in range(0, len(keys), CHUNK)))
+    return [o for part in parts for o in part]

@@ -4,14 +4,12 @@ stdin/stdout program (only ever in the sandbox), and the tester's `**Test Input:
 
 from __future__ import annotations
 
-import ast
 import inspect
-import json
 import re
 from typing import Any
 
+from atgrpo.sdk.judge import literal
 from env_svc import code_formats
-from env_svc.envs._text import clip as _clip
 
 MAX_TESTS = 8
 
@@ -126,15 +124,9 @@ def parse_tests(text: str, limit: int = MAX_TESTS) -> list[tuple[str, str]]:
 
 
 def _literal(text: str) -> Any:
-    """One JSON value, or a Python literal (True, None, single quotes): never evaluated code."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        pass
-    try:
-        return ast.literal_eval(text.strip())
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as e:
-        raise ValueError(f"{_clip(text.strip(), 60)!r} is not a JSON value") from e
+    """One JSON value, or a Python literal (True, None, single quotes): never evaluated code, and
+    bounded (a 10,000-deep `[[[...]]]` is refused, not a RecursionError)."""
+    return literal(text, "a test's value")
 
 
 def function_case(inp: str, out: str) -> tuple[str, str]:

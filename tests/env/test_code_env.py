@@ -78,15 +78,16 @@ def test_correct_program_earns_full_reward_and_success(sandbox):
     env = make(sandbox=sandbox)
     r = run(env.step("coder", RIGHT))
     assert (r.team_reward, r.local_reward, r.success) == (1.0, 1.0, True), r
-    assert r.info["hidden_passed"] == r.info["hidden_total"] == 5 and r.info["verdicts"] == {"ok": 5}
-    assert not r.done                 # nothing ends the episode until the tester's tests pass
+    # five tests, less the statement's own example ("3 4" -> 7)
+    assert r.info["hidden_passed"] == r.info["hidden_total"] == 4 and r.info["verdicts"] == {"ok": 4}
+    assert r.done                     # success ends the episode (done_when: success)
 
 
 def test_wrong_program_earns_its_pass_fraction(sandbox):
     env = make(sandbox=sandbox)
     r = run(env.step("coder", WRONG))
     # a - b equals a + b only for the test "0 0"
-    assert r.local_reward == r.team_reward == pytest.approx(1 / 5) and not r.success
+    assert r.local_reward == r.team_reward == pytest.approx(1 / 4) and not r.success
     assert r.info["hidden_passed"] == 1
 
 
@@ -94,23 +95,23 @@ def test_crashing_program_earns_zero_and_says_why(sandbox):
     env = make(sandbox=sandbox)
     r = run(env.step("coder", CRASH))
     assert r.local_reward == 0.0 > FAILURE_REWARD and not r.success
-    assert r.info["verdicts"] == {"runtime_error": 5} and "NameError" in r.info["error"]
+    assert r.info["verdicts"] == {"runtime_error": 4} and "NameError" in r.info["error"]
 
 
 def test_hanging_program_costs_one_time_limit(sandbox):
     env = make(sandbox=sandbox, case_timeout_s=0.4)
     t = time.monotonic()
     r = run(env.step("coder", HANG))
-    assert time.monotonic() - t < 3.0           # one 0.4 s limit, not five
-    assert r.local_reward == 0.0 and r.info["verdicts"] == {"timeout": 1, "not_run": 4} and r.info["not_run"] == 4
+    assert time.monotonic() - t < 3.0           # one 0.4 s limit, not four
+    assert r.local_reward == 0.0 and r.info["verdicts"] == {"timeout": 1, "not_run": 3} and r.info["not_run"] == 3
 
 
 def test_no_code_block_is_a_format_failure_and_keeps_the_program(sandbox):
     env = make(sandbox=sandbox)
-    run(env.step("coder", RIGHT))
+    run(env.step("coder", WRONG))
     r = run(env.step("coder", "I would add the numbers."))
     assert r.local_reward == FAILURE_REWARD and "```python" in r.info["parse_error"]
-    assert r.team_reward == 1.0 and env.code is not None          # the previous program stays
+    assert r.team_reward == 0.25 and "a - b" in env.code          # the previous program stays
 
 
 def test_a_step_without_a_sandbox_is_refused_not_scored():
@@ -124,7 +125,7 @@ def test_a_step_without_a_sandbox_is_refused_not_scored():
 def test_tester_reward_is_agreement_with_the_reference(sandbox):
     env = make(sandbox=sandbox)
     right = run(env.step("tester", answer_with_tests([("1 2", "3"), ("10 -4", "6")])))
-    assert right.local_reward == 1.0 and right.info == {"tests": 2, "agree": 2}
+    assert right.local_reward == 1.0 and right.info == {"tests": 2, "agree": 2, "caught": 0}
     env = make(sandbox=sandbox)
     half = run(env.step("tester", answer_with_tests([("1 2", "3"), ("2 2", "5"), ("0 0", "1"), ("4 4", "8")])))
     assert half.local_reward == pytest.approx(0.5) and half.info["agree"] == 2
@@ -134,8 +135,8 @@ def test_tester_reward_is_agreement_with_the_reference(sandbox):
 
 
 def test_done_when_the_program_passes_tests_that_are_right(sandbox):
-    env = make(sandbox=sandbox)
-    run(env.step("coder", RIGHT))
+    env = make(sandbox=sandbox, done_when="tests")
+    assert not run(env.step("coder", RIGHT)).done           # the tester has not written tests yet
     r = run(env.step("tester", answer_with_tests([("1 2", "3"), ("-5 6", "1")])))
     assert (r.done, r.success, r.local_reward, r.team_reward) == (True, True, 1.0, 1.0)
     assert r.info["code_passed"] == 2
@@ -146,11 +147,11 @@ def test_done_when_the_program_passes_tests_that_are_right(sandbox):
 def test_agreeing_on_wrong_tests_does_not_end_the_episode(sandbox):
     """The reference ended an episode when the coder's program passed the tester's tests, right
     or wrong; here the tests must also agree with the reference solution."""
-    env = make(sandbox=sandbox)
+    env = make(sandbox=sandbox, done_when="tests")
     run(env.step("coder", WRONG))                                   # prints a - b
     r = run(env.step("tester", answer_with_tests([("5 3", "2"), ("9 1", "8")])))   # tests written for a - b
     assert r.info["code_passed"] == 2 and r.info["agree"] == 0
-    assert not r.done and r.local_reward == 0.0 and r.team_reward == pytest.approx(0.2)
+    assert not r.done and r.local_reward == 0.0 and r.team_reward == pytest.approx(0.25)
     prompt = env.observe("coder")[0]["content"]
     assert "passes 2 of the tester's 2 tests" in prompt
     # the coder fixes its program; the tester's wrong tests now fail it, still not done
@@ -159,11 +160,17 @@ def test_agreeing_on_wrong_tests_does_not_end_the_episode(sandbox):
     assert "-> failed, the program printed:\n8" in env.observe("coder")[0]["content"]
 
 
-def test_done_without_success_when_the_tests_miss_the_bug(sandbox):
-    env = make(sandbox=sandbox)
-    run(env.step("coder", WRONG))
-    r = run(env.step("tester", answer_with_tests([("0 0", "0"), ("7 0", "7")])))    # right tests, b = 0 only
-    assert r.done and not r.success and r.team_reward == pytest.approx(0.2) and r.local_reward == 1.0
+def test_tests_that_miss_the_bug_earn_nothing_and_do_not_end_the_episode(sandbox):
+    """Right tests that the wrong program passes tell it apart from nothing: the reference ended
+    the episode here (and paid the tester in full) with a wrong program."""
+    for done_when in ("tests", "success"):
+        env = make(sandbox=sandbox, done_when=done_when)
+        run(env.step("coder", WRONG))
+        r = run(env.step("tester", answer_with_tests([("0 0", "0"), ("7 0", "7")])))    # right tests, b = 0 only
+        assert not r.done and not r.success and r.team_reward == pytest.approx(0.25)
+        assert r.local_reward == 0.0 and (r.info["agree"], r.info["caught"]) == (2, 0)
+        r = run(env.step("tester", answer_with_tests([("0 0", "0"), ("7 2", "9")])))     # catches a - b
+        assert r.local_reward == 1.0 and r.info["caught"] == 1 and not r.done
 
 
 def test_tester_sees_the_coders_program_and_the_coder_sees_failures(sandbox):
@@ -205,7 +212,7 @@ def test_function_problem_through_the_harness(sandbox):
 
 
 def test_function_problem_tester_tests_are_json_arguments(sandbox):
-    env = make(TWO_SUM, sandbox=sandbox)
+    env = make(TWO_SUM, sandbox=sandbox, done_when="tests")
     run(env.step("coder", SOLUTION_CLASS))
     r = run(env.step("tester", answer_with_tests([("[1, 2, 3]\n5", "[1, 2]"), ("[4, 4]\n8", "[0,1]"),
                                            ("[1, 2]\n3", "(0, 1)"), ("not json\n3", "[0, 1]")])))
@@ -228,11 +235,11 @@ def test_episode_with_forks_through_the_host(sandbox):
     """What env_svc serves: reset, fork K branches, step each, keep the best, until done."""
     async def go():
         envs = LocalEnvs(EnvHost(Registry(BUILTIN, discover=False), sandbox=sandbox))
-        ep, spec = await envs.reset("code", SUM, seed=0, split="train")
+        ep, spec = await envs.reset("code", SUM, seed=0, split="train", options={"done_when": "tests"})
         assert spec.turn_order == ("coder", "tester") and spec.max_turns == 5
         branches = await envs.fork(ep, 3)
         results = await asyncio.gather(*(envs.step(b, "coder", a) for b, a in zip(branches, (WRONG, RIGHT, CRASH), strict=True)))
-        assert [r.local_reward for r in results] == [pytest.approx(0.2), 1.0, 0.0]
+        assert [r.local_reward for r in results] == [pytest.approx(0.25), 1.0, 0.0]
         assert all(r.turn == 0 for r in results)
         best = branches[1]
         await envs.close_episodes([ep, branches[0], branches[2]])
@@ -265,14 +272,14 @@ def test_fork_is_independent(sandbox):
     fork = env.fork()
     assert fork.sandbox is sandbox and fork.problem is env.problem
     run(fork.step("coder", RIGHT))
-    assert fork.hidden_ratio == 1.0 and env.hidden_ratio == pytest.approx(0.2)
+    assert fork.hidden_ratio == 1.0 and env.hidden_ratio == pytest.approx(0.25)
     assert "a - b" in env.code and "a + b" in fork.code
 
 
 def test_no_reference_solution_uses_a_program_that_passed(sandbox):
     """LiveCodeBench has no solutions: until a coder program passes every hidden test the
     tester's local reward is 0; then that program judges the tests."""
-    env = make(sandbox=sandbox)
+    env = make(sandbox=sandbox, done_when="tests")
     env.reference = ""                                   # as for a dataset without solutions
     r = run(env.step("tester", answer_with_tests([("1 2", "3"), ("1 1", "3")])))
     assert r.local_reward == 0.0 and r.info["no_reference"]

@@ -211,7 +211,7 @@ def test_tasks_pick_problems_deterministically():
 # ---- loaded problems through the environment ----------------------------------------------
 
 def test_livecodebench_function_problem_runs_end_to_end(sandbox):
-    env = CodeEnv({"dataset": "livecodebench", "path": str(FIX / "livecodebench.jsonl")})
+    env = CodeEnv({"dataset": "livecodebench", "path": str(FIX / "livecodebench.jsonl"), "done_when": "tests"})
     env.reset("lcb-9901", 0, "train")
     env.sandbox = sandbox
     assert "countPairs" in env.observe("coder")[0]["content"]
@@ -225,7 +225,7 @@ def test_livecodebench_function_problem_runs_end_to_end(sandbox):
 
 
 def test_apps_call_based_problem_uses_its_solution_as_reference(sandbox):
-    env = CodeEnv({"dataset": "apps", "path": str(FIX / "apps_test.jsonl")})
+    env = CodeEnv({"dataset": "apps", "path": str(FIX / "apps_test.jsonl"), "done_when": "tests"})
     env.reset("apps-4001", 0, "train")
     env.sandbox = sandbox
     t = asyncio.run(env.step("tester", answer_with_tests([("[1, 2]", "3"), ("[0.5, 0.25]", "0.75"), ("[1]", "2")])))

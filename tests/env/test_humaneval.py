@@ -65,7 +65,7 @@ def test_the_packaged_file_gives_164_function_problems_judged_by_check():
     assert len(ps) == 164 and len({p.id for p in ps}) == 164
     p = ps[0]
     assert (p.id, p.kind, p.fn_name, p.source) == ("humaneval-0", "function", "has_close_elements", "humaneval")
-    assert p.tests == (("", code_formats.CHECK_PASSED + "\n"),)          # one hidden case: the check
+    assert p.tests == ()                                 # no stdin/stdout cases: check() judges
     assert p.check.lstrip().startswith("METADATA") and "def check(candidate)" in p.check
     assert p.starter_code.startswith("from typing import List") and "def has_close_elements(" in p.statement
     assert p.solution.startswith("    for idx, elem in enumerate(numbers):")   # the body only
@@ -138,7 +138,7 @@ def test_a_whole_function_may_use_the_prompt_s_helpers_and_cannot_fake_a_pass(sa
     helper, exits, fakes = asyncio.run(coder_steps(sandbox, [
         ("humaneval-32", find_zero),
         ("humaneval-0", "import sys\nsys.exit(0)\n"),
-        ("humaneval-1", f"import os\nprint({code_formats.CHECK_PASSED!r}, flush=True)\nos._exit(0)\n"),
+        ("humaneval-1", "import os\nprint('ATGRPO CHECK PASSED', flush=True)\nos._exit(0)\n"),
     ]))
     assert helper.success, helper.info
     assert not exits.success and not fakes.success and fakes.local_reward == 0.0
