@@ -55,3 +55,12 @@ def smollm2_model(smollm2_gguf, tmp_path_factory) -> str:
     from atgrpo.models.smollm2 import write_plain
 
     return str(write_plain(*smollm2_gguf, tmp_path_factory.mktemp("models") / "smollm2"))
+
+
+@pytest.fixture(scope="session")
+def docker_engine():
+    """A docker.DockerClient (tests/sandbox/docker_engine.py): one engine for every module of
+    the session (the sandbox's docker backend tests and the env judges' integrity suites)."""
+    from tests.sandbox.docker_engine import engine_client
+
+    yield from engine_client()

@@ -259,14 +259,14 @@ class CodeEnv(Environment):
                                               "Output:** each followed by a ``` fenced block"})
         p = self.problem
         assert p is not None
-        tests = []
+        tests, judge_error = [], ""
         for inp, out in parsed:
             t = TesterTest(inp, out)
             if p.kind == "function":
                 try:
                     t.stdin, t.expected = function_case(inp, out)
-                except ValueError as e:
-                    t.error = str(e)
+                except JudgeError as e:
+                    t.error, judge_error = str(e), e.reason
             else:
                 t.stdin, t.expected = inp, out
             tests.append(t)
@@ -276,6 +276,7 @@ class CodeEnv(Environment):
         if malformed:
             info["malformed"] = len(malformed)
             info["parse_error"] = f"{len(malformed)} test(s) are not JSON values: {_clip(malformed[0], 120)}"
+            info["judge_error"] = judge_error
         if self.reference:
             runs = await self._run_on_tests(self.reference, tests)
             self.valid = [r.passed for r in runs]

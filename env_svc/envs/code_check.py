@@ -16,9 +16,9 @@ from its caller's frame. So here the two never meet:
 The check is sequential (an assert needs its call's result) and the sandbox is best used in
 batches, so it is replayed: each probing round runs check() with its asserts made harmless and
 the results known so far; a call not yet known records its arguments and gets a placeholder so the
-round can find more calls; the calls a round found run in the sandbox together. When a probing
-round finds nothing new, the check runs as written, every call known, and that round's outcome is
-the verdict: a placeholder never decides anything. As in HumanEval's namespace, the entry point's
+round can find more calls; the calls a round found run in the sandbox together. Each round first
+runs the check as written: when every call it makes is known, its outcome is the verdict (a
+placeholder never decides anything), so a wrong answer is judged after its first failing call. As in HumanEval's namespace, the entry point's
 own name in the check (HumanEval/33 compares candidate to sort_third) is the candidate. The check's `random` is a generator seeded per
 problem, so every round makes the same calls (HumanEval/53 draws its arguments unseeded).
 """
@@ -45,6 +45,7 @@ from env_svc.envs import call_data
 MAX_CALLS = 512          # distinct candidate calls one check may make (HumanEval's most: ~110)
 MAX_ROUNDS = 64
 CHUNK = 32               # calls per sandbox request; requests run concurrently over its workers
+FIRST_BATCH = 8          # calls of the second round (the first makes one); each round doubles it
 CHECK_FILE = "<check>"
 
 _HARNESS = '''\
@@ -261,15 +262,19 @@ async def judge(check: Check, run_calls: Runner) -> Verdict:
     """Replay `check` until a round needs no new call; `run_calls(keys)` runs the candidate on each
     call and returns ("value", v) / ("error", message) / ("timeout", message) per key."""
     known: dict[str, tuple[str, Any]] = {}
+    batch = 1                           # one call first: an answer that hangs costs one time limit
     for _ in range(MAX_ROUNDS):
-        missing, _ = check.replay(known, probe=True)
-        if not missing:
-            missing, ended = check.replay(known, probe=False)
+        missing, ended = check.replay(known, probe=False)
         if not missing:
             if ended is None:
                 return Verdict(True, "ok", calls=len(known))
             return Verdict(False, "runtime_error", _describe(ended), len(known))
-        for key, outcome in zip(missing, await run_calls(missing), strict=True):
+        # The check's next call first, then what a probing round finds after it; batches double,
+        # so a wrong answer fails after a few calls and a right one takes a few rounds.
+        probed, _ = check.replay(known, probe=True)
+        keys = [missing[0], *(k for k in probed if k != missing[0])][:batch]
+        batch = max(2 * batch, FIRST_BATCH)
+        for key, outcome in zip(keys, await run_calls(keys), strict=True):
             if outcome[0] == "timeout":
                 return Verdict(False, "timeout", outcome[1], len(known) + 1)
             known[key] = outcome
