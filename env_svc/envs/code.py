@@ -57,7 +57,9 @@ env_svc/datasets.py), `max_turns`, `turn_order`, `parallel`, `done_when`, `failu
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -318,19 +320,28 @@ class CodeEnv(Environment):
         """HumanEval's check(entry_point) against `code`, each call in its own sandboxed process."""
         p = self.problem
         assert p is not None
-        program = call_program(complete_function(p.starter_code, code, p.fn_name), p.fn_name)
+        assert self.limits is not None
+        per_call_s = self.limits.wall_timeout_ms / 1000
+        program = call_program(complete_function(p.starter_code, code, p.fn_name), p.fn_name, per_call_s)
 
         async def run_chunk(keys: Sequence[str]) -> list[tuple[str, Any]]:
-            cases = [(k.encode(), b"") for k in keys]
+            # The harness times each call itself; the run's own limit covers all of them.
+            limits = dataclasses.replace(self.limits, wall_timeout_ms=int(1000 * (per_call_s * len(keys) + 2)))
+            stdin = ("[" + ",".join(keys) + "]").encode()
             try:
-                res = await sandbox_call(self.sandbox.run_tests, program, cases, limits=self.limits)
+                res = await sandbox_call(self.sandbox.execute, program, stdin=stdin, limits=limits)
             except InvalidArgument as e:            # the program itself is unacceptable (a NUL byte)
                 return [("error", f"refused: {e}")] * len(keys)
-            out = []
-            for c in res.cases:
-                ex = c.execution
-                verdict = getattr(getattr(ex, "verdict", None), "value", "not_run") if ex is not None else "not_run"
-                out.append(call_outcome(verdict, _decode(getattr(ex, "stdout", b"")), _decode(getattr(ex, "stderr", b""))))
+            try:
+                texts = json.loads(_decode(res.stdout))
+            except (ValueError, RecursionError):
+                texts = None
+            stderr = _decode(res.stderr).strip().splitlines()
+            tail = f" ({_clip(stderr[-1], 200)})" if stderr else ""
+            if not isinstance(texts, list) or not all(t is None or isinstance(t, str) for t in texts):
+                return [("error", f"the calls' harness failed{tail}")] * len(keys)
+            out = [call_outcome(t) for t in texts[:len(keys)]]
+            out = [(kind, f"{what}{tail}") if kind == "error" else (kind, what) for kind, what in out]
             return out + [("error", "not run")] * (len(keys) - len(out))
 
         verdict = await judge(Check(p.starter_code, p.check, p.fn_name, p.id), lambda keys: gather_chunks(keys, run_chunk))

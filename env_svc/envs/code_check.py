@@ -44,8 +44,9 @@ from env_svc.envs import call_data
 
 MAX_CALLS = 512          # distinct candidate calls one check may make (HumanEval's most: ~110)
 MAX_ROUNDS = 64
-CHUNK = 32               # calls per sandbox request; requests run concurrently over its workers
-FIRST_BATCH = 8          # calls of the second round (the first makes one); each round doubles it
+CHUNK = 64               # calls per sandbox run; runs go concurrently over the sandbox's workers
+FIRST_BATCH = 8          # calls of the first round; each round doubles it (the harness stops a
+                         # batch at its first call that hangs, so that costs one time limit)
 CHECK_FILE = "<check>"
 
 _HARNESS = '''\
@@ -53,7 +54,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import select
+import signal
 import sys
+import time
 import traceback
 
 {encode}
@@ -80,13 +84,14 @@ def decode(v):
 
 SOURCE = {source!r}
 NAME = {name!r}
+TIMEOUT_S = {timeout_s!r}
+MAX_BYTES = {max_bytes!r}
 
 
-def main():
-    result = os.fdopen(os.dup(1), "w")   # the call's result goes here, and only the result
+def child(call, w):
+    """Runs the answer (only ever here, in a process of its own) and writes its one result to w."""
     os.dup2(2, 1)                         # the answer's own writes to fd 1 land with its stderr
     sys.stdout = sys.stderr
-    call = decode(json.loads(sys.stdin.read()))
     sys.stdin = io.StringIO("")
     try:
         ns = {{"__name__": "solution"}}
@@ -98,19 +103,62 @@ def main():
     except BaseException as e:           # SystemExit in the function is a failed call too
         traceback.print_exc()
         outcome = {{"error": type(e).__name__}}
-    result.write(json.dumps(outcome, separators=(",", ":"), allow_nan=False))
-    result.flush()
+    data = json.dumps(outcome, separators=(",", ":"), allow_nan=False).encode()
+    while data:
+        data = data[os.write(w, data):]
     os._exit(0)
+
+
+def call(args):
+    """One call in a fresh child: its output as text, or None when it ran past TIMEOUT_S."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        child(args, w)
+    os.close(w)
+    out, size, deadline = [], 0, time.monotonic() + TIMEOUT_S
+    while size <= MAX_BYTES:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([r], [], [], left)[0]:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(r)
+            return None
+        chunk = os.read(r, 1 << 16)
+        if not chunk:
+            break
+        out.append(chunk)
+        size += len(chunk)
+    os.kill(pid, signal.SIGKILL)          # done (or over MAX_BYTES): nothing more from it
+    os.waitpid(pid, 0)
+    os.close(r)
+    return b"".join(out)[:MAX_BYTES].decode("utf-8", "replace")
+
+
+def main():
+    calls = [decode(c) for c in json.loads(sys.stdin.read())]
+    results = []
+    for args in calls:
+        results.append(call(args))
+        if results[-1] is None:          # a call that hangs: the rest are not worth a time limit each
+            break
+    sys.stdout.write(json.dumps(results))
+    sys.stdout.flush()
 
 
 main()
 '''
 
 
-def call_program(source: str, entry_point: str) -> str:
-    """A program that runs `source` (untrusted: only ever in the sandbox), calls entry_point with
-    the (args, kwargs) on stdin and writes {"value": result} or {"error": exception name} as data."""
-    return _HARNESS.format(encode=inspect.getsource(call_data.encode), source=source, name=entry_point)
+def call_program(source: str, entry_point: str, timeout_s: float, max_bytes: int = 1 << 20) -> str:
+    """A program that runs `source` (untrusted: only ever in the sandbox) once per call on its stdin
+    (a JSON list of [args, kwargs]), each call in a child process of its own that exits after it,
+    and prints a JSON list: per call the child's {"value": result} / {"error": exception name} as
+    text, or null when it ran past timeout_s (then the calls after it are not run). The parent
+    never runs the answer; the answer can only choose what its own calls return."""
+    return _HARNESS.format(encode=inspect.getsource(call_data.encode), source=source, name=entry_point,
+                           timeout_s=timeout_s, max_bytes=max_bytes)
 
 
 class CandidateError(Exception):
@@ -262,7 +310,7 @@ async def judge(check: Check, run_calls: Runner) -> Verdict:
     """Replay `check` until a round needs no new call; `run_calls(keys)` runs the candidate on each
     call and returns ("value", v) / ("error", message) / ("timeout", message) per key."""
     known: dict[str, tuple[str, Any]] = {}
-    batch = 1                           # one call first: an answer that hangs costs one time limit
+    batch = FIRST_BATCH
     for _ in range(MAX_ROUNDS):
         missing, ended = check.replay(known, probe=False)
         if not missing:
@@ -273,7 +321,7 @@ async def judge(check: Check, run_calls: Runner) -> Verdict:
         # so a wrong answer fails after a few calls and a right one takes a few rounds.
         probed, _ = check.replay(known, probe=True)
         keys = [missing[0], *(k for k in probed if k != missing[0])][:batch]
-        batch = max(2 * batch, FIRST_BATCH)
+        batch *= 2
         for key, outcome in zip(keys, await run_calls(keys), strict=True):
             if outcome[0] == "timeout":
                 return Verdict(False, "timeout", outcome[1], len(known) + 1)
@@ -289,29 +337,22 @@ def _describe(err: BaseException) -> str:
     return f"{what}{at}"
 
 
-def call_outcome(verdict: str, stdout: str, stderr: str) -> tuple[str, Any]:
-    """One sandbox run of call_program, as the judge sees it."""
-    if verdict == "timeout":
+def call_outcome(text: str | None) -> tuple[str, Any]:
+    """One call's result from call_program's list, as the judge sees it."""
+    if text is None:
         return "timeout", "a call ran past the time limit"
-    if verdict != "ok":
-        return "error", f"{verdict} ({_last_line(stderr)})"
     try:
-        out = json.loads(stdout) if len(stdout) <= call_data.MAX_RESULT_CHARS else None
+        out = json.loads(text) if len(text) <= call_data.MAX_RESULT_CHARS else None
     except (ValueError, RecursionError):
         out = None
     if not isinstance(out, dict) or len(out) != 1:
         return "error", "the call wrote no readable result"
     if "error" in out:
-        return "error", f"{str(out['error'])[:80]} ({_last_line(stderr)})"
+        return "error", str(out["error"])[:80]
     try:
         return "value", call_data.decode(json.dumps(out.get("value")), "the returned value")
     except JudgeError as e:
         return "error", str(e)
-
-
-def _last_line(stderr: str) -> str:
-    lines = stderr.strip().splitlines()
-    return lines[-1][:200] if lines else "no error output"
 
 
 def complete_function(prompt: str, answer: str, entry_point: str) -> str:

@@ -120,7 +120,7 @@ def test_the_sandboxed_program_holds_no_test():
     expected value, no verdict line."""
     env = CodeEnv({"dataset": "humaneval"})
     env.reset("humaneval-53", 0, "eval")
-    program = call_program("def add(x, y):\n    return x + y\n", "add")
+    program = call_program("def add(x, y):\n    return x + y\n", "add", 2.0)
     assert "def check" not in program and "assert" not in program and "PASSED" not in program
     assert env.problem.check and "candidate(" in env.problem.check
 
