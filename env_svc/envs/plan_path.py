@@ -5,22 +5,27 @@ Task: a `grid_size` x `grid_size` grid (default 10) whose cells are walls with p
 by BFS) and at least 2 moves away. The BFS optimum (fewest moves) is known. Moves: U/D/L/R.
 The same (split, seed) always gives the same grid.
 
-Rewards (per move, summed over the moves of one answer; the reference's values):
+Rewards (per move, summed over the moves of one answer; the reference's values, split into
+gains paid once against the episode's record and costs charged by the episode's ledger, see
+planning.py):
 
-| event | reward |
-|---|---|
-| valid move | -0.01 |
-| invalid move (wall or off the grid; the walker stays) | -0.1 |
-| potential shaping, Phi = -(BFS distance to the goal) | Phi(after) - Phi(before): +1 per move closer, -1 per move away |
-| reaching the goal | +1 |
-| reaching it in the optimal number of moves (all moves of the episode count) | +0.5 more |
+| event | gain | cost |
+|---|---|---|
+| valid move | | 0.01 |
+| invalid move (wall or off the grid; the walker stays) | | 0.1 |
+| a move to a cell closer to the goal (BFS distance) than any reached before in the episode | +1 per step of distance beyond that best | |
+| reaching the goal (first time: it ends the episode) | +1 | |
+| reaching it in the optimal number of moves (all moves of the episode count) | +0.5 more | |
 
-Moves after the goal is reached are ignored. The reference shapes with Manhattan distance and a
-discount of 0.99 (which pays for bumping into walls far from the goal); here the shaping uses the
-true BFS distance, undiscounted. Team reward: `1 - d / d0` clipped to [0, 1] (d the BFS
-distance now, d0 at the start), 1.0 at the goal. `done` = `success` = at the goal.
-Tool agent: the same move rewards, simulated on a copy. Format failures -1.0 and the floor
-of -0.9 on a well-formed answer: see planning.py.
+Moves after the goal is reached are ignored. The reference pays potential shaping,
+Phi(after) - Phi(before) with Phi = -(Manhattan distance) discounted by 0.99, per answer with a
+per-answer floor, so walking away (floored at -0.9) and back (+1 a move) paid 34.8 over an
+episode against an honest 7.4; here only a new best distance (the true BFS one) pays, so walking
+away costs its steps and walking back earns nothing until it passes the best. An episode's gains
+total at most d0 + 1.5, which only an optimal solve reaches, and it also pays the fewest costs.
+Team reward: `1 - d / d0` clipped to [0, 1] (d the BFS distance now, d0 at the start), 1.0 at the
+goal. `done` = `success` = at the goal. Tool agent: the same table, simulated on a copy and paid
+against its own record (no gains for distance play or its earlier proposals already reached).
 """
 
 from __future__ import annotations
@@ -30,9 +35,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from env_svc.envs.planning import DIRECTIONS, Outcome, PlanningEnv, direction_moves
+from env_svc.envs.planning import DIRECTIONS, Outcome, PlanningEnv, Record, direction_moves
 
-R_STEP, R_INVALID, R_GOAL, R_OPTIMAL, SHAPING = -0.01, -0.1, 1.0, 0.5, 1.0
+COST_STEP, COST_INVALID, R_GOAL, R_OPTIMAL, SHAPING = 0.01, 0.1, 1.0, 0.5, 1.0
 
 
 @dataclass
@@ -136,29 +141,40 @@ class PlanPathEnv(PlanningEnv):
     def parse_moves(self, value: Any) -> list[str]:
         return direction_moves(value)
 
-    def simulate(self, moves: list[str]) -> Outcome:
+    def start_record(self) -> Record:
+        return Record(potential=-self.dist[self.state.pos])
+
+    def simulate(self, moves: list[str], record: Record | None = None) -> Outcome:
+        rec = self.paid_record(record)
+        best, won = rec.potential, rec.won
         pos, count = self.state.pos, self.state.moves
-        reward, invalid, valid, reached = 0.0, 0, 0, False
+        gains, costs, invalid, valid, reached = 0.0, 0.0, 0, 0, False
         for m in moves:
             dr, dc = DIRECTIONS[m]
             nxt = (pos[0] + dr, pos[1] + dc)
             count += 1
             if self._free(*nxt):
-                reward += R_STEP + SHAPING * (self.dist[pos] - self.dist[nxt])
+                costs += COST_STEP
                 pos, valid = nxt, valid + 1
+                if -self.dist[pos] > best:          # only a new best distance pays
+                    gains += SHAPING * (-self.dist[pos] - best)
+                    best = -self.dist[pos]
             else:
-                reward += R_INVALID
+                costs += COST_INVALID
                 invalid += 1
             if pos == self.goal:
                 reached = True
-                reward += R_GOAL + (R_OPTIMAL if count == self.optimum else 0.0)
+                if not won:
+                    gains += R_GOAL + (R_OPTIMAL if count == self.optimum else 0.0)
+                    won = True
                 break
         summary = "reached the goal" if reached else f"now at {list(pos)}, {self.dist[pos]} moves from the goal"
         if invalid:
             summary += f"; {invalid} invalid move{'s' if invalid > 1 else ''}"
         info = {"valid_moves": valid, "invalid_moves": invalid, "pos": list(pos),
                 "distance": self.dist[pos], "optimal": reached and count == self.optimum}
-        return Outcome(PathState(pos, count), reward, solved=reached, summary=summary, info=info)
+        return Outcome(PathState(pos, count), gains, costs, Record(best, won, rec.marks), solved=reached,
+                       summary=summary, info=info)
 
     def progress(self) -> float:
         return 1.0 - self.dist[self.state.pos] / self.optimum

@@ -5,18 +5,44 @@ tool agent's output of the same turn).
 
 - **tool**: writes one ```python block. The program gets the puzzle's current state as JSON on
   stdin and must print a line `**Actions List**: [...]` (a JSON list of moves). It runs in the
-  sandbox; its moves are *simulated* on a copy of the state (never applied), and the tool agent's
-  local reward is what those moves would earn. No code block, a crash, a timeout, no sandbox or no
-  parsable actions list: local reward `failure_reward` (option, default -1.0) and
-  `info["parse_error"]` or `info["exec_error"]` saying what was wrong.
-- **plan**: ends its answer with `#### ` and a JSON list of moves; the moves are *applied*. Its local
-  reward is what they earn. Malformed (no `#### `, bad JSON, an unknown move, an empty list):
-  local reward `failure_reward`, `info["parse_error"]`, state unchanged.
-- **floor**: the local reward of a well-formed answer is never below `min_answer_reward` (option,
-  default -0.9; the unclipped sum is in `info["raw_reward"]` when clipped). Move penalties add up
-  (a Sokoban deadlock costs -5, walking away from a Plan-Path goal -1 a move), and without the
-  floor a crash or garbage would outscore an honest attempt within a GRPO group, teaching the
-  agents to fail on purpose when unsure. So a format failure always scores strictly lowest.
+  sandbox; its moves are *simulated* on a copy of the state (never applied).
+- **plan**: ends its answer with `#### ` and a JSON list of moves; the moves are *applied*.
+
+**Rewards: progress is paid once.** A puzzle splits what a list of moves earns into *gains* and
+*costs* (each puzzle's table says which is which):
+
+- **gains** (>= 0) are paid against a *record*: the highest potential reached so far in the
+  episode (Plan-Path: minus the distance to the goal; Sokoban: minus the boxes' summed distance
+  to the goals; Sudoku: the cells holding the solution's digit), the one-off events already paid
+  (a box's first arrival on each Sokoban goal) and whether the win bonus was paid. A move is paid
+  only for raising the record, the potential's rise beyond the best reached so far (states
+  in the middle of an answer count), so walking away and back, pushing a box off a goal and on
+  again, or clearing a cell and writing it again earn nothing the second time. An episode's gains
+  therefore never total more than one solve's.
+- **costs** (>= 0: steps, invalid moves, pushes off a goal, failures) add up per agent over the
+  episode, C, and the episode charges `charged(C)` of them: C itself up to h = m/2, beyond that
+  `h + h * (1 - exp(-(C - h) / h))`, with m = -`min_answer_reward` (option, default -0.9, so
+  m = 0.9 and h = 0.45; `min_answer_reward: 0` charges no costs); an answer pays the rise of
+  `charged` it causes. So an honest episode's few costs are charged in full (45 steps' worth),
+  every further cost still lowers the reward until the charge is within rounding (1e-6) of m (a
+  GRPO group still prefers the cleaner answer), and no episode is charged more than m: the
+  floor applies to the episode's total, not per answer, and a penalty can never be traded for a
+  later gain, because gains are paid against the record, not against the state.
+- **local reward** of a well-formed answer: its gains minus the charge it adds, so never below
+  `min_answer_reward`, which is above `failure_reward` (option, default -1.0): a format failure
+  scores that flat, every time, outside the ledger: no `#### `, no code block, not a list of moves
+  (unknown move, empty, over 400 moves), too large (64 KiB) or too deep (32 brackets) a literal,
+  no parsable actions list. Within a GRPO group (one state, one ledger) a format failure always
+  scores strictly lowest, and over an episode m bounds what well-formed answers can lose, so
+  failing on purpose never pays. `info` carries `gains`, `costs` and `charged`; a format failure
+  carries `judge_error` (a reason: no_marker, no_list, not_closed, not_data, too_large, too_deep,
+  bad_moves, no_code; counted by the host in `atgrpo_env_judge_errors_total`) and `parse_error`.
+- **the tool agent** is scored as the plan agent would be for its moves, against its own ledger:
+  its own costs, and a record that holds the best of what play has reached and what its earlier
+  proposals were paid for. So it is paid for what a proposal *adds*: a proposal that simulates to
+  nothing beyond that record earns no gains, and a winning proposal repeated while the plan agent
+  stalls earns nothing the second time (its total gains over an episode never exceed one solve).
+  A crash, a timeout or no sandbox: `failure_reward` with `info["exec_error"]`.
 - **team reward** (both agents): the puzzle's progress after the step, in [0, 1], exactly 1.0 when
   solved (0 once failed irrecoverably). A tool step never changes the state, so its team reward is
   the progress the plan agent left.
@@ -25,15 +51,19 @@ The router mixes `alpha * team + local`; nothing here does. Prompts are one user
 from the state each time (puzzle, rules, answer format, the history of earlier turns inlined as
 text; for the plan agent also this turn's tool code, its stdout/stderr truncated, and its actions).
 
+Every parse of model text or program output goes through atgrpo.sdk.judge's bounded parsers; the
+bracket scan that finds the literal stops at 64 KiB or 32 levels, so nothing an agent writes can
+raise out of `step`.
+
 A puzzle subclass supplies the rules: `generate`, `render`, `rules`, `puzzle_json`, `parse_moves`,
-`simulate` and `progress` (see each method). Its state lives in `self.state` as plain data, so the
-default deep-copying `fork()` gives an independent copy.
+`start_record`, `simulate` and `progress` (see each method). Its state lives in `self.state` as
+plain data, so the default deep-copying `fork()` gives an independent copy (ledgers included).
 """
 
 from __future__ import annotations
 
-import ast
 import json
+import math
 import random
 import re
 from collections.abc import Mapping
@@ -42,13 +72,14 @@ from typing import Any, ClassVar
 
 from atgrpo.contract.sandbox import Limits
 from atgrpo.sdk.env import Environment, EnvSpec, Message, StepResult, task_rng, turn_order_option
+from atgrpo.sdk.judge import MAX_DEPTH, MAX_LITERAL_CHARS, JudgeError, failure_info, literal
 from env_svc.envs._text import clip as _clip
 from env_svc.envs._text import decode as _decode
 from env_svc.envs._text import program_lines, run_failure
 
 AGENTS = ("tool", "plan")
 FAILURE_REWARD = -1.0      # no code block, crash, timeout, no sandbox, no actions list, no `#### `...
-MIN_ANSWER_REWARD = -0.9   # the floor of a well-formed answer's local reward (above FAILURE_REWARD)
+MIN_ANSWER_REWARD = -0.9   # minus the most an episode's costs are charged (above FAILURE_REWARD)
 MAX_MOVES_PER_ACTION = 400
 ACTIONS_MARKER = "**Actions List**:"
 PLAN_MARKER = "####"
@@ -56,12 +87,26 @@ HISTORY_TURNS = 6          # earlier turns shown in a prompt (the most recent on
 CODE_CHARS, STDOUT_CHARS, STDERR_CHARS = 1500, 600, 400
 
 
+@dataclass(frozen=True)
+class Record:
+    """The best an agent's side of the episode has reached: what further moves are paid against."""
+
+    potential: float                                  # the highest potential reached so far
+    won: bool = False                                 # the win bonus was paid
+    marks: frozenset[Any] = frozenset()               # one-off events paid (Sokoban: goals reached)
+
+    def merge(self, other: Record) -> Record:
+        return Record(max(self.potential, other.potential), self.won or other.won, self.marks | other.marks)
+
+
 @dataclass
 class Outcome:
     """What a list of moves does to a state (computed on a copy; `state` is the new one)."""
 
     state: Any
-    reward: float                 # the local reward those moves earn
+    gains: float                  # paid against the record: >= 0
+    costs: float                  # steps, invalid moves, failures: >= 0, charged by the ledger
+    record: Record                # the record after these moves
     solved: bool = False
     failed: bool = False          # irrecoverable (e.g. a Sokoban box in a dead square)
     summary: str = ""             # one line for the history, e.g. "now at (3, 4); 1 invalid move"
@@ -80,10 +125,13 @@ def extract_code(text: str) -> str | None:
     return blocks[-1] if blocks else None
 
 
-def _balanced(text: str, start: int) -> str | None:
-    """The bracketed literal starting at text[start] == '[' up to its matching ']', or None."""
+def _balanced(text: str, start: int, what: str) -> str:
+    """The bracketed literal starting at text[start] == '[' up to its matching ']'. JudgeError when
+    it is not closed, or nests or runs past what judge.literal would take anyway: the scan stops
+    there, so a 10,000-deep `[[[...` costs 33 characters, not a recursion."""
     depth, quote, escaped = 0, "", False
-    for i in range(start, min(len(text), start + 100_000)):
+    end = min(len(text), start + MAX_LITERAL_CHARS)
+    for i in range(start, end):
         ch = text[i]
         if quote:
             if escaped:
@@ -96,36 +144,40 @@ def _balanced(text: str, start: int) -> str | None:
             quote = ch
         elif ch == "[":
             depth += 1
+            if depth > MAX_DEPTH:
+                raise JudgeError("too_deep", f"{what} nests brackets more than {MAX_DEPTH} deep; "
+                                             "answer with plain data")
         elif ch == "]":
             depth -= 1
             if depth == 0:
                 return text[start:i + 1]
-    return None
+    if end < len(text):
+        raise JudgeError("too_large", f"{what} runs past {MAX_LITERAL_CHARS} characters; answer with less")
+    raise JudgeError("not_closed", f"{what} is not closed with ']'")
 
 
-def parse_list_after(text: str, marker: str) -> tuple[Any, str | None]:
+def parse_list_after(text: str, marker: str) -> tuple[Any, JudgeError | None]:
     """The list literal right after the last `marker` that is followed by one: (value, None), or
-    (None, what was wrong). JSON first; a Python literal (single quotes) is accepted too."""
+    (None, a JudgeError saying what was wrong). JSON first; a Python literal (single quotes) is
+    accepted too; both through judge.literal (bounded in size, nesting and elements)."""
     positions = [m.end() for m in re.finditer(re.escape(marker), text)]
     if not positions:
-        return None, f"no '{marker}' found"
+        return None, JudgeError("no_marker", f"no '{marker}' found")
+    what = f"the list after '{marker}'"
     for pos in reversed(positions):
         j = pos
         while j < len(text) and text[j] in " \t`":
             j += 1
         if j < len(text) and text[j] == "[":
-            literal = _balanced(text, j)
-            if literal is None:
-                return None, f"the list after '{marker}' is not closed with ']'"
+            found = ""
             try:
-                return json.loads(literal), None
-            except ValueError:
-                pass
-            try:
-                return ast.literal_eval(literal), None
-            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-                return None, f"the list after '{marker}' is not valid JSON: {_clip(literal, 80)}"
-    return None, f"'{marker}' is not followed by a JSON list like [\"U\", \"R\"]"
+                found = _balanced(text, j, what)
+                return literal(found, what), None
+            except JudgeError as err:
+                if err.reason == "not_data":      # show the agent the literal it wrote
+                    err = JudgeError("not_data", f"{what} is not valid JSON: {_clip(found, 80)}")
+                return None, err
+    return None, JudgeError("no_list", f"'{marker}' is not followed by a JSON list like [\"U\", \"R\"]")
 
 
 def moves_text(moves: Any) -> str:
@@ -157,8 +209,8 @@ class PlanningEnv(Environment):
                             description=next(iter((self.__doc__ or "").strip().splitlines()), ""))
         self.failure_reward = float(self.options.get("failure_reward", FAILURE_REWARD))
         self.min_answer_reward = float(self.options.get("min_answer_reward", MIN_ANSWER_REWARD))
-        if not self.min_answer_reward > self.failure_reward:
-            raise ValueError(f"{self.name}: min_answer_reward ({self.min_answer_reward}) must be above "
+        if not self.failure_reward < self.min_answer_reward <= 0:
+            raise ValueError(f"{self.name}: min_answer_reward ({self.min_answer_reward}) must be <= 0 and above "
                              f"failure_reward ({self.failure_reward}), so that failing never pays")
         timeout_ms = int(float(self.options.get("tool_timeout_s", 5.0)) * 1000)
         if timeout_ms <= 0:
@@ -173,6 +225,12 @@ class PlanningEnv(Environment):
         self.success = False
         self.history: list[dict[str, str]] = []  # per completed turn: {"tool": ..., "plan": ...}
         self.tool_out: dict[str, Any] | None = None   # this turn's tool output, for the plan agent
+        # The ledgers (module docstring): what play has reached, what the tool agent was paid for
+        # (at least what play has reached), and each agent's summed costs. None until reset();
+        # simulate() then pays against the current state's own record.
+        self.record: Record | None = None
+        self.tool_record: Record | None = None
+        self.costs: dict[str, float] = dict.fromkeys(AGENTS, 0.0)
 
     # ---- what a puzzle implements ---------------------------------------------------------
 
@@ -196,8 +254,15 @@ class PlanningEnv(Environment):
         """Check a parsed list of moves; raise ValueError saying what is wrong."""
         raise NotImplementedError
 
-    def simulate(self, moves: list[Any]) -> Outcome:
-        """What `moves` would do from the current state, computed without changing it."""
+    def start_record(self) -> Record:
+        """The record of the current state as if nothing had been paid yet (its potential, and the
+        one-off events it already holds, e.g. boxes that start on goals)."""
+        raise NotImplementedError
+
+    def simulate(self, moves: list[Any], record: Record | None = None) -> Outcome:
+        """What `moves` would do from the current state, computed without changing it: gains paid
+        against `record` (default: what play has reached; see `paid_record`), costs, and the new
+        record."""
         raise NotImplementedError
 
     def progress(self) -> float:
@@ -211,6 +276,8 @@ class PlanningEnv(Environment):
         self.state = self.generate(task_rng(split, seed))
         self.turn, self.done, self.success = 0, False, False
         self.history, self.tool_out = [], None
+        self.record = self.tool_record = self.start_record()
+        self.costs = dict.fromkeys(AGENTS, 0.0)
 
     def observe(self, agent: str) -> list[Message]:
         self._check_agent(agent)
@@ -257,44 +324,43 @@ class PlanningEnv(Environment):
         self.tool_out = out
         info: dict[str, Any] = {}
 
-        def fail(key: str, message: str) -> StepResult:
+        def fail(message: str, reason: str = "") -> StepResult:
+            """A format failure (reason: why the answer is malformed) or, without one, an exec failure."""
             out["error"] = message
-            info[key] = message
+            info.update(failure_info(JudgeError(reason, message)) if reason else {"exec_error": message})
             return StepResult(self._team(), self.failure_reward, False, False, info)
 
         code = extract_code(action if isinstance(action, str) else "")
         if code is None:
-            return fail("parse_error", "no ```python code block found; put the program in one "
-                                       "```python ... ``` block")
+            return fail("no ```python code block found; put the program in one ```python ... ``` block", "no_code")
         out["code"] = _clip(code.strip(), CODE_CHARS)
         if self.sandbox is None:
-            return fail("exec_error", "no sandbox configured")
+            return fail("no sandbox configured")
         stdin = json.dumps(self.puzzle_json(), separators=(",", ":")).encode()
         kwargs = {} if self.tool_limits is None else {"limits": self.tool_limits}
         try:
             result = await self.sandbox.execute(code, stdin=stdin, **kwargs)
         except Exception as e:  # the sandbox refused or is down: score, never crash the episode
             info["sandbox_error"] = True
-            return fail("exec_error", f"sandbox error: {type(e).__name__}: {e}")
+            return fail(f"sandbox error: {type(e).__name__}: {e}")
         stdout = _decode(getattr(result, "stdout", b""))
         stderr = _decode(getattr(result, "stderr", b""))
         out["stdout"], out["stderr"] = _clip(stdout.strip(), STDOUT_CHARS), _clip(stderr.strip(), STDERR_CHARS)
         info["verdict"] = getattr(getattr(result, "verdict", None), "value", str(getattr(result, "verdict", "")))
         failure = run_failure(result, stderr)
         if failure:
-            return fail("exec_error", failure)
-        value, err = parse_list_after(stdout, ACTIONS_MARKER)
+            return fail(failure)
+        moves, err = self._read_moves(stdout, ACTIONS_MARKER)
         if err is not None:
-            return fail("parse_error", f"stdout has no actions list ({err}); print a line "
-                                       f"**Actions List**: {self.example_moves}")
-        try:
-            moves = self.parse_moves(value)
-        except ValueError as e:
-            return fail("parse_error", f"bad actions list: {e}")
+            return fail(f"bad actions list: {err}" if err.reason == "bad_moves" else
+                        f"stdout has no actions list ({err}); print a line **Actions List**: {self.example_moves}",
+                        err.reason)
         out["actions"] = moves
-        outcome = self.simulate(moves)
+        # Paid against the tool's own record: what play reached and its earlier proposals were paid.
+        outcome = self.simulate(moves, self.paid_record(self.tool_record))
+        self.tool_record = outcome.record
         info.update(actions=moves, simulated=outcome.info, would_solve=outcome.solved)
-        return StepResult(self._team(), self._answer_reward(outcome, info), False, False, info)
+        return StepResult(self._team(), self._score("tool", outcome, info), False, False, info)
 
     def _tool_report(self) -> str:
         out = self.tool_out
@@ -314,26 +380,23 @@ class PlanningEnv(Environment):
         tool_line = ("did not act" if tool is None else
                      f"proposed {_clip(moves_text(tool['actions']), 200)}" if tool["actions"] is not None else
                      f"failed ({_clip(tool['error'], 100)})")
-        value, err = parse_list_after(action if isinstance(action, str) else "", PLAN_MARKER)
-        moves: list[Any] | None = None
-        if err is None:
-            try:
-                moves = self.parse_moves(value)
-            except ValueError as e:
-                err = str(e)
-        if moves is None:
+        moves, err = self._read_moves(action if isinstance(action, str) else "", PLAN_MARKER)
+        if err is not None:
             message = f"{err}; end the answer with a line like: #### {self.example_moves}"
             self._end_turn(tool_line, f"answer malformed ({_clip(str(err), 100)})")
-            return StepResult(self._team(), self.failure_reward, False, False, {"parse_error": message})
-        outcome = self.simulate(moves)
-        self.state = outcome.state
+            return StepResult(self._team(), self.failure_reward, False, False,
+                              failure_info(JudgeError(err.reason, message)))
+        outcome = self.simulate(moves, self.record)
+        self.state, self.record = outcome.state, outcome.record
+        # What play reaches is no longer the tool agent's to be paid for.
+        self.tool_record = self.paid_record(self.tool_record).merge(outcome.record)
         self.done = outcome.solved or outcome.failed
         self.success = outcome.solved
         self._end_turn(tool_line, f"played {_clip(moves_text(moves), 200)}: {outcome.summary}")
         info = {"actions": moves, **outcome.info}
         if outcome.failed:
             info["failed"] = True
-        return StepResult(self._team(), self._answer_reward(outcome, info), self.done, self.success, info)
+        return StepResult(self._team(), self._score("plan", outcome, info), self.done, self.success, info)
 
     def _end_turn(self, tool_line: str, plan_line: str) -> None:
         self.history.append({"tool": tool_line, "plan": plan_line})
@@ -342,13 +405,34 @@ class PlanningEnv(Environment):
 
     # ---- helpers --------------------------------------------------------------------------
 
-    def _answer_reward(self, outcome: Outcome, info: dict[str, Any]) -> float:
-        """A well-formed answer's local reward: its moves' reward, floored at min_answer_reward."""
-        raw = round(outcome.reward, 6)
-        if raw < self.min_answer_reward:
-            info["raw_reward"] = raw
-            return self.min_answer_reward
-        return raw
+    def _read_moves(self, text: str, marker: str) -> tuple[Any, JudgeError | None]:
+        """The checked moves after `marker` in `text`: (moves, None) or (None, why not)."""
+        value, err = parse_list_after(text, marker)
+        if err is not None:
+            return None, err
+        try:
+            return self.parse_moves(value), None
+        except JudgeError as e:
+            return None, e
+        except (ValueError, TypeError) as e:
+            return None, JudgeError("bad_moves", str(e))
+
+    def paid_record(self, record: Record | None) -> Record:
+        """The record a simulation pays against: the one given, else what play has reached, else
+        (before reset, e.g. a puzzle loaded by hand) the current state's own."""
+        if record is not None:
+            return record
+        return self.record if self.record is not None else self.start_record()
+
+    def _score(self, agent: str, outcome: Outcome, info: dict[str, Any]) -> float:
+        """A well-formed answer's local reward: its gains minus what its costs add to the agent's
+        episode charge (below m = -min_answer_reward in total, so the reward is above it)."""
+        before = self.costs[agent]
+        after = self.costs[agent] = before + outcome.costs
+        m = -self.min_answer_reward
+        charged = episode_charge(after, m) - episode_charge(before, m)
+        info.update(gains=round(outcome.gains, 6), costs=round(outcome.costs, 6), charged=round(charged, 6))
+        return round(outcome.gains - charged, 6)
 
     def _team(self) -> float:
         if self.success:
@@ -362,6 +446,18 @@ class PlanningEnv(Environment):
             raise ValueError(f"{self.name}: unknown agent {agent!r}; this environment's agents are {AGENTS}")
 
 
+def episode_charge(costs: float, m: float) -> float:
+    """What an episode's summed costs are charged: in full up to h = m/2, then h more at most,
+    approached exponentially; continuous with slope 1 at h, increasing, never above m (m <= 0:
+    nothing is charged)."""
+    h = m / 2
+    if h <= 0:
+        return 0.0
+    if costs <= h:
+        return costs
+    return h + h * -math.expm1(-(costs - h) / h)
+
+
 def direction_moves(value: Any, *, limit: int = MAX_MOVES_PER_ACTION) -> list[str]:
     """A checked list of U/D/L/R moves (case-insensitive); ValueError says what is wrong."""
     if not isinstance(value, list):
@@ -373,7 +469,7 @@ def direction_moves(value: Any, *, limit: int = MAX_MOVES_PER_ACTION) -> list[st
     moves = []
     for i, m in enumerate(value):
         if not isinstance(m, str) or m.strip().upper() not in DIRECTIONS:
-            raise ValueError(f"unknown move {m!r} at position {i}; use only \"U\", \"D\", \"L\", \"R\"")
+            raise ValueError(f"unknown move {_clip(repr(m), 40)} at position {i}; use only \"U\", \"D\", \"L\", \"R\"")
         moves.append(m.strip().upper())
     return moves
 

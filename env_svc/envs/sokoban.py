@@ -7,24 +7,30 @@ least 2 steps from the goals in total) and each is **verified solvable** by `sol
 BFS over (player, boxes) states. The same (split, seed) always gives the same room.
 Moves: U/D/L/R; walking into a box pushes it when the cell behind it is free.
 
-Rewards (per move, summed over the moves of one answer; the reference's values):
+Rewards (per move, summed over the moves of one answer; the reference's values, split into
+gains paid once against the episode's record and costs charged by the episode's ledger, see
+planning.py):
 
-| event | reward |
-|---|---|
-| valid move | -0.01 |
-| invalid move (into a wall, or pushing a box into a wall or box; nothing moves) | -0.05 |
-| a box pushed onto a goal | +1 |
-| a box pushed off a goal | -0.5 |
-| potential shaping, Phi = -(sum over boxes of the Manhattan distance to the nearest goal) | 0.1 * (Phi(after) - Phi(before)) |
-| all boxes on goals (win) | +10 |
-| failure: a box pushed into a dead square (a cell from which no push sequence reaches a goal: non-goal corners, walls without goals...) or `max_moves` (default 200, the reference's limit) moves made | -5 |
+| event | gain | cost |
+|---|---|---|
+| valid move | | 0.01 |
+| invalid move (into a wall, or pushing a box into a wall or box; nothing moves) | | 0.05 |
+| a box pushed onto a goal that no box has reached before in the episode (boxes starting on a goal count as reached) | +1 | |
+| a box pushed off a goal (onto a non-goal cell) | | 0.5 |
+| a push that brings D, the boxes' summed Manhattan distance to their nearest goals, below its lowest so far in the episode | +0.1 per unit below that lowest | |
+| all boxes on goals (win; it ends the episode) | +10 | |
+| failure: a box pushed into a dead square (a cell from which no push sequence reaches a goal: non-goal corners, walls without goals...) or `max_moves` (default 200, the reference's limit) moves made | | 5 |
 
-Moves after a win or a failure are ignored. The reference discounts the shaping by 0.99; here it
-is undiscounted (a discount pays for standing still far from the goals). Team reward:
-`1 - D / D0` clipped to [0, 1] (D the summed box-to-nearest-goal distance now, D0 at the start),
-1.0 when solved, 0 after a failure. `done` = solved or failed; `success` = solved.
-Tool agent: the same move rewards, simulated on a copy. Format failures -1.0 and the floor
-of -0.9 on a well-formed answer: see planning.py.
+Moves after a win or a failure are ignored. The reference pays +1 for every push onto a goal and
+-0.5 for every push off, with potential shaping 0.1 * (Phi(after) - Phi(before)), Phi = -D,
+discounted by 0.99 and a per-answer floor: pushing a box on and off a goal in one answer beat
+the honest solve 19.1 to 12.3. Here each goal's first arrival pays once, pushing off costs 0.5
+and pushing back on earns nothing, and the shaping pays only a new lowest D. An episode's gains
+total at most boxes + 0.1 * D0 + 10 (D0 the starting D), which a solve reaches; among solves,
+the one with the fewest costs scores most. Team reward: `1 - D / D0` clipped to [0, 1], 1.0 when
+solved, 0 after a failure. `done` = solved or failed; `success` = solved. Tool agent: the same
+table, simulated on a copy and paid against its own record (no gains for goals or distances that
+play or its earlier proposals already reached).
 """
 
 from __future__ import annotations
@@ -34,9 +40,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from env_svc.envs.planning import DIRECTIONS, Outcome, PlanningEnv, direction_moves
+from env_svc.envs.planning import DIRECTIONS, Outcome, PlanningEnv, Record, direction_moves
 
-R_STEP, R_INVALID, R_ON_GOAL, R_OFF_GOAL, R_WIN, R_FAIL, SHAPING = -0.01, -0.05, 1.0, -0.5, 10.0, -5.0, 0.1
+COST_STEP, COST_INVALID, COST_OFF_GOAL, COST_FAIL = 0.01, 0.05, 0.5, 5.0
+R_ON_GOAL, R_WIN, SHAPING = 1.0, 10.0, 0.1
 
 Cell = tuple[int, int]
 
@@ -217,52 +224,49 @@ class SokobanEnv(PlanningEnv):
     def parse_moves(self, value: Any) -> list[str]:
         return direction_moves(value)
 
-    def simulate(self, moves: list[str]) -> Outcome:
+    def start_record(self) -> Record:
+        boxes = self.state.boxes
+        return Record(-box_distance(boxes, self.goals), marks=frozenset(b for b in boxes if b in self.goals))
+
+    def simulate(self, moves: list[str], record: Record | None = None) -> Outcome:
+        rec = self.paid_record(record)
+        best, won, reached = rec.potential, rec.won, set(rec.marks)
         player, boxes, count = self.state.player, set(self.state.boxes), self.state.moves
         goals = set(self.goals)
-        phi = -box_distance(tuple(boxes), self.goals)
-        reward, invalid, pushes, solved, failed = 0.0, 0, 0, False, ""
+        gains, costs, invalid, pushes, solved, failed = 0.0, 0.0, 0, 0, False, ""
         for m in moves:
             d = DIRECTIONS[m]
             count += 1
             q = _step(player, d)
-            pushed_to = None
-            if q not in self.floor:
-                valid = False
-            elif q in boxes:
-                nb = _step(q, d)
-                valid = nb in self.floor and nb not in boxes
-                if valid:
-                    boxes.remove(q)
-                    boxes.add(nb)
-                    pushed_to = nb
-            else:
-                valid = True
-            if not valid:
-                reward += R_INVALID
+            pushed_to = self._push(q, d, boxes)
+            if pushed_to is False:
+                costs += COST_INVALID
                 invalid += 1
             else:
-                reward += R_STEP
+                costs += COST_STEP
                 player = q
-            if pushed_to is not None:
+            if pushed_to:
                 pushes += 1
-                if pushed_to in goals and q not in goals:
-                    reward += R_ON_GOAL
+                if pushed_to in goals and pushed_to not in reached:   # a goal's first arrival pays once
+                    gains += R_ON_GOAL
+                    reached.add(pushed_to)
                 elif q in goals and pushed_to not in goals:
-                    reward += R_OFF_GOAL
-                new_phi = -box_distance(tuple(boxes), self.goals)
-                reward += SHAPING * (new_phi - phi)
-                phi = new_phi
+                    costs += COST_OFF_GOAL
+                phi = -box_distance(tuple(boxes), self.goals)
+                if phi > best:                                         # only a new lowest D pays
+                    gains += SHAPING * (phi - best)
+                    best = phi
             if boxes <= goals:
                 solved = True
-                reward += R_WIN
+                gains += 0.0 if won else R_WIN
+                won = True
                 break
-            if pushed_to is not None and pushed_to in self.dead:
+            if pushed_to and pushed_to in self.dead:
                 failed = f"box pushed to {list(pushed_to)}, a dead square: it can never reach a goal"
             elif count >= self.max_moves:
                 failed = f"the move budget of {self.max_moves} is spent"
             if failed:
-                reward += R_FAIL
+                costs += COST_FAIL
                 break
         new = SokobanState(player, tuple(sorted(boxes)), count)
         on = len(boxes & goals)
@@ -273,7 +277,22 @@ class SokobanEnv(PlanningEnv):
         info = {"invalid_moves": invalid, "pushes": pushes, "boxes_on_goals": on, "player": list(player)}
         if failed:
             info["failure"] = failed
-        return Outcome(new, reward, solved=solved, failed=bool(failed), summary=summary, info=info)
+        return Outcome(new, gains, costs, Record(best, won, frozenset(reached)), solved=solved,
+                       failed=bool(failed), summary=summary, info=info)
+
+    def _push(self, q: Cell, d: tuple[int, int], boxes: set[Cell]) -> Cell | bool | None:
+        """The player steps onto q: None when q is free floor, the box's new cell when it pushes
+        one (`boxes` is updated), False when the move is invalid (nothing moves)."""
+        if q not in self.floor:
+            return False
+        if q not in boxes:
+            return None
+        nb = _step(q, d)
+        if nb not in self.floor or nb in boxes:
+            return False
+        boxes.remove(q)
+        boxes.add(nb)
+        return nb
 
     def progress(self) -> float:
         return 1.0 - box_distance(self.state.boxes, self.goals) / self.d0

@@ -12,20 +12,28 @@ Moves: a list of cells `[row, col, value]` (rows and columns from 0, value 1..si
 a cell), written in order; or a full grid `[[...], ...]` of size x size values (0 = blank), which
 replaces every non-clue cell at once.
 
-Rewards (the reference gives only +2 for solving; the rest is ours):
+Rewards (the reference gives only +2 for solving; the rest is ours), split into gains paid once
+against the episode's record and costs charged by the episode's ledger (see planning.py):
 
-| event | reward |
-|---|---|
-| a cell write that is rejected: on a given clue, or clashing with a digit in its row, column or box (not applied) | -0.1 each |
-| progress shaping: change in the fraction of blank cells holding the solution's digit | +delta (a full solve from scratch: +1) |
-| solved (the grid is complete and valid **and every given clue is kept**) | +2 |
-| a full grid that changes a given clue: rejected whole, state unchanged | -0.1 per changed clue |
+| event | gain | cost |
+|---|---|---|
+| a cell write that is rejected: on a given clue, or clashing with a digit in its row, column or box (not applied) | | 0.1 each |
+| a write that brings the number of blank cells holding the solution's digit above its highest so far in the episode | +1/blanks per cell above that highest (a full solve from scratch: +1) | |
+| a write that clears or overwrites a cell holding the solution's digit | | 1/blanks |
+| solved (the grid is complete and valid **and every given clue is kept**; first time: it ends the episode) | +2 | |
+| a full grid that changes a given clue: rejected whole, state unchanged | | 0.1 per changed clue |
 
-The reference let a full-grid answer overwrite the clues and never checked them, so any valid
-Sudoku "solved" every puzzle; here clues can never change and success checks them again. Team
-reward: the fraction of the blank cells holding the solution's digit, 1.0 when solved. `done` =
-`success` = solved. Tool agent: the same rewards, simulated on a copy. Format failures -1.0 and
-the floor of -0.9 on a well-formed answer: see planning.py.
+A full grid counts as one write of every cell. Clearing a right digit costs 1/blanks and writing
+it again earns nothing until the count passes its highest (the reference had no shaping to farm;
+ours paid every rise of the count, so clearing and rewriting broke even, and a per-answer floor
+could make it pay). An episode's gains total at most 3, a solve's, and a solve with no costs
+scores exactly that. The reference let a full-grid answer overwrite the clues and
+never checked them, so any valid Sudoku "solved" every puzzle; here clues can never change and
+success checks them again. Team reward: the fraction of the blank cells holding the solution's
+digit, 1.0 when solved. `done` = `success` = solved. Tool agent: the same table, simulated on a
+copy and paid against its own record (no gains for cells play or its earlier proposals already
+got right). Grids and moves are read through the bounded parser of planning.py; at most 400
+cells per answer.
 """
 
 from __future__ import annotations
@@ -34,9 +42,10 @@ import random
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from env_svc.envs.planning import MAX_MOVES_PER_ACTION, Outcome, PlanningEnv
+from env_svc.envs._text import clip
+from env_svc.envs.planning import MAX_MOVES_PER_ACTION, Outcome, PlanningEnv, Record
 
-R_REJECTED, R_SOLVED = -0.1, 2.0
+COST_REJECTED, R_SOLVED = 0.1, 2.0     # and a right digit undone costs 1/blanks (self.blanks)
 BOX = {4: 2, 9: 3}
 
 
@@ -219,56 +228,86 @@ class SudokuEnv(PlanningEnv):
             for r, row in enumerate(value):
                 for c, v in enumerate(row):
                     if not _is_int(v) or not 0 <= v <= n:
-                        raise ValueError(f"grid value {v!r} at [{r}, {c}] is not an integer 0..{n}")
+                        raise ValueError(f"grid value {clip(repr(v), 40)} at [{r}, {c}] is not an integer 0..{n}")
             return [list(row) for row in value]      # a full grid (rows of n; cells have 3)
         cells = []
         for i, cell in enumerate(value):
             if not (isinstance(cell, list) and len(cell) == 3 and all(_is_int(x) for x in cell)):
-                raise ValueError(f"move {cell!r} at position {i} is not [row, col, value] with integers")
+                raise ValueError(f"move {clip(repr(cell), 60)} at position {i} is not [row, col, value] with integers")
             r, c, v = cell
             if not (0 <= r < n and 0 <= c < n and 0 <= v <= n):
-                raise ValueError(f"move {cell!r} at position {i} is out of range: row and col 0..{n - 1}, "
+                raise ValueError(f"move {clip(repr(cell), 60)} at position {i} is out of range: row and col 0..{n - 1}, "
                                  f"value 1..{n} (0 clears)")
             cells.append([r, c, v])
         return cells
 
-    def simulate(self, moves: list[Any]) -> Outcome:
+    def start_record(self) -> Record:
+        return Record(potential=self._correct(self.state.grid))
+
+    def simulate(self, moves: list[Any], record: Record | None = None) -> Outcome:
         n = self.size
-        grid = [row[:] for row in self.state.grid]
-        before = self._correct(grid)
-        reward, rejected = 0.0, []
+        rec = self.paid_record(record)
         if len(moves[0]) == n:                               # a full grid (a cell has 3 entries)
-            new = moves
             changed = [[r, c] for r in range(n) for c in range(n)
-                       if self.givens[r][c] and new[r][c] != self.givens[r][c]]
+                       if self.givens[r][c] and moves[r][c] != self.givens[r][c]]
             if changed:
                 info = {"clue_conflicts": changed,
                         "invalid": "the grid changes given clues; it was rejected whole"}
-                return Outcome(self.state, R_REJECTED * len(changed),
-                               summary=f"grid rejected: it changes the clues at {changed}", info=info)
-            grid = [[self.givens[r][c] or new[r][c] for c in range(n)] for r in range(n)]
+                return Outcome(self.state, 0.0, COST_REJECTED * len(changed), rec,
+                               summary=f"grid rejected: it changes the clues at {clip(str(changed), 200)}", info=info)
+            grid = [[self.givens[r][c] or moves[r][c] for c in range(n)] for r in range(n)]
+            undone = sum(self._right(self.state.grid, r, c) and not self._right(grid, r, c)
+                         for r in range(n) for c in range(n))
+            correct, rejected = self._correct(grid), []
+            best = max(rec.potential, correct)               # written at once: judged at the end
+            gains, costs = (best - rec.potential) / self.blanks, undone / self.blanks
         else:
-            for r, c, v in moves:
-                if self.givens[r][c]:
-                    rejected.append([r, c, v, "given clue"])
-                elif v and self._clashes(grid, r, c, v):
-                    rejected.append([r, c, v, "clashes with its row, column or box"])
-                else:
-                    grid[r][c] = v
-            reward += R_REJECTED * len(rejected)
-        after = self._correct(grid)
-        reward += (after - before) / self.blanks
+            grid, gains, costs, best, correct, rejected = self._write_cells(moves, rec.potential)
         solved = self._solved(grid)
-        if solved:
-            reward += R_SOLVED
+        if solved and not rec.won:
+            gains += R_SOLVED
         empty = sum(v == 0 for row in grid for v in row)
         summary = "solved" if solved else f"{empty} blank cells left"
         if rejected:
             summary += f"; {len(rejected)} write{'s' if len(rejected) > 1 else ''} rejected"
-        info: dict[str, Any] = {"correct_cells": after, "blank_cells": empty}
+        info: dict[str, Any] = {"correct_cells": correct, "blank_cells": empty}
         if rejected:
             info["invalid_moves"] = rejected
-        return Outcome(SudokuState(grid), reward, solved=solved, summary=summary, info=info)
+        return Outcome(SudokuState(grid), gains, costs, Record(best, rec.won or solved, rec.marks),
+                       solved=solved, summary=summary, info=info)
+
+    def _write_cells(self, moves: list[list[int]], best: float) -> tuple[Any, float, float, float, int, list[Any]]:
+        """Cell writes in order from the current grid: (grid, gains, costs, best, correct, rejected)."""
+        grid = [row[:] for row in self.state.grid]
+        correct = self._correct(grid)
+        gains = costs = 0.0
+        rejected = []
+        for r, c, v in moves:
+            why = self._rejected(grid, r, c, v)
+            if why:
+                rejected.append([r, c, v, why])
+                costs += COST_REJECTED
+                continue
+            was_right = self._right(grid, r, c)
+            if was_right and v != grid[r][c]:
+                costs += 1 / self.blanks                       # undoing a right digit
+            grid[r][c] = v
+            correct += self._right(grid, r, c) - was_right
+            if correct > best:                                 # only a new highest count pays
+                gains, best = gains + (correct - best) / self.blanks, correct
+        return grid, gains, costs, best, correct, rejected
+
+    def _right(self, grid: list[list[int]], r: int, c: int) -> bool:
+        """A blank of the puzzle holding the solution's digit."""
+        return not self.givens[r][c] and grid[r][c] == self.solution[r][c]
+
+    def _rejected(self, grid: list[list[int]], r: int, c: int, v: int) -> str:
+        """Why a cell write is refused ("" when it is not)."""
+        if self.givens[r][c]:
+            return "given clue"
+        if v and self._clashes(grid, r, c, v):
+            return "clashes with its row, column or box"
+        return ""
 
     def progress(self) -> float:
         return self._correct(self.state.grid) / self.blanks

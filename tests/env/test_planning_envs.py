@@ -10,7 +10,13 @@ import json
 import pytest
 
 from env_svc.envs.plan_path import PlanPathEnv
-from env_svc.envs.planning import FAILURE_REWARD, MIN_ANSWER_REWARD, moves_text, parse_list_after
+from env_svc.envs.planning import (
+    FAILURE_REWARD,
+    MIN_ANSWER_REWARD,
+    episode_charge,
+    moves_text,
+    parse_list_after,
+)
 from env_svc.envs.sokoban import SokobanEnv
 from env_svc.envs.sudoku import SudokuEnv, count_solutions
 from tests.env.planning_solvers import PATH_SOLVER, SOKOBAN_SOLVER, SUDOKU_SOLVER
@@ -93,14 +99,22 @@ def test_plan_path_rewards_match_the_reference_values():
 
 
 def test_failing_never_outscores_an_attempt():
-    """Well-formed answers are floored above the failure reward (no incentive to emit garbage)."""
+    """Well-formed answers score above the failure reward (no incentive to emit garbage).
+
+    Was: walking away was shaped at -1 a move and the answer floored at exactly -0.9 per answer
+    (a floor that paid walking away and back, issue 34). Now walking away earns no gain and only
+    its costs are charged, by the episode's ledger, which never charges 0.9 or more in total."""
     env = make("plan_path", seed=3, grid_size=8, wall_ratio=0.0)
     away = {"U": "D", "D": "U", "L": "R", "R": "L"}
     back = [away[m] for m in env.solution()]     # walking away from the goal, then into the edge
     r = run(env.step("plan", plan_answer(back * 3)))
-    assert r.local_reward == MIN_ANSWER_REWARD > FAILURE_REWARD and r.info["raw_reward"] < -2
+    assert r.info["gains"] == 0 and r.info["costs"] > 0.9        # more than the episode's cap
+    assert r.local_reward == pytest.approx(-episode_charge(r.info["costs"], 0.9), abs=1e-6)
+    assert FAILURE_REWARD < MIN_ANSWER_REWARD < r.local_reward < 0
+    again = run(env.step("plan", plan_answer(back * 3)))          # the episode's total stays above the floor
+    assert MIN_ANSWER_REWARD < r.local_reward + again.local_reward < r.local_reward
     worse = run(env.step("plan", "#### nothing"))
-    assert worse.local_reward == FAILURE_REWARD < r.local_reward
+    assert worse.local_reward == FAILURE_REWARD < again.local_reward
     custom = make("plan_path", failure_reward=-2, min_answer_reward=-1.5)
     assert run(custom.step("plan", "?")).local_reward == -2.0
     with pytest.raises(ValueError, match="min_answer_reward"):
@@ -314,8 +328,11 @@ def test_sokoban_dead_square_fails_the_episode():
             if st.player == behind and target in env.dead and target in env.floor:
                 r = run(env.step("plan", plan_answer([m])))
                 assert r.done and not r.success and r.info["failed"] and r.team_reward == 0.0
-                assert r.local_reward == MIN_ANSWER_REWARD   # floored ...
-                assert -5.2 < r.info["raw_reward"] < -4.8     # ... from fail -5, step -0.01, shaping +-0.1
+                # fail 5 + step 0.01 are costs (was: floored at exactly -0.9 per answer; now the
+                # episode's charge, which stays below 0.9); a push nearer a goal may still gain 0.1
+                assert r.info["costs"] == pytest.approx(5.01) and r.info["gains"] in (0.0, 0.1)
+                assert r.local_reward == pytest.approx(r.info["gains"] - episode_charge(5.01, 0.9), abs=1e-6)
+                assert MIN_ANSWER_REWARD < r.local_reward - r.info["gains"] < -0.89
                 assert "dead square" in r.info["failure"]
                 return
     pytest.fail("no room among 200 seeds has the player next to a push into a dead square")
@@ -369,9 +386,16 @@ def test_sudoku_partial_progress_is_shaped():
     r = run(env.step("plan", plan_answer(moves[:2])))
     assert r.team_reward == pytest.approx(2 / env.blanks, abs=1e-6)     # rewards are rounded to 1e-6
     assert r.local_reward == pytest.approx(2 / env.blanks, abs=1e-6)
-    # clearing a filled cell takes the progress back
+    # clearing a filled cell takes the progress back (a cost of 1/blanks) ...
     r = run(env.step("plan", plan_answer([[moves[0][0], moves[0][1], 0]])))
     assert r.local_reward == pytest.approx(-1 / env.blanks, abs=1e-6)
+    assert r.team_reward == pytest.approx(1 / env.blanks, abs=1e-6)
+    # ... and writing it again earns nothing (was: +1/blanks again, so clearing and rewriting broke
+    # even; issue 34: progress is paid once); a cell never right before earns 1/blanks
+    r = run(env.step("plan", plan_answer([moves[0]])))
+    assert r.local_reward == 0.0 and r.team_reward == pytest.approx(2 / env.blanks, abs=1e-6)
+    r = run(env.step("plan", plan_answer([moves[2]])))
+    assert r.local_reward == pytest.approx(1 / env.blanks, abs=1e-6)
     assert "Cells filled so far" in env.observe("plan")[0]["content"]
 
 
