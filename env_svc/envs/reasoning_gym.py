@@ -12,8 +12,15 @@ per epoch, and evaluation takes the first `eval_size` entries.
 
 - **reasoner** sees the question and ends with `<answer>...</answer>` (reasoning-gym's own
   convention; the last one counts; a `\\boxed{}` or `Final answer:` line is accepted when there is
-  none). Local reward: the dataset's `score_answer` (in [0, 1]; some tasks give partial credit),
+  none). Local reward: the answer's score (in [0, 1]; some tasks give partial credit),
   `failure_reward` (default -1) when no answer can be found.
+- **the judge**: model text never runs as code in this process. A dataset whose own scorer
+  evaluates the answer or pays wrong answers is scored by ours (rg_safe.py: data and arithmetic
+  parsing only, the dataset's score for an honest answer); every other dataset's `score_answer`
+  runs in the scorer worker (rg_scorer.py), in a child process forked per call, isolated and
+  bounded. An answer over 64 KiB or nested over 32 brackets deep, or one the judge cannot score
+  (a scorer crash or timeout, text that is not the arithmetic asked for), scores 0 with
+  `judge_error` (the reason) and `parse_error` in the step's info.
 - **tool** writes one ```python block, run in the sandbox like `math`'s tool agent; its answer is
   the `<answer>...</answer>` it prints, else its last non-empty stdout line. Local reward: its
   answer's score, 0 when it printed nothing, `failure_reward` for no code block or a crash.
@@ -33,28 +40,33 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from atgrpo.errors import InvalidArgument
 from atgrpo.sdk.env import EVAL_SEED_OFFSET, Environment, EnvSpec, Message, StepResult
+from atgrpo.sdk.judge import JudgeError, check_bounds, failure_info
 from env_svc.envs._text import clip as _clip
 from env_svc.envs.answer_extract import extract_answer
 from env_svc.envs.math import ToolTurns, run_tool, tool_limits, turn_options
+from env_svc.envs.rg_safe import SYMPY_SCORED, math_text, scorer_for
+from env_svc.envs.rg_scorer import WORKER
 
 AGENTS = ("tool", "reasoner")
 FAILURE_REWARD = -1.0
 ANSWER_CHARS = 600
 INSTALL_HINT = "pip install 'atgrpo[benchmarks]'"
 OWNED_KEYS = ("seed", "size")     # create_dataset arguments this env sets from its own options
-_TAG_RE = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)
 
 
 def tagged_answer(text: str) -> str | None:
-    """The content of the last <answer>...</answer> (reasoning-gym's convention), or None."""
-    found = [m.strip() for m in _TAG_RE.findall(text)]
-    return found[-1] if found and found[-1] else None
+    """The content of the last <answer>...</answer> (reasoning-gym's convention), or None. Two
+    rfinds, not a regex: a text of many unclosed tags costs linear time, not quadratic."""
+    end = text.rfind("</answer>")
+    start = text.rfind("<answer>", 0, max(end, 0))
+    if end < 0 or start < 0:
+        return None
+    return text[start + len("<answer>"):end].strip() or None
 
 
 def reasoner_answer(text: str) -> str | None:
@@ -66,6 +78,22 @@ def program_answer(stdout: str) -> str | None:
     else its last non-empty line."""
     lines = [ln.strip() for ln in stdout.strip().splitlines() if ln.strip()]
     return tagged_answer(stdout) or (lines[-1] if lines else None)
+
+
+def _in_process(scorer: Any, dataset: Any, answer: str, entry: dict) -> float:
+    """One of our safe scorers; should it fail on some input we did not foresee, that answer is
+    a scorer error like a worker crash, not a failed step."""
+    try:
+        return float(scorer(dataset, answer, entry))
+    except JudgeError:
+        raise
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        raise JudgeError("scorer_error", _clip(f"{type(e).__name__}: {e}", 200)) from None
+
+
+def _unread(info: dict[str, Any]) -> str:
+    """For the history: why the judge could not read an answer, so the next turn can fix it."""
+    return f" (unreadable: {_clip(info['parse_error'], 160)})" if "judge_error" in info else ""
 
 
 def _library() -> Any:
@@ -205,13 +233,21 @@ class ReasoningGymEnv(ToolTurns, Environment):
     # ---- agents -----------------------------------------------------------------------------
 
     async def _score(self, answer: str) -> tuple[float, dict[str, Any]]:
-        """The dataset's score_answer, off the event loop (some scorers use sympy); a scorer that
-        raises on odd text scores 0, since model output must never fail the episode."""
+        """The answer's score and info; an answer the judge cannot score is a format failure
+        (score 0, the reason in info), never an exception out of step."""
         try:
-            score = float(await asyncio.to_thread(self.dataset.score_answer, answer, self.entry))
-        except Exception as e:  # noqa: BLE001 - third-party scorers raise anything on malformed answers
-            return 0.0, {"score_error": _clip(f"{type(e).__name__}: {e}", 200)}
-        return (score, {}) if 0.0 <= score <= 1.0 else (0.0, {"score_error": f"scorer returned {score}"})
+            check_bounds(answer, "the answer")
+            name, config_json = self.source
+            scorer = scorer_for(name, self.dataset)
+            if scorer is None:
+                if name in SYMPY_SCORED:
+                    math_text(answer)        # sympy's parse_expr evals: plain mathematics only
+                score = await asyncio.to_thread(WORKER.score, self.dataset, name, config_json, answer, self.entry)
+            else:
+                score = _in_process(scorer, self.dataset, answer, self.entry)
+        except JudgeError as e:
+            return 0.0, failure_info(e)
+        return score, {}
 
     async def _reasoner(self, action: str) -> StepResult:
         answer = reasoner_answer(action)
@@ -223,7 +259,7 @@ class ReasoningGymEnv(ToolTurns, Environment):
         self.score, info = await self._score(answer)
         self.done = self.score >= 1.0
         info.update(answer=_clip(answer, ANSWER_CHARS), score=self.score)
-        self._record("reasoner", f"answered {_clip(answer, 200)}" + ("" if self.done else " (not right)"))
+        self._record("reasoner", f"answered {_clip(answer, 200)}" + ("" if self.done else " (not right)" + _unread(info)))
         return StepResult(self.score, self.score, self.done, self.done, info)
 
     async def _tool(self, action: str) -> StepResult:
@@ -243,7 +279,7 @@ class ReasoningGymEnv(ToolTurns, Environment):
         out["answer"] = _clip(answer, ANSWER_CHARS)
         score, extra = await self._score(answer)
         info.update(extra, answer=out["answer"], score=score)
-        self._record("tool", f"printed {_clip(answer, 200)}")
+        self._record("tool", f"printed {_clip(answer, 200)}" + _unread(info))
         return StepResult(self.score, score, False, False, info)
 
     # ---- helpers ----------------------------------------------------------------------------
