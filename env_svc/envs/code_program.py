@@ -84,7 +84,9 @@ def function_program(source: str, name: str, prelude: str = PRELUDE) -> str:
 # ---------------------------------------------------------------------------------------------
 # Parsing the tester's output
 
-_MARK_RE = re.compile(r"(?:\*\*|__)?\s*test\s*(input|output)\s*(?:#?\s*\d+)?\s*(?:\*\*|__)?\s*[:：]?\s*(?:\*\*|__)?",
+# No unbounded quantifier before the literal "test": a search tries every start, and `\s*test` on
+# a long run of spaces would scan the rest of the run from each one (quadratic).
+_MARK_RE = re.compile(r"(?:(?:\*\*|__)[ \t]{0,8})?test\s*(input|output)\s*(?:#?\s*\d+)?\s*(?:\*\*|__)?\s*[:：]?\s*(?:\*\*|__)?",
                       re.IGNORECASE)
 _FENCE_RE = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.DOTALL)
 

@@ -194,3 +194,19 @@ def test_oversized_and_deeply_nested_tester_input_is_a_malformed_test_not_a_cras
         r = await envs.step(ep, "tester", answer_with_tests([(f"{huge}\n1", "[0, 1]")]))
         assert r.info["malformed"] == 1 and r.info["judge_error"] == "too_large" and r.local_reward == 0.0
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("text", ["test" + " " * 900_000 + "x", "```" + "`" * 900_000, "**Test Input:**\n" * 60_000,
+                                  "</think>" * 120_000, "```python\n" * 90_000])
+def test_crafted_text_parses_in_linear_time(text):
+    """A regex that backtracks over a long run (`\\s*test` on 900,000 spaces took minutes) would
+    stall the step; each of these takes milliseconds (2 s is the generous bound)."""
+    import time
+
+    from env_svc.envs.answer_extract import extract_code
+    from env_svc.envs.code_program import parse_tests
+
+    t = time.monotonic()
+    parse_tests(text)
+    extract_code(text)
+    assert time.monotonic() - t < 2.0
