@@ -11,7 +11,6 @@ import time
 
 import pytest
 
-from env_svc import code_formats
 from env_svc.datasets import DatasetError, Source, load, sources
 from env_svc.envs.code import CodeEnv
 from env_svc.envs.code_check import complete_function
