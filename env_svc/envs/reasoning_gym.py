@@ -19,8 +19,9 @@ per epoch, and evaluation takes the first `eval_size` entries.
   parsing only, the dataset's score for an honest answer); every other dataset's `score_answer`
   runs in the scorer worker (rg_scorer.py), in a child process forked per call, isolated and
   bounded. An answer over 64 KiB or nested over 32 brackets deep, or one the judge cannot score
-  (a scorer crash or timeout, text that is not the arithmetic asked for), scores 0 with
-  `judge_error` (the reason) and `parse_error` in the step's info.
+  (a scorer crash or timeout, text that is not the arithmetic asked for), is a format failure:
+  local reward `failure_reward`, team score 0, `judge_error` (the reason) and `parse_error` in
+  the step's info.
 - **tool** writes one ```python block, run in the sandbox like `math`'s tool agent; its answer is
   the `<answer>...</answer>` it prints, else its last non-empty stdout line. Local reward: its
   answer's score, 0 when it printed nothing, `failure_reward` for no code block or a crash.
@@ -234,7 +235,7 @@ class ReasoningGymEnv(ToolTurns, Environment):
 
     async def _score(self, answer: str) -> tuple[float, dict[str, Any]]:
         """The answer's score and info; an answer the judge cannot score is a format failure
-        (score 0, the reason in info), never an exception out of step."""
+        (score 0, `judge_error` in info: its step pays failure_reward), never an exception."""
         try:
             check_bounds(answer, "the answer")
             name, config_json = self.source
@@ -260,7 +261,8 @@ class ReasoningGymEnv(ToolTurns, Environment):
         self.done = self.score >= 1.0
         info.update(answer=_clip(answer, ANSWER_CHARS), score=self.score)
         self._record("reasoner", f"answered {_clip(answer, 200)}" + ("" if self.done else " (not right)" + _unread(info)))
-        return StepResult(self.score, self.score, self.done, self.done, info)
+        local = self.failure_reward if "judge_error" in info else self.score
+        return StepResult(self.score, local, self.done, self.done, info)
 
     async def _tool(self, action: str) -> StepResult:
         run = await run_tool(action, self.sandbox, self.limits, self.name)
@@ -280,7 +282,7 @@ class ReasoningGymEnv(ToolTurns, Environment):
         score, extra = await self._score(answer)
         info.update(extra, answer=out["answer"], score=score)
         self._record("tool", f"printed {_clip(answer, 200)}" + _unread(info))
-        return StepResult(self.score, score, False, False, info)
+        return StepResult(self.score, self.failure_reward if "judge_error" in info else score, False, False, info)
 
     # ---- helpers ----------------------------------------------------------------------------
 

@@ -71,7 +71,7 @@ def test_eval_scorers_run_no_answer(dataset, marker):
     for text in (f"__import__('os').system('touch {marker}')", f"open('{marker}', 'w')",
                  f"[__import__('os').system('touch {marker}')]", f"[open('{marker}', 'w').close()]"):
         r = answer(env, text)
-        assert r.local_reward == 0.0 and not marker.exists(), (text, r.info)
+        assert r.local_reward <= 0.0 and not marker.exists(), (text, r.info)
     assert answer(env, env.entry["answer"]).local_reward == 1.0
 
 
@@ -82,7 +82,7 @@ def test_sympy_scorers_see_only_mathematics(dataset, marker):
     for text in (f"__import__('os').system('touch {marker}')", "x.__class__", "(lambda: 1)()", "'x'",
                  "x if 1 else x", "[x][0]", f"x + {TOWER}"):
         r = answer(env, text)
-        assert r.local_reward == 0.0 and r.info["judge_error"] in ("not_data", "too_large"), (text, r.info)
+        assert r.local_reward == -1.0 and r.info["judge_error"] in ("not_data", "too_large"), (text, r.info)
     assert not marker.exists()
 
 
@@ -97,7 +97,7 @@ def test_the_unevaluated_integral_is_refused(dataset):
     env = make(dataset)
     meta = env.entry["metadata"]
     r = answer(env, f"Integral({meta['integrand']}, {meta['variable']}) + C")
-    assert r.local_reward == 0.0 and r.info["judge_error"] == "not_data"
+    assert r.local_reward == -1.0 and r.info["judge_error"] == "not_data"
 
 
 def test_an_answer_cannot_patch_the_scorer_for_later_answers():
@@ -113,13 +113,13 @@ def test_an_answer_cannot_patch_the_scorer_for_later_answers():
                "setattr(__import__('reasoning_gym').dataset.ProceduralDataset, 'score_answer', lambda *a: 1.0) or 0.0"]
     for patch in patches:
         answer(env, patch)
-        assert answer(env, "0").local_reward == 0.0, patch            # scored fresh: 0, not 1
+        assert answer(env, "0").local_reward <= 0.0, patch            # scored fresh: 0, not 1
     assert answer(env, env.entry["answer"]).local_reward == 1.0
     # the safe path: n_queens never evaluates the patch at all
     queens = make("n_queens")
     assert answer(queens, "setattr(__import__('reasoning_gym').games.n_queens.NQueensDataset, "
-                          "'score_answer', lambda *a: 1.0)").local_reward == 0.0
-    assert answer(queens, "_ _ _ _").local_reward == 0.0
+                          "'score_answer', lambda *a: 1.0)").local_reward <= 0.0
+    assert answer(queens, "_ _ _ _").local_reward <= 0.0
 
 
 def test_an_unaudited_scorer_runs_in_an_isolated_child(marker):
@@ -137,18 +137,18 @@ def test_an_unaudited_scorer_runs_in_an_isolated_child(marker):
         assert answer(env, "1.0 if __import__('os').getuid() == 65534 and not __import__('os').getgroups() "
                            "else 0.0").local_reward == 1.0
     r = answer(env, f"__import__('os').system('touch {marker}') and 0.0")
-    assert r.local_reward == 0.0 and not marker.exists()
+    assert r.local_reward <= 0.0 and not marker.exists()
     if landlock_abi() < 4:
         pytest.skip("no Landlock (ABI 4+) here: file writes and connects are not refused by it")
     r = answer(env, f"open('{marker}', 'w') and 0.0")
-    assert r.local_reward == 0.0 and r.info["judge_error"] == "scorer_error" and not marker.exists()
+    assert r.local_reward == -1.0 and r.info["judge_error"] == "scorer_error" and not marker.exists()
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
         server.setblocking(False)
         port = server.getsockname()[1]
         r = answer(env, f"__import__('socket').create_connection(('127.0.0.1', {port}), 1) and 1.0")
-        assert r.local_reward == 0.0 and r.info["judge_error"] == "scorer_error"
+        assert r.local_reward == -1.0 and r.info["judge_error"] == "scorer_error"
         with pytest.raises(BlockingIOError):
             server.accept()
 
@@ -158,12 +158,12 @@ def test_a_scorer_that_hangs_crashes_or_lies_is_a_judge_error(monkeypatch):
     env = make(rg_probe.NAME)
     start = time.monotonic()
     r = answer(env, "__import__('time').sleep(30) or 1.0")
-    assert r.local_reward == 0.0 and r.info["judge_error"] == "scorer_timeout" and time.monotonic() - start < 10
+    assert r.local_reward == -1.0 and r.info["judge_error"] == "scorer_timeout" and time.monotonic() - start < 10
     for text in ("__import__('os')._exit(0)", "__import__('os').kill(__import__('os').getpid(), 9)",
                  "len(bytearray(2 ** 34))", "float('nan')", "2.0", "-1", "[].pop()",
                  "__import__('sys').setrecursionlimit(10 ** 6) or (lambda f: f(f))(lambda f: f(f))"):
         r = answer(env, text)
-        assert r.local_reward == 0.0 and r.info["judge_error"] in ("scorer_error", "scorer_timeout"), (text, r.info)
+        assert r.local_reward == -1.0 and r.info["judge_error"] in ("scorer_error", "scorer_timeout"), (text, r.info)
         assert "error" in r.info["parse_error"] or "ran over" in r.info["parse_error"] or "failed" in r.info["parse_error"]
     assert answer(env, env.entry["answer"]).local_reward == 1.0       # the worker itself is fine
 
@@ -199,17 +199,17 @@ def test_countdown_pays_only_the_puzzles_numbers():
     zeroed = f"({' + '.join(map(str, nums))})*0e0 + {target}e0"       # every number "used", none counted
     assert env.dataset.score_answer(zeroed, env.entry) == 1.0          # the hole, in the dataset's own scorer
     r = answer(env, zeroed)
-    assert r.local_reward == 0.0 and r.info["judge_error"] == "not_data"
+    assert r.local_reward == -1.0 and r.info["judge_error"] == "not_data"
     assert answer(env, ref).local_reward == 1.0
-    assert answer(env, f"{target}").local_reward == 0.05               # not the puzzle's numbers
-    assert answer(env, f"{ref} + {nums[0]} - {nums[0]}").local_reward == 0.05   # a number used again
-    assert answer(env, f"({ref}) * 1 * 1").local_reward == 0.05        # numbers of its own
+    assert answer(env, f"{target}").local_reward <= 0.05               # not the puzzle's numbers
+    assert answer(env, f"{ref} + {nums[0]} - {nums[0]}").local_reward <= 0.05   # a number used again
+    assert answer(env, f"({ref}) * 1 * 1").local_reward <= 0.05        # numbers of its own
     for form in (f"{nums[0]}.0", f"0{nums[0]}", f"{nums[0]}e0", f"{nums[0]}_0"):
         r = answer(env, ref.replace(str(nums[0]), form, 1))
-        assert r.local_reward == 0.0 and r.info["judge_error"] == "not_data", form
+        assert r.local_reward == -1.0 and r.info["judge_error"] == "not_data", form
     for text in (TOWER, DEEP, "2^3", "sqrt(4)", "x", "__import__('os')"):
         r = answer(env, text)
-        assert r.local_reward == 0.0 and "judge_error" in r.info, text
+        assert r.local_reward == -1.0 and "judge_error" in r.info, text
 
 
 def test_puzzle24_pays_only_the_puzzles_numbers_and_exactly_24():
@@ -219,10 +219,10 @@ def test_puzzle24_pays_only_the_puzzles_numbers_and_exactly_24():
     truncated = "7*7/2*1"                                              # 24.5, which int() made 24
     for trick in (others, truncated):
         assert env.dataset.score_answer(trick, env.entry) == 1.0       # the holes, in the dataset's scorer
-        assert answer(env, trick).local_reward == 0.01                 # the dataset's score for a wrong answer
+        assert answer(env, trick).local_reward <= 0.01                 # the dataset's score for a wrong answer
     assert answer(env, env.entry["answer"]).local_reward == 1.0
     r = answer(env, TOWER)
-    assert r.local_reward == 0.0 and r.info["judge_error"] == "not_data"
+    assert r.local_reward == -1.0 and r.info["judge_error"] == "not_data"
 
 
 @pytest.mark.parametrize("dataset", ["leg_counting", "basic_arithmetic", "gcd", "chain_sum", "products"])
@@ -232,7 +232,7 @@ def test_no_credit_for_containing_the_answer(dataset):
     ref = env.entry["answer"]
     for trick in (f"1{ref}", f"{ref}0", f"the answer is {ref}", " ".join(str(i) for i in range(200))):
         if trick != ref:
-            assert answer(env, trick).local_reward == 0.0, trick
+            assert answer(env, trick).local_reward <= 0.0, trick
     assert env.dataset.score_answer(f"1{ref}", env.entry) > 0        # the hole, in the dataset's scorer
     assert answer(env, ref).local_reward == 1.0
 
@@ -245,9 +245,9 @@ def test_oversized_and_deeply_nested_answers_are_format_failures(dataset):
     env = make(dataset)
     for text, reason in ((DEEP, "too_deep"), ("1" * 70_000, "too_large")):
         r = answer(env, text)
-        assert r.local_reward == 0.0 and r.info["judge_error"] == reason, r.info
+        assert r.local_reward == -1.0 and r.info["judge_error"] == reason, r.info
     r = answer(env, TOWER)
-    assert r.local_reward == 0.0
+    assert r.local_reward <= 0.0
     if dataset in ("countdown", "polynomial_multiplication"):
         assert r.info["judge_error"] in ("not_data", "too_large")
 
@@ -257,7 +257,7 @@ def test_the_tool_agents_output_is_bounded_too(sandbox):
     env.sandbox = sandbox
     env.reset("train-0", 0, "train")
     r = asyncio.run(env.step("tool", "```python\nprint('[' * 10_000 + ']' * 10_000)\n```"))
-    assert r.local_reward == 0.0 and r.info["judge_error"] == "too_deep"
+    assert r.local_reward == -1.0 and r.info["judge_error"] == "too_deep"
 
 
 def test_answer_extraction_is_linear_and_never_raises():
@@ -337,7 +337,7 @@ def test_the_gate_passes_honest_symbolic_answers_and_the_worker_scores_them(name
         env = make(name, seed=seed)
         if "Integral" not in env.entry["answer"]:
             assert answer(env, env.entry["answer"]).local_reward == 1.0
-            assert answer(env, "x + 1").local_reward == 0.0
+            assert answer(env, "x + 1").local_reward <= 0.0
 
 
 def test_arithmetic_is_exact_and_bounded():
