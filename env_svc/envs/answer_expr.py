@@ -1,26 +1,61 @@
 """Plain-text math expressions to sympy, without eval: a whitelist tokenizer and a
-recursive-descent parser that build the expression node by node, within size bounds (the
-MAX_* limits below, shared by the LaTeX scanner and answers.py). Input is the plain syntax
-latex_to_plain (answer_latex.py) produces.
+recursive-descent parser that build the expression node by node, and a numeric evaluator; both
+bounded (the MAX_* limits below, shared by the LaTeX scanner and answers.py). Input is the plain
+syntax latex_to_plain (answer_latex.py) produces.
+
+Why bounds everywhere: sympy computes exactly as it builds (`9**9**9` is a 350-million-digit
+integer; `sqrt(n)` factors n, seconds for a 10,000-bit n), decides what a number is (zero?
+positive?) by evaluating it again at every enclosing node (nested logs: exponential in depth), and
+mpmath raises a number to any power it is given. So sympy only ever sees rationals, variables and
+opaque numbers (opaque_type: every other number, hidden behind a Dummy), values come from the
+bounded Evaluator alone, and each operation is checked *before* sympy or mpmath runs it: the bits
+of every exact number, the bits of a number whose root sympy would take, the magnitude of every
+numeric value (from its operands' values at 64 bits, for a power from |exp * ln base|),
+factorials, binomials, trig arguments, tokens, nesting. An answer past a bound raises JudgeError
+(too_large, too_deep), an undefined one (`0/0`, `oo - oo`, `log 0`, infinity inside arithmetic)
+JudgeError("undefined"); text that is not mathematics raises AnswerError and is then compared as
+text.
 """
 
 from __future__ import annotations
 
+import math
 import re
+import threading
 from typing import Any
+
+from atgrpo.sdk.judge import JudgeError
 
 MAX_ANSWER_CHARS = 400
 MAX_TOKENS = 300
-MAX_DEPTH = 50
-MAX_DIGITS = 100
-MAX_POW_BITS = 20_000
+MAX_DEPTH = 50            # brackets and exponents inside each other
+MAX_DIGITS = 100          # one number literal
+MAX_POW_BITS = 20_000     # every exact integer (numerator, denominator) the parser lets sympy build
+MAX_ROOT_BITS = 256       # a rational sympy factors to simplify its root (a 256-bit one: milliseconds)
+MAX_MAG_BITS = 20_000     # every numeric value lies in 2^-MAX .. 2^MAX (or is 0 or +-oo)
+MAX_TRIG_ARG = 2.0 ** 64  # argument reduction of sin(x) costs log2|x| bits of precision
 MAX_FACTORIAL = 300
 MAX_BINOMIAL = 1_000
 MAX_ITEMS = 32
+MAX_NODES = 5_000         # nodes one evaluation visits (sympy shares subtrees, so a count, not depth)
+
+_LN2 = math.log(2)
 
 
 class AnswerError(ValueError):
     """An answer that cannot be read as mathematics (it is then compared as text)."""
+
+
+def too_large(what: str) -> JudgeError:
+    return JudgeError("too_large", f"the answer's {what} is too large to judge; give a simpler exact form")
+
+
+def too_deep(what: str = "nesting") -> JudgeError:
+    return JudgeError("too_deep", f"the answer's {what} is deeper than {MAX_DEPTH} levels")
+
+
+def undefined(what: str) -> JudgeError:
+    return JudgeError("undefined", f"the answer is undefined ({what}); give a value")
 
 
 def _funcs() -> dict[str, tuple[Any, tuple[int, ...]]]:
@@ -38,9 +73,12 @@ def _funcs() -> dict[str, tuple[Any, tuple[int, ...]]]:
 
 _FUNCS = {"sqrt", "cbrt", "exp", "ln", "log", "sin", "cos", "tan", "cot", "sec", "csc", "asin", "acos", "atan",
           "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh", "abs", "floor", "ceil", "binomial"}
-_CONSTS = {"pi", "e", "i", "oo", "inf", "infty", "infinity"}
-_NAMES = sorted((n for n in _FUNCS | _CONSTS if len(n) > 1), key=len, reverse=True)
-_TOKEN_RE = re.compile(r"\s*(?:(\d+(?:\.\d*)?(?:[eE][+-]?\d{1,3}(?![A-Za-z]))?|\.\d+)|([A-Za-z]+)|(\*\*|[-+*/^(),!]))")
+_CONSTS = {"pi", "e", "i", "oo", "inf", "infty", "infinity", "nan"}
+_INFINITIES = {"oo", "inf", "infty", "infinity"}
+# names found inside a run of letters (xsin = x sin); an infinity or nan only as a whole word, so
+# that "book" or "banana" stay text, not an infinity or an undefined value
+_NAMES = sorted((n for n in _FUNCS | {"pi"} if len(n) > 1), key=len, reverse=True)
+_TOKEN_RE = re.compile(r"\s*+(?:((?:\d++(?:\.\d*+)?|\.\d++)(?:[eE][+-]?\d++(?![A-Za-z]))?)|([A-Za-z]++)|(\*\*|[-+*/^(),!]))")
 
 
 def tokenize(text: str) -> list[tuple[str, str]]:
@@ -55,16 +93,23 @@ def tokenize(text: str) -> list[tuple[str, str]]:
         i = m.end()
         num, word, op = m.groups()
         if num is not None:
-            if len(num) > MAX_DIGITS:
-                raise AnswerError("a number with too many digits")
+            _check_literal(num)
             tokens.append(("num", num))
         elif op is not None:
             tokens.append(("op", "^" if op == "**" else op))
         else:
             tokens += _split_word(word)
         if len(tokens) > MAX_TOKENS:
-            raise AnswerError("too many tokens")
+            raise too_large(f"expression (over {MAX_TOKENS} tokens)")
     return tokens
+
+
+def _check_literal(num: str) -> None:
+    """A number literal sympy may build exactly: at most MAX_DIGITS characters and an exponent
+    (1e999) of at most three digits (Rational("1e99999") is a 330,000-bit integer)."""
+    exponent = re.split(r"[eE][+-]?", num)[1:]
+    if len(num) > MAX_DIGITS or exponent and len(exponent[0]) > 3:
+        raise too_large(f"number literal (over {MAX_DIGITS} characters, or an exponent over 999)")
 
 
 def _split_word(word: str) -> list[tuple[str, str]]:
@@ -72,6 +117,8 @@ def _split_word(word: str) -> list[tuple[str, str]]:
     letters with no known name in it is text, not algebra."""
     if word in _FUNCS or word in _CONSTS:
         return [("id", word)]
+    if word.lower() == "nan":
+        return [("id", "nan")]
     out: list[tuple[str, str]] = []
     j = 0
     while j < len(word):
@@ -87,15 +134,226 @@ def _split_word(word: str) -> list[tuple[str, str]]:
     return out
 
 
+# ---- the numeric evaluator ---------------------------------------------------------------------
+
+class Unbounded(ArithmeticError):
+    """A value the evaluator refuses: past the magnitude bound, or undefined (0/0, log 0)."""
+
+    def __init__(self, reason: str, what: str):
+        super().__init__(what)
+        self.reason = reason
+
+
+_opaque: Any = None
+
+
+def opaque_type() -> Any:
+    """The class of the numbers the parser hides from sympy (made on first use: sympy is imported
+    lazily). sympy decides what a number is (zero? positive? an integer?) by evaluating it
+    numerically, again for every enclosing node, more precisely each time a result is close to a
+    boundary: a Pow whose base holds a few nested logs took minutes. So every number that is not
+    rational (pi, sqrt 2, sin 1, 2^pi) becomes an Opaque: a sympy Dummy, which sympy's algebra
+    treats as an unknown (x - x = 0 and x/x = 1 still hold) and never evaluates. Its value, the
+    hidden `expr`, is computed only by the bounded Evaluator. Dummies are unique, so two opaque
+    numbers are never equal as expressions: they are compared by value."""
+    global _opaque
+    if _opaque is None:
+        import sympy as sp
+
+        class Opaque(sp.Dummy):
+            expr: Any
+
+        _opaque = Opaque
+    return _opaque
+
+
+def hide(expr: Any) -> Any:
+    node = opaque_type()("c")
+    node.expr = expr
+    return node
+
+
+def variables(expr: Any) -> set[Any]:
+    """expr's free variables: its symbols that are not opaque numbers."""
+    kind = opaque_type()
+    return {s for s in expr.free_symbols if not isinstance(s, kind)}
+
+
+class _Context:
+    """An mpmath context at one precision with the bounded functions the evaluator applies. One
+    per thread and precision (_context): mpmath's global context is shared by every thread, and
+    building one costs more than a whole comparison."""
+
+    def __init__(self, prec: int):
+        import mpmath
+        import sympy as sp
+        c = self.ctx = mpmath.MPContext()
+        c.prec = prec
+        self.consts = {sp.pi: c.pi, sp.E: c.e, sp.I: c.mpc(0, 1), sp.oo: c.inf, -sp.oo: -c.inf}
+        self.unary = {sp.exp: self._hyper(c.exp), sp.log: self._log, sp.sin: self._trig(c.sin),
+                      sp.cos: self._trig(c.cos), sp.tan: self._trig(c.tan), sp.cot: self._trig(c.cot),
+                      sp.sec: self._trig(c.sec), sp.csc: self._trig(c.csc), sp.asin: c.asin, sp.acos: c.acos,
+                      sp.atan: c.atan, sp.sinh: self._hyper(c.sinh), sp.cosh: self._hyper(c.cosh),
+                      sp.tanh: self._hyper(c.tanh), sp.Abs: abs, sp.floor: self._rounding(c.floor),
+                      sp.ceiling: self._rounding(c.ceil), sp.factorial: self._factorial, sp.re: c.re, sp.im: c.im}
+
+    def _trig(self, fn: Any) -> Any:
+        """sin(a + bi) grows like e^|b|, and reducing a costs log2|a| bits of precision."""
+        c = self.ctx
+
+        def f(z: Any) -> Any:
+            if abs(c.re(z)) > MAX_TRIG_ARG or abs(c.im(z)) > _LN_LIMIT:
+                raise Unbounded("too_large", "a trigonometric argument")
+            return fn(z)
+        return f
+
+    def _hyper(self, fn: Any) -> Any:
+        """exp(a + bi) and sinh grow like e^|a|."""
+        c = self.ctx
+
+        def f(z: Any) -> Any:
+            if abs(c.re(z)) > _LN_LIMIT or abs(c.im(z)) > MAX_TRIG_ARG:
+                raise Unbounded("too_large", "an exponential")
+            return fn(z)
+        return f
+
+    def _log(self, z: Any) -> Any:
+        if not z:
+            raise Unbounded("undefined", "log 0")
+        return self.ctx.log(z)
+
+    def _rounding(self, fn: Any) -> Any:
+        c = self.ctx
+        return lambda z: fn(c.re(z)) + (c.mpc(0, 1) * fn(c.im(z)) if c.im(z) else 0)
+
+    def _factorial(self, z: Any) -> Any:
+        if not 0 <= self.ctx.re(z) <= MAX_FACTORIAL:
+            raise Unbounded("too_large", "a factorial")
+        return self.ctx.factorial(z)
+
+
+_LN_LIMIT = MAX_MAG_BITS * _LN2          # the bound on |ln value|
+_contexts = threading.local()
+
+
+def _context(prec: int) -> _Context:
+    cache = getattr(_contexts, "by_prec", None)
+    if cache is None:
+        cache = _contexts.by_prec = {}
+    if prec not in cache:
+        cache[prec] = _Context(prec)
+    return cache[prec]
+
+
+class Evaluator:
+    """Values of the parser's sympy expressions in mpmath at `prec` bits, at one point (a value per
+    single-letter variable). Every operation is bounded before it runs: powers and exponentials by
+    the magnitude of their result (from the log of the base, never by computing it), trig
+    arguments by MAX_TRIG_ARG, every value by MAX_MAG_BITS. Values are memoized per node, so a
+    parse that checks each new node costs one operation per node, and at most MAX_NODES nodes
+    are evaluated. Use it in the thread that made it (its mpmath context is that thread's)."""
+
+    def __init__(self, prec: int, point: dict[str, Any] | None = None):
+        import sympy as sp
+        self.sp, self.context, self.opaque = sp, _context(prec), opaque_type()
+        self.ctx = self.context.ctx
+        self.point = {name: self.ctx.mpf(v) for name, v in (point or {}).items()}
+        self.memo: dict[Any, Any] = {}
+        self.visits = 0
+
+    def value(self, node: Any) -> Any:
+        got = self.memo.get(node)
+        if got is None:
+            self.visits += 1
+            if self.visits > MAX_NODES:
+                raise Unbounded("too_large", f"more than {MAX_NODES} operations")
+            try:
+                got = self._bounded(self._eval(node))
+            except Unbounded as e:
+                got = e
+            except Exception as e:        # mpmath's own refusals (NoConvergence, ZeroDivisionError ...)
+                got = Unbounded("undefined", f"{type(e).__name__}: {str(e)[:80]}")
+            self.memo[node] = got
+        if isinstance(got, Unbounded):
+            raise got
+        return got
+
+    def _bounded(self, v: Any) -> Any:
+        c = self.ctx
+        if c.isnan(v):
+            raise Unbounded("undefined", "not a number")
+        if c.isinf(v):
+            return v                                  # oo itself: sympy and the comparison handle it
+        if v and abs(c.mag(v)) > MAX_MAG_BITS:
+            raise Unbounded("too_large", f"a value past 2^{MAX_MAG_BITS}")
+        return v
+
+    def _eval(self, node: Any) -> Any:
+        sp, c = self.sp, self.ctx
+        if node.is_Rational:
+            return c.mpf(node.p) / node.q
+        if node.is_Float:
+            return c.make_mpf(node._mpf_)
+        if isinstance(node, self.opaque):
+            return self.value(node.expr)
+        if node.is_Symbol:
+            if node.name not in self.point:
+                raise Unbounded("undefined", f"no value for {node.name}")
+            return self.point[node.name]
+        if node.is_Add or node.is_Mul:
+            total = c.mpf(0) if node.is_Add else c.mpf(1)
+            for arg in node.args:
+                v = self.value(arg)
+                total = self._bounded(total + v if node.is_Add else total * v)
+            return total
+        if node.is_Pow:
+            return self.power(self.value(node.base), self.value(node.exp))
+        const = self.context.consts.get(node)
+        if const is not None:
+            return const
+        fn = self.context.unary.get(node.func)
+        if fn is not None and len(node.args) == 1:
+            return fn(self.value(node.args[0]))
+        if node.func == sp.binomial:
+            n, k = (self.value(a) for a in node.args)
+            if not abs(n) <= MAX_BINOMIAL:
+                raise Unbounded("too_large", "binomial")
+            return c.binomial(n, k)
+        raise Unbounded("undefined", f"cannot evaluate {node.func.__name__}")
+
+    def power(self, b: Any, e: Any) -> Any:
+        """b^e, refused before it is computed when |e * ln b| exceeds the magnitude bound."""
+        c = self.ctx
+        if c.isinf(b) or c.isinf(e):
+            return c.power(b, e)
+        if not b:
+            if c.re(e) > 0:
+                return c.mpf(0)
+            raise Unbounded("undefined", "0 to a power <= 0")
+        t = e * c.log(b)
+        if abs(c.re(t)) > _LN_LIMIT or abs(c.im(t)) > MAX_TRIG_ARG:
+            raise Unbounded("too_large", "a power")
+        return c.power(b, e)
+
+
+# ---- the parser --------------------------------------------------------------------------------
+
 class _Parser:
     """expr := term (('+'|'-') term)* ; term := unary (('*'|'/') unary | implicit power)* ;
     unary := ('-'|'+') unary | power ; power := postfix ('^' unary)? ; postfix := atom '!'* ;
-    atom := number | name | name '(' args ')' | func power | '(' expr ')'."""
+    atom := number | name | name '(' args ')' | func power | '(' expr ')'.
+
+    Every node goes through `_checked` (exact sizes and magnitude after it is built, and a number
+    that is not rational hidden from sympy: opaque_type) and every power, root and factorial
+    through a check before it is built."""
 
     def __init__(self, tokens: list[tuple[str, str]]):
         import sympy as sp
         self.sp, self.t, self.i, self.depth = sp, tokens, 0, 0
         self.funcs = _funcs()
+        self.approx = Evaluator(64)
+        self.bits_memo: dict[Any, int] = {}
+        self.infinite = False               # an infinity was written somewhere
 
     def peek(self) -> tuple[str | None, str | None]:
         return self.t[self.i] if self.i < len(self.t) else (None, None)
@@ -111,17 +369,25 @@ class _Parser:
         node = self.expr()
         if self.i != len(self.t):
             raise AnswerError(f"unexpected {self.peek()[1]!r}")
+        sp = self.sp
+        if node.has(sp.nan, sp.zoo):
+            raise undefined("not a number, or a division by zero")
+        if self.infinite and node not in (sp.oo, -sp.oo):
+            raise undefined("infinity inside arithmetic")     # 1/oo = 0, e^-oo = 0: no limits here
         return node
 
-    def expr(self) -> Any:
+    def _enter(self) -> None:
         self.depth += 1
         if self.depth > MAX_DEPTH:
-            raise AnswerError("nested too deeply")
+            raise too_deep()
+
+    def expr(self) -> Any:
+        self._enter()
         node = self.term()
         while self.peek() in (("op", "+"), ("op", "-")):
             op = self.take()[1]
             rhs = self.term()
-            node = node + rhs if op == "+" else node - rhs
+            node = self._checked(node + rhs if op == "+" else node - rhs)
         self.depth -= 1
         return node
 
@@ -131,34 +397,32 @@ class _Parser:
             kind, val = self.peek()
             if (kind, val) == ("op", "*"):
                 self.take()
-                node = node * self.unary()
+                node = self._mul(node, self.unary())
             elif (kind, val) == ("op", "/"):
                 self.take()
                 d = self.unary()
                 if d == 0:
-                    raise AnswerError("division by zero")
-                node = node / d
+                    raise undefined("division by zero")
+                node = self._mul(node, self._pow(d, self.sp.Integer(-1)))
             elif kind in ("num", "id") or (kind, val) == ("op", "("):
-                node = node * self.power()           # implicit multiplication: 2x, (x-1)(x+1)
+                node = self._mul(node, self.power())        # implicit multiplication: 2x, (x-1)(x+1)
             else:
                 return node
 
     def unary(self) -> Any:
-        if self.peek() == ("op", "-"):
-            self.take()
-            return -self.unary()
-        if self.peek() == ("op", "+"):
-            self.take()
-            return self.unary()
+        if self.peek() in (("op", "-"), ("op", "+")):
+            sign = self.take()[1]
+            self._enter()                        # "- - - ... 1" recurses too
+            node = self.unary()
+            self.depth -= 1
+            return self._checked(-node) if sign == "-" else node
         return self.power()
 
     def power(self) -> Any:
         base = self.postfix()
         if self.peek() == ("op", "^"):
             self.take()
-            self.depth += 1
-            if self.depth > MAX_DEPTH:
-                raise AnswerError("nested too deeply")
+            self._enter()
             exp = self.unary()
             self.depth -= 1
             return self._pow(base, exp)
@@ -168,30 +432,42 @@ class _Parser:
         node = self.atom()
         while self.peek() == ("op", "!"):
             self.take()
-            if not (node.is_Integer and 0 <= node <= MAX_FACTORIAL):
-                raise AnswerError(f"factorial only of integers 0..{MAX_FACTORIAL}")
-            node = self.sp.factorial(node)
+            node = self._combinatorial(self.sp.factorial, node)
         return node
+
+    def _combinatorial(self, fn: Any, n: Any, *k: Any) -> Any:
+        """n! or binomial(n, k): exact for integers (n up to MAX_FACTORIAL or MAX_BINOMIAL),
+        unevaluated for variables (n(n-1)/2 = binomial(n, 2) at the sample points), text for
+        other numbers."""
+        limit = MAX_FACTORIAL if fn is self.sp.factorial else MAX_BINOMIAL
+        args = (n, *k)
+        if any(variables(a) for a in args):
+            return self._checked(fn(*args, evaluate=False))
+        if not all(a.is_Integer for a in args):
+            raise AnswerError(f"{fn.__name__} of a number that is not an integer")
+        if n > limit:
+            raise too_large(f"{fn.__name__} (only of integers up to {limit})")
+        if n < 0:
+            raise undefined(f"{fn.__name__} of a negative number")
+        return self._checked(fn(*args))
 
     def atom(self) -> Any:
         sp = self.sp
         kind, val = self.take()
         if kind == "num":
             assert val is not None
-            return sp.Rational(val) if any(ch in val for ch in ".eE") else sp.Integer(val)
+            return self._checked(sp.Rational(val) if any(ch in val for ch in ".eE") else sp.Integer(val))
         if kind == "id":
             assert val is not None
             if val in _FUNCS:
                 return self._call(val)
-            if val == "pi":
-                return sp.pi
-            if val == "e":
-                return sp.E
-            if val == "i":
-                return sp.I
-            if val in ("oo", "inf", "infty", "infinity"):
+            if val in _INFINITIES:
+                self.infinite = True
                 return sp.oo
-            return sp.Symbol(val)
+            if val == "nan":
+                raise undefined("nan")
+            const = {"pi": sp.pi, "e": sp.E, "i": sp.I}.get(val)
+            return sp.Symbol(val) if const is None else self._checked(const)
         if (kind, val) == ("op", "("):
             node = self.expr()
             if self.take() != ("op", ")"):
@@ -210,32 +486,96 @@ class _Parser:
             if self.take() != ("op", ")"):
                 raise AnswerError(f"missing ')' after {name}(")
         else:
+            self._enter()                            # sin sin sin ... x recurses too
             args = [self.power()]                    # sqrt2, sin x
+            self.depth -= 1
         if len(args) not in arities:
             raise AnswerError(f"{name} takes {' or '.join(map(str, arities))} arguments")
         if name == "binomial":
-            n, k = args
-            if not (n.is_Integer and k.is_Integer and 0 <= n <= MAX_BINOMIAL):
-                raise AnswerError(f"binomial only of integers up to {MAX_BINOMIAL}")
-            return self.sp.binomial(n, k)
-        if name == "log" and len(args) == 2:
-            return self.sp.log(args[0], args[1])
-        return fn(*args)
+            return self._combinatorial(self.sp.binomial, *args)
+        if name in ("sqrt", "cbrt"):
+            return self._pow(args[0], self.sp.Rational(1, 2 if name == "sqrt" else 3))
+        if name == "log" and len(args) == 2:                 # log(x, b) = log x / log b
+            return self._mul(self._apply(fn, args[0]), self._pow(self._apply(fn, args[1]), self.sp.Integer(-1)))
+        return self._apply(fn, args[0])
+
+    # ---- the checks ---------------------------------------------------------------------------
+
+    def _apply(self, fn: Any, arg: Any) -> Any:
+        """fn(arg), left unevaluated: sympy simplifies a function of a number by evaluating it
+        numerically, again at each level of nesting and more precisely each time (log(log(...
+        log(3))) nine deep took seconds, twelve deep hours). Values come from the evaluator, and
+        sin(pi/6) = 1/2 is decided numerically like everything else."""
+        return self._checked(fn(arg, evaluate=False))
+
+    def _mul(self, a: Any, b: Any) -> Any:
+        return self._checked(a * b)
 
     def _pow(self, base: Any, exp: Any) -> Any:
+        """base ^ exp, refused before sympy computes it when the result is too large: exact
+        integer powers cost |exp| * bits(base) bits; roots factor their base; a numeric value's
+        magnitude comes from |exp * ln base| (never from the value)."""
         sp = self.sp
-        if base.is_Rational and exp.is_Rational:
-            # The exact value of p/q ^ a/b has about |a/b| * log2(max(|p|, |q|)) bits.
-            size = max(abs(base.p), abs(base.q)).bit_length()
-            if size > 1 and abs(exp) * size > MAX_POW_BITS:
-                raise AnswerError("a power too large to evaluate exactly")
-            if base == 0 and exp.is_negative:
-                raise AnswerError("division by zero")
-        elif exp.is_Rational and abs(exp) > MAX_POW_BITS and base.is_number and base not in (0, 1, -1):
-            raise AnswerError("a power too large to evaluate exactly")     # sqrt(2)^(10^9) = 2^(5*10^8)
-        return sp.Pow(base, exp)
+        if exp.is_Rational:
+            if abs(exp) * self._log2_size(base) > MAX_POW_BITS and base not in (0, 1, -1):
+                raise too_large("power")
+            if not exp.is_Integer and max(self._bits(base), self._bits(exp)) > MAX_ROOT_BITS:
+                raise too_large("root")
+        if base == 0 and exp.is_negative:
+            raise undefined("division by zero")
+        numeric_exp = not variables(exp)
+        if numeric_exp and not variables(base):
+            self._bound(lambda: self.approx.power(self._approx(base), self._approx(exp)), "power")
+        elif numeric_exp and not exp.is_Rational and abs(self._approx(exp)) > MAX_POW_BITS:
+            raise too_large("power")                  # x^(pi * 10^9)
+        return self._checked(sp.Pow(base, exp))
+
+    def _checked(self, node: Any) -> Any:
+        """node, refused when sympy built it too large (an exact number over MAX_POW_BITS bits, a
+        numeric value past 2^MAX_MAG_BITS, an undefined one), and hidden (opaque_type) when it is
+        a number sympy would evaluate: not rational, not an infinity."""
+        if self._bits(node) > MAX_POW_BITS:
+            raise too_large("exact number")
+        if not variables(node):
+            self._approx(node)
+        if node.is_number and not (node.is_Rational or node in (self.sp.oo, -self.sp.oo)):
+            node = hide(node)
+        return node
+
+    def _approx(self, node: Any) -> Any:
+        """node's value at 64 bits (node has no variables)."""
+        return self._bound(lambda: self.approx.value(node), "value")
+
+    @staticmethod
+    def _bound(fn: Any, what: str) -> Any:
+        try:
+            return fn()
+        except Unbounded as e:
+            raise (undefined(str(e)) if e.reason == "undefined" else too_large(what)) from None
+
+    def _bits(self, node: Any) -> int:
+        """The most bits of any exact number in node (numerators and denominators)."""
+        got = self.bits_memo.get(node)
+        if got is None:
+            if node.is_Rational:
+                got = max(abs(node.p).bit_length(), node.q.bit_length())
+            else:
+                got = max((self._bits(a) for a in node.args), default=0)
+            self.bits_memo[node] = got
+        return got
+
+    def _log2_size(self, base: Any) -> float:
+        """About the bits of base^1 as sympy would build base^n exactly (n * this): log2 of a
+        rational's larger part, else the largest exact number in it (at least 1: x^n costs n)."""
+        if base.is_Rational:
+            return math.log2(max(abs(base.p), base.q, 2))
+        return max(self._bits(base), 1)
 
 
 def parse_expression(text: str) -> Any:
-    """A sympy expression from plain text (output of latex_to_plain), built without eval."""
-    return _Parser(tokenize(text)).parse()
+    """A sympy expression from plain text (output of latex_to_plain), built without eval and
+    within bounds (JudgeError past them, AnswerError for text that is not mathematics)."""
+    try:
+        return _Parser(tokenize(text)).parse()
+    except RecursionError:
+        raise too_deep() from None

@@ -1,13 +1,15 @@
 """LaTeX answer text to the plain syntax the tokenizer of answer_expr.py reads: \\frac, \\sqrt,
 \\binom, \\log_b, \\text{...} and symbol commands are rewritten; any other command raises
-AnswerError, so unknown LaTeX never reaches sympy.
+AnswerError, so unknown LaTeX never reaches sympy. Commands nest at most MAX_DEPTH deep
+(JudgeError too_deep): the scanner recurses into each argument, and each argument is scanned
+once per level, so depth also bounds the work.
 """
 
 from __future__ import annotations
 
 import re
 
-from env_svc.envs.answer_expr import _FUNCS, MAX_DEPTH, AnswerError
+from env_svc.envs.answer_expr import _FUNCS, MAX_DEPTH, AnswerError, too_deep
 from env_svc.envs.answer_extract import _braced
 
 _DROP_CMDS = {"left", "right", "big", "Big", "bigg", "Bigg", "bigl", "bigr", "Bigl", "Bigr", "displaystyle",
@@ -20,6 +22,7 @@ _SYMBOL_CMDS = {"cdot": "*", "times": "*", "ast": "*", "div": "/", "pi": "pi", "
                 "ldots": "…", "cdots": "…"}
 _TEXT_CMDS = {"text", "textbf", "textit", "textrm", "mathrm", "mathbf", "mathit", "operatorname", "mbox", "rm",
               "mathsf", "textsf", "boldsymbol", "bf", "it"}
+_CMD_RE = re.compile(r"\\([A-Za-z]+|.)")
 _FRAC_CMDS = {"frac", "dfrac", "tfrac", "cfrac"}
 _BINOM_CMDS = {"binom", "dbinom", "tbinom", "choose"}
 
@@ -65,7 +68,7 @@ def latex_to_plain(s: str, depth: int = 0) -> str:
     """LaTeX answer text -> the plain syntax the tokenizer reads (`\\frac{a}{b}` -> `((a)/(b))`).
     Set braces become ⦃ ⦄, unions ∪; unsupported commands raise AnswerError."""
     if depth > MAX_DEPTH:
-        raise AnswerError("nested too deeply")
+        raise too_deep("LaTeX")
     out: list[str] = []
     i = 0
     while i < len(s):
@@ -74,12 +77,12 @@ def latex_to_plain(s: str, depth: int = 0) -> str:
             out.append({"{": "(", "}": ")"}.get(c, c))
             i += 1
             continue
-        m = re.match(r"\\([A-Za-z]+|.)", s[i:])
+        m = _CMD_RE.match(s, i)
         if m is None:
             i += 1
             continue
         name = m.group(1)
-        i += len(m.group(0))
+        i = m.end()
         if name in _FRAC_CMDS:
             a, i = _arg(s, i)
             b, i = _arg(s, i)

@@ -1,46 +1,84 @@
 """Answers to math problems, read from model text and compared as mathematics.
 
 Model text never reaches eval, sympify or parse_expr: a LaTeX scanner, a whitelist tokenizer and
-a recursive-descent parser build the sympy expression node by node, within size bounds (answer
-length, tokens, nesting, digits, power bits, factorials, binomials). Equality is numeric at 30
-digits (at fixed points when variables occur); intervals, sets, tuples and equations compare by
-structure. Used by the `math` environment (env_svc/envs/math.py).
+a recursive-descent parser build the sympy expression node by node, within bounds (answer length,
+tokens, nesting, digits, the bits of exact numbers, roots, magnitudes, factorials, binomials; see
+answer_expr.py). Equality is numeric, by answer_expr's bounded evaluator (256 bits; 128 at fixed
+points when variables occur), never sympy's evalf or simplify; intervals, sets, tuples and
+equations compare by structure. Used by the `math` environment
+(env_svc/envs/math.py).
 
-This module reads an answer's structure and compares answers (`answers_match`); the pieces it
-builds on are siblings: answer_extract.py (the answer or program in model text), answer_latex.py
-(LaTeX to plain syntax) and answer_expr.py (plain syntax to sympy, and the size bounds).
+What the judge guarantees (`judge_answer`; tests/env/test_integrity_math.py tries to break it):
+- An answer it cannot judge raises JudgeError with a reason (too_large, too_deep, undefined,
+  judge_failed), in bounded time and memory, never another exception: the env makes it a format
+  failure. Every step is linear in the answer or bounded by a constant (MAX_RAW_CHARS, then
+  MAX_ANSWER_CHARS; each expression is evaluated once however many set items it is paired with).
+- No value stands for another: NaN, complex infinity, `0/0` and infinity inside arithmetic
+  (`1/oo`) are refused; `oo` equals only `oo`; two integers are equal only exactly, and a number
+  next to an integer within rel_tol absolutely (a relative tolerance would make 1000000000 or
+  1000000006.6 equal to 1000000007).
+- More values never earn more: a list, set or union matches only one with as many items, matched
+  one to one; `5 or 6`, `5, 6` and `\\pm 5` are not 5; `x = 5 = 1` needs every side to match.
+- Variables are compared at fixed generic points (the same value per letter in both answers), and
+  an answer undefined at a point where the reference is defined (or the other way) is unequal.
+
+This module reads an answer's structure and compares answers; the pieces it builds on are
+siblings: answer_extract.py (the answer or program in model text), answer_latex.py (LaTeX to
+plain syntax) and answer_expr.py (plain syntax to sympy, the numeric evaluator, the bounds).
 """
 
 from __future__ import annotations
 
+import random
 import re
+import string
 from dataclasses import dataclass
 from typing import Any
 
-from env_svc.envs.answer_expr import MAX_ANSWER_CHARS, MAX_ITEMS, AnswerError, parse_expression
+from atgrpo.sdk.judge import JudgeError
+from env_svc.envs.answer_expr import (
+    MAX_ANSWER_CHARS,
+    MAX_ITEMS,
+    AnswerError,
+    Evaluator,
+    Unbounded,
+    parse_expression,
+    too_deep,
+    too_large,
+    variables,
+)
 from env_svc.envs.answer_extract import _braced, extract_boxed
 from env_svc.envs.answer_latex import latex_to_plain
 
+MAX_RAW_CHARS = 4 * MAX_ANSWER_CHARS    # before normalising (which drops $, \boxed{}, ^\circ ...)
+MAX_STRUCTURE_DEPTH = 6                  # sets of tuples of intervals ...
+MAX_SYMBOLS = 8
+
 # ---- structure: sets, intervals, tuples, equations --------------------------------------------
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Expr:
     value: Any
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Seq:                 # tuples and intervals: ordered, brackets matter
     open: str
     close: str
     items: tuple[Any, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Set:                 # sets, comma lists, unions of intervals: unordered
     items: tuple[Any, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
+class _Chain:               # x = 2 + 1 = 3: every side must match
+    items: tuple[Any, ...]
+
+
+@dataclass(frozen=True, eq=False)
 class _Text:
     text: str
 
@@ -77,6 +115,13 @@ def _wraps(s: str) -> bool:
     return depth == 0
 
 
+# `(?<!\s)\s++`: a run of spaces is tried once, from its start (`\s+` alone retries from every
+# space in the run: quadratic on a long one)
+_AND_OR_RE = re.compile(r"(?<!\s)\s++(?:and|or)\s+")
+_EMPTY_RE = re.compile(r"\\(?:varnothing|emptyset)(?![A-Za-z])|\\\{\s*+\\\}")     # \emptyset = \varnothing = \{\}
+_TEXT_AND_OR_RE = re.compile(r"\\(?:text|mbox)\{\s*+(?:and|or)\s*+\}")
+
+
 def _normalize(s: str) -> str:
     s = s.strip()
     boxed = extract_boxed(s)
@@ -86,17 +131,19 @@ def _normalize(s: str) -> str:
     s = re.sub(r"^\\\(|\\\)$|^\\\[|\\\]$", "", s).strip()
     s = s.replace("−", "-").replace("×", "*").replace("·", "*").replace("÷", "/").replace("π", "pi")
     s = s.replace("∞", "oo").replace("√", "sqrt").replace("°", "").replace("^\\circ", "").replace("^{\\circ}", "")
-    s = re.sub(r"\\(?:text|mbox)\{\s*(?:and|or)\s*\}", ",", s)
-    s = re.sub(r"\s+(?:and|or)\s+", ",", s)
+    s = _EMPTY_RE.sub("∅", s)
+    s = _TEXT_AND_OR_RE.sub(",", s)
+    s = _AND_OR_RE.sub(",", s)
     s = s.rstrip(".").strip()
     return s
 
 
 def parse_answer(raw: str) -> Any:
-    """The structure of an answer string; text when it does not read as mathematics."""
+    """The structure of an answer string; text when it does not read as mathematics. JudgeError
+    when it is past a bound (too long, too deep, too large) or undefined."""
     s = _normalize(raw)
     if len(s) > MAX_ANSWER_CHARS:
-        raise AnswerError(f"longer than {MAX_ANSWER_CHARS} characters")
+        raise too_large(f"text ({len(s)} characters, over {MAX_ANSWER_CHARS})")
     try:
         if s.startswith("{") and s.endswith("}") and _braced(s, 0) == (s[1:-1], len(s)) and "," in s:
             s = "\\{" + s[1:-1] + "\\}"        # a bare {1, 2} is a set, not a LaTeX group
@@ -123,8 +170,8 @@ def _strip_units(s: str) -> str:
 
 
 def _structure(s: str, depth: int) -> Any:
-    if depth > 6:
-        raise AnswerError("nested too deeply")
+    if depth > MAX_STRUCTURE_DEPTH:
+        raise too_deep("structure (sets, tuples, intervals inside each other)")
     s = s.strip()
     if not s:
         raise AnswerError("empty")
@@ -134,7 +181,7 @@ def _structure(s: str, depth: int) -> Any:
         raise AnswerError("inequalities and other relations are compared as text")
     union = _split_top(s, "∪")
     if len(union) > 1:
-        return _Set(tuple(_structure(p, depth + 1) for p in union))
+        return _Set(tuple(_structure(p, depth + 1) for p in _limit(union)))
     if s[0] == "⦃" and s[-1] == "⦄" and _wraps(s):
         inner = s[1:-1].strip()
         items = _split_top(inner, ",") if inner else []
@@ -148,99 +195,150 @@ def _structure(s: str, depth: int) -> Any:
         return _Set(tuple(_structure(p, depth + 1) for p in _limit(items)))
     sides = _split_top(s, "=")
     if len(sides) > 1:
-        lhs = sides[0].strip()
-        if re.fullmatch(r"[A-Za-z](_?\w)?(\([A-Za-z]\))?", lhs):
-            return _structure(sides[-1], depth + 1)       # x = 3, f(x) = 2x
-        return _Seq("=", "=", (_Expr(parse_expression(_strip_units(lhs)) - parse_expression(_strip_units(sides[-1]))),))
+        return _equation(sides, depth)
     return _Expr(parse_expression(_strip_units(s)))
+
+
+def _equation(sides: list[str], depth: int) -> Any:
+    """`x = 3` is 3 and `x = 2 + 1 = 3` is 3 if every side is; `x^2 + y^2 = 1` is an equation
+    (lhs - rhs, up to sign). A chain without a variable on the left is text: which sides would be
+    the equation?"""
+    lhs = sides[0].strip()
+    if re.fullmatch(r"[A-Za-z](_?\w)?(\([A-Za-z]\))?", lhs):
+        rhs = [_structure(p, depth + 1) for p in _limit(sides[1:])]
+        return rhs[0] if len(rhs) == 1 else _Chain(tuple(rhs))
+    if len(sides) > 2:
+        raise AnswerError("a chain of equations")
+    diff = parse_expression(_strip_units(lhs)) - parse_expression(_strip_units(sides[1]))
+    return _Seq("=", "=", (_Expr(diff),))
 
 
 def _limit(items: list[str]) -> list[str]:
     if len(items) > MAX_ITEMS:
-        raise AnswerError(f"more than {MAX_ITEMS} items")
+        raise too_large(f"list ({len(items)} items, over {MAX_ITEMS})")
     return items
 
 
 # ---- comparison -------------------------------------------------------------------------------
 
-_POINTS = [(1.37, 0.61, 2.23, 1.09), (0.73, 1.91, 0.57, 2.71), (2.39, 1.13, 1.79, 0.83), (1.61, 2.57, 0.97, 1.41)]
+def _point_values(n: int = 8) -> list[dict[str, float]]:
+    """n points, each a value in (0.5, 3) per letter: generic (no two letters, no point equal, no
+    small integers), positive (so the principal roots and logs of honest answers agree), fixed
+    (the same verdict every time), and the same for a letter in both answers."""
+    rng = random.Random(20240607)
+    return [{c: 0.5 + 2.5 * rng.random() for c in string.ascii_letters} for _ in range(n)]
 
 
-def _close(va: Any, vb: Any, rel_tol: float, abs_tol: float) -> bool:
-    """Two numeric values (sympy numbers, evaluated) within tolerance; infinities equal only
-    themselves; nan and complex infinity equal nothing."""
-    import sympy as sp
-    bad = (sp.nan, sp.zoo)
-    if va in bad or vb in bad or not (va.is_number and vb.is_number):
-        return False
-    if va.has(sp.oo, -sp.oo) or vb.has(sp.oo, -sp.oo):
-        return bool(va == vb)
-    diff, size = abs(va - vb), max(abs(va), abs(vb))
-    return bool(diff <= max(abs_tol, rel_tol * size))
+_POINTS = _point_values()
 
 
-def _expr_equal(a: Any, b: Any, rel_tol: float, abs_tol: float) -> bool:
-    """Numeric equality at 30 digits; with variables, at up to 8 fixed points (floats, so that a
-    huge symbolic power is evaluated in floating point, never exactly)."""
-    import sympy as sp
-    if a == b:
-        return True
-    symbols = sorted(a.free_symbols | b.free_symbols, key=str)
-    if not symbols:
-        return _close(sp.N(a, 30), sp.N(b, 30), rel_tol, abs_tol)
-    if len(symbols) > 8:
-        return False
-    agreed = 0
-    for k, point in enumerate(_POINTS * 2):
-        subs = {s: sp.Float(point[(j + k) % 4] + j, 30) for j, s in enumerate(symbols)}
-        try:
-            va, vb = a.evalf(30, subs=subs), b.evalf(30, subs=subs)
-            if va.free_symbols or vb.free_symbols or va in (sp.nan, sp.zoo) or vb in (sp.nan, sp.zoo):
-                continue
-            if not _close(va, vb, rel_tol, abs_tol):
-                return False
-        except (TypeError, ValueError, ArithmeticError):
-            continue
-        agreed += 1
-        if agreed >= 3:
-            return True
-    return agreed > 0
+class _Judge:
+    """One comparison: its tolerances, and caches so that each expression is evaluated once (at
+    each point), and each pair of items matched once, however often a set matching asks."""
 
+    def __init__(self, rel_tol: float, abs_tol: float):
+        self.rel_tol, self.abs_tol = rel_tol, abs_tol
+        self.pairs: dict[tuple[int, int], bool] = {}
+        self.evaluators: dict[int | None, Evaluator] = {}
 
-def _match(a: Any, b: Any, rel_tol: float, abs_tol: float) -> bool:
-    if isinstance(a, _Set) and len(a.items) == 1 and not isinstance(b, _Set):
-        return _match(a.items[0], b, rel_tol, abs_tol)
-    if isinstance(b, _Set) and len(b.items) == 1 and not isinstance(a, _Set):
-        return _match(a, b.items[0], rel_tol, abs_tol)
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, _Text):
-        return a.text == b.text
-    if isinstance(a, _Expr):
-        return _expr_equal(a.value, b.value, rel_tol, abs_tol)
-    if isinstance(a, _Seq):
-        if (a.open, a.close) != (b.open, b.close) or len(a.items) != len(b.items):
+    def match(self, a: Any, b: Any) -> bool:
+        key = (id(a), id(b))
+        got = self.pairs.get(key)
+        if got is None:
+            got = self.pairs[key] = self._match(a, b)
+        return got
+
+    def _match(self, a: Any, b: Any) -> bool:
+        if isinstance(a, _Chain):
+            return all(self.match(x, b) for x in a.items)
+        if isinstance(b, _Chain):
+            return all(self.match(a, y) for y in b.items)
+        if isinstance(a, _Set) and len(a.items) == 1 and not isinstance(b, _Set):
+            return self.match(a.items[0], b)
+        if isinstance(b, _Set) and len(b.items) == 1 and not isinstance(a, _Set):
+            return self.match(a, b.items[0])
+        if type(a) is not type(b):
             return False
-        if a.open == "=":        # equations: lhs - rhs equal up to sign
-            d1, d2 = a.items[0].value, b.items[0].value
-            return _expr_equal(d1, d2, rel_tol, abs_tol) or _expr_equal(d1, -d2, rel_tol, abs_tol)
-        return all(_match(x, y, rel_tol, abs_tol) for x, y in zip(a.items, b.items, strict=True))
-    # sets: a perfect matching between the items (Kuhn's algorithm; at most MAX_ITEMS each)
-    if len(a.items) != len(b.items):
-        return False
-    owner: dict[int, int] = {}
+        if isinstance(a, _Text):
+            return a.text == b.text
+        if isinstance(a, _Expr):
+            return self.equal(a.value, b.value)
+        if isinstance(a, _Seq):
+            if (a.open, a.close) != (b.open, b.close) or len(a.items) != len(b.items):
+                return False
+            if a.open == "=":        # equations: lhs - rhs equal up to sign
+                d1, d2 = a.items[0].value, b.items[0].value
+                return self.equal(d1, d2) or self.equal(d1, -d2)
+            return all(self.match(x, y) for x, y in zip(a.items, b.items, strict=True))
+        return self._same_set(a.items, b.items)
 
-    def assign(i: int, seen: set[int]) -> bool:
-        for j, y in enumerate(b.items):
-            if j in seen or not _match(a.items[i], y, rel_tol, abs_tol):
-                continue
-            seen.add(j)
-            if j not in owner or assign(owner[j], seen):
-                owner[j] = i
-                return True
-        return False
+    def _same_set(self, xs: tuple[Any, ...], ys: tuple[Any, ...]) -> bool:
+        """A one-to-one matching of xs onto ys (Kuhn's algorithm on the n x n table of matches,
+        n <= MAX_ITEMS): as many items, each matched once, so a list of candidates never matches
+        a shorter answer."""
+        if len(xs) != len(ys):
+            return False
+        table = [[self.match(x, y) for y in ys] for x in xs]
+        owner: dict[int, int] = {}
 
-    return all(assign(i, set()) for i in range(len(a.items)))
+        def assign(i: int, seen: set[int]) -> bool:
+            for j, ok in enumerate(table[i]):
+                if ok and j not in seen:
+                    seen.add(j)
+                    if j not in owner or assign(owner[j], seen):
+                        owner[j] = i
+                        return True
+            return False
+
+        return all(assign(i, set()) for i in range(len(xs)))
+
+    # ---- expressions --------------------------------------------------------------------------
+
+    def equal(self, a: Any, b: Any) -> bool:
+        """Two sympy expressions: equal as built, else numerically (the bounded evaluator, never
+        sympy's evalf, which re-evaluates nested logs at rising precision: exponential in their
+        depth), at fixed points when variables occur. Two integers are equal only exactly."""
+        if a == b:
+            return True
+        if a.is_Integer and b.is_Integer:
+            return False
+        symbols = variables(a) | variables(b)
+        if len(symbols) > MAX_SYMBOLS:
+            return False
+        points = range(len(_POINTS)) if symbols else (None,)
+        integer = not symbols and (a.is_Integer or b.is_Integer)
+        agreed = 0
+        for k in points:
+            va, vb = self._value(a, k), self._value(b, k)
+            if va is None and vb is None:
+                continue                  # both undefined (or past the bounds) here: no evidence
+            if va is None or vb is None or not self._close(self._evaluator(k).ctx, va, vb, integer):
+                return False
+            agreed += 1
+        return agreed > 0
+
+    def _evaluator(self, k: int | None) -> Evaluator:
+        """The evaluator of point k (None: no variables, 256 bits, so that 30 digits survive
+        cancellation in honest answers like sqrt(10^20 + 1) - 10^10); made once per comparison."""
+        ev = self.evaluators.get(k)
+        if ev is None:
+            ev = self.evaluators[k] = Evaluator(256) if k is None else Evaluator(128, _POINTS[k])
+        return ev
+
+    def _value(self, x: Any, k: int | None) -> Any:
+        try:
+            return self._evaluator(k).value(x)
+        except (Unbounded, RecursionError):
+            return None
+
+    def _close(self, ctx: Any, u: Any, v: Any, integer: bool) -> bool:
+        """Two values within tolerance; infinities equal only themselves. Next to an integer the
+        tolerance is absolute, as if the integer were 1: a relative one makes 1000000006.6 (or,
+        between two non-integers, 1000000000.5) equal to 1000000007."""
+        if ctx.isinf(u) or ctx.isinf(v):
+            return bool(u == v)
+        size = 1 if integer else max(abs(u), abs(v))
+        return bool(abs(u - v) <= max(self.abs_tol, self.rel_tol * size))
 
 
 def _words(s: str) -> str:
@@ -249,19 +347,50 @@ def _words(s: str) -> str:
     return re.sub(r"[\s{}$\\]", "", s).lower()
 
 
-def answers_match(pred: str, gold: str, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> bool:
-    """Whether answer `pred` is mathematically the same as `gold` (see the module docstring)."""
+_UNEXPECTED = (ArithmeticError, ValueError, TypeError, AttributeError, RecursionError, MemoryError, KeyError,
+               IndexError)
+
+
+def judge_answer(pred: str, gold: str, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> bool:
+    """Whether answer `pred` is mathematically the same as `gold` (see the module docstring).
+    Raises JudgeError when `pred` cannot be judged (too long, too large, too deep, undefined); a
+    reference past the bounds is compared as text."""
     if pred is None or gold is None:
         return False
-    p, g = _normalize(str(pred)), _normalize(str(gold))
-    if not p or len(p) > MAX_ANSWER_CHARS:
+    pred, gold = str(pred), str(gold)
+    if len(pred) > MAX_RAW_CHARS:
+        raise too_large(f"text ({len(pred)} characters, over {MAX_RAW_CHARS})")
+    if len(gold) > MAX_RAW_CHARS:                  # a reference past the bounds: as text
+        return re.sub(r"\s+", "", pred) == re.sub(r"\s+", "", gold)
+    p, g = _normalize(pred), _normalize(gold)
+    if not p:
         return False
     if re.sub(r"\s+", "", p).lower() == re.sub(r"\s+", "", g).lower():
         return True
+    pa = _guarded(parse_answer, p)
     try:
-        pa, ga = parse_answer(p), parse_answer(g)
-        if isinstance(pa, _Text) or isinstance(ga, _Text):
-            return _words(p) == _words(g)
-        return _match(pa, ga, rel_tol, abs_tol)
-    except (AnswerError, TypeError, ValueError, ArithmeticError, RecursionError, AttributeError):
+        ga = parse_answer(g)
+    except (JudgeError, *_UNEXPECTED):
+        ga = _Text(g)
+    if isinstance(pa, _Text) or isinstance(ga, _Text):
+        return _words(p) == _words(g)
+    return _guarded(_Judge(rel_tol, abs_tol).match, pa, ga)
+
+
+def _guarded(fn: Any, *args: Any) -> Any:
+    """fn(*args), with anything but a JudgeError (a sympy or mpmath failure on a shape the
+    bounds let through) turned into JudgeError("judge_failed"): never an exception out of step."""
+    try:
+        return fn(*args)
+    except JudgeError:
+        raise
+    except _UNEXPECTED as e:
+        raise JudgeError("judge_failed", f"the judge could not compare this answer ({type(e).__name__})") from None
+
+
+def answers_match(pred: str, gold: str, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> bool:
+    """judge_answer, with an answer it cannot judge simply unequal."""
+    try:
+        return judge_answer(pred, gold, rel_tol, abs_tol)
+    except JudgeError:
         return False

@@ -31,11 +31,18 @@ intervals, sets `\\{1, 2\\}` = `{2, 1}` and comma lists in any order, tuples in 
 **Safety.** Model text never reaches `eval`, `sympify` or `parse_expr` (which eval). LaTeX is
 rewritten by a small scanner, then a whitelist tokenizer (numbers, single-letter variables, a fixed
 list of function and constant names, `+ - * / ^ ( ) , !`) and a recursive-descent parser build the
-sympy expression node by node. Bounds: 400 characters per answer, 300 tokens, nesting depth 50,
-100-digit literals, powers whose exact value would exceed 20,000 bits, factorials above 300 and
-binomials above 1,000 are refused (the answer then only matches an identical string). Equality is
-decided by numeric evaluation at 30 digits (at fixed sample points when variables occur), never by
-`simplify`, so a check takes milliseconds.
+sympy expression node by node. Every operation is checked before sympy runs it: 400 characters
+per answer (1,600 before normalising), 300 tokens, nesting depth 50, 32 items a list, 100-digit
+literals, exact numbers of at most 20,000 bits (`9^{9^{9^9}}` is refused before it is computed,
+not after), roots of numbers of at most 256 bits (sympy factors them), numeric values within
+2^-20,000 .. 2^20,000, factorials to 300, binomials to 1,000. Equality is decided by numeric
+evaluation, by a bounded evaluator (at fixed sample points when variables occur), never by
+sympy's `evalf` or `simplify`, so a check takes milliseconds. An answer the judge refuses (too
+long, too large, too deep, undefined like `0/0` or `1/\\infty`) is a format failure:
+`failure_reward`, `correct: False`, and `judge_error` (the reason, counted in
+`atgrpo_env_judge_errors_total{env,reason}`) and `parse_error` in the info; a reference answer
+past the bounds is compared as text. What the judge guarantees is in env_svc/envs/answers.py;
+tests/env/test_integrity_math.py tries to break it.
 
 Options: the problem source (`dataset`, `path`, `train`/`eval`, `start`/`stop`; see
 env_svc/datasets.py), `max_turns` (4, the reference's), `turn_order` (e.g. `[reasoner]` for a
@@ -56,12 +63,13 @@ from typing import Any
 from atgrpo.contract.sandbox import Limits
 from atgrpo.errors import AtgrpoError, FailedPrecondition, InvalidArgument
 from atgrpo.sdk.env import EVAL_SEED_OFFSET, Environment, EnvSpec, Message, StepResult
+from atgrpo.sdk.judge import JudgeError, failure_info
 from env_svc import datasets
 from env_svc.envs._text import clip as _clip
 from env_svc.envs._text import decode as _decode
 from env_svc.envs._text import program_lines, run_failure
 from env_svc.envs.answer_extract import extract_answer, extract_code, stdout_answer
-from env_svc.envs.answers import answers_match
+from env_svc.envs.answers import answers_match, judge_answer
 
 AGENTS = ("tool", "reasoner")
 FAILURE_REWARD = -1.0
@@ -200,8 +208,8 @@ class MathEnv(ToolTurns, Environment):
         self.turn = 0
         self.acted: set[str] = set()
         self.done = self.success = False
-        self.answer: str | None = None          # the reasoner's latest answer
-        self.tool_answer: str | None = None     # the tool program's latest answer
+        self.answer: str | None = None          # the reasoner's latest answer (None when refused)
+        self.tool_answer: str | None = None     # the tool program's latest answer (None when refused)
         self.tool_out: dict[str, Any] | None = None   # this turn's tool output
         self.history: list[str] = []
         self.notes: dict[str, str] = {}         # this turn's one-line summary per agent
@@ -262,8 +270,22 @@ class MathEnv(ToolTurns, Environment):
 
     async def _matches(self, a: str, b: str) -> bool:
         """answers_match off the event loop: sympy is pure Python, and env_svc serves other
-        episodes meanwhile."""
+        episodes meanwhile. For two agents' answers (agreement): either may be refused."""
         return await asyncio.to_thread(answers_match, a, b, self.rel_tol, self.abs_tol)
+
+    async def _judge(self, ans: str) -> JudgeError | bool:
+        """Whether `ans` is the problem's answer, or the JudgeError that refused it (off the event
+        loop, like _matches)."""
+        try:
+            return await asyncio.to_thread(judge_answer, ans, self.problem.answer, self.rel_tol, self.abs_tol)
+        except JudgeError as e:
+            return e
+
+    def _refused(self, agent: str, ans: str, err: JudgeError, info: dict[str, Any]) -> StepResult:
+        """A format failure: an answer the judge could not judge (too large, too deep, undefined)."""
+        self._record(agent, f"gave an answer the judge refused ({err.reason})")
+        return StepResult(self._team(), self.failure_reward, False, False,
+                          failure_info(err, **info, answer=_clip(ans, 200), correct=False))
 
     async def _reasoner(self, action: str) -> StepResult:
         ans = extract_answer(action)
@@ -271,10 +293,13 @@ class MathEnv(ToolTurns, Environment):
             self._record("reasoner", "gave no \\boxed{} answer")
             return StepResult(self._team(), self.failure_reward, False, False,
                               {"parse_error": "no \\boxed{...} answer found; end with the final answer in \\boxed{}"})
-        self.answer = _clip(ans, 400)
-        correct = await self._matches(ans, self.problem.answer)
-        self.success = correct
-        info: dict[str, Any] = {"answer": self.answer, "correct": correct}
+        verdict = await self._judge(ans)
+        if isinstance(verdict, JudgeError):
+            self.answer, self.success = None, False
+            return self._refused("reasoner", ans, verdict, {})
+        correct = verdict
+        self.answer, self.success = ans, correct
+        info: dict[str, Any] = {"answer": _clip(ans, 400), "correct": correct}
         if self.done_when == "correct":
             self.done = correct
         else:
@@ -298,9 +323,14 @@ class MathEnv(ToolTurns, Environment):
             out["error"] = "the program printed nothing"
             self._record("tool", "printed nothing")
             return StepResult(self._team(), 0.0, False, False, {**info, "answer": None, "correct": False})
-        out["answer"] = self.tool_answer = _clip(ans, 400)
-        correct = await self._matches(ans, self.problem.answer)
-        info.update(answer=self.tool_answer, correct=correct)
+        verdict = await self._judge(ans)
+        if isinstance(verdict, JudgeError):
+            self.tool_answer = None
+            out["error"] = str(verdict)
+            return self._refused("tool", ans, verdict, info)
+        self.tool_answer, correct = ans, verdict
+        out["answer"] = _clip(ans, 400)
+        info.update(answer=out["answer"], correct=correct)
         self._record("tool", f"printed {_clip(ans, 200)}")
         if self.done_when == "agree" and self.answer is not None and "reasoner" in self.acted:
             agree = await self._matches(ans, self.answer)
