@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 MAX_LITERAL_CHARS = 1 << 16       # one answer's data literal (a move list, a test's arguments)
@@ -39,13 +40,12 @@ def failure_info(err: JudgeError, **extra: Any) -> dict[str, Any]:
     return {**extra, "judge_error": err.reason, "parse_error": str(err)}
 
 
-def nesting_depth(text: str, limit: int = MAX_DEPTH) -> int:
-    """The deepest bracket nesting of `text` outside quoted strings, counting up to limit + 1
+def brackets(text: str, start: int = 0, end: int | None = None) -> Iterator[tuple[int, str]]:
+    """(index, character) of every bracket of text[start:end] outside quoted strings, in order
     (linear, no recursion: safe on any input)."""
-    depth = deepest = 0
-    quote = ""
-    escaped = False
-    for ch in text:
+    quote, escaped = "", False
+    for i in range(start, len(text) if end is None else min(end, len(text))):
+        ch = text[i]
         if quote:
             if escaped:
                 escaped = False
@@ -53,16 +53,23 @@ def nesting_depth(text: str, limit: int = MAX_DEPTH) -> int:
                 escaped = True
             elif ch == quote:
                 quote = ""
-            continue
-        if ch in "\"'":
+        elif ch in "\"'":
             quote = ch
-        elif ch in "[({":
+        elif ch in "[](){}":
+            yield i, ch
+
+
+def nesting_depth(text: str, limit: int = MAX_DEPTH) -> int:
+    """The deepest bracket nesting of `text` outside quoted strings, counting up to limit + 1."""
+    depth = deepest = 0
+    for _, ch in brackets(text):
+        if ch in "[({":
             depth += 1
             if depth > deepest:
                 deepest = depth
                 if deepest > limit:
                     return deepest
-        elif ch in "])}":
+        else:
             depth = max(depth - 1, 0)
     return deepest
 

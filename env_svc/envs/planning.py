@@ -72,7 +72,14 @@ from typing import Any, ClassVar
 
 from atgrpo.contract.sandbox import Limits
 from atgrpo.sdk.env import Environment, EnvSpec, Message, StepResult, task_rng, turn_order_option
-from atgrpo.sdk.judge import MAX_DEPTH, MAX_LITERAL_CHARS, JudgeError, failure_info, literal
+from atgrpo.sdk.judge import (
+    MAX_DEPTH,
+    MAX_LITERAL_CHARS,
+    JudgeError,
+    brackets,
+    failure_info,
+    literal,
+)
 from env_svc.envs._text import clip as _clip
 from env_svc.envs._text import decode as _decode
 from env_svc.envs._text import program_lines, run_failure
@@ -129,20 +136,9 @@ def _balanced(text: str, start: int, what: str) -> str:
     """The bracketed literal starting at text[start] == '[' up to its matching ']'. JudgeError when
     it is not closed, or nests or runs past what judge.literal would take anyway: the scan stops
     there, so a 10,000-deep `[[[...` costs 33 characters, not a recursion."""
-    depth, quote, escaped = 0, "", False
-    end = min(len(text), start + MAX_LITERAL_CHARS)
-    for i in range(start, end):
-        ch = text[i]
-        if quote:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == quote:
-                quote = ""
-        elif ch in "\"'":
-            quote = ch
-        elif ch == "[":
+    depth, end = 0, min(len(text), start + MAX_LITERAL_CHARS)
+    for i, ch in brackets(text, start, end):
+        if ch == "[":
             depth += 1
             if depth > MAX_DEPTH:
                 raise JudgeError("too_deep", f"{what} nests brackets more than {MAX_DEPTH} deep; "
