@@ -1,5 +1,6 @@
 """Every built-in environment against the same hostile texts, through the env host (what env_svc
-serves): each step returns a score with finite rewards, within seconds, and never raises.
+serves), on both isolated sandbox backends: each step returns a score with finite rewards, within
+seconds, and never raises.
 
 The per-env suites (test_integrity_code.py, _math, _planning, _reasoning_gym) try the judges'
 own holes; this one makes sure no env was left out of the general rules: bounded parsers, linear
@@ -42,9 +43,9 @@ ENVS = {
 
 
 @pytest.mark.parametrize("env", sorted(ENVS))
-def test_hostile_text_scores_and_never_raises(env, sandbox):
+def test_hostile_text_scores_and_never_raises(env, isolated_sandbox):
     async def go():
-        envs = LocalEnvs(EnvHost(Registry(BUILTIN, discover=False), sandbox=sandbox))
+        envs = LocalEnvs(EnvHost(Registry(BUILTIN, discover=False), sandbox=isolated_sandbox))
         slow = {}
         for name, text in HOSTILE.items():
             ep, spec = await envs.reset(env, "0", seed=0, split="train", options=ENVS[env])

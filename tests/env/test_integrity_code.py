@@ -22,23 +22,10 @@ from env_svc.envs.code_check import call_program
 from tests.env.test_code_env import RIGHT, SUM, WRONG, answer_with_tests
 
 
-@pytest.fixture(scope="module", params=["bwrap", pytest.param("docker", marks=pytest.mark.docker)])
-def sandbox(request):
-    """A LocalSandbox over each isolated backend: the judges must hold on both."""
-    from sandbox_svc.backends.bwrap import BwrapBackend
-    from sandbox_svc.backends.docker import DockerBackend
-    from sandbox_svc.executor import Executor
-    from sandbox_svc.inprocess import LocalSandbox
-    from sandbox_svc.policy import Policy
-
-    if request.param == "bwrap":
-        backend = BwrapBackend(Policy())
-    else:
-        backend = DockerBackend(Policy(), client=request.getfixturevalue("docker_engine"))
-    backend.check()
-    executor = Executor(backend, workers=2)
-    yield LocalSandbox(executor)
-    executor.close()
+@pytest.fixture(scope="module")
+def sandbox(isolated_sandbox):
+    """Every test here runs on bwrap and on docker (tests/env/conftest.py)."""
+    return isolated_sandbox
 
 
 def fenced(code):
