@@ -134,7 +134,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(f"atgrpo train: {args.config} does not fit the GPUs it states\n{problem}", file=sys.stderr)
         return 2
     try:
-        final = train(cfg, connect=args.connect)
+        final = train(cfg, connect=args.connect, timing=args.timing)
     except (TrainError, AtgrpoError) as err:
         print(f"atgrpo train: {err}", file=sys.stderr)
         return 1
@@ -303,6 +303,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--connect", action="store_true",
                     help="drive the services named in the config's services: (e.g. on Kubernetes); "
                          "fail rather than start local ones")
+    tr.add_argument("--timing", action="store_true",
+                    help="end each step's line with where its time went: generation (prefill, decode, "
+                         "share of this machine's measured matmul rate), env, waiting, the update "
+                         "(forward, backward, optimizer, share of the matmul rate) and the weight push")
     tr.set_defaults(fn=_cmd_train)
     ev = sub.add_parser("eval", help="success rate and per-agent figures on the eval split")
     ev.add_argument("config", type=Path)

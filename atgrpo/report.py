@@ -8,13 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from atgrpo.config import RunConfig
-from atgrpo.contract.run import FINAL_STATES
+from atgrpo.contract.run import FINAL_STATES, STEP_TIMING
 from atgrpo.rundir import RunDir, read_metrics
 
 PLOT_FILE = "curves.png"
 
 
-def step_line(e: dict[str, Any], total: int) -> str:
+def step_line(e: dict[str, Any], total: int, timing: bool = False) -> str:
+    """`timing` (`atgrpo train --timing`): the step's time breakdown appended (timing_line)."""
     agents = "  ".join(f"{a} {m['reward_mean']:+.3f}" for a, m in e["agents"].items())
     pools = "  ".join(f"{p} v{int(m['version'])} loss {m['loss']:+.4f} kl {m['approx_kl']:.4f}"
                       for p, m in e["pools"].items())
@@ -22,8 +23,40 @@ def step_line(e: dict[str, Any], total: int) -> str:
     # A prompt cut to max_prompt_tokens lost its beginning: the agent acted on part of what it saw.
     cut = "  ".join(f"{a} {m['prompt_truncated_fraction']:.0%}" for a, m in e["agents"].items()
                     if m.get("prompt_truncated_fraction"))
-    return (f"step {e['step']:>4}/{total}  success {e['success_rate']:.2f}  reward {e['reward_mean']:+.3f} "
+    line = (f"step {e['step']:>4}/{total}  success {e['success_rate']:.2f}  reward {e['reward_mean']:+.3f} "
             f"| {agents} | {pools} | {secs:.1f}s" + (f" | prompts cut: {cut}" if cut else ""))
+    breakdown = timing_line(e) if timing else ""
+    return f"{line} | {breakdown}" if breakdown else line
+
+
+def _s(seconds: float) -> str:
+    return f"{seconds:.2f}" if seconds < 1 else f"{seconds:.1f}"
+
+
+def _mm(e: dict[str, Any], key: str) -> str:
+    """The share of the measured matmul rate, when one was measured."""
+    if key not in e:
+        return ""
+    share = e[key]
+    return f"{share:.0%} mm" if share >= 0.1 else f"{share:.1%} mm"
+
+
+def timing_line(e: dict[str, Any]) -> str:
+    """A step's time compactly: generation (prefill, decode, share of the matmul rate), env and
+    waiting, then the update (forward, backward, optimizer, share of the matmul rate) and the weight
+    push, e.g. `gen 12.3s (prefill 1.2 decode 11.1, 58% mm) env 0.8s wait 0.3s | update fwd 10.1
+    bwd 18.2 opt 0.4 (61% mm) push 1.1s`. "" for a step recorded without a breakdown."""
+    if "time_prefill_s" not in e:
+        return ""
+    prefill, decode = e["time_prefill_s"], e["time_decode_s"]
+    mm = _mm(e, "gen_mfu")
+    gen = (f"gen {_s(prefill + decode)}s (prefill {_s(prefill)} decode {_s(decode)}{', ' + mm if mm else ''}) "
+           f"env {_s(e['time_env_s'])}s wait {_s(e['time_wait_s'])}s")
+    mm = _mm(e, "update_mfu")
+    update = (f"update fwd {_s(e.get('time_forward_s', 0.0))} bwd {_s(e.get('time_backward_s', 0.0))} "
+              f"opt {_s(e.get('time_optimizer_s', 0.0))}{' (' + mm + ')' if mm else ''} "
+              f"push {_s(e.get('weight_sync_seconds', 0.0))}s")
+    return f"{gen} | {update}"
 
 
 def eval_line(e: dict[str, Any]) -> str:
@@ -54,6 +87,10 @@ def tensorboard_scalars(e: dict[str, Any]) -> dict[str, float]:
     for k in ("rollout_seconds", "train_seconds", "weight_sync_seconds"):
         if k in e:
             out[f"time/{k}"] = e[k]
+    # The step's breakdown: seconds under time/ (time/prefill_s ...), tokens and rates under perf/.
+    for k in STEP_TIMING:
+        if k in e:
+            out[f"time/{k.removeprefix('time_')}" if k.startswith("time_") else f"perf/{k}"] = float(e[k])
     return out
 
 
@@ -94,12 +131,14 @@ def plot_run(run_dir: str | Path) -> Path:
 
 class Reporter:
     """Receives the run's events. `mirror` also appends them to the local metrics.jsonl, for a run
-    whose router writes its own run directory on another machine."""
+    whose router writes its own run directory on another machine. `timing`: each step's line ends
+    with where its time went (`atgrpo train --timing`)."""
 
-    def __init__(self, cfg: RunConfig, *, mirror: bool):
+    def __init__(self, cfg: RunConfig, *, mirror: bool, timing: bool = False):
         self.cfg = cfg
         self.dir = RunDir(cfg.run.run_dir)
         self.mirror = mirror
+        self.timing = timing
         self.events: list[dict[str, Any]] = []
         self.bar = None
         self.tb = None
@@ -140,7 +179,7 @@ class Reporter:
         if e["kind"] == "step":
             self.bar.n = e["step"]
             self.bar.set_postfix(success=f"{e['success_rate']:.2f}", reward=f"{e['reward_mean']:+.3f}")
-            self._write(step_line(e, self.cfg.run.steps))
+            self._write(step_line(e, self.cfg.run.steps, self.timing))
         else:
             self._write(eval_line(e))
             self._plot()

@@ -240,8 +240,9 @@ async def _follow(client: Any, config_yaml: str, status: dict[str, Any], reporte
             await asyncio.sleep(1.0)
 
 
-def train(cfg: RunConfig, *, connect: bool = False) -> dict[str, Any]:
-    """Run training to its end; returns the final run status."""
+def train(cfg: RunConfig, *, connect: bool = False, timing: bool = False) -> dict[str, Any]:
+    """Run training to its end; returns the final run status. `timing`: step lines show where
+    the step's time went."""
     from atgrpo.report import Reporter
 
     if connect and cfg.local_mode:
@@ -251,8 +252,8 @@ def train(cfg: RunConfig, *, connect: bool = False) -> dict[str, Any]:
         cfg = resolve_paths(cfg)
         check_models(cfg)
         with LocalServices(cfg) as running:
-            return asyncio.run(drive(running, Reporter(running, mirror=False)))
-    return asyncio.run(drive(cfg, Reporter(cfg, mirror=True)))
+            return asyncio.run(drive(running, Reporter(running, mirror=False, timing=timing)))
+    return asyncio.run(drive(cfg, Reporter(cfg, mirror=True, timing=timing)))
 
 
 def latest_checkpoint(where: Path) -> Path:

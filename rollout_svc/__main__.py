@@ -40,6 +40,9 @@ def load_engines(settings: RolloutSettings) -> dict:
         except OSError as err:
             sys.exit(f"rollout: cannot load pool {pool.name!r} from {pool.model_path!r}: {err}")
         engine.warm_up()
+        # This process's matmul rate, measured now (cached) rather than during the first Collect:
+        # what the pool holds its generations' FLOP/s against (atgrpo.perf).
+        engine.matmul_rate()
         engines[pool.name] = engine
     return engines
 

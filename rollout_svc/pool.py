@@ -37,6 +37,7 @@ from atgrpo.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from atgrpo.perf import generation_flops
 from rollout_svc import metrics
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class _Request:
     prompt: list[int]
     n: int
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    timing: dict[str, float] = field(default_factory=dict)   # its share of the batches that served it
 
 
 @dataclass
@@ -120,6 +122,10 @@ class PoolRuntime:
         # progress started. Read at scrape (busy_seconds) from another thread, hence the lock.
         self._busy_lock = threading.Lock()
         self._busy_done, self._busy_since = 0.0, None
+        # This process's matmul FLOP/s on the engine's device (atgrpo.perf, measured once when the
+        # service starts): what a generation's FLOP/s are held against. 0.0: unknown.
+        rate = getattr(engine, "matmul_rate", None)
+        self.matmul_rate = float(rate()) if callable(rate) else 0.0
         metrics.set_versions(name, self.versions)
         metrics.register_pool(name, self)
 
@@ -235,7 +241,7 @@ class PoolRuntime:
                     metrics.count_failed(self.name, type(outcome).__name__)
                     r.future.set_exception(copy.copy(outcome))   # one instance per request raised
                 else:
-                    r.future.set_result(Generation(r.prompt, outcome, policy))
+                    r.future.set_result(Generation(r.prompt, outcome, policy, timing=r.timing))
 
     async def _generate(self, pieces: list[_Piece], adapter: str,
                         sampling: Sampling) -> list[list[Completion] | AtgrpoError]:
@@ -259,7 +265,9 @@ class PoolRuntime:
             if kind == ENGINE_FAILURE or (kind == BAD_REQUEST and len(pieces) == 1):
                 log.warning("pool %s: %s", self.name, error.message, exc_info=err)
         else:
-            metrics.observe_batch(self.name, outs, time.perf_counter() - start)
+            seconds = time.perf_counter() - start
+            metrics.observe_batch(self.name, outs, seconds)
+            self._account(pieces, outs, seconds)
             return outs
         # Out of the except block, the exception's traceback (and the tensors its frames hold) is
         # gone before a retry.
@@ -287,6 +295,28 @@ class PoolRuntime:
         if broken is not None:    # the engine failed: the rest would fail too
             return first + [broken] * (len(pieces) - half)
         return first + await self._generate(pieces[half:], adapter, sampling)
+
+    def _account(self, pieces: list[_Piece], outs: list[list[Completion]], seconds: float) -> None:
+        """Add each request's share of one engine batch to its timing (Generation.timing): the
+        batch's prefill seconds shared by prompt tokens and the rest of its `seconds` (decode) by
+        decoded tokens, its tokens, model FLOPs and the FLOPs the matmul rate would have done in
+        its seconds (gen_matmul_flops: the MFU's denominator). An engine that does not split
+        prefill from decode (no `last_timing`: vLLM) has all of it counted as decode."""
+        prefill_s = min(max((getattr(self.engine, "last_timing", None) or {}).get("prefill_s", 0.0), 0.0), seconds)
+        decode_s = seconds - prefill_s
+        size = getattr(self.engine, "model_size", None)
+        prompt = [len(p.request.prompt) for p in pieces]
+        decoded = [sum(len(c.token_ids) for c in out) for out in outs]
+        rows = sum(p.n for p in pieces)
+        for p, prompt_tokens, decode_tokens in zip(pieces, prompt, decoded, strict=True):
+            pre = prefill_s * prompt_tokens / max(sum(prompt), 1)
+            dec = decode_s * (decode_tokens / sum(decoded) if sum(decoded) else p.n / rows)
+            add = {"prefill_s": pre, "decode_s": dec,
+                   "prefill_tokens": float(prompt_tokens), "decode_tokens": float(decode_tokens),
+                   "gen_flops": generation_flops(size, 1, prompt_tokens, decode_tokens) if size else 0.0,
+                   "gen_matmul_flops": (pre + dec) * self.matmul_rate}
+            for k, v in add.items():
+                p.request.timing[k] = p.request.timing.get(k, 0.0) + v
 
     def _error(self, kind: str, err: BaseException, pieces: list[_Piece], s: Sampling) -> AtgrpoError:
         what = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"

@@ -43,12 +43,21 @@ never acted in a copy gets alpha * T_j there). Groups are (task, agent) over the
 A task's samples are emitted together when its episode ends, so a task that fails midway (the env
 service is gone, say) contributes none: its EpisodeEnd carries the error instead. In trajectory
 mode one failing copy fails the task, once every copy has finished and closed its state.
+
+Where a Collect's time goes (CollectClock) rides on its last EpisodeEnd (EpisodeEnd.timing): the
+engine's prefill and decode seconds, tokens and FLOPs summed over its generations (each a share of
+the batches that made it, rollout_svc.pool), the wall time env RPCs (the sandbox's runs inside
+them) were in flight while no generation was (env_s: the env time that generation did not hide),
+and the Collect's wall time; the router calls the rest waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+import inspect
+import time
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -70,6 +79,75 @@ class Envs(Protocol):
 
 class Generator(Protocol):
     async def generate(self, agent: AgentPlan, messages: list[Message], n: int) -> Generation: ...
+
+
+class CollectClock:
+    """One Collect's time: its generations' timing summed (Generation.timing), and env_s, the wall
+    time during which an env call was in flight and no generation was. Episodes run concurrently,
+    so env calls overlap each other and the generations of other episodes; summing their durations
+    would count the same second many times over, and the env time generation hides costs nothing."""
+
+    def __init__(self):
+        self.start = time.perf_counter()
+        self.totals: dict[str, float] = {}
+        self.env_s = 0.0
+        self._env = self._gen = 0            # env calls / generations in flight
+        self._since: float | None = None     # when the current env-only stretch began
+
+    def _change(self, env: int = 0, gen: int = 0) -> None:
+        now = time.perf_counter()
+        if self._since is not None:
+            self.env_s += now - self._since
+        self._env += env
+        self._gen += gen
+        self._since = now if self._env and not self._gen else None
+
+    @contextlib.contextmanager
+    def _in_flight(self, env: int = 0, gen: int = 0) -> Iterator[None]:
+        self._change(env, gen)
+        try:
+            yield
+        finally:
+            self._change(-env, -gen)
+
+    def envs(self, envs: Envs) -> Envs:
+        """`envs` with every call timed."""
+        return _TimedEnvs(envs, self)
+
+    def generator(self, gen: Generator) -> Generator:
+        """`gen` with every generation timed and its timing added up."""
+        return _TimedGenerator(gen, self)
+
+    def report(self) -> dict[str, float]:
+        self._change()
+        return {**self.totals, "env_s": self.env_s, "collect_s": time.perf_counter() - self.start}
+
+
+class _TimedEnvs:
+    def __init__(self, envs: Envs, clock: CollectClock):
+        self._envs, self._clock = envs, clock
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._envs, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+
+        async def timed(*args, **kwargs):
+            with self._clock._in_flight(env=1):
+                return await attr(*args, **kwargs)
+        return timed
+
+
+class _TimedGenerator:
+    def __init__(self, gen: Generator, clock: CollectClock):
+        self._gen, self._clock = gen, clock
+
+    async def generate(self, agent: AgentPlan, messages: list[Message], n: int) -> Generation:
+        with self._clock._in_flight(gen=1):
+            generation = await self._gen.generate(agent, messages, n)
+        for k, v in getattr(generation, "timing", {}).items():
+            self._clock.totals[k] = self._clock.totals.get(k, 0.0) + v
+        return generation
 
 
 def select_branch(rewards: list[float], selection: str) -> int:
@@ -278,6 +356,8 @@ async def collect(plan: CollectPlan, envs: Envs, gen: Generator) -> AsyncIterato
     """Run every task of `plan`, at most `max_concurrent_tasks` at once (so env and sandbox
     latency overlap generation), yielding each task's samples and then its EpisodeEnd."""
     gate = asyncio.Semaphore(max(1, plan.max_concurrent_tasks))
+    clock = CollectClock()
+    envs, gen = clock.envs(envs), clock.generator(gen)
 
     async def one(task: TaskRef):
         async with gate:
@@ -285,10 +365,12 @@ async def collect(plan: CollectPlan, envs: Envs, gen: Generator) -> AsyncIterato
 
     pending = [asyncio.create_task(one(t)) for t in plan.tasks]
     try:
-        for finished in asyncio.as_completed(pending):
+        for ended, finished in enumerate(asyncio.as_completed(pending), 1):
             samples, end = await finished
             for s in samples:
                 yield s
+            if ended == len(pending):      # the last one carries the Collect's time
+                end.timing = clock.report()
             yield end
     finally:
         for p in pending:

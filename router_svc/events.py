@@ -39,7 +39,50 @@ def step_event(step: int, batches: StepBatches, ends: Sequence[EpisodeEnd], pool
     return {"kind": "step", "step": step, "success_rate": ep["success_rate"], "reward_mean": reward,
             "episodes": int(ep["episodes"]), "failed_episodes": int(ep["failed_episodes"]),
             "dropped_samples": batches.dropped, "agents": agents, "pools": {p: dict(m) for p, m in pools.items()},
-            **timings}
+            **timings, **timing_fields(ends, pools, timings.get("rollout_seconds", 0.0))}
+
+
+def timing_fields(ends: Sequence[EpisodeEnd], pools: Mapping[str, Mapping[str, Any]],
+                  rollout_s: float) -> dict[str, float]:
+    """Where a step's time went, and at what FLOP rate (docs/observability.md, "A step's time").
+
+    The seconds follow what the step waited for: the replica whose Collect took longest (each
+    replica's Collect reports on its last EpisodeEnd, rollout_svc.tree) and the pool whose update
+    took longest, so they split rollout_seconds and train_seconds. time_wait_s is the rest of
+    rollout_seconds: rendering, batching, the RPCs, the router's own work. Tokens and FLOP rates are
+    over every replica and every pool: FLOPs over the engines' (or the updates') seconds, and the
+    mfu their ratio to what each process's measured matmul rate does in the same seconds. A rate
+    is left out when nothing measured it (an older service, a vLLM engine on GPU has no matmul rate)."""
+    collects = [e.timing for e in ends if e.timing]
+    slow = max(collects, key=lambda t: t.get("collect_s", 0.0), default={})
+    prefill, decode, env = (slow.get(k, 0.0) for k in ("prefill_s", "decode_s", "env_s"))
+    out = {"time_prefill_s": prefill, "time_decode_s": decode, "time_env_s": env,
+           "time_wait_s": max(0.0, rollout_s - prefill - decode - env),
+           "prefill_tokens": sum(t.get("prefill_tokens", 0.0) for t in collects),
+           "decode_tokens": sum(t.get("decode_tokens", 0.0) for t in collects)}
+    gen_s = sum(t.get("prefill_s", 0.0) + t.get("decode_s", 0.0) for t in collects)
+    out.update(_rates("gen", sum(t.get("gen_flops", 0.0) for t in collects), gen_s,
+                      sum(t.get("gen_matmul_flops", 0.0) for t in collects)))
+
+    updates = [m for m in pools.values() if "time_forward_s" in m]
+    slow_pool = max(updates, key=lambda m: m.get("train_seconds", 0.0), default={})
+    out.update({k: slow_pool.get(k, 0.0) for k in ("time_forward_s", "time_backward_s", "time_optimizer_s")})
+    out["update_tokens"] = sum(m.get("update_tokens", 0.0) for m in updates)
+    seconds = [m["time_forward_s"] + m.get("time_backward_s", 0.0) + m.get("time_optimizer_s", 0.0) for m in updates]
+    out.update(_rates("update", sum(m.get("update_flops", 0.0) for m in updates), sum(seconds),
+                      sum(s * m.get("matmul_flops_per_s", 0.0) for s, m in zip(seconds, updates, strict=True))))
+    return out
+
+
+def _rates(part: str, flops: float, seconds: float, matmul_flops: float) -> dict[str, float]:
+    """`part`_flops_per_s, and `part`_mfu and `part`_matmul_flops_per_s where a matmul rate was
+    measured: `matmul_flops` is what it does in the same `seconds`."""
+    if flops <= 0 or seconds <= 0:
+        return {}
+    out = {f"{part}_flops_per_s": flops / seconds}
+    if matmul_flops > 0:
+        out |= {f"{part}_mfu": flops / matmul_flops, f"{part}_matmul_flops_per_s": matmul_flops / seconds}
+    return out
 
 
 def eval_event(step: int, ends: Sequence[EpisodeEnd], order: Sequence[str] = ()) -> dict[str, Any]:

@@ -27,6 +27,10 @@ _DETERMINISTIC = ("EnvCodeError", "InvalidArgument")
 # Figures a trainer may not report: the KL to the reference (only with kl_coef > 0), the mean
 # staleness (not from a trainer older than asynchronous training).
 _IF_SENT = ("kl_ref", "staleness_mean")
+# Where the update's time went, and its FLOPs (not from a trainer older than the step breakdown):
+# events.timing_fields reads them.
+TIMING = ("time_forward_s", "time_backward_s", "time_optimizer_s", "update_tokens", "update_flops",
+          "matmul_flops_per_s")
 
 
 def pool_metrics(r: TrainResult) -> dict[str, Any]:
@@ -34,7 +38,7 @@ def pool_metrics(r: TrainResult) -> dict[str, Any]:
     return {"agents": {a: int(m["samples"]) for a, m in r.agents.items()}, "version": r.version,
             **{k: r.metrics[k] for k in ("loss", "approx_kl", "clip_fraction", "grad_norm", "entropy",
                                          "push_seconds", "train_seconds")},
-            **{k: r.metrics[k] for k in _IF_SENT if k in r.metrics},
+            **{k: r.metrics[k] for k in (*_IF_SENT, *TIMING) if k in r.metrics},
             **{k: int(r.metrics.get(k, 0)) for k in ("push_bytes", "tokens", "samples", "staleness_max", "masked_tokens")},
             **({"agent_grad_norm": norms} if (norms := {a: m["grad_norm"] for a, m in r.agents.items()
                                                           if "grad_norm" in m}) else {})}

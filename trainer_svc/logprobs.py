@@ -290,7 +290,7 @@ def hidden_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.
 def response_logprobs(model, batch: Sequence[TrainSample], device: str, *, with_entropy: bool = True,
                       entropy_grad: bool = True, chunk_elements: int = LOGPROB_CHUNK_ELEMENTS,
                       full_logits: bool = False, chunk_tokens: int = LOGPROB_CHUNK_TOKENS,
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token log-probs and entropies of each response under its own sampling transform.
 
     The decoder runs to its last hidden state; the output layer, the transform, the log-softmax
@@ -299,6 +299,10 @@ def response_logprobs(model, batch: Sequence[TrainSample], device: str, *, with_
     where the chunked one does not apply: chunked_head_available) runs the model's own forward
     for the response positions' logits, then the transform over `chunk_tokens` positions at a
     time. Both give the same numbers.
+    Prompt sharing (`share_prompts`, on the chunked path where prefix_sharing_available): rows
+    with the same prompt (the K branches of one (task, agent, turn) group) run that prompt
+    through the decoder once, and their responses attend to its keys and values
+    (_shared_prompt_hidden); the numbers and gradients are the unshared path's.
     Entropy: with a gradient when `entropy_grad` (an entropy bonus), else as a metric (no
     gradient, no memory kept for it); zeros when not `with_entropy`.
     Returns logprobs, entropy, mask: (B, T) with T the longest response; mask 1 on real tokens,
@@ -309,9 +313,12 @@ def response_logprobs(model, batch: Sequence[TrainSample], device: str, *, with_
     entropy = _entropy_mode(with_entropy, entropy_grad)
     targets, mask = targets.to(device), mask.to(device)
     if not full_logits and chunked_head_available(model):
-        out = model.get_decoder()(input_ids=ids.to(device), attention_mask=attn.to(device),
-                                  position_ids=pos.to(device), use_cache=False)
-        hidden = out.last_hidden_state[:, p_max - 1:p_max - 1 + t_max]         # (B, T, H): predicts each response token
+        if share_prompts and prefix_sharing_available(model) and len(prompt_groups(batch)[1]) < len(batch):
+            hidden = _shared_prompt_hidden(model.get_decoder(), batch, device)
+        else:
+            out = model.get_decoder()(input_ids=ids.to(device), attention_mask=attn.to(device),
+                                      position_ids=pos.to(device), use_cache=False)
+            hidden = out.last_hidden_state[:, p_max - 1:p_max - 1 + t_max]     # (B, T, H): predicts each response token
         lp, ent = hidden_logprobs(model.get_output_embeddings(), hidden, targets, mask, _by_sampling(batch),
                                   entropy=entropy, chunk_elements=chunk_elements)
     else:
@@ -319,6 +326,61 @@ def response_logprobs(model, batch: Sequence[TrainSample], device: str, *, with_
                                      _by_sampling(batch), entropy, chunk_tokens)
     real = mask > 0     # where(), not a product: -inf * 0 is NaN on padding the transform excludes
     return torch.where(real, lp, torch.zeros_like(lp)), torch.where(real, ent, torch.zeros_like(ent)), mask
+
+
+def prompt_groups(batch: Sequence[TrainSample]) -> tuple[list[int], list[Sequence[int]]]:
+    """Each row's group (rows with the same prompt ids share one) and each group's prompt, in
+    order of first appearance."""
+    first: dict[tuple[int, ...], int] = {}
+    rows = [first.setdefault(tuple(s.prompt_ids), len(first)) for s in batch]
+    return rows, list(first)
+
+
+def prefix_sharing_available(model) -> bool:
+    """Whether the decoder can take a batch's prompts as a key/value cache for its responses.
+    Not under gradient checkpointing: Hugging Face's checkpointed layers drop the cache in
+    training; those models run the unshared path."""
+    return not getattr(model, "is_gradient_checkpointing", False)
+
+
+def _shared_prompt_hidden(decoder, batch: Sequence[TrainSample], device: str) -> torch.Tensor:
+    """(B, T, H) last hidden states predicting each response token, computing each distinct
+    prompt once: the U distinct prompts (left-padded) run as one batch that keeps its keys and
+    values; the cache is gathered to the B rows (an index, so its gradient sums over a group's
+    rows) and the right-padded responses run on it at their own positions. The state that
+    predicts a response's first token is its prompt's last one. Rows and positions are the
+    unshared path's, so each number is too, up to float rounding (attention sums in a
+    different order); the gradient reaches a shared prompt's activations from every row of
+    its group, which is what the unshared backward adds up row by row.
+
+    Work: U x P + B x T positions instead of B x (P + T); at K branches a group with prompts
+    r times the response length, (r/K + 1) / (r + 1) of it."""
+    from transformers import DynamicCache
+
+    group, prompts = prompt_groups(batch)
+    p_max = max(len(p) for p in prompts)
+    t_max = max(len(s.response_ids) for s in batch)
+    p_ids = torch.zeros((len(prompts), p_max), dtype=torch.long)
+    p_attn = torch.zeros_like(p_ids)
+    for u, p in enumerate(prompts):
+        p_ids[u, p_max - len(p):] = torch.tensor(list(p))
+        p_attn[u, p_max - len(p):] = 1
+    p_pos = (p_attn.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    out = decoder(input_ids=p_ids.to(device), attention_mask=p_attn.to(device), position_ids=p_pos.to(device),
+                  past_key_values=cache, use_cache=True)
+    rows = torch.tensor(group, device=device)
+    cache.batch_select_indices(rows)
+    r_ids = torch.zeros((len(batch), t_max), dtype=torch.long)
+    r_attn = torch.cat([p_attn[group], torch.zeros((len(batch), t_max), dtype=torch.long)], dim=1)
+    for i, s in enumerate(batch):
+        r_ids[i, :len(s.response_ids)] = torch.tensor(list(s.response_ids))
+        r_attn[i, p_max:p_max + len(s.response_ids)] = 1
+    r_pos = torch.tensor([len(s.prompt_ids) for s in batch])[:, None] + torch.arange(t_max)
+    resp = decoder(input_ids=r_ids.to(device), attention_mask=r_attn.to(device), position_ids=r_pos.to(device),
+                   past_key_values=cache, use_cache=True)
+    last = out.last_hidden_state[:, -1][rows]                       # (B, H): predicts each first response token
+    return torch.cat([last[:, None], resp.last_hidden_state[:, :t_max - 1]], dim=1)
 
 
 def _full_logits_stats(model, ids, attn, pos, targets, mask, samplings, entropy, chunk_tokens):

@@ -13,8 +13,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+
 from atgrpo.contract.trainer import PoolSpec, TrainResult, TrainSample, UpdateConfig
 from atgrpo.errors import FailedPrecondition, InvalidArgument
+from atgrpo.perf import matmul_rate
 from rollout_svc.client import RolloutClient, push_weights
 from trainer_svc import metrics as telemetry  # `metrics` is a TrainResult's dict below
 from trainer_svc.distributed import Ranks
@@ -65,11 +68,16 @@ class PoolOps:
     def __init__(self, sharding: str = "auto"):
         self.sharding = sharding
         self.state: PoolState | None = None
+        self.matmul_rate = 0.0    # FLOP/s of this process's matmuls on the pool's device (atgrpo.perf)
 
     def setup(self, spec: PoolSpec, resume_from: str = "") -> PoolState:
         state = PoolState(spec, self.sharding)
         if resume_from:
             state.load(resume_from)
+        # Measured once per device and dtype (cached), here rather than in the first update: what
+        # an update's FLOP/s are held against, in the dtype its matmuls run in.
+        compute = torch.bfloat16 if state.mixed_bf16 else next(state.model.parameters()).dtype
+        self.matmul_rate = matmul_rate(str(state.device), compute)
         self.state = state
         return state
 
@@ -191,6 +199,7 @@ class Trainer:
             start = time.perf_counter()
             metrics = await self._run("train", samples, cfg)
             metrics["train_seconds"] = time.perf_counter() - start
+            metrics["matmul_flops_per_s"] = self.ops.matmul_rate
             metrics["tokens"] = float(sum(len(s.response_ids) for s in samples))
             metrics["samples"] = float(len(samples))
             metrics["staleness_max"] = float(staleness)

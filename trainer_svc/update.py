@@ -27,6 +27,7 @@ update equals the single-process one.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import itertools
 import math
 import zlib
@@ -37,7 +38,8 @@ import torch
 from atgrpo.algo.loss import decoupled_policy_loss, policy_loss
 from atgrpo.contract.trainer import TrainSample, UpdateConfig
 from atgrpo.errors import InvalidArgument
-from trainer_svc.logprobs import response_logprobs
+from atgrpo.perf import PhaseClock, forward_flops, model_size, update_flops
+from trainer_svc.logprobs import chunked_head_available, prefix_sharing_available, response_logprobs
 from trainer_svc.sharding import is_sharded, world
 
 METRIC_KEYS = ("loss", "clip_fraction", "approx_kl", "entropy")
@@ -50,6 +52,50 @@ SAME_FORWARD = "same forward"
 # The frozen reference for the KL term: a context that yields the model to score with (a LoRA
 # pool's base with its adapters off, or a full pool's initial weights).
 Reference = Callable[[], contextlib.AbstractContextManager]
+
+
+class _UpdateClock(PhaseClock):
+    """Where one update's time goes (forward, backward, optimizer) and the positions its forwards
+    took, for the step's breakdown and the update's model FLOPs (atgrpo.perf). `shared`: the
+    forward runs each distinct prompt of a micro-batch once (shares_prompts)."""
+
+    def __init__(self, device: str, shared: bool):
+        super().__init__(device)
+        self.shared = shared
+        self.tokens = {True: [0, 0], False: [0, 0]}   # grad -> [positions, positions with logits]
+
+    def count(self, batch: Sequence[TrainSample], grad: bool) -> None:
+        prompts = ({tuple(s.prompt_ids) for s in batch} if self.shared else [s.prompt_ids for s in batch])
+        responses = sum(len(s.response_ids) for s in batch)
+        self.tokens[grad][0] += sum(len(p) for p in prompts) + responses
+        self.tokens[grad][1] += responses
+
+    def report(self, model) -> dict[str, float]:
+        """time_forward_s (scoring without gradient included), time_backward_s, time_optimizer_s,
+        update_tokens (positions of the forwards with gradient) and update_flops."""
+        size = model_size(model)
+        (tokens, head), (scored, scored_head) = self.tokens[True], self.tokens[False]
+        return {"time_forward_s": self.seconds["forward"], "time_backward_s": self.seconds["backward"],
+                "time_optimizer_s": self.seconds["optimizer"], "update_tokens": float(tokens),
+                "update_flops": update_flops(size, tokens, head) + forward_flops(size, scored, scored_head)}
+
+
+# The running update's clock (update() sets it): the forward, backward and optimizer calls below
+# time themselves into it through _timed, whatever function they are in.
+_CLOCK: contextvars.ContextVar[_UpdateClock | None] = contextvars.ContextVar("update_clock", default=None)
+
+
+@contextlib.contextmanager
+def _timed(part: str, batch: Sequence[TrainSample] | None = None, *, grad: bool = True):
+    """Time the block as `part` of the running update; a forward also counts `batch`'s positions."""
+    clock = _CLOCK.get()
+    if clock is None:
+        yield
+        return
+    if batch is not None:
+        clock.count(batch, grad)
+    with clock.phase(part):
+        yield
 
 
 def validate(samples: Sequence[TrainSample], agents: Sequence[str], max_tokens: int | None = None) -> None:
@@ -80,38 +126,71 @@ def validate(samples: Sequence[TrainSample], agents: Sequence[str], max_tokens: 
                                   f"{max_tokens}; raise micro_batch_tokens or cap prompts and responses")
 
 
-def micro_batches(rows: Sequence[int], samples: Sequence[TrainSample], budget: int) -> list[list[int]]:
-    """Consecutive rows packed while the padded size (rows x longest) stays within `budget`."""
+def micro_batches(rows: Sequence[int], samples: Sequence[TrainSample], budget: int,
+                  shared: bool = False) -> list[list[int]]:
+    """Consecutive rows packed while the padded size stays within `budget` tokens: rows x the
+    longest sample, or, when `shared` (response_logprobs runs each distinct prompt once), distinct
+    prompts x the longest prompt plus rows x the longest response."""
     out: list[list[int]] = []
     cur: list[int] = []
-    longest = 0
+    prompts: set[tuple[int, ...]] = set()
+    longest = p_max = t_max = 0
     for r in rows:
-        length = len(samples[r].prompt_ids) + len(samples[r].response_ids)
-        if cur and max(longest, length) * (len(cur) + 1) > budget:
+        s = samples[r]
+        p, t = len(s.prompt_ids), len(s.response_ids)
+        key = tuple(s.prompt_ids) if shared else ()
+        if shared:
+            cost = (len(prompts | {key})) * max(p_max, p) + (len(cur) + 1) * max(t_max, t)
+        else:
+            cost = max(longest, p + t) * (len(cur) + 1)
+        if cur and cost > budget:
             out.append(cur)
-            cur, longest = [], 0
+            cur, prompts, longest, p_max, t_max = [], set(), 0, 0, 0
         cur.append(r)
-        longest = max(longest, length)
+        prompts.add(key)
+        longest, p_max, t_max = max(longest, p + t), max(p_max, p), max(t_max, t)
     if cur:
         out.append(cur)
     return out
 
 
-def _micro_batches(rows: Sequence[int], samples: Sequence[TrainSample], cfg: UpdateConfig) -> list[list[int]]:
-    return micro_batches(rows, samples, cfg.micro_batch_tokens) if rows else []
+def by_prompt(rows: Sequence[int], samples: Sequence[TrainSample]) -> list[int]:
+    """`rows` with those of the same prompt side by side (groups in order of first appearance,
+    rows in order within one), so that a micro-batch holds whole groups and runs each prompt
+    once. The order of a mini-batch's rows changes no gradient: its loss is a token-mean."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for r in rows:
+        groups.setdefault(tuple(samples[r].prompt_ids), []).append(r)
+    return [r for g in groups.values() for r in g]
+
+
+def _micro_batches(rows: Sequence[int], samples: Sequence[TrainSample], cfg: UpdateConfig,
+                   shared: bool = False) -> list[list[int]]:
+    if not rows:
+        return []
+    return micro_batches(by_prompt(rows, samples) if shared else rows, samples, cfg.micro_batch_tokens, shared)
 
 
 def _plan(mini: Sequence[int], samples: Sequence[TrainSample], cfg: UpdateConfig,
-          rank: int, world_size: int, sharded: bool) -> list[tuple[list[int], float]]:
+          rank: int, world_size: int, sharded: bool, shared: bool = False) -> list[tuple[list[int], float]]:
     """This rank's micro-batches of a mini-batch (rows rank::world), each with a weight: 1, or 0
     for padding. FSDP all-gathers in every forward and reduce-scatters in every backward, so
     under FSDP every rank must run as many micro-batches: one with fewer repeats a real row at
-    weight 0 (it adds nothing to the gradient but takes part in the collectives)."""
-    mine = [(m, 1.0) for m in _micro_batches(mini[rank::world_size], samples, cfg)]
+    weight 0 (it adds nothing to the gradient but takes part in the collectives). `shared`: the
+    model runs each distinct prompt of a micro-batch once (shares_prompts), so the rows are
+    ordered by prompt before they are dealt (a group of K spreads over the ranks, K / world a
+    rank) and packed by what the shared forward holds."""
+    mini = by_prompt(mini, samples) if shared else list(mini)
+    mine = [(m, 1.0) for m in _micro_batches(mini[rank::world_size], samples, cfg, shared)]
     if sharded:
-        most = max(len(_micro_batches(mini[r::world_size], samples, cfg)) for r in range(world_size))
+        most = max(len(_micro_batches(mini[r::world_size], samples, cfg, shared)) for r in range(world_size))
         mine += [([mini[0]], 0.0)] * (most - len(mine))
     return mine
+
+
+def shares_prompts(model) -> bool:
+    """Whether response_logprobs runs each distinct prompt of a micro-batch once for `model`."""
+    return chunked_head_available(model) and prefix_sharing_available(model)
 
 
 def _old_logprobs(batch: Sequence[TrainSample], like: torch.Tensor) -> torch.Tensor:
@@ -156,8 +235,8 @@ def proximal_logprobs(model, samples: Sequence[TrainSample], cfg: UpdateConfig, 
     for agent, rows in groups.items():
         # no_grad inside the adapter's context: activating an adapter may turn gradients back on.
         with adapter(agent) if agent is not None else contextlib.nullcontext(), torch.no_grad():
-            for micro, weight in _plan(rows, samples, cfg, rank, world_size, sharded):
-                with _autocast(cfg, device):
+            for micro, weight in _plan(rows, samples, cfg, rank, world_size, sharded, shares_prompts(model)):
+                with _autocast(cfg, device), _timed("forward", [samples[r] for r in micro], grad=False):
                     lp = response_logprobs(model, [samples[r] for r in micro], device, with_entropy=False)[0]
                 if weight:      # a padding forward (weight 0) repeats a row another rank owns
                     for i, r in enumerate(micro):
@@ -174,10 +253,11 @@ def _micro_step(model, batch: Sequence[TrainSample], cfg: UpdateConfig, device: 
     the batch's proximal log-probs, for the decoupled loss (None: the synchronous loss)."""
     with _autocast(cfg, device):
         # The entropy carries a gradient only as a bonus; otherwise it is a metric.
-        lp, ent, mask = response_logprobs(model, batch, device, entropy_grad=bool(cfg.loss.entropy_coef))
+        with _timed("forward", batch):
+            lp, ent, mask = response_logprobs(model, batch, device, entropy_grad=bool(cfg.loss.entropy_coef))
         ref = None
         if cfg.loss.kl_coef and reference is not None:
-            with torch.no_grad(), reference() as ref_model:
+            with torch.no_grad(), reference() as ref_model, _timed("forward", batch, grad=False):
                 ref = response_logprobs(ref_model, batch, device, with_entropy=False)[0]
     adv = torch.tensor([s.advantage for s in batch], device=device)
     if prox is None:
@@ -186,7 +266,8 @@ def _micro_step(model, batch: Sequence[TrainSample], cfg: UpdateConfig, device: 
         prox_lp = lp.detach() if prox is SAME_FORWARD else _padded(prox, lp)
         loss, m = decoupled_policy_loss(lp, prox_lp, _old_logprobs(batch, lp), adv, mask, cfg.loss,
                                         ref_logprobs=ref, entropy=ent)
-    (loss * share).backward()
+    with _timed("backward"):
+        (loss * share).backward()
     return {k: m[k] * share for k in _mean_keys(cfg)} | {"masked_tokens": m["masked_tokens"]}
 
 
@@ -236,7 +317,7 @@ def _mini_batch(model, samples: Sequence[TrainSample], mini: Sequence[int], cfg:
     rank, world_size = world()
     total = sum(len(samples[r].response_ids) for r in mini)
     stats = dict.fromkeys((*_mean_keys(cfg), "masked_tokens"), 0.0)
-    for micro, weight in _plan(mini, samples, cfg, rank, world_size, sharded):
+    for micro, weight in _plan(mini, samples, cfg, rank, world_size, sharded, shares_prompts(model)):
         batch = [samples[r] for r in micro]
         share = weight * sum(len(s.response_ids) for s in batch) / total
         with adapter(agent) if agent is not None else contextlib.nullcontext():
@@ -311,6 +392,8 @@ def update(model, optimizer: torch.optim.Optimizer, samples: Sequence[TrainSampl
     norms: dict[str, list[float]] = {}
     groups = steps = 0
     model.train()
+    clock = _UpdateClock(device, shares_prompts(model))
+    _CLOCK.set(clock)
     # Before any step: the proximal policy is the weights this update starts from, for every epoch.
     prox = None
     if cfg.max_staleness > 0:
@@ -329,13 +412,16 @@ def update(model, optimizer: torch.optim.Optimizer, samples: Sequence[TrainSampl
             for key, v in parts.items():
                 stats[key.split("/", 1)[1]] += v
             for agent, _ in step:
-                norm = _clip(params if agent is None else adapter_params(model, agent), cfg.grad_clip)
+                with _timed("optimizer"):
+                    norm = _clip(params if agent is None else adapter_params(model, agent), cfg.grad_clip)
                 norms.setdefault(agent or "", []).append(norm)
                 stats["grad_norm"] += norm
-            optimizer.step()
+            with _timed("optimizer"):
+                optimizer.step()
             groups += len(step)
             steps += 1
     # masked_tokens: of the samples (each epoch sees them again); the rest: means over the groups.
     out = {k: v / cfg.epochs if k == "masked_tokens" else v / max(groups, 1) for k, v in stats.items()}
     per_agent = {f"grad_norm/{a}": sum(n) / len(n) for a, n in norms.items() if a}
-    return out | per_agent | {"optimizer_steps": float(steps)}
+    _CLOCK.set(None)
+    return out | per_agent | {"optimizer_steps": float(steps)} | clock.report(model)

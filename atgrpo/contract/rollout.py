@@ -42,6 +42,11 @@ class Generation:
     completions: list[Completion]
     policy: PolicyRef
     prompt_truncated: bool = False
+    # This generation's share of the engine batches that made it (rollout_svc.pool): prefill_s,
+    # decode_s, prefill_tokens, decode_tokens, gen_flops (model FLOPs, atgrpo.perf) and
+    # gen_matmul_flops (what the replica's measured matmul rate does in the same seconds). Empty
+    # from an engine or replica that does not say.
+    timing: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -123,3 +128,7 @@ class EpisodeEnd:
     turns: int
     agent_rewards: dict[str, float]
     error: str = ""
+    # Set on the last EpisodeEnd of a Collect only: where that Collect's time went (rollout_svc.tree):
+    # collect_s (its wall time), env_s (env RPCs in flight while no generation was), and the sums
+    # of its generations' timing (Generation.timing). Empty on the others, and from older replicas.
+    timing: dict[str, float] = field(default_factory=dict)

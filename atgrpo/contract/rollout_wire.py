@@ -141,14 +141,14 @@ def sample_to_pb(s: Sample, plan: CollectPlan) -> pb.CollectEvent:
 def end_to_pb(e: EpisodeEnd, plan: CollectPlan) -> pb.CollectEvent:
     return pb.CollectEvent(episode_end=pb.EpisodeEnd(
         run_id=plan.run_id, step=plan.step, task_id=e.task_id, success=e.success, turns=e.turns,
-        agent_rewards=e.agent_rewards, error=e.error))
+        agent_rewards=e.agent_rewards, error=e.error, timing=e.timing))
 
 
 def event_from_pb(m: pb.CollectEvent) -> Sample | EpisodeEnd:
     """A Collect stream event as the plain type the router groups (inverse of sample_to_pb/end_to_pb)."""
     if m.WhichOneof("event") == "episode_end":
         e = m.episode_end
-        return EpisodeEnd(e.task_id, e.success, e.turns, dict(e.agent_rewards), e.error)
+        return EpisodeEnd(e.task_id, e.success, e.turns, dict(e.agent_rewards), e.error, dict(e.timing))
     s = m.sample
     return Sample(
         task_id=s.task_id, agent=s.agent, turn=s.turn, branch=s.branch, policy=policy_from_pb(s.policy),
@@ -162,14 +162,14 @@ def event_from_pb(m: pb.CollectEvent) -> Sample | EpisodeEnd:
 def generation_to_pb(g: Generation) -> pb.GenerateResponse:
     return pb.GenerateResponse(
         prompt_token_ids=g.prompt_ids, prompt_truncated=g.prompt_truncated, policy=policy_to_pb(g.policy),
-        completions=[pb.Completion(token_ids=c.token_ids, logprobs=c.logprobs, text=c.text,
+        timing=g.timing, completions=[pb.Completion(token_ids=c.token_ids, logprobs=c.logprobs, text=c.text,
                                    finish_reason=c.finish_reason) for c in g.completions])
 
 
 def generation_from_pb(m: pb.GenerateResponse) -> Generation:
     return Generation(list(m.prompt_token_ids),
                       [Completion(list(c.token_ids), list(c.logprobs), c.text, c.finish_reason) for c in m.completions],
-                      policy_from_pb(m.policy), m.prompt_truncated)
+                      policy_from_pb(m.policy), m.prompt_truncated, dict(m.timing))
 
 
 def info_to_pb(i: RolloutInfo, service: common_pb2.ServiceInfo) -> pb.RolloutInfo:

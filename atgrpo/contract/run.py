@@ -11,6 +11,14 @@ from typing import Any
 
 FINAL_STATES = ("stopped", "finished", "failed")
 
+# A step record's breakdown of its time and its FLOP rates (router_svc.events.timing_fields;
+# docs/observability.md, "A step's time"): top-level fields of a step event, carried by WatchRun in
+# StepEvent.timing. The rates are absent when nothing measured them.
+STEP_TIMING = ("time_prefill_s", "time_decode_s", "time_env_s", "time_wait_s", "prefill_tokens", "decode_tokens",
+               "gen_flops_per_s", "gen_mfu", "gen_matmul_flops_per_s",
+               "time_forward_s", "time_backward_s", "time_optimizer_s", "update_tokens",
+               "update_flops_per_s", "update_mfu", "update_matmul_flops_per_s")
+
 
 def status_dict(run_id: str, state: str, step: int, total: int, run_dir: str, resumed_from: int = 0,
                 error: str = "") -> dict[str, Any]:

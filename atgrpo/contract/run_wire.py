@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from atgrpo._proto.v1 import router_pb2 as pb
-from atgrpo.contract.run import rollback_dict, status_dict
+from atgrpo.contract.run import STEP_TIMING, rollback_dict, status_dict
 
 STATE_NAMES = {
     pb.RUN_STATE_STARTING: "starting", pb.RUN_STATE_RUNNING: "running", pb.RUN_STATE_STOPPING: "stopping",
@@ -48,7 +48,8 @@ def event_to_pb(run_id: str, e: Mapping[str, Any]) -> pb.RunEvent:
                                      **{k: m[k] for k in _POOL_STEP if k in m})
                for p, m in e["pools"].items()},
         rollout_seconds=e["rollout_seconds"], train_seconds=e["train_seconds"],
-        weight_sync_seconds=e["weight_sync_seconds"], retries=e.get("retries", 0)))
+        weight_sync_seconds=e["weight_sync_seconds"], retries=e.get("retries", 0),
+        timing={k: float(e[k]) for k in STEP_TIMING if k in e}))
 
 
 def event_from_pb(m: pb.RunEvent) -> dict[str, Any]:
@@ -70,4 +71,5 @@ def event_from_pb(m: pb.RunEvent) -> dict[str, Any]:
                           **({"kl_ref": v.kl_ref} if v.HasField("kl_ref") else {})}
                       for p, v in s.pools.items()},
             "rollout_seconds": s.rollout_seconds, "train_seconds": s.train_seconds,
-            "weight_sync_seconds": s.weight_sync_seconds, "retries": s.retries}
+            "weight_sync_seconds": s.weight_sync_seconds, "retries": s.retries,
+            **{k: s.timing[k] for k in STEP_TIMING if k in s.timing}}

@@ -91,7 +91,9 @@ class TrainResult:
     approx_kl, entropy, grad_norm, kl_ref, staleness_max, staleness_mean, masked_tokens, tokens,
     samples, train_seconds, push_seconds, push_bytes; with max_staleness > 0 also the decoupled
     loss's behav_approx_kl, behav_imp_weight_mean, behav_imp_weight_max, behav_capped_fraction,
-    which stay on the trainer: the wire does not carry them), and per trained agent its samples, tokens and (LoRA
+    which stay on the trainer: the wire does not carry them; and where the update's time went:
+    time_forward_s, time_backward_s, time_optimizer_s, update_tokens, update_flops and the trainer's
+    matmul_flops_per_s, atgrpo.perf), and per trained agent its samples, tokens and (LoRA
     pools, whose adapters clip on their own) grad_norm."""
 
     run_id: str

@@ -22,6 +22,9 @@ from atgrpo.contract.trainer import (
 _DEFAULT = PoolSpec(run_id="", pool="", model_path="", agents=())
 _FIGURES = ("loss", "clip_fraction", "approx_kl", "entropy", "train_seconds", "push_seconds")
 _COUNTS = ("tokens", "samples", "push_bytes", "staleness_max", "masked_tokens")
+# Where the update's time went (TrainResponse.timing): sent when the trainer measured them.
+_TIMING = ("time_forward_s", "time_backward_s", "time_optimizer_s", "update_tokens", "update_flops",
+           "matmul_flops_per_s")
 
 
 def spec_to_pb(s: PoolSpec, *, resume_from: str = "", reload: bool = False) -> pb.SetupRequest:
@@ -104,6 +107,7 @@ def result_to_pb(r: TrainResult, pool: str) -> pb.TrainResponse:
         grad_norm=grad_norm, kl_ref=m.get("kl_ref"), staleness_mean=m.get("staleness_mean", 0.0),
         **{k: m[k] for k in _FIGURES},
         **{k: int(m.get(k, 0)) for k in _COUNTS},
+        timing={k: float(m[k]) for k in _TIMING if k in m},
         agents={a: pb.AgentTrainMetrics(samples=int(v["samples"]), tokens=int(v["tokens"]), grad_norm=v.get("grad_norm"))
                 for a, v in r.agents.items()})
 
@@ -113,6 +117,7 @@ def result_from_pb(m: pb.TrainResponse) -> TrainResult:
         k: float(getattr(m, k)) for k in _COUNTS}
     if m.HasField("kl_ref"):
         metrics["kl_ref"] = m.kl_ref
+    metrics.update(m.timing)
     agents = {a: {"samples": float(v.samples), "tokens": float(v.tokens),
                   **({"grad_norm": v.grad_norm} if v.HasField("grad_norm") else {})} for a, v in m.agents.items()}
     return TrainResult(m.run_id, m.step, m.version, metrics, agents,

@@ -8,6 +8,7 @@ transform (sampling.transform_logits), so the trainer can recompute them.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Sequence
 
 import torch
@@ -15,6 +16,7 @@ import torch
 from atgrpo.algo.sampling import sample_tokens
 from atgrpo.contract.rollout import Completion
 from atgrpo.contract.sampling import Sampling
+from atgrpo.perf import ModelSize, matmul_rate, model_size
 from rollout_svc.engines.render import chat_tokens, fit_prompt
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -47,10 +49,26 @@ class HFEngine:
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.max_model_len = getattr(self.model.config, "max_position_embeddings", None)
         self._sequences = 0    # in the generate call running now (stats)
+        # The last generate's prefill seconds (the prompts' forward): the pool reads it right after
+        # the call, in the same worker, and counts the rest of the call as decode.
+        self.last_timing: dict[str, float] = {}
+        self._size: ModelSize | None = None
 
     def warm_up(self) -> None:
         """One tiny generation: the first call pays seconds of lazy initialisation."""
         self.generate([[self.pad_id]], [1], Sampling(max_tokens=2))
+
+    @property
+    def model_size(self) -> ModelSize:
+        """The served model's matmul weights, for the FLOPs of a generation (atgrpo.perf); counted
+        again after an adapter is added."""
+        if self._size is None:
+            self._size = model_size(self.model)
+        return self._size
+
+    def matmul_rate(self) -> float:
+        """This process's matmul FLOP/s on the engine's device in the weights' dtype (measured once)."""
+        return matmul_rate(self.device, self.model.dtype)
 
     # --- weights ---------------------------------------------------------------------------
 
@@ -75,6 +93,7 @@ class HFEngine:
             self.model = get_peft_model(self.model, cfg, adapter_name=name).eval()
         elif name not in self.model.peft_config:
             self.model.add_adapter(name, cfg)
+        self._size = None
         result = set_peft_model_state_dict(self.model, state, adapter_name=name)
         missing = [k for k in result.missing_keys if f".{name}." in k and "lora_" in k]
         if missing or result.unexpected_keys:
@@ -115,6 +134,7 @@ class HFEngine:
                  adapter: str = "") -> list[list[Completion]]:
         """`ns[i]` samples of `prompts[i]`, all in one batch; returns completions per prompt."""
         self._sequences = sum(ns)
+        self.last_timing = {}
         try:
             with self._with_adapter(adapter):
                 return self._generate(prompts, ns, s)
@@ -137,9 +157,13 @@ class HFEngine:
             mask[i, width - len(p):] = 1
         ids, mask = ids.to(dev), mask.to(dev)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)                              # (B, L)
+        start = time.perf_counter()
         # Only the last position's logits: the prefill's others are never read, and with a real
         # vocabulary they are most of its memory (8 prompts of 600 tokens x 49,152: 0.9 GB in float32).
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+        if ids.is_cuda:    # the forward's kernels are queued: wait for them, so the split is true
+            torch.cuda.synchronize(ids.device)
+        self.last_timing = {"prefill_s": time.perf_counter() - start}
         rows = torch.repeat_interleave(torch.arange(len(prompts)), torch.tensor(list(ns))).to(dev)  # (N,)
         cache = out.past_key_values
         cache.batch_select_indices(rows)        # the prefill is shared: copy the cache n ways

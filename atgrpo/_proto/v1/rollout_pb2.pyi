@@ -276,10 +276,31 @@ Global___Completion: _TypeAlias = Completion  # noqa: Y015
 class GenerateResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class TimingEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     PROMPT_TRUNCATED_FIELD_NUMBER: _builtins.int
     COMPLETIONS_FIELD_NUMBER: _builtins.int
     POLICY_FIELD_NUMBER: _builtins.int
+    TIMING_FIELD_NUMBER: _builtins.int
     prompt_truncated: _builtins.bool
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
@@ -289,6 +310,13 @@ class GenerateResponse(_message.Message):
     def policy(self) -> _common_pb2.PolicyVersion:
         """the weights every completion came from"""
 
+    @_builtins.property
+    def timing(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """This generation's share of the engine batches that made it: prefill_s, decode_s,
+        prefill_tokens, decode_tokens, gen_flops, gen_matmul_flops (atgrpo.contract.rollout.Generation).
+        Empty from a replica that does not say.
+        """
+
     def __init__(
         self,
         *,
@@ -296,10 +324,11 @@ class GenerateResponse(_message.Message):
         prompt_truncated: _builtins.bool = ...,
         completions: _abc.Iterable[Global___Completion] | None = ...,
         policy: _common_pb2.PolicyVersion | None = ...,
+        timing: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completions", b"completions", "policy", b"policy", "prompt_token_ids", b"prompt_token_ids", "prompt_truncated", b"prompt_truncated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completions", b"completions", "policy", b"policy", "prompt_token_ids", b"prompt_token_ids", "prompt_truncated", b"prompt_truncated", "timing", b"timing"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -579,6 +608,26 @@ class EpisodeEnd(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class TimingEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     RUN_ID_FIELD_NUMBER: _builtins.int
     STEP_FIELD_NUMBER: _builtins.int
     TASK_ID_FIELD_NUMBER: _builtins.int
@@ -586,6 +635,7 @@ class EpisodeEnd(_message.Message):
     TURNS_FIELD_NUMBER: _builtins.int
     AGENT_REWARDS_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    TIMING_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     step: _builtins.int
     task_id: _builtins.str
@@ -597,6 +647,13 @@ class EpisodeEnd(_message.Message):
     def agent_rewards(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """sum of the selected branches' mixed rewards; trajectory: mean return over the K copies"""
 
+    @_builtins.property
+    def timing(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """On the last EpisodeEnd of a Collect stream only: where that Collect's time went (collect_s,
+        env_s and the sums of its generations' timing: see GenerateResponse.timing). Empty otherwise,
+        and from older replicas.
+        """
+
     def __init__(
         self,
         *,
@@ -607,10 +664,11 @@ class EpisodeEnd(_message.Message):
         turns: _builtins.int = ...,
         agent_rewards: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         error: _builtins.str = ...,
+        timing: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_rewards", b"agent_rewards", "error", b"error", "run_id", b"run_id", "step", b"step", "success", b"success", "task_id", b"task_id", "turns", b"turns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_rewards", b"agent_rewards", "error", b"error", "run_id", b"run_id", "step", b"step", "success", b"success", "task_id", b"task_id", "timing", b"timing", "turns", b"turns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -347,6 +347,26 @@ class StepEvent(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class TimingEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     STEP_FIELD_NUMBER: _builtins.int
     SUCCESS_RATE_FIELD_NUMBER: _builtins.int
     REWARD_MEAN_FIELD_NUMBER: _builtins.int
@@ -356,6 +376,7 @@ class StepEvent(_message.Message):
     TRAIN_SECONDS_FIELD_NUMBER: _builtins.int
     WEIGHT_SYNC_SECONDS_FIELD_NUMBER: _builtins.int
     RETRIES_FIELD_NUMBER: _builtins.int
+    TIMING_FIELD_NUMBER: _builtins.int
     step: _builtins.int
     success_rate: _builtins.float
     reward_mean: _builtins.float
@@ -368,6 +389,13 @@ class StepEvent(_message.Message):
     def agents(self) -> _containers.MessageMap[_builtins.str, Global___AgentStepMetrics]: ...
     @_builtins.property
     def pools(self) -> _containers.MessageMap[_builtins.str, Global___PoolStepMetrics]: ...
+    @_builtins.property
+    def timing(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Where the step's time went (time_prefill_s, time_decode_s, time_env_s, time_wait_s,
+        time_forward_s, ...) and its FLOP rates (gen_flops_per_s, gen_mfu, update_flops_per_s,
+        update_mfu, ...): the step record's fields of those names (docs/observability.md, "A step's time").
+        """
+
     def __init__(
         self,
         *,
@@ -380,10 +408,11 @@ class StepEvent(_message.Message):
         train_seconds: _builtins.float = ...,
         weight_sync_seconds: _builtins.float = ...,
         retries: _builtins.int = ...,
+        timing: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "pools", b"pools", "retries", b"retries", "reward_mean", b"reward_mean", "rollout_seconds", b"rollout_seconds", "step", b"step", "success_rate", b"success_rate", "train_seconds", b"train_seconds", "weight_sync_seconds", b"weight_sync_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "pools", b"pools", "retries", b"retries", "reward_mean", b"reward_mean", "rollout_seconds", b"rollout_seconds", "step", b"step", "success_rate", b"success_rate", "timing", b"timing", "train_seconds", b"train_seconds", "weight_sync_seconds", b"weight_sync_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

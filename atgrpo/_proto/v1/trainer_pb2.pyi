@@ -458,6 +458,26 @@ class TrainResponse(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class TimingEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     RUN_ID_FIELD_NUMBER: _builtins.int
     STEP_FIELD_NUMBER: _builtins.int
     POOL_FIELD_NUMBER: _builtins.int
@@ -478,6 +498,7 @@ class TrainResponse(_message.Message):
     STALENESS_MAX_FIELD_NUMBER: _builtins.int
     MASKED_TOKENS_FIELD_NUMBER: _builtins.int
     STALENESS_MEAN_FIELD_NUMBER: _builtins.int
+    TIMING_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     step: _builtins.int
     pool: _builtins.str
@@ -505,6 +526,14 @@ class TrainResponse(_message.Message):
     """mean over the samples of (version before the update - sample version)"""
     @_builtins.property
     def agents(self) -> _containers.MessageMap[_builtins.str, Global___AgentTrainMetrics]: ...
+    @_builtins.property
+    def timing(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Where the update's time went: time_forward_s (reference and proximal scoring included),
+        time_backward_s, time_optimizer_s (clipping and the optimizer step), update_tokens (positions
+        the gradient forwards took), update_flops (model FLOPs of every forward and backward,
+        atgrpo.perf) and matmul_flops_per_s (this trainer's measured matmul rate). Empty from older trainers.
+        """
+
     def __init__(
         self,
         *,
@@ -528,10 +557,11 @@ class TrainResponse(_message.Message):
         staleness_max: _builtins.int = ...,
         masked_tokens: _builtins.int = ...,
         staleness_mean: _builtins.float = ...,
+        timing: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref", "kl_ref", b"kl_ref"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref", "agents", b"agents", "approx_kl", b"approx_kl", "clip_fraction", b"clip_fraction", "entropy", b"entropy", "grad_norm", b"grad_norm", "kl_ref", b"kl_ref", "loss", b"loss", "masked_tokens", b"masked_tokens", "pool", b"pool", "push_bytes", b"push_bytes", "push_seconds", b"push_seconds", "replayed", b"replayed", "run_id", b"run_id", "samples", b"samples", "staleness_max", b"staleness_max", "staleness_mean", b"staleness_mean", "step", b"step", "tokens", b"tokens", "train_seconds", b"train_seconds", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref", "agents", b"agents", "approx_kl", b"approx_kl", "clip_fraction", b"clip_fraction", "entropy", b"entropy", "grad_norm", b"grad_norm", "kl_ref", b"kl_ref", "loss", b"loss", "masked_tokens", b"masked_tokens", "pool", b"pool", "push_bytes", b"push_bytes", "push_seconds", b"push_seconds", "replayed", b"replayed", "run_id", b"run_id", "samples", b"samples", "staleness_max", b"staleness_max", "staleness_mean", b"staleness_mean", "step", b"step", "timing", b"timing", "tokens", b"tokens", "train_seconds", b"train_seconds", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__kl_ref: _TypeAlias = _typing.Literal["kl_ref"]  # noqa: Y015
     _WhichOneofArgType__kl_ref: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref"]  # noqa: Y015
