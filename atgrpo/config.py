@@ -87,6 +87,9 @@ class RunSection:
     before the first checkpoint sends the run back to step 0 from the model at model_path"""
     save_samples: bool = False
     """write each step's samples (token ids, rewards, advantages) to run_dir/samples/step-N.jsonl"""
+    save_eval_samples: bool = False
+    """write each evaluation's samples (what every agent said, its rewards and the env's info) to
+    run_dir/eval-samples/step-N.jsonl: what a success rate is made of"""
     evaluate_checkpoint: str = ""
     """a checkpoint folder (one folder per trainable pool) on the services' machines, or `start` (each
     pool's model_path): the run loads it, evaluates once on the eval split and finishes, training

@@ -82,9 +82,11 @@ class RunDir:
             os.fsync(f.fileno())
 
     def write_samples(self, step: int, samples: Sequence[Sample], rewards: Sequence[float],
-                      advantages: Sequence[float], pool_of: Mapping[str, str]) -> Path:
-        """Every sample of a step with its reward, advantage and pool, for inspection and tests."""
-        out = self.path / "samples" / f"step-{step:06d}.jsonl"
+                      advantages: Sequence[float | None], pool_of: Mapping[str, str],
+                      folder: str = "samples") -> Path:
+        """Every sample of a step with its reward, advantage and pool, for inspection and tests
+        (`folder` eval-samples: an evaluation's, with no advantage)."""
+        out = self.path / folder / f"step-{step:06d}.jsonl"
         out.parent.mkdir(parents=True, exist_ok=True)
         lines = []
         for s, r, a in zip(samples, rewards, advantages, strict=True):

@@ -363,8 +363,11 @@ class RunLoop:
     async def evaluate(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
         tasks = await self.tasks(cfg.env.eval_split, 0, cfg.run.eval_tasks, distinct=True)   # the same every time
-        _, ends = await self.collect(collect_plan(cfg, tasks, step=step, eval_mode=True, versions=self.versions))
+        samples, ends = await self.collect(collect_plan(cfg, tasks, step=step, eval_mode=True, versions=self.versions))
         check_complete(ends, len(tasks))
+        if cfg.run.save_eval_samples:   # an evaluation trains nothing: its reward is the local one, no advantage
+            self.dir.write_samples(step, samples, [s.local_reward for s in samples], [None] * len(samples),
+                                   cfg.pool_of, folder="eval-samples")
         event = events.eval_event(step, ends, cfg.env.turn_order)
         self._last_eval = (step, event["success_rate"])
         self._record(event)

@@ -155,8 +155,14 @@ def test_keep_checkpoints_prunes_the_disk_and_the_run_still_resumes(tiny_model, 
 
     run_dir = tmp_path / "run"
     data = toy_config(run_dir, tiny_model, "L1", steps=6, checkpoint_every_steps=1, keep_checkpoints=2,
-                      eval_every_steps=1, eval_tasks=2, save_samples=False)
+                      eval_every_steps=1, eval_tasks=2, save_samples=False, save_eval_samples=True)
     train_locally(data)
+    # run.save_eval_samples: every evaluation's samples, the two eval tasks each time, no advantage.
+    written = sorted(p.name for p in (run_dir / "eval-samples").iterdir())
+    assert written == [f"step-{s:06d}.jsonl" for s in range(7)]
+    rows = [json.loads(line) for line in (run_dir / "eval-samples" / "step-000006.jsonl").open()]
+    assert len({r["task_id"] for r in rows}) == 2 and {r["advantage"] for r in rows} == {None}
+    assert all(r["reward"] == r["local_reward"] and r["response_text"] is not None for r in rows)
 
     def on_disk() -> list[int]:
         return sorted(int(p.name.removeprefix("step-")) for p in (run_dir / "checkpoints").iterdir())
