@@ -45,8 +45,8 @@ def test_model_tiny_writes_a_loadable_directory_and_prints_it(tmp_path, capsys):
 
 
 def test_examples_cover_every_builtin_env_at_every_level():
-    """examples/<env>[_<dataset>]_<level>_<tiny|gpu>.yaml: the env and level the file names are the
-    config's, tiny runs on CPU with the hf engine, gpu with vllm on cuda."""
+    """examples/<env>[_<dataset>]_<level>_<tiny|smollm2|gpu>.yaml: the env and level the file names
+    are the config's, tiny and smollm2 run on CPU with the hf engine, gpu with vllm on cuda."""
     from atgrpo.config import load_config
     from env_svc.envs import BUILTIN
 
@@ -58,10 +58,27 @@ def test_examples_cover_every_builtin_env_at_every_level():
         assert named == env or named.startswith(f"{env}_"), path.name      # code_humaneval: env code
         assert cfg.level == level, path.name
         pools = cfg.pools.values()
-        if variant == "tiny":
+        if variant in ("tiny", "smollm2"):      # smollm2: the real small model, on CPU too
             assert all((p.engine, p.device) == ("hf", "cpu") for p in pools), path.name
         else:
             assert variant == "gpu" and all((p.engine, p.device) == ("vllm", "cuda") for p in pools), path.name
         found.add((env, level, variant))
     want = {(e, lv, v) for e in BUILTIN for lv in ("L0", "L1", "L2", "L3") for v in ("tiny", "gpu")}
     assert want <= found, sorted(want - found)
+
+
+def test_the_smollm2_examples_are_the_learning_bench_s_at_grpo_runs():
+    """examples/reasoning_gym_<task>_L1_smollm2.yaml trains what bench/real_learning.py measured
+    (docs/real_learning/): the bench's AT-GRPO config of that task, but for where the run goes."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from bench.real_learning import TASKS, run_config
+
+    for task in TASKS:
+        example = yaml.safe_load((EXAMPLES / f"reasoning_gym_{task}_L1_smollm2.yaml").read_text())
+        bench = run_config(task, "at-grpo", ".atgrpo/models/smollm2", ROOT / "x", steps=40, eval_every=10, eval_tasks=64)
+        for data in (example, bench):
+            data["run"].pop("name")
+            data["run"].pop("run_dir", None)
+        assert example == bench, task

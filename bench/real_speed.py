@@ -1,0 +1,156 @@
+"""Where a real model's step goes on CPU, in one run on SmolLM2-135M-Instruct: the update with each
+group's prompt shared against the unshared update, generation against this process's matmul rate,
+and one step of bench/real_learning.py's AT-GRPO config through the five services.
+
+    python bench/real_speed.py [--model DIR] [--groups 4] [--k 4] [--prompt 96] [--response 32] [--no-step]
+
+Targets (issue 35): update FLOPs per trained response token cut >= 2x at K = 4 with prompts 3x
+longer than their answers (counted by torch's FlopCounterMode over the forward and backward, not
+assumed); generation >= 60% of the measured matmul rate; one step of the learning bench's
+config <= 60 s when nothing else runs (it prints the step's breakdown: what stands in the way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from atgrpo.contract.sampling import Sampling  # noqa: E402
+from atgrpo.contract.trainer import TrainSample  # noqa: E402
+from atgrpo.perf import generation_flops, matmul_rate  # noqa: E402
+from bench._report import SMOKE, parse_args, record  # noqa: E402
+from trainer_svc.logprobs import response_logprobs  # noqa: E402
+
+SAMPLING = Sampling(temperature=1.0)
+
+
+def grouped(groups: int, k: int, prompt: int, response: int, vocab: int) -> list[TrainSample]:
+    """`groups` prompts of `prompt` tokens, `k` responses of `response` tokens each, in group order."""
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(groups):
+        p = torch.randint(10, vocab, (prompt,), generator=g).tolist()
+        for _ in range(k):
+            r = torch.randint(10, vocab, (response,), generator=g).tolist()
+            out.append(TrainSample("a", p, r, [0.0] * response, 1.0, SAMPLING))
+    return out
+
+
+def update_pass(model, samples, share: bool) -> tuple[float, float]:
+    """(FLOPs, seconds) of one forward and backward of the update's log-probs (its loss's work)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def once():
+        model.zero_grad(set_to_none=True)
+        lp, _, mask = response_logprobs(model, samples, "cpu", with_entropy=False, share_prompts=share)
+        (lp * mask).sum().backward()
+
+    with FlopCounterMode(display=False) as counter:
+        once()
+    flops = counter.get_total_flops()
+    best = float("inf")
+    for _ in range(2):
+        start = time.perf_counter()
+        once()
+        best = min(best, time.perf_counter() - start)
+    return flops, best
+
+
+def generation(model_path: str, prompts: int, k: int, prompt_tokens: int, new_tokens: int) -> tuple[float, float]:
+    """(FLOPs, seconds) of the hf engine sampling `k` answers to each of `prompts` prompts."""
+    from rollout_svc.engines.hf import HFEngine
+
+    engine = HFEngine(model_path, device="cpu", dtype="float32")
+    engine.warm_up()
+    g = torch.Generator().manual_seed(1)
+    ps = [torch.randint(10, engine.vocab_size, (prompt_tokens,), generator=g).tolist() for _ in range(prompts)]
+    best, flops = float("inf"), 0.0
+    for _ in range(2):
+        start = time.perf_counter()
+        out = engine.generate(ps, [k] * prompts, Sampling(temperature=1.0, max_tokens=new_tokens, seed=0))
+        took = time.perf_counter() - start
+        decoded = sum(len(c.token_ids) for per in out for c in per)
+        if took < best:
+            best, flops = took, generation_flops(engine.model_size, prompts, prompts * prompt_tokens, decoded)
+    return flops, best
+
+
+def one_step(model: str, work: Path) -> dict:
+    """One training step (no evaluation) of bench/real_learning.py's AT-GRPO arithmetic run."""
+    from atgrpo.config import parse_config
+    from atgrpo.rundir import read_metrics
+    from atgrpo.runner import LocalServices, run_until
+    from bench.real_learning import run_config
+
+    data = run_config("arithmetic", "at-grpo", model, work / "step", steps=1, eval_every=0, eval_tasks=8)
+    with LocalServices(parse_config(data)) as running:
+        asyncio.run(run_until(running, lambda _event: False))
+    return next(e for e in read_metrics(work / "step" / "metrics.jsonl") if e["kind"] == "step")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", help="default: .atgrpo/models/smollm2 (built when missing); the tiny model in smoke mode")
+    ap.add_argument("--groups", type=int, default=4)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--prompt", type=int, default=96)
+    ap.add_argument("--response", type=int, default=32)
+    ap.add_argument("--gen-prompts", type=int, default=8)
+    ap.add_argument("--gen-tokens", type=int, default=64)
+    ap.add_argument("--no-step", action="store_true", help="skip the one-step run through the services")
+    args = parse_args(ap, {"groups": 2, "prompt": 24, "response": 8, "gen_prompts": 2, "gen_tokens": 8, "no_step": True})
+    from transformers import AutoModelForCausalLM
+
+    with tempfile.TemporaryDirectory(prefix="real-speed-") as tmp:
+        work = Path(tmp)
+        if args.model:
+            path = args.model
+        elif SMOKE:
+            from atgrpo.models import build_tiny_model
+            path = str(build_tiny_model(work / "tiny"))
+        else:
+            from bench.real_learning import DEFAULT_MODEL, ensure_smollm2
+            path = ensure_smollm2(DEFAULT_MODEL)
+        rate = matmul_rate("cpu", torch.float32)
+        print(f"matmul rate (float32, this process): {rate / 1e9:.1f} GFLOP/s")
+
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model.train()
+        samples = grouped(args.groups, args.k, args.prompt, args.response, model.config.vocab_size)
+        trained = len(samples) * args.response
+        (f_plain, t_plain), (f_shared, t_shared) = (update_pass(model, samples, s) for s in (False, True))
+        print(f"update, {args.groups} groups x K {args.k}, prompt {args.prompt} / response {args.response} tokens:")
+        for name, f, t in (("unshared", f_plain, t_plain), ("shared", f_shared, t_shared)):
+            print(f"  {name:>8}: {f / trained / 1e9:6.2f} GFLOP per trained token, {t:6.2f} s, "
+                  f"{f / t / rate:.0%} of the matmul rate")
+        record("real", f"update FLOPs per response token, unshared / shared (K={args.k}, prompt {args.prompt // args.response}x)",
+               f_plain / f_shared, f"target >= 2; {f_shared / trained / 1e9:.2f} GFLOP/token shared")
+        record("real", "update seconds, unshared / shared", t_plain / t_shared, f"{t_shared:.2f} s shared")
+        record("real", "update FLOP/s / matmul rate (shared)", f_shared / t_shared / rate, "")
+        del model
+
+        f_gen, t_gen = generation(path, args.gen_prompts, args.k, 53, args.gen_tokens)
+        print(f"generation, {args.gen_prompts} prompts x {args.k}: {f_gen / t_gen / 1e9:.1f} GFLOP/s, "
+              f"{f_gen / t_gen / rate:.0%} of the matmul rate ({t_gen:.2f} s)")
+        record("real", "generation FLOP/s / matmul rate (hf engine)", f_gen / t_gen / rate, "target >= 0.6")
+
+        if not args.no_step:
+            step = one_step(path, work)
+            keys = [k for k in step if k.endswith("_s") or k.endswith("_seconds") or k.endswith("mfu")]
+            print("one step of the learning bench's config:", json.dumps({k: round(step[k], 3) for k in keys}))
+            record("real", "one learning step: 60 s / its seconds", 60.0 / step["step_seconds"],
+                   f"{step['step_seconds']:.1f} s (target <= 60 s)")
+
+
+if __name__ == "__main__":
+    main()
