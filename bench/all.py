@@ -13,9 +13,9 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-# baseline.py, async_learning.py and ablations.py are tables of success rates, not ratios, and
-# take tens of minutes: run them alone.
-SKIP = ("all.py", "baseline.py", "async_learning.py", "ablations.py")
+# baseline.py, async_learning.py, ablations.py and real_learning.py are tables of success rates,
+# not ratios, and take tens of minutes: run them alone.
+SKIP = ("all.py", "baseline.py", "async_learning.py", "ablations.py", "real_learning.py")
 
 
 def main() -> int:
