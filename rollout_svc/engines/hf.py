@@ -20,6 +20,10 @@ from atgrpo.perf import ModelSize, matmul_rate, model_size
 from rollout_svc.engines.render import chat_tokens, fit_prompt
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# A decode step computes every row of the batch; once the rows still going are at most this share
+# of it, the batch (and its cache) is cut to them. A cut copies the cache once, so not at every
+# finished row: at 3/4, a batch whose rows end one by one is cut about log(N)/log(4/3) times.
+COMPACT_AT = 0.75
 
 
 def pick_device(device: str) -> str:
@@ -160,7 +164,10 @@ class HFEngine:
         start = time.perf_counter()
         # Only the last position's logits: the prefill's others are never read, and with a real
         # vocabulary they are most of its memory (8 prompts of 600 tokens x 49,152: 0.9 GB in float32).
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+        from rollout_svc.engines.hf_cache import reserved_cache     # transformers: imported with the model
+
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+                         past_key_values=reserved_cache(self.model.config, width + s.max_tokens))
         if ids.is_cuda:    # the forward's kernels are queued: wait for them, so the split is true
             torch.cuda.synchronize(ids.device)
         self.last_timing = {"prefill_s": time.perf_counter() - start}
@@ -174,9 +181,10 @@ class HFEngine:
         logps_out: list[list[float]] = [[] for _ in range(n_rows)]
         texts: list[str | None] = [None] * n_rows
         finished = [False] * n_rows
+        live = list(range(n_rows))      # the row of each position in the batch that decodes
         for _ in range(s.max_tokens):
-            tokens, logps = sample_tokens(logits, s, gen)                     # (N,), (N,)
-            for r, (t, lp) in enumerate(zip(tokens.tolist(), logps.tolist(), strict=True)):
+            tokens, logps = sample_tokens(logits, s, gen)                     # (live,), (live,)
+            for r, t, lp in zip(live, tokens.tolist(), logps.tolist(), strict=True):
                 if finished[r]:
                     continue
                 tokens_out[r].append(t)
@@ -187,8 +195,13 @@ class HFEngine:
                     finished[r], texts[r] = True, cut
             if all(finished):
                 break
-            tokens = torch.where(torch.tensor(finished, device=dev), self.pad_id, tokens)
-            mask = torch.cat([mask, torch.ones((n_rows, 1), dtype=mask.dtype, device=dev)], dim=1)
+            going = [j for j, r in enumerate(live) if not finished[r]]
+            if len(going) <= COMPACT_AT * len(live):    # stop computing rows that are done
+                keep = torch.tensor(going, device=dev)
+                cache.batch_select_indices(keep)
+                tokens, mask, next_pos, live = tokens[keep], mask[keep], next_pos[keep], [live[j] for j in going]
+            tokens = torch.where(torch.tensor([finished[r] for r in live], device=dev), self.pad_id, tokens)
+            mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=dev)], dim=1)
             out = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_pos[:, None],
                              past_key_values=cache, use_cache=True)
             cache, logits, next_pos = out.past_key_values, out.logits[:, -1, :], next_pos + 1
