@@ -7,10 +7,12 @@ single-agent GRPO (L0) and trajectory-level GRPO on the same budget.
 
 Tasks (reasoning-gym, through the `reasoning_gym` env: its hardened judges, a tool agent whose
 program runs in the sandbox, and a reasoner that answers in <answer></answer>):
-  arithmetic  basic_arithmetic, two terms of one digit ("Calculate 7 + -9."). The untrained
-              model half-knows the sums and its programs often compute them, but neither agent
-              answers in a form the judge reads (a program prints "The answer is 14.", the
-              reasoner forgets the tags): weak, not hopeless, and what RL can close.
+  arithmetic  basic_arithmetic, a sum or difference of two one-digit numbers ("Calculate 5 - 9.").
+              The untrained model's programs often compute it (`result = 5 - 9`) but print it in
+              a sentence ("The answer is -4.") the judge does not read as the number, and its
+              reasoner does not always take the tool's result: weak, not hopeless, and what RL
+              can close. (With negation, parentheses, * and /, its programs computed nothing
+              useful: 0 of 64 right, 1 of 64 solved.)
   letters     letter_counting, 5 to 8 words ("How many times does the letter "e" appear in
               ..."): the tool agent can count exactly with str.count if it learns to, the
               reasoner cannot by itself.
@@ -50,7 +52,8 @@ from bench._report import SMOKE  # noqa: E402
 DEFAULT_MODEL = ROOT / ".atgrpo" / "models" / "smollm2"
 TASKS: dict[str, dict[str, Any]] = {
     "arithmetic": {"dataset": "basic_arithmetic",
-                   "dataset_config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}},
+                   "dataset_config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
+                                      "operators": ["+", "-"], "allow_parentheses": False, "allow_negation": False}},
     "letters": {"dataset": "letter_counting", "dataset_config": {"min_words": 5, "max_words": 8}},
 }
 VARIANTS = ("at-grpo", "trajectory", "L0")
