@@ -162,10 +162,10 @@ class HFEngine:
         ids, mask = ids.to(dev), mask.to(dev)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)                              # (B, L)
         start = time.perf_counter()
+        from rollout_svc.engines.hf_cache import reserved_cache  # transformers: imported with the model
+
         # Only the last position's logits: the prefill's others are never read, and with a real
         # vocabulary they are most of its memory (8 prompts of 600 tokens x 49,152: 0.9 GB in float32).
-        from rollout_svc.engines.hf_cache import reserved_cache     # transformers: imported with the model
-
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
                          past_key_values=reserved_cache(self.model.config, width + s.max_tokens))
         if ids.is_cuda:    # the forward's kernels are queued: wait for them, so the split is true
