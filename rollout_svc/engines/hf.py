@@ -152,6 +152,8 @@ class HFEngine:
 
     @torch.inference_mode()
     def _generate(self, prompts: Sequence[Sequence[int]], ns: Sequence[int], s: Sampling) -> list[list[Completion]]:
+        from rollout_svc.engines.hf_cache import reserved_cache  # transformers is loaded with the model
+
         dev = self.device
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -162,8 +164,6 @@ class HFEngine:
         ids, mask = ids.to(dev), mask.to(dev)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)                              # (B, L)
         start = time.perf_counter()
-        from rollout_svc.engines.hf_cache import reserved_cache  # transformers: imported with the model
-
         # Only the last position's logits: the prefill's others are never read, and with a real
         # vocabulary they are most of its memory (8 prompts of 600 tokens x 49,152: 0.9 GB in float32).
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
