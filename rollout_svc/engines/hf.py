@@ -152,7 +152,8 @@ class HFEngine:
 
     @torch.inference_mode()
     def _generate(self, prompts: Sequence[Sequence[int]], ns: Sequence[int], s: Sampling) -> list[list[Completion]]:
-        from rollout_svc.engines.hf_cache import reserved_cache  # transformers is loaded with the model
+        # Here, not at the top: it imports transformers, which the engine loads with its model.
+        from rollout_svc.engines.hf_cache import reserved_cache
 
         dev = self.device
         width = max(len(p) for p in prompts)
