@@ -43,3 +43,20 @@ def record(bench: str, what: str, ratio: float, detail: str = "") -> None:
         return
     with open(out, "a", encoding="utf-8") as f:
         f.write(json.dumps({"bench": bench, "what": what, "ratio": ratio, "detail": detail}) + "\n")
+
+
+def plot_panels(panels: dict[str, list[tuple[str, list[float], list[float]]]], path, xlabel: str, ylabel: str) -> None:
+    """One panel a title, each a curve a (label, xs, ys), success on a 0-1 axis, saved as a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    for ax, (title, curves) in zip(axes[0], panels.items(), strict=True):
+        for label, xs, ys in curves:
+            ax.plot(xs, ys, marker="o", label=label)
+        ax.set(title=title, xlabel=xlabel, ylabel=ylabel, ylim=(0, 1.02))
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 from atgrpo.config import LoraConfig  # noqa: E402
 from atgrpo.models.taught import TOY_CODE  # noqa: E402
-from bench._report import SMOKE  # noqa: E402
+from bench._report import SMOKE, plot_panels  # noqa: E402
 
 K, TASKS_PER_STEP, EVAL_TASKS = 8, 8, 128
 SAMPLING = {"temperature": 1.0, "max_tokens": 4}
@@ -175,21 +175,11 @@ def table(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tasks = list(dict.fromkeys(r["task"] for r in rows))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4), squeeze=False)
-    for ax, task in zip(axes[0], tasks, strict=True):
-        for r in (r for r in rows if r["task"] == task):
-            ax.plot(r["steps"], r["success"], marker="o", label=r["variant"])
-        ax.set(title=f"{task} (mean of {len(rows[0]['seeds'])} seeds)", xlabel="step",
-               ylabel="eval success (sampled, T=1)", ylim=(0, 1.02))
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    seeds = len(rows[0]["seeds"])
+    panels = {task: [(r["variant"], r["steps"], r["success"]) for r in rows if r["task"] == task]
+              for task in dict.fromkeys(r["task"] for r in rows)}
+    plot_panels({f"{task} (mean of {seeds} seeds)": c for task, c in panels.items()}, path,
+                "step", "eval success (sampled, T=1)")
 
 
 def main() -> None:

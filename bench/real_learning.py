@@ -47,7 +47,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._report import SMOKE  # noqa: E402
+from bench._report import SMOKE, plot_panels  # noqa: E402
 
 DEFAULT_MODEL = ROOT / ".atgrpo" / "models" / "smollm2"
 TASKS: dict[str, dict[str, Any]] = {
@@ -165,24 +165,14 @@ def table(runs: list[dict]) -> str:
 
 
 def plot(runs: list[dict], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    def curve(r: dict) -> tuple[str, list[float], list[float]]:
+        # x: minutes of training (evaluations excluded), so the variants share a time axis.
+        per_step = r["train_s"] / 60 / max(r["evals"][-1]["step"], 1)
+        return r["variant"], [e["step"] * per_step for e in r["evals"]], [e["success"] for e in r["evals"]]
 
-    tasks = list(dict.fromkeys(r["task"] for r in runs))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4), squeeze=False)
-    for ax, task in zip(axes[0], tasks, strict=True):
-        for r in (r for r in runs if r["task"] == task):
-            # x: minutes of training (evaluations excluded), so the variants share a time axis.
-            per_step = r["train_s"] / 60 / max(r["evals"][-1]["step"], 1)
-            ax.plot([e["step"] * per_step for e in r["evals"]], [e["success"] for e in r["evals"]],
-                    marker="o", label=r["variant"])
-        ax.set(title=f"SmolLM2-135M, {task}", xlabel="training minutes (2 CPU cores)",
-               ylabel="greedy eval success", ylim=(0, 1.02))
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    panels = {f"SmolLM2-135M, {task}": [curve(r) for r in runs if r["task"] == task]
+              for task in dict.fromkeys(r["task"] for r in runs)}
+    plot_panels(panels, path, "training minutes (2 CPU cores)", "greedy eval success")
 
 
 def tiny_model(work: Path) -> str:
