@@ -1,7 +1,7 @@
 """Plain-text math expressions to sympy, without eval: a whitelist tokenizer and a
-recursive-descent parser that build the expression node by node, and a numeric evaluator; both
-bounded (the MAX_* limits below, shared by the LaTeX scanner and answers.py). Input is the plain
-syntax latex_to_plain (answer_latex.py) produces.
+recursive-descent parser that build the expression node by node, checking each with the numeric
+evaluator (answer_eval.py); both bounded (the MAX_* limits of answer_limits.py, shared by the
+LaTeX scanner and answers.py). Input is the plain syntax latex_to_plain (answer_latex.py) produces.
 
 Why bounds everywhere: sympy computes exactly as it builds (`9**9**9` is a 350-million-digit
 integer; `sqrt(n)` factors n, seconds for a 10,000-bit n), decides what a number is (zero?
@@ -21,41 +21,22 @@ from __future__ import annotations
 
 import math
 import re
-import threading
 from typing import Any
 
-from atgrpo.sdk.judge import JudgeError
-
-MAX_ANSWER_CHARS = 400
-MAX_TOKENS = 300
-MAX_DEPTH = 50            # brackets and exponents inside each other
-MAX_DIGITS = 100          # one number literal
-MAX_POW_BITS = 20_000     # every exact integer (numerator, denominator) the parser lets sympy build
-MAX_ROOT_BITS = 256       # a rational sympy factors to simplify its root (a 256-bit one: milliseconds)
-MAX_MAG_BITS = 20_000     # every numeric value lies in 2^-MAX .. 2^MAX (or is 0 or +-oo)
-MAX_TRIG_ARG = 2.0 ** 64  # argument reduction of sin(x) costs log2|x| bits of precision
-MAX_FACTORIAL = 300
-MAX_BINOMIAL = 1_000
-MAX_ITEMS = 32
-MAX_NODES = 5_000         # nodes one evaluation visits (sympy shares subtrees, so a count, not depth)
-
-_LN2 = math.log(2)
-
-
-class AnswerError(ValueError):
-    """An answer that cannot be read as mathematics (it is then compared as text)."""
-
-
-def too_large(what: str) -> JudgeError:
-    return JudgeError("too_large", f"the answer's {what} is too large to judge; give a simpler exact form")
-
-
-def too_deep(what: str = "nesting") -> JudgeError:
-    return JudgeError("too_deep", f"the answer's {what} is deeper than {MAX_DEPTH} levels")
-
-
-def undefined(what: str) -> JudgeError:
-    return JudgeError("undefined", f"the answer is undefined ({what}); give a value")
+from env_svc.envs.answer_eval import Evaluator, Unbounded, hide, variables
+from env_svc.envs.answer_limits import (
+    MAX_BINOMIAL,
+    MAX_DEPTH,
+    MAX_DIGITS,
+    MAX_FACTORIAL,
+    MAX_POW_BITS,
+    MAX_ROOT_BITS,
+    MAX_TOKENS,
+    AnswerError,
+    too_deep,
+    too_large,
+    undefined,
+)
 
 
 def _funcs() -> dict[str, tuple[Any, tuple[int, ...]]]:
@@ -132,208 +113,6 @@ def _split_word(word: str) -> list[tuple[str, str]]:
     if len(word) >= 4 and all(len(v) == 1 for _, v in out):
         raise AnswerError(f"{word!r} is a word, not algebra")
     return out
-
-
-# ---- the numeric evaluator ---------------------------------------------------------------------
-
-class Unbounded(ArithmeticError):
-    """A value the evaluator refuses: past the magnitude bound, or undefined (0/0, log 0)."""
-
-    def __init__(self, reason: str, what: str):
-        super().__init__(what)
-        self.reason = reason
-
-
-_opaque: Any = None
-
-
-def opaque_type() -> Any:
-    """The class of the numbers the parser hides from sympy (made on first use: sympy is imported
-    lazily). sympy decides what a number is (zero? positive? an integer?) by evaluating it
-    numerically, again for every enclosing node, more precisely each time a result is close to a
-    boundary: a Pow whose base holds a few nested logs took minutes. So every number that is not
-    rational (pi, sqrt 2, sin 1, 2^pi) becomes an Opaque: a sympy Dummy, which sympy's algebra
-    treats as an unknown (x - x = 0 and x/x = 1 still hold) and never evaluates. Its value, the
-    hidden `expr`, is computed only by the bounded Evaluator. Dummies are unique, so two opaque
-    numbers are never equal as expressions: they are compared by value."""
-    global _opaque
-    if _opaque is None:
-        import sympy as sp
-
-        class Opaque(sp.Dummy):
-            expr: Any
-
-        _opaque = Opaque
-    return _opaque
-
-
-def hide(expr: Any) -> Any:
-    node = opaque_type()("c")
-    node.expr = expr
-    return node
-
-
-def variables(expr: Any) -> set[Any]:
-    """expr's free variables: its symbols that are not opaque numbers."""
-    kind = opaque_type()
-    return {s for s in expr.free_symbols if not isinstance(s, kind)}
-
-
-class _Context:
-    """An mpmath context at one precision with the bounded functions the evaluator applies. One
-    per thread and precision (_context): mpmath's global context is shared by every thread, and
-    building one costs more than a whole comparison."""
-
-    def __init__(self, prec: int):
-        import mpmath
-        import sympy as sp
-        c = self.ctx = mpmath.MPContext()
-        c.prec = prec
-        self.consts = {sp.pi: c.pi, sp.E: c.e, sp.I: c.mpc(0, 1), sp.oo: c.inf, -sp.oo: -c.inf}
-        self.unary = {sp.exp: self._hyper(c.exp), sp.log: self._log, sp.sin: self._trig(c.sin),
-                      sp.cos: self._trig(c.cos), sp.tan: self._trig(c.tan), sp.cot: self._trig(c.cot),
-                      sp.sec: self._trig(c.sec), sp.csc: self._trig(c.csc), sp.asin: c.asin, sp.acos: c.acos,
-                      sp.atan: c.atan, sp.sinh: self._hyper(c.sinh), sp.cosh: self._hyper(c.cosh),
-                      sp.tanh: self._hyper(c.tanh), sp.Abs: abs, sp.floor: self._rounding(c.floor),
-                      sp.ceiling: self._rounding(c.ceil), sp.factorial: self._factorial, sp.re: c.re, sp.im: c.im}
-
-    def _trig(self, fn: Any) -> Any:
-        """sin(a + bi) grows like e^|b|, and reducing a costs log2|a| bits of precision."""
-        c = self.ctx
-
-        def f(z: Any) -> Any:
-            if abs(c.re(z)) > MAX_TRIG_ARG or abs(c.im(z)) > _LN_LIMIT:
-                raise Unbounded("too_large", "a trigonometric argument")
-            return fn(z)
-        return f
-
-    def _hyper(self, fn: Any) -> Any:
-        """exp(a + bi) and sinh grow like e^|a|."""
-        c = self.ctx
-
-        def f(z: Any) -> Any:
-            if abs(c.re(z)) > _LN_LIMIT or abs(c.im(z)) > MAX_TRIG_ARG:
-                raise Unbounded("too_large", "an exponential")
-            return fn(z)
-        return f
-
-    def _log(self, z: Any) -> Any:
-        if not z:
-            raise Unbounded("undefined", "log 0")
-        return self.ctx.log(z)
-
-    def _rounding(self, fn: Any) -> Any:
-        c = self.ctx
-        return lambda z: fn(c.re(z)) + (c.mpc(0, 1) * fn(c.im(z)) if c.im(z) else 0)
-
-    def _factorial(self, z: Any) -> Any:
-        if not 0 <= self.ctx.re(z) <= MAX_FACTORIAL:
-            raise Unbounded("too_large", "a factorial")
-        return self.ctx.factorial(z)
-
-
-_LN_LIMIT = MAX_MAG_BITS * _LN2          # the bound on |ln value|
-_contexts = threading.local()
-
-
-def _context(prec: int) -> _Context:
-    cache = getattr(_contexts, "by_prec", None)
-    if cache is None:
-        cache = _contexts.by_prec = {}
-    if prec not in cache:
-        cache[prec] = _Context(prec)
-    return cache[prec]
-
-
-class Evaluator:
-    """Values of the parser's sympy expressions in mpmath at `prec` bits, at one point (a value per
-    single-letter variable). Every operation is bounded before it runs: powers and exponentials by
-    the magnitude of their result (from the log of the base, never by computing it), trig
-    arguments by MAX_TRIG_ARG, every value by MAX_MAG_BITS. Values are memoized per node, so a
-    parse that checks each new node costs one operation per node, and at most MAX_NODES nodes
-    are evaluated. Use it in the thread that made it (its mpmath context is that thread's)."""
-
-    def __init__(self, prec: int, point: dict[str, Any] | None = None):
-        import sympy as sp
-        self.sp, self.context, self.opaque = sp, _context(prec), opaque_type()
-        self.ctx = self.context.ctx
-        self.point = {name: self.ctx.mpf(v) for name, v in (point or {}).items()}
-        self.memo: dict[Any, Any] = {}
-        self.visits = 0
-
-    def value(self, node: Any) -> Any:
-        got = self.memo.get(node)
-        if got is None:
-            self.visits += 1
-            if self.visits > MAX_NODES:
-                raise Unbounded("too_large", f"more than {MAX_NODES} operations")
-            try:
-                got = self._bounded(self._eval(node))
-            except Unbounded as e:
-                got = e
-            except Exception as e:        # mpmath's own refusals (NoConvergence, ZeroDivisionError ...)
-                got = Unbounded("undefined", f"{type(e).__name__}: {str(e)[:80]}")
-            self.memo[node] = got
-        if isinstance(got, Unbounded):
-            raise got
-        return got
-
-    def _bounded(self, v: Any) -> Any:
-        c = self.ctx
-        if c.isnan(v):
-            raise Unbounded("undefined", "not a number")
-        if c.isinf(v):
-            return v                                  # oo itself: sympy and the comparison handle it
-        if v and abs(c.mag(v)) > MAX_MAG_BITS:
-            raise Unbounded("too_large", f"a value past 2^{MAX_MAG_BITS}")
-        return v
-
-    def _eval(self, node: Any) -> Any:
-        sp, c = self.sp, self.ctx
-        if node.is_Rational:
-            return c.mpf(node.p) / node.q
-        if node.is_Float:
-            return c.make_mpf(node._mpf_)
-        if isinstance(node, self.opaque):
-            return self.value(node.expr)
-        if node.is_Symbol:
-            if node.name not in self.point:
-                raise Unbounded("undefined", f"no value for {node.name}")
-            return self.point[node.name]
-        if node.is_Add or node.is_Mul:
-            total = c.mpf(0) if node.is_Add else c.mpf(1)
-            for arg in node.args:
-                v = self.value(arg)
-                total = self._bounded(total + v if node.is_Add else total * v)
-            return total
-        if node.is_Pow:
-            return self.power(self.value(node.base), self.value(node.exp))
-        const = self.context.consts.get(node)
-        if const is not None:
-            return const
-        fn = self.context.unary.get(node.func)
-        if fn is not None and len(node.args) == 1:
-            return fn(self.value(node.args[0]))
-        if node.func == sp.binomial:
-            n, k = (self.value(a) for a in node.args)
-            if not abs(n) <= MAX_BINOMIAL:
-                raise Unbounded("too_large", "binomial")
-            return c.binomial(n, k)
-        raise Unbounded("undefined", f"cannot evaluate {node.func.__name__}")
-
-    def power(self, b: Any, e: Any) -> Any:
-        """b^e, refused before it is computed when |e * ln b| exceeds the magnitude bound."""
-        c = self.ctx
-        if c.isinf(b) or c.isinf(e):
-            return c.power(b, e)
-        if not b:
-            if c.re(e) > 0:
-                return c.mpf(0)
-            raise Unbounded("undefined", "0 to a power <= 0")
-        t = e * c.log(b)
-        if abs(c.re(t)) > _LN_LIMIT or abs(c.im(t)) > MAX_TRIG_ARG:
-            raise Unbounded("too_large", "a power")
-        return c.power(b, e)
 
 
 # ---- the parser --------------------------------------------------------------------------------

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import re
 
-from env_svc.envs.answer_expr import _FUNCS, MAX_DEPTH, AnswerError, too_deep
+from env_svc.envs.answer_expr import _FUNCS
 from env_svc.envs.answer_extract import _braced
+from env_svc.envs.answer_limits import MAX_DEPTH, AnswerError, too_deep
 
 _DROP_CMDS = {"left", "right", "big", "Big", "bigg", "Bigg", "bigl", "bigr", "Bigl", "Bigr", "displaystyle",
               "textstyle", ",", ";", ":", "!", " ", "quad", "qquad", "limits", "nolimits", "$", "%"}

@@ -36,19 +36,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from atgrpo.sdk.judge import JudgeError
-from env_svc.envs.answer_expr import (
-    MAX_ANSWER_CHARS,
-    MAX_ITEMS,
-    AnswerError,
-    Evaluator,
-    Unbounded,
-    parse_expression,
-    too_deep,
-    too_large,
-    variables,
-)
+from env_svc.envs.answer_eval import Evaluator, Unbounded, variables
+from env_svc.envs.answer_expr import parse_expression
 from env_svc.envs.answer_extract import _braced, extract_boxed
 from env_svc.envs.answer_latex import latex_to_plain
+from env_svc.envs.answer_limits import MAX_ANSWER_CHARS, MAX_ITEMS, AnswerError, too_deep, too_large
 
 MAX_RAW_CHARS = 4 * MAX_ANSWER_CHARS    # before normalising (which drops $, \boxed{}, ^\circ ...)
 MAX_STRUCTURE_DEPTH = 6                  # sets of tuples of intervals ...
