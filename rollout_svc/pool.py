@@ -37,6 +37,7 @@ from atgrpo.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from atgrpo.model_thread import ModelThread
 from atgrpo.perf import generation_flops
 from rollout_svc import metrics
 
@@ -116,6 +117,9 @@ class PoolRuntime:
         self.versions: dict[str, int] = {"": 0}         # "" = base model; adapters by agent name
         self._queue: asyncio.Queue = asyncio.Queue()
         self._worker: asyncio.Task | None = None
+        # The engine runs on this one thread, generations and weight swaps alike: on rotating
+        # threads each one's freed tensors pile up in another malloc arena (atgrpo.model_thread).
+        self._thread = ModelThread(f"pool-{name}")
         self.oom_retries = 0     # batches run again in smaller pieces after running out of memory
         self.waiting = self.running = 0   # requests queued / in the batch generating (metrics, read at scrape)
         # Wall seconds the worker spent on batches and swaps: those finished, and when the one in
@@ -190,7 +194,7 @@ class PoolRuntime:
     async def _apply_swap(self, job: _Swap) -> None:
         # Checked here, in queue order, so two concurrent pushes cannot both pass.
         self.check_newer(job.adapter, job.version, job.rollback)
-        await asyncio.to_thread(job.apply)
+        await self._thread.run(job.apply)
         self.versions[job.adapter] = job.version
         metrics.set_versions(self.name, self.versions)
 
@@ -252,7 +256,7 @@ class PoolRuntime:
             s = dataclasses.replace(s, seed=s.seed + pieces[0].first)   # draws its own, not the same again
         start = time.perf_counter()
         try:
-            outs = await asyncio.to_thread(self.engine.generate, [p.request.prompt for p in pieces],
+            outs = await self._thread.run(self.engine.generate, [p.request.prompt for p in pieces],
                                            [p.n for p in pieces], s, adapter)
             if [len(o) for o in outs] != [p.n for p in pieces]:
                 raise RuntimeError(f"the engine answered {[len(o) for o in outs]} completions for "
@@ -276,7 +280,7 @@ class PoolRuntime:
             metrics.count_oom_retry(self.name)
             log.warning("pool %s: out of memory on %d requests (%d samples); running them again in two "
                         "pieces", self.name, len(pieces), sum(p.n for p in pieces))
-            await asyncio.to_thread(_free_memory)
+            await self._thread.run(_free_memory)
         elif kind != BAD_REQUEST or len(pieces) == 1:
             return [error] * len(pieces)
         if len(pieces) == 1:     # one request's samples in two shares, their completions joined

@@ -7,6 +7,7 @@ from typing import Any
 
 from atgrpo.contract.rollout import EpisodeEnd
 from atgrpo.contract.trainer import TrainResult
+from atgrpo.contract.trainer_wire import MEMORY
 
 
 class StepIncomplete(RuntimeError):
@@ -39,6 +40,7 @@ def pool_metrics(r: TrainResult) -> dict[str, Any]:
             **{k: r.metrics[k] for k in ("loss", "approx_kl", "clip_fraction", "grad_norm", "entropy",
                                          "push_seconds", "train_seconds")},
             **{k: r.metrics[k] for k in (*_IF_SENT, *TIMING) if k in r.metrics},
+            **({"memory": memory} if (memory := {k: r.metrics[k] for k in MEMORY if k in r.metrics}) else {}),
             **{k: int(r.metrics.get(k, 0)) for k in ("push_bytes", "tokens", "samples", "staleness_max", "masked_tokens")},
             **({"agent_grad_norm": norms} if (norms := {a: m["grad_norm"] for a, m in r.agents.items()
                                                           if "grad_norm" in m}) else {})}

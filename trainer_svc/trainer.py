@@ -17,6 +17,7 @@ import torch
 
 from atgrpo.contract.trainer import PoolSpec, TrainResult, TrainSample, UpdateConfig
 from atgrpo.errors import FailedPrecondition, InvalidArgument
+from atgrpo.model_thread import ModelThread, peak_rss_bytes, release_freed_memory, rss_bytes
 from atgrpo.perf import matmul_rate
 from rollout_svc.client import RolloutClient, push_weights
 from trainer_svc import metrics as telemetry  # `metrics` is a TrainResult's dict below
@@ -91,6 +92,15 @@ class PoolOps:
         state.updates += 1
         return metrics
 
+    def release(self) -> dict[str, float]:
+        """Hand the update's freed activations back to the system: the rollout generates the next
+        step while the trainer waits, and on a shared machine it needs that memory. Returns the
+        resident memory before and after, and the process's peak, for the step's metrics."""
+        held = rss_bytes()
+        release_freed_memory()
+        return {"rss_gb": held / 1e9, "rss_released_gb": (held - rss_bytes()) / 1e9,
+                "rss_peak_gb": peak_rss_bytes() / 1e9}
+
     def weights(self, agents: Sequence[str]) -> list[tuple[str, dict, dict | None]]:
         """What to push: each named agent's adapter (LoRA), or the full model ("" adapter)."""
         state = self.state
@@ -110,6 +120,9 @@ class Trainer:
         self._done: dict[tuple[str, int], TrainResult] = {}   # (run, step) -> result: Train is idempotent
         self._pushed: dict[str, int] = {}   # adapter ("" = the model) -> the version last pushed
         self._lock = asyncio.Lock()
+        # Every operation on the model runs on this one thread: on rotating threads each update's
+        # freed activations pile up in another malloc arena until the OOM kill (model_thread.py).
+        self._thread = ModelThread("pool-ops")
 
     @property
     def state(self) -> PoolState | None:
@@ -122,7 +135,7 @@ class Trainer:
 
     async def _run(self, op: str, *args):
         """Run a PoolOps operation here and on every other rank (off the event loop)."""
-        return await asyncio.to_thread(self._collective, op, *args)
+        return await self._thread.run(self._collective, op, *args)
 
     async def setup(self, spec: PoolSpec, resume_from: str = "", reload: bool = False) -> PoolState:
         async with self._lock:
@@ -208,7 +221,7 @@ class Trainer:
             # pool's version: what the router pins in Collect and this check allows.
             push_s, push_bytes = await self._push(state, state.spec.agents if state.lora else [])
             busy = time.perf_counter() - start      # the update and the push, as the router waits on both
-            metrics.update(push_seconds=push_s, push_bytes=float(push_bytes))
+            metrics.update(push_seconds=push_s, push_bytes=float(push_bytes), **await self._run("release"))
             agents = {a: {"samples": float(sum(s.agent == a for s in samples)),
                           "tokens": float(sum(len(s.response_ids) for s in samples if s.agent == a)),
                           **({"grad_norm": metrics.pop(f"grad_norm/{a}")} if f"grad_norm/{a}" in metrics else {})}

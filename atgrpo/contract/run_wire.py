@@ -44,7 +44,7 @@ def event_to_pb(run_id: str, e: Mapping[str, Any]) -> pb.RunEvent:
     return pb.RunEvent(run_id=run_id, step=pb.StepEvent(
         step=e["step"], success_rate=e["success_rate"], reward_mean=e["reward_mean"],
         agents={a: pb.AgentStepMetrics(**{k: m[k] for k in _AGENT_STEP}) for a, m in e["agents"].items()},
-        pools={p: pb.PoolStepMetrics(agents=m.get("agents", {}), kl_ref=m.get("kl_ref"),
+        pools={p: pb.PoolStepMetrics(agents=m.get("agents", {}), kl_ref=m.get("kl_ref"), memory=m.get("memory", {}),
                                      **{k: m[k] for k in _POOL_STEP if k in m})
                for p, m in e["pools"].items()},
         rollout_seconds=e["rollout_seconds"], train_seconds=e["train_seconds"],
@@ -68,7 +68,8 @@ def event_from_pb(m: pb.RunEvent) -> dict[str, Any]:
     return {"kind": "step", "step": s.step, "success_rate": s.success_rate, "reward_mean": s.reward_mean,
             "agents": {a: {k: getattr(v, k) for k in _AGENT_STEP} for a, v in s.agents.items()},
             "pools": {p: {"agents": dict(v.agents), **{k: getattr(v, k) for k in _POOL_STEP},
-                          **({"kl_ref": v.kl_ref} if v.HasField("kl_ref") else {})}
+                          **({"kl_ref": v.kl_ref} if v.HasField("kl_ref") else {}),
+                          **({"memory": dict(v.memory)} if v.memory else {})}
                       for p, v in s.pools.items()},
             "rollout_seconds": s.rollout_seconds, "train_seconds": s.train_seconds,
             "weight_sync_seconds": s.weight_sync_seconds, "retries": s.retries,

@@ -25,6 +25,8 @@ _COUNTS = ("tokens", "samples", "push_bytes", "staleness_max", "masked_tokens")
 # Where the update's time went (TrainResponse.timing): sent when the trainer measured them.
 _TIMING = ("time_forward_s", "time_backward_s", "time_optimizer_s", "update_tokens", "update_flops",
            "matmul_flops_per_s")
+# The trainer's memory after the update (TrainResponse.memory; trainer.PoolOps.release).
+MEMORY = ("rss_gb", "rss_released_gb", "rss_peak_gb")
 
 
 def spec_to_pb(s: PoolSpec, *, resume_from: str = "", reload: bool = False) -> pb.SetupRequest:
@@ -108,6 +110,7 @@ def result_to_pb(r: TrainResult, pool: str) -> pb.TrainResponse:
         **{k: m[k] for k in _FIGURES},
         **{k: int(m.get(k, 0)) for k in _COUNTS},
         timing={k: float(m[k]) for k in _TIMING if k in m},
+        memory={k: float(m[k]) for k in MEMORY if k in m},
         agents={a: pb.AgentTrainMetrics(samples=int(v["samples"]), tokens=int(v["tokens"]), grad_norm=v.get("grad_norm"))
                 for a, v in r.agents.items()})
 
@@ -118,6 +121,7 @@ def result_from_pb(m: pb.TrainResponse) -> TrainResult:
     if m.HasField("kl_ref"):
         metrics["kl_ref"] = m.kl_ref
     metrics.update(m.timing)
+    metrics.update(m.memory)
     agents = {a: {"samples": float(v.samples), "tokens": float(v.tokens),
                   **({"grad_norm": v.grad_norm} if v.HasField("grad_norm") else {})} for a, v in m.agents.items()}
     return TrainResult(m.run_id, m.step, m.version, metrics, agents,

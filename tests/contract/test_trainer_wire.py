@@ -44,6 +44,15 @@ def test_a_result_carries_the_mean_staleness():
     old = dict(metrics)
     del old["staleness_mean"]                                  # a result made before it existed
     assert result_from_pb(result_to_pb(TrainResult("r", 3, 4, old), "p")).metrics["staleness_mean"] == 0.0
+    assert "rss_gb" not in back.metrics                         # a trainer that did not measure its memory
+
+
+def test_a_result_carries_the_trainers_memory():
+    metrics = dict(loss=0.5, clip_fraction=0.1, approx_kl=0.01, entropy=2.0, train_seconds=1.5, push_seconds=0.25,
+                   grad_norm=0.75, tokens=40.0, samples=8.0, push_bytes=1024.0, staleness_max=0.0,
+                   masked_tokens=0.0, staleness_mean=0.0, rss_gb=10.75, rss_released_gb=8.25, rss_peak_gb=11.0)
+    sent = TrainResult("r", 3, 4, metrics, {"a": {"samples": 8.0, "tokens": 40.0}})
+    assert result_from_pb(pb.TrainResponse.FromString(result_to_pb(sent, "p").SerializeToString())) == sent
 
 
 def test_a_sample_keeps_its_policy_version():

@@ -278,3 +278,11 @@ def test_tensorboard_gets_the_seconds_under_time_and_the_rates_under_perf():
     assert {t for t in tags if t.startswith("time/")} == {
         "time/rollout_seconds", "time/train_seconds", "time/weight_sync_seconds", "time/prefill_s", "time/decode_s",
         "time/env_s", "time/wait_s", "time/forward_s", "time/backward_s", "time/optimizer_s"}
+
+
+def test_tensorboard_gets_each_pools_trainer_memory():
+    pools = {"p": {"version": 3, "loss": 0.1, "memory": {"rss_gb": 10.5, "rss_released_gb": 8.0, "rss_peak_gb": 11.0}}}
+    tags = tensorboard_scalars(STEP | {"pools": pools})
+    assert (tags["pool/p/memory/rss_gb"], tags["pool/p/memory/rss_released_gb"], tags["pool/p/memory/rss_peak_gb"]) == (
+        10.5, 8.0, 11.0)
+    assert tags["pool/p/loss"] == 0.1 and not any("memory" in t for t in tensorboard_scalars(STEP))

@@ -126,11 +126,12 @@ def test_events_survive_the_wire():
     step = events.step_event(4, batches, [EpisodeEnd("t", True, 1, {"speaker": 1.0})],
                              {"a": {"agents": {"speaker": 8}, "version": 4, "loss": 0.5, "approx_kl": 0.0,
                                     "clip_fraction": 0.1, "grad_norm": 1.0, "entropy": 2.0, "push_seconds": 0.1,
-                                    "push_bytes": 10}},
+                                    "push_bytes": 10, "memory": {"rss_gb": 2.5, "rss_peak_gb": 9.0}}},
                              {"rollout_seconds": 1.0, "train_seconds": 2.0, "weight_sync_seconds": 0.1})
     back = run_wire.event_from_pb(run_wire.event_to_pb("r", step))
     assert back["success_rate"] == 1.0 and back["pools"]["a"]["agents"] == {"speaker": 8}
     assert back["pools"]["a"]["version"] == 4 and back["train_seconds"] == 2.0
+    assert back["pools"]["a"]["memory"] == {"rss_gb": 2.5, "rss_peak_gb": 9.0}
     ev = events.eval_event(4, [EpisodeEnd("t", True, 2, {"speaker": 1.0, "listener": 0.5}),
                                EpisodeEnd("u", False, 0, {}, error="env down")], order=["speaker", "listener"])
     assert ev["success_rate"] == 1.0 and ev["failed_episodes"] == 1 and list(ev["agents"]) == ["speaker", "listener"]

@@ -67,6 +67,9 @@ def test_train_bumps_the_version_and_pushes_weights_that_change_the_rollout(tiny
         weights = sum(v.numel() * 4 for k, v in load(tiny_model).state_dict().items() if k != "lm_head.weight")
         assert weights < resp.metrics["push_bytes"] < weights + 65536
         assert resp.agents["a"]["samples"] == len(samples)
+        # Its memory after the update, what it handed back (model_thread.release_freed_memory), its peak
+        m = resp.metrics
+        assert 0 < m["rss_gb"] <= m["rss_peak_gb"] and -0.05 < m["rss_released_gb"] < m["rss_gb"]
         assert {(p.adapter, p.version) for p in await r.policies()} == {("", 1)}
         after = await r.generate("p", messages=HELLO, sampling=GREEDY)
         assert after.policy.version == 1 and after.completions[0].logprobs != before

@@ -478,6 +478,26 @@ class TrainResponse(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class MemoryEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     RUN_ID_FIELD_NUMBER: _builtins.int
     STEP_FIELD_NUMBER: _builtins.int
     POOL_FIELD_NUMBER: _builtins.int
@@ -499,6 +519,7 @@ class TrainResponse(_message.Message):
     MASKED_TOKENS_FIELD_NUMBER: _builtins.int
     STALENESS_MEAN_FIELD_NUMBER: _builtins.int
     TIMING_FIELD_NUMBER: _builtins.int
+    MEMORY_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     step: _builtins.int
     pool: _builtins.str
@@ -534,6 +555,13 @@ class TrainResponse(_message.Message):
         atgrpo.perf) and matmul_flops_per_s (this trainer's measured matmul rate). Empty from older trainers.
         """
 
+    @_builtins.property
+    def memory(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """The trainer process's memory after the update: rss_gb (resident, before handing freed pages
+        back), rss_released_gb (what it handed back), rss_peak_gb (its peak since it started). Empty
+        from older trainers.
+        """
+
     def __init__(
         self,
         *,
@@ -558,10 +586,11 @@ class TrainResponse(_message.Message):
         masked_tokens: _builtins.int = ...,
         staleness_mean: _builtins.float = ...,
         timing: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        memory: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref", "kl_ref", b"kl_ref"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref", "agents", b"agents", "approx_kl", b"approx_kl", "clip_fraction", b"clip_fraction", "entropy", b"entropy", "grad_norm", b"grad_norm", "kl_ref", b"kl_ref", "loss", b"loss", "masked_tokens", b"masked_tokens", "pool", b"pool", "push_bytes", b"push_bytes", "push_seconds", b"push_seconds", "replayed", b"replayed", "run_id", b"run_id", "samples", b"samples", "staleness_max", b"staleness_max", "staleness_mean", b"staleness_mean", "step", b"step", "timing", b"timing", "tokens", b"tokens", "train_seconds", b"train_seconds", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref", "agents", b"agents", "approx_kl", b"approx_kl", "clip_fraction", b"clip_fraction", "entropy", b"entropy", "grad_norm", b"grad_norm", "kl_ref", b"kl_ref", "loss", b"loss", "masked_tokens", b"masked_tokens", "memory", b"memory", "pool", b"pool", "push_bytes", b"push_bytes", "push_seconds", b"push_seconds", "replayed", b"replayed", "run_id", b"run_id", "samples", b"samples", "staleness_max", b"staleness_max", "staleness_mean", b"staleness_mean", "step", b"step", "timing", b"timing", "tokens", b"tokens", "train_seconds", b"train_seconds", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__kl_ref: _TypeAlias = _typing.Literal["kl_ref"]  # noqa: Y015
     _WhichOneofArgType__kl_ref: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref"]  # noqa: Y015
