@@ -55,3 +55,14 @@ def test_real_learning_smoke(tiny_model, tmp_path, subprocess_env):
     # The stop is asked at step 1's event; the step already in flight may complete too.
     last = len(redone["train_reward"])
     assert redone["variant"] == "L0" and last in (1, 2) and [e["step"] for e in redone["evals"]] == [0, last]
+
+
+def test_a_budgeted_run_is_stopped_so_that_its_last_step_ends_within_the_budget():
+    sys.path.insert(0, str(ROOT))
+    from bench.real_learning import stop_due
+
+    # 100 s steps, 600 s: asked after step 5 (500 s + two more would be 700), step 6 ends at 600
+    took = [100.0] * 6
+    assert [stop_due(took[:n], 600.0) for n in range(1, 7)] == [False] * 4 + [True] * 2
+    # the recent steps foretell: steps that got faster let the run go on
+    assert not stop_due([200.0, 50.0, 50.0, 50.0], 600.0) and stop_due([200.0, 200.0, 200.0], 600.0)
