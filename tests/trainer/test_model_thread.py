@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from atgrpo.model_thread import ModelThread, peak_rss_bytes, release_freed_memory, rss_bytes
+from atgrpo.model_thread import ModelThread
 
 CALLER = contextvars.ContextVar("caller")
 
@@ -76,6 +76,23 @@ def test_release_hands_freed_heap_pages_back_to_the_system():
     assert out["freed"] - out["after"] > 300e6, out    # freed but held, until released
 
 
-def test_resident_memory_is_measured():
-    assert 0 < rss_bytes() <= peak_rss_bytes()
-    assert isinstance(release_freed_memory(), bool)
+# 200 MB touched then freed: resident memory rises by it while held, and the peak keeps it after.
+_PEAK = """
+import json
+from atgrpo.model_thread import peak_rss_bytes, rss_bytes
+before = rss_bytes()
+block = bytearray(200_000_000)
+block[::4096] = b"z" * len(block[::4096])    # touch every page: untouched pages are not resident
+held = rss_bytes()
+del block
+print(json.dumps({"before": before, "held": held, "after": rss_bytes(), "peak": peak_rss_bytes()}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+def test_resident_memory_and_its_peak_follow_what_the_process_touches():
+    out = json.loads(subprocess.run([sys.executable, "-c", _PEAK], capture_output=True, text=True,
+                                    check=True).stdout)
+    assert out["held"] - out["before"] >= 190e6, out
+    assert out["peak"] >= out["before"] + 190e6, out     # the high-water mark outlives the block
+    assert out["held"] - out["after"] >= 150e6, out     # a 200 MB block is mmapped: freed at once
