@@ -2,7 +2,8 @@
 group's prompt shared against the unshared update, generation against this process's matmul rate,
 and one step of bench/real_learning.py's AT-GRPO config through the five services.
 
-    python bench/real_speed.py [--model DIR] [--groups 4] [--k 4] [--prompt 96] [--response 32] [--no-step]
+    python bench/real_speed.py [--model DIR] [--groups 4] [--k 4] [--prompt 96] [--response 32]
+                               [--gen-prompts 8] [--gen-prompt 200] [--gen-tokens 64] [--no-step]
 
 Targets (issue 35): update FLOPs per trained response token cut >= 2x at K = 4 with prompts 3x
 longer than their answers (counted by torch's FlopCounterMode over the forward and backward, not
@@ -66,14 +67,13 @@ def update_pass(model, samples, share: bool) -> tuple[float, float]:
     return flops, best
 
 
-def generation(model_path: str, prompts: int, k: int, prompt_tokens: int, new_tokens: int) -> tuple[float, float]:
-    """(FLOPs, seconds) of the hf engine sampling `k` answers to each of `prompts` prompts."""
-    from rollout_svc.engines.hf import HFEngine
-
-    engine = HFEngine(model_path, device="cpu", dtype="float32")
-    engine.warm_up()
+def generation(engine, prompts: int, k: int, prompt_tokens: int, new_tokens: int) -> tuple[float, float]:
+    """(FLOPs, seconds) of the hf engine sampling `k` answers to each of `prompts` prompts, whose
+    lengths spread from half to 1.5x `prompt_tokens` as a step's do (left-padded: the batch has a
+    mask, which prompts of one length would not)."""
     g = torch.Generator().manual_seed(1)
-    ps = [torch.randint(10, engine.vocab_size, (prompt_tokens,), generator=g).tolist() for _ in range(prompts)]
+    lengths = [round(prompt_tokens * (0.5 + i / max(1, prompts - 1))) for i in range(prompts)]
+    ps = [torch.randint(10, engine.vocab_size, (n,), generator=g).tolist() for n in lengths]
     best, flops = float("inf"), 0.0
     for _ in range(2):
         start = time.perf_counter()
@@ -81,7 +81,7 @@ def generation(model_path: str, prompts: int, k: int, prompt_tokens: int, new_to
         took = time.perf_counter() - start
         decoded = sum(len(c.token_ids) for per in out for c in per)
         if took < best:
-            best, flops = took, generation_flops(engine.model_size, prompts, prompts * prompt_tokens, decoded)
+            best, flops = took, generation_flops(engine.model_size, prompts, sum(lengths), decoded)
     return flops, best
 
 
@@ -106,9 +106,10 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=96)
     ap.add_argument("--response", type=int, default=32)
     ap.add_argument("--gen-prompts", type=int, default=8)
+    ap.add_argument("--gen-prompt", type=int, default=200, help="mean prompt tokens of the generation measure")
     ap.add_argument("--gen-tokens", type=int, default=64)
     ap.add_argument("--no-step", action="store_true", help="skip the one-step run through the services")
-    args = parse_args(ap, {"groups": 2, "prompt": 24, "response": 8, "gen_prompts": 2, "gen_tokens": 8, "no_step": True})
+    args = parse_args(ap, {"groups": 2, "prompt": 24, "response": 8, "gen_prompts": 2, "gen_prompt": 16, "gen_tokens": 8, "no_step": True})
     from transformers import AutoModelForCausalLM
 
     with tempfile.TemporaryDirectory(prefix="real-speed-") as tmp:
@@ -139,10 +140,22 @@ def main() -> None:
         record("real_speed", "update FLOP/s / matmul rate (shared)", f_shared / t_shared / rate, "")
         del model
 
-        f_gen, t_gen = generation(path, args.gen_prompts, args.k, 53, args.gen_tokens)
-        print(f"generation, {args.gen_prompts} prompts x {args.k}: {f_gen / t_gen / 1e9:.1f} GFLOP/s, "
-              f"{f_gen / t_gen / rate:.0%} of the matmul rate ({t_gen:.2f} s)")
+        from rollout_svc.engines.hf import HFEngine
+
+        engine = HFEngine(path, device="cpu", dtype="float32")
+        engine.warm_up()
+        attention = engine.model.config._attn_implementation
+        engine.model.set_attn_implementation("sdpa")    # transformers' own: the baseline
+        f_stock, t_stock = generation(engine, args.gen_prompts, args.k, args.gen_prompt, args.gen_tokens)
+        engine.model.set_attn_implementation(attention)
+        f_gen, t_gen = generation(engine, args.gen_prompts, args.k, args.gen_prompt, args.gen_tokens)
+        print(f"generation, {args.gen_prompts} prompts of ~{args.gen_prompt} tokens x {args.k}: "
+              f"{f_gen / t_gen / 1e9:.1f} GFLOP/s, {f_gen / t_gen / rate:.0%} of the matmul rate ({t_gen:.2f} s; "
+              f"transformers' sdpa: {t_stock:.2f} s, {f_stock / t_stock / rate:.0%})")
         record("real_speed", "generation FLOP/s / matmul rate (hf engine)", f_gen / t_gen / rate, "target >= 0.6")
+        record("real_speed", f"generation seconds, transformers' sdpa / {attention} (padded prompts)",
+               t_stock / t_gen, f"{t_gen:.2f} s")
+        del engine
 
         if not args.no_step:
             step = one_step(path, work)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from atgrpo.attention import use_gqa_sdpa
 from atgrpo.contract.trainer import PoolSpec
 from atgrpo.errors import InvalidArgument
 
@@ -64,9 +65,11 @@ def load_full(model_path: str, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 
     try:
-        return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
     except OSError as err:
         raise InvalidArgument(f"cannot load the pool's model from {model_path!r}: {err}") from None
+    use_gqa_sdpa(model)   # padded batches on CPU: no copy of the keys per query head (atgrpo.attention)
+    return model
 
 
 def load_sharded(model_path: str, dtype: torch.dtype, device: str, prepare: Callable, shard: Callable):
@@ -85,6 +88,7 @@ def load_sharded(model_path: str, dtype: torch.dtype, device: str, prepare: Call
         raise InvalidArgument(f"cannot load the pool's model from {model_path!r}: {err}") from None
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    use_gqa_sdpa(model)
     model.tie_weights()   # the empty-weights context made the tied head a parameter of its own
     prepare(model)
     buffers = {n: b.detach().clone() for n, b in model.named_buffers()}

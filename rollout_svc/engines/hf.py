@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from atgrpo.algo.sampling import sample_tokens
+from atgrpo.attention import use_gqa_sdpa
 from atgrpo.contract.rollout import Completion
 from atgrpo.contract.sampling import Sampling
 from atgrpo.perf import ModelSize, matmul_rate, model_size
@@ -45,6 +46,9 @@ class HFEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=pick_dtype(dtype, self.device))
         self.model.to(self.device).eval()
+        # Prompts of different lengths are left-padded, so every decode step has a mask: on CPU,
+        # attend without copying the keys per query head (2x a SmolLM2 decode step, atgrpo.attention).
+        use_gqa_sdpa(self.model)
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
         self.eos_ids.discard(None)

@@ -1,0 +1,63 @@
+"""atgrpo.attention: on CPU, grouped-query attention with a padding mask runs without copying the
+keys per query head, and computes what transformers' own sdpa computes (the tiny model is GQA:
+4 query heads, 2 key/value heads)."""
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from atgrpo.attention import NAME, use_gqa_sdpa
+from atgrpo.contract.sampling import Sampling
+from rollout_svc.engines.hf import HFEngine
+
+
+def _padded_batch(vocab: int):
+    """Three prompts of 5, 9 and 13 tokens, left-padded: the batch needs a mask."""
+    g = torch.Generator().manual_seed(0)
+    lengths, width = (5, 9, 13), 13
+    ids = torch.zeros((3, width), dtype=torch.long)
+    mask = torch.zeros((3, width), dtype=torch.long)
+    for i, n in enumerate(lengths):
+        ids[i, width - n:] = torch.randint(3, vocab, (n,), generator=g)
+        mask[i, width - n:] = 1
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def _logits_and_grads(model, ids, mask, pos):
+    model.zero_grad(set_to_none=True)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    (logits * mask[..., None]).square().sum().backward()     # padding's rows left out
+    return logits.detach() * mask[..., None], {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_a_padded_batch_gives_the_same_logits_and_gradients_as_transformers_sdpa(tiny_model):
+    stock = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    ours = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    assert stock.config.num_key_value_heads < stock.config.num_attention_heads     # GQA, or nothing is tested
+    assert use_gqa_sdpa(ours) and ours.config._attn_implementation == NAME
+    assert stock.config._attn_implementation == "sdpa"
+    ids, mask, pos = _padded_batch(stock.config.vocab_size)
+    want_logits, want_grads = _logits_and_grads(stock, ids, mask, pos)
+    got_logits, got_grads = _logits_and_grads(ours, ids, mask, pos)
+    torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-5)
+    assert got_grads.keys() == want_grads.keys()
+    for name, grad in want_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_other_attention_implementations_are_left_as_they_are(tiny_model):
+    eager = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32, attn_implementation="eager")
+    assert use_gqa_sdpa(eager) is False
+    assert eager.config._attn_implementation == "eager"
+
+
+def test_the_hf_engine_decodes_padded_prompts_as_transformers_sdpa_does(tiny_model):
+    engine = HFEngine(tiny_model, device="cpu", dtype="float32")
+    assert engine.model.config._attn_implementation == NAME
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [15] * 11]
+    greedy = Sampling(temperature=0.0, max_tokens=12)
+    ours = engine.generate(prompts, [2, 1, 2], greedy)
+    engine.model.set_attn_implementation("sdpa")
+    stock = engine.generate(prompts, [2, 1, 2], greedy)
+    for mine, theirs in zip((c for per in ours for c in per), (c for per in stock for c in per), strict=True):
+        assert mine.token_ids == theirs.token_ids
+        torch.testing.assert_close(torch.tensor(mine.logprobs), torch.tensor(theirs.logprobs), rtol=0, atol=1e-5)
