@@ -51,6 +51,21 @@ MAX_BATCH_ROWS = 256
 # one bigger batch is worth far more than the wait. A lone request waits one gap.
 BATCH_GAP_S = 0.002
 BATCH_MAX_WAIT_S = 0.02
+# Those are the floor. A request that misses a batch waits for that batch and then runs one of its
+# own, so the wait worth paying grows with how long a batch takes: BURST_SHARE of the last one's
+# seconds, at most BURST_MAX_S. Measured on SmolLM2 (batches of 20-40 s): the first task's request
+# of each step went alone (its neighbours' env resets came ~10 ms apart), a 4-row batch of 96
+# tokens, ~7 s a step, before the 28 others ran together.
+BURST_SHARE = 0.02
+BURST_MAX_S = 0.5
+
+
+def burst_wait(last_batch_s: float) -> tuple[float, float]:
+    """(gap, most): a batch waits for more requests until none came for `gap` seconds, at most
+    `most` seconds in all, given how long the pool's last batch took."""
+    most = min(BURST_MAX_S, max(BATCH_MAX_WAIT_S, BURST_SHARE * last_batch_s))
+    return max(BATCH_GAP_S, most / 10), most
+
 
 # How an engine exception is answered. The question is whether the same request, sent again,
 # fails the same way:
@@ -121,6 +136,7 @@ class PoolRuntime:
         # threads each one's freed tensors pile up in another malloc arena (atgrpo.model_thread).
         self._thread = ModelThread(f"pool-{name}")
         self.oom_retries = 0     # batches run again in smaller pieces after running out of memory
+        self.last_batch_s = 0.0  # the engine's seconds on the last batch: how long to wait for company (burst_wait)
         self.waiting = self.running = 0   # requests queued / in the batch generating (metrics, read at scrape)
         # Wall seconds the worker spent on batches and swaps: those finished, and when the one in
         # progress started. Read at scrape (busy_seconds) from another thread, hence the lock.
@@ -215,10 +231,11 @@ class PoolRuntime:
 
     async def _await_burst(self) -> None:
         loop = asyncio.get_running_loop()
-        deadline, seen = loop.time() + BATCH_MAX_WAIT_S, -1
+        gap, most = burst_wait(self.last_batch_s)
+        deadline, seen = loop.time() + most, -1
         while self._queue.qsize() != seen and loop.time() < deadline and self._queue.qsize() < MAX_BATCH_ROWS:
             seen = self._queue.qsize()
-            await asyncio.sleep(BATCH_GAP_S)
+            await asyncio.sleep(gap)
 
     async def _run(self) -> None:
         while True:
@@ -270,6 +287,7 @@ class PoolRuntime:
                 log.warning("pool %s: %s", self.name, error.message, exc_info=err)
         else:
             seconds = time.perf_counter() - start
+            self.last_batch_s = seconds
             metrics.observe_batch(self.name, outs, seconds)
             self._account(pieces, outs, seconds)
             return outs
