@@ -2,7 +2,7 @@
 
 Samples are validated whole before anything trains. Each of `epochs` passes walks the samples in
 mini-batches (one optimizer step each); a mini-batch is split into micro-batches by a token
-budget, and every micro-batch's loss is weighted by its share of the mini-batch's tokens, so the
+budget (packed by length, trainer_svc.packing), and every micro-batch's loss is weighted by its share of the mini-batch's tokens, so the
 gradient is the token-mean over the whole mini-batch whatever the micro-batching (1 x 8 equals
 8 x 1). On a LoRA pool each agent's policy updates on its own, as the paper's per-agent
 updates do: an agent's mini-batches hold only its samples, run with its adapter active, are a
@@ -40,6 +40,7 @@ from atgrpo.contract.trainer import TrainSample, UpdateConfig
 from atgrpo.errors import InvalidArgument
 from atgrpo.perf import PhaseClock, forward_flops, model_size, update_flops
 from trainer_svc.logprobs import chunked_head_available, prefix_sharing_available, response_logprobs
+from trainer_svc.packing import by_prompt, pack
 from trainer_svc.sharding import is_sharded, world
 
 METRIC_KEYS = ("loss", "clip_fraction", "approx_kl", "entropy")
@@ -126,51 +127,6 @@ def validate(samples: Sequence[TrainSample], agents: Sequence[str], max_tokens: 
                                   f"{max_tokens}; raise micro_batch_tokens or cap prompts and responses")
 
 
-def micro_batches(rows: Sequence[int], samples: Sequence[TrainSample], budget: int,
-                  shared: bool = False) -> list[list[int]]:
-    """Consecutive rows packed while the padded size stays within `budget` tokens: rows x the
-    longest sample, or, when `shared` (response_logprobs runs each distinct prompt once), distinct
-    prompts x the longest prompt plus rows x the longest response."""
-    out: list[list[int]] = []
-    cur: list[int] = []
-    prompts: set[tuple[int, ...]] = set()
-    longest = p_max = t_max = 0
-    for r in rows:
-        s = samples[r]
-        p, t = len(s.prompt_ids), len(s.response_ids)
-        key = tuple(s.prompt_ids) if shared else ()
-        if shared:
-            cost = (len(prompts | {key})) * max(p_max, p) + (len(cur) + 1) * max(t_max, t)
-        else:
-            cost = max(longest, p + t) * (len(cur) + 1)
-        if cur and cost > budget:
-            out.append(cur)
-            cur, prompts, longest, p_max, t_max = [], set(), 0, 0, 0
-        cur.append(r)
-        prompts.add(key)
-        longest, p_max, t_max = max(longest, p + t), max(p_max, p), max(t_max, t)
-    if cur:
-        out.append(cur)
-    return out
-
-
-def by_prompt(rows: Sequence[int], samples: Sequence[TrainSample]) -> list[int]:
-    """`rows` with those of the same prompt side by side (groups in order of first appearance,
-    rows in order within one), so that a micro-batch holds whole groups and runs each prompt
-    once. The order of a mini-batch's rows changes no gradient: its loss is a token-mean."""
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for r in rows:
-        groups.setdefault(tuple(samples[r].prompt_ids), []).append(r)
-    return [r for g in groups.values() for r in g]
-
-
-def _micro_batches(rows: Sequence[int], samples: Sequence[TrainSample], cfg: UpdateConfig,
-                   shared: bool = False) -> list[list[int]]:
-    if not rows:
-        return []
-    return micro_batches(by_prompt(rows, samples) if shared else rows, samples, cfg.micro_batch_tokens, shared)
-
-
 def _plan(mini: Sequence[int], samples: Sequence[TrainSample], cfg: UpdateConfig,
           rank: int, world_size: int, sharded: bool, shared: bool = False) -> list[tuple[list[int], float]]:
     """This rank's micro-batches of a mini-batch (rows rank::world), each with a weight: 1, or 0
@@ -181,9 +137,9 @@ def _plan(mini: Sequence[int], samples: Sequence[TrainSample], cfg: UpdateConfig
     ordered by prompt before they are dealt (a group of K spreads over the ranks, K / world a
     rank) and packed by what the shared forward holds."""
     mini = by_prompt(mini, samples) if shared else list(mini)
-    mine = [(m, 1.0) for m in _micro_batches(mini[rank::world_size], samples, cfg, shared)]
+    mine = [(m, 1.0) for m in pack(mini[rank::world_size], samples, cfg.micro_batch_tokens, shared)]
     if sharded:
-        most = max(len(_micro_batches(mini[r::world_size], samples, cfg, shared)) for r in range(world_size))
+        most = max(len(pack(mini[r::world_size], samples, cfg.micro_batch_tokens, shared)) for r in range(world_size))
         mine += [([mini[0]], 0.0)] * (most - len(mine))
     return mine
 

@@ -15,7 +15,8 @@ from atgrpo.contract.trainer import TrainSample, UpdateConfig
 from tests.trainer.test_logprob_chunks import SAMPLINGS, assert_same, run
 from tests.trainer.test_update import load
 from tests.trainer.test_update_hardened import lora_model
-from trainer_svc.update import by_prompt, micro_batches, shares_prompts, update
+from trainer_svc.packing import by_prompt, pack
+from trainer_svc.update import shares_prompts, update
 
 
 def grouped_samples(k=4, prompt_lens=(5, 9, 7), seed=0):
@@ -87,10 +88,11 @@ def test_the_update_packs_a_mini_batch_by_prompt_and_counts_each_prompt_once():
     assert [len(samples[r].response_ids) for r in (0, 2, 4, 6)] == [2, 4, 6, 3]
     t = 6
     # Shared, the group costs 10 + 4 x 6 = 34 tokens; unshared, rows x (10 + the longest response).
-    assert micro_batches([0, 2, 4, 6], samples, 10 + 4 * t, shared=True) == [[0, 2, 4, 6]]
-    assert micro_batches([0, 2, 4, 6], samples, 10 + 4 * t) == [[0, 2], [4, 6]]
-    # The second prompt does not fit beside the first: a new micro-batch starts at it.
-    assert micro_batches(by_prompt(range(8), samples), samples, 20 + 4 * t, shared=True) == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert pack([0, 2, 4, 6], samples, 10 + 4 * t, shared=True) == [[4, 2, 6, 0]]    # longest first
+    assert pack([0, 2, 4, 6], samples, 10 + 4 * t) == [[4, 2], [6, 0]]     # 2 x 16 and 2 x 13
+    # The second prompt does not fit beside the first: each group is a micro-batch of its own.
+    assert sorted(map(sorted, pack(by_prompt(range(8), samples), samples, 20 + 4 * t, shared=True))) == \
+        [[0, 2, 4, 6], [1, 3, 5, 7]]
 
 
 @pytest.mark.parametrize("budget", [4096, 40])

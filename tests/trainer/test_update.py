@@ -10,7 +10,8 @@ import torch
 from atgrpo.contract.sampling import Sampling
 from atgrpo.contract.trainer import TrainSample, UpdateConfig
 from atgrpo.errors import InvalidArgument
-from trainer_svc.update import micro_batches, response_logprobs, update, validate
+from trainer_svc.packing import pack
+from trainer_svc.update import response_logprobs, update, validate
 
 S = Sampling(temperature=0.7)   # random test tokens must stay inside the support (no top-k/top-p)
 
@@ -64,7 +65,7 @@ def test_micro_batching_is_equivalent(tiny_model):
     for budget in (10_000, 1):            # 1 x 8 (one micro-batch) vs 8 x 1 (one sample each)
         model = load(tiny_model)
         samples = on_policy_samples(model)
-        assert len(micro_batches(range(8), samples, budget)) == (1 if budget > 100 else 8)
+        assert len(pack(range(8), samples, budget)) == (1 if budget > 100 else 8)
         run_update(model, samples, optimizer=torch.optim.SGD, mini_batch_size=8, micro_batch_tokens=budget)
         results.append(model.state_dict())
     for k in results[0]:
