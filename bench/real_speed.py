@@ -1,6 +1,8 @@
 """Where a real model's step goes on CPU, in one run on SmolLM2-135M-Instruct: the update with each
-group's prompt shared against the unshared update, generation against this process's matmul rate,
-and one step of bench/real_learning.py's AT-GRPO config through the five services.
+group's prompt shared against the unshared update, the update's micro-batches packed by length
+against arrival order (positions computed for a mixed step), generation against this process's
+matmul rate and against transformers' own sdpa attention, and one step of
+bench/real_learning.py's AT-GRPO config through the five services.
 
     python bench/real_speed.py [--model DIR] [--groups 4] [--k 4] [--prompt 96] [--response 32]
                                [--gen-prompts 8] [--gen-prompt 200] [--gen-tokens 64] [--no-step]
@@ -31,6 +33,7 @@ from atgrpo.contract.trainer import TrainSample  # noqa: E402
 from atgrpo.perf import generation_flops, matmul_rate  # noqa: E402
 from bench._report import SMOKE, parse_args, record  # noqa: E402
 from trainer_svc.logprobs import response_logprobs  # noqa: E402
+from trainer_svc.packing import MICRO_BATCH_OVERHEAD, by_prompt, pack, padded_size  # noqa: E402
 
 SAMPLING = Sampling(temperature=1.0)
 
@@ -45,6 +48,35 @@ def grouped(groups: int, k: int, prompt: int, response: int, vocab: int) -> list
             r = torch.randint(10, vocab, (response,), generator=g).tolist()
             out.append(TrainSample("a", p, r, [0.0] * response, 1.0, SAMPLING))
     return out
+
+
+def mixed_step(seed: int = 0) -> list[TrainSample]:
+    """A step's samples as the learning run's are: 6 tool groups (128-token prompts, programs of
+    30-90 tokens) and 6 reasoner groups (150-250-token prompts, answers of 8-40), K = 4, arriving
+    interleaved."""
+    g = torch.Generator().manual_seed(seed)
+
+    def n(lo, hi):
+        return int(torch.randint(lo, hi + 1, (1,), generator=g))
+    out = []
+    for i in range(12):
+        tool = i % 2 == 0
+        prompt = [3 + i] * (128 if tool else n(150, 250))
+        for _ in range(4):
+            r = n(30, 90) if tool else n(8, 40)
+            out.append(TrainSample("tool" if tool else "reasoner", prompt, [5] * r, [0.0] * r, 1.0, SAMPLING))
+    return out
+
+
+def arrival_packing(samples: list[TrainSample], budget: int) -> list[list[int]]:
+    """The baseline: whole groups in arrival order, a new micro-batch when the next row overflows."""
+    out, cur = [], []
+    for r in by_prompt(range(len(samples)), samples):
+        if cur and padded_size([samples[i] for i in [*cur, r]], True) > budget:
+            out.append(cur)
+            cur = []
+        cur.append(r)
+    return out + [cur]
 
 
 def update_pass(model, samples, share: bool) -> tuple[float, float]:
@@ -138,6 +170,14 @@ def main() -> None:
                f_plain / f_shared, f"target >= 2; {f_shared / trained / 1e9:.2f} GFLOP/token shared")
         record("real_speed", "update seconds, unshared / shared", t_plain / t_shared, f"{t_shared:.2f} s shared")
         record("real_speed", "update FLOP/s / matmul rate (shared)", f_shared / t_shared / rate, "")
+        mixed = mixed_step()
+        sizes = {name: sum(padded_size([mixed[r] for r in m], True) + MICRO_BATCH_OVERHEAD for m in batches)
+                 for name, batches in (("arrival", arrival_packing(mixed, 4096)), ("length", pack(range(len(mixed)), mixed, 4096, True)))}
+        real = sum(len(p) for p in {tuple(s.prompt_ids) for s in mixed}) + sum(len(s.response_ids) for s in mixed)
+        print(f"update packing, a mixed step ({real} real positions): arrival order {sizes['arrival']}, "
+              f"by length {sizes['length']} (positions + {MICRO_BATCH_OVERHEAD} a micro-batch)")
+        record("real_speed", "update positions, arrival-order packing / length packing", sizes["arrival"] / sizes["length"],
+               f"{sizes['length']} for {real} real")
         del model
 
         from rollout_svc.engines.hf import HFEngine
