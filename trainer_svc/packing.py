@@ -24,13 +24,18 @@ from atgrpo.contract.trainer import TrainSample
 MICRO_BATCH_OVERHEAD = 128
 
 
-def by_prompt(rows: Sequence[int], samples: Sequence[TrainSample]) -> list[int]:
-    """`rows` with those of the same prompt side by side (groups in order of first appearance,
-    rows in order within one), so that a micro-batch holds whole groups and runs each prompt once."""
+def _groups(rows: Sequence[int], samples: Sequence[TrainSample]) -> dict[tuple[int, ...], list[int]]:
+    """Rows by prompt, groups in order of first appearance, rows in order within one."""
     groups: dict[tuple[int, ...], list[int]] = {}
     for r in rows:
         groups.setdefault(tuple(samples[r].prompt_ids), []).append(r)
-    return [r for g in groups.values() for r in g]
+    return groups
+
+
+def by_prompt(rows: Sequence[int], samples: Sequence[TrainSample]) -> list[int]:
+    """`rows` with those of the same prompt side by side (groups in order of first appearance,
+    rows in order within one), so that a micro-batch holds whole groups and runs each prompt once."""
+    return [r for g in _groups(rows, samples).values() for r in g]
 
 
 def padded_size(batch: Sequence[TrainSample], shared: bool) -> int:
@@ -47,10 +52,7 @@ def _length_order(rows: Sequence[int], samples: Sequence[TrainSample], shared: b
     (rows within a group longest first); else rows by their whole length."""
     if not shared:
         return sorted(rows, key=lambda r: -(len(samples[r].prompt_ids) + len(samples[r].response_ids)))
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for r in rows:
-        groups.setdefault(tuple(samples[r].prompt_ids), []).append(r)
-    ordered = sorted(groups.items(), key=lambda kv: (-max(len(samples[r].response_ids) for r in kv[1]), -len(kv[0])))
+    ordered = sorted(_groups(rows, samples).items(), key=lambda kv: (-max(len(samples[r].response_ids) for r in kv[1]), -len(kv[0])))
     return [r for _, g in ordered for r in sorted(g, key=lambda r: -len(samples[r].response_ids))]
 
 
