@@ -54,8 +54,8 @@ BATCH_MAX_WAIT_S = 0.02
 # Those are the floor. A request that misses a batch waits for that batch and then runs one of its
 # own, so the wait worth paying grows with how long a batch takes: BURST_SHARE of the last one's
 # seconds, at most BURST_MAX_S. Measured on SmolLM2 (batches of 20-40 s): the first task's request
-# of each step went alone (its neighbours' env resets came ~10 ms apart), a 4-row batch of 96
-# tokens, ~7 s a step, before the 28 others ran together.
+# of a step missed the 20 ms window and went alone, a 4-row batch of 96 tokens (under 10 s),
+# before the 28 others ran together.
 BURST_SHARE = 0.02
 BURST_MAX_S = 0.5
 

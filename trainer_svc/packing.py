@@ -64,16 +64,19 @@ def pack(rows: Sequence[int], samples: Sequence[TrainSample], budget: int, share
     O(rows x rows-per-micro-batch): each cut point looks back only while the run still fits."""
     order = _length_order(rows, samples, shared)
     n = len(order)
+    # Each row's prompt as a small number, made once: the loop below meets each row many times.
+    numbers: dict[tuple[int, ...], int] = {}
+    prompt = [numbers.setdefault(tuple(samples[r].prompt_ids), len(numbers)) for r in order]
     best = [0] + [-1] * n          # best[i]: least cost of the first i rows; cut[i]: where its last run starts
     cut = [0] * (n + 1)
     for i in range(1, n + 1):
-        prompts: set[tuple[int, ...]] = set()
+        prompts: set[int] = set()
         p_max = t_max = 0
         for j in range(i - 1, -1, -1):          # the run order[j:i], grown backwards
             s = samples[order[j]]
             p, t = len(s.prompt_ids), len(s.response_ids)
             if shared:
-                prompts.add(tuple(s.prompt_ids))
+                prompts.add(prompt[j])
                 p_max, t_max = max(p_max, p), max(t_max, t)
                 size = len(prompts) * p_max + (i - j) * t_max
             else:
