@@ -58,7 +58,7 @@ $(DEMO_MODEL): | $(STAMP)
 # crossing fails before the long suite starts.
 test: install
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25   # the 25 slowest: where the suite's time goes
 
 protos: install
 	$(BIN)/python scripts/gen_protos.py

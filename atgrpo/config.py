@@ -261,11 +261,16 @@ class AlgorithmConfig:
     """zero_variance drops groups whose rewards are all equal (DAPO)"""
     selection: Literal["best", "first"] = "best"
     """which branch continues the episode: highest reward (ties: lowest index) or branch 0"""
-    grouping: Literal["turn", "trajectory"] = "turn"
-    """turn = AT-GRPO: tree sampling, groups (task, agent, turn). trajectory = the trajectory-level
-    GRPO baseline: K independent episodes per task (forked once after reset), each turn's sample
-    gets its episode's return alpha * final team reward + the agent's summed local rewards, groups
-    (task, agent) over the K copies; selection does not apply"""
+    grouping: str = "turn"
+    """the advantage estimator, by its registered name (atgrpo.algo.registry). turn = AT-GRPO:
+    tree sampling, groups (task, agent, turn). trajectory = the trajectory-level GRPO baseline: K
+    independent episodes per task (forked once after reset), each turn's sample gets its episode's
+    return alpha * final team reward + the agent's summed local rewards, groups (task, agent) over
+    the K copies; selection does not apply"""
+    policy_loss: str = "ppo_clip"
+    """the policy loss, by its registered name (atgrpo.algo.registry). ppo_clip: the clipped
+    surrogate with dual clip; with max_staleness > 0 it trains with its decoupled form
+    (`decoupled`), as a loss registered with proximal=True does itself"""
     loss_agg: Literal["token_mean"] = "token_mean"
     """loss aggregation over tokens"""
     max_staleness: int = 0
@@ -282,8 +287,9 @@ class AlgorithmConfig:
         """What a trainer takes of these for each step's update; `max_staleness`: its pool's bound
         (unset: this section's)."""
         staleness = self.max_staleness if max_staleness is None else max_staleness
+        loss = "decoupled" if staleness > 0 and self.policy_loss == "ppo_clip" else self.policy_loss
         return UpdateConfig(LossConfig(self.clip_eps_low, self.clip_eps_high, self.dual_clip_c, self.kl_coef,
-                                       self.entropy_coef, self.behav_imp_cap), epochs=self.epochs,
+                                       self.entropy_coef, self.behav_imp_cap, name=loss), epochs=self.epochs,
                             mini_batch_size=self.mini_batch_size, max_staleness=staleness)
 
 

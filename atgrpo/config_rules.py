@@ -15,6 +15,8 @@ from atgrpo.config_parse import (
     did_you_mean,
     parse_bytes,
 )
+from atgrpo.contract.trainer import UPDATE_BOUNDS
+from atgrpo.plan import VLLM_LORA_RANKS
 
 if TYPE_CHECKING:
     from atgrpo.config import PoolConfig, RunConfig, RunSection, SamplingConfig
@@ -24,8 +26,6 @@ _ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
 _HUB_PREFIXES = ("http://", "https://", "hf://")
 _TINY_MODEL_HINT = "e.g. one built with `atgrpo model tiny --out DIR`"
 
-_OPEN_UNIT = (lambda v: 0 < v < 1, "in (0, 1)", "The usual value is 0.2")
-
 
 def validate(cfg: RunConfig, bad: list[str]) -> Errors:
     """Every value out of range and every cross-field rule broken; `bad`: fields already wrong."""
@@ -33,15 +33,33 @@ def validate(cfg: RunConfig, bad: list[str]) -> Errors:
     _check_run(c, cfg.run)
     _check_env_and_agents(c, cfg)
     _check_pools(c, cfg)
-    c.limits("algorithm", cfg.algorithm, {
-        "k": AT_LEAST_1, "epochs": AT_LEAST_1, "mini_batch_size": AT_LEAST_1,
-        "clip_eps_low": _OPEN_UNIT, "clip_eps_high": _OPEN_UNIT,
-        "dual_clip_c": (lambda v: v > 1, "> 1", "The usual value is 3.0"),
-        "kl_coef": NON_NEG, "entropy_coef": NON_NEG, "max_staleness": NON_NEG,
-        "behav_imp_cap": (lambda v: v >= 1, ">= 1", "The usual values are 1 (V-trace) to 5 (AReaL)"),
-    })
+    c.limits("algorithm", cfg.algorithm, {"k": AT_LEAST_1, **UPDATE_BOUNDS})   # the trainer's own bounds
+    _check_algorithm_names(c, cfg)
     _check_services(c, cfg)
     return c.errors
+
+
+def _check_algorithm_names(c: Checks, cfg: RunConfig) -> None:
+    from atgrpo.algo import registry
+
+    alg = cfg.algorithm
+    try:
+        registry.adv_estimator(alg.grouping)          # an entry point may register it
+    except KeyError:
+        c.add("algorithm.grouping", _unregistered(alg.grouping, registry.estimator_names(), "register_adv_est",
+                                                  registry.ADVANTAGE_GROUP))
+    try:
+        loss = registry.policy_loss_named(alg.policy_loss)
+    except KeyError:
+        c.add("algorithm.policy_loss", _unregistered(alg.policy_loss, registry.loss_names(), "register_policy_loss",
+                                                     registry.LOSS_GROUP))
+        return
+    stale = [p for p, pool in cfg.pools.items() if (alg.max_staleness if pool.max_staleness is None
+                                                     else pool.max_staleness) > 0]
+    if stale and not loss.proximal and loss.name != "ppo_clip":
+        c.add("algorithm.policy_loss", f"{loss.name!r} does not take the proximal log-probs that asynchronous "
+              f"training needs (max_staleness > 0 on pools {', '.join(stale)}); set max_staleness: 0, or "
+              "register the loss with proximal=True")
 
 
 def _check_run(c: Checks, run: RunSection) -> None:
@@ -132,6 +150,10 @@ def _check_pools(c: Checks, cfg: RunConfig) -> None:
                 "dropout": (lambda v: 0 <= v < 1, "in [0, 1)", "Use 0.0 for no dropout"),
                 "target_modules": (bool, "non-empty", "List module names, e.g. [q_proj, v_proj]"),
             })
+            if pool.engine == "vllm" and pool.lora.rank > VLLM_LORA_RANKS[-1]:
+                c.add(f"{path}.lora.rank", f"is {pool.lora.rank}, over the largest rank vLLM serves "
+                      f"({VLLM_LORA_RANKS[-1]}). Use a rank of at most {VLLM_LORA_RANKS[-1]}, or engine: hf",
+                      uses=(f"{path}.engine",))
         c.limits(path, pool, {"rollout_replicas": AT_LEAST_1, "micro_batch_tokens": AT_LEAST_1,
                               "trainer_gpus": AT_LEAST_1, "rollout_gpus": AT_LEAST_1})
         _check_gpus(c, path, pool)
@@ -184,6 +206,11 @@ def _check_rollout_gpus(c: Checks, path: str, pool: PoolConfig) -> None:
     elif pool.engine != "vllm":
         c.add(f"{path}.rollout_gpu_memory_utilization", f"is set but engine is {pool.engine!r}, which takes no "
               "memory fraction. Remove it, or set engine: vllm", uses=(f"{path}.engine",))
+
+
+def _unregistered(name: str, known: list[str], decorator: str, group: str) -> str:
+    return (f"{name!r} must be one of {choices_text(known)}.{did_you_mean(name, known)} Or register it with "
+            f"@{decorator}({name!r}) in a module the router imports (entry point group {group!r})")
 
 
 def _check_services(c: Checks, cfg: RunConfig) -> None:

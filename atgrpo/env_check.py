@@ -8,17 +8,9 @@ found, and is found before five services are started rather than after.
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Mapping
-
 from atgrpo.config import EnvConfig, RunConfig
+from atgrpo.contract.env import TURN_ORDER_OPTION, EnvSpec
 from atgrpo.errors import InvalidArgument, NotFound
-from atgrpo.sdk.env import TURN_ORDER_OPTION, EnvSpec
-
-# The env service's table of built-in envs (name -> "package.module:Class"). The library may not
-# import a service package, so it is read by name, as the registry loads every env class; that
-# keeps one table, and an SDK-only install (no env_svc) still checks env.path envs.
-BUILTIN_TABLE = "env_svc.envs"
 
 
 def env_options(cfg: RunConfig) -> dict:
@@ -77,22 +69,16 @@ def not_found(err: NotFound, env: EnvConfig) -> InvalidArgument:
     return InvalidArgument(f"{err.message.rstrip('.?')}: {hint}")
 
 
-def builtin_paths() -> Mapping[str, str]:
-    try:
-        return importlib.import_module(BUILTIN_TABLE).BUILTIN
-    except ImportError:
-        return {}
-
-
 def local_spec(cfg: RunConfig) -> EnvSpec:
     """The env's spec under the run's options, built here as the env service `atgrpo train` starts
-    would build it (the same registry: built-ins, entry points, and env.path under env.name).
+    would build it (the same registry: the entry points, built-ins among them, and env.path under
+    env.name).
     Raises what Describe would: NotFound for an env of no such name, InvalidArgument for options
     the env refuses, EnvCodeError for a bug in the env's own code."""
     from atgrpo.sdk.host import EnvHost
     from atgrpo.sdk.registry import Registry
 
     env = cfg.env
-    host = EnvHost(Registry({**builtin_paths(), **({env.name: env.path} if env.path else {})}))
+    host = EnvHost(Registry({env.name: env.path} if env.path else {}))
     return host.describe(env.name, env_options(cfg))
 

@@ -3,17 +3,36 @@
 Logic modules raise these; the server interceptor turns them into statuses (DESIGN.md §4) and the
 clients turn statuses back into them, so neither side handles grpc types outside the transport.
 Every message says what was wrong and what to do instead.
+
+grpc is imported only when a code is read: the trainer's maths raises these errors too, and it
+runs where grpc is not installed (scripts/gpu_check.py's trainer part, on a bare GPU machine).
 """
 
 from __future__ import annotations
 
-import grpc
+import functools
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import grpc
+
+
+class _Code:
+    """A class attribute that reads as grpc.StatusCode[name], importing grpc on first read."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, obj, owner) -> grpc.StatusCode:
+        import grpc
+
+        return grpc.StatusCode[self.name]
 
 
 class AtgrpoError(Exception):
     """Base class; `code` is the gRPC status the error travels as."""
 
-    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    code = _Code("INTERNAL")
     retryable: bool = False
 
     def __init__(self, message: str, *, retry_after_ms: int | None = None):
@@ -25,25 +44,25 @@ class AtgrpoError(Exception):
 class InvalidArgument(AtgrpoError):
     """The request is wrong; sending it again will fail the same way."""
 
-    code = grpc.StatusCode.INVALID_ARGUMENT
+    code = _Code("INVALID_ARGUMENT")
 
 
 class NotFound(AtgrpoError):
     """A named thing (episode, pool, env, run) does not exist; do not retry."""
 
-    code = grpc.StatusCode.NOT_FOUND
+    code = _Code("NOT_FOUND")
 
 
 class FailedPrecondition(AtgrpoError):
     """A version or state mismatch: refresh what you know (e.g. the policy version) first."""
 
-    code = grpc.StatusCode.FAILED_PRECONDITION
+    code = _Code("FAILED_PRECONDITION")
 
 
 class ResourceExhausted(AtgrpoError):
     """A queue or cap is full; retry with backoff (after `retry_after_ms` when given)."""
 
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    code = _Code("RESOURCE_EXHAUSTED")
     retryable = True
 
 
@@ -57,34 +76,34 @@ class MessageTooLarge(ResourceExhausted):
 class Unavailable(AtgrpoError):
     """The service is down, starting or shutting down; retry with backoff."""
 
-    code = grpc.StatusCode.UNAVAILABLE
+    code = _Code("UNAVAILABLE")
     retryable = True
 
 
 class DeadlineExceeded(AtgrpoError):
     """The call ran past its deadline; retrying is safe only for idempotent calls."""
 
-    code = grpc.StatusCode.DEADLINE_EXCEEDED
+    code = _Code("DEADLINE_EXCEEDED")
     retryable = True
 
 
 class Unimplemented(AtgrpoError):
     """The RPC exists in the contract but this build does not serve it yet."""
 
-    code = grpc.StatusCode.UNIMPLEMENTED
+    code = _Code("UNIMPLEMENTED")
 
 
 class Unauthenticated(AtgrpoError):
     """A state-changing RPC without the cluster's auth token (atgrpo.rpc.security); set
     ATGRPO_AUTH_TOKEN (or ATGRPO_AUTH_TOKEN_FILE) for the client, then retry."""
 
-    code = grpc.StatusCode.UNAUTHENTICATED
+    code = _Code("UNAUTHENTICATED")
 
 
 class Internal(AtgrpoError):
     """A bug on the server side; the message says where."""
 
-    code = grpc.StatusCode.INTERNAL
+    code = _Code("INTERNAL")
 
 
 class EnvCodeError(AtgrpoError):
@@ -92,14 +111,13 @@ class EnvCodeError(AtgrpoError):
     no StepResult): a bug in the environment, not in atgrpo. The same task fails the same way
     again, so it is not retried; the env service's log has the traceback. Travels as UNKNOWN."""
 
-    code = grpc.StatusCode.UNKNOWN
+    code = _Code("UNKNOWN")
 
 
-_BY_CODE: dict[grpc.StatusCode, type[AtgrpoError]] = {
-    cls.code: cls
-    for cls in (InvalidArgument, NotFound, FailedPrecondition, ResourceExhausted, Unavailable,
-                DeadlineExceeded, Unimplemented, Unauthenticated, Internal, EnvCodeError)
-}
+@functools.cache
+def _by_code() -> dict[grpc.StatusCode, type[AtgrpoError]]:
+    return {cls.code: cls for cls in (InvalidArgument, NotFound, FailedPrecondition, ResourceExhausted, Unavailable,
+                                      DeadlineExceeded, Unimplemented, Unauthenticated, Internal, EnvCodeError)}
 
 # Trailing metadata key carrying a retry hint with RESOURCE_EXHAUSTED.
 RETRY_AFTER_KEY = "atgrpo-retry-after-ms"
@@ -111,9 +129,11 @@ _SIZE_REFUSAL = "message larger than max"
 
 def error_for_status(code: grpc.StatusCode, message: str, retry_after_ms: int | None = None) -> AtgrpoError:
     """The domain error for a gRPC status (unknown codes become Internal, keeping the code name)."""
+    import grpc
+
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and _SIZE_REFUSAL in message.lower():
         return MessageTooLarge(f"{message}: the message is over the gRPC size cap; send less per call")
-    cls = _BY_CODE.get(code)
+    cls = _by_code().get(code)
     if cls is None:
         return Internal(f"{code.name}: {message}", retry_after_ms=retry_after_ms)
     return cls(message, retry_after_ms=retry_after_ms)

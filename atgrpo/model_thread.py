@@ -32,8 +32,9 @@ class ModelThread:
     """An executor of one thread: `await thread.run(fn, *args)` is `asyncio.to_thread(fn, *args)`
     (the caller's context variables go along) but always on the same thread, in call order."""
 
-    def __init__(self, name: str):
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+    def __init__(self, name: str, initializer: Callable[[], Any] | None = None):
+        # initializer: run once on the thread before any call (per-thread state, e.g. the CUDA device)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name, initializer=initializer)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         call = functools.partial(contextvars.copy_context().run, fn, *args)

@@ -92,9 +92,9 @@ def run_config(task: str, variant: str, seed: int, model: str, run_dir: Path, st
 def one_run(task: str, variant: str, seed: int, model: str, work: str, steps: int, eval_every: int,
             equal_rank: int) -> dict:
     """Train one variant on one task; its evaluations and what it trained a step."""
+    from atgrpo.cli.runner import LocalServices, evaluate, run_until
     from atgrpo.config import parse_config
     from atgrpo.rundir import read_metrics
-    from atgrpo.runner import LocalServices, evaluate, run_until
 
     run_dir = Path(work) / f"{task}-{variant}-{seed}"
     data = run_config(task, variant, seed, model, run_dir, steps, eval_every, equal_rank)

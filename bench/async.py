@@ -44,7 +44,7 @@ TRAINER_CORE, ROLLOUT_CORE = 0, 1
 def pin(state_dir: Path) -> None:
     """Every thread of the trainers onto the first core, of the rollout replicas onto the second
     (threads made later inherit it); the CPU services stay unpinned (the module docstring)."""
-    from atgrpo import launcher
+    from atgrpo.cli import launcher
 
     cores = os.sched_getaffinity(0)
     if len(cores) < 2:
@@ -71,9 +71,9 @@ class _Sink:
 
 def timed_run(data: dict, warmup: int) -> dict:
     """Run `data` with pinned single-thread services; the figures of the steps after `warmup`."""
+    from atgrpo.cli.runner import LocalServices, drive
     from atgrpo.config import parse_config
     from atgrpo.rundir import read_metrics
-    from atgrpo.runner import LocalServices, drive
 
     cfg = parse_config(data)
     os.environ["OMP_NUM_THREADS"] = "1"          # the services' torch threads (they inherit it)

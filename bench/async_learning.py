@@ -34,8 +34,8 @@ def first_reaching(metrics: Path, target: float) -> tuple[int | None, list[tuple
 
 
 def train(model: Path, run_dir: Path, seed: int, staleness: int, args) -> tuple[int | None, list, float]:
+    from atgrpo.cli.runner import LocalServices, run_until
     from atgrpo.config import parse_config
-    from atgrpo.runner import LocalServices, run_until
 
     data = yaml.safe_load((ROOT / "examples" / "toy_L1_tiny.yaml").read_text())
     data["run"].update(seed=seed, steps=args.steps, eval_every_steps=args.eval_every, checkpoint_every_steps=0,

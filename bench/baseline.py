@@ -4,7 +4,7 @@
 
 A table of success rates, not a ratio, and tens of minutes on CPU: bench/all.py (`make bench`)
 skips it; run it alone. One set of local services serves every row: the model is a frozen pool
-(no trainer), each row is `atgrpo eval` without a checkpoint (atgrpo.runner.evaluate: the starting
+(no trainer), each row is `atgrpo eval` without a checkpoint (atgrpo.cli.runner.evaluate: the starting
 weights) of the env's L1 example config, so what is evaluated is the model at --model itself.
 """
 
@@ -26,9 +26,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from atgrpo.cli.runner import LocalServices, TrainError, evaluate, resolve_paths  # noqa: E402
 from atgrpo.config import EVALUATE_START, parse_config  # noqa: E402
 from atgrpo.errors import AtgrpoError  # noqa: E402
-from atgrpo.runner import LocalServices, TrainError, evaluate, resolve_paths  # noqa: E402
 
 DEFAULT_MODEL = ROOT / ".atgrpo" / "models" / "smollm2"
 POOL = "shared"     # every L1 example's one pool: the same started rollout serves every row

@@ -125,10 +125,10 @@ class _Sink:
 
 
 def atgrpo_side(model_dir: str, args, root: Path) -> Side:
-    from atgrpo import launcher
+    from atgrpo.cli import launcher
+    from atgrpo.cli.runner import LocalServices, drive
     from atgrpo.config import parse_config
     from atgrpo.rundir import read_metrics
-    from atgrpo.runner import LocalServices, drive
 
     run_dir = Path(tempfile.mkdtemp(prefix="atgrpo-", dir=root)) / "run"
     cfg = parse_config(atgrpo_config(model_dir, run_dir, args))
@@ -168,7 +168,7 @@ def atgrpo_side(model_dir: str, args, root: Path) -> Side:
 def toy_rows(args) -> list[dict]:
     """The prompts atgrpo's router would draw, step by step, as chat messages, with their tasks."""
     from env_svc.envs.toy import ToyEnv
-    from router_svc.plan import step_tasks
+    from router_svc.steps import step_tasks
 
     env = ToyEnv({"turn_order": ["speaker"], "max_turns": 1})
     rows = []

@@ -119,9 +119,9 @@ def one_run(task: str, variant: str, model: str, work: Path, steps: int, eval_ev
     `minutes`: stop at the last step whose training time (evaluations not counted) stays within
     it, as the recent steps' times foretell, and evaluate that step's checkpoint, if the run has
     not reached `steps` by then."""
+    from atgrpo.cli.runner import LocalServices, evaluate, run_until
     from atgrpo.config import parse_config
     from atgrpo.rundir import read_metrics
-    from atgrpo.runner import LocalServices, evaluate, run_until
 
     run_dir = work / f"{task}-{variant}"
     shutil.rmtree(run_dir, ignore_errors=True)      # a rerun starts over, never resumes an old run

@@ -119,9 +119,9 @@ def generation(engine, prompts: int, k: int, prompt_tokens: int, new_tokens: int
 
 def one_step(model: str, work: Path) -> dict:
     """One training step (no evaluation) of bench/real_learning.py's AT-GRPO arithmetic run."""
+    from atgrpo.cli.runner import LocalServices, run_until
     from atgrpo.config import parse_config
     from atgrpo.rundir import read_metrics
-    from atgrpo.runner import LocalServices, run_until
     from bench.real_learning import run_config
 
     data = run_config("arithmetic", "at-grpo", model, work / "step", steps=1, eval_every=0, eval_tasks=8)

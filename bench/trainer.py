@@ -1,6 +1,8 @@
 """Trainer throughput: one update on the same samples with atgrpo's update against TRL's
 GRPOTrainer update (its own _compute_loss, backward, gradient clipping and optimizer step), on
 the tiny and small models, in one run. Prints tokens/s and the ratio (target: >= 1.0x TRL).
+Then the output layer at Qwen3's vocabulary: the update through the chunked head against the
+same update through the model's full logits.
 
     python bench/trainer.py [--samples 16] [--prompt 32] [--response 128] [--repeats 5] [--sizes tiny,small]
 """
@@ -77,6 +79,38 @@ def atgrpo_rate(model_dir: str, args, bf16: bool) -> float:
     return _rate(lambda: update(model, optimizer, samples, cfg, params=params), responses.numel(), args.repeats)
 
 
+# A small decoder under Qwen3's vocabulary: the output layer and the log-prob path are most of the
+# work, as they are in a real model's update at long responses.
+REAL_VOCAB = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 151_936, "model_type": "qwen3"}
+
+
+def head_rates(args) -> tuple[float, float]:
+    """Update tokens/s through the chunked (fused) output layer and through the full logits, the
+    GPU examples' transform (top-k 20, top-p 0.9), float32, on the same model and samples."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainer_svc import logprobs
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**REAL_VOCAB))
+    prompts, responses, adv = batch(args, vocab=REAL_VOCAB["vocab_size"])
+    sampling = Sampling(temperature=1.0, top_k=20, top_p=0.9)
+    samples = [TrainSample("a", prompts[i].tolist(), responses[i].tolist(), [-7.0] * args.response,
+                           float(adv[i]), sampling) for i in range(args.samples)]
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(params, lr=0.0)     # the weights stay: both paths see the same model
+    cfg = UpdateConfig(mini_batch_size=args.samples, micro_batch_tokens=args.samples * (args.prompt + args.response))
+    chunked = _rate(lambda: update(model, optimizer, samples, cfg, params=params), responses.numel(), args.repeats)
+    available = logprobs.chunked_head_available
+    logprobs.chunked_head_available = lambda m: False     # the baseline: the model's own full logits
+    try:
+        full = _rate(lambda: update(model, optimizer, samples, cfg, params=params), responses.numel(), args.repeats)
+    finally:
+        logprobs.chunked_head_available = available
+    return chunked, full
+
+
 def _rate(step, tokens: int, repeats: int) -> float:
     step()  # warm-up
     best = 0.0
@@ -105,6 +139,11 @@ def main() -> None:
             precision = "bf16 mixed" if bf16 else "float32"
             record("trainer", f"update tok/s vs TRL GRPO, {size} {precision}", ours / trl,
                    f"{ours:.0f} vs {trl:.0f} tok/s")
+    chunked, full = head_rates(args)
+    print(f"Qwen3's vocabulary (151,936), top-k 20 / top-p 0.9: chunked head {chunked:.0f} tok/s, "
+          f"full logits {full:.0f} tok/s, {chunked / full:.2f}x")
+    record("trainer", "update tok/s, chunked head vs full logits, 151,936 vocab", chunked / full,
+           f"{chunked:.0f} vs {full:.0f} tok/s")
 
 
 if __name__ == "__main__":

@@ -9,8 +9,11 @@ Reported (weight-sync issue; targets in brackets):
 - push GB/s (bytes per replica / seconds until both acknowledged, load included) against the raw
   stream's [>= 0.8x];
 - peak RSS growth during a push over the model's bytes, on each replica and the sender [<= 1.5];
-- the longest health-check answer of a replica, and the longest stall of the sender's event
-  loop, during the pushes [< 100 ms].
+- the longest health-check answer of a replica during the pushes, asked every 10 ms from a
+  process of its own as a kubelet would [< 100 ms], and the longest stall of the sender's event
+  loop;
+- an adapter-only push (LoRA on q/k/v/o of the same model) at rank 8, 16 and 64: its bytes and
+  median time, against the full push's.
 """
 
 from __future__ import annotations
@@ -79,14 +82,15 @@ async def raw_stream(addresses: list[str], total: int) -> float:
 
 # --- processes and measurements ----------------------------------------------------------------
 
-def start(argv: list[str], port_file: Path, log: Path) -> tuple[subprocess.Popen, str]:
+def start(argv: list[str], port_file: Path, log: Path, address: bool = True) -> tuple[subprocess.Popen, str]:
+    """Start `argv` and wait for it to write `port_file` (its port, when `address`)."""
     proc = subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
     deadline = time.monotonic() + 600
     while not port_file.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             raise SystemExit(f"{argv[:4]} did not start:\n{log.read_text()[-3000:]}")
         time.sleep(0.2)
-    return proc, f"127.0.0.1:{json.loads(port_file.read_text())['port']}"
+    return proc, f"127.0.0.1:{json.loads(port_file.read_text())['port']}" if address else ""
 
 
 def rss(pid: int) -> int:
@@ -116,32 +120,47 @@ class PeakRSS:
         return [p - b for p, b in zip(self.peak, self.base, strict=True)]
 
 
-async def watch(addresses: list[str], stop: asyncio.Event) -> tuple[float, float]:
-    """(longest health answer of any replica, longest stall of this event loop), in ms."""
+def probe(addresses: str, out: str) -> None:
+    """Health-check every replica every 10 ms from a process of its own (as a kubelet does, so the
+    sender's own stalls are not counted as the replica's) until SIGTERM; then write each call's
+    (start, end) on the system's monotonic clock to `out`."""
+    import signal
+
     from rollout_svc.client import RolloutClient
 
-    clients = [RolloutClient(a) for a in addresses]
-    worst_health, worst_lag = 0.0, 0.0
+    calls: list[tuple[float, float]] = []
 
-    async def health(c):
-        nonlocal worst_health
-        while not stop.is_set():
-            t = time.perf_counter()
-            await c.health()
-            worst_health = max(worst_health, (time.perf_counter() - t) * 1000)
-            await asyncio.sleep(0.01)
+    async def run() -> None:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        clients = [RolloutClient(a) for a in addresses.split(",")]
 
-    async def lag():
-        nonlocal worst_lag
-        while not stop.is_set():
-            t = time.perf_counter()
-            await asyncio.sleep(0.005)
-            worst_lag = max(worst_lag, (time.perf_counter() - t - 0.005) * 1000)
+        async def health(c):
+            while not stop.is_set():
+                t = time.monotonic()
+                await c.health()
+                calls.append((t, time.monotonic()))
+                await asyncio.sleep(0.01)
 
-    await asyncio.gather(*(health(c) for c in clients), lag())
-    for c in clients:
-        await c.close()
-    return worst_health, worst_lag
+        Path(out + ".ready").touch()
+        await asyncio.gather(*(health(c) for c in clients))
+        Path(out).write_text(json.dumps(calls))
+    asyncio.run(run())
+
+
+def longest_answer(calls: list[tuple[float, float]], windows: list[tuple[float, float]]) -> float:
+    """The longest health call (ms) that overlapped a push."""
+    return max([(e - s) * 1000 for s, e in calls if any(s < w1 and e > w0 for w0, w1 in windows)], default=0.0)
+
+
+async def loop_stall(stop: asyncio.Event) -> float:
+    """The longest stall of this event loop (ms) until `stop`."""
+    worst = 0.0
+    while not stop.is_set():
+        t = time.perf_counter()
+        await asyncio.sleep(0.005)
+        worst = max(worst, (time.perf_counter() - t - 0.005) * 1000)
+    return worst
 
 
 def build_model(where: Path, gib: float) -> Path:
@@ -164,13 +183,18 @@ def build_model(where: Path, gib: float) -> Path:
     return model
 
 
-def adapter(model_dir: Path):
+LORA_RANKS = (8, 16, 64)
+
+
+def adapter(model_dir: Path, rank: int):
+    """A LoRA adapter of the model at `rank` on q/k/v/o (atgrpo's default targets), PEFT's format."""
     import torch
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
     from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(0)
-    cfg = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    torch.manual_seed(rank)
+    cfg = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                     init_lora_weights=False)
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir), cfg)
     return dict(get_peft_model_state_dict(model)), json.loads(json.dumps(cfg.to_dict(), default=list))
 
@@ -178,36 +202,48 @@ def adapter(model_dir: Path):
 async def pushes(args, replicas: list[str], state: dict, pids: list[int]) -> dict:
     from rollout_svc.client import RolloutClient, push_weights
 
-    best, growth, health_ms, lag_ms, sent = float("inf"), [0] * len(pids), 0.0, 0.0, 0
+    best, growth, lag_ms, sent, windows = float("inf"), [0] * len(pids), 0.0, 0, []
     for version in range(1, args.repeats + 1):
         meter, stop = PeakRSS(pids), asyncio.Event()
-        watcher = asyncio.create_task(watch(replicas, stop))
+        watcher = asyncio.create_task(loop_stall(stop))
         await asyncio.sleep(0.05)
-        t = time.perf_counter()
+        t, t0 = time.perf_counter(), time.monotonic()
         sent = await push_weights(replicas, [("", state, None)], "p", version)
         best = min(best, time.perf_counter() - t)
+        windows.append((t0, time.monotonic()))
         stop.set()
-        h, lag = await watcher
-        health_ms, lag_ms = max(health_ms, h), max(lag_ms, lag)
+        lag_ms = max(lag_ms, await watcher)
         growth = [max(g, n) for g, n in zip(growth, meter.growth(), strict=True)]
-    lora_state, lora_cfg = adapter(args.tiny)
+    lora = {}
     async with RolloutClient(replicas[0]) as c:
-        swaps = []
-        for version in range(args.repeats + 2):
-            t = time.perf_counter()
-            await c.load_weights(lora_state, "l", version, adapter="tool", adapter_config=lora_cfg)
-            swaps.append((time.perf_counter() - t) * 1000)
-    return dict(seconds=best, bytes=sent // len(replicas), growth=growth, health_ms=health_ms, lag_ms=lag_ms,
-                lora_ms=sorted(swaps)[len(swaps) // 2])
+        for rank in LORA_RANKS:     # an adapter a rank: a served adapter keeps its rank
+            state, cfg = adapter(args.model, rank)
+            swaps = []
+            for version in range(args.repeats + 2):
+                t = time.perf_counter()
+                await c.load_weights(state, "l", version, adapter=f"rank{rank}", adapter_config=cfg)
+                swaps.append((time.perf_counter() - t) * 1000)
+            lora[rank] = (sorted(swaps)[len(swaps) // 2], sum(v.numel() * v.element_size() for v in state.values()))
+    return dict(seconds=best, bytes=sent // len(replicas), growth=growth, windows=windows, lag_ms=lag_ms, lora=lora)
 
 
-async def main_async(args, replicas: list[str], sinks: list[str], pids: list[int]) -> None:
+def stop_probe(proc: subprocess.Popen, out: Path, windows: list[tuple[float, float]]) -> float:
+    proc.terminate()
+    proc.wait(timeout=60)
+    if not out.exists():
+        raise SystemExit(f"the health probe wrote nothing:\n{Path(str(out) + '.log').read_text()[-3000:]}")
+    return longest_answer(json.loads(out.read_text()), windows)
+
+
+async def main_async(args, replicas: list[str], sinks: list[str], pids: list[int],
+                     prober: tuple[subprocess.Popen, Path]) -> None:
     from transformers import AutoModelForCausalLM
 
     state = AutoModelForCausalLM.from_pretrained(args.model).state_dict()
     size = sum(v.numel() * v.element_size() for v in {v.data_ptr(): v for v in state.values()}.values())
     raw = min([await raw_stream(sinks, size) for _ in range(args.repeats)])
     got = await pushes(args, replicas, state, pids)
+    got["health_ms"] = stop_probe(*prober, got["windows"])
     raw_gbs, push_gbs = size / raw / 1e9, got["bytes"] / got["seconds"] / 1e9
     print(f"model {size / 2**30:.2f} GiB, 2 replicas, best of {args.repeats}")
     print(f"{'raw gRPC byte stream':<34} {raw_gbs:6.2f} GB/s per replica")
@@ -215,10 +251,14 @@ async def main_async(args, replicas: list[str], sinks: list[str], pids: list[int
     grow = [g / size for g in got["growth"]]
     print(f"peak RSS growth / model: sender {grow[0]:.2f}, replicas {grow[1]:.2f} and {grow[2]:.2f}")
     print(f"longest health answer {got['health_ms']:.1f} ms, longest sender loop stall {got['lag_ms']:.1f} ms")
-    print(f"LoRA hot-swap (rank 8, q/v, tiny model): {got['lora_ms']:.1f} ms median")
-    detail = f"{push_gbs:.2f} vs {raw_gbs:.2f} GB/s, {size / 2**30:.2f} GiB; LoRA swap {got['lora_ms']:.0f} ms"
+    swaps = "; ".join(f"rank {r}: {ms:.0f} ms ({n / 2**20:.1f} MiB)" for r, (ms, n) in got["lora"].items())
+    print(f"LoRA adapter push (q/k/v/o, one replica, median): {swaps}")
+    detail = f"{push_gbs:.2f} vs {raw_gbs:.2f} GB/s, {size / 2**30:.2f} GiB"
     record("weights", "full push GB/s vs raw gRPC stream, 2 replicas (>= 0.8)", push_gbs / raw_gbs, detail)
     record("weights", "peak RSS growth / model, worst replica (<= 1.5)", max(grow[1:]), f"sender {grow[0]:.2f}")
+    top = max(LORA_RANKS)
+    record("weights", f"LoRA rank-{top} adapter push time / full push time", got["lora"][top][0] / 1000 / got["seconds"],
+           swaps)
     record("weights", "longest health answer during a push / 100 ms (< 1)", max(got["health_ms"], 0.1) / 100,
            f"{got['health_ms']:.1f} ms; sender loop stall {got['lag_ms']:.1f} ms")
 
@@ -228,19 +268,20 @@ def main() -> None:
     ap.add_argument("--gib", type=float, default=1.0)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--raw-server", help=argparse.SUPPRESS)
+    ap.add_argument("--probe", nargs=2, help=argparse.SUPPRESS)
     if "--raw-server" in sys.argv:
         return raw_server(ap.parse_args().raw_server)
+    if "--probe" in sys.argv:
+        return probe(*ap.parse_args().probe)
     args = parse_args(ap, {"gib": 0.02, "repeats": 1})
     tmp = Path(tempfile.mkdtemp(prefix="atgrpo-bench-weights-"))
     args.model = build_model(tmp / "big", args.gib)
-    from atgrpo.models import build_tiny_model
-    args.tiny = build_tiny_model(tmp / "tiny", size="tiny")
     env = {**os.environ, "ATGRPO_LOG_LEVEL": "WARNING"}
     os.environ.update(env)
     procs, replicas, sinks = [], [], []
     try:
         for i in range(2):
-            pools = ["--pool", f"p={args.model}"] + (["--pool", f"l={args.tiny}:lora"] if i == 0 else [])
+            pools = ["--pool", f"p={args.model}"] + (["--pool", f"l={args.model}:lora"] if i == 0 else [])
             proc, address = start([sys.executable, "-m", "rollout_svc", *pools, "--engine", "hf", "--device", "cpu",
                                    "--dtype", "float32", "--port", "0", "--port-file", str(tmp / f"r{i}.json")],
                                   tmp / f"r{i}.json", tmp / f"r{i}.log")
@@ -250,7 +291,11 @@ def main() -> None:
                                   tmp / f"s{i}.json", tmp / f"s{i}.log")
             procs.append(proc)
             sinks.append(address)
-        asyncio.run(main_async(args, replicas, sinks, [os.getpid(), procs[0].pid, procs[2].pid]))
+        out = tmp / "health.json"
+        prober, _ = start([sys.executable, __file__, "--probe", ",".join(replicas), str(out)],
+                          Path(str(out) + ".ready"), Path(str(out) + ".log"), address=False)
+        procs.append(prober)
+        asyncio.run(main_async(args, replicas, sinks, [os.getpid(), procs[0].pid, procs[2].pid], (prober, out)))
     finally:
         for proc in procs:
             proc.terminate()

@@ -26,7 +26,8 @@ def make_engine(settings: RolloutSettings, pool: PoolFlag):
         return VLLMEngine(pool.model_path, device=settings.device, dtype=settings.dtype, lora=pool.lora,
                           max_model_len=settings.max_model_len,
                           gpu_memory_utilization=settings.gpu_memory_utilization,
-                          tensor_parallel_size=settings.tensor_parallel_size)
+                          tensor_parallel_size=settings.tensor_parallel_size,
+                          max_lora_rank=settings.max_lora_rank, max_loras=settings.max_loras)
     from rollout_svc.engines.hf import HFEngine
     return HFEngine(pool.model_path, device=settings.device, dtype=settings.dtype)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
 
 from atgrpo._proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from atgrpo.contract import rollout_wire
@@ -19,7 +20,9 @@ from atgrpo.contract.rollout import (
 )
 from atgrpo.contract.sampling import Sampling
 from atgrpo.rpc.client import ServiceClient, to_domain_error
-from rollout_svc.payload import Payload
+
+if TYPE_CHECKING:     # imported by the calls that push: torch comes with it, and a caller that
+    from atgrpo.contract.weight_payload import Payload  # only generates or collects needs none
 
 # A push's deadline grows with its size: 2 minutes, plus a floor of 100 MB/s for the bytes.
 PUSH_BASE_S, PUSH_FLOOR_BYTES_PER_S = 120.0, 100e6
@@ -67,11 +70,16 @@ class RolloutClient(ServiceClient):
         """Push `weights` (name -> tensor, or a Payload encoded once for several replicas) as the
         pool's model, or as one adapter of it. `rollback` replaces whatever version is served (a
         trainer restored from a checkpoint). The default deadline grows with the push's size."""
+        from atgrpo.contract.weight_payload import Payload
+
         payload = weights if isinstance(weights, Payload) else await asyncio.to_thread(Payload, weights)
         header = payload.header(pool, version, adapter, adapter_config, rollback)
         timeout_s = timeout_s or PUSH_BASE_S + payload.total_bytes / PUSH_FLOOR_BYTES_PER_S
-        return rollout_wire.loaded_from_pb(await self._call(self.stub.LoadWeights, lambda: payload.stream(header),
-                                                            timeout_s=timeout_s))
+        # Serialised already (Payload cuts each chunk into its message): gRPC sends the bytes as they are.
+        send = self.channel.stream_unary("/atgrpo.v1.RolloutService/LoadWeights", request_serializer=None,
+                                         response_deserializer=rollout_pb2.LoadWeightsResponse.FromString,
+                                         _registered_method=True)
+        return rollout_wire.loaded_from_pb(await self._call(send, lambda: payload.stream(header), timeout_s=timeout_s))
 
 
 async def push_weights(addresses: Sequence[str], weights: Sequence[tuple[str, dict, dict | None]], pool: str,
@@ -81,6 +89,8 @@ async def push_weights(addresses: Sequence[str], weights: Sequence[tuple[str, di
     the replicas hold (cast here, so a bfloat16 engine gets half a float32 master's bytes), each
     encoding streamed to all of its replicas together."""
     clients = [RolloutClient(a) for a in addresses]
+
+    from atgrpo.contract.weight_payload import Payload
 
     async def encode(dtype: str | None) -> list[tuple[str, Payload, dict | None]]:
         cast = _torch_dtype(dtype)

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from atgrpo._proto.v1 import rollout_pb2
+from atgrpo.contract.env import Message
 from atgrpo.contract.rollout import AgentPlan, Generation, PolicyRef
 from atgrpo.contract.sampling import Sampling
 from atgrpo.errors import FailedPrecondition, InvalidArgument, NotFound
-from atgrpo.sdk.env import Message
 from rollout_svc.pool import PoolRuntime
 from rollout_svc.weights import FileSink, Sink, TensorSink, WeightPush
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from atgrpo.plan import VLLM_LORA_RANKS
 from atgrpo.rpc.main import SettingsError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -37,6 +38,8 @@ class RolloutSettings:
     gpu_memory_utilization: float | None = None  # vllm: memory fraction for weights and KV cache
     env: str = ""                                # the EnvService Collect drives; "" = none (Generate only)
     tensor_parallel_size: int = 1                # vllm: GPUs the model is split over
+    max_lora_rank: int = 64                      # vllm: the largest adapter rank a LoRA pool serves
+    max_loras: int = 8                           # vllm: adapters (agents) in one batch
 
     @staticmethod
     def add_flags(ap: argparse.ArgumentParser) -> None:
@@ -52,6 +55,10 @@ class RolloutSettings:
         ap.add_argument("--env", default="", metavar="HOST:PORT", help="the EnvService Collect drives")
         ap.add_argument("--tensor-parallel-size", type=int, default=1,
                         help="vllm: GPUs each pool's model is split over (all visible ones, usually)")
+        ap.add_argument("--max-lora-rank", type=int, default=64, choices=VLLM_LORA_RANKS,
+                        help="vllm: the largest adapter rank a LoRA pool serves (the run's lora.rank, rounded up)")
+        ap.add_argument("--max-loras", type=int, default=8,
+                        help="vllm: adapters a LoRA pool serves in one batch (the agents on the pool)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RolloutSettings:
@@ -69,4 +76,7 @@ class RolloutSettings:
         if tp < 1 or (tp > 1 and args.engine != "vllm"):
             raise SettingsError(f"--tensor-parallel-size {tp}: give 1, or more with --engine vllm "
                                 "(transformers runs on one GPU)")
-        return cls(tuple(args.pool), args.engine, args.device, args.dtype, args.max_model_len, u, args.env, tp)
+        if args.max_loras < 1:
+            raise SettingsError(f"--max-loras {args.max_loras}: give the number of agents the LoRA pool serves")
+        return cls(tuple(args.pool), args.engine, args.device, args.dtype, args.max_model_len, u, args.env, tp,
+                   args.max_lora_rank, args.max_loras)

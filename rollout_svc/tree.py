@@ -61,8 +61,8 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from typing import Any, Protocol
 
+from atgrpo.contract.env import Message, StepResult
 from atgrpo.contract.rollout import AgentPlan, CollectPlan, EpisodeEnd, Generation, Sample, TaskRef
-from atgrpo.sdk.env import Message, StepResult
 
 
 class Envs(Protocol):
@@ -197,7 +197,7 @@ class _Episode:
                 team_reward=r.team_reward, local_reward=r.local_reward, done=r.done, success=r.success,
                 selected=i == best, sampling=agent.sampling, prompt_truncated=generation.prompt_truncated,
                 response_truncated=c.finish_reason == "length", finish_reason=c.finish_reason, info=r.info,
-                response_text=c.text))
+                response_text=c.text, episode=self.task.episode))
 
     async def _keep(self, branches: list[str], best: int) -> None:
         """Tree mode: the kept branch becomes the current state; the old state and other forks close."""

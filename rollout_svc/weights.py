@@ -2,33 +2,33 @@
 
 The bytes are a safetensors file. They go where the engine loads them from as they arrive, never
 held whole twice: into tensors (`TensorSink`: one flat buffer, the tensors are views of it), or
-into a file (`FileSink`, for an engine that reloads from disk). Each chunk is written and hashed
-in a worker thread, so a multi-gigabyte push never stalls the event loop. Nothing is served from
-the new weights until the whole stream is verified: a truncated, oversized or corrupted stream is
-refused with INVALID_ARGUMENT, the served weights stay as they were, and the sender retries the
-whole push.
+into a file (`FileSink`, for an engine that reloads from disk). A data message is read as a view
+of the bytes gRPC received (`read_chunk`: no protobuf copy), then written and digested in a worker
+thread while the next one arrives, so a multi-gigabyte push never stalls the event loop. Nothing
+is served from the new weights until the whole stream is verified: a truncated, oversized or
+corrupted stream is refused with INVALID_ARGUMENT, the served weights stay as they were, and the
+sender retries the whole push.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
-import re
 import shutil
 import struct
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from atgrpo._proto.v1 import rollout_pb2 as pb
+from atgrpo.contract.weight_payload import DATA_TAG, DIGESTS
 from atgrpo.errors import InvalidArgument
 
 MAX_WEIGHT_BYTES = 64 * 2**30
 MAX_HEADER_BYTES = 100 * 2**20        # safetensors' own limit on its JSON header
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64,
            "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
            "BOOL": torch.bool}
@@ -58,7 +58,7 @@ class TensorSink:
         self._head = bytearray()
         self._meta: dict | None = None
         self._flat: torch.Tensor | None = None
-        self._memory: memoryview | None = None
+        self._array: np.ndarray | None = None      # _flat's bytes, written without the GIL
         self._pos = 0
 
     def write(self, data: bytes) -> None:
@@ -68,7 +68,10 @@ class TensorSink:
             if self._flat is None:
                 return
         if len(view):
-            self._memory[self._pos:self._pos + len(view)] = view    # one memcpy
+            # numpy copies without the GIL (a memoryview slice assignment holds it for the whole
+            # memcpy: with a chunk's pages faulted in as it goes, the event loop waited 200-800 ms
+            # behind the writes, and health checks with it)
+            np.copyto(self._array[self._pos:self._pos + len(view)], np.frombuffer(view, dtype=np.uint8))
             self._pos += len(view)
 
     def _take_header(self, view: memoryview) -> memoryview:
@@ -89,7 +92,7 @@ class TensorSink:
             return view
         self._meta = self._parse(bytes(self._head[8:]), self.total_bytes - len(self._head))
         self._flat = torch.empty(self.total_bytes - len(self._head), dtype=torch.uint8)
-        self._memory = memoryview(self._flat.numpy())
+        self._array = self._flat.numpy()
         return view
 
     @staticmethod
@@ -125,7 +128,7 @@ class TensorSink:
         return out
 
     def abort(self) -> None:
-        self._flat = self._memory = None
+        self._flat = self._array = None
 
 
 class FileSink:
@@ -162,24 +165,50 @@ def _check_header(h: pb.WeightHeader, max_bytes: int) -> None:
         raise InvalidArgument("weight format must be WEIGHT_FORMAT_SAFETENSORS")
     if not 0 < h.total_bytes <= max_bytes:
         raise InvalidArgument(f"total_bytes {h.total_bytes} must be in (0, {max_bytes}]")
-    if h.sha256 and not _HEX64.match(h.sha256):
-        raise InvalidArgument("sha256 must be the 64 lowercase hex digits of the payload's SHA-256 "
-                              "(or empty, with the digest in the trailer)")
+    if h.digest_algorithm not in DIGESTS:
+        raise InvalidArgument(f"digest_algorithm {h.digest_algorithm} is unknown; use WEIGHT_DIGEST_XXH3_128 "
+                              "or WEIGHT_DIGEST_SHA256")
+    if h.digest:
+        _check_digest(h.digest, h, "the header's digest")
     if h.adapter and not h.adapter_config_json:
         raise InvalidArgument(f"adapter {h.adapter!r} needs adapter_config_json (PEFT's adapter_config.json)")
+
+
+def _check_digest(digest: str, h: pb.WeightHeader, what: str) -> None:
+    digits = DIGESTS[h.digest_algorithm][1]
+    if len(digest) != digits or digest.strip("0123456789abcdef"):
+        raise InvalidArgument(f"{what} must be {digits} lowercase hex digits "
+                              f"({pb.WeightDigest.Name(h.digest_algorithm)}), or empty with a trailer")
+
+
+def read_chunk(raw: bytes) -> pb.WeightChunk | memoryview:
+    """LoadWeights' request deserializer: a data message as a view of its bytes in `raw` (the
+    protobuf parser would copy them twice), anything else parsed as a WeightChunk."""
+    if raw[:1] == DATA_TAG:
+        size, shift, pos = 0, 0, 1
+        while pos < min(len(raw), 11):
+            byte = raw[pos]
+            size |= (byte & 0x7F) << shift
+            shift, pos = shift + 7, pos + 1
+            if byte < 0x80:
+                if pos + size == len(raw):       # exactly one data field, nothing after it
+                    return memoryview(raw)[pos:]
+                break
+    return pb.WeightChunk.FromString(raw)
 
 
 Sink = TensorSink | FileSink
 
 
-async def receive(stream: AsyncIterator[pb.WeightChunk], open_sink: Callable[[pb.WeightHeader], Sink] | None = None,
+async def receive(stream: AsyncIterator[pb.WeightChunk | memoryview],
+                  open_sink: Callable[[pb.WeightHeader], Sink] | None = None,
                   max_bytes: int = MAX_WEIGHT_BYTES) -> WeightPush:
     """Read one LoadWeights stream into the sink `open_sink(header)` gives (default: tensors)."""
     it = stream.__aiter__()
     first = await anext(it, None)
     if first is None:
         raise InvalidArgument("empty LoadWeights stream; send a header, then the chunks")
-    if first.WhichOneof("part") != "header":
+    if isinstance(first, memoryview) or first.WhichOneof("part") != "header":
         raise InvalidArgument("a LoadWeights stream must start with a header message")
     header = first.header
     _check_header(header, max_bytes)
@@ -202,37 +231,49 @@ async def receive(stream: AsyncIterator[pb.WeightChunk], open_sink: Callable[[pb
     return push
 
 
-async def _fill(it: AsyncIterator[pb.WeightChunk], sink: Sink, header: pb.WeightHeader) -> int:
-    """Every chunk into `sink`, hashed as it goes; the byte count once the digest matches."""
-    sha, got, digest = hashlib.sha256(), 0, header.sha256
+async def _fill(it: AsyncIterator[pb.WeightChunk | memoryview], sink: Sink, header: pb.WeightHeader) -> int:
+    """Every chunk into `sink`, digested as it goes; the byte count once the digest matches. A
+    chunk is written in a worker thread while the next one is read (one write in flight: order
+    kept, at most two chunks held)."""
+    hasher, got, digest, writing = DIGESTS[header.digest_algorithm][0](), 0, header.digest, None
 
-    def take(data: bytes) -> None:
-        sha.update(data)
+    def take(data) -> None:
+        hasher.update(data)
         sink.write(data)
 
-    async for chunk in it:
-        part = chunk.WhichOneof("part")
-        if part == "trailer":
-            if digest:
-                raise InvalidArgument("a stream whose header has a sha256 takes no trailer")
-            digest = chunk.trailer.sha256
-            if not _HEX64.match(digest):
-                raise InvalidArgument("the trailer's sha256 must be 64 lowercase hex digits")
-            if await anext(it, None) is not None:
-                raise InvalidArgument("the trailer must be the last message of a LoadWeights stream")
-            break
-        if part != "data":
-            raise InvalidArgument("only the first message of a LoadWeights stream may be a header")
-        if got + len(chunk.data) > header.total_bytes:
-            raise InvalidArgument(f"more bytes than the header's total_bytes ({header.total_bytes}); nothing changed")
-        await asyncio.to_thread(take, chunk.data)
-        got += len(chunk.data)
+    try:
+        async for chunk in it:
+            data = chunk if isinstance(chunk, memoryview) else None
+            part = "data" if data is not None else chunk.WhichOneof("part")
+            if part == "trailer":
+                if digest:
+                    raise InvalidArgument("a stream whose header has a digest takes no trailer")
+                digest = chunk.trailer.digest
+                _check_digest(digest, header, "the trailer's digest")
+                if await anext(it, None) is not None:
+                    raise InvalidArgument("the trailer must be the last message of a LoadWeights stream")
+                break
+            if part != "data":
+                raise InvalidArgument("only the first message of a LoadWeights stream may be a header")
+            data = chunk.data if data is None else data
+            if got + len(data) > header.total_bytes:
+                raise InvalidArgument(f"more bytes than the header's total_bytes ({header.total_bytes}); nothing changed")
+            if writing is not None:
+                await writing
+            writing = asyncio.ensure_future(asyncio.to_thread(take, data))
+            got += len(data)
+        if writing is not None:
+            await writing
+    except BaseException:
+        if writing is not None:           # the sink is aborted next: let its last write end first
+            await asyncio.gather(writing, return_exceptions=True)
+        raise
     if got != header.total_bytes:
         raise InvalidArgument(f"truncated stream: {got} of {header.total_bytes} bytes arrived; "
                               "nothing changed, resend the whole push")
     if not digest:
-        raise InvalidArgument("no digest: put the sha256 in the header, or send a trailer after the chunks")
-    if sha.hexdigest() != digest:
+        raise InvalidArgument("no digest: put it in the header, or send a trailer after the chunks")
+    if hasher.hexdigest() != digest:
         raise InvalidArgument("checksum mismatch: the bytes are corrupted; nothing changed, resend the push")
     return got
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from atgrpo.contract.rollout import EpisodeEnd
 from atgrpo.contract.run import rollback_dict
-from router_svc.plan import StepBatches, episode_metrics
+from router_svc.steps import StepBatches, episode_metrics
 
 
 def step_event(step: int, batches: StepBatches, ends: Sequence[EpisodeEnd], pools: Mapping[str, Mapping[str, Any]],
@@ -99,16 +99,22 @@ def eval_event(step: int, ends: Sequence[EpisodeEnd], order: Sequence[str] = ())
 
 
 def rollback_event(from_step: int, to_step: int, checkpoint: str, recorded: Mapping[str, int],
-                   held: Mapping[str, int], reloaded: Sequence[str] = ()) -> dict[str, Any] | None:
+                   held: Mapping[str, int], reloaded: Sequence[str] = (),
+                   counted: int | None = None) -> dict[str, Any] | None:
     """The record of going back from step `from_step` to the checkpoint of `to_step`, or None when
-    the run continues where it was. `recorded`: pool -> version after `from_step` (state.json);
-    `held`: the versions the trainers came back with (a restarted trainer loads the checkpoint);
-    `reloaded`: pools that kept their weights but were sent back to the checkpoint with the others."""
+    the run continues where it was. `recorded`: pool -> version after step `counted` (state.json;
+    default from_step); `held`: the versions the trainers came back with (a restarted trainer loads
+    the checkpoint); `reloaded`: pools sent back to the checkpoint by the router. A `from_step`
+    past `counted`: steps whose events were recorded before the router stopped, uncounted."""
+    counted = from_step if counted is None else counted
     if to_step >= from_step:
         return None
     lost = [f"trainer {p!r} restarted and lost its weights (it came back with version {v}, the checkpoint's; "
-            f"step {from_step} had left version {recorded.get(p)})"
-            for p, v in held.items() if v != recorded.get(p)]
+            f"step {counted} had left version {recorded.get(p)})"
+            for p, v in held.items() if v != recorded.get(p) and p not in reloaded]
+    if from_step > counted:
+        lost.append(f"the router stopped after recording step {from_step} but before state.json counted it "
+                    f"(it counts step {counted})")
     reason = "; ".join(lost) or f"the trainers hold the versions of the checkpoint of step {to_step}"
     if reloaded:
         reason += f"; pool(s) {list(reloaded)} went back to the checkpoint too, so every pool holds the same step"

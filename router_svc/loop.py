@@ -45,11 +45,12 @@ from atgrpo.errors import (
 from atgrpo.rundir import Checkpoint, Progress, RunDir
 from env_svc.client import EnvClient
 from rollout_svc.client import RolloutClient
-from router_svc import events, metrics
+from router_svc import events
 from router_svc.checkpoints import retained
 from router_svc.outcome import StepIncomplete, check_complete, pool_metrics
 from router_svc.pipeline import Pipeline
-from router_svc.plan import (
+from router_svc.run_state import RunState
+from router_svc.steps import (
     batches_for,
     collect_plan,
     off_version,
@@ -116,16 +117,13 @@ class RunLoop:
         self.dir = RunDir(cfg.run.run_dir)
         self.clients = clients or Clients.connect(cfg)
         self.emit = emit
-        self.versions: dict[str, int] = {}
-        self.completed = 0
+        self.run_state = RunState(cfg.run.name, self.dir, emit)   # shared with the pipeline
         self.resumed_from = 0
         self.stop_requested = asyncio.Event()
         self._task_ids: dict[str, list[str] | None] = {}
-        self._checkpoints: list[Checkpoint] = []   # on disk, oldest first; the last is what a resume loads
         self._checkpoint_bytes: dict[str, int] = {}   # pool -> about one checkpoint's size
         self._last_eval: tuple[int, float] | None = None   # (step, success rate)
         self._failures = 0
-        self._retries = 0       # faults recovered from since the last recorded step
         self.pipeline = Pipeline(self) if cfg.asynchronous else None
 
     # ---- the loop ----------------------------------------------------------------------------
@@ -177,7 +175,7 @@ class RunLoop:
                 return True
             except RECOVERABLE as err:
                 self._failures += 1
-                self._retries += 1
+                self.run_state.retries += 1
                 if self._failures >= MAX_ATTEMPTS:
                     raise
                 delay = min(10.0, 0.25 * 2 ** self._failures)     # faults in a row back off further
@@ -210,7 +208,10 @@ class RunLoop:
             raise FailedPrecondition(f"{self.dir.path} holds run {progress.run!r}, not {self.cfg.run.name!r}: "
                                      "give this run its own run_dir")
         ckpt = progress.checkpoint if progress else None
-        self._checkpoints = list(progress.checkpoints) if progress else []
+        self.run_state.checkpoints = list(progress.checkpoints) if progress else []
+        # A step's event is written before state.json counts it: one past it was never completed.
+        recorded = max([progress.completed_step if progress else 0,
+                        *(e["step"] for e in self.dir.read_events() if e["kind"] == "step")])
         self.dir.write_config(self.cfg)
         root = str(self.dir.path / "checkpoints")
         # Asynchronous: pools may be past the recorded step; when the trainers come back with the
@@ -231,17 +232,17 @@ class RunLoop:
             self.completed = self._resume_point(progress)
         self.resumed_from = self.completed
         self.dir.truncate_events(self.completed)
-        rollback = progress and events.rollback_event(
-            progress.completed_step, self.completed, self.dir.checkpoint_dir(ckpt.step).name if ckpt else "start",
-            progress.versions, held, behind)
+        rollback = events.rollback_event(
+            recorded, self.completed, self.dir.checkpoint_dir(ckpt.step).name if ckpt else "start",
+            progress.versions if progress else {}, held, behind, progress.completed_step if progress else 0)
         if rollback:
             # The run is at the checkpoint now: a recovery that prepares again continues from it
             # rather than recording the same rollback once more.
-            self._write_progress()
+            self.run_state.write_progress()
             # Said where the user looks (the console, metrics.jsonl, TensorBoard), not only here.
             log.warning("rolled back from step %d to step %d: %s", rollback["from_step"], self.completed,
                         rollback["reason"])
-            self._record(rollback)
+            self.run_state.record(rollback)
         elif self.completed:
             log.info("resuming %s after step %d", self.cfg.run.name, self.completed)
 
@@ -273,6 +274,9 @@ class RunLoop:
         trainers kept running (`live`: the versions this router last saw them at), the last
         checkpoint's step when they were restarted from it."""
         if progress is None:
+            if any(self.versions.values()):   # trained a step the router never counted: back to the start
+                raise FailedPrecondition(f"the trainers hold versions {self.versions}, but {self.dir.path} "
+                                         "records no completed step")
             return 0
         if progress.versions == self.versions or (live and live == self.versions):
             return progress.completed_step
@@ -305,12 +309,9 @@ class RunLoop:
         sync_s = max((r["push_seconds"] for r in results.values()), default=0.0)
         event = events.step_event(step, batches, ends, results, {
             "rollout_seconds": rollout_s, "train_seconds": train_s - sync_s, "weight_sync_seconds": sync_s,
-            "step_seconds": time.perf_counter() - start, "time": time.time(), "retries": self._retries},
-            cfg.env.turn_order)
-        self._retries = 0
-        self.completed = step
-        self._write_progress()
-        self._record(event)
+            "step_seconds": time.perf_counter() - start, "time": time.time(),
+            "retries": self.run_state.take_retries()}, cfg.env.turn_order)
+        self.run_state.complete(step, event)
         return event
 
     async def train(self, step: int, per_pool: dict[str, list]) -> dict[str, dict[str, float]]:
@@ -370,7 +371,7 @@ class RunLoop:
                                    cfg.pool_of, folder="eval-samples")
         event = events.eval_event(step, ends, cfg.env.turn_order)
         self._last_eval = (step, event["success_rate"])
-        self._record(event)
+        self.run_state.record(event)
         return event
 
     async def checkpoint(self, step: int) -> Checkpoint:
@@ -382,8 +383,8 @@ class RunLoop:
         ckpt = Checkpoint(step, {p: s.path for p, s in zip(pools, saved, strict=True)},
                           {p: s.version for p, s in zip(pools, saved, strict=True)}, evaluated,
                           {p: self._checkpoint_bytes.get(p, 0) for p in pools})
-        self._checkpoints = [c for c in self._checkpoints if c.step != step] + [ckpt]
-        self._write_progress()     # complete and recorded before any older one is deleted
+        self.run_state.checkpoints = [c for c in self.run_state.checkpoints if c.step != step] + [ckpt]
+        self.run_state.write_progress()     # complete and recorded before any older one is deleted
         await self._prune()
         return ckpt
 
@@ -391,8 +392,8 @@ class RunLoop:
         """Delete the checkpoints run.keep_checkpoints no longer keeps. state.json lists each until
         its folders are gone, so one whose delete failed (or was cut short) is tried again after
         the next checkpoint; a failed delete never fails the run."""
-        keep = retained(self._checkpoints, self.cfg.run.keep_checkpoints)
-        for old in [c for c in self._checkpoints if c not in keep]:
+        keep = retained(self.run_state.checkpoints, self.cfg.run.keep_checkpoints)
+        for old in [c for c in self.run_state.checkpoints if c not in keep]:
             try:
                 await asyncio.gather(*(self.clients.trainers[p].delete_checkpoint(path, old.nbytes.get(p, 0))
                                        for p, path in old.paths.items() if p in self.clients.trainers))
@@ -400,19 +401,25 @@ class RunLoop:
                 log.warning("could not delete the checkpoint of step %d (%s): %s; it stays listed in state.json "
                             "and is tried again after the next checkpoint", old.step, type(err).__name__, err)
                 continue
-            self._checkpoints.remove(old)
-            self._write_progress()
+            self.run_state.checkpoints.remove(old)
+            self.run_state.write_progress()
 
     def _checkpoint_at(self, step: int) -> bool:
-        return bool(self._checkpoints) and self._checkpoints[-1].step == step
+        return bool(self.run_state.checkpoints) and self.run_state.checkpoints[-1].step == step
 
-    def _write_progress(self, versions: dict[str, int] | None = None) -> None:
-        """`versions`: each pool's after self.completed (default: what the pools hold now)."""
-        last = self._checkpoints[-1] if self._checkpoints else None
-        self.dir.write_progress(Progress(self.cfg.run.name, self.completed, dict(versions or self.versions), last,
-                                         list(self._checkpoints)))
+    # The run's progress lives in self.run_state; these read it as the loop always has.
+    @property
+    def completed(self) -> int:
+        return self.run_state.completed
 
-    def _record(self, event: dict[str, Any]) -> None:
-        self.dir.append_event(event)
-        metrics.observe_event(self.cfg.run.name, event)
-        self.emit(event)
+    @completed.setter
+    def completed(self, step: int) -> None:
+        self.run_state.completed = step
+
+    @property
+    def versions(self) -> dict[str, int]:
+        return self.run_state.versions
+
+    @versions.setter
+    def versions(self, versions: dict[str, int]) -> None:
+        self.run_state.versions = versions

@@ -32,7 +32,7 @@ from atgrpo.contract.rollout import EpisodeEnd, Sample, TaskRef
 from atgrpo.errors import FailedPrecondition
 from router_svc import events
 from router_svc.outcome import check_complete, pool_metrics
-from router_svc.plan import StepBatches, batches_for, collect_plan, stale_tasks
+from router_svc.steps import StepBatches, batches_for, collect_plan, stale_tasks
 
 if TYPE_CHECKING:
     from router_svc.loop import RunLoop
@@ -67,7 +67,7 @@ class PipelineState:
 
 
 class Pipeline:
-    """Runs the steps of one segment (after loop.completed, up to `last`) with N >= 1."""
+    """Runs the steps of one segment (after loop.run_state.completed, up to `last`) with N >= 1."""
 
     def __init__(self, loop: RunLoop):
         self.loop = loop
@@ -84,12 +84,12 @@ class Pipeline:
     def _fresh_state(self) -> PipelineState:
         loop = self.loop
         s = self.state
-        if s is not None and s.completed == loop.completed and s.versions == loop.versions:
+        if s is not None and s.completed == loop.run_state.completed and s.versions == loop.run_state.versions:
             return s          # the trainers kept their weights: go on with what was collected
-        return PipelineState(loop.completed, dict(loop.versions), dict.fromkeys(loop.clients.trainers, loop.completed))
+        return PipelineState(loop.run_state.completed, dict(loop.run_state.versions), dict.fromkeys(loop.clients.trainers, loop.run_state.completed))
 
     async def run(self, last: int) -> None:
-        """Steps loop.completed+1 .. `last`; returns with all of them recorded (or fewer when a stop
+        """Steps loop.run_state.completed+1 .. `last`; returns with all of them recorded (or fewer when a stop
         was requested: the steps already collected are still trained and recorded)."""
         self.state = self._fresh_state()
         self._collection_over = False
@@ -172,7 +172,7 @@ class Pipeline:
             if samples:
                 resp = await loop.clients.trainers[pool].train(
                     self.cfg.run.name, step, s.versions[pool], samples, self.cfg.algorithm.to_update(self.staleness(pool)))
-                s.versions[pool] = loop.versions[pool] = resp.version
+                s.versions[pool] = loop.run_state.versions[pool] = resp.version
                 metrics = pool_metrics(resp)
             if metrics or dropped:
                 s.results.setdefault(step, {})[pool] = {**metrics, "dropped_stale": dropped}
@@ -219,11 +219,9 @@ class Pipeline:
         event = events.step_event(step, c.batches, c.ends, results, {
             "rollout_seconds": c.seconds, "train_seconds": max((r["train_seconds"] for r in trained), default=0.0),
             "weight_sync_seconds": sync_s, "step_seconds": now - max(self._last_record, c.started),
-            "time": time.time(), "retries": loop._retries}, cfg.env.turn_order)
+            "time": time.time(), "retries": loop.run_state.take_retries()}, cfg.env.turn_order)
         self._last_record = now
         if cfg.run.save_samples:
-            loop.dir.write_samples(step, c.samples, c.batches.rewards, c.batches.advantages, self.pool_of)
-        loop._retries = 0
-        s.completed = loop.completed = step
-        loop._write_progress(after)          # the versions after this step, not those of pools already ahead
-        loop._record(event)
+            loop.run_state.dir.write_samples(step, c.samples, c.batches.rewards, c.batches.advantages, self.pool_of)
+        s.completed = step
+        loop.run_state.complete(step, event, after)   # the versions after this step, not those of pools already ahead

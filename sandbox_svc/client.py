@@ -5,8 +5,8 @@ from __future__ import annotations
 from atgrpo._proto.v1 import sandbox_pb2_grpc
 from atgrpo.contract import sandbox_wire
 from atgrpo.contract.sandbox import ExecRequest, ExecResult, Limits, TestsRequest, TestsResult
+from atgrpo.contract.sandbox_api import SandboxAPI
 from atgrpo.rpc.client import ServiceClient
-from sandbox_svc.api import SandboxAPI
 
 # Queueing on a busy sandbox takes time on top of the program's own wall limit.
 _QUEUE_MARGIN_S = 30.0

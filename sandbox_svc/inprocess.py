@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from atgrpo.contract.sandbox import ExecRequest, ExecResult, TestsRequest, TestsResult
-from sandbox_svc.api import SandboxAPI
+from atgrpo.contract.sandbox_api import SandboxAPI
 from sandbox_svc.executor import Executor
 
 

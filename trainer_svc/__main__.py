@@ -11,9 +11,9 @@ import sys
 
 from atgrpo.rpc.main import parse, serve_service
 from trainer_svc import distributed
+from trainer_svc.ops import PoolOps
 from trainer_svc.server import bindings
 from trainer_svc.settings import TrainerSettings
-from trainer_svc.trainer import PoolOps
 
 
 def main() -> int:

@@ -43,6 +43,12 @@ class Ranks:
         """Rank 0: hand an operation to every other rank (returns once it is sent)."""
         dist.broadcast_object_list([op, args], src=0, group=self.control)
 
+    def leave(self) -> None:
+        """Every rank, at stop: wait until all have the stop. A rank tearing its gloo pairs down
+        while another still uses them aborted that one ("terminate called without an active
+        exception")."""
+        dist.barrier(group=self.control)
+
     def receive(self) -> tuple[str, tuple]:
         """Other ranks: block until rank 0 sends the next operation."""
         message = [None, None]
@@ -50,13 +56,24 @@ class Ranks:
         return message[0], message[1]
 
 
+def bind_device() -> None:
+    """Make this rank's GPU (LOCAL_RANK) the calling thread's current CUDA device.
+
+    CUDA's current device is per thread, and FSDP2 (its device mesh, its streams) and NCCL take
+    theirs from it: a rank whose pool operations run on a thread that never set it runs them on
+    cuda:0, beside rank 0. So every thread that works on the model calls this first: the main
+    thread, the follower's loop and rank 0's pool-ops thread. Nothing to do without CUDA."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
 def init_from_env() -> Ranks | None:
     """Join the process group torchrun describes (WORLD_SIZE, RANK, MASTER_ADDR ...); None when
     this process is the whole pool."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return None
+    bind_device()
     if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("cpu:gloo,cuda:nccl")   # gloo for CPU tensors, NCCL for GPU ones
     else:
         dist.init_process_group("gloo")
@@ -66,12 +83,11 @@ def init_from_env() -> Ranks | None:
 
 def follow(ranks: Ranks, ops) -> None:
     """Run each operation rank 0 sends on `ops` (a PoolOps) until it sends stop."""
+    bind_device()   # this is the thread the operations run on (run_follower starts it)
     while True:
         op, args = ranks.receive()
         if op == STOP:
-            # Both sides leave together: a rank tearing its gloo pairs down while another still
-            # uses them aborted that one ("terminate called without an active exception").
-            dist.barrier(group=ranks.control)
+            ranks.leave()
             return
         try:
             getattr(ops, op)(*args)
@@ -114,7 +130,7 @@ def stop_followers(ranks: Ranks, timeout_s: float) -> bool:
     follower that already died must not keep rank 0 from exiting). True once they have it."""
     def send_stop() -> None:
         ranks.send(STOP, ())
-        dist.barrier(group=ranks.control)   # see follow(): leave together
+        ranks.leave()
 
     sender = threading.Thread(target=send_stop, daemon=True)
     sender.start()

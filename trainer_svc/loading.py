@@ -1,7 +1,7 @@
 """How a pool's model is loaded: the dtypes it is held, computed and handed out in, gradient
 checkpointing, and, on a sharded pool, a start-up that holds one full copy on rank 0 only.
 
-Mixed precision (`dtype: bfloat16`, or `auto` on a bf16-capable GPU): the trainable weights,
+Mixed precision (`dtype: bfloat16`, which `auto` is on a bf16-capable GPU): the trainable weights,
 their gradients and AdamW's state stay float32 (the master weights) and forward/backward run
 under torch.autocast(bfloat16). AdamW stepping bfloat16 weights directly loses most of a small
 update to rounding (measured: 10 steps at lr 5e-6 moved 13x less than float32, and 92.5% of the
@@ -24,12 +24,19 @@ from atgrpo.errors import InvalidArgument
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
+def resolve_dtype(dtype: str, device: str) -> str:
+    """`auto`: bfloat16 on a bf16-capable GPU, else float32, in full, as `atgrpo plan` counts it:
+    float32 masters under autocast, a LoRA pool's frozen base and what leaves the trainer in bf16
+    (an `auto` LoRA base was float32 on GPUs, twice what the plan counted)."""
+    if dtype != "auto":
+        return dtype
+    bf16 = device.startswith("cuda") and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return "bfloat16" if bf16 else "float32"
+
+
 def compute_bf16(spec: PoolSpec, device: str) -> bool:
     """Whether forward/backward run under bf16 autocast (over float32 master weights)."""
-    if spec.dtype == "bfloat16":
-        return True
-    return (spec.dtype == "auto" and device.startswith("cuda") and torch.cuda.is_available()
-            and torch.cuda.is_bf16_supported())
+    return resolve_dtype(spec.dtype, device) == "bfloat16"
 
 
 def weight_dtype(spec: PoolSpec, trainable: bool) -> torch.dtype:

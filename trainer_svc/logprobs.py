@@ -3,13 +3,15 @@ the update (trainer_svc/update.py) and its memory bound.
 
 Two paths. The chunked head (plain linear output layers: Qwen2/3, Llama, Mistral) never holds a
 micro-batch's (B, T, V) logits: it scores the decoder's hidden states pass by pass, bounded by
-LOGPROB_CHUNK_ELEMENTS (_FusedHeadLogprobs). Other models, and FSDP-sharded ones, take the full
-logits from the model and transform them LOGPROB_CHUNK_TOKENS positions at a time.
+pass_elements(device) (_FusedHeadLogprobs); FSDP-sharded ones as a forward of their root. Other
+models take the full logits from the model and transform them LOGPROB_CHUNK_TOKENS positions at
+a time.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -18,17 +20,27 @@ from torch.utils.checkpoint import checkpoint
 from atgrpo.algo.sampling import transform_logits
 from atgrpo.contract.sampling import Sampling
 from atgrpo.contract.trainer import TrainSample
-from trainer_svc.sharding import is_sharded
+from atgrpo.plan import LOGPROB_CHUNK_ELEMENTS, logprob_pass_elements
+from trainer_svc.sharding import FORWARD_METHOD, is_sharded, sharded_forward
 
-# The chunked path's bound: logits elements (positions x vocabulary) per pass. Its float32
-# temporaries (logits, the transform's sort and softmax, log-probs, and their gradients in the
-# backward) are what bounds the log-prob path's memory: 2**24 elements are 64 MiB each, 110
-# positions of Qwen3's 151,936-token vocabulary. The passes run in one autograd Function
+
+# The chunked path's bound: logits elements (positions x vocabulary) per pass, sized by the
+# device's memory (atgrpo.plan.logprob_pass_elements: 2**24 on a CPU, 110 positions of Qwen3's
+# 151,936-token vocabulary; an 80 GiB GPU's 368). Its float32 temporaries (logits, the
+# transform's, log-probs, and their gradients in the backward) are what bounds the log-prob
+# path's memory. The passes run in one autograd Function
 # (_FusedHeadLogprobs) whose backward recomputes one pass at a time and adds the output layer's
 # weight gradient into its .grad as it goes, so the peak holds one pass's temporaries and no
 # extra (V, H) gradient, whatever the micro-batch. (Liger Kernel's fused linear cross-entropy
 # does the like on CUDA, but it scores plain softmax only: it cannot express top-k / top-p.)
-LOGPROB_CHUNK_ELEMENTS = 2 ** 24
+@functools.cache
+def pass_elements(device: str) -> int:
+    """Logits per pass on `device`: the plan's figure for its memory (a CPU's: the fixed floor)."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return LOGPROB_CHUNK_ELEMENTS
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    return logprob_pass_elements(torch.cuda.get_device_properties(index).total_memory)
 # The full-logits path's positions per transform pass (the decoder's (B, T, V) logits exist whole).
 LOGPROB_CHUNK_TOKENS = 2048
 # Architectures whose CausalLM forward is `lm_head(norm(decoder(x)))`: no logit scale, no
@@ -42,6 +54,9 @@ _PLAIN_HEAD = frozenset({"qwen2", "qwen3", "llama", "mistral"})
 # in which case the forward keeps them; a small micro-batch then costs what the full-logits path
 # costs, and a large one stays within one pass's temporaries.
 LOGPROB_KEEP_ELEMENTS = 2 ** 25
+# Vocabulary rows of the output layer's weight gradient added per product when it is float32 and
+# the matmul runs in bf16 (plan.py counts one such slice).
+HEAD_GRAD_ROWS = 8192
 
 
 def _compute_dtype(device: torch.device, weight: torch.Tensor) -> torch.dtype:
@@ -59,11 +74,31 @@ def _pass_logp(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, samplin
     return torch.log_softmax(transform_logits(logits.float(), sampling), dim=-1)
 
 
+def _column_major(w: torch.Tensor) -> torch.Tensor:
+    """`w` (V, H) laid out column-major where the backward's d(logits) @ w needs it: on a CPU, a
+    16-bit product whose right operand is row-major takes a slow path (2048x1536 by 1536x256 in
+    bf16: 756 ms against 45 ms column-major, as a Linear's forward passes its weight). The same
+    values; one (V, H) copy per backward, on CPU only (a GPU's GEMM takes either layout)."""
+    if w.device.type == "cpu" and w.dtype in (torch.bfloat16, torch.float16):
+        return w.t().contiguous().t()
+    return w
+
+
 def _grad_add(param: torch.Tensor, grad: torch.Tensor) -> None:
     """Adds to param.grad in place (allocating it the first time), as autograd's accumulation would."""
     if param.grad is None:
         param.grad = torch.zeros_like(param)
     param.grad.add_(grad)
+
+
+def _add_weight_grad(grad: torch.Tensor, dz: torch.Tensor, h: torch.Tensor) -> None:
+    """grad += dz.T @ h. In place when the dtypes agree; a bf16 product into a float32 .grad goes
+    HEAD_GRAD_ROWS vocabulary rows at a time, so no (V, H) product exists (Qwen3-8B's: 1.2 GiB)."""
+    if grad.dtype == dz.dtype:
+        grad.addmm_(dz.T, h)
+        return
+    for v0 in range(0, grad.shape[0], HEAD_GRAD_ROWS):
+        grad[v0:v0 + HEAD_GRAD_ROWS].add_(dz[:, v0:v0 + HEAD_GRAD_ROWS].T @ h)
 
 
 class _FusedHeadLogprobs(torch.autograd.Function):
@@ -132,6 +167,7 @@ class _FusedHeadLogprobs(torch.autograd.Function):
             b = None if bias is None else bias.to(cdt)
             if want_w and weight.grad is None:
                 weight.grad = torch.zeros_like(weight)
+            w_h = _column_major(w) if want_h else None
             for i, t0 in enumerate(range(0, n, step)):
                 t1 = min(t0 + step, n)
                 h = hidden[t0:t1].to(cdt)
@@ -151,12 +187,9 @@ class _FusedHeadLogprobs(torch.autograd.Function):
                     dz.mul_(scale)
                 dz = dz.to(cdt)
                 if want_h:
-                    grad_h[t0:t1] = (dz @ w).to(hidden.dtype)
+                    grad_h[t0:t1] = (dz @ w_h).to(hidden.dtype)
                 if want_w:
-                    if weight.grad.dtype == cdt:
-                        weight.grad.addmm_(dz.T, h)
-                    else:       # bf16 compute into a float32 .grad: one pass's (V, H) product, then added
-                        weight.grad.add_(dz.T @ h)
+                    _add_weight_grad(weight.grad, dz, h)
                 if want_b:
                     _grad_add(bias, dz.sum(0))
                 del dz
@@ -226,11 +259,12 @@ def _by_sampling(batch: Sequence[TrainSample]) -> dict[Sampling, list[int]]:
 
 
 def chunked_head_available(model) -> bool:
-    """Whether the chunked path applies: a plain output layer (see _PLAIN_HEAD), and not an FSDP
-    model (its root's parameters are gathered by the root's forward hooks, which calling the
-    decoder and the head apart would skip)."""
+    """Whether the chunked path applies: a plain output layer (see _PLAIN_HEAD). An FSDP model
+    takes it as a forward of its root (sharding.sharded_forward), so its root's parameters are
+    gathered while the decoder and the head are called apart."""
     config = getattr(model, "config", None)
-    return (getattr(config, "model_type", None) in _PLAIN_HEAD and not is_sharded(model)
+    return (getattr(config, "model_type", None) in _PLAIN_HEAD
+            and (not is_sharded(model) or hasattr(model, FORWARD_METHOD))
             and model.get_output_embeddings() is not None)
 
 
@@ -288,7 +322,7 @@ def hidden_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.
 
 
 def response_logprobs(model, batch: Sequence[TrainSample], device: str, *, with_entropy: bool = True,
-                      entropy_grad: bool = True, chunk_elements: int = LOGPROB_CHUNK_ELEMENTS,
+                      entropy_grad: bool = True, chunk_elements: int | None = None,
                       full_logits: bool = False, chunk_tokens: int = LOGPROB_CHUNK_TOKENS,
                       share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token log-probs and entropies of each response under its own sampling transform.
@@ -311,21 +345,31 @@ def response_logprobs(model, batch: Sequence[TrainSample], device: str, *, with_
     """
     ids, attn, pos, targets, mask, p_max, t_max = _pad(batch)
     entropy = _entropy_mode(with_entropy, entropy_grad)
+    chunk_elements = chunk_elements or pass_elements(str(device))
     targets, mask = targets.to(device), mask.to(device)
     if not full_logits and chunked_head_available(model):
-        if share_prompts and prefix_sharing_available(model) and len(prompt_groups(batch)[1]) < len(batch):
-            hidden = _shared_prompt_hidden(model.get_decoder(), batch, device)
-        else:
-            out = model.get_decoder()(input_ids=ids.to(device), attention_mask=attn.to(device),
-                                      position_ids=pos.to(device), use_cache=False)
-            hidden = out.last_hidden_state[:, p_max - 1:p_max - 1 + t_max]     # (B, T, H): predicts each response token
-        lp, ent = hidden_logprobs(model.get_output_embeddings(), hidden, targets, mask, _by_sampling(batch),
-                                  entropy=entropy, chunk_elements=chunk_elements)
+        share = share_prompts and prefix_sharing_available(model) and len(prompt_groups(batch)[1]) < len(batch)
+        lp, ent = sharded_forward(model, _chunked_stats, model, batch, device, ids, attn, pos, targets, mask,
+                                  entropy, chunk_elements, share)
     else:
         lp, ent = _full_logits_stats(model, ids.to(device), attn.to(device), pos.to(device), targets, mask,
                                      _by_sampling(batch), entropy, chunk_tokens)
     real = mask > 0     # where(), not a product: -inf * 0 is NaN on padding the transform excludes
     return torch.where(real, lp, torch.zeros_like(lp)), torch.where(real, ent, torch.zeros_like(ent)), mask
+
+
+def _chunked_stats(model, batch, device, ids, attn, pos, targets, mask, entropy, chunk_elements, share):
+    """The chunked path: the decoder's last hidden states (each distinct prompt once when
+    `share`), then the head pass by pass (hidden_logprobs)."""
+    if share:
+        hidden = _shared_prompt_hidden(model.get_decoder(), batch, device)
+    else:
+        p_max, t_max = ids.shape[1] - targets.shape[1], targets.shape[1]
+        out = model.get_decoder()(input_ids=ids.to(device), attention_mask=attn.to(device),
+                                  position_ids=pos.to(device), use_cache=False)
+        hidden = out.last_hidden_state[:, p_max - 1:p_max - 1 + t_max]     # (B, T, H): predicts each response token
+    return hidden_logprobs(model.get_output_embeddings(), hidden, targets, mask, _by_sampling(batch),
+                           entropy=entropy, chunk_elements=chunk_elements)
 
 
 def prompt_groups(batch: Sequence[TrainSample]) -> tuple[list[int], list[Sequence[int]]]:
@@ -339,8 +383,9 @@ def prompt_groups(batch: Sequence[TrainSample]) -> tuple[list[int], list[Sequenc
 def prefix_sharing_available(model) -> bool:
     """Whether the decoder can take a batch's prompts as a key/value cache for its responses.
     Not under gradient checkpointing: Hugging Face's checkpointed layers drop the cache in
-    training; those models run the unshared path."""
-    return not getattr(model, "is_gradient_checkpointing", False)
+    training; those models run the unshared path. Not under FSDP either: each layer would run
+    two forwards (the prompts, then the responses) before one backward."""
+    return not getattr(model, "is_gradient_checkpointing", False) and not is_sharded(model)
 
 
 def _shared_prompt_hidden(decoder, batch: Sequence[TrainSample], device: str) -> torch.Tensor:

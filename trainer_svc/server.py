@@ -11,9 +11,10 @@ from pathlib import Path
 from grpc import aio
 
 from atgrpo._proto.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
+from atgrpo.algo.registry import policy_loss_named
 from atgrpo.contract import trainer_wire
 from atgrpo.contract.rollout_wire import check_address
-from atgrpo.contract.trainer import TrainerInfo, TrainSample
+from atgrpo.contract.trainer import TrainerInfo, TrainSample, update_problems
 from atgrpo.errors import FailedPrecondition, InvalidArgument, NotFound
 from atgrpo.rpc.server import Binding, service_info
 from trainer_svc.distributed import Ranks
@@ -80,20 +81,17 @@ def check_setup(m: trainer_pb2.SetupRequest) -> None:
         ("dropout", lora.dropout, 0 <= lora.dropout < 1, "in [0, 1)")])
 
 
-MAX_EPOCHS = 1000
-
-
 def check_loss(loss: trainer_pb2.LossParams) -> None:
-    _check("Train loss", [
-        ("clip_eps_low", loss.clip_eps_low, 0 <= loss.clip_eps_low < 1, "in (0, 1)"),
-        ("clip_eps_high", loss.clip_eps_high, 0 <= loss.clip_eps_high < 1, "in (0, 1)"),
-        ("dual_clip_c", loss.dual_clip_c, loss.dual_clip_c == 0 or loss.dual_clip_c > 1, "> 1"),
-        ("kl_coef", loss.kl_coef, loss.kl_coef >= 0, ">= 0"),
-        ("entropy_coef", loss.entropy_coef, loss.entropy_coef >= 0, ">= 0"),
-        ("epochs", loss.epochs, 0 <= loss.epochs <= MAX_EPOCHS, f"between 1 and {MAX_EPOCHS}"),
-        ("mini_batch_size", loss.mini_batch_size, loss.mini_batch_size >= 0, ">= 1"),
-        ("max_staleness", loss.max_staleness, loss.max_staleness >= 0, ">= 0"),
-        ("behav_imp_cap", loss.behav_imp_cap, loss.behav_imp_cap >= 0, "> 0")])
+    """The update settings as the trainer will use them (0 = the default) against the one table of
+    bounds the run config is checked with (atgrpo.contract.trainer.UPDATE_BOUNDS)."""
+    bad = update_problems(trainer_wire.update_from_pb(loss))
+    if bad:
+        raise InvalidArgument("Train loss: " + "; ".join(bad) + " (0 = the default)")
+    if loss.policy_loss:
+        try:
+            policy_loss_named(loss.policy_loss)
+        except KeyError as err:
+            raise InvalidArgument(f"Train loss.policy_loss: {err.args[0]}") from None
 
 
 def _vocab_size(state) -> int | None:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import logging
 import os
+import types
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -60,18 +62,34 @@ def rank_device(device: str) -> str:
     return device
 
 
-def shard(model: torch.nn.Module, device: str) -> torch.nn.Module:
+def shard(model: torch.nn.Module, device: str, mixed_bf16: bool = False) -> torch.nn.Module:
     """FSDP2 in place: one group per decoder layer (so only one layer is ever unsharded at a
-    time), then the root (embeddings, final norm, head; tied weights stay in one group)."""
+    time), then the root (embeddings, final norm, head; tied weights stay in one group).
+
+    `mixed_bf16`: FSDP2's own mixed precision (float32 shards, gathered in bf16, gradients
+    reduced in float32) instead of autocast, whose cast cache kept a bf16 copy of every gathered
+    layer until the backward (~14 GiB a rank at 8B): the gathered bf16 layer is the only copy."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import (
+        FSDPModule,
+        MixedPrecisionPolicy,
+        fully_shard,
+        register_fsdp_forward_method,
+    )
 
     mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_bf16 \
+        else MixedPrecisionPolicy()
     layers = set(getattr(model, "_no_split_modules", None) or ())
     for module in model.modules():
         if type(module).__name__ in layers:
-            fully_shard(module, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+            fully_shard(module, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    # The chunked log-prob path calls the decoder and the head apart, not model.forward: run as
+    # a forward of the root, FSDP gathers the root's parameters (embeddings, final norm, head)
+    # for it and frees them after (logprobs.response_logprobs).
+    setattr(model, FORWARD_METHOD, types.MethodType(_in_forward, model))
+    register_fsdp_forward_method(model, FORWARD_METHOD)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             # update.py weights each rank's loss by its share of the mini-batch's tokens, so the
@@ -80,6 +98,21 @@ def shard(model: torch.nn.Module, device: str) -> torch.nn.Module:
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
     return model
+
+
+FORWARD_METHOD = "atgrpo_forward"
+
+
+def _in_forward(model: torch.nn.Module, fn, *args):
+    """fn(*args) as a forward of `model` (registered with FSDP in shard())."""
+    return fn(*args)
+
+
+def sharded_forward(model: torch.nn.Module, fn, *args):
+    """fn(*args), as a forward of the root when the model is FSDP-sharded (its root's parameters
+    gathered for it), else a plain call."""
+    run = getattr(model, FORWARD_METHOD, None) if is_sharded(model) else None
+    return run(fn, *args) if run is not None else fn(*args)
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
@@ -142,3 +175,30 @@ def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
     index = {names[id(p)]: i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
     groups = [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]]
     optimizer.load_state_dict({"state": {index[n]: s for n, s in state["state"].items()}, "param_groups": groups})
+
+
+def save_sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, where) -> None:
+    """Collective: every rank writes its own shards of the weights (the float32 masters) and of
+    AdamW's moments with torch.distributed.checkpoint. Nothing is gathered: gathered on rank 0,
+    Qwen3-8B's masters and moments are ~98 GB of host memory, and every rank read all of it back
+    on resume. The ranks must write to one shared folder (one node, or a shared volume)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    weights, moments = get_state_dict(model, optimizer)
+    dcp.save({"model": weights, "optimizer": moments}, checkpoint_id=str(where))
+
+
+def load_sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, where) -> None:
+    """Inverse of `save_sharded_state` (collective when sharded): each rank reads only the parts
+    of the files its shards cover. It reshards, so one process resumes from a sharded pool's
+    checkpoint too (without a process group, it reads everything)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    weights, moments = get_state_dict(model, optimizer)
+    state = {"model": weights, "optimizer": moments}
+    with warnings.catch_warnings():   # it warns that one process reads alone, which is the intent here
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(state, checkpoint_id=str(where), no_dist=not (dist.is_available() and dist.is_initialized()))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])

@@ -2,13 +2,15 @@
 the optimizer and schedule, the version, and checkpoints that resume exactly.
 
 On a pool over several ranks each rank holds one PoolState, built from the same spec and seed:
-the whole model (ddp) or its FSDP shards (see sharding.py). Pushes and checkpoints gather the
-full state onto rank 0; checkpoints keep the optimizer state by parameter name, so a sharded
-pool's checkpoint resumes in one process and the other way round."""
+the whole model (ddp) or its FSDP shards (see sharding.py). Pushes and the checkpoint's model
+folder gather the full weights onto rank 0. A sharded pool's masters and optimizer moments are
+written shard by shard (torch.distributed.checkpoint), everything else's by parameter name, so
+a sharded pool's checkpoint resumes in one process and the other way round."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import pickle
@@ -30,19 +32,24 @@ from trainer_svc.loading import (
     io_dtype,
     load_full,
     load_sharded,
+    resolve_dtype,
     weight_dtype,
 )
 from trainer_svc.sharding import (
     full_model_state,
     load_optimizer_state,
+    load_sharded_state,
     optimizer_state,
     rank_device,
     resolve,
+    save_sharded_state,
     shard,
     world,
 )
 
 PEFT_STATE_PREFIX = "base_model.model."
+TRAINER_STATE = "trainer_state.pt"       # schedule, RNGs; optimizer and masters unless sharded
+SHARDED_STATE = "trainer_state.dcp"      # a sharded pool's masters and moments, one file per rank
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -60,10 +67,10 @@ class PoolState:
     def __init__(self, spec: PoolSpec, sharding: str = "auto"):
         if spec.specialization not in ("full", "lora"):
             raise InvalidArgument(f"specialization {spec.specialization!r}: use 'full' or 'lora'")
-        self.spec = spec
         self.rank, world_size = world()
         self.layout = resolve(sharding, world_size, spec.specialization == "lora")
         self.device = rank_device(spec.device)
+        self.spec = spec = dataclasses.replace(spec, dtype=resolve_dtype(spec.dtype, self.device))
         torch.manual_seed(spec.seed)
         # Master weights stay float32 under mixed precision; only the forward/backward run in bf16
         # (loading.py).
@@ -81,7 +88,8 @@ class PoolState:
     def _build(self):
         dtype = weight_dtype(self.spec, trainable=not self.lora)
         if self.sharded:   # full fine-tuning only (see resolve)
-            return load_sharded(self.spec.model_path, dtype, self.device, self._prepare, shard)
+            return load_sharded(self.spec.model_path, dtype, self.device, self._prepare,
+                                lambda model, device: shard(model, device, mixed_bf16=self.mixed_bf16))
         model = load_full(self.spec.model_path, dtype)
         self._prepare(model)
         if self.lora:
@@ -112,6 +120,12 @@ class PoolState:
         for name, p in model.named_parameters():   # every adapter trains; the base never does
             p.requires_grad = "lora_" in name
         return model
+
+    @property
+    def autocast(self) -> bool:
+        """Whether the update runs under bf16 autocast: mixed precision, unless FSDP does it
+        (sharding.shard's MixedPrecisionPolicy)."""
+        return self.mixed_bf16 and not self.sharded
 
     @contextlib.contextmanager
     def reference(self):
@@ -183,7 +197,9 @@ class PoolState:
         sharded pool gathers its state); rank 0 writes."""
         where = Path(where)
         model_state = full_model_state(self.model) if self.sharded else None
-        optimizer = optimizer_state(self.model, self.optimizer)
+        if self.sharded:
+            save_sharded_state(self.model, self.optimizer, where / SHARDED_STATE)
+        optimizer = None if self.sharded else optimizer_state(self.model, self.optimizer)
         if self.rank != 0:
             return where
         where.mkdir(parents=True, exist_ok=True)
@@ -199,11 +215,14 @@ class PoolState:
             self.model.save_pretrained(where / "model", state_dict=model_state)
         if master is not None:
             _set_saved_dtype(where / "model", out)
-        torch.save({"optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
+        if self.sharded:
+            master = None   # in SHARDED_STATE, with the moments
+        torch.save({**({"optimizer": optimizer} if optimizer is not None else {}),
                     **({"master": {k: v.detach() for k, v in master.items()}} if master is not None else {}),
+                    "scheduler": self.scheduler.state_dict(),
                     "generator": self.generator.get_state(), "torch_rng": torch.get_rng_state(),
                     "numpy_rng": _numpy_rng_plain(), "python_rng": random.getstate()},
-                   where / "trainer_state.pt")
+                   where / TRAINER_STATE)
         (where / "atgrpo.json").write_text(json.dumps({"version": self.version, "updates": self.updates,
                                                        "spec": asdict(self.spec)}, indent=2))
         return where
@@ -238,15 +257,13 @@ class PoolState:
             for agent in self.spec.agents:   # PEFT saves each named adapter in a folder of its name
                 sub = where / "model" / agent
                 set_peft_model_state_dict(self.model, load_file(str(sub / "adapter_model.safetensors")), adapter_name=agent)
-        # weights_only: tensors and plain containers only, so a checkpoint cannot run code on load.
-        try:
-            state = torch.load(where / "trainer_state.pt", weights_only=True)
-        except pickle.UnpicklingError as err:
-            raise InvalidArgument(f"{where / 'trainer_state.pt'} holds more than tensors and plain values, which "
-                                  f"could run code on load; resume from a checkpoint atgrpo wrote ({err})") from None
-        if not self.lora:
-            self._load_weights(where, state.get("master"))
-        load_optimizer_state(self.model, self.optimizer, state["optimizer"])
+        state = read_trainer_state(where / TRAINER_STATE)
+        if (where / SHARDED_STATE).is_dir():   # a sharded pool's: masters and moments by shard
+            load_sharded_state(self.model, self.optimizer, where / SHARDED_STATE)
+        else:
+            if not self.lora:
+                self._load_weights(where, state.get("master"))
+            load_optimizer_state(self.model, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
@@ -254,6 +271,20 @@ class PoolState:
         np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
         random.setstate(state["python_rng"])
         self.version, self.updates = meta["version"], meta["updates"]
+
+
+def read_trainer_state(path: Path) -> dict:
+    """A checkpoint's trainer_state.pt, tensors on the CPU and memory-mapped from the file.
+
+    On the CPU: a checkpoint written on a GPU loads on any machine, and on every rank (each puts
+    what it needs on its own device). Mapped: pages are read as the tensors are copied into the
+    pool, and ranks of one node share them, rather than each rank reading the whole file into its
+    memory. weights_only: tensors and plain containers only, so a checkpoint cannot run code."""
+    try:
+        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise InvalidArgument(f"{path} holds more than tensors and plain values, which could run code on "
+                              f"load; resume from a checkpoint atgrpo wrote ({err})") from None
 
 
 def delete_checkpoint(where: str | Path, spec: PoolSpec) -> bool:

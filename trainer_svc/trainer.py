@@ -13,17 +13,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-
 from atgrpo.contract.trainer import PoolSpec, TrainResult, TrainSample, UpdateConfig
 from atgrpo.errors import FailedPrecondition, InvalidArgument
-from atgrpo.model_thread import ModelThread, peak_rss_bytes, release_freed_memory, rss_bytes
-from atgrpo.perf import matmul_rate
+from atgrpo.model_thread import ModelThread
 from rollout_svc.client import RolloutClient, push_weights
 from trainer_svc import metrics as telemetry  # `metrics` is a TrainResult's dict below
-from trainer_svc.distributed import Ranks
+from trainer_svc.distributed import Ranks, bind_device
+from trainer_svc.ops import PoolOps
 from trainer_svc.state import PoolState, delete_checkpoint
-from trainer_svc.update import update, validate
+from trainer_svc.update import validate
 
 
 def staleness_max(samples: Sequence[TrainSample], allowed: int, max_staleness: int = 0) -> int:
@@ -60,56 +58,7 @@ def sample_staleness(samples: Sequence[TrainSample], allowed: int) -> list[int]:
     return [0 if s.policy_version is None else allowed - s.policy_version for s in samples]
 
 
-class PoolOps:
-    """The pool operations every rank runs, in the same order: on a pool over several ranks
-    (torchrun) rank 0's Trainer drives them and the other ranks replay each one it sends them
-    (distributed.py), because FSDP's gathers and gradient reductions are collectives. Requests
-    are validated on rank 0 before they are sent, so every rank sees only good input."""
-
-    def __init__(self, sharding: str = "auto"):
-        self.sharding = sharding
-        self.state: PoolState | None = None
-        self.matmul_rate = 0.0    # FLOP/s of this process's matmuls on the pool's device (atgrpo.perf)
-
-    def setup(self, spec: PoolSpec, resume_from: str = "") -> PoolState:
-        state = PoolState(spec, self.sharding)
-        if resume_from:
-            state.load(resume_from)
-        # Measured once per device and dtype (cached), here rather than in the first update: what
-        # an update's FLOP/s are held against, in the dtype its matmuls run in.
-        compute = torch.bfloat16 if state.mixed_bf16 else next(state.model.parameters()).dtype
-        self.matmul_rate = matmul_rate(str(state.device), compute)
-        self.state = state
-        return state
-
-    def train(self, samples: Sequence[TrainSample], cfg: UpdateConfig) -> dict[str, float]:
-        state = self.state
-        metrics = update(state.model, state.optimizer, samples, cfg, params=state.params, device=state.device,
-                         adapter=state.activate if state.lora else None, generator=state.generator,
-                         reference=state.reference)
-        state.scheduler.step()
-        state.version += 1
-        state.updates += 1
-        return metrics
-
-    def release(self) -> dict[str, float]:
-        """Hand the update's freed activations back to the system: the rollout generates the next
-        step while the trainer waits, and on a shared machine it needs that memory. Returns the
-        resident memory before and after, and the process's peak, for the step's metrics."""
-        held = rss_bytes()
-        release_freed_memory()
-        return {"rss_gb": held / 1e9, "rss_released_gb": (held - rss_bytes()) / 1e9,
-                "rss_peak_gb": peak_rss_bytes() / 1e9}
-
-    def weights(self, agents: Sequence[str]) -> list[tuple[str, dict, dict | None]]:
-        """What to push: each named agent's adapter (LoRA), or the full model ("" adapter)."""
-        state = self.state
-        if state.lora:
-            return [(a, *state.adapter_state(a)) for a in agents]
-        return [("", state.full_state(), None)]
-
-    def save(self, where: str) -> Path:
-        return self.state.save(where)
+REPLAYED = 8
 
 
 class Trainer:
@@ -117,12 +66,15 @@ class Trainer:
         self.pool_name = pool_name
         self.ops = PoolOps(sharding)
         self.ranks = ranks          # set on rank 0 of a torchrun pool: the other ranks follow
-        self._done: dict[tuple[str, int], TrainResult] = {}   # (run, step) -> result: Train is idempotent
+        # (run, step) -> result, the last REPLAYED steps': Train is idempotent. A retry is of the step
+        # in flight; an older step's samples are refused by their version anyway.
+        self._done: dict[tuple[str, int], TrainResult] = {}
         self._pushed: dict[str, int] = {}   # adapter ("" = the model) -> the version last pushed
         self._lock = asyncio.Lock()
         # Every operation on the model runs on this one thread: on rotating threads each update's
         # freed activations pile up in another malloc arena until the OOM kill (model_thread.py).
-        self._thread = ModelThread("pool-ops")
+        # On a GPU rank it works on that rank's device (CUDA's current device is per thread).
+        self._thread = ModelThread("pool-ops", initializer=bind_device)
 
     @property
     def state(self) -> PoolState | None:
@@ -208,7 +160,7 @@ class Trainer:
             validate(samples, state.spec.agents, cfg.micro_batch_tokens)
             staleness = staleness_max(samples, state.version, cfg.max_staleness)
             lags = sample_staleness(samples, state.version)
-            cfg = dataclasses.replace(cfg, autocast_bf16=state.mixed_bf16)
+            cfg = dataclasses.replace(cfg, autocast_bf16=state.autocast)
             start = time.perf_counter()
             metrics = await self._run("train", samples, cfg)
             metrics["train_seconds"] = time.perf_counter() - start
@@ -230,6 +182,8 @@ class Trainer:
             telemetry.observe_update(run_id, state.spec.pool, state.version, metrics, agents, staleness=lags,
                                      busy_seconds=busy)
             self._done[(run_id, step)] = result
+            while len(self._done) > REPLAYED:
+                del self._done[next(iter(self._done))]
             every = state.spec.checkpoint_every_updates
             if every and state.spec.checkpoint_dir and state.updates % every == 0:
                 await self._run("save", self._default_dir(state))

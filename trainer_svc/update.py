@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from atgrpo.algo.loss import decoupled_policy_loss, policy_loss
+from atgrpo.algo.registry import PolicyLoss, policy_loss_named
 from atgrpo.contract.trainer import TrainSample, UpdateConfig
 from atgrpo.errors import InvalidArgument
 from atgrpo.perf import PhaseClock, forward_flops, model_size, update_flops
@@ -216,15 +216,23 @@ def _micro_step(model, batch: Sequence[TrainSample], cfg: UpdateConfig, device: 
             with torch.no_grad(), reference() as ref_model, _timed("forward", batch, grad=False):
                 ref = response_logprobs(ref_model, batch, device, with_entropy=False)[0]
     adv = torch.tensor([s.advantage for s in batch], device=device)
-    if prox is None:
-        loss, m = policy_loss(lp, _old_logprobs(batch, lp), adv, mask, cfg.loss, ref_logprobs=ref, entropy=ent)
-    else:   # the samples' own log-probs are the sampler's (behaviour) policy's
+    old = _old_logprobs(batch, lp)      # the sampler's (behaviour) policy's
+    loss_fn = loss_for(cfg)
+    if prox is not None:
         prox_lp = lp.detach() if prox is SAME_FORWARD else _padded(prox, lp)
-        loss, m = decoupled_policy_loss(lp, prox_lp, _old_logprobs(batch, lp), adv, mask, cfg.loss,
-                                        ref_logprobs=ref, entropy=ent)
+    else:   # on-policy: the sampler's weights are the trainer's before the update
+        prox_lp = old if loss_fn.proximal else None
+    loss, m = loss_fn.fn(lp, old, adv, mask, cfg.loss, prox_logprobs=prox_lp, ref_logprobs=ref, entropy=ent)
     with _timed("backward"):
         (loss * share).backward()
-    return {k: m[k] * share for k in _mean_keys(cfg)} | {"masked_tokens": m["masked_tokens"]}
+    # A registered loss reports what it can; the keys it lacks are left out of the step's metrics.
+    return {k: m[k] * share for k in _mean_keys(cfg) if k in m} | {"masked_tokens": m["masked_tokens"]}
+
+
+def loss_for(cfg: UpdateConfig) -> PolicyLoss:
+    """The registered policy loss the update trains with: the one named, else (a router from
+    before the name) ppo_clip on-policy and decoupled with max_staleness > 0."""
+    return policy_loss_named(cfg.loss.name or ("decoupled" if cfg.max_staleness > 0 else "ppo_clip"))
 
 
 def _mean_keys(cfg: UpdateConfig) -> tuple[str, ...]:

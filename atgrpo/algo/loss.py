@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from atgrpo.algo.registry import register_policy_loss
 from atgrpo.contract.trainer import LossConfig
 
 # exp() of a log-ratio past ~88 overflows float32 and its gradient is NaN; verl clamps the
@@ -148,3 +149,25 @@ def decoupled_policy_loss(logprobs: torch.Tensor, prox_logprobs: torch.Tensor, b
         behav_capped_fraction=masked_mean((weight > cfg.behav_imp_cap * (1 + CAP_TOLERANCE)).to(m.dtype), m).item(),
     )
     return _regularised(loss, metrics, logprobs, ok, mask, cfg, ref_logprobs, entropy)
+
+
+# ---- the registered forms (atgrpo.algo.registry; algorithm.policy_loss) ----------------------
+
+@register_policy_loss("ppo_clip")
+def ppo_clip(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+             cfg: LossConfig, *, prox_logprobs: torch.Tensor | None = None, ref_logprobs: torch.Tensor | None = None,
+             entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """policy_loss (synchronous training: old_logprobs are the sampler's and the trainer's)."""
+    return policy_loss(logprobs, old_logprobs, advantages, mask, cfg, ref_logprobs=ref_logprobs, entropy=entropy)
+
+
+@register_policy_loss("decoupled", proximal=True)
+def decoupled(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+              cfg: LossConfig, *, prox_logprobs: torch.Tensor | None = None,
+              ref_logprobs: torch.Tensor | None = None,
+              entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """decoupled_policy_loss, old_logprobs being the sampler's (behaviour) policy's."""
+    if prox_logprobs is None:
+        raise ValueError("the decoupled loss needs the proximal log-probs (max_staleness > 0)")
+    return decoupled_policy_loss(logprobs, prox_logprobs, old_logprobs, advantages, mask, cfg,
+                                 ref_logprobs=ref_logprobs, entropy=entropy)

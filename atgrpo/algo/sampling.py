@@ -14,21 +14,37 @@ def transform_logits(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
 
     logits: (N, V) raw. Returns (N, V) with excluded tokens at -inf. Temperature 0 (greedy)
     leaves the logits as they are: greedy picks the argmax and reports raw log-probs.
+    Top-k keeps the k largest and every token tied with the k-th; top-p then keeps the smallest
+    prefix (largest first) whose mass reaches top_p, and every token tied with its last. Each is a
+    threshold on the logits: tokens below it go.
     """
     if s.temperature <= 0:
         return logits
     out = logits / s.temperature
     if s.top_k > 0 and s.top_k < out.shape[-1]:
-        kth = torch.topk(out, s.top_k, dim=-1).values[..., -1:]          # (N, 1)
-        out = out.masked_fill(out < kth, float("-inf"))
+        top = torch.topk(out, s.top_k, dim=-1).values                       # (N, k), largest first
+        kth = top[..., -1:]
+        if s.top_p < 1.0:
+            # top-p over the top-k survivors only: k sorted values, no sort of the vocabulary. The
+            # survivors' mass counts the tokens tied with the k-th beyond the k.
+            ties = (out == kth).sum(-1, keepdim=True) - (top == kth).sum(-1, keepdim=True)
+            logz = torch.logaddexp(torch.logsumexp(top, -1, keepdim=True), kth + ties.clamp(min=0).log())
+            kth = _top_p_threshold(top, logz, s.top_p)
+        return out.masked_fill(out < kth, float("-inf"))
     if s.top_p < 1.0:
-        sorted_logits, order = torch.sort(out, descending=True, dim=-1)     # (N, V)
-        cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
-        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-        drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= s.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        out = out.masked_fill(drop, float("-inf"))
+        ordered = torch.sort(out, descending=True, dim=-1).values               # (N, V)
+        threshold = _top_p_threshold(ordered, torch.logsumexp(ordered, -1, keepdim=True), s.top_p)
+        out = out.masked_fill(out < threshold, float("-inf"))
     return out
+
+
+def _top_p_threshold(ordered: torch.Tensor, logz: torch.Tensor, top_p: float) -> torch.Tensor:
+    """(N, 1): the smallest logit top-p keeps, from logits sorted largest first (`ordered`, a
+    prefix of the distribution's) and the log of the distribution's total mass (`logz`)."""
+    probs = (ordered - logz).exp()
+    ahead = probs.cumsum(-1) - probs                                            # the mass before each
+    kept = (ahead < top_p).sum(-1, keepdim=True).clamp(min=1)                  # the first always stays
+    return ordered.gather(-1, kept - 1)
 
 
 def sample_tokens(logits: torch.Tensor, s: Sampling, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -54,6 +54,7 @@ class TaskRef:
     task_id: str
     seed: int
     split: str = "train"
+    episode: int = 0      # which run of the task within its Collect (1, 2, ...); 0: unnumbered
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ class Sample:
     finish_reason: str = ""
     info: dict[str, Any] = field(default_factory=dict)
     response_text: str = ""         # what the env was given; the ids are what training uses
+    episode: int = 0                # its TaskRef's episode: (task_id, episode) names its tree
 
 
 @dataclass(frozen=True)

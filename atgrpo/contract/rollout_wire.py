@@ -7,6 +7,7 @@ import re
 
 from atgrpo._proto.v1 import common_pb2
 from atgrpo._proto.v1 import rollout_pb2 as pb
+from atgrpo.contract.env_wire import dict_from, struct_from
 from atgrpo.contract.rollout import (
     AgentPlan,
     CollectPlan,
@@ -23,7 +24,6 @@ from atgrpo.contract.sampling import Sampling
 from atgrpo.contract.service_wire import service_info_from_pb
 from atgrpo.discovery import DiscoveryError, parse_target
 from atgrpo.errors import InvalidArgument
-from atgrpo.sdk.convert import dict_from, struct_from
 
 _MODES = {pb.COLLECT_MODE_UNSPECIFIED: "tree", pb.COLLECT_MODE_TREE: "tree", pb.COLLECT_MODE_FLAT: "flat",
           pb.COLLECT_MODE_TRAJECTORY: "trajectory"}
@@ -103,7 +103,7 @@ def collect_plan_from_pb(m: pb.CollectRequest) -> CollectPlan:
                                 a.system_prompt)
               for a in m.agents}
     return CollectPlan(
-        env=m.env, tasks=tuple(TaskRef(t.task_id, t.seed, t.split or "train") for t in m.tasks), agents=agents,
+        env=m.env, tasks=tuple(TaskRef(t.task_id, t.seed, t.split or "train", t.episode) for t in m.tasks), agents=agents,
         turn_order=tuple(m.turn_order), max_turns=m.max_turns, k=m.k or 1,
         mode=_enum(_MODES, m.mode, "mode", pb.CollectMode),
         selection=_enum(_SELECTIONS, m.selection, "selection", pb.Selection), alpha=m.alpha,
@@ -119,7 +119,7 @@ def collect_plan_to_pb(p: CollectPlan) -> pb.CollectRequest:
     selections = {v: k for k, v in _SELECTIONS.items() if k}
     return pb.CollectRequest(
         run_id=p.run_id, step=p.step, env=p.env, env_options=struct_from(p.env_options),
-        tasks=[pb.TaskRef(task_id=t.task_id, seed=t.seed, split=t.split) for t in p.tasks],
+        tasks=[pb.TaskRef(task_id=t.task_id, seed=t.seed, split=t.split, episode=t.episode) for t in p.tasks],
         agents=[pb.AgentRollout(name=a.name, pool=a.pool, adapter=a.adapter, sampling=sampling_to_pb(a.sampling),
                                 system_prompt=a.system_prompt) for a in p.agents.values()],
         turn_order=list(p.turn_order), max_turns=p.max_turns, k=p.k, mode=modes[p.mode],
@@ -135,7 +135,7 @@ def sample_to_pb(s: Sample, plan: CollectPlan) -> pb.CollectEvent:
         response_logprobs=s.logprobs, team_reward=s.team_reward, local_reward=s.local_reward, done=s.done,
         success=s.success, selected=s.selected, prompt_truncated=s.prompt_truncated,
         response_truncated=s.response_truncated, finish_reason=s.finish_reason, info=struct_from(s.info),
-        sampling=sampling_to_pb(s.sampling), response_text=s.response_text))
+        sampling=sampling_to_pb(s.sampling), response_text=s.response_text, episode=s.episode))
 
 
 def end_to_pb(e: EpisodeEnd, plan: CollectPlan) -> pb.CollectEvent:
@@ -156,7 +156,7 @@ def event_from_pb(m: pb.CollectEvent) -> Sample | EpisodeEnd:
         logprobs=list(s.response_logprobs), team_reward=s.team_reward, local_reward=s.local_reward,
         done=s.done, success=s.success, selected=s.selected, sampling=sampling_from_pb(s.sampling),
         prompt_truncated=s.prompt_truncated, response_truncated=s.response_truncated,
-        finish_reason=s.finish_reason, info=dict_from(s.info), response_text=s.response_text)
+        finish_reason=s.finish_reason, info=dict_from(s.info), response_text=s.response_text, episode=s.episode)
 
 
 def generation_to_pb(g: Generation) -> pb.GenerateResponse:

@@ -3,7 +3,8 @@ the result. Plain types; atgrpo.contract.trainer_wire converts them to and from 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from atgrpo.contract.sampling import Sampling
@@ -36,6 +37,9 @@ class LossConfig:
     # The decoupled loss (max_staleness > 0): cap on each token's importance weight from the
     # sampling policy to the trainer's policy before the update.
     behav_imp_cap: float = 2.0
+    # The registered policy loss (atgrpo.algo.registry); "": by max_staleness, ppo_clip when 0,
+    # decoupled when > 0 (what a router from before the name sends).
+    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,34 @@ class UpdateConfig:
     autocast_bf16: bool = False      # bf16 mixed precision for forward/backward (fp32 master weights)
     # How many versions a sample may lag the pool's weights; > 0 trains with the decoupled loss.
     max_staleness: int = 0
+
+
+# The update settings' bounds, one table: the run config's check (algorithm.*; atgrpo.config_rules)
+# and the trainer that receives them (trainer_svc.server) both apply it, so a value the config
+# accepts is one the trainer takes. field -> (ok, what it must be, how to fix it).
+Bound = tuple[Callable[[float], bool], str, str]
+MAX_EPOCHS = 1000
+_UNIT = (lambda v: 0 < v < 1, "in (0, 1)", "The usual value is 0.2")
+_OFF = (lambda v: v >= 0, ">= 0", "Use 0 to turn it off")
+UPDATE_BOUNDS: dict[str, Bound] = {
+    "clip_eps_low": _UNIT,
+    "clip_eps_high": _UNIT,
+    "dual_clip_c": (lambda v: v > 1, "> 1", "The usual value is 3.0"),
+    "kl_coef": _OFF,
+    "entropy_coef": _OFF,
+    "behav_imp_cap": (lambda v: v >= 1, ">= 1", "The usual values are 1 (V-trace) to 5 (AReaL)"),
+    "epochs": (lambda v: 1 <= v <= MAX_EPOCHS, f"between 1 and {MAX_EPOCHS}", "Set it to 1 or more"),
+    "mini_batch_size": (lambda v: v >= 1, "at least 1", "Set it to 1 or more"),
+    "max_staleness": (lambda v: v >= 0, ">= 0", "Use 0 for on-policy training"),
+}
+
+
+def update_problems(u: UpdateConfig) -> list[str]:
+    """Each of `u`'s settings out of UPDATE_BOUNDS, as "name value must be ..."; NaN is out of every bound."""
+    values = {**{k: getattr(u.loss, k) for k in UPDATE_BOUNDS if hasattr(u.loss, k)},
+              **{k: getattr(u, k) for k in UPDATE_BOUNDS if hasattr(u, k)}}
+    return [f"{k} {v} must be {UPDATE_BOUNDS[k][1]}" for k, v in values.items()
+            if not (math.isfinite(v) and UPDATE_BOUNDS[k][0](v))]
 
 
 @dataclass(frozen=True)

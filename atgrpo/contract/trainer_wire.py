@@ -65,7 +65,7 @@ def update_to_pb(u: UpdateConfig) -> pb.LossParams:
     return pb.LossParams(clip_eps_low=loss.clip_eps_low, clip_eps_high=loss.clip_eps_high,
                          dual_clip_c=loss.dual_clip_c, kl_coef=loss.kl_coef, entropy_coef=loss.entropy_coef,
                          epochs=u.epochs, mini_batch_size=u.mini_batch_size, max_staleness=u.max_staleness,
-                         behav_imp_cap=loss.behav_imp_cap)
+                         behav_imp_cap=loss.behav_imp_cap, policy_loss=loss.name)
 
 
 def update_from_pb(m: pb.LossParams) -> UpdateConfig:
@@ -75,7 +75,8 @@ def update_from_pb(m: pb.LossParams) -> UpdateConfig:
     cap = m.behav_imp_cap or dl.behav_imp_cap
     return UpdateConfig(
         loss=LossConfig(m.clip_eps_low or dl.clip_eps_low, m.clip_eps_high or dl.clip_eps_high,
-                        m.dual_clip_c or dl.dual_clip_c, m.kl_coef, m.entropy_coef, behav_imp_cap=cap),
+                        m.dual_clip_c or dl.dual_clip_c, m.kl_coef, m.entropy_coef, behav_imp_cap=cap,
+                        name=m.policy_loss),
         epochs=m.epochs or d.epochs, mini_batch_size=m.mini_batch_size or d.mini_batch_size,
         max_staleness=m.max_staleness)
 

@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from atgrpo._proto.v1 import env_pb2, env_pb2_grpc
+from atgrpo.contract import env_wire as convert
+from atgrpo.contract.env import EnvSpec, Message, StepResult
 from atgrpo.rpc.client import ServiceClient
-from atgrpo.sdk import convert
-from atgrpo.sdk.env import EnvSpec, Message, StepResult
 
 
 class EnvClient(ServiceClient):

@@ -12,42 +12,17 @@ from __future__ import annotations
 import copy
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-Message = dict[str, str]          # {"role": "system" | "user" | "assistant", "content": str}
-
-# Tasks generated from seeds: training uses seeds 0, 1, 2, ... and evaluation seeds from this
-# offset on, so no evaluation puzzle is generated from a training seed.
-EVAL_SEED_OFFSET = 1_000_000_000
-
-
-@dataclass(frozen=True)
-class EnvSpec:
-    name: str
-    agents: tuple[str, ...]
-    turn_order: tuple[str, ...]
-    max_turns: int
-    parallel: bool = False         # agents of one turn act on the same state
-    description: str = ""
-    splits: tuple[str, ...] = ("train", "eval")
-
-    def __post_init__(self) -> None:
-        if sorted(self.turn_order) != sorted(set(self.turn_order)) or not set(self.turn_order) <= set(self.agents):
-            raise ValueError(f"{self.name}: turn_order {self.turn_order} must name each of its agents "
-                             f"{self.agents} at most once")
-        if self.max_turns < 1:
-            raise ValueError(f"{self.name}: max_turns must be >= 1, got {self.max_turns}")
-
-
-@dataclass
-class StepResult:
-    team_reward: float              # the task's shared progress/success signal
-    local_reward: float = 0.0       # the acting role's own objective
-    done: bool = False
-    success: bool = False
-    info: dict[str, Any] = field(default_factory=dict)   # JSON-able; e.g. {"parse_error": "..."}
-    turn: int = -1                  # filled in by the host: the turn this step belonged to
+# What the env service exchanges with the others lives in the contract; authors import it from here.
+from atgrpo.contract.env import (  # noqa: F401 - re-exported
+    EVAL_SEED_OFFSET,
+    TURN_ORDER_OPTION,
+    EnvSpec,
+    Message,
+    StepResult,
+    seed_for,
+)
 
 
 class Sandbox(Protocol):
@@ -56,9 +31,6 @@ class Sandbox(Protocol):
     async def execute(self, code: str, *, stdin: bytes = b"", **kwargs: Any) -> Any: ...
 
     async def run_tests(self, code: str, cases: list[tuple[bytes, bytes]], **kwargs: Any) -> Any: ...
-
-
-TURN_ORDER_OPTION = "turn_order"
 
 
 def turn_order_option(options: Mapping[str, Any], agents: tuple[str, ...], env: str) -> tuple[str, ...]:
@@ -73,11 +45,6 @@ def turn_order_option(options: Mapping[str, Any], agents: tuple[str, ...], env: 
     if not order or len(set(order)) != len(order) or not set(order) <= set(agents):
         raise ValueError(f"{env}: turn_order {raw!r} must list some of the agents {list(agents)}, each once")
     return order
-
-
-def seed_for(split: str, index: int) -> int:
-    """The seed of the `index`-th generated task of `split` (train and eval never share one)."""
-    return index + (EVAL_SEED_OFFSET if split == "eval" else 0)
 
 
 def task_rng(split: str, seed: int) -> random.Random:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from atgrpo.sdk.env import EnvSpec, Message, StepResult
+from atgrpo.contract.env import EnvSpec, Message, StepResult
 from atgrpo.sdk.host import EnvHost
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from grpc import aio
 
 from atgrpo._proto.v1 import common_pb2, env_pb2, env_pb2_grpc
+from atgrpo.contract import env_wire as convert
 from atgrpo.errors import InvalidArgument
 from atgrpo.rpc.server import Binding, service_info
-from atgrpo.sdk import convert
 from atgrpo.sdk.host import EnvHost
 
 

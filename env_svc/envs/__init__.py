@@ -1,14 +1,11 @@
 """The built-in environments (the paper's workflows and a learnable toy task), by name.
 
-Paths rather than imports, so that serving one environment never imports the others.
+Paths rather than imports, so that serving one environment never imports the others. They are
+declared as entry points (pyproject.toml), as a third party's environments are.
 """
 
-BUILTIN = {
-    "toy": "env_svc.envs.toy:ToyEnv",
-    "plan_path": "env_svc.envs.plan_path:PlanPathEnv",
-    "sokoban": "env_svc.envs.sokoban:SokobanEnv",
-    "sudoku": "env_svc.envs.sudoku:SudokuEnv",
-    "code": "env_svc.envs.code:CodeEnv",
-    "math": "env_svc.envs.math:MathEnv",
-    "reasoning_gym": "env_svc.envs.reasoning_gym:ReasoningGymEnv",
-}
+from importlib.metadata import entry_points
+
+# pyproject.toml's "atgrpo.envs" entry points that are this package's: one table for the service
+# and the library.
+BUILTIN = {ep.name: ep.value for ep in entry_points(group="atgrpo.envs") if ep.value.startswith("env_svc.envs.")}

@@ -86,11 +86,18 @@ class HFEngine:
 
     def load_full(self, state: dict[str, torch.Tensor]) -> None:
         """Replace every weight (strict: the same names and shapes as the served model). A tied
-        head may be left out, as safetensors files of tied models leave it out (vLLM's path too)."""
+        head may be left out, as safetensors files of tied models leave it out (vLLM's path too).
+
+        Received tensors already where and as the model holds them (a CPU engine, the push cast
+        to its dtype) become the weights themselves: copying them in would be one more pass over
+        every byte of the push, and the old weights are freed either way."""
         embed = "model.embed_tokens.weight"
-        if "lm_head.weight" not in state and embed in state and self.model.config.tie_word_embeddings:
-            state = {**state, "lm_head.weight": state[embed]}
-        self.model.load_state_dict(state, strict=True, assign=False)
+        if embed in state and self.model.config.tie_word_embeddings:
+            state = {**state, "lm_head.weight": state[embed]}     # one tensor for both, as served
+        held = self.model.state_dict()
+        adopt = all(name in held and t.device == held[name].device and t.dtype == held[name].dtype
+                    and t.shape == held[name].shape for name, t in state.items())
+        self.model.load_state_dict(state, strict=True, assign=adopt)
 
     def load_adapter(self, name: str, config: dict, state: dict[str, torch.Tensor]) -> None:
         """Add or replace the LoRA adapter `name` (PEFT's format) on the frozen base."""

@@ -196,11 +196,7 @@ class VLLMEngine:
 
         with safe_open(str(path), framework="pt") as f:
             shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118 - not a dict
-        wrong = {k: v for k, v in shapes.items() if self._shapes.get(k) != v}
-        missing = set(self._shapes) - set(shapes) - {"lm_head.weight"}
-        if wrong or missing:
-            raise ValueError(f"names or shapes differ from the served model: {dict(list(wrong.items())[:3])}, "
-                             f"missing {sorted(missing)[:3]}")
+        check_full_push(self._shapes, shapes, self._tied())
         self.llm.collective_rpc("atgrpo_reload", kwargs={"weights_path": str(path.parent)})
         # Not optional: the cached blocks were computed with the old weights.
         if not self.llm.reset_prefix_cache():
@@ -227,6 +223,17 @@ class VLLMEngine:
 
     def _tied(self) -> bool:
         return bool(json.loads((Path(self.model_path) / "config.json").read_text()).get("tie_word_embeddings"))
+
+
+def check_full_push(served: dict[str, tuple[int, ...]], pushed: dict[str, tuple[int, ...]], tied: bool) -> None:
+    """A full push must carry every served weight in its shape. Only a tied model's head may be
+    left out (it is the embedding): an untied model reloaded without it would keep its old head."""
+    wrong = {k: v for k, v in pushed.items() if served.get(k) != v}
+    missing = set(served) - set(pushed) - ({"lm_head.weight"} if tied else set())
+    if wrong or missing:
+        raise ValueError(f"names or shapes differ from the served model: {dict(list(wrong.items())[:3])}, "
+                         f"missing {sorted(missing)[:3]}" + ("" if tied else " (this model's head is not tied to "
+                                                              "its embedding: push lm_head.weight too)"))
 
 
 def _weight_shapes(model_path: str) -> tuple[dict[str, tuple[int, ...]], ModelSize]:

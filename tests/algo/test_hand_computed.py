@@ -14,7 +14,7 @@ from atgrpo.contract.rollout import PolicyRef, Sample
 from atgrpo.contract.sampling import Sampling
 from atgrpo.contract.trainer import LossConfig
 from rollout_svc.tree import select_branch
-from router_svc.plan import step_batches
+from router_svc.steps import step_batches
 
 
 def one_group(rewards, **kw):

@@ -8,8 +8,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from atgrpo import launcher
-from atgrpo.cli import main
+from atgrpo.cli import launcher, main
 from atgrpo.config import parse_config
 from atgrpo.errors import AtgrpoError
 from router_svc.loop import RunLoop

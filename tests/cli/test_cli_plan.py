@@ -26,7 +26,7 @@ def test_plan_refuses_8b_full_on_one_80gb_gpu_and_names_the_fix(capsys):
     assert main(["plan", str(path), "--gpus", "1", "--gpu-memory", "80GiB"]) == 1
     out = capsys.readouterr().out
     assert "trainer-shared does not fit" in out and out.rstrip().endswith("does not fit")
-    assert "pools.shared.trainer_gpus: 6" in out and "pools.shared.specialization: lora" in out
+    assert "pools.shared.trainer_gpus: 3" in out and "pools.shared.specialization: lora" in out
     # the flags override the file both ways: a bigger GPU fits with fewer of them
     assert main(["plan", str(path), "--gpus", "2", "--gpu-memory", "141GiB"]) == 0
     capsys.readouterr()
@@ -41,12 +41,12 @@ def test_plan_of_a_cpu_config_reads_no_gpu_and_bad_flags_say_why(capsys):
 
 
 def test_train_refuses_before_starting_any_service(tmp_path, capsys, monkeypatch):
-    import atgrpo.runner
+    import atgrpo.cli.runner
 
     def must_not_start(*a, **kw):
         raise AssertionError("atgrpo train started the run of a config that does not fit")
 
-    monkeypatch.setattr(atgrpo.runner, "train", must_not_start)
+    monkeypatch.setattr(atgrpo.cli.runner, "train", must_not_start)
     cfg = yaml.safe_load((EXAMPLES / "toy_L1_gpu.yaml").read_text())
     cfg["pools"]["shared"]["trainer_gpus"] = 1        # 8B full fine-tuning on one 80 GB GPU
     cfg["run"]["run_dir"] = str(tmp_path / "run")
@@ -54,5 +54,5 @@ def test_train_refuses_before_starting_any_service(tmp_path, capsys, monkeypatch
     path.write_text(yaml.safe_dump(cfg))
     assert main(["train", str(path)]) == 2
     err = capsys.readouterr().err
-    assert "does not fit" in err and "trainer_gpus: 6" in err and "specialization: lora" in err
+    assert "does not fit" in err and "trainer_gpus: 3" in err and "specialization: lora" in err
     assert not (tmp_path / "run").exists()

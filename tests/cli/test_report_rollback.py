@@ -1,8 +1,8 @@
 """What `atgrpo train` shows of a rollback: a console line with the step it went back to and why,
 curves and TensorBoard that hold each step once (the replayed values, not the undone ones)."""
 
+from atgrpo.cli.report import Reporter
 from atgrpo.contract.run import rollback_dict, status_dict
-from atgrpo.report import Reporter
 from atgrpo.rundir import read_metrics
 from tests.observability.tensorboard_events import shown_scalars
 from tests.router.test_run_pieces import config

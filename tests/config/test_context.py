@@ -7,8 +7,8 @@ import json
 import yaml
 
 from atgrpo.cli import main
+from atgrpo.cli.runner import service_plan
 from atgrpo.config import parse_config
-from atgrpo.runner import service_plan
 
 
 def three_agents(tmp_path, engine="vllm") -> dict:

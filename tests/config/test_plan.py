@@ -10,6 +10,7 @@ import re
 import pytest
 import yaml
 
+from atgrpo.cli.runplan import plan_run, train_problem
 from atgrpo.config import (
     AlgorithmConfig,
     ConfigError,
@@ -21,6 +22,7 @@ from atgrpo.config import (
 from atgrpo.config_parse import parse_bytes
 from atgrpo.plan import (
     GPU_RUNTIME_BYTES,
+    HEAD_GRAD_ROWS,
     LOGPROB_CHUNK_ELEMENTS,
     LOGPROB_CHUNK_TOKENS,
     ROLLOUT_RUNTIME_BYTES,
@@ -31,14 +33,16 @@ from atgrpo.plan import (
     checkpoint_bytes,
     find_model_config,
     load_shape,
+    logprob_pass_elements,
     matmul_params,
     push_bytes,
     rollout_components,
     rollout_full_kv_bytes,
     trainer_components,
+    trainer_host_bytes,
+    trainer_peak,
     trainer_peak_bytes,
 )
-from atgrpo.runplan import plan_run, train_problem
 from tests.conftest import ROOT
 
 # A small decoder whose figures are easy to work out by hand:
@@ -48,7 +52,8 @@ SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "n
 # one layer: q 64*64 + k 64*32 + v 64*32 + o 64*64 + 3 MLP 64*128 = 36,864; norms 2*64 + 2*16 = 160
 SMALL_LAYER = 37_024
 SMALL_PARAMS = 2 * SMALL_LAYER + 1000 * 64 + 64          # layers + tied embedding + final norm = 138,112
-SMALL_ACT = 12 * 64 + 12 * 64 + 10 * 32 + 8 * 128         # 12h + 12a + 10kv + 8i at bf16 = 2,880
+# bf16 autocast over float32 masters: 26h + 10a + 10kv + 8i, and 48 B of rsqrt and log-sum-exp
+SMALL_ACT = 26 * 64 + 10 * 64 + 10 * 32 + 8 * 128 + 48    # = 3,696
 ALGO = AlgorithmConfig()
 
 
@@ -93,15 +98,18 @@ def test_a_models_own_config_wins_over_the_carried_one(tmp_path):
 
 def test_activation_bytes_per_token_per_layer():
     s = ModelShape.from_config(SMALL)
-    assert activation_bytes_per_token_layer(s, 2) == SMALL_ACT == 2880
-    # float32: norms 2*(4+4)*64, q/k norms 8*96 + rotated 4*96 + v 4*32 + 2*4*64, MLP 4*4*128
-    assert activation_bytes_per_token_layer(s, 4) == 1024 + 768 + 384 + 128 + 512 + 2048
-    # the issue measured ~110 KB (1.7B) and ~210 KB (8B) per token per layer without checkpointing
-    assert activation_bytes_per_token_layer(load_shape("/models/Qwen3-1.7B")) == 108_544
-    assert activation_bytes_per_token_layer(load_shape("/models/Qwen3-8B")) == 206_848
-    # with checkpointing: each layer's input (2h) plus one layer recomputed in full
-    assert activation_bytes(s, 100, 2, checkpointing=True) == 100 * (2 * 2 * 64 + 2880)
-    assert activation_bytes(s, 100, 2, checkpointing=False) == 100 * 2 * 2880
+    assert activation_bytes_per_token_layer(s, 2, residual=4) == SMALL_ACT == 3696
+    # float32: 24h + 16a + 16kv + 16i + 48
+    assert activation_bytes_per_token_layer(s, 4) == 24 * 64 + 16 * 64 + 16 * 32 + 16 * 128 + 48
+    # LoRA on q and v over a frozen bf16 base: norms 2*4h, q/k norms 4(a + kv), SDPA 2(2a + 2kv), the
+    # MLP 3*2i, each adapter its input and its rank-wide middle 2(64 + 8)
+    assert activation_bytes_per_token_layer(s, 2, lora_targets=("q_proj", "v_proj"), lora_rank=8) == \
+        2 * 4 * 64 + 4 * 96 + 2 * 192 + 3 * 2 * 128 + 2 * 2 * (64 + 8) + 48
+    # a GPU measured 134,312 B per token per layer at Qwen3-1.7B under bf16 autocast (float32 masters)
+    assert activation_bytes_per_token_layer(load_shape("/models/Qwen3-1.7B"), 2, residual=4) == 133_288
+    # with checkpointing: each layer's input (the float32 residual, 4h) plus one layer recomputed in full
+    assert activation_bytes(s, 100, 2, checkpointing=True, residual=4) == 100 * (2 * 4 * 64 + SMALL_ACT)
+    assert activation_bytes(s, 100, 2, checkpointing=False, residual=4) == 100 * 2 * SMALL_ACT
 
 
 def test_trainer_components_of_a_full_bf16_pool_by_hand():
@@ -113,18 +121,33 @@ def test_trainer_components_of_a_full_bf16_pool_by_hand():
     assert got == {
         "weights": 4 * p,                                       # the float32 masters are the module's weights
         "casts": 2 * linears,                                   # autocast's bf16 copies, held through the forward
-        "gradients": 4 * p, "optimizer": 8 * p,
+        "gradients": 4 * p, "optimizer": 8 * p, "step_temporaries": 4 * p,
         "fsdp_units": 0, "kl_reference": 0,
-        "activations": 4096 * (2 * 2 * 64 + SMALL_ACT),        # checkpointing on by default on CUDA
-        "logprob": 4096 * 1000 * 4 * 6,   # one pass: 6 float32 (positions, vocab) tensors, 2**24 // 1000 positions at most
+        "activations": 4096 * (2 * 4 * 64 + SMALL_ACT),        # checkpointing on by default on CUDA
+        # one pass: 4 float32 (positions, vocab) tensors, 2**24 // 1000 positions at most; the bf16
+        # product added into the float32 head's gradient (all 1000 rows: fewer than HEAD_GRAD_ROWS)
+        "logprob": 4096 * 1000 * 4 * 4 + 1000 * 64 * 2,
         "runtime": GPU_RUNTIME_BYTES,
     }
     assert LOGPROB_CHUNK_ELEMENTS // 1000 > 4096
     # only the response positions are scored: fewer of them, a smaller pass
-    assert trainer_components(s, small_pool(), ALGO, "cuda", response_tokens=300)["logprob"] == 300 * 1000 * 24
-    assert trainer_peak_bytes(SMALL, small_pool(), ALGO, "cuda") == sum(got.values())
+    assert trainer_components(s, small_pool(), ALGO, "cuda", response_tokens=300)["logprob"] == \
+        300 * 1000 * 16 + 1000 * 64 * 2
+    # top-p without top-k sorts the vocabulary: 8 tensors a pass
+    assert trainer_components(s, small_pool(), ALGO, "cuda", response_tokens=300, sorts=True)["logprob"] == \
+        300 * 1000 * 32 + 1000 * 64 * 2
+    assert trainer_peak_bytes(SMALL, small_pool(), ALGO, "cuda") == trainer_peak(got)
     off = trainer_components(s, small_pool(gradient_checkpointing=False), ALGO, "cuda")
     assert off["activations"] == 4096 * 2 * SMALL_ACT
+
+
+def test_trainer_host_memory_of_a_sharded_checkpoint_is_the_model_and_its_cast():
+    s, p = ModelShape.from_config(SMALL), SMALL_PARAMS
+    base = trainer_host_bytes(s, small_pool(), ranks=1) - 4 * p     # one process: its float32 masters
+    # FSDP: rank 0 gathers the masters and casts them to bf16 for the model folder; the moments
+    # (8 bytes a parameter) are each rank's to write, shard by shard, and never gathered.
+    assert trainer_host_bytes(s, small_pool(), ranks=4) == base + (4 + 2) * p
+    assert trainer_host_bytes(s, small_pool(specialization="lora"), ranks=4) == base + 2 * p   # bf16 base only
 
 
 def test_trainer_components_float32_cpu_sharded_kl_and_lora():
@@ -132,16 +155,18 @@ def test_trainer_components_float32_cpu_sharded_kl_and_lora():
     cpu = trainer_components(s, PoolConfig(model_path="x", device="cpu", micro_batch_tokens=100), ALGO, "cpu")
     assert (cpu["weights"], cpu["gradients"], cpu["optimizer"], cpu["runtime"]) == (4 * p, 4 * p, 8 * p, 0)
     assert cpu["activations"] == 100 * 2 * activation_bytes_per_token_layer(s, 4)   # no checkpointing on CPU
-    assert cpu["logprob"] == 100 * 1000 * 4 * 6                                      # a pass of 100 positions
+    assert cpu["logprob"] == 100 * 1000 * 4 * 4                                      # a pass of 100 positions
     assert cpu["casts"] == 0                                                         # no autocast in float32
 
     four = trainer_components(s, small_pool(trainer_gpus=4), AlgorithmConfig(kl_coef=0.1), "cuda")
     assert (four["weights"], four["gradients"], four["optimizer"]) == (p, p, 2 * p)   # float32 masters / 4
-    assert four["casts"] == 2 * matmul_params(s)    # autocast casts FSDP's unsharded weights: whole on every rank
-    assert four["fsdp_units"] == (64_000 + 2 * SMALL_LAYER) * (4 + 4)   # embeddings + 2 layers, float32 + grads
+    assert four["casts"] == 0     # FSDP's mixed precision gathers each layer in bf16: no autocast cache
+    assert four["fsdp_units"] == (64_000 + 2 * SMALL_LAYER) * (4 + 4)   # embeddings + 2 layers, gathered + grads
     assert four["kl_reference"] == 2 * p // 4
-    # FSDP takes the full-logits path: 3 (positions, vocab) bf16 tensors, and one transform pass of 2048 positions
-    assert four["logprob"] == 4096 * 1000 * 2 * 3 + LOGPROB_CHUNK_TOKENS * 1000 * 4 * 6
+    # the chunked head as in one process, its gradient in place (bf16 gathered, bf16 gradient)
+    assert four["logprob"] == 4096 * 1000 * 4 * 4
+    # the residual stream is bf16 (the gathered embeddings are): 2h kept per checkpointed layer
+    assert four["activations"] == 4096 * (2 * 2 * 64 + activation_bytes_per_token_layer(s, 2))
 
     fp16 = trainer_components(s, small_pool(dtype="float16"), ALGO, "cuda")   # trains the float16 weights themselves
     assert (fp16["weights"], fp16["casts"], fp16["gradients"], fp16["optimizer"]) == (2 * p, 0, 2 * p, 4 * p)
@@ -152,6 +177,9 @@ def test_trainer_components_float32_cpu_sharded_kl_and_lora():
     # the frozen bf16 base and the float32 adapters; no casts of the base (it does not train)
     assert (got["weights"], got["casts"], got["gradients"], got["optimizer"]) == (2 * p + 4 * t, 0, 4 * t, 8 * t)
     assert (got["fsdp_units"], got["kl_reference"]) == (0, 0)   # replicated; the reference is the base
+    # the bf16 base's residual stream is bf16: each checkpointed layer keeps 2h
+    per_layer = activation_bytes_per_token_layer(s, 2, lora_targets=("q_proj", "v_proj"), lora_rank=8)
+    assert got["activations"] == 4096 * (2 * 2 * 64 + per_layer)
 
 
 def test_rollout_and_disk_figures_by_hand():
@@ -195,8 +223,13 @@ def test_logprob_chunk_matches_the_trainers():
     """atgrpo may not import trainer_svc; the constants are read from its source instead."""
     text = (ROOT / "trainer_svc" / "logprobs.py").read_text()
     assert int(re.search(r"^LOGPROB_CHUNK_TOKENS = (\d+)", text, re.M).group(1)) == LOGPROB_CHUNK_TOKENS
-    elements = re.search(r"^LOGPROB_CHUNK_ELEMENTS = (.+)$", text, re.M).group(1).strip()
-    assert eval(elements, {"__builtins__": {}}) == LOGPROB_CHUNK_ELEMENTS   # e.g. 2 ** 24
+    # the pass size the trainer takes from atgrpo.plan itself: 2**24 on a CPU (and a small GPU),
+    # 1/64 of a big GPU's memory in the pass's six float32 temporaries
+    assert "from atgrpo.plan import LOGPROB_CHUNK_ELEMENTS, logprob_pass_elements" in text
+    assert logprob_pass_elements(None) == logprob_pass_elements(16 * GiB) == LOGPROB_CHUNK_ELEMENTS == 2 ** 24
+    assert logprob_pass_elements(80 * GiB) == 80 * GiB // 64 // 24 and 80 * GiB // 64 // 24 // 151_936 == 368
+    assert logprob_pass_elements(2**40) == 2 ** 27
+    assert int(re.search(r"^HEAD_GRAD_ROWS = (\d+)", text, re.M).group(1)) == HEAD_GRAD_ROWS
 
 
 def _gpu_example(name: str, **pool_edits) -> dict:
@@ -213,10 +246,11 @@ def test_8b_full_on_one_80gb_gpu_is_refused_with_fixes():
     assert not plan.ok
     (trainer,) = [p for p in plan.processes if p.kind == "trainer"]
     assert trainer.fits is False and trainer.gpu_total > 140 * GiB
-    assert any("trainer_gpus: 6" in f for f in trainer.fixes)
+    assert any("trainer_gpus: 3" in f for f in trainer.fixes)
     assert any("specialization: lora" in f for f in trainer.fixes)
     assert plan_run(cfg, gpus=8).ok and plan_run(cfg, gpus=2, gpu_memory=141 * GiB).ok
-    assert not plan_run(cfg, gpus=4).ok   # FSDP's full-logits path and whole bf16 casts: 4 x 80 GB is too few
+    # FSDP's own bf16 gathers (no autocast casts) and the chunked head: 4 x 80 GB, and 3, suffice
+    assert plan_run(cfg, gpus=4).ok and plan_run(cfg, gpus=3).ok and not plan_run(cfg, gpus=2).ok
 
 
 def test_checkpointing_off_is_named_as_the_fix_when_it_is_enough():
@@ -237,9 +271,9 @@ def test_train_check_passes_cpu_configs_without_a_model_and_states_local_limits(
     # a GPU pool with no memory stated, or whose model only the cluster has, is not checked
     assert train_problem(parse_config(_gpu_example("toy_L1_gpu.yaml", gpu_memory="", trainer_gpus=1))) is None
     assert train_problem(parse_config(_gpu_example("code_L1_gpu.yaml", model_path="/cluster/Other-3B"))) is None
-    # local mode starts one trainer process: a pool sized for 4 is refused with the way to run it
+    # local mode starts one trainer process: a pool sized for 4 GPUs is refused with the way to run it
     problem = train_problem(parse_config(_gpu_example("toy_L1_gpu.yaml")))
-    assert "local mode starts one trainer process" in problem and "trainer.gpus: 8" in problem
+    assert "local mode starts one trainer process" in problem and "trainer.gpus: 4" in problem
     connect = _gpu_example("toy_L1_gpu.yaml")
     connect["services"] = {"env": "e:1", "sandbox": "s:1", "router": "r:1", "rollout": {"shared": ["o:1"]},
                            "trainer": {"shared": "t:1"}}
@@ -274,3 +308,12 @@ def test_gpu_settings_are_validated_with_the_fix():
     with pytest.raises(ConfigError) as info:
         parse_config(frozen)
     assert "not trainable" in dict(info.value.errors)["pools.shared.trainer_gpus"]
+
+
+def test_the_trainer_peak_is_the_resident_parts_and_its_largest_phase():
+    """Weights, casts and moments stay; the forward's log-prob pass and the backward's gradients
+    never coexist with all the activations, and the optimizer step holds the gradients twice."""
+    base = {"weights": 10, "casts": 1, "optimizer": 20, "runtime": 5}
+    assert trainer_peak({**base, "activations": 50, "logprob": 30, "gradients": 10}) == 36 + 80   # forward
+    assert trainer_peak({**base, "activations": 50, "logprob": 5, "gradients": 10}) == 36 + 60    # backward
+    assert trainer_peak({**base, "activations": 2, "logprob": 5, "gradients": 10, "step_temporaries": 10}) == 36 + 20

@@ -62,7 +62,7 @@ def test_turn_sample_carries_ids_and_logprobs_as_numbers():
 
 def test_weights_travel_as_header_then_chunks():
     header = rollout_pb2.WeightChunk(header=rollout_pb2.WeightHeader(
-        pool="p", version=3, format=rollout_pb2.WEIGHT_FORMAT_SAFETENSORS, total_bytes=4, sha256="ab"))
+        pool="p", version=3, format=rollout_pb2.WEIGHT_FORMAT_SAFETENSORS, total_bytes=4, digest="ab"))
     data = rollout_pb2.WeightChunk(data=b"\x00\x01")
     assert header.WhichOneof("part") == "header"
     assert data.WhichOneof("part") == "data"

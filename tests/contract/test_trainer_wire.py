@@ -66,5 +66,5 @@ def test_the_trainer_refuses_a_negative_staleness_or_cap():
 
     check_loss(pb.LossParams(max_staleness=4, behav_imp_cap=2.0))
     check_loss(pb.LossParams())                                              # an old client
-    with pytest.raises(InvalidArgument, match=r"max_staleness -1 must be >= 0.*behav_imp_cap -1.0 must be > 0"):
+    with pytest.raises(InvalidArgument, match=r"behav_imp_cap -1.0 must be >= 1.*max_staleness -1 must be >= 0"):
         check_loss(pb.LossParams(max_staleness=-1, behav_imp_cap=-1.0))

@@ -12,10 +12,10 @@ from collections import defaultdict
 
 import pytest
 
+from atgrpo.cli.runner import LocalServices
 from atgrpo.config import parse_config
 from atgrpo.rundir import read_metrics
-from atgrpo.runner import LocalServices
-from router_svc.plan import step_tasks
+from router_svc.steps import step_tasks
 from tests.e2e.test_training import stop_after_step, toy_config, train_locally
 
 pytestmark = pytest.mark.slow

@@ -14,11 +14,11 @@ import time
 
 import pytest
 
-from atgrpo import launcher
+from atgrpo.cli import launcher
+from atgrpo.cli.runner import LocalServices, drive
 from atgrpo.config import parse_config
 from atgrpo.rundir import read_metrics
-from atgrpo.runner import LocalServices, drive
-from router_svc.plan import step_tasks
+from router_svc.steps import step_tasks
 from tests.e2e.test_training import Collect, toy_config
 
 pytestmark = pytest.mark.slow
@@ -82,7 +82,7 @@ def test_a_trainer_killed_between_checkpoints_rolls_back_and_says_so(tiny_model,
     """kill -9 of the trainer after step 2 of a run with no checkpoint yet (none is written at step
     0 unless asked): the run goes back to the starting weights at step 0 and says so on the console
     (which step, from what, why), records it in metrics.jsonl, and TensorBoard shows each step once."""
-    from atgrpo.report import Reporter
+    from atgrpo.cli.report import Reporter
     from tests.observability.tensorboard_events import shown_scalars
 
     run_dir = tmp_path / "run"

@@ -12,10 +12,11 @@ import time
 import psutil
 import pytest
 
-from atgrpo import errors, launcher
+from atgrpo import errors
+from atgrpo.cli import launcher
+from atgrpo.cli.runner import LocalServices, drive
 from atgrpo.config import parse_config
 from atgrpo.rundir import read_metrics
-from atgrpo.runner import LocalServices, drive
 from atgrpo.sdk.client import EnvClient
 from tests.e2e.test_training import Collect, toy_config
 

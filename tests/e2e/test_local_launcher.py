@@ -1,5 +1,6 @@
 """`atgrpo up / status / down` as a user runs them: subprocesses, real services, no leftovers."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import psutil
 import pytest
 import yaml
 
-from atgrpo import launcher
+from atgrpo.cli import launcher
 from tests.conftest import SERVICE_KINDS
 
 
@@ -83,6 +84,23 @@ def test_down_leaves_a_reused_pid_alone(tmp_path):
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_a_service_stays_ours_when_the_wall_clock_moves():
+    """psutil's create time is the boot time plus the start after boot, and the kernel's boot time
+    moves when the wall clock is adjusted (49 s once, here, mid-run: the supervisor then took every
+    service for dead). The start after boot does not move."""
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        created, since = launcher._identity(proc.pid)
+        assert since > 0
+        moved = launcher.LocalService("env", "env", proc.pid, created - 49.0, "127.0.0.1:1", "", "", started=since)
+        assert launcher.is_ours(moved)
+        assert not launcher.is_ours(dataclasses.replace(moved, started=since - 1.0))     # a reused pid
+        assert launcher.is_ours(dataclasses.replace(moved, create_time=created, started=-1.0))  # an older record
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_service_that_fails_to_start_is_reported_and_nothing_is_left(tmp_path):

@@ -18,9 +18,9 @@ import json
 
 import pytest
 
+from atgrpo.cli.runner import LocalServices, drive
 from atgrpo.config import parse_config
 from atgrpo.contract.sampling import Sampling
-from atgrpo.runner import LocalServices, drive
 from rollout_svc.client import RolloutClient
 from tests.conftest import ROOT
 from tests.e2e.test_training import Collect, served_versions, toy_config

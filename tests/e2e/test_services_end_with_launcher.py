@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from atgrpo import launcher
-from atgrpo.launcher import ServicePlan
+from atgrpo.cli import launcher
+from atgrpo.cli.launcher import ServicePlan
 from atgrpo.rpc.tether import Tether
 from atgrpo.rundir import read_metrics
 from tests.e2e.test_training import toy_config

@@ -1,6 +1,6 @@
 """Training end to end: the five services as real processes, the tiny model, real updates.
 
-Each test starts the services a config needs (atgrpo.runner.LocalServices), drives the router
+Each test starts the services a config needs (atgrpo.cli.runner.LocalServices), drives the router
 over gRPC as `atgrpo train` does, and checks what the run left: the step's samples as the router
 grouped them, the metrics, the checkpoints, and the versions the rollout replicas serve.
 """
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from atgrpo.cli.runner import LocalServices, drive, run_until
 from atgrpo.config import dump_config, parse_config
 from atgrpo.models.taught import TOY_CODE
 from atgrpo.rundir import read_metrics
-from atgrpo.runner import LocalServices, drive, run_until
 from rollout_svc.client import RolloutClient
 from router_svc.client import RouterClient
 
@@ -265,7 +265,7 @@ def test_swapping_the_trained_adapters_breaks_the_relay(knows_the_code, tmp_path
     and the listener answers in the code's alphabet: 0 of 32 in the probes."""
     import shutil
 
-    from atgrpo.runner import evaluate
+    from atgrpo.cli.runner import evaluate
 
     data = toy_config(tmp_path / "run", knows_the_code, "L2", steps=40, eval_tasks=32)
     data["env"].update(max_turns=1, options={"code": TOY_CODE})
@@ -341,7 +341,7 @@ def test_sigterm_to_atgrpo_train_stops_its_local_services(tiny_model, tmp_path, 
     import psutil
     import yaml
 
-    from atgrpo import launcher
+    from atgrpo.cli import launcher
 
     cfg_path = tmp_path / "toy.yaml"
     cfg_path.write_text(yaml.safe_dump(toy_config(tmp_path / "run", tiny_model, "L1", steps=1000)))
@@ -401,7 +401,7 @@ def sandbox_calls(services) -> dict[str, float]:
 def test_code_and_math_train_through_the_sandbox(env, roles, ran, method, taught, tmp_path):
     """A few steps of each environment through all five services: the programs the model writes run
     in the real sandbox, and the rewards of the roles that write programs come from those runs."""
-    from atgrpo import launcher
+    from atgrpo.cli import launcher
 
     data = toy_config(tmp_path / "run", taught, "L1")
     data["env"] = {"name": env, "turn_order": roles, "max_turns": 2}

@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from atgrpo import launcher
+from atgrpo.cli import launcher
+from atgrpo.cli.runner import LocalServices
 from atgrpo.config import parse_config
 from atgrpo.errors import Unavailable
 from atgrpo.rundir import read_metrics
-from atgrpo.runner import LocalServices
 from rollout_svc.client import RolloutClient
 from router_svc.loop import RunLoop
 from tests.e2e.test_training import toy_config

@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from atgrpo import launcher
+from atgrpo.cli import launcher
 from atgrpo.sdk.client import EnvClient
 from tests.env.planning_solvers import PATH_SOLVER
 from tests.env.test_planning_envs import plan_answer

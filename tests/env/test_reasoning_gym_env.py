@@ -108,7 +108,7 @@ def test_a_listing_needs_no_dataset_but_reset_does():
 
 @pytest.fixture(scope="module")
 def env_address(tmp_path_factory):
-    from atgrpo import launcher
+    from atgrpo.cli import launcher
 
     plan = (launcher.ServicePlan("sandbox", "sandbox"),
             launcher.ServicePlan("env", "env", ("--sandbox", "{sandbox}")))

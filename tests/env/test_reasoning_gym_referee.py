@@ -294,7 +294,7 @@ RG_LEGEND = {"#": "+", "_": "-", ".": "X", "$": "@", "*": "$", "@": "*", "+": "%
 
 @pytest.fixture(scope="module")
 def env_address(tmp_path_factory):
-    from atgrpo import launcher
+    from atgrpo.cli import launcher
 
     state = tmp_path_factory.mktemp("services")
     services = launcher.up(state, (launcher.ServicePlan("env", "env"),), timeout_s=60)

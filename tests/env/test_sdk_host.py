@@ -55,12 +55,16 @@ def test_an_episode_over_grpc():
 
 def test_same_seed_same_task_and_splits_differ():
     async def go(c, host):
-        seen = []
-        for split, seed in (("train", 1), ("train", 1), ("eval", 1)):
-            ep, _ = await c.reset("counter", "t", seed=seed, split=split)
-            seen.append((await c.observe(ep, "a"))[0][0]["content"])
-        assert seen[0] == seen[1]
-        return seen
+        async def tasks(split):      # the counter's target is drawn from (split, seed): one of 5
+            seen = []
+            for seed in range(8):
+                ep, _ = await c.reset("counter", "t", seed=seed, split=split)
+                seen.append((await c.observe(ep, "a"))[0][0]["content"])
+            return seen
+        train = await tasks("train")
+        assert await tasks("train") == train
+        assert await tasks("eval") != train
+        assert len(set(train)) > 1      # the seed draws too
     with_client(go)
 
 

@@ -9,9 +9,9 @@ The expected edges come from two places, each checked against its source:
     followed through atgrpo's modules; test_the_callers_table_is_what_the_code_imports), narrowed by
     pool where the code narrows it: a trainer pushes to its own pool's replicas (router_svc/loop.py
     pool_spec: rollout_addresses=services.rollout[pool]), and a rollout replica calls another
-    pool's replicas only (router_svc/plan.py shard: pool_addresses of the pools it does not serve);
+    pool's replicas only (router_svc/steps.py shard: pool_addresses of the pools it does not serve);
   - the run Job and helm test: the addresses in their rendered commands (`atgrpo status --address`,
-    and the run config's router for `atgrpo train --connect`, atgrpo/runner.py drive)."""
+    and the run config's router for `atgrpo train --connect`, atgrpo/cli/runner.py drive)."""
 
 from __future__ import annotations
 

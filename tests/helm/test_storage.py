@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from atgrpo.cli.runplan import checkpoints_at_once, plan_run
 from atgrpo.config import parse_config
 from atgrpo.plan import checkpoint_bytes, load_shape
-from atgrpo.runplan import checkpoints_at_once, plan_run
 from env_svc.datasets import sources
 from tests.helm.conftest import (
     CHART,

@@ -1,6 +1,6 @@
 """A short local training run as a real Prometheus sees it.
 
-The five services run as local processes (atgrpo.runner.LocalServices) on the toy relay with the
+The five services run as local processes (atgrpo.cli.runner.LocalServices) on the toy relay with the
 tiny model; Debian's prometheus scrapes every service's /metrics each second on loopback, with
 the chart's alert rules loaded. Then Prometheus' HTTP API must show the expected series with
 plausible values (cross-checked between services), every dashboard query must be valid PromQL
@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from atgrpo import launcher
+from atgrpo.cli import launcher
+from atgrpo.cli.runner import LocalServices, drive
 from atgrpo.config import parse_config
-from atgrpo.runner import LocalServices, drive
 from tests.observability.conftest import DASHBOARDS, RULE_FILES
 from tests.observability.exported import metric_names
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from atgrpo import perf
+from atgrpo.cli.report import step_line, tensorboard_scalars
 from atgrpo.contract import rollout_wire, trainer_wire
 from atgrpo.contract.rollout import (
     AgentPlan,
@@ -25,7 +26,6 @@ from atgrpo.contract.rollout import (
 from atgrpo.contract.sampling import Sampling
 from atgrpo.contract.trainer import TrainResult
 from atgrpo.perf import ModelSize
-from atgrpo.report import step_line, tensorboard_scalars
 from rollout_svc.pool import PoolRuntime
 from rollout_svc.tree import CollectClock, collect
 from router_svc.events import timing_fields

@@ -15,13 +15,13 @@ from atgrpo import errors
 from atgrpo._proto.v1 import rollout_pb2
 from atgrpo.algo.sampling import transform_logits
 from atgrpo.contract import rollout_wire
+from atgrpo.contract import weight_payload as weights
 from atgrpo.contract.rollout import AgentPlan, CollectPlan, EpisodeEnd, PolicyRef, Sample, TaskRef
 from atgrpo.contract.sampling import Sampling
 from atgrpo.rpc.server import create_server
 from atgrpo.sdk.host import EnvHost
 from atgrpo.sdk.inprocess import LocalEnvs
 from atgrpo.sdk.registry import Registry
-from rollout_svc import payload as weights
 from rollout_svc.client import RolloutClient, push_weights
 from rollout_svc.engines.hf import HFEngine
 from rollout_svc.pool import PoolRuntime
@@ -96,7 +96,7 @@ def test_a_weight_swap_changes_outputs_and_version_and_bad_pushes_change_nothing
         chunks = weights.encode(state, "p", 1, chunk_bytes=1 << 16)
         assert len(chunks) > 3
         bad_sum = [rollout_pb2.WeightChunk(header=rollout_pb2.WeightHeader(
-            **{**_header_dict(chunks[0]), "sha256": "0" * 64})), *chunks[1:]]
+            **{**_header_dict(chunks[0]), "digest": "0" * 32})), *chunks[1:]]
         for stream, error, msg in [
             (chunks[:-1], errors.InvalidArgument, "truncated"),
             (bad_sum, errors.InvalidArgument, "checksum mismatch"),
@@ -134,6 +134,23 @@ def test_a_push_is_cast_to_the_dtype_the_replica_serves_and_streams_with_a_trail
         assert all(torch.equal(served[k], v.bfloat16()) for k, v in state.items())
         assert (await c.policies())[0].version == 1
     serve(tiny_model, go, dtype="bfloat16")
+
+
+def test_a_cpu_engine_adopts_the_pushed_tensors_instead_of_copying_them_in(tiny_model):
+    """The received buffer becomes the weights (one pass less over the push's bytes) and the old
+    ones are dropped; a tied head stays one tensor with the embeddings."""
+    async def go(c, engine):
+        before = {k: v.data_ptr() for k, v in engine.model.state_dict().items()}
+        state = _perturbed(engine)
+        tied = engine.model.config.tie_word_embeddings
+        if tied:
+            state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        await c.load_weights(state, "p", 1)
+        served = engine.model.state_dict()
+        assert all(torch.equal(served[k], v) for k, v in state.items())
+        assert all(served[k].data_ptr() != before[k] for k in served)
+        assert (served["lm_head.weight"].data_ptr() == served["model.embed_tokens.weight"].data_ptr()) == tied
+    serve(tiny_model, go)
 
 
 def _header_dict(chunk):

@@ -11,7 +11,7 @@ from atgrpo.sdk.host import EnvHost
 from atgrpo.sdk.inprocess import LocalEnvs
 from atgrpo.sdk.registry import Registry
 from rollout_svc.tree import collect
-from router_svc.plan import step_batches
+from router_svc.steps import step_batches
 from tests.rollout.scripted import PickEnv, ScriptedEngine
 
 
@@ -85,9 +85,10 @@ def test_k_independent_copies_carry_their_returns():
     # copy "9": a 9 ends it -> T = 0.9, L_a = 0: R_a = 0.45; b never acts (R_b = 0.45, no sample).
     # copy "x": a x, b 2 | a x, b 3 -> T = 0.3, L_a = -2: R_a = 0.15 - 2 = -1.85, R_b = 0.15.
     env_api, engine = envs(), scripted(["1", "9", "x"])
-    samples, (end,) = run(plan(), engine, env_api)
+    samples, (end,) = run(plan(tasks=(TaskRef("t0", 0, episode=4),)), engine, env_api)
     copies = by_copy(samples)
     assert sorted(copies) == [0, 1, 2] and sorted(copies.values()) == ["1", "9", "x"]
+    assert {s.episode for s in samples} == {4}       # every copy is the task's one run
     expect = {"1": (0.3, {"a": -1.0, "b": 0.0}, 4), "9": (0.9, {"a": 0.0}, 1), "x": (0.3, {"a": -2.0, "b": 0.0}, 4)}
     for j, first in copies.items():
         team, local, count = expect[first]

@@ -115,9 +115,11 @@ def test_a_failing_task_contributes_no_samples_and_the_others_go_on():
 def test_tasks_run_concurrently_within_the_bound_and_episodes_are_closed():
     env_api = envs()
     engine = ScriptedEngine(lambda a, m, n, i: ["1"] * n)
-    tasks = tuple(TaskRef(f"t{i}", i) for i in range(6))
-    run(plan(tasks=tasks, max_turns=2, k=2, max_concurrent_tasks=3), engine, env_api)
+    tasks = tuple(TaskRef(f"t{i % 3}", i, episode=i + 1) for i in range(6))   # each task twice
+    samples, _ = run(plan(tasks=tasks, max_turns=2, k=2, max_concurrent_tasks=3), engine, env_api)
     assert 1 < engine.max_in_flight <= 3
+    # Concurrent runs interleave; each sample still names the run it came from.
+    assert {(s.task_id, s.episode) for s in samples} == {(t.task_id, t.episode) for t in tasks}
     assert len(env_api.host.store) == 0
 
 

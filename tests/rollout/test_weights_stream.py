@@ -1,6 +1,7 @@
 """The push format on both sides, without a server: a Payload's bytes are exactly a safetensors
-file, the digest is computed once whatever the number of streams, and the receiving sinks rebuild
-the tensors (or the file) from any chunking, refusing hostile headers and broken streams."""
+file, its messages are exactly protobuf's, the digest is computed once whatever the number of
+streams, and the receiving sinks rebuild the tensors (or the file) from any chunking, refusing
+hostile headers and broken streams."""
 
 import asyncio
 import hashlib
@@ -9,12 +10,15 @@ import struct
 
 import pytest
 import torch
+import xxhash
+from hypothesis import given
+from hypothesis import strategies as st
 from safetensors.torch import load, save
 
 from atgrpo._proto.v1 import rollout_pb2 as pb
+from atgrpo.contract.weight_payload import Payload
 from atgrpo.errors import InvalidArgument
-from rollout_svc.payload import Payload
-from rollout_svc.weights import FileSink, TensorSink, receive, tensors
+from rollout_svc.weights import FileSink, TensorSink, read_chunk, receive, tensors
 
 
 def _state():
@@ -28,13 +32,18 @@ def _bytes(p: Payload) -> bytes:
     return b"".join(p.chunk(k) for k in range(p.num_chunks))
 
 
+def _xxh(data: bytes) -> str:
+    return xxhash.xxh3_128(data).hexdigest()
+
+
 @pytest.mark.parametrize("chunk_bytes", [1, 7, 64, 1000, 1 << 20])
 def test_a_payload_is_a_safetensors_file_and_any_chunking_rebuilds_it(chunk_bytes):
     state = _state()
     p = Payload(state, chunk_bytes=chunk_bytes)
     data = _bytes(p)
     assert len(data) == p.total_bytes and p.num_chunks == -(-len(data) // chunk_bytes)
-    assert p.sha256() == hashlib.sha256(data).hexdigest()
+    assert p.digest() == _xxh(data)
+    assert all(pb.WeightChunk.FromString(p.wire(k)).data == p.chunk(k) for k in range(p.num_chunks))
     for name, t in load(data).items():
         assert torch.equal(t, state[name]) and t.dtype == state[name].dtype
     sink = TensorSink(len(data))
@@ -70,16 +79,50 @@ def test_the_digest_is_computed_once_by_the_leading_stream():
     async def both():
         return await asyncio.gather(drain(0), drain(0.001))
 
-    fast, slow = asyncio.run(both())
+    fast, slow = ([pb.WeightChunk.FromString(m) for m in ms] for ms in asyncio.run(both()))
+    assert fast[0].header == slow[0].header == header
     data = b"".join(m.data for m in fast[1:-1])
-    assert fast[-1].trailer.sha256 == slow[-1].trailer.sha256 == hashlib.sha256(data).hexdigest()
+    assert fast[-1].trailer.digest == slow[-1].trailer.digest == _xxh(data)
     assert [m.data for m in slow[1:-1]] == [m.data for m in fast[1:-1]]
     assert p._hashed == p.num_chunks
 
 
-def _header(total, sha="", **kw):
+@given(st.binary(max_size=300))
+def test_a_data_message_is_read_as_a_view_of_its_bytes_and_anything_else_as_a_message(data):
+    raw = pb.WeightChunk(data=data).SerializeToString()
+    got = read_chunk(raw)
+    assert isinstance(got, memoryview) and got.obj is raw and got == data
+    # a data field followed by another, or a header, is parsed the slow way: protobuf decides
+    twice = raw + pb.WeightChunk(data=b"xy").SerializeToString()
+    assert read_chunk(twice).data == b"xy"
+    head = pb.WeightChunk(header=_header(len(data) + 1)).SerializeToString()
+    assert read_chunk(head).header.total_bytes == len(data) + 1
+
+
+@pytest.mark.parametrize("algorithm, digest", [(pb.WEIGHT_DIGEST_SHA256, lambda d: hashlib.sha256(d).hexdigest()),
+                                               (pb.WEIGHT_DIGEST_XXH3_128, _xxh)])
+def test_either_digest_travels_and_is_checked(algorithm, digest):
+    state = {"w": torch.randn(40, 40)}
+    p = Payload(state, chunk_bytes=1000, digest=algorithm)
+    messages = p.messages(p.header("p", 1))
+    assert messages[0].header.digest_algorithm == algorithm and messages[0].header.digest == digest(_bytes(p))
+    assert torch.equal(_receive(messages).state["w"], state["w"])
+    other = "0" * len(messages[0].header.digest)
+    messages[0].header.digest = other
+    with pytest.raises(InvalidArgument, match="checksum mismatch"):
+        _receive(messages)
+    messages[0].header.digest = other + "0"
+    with pytest.raises(InvalidArgument, match=f"{len(other)} lowercase hex digits"):
+        _receive(messages)
+    messages[0].header.digest, messages[0].header.digest_algorithm = "", 7
+    with pytest.raises(InvalidArgument, match="digest_algorithm 7 is unknown"):
+        _receive(messages)
+
+
+def _header(total, digest="", **kw):
+    kw.setdefault("digest_algorithm", pb.WEIGHT_DIGEST_XXH3_128)
     return pb.WeightHeader(pool="p", version=1, format=pb.WEIGHT_FORMAT_SAFETENSORS, total_bytes=total,
-                           sha256=sha, **kw)
+                           digest=digest, **kw)
 
 
 async def _iter(messages):
@@ -93,9 +136,9 @@ def _receive(messages, open_sink=None):
 
 def test_receive_takes_the_digest_from_the_trailer_or_the_header():
     data = save({"w": torch.randn(4, 4)})
-    digest = hashlib.sha256(data).hexdigest()
+    digest = _xxh(data)
     chunks = [pb.WeightChunk(data=data[i:i + 10]) for i in range(0, len(data), 10)]
-    trailer = pb.WeightChunk(trailer=pb.WeightTrailer(sha256=digest))
+    trailer = pb.WeightChunk(trailer=pb.WeightTrailer(digest=digest))
     for messages in ([pb.WeightChunk(header=_header(len(data))), *chunks, trailer],
                      [pb.WeightChunk(header=_header(len(data), digest)), *chunks]):
         push = _receive(messages)
@@ -103,12 +146,12 @@ def test_receive_takes_the_digest_from_the_trailer_or_the_header():
     bad = [
         ([pb.WeightChunk(header=_header(len(data))), *chunks], "no digest"),
         ([pb.WeightChunk(header=_header(len(data))), *chunks,
-          pb.WeightChunk(trailer=pb.WeightTrailer(sha256="0" * 64))], "checksum mismatch"),
+          pb.WeightChunk(trailer=pb.WeightTrailer(digest="0" * 32))], "checksum mismatch"),
         ([pb.WeightChunk(header=_header(len(data), digest)), *chunks, trailer], "takes no trailer"),
         ([pb.WeightChunk(header=_header(len(data))), *chunks, trailer, chunks[0]], "must be the last"),
         ([pb.WeightChunk(header=_header(len(data))), *chunks[:-1], trailer], "truncated"),
         ([pb.WeightChunk(header=_header(len(data))), *chunks,
-          pb.WeightChunk(trailer=pb.WeightTrailer(sha256="xyz"))], "64 lowercase hex"),
+          pb.WeightChunk(trailer=pb.WeightTrailer(digest="xyz"))], "32 lowercase hex"),
     ]
     for messages, why in bad:
         with pytest.raises(InvalidArgument, match=why):
@@ -145,7 +188,7 @@ def test_a_stream_shorter_than_its_safetensors_header_says_is_refused():
 
 def test_a_file_sink_writes_the_file_as_it_arrives_and_a_refused_push_leaves_nothing(tmp_path):
     data = save({"w": torch.randn(8, 8)})
-    digest = hashlib.sha256(data).hexdigest()
+    digest = _xxh(data)
     chunks = [pb.WeightChunk(data=data[i:i + 100]) for i in range(0, len(data), 100)]
     target = tmp_path / "model.safetensors"
     push = _receive([pb.WeightChunk(header=_header(len(data), digest)), *chunks], lambda h: FileSink(target))
@@ -155,6 +198,6 @@ def test_a_file_sink_writes_the_file_as_it_arrives_and_a_refused_push_leaves_not
     made.mkdir()
     (made / "config.json").write_text("{}")
     with pytest.raises(InvalidArgument, match="checksum mismatch"):
-        _receive([pb.WeightChunk(header=_header(len(data), "0" * 64)), *chunks],
+        _receive([pb.WeightChunk(header=_header(len(data), "0" * 32)), *chunks],
                  lambda h: FileSink(made / "model.safetensors", directory=made))
     assert not made.exists()

@@ -14,7 +14,8 @@ from atgrpo.contract.rollout import EpisodeEnd, PolicyRef, Sample
 from atgrpo.contract.sampling import Sampling
 from atgrpo.contract.trainer import TrainResult
 from router_svc.pipeline import Pipeline
-from router_svc.plan import step_tasks
+from router_svc.run_state import RunState
+from router_svc.steps import step_tasks
 
 K = 2
 
@@ -48,20 +49,40 @@ class ScriptedTrainer:
                            {"speaker": {"samples": float(len(samples))}})
 
 
+class LoggedRunState(RunState):
+    """The real RunState (the real order of a step's two records), its writes logged, not made."""
+
+    def __init__(self, log):
+        super().__init__("r", None)
+        self.versions = {"a": 0}
+        self.log, self.events, self.progress = log, [], []
+
+    def write_progress(self, versions=None):
+        self.progress.append((self.completed, dict(versions or self.versions)))
+        self.log.append(("progress", self.completed))
+
+    def record(self, event):
+        self.events.append(event)
+        self.log.append(("event", event["step"]))
+
+
 class ScriptedLoop:
     """What Pipeline uses of a RunLoop, with collection and training scripted."""
 
     def __init__(self, cfg, train_delay=0.02, collect_delay=0.01):
-        self.cfg, self.completed, self.versions = cfg, 0, {"a": 0}
+        self.cfg = cfg
         self.stop_requested = asyncio.Event()
         self.clients = SimpleNamespace(trainers={"a": ScriptedTrainer(self)})
-        self.dir = None
-        self._retries = 0
         self.train_delay, self.collect_delay = train_delay, collect_delay
         self.served = 0                     # the version the scripted replica serves
         self.serve_once: dict[int, int] = {}   # step -> a version served to that step's first collection
         self.log: list[tuple[str, int]] = []
-        self.events, self.progress = [], []
+        self.run_state = LoggedRunState(self.log)
+        self.events, self.progress = self.run_state.events, self.run_state.progress
+
+    @property
+    def completed(self):
+        return self.run_state.completed
 
     async def before_train(self, step: int) -> None:
         pass
@@ -77,12 +98,6 @@ class ScriptedLoop:
                           True, bool(b), b == 0, Sampling()) for t in plan.tasks for b in range(K)]
         self.log.append(("collected", plan.step))
         return samples, [EpisodeEnd(t.task_id, True, 1, {"speaker": 1.0}) for t in plan.tasks]
-
-    def _write_progress(self, versions=None):
-        self.progress.append((self.completed, dict(versions or self.versions)))
-
-    def _record(self, event):
-        self.events.append(event)
 
 
 def order(log, what, step) -> int:
@@ -100,6 +115,8 @@ def test_collection_of_step_s_waits_only_for_step_s_minus_1_minus_n():
     assert [e["step"] for e in loop.events] == [1, 2, 3, 4, 5]
     assert [e["pools"]["a"]["version"] for e in loop.events] == [1, 2, 3, 4, 5]
     assert loop.progress[-1] == (5, {"a": 5})
+    # each step's event is recorded before state.json counts it (a kill between loses nothing)
+    assert all(order(log, "event", s) < order(log, "progress", s) for s in range(1, 6))
     trained = loop.clients.trainers["a"].trained
     assert all(pool_version - max(versions) <= 1 and n == 1 for pool_version, versions, n in trained.values())
     assert any(pool_version - min(versions) == 1 for pool_version, versions, _ in trained.values())
@@ -108,7 +125,8 @@ def test_collection_of_step_s_waits_only_for_step_s_minus_1_minus_n():
 def test_max_staleness_0_in_the_pipeline_is_the_synchronous_order():
     loop = ScriptedLoop(config(0, steps=4))
     asyncio.run(Pipeline(loop).run(4))
-    assert loop.log == [x for s in range(1, 5) for x in (("collect", s), ("collected", s), ("trained", s))]
+    work = [x for x in loop.log if x[0] in ("collect", "collected", "trained")]
+    assert work == [x for s in range(1, 5) for x in (("collect", s), ("collected", s), ("trained", s))]
 
 
 def test_a_sample_too_stale_by_its_update_is_dropped_and_its_task_collected_again():

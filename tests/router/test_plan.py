@@ -1,11 +1,14 @@
 """The router's step logic: resumable task choice, and samples -> per-pool training batches."""
 
+import random
+from dataclasses import replace
+
 import pytest
 
 from atgrpo.contract.rollout import EpisodeEnd, PolicyRef, Sample
 from atgrpo.contract.sampling import Sampling
 from atgrpo.sdk.env import EVAL_SEED_OFFSET
-from router_svc.plan import episode_metrics, step_batches, step_tasks
+from router_svc.steps import episode_metrics, step_batches, step_tasks
 
 
 def sample(task, agent, turn, branch, team, local=0.0):
@@ -61,8 +64,8 @@ def test_episode_metrics_count_failures_apart():
 
 
 def test_cut_prompts_and_responses_are_counted_and_shown():
+    from atgrpo.cli.report import step_line
     from atgrpo.contract import run_wire
-    from atgrpo.report import step_line
     from router_svc import events
 
     samples = [sample("t", "a", 0, b, 1.0 * b) for b in range(4)]
@@ -100,3 +103,41 @@ def test_trajectory_turns_only_a_second_run_reached_stay_in_that_run():
     out = step_batches(samples, {"tool": "p"}, norm_std=False, grouping="trajectory")
     assert out.advantages == pytest.approx([0.5, -0.5, 1.0, 1.0, -1.0])
     assert out.agents["tool"].groups == 2
+
+
+def numbered(task, agent, turn, branch, team, episode, local=0.0):
+    return replace(sample(task, agent, turn, branch, team, local), episode=episode)
+
+
+@pytest.mark.parametrize("grouping", ["turn", "trajectory"])
+def test_shuffled_samples_give_the_same_groups_and_advantages(grouping):
+    # t0 ran twice (episodes 1 and 3) and t1 once (episode 2), two agents, K = 3, up to two turns:
+    # with each sample naming its episode, the order the samples arrive in changes nothing.
+    rng = random.Random(0)
+    samples = [numbered(task, agent, turn, b, rng.choice([0.0, 1.0, 2.0]), ep, local=rng.random())
+               for task, ep, turns in (("t0", 1, 2), ("t1", 2, 1), ("t0", 3, 2))
+               for turn in range(turns) for agent in ("a", "b") for b in range(3)]
+    pool_of = {"a": "p", "b": "q"}
+    base = step_batches(samples, pool_of, grouping=grouping)
+    for seed in range(5):
+        order = list(range(len(samples)))
+        random.Random(seed).shuffle(order)
+        got = step_batches([samples[i] for i in order], pool_of, grouping=grouping)
+        assert [got.advantages[order.index(i)] for i in range(len(samples))] == pytest.approx(base.advantages)
+        assert {a: s.groups for a, s in got.agents.items()} == {a: s.groups for a, s in base.agents.items()}
+    # Episodes 1 and 3 of t0 are separate groups: (2 + 1 + 2 turns) x 2 agents per-turn groups,
+    # or 3 runs x 2 agents over the trajectory.
+    assert sum(s.groups for s in base.agents.values()) == (10 if grouping == "turn" else 6)
+
+
+def test_collect_plans_number_their_episodes_and_shards_keep_them(tmp_path):
+    from atgrpo.contract.rollout import TaskRef
+    from atgrpo.contract.rollout_wire import collect_plan_from_pb, collect_plan_to_pb
+    from router_svc.steps import collect_plan, shard
+    from tests.router.test_run_pieces import config
+
+    plan = collect_plan(config(tmp_path), [TaskRef("x", 1), TaskRef("y", 2), TaskRef("x", 1)], step=1)
+    assert [(t.task_id, t.episode) for t in plan.tasks] == [("x", 1), ("y", 2), ("x", 3)]
+    shards = shard(plan, {"a": ["r0", "r1"]})
+    assert [[t.episode for t in p.tasks] for _, p in shards] == [[1, 3], [2]]
+    assert collect_plan_from_pb(collect_plan_to_pb(plan)).tasks == plan.tasks

@@ -98,7 +98,7 @@ def test_a_resume_past_the_last_checkpoint_keeps_it_for_the_next_rollback(tmp_pa
     asyncio.run(loop.prepare())
     assert loop.completed == 3
     loop.completed = 4
-    loop._write_progress()                          # what a step writes
+    loop.run_state.write_progress()                 # what a step writes
     assert d.read_progress().checkpoint == two and d.read_progress().checkpoints == [two]
 
 
@@ -115,4 +115,51 @@ def test_a_trainer_lost_before_the_first_checkpoint_sends_the_run_back_to_the_st
     asyncio.run(loop.prepare())
     (rollback,) = emitted
     assert loop.completed == 0 and (rollback["from_step"], rollback["to_step"], rollback["checkpoint"]) == (2, 0, "start")
+    assert d.read_events() == [rollback] and d.read_progress().completed_step == 0
+
+
+class KeptTrainer:
+    """A trainer that kept running at `version`; a reload puts it back at the checkpoint's."""
+
+    def __init__(self, version, checkpoint_version):
+        self.version, self.checkpoint_version = version, checkpoint_version
+
+    async def setup(self, spec, *, resume_from="", reload=False, timeout_s=None):
+        if reload:
+            self.version = self.checkpoint_version
+        return TrainerInfo(spec.pool, spec.run_id, self.version)
+
+
+def test_a_step_recorded_but_not_counted_is_undone_and_said(tmp_path):
+    """The router stopped between writing step 4's event and state.json: the trainer holds step 4's
+    weights, state.json and the checkpoint say step 3. The run goes back to the checkpoint, step 4
+    is dropped from metrics.jsonl (it is trained again) and a watcher that saw it is told."""
+    cfg = config(tmp_path, level="L2")
+    d = RunDir(tmp_path)
+    for s in (1, 2, 3, 4):
+        d.append_event({"kind": "step", "step": s})
+    three = Checkpoint(3, {"a": str(d.checkpoint_dir(3) / "a")}, {"a": 3})
+    d.write_progress(Progress("r", 3, {"a": 3}, three, [three]))
+    emitted, trainer = [], KeptTrainer(4, 3)
+    loop = RunLoop(cfg, emitted.append, clients=SimpleNamespace(env=Env(), trainers={"a": trainer}))
+    asyncio.run(loop.prepare())
+    (rollback,) = emitted
+    assert loop.completed == 3 and trainer.version == 3
+    assert (rollback["from_step"], rollback["to_step"]) == (4, 3)
+    assert rollback["reason"].startswith("the router stopped after recording step 4 but before state.json counted it")
+    assert "lost its weights" not in rollback["reason"]
+    assert [e["step"] for e in d.read_events()] == [1, 2, 3, 3] and d.read_events()[-1] == rollback
+
+
+def test_trainers_past_a_run_dir_with_no_progress_go_back_to_the_start(tmp_path):
+    """Step 1 trained and recorded, the router stopped before state.json was first written."""
+    cfg = config(tmp_path, level="L2")
+    d = RunDir(tmp_path)
+    d.append_event({"kind": "step", "step": 1})
+    emitted, trainer = [], KeptTrainer(1, 0)
+    loop = RunLoop(cfg, emitted.append, clients=SimpleNamespace(env=Env(), trainers={"a": trainer}))
+    asyncio.run(loop.prepare())
+    (rollback,) = emitted
+    assert loop.completed == 0 and trainer.version == 0
+    assert (rollback["from_step"], rollback["to_step"], rollback["checkpoint"]) == (1, 0, "start")
     assert d.read_events() == [rollback] and d.read_progress().completed_step == 0

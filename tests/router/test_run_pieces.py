@@ -6,17 +6,17 @@ from dataclasses import replace
 
 import pytest
 
+from atgrpo.cli.report import eval_line
 from atgrpo.config import parse_config
 from atgrpo.contract import run_wire
 from atgrpo.contract.rollout import EpisodeEnd
 from atgrpo.contract.rollout_wire import collect_plan_from_pb, collect_plan_to_pb
 from atgrpo.contract.run import status_dict
 from atgrpo.errors import FailedPrecondition
-from atgrpo.report import eval_line
 from atgrpo.rundir import Checkpoint, Progress, RunDir
 from router_svc import events
 from router_svc.loop import RunLoop
-from router_svc.plan import StepBatches, collect_plan, shard, step_tasks
+from router_svc.steps import StepBatches, collect_plan, shard, step_tasks
 
 
 def config(tmp_path, level="L3", **run):
@@ -86,6 +86,19 @@ def test_run_dir_drops_the_steps_a_resume_redoes(tmp_path):
     one, two = Checkpoint(1, {"a": "/c"}, {"a": 1}, 0.5, {"a": 10}), Checkpoint(2, {"a": "/d"}, {"a": 2})
     d.write_progress(Progress("r", 2, {"a": 2}, two, [one, two]))
     assert d.read_progress() == Progress("r", 2, {"a": 2}, two, [one, two])
+
+
+def test_a_step_is_on_disk_before_state_json_counts_it(tmp_path):
+    """A kill between the two writes must not lose a step: state.json may only say step 3 is done
+    once its event is in metrics.jsonl (else a resume at step 3 never records it)."""
+    loop = RunLoop(config(tmp_path), clients=object())
+    loop.versions = {"a": 3, "b": 3}
+    seen = []
+    write = loop.dir.write_progress
+    loop.dir.write_progress = lambda p: (seen.append((p.completed_step, loop.dir.read_events())), write(p))
+    loop.run_state.complete(3, {"kind": "step", "step": 3})
+    assert seen == [(3, [{"kind": "step", "step": 3}])]
+    assert loop.dir.read_progress().completed_step == 3
 
 
 def test_the_first_event_makes_the_run_dir(tmp_path):
@@ -168,7 +181,7 @@ def test_collect_pins_each_trainable_policy_at_its_trainers_version(tmp_path):
 def test_a_sample_of_other_weights_is_named(tmp_path):
     from atgrpo.contract.rollout import PolicyRef, Sample
     from atgrpo.contract.sampling import Sampling
-    from router_svc.plan import off_version
+    from router_svc.steps import off_version
 
     def sample(version):
         return Sample("t1", "speaker", 0, 0, PolicyRef("a", "", version), [1], [2], [-1.0], 0.0, 0.0, True, True,

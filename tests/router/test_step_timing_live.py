@@ -9,10 +9,10 @@ import asyncio
 
 import pytest
 
+from atgrpo.cli.report import step_line, tensorboard_scalars
 from atgrpo.config import parse_config
 from atgrpo.contract import run_wire
 from atgrpo.contract.run import STEP_TIMING
-from atgrpo.report import step_line, tensorboard_scalars
 from atgrpo.rpc.server import create_server
 from env_svc.client import EnvClient
 from env_svc.server import bindings as env_bindings

@@ -178,7 +178,7 @@ _STEPS = itertools.count(1000)
 def valid_requests(services) -> dict[str, Callable[[], list]]:
     """A valid request (a list: one message, or a client stream) for every RPC that takes input;
     called per example, so ids and versions are current."""
-    from rollout_svc import payload as weights
+    from atgrpo.contract import weight_payload as weights
 
     def episode() -> str:
         return services.live_episode()

@@ -13,6 +13,7 @@ from grpc import aio
 from atgrpo import errors
 from atgrpo._proto.v1 import common_pb2, rollout_pb2, router_pb2, trainer_pb2
 from atgrpo.contract import trainer_wire
+from atgrpo.contract import weight_payload as weights
 from atgrpo.contract.trainer import PoolSpec, TrainSample
 from atgrpo.rpc.security import (
     PROTECTED_METHODS,
@@ -22,7 +23,6 @@ from atgrpo.rpc.security import (
     open_channel,
 )
 from atgrpo.rpc.server import create_server
-from rollout_svc import payload as weights
 from rollout_svc.client import RolloutClient
 from rollout_svc.engines.hf import HFEngine
 from rollout_svc.pool import PoolRuntime

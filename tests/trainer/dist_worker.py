@@ -1,7 +1,8 @@
 """One rank of the multi-rank update tests:
-`torchrun --nproc-per-node 2 dist_worker.py MODEL OUT {ddp,fsdp} MINI_BATCH MICRO_BATCH_TOKENS [ckpt] [stale]`
+`torchrun --nproc-per-node 2 dist_worker.py MODEL OUT {ddp,fsdp} MINI_BATCH MICRO_BATCH_TOKENS [ckpt] [stale] [bf16]`
 (ckpt: gradient checkpointing on, set before FSDP wraps the layers, as PoolState does; stale:
-max_staleness 1 on samples of mixed staleness, so the proximal pass runs on every rank).
+max_staleness 1 on samples of mixed staleness, so the proximal pass runs on every rank; bf16: mixed
+precision, FSDP's own policy under fsdp, autocast otherwise).
 Rank 0 saves the full parameters (gathered from the shards under fsdp) and the metrics."""
 
 import os
@@ -14,6 +15,7 @@ from atgrpo.contract.trainer import UpdateConfig
 from tests.trainer.test_update import load, on_policy_samples
 from tests.trainer.test_update_async import mixed_staleness
 from trainer_svc.loading import enable_checkpointing
+from trainer_svc.logprobs import chunked_head_available
 from trainer_svc.sharding import full_model_state, shard
 from trainer_svc.update import update
 
@@ -21,29 +23,29 @@ NO_CLIP = 1e9   # clipping would normalise a wrongly scaled gradient back to the
 
 
 def main(model_dir: str, out: str, sharding: str, mini_batch: int, micro_tokens: int, ckpt: bool,
-         stale: bool) -> None:
+         stale: bool, bf16: bool) -> None:
     dist.init_process_group("gloo")
     model = load(model_dir)
     samples = mixed_staleness(on_policy_samples(model)) if stale else on_policy_samples(model)
     if ckpt:
         enable_checkpointing(model)
     if sharding == "fsdp":
-        shard(model, "cpu")
+        shard(model, "cpu", mixed_bf16=bf16)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=0.1)
     cfg = UpdateConfig(mini_batch_size=mini_batch, micro_batch_tokens=micro_tokens, grad_clip=NO_CLIP,
-                       max_staleness=int(stale))
+                       max_staleness=int(stale), autocast_bf16=bf16 and sharding != "fsdp")
     metrics = update(model, opt, samples, cfg, params=params, generator=torch.Generator().manual_seed(1))
     state = full_model_state(model) if sharding == "fsdp" else model.state_dict()
     if dist.get_rank() == 0:
-        torch.save({"state": state, "metrics": metrics}, out)
+        torch.save({"state": state, "metrics": metrics, "chunked": chunked_head_available(model)}, out)
     dist.barrier()   # leave together: a rank tearing down its gloo pairs while another still uses them aborts it
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), "ckpt" in sys.argv[6:],
-         "stale" in sys.argv[6:])
+         "stale" in sys.argv[6:], "bf16" in sys.argv[6:])
     # Skip the interpreter's teardown: torch's gloo objects destroyed there aborted a rank now and
     # then under load ("terminate called without an active exception", SIGABRT) after its work was
     # done. Everything this rank had to do is written and flushed by now.

@@ -1,5 +1,6 @@
 """A pool over two gloo ranks under torchrun gives the single-process update: replicated (ddp,
-gradients all-reduced) and sharded (FSDP2, gradients reduce-scattered, full weights gathered)."""
+gradients all-reduced) and sharded (FSDP2, gradients reduce-scattered, full weights gathered),
+both through the chunked (fused) output layer."""
 
 import os
 import socket
@@ -62,6 +63,9 @@ def test_two_gloo_ranks_equal_one_process(tiny_model, tmp_path, sharding, mini_b
                          env=torchrun_env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     two = torch.load(out, weights_only=False)
+    # the chunked head, FSDP included (its root's parameters gathered as a forward of the root):
+    # no (B, T, V) logits
+    assert two["chunked"]
 
     model = load(tiny_model)
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -76,3 +80,28 @@ def test_two_gloo_ranks_equal_one_process(tiny_model, tmp_path, sharding, mini_b
     assert update_mismatches(before, model.state_dict(), two["state"]) == []
     for k in ("loss", "grad_norm", "entropy", *(DECOUPLED_KEYS if flag == "stale" else ())):
         assert two["metrics"][k] == pytest.approx(metrics[k], rel=1e-5, abs=1e-7), k
+
+
+def test_fsdp_mixed_precision_trains_as_autocast_does(tiny_model, tmp_path):
+    """FSDP's own bf16 policy (gathered in bf16, reduced in float32; no autocast cast cache)
+    against one process under bf16 autocast: bf16 rounding apart, the same loss and update."""
+    out = tmp_path / "dist.pt"
+    worker = str(ROOT / "tests" / "trainer" / "dist_worker.py")
+    run = subprocess.run([*torchrun_args(), worker, tiny_model, str(out), "fsdp", "8", "8192", "bf16"],
+                         env=torchrun_env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    two = torch.load(out, weights_only=False)
+    assert two["chunked"]
+    model = load(tiny_model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    params = [p for p in model.parameters() if p.requires_grad]
+    metrics = update(model, torch.optim.SGD(params, lr=0.1), on_policy_samples(model),
+                     UpdateConfig(mini_batch_size=8, micro_batch_tokens=8192, grad_clip=NO_CLIP, autocast_bf16=True),
+                     params=params, generator=torch.Generator().manual_seed(1))
+    assert two["metrics"]["loss"] == pytest.approx(metrics["loss"], rel=0.05, abs=1e-3)
+    assert two["metrics"]["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=0.05)
+    one = model.state_dict()
+    d1 = torch.cat([(one[k] - before[k]).flatten() for k in one if "rotary" not in k])
+    d2 = torch.cat([(two["state"][k] - before[k]).flatten() for k in one if "rotary" not in k])
+    assert torch.nn.functional.cosine_similarity(d1, d2, dim=0) > 0.98
+    assert all(v.dtype == torch.float32 for v in two["state"].values() if v.is_floating_point())   # float32 masters

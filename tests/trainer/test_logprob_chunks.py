@@ -185,3 +185,30 @@ def test_under_bf16_autocast_the_fused_head_matches_autograd():
     torch.testing.assert_close(got[0][fin], ref[0][fin])
     torch.testing.assert_close(got[2], ref[2], atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(got[3]["weight"], ref[3]["weight"], atol=1e-2, rtol=1e-2)
+
+
+def test_a_gpus_passes_are_sized_by_its_memory(monkeypatch):
+    from types import SimpleNamespace
+
+    from trainer_svc.logprobs import pass_elements
+
+    pass_elements.cache_clear()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    try:
+        # 1/64 of 80 GiB in six float32 temporaries: 368 positions of Qwen3's vocabulary a pass
+        assert pass_elements("cuda") == pass_elements("cuda:3") == 80 * 2**30 // 64 // 24
+        assert pass_elements("cpu") == 2 ** 24
+    finally:
+        pass_elements.cache_clear()
+
+
+def test_the_head_backward_multiplies_a_column_major_copy_of_a_16_bit_weight_on_cpu():
+    """Same values, the layout a CPU's fast 16-bit GEMM takes; float32 weights are left as they are."""
+    from trainer_svc.logprobs import _column_major
+
+    w = torch.randn(48, 8).bfloat16()
+    got = _column_major(w)
+    assert torch.equal(got, w) and got.stride() == (1, 48) and got.data_ptr() != w.data_ptr()
+    f = torch.randn(48, 8)
+    assert _column_major(f) is f

@@ -1,7 +1,7 @@
 """The trainer service over two gloo ranks under torchrun (FSDP): rank 0 answers Setup, Train and
 SaveCheckpoint over gRPC, the other rank trains with it, the checkpoint holds the same weights as
-a one-process trainer's on the same samples and resumes in one process, and SIGTERM to rank 0
-stops every rank with status 0."""
+a one-process trainer's on the same samples, each rank writes its own shards of it, it resumes
+in one process and in the pool, and SIGTERM to rank 0 stops every rank with status 0."""
 
 import asyncio
 import json
@@ -19,6 +19,7 @@ from tests.trainer.test_distributed import torchrun_args, torchrun_env
 from tests.trainer.test_trainer_service import pool_spec
 from tests.trainer.test_update import load, on_policy_samples
 from trainer_svc.client import TrainerClient
+from trainer_svc.state import SHARDED_STATE, TRAINER_STATE, read_trainer_state
 from trainer_svc.trainer import Trainer
 
 UPDATE = UpdateConfig(mini_batch_size=4)   # two optimizer steps on 8 samples
@@ -72,8 +73,13 @@ def test_two_rank_fsdp_service_trains_like_one_process(tiny_model, tmp_path):
                 assert info.service.details["ranks"] == "2" and info.version == 0
                 resp = await t.train("run1", 1, 0, samples, update=UPDATE, timeout_s=60)
                 saved = await t.save_checkpoint(str(tmp_path / "ckpt"), timeout_s=60)
-                return resp, saved
-        resp, saved = asyncio.run(drive())
+                # Rolled back onto its own checkpoint (each rank reads its shards), it goes on.
+                await t.setup(pool_spec(tiny_model), resume_from=saved.path, reload=True, timeout_s=60)
+                await t.train("run1", 2, 1, more, update=UPDATE, timeout_s=60)
+                again = await t.save_checkpoint(str(tmp_path / "ckpt2"), timeout_s=60)
+                return resp, saved, again
+        more = on_policy_samples(load(tiny_model), seed=2)
+        resp, saved, again = asyncio.run(drive())
         os.kill(served["pid"], signal.SIGTERM)   # rank 0: it stops serving, then stops rank 1
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out[-3000:]
@@ -85,7 +91,6 @@ def test_two_rank_fsdp_service_trains_like_one_process(tiny_model, tmp_path):
 
     from transformers import AutoModelForCausalLM
 
-    more = on_policy_samples(load(tiny_model), seed=2)
     (ref, one), (_, uninterrupted) = one_process(tiny_model, [samples, more])
     assert (resp.version, saved.version) == (1, 1)
     assert resp.metrics["loss"] == pytest.approx(ref.metrics["loss"], abs=1e-6)
@@ -96,9 +101,16 @@ def test_two_rank_fsdp_service_trains_like_one_process(tiny_model, tmp_path):
     for k in one:
         assert not torch.equal(one[k], before[k]) or "rotary" in k, k
         assert torch.allclose(two[k], one[k], rtol=0, atol=ADAM_ATOL), k
-    # The sharded pool's checkpoint (optimizer state gathered by parameter name) resumes in one
-    # process: its next update equals the uninterrupted one-process trainer's.
+    # Each rank wrote its own shards of the masters and moments; nothing of them went through
+    # rank 0's memory into trainer_state.pt.
+    assert sorted(p.name for p in (tmp_path / "ckpt" / SHARDED_STATE).glob("*.distcp")) == \
+        ["__0_0.distcp", "__1_0.distcp"]
+    assert not {"optimizer", "master"} & set(read_trainer_state(tmp_path / "ckpt" / TRAINER_STATE))
+    # The sharded pool's checkpoint resumes in one process, and in the pool itself: either way the
+    # next update equals the uninterrupted one-process trainer's.
     [(resumed, after)] = one_process(tiny_model, [more], resume_from=saved.path)
-    assert resumed.version == 2
+    assert resumed.version == 2 and again.version == 2
+    rolled_back = AutoModelForCausalLM.from_pretrained(f"{again.path}/model").state_dict()
     for k in after:
         assert torch.allclose(after[k], uninterrupted[k], rtol=0, atol=ADAM_ATOL), k
+        assert torch.allclose(rolled_back[k], uninterrupted[k], rtol=0, atol=ADAM_ATOL), k

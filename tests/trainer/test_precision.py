@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 from atgrpo.contract.trainer import PoolSpec, UpdateConfig
 from tests.trainer.dist_worker import NO_CLIP
 from tests.trainer.test_update import load, on_policy_samples
+from trainer_svc.ops import PoolOps
 from trainer_svc.state import PoolState
-from trainer_svc.trainer import PoolOps
 
 
 def spec(model_dir, **kw) -> PoolSpec:
@@ -133,3 +133,20 @@ def test_a_bf16_lora_pool_keeps_a_bf16_base_and_float32_adapters(tiny_model):
     assert moved   # lora_B starts at 0: it moves at lr 5e-6 in float32
     tensors, _ = ops.state.adapter_state("a")
     assert {v.dtype for v in tensors.values()} == {torch.float32}
+
+
+def test_auto_is_bf16_in_full_on_a_bf16_gpu_and_float32_elsewhere(monkeypatch):
+    from trainer_svc.loading import resolve_dtype
+
+    assert resolve_dtype("auto", "cpu") == "float32" and resolve_dtype("float16", "cuda") == "float16"
+    # a pretend bf16-capable GPU: `auto` is bfloat16 itself, so a LoRA pool's frozen base is bf16
+    # (it was float32 there, twice what `atgrpo plan` counts) and pushes leave in bf16
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert resolve_dtype("auto", "cuda:1") == "bfloat16" and resolve_dtype("auto", "cpu") == "float32"
+
+
+def test_an_auto_pool_on_the_cpu_holds_and_computes_in_float32(tiny_model):
+    state = PoolState(PoolSpec("r", "p", tiny_model, ("a",), device="cpu", dtype="auto", specialization="lora"))
+    assert state.spec.dtype == "float32" and not state.mixed_bf16
+    assert {p.dtype for p in state.model.parameters()} == {torch.float32}

@@ -20,7 +20,7 @@ from rollout_svc.server import bindings as rollout_bindings
 from tests.trainer.test_update import load, on_policy_samples
 from trainer_svc.client import TrainerClient
 from trainer_svc.server import bindings as trainer_bindings
-from trainer_svc.trainer import Trainer
+from trainer_svc.trainer import REPLAYED, Trainer
 
 GREEDY = Sampling(temperature=0.0, max_tokens=10)
 HELLO = [{"role": "user", "content": "Tell me about the grid."}]
@@ -46,6 +46,25 @@ def with_services(model_dir, fn, *, lora=False):
             await trainer.stop(0)
             await rollout.stop(0)
     return asyncio.run(go())
+
+
+def test_a_retried_step_is_answered_from_memory_and_only_the_last_steps_are_kept(tiny_model):
+    """A run of a million steps must not hold a million results: older steps are dropped, and
+    their samples are refused by version anyway, so nothing trains twice."""
+    samples = on_policy_samples(load(tiny_model))
+
+    async def go():
+        t = Trainer()
+        await t.setup(pool_spec(tiny_model))
+        last = REPLAYED + 2
+        for step in range(1, last + 1):
+            assert not (await t.train("run1", step, step - 1, samples, UpdateConfig())).replayed
+        assert len(t._done) == REPLAYED
+        again = await t.train("run1", last, last - 1, samples, UpdateConfig())
+        assert again.replayed and again.version == last
+        with pytest.raises(errors.FailedPrecondition, match="drawn from version 0"):
+            await t.train("run1", 1, 0, samples, UpdateConfig())
+    asyncio.run(go())
 
 
 def test_train_bumps_the_version_and_pushes_weights_that_change_the_rollout(tiny_model):

@@ -240,6 +240,7 @@ class LossParams(_message.Message):
     MINI_BATCH_SIZE_FIELD_NUMBER: _builtins.int
     MAX_STALENESS_FIELD_NUMBER: _builtins.int
     BEHAV_IMP_CAP_FIELD_NUMBER: _builtins.int
+    POLICY_LOSS_FIELD_NUMBER: _builtins.int
     clip_eps_low: _builtins.float
     clip_eps_high: _builtins.float
     dual_clip_c: _builtins.float
@@ -255,6 +256,10 @@ class LossParams(_message.Message):
     """The decoupled loss's cap on each token's sampler-to-trainer importance weight; unset or 0:
     the default, 5.0 (optional, so that "not sent" is told apart from any value sent).
     """
+    policy_loss: _builtins.str
+    """The registered policy loss (atgrpo.algo.registry; algorithm.policy_loss). Empty: by
+    max_staleness, ppo_clip when 0 and decoupled when > 0 (what an older router means).
+    """
     def __init__(
         self,
         *,
@@ -267,10 +272,11 @@ class LossParams(_message.Message):
         mini_batch_size: _builtins.int = ...,
         max_staleness: _builtins.int = ...,
         behav_imp_cap: _builtins.float | None = ...,
+        policy_loss: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_behav_imp_cap", b"_behav_imp_cap", "behav_imp_cap", b"behav_imp_cap"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_behav_imp_cap", b"_behav_imp_cap", "behav_imp_cap", b"behav_imp_cap", "clip_eps_high", b"clip_eps_high", "clip_eps_low", b"clip_eps_low", "dual_clip_c", b"dual_clip_c", "entropy_coef", b"entropy_coef", "epochs", b"epochs", "kl_coef", b"kl_coef", "max_staleness", b"max_staleness", "mini_batch_size", b"mini_batch_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_behav_imp_cap", b"_behav_imp_cap", "behav_imp_cap", b"behav_imp_cap", "clip_eps_high", b"clip_eps_high", "clip_eps_low", b"clip_eps_low", "dual_clip_c", b"dual_clip_c", "entropy_coef", b"entropy_coef", "epochs", b"epochs", "kl_coef", b"kl_coef", "max_staleness", b"max_staleness", "mini_batch_size", b"mini_batch_size", "policy_loss", b"policy_loss"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__behav_imp_cap: _TypeAlias = _typing.Literal["behav_imp_cap"]  # noqa: Y015
     _WhichOneofArgType__behav_imp_cap: _TypeAlias = _typing.Literal["_behav_imp_cap", b"_behav_imp_cap"]  # noqa: Y015

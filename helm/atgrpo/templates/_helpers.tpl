@@ -131,6 +131,29 @@ Use as: $pools := include "atgrpo.pools" . | fromYaml */}}
 {{- toYaml $out -}}
 {{- end -}}
 
+{{/* How many agents of the run config generate with pool .pool: those of env.turn_order whose
+agents.<a>.pool is it, or that name no pool when it is the only one (RunConfig.agents_of). A LoRA
+pool's vLLM engine keeps one adapter slot for each. */}}
+{{- define "atgrpo.poolAgents" -}}
+{{- $cfg := include "atgrpo.runConfig" .root | fromYaml -}}
+{{- $only := eq (len (include "atgrpo.pools" .root | fromYaml)) 1 -}}
+{{- $n := 0 -}}
+{{- range $a := (default list (default dict $cfg.env).turn_order) }}
+{{- $p := default "" (default dict (index (default dict $cfg.agents) $a)).pool -}}
+{{- if or (eq $p $.pool) (and (eq $p "") $only) }}{{ $n = add1 $n }}{{ end -}}
+{{- end }}
+{{- $n -}}
+{{- end -}}
+
+{{/* The smallest adapter rank vLLM can start with (vllm/config/lora.py MaxLoRARanks) that holds
+the pool's config.lora.rank (atgrpo/plan.py vllm_lora_limits); over 512 `atgrpo config check` refuses. */}}
+{{- define "atgrpo.vllmLoraRank" -}}
+{{- $rank := int (dig "config" "lora" "rank" 16 .) -}}
+{{- $out := 512 -}}
+{{- range $r := list 512 320 256 128 64 32 16 8 1 }}{{ if ge (int $r) $rank }}{{ $out = $r }}{{ end }}{{ end -}}
+{{- $out -}}
+{{- end -}}
+
 {{/* The context (tokens) pool .pool's engines need: the longest max_prompt_tokens + max_tokens of
 the run config's agents on it, train or eval sampling, with atgrpo/config.py's SamplingConfig
 defaults (2048 + 256); 0 when no agent uses it. As RunConfig.context_tokens computes it. */}}

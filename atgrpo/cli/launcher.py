@@ -29,7 +29,7 @@ import psutil
 from atgrpo.rpc.probe import probe_all
 from atgrpo.rpc.tether import Tether, pass_fds_of
 
-log = logging.getLogger("atgrpo.launcher")
+log = logging.getLogger("atgrpo.cli.launcher")
 
 STATE_FILE = "services.json"
 DEFAULT_STATE_DIR = Path(os.environ.get("ATGRPO_STATE_DIR", ".atgrpo/local"))
@@ -56,7 +56,7 @@ class ServicePlan:
 DEFAULT_PLAN = (
     ServicePlan("sandbox", "sandbox"),
     ServicePlan("env", "env", ("--sandbox", "{sandbox}")),
-    # Collect drives the env service, as atgrpo.runner.service_plan's replicas do; without --env
+    # Collect drives the env service, as atgrpo.cli.runner.service_plan's replicas do; without --env
     # every run against these services fails with "this replica has no environment service".
     ServicePlan("rollout", "rollout", ("--env", "{env}")),
     ServicePlan("trainer", "trainer"),
@@ -75,6 +75,10 @@ class LocalService:
     log: str
     argv: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)   # what the plan set, kept for restarts
+    started: float = -1.0      # seconds after boot it started (since_boot); -1: unknown (an older record)
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 class LaunchError(RuntimeError):
@@ -95,12 +99,32 @@ def _write_state(state_dir: Path, services: list[LocalService]) -> None:
     tmp.replace(path)
 
 
+def since_boot(pid: int) -> float:
+    """When process `pid` started, in seconds after boot (-1.0 where /proc cannot say). With the
+    pid it names the process. psutil's create_time is this plus the boot time, which the kernel
+    derives from the wall clock: a clock adjustment moves it (here once by 49 s, 66 minutes into a
+    run), and every service of a run looked dead at once to the supervisor."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[19]) / _CLOCK_TICKS    # field 22: starttime
+    except (OSError, ValueError, IndexError):
+        return -1.0
+
+
+def _identity(pid: int) -> tuple[float, float]:
+    """What a LocalService records of its process: (create_time, started)."""
+    return psutil.Process(pid).create_time(), since_boot(pid)
+
+
 def is_ours(svc: LocalService) -> bool:
     """True when the recorded process still runs (same pid *and* start time). A dead child of this
     process (a zombie) is reaped and counts as gone."""
     try:
         proc = psutil.Process(svc.pid)
-        if abs(proc.create_time() - svc.create_time) >= 0.01:
+        started = since_boot(svc.pid) if svc.started >= 0 else -1.0
+        if started >= 0 and abs(started - svc.started) >= 0.01:
+            return False
+        if started < 0 and abs(proc.create_time() - svc.create_time) >= 0.01:
             return False
         if proc.status() == psutil.STATUS_ZOMBIE:
             try:
@@ -180,10 +204,10 @@ def up(state_dir: Path = DEFAULT_STATE_DIR, plan: tuple[ServicePlan, ...] = DEFA
             spawned += batch
             for p, proc, port_file, log_path, argv in batch:
                 ports = _await_port(proc, port_file, log_path, p.name, deadline)
+                created, since = _identity(proc.pid)
                 started.append(LocalService(
-                    p.name, p.kind, proc.pid, psutil.Process(proc.pid).create_time(),
-                    f"127.0.0.1:{ports['port']}", f"127.0.0.1:{ports['metrics_port']}", str(log_path), argv,
-                    dict(p.env)))
+                    p.name, p.kind, proc.pid, created, f"127.0.0.1:{ports['port']}",
+                    f"127.0.0.1:{ports['metrics_port']}", str(log_path), argv, dict(p.env), since))
                 _write_state(state_dir, started)  # record as we go, so `down` can clean a partial start
         probes = asyncio.run(probe_all([(s.kind, s.address) for s in started],
                                        timeout_s=max(1.0, deadline - time.monotonic())))
@@ -300,5 +324,6 @@ class Supervisor:
         port_file.unlink(missing_ok=True)
         proc = _popen(argv, svc.log, self.tether, svc.kind, svc.env)   # on the same GPUs
         _await_port(proc, port_file, Path(svc.log), svc.name, time.monotonic() + self.timeout_s)
-        return LocalService(svc.name, svc.kind, proc.pid, psutil.Process(proc.pid).create_time(), svc.address,
-                            svc.metrics_address, svc.log, argv, svc.env)
+        created, since = _identity(proc.pid)
+        return LocalService(svc.name, svc.kind, proc.pid, created, svc.address, svc.metrics_address, svc.log, argv,
+                            svc.env, since)

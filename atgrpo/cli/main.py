@@ -9,7 +9,8 @@ import json
 import sys
 from pathlib import Path
 
-from atgrpo import __version__, launcher
+from atgrpo import __version__
+from atgrpo.cli import launcher
 from atgrpo.rpc.probe import STUBS, probe_all
 
 
@@ -58,7 +59,7 @@ def _cmd_config_check(args: argparse.Namespace) -> int:
     if problem:
         print(f"{args.config}: env {cfg.env.name!r} does not fit this config\n{problem}", file=sys.stderr)
         return 2
-    from atgrpo.context import context_problems
+    from atgrpo.cli.context import context_problems
 
     short = context_problems(cfg)   # vLLM would refuse to start these pools' engines
     if short:
@@ -96,8 +97,8 @@ def _env_problem(cfg) -> str | None:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
+    from atgrpo.cli.runplan import plan_run, render
     from atgrpo.config_parse import parse_bytes
-    from atgrpo.runplan import plan_run, render
 
     cfg = _load(args)
     if cfg is None:
@@ -121,13 +122,13 @@ def _load_for_run(args: argparse.Namespace):
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from atgrpo.cli.runner import TrainError, train
     from atgrpo.errors import AtgrpoError
-    from atgrpo.runner import TrainError, train
 
     cfg = _load_for_run(args)
     if cfg is None:
         return 2
-    from atgrpo.runplan import train_problem
+    from atgrpo.cli.runplan import train_problem
 
     problem = train_problem(cfg)   # before any service starts: a run that cannot fit fails now, not by OOM
     if problem:
@@ -145,9 +146,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    from atgrpo.cli.report import eval_line
+    from atgrpo.cli.runner import TrainError, evaluate
     from atgrpo.errors import AtgrpoError
-    from atgrpo.report import eval_line
-    from atgrpo.runner import TrainError, evaluate
 
     cfg = _load_for_run(args)
     if cfg is None:
@@ -162,7 +163,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from atgrpo.report import plot_run
+    from atgrpo.cli.report import plot_run
 
     try:
         print(plot_run(args.run_dir))
@@ -175,7 +176,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 def _cmd_up(args: argparse.Namespace) -> int:
     plan, cfg = launcher.DEFAULT_PLAN, None
     if args.config is not None:
-        from atgrpo.runner import TrainError, check_models, resolve_paths, service_plan
+        from atgrpo.cli.runner import TrainError, check_models, resolve_paths, service_plan
 
         cfg = _load_for_run(args)
         if cfg is None:
@@ -198,7 +199,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     if cfg is not None:
         import yaml
 
-        from atgrpo.runner import with_services
+        from atgrpo.cli.runner import with_services
 
         block = {"services": with_services(cfg, services).to_dict()["services"]}
         print(f"\n# add to {args.config}, then `atgrpo train {args.config} --connect`:")
@@ -239,7 +240,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_down(args: argparse.Namespace) -> int:
-    # A run's local services are recorded in its run directory (atgrpo.runner.LocalServices).
+    # A run's local services are recorded in its run directory (atgrpo.cli.runner.LocalServices).
     state_dir = args.run_dir / "services" if args.run_dir is not None else args.state_dir
     services = {s.name: s for s in launcher.read_state(state_dir)}
     outcome = launcher.down(state_dir, timeout_s=args.timeout_s)
@@ -353,7 +354,3 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"unrecognized arguments: {' '.join(extras)}")
         args.rest = [*extras, *args.rest]
     return args.fn(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

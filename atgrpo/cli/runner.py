@@ -19,10 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from atgrpo import launcher
+from atgrpo.cli import launcher
+from atgrpo.cli.launcher import LocalService, ServicePlan
+from atgrpo.cli.placement import Placement, PlacementError, local_placement
 from atgrpo.config import EVALUATE_START, ConfigError, RunConfig, dump_config, parse_config
-from atgrpo.launcher import LocalService, ServicePlan
-from atgrpo.placement import Placement, PlacementError, local_placement
+from atgrpo.plan import vllm_lora_limits
 from atgrpo.rpc.tether import Tether
 
 VLLM_PYTHON_ENV = "ATGRPO_VLLM_PYTHON"
@@ -36,7 +37,7 @@ class TrainError(RuntimeError):
 
 def service_plan(cfg: RunConfig, gpus: Placement | None = None) -> tuple[ServicePlan, ...]:
     """The local processes a config needs; names match the keys with_services() reads back. `gpus`:
-    each GPU process's CUDA_VISIBLE_DEVICES and vLLM memory fraction (atgrpo.placement)."""
+    each GPU process's CUDA_VISIBLE_DEVICES and vLLM memory fraction (atgrpo.cli.placement)."""
     gpus = gpus or Placement()
     env_args = ("--sandbox", "{sandbox}") + (("--env-path", f"{cfg.env.name}={cfg.env.path}") if cfg.env.path else ())
     plan = [ServicePlan("sandbox", "sandbox"), ServicePlan("env", "env", env_args)]
@@ -53,6 +54,9 @@ def service_plan(cfg: RunConfig, gpus: Placement | None = None) -> tuple[Service
         engine = ("--engine", pool.engine, "--device", pool.device, "--dtype", pool.dtype)
         if pool.engine == "vllm":   # vLLM refuses a prompt + max_tokens over its context: size it for the agents
             engine += ("--max-model-len", str(cfg.context_tokens(name)), "--tensor-parallel-size", str(pool.rollout_gpus))
+            if pool.specialization == "lora":   # vLLM sizes its adapter slots at start: the run's rank and agents
+                rank, slots = vllm_lora_limits(pool, len(cfg.agents_of(name)))
+                engine += ("--max-lora-rank", str(rank), "--max-loras", str(slots))
         for i in range(pool.rollout_replicas):
             proc = f"rollout-{name}-{i}"
             share = gpus.memory_utilization.get(proc, pool.rollout_gpu_memory_utilization)
@@ -243,7 +247,7 @@ async def _follow(client: Any, config_yaml: str, status: dict[str, Any], reporte
 def train(cfg: RunConfig, *, connect: bool = False, timing: bool = False) -> dict[str, Any]:
     """Run training to its end; returns the final run status. `timing`: step lines show where
     the step's time went."""
-    from atgrpo.report import Reporter
+    from atgrpo.cli.report import Reporter
 
     if connect and cfg.local_mode:
         raise TrainError("--connect needs the services' addresses in the config (services: env, sandbox, "

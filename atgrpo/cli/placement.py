@@ -16,8 +16,8 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from atgrpo.cli.runplan import ProcessPlan, gib, plan_run, usable
 from atgrpo.config import RunConfig
-from atgrpo.runplan import ProcessPlan, gib, plan_run, usable
 
 
 class PlacementError(ValueError):

@@ -10,12 +10,13 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from atgrpo.algo.advantages import group_advantages, group_index, mix_rewards, trajectory_advantages
+from atgrpo.algo.advantages import mix_rewards
+from atgrpo.algo.registry import adv_estimator, estimate
 from atgrpo.config import RunConfig
+from atgrpo.contract.env import seed_for
 from atgrpo.contract.rollout import AgentPlan, CollectPlan, EpisodeEnd, PolicyRef, Sample, TaskRef
 from atgrpo.contract.trainer import TrainSample
 from atgrpo.env_check import env_options
-from atgrpo.sdk.env import seed_for
 
 # Runs with different seeds draw from disjoint stretches of the generated tasks.
 _RUN_STRIDE = 10_000_000
@@ -63,41 +64,6 @@ class StepBatches:
     advantages: list[float] = field(default_factory=list)   # per input sample (filtered ones too)
 
 
-def _group_keys(samples: Sequence[Sample]) -> list[tuple]:
-    """(task, agent, turn, episode) per sample. One step can run the same task twice (a finite task
-    list repeats a task when a step straddles an epoch boundary, or holds fewer tasks than a step);
-    each run is its own tree and must be its own group. A task's episodes are emitted whole, one
-    after another, and each (agent, turn) of an episode holds branches 0..K-1 once, so the n-th
-    sample seen with a given (task, agent, turn, branch) belongs to that task's n-th episode."""
-    seen: dict[tuple, int] = {}
-    keys = []
-    for s in samples:
-        b = (s.task_id, s.agent, s.turn, s.branch)
-        n = seen[b] = seen.get(b, -1) + 1
-        keys.append((s.task_id, s.agent, s.turn, n))
-    return keys
-
-
-def _trajectory_keys(samples: Sequence[Sample]) -> list[tuple]:
-    """(task, agent, episode) per sample for grouping "trajectory": one group per agent over the
-    K copies of one run of a task. A task run twice in a step is two groups. Counting occurrences
-    as _group_keys does would not do here: a turn that only the second run reached would count as
-    the first run's and join its group. Instead, as a task's runs are emitted whole one after
-    another, a sample whose (agent, turn, branch) the task's current run already holds starts its
-    next run (each run begins with copy 0's first sample, which every run has)."""
-    run: dict[str, int] = {}
-    held: dict[str, set[tuple]] = {}
-    keys = []
-    for s in samples:
-        mark = (s.agent, s.turn, s.branch)
-        if mark in held.setdefault(s.task_id, set()):
-            run[s.task_id] = run.get(s.task_id, 0) + 1
-            held[s.task_id] = set()
-        held[s.task_id].add(mark)
-        keys.append((s.task_id, s.agent, run.get(s.task_id, 0)))
-    return keys
-
-
 def batches_for(cfg: RunConfig, samples: Sequence[Sample]) -> StepBatches:
     """step_batches with the run's agent-to-pool map and algorithm settings."""
     alg = cfg.algorithm
@@ -107,20 +73,15 @@ def batches_for(cfg: RunConfig, samples: Sequence[Sample]) -> StepBatches:
 
 def step_batches(samples: Sequence[Sample], pool_of: Mapping[str, str], *, alpha: float = 1.0,
                  norm_std: bool = True, filter_zero_variance: bool = False, grouping: str = "turn") -> StepBatches:
-    """Mix rewards, group by (task, agent, turn) within each episode, compute advantages, filter,
-    route by pool. grouping "trajectory": groups (task, agent) per episode over its K copies, one
-    return per copy (the driver puts copy j's return on each of its samples; see rollout_svc.tree)."""
+    """Mix rewards, group and compute advantages with the advantage estimator `grouping`
+    (atgrpo.algo.registry; "turn": AT-GRPO's (task, agent, turn) groups within each episode,
+    "trajectory": (task, agent) per episode over its K copies), filter, route by pool."""
     if not samples:
         return StepBatches({}, {}, 0)
     rewards = mix_rewards(torch.tensor([s.team_reward for s in samples], dtype=torch.double),
                           torch.tensor([s.local_reward for s in samples], dtype=torch.double), alpha)   # (B,)
-    if grouping == "trajectory":
-        groups = group_index(_trajectory_keys(samples))                                               # (B,)
-        copies = torch.tensor([s.branch for s in samples], dtype=torch.long)                          # (B,)
-        adv, flat = trajectory_advantages(rewards, groups, copies, norm_std=norm_std)
-    else:
-        groups = group_index(_group_keys(samples))                                                    # (B,)
-        adv, flat = group_advantages(rewards, groups, norm_std=norm_std)
+    est = estimate(grouping, samples, rewards, norm_std=norm_std)
+    adv, flat, groups = est.advantages, est.zero_variance, est.groups                                 # (B,) each
     stats: dict[str, AgentStats] = defaultdict(AgentStats)
     seen_groups: set[int] = set()
     per_pool: dict[str, list[TrainSample]] = defaultdict(list)
@@ -196,13 +157,15 @@ def stale_tasks(samples: Sequence[Sample], pool_of: Mapping[str, str], pool: str
 
 def collect_plan(cfg: RunConfig, tasks: Sequence[TaskRef], *, step: int, eval_mode: bool = False,
                  versions: Mapping[str, int] | None = None) -> CollectPlan:
-    """Training collects K-way trees (grouping "trajectory": K independent episodes per task);
+    """Training collects K-way trees, or K independent episodes per task for an estimator that
+    asks for them (grouping "trajectory");
     evaluation one flat rollout per task with eval sampling. `versions` (pool -> version) pins the
-    weights every replica must serve."""
+    weights every replica must serve. Each task is numbered with its episode (its position, from
+    1): the samples carry it back, and (task, episode) names the tree they are grouped in."""
     alg = cfg.algorithm
-    train_mode = "trajectory" if alg.grouping == "trajectory" else "tree"
+    train_mode = adv_estimator(alg.grouping).collect
     return CollectPlan(
-        env=cfg.env.name, tasks=tuple(tasks), agents=agent_plans(cfg, eval_mode=eval_mode),
+        env=cfg.env.name, tasks=tuple(replace(t, episode=i) for i, t in enumerate(tasks, 1)), agents=agent_plans(cfg, eval_mode=eval_mode),
         turn_order=tuple(cfg.env.turn_order), max_turns=cfg.env.max_turns,
         k=1 if eval_mode else alg.k, mode="flat" if eval_mode else train_mode,
         selection="first" if eval_mode else alg.selection, parallel=cfg.env.parallel, alpha=alg.alpha,

@@ -1,4 +1,4 @@
-"""Protobuf <-> SDK types for the EnvService."""
+"""Protobuf <-> the env contract types (atgrpo.contract.env) for the EnvService."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 from google.protobuf import json_format, struct_pb2
 
 from atgrpo._proto.v1 import common_pb2, env_pb2
+from atgrpo.contract.env import EnvSpec, Message, StepResult
 from atgrpo.errors import InvalidArgument
-from atgrpo.sdk.env import EnvSpec, Message, StepResult
 
 
 def struct_from(d: Mapping[str, Any] | None) -> struct_pb2.Struct:

@@ -17,17 +17,18 @@ from atgrpo.plan import (
     USABLE_FRACTION,
     GiB,
     ModelShape,
-    activation_bytes,
     checkpoint_bytes,
     checkpointing_on,
     compute_dtype,
     load_shape,
     longest_sample,
+    pool_activation_bytes,
     push_bytes,
     rollout_components,
     rollout_full_kv_bytes,
     trainer_components,
     trainer_host_bytes,
+    trainer_peak,
 )
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ class ProcessPlan:
 
     @property
     def gpu_total(self) -> int:
-        return sum(self.gpu.values())
+        return trainer_peak(self.gpu) if self.kind == "trainer" else sum(self.gpu.values())
 
     @property
     def fits(self) -> bool | None:
@@ -149,6 +150,8 @@ def plan_run(cfg: RunConfig, *, gpus: int | None = None, gpu_memory: int | None 
                     f"named {Path(pool.model_path).name!r} (atgrpo/models/configs/). Put the model there, or its "
                     "config.json alone (architecture only) to plan without the weights")
             continue
+        if problem := tensor_parallel_problem(name, pool, shape):
+            problems.append(problem)
         processes += _pool_processes(cfg, name, pool, shape, device, ranks, memory)
         agents = len(cfg.agents_of(name))
         if pool.trainable:
@@ -161,6 +164,28 @@ def plan_run(cfg: RunConfig, *, gpus: int | None = None, gpu_memory: int | None 
     return RunPlan(source, tuple(processes), tuple(disks), tuple(problems), tuple(unplanned))
 
 
+def tensor_parallel_problem(name: str, pool: PoolConfig, shape: ModelShape) -> str | None:
+    """vLLM splits attention heads over its tensor-parallel GPUs: each must get whole query heads,
+    and whole KV heads or copies of one (the check vLLM makes when it starts, minutes in)."""
+    tp = pool.rollout_gpus
+    if pool.engine != "vllm" or tp <= 1:
+        return None
+    kv_ok = shape.kv_heads % tp == 0 if shape.kv_heads >= tp else tp % shape.kv_heads == 0
+    if shape.heads % tp == 0 and kv_ok:
+        return None
+    fits = [n for n in range(1, tp) if shape.heads % n == 0
+            and (shape.kv_heads % n == 0 if shape.kv_heads >= n else n % shape.kv_heads == 0)]
+    return (f"pools.{name}.rollout_gpus is {tp}, but the model's {shape.heads} attention heads and {shape.kv_heads} "
+            f"KV heads do not split evenly over {tp} GPUs (vLLM would refuse it at start). Use rollout_gpus: "
+            f"{fits[-1]}, or another count that divides them")
+
+
+def sorts_vocabulary(cfg: RunConfig, pool: str) -> bool:
+    """Whether an agent of `pool` trains under top-p without top-k: its log-prob passes sort the
+    vocabulary (more temporaries a pass)."""
+    return any(0 < s.top_p < 1 and s.top_k <= 0 for s in (cfg.agents[a].train_sampling for a in cfg.agents_of(pool)))
+
+
 def _pool_processes(cfg: RunConfig, name: str, pool: PoolConfig, shape: ModelShape, device: str,
                     ranks: int, memory: int | None) -> list[ProcessPlan]:
     agents = len(cfg.agents_of(name))
@@ -169,17 +194,17 @@ def _pool_processes(cfg: RunConfig, name: str, pool: PoolConfig, shape: ModelSha
     out = []
     if pool.trainable:
         tokens = max(pool.micro_batch_tokens, sample)   # a sample longer than the budget goes alone
-        comps = trainer_components(shape, pool, cfg.algorithm, device, agents=agents, ranks=ranks, tokens=tokens)
-        width, _ = compute_dtype(pool, device)
-        other = activation_bytes(shape, tokens, width, not checkpointing_on(pool, device))
+        comps = trainer_components(shape, pool, cfg.algorithm, device, agents=agents, ranks=ranks, tokens=tokens,
+                                   memory=memory, sorts=sorts_vocabulary(cfg, name))
+        other = pool_activation_bytes(shape, pool, device, tokens, not checkpointing_on(pool, device))
         notes = [f"activations at {tokens} tokens: {gib(comps['activations'])} with checkpointing "
                  f"{'on' if checkpointing_on(pool, device) else 'off'}, {gib(other)} with it "
                  f"{'off' if checkpointing_on(pool, device) else 'on'}"]
         if tokens > pool.micro_batch_tokens:
             notes.append(f"micro_batch_tokens {pool.micro_batch_tokens} is below the longest sample ({sample} "
                          "tokens), which goes alone")
-        host = (trainer_host_bytes(shape, pool, agents=agents, ranks=ranks) if device == "cuda"
-                else HOST_BASE_BYTES + sum(comps.values()))   # on CPU the device memory is the host's
+        host = (trainer_host_bytes(shape, pool, ranks=ranks) if device == "cuda"
+                else HOST_BASE_BYTES + trainer_peak(comps))   # on CPU the device memory is the host's
         plan = ProcessPlan(f"trainer-{name}", "trainer", name, device, ranks if device == "cuda" else 0, comps,
                            memory if device == "cuda" else None, host, tuple(notes))
         if plan.fits is False:
@@ -227,8 +252,8 @@ def trainer_fixes(cfg: RunConfig, name: str, pool: PoolConfig, shape: ModelShape
 
     def fits(p: PoolConfig, n: int = ranks, tokens: int | None = None) -> bool:
         tokens = max(tokens or p.micro_batch_tokens, sample)
-        return sum(trainer_components(shape, p, cfg.algorithm, "cuda", agents=agents, ranks=n,
-                                      tokens=tokens).values()) <= room
+        return trainer_peak(trainer_components(shape, p, cfg.algorithm, "cuda", agents=agents, ranks=n, tokens=tokens,
+                                               memory=memory, sorts=sorts_vocabulary(cfg, name))) <= room
 
     fixes = []
     if not checkpointing_on(pool, "cuda") and fits(replace(pool, gradient_checkpointing=True)):

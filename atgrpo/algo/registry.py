@@ -1,0 +1,150 @@
+"""Where advantage estimators and policy losses are found by the name a run config gives them
+(`algorithm.grouping`, `algorithm.policy_loss`), as verl's `register_adv_est` and
+`register_policy_loss` do: one function, one decorator, one config name.
+
+    from atgrpo.algo.registry import register_adv_est
+
+    @register_adv_est("my_estimator")
+    def my_estimator(samples, rewards, *, norm_std) -> Estimate:
+        ...   # each sample's advantage, whether its group's rewards are all equal, its group id
+
+A service process finds an estimator or loss registered in another package through the entry
+point groups `atgrpo.advantages` and `atgrpo.losses` (name = "module:function" of the decorated
+function, whose module registering it is enough), loaded the first time a name is not known. The
+built-ins: estimators `turn` (AT-GRPO) and `trajectory` (atgrpo.algo.estimators), losses
+`ppo_clip` and `decoupled` (atgrpo.algo.loss).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import import_module
+from importlib.metadata import entry_points
+from typing import Any, Literal
+
+import torch
+
+ADVANTAGE_GROUP = "atgrpo.advantages"
+LOSS_GROUP = "atgrpo.losses"
+
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """An estimator's answer for B samples."""
+
+    advantages: torch.Tensor       # (B,) float
+    zero_variance: torch.Tensor    # (B,) bool: the sample's group has no reward spread (filter: zero_variance drops it)
+    groups: torch.Tensor           # (B,) int64: the sample's group (counted in the step's metrics)
+
+
+# (samples, rewards (B,) float64 = alpha * team + local, *, norm_std) -> Estimate
+Estimator = Callable[..., Estimate]
+# (logprobs, old_logprobs, advantages, mask, cfg: LossConfig, *, prox_logprobs, ref_logprobs,
+#  entropy) -> (loss to minimise, metrics with at least "masked_tokens")
+Loss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+
+
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    name: str
+    fn: Estimator
+    # How the rollout samples for it: "tree" (K branches per agent per turn from one state, the
+    # best goes on) or "trajectory" (K independent episodes per task, each sample carrying its
+    # episode's return).
+    collect: Literal["tree", "trajectory"] = "tree"
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    name: str
+    fn: Loss
+    # Takes the proximal policy's log-probs (the trainer's weights before the update), which
+    # asynchronous training (max_staleness > 0) needs: the sampler may be versions behind.
+    proximal: bool = False
+
+
+_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+_LOSSES: dict[str, PolicyLoss] = {}
+
+
+def register_adv_est(name: str, *, collect: Literal["tree", "trajectory"] = "tree") -> Callable[[Estimator], Estimator]:
+    """Register `fn(samples, rewards, *, norm_std)` as the advantage estimator `name`."""
+    if collect not in ("tree", "trajectory"):
+        raise ValueError(f"collect must be 'tree' or 'trajectory', not {collect!r}")
+
+    def add(fn: Estimator) -> Estimator:
+        _add(_ESTIMATORS, AdvantageEstimator(name, fn, collect))
+        return fn
+    return add
+
+
+def register_policy_loss(name: str, *, proximal: bool = False) -> Callable[[Loss], Loss]:
+    """Register `fn(logprobs, old_logprobs, advantages, mask, cfg, *, prox_logprobs, ref_logprobs,
+    entropy)` as the policy loss `name`; `proximal`: it uses prox_logprobs (max_staleness > 0)."""
+    def add(fn: Loss) -> Loss:
+        _add(_LOSSES, PolicyLoss(name, fn, proximal))
+        return fn
+    return add
+
+
+def _add(table: dict[str, Any], entry: AdvantageEstimator | PolicyLoss) -> None:
+    old = table.get(entry.name)
+    # Re-registering the same function (a module imported again, a test run twice) is harmless.
+    if old is not None and _where(old.fn) != _where(entry.fn):
+        raise ValueError(f"{entry.name!r} is already registered ({old.fn.__module__}.{old.fn.__qualname__}); "
+                         "pick another name")
+    table[entry.name] = entry
+
+
+def _where(fn: Callable) -> tuple[str, str]:
+    return getattr(fn, "__module__", ""), getattr(fn, "__qualname__", "")
+
+
+def adv_estimator(name: str) -> AdvantageEstimator:
+    return _find(_ESTIMATORS, ADVANTAGE_GROUP, name, "advantage estimator", "algorithm.grouping", "register_adv_est")
+
+
+def policy_loss_named(name: str) -> PolicyLoss:
+    return _find(_LOSSES, LOSS_GROUP, name, "policy loss", "algorithm.policy_loss", "register_policy_loss")
+
+
+def estimator_names() -> list[str]:
+    _builtins()
+    return sorted(_ESTIMATORS)
+
+
+def loss_names() -> list[str]:
+    _builtins()
+    return sorted(_LOSSES)
+
+
+def _find(table: dict, group: str, name: str, what: str, setting: str, decorator: str):
+    _builtins()
+    if name not in table:
+        for ep in entry_points(group=group):
+            if ep.name == name:
+                ep.load()          # importing the module registers it
+    if name not in table:
+        raise KeyError(f"no {what} named {name!r} (known: {', '.join(sorted(table))}); set {setting} to one "
+                       f"of them, or register one with @{decorator}({name!r}) in a module the process imports "
+                       f"(entry point group {group!r})")
+    return table[name]
+
+
+def _builtins() -> None:
+    # Imported here, not at the top: they import this module to register themselves.
+    import_module("atgrpo.algo.estimators")
+    import_module("atgrpo.algo.loss")
+
+
+def estimate(name: str, samples: Sequence[Any], rewards: torch.Tensor, *, norm_std: bool) -> Estimate:
+    """The named estimator's Estimate for `samples`, checked for shape."""
+    got = adv_estimator(name).fn(samples, rewards, norm_std=norm_std)
+    b = (rewards.numel(),)
+    if not isinstance(got, Estimate) or (got.advantages.shape, got.zero_variance.shape, got.groups.shape) != (b, b, b) \
+            or got.zero_variance.dtype != torch.bool:
+        raise ValueError(f"advantage estimator {name!r} must return an Estimate of (B,) tensors (zero_variance "
+                         f"bool) for B = {b[0]} samples, not {got!r:.200}")
+    return got

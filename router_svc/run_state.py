@@ -1,0 +1,46 @@
+"""What the loop and the pipeline share of one run: how far it has come and how a step is recorded.
+
+The synchronous loop (loop.py) and the asynchronous pipeline (pipeline.py) both finish steps; both
+go through one RunState, so a step is recorded the same way whichever ran it: its event on disk
+before state.json counts it (a crash between the two leaves an event the resume drops and redoes,
+never a counted step without its event)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from atgrpo.rundir import Checkpoint, Progress, RunDir
+from router_svc import metrics
+
+
+class RunState:
+    def __init__(self, run_name: str, run_dir: RunDir, emit: Callable[[dict[str, Any]], None] = lambda e: None):
+        self.run_name, self.dir, self.emit = run_name, run_dir, emit
+        self.completed = 0                         # the last step recorded
+        self.versions: dict[str, int] = {}        # pool -> the version its trainer holds
+        self.checkpoints: list[Checkpoint] = []   # on disk, oldest first; the last is what a resume loads
+        self.retries = 0                           # faults recovered from since the last recorded step
+
+    def record(self, event: dict[str, Any]) -> None:
+        """An event to metrics.jsonl, the Prometheus gauges and whoever watches the run."""
+        self.dir.append_event(event)
+        metrics.observe_event(self.run_name, event)
+        self.emit(event)
+
+    def write_progress(self, versions: dict[str, int] | None = None) -> None:
+        """state.json; `versions`: each pool's after self.completed (default: what the pools hold now)."""
+        last = self.checkpoints[-1] if self.checkpoints else None
+        self.dir.write_progress(Progress(self.run_name, self.completed, dict(versions or self.versions), last,
+                                         list(self.checkpoints)))
+
+    def complete(self, step: int, event: dict[str, Any], versions: dict[str, int] | None = None) -> None:
+        """Step `step` is done: its event is on disk before state.json says so."""
+        self.completed = step
+        self.record(event)
+        self.write_progress(versions)
+
+    def take_retries(self) -> int:
+        """The faults recovered from since the last recorded step (for its event), counted afresh."""
+        n, self.retries = self.retries, 0
+        return n
