@@ -8,13 +8,14 @@ so a user fixes the file in one go. The algorithm fields are defined in DESIGN.m
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
 from atgrpo.config_parse import (
+    FLAT,
     Errors,
     build,
     load_yaml,
@@ -240,21 +241,14 @@ class AlgorithmConfig:
     """branches per (task, agent, turn) group: samples drawn from one state"""
     alpha: float = 1.0
     """team-reward weight: r = alpha * team + local"""
-    clip_eps_low: float = 0.2
-    """PPO ratio clip below: 1 - eps_low"""
-    clip_eps_high: float = 0.2
-    """PPO ratio clip above: 1 + eps_high"""
-    dual_clip_c: float = 3.0
-    """dual-clip bound on negative-advantage tokens (> 1)"""
+    loss: LossConfig = field(default_factory=LossConfig, metadata=FLAT)
+    """the policy loss's settings, written here flat (clip_eps_low, clip_eps_high, dual_clip_c,
+    kl_coef, entropy_coef, behav_imp_cap, policy_loss): the contract's own type, sent to the
+    trainers as it is (atgrpo.contract.trainer.LossConfig documents each)"""
     epochs: int = 1
     """passes over each step's samples"""
     mini_batch_size: int = 16
     """samples (sequences) per optimizer step; on a LoRA pool, per agent (each adapter steps on its own)"""
-    kl_coef: float = 0.0
-    """weight of the k3 KL to the frozen reference (a LoRA pool's base; a full pool's initial weights,
-    a second copy in memory); 0 = no reference model"""
-    entropy_coef: float = 0.0
-    """entropy bonus weight"""
     norm_std: bool = True
     """divide advantages by the group std; false = Dr.GRPO (r - mean)"""
     filter: Literal["none", "zero_variance"] = "none"
@@ -267,30 +261,13 @@ class AlgorithmConfig:
     independent episodes per task (forked once after reset), each turn's sample gets its episode's
     return alpha * final team reward + the agent's summed local rewards, groups (task, agent) over
     the K copies; selection does not apply"""
-    policy_loss: str = "ppo_clip"
-    """the policy loss, by its registered name (atgrpo.algo.registry). ppo_clip: the clipped
-    surrogate with dual clip; with max_staleness > 0 it trains with its decoupled form
-    (`decoupled`), as a loss registered with proximal=True does itself"""
     loss_agg: Literal["token_mean"] = "token_mean"
     """loss aggregation over tokens"""
     max_staleness: int = 0
     """asynchronous training: a sample drawn by version v is trained at version u only if
     u - v <= max_staleness (older ones are dropped and their task collected again), and collection
-    runs ahead while the pools train. 0 = the synchronous on-policy loop"""
-    behav_imp_cap: float = 2.0
-    """with max_staleness > 0 (the decoupled PPO loss): the cap on each token's importance weight
-    from the sampling policy to the trainer's policy before the update. 1 truncates as V-trace
-    does (Espeholt et al. 2018); AReaL uses 5, which at the demo's large learning rate did not
-    learn; 2 matched the synchronous loop's steps to 0.75 on six seeds (docs/design.md)"""
-
-    def to_update(self, max_staleness: int | None = None) -> UpdateConfig:
-        """What a trainer takes of these for each step's update; `max_staleness`: its pool's bound
-        (unset: this section's)."""
-        staleness = self.max_staleness if max_staleness is None else max_staleness
-        loss = "decoupled" if staleness > 0 and self.policy_loss == "ppo_clip" else self.policy_loss
-        return UpdateConfig(LossConfig(self.clip_eps_low, self.clip_eps_high, self.dual_clip_c, self.kl_coef,
-                                       self.entropy_coef, self.behav_imp_cap, name=loss), epochs=self.epochs,
-                            mini_batch_size=self.mini_batch_size, max_staleness=staleness)
+    runs ahead while the pools train. 0 = the synchronous on-policy loop. A pool may set its own
+    (pools.<p>.max_staleness); RunConfig.max_staleness(pool) is the one that resolves them"""
 
 
 @dataclass(frozen=True)
@@ -338,9 +315,16 @@ class RunConfig:
         return "L2" if self.pools[used.pop()].specialization == "lora" else "L1"
 
     def max_staleness(self, pool: str) -> int:
-        """How many versions `pool`'s samples may lag its weights (0: on-policy)."""
+        """How many versions `pool`'s samples may lag its weights (0: on-policy): the pool's own
+        bound, else algorithm.max_staleness. The one place the two are resolved."""
         own = self.pools[pool].max_staleness
         return self.algorithm.max_staleness if own is None else own
+
+    def update_for(self, pool: str) -> UpdateConfig:
+        """What `pool`'s trainer takes for each step's update (its own settings it fills in)."""
+        a = self.algorithm
+        return UpdateConfig(a.loss, epochs=a.epochs, mini_batch_size=a.mini_batch_size,
+                            max_staleness=self.max_staleness(pool))
 
     @property
     def asynchronous(self) -> bool:
@@ -367,13 +351,17 @@ class RunConfig:
         return to_plain(self)
 
     def with_overrides(self, steps: int | None = None, run_dir: str | None = None) -> RunConfig:
-        """Apply CLI overrides (--steps, --run-dir), validated like the file."""
-        data = self.to_dict()
-        if steps is not None:
-            data["run"]["steps"] = steps
-        if run_dir is not None:
-            data["run"]["run_dir"] = str(run_dir)
-        return parse_config(data, source="command-line overrides")
+        """Apply CLI overrides (--steps, --run-dir), checked by the file's rules (not parsed again)."""
+        run = replace(self.run, **({"steps": steps} if steps is not None else {}),
+                      **({"run_dir": str(run_dir)} if run_dir is not None else {}))
+        return replace(self, run=run).checked("command-line overrides")
+
+    def checked(self, source: str) -> RunConfig:
+        """This config if it keeps every rule parse_config applies; else ConfigError listing all."""
+        errors = validate(self, bad=[])
+        if errors:
+            raise ConfigError(*errors[0], errors=errors, source=source)
+        return self
 
 
 def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> RunConfig:

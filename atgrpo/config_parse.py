@@ -47,6 +47,27 @@ def choices_text(choices: Iterable[str]) -> str:
     return ", ".join(repr(c) for c in names) if names else "(none)"
 
 
+# A field's metadata that writes its dataclass's keys in the enclosing section, not under its own
+# name: the run config holds a contract type (e.g. algorithm.kl_coef is LossConfig.kl_coef) in the
+# form users already write.
+FLAT = {"flat": True}
+
+
+def _flat_keys(cls: type, hints: dict[str, Any]) -> dict[str, str]:
+    """key -> the FLAT field of `cls` whose dataclass has it."""
+    return {g.name: f.name for f in dataclasses.fields(cls) if f.metadata.get("flat")
+            for g in dataclasses.fields(hints[f.name]) if g.init}
+
+
+def section_types(cls: type) -> dict[str, Any]:
+    """The keys a section of dataclass `cls` takes, each with its type (FLAT fields' keys included)."""
+    hints = get_type_hints(cls)
+    out = {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init and not f.metadata.get("flat")}
+    for key, owner in _flat_keys(cls, hints).items():
+        out[key] = get_type_hints(hints[owner])[key]
+    return out
+
+
 def build(cls: type, data: object, path: str, errs: Errors, base: Any = None) -> Any:
     """Build dataclass `cls` from mapping `data`.
 
@@ -59,15 +80,20 @@ def build(cls: type, data: object, path: str, errs: Errors, base: Any = None) ->
         data, errs = {}, []  # one error for the section, not one per missing field
     hints = get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    flat = _flat_keys(cls, hints)
+    valid = [k for k, f in fields.items() if not f.metadata.get("flat")] + list(flat)
     for key in data:
-        if key not in fields:
-            hint = did_you_mean(key, fields) or f" Valid keys: {', '.join(fields)}"
+        if key not in valid:
+            hint = did_you_mean(key, valid) or f" Valid keys: {', '.join(valid)}"
             errs.append((join(path, key), f"unknown key {str(key)!r}.{hint}"))
     kwargs: dict[str, Any] = {}
     for name, f in fields.items():
         sub = join(path, name)
         default = getattr(base, name) if base is not None else _default(f)
-        if name in data:
+        if f.metadata.get("flat"):
+            own = {k: v for k, v in data.items() if flat.get(k) == name}
+            kwargs[name] = build(hints[name], own, path, errs, default)
+        elif name in data:
             kwargs[name] = convert(hints[name], data[name], sub, errs, default)
         elif default is not _MISSING:
             kwargs[name] = default
@@ -177,8 +203,14 @@ def convert(tp: Any, value: object, path: str, errs: Errors, default: Any = _MIS
 def to_plain(obj: Any) -> Any:
     """Dataclasses -> dicts and tuples -> lists, dropping None fields (their default)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)
-                if getattr(obj, f.name) is not None}
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(obj):
+            value = to_plain(getattr(obj, f.name))
+            if f.metadata.get("flat"):
+                out.update(value)
+            elif value is not None:
+                out[f.name] = value
+        return out
     if isinstance(obj, Mapping):
         return {k: to_plain(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):

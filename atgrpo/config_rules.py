@@ -33,10 +33,16 @@ def validate(cfg: RunConfig, bad: list[str]) -> Errors:
     _check_run(c, cfg.run)
     _check_env_and_agents(c, cfg)
     _check_pools(c, cfg)
-    c.limits("algorithm", cfg.algorithm, {"k": AT_LEAST_1, **UPDATE_BOUNDS})   # the trainer's own bounds
+    # The trainer's own bounds (UPDATE_BOUNDS), on the section's fields and its loss's (written flat).
+    c.limits("algorithm", cfg.algorithm, {"k": AT_LEAST_1, **_update_bounds(cfg.algorithm)})
+    c.limits("algorithm", cfg.algorithm.loss, _update_bounds(cfg.algorithm.loss))
     _check_algorithm_names(c, cfg)
     _check_services(c, cfg)
     return c.errors
+
+
+def _update_bounds(obj: object) -> dict:
+    return {k: bound for k, bound in UPDATE_BOUNDS.items() if hasattr(obj, k)}
 
 
 def _check_algorithm_names(c: Checks, cfg: RunConfig) -> None:
@@ -49,13 +55,12 @@ def _check_algorithm_names(c: Checks, cfg: RunConfig) -> None:
         c.add("algorithm.grouping", _unregistered(alg.grouping, registry.estimator_names(), "register_adv_est",
                                                   registry.ADVANTAGE_GROUP))
     try:
-        loss = registry.policy_loss_named(alg.policy_loss)
+        loss = registry.policy_loss_named(alg.loss.policy_loss)
     except KeyError:
-        c.add("algorithm.policy_loss", _unregistered(alg.policy_loss, registry.loss_names(), "register_policy_loss",
-                                                     registry.LOSS_GROUP))
+        c.add("algorithm.policy_loss", _unregistered(alg.loss.policy_loss, registry.loss_names(),
+                                                     "register_policy_loss", registry.LOSS_GROUP))
         return
-    stale = [p for p, pool in cfg.pools.items() if (alg.max_staleness if pool.max_staleness is None
-                                                     else pool.max_staleness) > 0]
+    stale = [p for p in cfg.pools if cfg.max_staleness(p) > 0]
     if stale and not loss.proximal and loss.name != "ppo_clip":
         c.add("algorithm.policy_loss", f"{loss.name!r} does not take the proximal log-probs that asynchronous "
               f"training needs (max_staleness > 0 on pools {', '.join(stale)}); set max_staleness: 0, or "
@@ -157,9 +162,8 @@ def _check_pools(c: Checks, cfg: RunConfig) -> None:
         c.limits(path, pool, {"rollout_replicas": AT_LEAST_1, "micro_batch_tokens": AT_LEAST_1,
                               "trainer_gpus": AT_LEAST_1, "rollout_gpus": AT_LEAST_1})
         _check_gpus(c, path, pool)
-        if pool.max_staleness is not None and pool.max_staleness < 0:
-            c.add(f"{path}.max_staleness", f"must be >= 0, got {pool.max_staleness}. Use 0 for on-policy "
-                  "training, or remove it to take algorithm.max_staleness")
+        if pool.max_staleness is not None:    # else algorithm.max_staleness, checked there
+            c.limits(path, pool, {"max_staleness": UPDATE_BOUNDS["max_staleness"]})
         c.limits(f"{path}.optim", pool.optim, {
             "lr": (lambda v: v > 0, "> 0", "Typical values are 1e-6 (full) to 1e-4 (lora)"),
             "weight_decay": NON_NEG, "warmup_steps": NON_NEG,

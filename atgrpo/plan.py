@@ -337,7 +337,7 @@ def trainer_components(shape: ModelShape, pool: PoolConfig, algorithm: Algorithm
         "step_temporaries": t * m // shards if device == "cuda" else 0,
         "fsdp_units": ((shape.embedding_params + FSDP_LAYERS_IN_FLIGHT * shape.layer_params) * 2 * m
                        if shards > 1 else 0),
-        "kl_reference": p * width // shards if not lora and algorithm.kl_coef > 0 else 0,
+        "kl_reference": p * width // shards if not lora and algorithm.loss.kl_coef > 0 else 0,
         "activations": pool_activation_bytes(shape, pool, device, tokens, sharded=shards > 1),
         "logprob": logprob_bytes(shape, response_tokens, width=width, memory=memory if device == "cuda" else None,
                                  sorts=sorts)

@@ -318,7 +318,7 @@ class RunLoop:
         """Every pool's update at once; a pool with no samples this step (all filtered) keeps its version."""
         async def one(pool: str) -> tuple[str, dict[str, float]]:
             resp = await self.clients.trainers[pool].train(self.cfg.run.name, step, self.versions[pool],
-                                                           per_pool[pool], self.cfg.algorithm.to_update(0))
+                                                           per_pool[pool], self.cfg.update_for(pool))
             self.versions[pool] = resp.version
             return pool, pool_metrics(resp)
 

@@ -171,7 +171,7 @@ class Pipeline:
             metrics: dict[str, Any] = {}
             if samples:
                 resp = await loop.clients.trainers[pool].train(
-                    self.cfg.run.name, step, s.versions[pool], samples, self.cfg.algorithm.to_update(self.staleness(pool)))
+                    self.cfg.run.name, step, s.versions[pool], samples, self.cfg.update_for(pool))
                 s.versions[pool] = loop.run_state.versions[pool] = resp.version
                 metrics = pool_metrics(resp)
             if metrics or dropped:

@@ -246,7 +246,7 @@ def check_trainer(args, work: Path) -> dict:
     loaded_s = time.monotonic() - started
     per_sample = min(args.sample_tokens, tokens)
     samples = samples_for(per_sample, max(1, tokens // per_sample), cfg["vocab_size"])
-    update = dataclasses.replace(run.algorithm.to_update(), mini_batch_size=len(samples), micro_batch_tokens=tokens,
+    update = dataclasses.replace(run.update_for(name), mini_batch_size=len(samples), micro_batch_tokens=tokens,
                                  autocast_bf16=state.autocast)
     ops.train(samples, update)                     # warm-up: allocator, AdamW state, kernels
     _reset_peak(args.device)
@@ -298,7 +298,7 @@ def check_logprobs(args, work: Path) -> dict:
     if args.device.startswith("cuda"):
         torch.cuda.empty_cache()
     ops = setup_pool(args, path, name, pool)
-    cfg = dataclasses.replace(run.algorithm.to_update(), micro_batch_tokens=pool.micro_batch_tokens,
+    cfg = dataclasses.replace(run.update_for(name), micro_batch_tokens=pool.micro_batch_tokens,
                               autocast_bf16=ops.state.autocast)
     scored = proximal_logprobs(ops.state.model, samples, cfg, str(ops.state.device))
     rollout = torch.cat([torch.tensor(s.old_logprobs, dtype=torch.float32) for s in samples])

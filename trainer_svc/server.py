@@ -81,17 +81,17 @@ def check_setup(m: trainer_pb2.SetupRequest) -> None:
         ("dropout", lora.dropout, 0 <= lora.dropout < 1, "in [0, 1)")])
 
 
-def check_loss(loss: trainer_pb2.LossParams) -> None:
+def check_update(update: trainer_pb2.UpdateParams) -> None:
     """The update settings as the trainer will use them (0 = the default) against the one table of
     bounds the run config is checked with (atgrpo.contract.trainer.UPDATE_BOUNDS)."""
-    bad = update_problems(trainer_wire.update_from_pb(loss))
+    bad = update_problems(trainer_wire.update_from_pb(update))
     if bad:
-        raise InvalidArgument("Train loss: " + "; ".join(bad) + " (0 = the default)")
-    if loss.policy_loss:
+        raise InvalidArgument("Train update: " + "; ".join(bad) + " (0 = the default)")
+    if update.policy_loss:
         try:
-            policy_loss_named(loss.policy_loss)
+            policy_loss_named(update.policy_loss)
         except KeyError as err:
-            raise InvalidArgument(f"Train loss.policy_loss: {err.args[0]}") from None
+            raise InvalidArgument(f"Train update.policy_loss: {err.args[0]}") from None
 
 
 def _vocab_size(state) -> int | None:
@@ -162,10 +162,10 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         if header.num_samples != len(samples):
             raise InvalidArgument(f"the header announced {header.num_samples} samples, {len(samples)} arrived; "
                                   "nothing was trained, resend the step")
-        check_loss(header.loss)
+        check_update(header.update)
         state = self.trainer.need_state()
         _check_token_ids(samples, _vocab_size(state))
-        update = dataclasses.replace(trainer_wire.update_from_pb(header.loss), micro_batch_tokens=self.micro_batch_tokens,
+        update = dataclasses.replace(trainer_wire.update_from_pb(header.update), micro_batch_tokens=self.micro_batch_tokens,
                                      grad_clip=state.spec.grad_clip)
         result = await self.trainer.train(header.run_id, header.step, header.expected_version, samples, update)
         return trainer_wire.result_to_pb(result, state.spec.pool)

@@ -230,9 +230,8 @@ def _micro_step(model, batch: Sequence[TrainSample], cfg: UpdateConfig, device: 
 
 
 def loss_for(cfg: UpdateConfig) -> PolicyLoss:
-    """The registered policy loss the update trains with: the one named, else (a router from
-    before the name) ppo_clip on-policy and decoupled with max_staleness > 0."""
-    return policy_loss_named(cfg.loss.name or ("decoupled" if cfg.max_staleness > 0 else "ppo_clip"))
+    """The registered policy loss the update trains with (UpdateConfig.policy_loss)."""
+    return policy_loss_named(cfg.policy_loss)
 
 
 def _mean_keys(cfg: UpdateConfig) -> tuple[str, ...]:

@@ -16,13 +16,21 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from atgrpo.cli import launcher
 from atgrpo.cli.launcher import LocalService, ServicePlan
 from atgrpo.cli.placement import Placement, PlacementError, local_placement
-from atgrpo.config import EVALUATE_START, ConfigError, RunConfig, dump_config, parse_config
+from atgrpo.config import (
+    EVALUATE_START,
+    ConfigError,
+    RunConfig,
+    ServicesConfig,
+    dump_config,
+    parse_config,
+)
 from atgrpo.plan import vllm_lora_limits
 from atgrpo.rpc.tether import Tether
 
@@ -95,23 +103,18 @@ def _vllm_python() -> str:
 def with_services(cfg: RunConfig, services: list[LocalService]) -> RunConfig:
     """The config with the started services' addresses filled in (connect mode from here on)."""
     by_name = {s.name: s.address for s in services}
-    data = cfg.to_dict()
-    data["services"] = {
-        "env": by_name["env"], "sandbox": by_name["sandbox"], "router": by_name["router"],
-        "rollout": {p: [by_name[f"rollout-{p}-{i}"] for i in range(pool.rollout_replicas)]
-                    for p, pool in cfg.pools.items()},
-        "trainer": {p: by_name[f"trainer-{p}"] for p, pool in cfg.pools.items() if pool.trainable},
-    }
-    return parse_config(data, source="the local services")
+    return replace(cfg, services=ServicesConfig(
+        env=by_name["env"], sandbox=by_name["sandbox"], router=by_name["router"],
+        rollout={p: tuple(by_name[f"rollout-{p}-{i}"] for i in range(pool.rollout_replicas))
+                 for p, pool in cfg.pools.items()},
+        trainer={p: by_name[f"trainer-{p}"] for p, pool in cfg.pools.items() if pool.trainable}))
 
 
 def resolve_paths(cfg: RunConfig) -> RunConfig:
     """Absolute model and run paths: the services may run elsewhere than this directory."""
-    data = cfg.to_dict()
-    data["run"]["run_dir"] = str(Path(cfg.run.run_dir).resolve())
-    for pool in data["pools"].values():
-        pool["model_path"] = str(Path(pool["model_path"]).expanduser().resolve())
-    return parse_config(data, source="the config")
+    pools = {p: replace(pool, model_path=str(Path(pool.model_path).expanduser().resolve()))
+             for p, pool in cfg.pools.items()}
+    return replace(cfg, run=replace(cfg.run, run_dir=str(Path(cfg.run.run_dir).resolve())), pools=pools)
 
 
 def check_models(cfg: RunConfig) -> None:

@@ -27,26 +27,37 @@ class TrainSample:
 
 @dataclass(frozen=True)
 class LossConfig:
-    """The policy loss's settings (atgrpo.algo.loss.policy_loss; DESIGN.md §1)."""
+    """The policy loss's settings (atgrpo.algo.loss.policy_loss; DESIGN.md §1). This is their one
+    form: the run config's algorithm section holds it (its keys are written there, flat), the
+    router sends it (UpdateParams, atgrpo.contract.trainer_wire) and the loss reads it."""
 
     clip_eps_low: float = 0.2
+    """PPO ratio clip below: 1 - eps_low"""
     clip_eps_high: float = 0.2
-    dual_clip_c: float = 3.0        # > 1; bounds the loss of negative-advantage tokens at c * |A|
+    """PPO ratio clip above: 1 + eps_high"""
+    dual_clip_c: float = 3.0
+    """dual-clip bound on negative-advantage tokens (> 1): their loss is at most c * |A|"""
     kl_coef: float = 0.0
+    """weight of the k3 KL to the frozen reference (a LoRA pool's base; a full pool's initial weights,
+    a second copy in memory); 0 = no reference model"""
     entropy_coef: float = 0.0
-    # The decoupled loss (max_staleness > 0): cap on each token's importance weight from the
-    # sampling policy to the trainer's policy before the update.
+    """entropy bonus weight"""
     behav_imp_cap: float = 2.0
-    # The registered policy loss (atgrpo.algo.registry); "": by max_staleness, ppo_clip when 0,
-    # decoupled when > 0 (what a router from before the name sends).
-    name: str = ""
+    """with max_staleness > 0 (the decoupled PPO loss): the cap on each token's importance weight
+    from the sampling policy to the trainer's policy before the update. 1 truncates as V-trace
+    does (Espeholt et al. 2018); AReaL uses 5, which at the demo's large learning rate did not
+    learn; 2 matched the synchronous loop's steps to 0.75 on six seeds (docs/design.md)"""
+    policy_loss: str = "ppo_clip"
+    """the policy loss, by its registered name (atgrpo.algo.registry). ppo_clip: the clipped
+    surrogate with dual clip; with max_staleness > 0 it trains with its decoupled form
+    (`decoupled`), as a loss registered with proximal=True does itself"""
 
 
 @dataclass(frozen=True)
 class UpdateConfig:
-    """How a pool updates on a step's samples. The router sends `loss`, `epochs` and
-    `mini_batch_size` (from the run's algorithm section); the trainer fills in the rest from its
-    pool's setup."""
+    """How a pool updates on a step's samples. The router sends `loss`, `epochs`, `mini_batch_size`
+    and `max_staleness` (the run's algorithm section, RunConfig.update_for); the trainer fills in
+    the rest from its pool's setup."""
 
     loss: LossConfig = field(default_factory=LossConfig)
     epochs: int = 1
@@ -56,6 +67,13 @@ class UpdateConfig:
     autocast_bf16: bool = False      # bf16 mixed precision for forward/backward (fp32 master weights)
     # How many versions a sample may lag the pool's weights; > 0 trains with the decoupled loss.
     max_staleness: int = 0
+
+    @property
+    def policy_loss(self) -> str:
+        """The registered loss the update trains with: ppo_clip turns into its decoupled form
+        when samples may be stale (the proximal log-probs it needs come with max_staleness > 0)."""
+        name = self.loss.policy_loss
+        return "decoupled" if name == "ppo_clip" and self.max_staleness > 0 else name
 
 
 # The update settings' bounds, one table: the run config's check (algorithm.*; atgrpo.config_rules)

@@ -59,16 +59,16 @@ def spec_from_pb(m: pb.SetupRequest) -> PoolSpec:
         gradient_checkpointing=m.gradient_checkpointing if m.HasField("gradient_checkpointing") else None)
 
 
-def update_to_pb(u: UpdateConfig) -> pb.LossParams:
+def update_to_pb(u: UpdateConfig) -> pb.UpdateParams:
     """What of an update the router decides; the trainer's own settings do not travel."""
     loss = u.loss
-    return pb.LossParams(clip_eps_low=loss.clip_eps_low, clip_eps_high=loss.clip_eps_high,
+    return pb.UpdateParams(clip_eps_low=loss.clip_eps_low, clip_eps_high=loss.clip_eps_high,
                          dual_clip_c=loss.dual_clip_c, kl_coef=loss.kl_coef, entropy_coef=loss.entropy_coef,
                          epochs=u.epochs, mini_batch_size=u.mini_batch_size, max_staleness=u.max_staleness,
-                         behav_imp_cap=loss.behav_imp_cap, policy_loss=loss.name)
+                         behav_imp_cap=loss.behav_imp_cap, policy_loss=loss.policy_loss)
 
 
-def update_from_pb(m: pb.LossParams) -> UpdateConfig:
+def update_from_pb(m: pb.UpdateParams) -> UpdateConfig:
     d, dl = UpdateConfig(), LossConfig()
     # A client that predates behav_imp_cap sends none: it gets the default cap, not 0 (which
     # would zero every token's loss); an explicit 0 means the default too, as elsewhere here.
@@ -76,7 +76,7 @@ def update_from_pb(m: pb.LossParams) -> UpdateConfig:
     return UpdateConfig(
         loss=LossConfig(m.clip_eps_low or dl.clip_eps_low, m.clip_eps_high or dl.clip_eps_high,
                         m.dual_clip_c or dl.dual_clip_c, m.kl_coef, m.entropy_coef, behav_imp_cap=cap,
-                        name=m.policy_loss),
+                        policy_loss=m.policy_loss or dl.policy_loss),   # "": an older router, by staleness
         epochs=m.epochs or d.epochs, mini_batch_size=m.mini_batch_size or d.mini_batch_size,
         max_staleness=m.max_staleness)
 
@@ -97,7 +97,7 @@ def train_stream(run_id: str, step: int, expected_version: int, samples: Sequenc
                  update: UpdateConfig) -> Iterator[pb.TrainRequest]:
     """A Train call's messages: the header, then one message per sample."""
     yield pb.TrainRequest(header=pb.TrainHeader(run_id=run_id, step=step, expected_version=expected_version,
-                                                num_samples=len(samples), loss=update_to_pb(update)))
+                                                num_samples=len(samples), update=update_to_pb(update)))
     for s in samples:
         yield pb.TrainRequest(sample=sample_to_pb(s))
 

@@ -70,7 +70,7 @@ def test_a_registered_estimator_and_loss_train_a_toy_step(tiny_model):
     # ... and the trainer's side trains with the new loss, by its name.
     params = [p for p in model.parameters() if p.requires_grad]
     metrics = update(model, torch.optim.AdamW(params, lr=1e-3), train,
-                     UpdateConfig(LossConfig(name="test_reinforce"), mini_batch_size=4), params=params)
+                     UpdateConfig(LossConfig(policy_loss="test_reinforce"), mini_batch_size=4), params=params)
     tokens = sum(len(s.response_ids) for s in train)
     want = -sum(a * sum(s.old_logprobs) for s, a in zip(train, batches.advantages, strict=True)) / tokens
     assert metrics["loss"] == pytest.approx(want, abs=1e-4)       # -A log p at the starting weights
@@ -99,8 +99,8 @@ def test_config_names_are_checked_against_the_registries():
 
 
 def test_asynchronous_training_picks_the_decoupled_form_and_refuses_a_loss_without_it():
-    assert parse_config(config(max_staleness=2)).algorithm.to_update().loss.name == "decoupled"
-    assert parse_config(config()).algorithm.to_update().loss.name == "ppo_clip"
+    assert parse_config(config(max_staleness=2)).update_for("p").policy_loss == "decoupled"
+    assert parse_config(config()).update_for("p").policy_loss == "ppo_clip"
     with pytest.raises(ConfigError, match="proximal"):
         parse_config(config(max_staleness=1, policy_loss="test_reinforce"))
 

@@ -1,6 +1,9 @@
 """The `atgrpo` command's offline subcommands, called as a user would (in-process main())."""
 
 
+from pathlib import Path
+
+import pytest
 import yaml
 
 from atgrpo.cli import main
@@ -82,3 +85,29 @@ def test_the_smollm2_examples_are_the_learning_bench_s_at_grpo_runs():
             data["run"].pop("name")
             data["run"].pop("run_dir", None)
         assert example == bench, task
+
+
+def test_the_cli_parses_the_config_once_and_edits_it_after(monkeypatch, tmp_path):
+    """Overrides, absolute paths and the local services' addresses edit the parsed config; none
+    goes back through YAML and the parser (each edit equals what a parse of the edited dict gives)."""
+    from atgrpo import config
+    from atgrpo.cli import runner
+    from atgrpo.cli.launcher import LocalService
+
+    cfg = config.load_config(EXAMPLES / "plan_path_L1_tiny.yaml")
+    expected_overrides = config.parse_config({**cfg.to_dict(), "run": {**cfg.to_dict()["run"], "steps": 3}})
+    names = ["env", "sandbox", "router", "rollout-shared-0", "trainer-shared"]
+    started = [LocalService(n, n, 1, 0.0, f"127.0.0.1:{5000 + i}", "", "") for i, n in enumerate(names)]
+
+    def no_parse(*_a, **_k):
+        raise AssertionError("parsed again")
+    monkeypatch.setattr(config, "parse_config", no_parse)
+    monkeypatch.setattr(runner, "parse_config", no_parse)
+    assert cfg.with_overrides(steps=3) == expected_overrides
+    with pytest.raises(config.ConfigError, match="run.steps"):
+        cfg.with_overrides(steps=0)                    # still checked by the file's rules
+    resolved = runner.resolve_paths(cfg)
+    assert Path(resolved.run.run_dir).is_absolute() and Path(resolved.pools["shared"].model_path).is_absolute()
+    connected = runner.with_services(resolved, started)
+    assert not connected.local_mode and connected.services.rollout == {"shared": ("127.0.0.1:5003",)}
+    assert connected.services.trainer == {"shared": "127.0.0.1:5004"} and connected.pools == resolved.pools

@@ -12,11 +12,12 @@ import copy
 import dataclasses
 import math
 import types
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, Union, get_args, get_origin
 
 from hypothesis import strategies as st
 
 from atgrpo.config import RunConfig, parse_config
+from atgrpo.config_parse import section_types
 
 BASE = {
     "run": {"name": "fuzz-run", "steps": 2, "tasks_per_step": 2, "eval_every_steps": 0,
@@ -99,7 +100,7 @@ def sites(data: Any, tp: Any = RunConfig, path: tuple = ()) -> list[Site]:
     out = [Site(path, tp)] if path else []
     inner, _ = _unwrap(tp)
     if dataclasses.is_dataclass(inner):
-        hints = get_type_hints(inner)
+        hints = section_types(inner)
         for name, value in data.items():
             out += sites(value, hints[name], (*path, name))
     elif get_origin(inner) is dict and get_args(inner)[1] is not Any:
@@ -148,7 +149,7 @@ def mutations(draw, base: dict[str, Any]) -> tuple[dict[str, Any], str, str]:
     if kind == "unknown_key":
         sections = [Site((), RunConfig)] + [s for s in all_sites if dataclasses.is_dataclass(_unwrap(s.tp)[0])]
         site = draw(st.sampled_from(sections))
-        fields = {f.name for f in dataclasses.fields(_unwrap(site.tp)[0])}
+        fields = set(section_types(_unwrap(site.tp)[0]))
         key = draw(st.from_regex(r"[a-z][a-z_]{0,11}", fullmatch=True).filter(lambda k: k not in fields))
         target = data
         for p in site.path:

@@ -16,6 +16,7 @@ from atgrpo.config import (
     load_config,
     parse_config,
 )
+from atgrpo.contract.trainer import LossConfig
 from tests.conftest import ROOT
 
 EXAMPLE = ROOT / "examples" / "plan_path_L1_tiny.yaml"
@@ -152,6 +153,19 @@ def test_a_run_is_asynchronous_when_a_trainable_pool_allows_stale_samples():
     assert not parse_config(edited({"algorithm.max_staleness": 1, "pools.shared.max_staleness": 0})).asynchronous
     assert parse_config(example()).pool_of == {"tool": "shared", "plan": "shared"}
 
+def test_the_loss_settings_are_the_contracts_own_type_written_flat_and_sent_as_they_are():
+    cfg = parse_config(edited({"algorithm.kl_coef": 0.05, "algorithm.clip_eps_high": 0.28, "algorithm.epochs": 2,
+                               "algorithm.max_staleness": 1, "pools.shared.max_staleness": 3}))
+    loss = cfg.algorithm.loss
+    assert type(loss) is LossConfig and (loss.kl_coef, loss.clip_eps_high, loss.clip_eps_low) == (0.05, 0.28, 0.2)
+    assert cfg.to_dict()["algorithm"]["kl_coef"] == 0.05 and "loss" not in cfg.to_dict()["algorithm"]
+    update = cfg.update_for("shared")
+    assert update.loss is loss and (update.epochs, update.max_staleness) == (2, 3)   # the pool's own bound
+    assert update.policy_loss == "decoupled"                    # ppo_clip's form for stale samples
+    assert errors_of(edited({"algorithm.loss": {"kl_coef": 0.1}})).errors[0][0] == "algorithm.loss"
+    assert "Did you mean 'kl_coef'?" in errors_of(edited({"algorithm.kl_coef_": 0.1})).errors[0][1]
+
+
 # ---- invalid configs: every rule names its field and a fix -------------------------------------
 
 # (case id, edits of the example, expected .field, fragment of the message)
@@ -208,6 +222,8 @@ BAD = [
     ("clip-eps-one", {"algorithm.clip_eps_high": 1.0}, "algorithm.clip_eps_high", "in (0, 1)"),
     ("clip-eps-zero", {"algorithm.clip_eps_low": 0}, "algorithm.clip_eps_low", "in (0, 1)"),
     ("negative-kl", {"algorithm.kl_coef": -0.1}, "algorithm.kl_coef", ">= 0"),
+    ("negative-staleness", {"algorithm.max_staleness": -1}, "algorithm.max_staleness", "Use 0 for on-policy"),
+    ("pool-negative-staleness", {"pools.shared.max_staleness": -2}, "pools.shared.max_staleness", "Use 0 for on-policy"),
     ("partial-services", {"services": {"env": "localhost:1"}}, "services",
      "either give every service address or none"),
     ("empty-rollout-list", {"services": {**ADDRESSES, "rollout": {"shared": []}}},

@@ -20,6 +20,7 @@ from atgrpo.config import (
     parse_config,
 )
 from atgrpo.config_parse import parse_bytes
+from atgrpo.contract.trainer import LossConfig
 from atgrpo.plan import (
     GPU_RUNTIME_BYTES,
     HEAD_GRAD_ROWS,
@@ -158,7 +159,7 @@ def test_trainer_components_float32_cpu_sharded_kl_and_lora():
     assert cpu["logprob"] == 100 * 1000 * 4 * 4                                      # a pass of 100 positions
     assert cpu["casts"] == 0                                                         # no autocast in float32
 
-    four = trainer_components(s, small_pool(trainer_gpus=4), AlgorithmConfig(kl_coef=0.1), "cuda")
+    four = trainer_components(s, small_pool(trainer_gpus=4), AlgorithmConfig(loss=LossConfig(kl_coef=0.1)), "cuda")
     assert (four["weights"], four["gradients"], four["optimizer"]) == (p, p, 2 * p)   # float32 masters / 4
     assert four["casts"] == 0     # FSDP's mixed precision gathers each layer in bf16: no autocast cache
     assert four["fsdp_units"] == (64_000 + 2 * SMALL_LAYER) * (4 + 4)   # embeddings + 2 layers, gathered + grads
@@ -172,7 +173,7 @@ def test_trainer_components_float32_cpu_sharded_kl_and_lora():
     assert (fp16["weights"], fp16["casts"], fp16["gradients"], fp16["optimizer"]) == (2 * p, 0, 2 * p, 4 * p)
 
     lora = small_pool(specialization="lora", lora=LoraConfig(rank=8, target_modules=("q_proj", "v_proj")))
-    got = trainer_components(s, lora, AlgorithmConfig(kl_coef=0.1), "cuda", agents=2, ranks=4)
+    got = trainer_components(s, lora, AlgorithmConfig(loss=LossConfig(kl_coef=0.1)), "cuda", agents=2, ranks=4)
     t = 2 * 3584                       # one adapter per agent
     # the frozen bf16 base and the float32 adapters; no casts of the base (it does not train)
     assert (got["weights"], got["casts"], got["gradients"], got["optimizer"]) == (2 * p + 4 * t, 0, 4 * t, 8 * t)

@@ -19,7 +19,7 @@ from atgrpo.errors import InvalidArgument
 def test_update_config_round_trips_including_the_async_fields():
     sent = UpdateConfig(loss=LossConfig(0.1, 0.28, 4.0, 0.05, 0.01, behav_imp_cap=2.5), epochs=3,
                         mini_batch_size=7, max_staleness=2)
-    wire = pb.LossParams.FromString(update_to_pb(sent).SerializeToString())
+    wire = pb.UpdateParams.FromString(update_to_pb(sent).SerializeToString())
     assert (wire.max_staleness, wire.behav_imp_cap) == (2, 2.5)
     # Only what the router decides travels; the trainer fills in the rest from its pool.
     assert update_from_pb(wire) == sent
@@ -27,11 +27,11 @@ def test_update_config_round_trips_including_the_async_fields():
 
 def test_an_old_client_gets_the_default_cap_and_a_synchronous_update():
     # A client that predates max_staleness and behav_imp_cap sends neither field (8 and 9).
-    old = pb.LossParams(clip_eps_low=0.2, clip_eps_high=0.2, dual_clip_c=3.0, epochs=1, mini_batch_size=16)
-    got = update_from_pb(pb.LossParams.FromString(old.SerializeToString()))
+    old = pb.UpdateParams(clip_eps_low=0.2, clip_eps_high=0.2, dual_clip_c=3.0, epochs=1, mini_batch_size=16)
+    got = update_from_pb(pb.UpdateParams.FromString(old.SerializeToString()))
     assert got.loss.behav_imp_cap == 2.0 == LossConfig().behav_imp_cap       # not the proto's 0.0
     assert got.max_staleness == 0 and got == UpdateConfig()
-    assert update_from_pb(pb.LossParams(behav_imp_cap=0.0)).loss.behav_imp_cap == 2.0   # 0 = the default
+    assert update_from_pb(pb.UpdateParams(behav_imp_cap=0.0)).loss.behav_imp_cap == 2.0   # 0 = the default
 
 
 def test_a_result_carries_the_mean_staleness():
@@ -62,9 +62,9 @@ def test_a_sample_keeps_its_policy_version():
 
 
 def test_the_trainer_refuses_a_negative_staleness_or_cap():
-    from trainer_svc.server import check_loss  # the servicer's range checks, before it converts
+    from trainer_svc.server import check_update  # the servicer's range checks, before it converts
 
-    check_loss(pb.LossParams(max_staleness=4, behav_imp_cap=2.0))
-    check_loss(pb.LossParams())                                              # an old client
+    check_update(pb.UpdateParams(max_staleness=4, behav_imp_cap=2.0))
+    check_update(pb.UpdateParams())                                              # an old client
     with pytest.raises(InvalidArgument, match=r"behav_imp_cap -1.0 must be >= 1.*max_staleness -1 must be >= 0"):
-        check_loss(pb.LossParams(max_staleness=-1, behav_imp_cap=-1.0))
+        check_update(pb.UpdateParams(max_staleness=-1, behav_imp_cap=-1.0))

@@ -191,7 +191,7 @@ def valid_requests(services) -> dict[str, Callable[[], list]]:
                                            sampling=common_pb2.SamplingParams(temperature=1.0, max_tokens=4))
                    for i, agent in enumerate(["speaker", "listener"])]
         header = trainer_pb2.TrainHeader(run_id=RUN_ID, step=next(_STEPS), pool="p", expected_version=version,
-                                         num_samples=len(samples), loss=trainer_pb2.LossParams(epochs=1))
+                                         num_samples=len(samples), update=trainer_pb2.UpdateParams(epochs=1))
         return [trainer_pb2.TrainRequest(header=header), *(trainer_pb2.TrainRequest(sample=x) for x in samples)]
 
     def load_weights() -> list:
@@ -419,10 +419,10 @@ FOUND_BY_FUZZING = {
         "trainer.Train", _edit("trainer.Train", _token(1, "prompt_token_ids", 10**9)), "INVALID_ARGUMENT", "vocabulary"),
     "a NaN temperature in a sample (NaN weights)": (
         "trainer.Train", _edit("trainer.Train", _set("1.sample.sampling.temperature", math.nan)), "INVALID_ARGUMENT", "temperature"),
-    "NaN clip epsilon (NaN weights)": ("trainer.Train", _edit("trainer.Train", _set("0.header.loss.clip_eps_low", math.nan)),
+    "NaN clip epsilon (NaN weights)": ("trainer.Train", _edit("trainer.Train", _set("0.header.update.clip_eps_low", math.nan)),
                                        "INVALID_ARGUMENT", "clip_eps_low nan"),
     "epochs = 2**31-1 (a step that never ends)": (
-        "trainer.Train", _edit("trainer.Train", _set("0.header.loss.epochs", 2**31 - 1)), "INVALID_ARGUMENT", "epochs"),
+        "trainer.Train", _edit("trainer.Train", _set("0.header.update.epochs", 2**31 - 1)), "INVALID_ARGUMENT", "epochs"),
     "a model path too long for the file system (INTERNAL: OSError)": (
         "trainer.Setup", _edit("trainer.Setup", _set("0.model_path", "a" * 300)), "NOT_FOUND", "model_path"),
     "a NaN learning rate (NaN weights)": ("trainer.Setup", _edit("trainer.Setup", _set("0.optim.lr", math.nan)),

@@ -320,7 +320,7 @@ def test_an_async_update_takes_stale_samples_over_the_wire_and_reports_their_sta
         await t.train("run1", 1, 0, [dataclasses.replace(s, policy_version=0) for s in samples])
         seen, busy = value("atgrpo_trainer_sample_staleness_count"), value("atgrpo_trainer_busy_seconds_total")
         lagging = value("atgrpo_trainer_sample_staleness_sum")
-        # Step 2 at version 1: half the samples from version 0 (max_staleness travels in LossParams).
+        # Step 2 at version 1: half the samples from version 0 (max_staleness travels in UpdateParams).
         mixed = [dataclasses.replace(s, policy_version=i % 2) for i, s in enumerate(samples)]
         resp = await t.train("run1", 2, 1, mixed, UpdateConfig(max_staleness=1))
         assert resp.version == 2

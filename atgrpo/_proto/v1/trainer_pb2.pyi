@@ -228,7 +228,12 @@ class SetupRequest(_message.Message):
 Global___SetupRequest: _TypeAlias = SetupRequest  # noqa: Y015
 
 @_typing.final
-class LossParams(_message.Message):
+class UpdateParams(_message.Message):
+    """How a pool updates on one step's samples, as the router decides it (the run config's algorithm
+    section; atgrpo.contract.trainer.UpdateConfig): the loss's settings, the passes and batches over
+    the samples, and how stale a sample may be. Was LossParams: the fields and numbers are unchanged.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CLIP_EPS_LOW_FIELD_NUMBER: _builtins.int
@@ -254,11 +259,11 @@ class LossParams(_message.Message):
     """
     behav_imp_cap: _builtins.float
     """The decoupled loss's cap on each token's sampler-to-trainer importance weight; unset or 0:
-    the default, 5.0 (optional, so that "not sent" is told apart from any value sent).
+    the default, 2.0 (optional, so that "not sent" is told apart from any value sent).
     """
     policy_loss: _builtins.str
-    """The registered policy loss (atgrpo.algo.registry; algorithm.policy_loss). Empty: by
-    max_staleness, ppo_clip when 0 and decoupled when > 0 (what an older router means).
+    """The registered policy loss (atgrpo.algo.registry; algorithm.policy_loss); empty (an older
+    router): ppo_clip. ppo_clip trains in its decoupled form when max_staleness > 0.
     """
     def __init__(
         self,
@@ -282,7 +287,7 @@ class LossParams(_message.Message):
     _WhichOneofArgType__behav_imp_cap: _TypeAlias = _typing.Literal["_behav_imp_cap", b"_behav_imp_cap"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__behav_imp_cap) -> _WhichOneofReturnType__behav_imp_cap | None: ...
 
-Global___LossParams: _TypeAlias = LossParams  # noqa: Y015
+Global___UpdateParams: _TypeAlias = UpdateParams  # noqa: Y015
 
 @_typing.final
 class TrainHeader(_message.Message):
@@ -293,7 +298,7 @@ class TrainHeader(_message.Message):
     POOL_FIELD_NUMBER: _builtins.int
     EXPECTED_VERSION_FIELD_NUMBER: _builtins.int
     NUM_SAMPLES_FIELD_NUMBER: _builtins.int
-    LOSS_FIELD_NUMBER: _builtins.int
+    UPDATE_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     step: _builtins.int
     pool: _builtins.str
@@ -302,7 +307,7 @@ class TrainHeader(_message.Message):
     num_samples: _builtins.int
     """the stream is rejected whole if fewer arrive"""
     @_builtins.property
-    def loss(self) -> Global___LossParams: ...
+    def update(self) -> Global___UpdateParams: ...
     def __init__(
         self,
         *,
@@ -311,11 +316,11 @@ class TrainHeader(_message.Message):
         pool: _builtins.str = ...,
         expected_version: _builtins.int = ...,
         num_samples: _builtins.int = ...,
-        loss: Global___LossParams | None = ...,
+        update: Global___UpdateParams | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["loss", b"loss"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["update", b"update"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected_version", b"expected_version", "loss", b"loss", "num_samples", b"num_samples", "pool", b"pool", "run_id", b"run_id", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected_version", b"expected_version", "num_samples", b"num_samples", "pool", b"pool", "run_id", b"run_id", "step", b"step", "update", b"update"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
