@@ -22,22 +22,51 @@ import torch.nn.functional as F
 NAME = "atgrpo_sdpa"
 
 
-def gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                     is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+def gqa_sdpa_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature: (batch, heads, positions, dim) in, the output
     as (batch, positions, heads, dim)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    masked_gqa = (attention_mask is not None and query.device.type == "cpu"
-                  and getattr(module, "num_key_value_groups", 1) > 1)
-    extras = any(kwargs.get(k) is not None for k in ("position_bias", "cache")) or kwargs.get("output_attentions")
+    masked_gqa = (
+        attention_mask is not None
+        and query.device.type == "cpu"
+        and getattr(module, "num_key_value_groups", 1) > 1
+    )
+    extras = any(kwargs.get(k) is not None for k in ("position_bias", "cache")) or kwargs.get(
+        "output_attentions"
+    )
     if not masked_gqa or extras:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+        return sdpa_attention_forward(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            is_causal=is_causal,
+            **kwargs,
+        )
     # With a mask, causality is in the mask (transformers' sdpa passes is_causal=False then too).
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
-                                         scale=scaling, enable_gqa=True)
+    out = F.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
+        enable_gqa=True,
+    )
     return out.transpose(1, 2).contiguous(), None
 
 

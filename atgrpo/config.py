@@ -26,18 +26,34 @@ from atgrpo.contract.sampling import Sampling
 from atgrpo.contract.trainer import LossConfig, UpdateConfig
 
 __all__ = [
-    "AgentConfig", "AlgorithmConfig", "ConfigError", "EnvConfig", "LoraConfig", "OptimConfig",
-    "PoolConfig", "RunConfig", "RunSection", "SamplingConfig", "ServicesConfig",
-    "dump_config", "load_config", "load_yaml_config", "parse_config",
+    "AgentConfig",
+    "AlgorithmConfig",
+    "ConfigError",
+    "EnvConfig",
+    "LoraConfig",
+    "OptimConfig",
+    "PoolConfig",
+    "RunConfig",
+    "RunSection",
+    "SamplingConfig",
+    "ServicesConfig",
+    "dump_config",
+    "load_config",
+    "load_yaml_config",
+    "parse_config",
 ]
-
 
 
 class ConfigError(ValueError):
     """An invalid run config. ``.errors`` holds every (field, message); ``.field`` is the first."""
 
-    def __init__(self, field: str, message: str = "", errors: list[tuple[str, str]] | None = None,
-                 source: str = "") -> None:
+    def __init__(
+        self,
+        field: str,
+        message: str = "",
+        errors: list[tuple[str, str]] | None = None,
+        source: str = "",
+    ) -> None:
         self.errors = list(errors) if errors else [(field, message)]
         self.field, self.message = self.errors[0]
         self.source = source
@@ -58,7 +74,7 @@ Device = Literal["cpu", "cuda", "auto"]
 DType = Literal["float32", "bfloat16", "float16", "auto"]
 
 
-EVALUATE_START = "start"   # run.evaluate_checkpoint: the starting weights, no checkpoint
+EVALUATE_START = "start"  # run.evaluate_checkpoint: the starting weights, no checkpoint
 
 
 @dataclass(frozen=True)
@@ -219,8 +235,14 @@ class SamplingConfig:
 
     def to_sampling(self) -> Sampling:
         """The settings as the engines and the trainer take them."""
-        return Sampling(self.temperature, self.top_p, self.top_k, self.max_tokens, self.max_prompt_tokens,
-                        tuple(self.stop))
+        return Sampling(
+            self.temperature,
+            self.top_p,
+            self.top_k,
+            self.max_tokens,
+            self.max_prompt_tokens,
+            tuple(self.stop),
+        )
 
 
 @dataclass(frozen=True)
@@ -323,8 +345,12 @@ class RunConfig:
     def update_for(self, pool: str) -> UpdateConfig:
         """What `pool`'s trainer takes for each step's update (its own settings it fills in)."""
         a = self.algorithm
-        return UpdateConfig(a.loss, epochs=a.epochs, mini_batch_size=a.mini_batch_size,
-                            max_staleness=self.max_staleness(pool))
+        return UpdateConfig(
+            a.loss,
+            epochs=a.epochs,
+            mini_batch_size=a.mini_batch_size,
+            max_staleness=self.max_staleness(pool),
+        )
 
     @property
     def asynchronous(self) -> bool:
@@ -344,16 +370,25 @@ class RunConfig:
         """The engine context `pool` needs: the longest prompt plus response one of its agents may
         ask for, max_prompt_tokens + max_tokens of its train or eval sampling (0: no agent uses it).
         The local launcher and the Helm chart start the pool's engines with at least this."""
-        return max((s.max_prompt_tokens + s.max_tokens for a in self.agents_of(pool)
-                    for s in (self.agents[a].train_sampling, self.agents[a].eval_sampling)), default=0)
+        return max(
+            (
+                s.max_prompt_tokens + s.max_tokens
+                for a in self.agents_of(pool)
+                for s in (self.agents[a].train_sampling, self.agents[a].eval_sampling)
+            ),
+            default=0,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return to_plain(self)
 
     def with_overrides(self, steps: int | None = None, run_dir: str | None = None) -> RunConfig:
         """Apply CLI overrides (--steps, --run-dir), checked by the file's rules (not parsed again)."""
-        run = replace(self.run, **({"steps": steps} if steps is not None else {}),
-                      **({"run_dir": str(run_dir)} if run_dir is not None else {}))
+        run = replace(
+            self.run,
+            **({"steps": steps} if steps is not None else {}),
+            **({"run_dir": str(run_dir)} if run_dir is not None else {}),
+        )
         return replace(self, run=run).checked("command-line overrides")
 
     def checked(self, source: str) -> RunConfig:
@@ -368,9 +403,12 @@ def parse_config(data: Mapping[str, Any], source: str = "<dict>") -> RunConfig:
     """Validate a plain dict (parsed YAML) into a RunConfig; raise one ConfigError listing all."""
     if not isinstance(data, Mapping):
         kind = type(data).__name__
-        raise ConfigError(source, f"expected a mapping at the top level, got a {kind}. "
-                          "Start from examples/plan_path_L1_tiny.yaml (run:, env:, pools:, agents:)",
-                          source=source)
+        raise ConfigError(
+            source,
+            f"expected a mapping at the top level, got a {kind}. "
+            "Start from examples/plan_path_L1_tiny.yaml (run:, env:, pools:, agents:)",
+            source=source,
+        )
     errors: Errors = []
     cfg = build(RunConfig, data, "", errors)
     errors += validate(cfg, bad=[f for f, _ in errors])
@@ -385,11 +423,14 @@ def load_config(path: str | Path) -> RunConfig:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(where, "file not found. Check the path, or copy "
-                          "examples/plan_path_L1_tiny.yaml as a start") from None
+        raise ConfigError(
+            where,
+            "file not found. Check the path, or copy examples/plan_path_L1_tiny.yaml as a start",
+        ) from None
     except OSError as e:
-        raise ConfigError(where, f"cannot read the file ({e.strerror}). "
-                          "Give the path of a readable YAML file") from None
+        raise ConfigError(
+            where, f"cannot read the file ({e.strerror}). Give the path of a readable YAML file"
+        ) from None
     return load_yaml_config(text, source=where)
 
 
@@ -402,8 +443,11 @@ def load_yaml_config(text: str, source: str = "<yaml>") -> RunConfig:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e)
-        raise ConfigError(where, f"invalid YAML{at}: {problem}. Fix the syntax there "
-                          "(indent with spaces; quote values that contain ': ')") from None
+        raise ConfigError(
+            where,
+            f"invalid YAML{at}: {problem}. Fix the syntax there "
+            "(indent with spaces; quote values that contain ': ')",
+        ) from None
     if data is None:
         raise ConfigError(where, "the file is empty. Start from examples/plan_path_L1_tiny.yaml")
     return parse_config(data, source=where)

@@ -55,14 +55,23 @@ FLAT = {"flat": True}
 
 def _flat_keys(cls: type, hints: dict[str, Any]) -> dict[str, str]:
     """key -> the FLAT field of `cls` whose dataclass has it."""
-    return {g.name: f.name for f in dataclasses.fields(cls) if f.metadata.get("flat")
-            for g in dataclasses.fields(hints[f.name]) if g.init}
+    return {
+        g.name: f.name
+        for f in dataclasses.fields(cls)
+        if f.metadata.get("flat")
+        for g in dataclasses.fields(hints[f.name])
+        if g.init
+    }
 
 
 def section_types(cls: type) -> dict[str, Any]:
     """The keys a section of dataclass `cls` takes, each with its type (FLAT fields' keys included)."""
     hints = get_type_hints(cls)
-    out = {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init and not f.metadata.get("flat")}
+    out = {
+        f.name: hints[f.name]
+        for f in dataclasses.fields(cls)
+        if f.init and not f.metadata.get("flat")
+    }
     for key, owner in _flat_keys(cls, hints).items():
         out[key] = get_type_hints(hints[owner])[key]
     return out
@@ -75,8 +84,13 @@ def build(cls: type, data: object, path: str, errs: Errors, base: Any = None) ->
     partial section overrides only what it names (e.g. eval sampling keeps temperature 0).
     """
     if not isinstance(data, Mapping):
-        errs.append((path or "<root>", f"expected a mapping of keys to values, got {show(data)}. "
-                     f"Write it as `key: value` lines"))
+        errs.append(
+            (
+                path or "<root>",
+                f"expected a mapping of keys to values, got {show(data)}. "
+                f"Write it as `key: value` lines",
+            )
+        )
         data, errs = {}, []  # one error for the section, not one per missing field
     hints = get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
@@ -145,8 +159,11 @@ def convert(tp: Any, value: object, path: str, errs: Errors, default: Any = _MIS
     if tp is Any:  # free-form (env options): passed through as written
         return value
     if value is None:  # `key:` with nothing after it
-        fix = ", or remove the key to use the default" if default is not _MISSING else \
-            " (this field is required)"
+        fix = (
+            ", or remove the key to use the default"
+            if default is not _MISSING
+            else " (this field is required)"
+        )
         errs.append((path, f"is empty (null). Give a value{fix}"))
         return fallback
     if origin is Literal:
@@ -183,8 +200,10 @@ def convert(tp: Any, value: object, path: str, errs: Errors, default: Any = _MIS
         else:
             item_types = list(args)
         n_err = len(errs)
-        items = tuple(convert(t, v, f"{path}[{i}]", errs) for i, (t, v) in
-                      enumerate(zip(item_types, value, strict=True)))
+        items = tuple(
+            convert(t, v, f"{path}[{i}]", errs)
+            for i, (t, v) in enumerate(zip(item_types, value, strict=True))
+        )
         return items if len(errs) == n_err else fallback
     if origin is dict or tp is dict:
         if not isinstance(value, Mapping):
@@ -248,8 +267,10 @@ class Checks:
 
     def add(self, path: str, message: str, uses: tuple[str, ...] = ()) -> None:
         """Record an error at `path`; `uses` names other fields the rule read."""
+
         def under(p: str, b: str) -> bool:
             return p == b or p.startswith((b + ".", b + "["))
+
         if not any(under(p, b) for p in (path, *uses) for b in self.bad):
             self.errors.append((path, message))
 
@@ -261,8 +282,9 @@ class Checks:
 
     def name(self, path: str, name: str, kind: str) -> None:
         if not _NAME.match(name):
-            self.add(path, f"{kind} name {name!r} may only use letters, digits, '.', '-', '_'. "
-                     "Rename it")
+            self.add(
+                path, f"{kind} name {name!r} may only use letters, digits, '.', '-', '_'. Rename it"
+            )
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -274,7 +296,8 @@ class _StrictLoader(yaml.SafeLoader):
             if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
                 if key_node.value in seen:
                     raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key_node.value!r}", key_node.start_mark)
+                        None, None, f"duplicate key {key_node.value!r}", key_node.start_mark
+                    )
                 seen.add(key_node.value)
         return super().construct_mapping(node, deep)
 

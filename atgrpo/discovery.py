@@ -31,8 +31,18 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["DNS_SCHEME", "DiscoveryError", "Lookup", "ReplicaResolver", "Target", "format_address",
-           "parse_target", "resolve", "system_lookup", "wait_for_replicas"]
+__all__ = [
+    "DNS_SCHEME",
+    "DiscoveryError",
+    "Lookup",
+    "ReplicaResolver",
+    "Target",
+    "format_address",
+    "parse_target",
+    "resolve",
+    "system_lookup",
+    "wait_for_replicas",
+]
 
 DNS_SCHEME = "dns:///"
 
@@ -56,14 +66,18 @@ def parse_target(text: str, default_port: int | None = None) -> Target:
     """`host:port`, `[v6]:port`, or `dns:///host[:port]` (gRPC's naming syntax, no authority)."""
     raw = text.strip()
     dns = raw.startswith(DNS_SCHEME)
-    rest = raw[len(DNS_SCHEME):] if dns else raw
+    rest = raw[len(DNS_SCHEME) :] if dns else raw
     if not dns and "://" in rest:
-        raise DiscoveryError(f"{text!r}: only the dns:/// scheme is understood (write "
-                             "dns:///host:port with three slashes), or give host:port")
+        raise DiscoveryError(
+            f"{text!r}: only the dns:/// scheme is understood (write "
+            "dns:///host:port with three slashes), or give host:port"
+        )
     if rest.startswith("["):
         host, close, tail = rest[1:].partition("]")
         if not close or (tail and not tail.startswith(":")):
-            raise DiscoveryError(f"{text!r}: write an IPv6 address in brackets, e.g. [fd00::1]:50051")
+            raise DiscoveryError(
+                f"{text!r}: write an IPv6 address in brackets, e.g. [fd00::1]:50051"
+            )
         port_text = tail[1:]
     elif rest.count(":") == 1:
         host, _, port_text = rest.partition(":")
@@ -72,8 +86,10 @@ def parse_target(text: str, default_port: int | None = None) -> Target:
     else:
         host, port_text = rest, ""
     if not host or "/" in host:
-        raise DiscoveryError(f"{text!r}: no host. Write host:port, e.g. 'rollout-main-0.rollout-main:50051' "
-                             "or 'dns:///rollout-main.atgrpo.svc.cluster.local:50051'")
+        raise DiscoveryError(
+            f"{text!r}: no host. Write host:port, e.g. 'rollout-main-0.rollout-main:50051' "
+            "or 'dns:///rollout-main.atgrpo.svc.cluster.local:50051'"
+        )
     if not port_text:
         if default_port is None:
             raise DiscoveryError(f"{text!r}: no port. Add one, e.g. {host}:50051")
@@ -106,8 +122,9 @@ def _ip_order(ip: str) -> tuple[int, int, str]:
     return (parsed.version, int(parsed), ip)
 
 
-async def resolve(addresses: Sequence[str], lookup: Lookup = system_lookup,
-                  default_port: int | None = None) -> list[str]:
+async def resolve(
+    addresses: Sequence[str], lookup: Lookup = system_lookup, default_port: int | None = None
+) -> list[str]:
     """The replica addresses now: static entries as given, each `dns:///` entry expanded to one
     `ip:port` per address (sorted, so every caller sees the same order), duplicates dropped.
     Raises DiscoveryError when a target does not parse; a DNS name without records adds nothing."""
@@ -117,17 +134,25 @@ async def resolve(addresses: Sequence[str], lookup: Lookup = system_lookup,
     out: list[str] = []
     for t in targets:
         if t.dns:
-            expanded = [format_address(ip, t.port) for ip in sorted(set(next(found)), key=_ip_order)]
+            expanded = [
+                format_address(ip, t.port) for ip in sorted(set(next(found)), key=_ip_order)
+            ]
         else:
             expanded = [format_address(t.host, t.port)]
         out += [a for a in expanded if a not in out]
     return out
 
 
-async def wait_for_replicas(addresses: Sequence[str], minimum: int, timeout_s: float, *,
-                            lookup: Lookup = system_lookup, interval_s: float = 2.0,
-                            clock: Callable[[], float] = time.monotonic,
-                            sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> list[str]:
+async def wait_for_replicas(
+    addresses: Sequence[str],
+    minimum: int,
+    timeout_s: float,
+    *,
+    lookup: Lookup = system_lookup,
+    interval_s: float = 2.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> list[str]:
     """Resolve until at least `minimum` replicas are listed (e.g. the pool's replica count at
     Setup, while rollout pods still load their model); DiscoveryError after `timeout_s`."""
     deadline = clock() + timeout_s
@@ -136,17 +161,25 @@ async def wait_for_replicas(addresses: Sequence[str], minimum: int, timeout_s: f
         if len(found) >= minimum:
             return found
         if clock() >= deadline:
-            raise DiscoveryError(f"{len(found)} of {minimum} rollout replicas ready after {timeout_s:g} s "
-                                 f"behind {list(addresses)} (found: {found or 'none'}). Check the rollout pods: "
-                                 "kubectl get pods -l app.kubernetes.io/component=rollout")
+            raise DiscoveryError(
+                f"{len(found)} of {minimum} rollout replicas ready after {timeout_s:g} s "
+                f"behind {list(addresses)} (found: {found or 'none'}). Check the rollout pods: "
+                "kubectl get pods -l app.kubernetes.io/component=rollout"
+            )
         await sleep(interval_s)
 
 
 class ReplicaResolver:
     """`resolve` with answers reused for `ttl_s` (the DNS TTL: asking sooner learns nothing)."""
 
-    def __init__(self, addresses: Sequence[str], *, lookup: Lookup = system_lookup, ttl_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        *,
+        lookup: Lookup = system_lookup,
+        ttl_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         for a in addresses:
             parse_target(a)  # fail at construction, not at the first push
         self.addresses = tuple(addresses)
@@ -160,7 +193,9 @@ class ReplicaResolver:
         return any(a.strip().startswith(DNS_SCHEME) for a in self.addresses)
 
     async def current(self) -> list[str]:
-        if self._cached is not None and (not self.dynamic or self._clock() - self._at < self._ttl_s):
+        if self._cached is not None and (
+            not self.dynamic or self._clock() - self._at < self._ttl_s
+        ):
             return list(self._cached)
         self._cached, self._at = await resolve(self.addresses, self._lookup), self._clock()
         return list(self._cached)

@@ -25,11 +25,16 @@ def parallel_problem(config_parallel: bool, spec_parallel: bool, env_name: str) 
     if bool(config_parallel) == bool(spec_parallel):
         return None
     want = "true" if spec_parallel else "false"
-    ways = {True: "in parallel (every agent acts on the turn's starting state)",
-            False: "sequentially (each agent sees the previous agent's move)"}
-    return (f"env.parallel is {str(bool(config_parallel)).lower()}, but env {env_name!r} with these options "
-            f"plays its turns {ways[bool(spec_parallel)]}: set env.parallel: {want} to match, or change the "
-            f"env's own option (for the built-in envs, env.options.parallel: {str(bool(config_parallel)).lower()})")
+    ways = {
+        True: "in parallel (every agent acts on the turn's starting state)",
+        False: "sequentially (each agent sees the previous agent's move)",
+    }
+    return (
+        f"env.parallel is {str(bool(config_parallel)).lower()}, but env {env_name!r} with these "
+        f"options plays its turns {ways[bool(spec_parallel)]}: set env.parallel: {want} to match, "
+        f"or change the env's own option (for the built-in envs, env.options.parallel: "
+        f"{str(bool(config_parallel)).lower()})"
+    )
 
 
 def spec_problems(env: EnvConfig, spec: EnvSpec) -> list[str]:
@@ -37,18 +42,24 @@ def spec_problems(env: EnvConfig, spec: EnvSpec) -> list[str]:
     problems = []
     unknown = [a for a in env.turn_order if a not in spec.agents]
     if unknown:
-        problems.append(f"env.turn_order names {unknown}, which env {env.name!r} does not have "
-                        f"(its agents: {list(spec.agents)})")
+        problems.append(
+            f"env.turn_order names {unknown}, which env {env.name!r} does not have "
+            f"(its agents: {list(spec.agents)})"
+        )
     elif tuple(env.turn_order) != tuple(spec.turn_order):
-        problems.append(f"env.turn_order is {list(env.turn_order)}, but env {env.name!r} with these options "
-                        f"acts in the order {list(spec.turn_order)}: make them the same")
+        problems.append(
+            f"env.turn_order is {list(env.turn_order)}, but env {env.name!r} with these options "
+            f"acts in the order {list(spec.turn_order)}: make them the same"
+        )
     parallel = parallel_problem(env.parallel, spec.parallel, env.name)
     if parallel:
         problems.append(parallel)
     if env.max_turns > spec.max_turns:
-        problems.append(f"env.max_turns is {env.max_turns}, over the {spec.max_turns} turns env {env.name!r} "
-                        "allows with these options (its spec's max_turns): lower env.max_turns, or raise the "
-                        "env's own limit (for the built-in envs, env.options.max_turns)")
+        problems.append(
+            f"env.max_turns is {env.max_turns}, over the {spec.max_turns} turns env {env.name!r} "
+            "allows with these options (its spec's max_turns): lower env.max_turns, or raise the "
+            "env's own limit (for the built-in envs, env.options.max_turns)"
+        )
     return problems
 
 
@@ -61,11 +72,14 @@ def check_spec(env: EnvConfig, spec: EnvSpec) -> None:
 
 def not_found(err: NotFound, env: EnvConfig) -> InvalidArgument:
     """No env of the config's name: no retry will change that, so say where envs come from."""
-    hint = (f"check env.path {env.path!r}, and start atgrpo where its module imports (or put it on "
-            "PYTHONPATH)" if env.path else
-            "for your own environment, set env.path: 'package.module:Class' (atgrpo train starts "
-            "the env service with it), or serve it with `atgrpo env serve` / `python -m env_svc "
-            "--env-path NAME=...` and give that address as services.env")
+    hint = (
+        f"check env.path {env.path!r}, and start atgrpo where its module imports (or put it on "
+        "PYTHONPATH)"
+        if env.path
+        else "for your own environment, set env.path: 'package.module:Class' (atgrpo train starts "
+        "the env service with it), or serve it with `atgrpo env serve` / `python -m env_svc "
+        "--env-path NAME=...` and give that address as services.env"
+    )
     return InvalidArgument(f"{err.message.rstrip('.?')}: {hint}")
 
 
@@ -81,4 +95,3 @@ def local_spec(cfg: RunConfig) -> EnvSpec:
     env = cfg.env
     host = EnvHost(Registry({env.name: env.path} if env.path else {}))
     return host.describe(env.name, env_options(cfg))
-

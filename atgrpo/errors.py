@@ -116,8 +116,22 @@ class EnvCodeError(AtgrpoError):
 
 @functools.cache
 def _by_code() -> dict[grpc.StatusCode, type[AtgrpoError]]:
-    return {cls.code: cls for cls in (InvalidArgument, NotFound, FailedPrecondition, ResourceExhausted, Unavailable,
-                                      DeadlineExceeded, Unimplemented, Unauthenticated, Internal, EnvCodeError)}
+    return {
+        cls.code: cls
+        for cls in (
+            InvalidArgument,
+            NotFound,
+            FailedPrecondition,
+            ResourceExhausted,
+            Unavailable,
+            DeadlineExceeded,
+            Unimplemented,
+            Unauthenticated,
+            Internal,
+            EnvCodeError,
+        )
+    }
+
 
 # Trailing metadata key carrying a retry hint with RESOURCE_EXHAUSTED.
 RETRY_AFTER_KEY = "atgrpo-retry-after-ms"
@@ -127,12 +141,16 @@ RETRY_AFTER_KEY = "atgrpo-retry-after-ms"
 _SIZE_REFUSAL = "message larger than max"
 
 
-def error_for_status(code: grpc.StatusCode, message: str, retry_after_ms: int | None = None) -> AtgrpoError:
+def error_for_status(
+    code: grpc.StatusCode, message: str, retry_after_ms: int | None = None
+) -> AtgrpoError:
     """The domain error for a gRPC status (unknown codes become Internal, keeping the code name)."""
     import grpc
 
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and _SIZE_REFUSAL in message.lower():
-        return MessageTooLarge(f"{message}: the message is over the gRPC size cap; send less per call")
+        return MessageTooLarge(
+            f"{message}: the message is over the gRPC size cap; send less per call"
+        )
     cls = _by_code().get(code)
     if cls is None:
         return Internal(f"{code.name}: {message}", retry_after_ms=retry_after_ms)

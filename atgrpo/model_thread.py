@@ -33,8 +33,11 @@ class ModelThread:
     (the caller's context variables go along) but always on the same thread, in call order."""
 
     def __init__(self, name: str, initializer: Callable[[], Any] | None = None):
-        # initializer: run once on the thread before any call (per-thread state, e.g. the CUDA device)
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name, initializer=initializer)
+        # initializer: run once on the thread before any call (per-thread state, e.g. the CUDA
+        # device)
+        self._pool = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=name, initializer=initializer
+        )
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         call = functools.partial(contextvars.copy_context().run, fn, *args)
@@ -50,7 +53,7 @@ def _libc() -> Any:
         return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc if hasattr(libc, "malloc_trim") else None    # glibc; musl has none
+        return libc if hasattr(libc, "malloc_trim") else None  # glibc; musl has none
     except OSError:
         return None
 
@@ -78,4 +81,6 @@ def peak_rss_bytes() -> int:
     """The most resident memory this process has held since it started (the kernel updates its
     high-water mark lazily: now's may be a few pages above it)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return max(rss_bytes(), peak if sys.platform == "darwin" else peak * 1024)   # bytes on macOS, KiB on Linux
+    return max(
+        rss_bytes(), peak if sys.platform == "darwin" else peak * 1024
+    )  # bytes on macOS, KiB on Linux

@@ -58,12 +58,15 @@ def update_flops(size: ModelSize, tokens: int, head_tokens: int) -> float:
     return forward_flops(size, tokens, head_tokens) + backward_flops(size, tokens, head_tokens)
 
 
-def generation_flops(size: ModelSize, prompts: int, prefill_tokens: int, decode_tokens: int) -> float:
+def generation_flops(
+    size: ModelSize, prompts: int, prefill_tokens: int, decode_tokens: int
+) -> float:
     """Sampling: a prefill of `prefill_tokens` prompt positions whose logits are kept at each
     prompt's last position only (`prompts` of them), then one forward of one position per decoded
     token, each with its logits."""
-    return (forward_flops(size, prefill_tokens, prompts)
-            + forward_flops(size, decode_tokens, decode_tokens))
+    return forward_flops(size, prefill_tokens, prompts) + forward_flops(
+        size, decode_tokens, decode_tokens
+    )
 
 
 def model_size(model: torch.nn.Module) -> ModelSize:
@@ -100,20 +103,24 @@ _GPU_SHAPE = (8192, 8192, 8192)
 
 
 @functools.cache
-def matmul_rate(device: str = "cpu", dtype: torch.dtype = torch.float32, seconds: float = 0.2) -> float:
+def matmul_rate(
+    device: str = "cpu", dtype: torch.dtype = torch.float32, seconds: float = 0.2
+) -> float:
     """FLOP/s of one (M, K) @ (K, N) matmul in `dtype` on `device`, in this process as it is set up
     (its torch threads): the best of several short trials over about `seconds`, so a moment of
     contention from another process lowers one trial, not the figure. Measured once per process
     (cached): a service calls it when it starts, before it serves. 0.0 when it cannot run here."""
     try:
         dev = torch.device(device)
-        if dev.type not in ("cpu", "cuda") or (dev.type == "cuda" and not torch.cuda.is_available()):
+        if dev.type not in ("cpu", "cuda") or (
+            dev.type == "cuda" and not torch.cuda.is_available()
+        ):
             return 0.0
         m, k, n = _GPU_SHAPE if dev.type == "cuda" else _CPU_SHAPE
         a = torch.randn(m, k, device=dev, dtype=dtype)
         b = torch.randn(k, n, device=dev, dtype=dtype)
         sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-        for _ in range(2):                   # the first calls pay for allocation and kernel choice
+        for _ in range(2):  # the first calls pay for allocation and kernel choice
             a @ b
         sync()
         best, trials, end = 0.0, 0, time.perf_counter() + seconds
@@ -127,7 +134,7 @@ def matmul_rate(device: str = "cpu", dtype: torch.dtype = torch.float32, seconds
             best = max(best, 2.0 * m * k * n * calls / (time.perf_counter() - start))
             trials += 1
         return best
-    except (RuntimeError, TypeError, ValueError):   # a device or dtype this process cannot use
+    except (RuntimeError, TypeError, ValueError):  # a device or dtype this process cannot use
         return 0.0
 
 

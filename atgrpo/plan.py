@@ -33,14 +33,14 @@ GiB = 2**30
 # Logits elements (positions x vocab) per pass of the chunked log-prob path, and positions per
 # transform pass of the full-logits one; equal to trainer_svc.logprobs' constants of the same names
 # (a test reads them from its source: atgrpo may not import a service).
-LOGPROB_CHUNK_ELEMENTS = 2 ** 24
+LOGPROB_CHUNK_ELEMENTS = 2**24
 LOGPROB_CHUNK_TOKENS = 2048
 # A GPU's passes are sized by its memory: LOGPROB_PASS_SHARE of it in one pass's temporaries, from
 # LOGPROB_CHUNK_ELEMENTS (a CPU's, or a small GPU's) up to LOGPROB_MAX_ELEMENTS. Bigger passes are
 # fewer and better-shaped matmuls: 2**24 logits are 110 positions of Qwen3's vocabulary, an 80 GiB
 # GPU's 368 (trainer_svc.logprobs takes logprob_pass_elements from here).
 LOGPROB_PASS_SHARE = 1 / 64
-LOGPROB_MAX_ELEMENTS = 2 ** 27
+LOGPROB_MAX_ELEMENTS = 2**27
 # float32 (positions, vocab) tensors a pass is sized for (between the two counts below).
 LOGPROB_TEMPORARIES = 6
 # ... and those alive at its peak (tests/trainer/test_plan_vs_measured.py): with top-k or no
@@ -96,11 +96,17 @@ class ModelShape:
     def from_config(cls, config: Mapping[str, Any], source: str = "") -> ModelShape:
         heads = int(config["num_attention_heads"])
         head_dim = config.get("head_dim") or config["hidden_size"] // heads
-        return cls(hidden=int(config["hidden_size"]), intermediate=int(config["intermediate_size"]),
-                   layers=int(config["num_hidden_layers"]), heads=heads,
-                   kv_heads=int(config.get("num_key_value_heads") or heads), head_dim=int(head_dim),
-                   vocab=int(config["vocab_size"]), tied=bool(config.get("tie_word_embeddings", False)),
-                   source=source)
+        return cls(
+            hidden=int(config["hidden_size"]),
+            intermediate=int(config["intermediate_size"]),
+            layers=int(config["num_hidden_layers"]),
+            heads=heads,
+            kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(head_dim),
+            vocab=int(config["vocab_size"]),
+            tied=bool(config.get("tie_word_embeddings", False)),
+            source=source,
+        )
 
     @property
     def q_dim(self) -> int:
@@ -113,8 +119,15 @@ class ModelShape:
     def linear(self, name: str) -> tuple[int, int] | None:
         """(in, out) features of one decoder layer's linear `name`; None for another module."""
         h, a, kv, i = self.hidden, self.q_dim, self.kv_dim, self.intermediate
-        return {"q_proj": (h, a), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (a, h),
-                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}.get(name)
+        return {
+            "q_proj": (h, a),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (a, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }.get(name)
 
     @property
     def layer_params(self) -> int:
@@ -129,7 +142,9 @@ class ModelShape:
 
     @property
     def params(self) -> int:
-        return self.layers * self.layer_params + self.embedding_params + self.hidden   # + the final norm
+        return (
+            self.layers * self.layer_params + self.embedding_params + self.hidden
+        )  # + the final norm
 
     def lora_params(self, rank: int, targets: tuple[str, ...]) -> int:
         """One adapter: A (r x in) and B (out x r) on each targeted linear of every layer."""
@@ -164,8 +179,14 @@ def load_shape(model_path: str) -> ModelShape | None:
 # --- per-token and per-parameter figures ---------------------------------------------------------
 
 
-def activation_bytes_per_token_layer(shape: ModelShape, width: int = 2, *, residual: int | None = None,
-                                     lora_targets: tuple[str, ...] | None = None, lora_rank: int = 0) -> int:
+def activation_bytes_per_token_layer(
+    shape: ModelShape,
+    width: int = 2,
+    *,
+    residual: int | None = None,
+    lora_targets: tuple[str, ...] | None = None,
+    lora_rank: int = 0,
+) -> int:
     """What one decoder layer (HF Qwen3/Llama, SDPA attention) keeps for its backward, per token:
     activations `width` bytes wide, a residual stream `residual` bytes wide (4 under float32
     master weights, bf16 autocast included: the embeddings and every residual add stay float32;
@@ -189,23 +210,36 @@ def activation_bytes_per_token_layer(shape: ModelShape, width: int = 2, *, resid
     autocast over float32 masters 26h + 10a + 10kv + 8i (133,288 B; a GPU measured 134,312)."""
     h, a, kv, i, w = shape.hidden, shape.q_dim, shape.kv_dim, shape.intermediate, width
     r = residual or width
-    small = 2 * 4 + 4 * (shape.heads + shape.kv_heads) + 4 * shape.heads    # the norms' rsqrt, the lse
+    small = (
+        2 * 4 + 4 * (shape.heads + shape.kv_heads) + 4 * shape.heads
+    )  # the norms' rsqrt, the lse
     attention = w * (2 * a + 2 * kv)
     if lora_targets is not None:
-        adapters = sum(w * (shape.linear(t)[0] + lora_rank) for t in lora_targets if shape.linear(t))
+        adapters = sum(
+            w * (shape.linear(t)[0] + lora_rank) for t in lora_targets if shape.linear(t)
+        )
         return 2 * 4 * h + 4 * (a + kv) + attention + 3 * w * i + adapters + small
     inputs = 5 * w * h if r != w else 2 * r * h
     norms = 2 * (4 * h + r * h) + inputs
     return norms + (4 + w) * (a + kv) + attention + 4 * w * i + small
 
 
-def activation_bytes(shape: ModelShape, tokens: int, width: int, checkpointing: bool, *, residual: int | None = None,
-                     lora_targets: tuple[str, ...] | None = None, lora_rank: int = 0) -> int:
+def activation_bytes(
+    shape: ModelShape,
+    tokens: int,
+    width: int,
+    checkpointing: bool,
+    *,
+    residual: int | None = None,
+    lora_targets: tuple[str, ...] | None = None,
+    lora_rank: int = 0,
+) -> int:
     """A micro-batch's saved activations. Without checkpointing every layer keeps all of its own;
     with it each layer keeps only its input (the residual stream, `residual` bytes wide: float32
     under float32 masters) and one layer at a time is recomputed in full during the backward."""
-    full = activation_bytes_per_token_layer(shape, width, residual=residual, lora_targets=lora_targets,
-                                            lora_rank=lora_rank)
+    full = activation_bytes_per_token_layer(
+        shape, width, residual=residual, lora_targets=lora_targets, lora_rank=lora_rank
+    )
     if checkpointing:
         return tokens * (shape.layers * (residual or width) * shape.hidden + full)
     return tokens * shape.layers * full
@@ -219,8 +253,15 @@ def logprob_pass_elements(memory: int | None) -> int:
     return max(LOGPROB_CHUNK_ELEMENTS, min(LOGPROB_MAX_ELEMENTS, fit))
 
 
-def logprob_bytes(shape: ModelShape, positions: int, *, full_logits: bool = False, width: int = 2,
-                  memory: int | None = None, sorts: bool = False) -> int:
+def logprob_bytes(
+    shape: ModelShape,
+    positions: int,
+    *,
+    full_logits: bool = False,
+    width: int = 2,
+    memory: int | None = None,
+    sorts: bool = False,
+) -> int:
     """The log-prob path at `positions` response positions. Chunked (update.hidden_logprobs): one
     pass of at most logprob_pass_elements(memory) // vocab positions, LOGPROB_TOPK_TEMPORARIES float32
     tensors of (pass positions, vocab), LOGPROB_SORT_TEMPORARIES when a sampling transform `sorts`
@@ -230,7 +271,10 @@ def logprob_bytes(shape: ModelShape, positions: int, *, full_logits: bool = Fals
     temporaries = LOGPROB_SORT_TEMPORARIES if sorts else LOGPROB_TOPK_TEMPORARIES
     if full_logits:
         one_pass = min(positions, LOGPROB_CHUNK_TOKENS)
-        return positions * shape.vocab * width * FULL_LOGITS_COPIES + one_pass * shape.vocab * 4 * temporaries
+        return (
+            positions * shape.vocab * width * FULL_LOGITS_COPIES
+            + one_pass * shape.vocab * 4 * temporaries
+        )
     one_pass = min(positions, max(1, logprob_pass_elements(memory) // shape.vocab))
     return one_pass * shape.vocab * 4 * temporaries
 
@@ -262,7 +306,9 @@ def matmul_params(shape: ModelShape) -> int:
 
 
 def checkpointing_on(pool: PoolConfig, device: str) -> bool:
-    return pool.gradient_checkpointing if pool.gradient_checkpointing is not None else device == "cuda"
+    return (
+        pool.gradient_checkpointing if pool.gradient_checkpointing is not None else device == "cuda"
+    )
 
 
 def trained_params(shape: ModelShape, pool: PoolConfig, agents: int) -> int:
@@ -277,8 +323,15 @@ def longest_sample(cfg: RunConfig, pool_name: str) -> int:
     return cfg.context_tokens(pool_name)
 
 
-def pool_activation_bytes(shape: ModelShape, pool: PoolConfig, device: str, tokens: int,
-                          checkpointing: bool | None = None, *, sharded: bool = False) -> int:
+def pool_activation_bytes(
+    shape: ModelShape,
+    pool: PoolConfig,
+    device: str,
+    tokens: int,
+    checkpointing: bool | None = None,
+    *,
+    sharded: bool = False,
+) -> int:
     """activation_bytes() for the pool as it trains on `device` (checkpointing: the pool's own
     unless given): a full pool's residual stream is its trained width (float32 masters under
     autocast), a sharded pool's its compute width (FSDP gathers the weights in it), a LoRA
@@ -286,18 +339,36 @@ def pool_activation_bytes(shape: ModelShape, pool: PoolConfig, device: str, toke
     width, _ = compute_dtype(pool, device)
     ckpt = checkpointing_on(pool, device) if checkpointing is None else checkpointing
     if pool.specialization == "lora" and pool.lora is not None:
-        return activation_bytes(shape, tokens, width, ckpt, residual=width, lora_targets=pool.lora.target_modules,
-                                lora_rank=pool.lora.rank)
-    return activation_bytes(shape, tokens, width, ckpt, residual=width if sharded else trained_width(pool, device))
+        return activation_bytes(
+            shape,
+            tokens,
+            width,
+            ckpt,
+            residual=width,
+            lora_targets=pool.lora.target_modules,
+            lora_rank=pool.lora.rank,
+        )
+    return activation_bytes(
+        shape, tokens, width, ckpt, residual=width if sharded else trained_width(pool, device)
+    )
 
 
-# --- per process -----------------------------------------------------------------------------------
+# --- per process ----------------------------------------------------------------------------------
 
 
-def trainer_components(shape: ModelShape, pool: PoolConfig, algorithm: AlgorithmConfig,
-                       device: str = "cuda", *, agents: int = 1, ranks: int | None = None,
-                       tokens: int | None = None, response_tokens: int | None = None,
-                       memory: int | None = None, sorts: bool = False) -> dict[str, int]:
+def trainer_components(
+    shape: ModelShape,
+    pool: PoolConfig,
+    algorithm: AlgorithmConfig,
+    device: str = "cuda",
+    *,
+    agents: int = 1,
+    ranks: int | None = None,
+    tokens: int | None = None,
+    response_tokens: int | None = None,
+    memory: int | None = None,
+    sorts: bool = False,
+) -> dict[str, int]:
     """One trainer rank's device memory by component, in bytes (P parameters, T of them trained,
     w the compute width, m the trained width (trained_width: 4 but for float16 full fine-tuning),
     N ranks of which FSDP divides a full pool's states):
@@ -335,13 +406,25 @@ def trainer_components(shape: ModelShape, pool: PoolConfig, algorithm: Algorithm
         # AdamW on CUDA steps every tensor at once (foreach): one moment-sized temporary; on CPU a
         # tensor at a time
         "step_temporaries": t * m // shards if device == "cuda" else 0,
-        "fsdp_units": ((shape.embedding_params + FSDP_LAYERS_IN_FLIGHT * shape.layer_params) * 2 * m
-                       if shards > 1 else 0),
+        "fsdp_units": (
+            (shape.embedding_params + FSDP_LAYERS_IN_FLIGHT * shape.layer_params) * 2 * m
+            if shards > 1
+            else 0
+        ),
         "kl_reference": p * width // shards if not lora and algorithm.loss.kl_coef > 0 else 0,
         "activations": pool_activation_bytes(shape, pool, device, tokens, sharded=shards > 1),
-        "logprob": logprob_bytes(shape, response_tokens, width=width, memory=memory if device == "cuda" else None,
-                                 sorts=sorts)
-        + (min(HEAD_GRAD_ROWS, shape.vocab) * shape.hidden * width if autocast and not lora and shards == 1 else 0),
+        "logprob": logprob_bytes(
+            shape,
+            response_tokens,
+            width=width,
+            memory=memory if device == "cuda" else None,
+            sorts=sorts,
+        )
+        + (
+            min(HEAD_GRAD_ROWS, shape.vocab) * shape.hidden * width
+            if autocast and not lora and shards == 1
+            else 0
+        ),
         "runtime": GPU_RUNTIME_BYTES if device == "cuda" else 0,
     }
 
@@ -360,8 +443,13 @@ def trainer_peak(components: Mapping[str, int]) -> int:
     return sum(v for k, v in components.items() if k not in _PHASED) + max(a + lp, a + g, g + step)
 
 
-def trainer_peak_bytes(model: ModelShape | Mapping[str, Any], pool: PoolConfig, algorithm: AlgorithmConfig,
-                       device: str = "cuda", **kw: Any) -> int:
+def trainer_peak_bytes(
+    model: ModelShape | Mapping[str, Any],
+    pool: PoolConfig,
+    algorithm: AlgorithmConfig,
+    device: str = "cuda",
+    **kw: Any,
+) -> int:
     """The peak device memory of one trainer rank (`model`: a ModelShape or config.json's dict), to
     compare with a measured peak; keywords as trainer_components()."""
     shape = model if isinstance(model, ModelShape) else ModelShape.from_config(model)
@@ -378,8 +466,16 @@ def vllm_lora_limits(pool: PoolConfig, agents: int) -> tuple[int, int]:
     return fitting[0], max(1, agents)
 
 
-def rollout_components(shape: ModelShape, pool: PoolConfig, *, agents: int, k: int, tasks: int,
-                       sample_tokens: int, device: str = "cuda") -> dict[str, int]:
+def rollout_components(
+    shape: ModelShape,
+    pool: PoolConfig,
+    *,
+    agents: int,
+    k: int,
+    tasks: int,
+    sample_tokens: int,
+    device: str = "cuda",
+) -> dict[str, int]:
     """One rollout replica's device memory by component: weights P*w, the LoRA adapters, the KV
     cache that must fit for one group (K branches of one task: K * sample_tokens tokens at
     2 * layers * kv_dim * w bytes each; fewer and a generate call cannot run) and the runtime.
@@ -401,8 +497,15 @@ def rollout_components(shape: ModelShape, pool: PoolConfig, *, agents: int, k: i
     }
 
 
-def rollout_full_kv_bytes(shape: ModelShape, pool: PoolConfig, *, k: int, tasks: int, sample_tokens: int,
-                          device: str = "cuda") -> int:
+def rollout_full_kv_bytes(
+    shape: ModelShape,
+    pool: PoolConfig,
+    *,
+    k: int,
+    tasks: int,
+    sample_tokens: int,
+    device: str = "cuda",
+) -> int:
     """KV for K x tasks x (prompt + response) tokens: every sequence of a replica's share of a
     step generating at once (vLLM queues what does not fit: slower, not a failure)."""
     width, _ = compute_dtype(pool, device)

@@ -25,19 +25,19 @@ from atgrpo.contract.rollout import Sample
 @dataclass
 class Checkpoint:
     step: int
-    paths: dict[str, str]              # pool -> checkpoint folder
-    versions: dict[str, int]           # pool -> version saved there
-    success: float | None = None       # eval success rate at this step, when it was evaluated
-    nbytes: dict[str, int] = field(default_factory=dict)   # pool -> about its size (deadlines)
+    paths: dict[str, str]  # pool -> checkpoint folder
+    versions: dict[str, int]  # pool -> version saved there
+    success: float | None = None  # eval success rate at this step, when it was evaluated
+    nbytes: dict[str, int] = field(default_factory=dict)  # pool -> about its size (deadlines)
 
 
 @dataclass
 class Progress:
     run: str
     completed_step: int = 0
-    versions: dict[str, int] = field(default_factory=dict)   # pool versions after completed_step
-    checkpoint: Checkpoint | None = None                    # the last: what a resume loads
-    checkpoints: list[Checkpoint] = field(default_factory=list)   # every one on disk, oldest first
+    versions: dict[str, int] = field(default_factory=dict)  # pool versions after completed_step
+    checkpoint: Checkpoint | None = None  # the last: what a resume loads
+    checkpoints: list[Checkpoint] = field(default_factory=list)  # every one on disk, oldest first
 
 
 class RunDir:
@@ -81,22 +81,49 @@ class RunDir:
             f.flush()
             os.fsync(f.fileno())
 
-    def write_samples(self, step: int, samples: Sequence[Sample], rewards: Sequence[float],
-                      advantages: Sequence[float | None], pool_of: Mapping[str, str],
-                      folder: str = "samples") -> Path:
+    def write_samples(
+        self,
+        step: int,
+        samples: Sequence[Sample],
+        rewards: Sequence[float],
+        advantages: Sequence[float | None],
+        pool_of: Mapping[str, str],
+        folder: str = "samples",
+    ) -> Path:
         """Every sample of a step with its reward, advantage and pool, for inspection and tests
         (`folder` eval-samples: an evaluation's, with no advantage)."""
         out = self.path / folder / f"step-{step:06d}.jsonl"
         out.parent.mkdir(parents=True, exist_ok=True)
         lines = []
         for s, r, a in zip(samples, rewards, advantages, strict=True):
-            lines.append(json.dumps({
-                "task_id": s.task_id, "agent": s.agent, "turn": s.turn, "branch": s.branch, "pool": pool_of[s.agent],
-                "policy": {"pool": s.policy.pool, "adapter": s.policy.adapter, "version": s.policy.version},
-                "team_reward": s.team_reward, "local_reward": s.local_reward, "reward": r, "advantage": a,
-                "selected": s.selected, "done": s.done, "success": s.success, "prompt_ids": s.prompt_ids,
-                "response_ids": s.response_ids, "response_text": s.response_text, "logprobs": s.logprobs,
-                "info": s.info}))
+            lines.append(
+                json.dumps(
+                    {
+                        "task_id": s.task_id,
+                        "agent": s.agent,
+                        "turn": s.turn,
+                        "branch": s.branch,
+                        "pool": pool_of[s.agent],
+                        "policy": {
+                            "pool": s.policy.pool,
+                            "adapter": s.policy.adapter,
+                            "version": s.policy.version,
+                        },
+                        "team_reward": s.team_reward,
+                        "local_reward": s.local_reward,
+                        "reward": r,
+                        "advantage": a,
+                        "selected": s.selected,
+                        "done": s.done,
+                        "success": s.success,
+                        "prompt_ids": s.prompt_ids,
+                        "response_ids": s.response_ids,
+                        "response_text": s.response_text,
+                        "logprobs": s.logprobs,
+                        "info": s.info,
+                    }
+                )
+            )
         _atomic_write(out, "".join(line + "\n" for line in lines))
         return out
 

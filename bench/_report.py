@@ -30,8 +30,9 @@ def sandbox_uid_base(slots: int) -> int:
     """The first of `slots` host uids no other sandbox on this host holds, until the process exits."""
     if not _held:
         if os.geteuid() != 0:
-            return 60000       # not root: the sandbox runs everything as this user anyway
+            return 60000  # not root: the sandbox runs everything as this user anyway
         from sandbox_svc.uids import claim
+
         _held.append(claim(slots))
     return _held[0].base
 
@@ -45,9 +46,12 @@ def record(bench: str, what: str, ratio: float, detail: str = "") -> None:
         f.write(json.dumps({"bench": bench, "what": what, "ratio": ratio, "detail": detail}) + "\n")
 
 
-def plot_panels(panels: dict[str, list[tuple[str, list[float], list[float]]]], path, xlabel: str, ylabel: str) -> None:
+def plot_panels(
+    panels: dict[str, list[tuple[str, list[float], list[float]]]], path, xlabel: str, ylabel: str
+) -> None:
     """One panel a title, each a curve a (label, xs, ys), success on a 0-1 axis, saved as a PNG."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

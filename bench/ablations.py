@@ -66,31 +66,68 @@ def lora_rank(variant: str, equal_rank: int) -> int:
     return equal_rank if variant == "L2-equal" else LoraConfig().rank
 
 
-def run_config(task: str, variant: str, seed: int, model: str, run_dir: Path, steps: int, eval_every: int,
-               equal_rank: int) -> dict:
+def run_config(
+    task: str,
+    variant: str,
+    seed: int,
+    model: str,
+    run_dir: Path,
+    steps: int,
+    eval_every: int,
+    equal_rank: int,
+) -> dict:
     """The config of one run: the AT-GRPO baseline with `variant`'s one change."""
     agents = ["speaker"] if variant == "L0" else ["speaker", "listener"]
-    pool: dict[str, Any] = {"model_path": model, "device": "cpu", "dtype": "float32",
-                            "optim": {"lr": FULL_LR, "warmup_steps": 0, "min_lr_ratio": 1.0}}
+    pool: dict[str, Any] = {
+        "model_path": model,
+        "device": "cpu",
+        "dtype": "float32",
+        "optim": {"lr": FULL_LR, "warmup_steps": 0, "min_lr_ratio": 1.0},
+    }
     if variant.startswith("L2"):
         rank = lora_rank(variant, equal_rank)
-        pool.update(specialization="lora", lora={"rank": rank, "alpha": 2.0 * rank},
-                    optim={**pool["optim"], "lr": LORA_LR})
-    algorithm = {"k": K, "alpha": 0.0 if variant == "alpha0" else 1.0, "mini_batch_size": 1024,   # one step a step
-                 "grouping": "trajectory" if variant == "trajectory" else "turn"}
+        pool.update(
+            specialization="lora",
+            lora={"rank": rank, "alpha": 2.0 * rank},
+            optim={**pool["optim"], "lr": LORA_LR},
+        )
+    algorithm = {
+        "k": K,
+        "alpha": 0.0 if variant == "alpha0" else 1.0,
+        "mini_batch_size": 1024,  # one step a step
+        "grouping": "trajectory" if variant == "trajectory" else "turn",
+    }
     return {
-        "run": {"name": f"ablation-{task}-{variant.lower()}-{seed}", "seed": seed, "steps": steps,
-                "tasks_per_step": TASKS_PER_STEP * (2 if variant == "L0" else 1), "eval_every_steps": eval_every,
-                "eval_tasks": EVAL_TASKS, "checkpoint_every_steps": steps, "run_dir": str(run_dir)},
+        "run": {
+            "name": f"ablation-{task}-{variant.lower()}-{seed}",
+            "seed": seed,
+            "steps": steps,
+            "tasks_per_step": TASKS_PER_STEP * (2 if variant == "L0" else 1),
+            "eval_every_steps": eval_every,
+            "eval_tasks": EVAL_TASKS,
+            "checkpoint_every_steps": steps,
+            "run_dir": str(run_dir),
+        },
         "env": {"name": "toy", "turn_order": agents, **TASKS[task]},
         "pools": {"shared": pool},
-        "agents": {a: {"pool": "shared", "train_sampling": SAMPLING, "eval_sampling": SAMPLING} for a in agents},
+        "agents": {
+            a: {"pool": "shared", "train_sampling": SAMPLING, "eval_sampling": SAMPLING}
+            for a in agents
+        },
         "algorithm": algorithm,
     }
 
 
-def one_run(task: str, variant: str, seed: int, model: str, work: str, steps: int, eval_every: int,
-            equal_rank: int) -> dict:
+def one_run(
+    task: str,
+    variant: str,
+    seed: int,
+    model: str,
+    work: str,
+    steps: int,
+    eval_every: int,
+    equal_rank: int,
+) -> dict:
     """Train one variant on one task; its evaluations and what it trained a step."""
     from atgrpo.cli.runner import LocalServices, evaluate, run_until
     from atgrpo.config import parse_config
@@ -100,21 +137,32 @@ def one_run(task: str, variant: str, seed: int, model: str, work: str, steps: in
     data = run_config(task, variant, seed, model, run_dir, steps, eval_every, equal_rank)
     start = time.perf_counter()
     with LocalServices(parse_config(data)) as running:
-        final = asyncio.run(run_until(running, lambda _event: False))     # to the end; metrics.jsonl has it all
+        final = asyncio.run(
+            run_until(running, lambda _event: False)
+        )  # to the end; metrics.jsonl has it all
     if final["state"] != "finished":
         raise RuntimeError(f"{task}/{variant}/seed {seed} ended {final['state']}: {final}")
     for agent in data["agents"].values():
-        agent["eval_sampling"] = {"max_tokens": SAMPLING["max_tokens"]}      # greedy
-    greedy = evaluate(parse_config(data), run_dir)         # its last checkpoint
+        agent["eval_sampling"] = {"max_tokens": SAMPLING["max_tokens"]}  # greedy
+    greedy = evaluate(parse_config(data), run_dir)  # its last checkpoint
     events = read_metrics(run_dir / "metrics.jsonl")
     steps_ = [e for e in events if e["kind"] == "step"]
     evals = [e for e in events if e["kind"] == "eval"]
-    return {"task": task, "variant": variant, "seed": seed, "wall_s": time.perf_counter() - start,
-            "evals": [(e["step"], e["success_rate"]) for e in evals],
-            "speaker_return": evals[-1]["agents"]["speaker"]["reward_mean"], "greedy": greedy["success_rate"],
-            "tokens_per_step": statistics.fmean(sum(p.get("tokens", 0.0) for p in e["pools"].values())
-                                                for e in steps_),
-            "samples_per_step": statistics.fmean(sum(a["samples"] for a in e["agents"].values()) for e in steps_)}
+    return {
+        "task": task,
+        "variant": variant,
+        "seed": seed,
+        "wall_s": time.perf_counter() - start,
+        "evals": [(e["step"], e["success_rate"]) for e in evals],
+        "speaker_return": evals[-1]["agents"]["speaker"]["reward_mean"],
+        "greedy": greedy["success_rate"],
+        "tokens_per_step": statistics.fmean(
+            sum(p.get("tokens", 0.0) for p in e["pools"].values()) for e in steps_
+        ),
+        "samples_per_step": statistics.fmean(
+            sum(a["samples"] for a in e["agents"].values()) for e in steps_
+        ),
+    }
 
 
 def trainable_params(model: str) -> tuple[int, int]:
@@ -142,44 +190,64 @@ def summarise(runs: list[dict], trained: dict[str, int]) -> list[dict]:
     rows = []
     for task in dict.fromkeys(r["task"] for r in runs):
         for variant in dict.fromkeys(r["variant"] for r in runs if r["task"] == task):
-            mine = sorted((r for r in runs if r["task"] == task and r["variant"] == variant), key=lambda r: r["seed"])
+            mine = sorted(
+                (r for r in runs if r["task"] == task and r["variant"] == variant),
+                key=lambda r: r["seed"],
+            )
             steps = [s for s, _ in mine[0]["evals"]]
             curve = [statistics.fmean(dict(r["evals"])[s] for r in mine) for s in steps]
-            rows.append({"task": task, "variant": variant, "seeds": [r["seed"] for r in mine], "steps": steps,
-                         "success": curve, "per_seed_final": [r["evals"][-1][1] for r in mine],
-                         "speaker_return": statistics.fmean(r["speaker_return"] for r in mine),
-                         "greedy": statistics.fmean(r["greedy"] for r in mine),
-                         "per_seed_greedy": [r["greedy"] for r in mine],
-                         "area": statistics.fmean(curve[1:]) if len(curve) > 1 else curve[0],
-                         "tokens_per_step": statistics.fmean(r["tokens_per_step"] for r in mine),
-                         "samples_per_step": statistics.fmean(r["samples_per_step"] for r in mine),
-                         "trainable": trained[variant],
-                         "wall_s": statistics.fmean(r["wall_s"] for r in mine)})
+            rows.append(
+                {
+                    "task": task,
+                    "variant": variant,
+                    "seeds": [r["seed"] for r in mine],
+                    "steps": steps,
+                    "success": curve,
+                    "per_seed_final": [r["evals"][-1][1] for r in mine],
+                    "speaker_return": statistics.fmean(r["speaker_return"] for r in mine),
+                    "greedy": statistics.fmean(r["greedy"] for r in mine),
+                    "per_seed_greedy": [r["greedy"] for r in mine],
+                    "area": statistics.fmean(curve[1:]) if len(curve) > 1 else curve[0],
+                    "tokens_per_step": statistics.fmean(r["tokens_per_step"] for r in mine),
+                    "samples_per_step": statistics.fmean(r["samples_per_step"] for r in mine),
+                    "trainable": trained[variant],
+                    "wall_s": statistics.fmean(r["wall_s"] for r in mine),
+                }
+            )
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| task | variant | success at step 0 | final success (mean; per seed) | mean success after step 0 "
-            "| final greedy success (mean; per seed) "
-            "| speaker's final return | trained tokens / step | samples / step | trainable params | s / run |")
+    head = (
+        "| task | variant | success at step 0 | final success (mean; per seed) | mean success "
+        "after step 0 | final greedy success (mean; per seed) | speaker's final return | trained "
+        "tokens / step | samples / step | trainable params | s / run |"
+    )
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
     for r in rows:
         seeds = ", ".join(f"{v:.2f}" for v in r["per_seed_final"])
         greedy = ", ".join(f"{v:.2f}" for v in r["per_seed_greedy"])
-        lines.append(f"| {r['task']} | {r['variant']} | {r['success'][0]:.2f} | {r['success'][-1]:.2f} ({seeds}) "
-                     f"| {r['area']:.2f} | {r['greedy']:.2f} ({greedy}) | {r['speaker_return']:.2f} "
-                     f"| {r['tokens_per_step']:.0f} "
-                     f"| {r['samples_per_step']:.0f} "
-                     f"| {r['trainable']:,} | {r['wall_s']:.0f} |")
+        lines.append(
+            f"| {r['task']} | {r['variant']} | {r['success'][0]:.2f} | {r['success'][-1]:.2f} "
+            f"({seeds}) | {r['area']:.2f} | {r['greedy']:.2f} ({greedy}) | "
+            f"{r['speaker_return']:.2f} | {r['tokens_per_step']:.0f} | {r['samples_per_step']:.0f} "
+            f"| {r['trainable']:,} | {r['wall_s']:.0f} |"
+        )
     return "\n".join(lines)
 
 
 def plot(rows: list[dict], path: Path) -> None:
     seeds = len(rows[0]["seeds"])
-    panels = {task: [(r["variant"], r["steps"], r["success"]) for r in rows if r["task"] == task]
-              for task in dict.fromkeys(r["task"] for r in rows)}
-    plot_panels({f"{task} (mean of {seeds} seeds)": c for task, c in panels.items()}, path,
-                "step", "eval success (sampled, T=1)")
+    panels = {
+        task: [(r["variant"], r["steps"], r["success"]) for r in rows if r["task"] == task]
+        for task in dict.fromkeys(r["task"] for r in rows)
+    }
+    plot_panels(
+        {f"{task} (mean of {seeds} seeds)": c for task, c in panels.items()},
+        path,
+        "step",
+        "eval success (sampled, T=1)",
+    )
 
 
 def main() -> None:
@@ -189,8 +257,13 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=1 if SMOKE else 10)
     ap.add_argument("--tasks", default="code" if SMOKE else ",".join(TASKS))
     ap.add_argument("--variants", default="at-grpo,L2" if SMOKE else ",".join(VARIANTS))
-    ap.add_argument("--jobs", type=int, default=2, help="runs at once (each is five service processes)")
-    ap.add_argument("--model", help="a model taught the pairs already (default: taught from the tiny model here)")
+    ap.add_argument(
+        "--jobs", type=int, default=2, help="runs at once (each is five service processes)"
+    )
+    ap.add_argument(
+        "--model",
+        help="a model taught the pairs already (default: taught from the tiny model here)",
+    )
     ap.add_argument("--out", default=str(ROOT / "runs" / "ablations"))
     args = ap.parse_args()
     tasks, variants = args.tasks.split(","), args.variants.split(",")
@@ -205,27 +278,37 @@ def main() -> None:
         whole, per_rank = trainable_params(model)
         equal_rank = round(whole / (2 * per_rank))
         trained = {v: trainable(v, whole, per_rank, equal_rank) for v in variants}
-        jobs = [(t, v, int(s), model, work, args.steps, args.eval_every, equal_rank)
-                for s in args.seeds.split(",") for t in tasks for v in variants]
+        jobs = [
+            (t, v, int(s), model, work, args.steps, args.eval_every, equal_rank)
+            for s in args.seeds.split(",")
+            for t in tasks
+            for v in variants
+        ]
         with ProcessPoolExecutor(args.jobs) as pool:
             runs = []
             for run in pool.map(one_run, *zip(*jobs, strict=True)):
-                print(f"{run['task']:>6} {run['variant']:>10} seed {run['seed']}: "
-                      + " ".join(f"{s}:{v:.2f}" for s, v in run["evals"]) + f"  ({run['wall_s']:.0f} s)", flush=True)
+                print(
+                    f"{run['task']:>6} {run['variant']:>10} seed {run['seed']}: "
+                    + " ".join(f"{s}:{v:.2f}" for s, v in run["evals"])
+                    + f"  ({run['wall_s']:.0f} s)",
+                    flush=True,
+                )
                 runs.append(run)
     rows = summarise(runs, trained)
     text = table(rows)
     took = time.perf_counter() - start
     print(f"\n{text}\n\n{len(runs)} runs in {took / 60:.1f} min")
     (out / "ablations.md").write_text(text + "\n")
-    (out / "ablations.json").write_text(json.dumps({"args": vars(args), "minutes": took / 60, "rows": rows,
-                                                    "runs": runs}, indent=1))
+    (out / "ablations.json").write_text(
+        json.dumps({"args": vars(args), "minutes": took / 60, "rows": rows, "runs": runs}, indent=1)
+    )
     plot(rows, out / "ablations.png")
 
 
 def taught_model(work: Path) -> str:
     from atgrpo.models import build_tiny_model
     from atgrpo.models.taught import code_pairs_model
+
     return code_pairs_model(str(build_tiny_model(work / "tiny")), work / "pairs")
 
 

@@ -19,7 +19,9 @@ SKIP = ("all.py", "baseline.py", "async_learning.py", "ablations.py", "real_lear
 
 
 def main() -> int:
-    benches = sorted(p for p in HERE.glob("*.py") if not p.name.startswith("_") and p.name not in SKIP)
+    benches = sorted(
+        p for p in HERE.glob("*.py") if not p.name.startswith("_") and p.name not in SKIP
+    )
     failed = []
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ratios.jsonl"

@@ -48,17 +48,17 @@ def pin(state_dir: Path) -> None:
 
     cores = os.sched_getaffinity(0)
     if len(cores) < 2:
-        return                        # one core: nothing to separate
+        return  # one core: nothing to separate
     trainer, rollout = sorted(cores)[:2]
     for svc in launcher.read_state(state_dir):
         if svc.kind not in ("trainer", "rollout"):
-            continue                  # a CPU service: on a cluster it has CPUs of its own
+            continue  # a CPU service: on a cluster it has CPUs of its own
         core = trainer if svc.kind == "trainer" else rollout
         for tid in os.listdir(f"/proc/{svc.pid}/task"):
             try:
                 os.sched_setaffinity(int(tid), {core})
             except (ProcessLookupError, PermissionError):
-                pass                  # a thread that ended meanwhile
+                pass  # a thread that ended meanwhile
 
 
 class _Sink:
@@ -76,7 +76,7 @@ def timed_run(data: dict, warmup: int) -> dict:
     from atgrpo.rundir import read_metrics
 
     cfg = parse_config(data)
-    os.environ["OMP_NUM_THREADS"] = "1"          # the services' torch threads (they inherit it)
+    os.environ["OMP_NUM_THREADS"] = "1"  # the services' torch threads (they inherit it)
     try:
         services = LocalServices(cfg)
         with services as running:
@@ -86,16 +86,30 @@ def timed_run(data: dict, warmup: int) -> dict:
         os.environ.pop("OMP_NUM_THREADS", None)
     if final["state"] != "finished":
         raise RuntimeError(f"the atgrpo run did not finish: {final}")
-    steps = [e for e in read_metrics(Path(cfg.run.run_dir) / "metrics.jsonl") if e["kind"] == "step"]
+    steps = [
+        e for e in read_metrics(Path(cfg.run.run_dir) / "metrics.jsonl") if e["kind"] == "step"
+    ]
     timed = steps[warmup:]
     seconds = timed[-1]["time"] - steps[warmup - 1]["time"]
-    pools = {p: {"updates": sum(1 for e in timed if p in e["pools"]),
-                 "busy": sum(e["pools"][p]["train_seconds"] + e["pools"][p]["push_seconds"]
-                             for e in timed if p in e["pools"]) / seconds}
-             for p in cfg.pools}
-    return {"seconds": seconds, "samples": sum(a["samples"] for e in timed for a in e["agents"].values()),
-            "rollout_busy": sum(e["rollout_seconds"] for e in timed) / seconds, "pools": pools,
-            "staleness_max": max(m.get("staleness_max", 0) for e in timed for m in e["pools"].values())}
+    pools = {
+        p: {
+            "updates": sum(1 for e in timed if p in e["pools"]),
+            "busy": sum(
+                e["pools"][p]["train_seconds"] + e["pools"][p]["push_seconds"]
+                for e in timed
+                if p in e["pools"]
+            )
+            / seconds,
+        }
+        for p in cfg.pools
+    }
+    return {
+        "seconds": seconds,
+        "samples": sum(a["samples"] for e in timed for a in e["agents"].values()),
+        "rollout_busy": sum(e["rollout_seconds"] for e in timed) / seconds,
+        "pools": pools,
+        "staleness_max": max(m.get("staleness_max", 0) for e in timed for m in e["pools"].values()),
+    }
 
 
 def l0(model: str, root: Path, args, staleness: int) -> dict:
@@ -112,14 +126,16 @@ def larger_model(tiny: Path, out: Path) -> Path:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     d = AutoConfig.from_pretrained(tiny).to_dict()
-    for derived in ("layer_types", "head_dim"):        # worked out again from the new sizes
+    for derived in ("layer_types", "head_dim"):  # worked out again from the new sizes
         d.pop(derived, None)
     d.update({k: 2 * d[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers")})
     cfg = AutoConfig.for_model(**d)
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(cfg).save_pretrained(out)
     for f in tiny.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens", "generation")) or f.suffix in (".jinja",):
+        if f.name.startswith(("tokenizer", "special_tokens", "generation")) or f.suffix in (
+            ".jinja",
+        ):
             shutil.copy(f, out / f.name)
     return out
 
@@ -156,38 +172,66 @@ def main() -> None:
 
 def run(args, root: Path) -> None:
     model = build_tiny_model(root / "tiny")
-    print(f"asynchronous AT-GRPO, {args.tasks} tasks x K={args.k}, <= {args.max_tokens} tokens, tiny model, "
-          f"CPU float32; trainers on one core, rollout on another, one thread each; {args.steps} timed steps "
-          f"after {args.warmup} warm-up")
+    print(
+        f"asynchronous AT-GRPO, {args.tasks} tasks x K={args.k}, <= {args.max_tokens} tokens, tiny "
+        f"model, CPU float32; trainers on one core, rollout on another, one thread each; "
+        f"{args.steps} timed steps after {args.warmup} warm-up"
+    )
     sync, asyn = l0(str(model), root, args, 0), l0(str(model), root, args, 1)
     trl = trl_side(str(model), args, root, 2)
     rate = {n: r["samples"] / r["seconds"] for n, r in (("sync", sync), ("async", asyn))}
-    print(f"{'L0':<22} {'samples/s':>9} {'rollout busy':>12} {'trainer busy':>12} {'staleness max':>13}")
+    print(
+        f"{'L0':<22} {'samples/s':>9} {'rollout busy':>12} {'trainer busy':>12} "
+        f"{'staleness max':>13}"
+    )
     for name, r in (("max_staleness 0", sync), ("max_staleness 1", asyn)):
-        print(f"{name:<22} {r['samples'] / r['seconds']:>9.1f} {r['rollout_busy']:>12.2f} "
-              f"{r['pools']['a']['busy']:>12.2f} {r['staleness_max']:>13}")
+        print(
+            f"{name:<22} {r['samples'] / r['seconds']:>9.1f} {r['rollout_busy']:>12.2f} "
+            f"{r['pools']['a']['busy']:>12.2f} {r['staleness_max']:>13}"
+        )
     print(f"{'TRL GRPOTrainer, 2 thr':<22} {trl.rate:>9.1f}")
-    print(f"async / sync {rate['async'] / rate['sync']:.2f}x (target >= 1.6x); async / TRL "
-          f"{rate['async'] / trl.rate:.2f}x (target >= 1.5x); sync / TRL {rate['sync'] / trl.rate:.2f}x")
-    record("async", "L0 samples/s, max_staleness 1 vs 0", rate["async"] / rate["sync"],
-           f"{rate['async']:.1f} vs {rate['sync']:.1f} samples/s, trainer and rollout on separate cores")
-    record("async", "L0 samples/s, max_staleness 1 vs TRL GRPOTrainer", rate["async"] / trl.rate,
-           f"{rate['async']:.1f} vs {trl.rate:.1f} samples/s (TRL on both cores)")
+    print(
+        f"async / sync {rate['async'] / rate['sync']:.2f}x (target >= 1.6x); async / TRL "
+        f"{rate['async'] / trl.rate:.2f}x (target >= 1.5x); sync / TRL "
+        f"{rate['sync'] / trl.rate:.2f}x"
+    )
+    record(
+        "async",
+        "L0 samples/s, max_staleness 1 vs 0",
+        rate["async"] / rate["sync"],
+        f"{rate['async']:.1f} vs {rate['sync']:.1f} samples/s, trainer and rollout on separate "
+        f"cores",
+    )
+    record(
+        "async",
+        "L0 samples/s, max_staleness 1 vs TRL GRPOTrainer",
+        rate["async"] / trl.rate,
+        f"{rate['async']:.1f} vs {trl.rate:.1f} samples/s (TRL on both cores)",
+    )
 
     large = larger_model(Path(model), root / "large")
-    print(f"\nL3 relay: speaker on pool 'a' ({params(Path(model)):,} parameters), listener on pool 'large' "
-          f"({params(large):,})")
+    print(
+        f"\nL3 relay: speaker on pool 'a' ({params(Path(model)):,} parameters), listener on pool "
+        f"'large' ({params(large):,})"
+    )
     l3_runs = {n: l3(str(model), str(large), root, args, n) for n in (0, 1)}
     print(f"{'L3':<22} {'samples/s':>9} {'a updates/s':>11} {'a busy':>7} {'large busy':>10}")
     for n, r in l3_runs.items():
-        print(f"{'max_staleness ' + str(n):<22} {r['samples'] / r['seconds']:>9.1f} "
-              f"{r['pools']['a']['updates'] / r['seconds']:>11.2f} {r['pools']['a']['busy']:>7.2f} "
-              f"{r['pools']['large']['busy']:>10.2f}")
-    small_gain = ((l3_runs[1]["pools"]["a"]["updates"] / l3_runs[1]["seconds"])
-                  / (l3_runs[0]["pools"]["a"]["updates"] / l3_runs[0]["seconds"]))
+        print(
+            f"{'max_staleness ' + str(n):<22} {r['samples'] / r['seconds']:>9.1f} "
+            f"{r['pools']['a']['updates'] / r['seconds']:>11.2f} {r['pools']['a']['busy']:>7.2f} "
+            f"{r['pools']['large']['busy']:>10.2f}"
+        )
+    small_gain = (l3_runs[1]["pools"]["a"]["updates"] / l3_runs[1]["seconds"]) / (
+        l3_runs[0]["pools"]["a"]["updates"] / l3_runs[0]["seconds"]
+    )
     print(f"the small pool's updates/s, async / sync: {small_gain:.2f}x")
-    record("async", "L3 small pool updates/s, max_staleness 1 vs 0", small_gain,
-           "speaker's pool tiny, listener's pool about 4x its parameters")
+    record(
+        "async",
+        "L3 small pool updates/s, max_staleness 1 vs 0",
+        small_gain,
+        "speaker's pool tiny, listener's pool about 4x its parameters",
+    )
 
 
 if __name__ == "__main__":

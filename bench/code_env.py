@@ -72,7 +72,7 @@ class TimedSandbox:
         self.intervals: list[tuple[float, float]] = []
         self.requests: list[tuple[str, list, dict]] = []
         self.executions = 0
-        self.exec_ms = 0              # the programs' own wall time, summed
+        self.exec_ms = 0  # the programs' own wall time, summed
 
     async def run_tests(self, code, cases, **kwargs):
         t = time.perf_counter()
@@ -80,7 +80,7 @@ class TimedSandbox:
             result = await self.inner.run_tests(code, cases, **kwargs)
         finally:
             self.intervals.append((t, time.perf_counter()))
-        self.requests.append((code, cases, kwargs))     # accepted ones only (not the busy refusals)
+        self.requests.append((code, cases, kwargs))  # accepted ones only (not the busy refusals)
         self.executions += len(cases)
         self.exec_ms += sum(c.execution.wall_ms for c in result.cases if c.execution is not None)
         return result
@@ -91,6 +91,7 @@ class TimedSandbox:
 
 class CountingEnvs(LocalEnvs):
     """Counts env steps: the tree driver sends a move's K branch steps in one step_many."""
+
     steps = 0
 
     async def step(self, episode_id, agent, action):
@@ -103,7 +104,10 @@ class CountingEnvs(LocalEnvs):
 
 
 def _tests_text(pairs) -> str:
-    return "\n".join(f"**Test Input:**\n```\n{i.rstrip()}\n```\n**Test Output:**\n```\n{o.rstrip()}\n```" for i, o in pairs)
+    return "\n".join(
+        f"**Test Input:**\n```\n{i.rstrip()}\n```\n**Test Output:**\n```\n{o.rstrip()}\n```"
+        for i, o in pairs
+    )
 
 
 def _user_inputs(p: datasets.CodeProblem) -> list[tuple[str, str]]:
@@ -126,11 +130,17 @@ class ScriptedPolicy:
 
     def _texts(self, agent: str, p: datasets.CodeProblem, n: int, turn: int) -> list[str]:
         if agent == "coder":
-            wrong = f"def {p.fn_name}(*args):\n    return None\n" if p.kind == "function" else "print(0)\n"
+            wrong = (
+                f"def {p.fn_name}(*args):\n    return None\n"
+                if p.kind == "function"
+                else "print(0)\n"
+            )
             crash = "raise RuntimeError('boom')\n"
             # the first turn has no right program, so episodes run two turns
             options = [wrong, crash] if turn == 1 else [p.solution, wrong, crash, p.solution]
-            return [f"Here is my program.\n```python\n{options[i % len(options)]}```" for i in range(n)]
+            return [
+                f"Here is my program.\n```python\n{options[i % len(options)]}```" for i in range(n)
+            ]
         right = _user_inputs(p)
         wrong = [(i, o.rstrip() + "1\n") for i, o in right]
         options = [right, wrong, right]
@@ -142,10 +152,15 @@ class ScriptedPolicy:
             generated = await self.replica.generate(agent, messages, n)
             prompt_ids, completions = generated.prompt_ids, generated.completions
         else:
-            prompt_ids, completions = [1, 2, 3], [Completion([4], [0.0], "", "stop") for _ in range(n)]
+            prompt_ids, completions = (
+                [1, 2, 3],
+                [Completion([4], [0.0], "", "stop") for _ in range(n)],
+            )
         self.intervals.append((t, time.perf_counter()))
         turn = int(re.search(r"Turn (\d+) of", messages[-1]["content"]).group(1))
-        for c, text in zip(completions, self._texts(agent.name, self._problem(messages), n, turn), strict=True):
+        for c, text in zip(
+            completions, self._texts(agent.name, self._problem(messages), n, turn), strict=True
+        ):
             c.text = text
         return Generation(prompt_ids, completions, PolicyRef("p"))
 
@@ -178,7 +193,9 @@ async def rollouts(plan, envs, policy) -> tuple[float, int, int]:
 
 
 async def main_async(args) -> None:
-    executor = Executor(BwrapBackend(Policy(), uid_base=sandbox_uid_base(args.workers)), workers=args.workers)
+    executor = Executor(
+        BwrapBackend(Policy(), uid_base=sandbox_uid_base(args.workers)), workers=args.workers
+    )
     local = LocalSandbox(executor)
     timed = TimedSandbox(local)
     envs = CountingEnvs(EnvHost(builtin_registry(), sandbox=timed))
@@ -188,6 +205,7 @@ async def main_async(args) -> None:
         from rollout_svc.engines.hf import HFEngine
         from rollout_svc.pool import PoolRuntime
         from rollout_svc.replica import Replica
+
         engine = HFEngine(args.model, device="cpu", dtype="float32")
         engine.warm_up()
         replica = Replica({"p": PoolRuntime("p", engine)})
@@ -197,16 +215,24 @@ async def main_async(args) -> None:
     tasks = tuple(TaskRef(problems[i % len(problems)].id, i, "train") for i in range(args.tasks))
 
     def plan(ts, concurrency):
-        return CollectPlan("code", ts, agents, ("coder", "tester"), max_turns=args.turns, k=args.k,
-                           max_concurrent_tasks=concurrency, env_options={"max_turns": args.turns})
+        return CollectPlan(
+            "code",
+            ts,
+            agents,
+            ("coder", "tester"),
+            max_turns=args.turns,
+            k=args.k,
+            max_concurrent_tasks=concurrency,
+            env_options={"max_turns": args.turns},
+        )
 
-    await rollouts(plan(tasks[:1], 1), envs, policy)          # warm-up: imports, first sandbox runs
+    await rollouts(plan(tasks[:1], 1), envs, policy)  # warm-up: imports, first sandbox runs
 
     # 1. where the time goes: one task at a time (its K branches step concurrently), so generation,
     #    sandbox calls and the rest add up to the wall time
     timed.reset()
     policy.intervals, envs.steps = [], 0
-    seq_tasks = tasks[:max(1, args.tasks // 4)]
+    seq_tasks = tasks[: max(1, args.tasks // 4)]
     wall1, _, _ = await rollouts(plan(seq_tasks, 1), envs, policy)
     steps1 = envs.steps
     gen_s, sandbox_s = union_s(policy.intervals), union_s(timed.intervals)
@@ -221,24 +247,46 @@ async def main_async(args) -> None:
     base_s = await replay(local, requests, executor.workers + executor.queue)
     executor.close()
 
-    gen = f"tiny model ({args.model}, {args.max_tokens} tokens, text replaced by the script)" if args.model else "scripted"
-    print(f"code env, sample problems: K={args.k}, up to {args.turns} turns, {args.workers} bwrap sandbox workers; "
-          f"generation: {gen}")
-    print(f"\n1. where the time goes: {len(seq_tasks)} tasks one at a time, {steps1} env steps in {wall1:.2f} s "
-          f"({steps1 / wall1:.1f} steps/s)")
+    gen = (
+        f"tiny model ({args.model}, {args.max_tokens} tokens, text replaced by the script)"
+        if args.model
+        else "scripted"
+    )
+    print(
+        f"code env, sample problems: K={args.k}, up to {args.turns} turns, {args.workers} bwrap "
+        f"sandbox workers; generation: {gen}"
+    )
+    print(
+        f"\n1. where the time goes: {len(seq_tasks)} tasks one at a time, {steps1} env steps in "
+        f"{wall1:.2f} s ({steps1 / wall1:.1f} steps/s)"
+    )
     print(f"   {'':<34} {'s':>7} {'share':>7} {'ms/step':>8}")
-    for name, sec in (("generation", gen_s), ("sandbox (a call in flight)", sandbox_s),
-                      ("bookkeeping (env, forks, driver)", other_s)):
+    for name, sec in (
+        ("generation", gen_s),
+        ("sandbox (a call in flight)", sandbox_s),
+        ("bookkeeping (env, forks, driver)", other_s),
+    ):
         print(f"   {name:<34} {sec:7.2f} {sec / wall1:6.1%} {1000 * sec / steps1:8.1f}")
-    print(f"\n2. throughput: {len(tasks)} tasks, {args.concurrency} in flight: {steps2} env steps ({ends} episodes, "
-          f"{solved} solved) in {wall2:.2f} s")
-    print(f"   {steps2 / wall2:.1f} env steps/s, {execs / wall2:.1f} sandbox executions/s ({execs / steps2:.1f} per "
-          f"step); sandbox workers busy {exec_s / (args.workers * wall2):.0%} of the time")
-    print(f"   baseline: the same {len(requests)} RunTests requests sent straight to the executor: {base_s:.2f} s = "
-          f"{steps2 / base_s:.1f} steps/s with no env, driver or generation; the env run reached "
-          f"{base_s / wall2:.2f}x of that")
-    record("code_env", "env steps/s vs the same RunTests straight to the executor", base_s / wall2,
-           f"{steps2 / wall2:.1f} steps/s")
+    print(
+        f"\n2. throughput: {len(tasks)} tasks, {args.concurrency} in flight: {steps2} env steps "
+        f"({ends} episodes, {solved} solved) in {wall2:.2f} s"
+    )
+    print(
+        f"   {steps2 / wall2:.1f} env steps/s, {execs / wall2:.1f} sandbox executions/s "
+        f"({execs / steps2:.1f} per step); sandbox workers busy "
+        f"{exec_s / (args.workers * wall2):.0%} of the time"
+    )
+    print(
+        f"   baseline: the same {len(requests)} RunTests requests sent straight to the executor: "
+        f"{base_s:.2f} s = {steps2 / base_s:.1f} steps/s with no env, driver or generation; the "
+        f"env run reached {base_s / wall2:.2f}x of that"
+    )
+    record(
+        "code_env",
+        "env steps/s vs the same RunTests straight to the executor",
+        base_s / wall2,
+        f"{steps2 / wall2:.1f} steps/s",
+    )
 
 
 def main() -> None:
@@ -248,11 +296,18 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=2)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--concurrency", type=int, default=8, help="tasks in flight")
-    ap.add_argument("--max-tokens", type=int, default=64, help="tokens the model generates per response")
+    ap.add_argument(
+        "--max-tokens", type=int, default=64, help="tokens the model generates per response"
+    )
     default_model = ROOT / ".atgrpo" / "models" / "tiny"
-    ap.add_argument("--model", default=str(default_model) if default_model.is_dir() else "",
-                    help="a model directory for real generation timing (default: the tiny model if built)")
-    ap.add_argument("--no-model", dest="model", action="store_const", const="", help="scripted generation only")
+    ap.add_argument(
+        "--model",
+        default=str(default_model) if default_model.is_dir() else "",
+        help="a model directory for real generation timing (default: the tiny model if built)",
+    )
+    ap.add_argument(
+        "--no-model", dest="model", action="store_const", const="", help="scripted generation only"
+    )
     args = parse_args(ap, smoke={"tasks": 2, "k": 2, "concurrency": 2, "max_tokens": 4})
     asyncio.run(main_async(args))
 

@@ -31,7 +31,7 @@ from sandbox_svc.executor import Executor  # noqa: E402
 from sandbox_svc.inprocess import LocalSandbox  # noqa: E402
 from sandbox_svc.policy import Policy  # noqa: E402
 
-OLD = '''\
+OLD = """\
 import sys
 real, sys.stdout = sys.stdout, sys.stderr
 ns = {{"__name__": "solution"}}
@@ -40,16 +40,21 @@ exec(compile({test!r}, "test.py", "exec"), ns)
 ns["check"](ns[{name!r}])
 sys.stdout = real
 print("PASSED")
-'''
+"""
 
 
 async def old_judge(sandbox, problems, answers) -> list[bool]:
     env = CodeEnv({"dataset": "humaneval"})
 
     async def one(p, a):
-        program = OLD.format(source=complete_function(p.starter_code, a, p.fn_name), test=p.check, name=p.fn_name)
-        res = await sandbox_call(sandbox.run_tests, program, [(b"", b"PASSED\n")], limits=env.limits)
+        program = OLD.format(
+            source=complete_function(p.starter_code, a, p.fn_name), test=p.check, name=p.fn_name
+        )
+        res = await sandbox_call(
+            sandbox.run_tests, program, [(b"", b"PASSED\n")], limits=env.limits
+        )
         return bool(res.cases[0].passed)
+
     return list(await asyncio.gather(*(one(p, a) for p, a in zip(problems, answers, strict=True))))
 
 
@@ -59,18 +64,21 @@ async def new_judge(sandbox, problems, answers) -> list[bool]:
         env.reset(p.id, 0, "eval")
         env.sandbox = sandbox
         return (await env.step("coder", f"```python\n{a}\n```")).success
+
     return list(await asyncio.gather(*(one(p, a) for p, a in zip(problems, answers, strict=True))))
 
 
 async def measure(args) -> None:
-    problems = load("code", Source("humaneval"), "eval")[:args.problems]
+    problems = load("code", Source("humaneval"), "eval")[: args.problems]
     backend = BwrapBackend(Policy(), uid_base=sandbox_uid_base(args.workers))
     executor = Executor(backend, workers=args.workers)
     sandbox = LocalSandbox(executor)
     try:
         print(f"{'answers':<22} {'judge':<10} {'answers/s':>10} {'passed':>8}")
-        for label, answers, want in (("canonical solutions", [p.solution for p in problems], True),
-                                     ("`return None` bodies", ["    return None\n"] * len(problems), False)):
+        for label, answers, want in (
+            ("canonical solutions", [p.solution for p in problems], True),
+            ("`return None` bodies", ["    return None\n"] * len(problems), False),
+        ):
             rates = {}
             for name, judge in (("old", old_judge), ("proxy", new_judge)):
                 t = time.monotonic()
@@ -80,8 +88,12 @@ async def measure(args) -> None:
                 print(f"{label:<22} {name:<10} {rates[name]:>10.1f} {sum(verdicts):>8}")
             ratio = rates["proxy"] / rates["old"]
             print(f"{label:<22} proxy/old: {ratio:.2f}x")
-            record("code_judge", f"HumanEval {label} judged/s, proxy vs shared-namespace judge", ratio,
-                   f"{rates['proxy']:.1f} vs {rates['old']:.1f} answers/s, {len(problems)} problems")
+            record(
+                "code_judge",
+                f"HumanEval {label} judged/s, proxy vs shared-namespace judge",
+                ratio,
+                f"{rates['proxy']:.1f} vs {rates['old']:.1f} answers/s, {len(problems)} problems",
+            )
     finally:
         executor.close()
 

@@ -48,13 +48,14 @@ SEED = 0
 @dataclass
 class Side:
     """One side's timed window: samples and seconds over the measured steps, and where they went."""
+
     name: str
     samples: int = 0
     seconds: float = 0.0
-    parts: dict[str, float] = field(default_factory=dict)    # phase -> seconds over the window
-    tokens_per_sample: float = 0.0                          # response tokens, mean
-    cpu: float = 0.0                                        # CPU seconds (all processes) over the window
-    notes: dict[str, float] = field(default_factory=dict)   # finer figures one side has
+    parts: dict[str, float] = field(default_factory=dict)  # phase -> seconds over the window
+    tokens_per_sample: float = 0.0  # response tokens, mean
+    cpu: float = 0.0  # CPU seconds (all processes) over the window
+    notes: dict[str, float] = field(default_factory=dict)  # finer figures one side has
 
     @property
     def rate(self) -> float:
@@ -63,16 +64,42 @@ class Side:
 
 # ---- atgrpo ------------------------------------------------------------------------------------
 
+
 def atgrpo_config(model_dir: str, run_dir: Path, args) -> dict:
     return {
-        "run": {"name": "bench-e2e-l0", "seed": SEED, "steps": args.warmup + args.steps,
-                "tasks_per_step": args.tasks, "eval_every_steps": 0, "eval_tasks": 0,
-                "checkpoint_every_steps": 0, "save_samples": False, "run_dir": str(run_dir)},
+        "run": {
+            "name": "bench-e2e-l0",
+            "seed": SEED,
+            "steps": args.warmup + args.steps,
+            "tasks_per_step": args.tasks,
+            "eval_every_steps": 0,
+            "eval_tasks": 0,
+            "checkpoint_every_steps": 0,
+            "save_samples": False,
+            "run_dir": str(run_dir),
+        },
         "env": {"name": "toy", "turn_order": ["speaker"], "max_turns": 1},
-        "pools": {"a": {"model_path": model_dir, "engine": "hf", "device": "cpu", "dtype": "float32",
-                        "optim": {"lr": args.lr, "warmup_steps": 0, "min_lr_ratio": 1.0, "weight_decay": 0.0}}},
-        "agents": {"speaker": {"pool": "a", "train_sampling": {"temperature": 1.0, "max_tokens": args.max_tokens},
-                               "eval_sampling": {"max_tokens": args.max_tokens}}},
+        "pools": {
+            "a": {
+                "model_path": model_dir,
+                "engine": "hf",
+                "device": "cpu",
+                "dtype": "float32",
+                "optim": {
+                    "lr": args.lr,
+                    "warmup_steps": 0,
+                    "min_lr_ratio": 1.0,
+                    "weight_decay": 0.0,
+                },
+            }
+        },
+        "agents": {
+            "speaker": {
+                "pool": "a",
+                "train_sampling": {"temperature": 1.0, "max_tokens": args.max_tokens},
+                "eval_sampling": {"max_tokens": args.max_tokens},
+            }
+        },
         # One optimizer step per training step, on every sample of the step.
         "algorithm": {"k": args.k, "mini_batch_size": args.tasks * args.k},
     }
@@ -98,7 +125,9 @@ def engine_totals(metrics_addresses: list[str]) -> tuple[float, float]:
     seconds = batches = 0.0
     for address in metrics_addresses:
         text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
-        for what, value in re.findall(r"^atgrpo_rollout_generate_seconds_(sum|count)\{[^}]*\} (\S+)$", text, re.M):
+        for what, value in re.findall(
+            r"^atgrpo_rollout_generate_seconds_(sum|count)\{[^}]*\} (\S+)$", text, re.M
+        ):
             if what == "sum":
                 seconds += float(value)
             else:
@@ -135,13 +164,16 @@ def atgrpo_side(model_dir: str, args, root: Path) -> Side:
     services = LocalServices(cfg)
     with services as running:
         started = launcher.read_state(services.state_dir)
-        sink = _Sink([s.pid for s in started], [s.metrics_address for s in started if s.kind == "rollout"],
-                     (args.warmup, args.warmup + args.steps))
+        sink = _Sink(
+            [s.pid for s in started],
+            [s.metrics_address for s in started if s.kind == "rollout"],
+            (args.warmup, args.warmup + args.steps),
+        )
         final = asyncio.run(drive(running, sink))
     if final["state"] != "finished":
         raise RuntimeError(f"the atgrpo run did not finish: {final}")
     steps = [e for e in read_metrics(run_dir / "metrics.jsonl") if e["kind"] == "step"]
-    timed = steps[args.warmup:]
+    timed = steps[args.warmup :]
     side = Side("atgrpo")
     # Wall time between step records: the whole loop (collect, group, train, sync, bookkeeping).
     side.seconds = timed[-1]["time"] - steps[args.warmup - 1]["time"]
@@ -149,21 +181,29 @@ def atgrpo_side(model_dir: str, args, root: Path) -> Side:
     rollout = sum(e["rollout_seconds"] for e in timed)
     train = sum(e["train_seconds"] for e in timed)
     sync = sum(e["weight_sync_seconds"] for e in timed)
-    side.parts = {"rollout": rollout, "train": train, "weight sync": sync,
-                  "other": side.seconds - rollout - train - sync}
+    side.parts = {
+        "rollout": rollout,
+        "train": train,
+        "weight sync": sync,
+        "other": side.seconds - rollout - train - sync,
+    }
     tokens = sum(p.get("tokens", 0) for e in timed for p in e["pools"].values())
-    side.tokens_per_sample = tokens / side.samples if side.samples else 0.0   # response tokens
+    side.tokens_per_sample = tokens / side.samples if side.samples else 0.0  # response tokens
     first, last = args.warmup, args.warmup + args.steps
     side.cpu = sink.cpu[last] - sink.cpu[first]
     side.notes = {
-        "engine_seconds": sink.engine[last][0] - sink.engine[first][0],      # generation inside the replica
+        "engine_seconds": sink.engine[last][0]
+        - sink.engine[first][0],  # generation inside the replica
         "engine_batches": sink.engine[last][1] - sink.engine[first][1],
-        "trainer_seconds": sum(p.get("train_seconds", 0.0) for e in timed for p in e["pools"].values()),
+        "trainer_seconds": sum(
+            p.get("train_seconds", 0.0) for e in timed for p in e["pools"].values()
+        ),
     }
     return side
 
 
 # ---- TRL ---------------------------------------------------------------------------------------
+
 
 def toy_rows(args) -> list[dict]:
     """The prompts atgrpo's router would draw, step by step, as chat messages, with their tasks."""
@@ -175,7 +215,14 @@ def toy_rows(args) -> list[dict]:
     for step in range(args.warmup + args.steps):
         for t in step_tasks(SEED, step, args.tasks, "train"):
             env.reset(t.task_id, t.seed, t.split)
-            rows.append({"prompt": env.observe("speaker"), "task_id": t.task_id, "seed": t.seed, "split": t.split})
+            rows.append(
+                {
+                    "prompt": env.observe("speaker"),
+                    "task_id": t.task_id,
+                    "seed": t.seed,
+                    "split": t.split,
+                }
+            )
     return rows
 
 
@@ -222,17 +269,44 @@ def _trl_side(model_dir: str, args, root: Path) -> Side:
     total = args.warmup + args.steps
     batch = args.tasks * args.k
     cfg = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="trl-", dir=root), max_steps=total, seed=SEED,
-        per_device_train_batch_size=batch, gradient_accumulation_steps=1, steps_per_generation=1,
-        num_generations=args.k, num_iterations=1, max_completion_length=args.max_tokens,
-        temperature=1.0, top_p=1.0, top_k=0, beta=0.0, loss_type="bnpo", learning_rate=args.lr,
-        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-        use_vllm=False, use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
-        shuffle_dataset=False, report_to=[], save_strategy="no", logging_steps=10**6, disable_tqdm=True,
-        dataloader_num_workers=0)
-    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir), args=cfg,
-                          reward_funcs=toy_reward, train_dataset=Dataset.from_list(toy_rows(args)),
-                          processing_class=AutoTokenizer.from_pretrained(model_dir))
+        output_dir=tempfile.mkdtemp(prefix="trl-", dir=root),
+        max_steps=total,
+        seed=SEED,
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        num_generations=args.k,
+        num_iterations=1,
+        max_completion_length=args.max_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        loss_type="bnpo",
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        use_vllm=False,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        shuffle_dataset=False,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=10**6,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    trainer = GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(model_dir),
+        args=cfg,
+        reward_funcs=toy_reward,
+        train_dataset=Dataset.from_list(toy_rows(args)),
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+    )
 
     me = psutil.Process()
     ends: list[float] = []
@@ -241,7 +315,7 @@ def _trl_side(model_dir: str, args, root: Path) -> Side:
     gen: list[float] = []
     generate = trainer._generate_and_score_completions
 
-    def timed_generate(*a, **kw):   # generation, reward and advantages: TRL's rollout phase
+    def timed_generate(*a, **kw):  # generation, reward and advantages: TRL's rollout phase
         t = time.perf_counter()
         out = generate(*a, **kw)
         gen.append(time.perf_counter() - t)
@@ -257,35 +331,50 @@ def _trl_side(model_dir: str, args, root: Path) -> Side:
             lengths.append(trainer._metrics["train"]["completions/mean_length"][-1])
 
     trainer.add_callback(StepEnds())
-    with contextlib.redirect_stdout(io.StringIO()):     # the Trainer prints its final metrics
+    with contextlib.redirect_stdout(io.StringIO()):  # the Trainer prints its final metrics
         trainer.train()
     if len(ends) != total or len(gen) != total:
-        raise RuntimeError(f"TRL ran {len(ends)} steps with {len(gen)} generations, expected {total}")
+        raise RuntimeError(
+            f"TRL ran {len(ends)} steps with {len(gen)} generations, expected {total}"
+        )
     side = Side("TRL")
     side.seconds = ends[-1] - ends[args.warmup - 1]
     side.samples = batch * args.steps
-    rollout = sum(gen[args.warmup:])
-    side.parts = {"rollout": rollout, "train": side.seconds - rollout, "weight sync": 0.0, "other": 0.0}
-    side.tokens_per_sample = statistics.fmean(lengths[args.warmup:])
+    rollout = sum(gen[args.warmup :])
+    side.parts = {
+        "rollout": rollout,
+        "train": side.seconds - rollout,
+        "weight sync": 0.0,
+        "other": 0.0,
+    }
+    side.tokens_per_sample = statistics.fmean(lengths[args.warmup :])
     side.cpu = cpu[-1] - cpu[args.warmup - 1]
     return side
 
 
 # ---- the table ---------------------------------------------------------------------------------
 
+
 def total(name: str, sides: list[Side]) -> Side:
-    return Side(name, sum(s.samples for s in sides), sum(s.seconds for s in sides),
-                {k: sum(s.parts[k] for s in sides) for k in sides[0].parts},
-                statistics.fmean(s.tokens_per_sample for s in sides), sum(s.cpu for s in sides),
-                {k: sum(s.notes[k] for s in sides) for k in sides[0].notes})
+    return Side(
+        name,
+        sum(s.samples for s in sides),
+        sum(s.seconds for s in sides),
+        {k: sum(s.parts[k] for s in sides) for k in sides[0].parts},
+        statistics.fmean(s.tokens_per_sample for s in sides),
+        sum(s.cpu for s in sides),
+        {k: sum(s.notes[k] for s in sides) for k in sides[0].notes},
+    )
 
 
 def row(label: str, side: Side, steps: int, atgrpo_rate: float | None = None) -> str:
     per = {k: v / steps for k, v in side.parts.items()}
     ratio = f"{atgrpo_rate / side.rate:6.2f}x" if atgrpo_rate else f"{'':>7}"
-    return (f"{label:<6} {side.name:<16} {side.rate:9.1f} {side.seconds / steps:7.2f} {per['rollout']:8.2f} "
-            f"{per['train']:6.2f} {per['weight sync']:5.2f} {per['other']:6.2f} {side.cpu / steps:10.2f} "
-            f"{side.tokens_per_sample:7.1f}  {ratio}")
+    return (
+        f"{label:<6} {side.name:<16} {side.rate:9.1f} {side.seconds / steps:7.2f} "
+        f"{per['rollout']:8.2f} {per['train']:6.2f} {per['weight sync']:5.2f} {per['other']:6.2f} "
+        f"{side.cpu / steps:10.2f} {side.tokens_per_sample:7.1f}  {ratio}"
+    )
 
 
 def main() -> None:
@@ -295,59 +384,92 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=16, help="max new tokens per completion")
     ap.add_argument("--steps", type=int, default=6, help="timed steps per side and round")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    ap.add_argument("--rounds", type=int, default=1, help="repeat every side, reversing the order each round")
+    ap.add_argument(
+        "--rounds", type=int, default=1, help="repeat every side, reversing the order each round"
+    )
     ap.add_argument("--lr", type=float, default=1e-5)
-    ap.add_argument("--trl-threads", default="0,1",
-                    help="torch intra-op threads for TRL's runs, comma-separated (0: torch's default); "
-                         "the headline ratio is against the fastest")
-    args = parse_args(ap, smoke={"tasks": 2, "k": 2, "max_tokens": 4, "steps": 1, "warmup": 1,
-                                 "trl_threads": "1"})
+    ap.add_argument(
+        "--trl-threads",
+        default="0,1",
+        help="torch intra-op threads for TRL's runs, comma-separated (0: torch's default); "
+        "the headline ratio is against the fastest",
+    )
+    args = parse_args(
+        ap, smoke={"tasks": 2, "k": 2, "max_tokens": 4, "steps": 1, "warmup": 1, "trl_threads": "1"}
+    )
     if args.warmup < 1 or args.steps < 1:
         ap.error("--warmup and --steps must be at least 1")
     default_threads = torch_threads()
-    trl_threads = list(dict.fromkeys(int(t) or default_threads for t in args.trl_threads.split(",")))
+    trl_threads = list(
+        dict.fromkeys(int(t) or default_threads for t in args.trl_threads.split(","))
+    )
     with tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp:
         run(args, trl_threads, Path(tmp))
 
 
 def run(args, trl_threads: list[int], root: Path) -> None:
     model_dir = str(build_tiny_model(root / "tiny"))
-    print(f"single-agent GRPO end to end (L0, toy env), tiny model, CPU float32, {os.cpu_count()} cores: "
-          f"{args.tasks} prompts x K={args.k} = {args.tasks * args.k} samples and one optimizer step per step, "
-          f"<= {args.max_tokens} new tokens; {args.steps} timed steps after {args.warmup} warm-up, per side")
-    print(f"{'round':<6} {'side':<16} {'samples/s':>9} {'s/step':>7} {'rollout':>8} {'train':>6} {'sync':>5} "
-          f"{'other':>6} {'cpu-s/step':>10} {'tok/smp':>7}  {'atgrpo/x':>7}")
+    print(
+        f"single-agent GRPO end to end (L0, toy env), tiny model, CPU float32, {os.cpu_count()} "
+        f"cores: {args.tasks} prompts x K={args.k} = {args.tasks * args.k} samples and one "
+        f"optimizer step per step, <= {args.max_tokens} new tokens; {args.steps} timed steps after "
+        f"{args.warmup} warm-up, per side"
+    )
+    print(
+        f"{'round':<6} {'side':<16} {'samples/s':>9} {'s/step':>7} {'rollout':>8} {'train':>6} "
+        f"{'sync':>5} {'other':>6} {'cpu-s/step':>10} {'tok/smp':>7}  {'atgrpo/x':>7}"
+    )
     runs: dict[str, list[Side]] = {}
-    jobs = [(f"TRL {n} thread{'s' if n > 1 else ''}", lambda n=n: trl_side(model_dir, args, root, n))
-            for n in trl_threads]
+    jobs = [
+        (f"TRL {n} thread{'s' if n > 1 else ''}", lambda n=n: trl_side(model_dir, args, root, n))
+        for n in trl_threads
+    ]
     jobs.append(("atgrpo", lambda: atgrpo_side(model_dir, args, root)))
     for r in range(args.rounds):
         got = {}
-        for name, job in (jobs if r % 2 == 0 else jobs[::-1]):
+        for name, job in jobs if r % 2 == 0 else jobs[::-1]:
             got[name] = job()
             got[name].name = name
             runs.setdefault(name, []).append(got[name])
         for name in (j[0] for j in jobs):
-            print(row(str(r + 1), got[name], args.steps, got["atgrpo"].rate if name != "atgrpo" else None),
-                  flush=True)
+            print(
+                row(
+                    str(r + 1),
+                    got[name],
+                    args.steps,
+                    got["atgrpo"].rate if name != "atgrpo" else None,
+                ),
+                flush=True,
+            )
     totals = {name: total(name, sides) for name, sides in runs.items()}
     ours = totals.pop("atgrpo")
     best = max(totals.values(), key=lambda s: s.rate)
     ratio = ours.rate / best.rate
     if args.rounds > 1:
         for side in [*totals.values(), ours]:
-            print(row("all", side, args.steps * args.rounds, ours.rate if side is not ours else None))
+            print(
+                row("all", side, args.steps * args.rounds, ours.rate if side is not ours else None)
+            )
     n = args.steps * args.rounds
     engine, batches = ours.notes["engine_seconds"] / n, ours.notes["engine_batches"] / n
-    print(f"atgrpo per step: rollout {ours.parts['rollout'] / n:.2f}s = engine generation {engine:.2f}s in "
-          f"{batches:.1f} batches + env/RPC/streaming {ours.parts['rollout'] / n - engine:.2f}s; train "
-          f"{ours.parts['train'] / n:.2f}s = update in the trainer {ours.notes['trainer_seconds'] / n:.2f}s + "
-          f"sample transfer {(ours.parts['train'] - ours.notes['trainer_seconds']) / n:.2f}s")
-    print(f"atgrpo {ours.rate:.1f} samples/s vs TRL GRPOTrainer's best ({best.name}) {best.rate:.1f}: "
-          f"{ratio:.2f}x (target >= 1.0x)")
-    record("e2e", "L0 GRPO samples/s vs TRL GRPOTrainer", ratio,
-           f"{args.tasks}x{args.k} samples/step, {args.max_tokens} tokens, tiny model CPU: "
-           f"{ours.rate:.1f} vs {best.rate:.1f} samples/s ({best.name})")
+    print(
+        f"atgrpo per step: rollout {ours.parts['rollout'] / n:.2f}s = engine generation "
+        f"{engine:.2f}s in {batches:.1f} batches + env/RPC/streaming "
+        f"{ours.parts['rollout'] / n - engine:.2f}s; train {ours.parts['train'] / n:.2f}s = update "
+        f"in the trainer {ours.notes['trainer_seconds'] / n:.2f}s + sample transfer "
+        f"{(ours.parts['train'] - ours.notes['trainer_seconds']) / n:.2f}s"
+    )
+    print(
+        f"atgrpo {ours.rate:.1f} samples/s vs TRL GRPOTrainer's best ({best.name}) "
+        f"{best.rate:.1f}: {ratio:.2f}x (target >= 1.0x)"
+    )
+    record(
+        "e2e",
+        "L0 GRPO samples/s vs TRL GRPOTrainer",
+        ratio,
+        f"{args.tasks}x{args.k} samples/step, {args.max_tokens} tokens, tiny model CPU: "
+        f"{ours.rate:.1f} vs {best.rate:.1f} samples/s ({best.name})",
+    )
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ async def _rate(fn, items, concurrency: int) -> float:
     async def worker():
         while queue:
             await fn(queue.pop())
+
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return len(items) / (time.perf_counter() - start)
 
@@ -52,8 +53,20 @@ async def measure(api, ops: int, concurrency: int) -> dict[str, float]:
 
 def start_env_svc() -> tuple[subprocess.Popen, str]:
     port_file = Path(tempfile.mkdtemp()) / "port.json"
-    proc = subprocess.Popen([sys.executable, "-m", "env_svc", "--port", "0", "--port-file", str(port_file),
-                             "--log-level", "WARNING"], cwd=ROOT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "env_svc",
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+            "--log-level",
+            "WARNING",
+        ],
+        cwd=ROOT,
+    )
     while not port_file.exists():
         if proc.poll() is not None:
             raise SystemExit("env_svc did not start")
@@ -76,11 +89,17 @@ async def main_async(ops: int, concurrency: int) -> None:
     print(f"{ENV}: {ops} forks and {ops} steps per row")
     print(f"{'path':<22} {'fork/s':>9} {'vs':>6} {'step/s':>9} {'vs':>6}")
     for name, r in rows:
-        print(f"{name:<22} {r['fork']:9.0f} {r['fork'] / base['fork']:5.2f}x {r['step']:9.0f} "
-              f"{r['step'] / base['step']:5.2f}x")
+        print(
+            f"{name:<22} {r['fork']:9.0f} {r['fork'] / base['fork']:5.2f}x {r['step']:9.0f} "
+            f"{r['step'] / base['step']:5.2f}x"
+        )
     fast = rows[-1][1]
-    record("env", f"{ENV} step/s, gRPC {concurrency} in flight vs in-process", fast["step"] / base["step"],
-           f"{fast['step']:.0f} vs {base['step']:.0f} step/s")
+    record(
+        "env",
+        f"{ENV} step/s, gRPC {concurrency} in flight vs in-process",
+        fast["step"] / base["step"],
+        f"{fast['step']:.0f} vs {base['step']:.0f} step/s",
+    )
 
 
 def main() -> None:

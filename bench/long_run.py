@@ -31,7 +31,7 @@ from atgrpo.config import parse_config  # noqa: E402
 from atgrpo.models import build_tiny_model  # noqa: E402
 from atgrpo.rundir import read_metrics  # noqa: E402
 
-WINDOW_S = 2.0      # how long after a mark's step is logged its samples are taken
+WINDOW_S = 2.0  # how long after a mark's step is logged its samples are taken
 
 
 class Quiet:
@@ -44,14 +44,31 @@ class Quiet:
 
 def config(model: str, run_dir: Path, steps: int, tasks: int = 16, eval_tasks: int = 32) -> dict:
     sampling = {"temperature": 1.0, "max_tokens": 4}
-    return {"run": {"name": "long-run", "steps": steps, "tasks_per_step": tasks, "eval_every_steps": 50,
-                    "eval_tasks": eval_tasks, "checkpoint_every_steps": 50, "run_dir": str(run_dir)},
-            "env": {"name": "toy", "turn_order": ["speaker", "listener"], "max_turns": 2},
-            "pools": {"shared": {"model_path": model, "device": "cpu", "dtype": "float32",
-                                 "optim": {"lr": 5e-4, "warmup_steps": 0}}},
-            "agents": {a: {"pool": "shared", "train_sampling": sampling, "eval_sampling": {"max_tokens": 4}}
-                       for a in ("speaker", "listener")},
-            "algorithm": {"k": 8, "mini_batch_size": 512}}
+    return {
+        "run": {
+            "name": "long-run",
+            "steps": steps,
+            "tasks_per_step": tasks,
+            "eval_every_steps": 50,
+            "eval_tasks": eval_tasks,
+            "checkpoint_every_steps": 50,
+            "run_dir": str(run_dir),
+        },
+        "env": {"name": "toy", "turn_order": ["speaker", "listener"], "max_turns": 2},
+        "pools": {
+            "shared": {
+                "model_path": model,
+                "device": "cpu",
+                "dtype": "float32",
+                "optim": {"lr": 5e-4, "warmup_steps": 0},
+            }
+        },
+        "agents": {
+            a: {"pool": "shared", "train_sampling": sampling, "eval_sampling": {"max_tokens": 4}}
+            for a in ("speaker", "listener")
+        },
+        "algorithm": {"k": 8, "mini_batch_size": 512},
+    }
 
 
 def main() -> None:
@@ -67,16 +84,27 @@ def main() -> None:
     marks: dict[int, dict[str, int]] = {}
     stop = threading.Event()
 
-    seen: dict[int, float] = {}     # mark -> when its step was logged
+    seen: dict[int, float] = {}  # mark -> when its step was logged
 
     def sample() -> None:
         while not stop.is_set():
-            done = max((e["step"] for e in read_metrics(tmp / "run" / "metrics.jsonl") if e["kind"] == "step"),
-                       default=0)
+            done = max(
+                (
+                    e["step"]
+                    for e in read_metrics(tmp / "run" / "metrics.jsonl")
+                    if e["kind"] == "step"
+                ),
+                default=0,
+            )
             for mark in (args.early, args.steps):
-                if done >= mark and time.monotonic() - seen.setdefault(mark, time.monotonic()) <= WINDOW_S:
-                    now = {s.name: psutil.Process(s.pid).memory_info().rss
-                           for s in launcher.read_state(tmp / "run" / "services")}
+                if (
+                    done >= mark
+                    and time.monotonic() - seen.setdefault(mark, time.monotonic()) <= WINDOW_S
+                ):
+                    now = {
+                        s.name: psutil.Process(s.pid).memory_info().rss
+                        for s in launcher.read_state(tmp / "run" / "services")
+                    }
                     marks[mark] = {k: min(v, marks.get(mark, now)[k]) for k, v in now.items()}
             time.sleep(0.2)
 
@@ -86,26 +114,42 @@ def main() -> None:
         thread.start()
         try:
             asyncio.run(drive(running, Quiet()))
-            while not (args.steps in seen and time.monotonic() - seen[args.steps] > WINDOW_S) and not stop.wait(0.2):
+            while not (
+                args.steps in seen and time.monotonic() - seen[args.steps] > WINDOW_S
+            ) and not stop.wait(0.2):
                 pass
         finally:
             stop.set()
             thread.join()
-    print(f"long run: {args.steps} steps of the toy relay in {time.perf_counter() - start:.0f} s; "
-          f"RSS at step {args.early} and at step {args.steps}")
+    print(
+        f"long run: {args.steps} steps of the toy relay in {time.perf_counter() - start:.0f} s; "
+        f"RSS at step {args.early} and at step {args.steps}"
+    )
     print(f"{'service':<18} {'early MiB':>10} {'end MiB':>9} {'ratio':>7}")
     worst = 0.0
     for name, early in marks[args.early].items():
         end = marks[args.steps][name]
         worst = max(worst, end / early)
         print(f"{name:<18} {early / 2**20:10.0f} {end / 2**20:9.0f} {end / early:6.2f}x")
-    held = {e["step"]: m["rss_gb"] - m["rss_released_gb"] for e in read_metrics(tmp / "run" / "metrics.jsonl")
-            if e["kind"] == "step" for m in [e.get("pools", {}).get("shared", {}).get("memory", {})] if m}
+    held = {
+        e["step"]: m["rss_gb"] - m["rss_released_gb"]
+        for e in read_metrics(tmp / "run" / "metrics.jsonl")
+        if e["kind"] == "step"
+        for m in [e.get("pools", {}).get("shared", {}).get("memory", {})]
+        if m
+    }
     if args.early in held and args.steps in held:
-        print(f"trainer after handing memory back: {held[args.early] * 1e3:.0f} MB at step {args.early}, "
-              f"{held[args.steps] * 1e3:.0f} MB at step {args.steps} ({held[args.steps] / held[args.early]:.2f}x)")
-    record("long_run", f"largest RSS growth, step {args.early} -> {args.steps}", worst,
-           "1.00x = flat; every service sampled, the lowest of 2 s after each mark")
+        print(
+            f"trainer after handing memory back: {held[args.early] * 1e3:.0f} MB at step "
+            f"{args.early}, {held[args.steps] * 1e3:.0f} MB at step {args.steps} "
+            f"({held[args.steps] / held[args.early]:.2f}x)"
+        )
+    record(
+        "long_run",
+        f"largest RSS growth, step {args.early} -> {args.steps}",
+        worst,
+        "1.00x = flat; every service sampled, the lowest of 2 s after each mark",
+    )
 
 
 if __name__ == "__main__":

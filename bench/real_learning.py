@@ -51,42 +51,104 @@ from bench._report import SMOKE, plot_panels  # noqa: E402
 
 DEFAULT_MODEL = ROOT / ".atgrpo" / "models" / "smollm2"
 TASKS: dict[str, dict[str, Any]] = {
-    "arithmetic": {"dataset": "basic_arithmetic",
-                   "dataset_config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
-                                      "operators": ["+", "-"], "allow_parentheses": False, "allow_negation": False}},
+    "arithmetic": {
+        "dataset": "basic_arithmetic",
+        "dataset_config": {
+            "min_terms": 2,
+            "max_terms": 2,
+            "min_digits": 1,
+            "max_digits": 1,
+            "operators": ["+", "-"],
+            "allow_parentheses": False,
+            "allow_negation": False,
+        },
+    },
     "letters": {"dataset": "letter_counting", "dataset_config": {"min_words": 5, "max_words": 8}},
 }
 VARIANTS = ("at-grpo", "trajectory", "L0")
 K, TASKS_PER_STEP = 4, 8
-MAX_TOKENS = {"tool": 96, "reasoner": 64}     # a short program; a sentence and the tagged answer
-LR = 1e-5           # full weights of a 135M model over tens of steps (1e-6 barely moves it here)
-FAILURE = -1.0      # the env's failure_reward: the judge could not read the answer
-BREAKDOWN = ("step_seconds", "time_prefill_s", "time_decode_s", "time_env_s", "time_wait_s", "time_forward_s",
-             "time_backward_s", "time_optimizer_s", "weight_sync_seconds", "gen_mfu", "update_mfu")
+MAX_TOKENS = {"tool": 96, "reasoner": 64}  # a short program; a sentence and the tagged answer
+LR = 1e-5  # full weights of a 135M model over tens of steps (1e-6 barely moves it here)
+FAILURE = -1.0  # the env's failure_reward: the judge could not read the answer
+BREAKDOWN = (
+    "step_seconds",
+    "time_prefill_s",
+    "time_decode_s",
+    "time_env_s",
+    "time_wait_s",
+    "time_forward_s",
+    "time_backward_s",
+    "time_optimizer_s",
+    "weight_sync_seconds",
+    "gen_mfu",
+    "update_mfu",
+)
 
 
-def run_config(task: str, variant: str, model: str, run_dir: Path, steps: int, eval_every: int,
-               eval_tasks: int, seed: int = 0) -> dict[str, Any]:
+def run_config(
+    task: str,
+    variant: str,
+    model: str,
+    run_dir: Path,
+    steps: int,
+    eval_every: int,
+    eval_tasks: int,
+    seed: int = 0,
+) -> dict[str, Any]:
     """One run's config: the AT-GRPO baseline with `variant`'s one change."""
     agents = ["reasoner"] if variant == "L0" else ["tool", "reasoner"]
     env_options = {**TASKS[task], "max_turns": 1, "turn_order": agents, "eval_size": eval_tasks}
-    sampling = {a: {"temperature": 1.0, "max_tokens": MAX_TOKENS[a], "max_prompt_tokens": 1024} for a in agents}
+    sampling = {
+        a: {"temperature": 1.0, "max_tokens": MAX_TOKENS[a], "max_prompt_tokens": 1024}
+        for a in agents
+    }
     return {
-        "run": {"name": f"real-{task}-{variant.lower()}", "seed": seed, "steps": steps,
-                "tasks_per_step": TASKS_PER_STEP * (2 if variant == "L0" else 1), "eval_every_steps": eval_every,
-                "eval_tasks": eval_tasks, "checkpoint_every_steps": 0, "run_dir": str(run_dir),
-                "save_eval_samples": True},
-        "env": {"name": "reasoning_gym", "max_turns": 1, "turn_order": agents, "options": env_options},
+        "run": {
+            "name": f"real-{task}-{variant.lower()}",
+            "seed": seed,
+            "steps": steps,
+            "tasks_per_step": TASKS_PER_STEP * (2 if variant == "L0" else 1),
+            "eval_every_steps": eval_every,
+            "eval_tasks": eval_tasks,
+            "checkpoint_every_steps": 0,
+            "run_dir": str(run_dir),
+            "save_eval_samples": True,
+        },
+        "env": {
+            "name": "reasoning_gym",
+            "max_turns": 1,
+            "turn_order": agents,
+            "options": env_options,
+        },
         # 4096 tokens a micro-batch: ~2 MB of float32 activations a position for SmolLM2 (measured),
         # so the default 8192 peaks near 20 GB and, beside the rollout, OOMs a 24 GB machine.
-        "pools": {"shared": {"model_path": model, "engine": "hf", "device": "cpu", "dtype": "float32",
-                             "micro_batch_tokens": 4096, "optim": {"lr": LR, "warmup_steps": 0, "min_lr_ratio": 1.0}}},
-        "agents": {a: {"pool": "shared", "train_sampling": sampling[a],
-                       "eval_sampling": {**sampling[a], "temperature": 0.0}} for a in agents},
+        "pools": {
+            "shared": {
+                "model_path": model,
+                "engine": "hf",
+                "device": "cpu",
+                "dtype": "float32",
+                "micro_batch_tokens": 4096,
+                "optim": {"lr": LR, "warmup_steps": 0, "min_lr_ratio": 1.0},
+            }
+        },
+        "agents": {
+            a: {
+                "pool": "shared",
+                "train_sampling": sampling[a],
+                "eval_sampling": {**sampling[a], "temperature": 0.0},
+            }
+            for a in agents
+        },
         # One optimizer step a step, on the groups whose rewards differ: the others' advantages are
         # 0 and their update would be all cost (most groups, early on).
-        "algorithm": {"k": K, "alpha": 1.0, "mini_batch_size": 1024, "filter": "zero_variance",
-                      "grouping": "trajectory" if variant == "trajectory" else "turn"},
+        "algorithm": {
+            "k": K,
+            "alpha": 1.0,
+            "mini_batch_size": 1024,
+            "filter": "zero_variance",
+            "grouping": "trajectory" if variant == "trajectory" else "turn",
+        },
     }
 
 
@@ -113,8 +175,16 @@ def stop_due(took: list[float], budget_s: float) -> bool:
     return sum(took) + 2 * statistics.fmean(took[-3:]) > budget_s
 
 
-def one_run(task: str, variant: str, model: str, work: Path, steps: int, eval_every: int, eval_tasks: int,
-            minutes: float | None = None) -> dict:
+def one_run(
+    task: str,
+    variant: str,
+    model: str,
+    work: Path,
+    steps: int,
+    eval_every: int,
+    eval_tasks: int,
+    minutes: float | None = None,
+) -> dict:
     """Train one variant on one task through the five local services; its evaluations and times.
     `minutes`: stop at the last step whose training time (evaluations not counted) stays within
     it, as the recent steps' times foretell, and evaluate that step's checkpoint, if the run has
@@ -124,14 +194,16 @@ def one_run(task: str, variant: str, model: str, work: Path, steps: int, eval_ev
     from atgrpo.rundir import read_metrics
 
     run_dir = work / f"{task}-{variant}"
-    shutil.rmtree(run_dir, ignore_errors=True)      # a rerun starts over, never resumes an old run
+    shutil.rmtree(run_dir, ignore_errors=True)  # a rerun starts over, never resumes an old run
     data = run_config(task, variant, model, run_dir, steps, eval_every, eval_tasks)
-    took: list[float] = []      # each step's training seconds
+    took: list[float] = []  # each step's training seconds
 
     def spent(event: dict) -> bool:
         if event["kind"] != "step" or minutes is None:
             return False
-        took.append(event["rollout_seconds"] + event["train_seconds"] + event["weight_sync_seconds"])
+        took.append(
+            event["rollout_seconds"] + event["train_seconds"] + event["weight_sync_seconds"]
+        )
         return stop_due(took, minutes * 60)
 
     start = time.perf_counter()
@@ -141,37 +213,68 @@ def one_run(task: str, variant: str, model: str, work: Path, steps: int, eval_ev
         raise RuntimeError(f"{task}/{variant} ended {final['state']}: {final}")
     events = read_metrics(run_dir / "metrics.jsonl")
     steps_ = [e for e in events if e["kind"] == "step"]
-    evals = [(e, run_dir / "eval-samples" / f"step-{e['step']:06d}.jsonl") for e in events if e["kind"] == "eval"]
-    if evals[-1][0]["step"] != steps_[-1]["step"]:      # stopped between evaluations: its last checkpoint
+    evals = [
+        (e, run_dir / "eval-samples" / f"step-{e['step']:06d}.jsonl")
+        for e in events
+        if e["kind"] == "eval"
+    ]
+    if (
+        evals[-1][0]["step"] != steps_[-1]["step"]
+    ):  # stopped between evaluations: its last checkpoint
         result = evaluate(parse_config(data), run_dir)
         (kept,) = (run_dir / "evals").glob("*/eval-samples/*.jsonl")
         evals.append(({**result, "step": steps_[-1]["step"]}, kept))
-    return {"task": task, "variant": variant, "wall_s": time.perf_counter() - start, "run_dir": str(run_dir),
-            "train_s": sum(e["step_seconds"] for e in steps_),
-            "step_s": statistics.fmean(e["step_seconds"] for e in steps_),
-            "evals": [{"step": e["step"], "success": e["success_rate"],
-                       "returns": {a: m["reward_mean"] for a, m in e["agents"].items()},
-                       **eval_samples_show(kept)} for e, kept in evals],
-            "train_reward": [(e["step"], e["reward_mean"]) for e in steps_],
-            "samples_per_step": statistics.fmean(sum(a["samples"] for a in e["agents"].values()) for e in steps_),
-            "trained_samples_per_step": statistics.fmean(
-                sum(p.get("samples", 0.0) for p in e["pools"].values()) for e in steps_),
-            "tokens_per_step": statistics.fmean(sum(p.get("tokens", 0.0) for p in e["pools"].values()) for e in steps_),
-            "time_breakdown_s": {k: statistics.fmean(e.get(k, 0.0) for e in steps_) for k in BREAKDOWN}}
+    return {
+        "task": task,
+        "variant": variant,
+        "wall_s": time.perf_counter() - start,
+        "run_dir": str(run_dir),
+        "train_s": sum(e["step_seconds"] for e in steps_),
+        "step_s": statistics.fmean(e["step_seconds"] for e in steps_),
+        "evals": [
+            {
+                "step": e["step"],
+                "success": e["success_rate"],
+                "returns": {a: m["reward_mean"] for a, m in e["agents"].items()},
+                **eval_samples_show(kept),
+            }
+            for e, kept in evals
+        ],
+        "train_reward": [(e["step"], e["reward_mean"]) for e in steps_],
+        "samples_per_step": statistics.fmean(
+            sum(a["samples"] for a in e["agents"].values()) for e in steps_
+        ),
+        "trained_samples_per_step": statistics.fmean(
+            sum(p.get("samples", 0.0) for p in e["pools"].values()) for e in steps_
+        ),
+        "tokens_per_step": statistics.fmean(
+            sum(p.get("tokens", 0.0) for p in e["pools"].values()) for e in steps_
+        ),
+        "time_breakdown_s": {k: statistics.fmean(e.get(k, 0.0) for e in steps_) for k in BREAKDOWN},
+    }
 
 
 def table(runs: list[dict]) -> str:
-    head = ("| task | variant | greedy success: start | best | end | gain (end - start) | training min "
-            "| s / step | samples / step | reasoner unreadable: start -> end | tool right: start -> end |")
+    head = (
+        "| task | variant | greedy success: start | best | end | gain (end - start) | training min "
+        "| s / step | samples / step | reasoner unreadable: start -> end | tool right: start -> "
+        "end |"
+    )
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
     for r in runs:
         first, last = r["evals"][0], r["evals"][-1]
         best = max(e["success"] for e in r["evals"])
-        tool = (f"{first['tool_right']:.2f} -> {last['tool_right']:.2f}" if "tool_right" in first else "-")
-        lines.append(f"| {r['task']} | {r['variant']} | {first['success']:.3f} | {best:.3f} | {last['success']:.3f} "
-                     f"| {last['success'] - first['success']:+.3f} | {r['train_s'] / 60:.1f} | {r['step_s']:.0f} "
-                     f"| {r['samples_per_step']:.0f} "
-                     f"| {first['reasoner_unreadable']:.2f} -> {last['reasoner_unreadable']:.2f} | {tool} |")
+        tool = (
+            f"{first['tool_right']:.2f} -> {last['tool_right']:.2f}"
+            if "tool_right" in first
+            else "-"
+        )
+        lines.append(
+            f"| {r['task']} | {r['variant']} | {first['success']:.3f} | {best:.3f} | "
+            f"{last['success']:.3f} | {last['success'] - first['success']:+.3f} | "
+            f"{r['train_s'] / 60:.1f} | {r['step_s']:.0f} | {r['samples_per_step']:.0f} | "
+            f"{first['reasoner_unreadable']:.2f} -> {last['reasoner_unreadable']:.2f} | {tool} |"
+        )
     return "\n".join(lines)
 
 
@@ -179,21 +282,29 @@ def plot(runs: list[dict], path: Path) -> None:
     def curve(r: dict) -> tuple[str, list[float], list[float]]:
         # x: minutes of training (evaluations excluded), so the variants share a time axis.
         per_step = r["train_s"] / 60 / max(r["evals"][-1]["step"], 1)
-        return r["variant"], [e["step"] * per_step for e in r["evals"]], [e["success"] for e in r["evals"]]
+        return (
+            r["variant"],
+            [e["step"] * per_step for e in r["evals"]],
+            [e["success"] for e in r["evals"]],
+        )
 
-    panels = {f"SmolLM2-135M, {task}": [curve(r) for r in runs if r["task"] == task]
-              for task in dict.fromkeys(r["task"] for r in runs)}
+    panels = {
+        f"SmolLM2-135M, {task}": [curve(r) for r in runs if r["task"] == task]
+        for task in dict.fromkeys(r["task"] for r in runs)
+    }
     plot_panels(panels, path, "training minutes (2 CPU cores)", "greedy eval success")
 
 
 def tiny_model(work: Path) -> str:
     from atgrpo.models import build_tiny_model
+
     return str(build_tiny_model(work / "tiny"))
 
 
 def ensure_smollm2(path: Path) -> str:
     if not (path / "config.json").exists():
         from atgrpo.models.smollm2 import convert_smollm2
+
         convert_smollm2(path)
     return str(path)
 
@@ -202,17 +313,31 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", default="arithmetic" if SMOKE else ",".join(TASKS))
     ap.add_argument("--variants", default="at-grpo,L0" if SMOKE else ",".join(VARIANTS))
-    ap.add_argument("--steps", type=int, default=2 if SMOKE else 200, help="at most this many steps")
-    ap.add_argument("--minutes", type=float, default=None if SMOKE else 60.0,
-                    help="training minutes (evaluations not counted) a run stays within; it is evaluated at its end")
+    ap.add_argument(
+        "--steps", type=int, default=2 if SMOKE else 200, help="at most this many steps"
+    )
+    ap.add_argument(
+        "--minutes",
+        type=float,
+        default=None if SMOKE else 60.0,
+        help="training minutes (evaluations not counted) a run stays within; it is evaluated at "
+        "its end",
+    )
     ap.add_argument("--eval-every", type=int, default=1 if SMOKE else 10)
     ap.add_argument("--eval-tasks", type=int, default=2 if SMOKE else 64)
-    ap.add_argument("--model", help=f"a model directory (default: {DEFAULT_MODEL}, built when missing; "
-                                     "the tiny model in smoke mode)")
+    ap.add_argument(
+        "--model",
+        help=f"a model directory (default: {DEFAULT_MODEL}, built when missing; "
+        "the tiny model in smoke mode)",
+    )
     ap.add_argument("--out", default=str(ROOT / "runs" / "real_learning"))
     ap.add_argument("--work", help="where the runs' directories go (default: OUT/runs)")
-    ap.add_argument("--fresh", action="store_true", help="drop the runs OUT/real_learning.json holds "
-                                                         "(default: keep those of other tasks and variants)")
+    ap.add_argument(
+        "--fresh",
+        action="store_true",
+        help="drop the runs OUT/real_learning.json holds "
+        "(default: keep those of other tasks and variants)",
+    )
     args = ap.parse_args()
     tasks, variants = args.tasks.split(","), args.variants.split(",")
     for name, known, given in (("task", TASKS, tasks), ("variant", VARIANTS, variants)):
@@ -222,27 +347,60 @@ def main() -> None:
     work = Path(args.work) if args.work else out / "runs"
     work.mkdir(parents=True, exist_ok=True)
     model = args.model or (tiny_model(work) if SMOKE else ensure_smollm2(DEFAULT_MODEL))
-    # Runs measured before (another invocation's tasks or variants) stay in the table, unless redone.
+    # Runs measured before (another invocation's tasks or variants) stay in the table, unless
+    # redone.
     kept = out / "real_learning.json"
-    runs = [r for r in json.loads(kept.read_text())["runs"] if (r["task"], r["variant"]) not in
-            {(t, v) for t in tasks for v in variants}] if kept.exists() and not args.fresh else []
+    runs = (
+        [
+            r
+            for r in json.loads(kept.read_text())["runs"]
+            if (r["task"], r["variant"]) not in {(t, v) for t in tasks for v in variants}
+        ]
+        if kept.exists() and not args.fresh
+        else []
+    )
     start = time.perf_counter()
     for task in tasks:
         for variant in variants:
-            run = one_run(task, variant, model, work, args.steps, args.eval_every, args.eval_tasks, args.minutes)
+            run = one_run(
+                task,
+                variant,
+                model,
+                work,
+                args.steps,
+                args.eval_every,
+                args.eval_tasks,
+                args.minutes,
+            )
             runs.append(run)
-            print(f"{task:>10} {variant:>10}: " + " ".join(f"{e['step']}:{e['success']:.3f}" for e in run["evals"])
-                  + f"  (training {run['train_s'] / 60:.1f} min, {run['wall_s'] / 60:.1f} min in all)", flush=True)
-            write(out, args, runs, time.perf_counter() - start)      # each finished run is kept at once
+            print(
+                f"{task:>10} {variant:>10}: "
+                + " ".join(f"{e['step']}:{e['success']:.3f}" for e in run["evals"])
+                + f"  (training {run['train_s'] / 60:.1f} min, {run['wall_s'] / 60:.1f} min in all)",
+                flush=True,
+            )
+            write(out, args, runs, time.perf_counter() - start)  # each finished run is kept at once
     print("\n" + table(runs))
 
 
 def write(out: Path, args: argparse.Namespace, runs: list[dict], took: float) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "real_learning.md").write_text(table(runs) + "\n")
-    (out / "real_learning.json").write_text(json.dumps(
-        {"args": vars(args), "model": args.model or str(DEFAULT_MODEL), "minutes_this_call": took / 60, "k": K,
-         "tasks_per_step": TASKS_PER_STEP, "lr": LR, "max_tokens": MAX_TOKENS, "runs": runs}, indent=1))
+    (out / "real_learning.json").write_text(
+        json.dumps(
+            {
+                "args": vars(args),
+                "model": args.model or str(DEFAULT_MODEL),
+                "minutes_this_call": took / 60,
+                "k": K,
+                "tasks_per_step": TASKS_PER_STEP,
+                "lr": LR,
+                "max_tokens": MAX_TOKENS,
+                "runs": runs,
+            },
+            indent=1,
+        )
+    )
     plot(runs, out / "real_learning.png")
 
 

@@ -58,13 +58,18 @@ def mixed_step(seed: int = 0) -> list[TrainSample]:
 
     def n(lo, hi):
         return int(torch.randint(lo, hi + 1, (1,), generator=g))
+
     out = []
     for i in range(12):
         tool = i % 2 == 0
         prompt = [3 + i] * (128 if tool else n(150, 250))
         for _ in range(4):
             r = n(30, 90) if tool else n(8, 40)
-            out.append(TrainSample("tool" if tool else "reasoner", prompt, [5] * r, [0.0] * r, 1.0, SAMPLING))
+            out.append(
+                TrainSample(
+                    "tool" if tool else "reasoner", prompt, [5] * r, [0.0] * r, 1.0, SAMPLING
+                )
+            )
     return out
 
 
@@ -85,7 +90,9 @@ def update_pass(model, samples, share: bool) -> tuple[float, float]:
 
     def once():
         model.zero_grad(set_to_none=True)
-        lp, _, mask = response_logprobs(model, samples, "cpu", with_entropy=False, share_prompts=share)
+        lp, _, mask = response_logprobs(
+            model, samples, "cpu", with_entropy=False, share_prompts=share
+        )
         (lp * mask).sum().backward()
 
     with FlopCounterMode(display=False) as counter:
@@ -99,7 +106,9 @@ def update_pass(model, samples, share: bool) -> tuple[float, float]:
     return flops, best
 
 
-def generation(engine, prompts: int, k: int, prompt_tokens: int, new_tokens: int) -> tuple[float, float]:
+def generation(
+    engine, prompts: int, k: int, prompt_tokens: int, new_tokens: int
+) -> tuple[float, float]:
     """(FLOPs, seconds) of the hf engine sampling `k` answers to each of `prompts` prompts, whose
     lengths spread from half to 1.5x `prompt_tokens` as a step's do (left-padded: the batch has a
     mask, which prompts of one length would not)."""
@@ -109,7 +118,9 @@ def generation(engine, prompts: int, k: int, prompt_tokens: int, new_tokens: int
     best, flops = float("inf"), 0.0
     for _ in range(2):
         start = time.perf_counter()
-        out = engine.generate(ps, [k] * prompts, Sampling(temperature=1.0, max_tokens=new_tokens, seed=0))
+        out = engine.generate(
+            ps, [k] * prompts, Sampling(temperature=1.0, max_tokens=new_tokens, seed=0)
+        )
         took = time.perf_counter() - start
         decoded = sum(len(c.token_ids) for per in out for c in per)
         if took < best:
@@ -124,7 +135,9 @@ def one_step(model: str, work: Path) -> dict:
     from atgrpo.rundir import read_metrics
     from bench.real_learning import run_config
 
-    data = run_config("arithmetic", "at-grpo", model, work / "step", steps=1, eval_every=0, eval_tasks=8)
+    data = run_config(
+        "arithmetic", "at-grpo", model, work / "step", steps=1, eval_every=0, eval_tasks=8
+    )
     with LocalServices(parse_config(data)) as running:
         asyncio.run(run_until(running, lambda _event: False))
     return next(e for e in read_metrics(work / "step" / "metrics.jsonl") if e["kind"] == "step")
@@ -132,16 +145,34 @@ def one_step(model: str, work: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", help="default: .atgrpo/models/smollm2 (built when missing); the tiny model in smoke mode")
+    ap.add_argument(
+        "--model",
+        help="default: .atgrpo/models/smollm2 (built when missing); the tiny model in smoke mode",
+    )
     ap.add_argument("--groups", type=int, default=4)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--prompt", type=int, default=96)
     ap.add_argument("--response", type=int, default=32)
     ap.add_argument("--gen-prompts", type=int, default=8)
-    ap.add_argument("--gen-prompt", type=int, default=200, help="mean prompt tokens of the generation measure")
+    ap.add_argument(
+        "--gen-prompt", type=int, default=200, help="mean prompt tokens of the generation measure"
+    )
     ap.add_argument("--gen-tokens", type=int, default=64)
-    ap.add_argument("--no-step", action="store_true", help="skip the one-step run through the services")
-    args = parse_args(ap, {"groups": 2, "prompt": 24, "response": 8, "gen_prompts": 2, "gen_prompt": 16, "gen_tokens": 8, "no_step": True})
+    ap.add_argument(
+        "--no-step", action="store_true", help="skip the one-step run through the services"
+    )
+    args = parse_args(
+        ap,
+        {
+            "groups": 2,
+            "prompt": 24,
+            "response": 8,
+            "gen_prompts": 2,
+            "gen_prompt": 16,
+            "gen_tokens": 8,
+            "no_step": True,
+        },
+    )
     from transformers import AutoModelForCausalLM
 
     with tempfile.TemporaryDirectory(prefix="real-speed-") as tmp:
@@ -150,9 +181,11 @@ def main() -> None:
             path = args.model
         elif SMOKE:
             from atgrpo.models import build_tiny_model
+
             path = str(build_tiny_model(work / "tiny"))
         else:
             from bench.real_learning import DEFAULT_MODEL, ensure_smollm2
+
             path = ensure_smollm2(DEFAULT_MODEL)
         rate = matmul_rate("cpu", torch.float32)
         print(f"matmul rate (float32, this process): {rate / 1e9:.1f} GFLOP/s")
@@ -161,23 +194,56 @@ def main() -> None:
         model.train()
         samples = grouped(args.groups, args.k, args.prompt, args.response, model.config.vocab_size)
         trained = len(samples) * args.response
-        (f_plain, t_plain), (f_shared, t_shared) = (update_pass(model, samples, s) for s in (False, True))
-        print(f"update, {args.groups} groups x K {args.k}, prompt {args.prompt} / response {args.response} tokens:")
+        (f_plain, t_plain), (f_shared, t_shared) = (
+            update_pass(model, samples, s) for s in (False, True)
+        )
+        print(
+            f"update, {args.groups} groups x K {args.k}, prompt {args.prompt} / response "
+            f"{args.response} tokens:"
+        )
         for name, f, t in (("unshared", f_plain, t_plain), ("shared", f_shared, t_shared)):
-            print(f"  {name:>8}: {f / trained / 1e9:6.2f} GFLOP per trained token, {t:6.2f} s, "
-                  f"{f / t / rate:.0%} of the matmul rate")
-        record("real_speed", f"update FLOPs per response token, unshared / shared (K={args.k}, prompt {args.prompt // args.response}x)",
-               f_plain / f_shared, f"target >= 2; {f_shared / trained / 1e9:.2f} GFLOP/token shared")
-        record("real_speed", "update seconds, unshared / shared", t_plain / t_shared, f"{t_shared:.2f} s shared")
+            print(
+                f"  {name:>8}: {f / trained / 1e9:6.2f} GFLOP per trained token, {t:6.2f} s, "
+                f"{f / t / rate:.0%} of the matmul rate"
+            )
+        record(
+            "real_speed",
+            f"update FLOPs per response token, unshared / shared (K={args.k}, prompt "
+            f"{args.prompt // args.response}x)",
+            f_plain / f_shared,
+            f"target >= 2; {f_shared / trained / 1e9:.2f} GFLOP/token shared",
+        )
+        record(
+            "real_speed",
+            "update seconds, unshared / shared",
+            t_plain / t_shared,
+            f"{t_shared:.2f} s shared",
+        )
         record("real_speed", "update FLOP/s / matmul rate (shared)", f_shared / t_shared / rate, "")
         mixed = mixed_step()
-        sizes = {name: sum(padded_size([mixed[r] for r in m], True) + MICRO_BATCH_OVERHEAD for m in batches)
-                 for name, batches in (("arrival", arrival_packing(mixed, 4096)), ("length", pack(range(len(mixed)), mixed, 4096, True)))}
-        real = sum(len(p) for p in {tuple(s.prompt_ids) for s in mixed}) + sum(len(s.response_ids) for s in mixed)
-        print(f"update packing, a mixed step ({real} real positions): arrival order {sizes['arrival']}, "
-              f"by length {sizes['length']} (positions + {MICRO_BATCH_OVERHEAD} a micro-batch)")
-        record("real_speed", "update positions, arrival-order packing / length packing", sizes["arrival"] / sizes["length"],
-               f"{sizes['length']} for {real} real")
+        sizes = {
+            name: sum(
+                padded_size([mixed[r] for r in m], True) + MICRO_BATCH_OVERHEAD for m in batches
+            )
+            for name, batches in (
+                ("arrival", arrival_packing(mixed, 4096)),
+                ("length", pack(range(len(mixed)), mixed, 4096, True)),
+            )
+        }
+        real = sum(len(p) for p in {tuple(s.prompt_ids) for s in mixed}) + sum(
+            len(s.response_ids) for s in mixed
+        )
+        print(
+            f"update packing, a mixed step ({real} real positions): arrival order "
+            f"{sizes['arrival']}, by length {sizes['length']} (positions + {MICRO_BATCH_OVERHEAD} "
+            f"a micro-batch)"
+        )
+        record(
+            "real_speed",
+            "update positions, arrival-order packing / length packing",
+            sizes["arrival"] / sizes["length"],
+            f"{sizes['length']} for {real} real",
+        )
         del model
 
         from rollout_svc.engines.hf import HFEngine
@@ -185,24 +251,48 @@ def main() -> None:
         engine = HFEngine(path, device="cpu", dtype="float32")
         engine.warm_up()
         attention = engine.model.config._attn_implementation
-        engine.model.set_attn_implementation("sdpa")    # transformers' own: the baseline
-        f_stock, t_stock = generation(engine, args.gen_prompts, args.k, args.gen_prompt, args.gen_tokens)
+        engine.model.set_attn_implementation("sdpa")  # transformers' own: the baseline
+        f_stock, t_stock = generation(
+            engine, args.gen_prompts, args.k, args.gen_prompt, args.gen_tokens
+        )
         engine.model.set_attn_implementation(attention)
-        f_gen, t_gen = generation(engine, args.gen_prompts, args.k, args.gen_prompt, args.gen_tokens)
-        print(f"generation, {args.gen_prompts} prompts of ~{args.gen_prompt} tokens x {args.k}: "
-              f"{f_gen / t_gen / 1e9:.1f} GFLOP/s, {f_gen / t_gen / rate:.0%} of the matmul rate ({t_gen:.2f} s; "
-              f"transformers' sdpa: {t_stock:.2f} s, {f_stock / t_stock / rate:.0%})")
-        record("real_speed", "generation FLOP/s / matmul rate (hf engine)", f_gen / t_gen / rate, "target >= 0.6")
-        record("real_speed", f"generation seconds, transformers' sdpa / {attention} (padded prompts)",
-               t_stock / t_gen, f"{t_gen:.2f} s")
+        f_gen, t_gen = generation(
+            engine, args.gen_prompts, args.k, args.gen_prompt, args.gen_tokens
+        )
+        print(
+            f"generation, {args.gen_prompts} prompts of ~{args.gen_prompt} tokens x {args.k}: "
+            f"{f_gen / t_gen / 1e9:.1f} GFLOP/s, {f_gen / t_gen / rate:.0%} of the matmul rate "
+            f"({t_gen:.2f} s; transformers' sdpa: {t_stock:.2f} s, {f_stock / t_stock / rate:.0%})"
+        )
+        record(
+            "real_speed",
+            "generation FLOP/s / matmul rate (hf engine)",
+            f_gen / t_gen / rate,
+            "target >= 0.6",
+        )
+        record(
+            "real_speed",
+            f"generation seconds, transformers' sdpa / {attention} (padded prompts)",
+            t_stock / t_gen,
+            f"{t_gen:.2f} s",
+        )
         del engine
 
         if not args.no_step:
             step = one_step(path, work)
-            keys = [k for k in step if k.endswith("_s") or k.endswith("_seconds") or k.endswith("mfu")]
-            print("one step of the learning bench's config:", json.dumps({k: round(step[k], 3) for k in keys}))
-            record("real_speed", "one learning step: 60 s / its seconds", 60.0 / step["step_seconds"],
-                   f"{step['step_seconds']:.1f} s (target <= 60 s)")
+            keys = [
+                k for k in step if k.endswith("_s") or k.endswith("_seconds") or k.endswith("mfu")
+            ]
+            print(
+                "one step of the learning bench's config:",
+                json.dumps({k: round(step[k], 3) for k in keys}),
+            )
+            record(
+                "real_speed",
+                "one learning step: 60 s / its seconds",
+                60.0 / step["step_seconds"],
+                f"{step['step_seconds']:.1f} s (target <= 60 s)",
+            )
 
 
 if __name__ == "__main__":

@@ -25,8 +25,13 @@ from _report import parse_args, record  # noqa: E402
 from env_svc.envs.reasoning_gym import ReasoningGymEnv  # noqa: E402
 from env_svc.envs.rg_scorer import WORKER  # noqa: E402
 
-DATASETS = {"countdown": "safe scorer", "n_queens": "safe scorer", "basic_arithmetic": "exact scorer",
-            "mini_sudoku": "worker", "polynomial_multiplication": "gate + worker"}
+DATASETS = {
+    "countdown": "safe scorer",
+    "n_queens": "safe scorer",
+    "basic_arithmetic": "exact scorer",
+    "mini_sudoku": "worker",
+    "polynomial_multiplication": "gate + worker",
+}
 
 
 def episodes(name: str, count: int) -> list[ReasoningGymEnv]:
@@ -63,11 +68,15 @@ async def main_async(count: int) -> None:
     print(f"{'dataset':<27} {'new path':<14} {'baseline/s':>11} {'new/s':>9} {'ratio':>7}")
     for name, path in DATASETS.items():
         pairs = answers(episodes(name, count))
-        await judge(*pairs[0])                             # the worker's start is not a score
+        await judge(*pairs[0])  # the worker's start is not a score
         base, new = await rate(baseline, pairs), await rate(judge, pairs)
         print(f"{name:<27} {path:<14} {base:11.0f} {new:9.0f} {new / base:6.2f}x")
-        record("rg_judge", f"{name} scores/s, {path} vs the dataset's scorer in-process", new / base,
-               f"{new:.0f} vs {base:.0f} scores/s")
+        record(
+            "rg_judge",
+            f"{name} scores/s, {path} vs the dataset's scorer in-process",
+            new / base,
+            f"{new:.0f} vs {base:.0f} scores/s",
+        )
     WORKER.stop()
 
 

@@ -28,7 +28,9 @@ from rollout_svc.pool import PoolRuntime  # noqa: E402
 from rollout_svc.replica import Replica  # noqa: E402
 from rollout_svc.server import bindings  # noqa: E402
 
-PROMPT = [{"role": "user", "content": "Plan a path from the top left to the bottom right of a 6x6 grid."}]
+PROMPT = [
+    {"role": "user", "content": "Plan a path from the top left to the bottom right of a 6x6 grid."}
+]
 
 
 def _tokens(gens) -> int:
@@ -45,14 +47,20 @@ async def main_async(args) -> None:
     prompt, _ = engine.render(PROMPT, 2048)
 
     async def in_process():
-        return await asyncio.gather(*(replica.generate_prompt("p", "", prompt, s, args.k)
-                                      for _ in range(args.requests)))
+        return await asyncio.gather(
+            *(replica.generate_prompt("p", "", prompt, s, args.k) for _ in range(args.requests))
+        )
 
     running = await create_server(bindings(replica, None))
     async with RolloutClient(f"127.0.0.1:{running.port}") as client:
+
         async def over_grpc():
-            return await asyncio.gather(*(client.generate("p", prompt_ids=prompt, sampling=s, n=args.k)
-                                          for _ in range(args.requests)))
+            return await asyncio.gather(
+                *(
+                    client.generate("p", prompt_ids=prompt, sampling=s, n=args.k)
+                    for _ in range(args.requests)
+                )
+            )
 
         rows = []
         for name, fn in (("in-process", in_process), ("gRPC Generate", over_grpc)):
@@ -65,7 +73,7 @@ async def main_async(args) -> None:
             rows.append((name, best))
     await running.stop(0)
 
-    def shared(k):   # one call, one prefill, k samples -> completions
+    def shared(k):  # one call, one prefill, k samples -> completions
         return engine.generate([prompt], [k], s)[0]
 
     def separate(k):  # k calls of one sample each
@@ -81,16 +89,27 @@ async def main_async(args) -> None:
             best = max(best, toks / (time.perf_counter() - t))
         prefix_rows.append((name, best))
 
-    print(f"rollout, {args.size} model on {engine.device}: {args.requests} requests x n={args.k} x {args.tokens} tokens")
+    print(
+        f"rollout, {args.size} model on {engine.device}: {args.requests} requests x n={args.k} x "
+        f"{args.tokens} tokens"
+    )
     print(f"{'path':<28} {'tok/s':>9} {'ratio':>7}")
     for name, rate in rows:
         print(f"{name:<28} {rate:9.0f} {rate / rows[0][1]:6.2f}x")
     for name, rate in prefix_rows:
         print(f"{name:<28} {rate:9.0f} {rate / prefix_rows[1][1]:6.2f}x")
-    record("rollout", "Generate tok/s, gRPC vs in-process", rows[-1][1] / rows[0][1],
-           f"{rows[-1][1]:.0f} vs {rows[0][1]:.0f} tok/s")
-    record("rollout", f"n={args.k} shared prefill vs {args.k} calls", prefix_rows[0][1] / prefix_rows[1][1],
-           f"{prefix_rows[0][1]:.0f} vs {prefix_rows[1][1]:.0f} tok/s")
+    record(
+        "rollout",
+        "Generate tok/s, gRPC vs in-process",
+        rows[-1][1] / rows[0][1],
+        f"{rows[-1][1]:.0f} vs {rows[0][1]:.0f} tok/s",
+    )
+    record(
+        "rollout",
+        f"n={args.k} shared prefill vs {args.k} calls",
+        prefix_rows[0][1] / prefix_rows[1][1],
+        f"{prefix_rows[0][1]:.0f} vs {prefix_rows[1][1]:.0f} tok/s",
+    )
 
 
 def main() -> None:
@@ -101,7 +120,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
-    asyncio.run(main_async(parse_args(ap, smoke={"k": 2, "tokens": 4, "requests": 2, "repeats": 1})))
+    asyncio.run(
+        main_async(parse_args(ap, smoke={"k": 2, "tokens": 4, "requests": 2, "repeats": 1}))
+    )
 
 
 if __name__ == "__main__":

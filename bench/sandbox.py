@@ -57,9 +57,15 @@ def bare(seconds: float, concurrency: int) -> float:
     Path(work, "main.py").write_text(PROGRAM)
 
     def once(_slot=0):
-        out = subprocess.run(["/usr/bin/python3", "-I", "-B", "main.py"], input=STDIN, cwd=work,
-                             capture_output=True, env={"PATH": "/usr/bin"})
+        out = subprocess.run(
+            ["/usr/bin/python3", "-I", "-B", "main.py"],
+            input=STDIN,
+            cwd=work,
+            capture_output=True,
+            env={"PATH": "/usr/bin"},
+        )
         assert out.stdout == EXPECTED, out
+
     return _timed(once, seconds, concurrency)
 
 
@@ -71,6 +77,7 @@ def backend_direct(name: str, seconds: float, concurrency: int) -> float:
     def once(slot=0):
         r = backend.run(req, slot)
         assert r.verdict is Verdict.OK and r.stdout == EXPECTED, r
+
     try:
         return _timed(once, seconds, concurrency)
     finally:
@@ -79,8 +86,11 @@ def backend_direct(name: str, seconds: float, concurrency: int) -> float:
 
 def over_grpc(seconds: float, concurrency: int) -> float:
     async def go():
-        executor = Executor(make_backend("bwrap", Policy(), uid_base=sandbox_uid_base(concurrency)),
-                            workers=concurrency, queue=concurrency)
+        executor = Executor(
+            make_backend("bwrap", Policy(), uid_base=sandbox_uid_base(concurrency)),
+            workers=concurrency,
+            queue=concurrency,
+        )
         running = await create_server(bindings(executor))
         async with SandboxClient(f"127.0.0.1:{running.port}") as c:
             await c.execute(PROGRAM, stdin=STDIN)
@@ -92,12 +102,14 @@ def over_grpc(seconds: float, concurrency: int) -> float:
                     r = await c.execute(PROGRAM, stdin=STDIN)
                     assert r.stdout == EXPECTED
                     done += 1
+
             start = time.monotonic()
             await asyncio.gather(*(worker() for _ in range(concurrency)))
             rate = done / (time.monotonic() - start)
         await running.stop(0)
         executor.close()
         return rate
+
     return asyncio.run(go())
 
 
@@ -121,7 +133,12 @@ def main() -> None:
         ratio = "n/a" if rate != rate else f"{rate / base:.2f}x"
         print(f"{name:<28} {rate:8.1f} {ratio:>8}")
         if rate == rate and name != rows[0][0]:
-            record("sandbox", f"{name} exec/s vs bare subprocess", rate / base, f"{rate:.0f} vs {base:.0f} exec/s")
+            record(
+                "sandbox",
+                f"{name} exec/s vs bare subprocess",
+                rate / base,
+                f"{rate:.0f} vs {base:.0f} exec/s",
+            )
 
 
 if __name__ == "__main__":

@@ -52,10 +52,10 @@ from atgrpo.algo.loss import policy_loss  # noqa: E402
 from atgrpo.contract.sampling import Sampling  # noqa: E402
 from atgrpo.contract.trainer import LossConfig, TrainSample, UpdateConfig  # noqa: E402
 
-GiB = 2 ** 30
+GiB = 2**30
 # The GPU examples' training transform at its heaviest (top-k and top-p: the sort's temporaries).
 SAMPLING = Sampling(temperature=1.0, top_k=20, top_p=0.9)
-ROWS = 8   # responses per micro-batch in the log-prob measurement
+ROWS = 8  # responses per micro-batch in the log-prob measurement
 
 
 def _status(key: str) -> int:
@@ -76,13 +76,22 @@ def qwen3(args, layers: int, vocab: int):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen3Config(hidden_size=args.hidden, intermediate_size=args.intermediate, num_attention_heads=args.heads,
-                      num_key_value_heads=args.kv_heads, head_dim=args.head_dim, num_hidden_layers=layers,
-                      vocab_size=vocab, tie_word_embeddings=True, max_position_embeddings=32768)
+    cfg = Qwen3Config(
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        num_hidden_layers=layers,
+        vocab_size=vocab,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+    )
     return Qwen3ForCausalLM(cfg).float()
 
 
 # ---- measurements, each in its own subprocess -------------------------------------------------
+
 
 def measure_logprobs(args, path: str, tokens: int) -> dict:
     """Peak of the log-prob and loss path from the last hidden state, forward and backward."""
@@ -120,8 +129,13 @@ def measure_activations(args, checkpointing: bool) -> dict:
     for n, model in models.items():
         model.train()
         if checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        for measured in (False, True):   # a first pass allocates the gradients and torch's lazy state
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        for measured in (
+            False,
+            True,
+        ):  # a first pass allocates the gradients and torch's lazy state
             before = _reset_peak()
             out = model(input_ids=ids, use_cache=False)
             if measured:
@@ -142,6 +156,7 @@ def run_child(args, what: str, **kw) -> dict:
 
 # ---- the update's throughput, in this process ------------------------------------------------
 
+
 def update_rates(args) -> tuple[float, float]:
     """tokens/s of one update (forward, backward, AdamW step), chunked and with full logits."""
     import trainer_svc.logprobs as logprobs
@@ -151,11 +166,21 @@ def update_rates(args) -> tuple[float, float]:
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-6)
     g = torch.Generator().manual_seed(0)
-    samples = [TrainSample("a", torch.randint(3, args.vocab, (args.prompt,), generator=g).tolist(),
-                           torch.randint(3, args.vocab, (args.response,), generator=g).tolist(),
-                           [-12.0] * args.response, float(torch.randn(1, generator=g)), Sampling(temperature=1.0))
-               for _ in range(args.samples)]
-    cfg = UpdateConfig(mini_batch_size=args.samples, micro_batch_tokens=args.samples * (args.prompt + args.response))
+    samples = [
+        TrainSample(
+            "a",
+            torch.randint(3, args.vocab, (args.prompt,), generator=g).tolist(),
+            torch.randint(3, args.vocab, (args.response,), generator=g).tolist(),
+            [-12.0] * args.response,
+            float(torch.randn(1, generator=g)),
+            Sampling(temperature=1.0),
+        )
+        for _ in range(args.samples)
+    ]
+    cfg = UpdateConfig(
+        mini_batch_size=args.samples,
+        micro_batch_tokens=args.samples * (args.prompt + args.response),
+    )
     tokens = args.samples * args.response
     chunked = upd.response_logprobs
     keep = logprobs.LOGPROB_KEEP_ELEMENTS
@@ -163,11 +188,14 @@ def update_rates(args) -> tuple[float, float]:
     try:
         # "recomputed": the log-probs not kept for the backward (as at any micro-batch over
         # LOGPROB_KEEP_ELEMENTS logits): one more output-layer matmul per token.
-        for name, fn, kept in (("full", functools.partial(chunked, full_logits=True), keep), ("chunked", chunked, keep),
-                               ("recomputed", chunked, 0)):
+        for name, fn, kept in (
+            ("full", functools.partial(chunked, full_logits=True), keep),
+            ("chunked", chunked, keep),
+            ("recomputed", chunked, 0),
+        ):
             upd.response_logprobs = fn
             logprobs.LOGPROB_KEEP_ELEMENTS = kept
-            upd.update(model, optimizer, samples, cfg, params=params)     # warm-up
+            upd.update(model, optimizer, samples, cfg, params=params)  # warm-up
             best = 0.0
             for _ in range(args.repeats):
                 t = time.perf_counter()
@@ -193,23 +221,49 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--full-tokens", default="128,256", help="response tokens for the full-logits path")
-    ap.add_argument("--chunked-tokens", default="256,8192", help="response tokens for the chunked path")
+    ap.add_argument(
+        "--full-tokens", default="128,256", help="response tokens for the full-logits path"
+    )
+    ap.add_argument(
+        "--chunked-tokens", default="256,8192", help="response tokens for the chunked path"
+    )
     ap.add_argument("--act-tokens", type=int, default=256)
-    ap.add_argument("--act-vocab", type=int, default=1024, help="small: the activations are the layers'")
+    ap.add_argument(
+        "--act-vocab", type=int, default=1024, help="small: the activations are the layers'"
+    )
     ap.add_argument("--update-layers", type=int, default=2)
     ap.add_argument("--samples", type=int, default=2)
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--response", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
-    args = parse_args(ap, smoke={"vocab": 4096, "hidden": 128, "intermediate": 384, "heads": 4, "kv_heads": 2,
-                                 "head_dim": 32, "full_tokens": "64", "chunked_tokens": "64", "act_tokens": 512,
-                                 "act_vocab": 256, "update_layers": 1, "samples": 2, "prompt": 8,
-                                 "response": 64, "repeats": 1})
+    args = parse_args(
+        ap,
+        smoke={
+            "vocab": 4096,
+            "hidden": 128,
+            "intermediate": 384,
+            "heads": 4,
+            "kv_heads": 2,
+            "head_dim": 32,
+            "full_tokens": "64",
+            "chunked_tokens": "64",
+            "act_tokens": 512,
+            "act_vocab": 256,
+            "update_layers": 1,
+            "samples": 2,
+            "prompt": 8,
+            "response": 64,
+            "repeats": 1,
+        },
+    )
     if args.child:
         job = json.loads(args.child)
         what = job.pop("what")
-        out = measure_logprobs(args, **job) if what == "logprobs" else measure_activations(args, **job)
+        out = (
+            measure_logprobs(args, **job)
+            if what == "logprobs"
+            else measure_activations(args, **job)
+        )
         print(json.dumps(out))
         return
 
@@ -223,37 +277,72 @@ def main() -> None:
             m = run_child(args, "logprobs", path=path, tokens=tokens)
             per_token[path] = m["peak"] / tokens
             peaks[path, tokens] = m["peak"]
-            print(f"{path:<12} {tokens:7d} {m['peak'] / 2**20:9.0f} {m['peak'] / tokens:12.0f} {m['seconds']:8.2f}")
+            print(
+                f"{path:<12} {tokens:7d} {m['peak'] / 2**20:9.0f} {m['peak'] / tokens:12.0f} "
+                f"{m['seconds']:8.2f}"
+            )
     biggest = max(_ints(args.chunked_tokens))
     chunked_peak = peaks["chunked", biggest]
-    print(f"chunked peak at {biggest} tokens: {chunked_peak / GiB:.2f} GiB "
-          f"({'under' if chunked_peak < GiB else 'OVER'} the 1 GiB target)")
+    print(
+        f"chunked peak at {biggest} tokens: {chunked_peak / GiB:.2f} GiB "
+        f"({'under' if chunked_peak < GiB else 'OVER'} the 1 GiB target)"
+    )
     # Per token at the largest size each path ran: the full path's grows with the tokens, the
     # chunked one's is one pass's whatever the tokens.
     full_at = max(_ints(args.full_tokens))
     full_per_token = peaks["full", full_at] / full_at
     chunked_per_token = chunked_peak / biggest
-    record("trainer_memory", f"log-prob+loss peak bytes/token, full logits / chunked ({full_at} vs {biggest} tok)",
-           full_per_token / chunked_per_token, f"{full_per_token:.0f} vs {chunked_per_token:.0f} B/token")
+    record(
+        "trainer_memory",
+        f"log-prob+loss peak bytes/token, full logits / chunked ({full_at} vs {biggest} tok)",
+        full_per_token / chunked_per_token,
+        f"{full_per_token:.0f} vs {chunked_per_token:.0f} B/token",
+    )
 
-    print(f"\nactivations kept for the backward, per token per layer ({args.act_tokens} tokens, hidden {args.hidden},"
-          f" intermediate {args.intermediate}, {args.heads} heads, {args.kv_heads} kv heads, head_dim {args.head_dim})")
-    act = {ckpt: run_child(args, "activations", checkpointing=ckpt)["per_token_layer"] for ckpt in (False, True)}
+    print(
+        f"\nactivations kept for the backward, per token per layer ({args.act_tokens} tokens, "
+        f"hidden {args.hidden}, intermediate {args.intermediate}, {args.heads} heads, "
+        f"{args.kv_heads} kv heads, head_dim {args.head_dim})"
+    )
+    act = {
+        ckpt: run_child(args, "activations", checkpointing=ckpt)["per_token_layer"]
+        for ckpt in (False, True)
+    }
     for ckpt, v in act.items():
-        print(f"  gradient checkpointing {'on ' if ckpt else 'off'}: {v / 1024:8.1f} KiB/token/layer")
-    record("trainer_memory", "activations/token/layer, no checkpointing / checkpointing", act[False] / max(act[True], 1.0),
-           f"{act[False] / 1024:.1f} vs {act[True] / 1024:.1f} KiB")
+        print(
+            f"  gradient checkpointing {'on ' if ckpt else 'off'}: {v / 1024:8.1f} KiB/token/layer"
+        )
+    record(
+        "trainer_memory",
+        "activations/token/layer, no checkpointing / checkpointing",
+        act[False] / max(act[True], 1.0),
+        f"{act[False] / 1024:.1f} vs {act[True] / 1024:.1f} KiB",
+    )
 
     chunked, full, recomputed = update_rates(args)
-    print(f"\nupdate, {args.update_layers}-layer model, {args.samples} x ({args.prompt} + {args.response}) tokens, "
-          f"AdamW: chunked {chunked:.0f} tok/s, full logits {full:.0f} tok/s, ratio {chunked / full:.2f}x (target >= 0.9x)")
-    print(f"  chunked with the log-probs recomputed in the backward (micro-batches over the keep budget): "
-          f"{recomputed:.0f} tok/s, ratio {recomputed / full:.2f}x (on a {args.update_layers}-layer model the output "
-          f"layer is most of the work; at 1.7B's 28 layers its extra matmul is a few per cent)")
-    record("trainer_memory", f"update tok/s chunked / full logits, {args.update_layers}-layer", chunked / full,
-           f"{chunked:.0f} vs {full:.0f} tok/s")
-    record("trainer_memory", f"update tok/s chunked, log-probs recomputed / full logits, {args.update_layers}-layer",
-           recomputed / full, f"{recomputed:.0f} vs {full:.0f} tok/s")
+    print(
+        f"\nupdate, {args.update_layers}-layer model, {args.samples} x ({args.prompt} + "
+        f"{args.response}) tokens, AdamW: chunked {chunked:.0f} tok/s, full logits {full:.0f} "
+        f"tok/s, ratio {chunked / full:.2f}x (target >= 0.9x)"
+    )
+    print(
+        f"  chunked with the log-probs recomputed in the backward (micro-batches over the keep "
+        f"budget): {recomputed:.0f} tok/s, ratio {recomputed / full:.2f}x (on a "
+        f"{args.update_layers}-layer model the output layer is most of the work; at 1.7B's 28 "
+        f"layers its extra matmul is a few per cent)"
+    )
+    record(
+        "trainer_memory",
+        f"update tok/s chunked / full logits, {args.update_layers}-layer",
+        chunked / full,
+        f"{chunked:.0f} vs {full:.0f} tok/s",
+    )
+    record(
+        "trainer_memory",
+        f"update tok/s chunked, log-probs recomputed / full logits, {args.update_layers}-layer",
+        recomputed / full,
+        f"{recomputed:.0f} vs {full:.0f} tok/s",
+    )
 
 
 if __name__ == "__main__":

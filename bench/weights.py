@@ -34,10 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _report import parse_args, record  # noqa: E402
 
 CHUNK = 4 * 2**20
-GRPC_OPTIONS = [("grpc.max_receive_message_length", 64 * 2**20), ("grpc.max_send_message_length", 64 * 2**20)]
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 2**20),
+    ("grpc.max_send_message_length", 64 * 2**20),
+]
 
 
 # --- the raw baseline: a server that counts the bytes of one client stream ------------------
+
 
 def raw_server(port_file: str) -> None:
     import grpc
@@ -51,12 +55,18 @@ def raw_server(port_file: str) -> None:
 
     async def serve():
         server = aio.server(options=GRPC_OPTIONS)
-        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
-            "raw.Sink", {"Put": grpc.stream_unary_rpc_method_handler(put)})])
+        server.add_generic_rpc_handlers(
+            [
+                grpc.method_handlers_generic_handler(
+                    "raw.Sink", {"Put": grpc.stream_unary_rpc_method_handler(put)}
+                )
+            ]
+        )
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         Path(port_file).write_text(json.dumps({"port": port}))
         await server.wait_for_termination()
+
     asyncio.run(serve())
 
 
@@ -69,7 +79,7 @@ async def raw_stream(addresses: list[str], total: int) -> float:
 
     async def blocks():
         for i in range(0, total, CHUNK):
-            yield block[:min(CHUNK, total - i)]
+            yield block[: min(CHUNK, total - i)]
 
     start = time.perf_counter()
     counts = await asyncio.gather(*(c.stream_unary("/raw.Sink/Put")(blocks()) for c in channels))
@@ -82,7 +92,10 @@ async def raw_stream(addresses: list[str], total: int) -> float:
 
 # --- processes and measurements ----------------------------------------------------------------
 
-def start(argv: list[str], port_file: Path, log: Path, address: bool = True) -> tuple[subprocess.Popen, str]:
+
+def start(
+    argv: list[str], port_file: Path, log: Path, address: bool = True
+) -> tuple[subprocess.Popen, str]:
     """Start `argv` and wait for it to write `port_file` (its port, when `address`)."""
     proc = subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
     deadline = time.monotonic() + 600
@@ -145,12 +158,16 @@ def probe(addresses: str, out: str) -> None:
         Path(out + ".ready").touch()
         await asyncio.gather(*(health(c) for c in clients))
         Path(out).write_text(json.dumps(calls))
+
     asyncio.run(run())
 
 
 def longest_answer(calls: list[tuple[float, float]], windows: list[tuple[float, float]]) -> float:
     """The longest health call (ms) that overlapped a push."""
-    return max([(e - s) * 1000 for s, e in calls if any(s < w1 and e > w0 for w0, w1 in windows)], default=0.0)
+    return max(
+        [(e - s) * 1000 for s, e in calls if any(s < w1 and e > w0 for w0, w1 in windows)],
+        default=0.0,
+    )
 
 
 async def loop_stall(stop: asyncio.Event) -> float:
@@ -175,9 +192,17 @@ def build_model(where: Path, gib: float) -> Path:
     hidden = 2048 if gib >= 0.25 else 256
     per_layer = 4 * hidden * hidden + 3 * hidden * (hidden * 23 // 8)
     layers = max(1, round(gib * 2**30 / 4 / per_layer))
-    cfg.update(dict(hidden_size=hidden, intermediate_size=hidden * 23 // 8, num_attention_heads=16,
-                    num_key_value_heads=16, head_dim=hidden // 16, num_hidden_layers=layers,
-                    layer_types=["full_attention"] * layers))
+    cfg.update(
+        dict(
+            hidden_size=hidden,
+            intermediate_size=hidden * 23 // 8,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            head_dim=hidden // 16,
+            num_hidden_layers=layers,
+            layer_types=["full_attention"] * layers,
+        )
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(cfg).save_pretrained(model)
     return model
@@ -193,10 +218,16 @@ def adapter(model_dir: Path, rank: int):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(rank)
-    cfg = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-                     init_lora_weights=False)
+    cfg = LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+        init_lora_weights=False,
+    )
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir), cfg)
-    return dict(get_peft_model_state_dict(model)), json.loads(json.dumps(cfg.to_dict(), default=list))
+    return dict(get_peft_model_state_dict(model)), json.loads(
+        json.dumps(cfg.to_dict(), default=list)
+    )
 
 
 async def pushes(args, replicas: list[str], state: dict, pids: list[int]) -> dict:
@@ -216,51 +247,98 @@ async def pushes(args, replicas: list[str], state: dict, pids: list[int]) -> dic
         growth = [max(g, n) for g, n in zip(growth, meter.growth(), strict=True)]
     lora = {}
     async with RolloutClient(replicas[0]) as c:
-        for rank in LORA_RANKS:     # an adapter a rank: a served adapter keeps its rank
+        for rank in LORA_RANKS:  # an adapter a rank: a served adapter keeps its rank
             state, cfg = adapter(args.model, rank)
             swaps = []
             for version in range(args.repeats + 2):
                 t = time.perf_counter()
                 await c.load_weights(state, "l", version, adapter=f"rank{rank}", adapter_config=cfg)
                 swaps.append((time.perf_counter() - t) * 1000)
-            lora[rank] = (sorted(swaps)[len(swaps) // 2], sum(v.numel() * v.element_size() for v in state.values()))
-    return dict(seconds=best, bytes=sent // len(replicas), growth=growth, windows=windows, lag_ms=lag_ms, lora=lora)
+            lora[rank] = (
+                sorted(swaps)[len(swaps) // 2],
+                sum(v.numel() * v.element_size() for v in state.values()),
+            )
+    return dict(
+        seconds=best,
+        bytes=sent // len(replicas),
+        growth=growth,
+        windows=windows,
+        lag_ms=lag_ms,
+        lora=lora,
+    )
 
 
 def stop_probe(proc: subprocess.Popen, out: Path, windows: list[tuple[float, float]]) -> float:
     proc.terminate()
     proc.wait(timeout=60)
     if not out.exists():
-        raise SystemExit(f"the health probe wrote nothing:\n{Path(str(out) + '.log').read_text()[-3000:]}")
+        raise SystemExit(
+            f"the health probe wrote nothing:\n{Path(str(out) + '.log').read_text()[-3000:]}"
+        )
     return longest_answer(json.loads(out.read_text()), windows)
 
 
-async def main_async(args, replicas: list[str], sinks: list[str], pids: list[int],
-                     prober: tuple[subprocess.Popen, Path]) -> None:
+async def main_async(
+    args,
+    replicas: list[str],
+    sinks: list[str],
+    pids: list[int],
+    prober: tuple[subprocess.Popen, Path],
+) -> None:
     from transformers import AutoModelForCausalLM
 
     state = AutoModelForCausalLM.from_pretrained(args.model).state_dict()
-    size = sum(v.numel() * v.element_size() for v in {v.data_ptr(): v for v in state.values()}.values())
+    size = sum(
+        v.numel() * v.element_size() for v in {v.data_ptr(): v for v in state.values()}.values()
+    )
     raw = min([await raw_stream(sinks, size) for _ in range(args.repeats)])
     got = await pushes(args, replicas, state, pids)
     got["health_ms"] = stop_probe(*prober, got["windows"])
     raw_gbs, push_gbs = size / raw / 1e9, got["bytes"] / got["seconds"] / 1e9
     print(f"model {size / 2**30:.2f} GiB, 2 replicas, best of {args.repeats}")
     print(f"{'raw gRPC byte stream':<34} {raw_gbs:6.2f} GB/s per replica")
-    print(f"{'full-weight push (load included)':<34} {push_gbs:6.2f} GB/s per replica   {push_gbs / raw_gbs:.2f}x")
+    print(
+        f"{'full-weight push (load included)':<34} {push_gbs:6.2f} GB/s per replica   "
+        f"{push_gbs / raw_gbs:.2f}x"
+    )
     grow = [g / size for g in got["growth"]]
-    print(f"peak RSS growth / model: sender {grow[0]:.2f}, replicas {grow[1]:.2f} and {grow[2]:.2f}")
-    print(f"longest health answer {got['health_ms']:.1f} ms, longest sender loop stall {got['lag_ms']:.1f} ms")
-    swaps = "; ".join(f"rank {r}: {ms:.0f} ms ({n / 2**20:.1f} MiB)" for r, (ms, n) in got["lora"].items())
+    print(
+        f"peak RSS growth / model: sender {grow[0]:.2f}, replicas {grow[1]:.2f} and {grow[2]:.2f}"
+    )
+    print(
+        f"longest health answer {got['health_ms']:.1f} ms, longest sender loop stall "
+        f"{got['lag_ms']:.1f} ms"
+    )
+    swaps = "; ".join(
+        f"rank {r}: {ms:.0f} ms ({n / 2**20:.1f} MiB)" for r, (ms, n) in got["lora"].items()
+    )
     print(f"LoRA adapter push (q/k/v/o, one replica, median): {swaps}")
     detail = f"{push_gbs:.2f} vs {raw_gbs:.2f} GB/s, {size / 2**30:.2f} GiB"
-    record("weights", "full push GB/s vs raw gRPC stream, 2 replicas (>= 0.8)", push_gbs / raw_gbs, detail)
-    record("weights", "peak RSS growth / model, worst replica (<= 1.5)", max(grow[1:]), f"sender {grow[0]:.2f}")
+    record(
+        "weights",
+        "full push GB/s vs raw gRPC stream, 2 replicas (>= 0.8)",
+        push_gbs / raw_gbs,
+        detail,
+    )
+    record(
+        "weights",
+        "peak RSS growth / model, worst replica (<= 1.5)",
+        max(grow[1:]),
+        f"sender {grow[0]:.2f}",
+    )
     top = max(LORA_RANKS)
-    record("weights", f"LoRA rank-{top} adapter push time / full push time", got["lora"][top][0] / 1000 / got["seconds"],
-           swaps)
-    record("weights", "longest health answer during a push / 100 ms (< 1)", max(got["health_ms"], 0.1) / 100,
-           f"{got['health_ms']:.1f} ms; sender loop stall {got['lag_ms']:.1f} ms")
+    record(
+        "weights",
+        f"LoRA rank-{top} adapter push time / full push time",
+        got["lora"][top][0] / 1000 / got["seconds"],
+        swaps,
+    )
+    record(
+        "weights",
+        "longest health answer during a push / 100 ms (< 1)",
+        max(got["health_ms"], 0.1) / 100,
+        f"{got['health_ms']:.1f} ms; sender loop stall {got['lag_ms']:.1f} ms",
+    )
 
 
 def main() -> None:
@@ -281,21 +359,51 @@ def main() -> None:
     procs, replicas, sinks = [], [], []
     try:
         for i in range(2):
-            pools = ["--pool", f"p={args.model}"] + (["--pool", f"l={args.model}:lora"] if i == 0 else [])
-            proc, address = start([sys.executable, "-m", "rollout_svc", *pools, "--engine", "hf", "--device", "cpu",
-                                   "--dtype", "float32", "--port", "0", "--port-file", str(tmp / f"r{i}.json")],
-                                  tmp / f"r{i}.json", tmp / f"r{i}.log")
+            pools = ["--pool", f"p={args.model}"] + (
+                ["--pool", f"l={args.model}:lora"] if i == 0 else []
+            )
+            proc, address = start(
+                [
+                    sys.executable,
+                    "-m",
+                    "rollout_svc",
+                    *pools,
+                    "--engine",
+                    "hf",
+                    "--device",
+                    "cpu",
+                    "--dtype",
+                    "float32",
+                    "--port",
+                    "0",
+                    "--port-file",
+                    str(tmp / f"r{i}.json"),
+                ],
+                tmp / f"r{i}.json",
+                tmp / f"r{i}.log",
+            )
             procs.append(proc)
             replicas.append(address)
-            proc, address = start([sys.executable, __file__, "--raw-server", str(tmp / f"s{i}.json")],
-                                  tmp / f"s{i}.json", tmp / f"s{i}.log")
+            proc, address = start(
+                [sys.executable, __file__, "--raw-server", str(tmp / f"s{i}.json")],
+                tmp / f"s{i}.json",
+                tmp / f"s{i}.log",
+            )
             procs.append(proc)
             sinks.append(address)
         out = tmp / "health.json"
-        prober, _ = start([sys.executable, __file__, "--probe", ",".join(replicas), str(out)],
-                          Path(str(out) + ".ready"), Path(str(out) + ".log"), address=False)
+        prober, _ = start(
+            [sys.executable, __file__, "--probe", ",".join(replicas), str(out)],
+            Path(str(out) + ".ready"),
+            Path(str(out) + ".log"),
+            address=False,
+        )
         procs.append(prober)
-        asyncio.run(main_async(args, replicas, sinks, [os.getpid(), procs[0].pid, procs[2].pid], (prober, out)))
+        asyncio.run(
+            main_async(
+                args, replicas, sinks, [os.getpid(), procs[0].pid, procs[2].pid], (prober, out)
+            )
+        )
     finally:
         for proc in procs:
             proc.terminate()

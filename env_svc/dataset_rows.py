@@ -27,12 +27,12 @@ class DatasetError(ValueError):
 class CodeProblem:
     id: str
     statement: str
-    kind: str                                 # "stdin" | "function"
-    tests: tuple[tuple[str, str], ...]        # hidden tests in run form: (stdin, expected stdout)
-    solution: str = ""                        # a reference Python 3 solution; "" when none
-    fn_name: str = ""                         # function problems: the function (or Solution method)
+    kind: str  # "stdin" | "function"
+    tests: tuple[tuple[str, str], ...]  # hidden tests in run form: (stdin, expected stdout)
+    solution: str = ""  # a reference Python 3 solution; "" when none
+    fn_name: str = ""  # function problems: the function (or Solution method)
     starter_code: str = ""
-    compare: str = "whitespace"               # "whitespace" | "float" (numeric tokens within 1e-6)
+    compare: str = "whitespace"  # "whitespace" | "float" (numeric tokens within 1e-6)
     source: str = ""
     # HumanEval-style judging: Python test code defining check(candidate). When set, `tests` is the
     # one case of the check program (code_check.py) and starter_code the code the answer completes.
@@ -49,8 +49,10 @@ class MathProblem:
 
 # ---- reading files ----------------------------------------------------------------------------
 
-def read_rows(path: str | os.PathLike[str], fields_doc: str, start: int = 0,
-              stop: int | None = None) -> list[dict[str, Any]]:
+
+def read_rows(
+    path: str | os.PathLike[str], fields_doc: str, start: int = 0, stop: int | None = None
+) -> list[dict[str, Any]]:
     """Rows start..stop of a .jsonl / .json / .parquet file (JSON files may be gzipped: a name
     ending .gz), or DatasetError naming the path and the fields expected (`fields_doc`). JSON lines
     outside the slice are not parsed."""
@@ -59,7 +61,9 @@ def read_rows(path: str | os.PathLike[str], fields_doc: str, start: int = 0,
     if not p.exists():
         raise DatasetError(f"{p}: no such file; {want} (.jsonl, .json or .parquet)")
     if p.is_dir():
-        raise DatasetError(f"{p}: is a directory; give the path of one .jsonl, .json or .parquet file ({want})")
+        raise DatasetError(
+            f"{p}: is a directory; give the path of one .jsonl, .json or .parquet file ({want})"
+        )
     gz = p.suffix.lower() == ".gz"
     suffix = Path(p.stem).suffix.lower() if gz else p.suffix.lower()
     try:
@@ -70,7 +74,7 @@ def read_rows(path: str | os.PathLike[str], fields_doc: str, start: int = 0,
         if suffix == ".json":
             with _open_text(p) as f:
                 data = json.loads(f.read())
-            if isinstance(data, dict):      # {"rows": [...]} or {"train": [...]} with one list
+            if isinstance(data, dict):  # {"rows": [...]} or {"train": [...]} with one list
                 lists = [v for v in data.values() if isinstance(v, list)]
                 data = lists[0] if len(lists) == 1 else data
             if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
@@ -78,15 +82,19 @@ def read_rows(path: str | os.PathLike[str], fields_doc: str, start: int = 0,
             return data[start:stop]
     except OSError as e:
         raise DatasetError(f"{p}: cannot read ({e.strerror or e}); {want}") from None
-    except (EOFError, zlib.error) as e:        # a truncated or corrupt .gz
+    except (EOFError, zlib.error) as e:  # a truncated or corrupt .gz
         raise DatasetError(f"{p}: cannot read ({e}); {want}") from None
     except UnicodeDecodeError as e:
         raise DatasetError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start}); {want}") from None
     except json.JSONDecodeError as e:
-        raise DatasetError(f"{p}: invalid JSON at line {e.lineno}, column {e.colno} ({e.msg}); {want}") from None
+        raise DatasetError(
+            f"{p}: invalid JSON at line {e.lineno}, column {e.colno} ({e.msg}); {want}"
+        ) from None
     kind = suffix + ".gz" if gz else suffix
-    raise DatasetError(f"{p}: unknown file type {kind or '(no extension)'!r}; use .jsonl, .json or "
-                       f".parquet, or .jsonl.gz / .json.gz ({want})")
+    raise DatasetError(
+        f"{p}: unknown file type {kind or '(no extension)'!r}; use .jsonl, .json or "
+        f".parquet, or .jsonl.gz / .json.gz ({want})"
+    )
 
 
 def _open_text(p: Path) -> Any:
@@ -96,9 +104,11 @@ def _open_text(p: Path) -> Any:
     return p.open(encoding="utf-8")
 
 
-def _read_jsonl(p: Path, want: str, start: int = 0, stop: int | None = None) -> list[dict[str, Any]]:
+def _read_jsonl(
+    p: Path, want: str, start: int = 0, stop: int | None = None
+) -> list[dict[str, Any]]:
     rows = []
-    index = -1                                 # of the row, counting non-empty lines
+    index = -1  # of the row, counting non-empty lines
     with _open_text(p) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -111,10 +121,13 @@ def _read_jsonl(p: Path, want: str, start: int = 0, stop: int | None = None) -> 
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DatasetError(f"{p}: line {n} is not valid JSON ({e.msg}); {want}, one JSON object "
-                                   "per line") from None
+                raise DatasetError(
+                    f"{p}: line {n} is not valid JSON ({e.msg}); {want}, one JSON object per line"
+                ) from None
             if not isinstance(row, dict):
-                raise DatasetError(f"{p}: line {n} is a JSON {type(row).__name__}, not an object; {want}")
+                raise DatasetError(
+                    f"{p}: line {n} is a JSON {type(row).__name__}, not an object; {want}"
+                )
             rows.append(row)
     return rows
 
@@ -123,24 +136,37 @@ def _read_parquet(p: Path, want: str) -> list[dict[str, Any]]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise DatasetError(f"{p}: reading .parquet files needs pyarrow, which is not installed: "
-                           "`pip install pyarrow`, or convert the file to .jsonl") from None
+        raise DatasetError(
+            f"{p}: reading .parquet files needs pyarrow, which is not installed: "
+            "`pip install pyarrow`, or convert the file to .jsonl"
+        ) from None
     try:
         return pq.read_table(p).to_pylist()
     except Exception as e:  # pyarrow raises its own types for corrupt files
-        raise DatasetError(f"{p}: not a readable parquet file ({type(e).__name__}: {e}); {want}") from None
+        raise DatasetError(
+            f"{p}: not a readable parquet file ({type(e).__name__}: {e}); {want}"
+        ) from None
 
 
-def _require(rows: list[dict[str, Any]], path: Any, needs: Sequence[Sequence[str]], fields_doc: str,
-             offset: int = 0) -> None:
+def _require(
+    rows: list[dict[str, Any]],
+    path: Any,
+    needs: Sequence[Sequence[str]],
+    fields_doc: str,
+    offset: int = 0,
+) -> None:
     """Every row has, for each group in `needs`, at least one of its field names."""
     if not rows:
-        raise DatasetError(f"{path}: no rows (in the slice asked for); expected rows with {fields_doc}")
+        raise DatasetError(
+            f"{path}: no rows (in the slice asked for); expected rows with {fields_doc}"
+        )
     for i, row in enumerate(rows, offset):
         missing = [" or ".join(g) for g in needs if not any(k in row for k in g)]
         if missing:
-            raise DatasetError(f"{path}: row {i} has no field {', '.join(missing)} (it has: "
-                               f"{', '.join(sorted(row)) or 'nothing'}); expected rows with {fields_doc}")
+            raise DatasetError(
+                f"{path}: row {i} has no field {', '.join(missing)} (it has: "
+                f"{', '.join(sorted(row)) or 'nothing'}); expected rows with {fields_doc}"
+            )
 
 
 def _first(row: Mapping[str, Any], *keys: str) -> Any:
@@ -180,8 +206,15 @@ class _Skips:
 
     def finish(self, kept: int, fields_doc: str) -> None:
         if not kept:
-            raise DatasetError(f"{self.path}: no usable problem in the file ({self.count} rows skipped; "
-                               f"{self.first}); expected rows with {fields_doc}")
+            raise DatasetError(
+                f"{self.path}: no usable problem in the file ({self.count} rows skipped; "
+                f"{self.first}); expected rows with {fields_doc}"
+            )
         if self.count:
-            log.warning("%s: skipped %d of %d rows without usable content (%s)", self.path, self.count,
-                        self.count + kept, self.first)
+            log.warning(
+                "%s: skipped %d of %d rows without usable content (%s)",
+                self.path,
+                self.count,
+                self.count + kept,
+                self.first,
+            )

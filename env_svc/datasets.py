@@ -101,11 +101,25 @@ MATH_DATASETS: dict[str, tuple[str, Any]] = {
     "olympiadbench": (OLYMPIAD_FIELDS, _load_olympiad),
     "pettingllms": (PETTING_MATH_FIELDS, _load_petting_math),
 }
-ALIASES = {"codecontests": "code_contests", "code-contests": "code_contests", "cc": "code_contests",
-           "lcb": "livecodebench", "live_code_bench": "livecodebench", "aime2024": "aime", "aime2025": "aime",
-           "aime24": "aime", "aime25": "aime", "aime_2024": "aime", "aime_2025": "aime",
-           "olympiad_bench": "olympiadbench", "olympiad": "olympiadbench", "polaris": "math",
-           "human_eval": "humaneval", "human-eval": "humaneval", "openai_humaneval": "humaneval"}
+ALIASES = {
+    "codecontests": "code_contests",
+    "code-contests": "code_contests",
+    "cc": "code_contests",
+    "lcb": "livecodebench",
+    "live_code_bench": "livecodebench",
+    "aime2024": "aime",
+    "aime2025": "aime",
+    "aime24": "aime",
+    "aime25": "aime",
+    "aime_2024": "aime",
+    "aime_2025": "aime",
+    "olympiad_bench": "olympiadbench",
+    "olympiad": "olympiadbench",
+    "polaris": "math",
+    "human_eval": "humaneval",
+    "human-eval": "humaneval",
+    "openai_humaneval": "humaneval",
+}
 CC_TEST_SETS = ("public", "private", "generated")
 
 
@@ -117,7 +131,10 @@ class Source:
     path: str = ""
     start: int = 0
     stop: int | None = None
-    tests: tuple[str, ...] = ("public", "private")     # code_contests: which test sets are hidden tests
+    tests: tuple[str, ...] = (
+        "public",
+        "private",
+    )  # code_contests: which test sets are hidden tests
 
 
 def sources(options: Mapping[str, Any], kind: str) -> dict[str, Source]:
@@ -130,31 +147,47 @@ def sources(options: Mapping[str, Any], kind: str) -> dict[str, Source]:
     for split in SPLITS:
         per = options.get(split) or {}
         if not isinstance(per, Mapping):
-            raise ValueError(f"option {split!r} must be a mapping like {{dataset: apps, path: FILE}}, got {per!r}")
+            raise ValueError(
+                f"option {split!r} must be a mapping like {{dataset: apps, path: FILE}}, got "
+                f"{per!r}"
+            )
         unknown = set(per) - {"dataset", "path", "start", "stop", "tests"}
         if unknown:
-            raise ValueError(f"option {split}: unknown keys {sorted(unknown)}; use dataset, path, start, stop, tests")
+            raise ValueError(
+                f"option {split}: unknown keys {sorted(unknown)}; use dataset, path, start, stop, "
+                f"tests"
+            )
         spec = {**base, **per}
         name = str(spec.get("dataset", "sample")).lower()
         name = ALIASES.get(name, name)
         if name not in known:
-            raise ValueError(f"unknown {kind} dataset {spec.get('dataset')!r}; use one of {sorted(known)}")
+            raise ValueError(
+                f"unknown {kind} dataset {spec.get('dataset')!r}; use one of {sorted(known)}"
+            )
         path = str(spec.get("path") or "")
         if name != "sample" and not path and not (kind == "code" and name in PACKAGED_FILES):
-            raise ValueError(f"dataset {name!r} for the {split} split needs `path`: a local .jsonl, .json or "
-                             f".parquet file with {known[name][0]}")
+            raise ValueError(
+                f"dataset {name!r} for the {split} split needs `path`: a local .jsonl, .json or "
+                f".parquet file with {known[name][0]}"
+            )
         start, stop = int(spec.get("start") or 0), spec.get("stop")
         stop = None if stop is None else int(stop)
         if start < 0 or (stop is not None and stop <= start):
-            raise ValueError(f"option {split}: start {start} and stop {stop} must satisfy 0 <= start < stop")
+            raise ValueError(
+                f"option {split}: start {start} and stop {stop} must satisfy 0 <= start < stop"
+            )
         tests = tuple(spec.get("tests") or ("public", "private"))
         if bad := [t for t in tests if t not in CC_TEST_SETS]:
-            raise ValueError(f"option tests: unknown test sets {bad}; use some of {list(CC_TEST_SETS)}")
+            raise ValueError(
+                f"option tests: unknown test sets {bad}; use some of {list(CC_TEST_SETS)}"
+            )
         out[split] = Source(name, path, start, stop, tests)
     return out
 
 
-def load(kind: str, source: Source, split: str) -> tuple[CodeProblem, ...] | tuple[MathProblem, ...]:
+def load(
+    kind: str, source: Source, split: str
+) -> tuple[CodeProblem, ...] | tuple[MathProblem, ...]:
     """The problems of one split (cached; raises DatasetError for a bad file)."""
     name = ALIASES.get(source.dataset.lower(), source.dataset.lower())
     if name not in (CODE_DATASETS if kind == "code" else MATH_DATASETS):
@@ -170,7 +203,7 @@ def load(kind: str, source: Source, split: str) -> tuple[CodeProblem, ...] | tup
         st = path.stat()
         stamp = (st.st_size, st.st_mtime_ns)
     except OSError:
-        stamp = (-1, -1)      # read_rows reports the missing file
+        stamp = (-1, -1)  # read_rows reports the missing file
     return _load_cached(kind, source, str(path), stamp)
 
 

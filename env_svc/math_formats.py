@@ -23,17 +23,34 @@ def _strip_dollars(s: str) -> str:
     return re.sub(r"(?<!\\)\$", "", s).strip()
 
 
-def _load_generic_math(rows: list[dict[str, Any]], path: Any, source: str, offset: int = 0) -> list[MathProblem]:
-    _require(rows, path, [("problem", "Problem", "question", "Question"), ("answer", "Answer")], AIME_FIELDS, offset)
+def _load_generic_math(
+    rows: list[dict[str, Any]], path: Any, source: str, offset: int = 0
+) -> list[MathProblem]:
+    _require(
+        rows,
+        path,
+        [("problem", "Problem", "question", "Question"), ("answer", "Answer")],
+        AIME_FIELDS,
+        offset,
+    )
     out, skips = [], _Skips(path)
     for i, r in enumerate(rows, offset):
-        q, a = _first(r, "problem", "Problem", "question", "Question"), _first(r, "answer", "Answer")
+        q, a = (
+            _first(r, "problem", "Problem", "question", "Question"),
+            _first(r, "answer", "Answer"),
+        )
         if q is None or a is None or not str(a).strip():
             skips.add(i, "empty problem or answer")
             continue
         pid = _first(r, "id", "ID", "problem_id")
-        out.append(MathProblem(f"{source}-{pid if pid is not None else i}", str(q).strip(),
-                               _strip_dollars(str(a)), source))
+        out.append(
+            MathProblem(
+                f"{source}-{pid if pid is not None else i}",
+                str(q).strip(),
+                _strip_dollars(str(a)),
+                source,
+            )
+        )
     skips.finish(len(out), AIME_FIELDS)
     return out
 
@@ -54,15 +71,27 @@ def _load_olympiad(rows: list[dict[str, Any]], path: Any, offset: int = 0) -> li
         question = str(r["question"]).strip()
         if r.get("context"):
             question = f"{str(r['context']).strip()}\n\n{question}"
-        out.append(MathProblem(f"olympiadbench-{r.get('id', i)}", question, ", ".join(answers), "olympiadbench"))
+        out.append(
+            MathProblem(
+                f"olympiadbench-{r.get('id', i)}", question, ", ".join(answers), "olympiadbench"
+            )
+        )
     skips.finish(len(out), OLYMPIAD_FIELDS)
     return out
 
 
 def _load_petting_math(rows: list[dict[str, Any]], path: Any, offset: int = 0) -> list[MathProblem]:
     _require(rows, path, [("question",), ("solution",)], PETTING_MATH_FIELDS, offset)
-    return [MathProblem(f"math-{i}", str(r["question"]).strip(), _strip_dollars(str(r["solution"])), "pettingllms")
-            for i, r in enumerate(rows, offset) if str(r.get("solution") or "").strip()]
+    return [
+        MathProblem(
+            f"math-{i}",
+            str(r["question"]).strip(),
+            _strip_dollars(str(r["solution"])),
+            "pettingllms",
+        )
+        for i, r in enumerate(rows, offset)
+        if str(r.get("solution") or "").strip()
+    ]
 
 
 def _load_sample_math(rows: list[dict[str, Any]], path: Any, offset: int = 0) -> list[MathProblem]:

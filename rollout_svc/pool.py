@@ -71,7 +71,8 @@ def burst_wait(last_batch_s: float) -> tuple[float, float]:
 # fails the same way:
 # - out of memory: torch.OutOfMemoryError (torch.cuda.OutOfMemoryError is the same class),
 #   MemoryError, a RuntimeError that says it is out of memory (older torch, cuBLAS; torch's CPU
-#   allocator says "can't allocate memory"), or an engine's own `oom_errors`. The batch runs again in halves (by requests, then a lone request's n samples
+# allocator says "can't allocate memory"), or an engine's own `oom_errors`. The batch runs again in
+# halves (by requests, then a lone request's n samples
 #   in two shares), inside the same worker iteration, so no weight swap comes between the pieces;
 #   only a single sample that still does not fit fails, as RESOURCE_EXHAUSTED (retryable);
 # - a bad request: ValueError, TypeError, IndexError, KeyError, NotImplementedError (what Python
@@ -90,8 +91,9 @@ _OOM_WORDS = ("out of memory", "can't allocate memory", "cannot allocate memory"
 
 def classify(err: BaseException, engine: Any = None) -> str:
     """OUT_OF_MEMORY, BAD_REQUEST or ENGINE_FAILURE for an exception `engine.generate` raised."""
-    if isinstance(err, (torch.OutOfMemoryError, MemoryError, *getattr(engine, "oom_errors", ()))) or (
-            isinstance(err, RuntimeError) and any(w in str(err).lower() for w in _OOM_WORDS)):
+    if isinstance(
+        err, (torch.OutOfMemoryError, MemoryError, *getattr(engine, "oom_errors", ()))
+    ) or (isinstance(err, RuntimeError) and any(w in str(err).lower() for w in _OOM_WORDS)):
         return OUT_OF_MEMORY
     if isinstance(err, (*_BAD_REQUEST_TYPES, *getattr(engine, "bad_request_errors", ()))):
         return BAD_REQUEST
@@ -104,8 +106,12 @@ class _Request:
     sampling: Sampling
     prompt: list[int]
     n: int
-    future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    timing: dict[str, float] = field(default_factory=dict)   # its share of the batches that served it
+    future: asyncio.Future = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    timing: dict[str, float] = field(
+        default_factory=dict
+    )  # its share of the batches that served it
 
 
 @dataclass
@@ -121,23 +127,29 @@ class _Piece:
 class _Swap:
     adapter: str
     version: int
-    apply: Any                     # callable run in the worker thread
+    apply: Any  # callable run in the worker thread
     rollback: bool = False
-    future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    future: asyncio.Future = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
 
 
 class PoolRuntime:
     def __init__(self, name: str, engine: Any, *, lora: bool = False):
         self.name, self.engine, self.lora = name, engine, lora
-        self.versions: dict[str, int] = {"": 0}         # "" = base model; adapters by agent name
+        self.versions: dict[str, int] = {"": 0}  # "" = base model; adapters by agent name
         self._queue: asyncio.Queue = asyncio.Queue()
         self._worker: asyncio.Task | None = None
         # The engine runs on this one thread, generations and weight swaps alike: on rotating
         # threads each one's freed tensors pile up in another malloc arena (atgrpo.model_thread).
         self._thread = ModelThread(f"pool-{name}")
-        self.oom_retries = 0     # batches run again in smaller pieces after running out of memory
-        self.last_batch_s = 0.0  # the engine's seconds on the last batch: how long to wait for company (burst_wait)
-        self.waiting = self.running = 0   # requests queued / in the batch generating (metrics, read at scrape)
+        self.oom_retries = 0  # batches run again in smaller pieces after running out of memory
+        self.last_batch_s = (
+            0.0  # the engine's seconds on the last batch: how long to wait for company (burst_wait)
+        )
+        self.waiting = self.running = (
+            0  # requests queued / in the batch generating (metrics, read at scrape)
+        )
         # Wall seconds the worker spent on batches and swaps: those finished, and when the one in
         # progress started. Read at scrape (busy_seconds) from another thread, hence the lock.
         self._busy_lock = threading.Lock()
@@ -154,8 +166,10 @@ class PoolRuntime:
 
     def version(self, adapter: str) -> int:
         if adapter not in self.versions:
-            raise NotFound(f"pool {self.name!r} serves no adapter {adapter!r}; it has "
-                           f"{sorted(a for a in self.versions if a) or 'none'} (load one with LoadWeights)")
+            raise NotFound(
+                f"pool {self.name!r} serves no adapter {adapter!r}; it has "
+                f"{sorted(a for a in self.versions if a) or 'none'} (load one with LoadWeights)"
+            )
         return self.versions[adapter]
 
     def busy_seconds(self) -> float:
@@ -182,8 +196,10 @@ class PoolRuntime:
         if self._worker is None or self._worker.done():
             self._worker = asyncio.get_running_loop().create_task(self._run())
 
-    async def generate(self, adapter: str, prompt: list[int], sampling: Sampling, n: int) -> Generation:
-        self.version(adapter)   # unknown adapters fail now, not inside a batch
+    async def generate(
+        self, adapter: str, prompt: list[int], sampling: Sampling, n: int
+    ) -> Generation:
+        self.version(adapter)  # unknown adapters fail now, not inside a batch
         req = _Request(adapter, sampling, prompt, n)
         self._ensure_worker()
         self.waiting += 1
@@ -204,8 +220,10 @@ class PoolRuntime:
         current = self.versions.get(adapter, -1)
         if version <= current and not rollback:
             what = f"adapter {adapter!r}" if adapter else "model"
-            raise FailedPrecondition(f"pool {self.name!r} {what} is at version {current}; version "
-                                     f"{version} is stale. Push a newer version")
+            raise FailedPrecondition(
+                f"pool {self.name!r} {what} is at version {current}; version "
+                f"{version} is stale. Push a newer version"
+            )
 
     async def _apply_swap(self, job: _Swap) -> None:
         # Checked here, in queue order, so two concurrent pushes cannot both pass.
@@ -219,12 +237,17 @@ class PoolRuntime:
         batch, rest, rows = [first], [], first.n
         while not self._queue.empty():
             item = self._queue.get_nowait()
-            if (isinstance(item, _Request) and item.adapter == first.adapter and item.sampling == first.sampling
-                    and rows + item.n <= MAX_BATCH_ROWS and not rest):
+            if (
+                isinstance(item, _Request)
+                and item.adapter == first.adapter
+                and item.sampling == first.sampling
+                and rows + item.n <= MAX_BATCH_ROWS
+                and not rest
+            ):
                 batch.append(item)
                 rows += item.n
             else:
-                rest.append(item)   # keeps its place: anything after a swap waits for the swap
+                rest.append(item)  # keeps its place: anything after a swap waits for the swap
         for item in rest:
             self._queue.put_nowait(item)
         return batch
@@ -233,7 +256,11 @@ class PoolRuntime:
         loop = asyncio.get_running_loop()
         gap, most = burst_wait(self.last_batch_s)
         deadline, seen = loop.time() + most, -1
-        while self._queue.qsize() != seen and loop.time() < deadline and self._queue.qsize() < MAX_BATCH_ROWS:
+        while (
+            self._queue.qsize() != seen
+            and loop.time() < deadline
+            and self._queue.qsize() < MAX_BATCH_ROWS
+        ):
             seen = self._queue.qsize()
             await asyncio.sleep(gap)
 
@@ -250,7 +277,9 @@ class PoolRuntime:
             policy = PolicyRef(self.name, item.adapter, self.versions[item.adapter])
             try:
                 with self._busy():
-                    outcomes = await self._generate([_Piece(r, r.n) for r in batch], item.adapter, item.sampling)
+                    outcomes = await self._generate(
+                        [_Piece(r, r.n) for r in batch], item.adapter, item.sampling
+                    )
             except Exception as err:  # noqa: BLE001 - a bug here: fail the requests, keep serving
                 log.exception("pool %s: generating a batch failed", self.name)
                 outcomes = [Internal(f"pool {self.name!r} failed generating: {err!r}")] * len(batch)
@@ -260,24 +289,34 @@ class PoolRuntime:
                     continue
                 if isinstance(outcome, Exception):
                     metrics.count_failed(self.name, type(outcome).__name__)
-                    r.future.set_exception(copy.copy(outcome))   # one instance per request raised
+                    r.future.set_exception(copy.copy(outcome))  # one instance per request raised
                 else:
                     r.future.set_result(Generation(r.prompt, outcome, policy, timing=r.timing))
 
-    async def _generate(self, pieces: list[_Piece], adapter: str,
-                        sampling: Sampling) -> list[list[Completion] | AtgrpoError]:
+    async def _generate(
+        self, pieces: list[_Piece], adapter: str, sampling: Sampling
+    ) -> list[list[Completion] | AtgrpoError]:
         """Each piece's completions, or the error it fails with (see classify). The retries run
         here, inside one worker iteration: no swap comes between the pieces of a batch."""
         s = sampling
-        if pieces[0].first and s.seed is not None:   # a later share of one request's samples
-            s = dataclasses.replace(s, seed=s.seed + pieces[0].first)   # draws its own, not the same again
+        if pieces[0].first and s.seed is not None:  # a later share of one request's samples
+            s = dataclasses.replace(
+                s, seed=s.seed + pieces[0].first
+            )  # draws its own, not the same again
         start = time.perf_counter()
         try:
-            outs = await self._thread.run(self.engine.generate, [p.request.prompt for p in pieces],
-                                           [p.n for p in pieces], s, adapter)
+            outs = await self._thread.run(
+                self.engine.generate,
+                [p.request.prompt for p in pieces],
+                [p.n for p in pieces],
+                s,
+                adapter,
+            )
             if [len(o) for o in outs] != [p.n for p in pieces]:
-                raise RuntimeError(f"the engine answered {[len(o) for o in outs]} completions for "
-                                   f"{[p.n for p in pieces]} asked")
+                raise RuntimeError(
+                    f"the engine answered {[len(o) for o in outs]} completions for "
+                    f"{[p.n for p in pieces]} asked"
+                )
         except AtgrpoError as err:
             return [err] * len(pieces)
         except Exception as err:  # noqa: BLE001 - told apart below; the pool keeps serving
@@ -296,16 +335,24 @@ class PoolRuntime:
         if kind == OUT_OF_MEMORY and (len(pieces) > 1 or pieces[0].n > 1):
             self.oom_retries += 1
             metrics.count_oom_retry(self.name)
-            log.warning("pool %s: out of memory on %d requests (%d samples); running them again in two "
-                        "pieces", self.name, len(pieces), sum(p.n for p in pieces))
+            log.warning(
+                "pool %s: out of memory on %d requests (%d samples); running them again in two "
+                "pieces",
+                self.name,
+                len(pieces),
+                sum(p.n for p in pieces),
+            )
             await self._thread.run(_free_memory)
         elif kind != BAD_REQUEST or len(pieces) == 1:
             return [error] * len(pieces)
-        if len(pieces) == 1:     # one request's samples in two shares, their completions joined
+        if len(pieces) == 1:  # one request's samples in two shares, their completions joined
             p = pieces[0]
             half = p.n // 2
             out = []
-            for share in (_Piece(p.request, half, p.first), _Piece(p.request, p.n - half, p.first + half)):
+            for share in (
+                _Piece(p.request, half, p.first),
+                _Piece(p.request, p.n - half, p.first + half),
+            ):
                 done = (await self._generate([share], adapter, sampling))[0]
                 if isinstance(done, AtgrpoError):
                     return [done]
@@ -314,7 +361,7 @@ class PoolRuntime:
         half = len(pieces) // 2
         first = await self._generate(pieces[:half], adapter, sampling)
         broken = next((o for o in first if isinstance(o, Unavailable)), None)
-        if broken is not None:    # the engine failed: the rest would fail too
+        if broken is not None:  # the engine failed: the rest would fail too
             return first + [broken] * (len(pieces) - half)
         return first + await self._generate(pieces[half:], adapter, sampling)
 
@@ -324,7 +371,10 @@ class PoolRuntime:
         decoded tokens, its tokens, model FLOPs and the FLOPs the matmul rate would have done in
         its seconds (gen_matmul_flops: the MFU's denominator). An engine that does not split
         prefill from decode (no `last_timing`: vLLM) has all of it counted as decode."""
-        prefill_s = min(max((getattr(self.engine, "last_timing", None) or {}).get("prefill_s", 0.0), 0.0), seconds)
+        prefill_s = min(
+            max((getattr(self.engine, "last_timing", None) or {}).get("prefill_s", 0.0), 0.0),
+            seconds,
+        )
         decode_s = seconds - prefill_s
         size = getattr(self.engine, "model_size", None)
         prompt = [len(p.request.prompt) for p in pieces]
@@ -333,25 +383,39 @@ class PoolRuntime:
         for p, prompt_tokens, decode_tokens in zip(pieces, prompt, decoded, strict=True):
             pre = prefill_s * prompt_tokens / max(sum(prompt), 1)
             dec = decode_s * (decode_tokens / sum(decoded) if sum(decoded) else p.n / rows)
-            add = {"prefill_s": pre, "decode_s": dec,
-                   "prefill_tokens": float(prompt_tokens), "decode_tokens": float(decode_tokens),
-                   "gen_flops": generation_flops(size, 1, prompt_tokens, decode_tokens) if size else 0.0,
-                   "gen_matmul_flops": (pre + dec) * self.matmul_rate}
+            add = {
+                "prefill_s": pre,
+                "decode_s": dec,
+                "prefill_tokens": float(prompt_tokens),
+                "decode_tokens": float(decode_tokens),
+                "gen_flops": generation_flops(size, 1, prompt_tokens, decode_tokens)
+                if size
+                else 0.0,
+                "gen_matmul_flops": (pre + dec) * self.matmul_rate,
+            }
             for k, v in add.items():
                 p.request.timing[k] = p.request.timing.get(k, 0.0) + v
 
-    def _error(self, kind: str, err: BaseException, pieces: list[_Piece], s: Sampling) -> AtgrpoError:
+    def _error(
+        self, kind: str, err: BaseException, pieces: list[_Piece], s: Sampling
+    ) -> AtgrpoError:
         what = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
         if kind == OUT_OF_MEMORY:
-            p = pieces[0]   # the error is final only for one sample of one request
+            p = pieces[0]  # the error is final only for one sample of one request
             return ResourceExhausted(
-                f"pool {self.name!r} ran out of memory generating one sample of a {len(p.request.prompt)}-token "
-                f"prompt with max_tokens {s.max_tokens}, even alone ({what}). Retryable (memory may be free "
-                "later, or on another replica); to need less, lower sampling.max_tokens, the tree's k "
-                "(samples per prompt) or sampling.max_prompt_tokens")
+                f"pool {self.name!r} ran out of memory generating one sample of a "
+                f"{len(p.request.prompt)}-token prompt with max_tokens {s.max_tokens}, even alone "
+                f"({what}). Retryable (memory may be free "
+                "later, or on another replica); to need less, lower sampling.max_tokens, the "
+                "tree's k (samples per prompt) or sampling.max_prompt_tokens"
+            )
         if kind == BAD_REQUEST:
-            return InvalidArgument(f"generation failed on a bad request ({what}); sent again, it fails the same way")
-        return Unavailable(f"the engine of pool {self.name!r} failed: {what}; retry, possibly on another replica")
+            return InvalidArgument(
+                f"generation failed on a bad request ({what}); sent again, it fails the same way"
+            )
+        return Unavailable(
+            f"the engine of pool {self.name!r} failed: {what}; retry, possibly on another replica"
+        )
 
     @staticmethod
     async def _finish(future: asyncio.Future, work) -> None:

@@ -20,13 +20,17 @@ def check_prompt(engine, prompt: list[int], sampling: Sampling) -> None:
     vocab = getattr(engine, "vocab_size", None)
     if vocab and (min(prompt) < 0 or max(prompt) >= vocab):
         bad = next(t for t in prompt if not 0 <= t < vocab)
-        raise InvalidArgument(f"prompt token id {bad} is not in this model's vocabulary [0, {vocab}); "
-                              "send ids from the pool's own tokenizer")
+        raise InvalidArgument(
+            f"prompt token id {bad} is not in this model's vocabulary [0, {vocab}); "
+            "send ids from the pool's own tokenizer"
+        )
     context = getattr(engine, "max_model_len", None)
     if context and len(prompt) + sampling.max_tokens > context:
-        raise InvalidArgument(f"a prompt of {len(prompt)} tokens plus max_tokens {sampling.max_tokens} is over the "
-                              f"model's context length {context}; send a prompt of at most "
-                              f"{prompt_budget(engine, sampling)} tokens, or lower max_tokens")
+        raise InvalidArgument(
+            f"a prompt of {len(prompt)} tokens plus max_tokens {sampling.max_tokens} is over the "
+            f"model's context length {context}; send a prompt of at most "
+            f"{prompt_budget(engine, sampling)} tokens, or lower max_tokens"
+        )
 
 
 def prompt_budget(engine, sampling: Sampling) -> int:
@@ -37,8 +41,10 @@ def prompt_budget(engine, sampling: Sampling) -> int:
         return sampling.max_prompt_tokens
     room = context - sampling.max_tokens
     if room < 1:
-        raise InvalidArgument(f"max_tokens {sampling.max_tokens} leaves no room for a prompt in the model's context "
-                              f"length {context}; lower max_tokens below {context}")
+        raise InvalidArgument(
+            f"max_tokens {sampling.max_tokens} leaves no room for a prompt in the model's context "
+            f"length {context}; lower max_tokens below {context}"
+        )
     return min(sampling.max_prompt_tokens, room) if sampling.max_prompt_tokens > 0 else room
 
 
@@ -50,24 +56,31 @@ class Replica:
         # tokenizers are never used by two renders at once.
         self._renderer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="render")
 
-    async def render(self, pool: str, messages: list[Message], max_prompt_tokens: int) -> tuple[list[int], bool]:
+    async def render(
+        self, pool: str, messages: list[Message], max_prompt_tokens: int
+    ) -> tuple[list[int], bool]:
         """Prompt ids of `messages` through the pool's chat template, off the event loop."""
         engine = self.pool(pool).engine
-        return await asyncio.get_running_loop().run_in_executor(self._renderer, engine.render, messages,
-                                                                max_prompt_tokens)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._renderer, engine.render, messages, max_prompt_tokens
+        )
 
     def prompt_budget(self, pool: str, sampling: Sampling) -> int:
         """What a prompt for `pool` is cut to: see prompt_budget()."""
         return prompt_budget(self.pool(pool).engine, sampling)
 
-    def routed(self, pool_addresses: dict[str, str], expected: Sequence[PolicyRef] = ()) -> RoutedGenerator:
+    def routed(
+        self, pool_addresses: dict[str, str], expected: Sequence[PolicyRef] = ()
+    ) -> RoutedGenerator:
         """The tree driver's Generator for one Collect: local pools here, the others remote
         (pinned to the `expected` versions there too)."""
         return RoutedGenerator(self, pool_addresses, expected)
 
     def pool(self, name: str) -> PoolRuntime:
         if name not in self.pools:
-            raise NotFound(f"this replica serves no pool {name!r}; it serves {sorted(self.pools) or 'none'}")
+            raise NotFound(
+                f"this replica serves no pool {name!r}; it serves {sorted(self.pools) or 'none'}"
+            )
         return self.pools[name]
 
     def policies(self) -> list[PolicyRef]:
@@ -82,11 +95,20 @@ class Replica:
             if have != want.version:
                 what = f"{want.pool}/{want.adapter}" if want.adapter else want.pool
                 held = f"is at version {have}" if have is not None else "has not been loaded"
-                raise FailedPrecondition(f"{what} {held} here, not version {want.version}: this replica's weights "
-                                         "are not the run's (not pushed yet, or it restarted); push them, then retry")
+                raise FailedPrecondition(
+                    f"{what} {held} here, not version {want.version}: this replica's weights "
+                    "are not the run's (not pushed yet, or it restarted); push them, then retry"
+                )
 
-    async def generate_prompt(self, pool: str, adapter: str, prompt: list[int], sampling: Sampling,
-                              n: int, truncated: bool = False) -> Generation:
+    async def generate_prompt(
+        self,
+        pool: str,
+        adapter: str,
+        prompt: list[int],
+        sampling: Sampling,
+        n: int,
+        truncated: bool = False,
+    ) -> Generation:
         if not prompt:
             raise InvalidArgument("the prompt is empty")
         if not 1 <= n <= 1024:
@@ -99,8 +121,12 @@ class Replica:
 
     async def generate(self, agent: AgentPlan, messages: list[Message], n: int) -> Generation:
         """The tree driver's Generator: render with the pool's chat template, then sample."""
-        ids, truncated = await self.render(agent.pool, messages, self.prompt_budget(agent.pool, agent.sampling))
-        return await self.generate_prompt(agent.pool, agent.adapter, ids, agent.sampling, n, truncated)
+        ids, truncated = await self.render(
+            agent.pool, messages, self.prompt_budget(agent.pool, agent.sampling)
+        )
+        return await self.generate_prompt(
+            agent.pool, agent.adapter, ids, agent.sampling, n, truncated
+        )
 
     def weight_dtypes(self) -> dict[str, str]:
         """pool -> the dtype its engine holds weights in, for engines that say."""
@@ -112,12 +138,16 @@ class Replica:
         from disk (vLLM), else tensors. An unknown pool, or full weights for a LoRA pool, is
         refused here, before any byte is taken."""
         runtime = self.pool(header.pool)
-        runtime.check_newer(header.adapter, header.version, header.rollback)   # the swap checks again, in order
+        runtime.check_newer(
+            header.adapter, header.version, header.rollback
+        )  # the swap checks again, in order
         if header.adapter:
             return TensorSink(header.total_bytes)
         if runtime.lora:
-            raise InvalidArgument(f"pool {header.pool!r} is LoRA-specialised: push adapters (header.adapter), "
-                                  "not the full model")
+            raise InvalidArgument(
+                f"pool {header.pool!r} is LoRA-specialised: push adapters (header.adapter), "
+                "not the full model"
+            )
         new_file = getattr(runtime.engine, "weights_file", None)
         if new_file is None:
             return TensorSink(header.total_bytes)
@@ -135,10 +165,14 @@ class Replica:
             apply = lambda: engine.load_full(push.state)  # noqa: E731
         try:
             await runtime.swap(push.adapter, push.version, apply, rollback=push.rollback)
-        except (RuntimeError, ValueError, KeyError) as err:   # names or shapes that do not fit
-            raise InvalidArgument(f"the weights do not fit pool {push.pool!r}: {err}; nothing changed") from None
+        except (RuntimeError, ValueError, KeyError) as err:  # names or shapes that do not fit
+            raise InvalidArgument(
+                f"the weights do not fit pool {push.pool!r}: {err}; nothing changed"
+            ) from None
         finally:
-            if push.path is not None:     # a refused push leaves no file behind; a loaded one replaced the last
+            if (
+                push.path is not None
+            ):  # a refused push leaves no file behind; a loaded one replaced the last
                 engine.prune_weights()
 
 
@@ -146,7 +180,9 @@ class RoutedGenerator:
     """Generates locally for the pools this replica serves and through another replica's
     Generate for the rest, so one episode can mix agents of pools on different replicas (L3)."""
 
-    def __init__(self, replica: Replica, pool_addresses: dict[str, str], expected: Sequence[PolicyRef] = ()):
+    def __init__(
+        self, replica: Replica, pool_addresses: dict[str, str], expected: Sequence[PolicyRef] = ()
+    ):
         self.replica, self.pool_addresses = replica, pool_addresses
         self.expected = {(p.pool, p.adapter): p.version for p in expected}
         self._clients: dict[str, object] = {}
@@ -159,9 +195,14 @@ class RoutedGenerator:
         address = self.pool_addresses[agent.pool]
         if address not in self._clients:
             self._clients[address] = RolloutClient(address)
-        return await self._clients[address].generate(agent.pool, adapter=agent.adapter, messages=messages,
-                                                     sampling=agent.sampling, n=n,
-                                                     expected_version=self.expected.get((agent.pool, agent.adapter)))
+        return await self._clients[address].generate(
+            agent.pool,
+            adapter=agent.adapter,
+            messages=messages,
+            sampling=agent.sampling,
+            n=n,
+            expected_version=self.expected.get((agent.pool, agent.adapter)),
+        )
 
     async def close(self) -> None:
         for client in self._clients.values():

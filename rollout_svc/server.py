@@ -19,48 +19,71 @@ from rollout_svc.weights import read_chunk, receive
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
-    def __init__(self, replica: Replica, envs: Envs | None, *, engine: str = "hf", device: str = "cpu"):
+    def __init__(
+        self, replica: Replica, envs: Envs | None, *, engine: str = "hf", device: str = "cpu"
+    ):
         self.replica, self.envs = replica, envs
-        self._service = service_info("rollout", {"engine": engine, "pools": ",".join(sorted(replica.pools))})
+        self._service = service_info(
+            "rollout", {"engine": engine, "pools": ",".join(sorted(replica.pools))}
+        )
         self._engine, self._device = engine, device
 
-    async def GetInfo(self, request: common_pb2.GetInfoRequest,
-                      context: aio.ServicerContext) -> rollout_pb2.RolloutInfo:
-        info = RolloutInfo(self._engine, self._device, tuple(self.replica.policies()),
-                           weight_dtypes=self.replica.weight_dtypes())
+    async def GetInfo(
+        self, request: common_pb2.GetInfoRequest, context: aio.ServicerContext
+    ) -> rollout_pb2.RolloutInfo:
+        info = RolloutInfo(
+            self._engine,
+            self._device,
+            tuple(self.replica.policies()),
+            weight_dtypes=self.replica.weight_dtypes(),
+        )
         return rollout_wire.info_to_pb(info, self._service)
 
-    async def Generate(self, request: rollout_pb2.GenerateRequest,
-                       context: aio.ServicerContext) -> rollout_pb2.GenerateResponse:
+    async def Generate(
+        self, request: rollout_pb2.GenerateRequest, context: aio.ServicerContext
+    ) -> rollout_pb2.GenerateResponse:
         sampling = rollout_wire.sampling_from_pb(request.sampling)
         which = request.WhichOneof("prompt")
         if which is None:
             raise InvalidArgument("no prompt: set messages or prompt_token_ids")
-        self.replica.pool(request.pool)   # NOT_FOUND for an unknown pool before anything else
+        self.replica.pool(request.pool)  # NOT_FOUND for an unknown pool before anything else
         if request.HasField("expected_version"):
-            self.replica.check_versions([PolicyRef(request.pool, request.adapter, request.expected_version)])
-        budget = self.replica.prompt_budget(request.pool, sampling)   # room for max_tokens in the context
+            self.replica.check_versions(
+                [PolicyRef(request.pool, request.adapter, request.expected_version)]
+            )
+        budget = self.replica.prompt_budget(
+            request.pool, sampling
+        )  # room for max_tokens in the context
         if which == "messages":
             if not request.messages.messages:
-                raise InvalidArgument("messages is empty; send at least one chat message (or prompt_token_ids)")
+                raise InvalidArgument(
+                    "messages is empty; send at least one chat message (or prompt_token_ids)"
+                )
             messages = [{"role": m.role, "content": m.content} for m in request.messages.messages]
             ids, truncated = await self.replica.render(request.pool, messages, budget)
         else:
             ids = list(request.prompt_token_ids.ids)
             truncated = len(ids) > budget
             ids = ids[-budget:]
-        gen = await self.replica.generate_prompt(request.pool, request.adapter, ids, sampling, request.n or 1, truncated)
+        gen = await self.replica.generate_prompt(
+            request.pool, request.adapter, ids, sampling, request.n or 1, truncated
+        )
         return rollout_wire.generation_to_pb(gen)
 
-    async def Collect(self, request: rollout_pb2.CollectRequest,
-                      context: aio.ServicerContext) -> AsyncIterator[rollout_pb2.CollectEvent]:
+    async def Collect(
+        self, request: rollout_pb2.CollectRequest, context: aio.ServicerContext
+    ) -> AsyncIterator[rollout_pb2.CollectEvent]:
         if self.envs is None:
-            raise InvalidArgument("this replica has no environment service; start it with --env HOST:PORT")
+            raise InvalidArgument(
+                "this replica has no environment service; start it with --env HOST:PORT"
+            )
         plan = rollout_wire.collect_plan_from_pb(request)
         if not plan.tasks or not plan.turn_order or plan.max_turns < 1:
             raise InvalidArgument("Collect needs tasks, a turn_order and max_turns >= 1")
         if not 1 <= plan.k <= 1024:
-            raise InvalidArgument(f"k={plan.k} must be between 1 and 1024 (branches per agent turn; 0 = 1)")
+            raise InvalidArgument(
+                f"k={plan.k} must be between 1 and 1024 (branches per agent turn; 0 = 1)"
+            )
         missing = [a for a in plan.turn_order if a not in plan.agents]
         if missing:
             raise InvalidArgument(f"agents {missing} are in turn_order but have no AgentRollout")
@@ -68,21 +91,33 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             if agent.pool not in plan.pool_addresses:
                 self.replica.pool(agent.pool)
         # Remote pools are checked by their replicas, on each Generate the routed generator sends.
-        self.replica.check_versions([p for p in plan.expected_versions if p.pool in self.replica.pools])
+        self.replica.check_versions(
+            [p for p in plan.expected_versions if p.pool in self.replica.pools]
+        )
         generator = self.replica.routed(plan.pool_addresses, plan.expected_versions)
         try:
             async for event in collect(plan, self.envs, generator):
-                yield rollout_wire.end_to_pb(event, plan) if isinstance(event, EpisodeEnd) else rollout_wire.sample_to_pb(event, plan)
+                yield (
+                    rollout_wire.end_to_pb(event, plan)
+                    if isinstance(event, EpisodeEnd)
+                    else rollout_wire.sample_to_pb(event, plan)
+                )
         finally:
             await generator.close()
 
-    async def LoadWeights(self, request_iterator: AsyncIterator[rollout_pb2.WeightChunk],
-                          context: aio.ServicerContext) -> rollout_pb2.LoadWeightsResponse:
+    async def LoadWeights(
+        self, request_iterator: AsyncIterator[rollout_pb2.WeightChunk], context: aio.ServicerContext
+    ) -> rollout_pb2.LoadWeightsResponse:
         push = await receive(request_iterator, self.replica.sink)
         start = time.perf_counter()
         await self.replica.load(push)
-        return rollout_wire.loaded_to_pb(WeightsLoaded(PolicyRef(push.pool, push.adapter, push.version),
-                                                       push.nbytes, int((time.perf_counter() - start) * 1000)))
+        return rollout_wire.loaded_to_pb(
+            WeightsLoaded(
+                PolicyRef(push.pool, push.adapter, push.version),
+                push.nbytes,
+                int((time.perf_counter() - start) * 1000),
+            )
+        )
 
 
 SERVICE = "atgrpo.v1.RolloutService"
@@ -108,7 +143,10 @@ def add_to_server(servicer: RolloutServicer, server: aio.Server) -> None:
     rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, seen)
     load = seen.handlers["LoadWeights"]
     seen.handlers["LoadWeights"] = grpc.stream_unary_rpc_method_handler(
-        servicer.LoadWeights, request_deserializer=read_chunk, response_serializer=load.response_serializer)
+        servicer.LoadWeights,
+        request_deserializer=read_chunk,
+        response_serializer=load.response_serializer,
+    )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, seen.handlers),))
     server.add_registered_method_handlers(SERVICE, seen.handlers)
 

@@ -68,8 +68,14 @@ from atgrpo.contract.rollout import AgentPlan, CollectPlan, EpisodeEnd, Generati
 class Envs(Protocol):
     """EnvClient (remote) or LocalEnvs (in-process)."""
 
-    async def reset(self, env: str, task_id: str, seed: int, split: str = "train",
-                    options: dict[str, Any] | None = None) -> tuple[str, Any]: ...
+    async def reset(
+        self,
+        env: str,
+        task_id: str,
+        seed: int,
+        split: str = "train",
+        options: dict[str, Any] | None = None,
+    ) -> tuple[str, Any]: ...
     async def observe(self, episode_id: str, agent: str) -> tuple[list[Message], int]: ...
     async def step(self, episode_id: str, agent: str, action: str) -> StepResult: ...
     async def step_many(self, steps: list[tuple[str, str, str]]) -> list[StepResult]: ...
@@ -91,8 +97,8 @@ class CollectClock:
         self.start = time.perf_counter()
         self.totals: dict[str, float] = {}
         self.env_s = 0.0
-        self._env = self._gen = 0            # env calls / generations in flight
-        self._since: float | None = None     # when the current env-only stretch began
+        self._env = self._gen = 0  # env calls / generations in flight
+        self._since: float | None = None  # when the current env-only stretch began
 
     def _change(self, env: int = 0, gen: int = 0) -> None:
         now = time.perf_counter()
@@ -135,6 +141,7 @@ class _TimedEnvs:
         async def timed(*args, **kwargs):
             with self._clock._in_flight(env=1):
                 return await attr(*args, **kwargs)
+
         return timed
 
 
@@ -172,9 +179,17 @@ def _scored(own: StepResult | None, outcome: StepResult) -> StepResult:
     """One agent's result on one branch of a parallel turn: the turn's team reward, done and
     success, with the agent's own local reward and info (0 and "skipped" when the turn ended first)."""
     if own is None:
-        return StepResult(outcome.team_reward, 0.0, outcome.done, outcome.success,
-                          {"skipped": "the turn ended on this branch before this agent acted"}, outcome.turn)
-    return StepResult(outcome.team_reward, own.local_reward, outcome.done, outcome.success, own.info, own.turn)
+        return StepResult(
+            outcome.team_reward,
+            0.0,
+            outcome.done,
+            outcome.success,
+            {"skipped": "the turn ended on this branch before this agent acted"},
+            outcome.turn,
+        )
+    return StepResult(
+        outcome.team_reward, own.local_reward, outcome.done, outcome.success, own.info, own.turn
+    )
 
 
 class _Episode:
@@ -189,20 +204,46 @@ class _Episode:
     def _mixed(self, r: StepResult) -> float:
         return self.plan.alpha * r.team_reward + r.local_reward
 
-    def _emit(self, agent: AgentPlan, turn: int, generation: Generation, results: list[StepResult], best: int) -> None:
+    def _emit(
+        self,
+        agent: AgentPlan,
+        turn: int,
+        generation: Generation,
+        results: list[StepResult],
+        best: int,
+    ) -> None:
         for i, (c, r) in enumerate(zip(generation.completions, results, strict=True)):
-            self.samples.append(Sample(
-                task_id=self.task.task_id, agent=agent.name, turn=turn, branch=i, policy=generation.policy,
-                prompt_ids=generation.prompt_ids, response_ids=c.token_ids, logprobs=c.logprobs,
-                team_reward=r.team_reward, local_reward=r.local_reward, done=r.done, success=r.success,
-                selected=i == best, sampling=agent.sampling, prompt_truncated=generation.prompt_truncated,
-                response_truncated=c.finish_reason == "length", finish_reason=c.finish_reason, info=r.info,
-                response_text=c.text, episode=self.task.episode))
+            self.samples.append(
+                Sample(
+                    task_id=self.task.task_id,
+                    agent=agent.name,
+                    turn=turn,
+                    branch=i,
+                    policy=generation.policy,
+                    prompt_ids=generation.prompt_ids,
+                    response_ids=c.token_ids,
+                    logprobs=c.logprobs,
+                    team_reward=r.team_reward,
+                    local_reward=r.local_reward,
+                    done=r.done,
+                    success=r.success,
+                    selected=i == best,
+                    sampling=agent.sampling,
+                    prompt_truncated=generation.prompt_truncated,
+                    response_truncated=c.finish_reason == "length",
+                    finish_reason=c.finish_reason,
+                    info=r.info,
+                    response_text=c.text,
+                    episode=self.task.episode,
+                )
+            )
 
     async def _keep(self, branches: list[str], best: int) -> None:
         """Tree mode: the kept branch becomes the current state; the old state and other forks close."""
         if self.tree:
-            await self.envs.close_episodes([self.episode_id, *(b for i, b in enumerate(branches) if i != best)])
+            await self.envs.close_episodes(
+                [self.episode_id, *(b for i, b in enumerate(branches) if i != best)]
+            )
             self.episode_id = branches[best]
 
     async def _fork(self) -> list[str]:
@@ -215,8 +256,9 @@ class _Episode:
         generation = await self.gen.generate(agent, _prompt(agent, messages), self.k)
         branches = await self._fork()
         # One RPC for the K branches' steps (K Step calls were most of a tree's env traffic).
-        results = await self.envs.step_many([(b, agent.name, c.text)
-                                             for b, c in zip(branches, generation.completions, strict=True)])
+        results = await self.envs.step_many(
+            [(b, agent.name, c.text) for b, c in zip(branches, generation.completions, strict=True)]
+        )
         mixed = [self._mixed(r) for r in results]
         best = select_branch(mixed, self.plan.selection)
         self._emit(agent, turn, generation, results, best)
@@ -238,20 +280,34 @@ class _Episode:
 
     async def _generate_all(self, agents: list[AgentPlan]) -> list[Generation]:
         """Every agent's K responses to its own prompt on the pre-turn state, all agents at once."""
-        observed = await asyncio.gather(*(self.envs.observe(self.episode_id, a.name) for a in agents))
-        return list(await asyncio.gather(*(self.gen.generate(a, _prompt(a, m), self.k)
-                                           for a, (m, _) in zip(agents, observed, strict=True))))
+        observed = await asyncio.gather(
+            *(self.envs.observe(self.episode_id, a.name) for a in agents)
+        )
+        return list(
+            await asyncio.gather(
+                *(
+                    self.gen.generate(a, _prompt(a, m), self.k)
+                    for a, (m, _) in zip(agents, observed, strict=True)
+                )
+            )
+        )
 
-    async def _apply_joint(self, branches: list[str], agents: list[AgentPlan],
-                           generations: list[Generation]) -> list[list[StepResult | None]]:
+    async def _apply_joint(
+        self, branches: list[str], agents: list[AgentPlan], generations: list[Generation]
+    ) -> list[list[StepResult | None]]:
         """Branch k applies every agent's k-th response, in turn order; one StepMany per agent over
         the branches still in the turn. steps[agent][branch], None where the turn had ended."""
         steps: list[list[StepResult | None]] = []
         live = list(range(len(branches)))
         for agent, generation in zip(agents, generations, strict=True):
             row: list[StepResult | None] = [None] * len(branches)
-            results = await self.envs.step_many([(branches[b], agent.name, generation.completions[b].text)
-                                                 for b in live]) if live else []
+            results = (
+                await self.envs.step_many(
+                    [(branches[b], agent.name, generation.completions[b].text) for b in live]
+                )
+                if live
+                else []
+            )
             for b, r in zip(live, results, strict=True):
                 row[b] = r
             steps.append(row)
@@ -270,9 +326,14 @@ class _Episode:
                 await self.envs.close_episodes(branches)
             raise
         outcomes = _turn_outcomes(steps)
-        scored = [[_scored(own, outcome) for own, outcome in zip(row, outcomes, strict=True)] for row in steps]
-        best = select_branch([sum(self._mixed(row[b]) for row in scored) for b in range(len(branches))],
-                             self.plan.selection)
+        scored = [
+            [_scored(own, outcome) for own, outcome in zip(row, outcomes, strict=True)]
+            for row in steps
+        ]
+        best = select_branch(
+            [sum(self._mixed(row[b]) for row in scored) for b in range(len(branches))],
+            self.plan.selection,
+        )
         for agent, generation, row in zip(agents, generations, scored, strict=True):
             self._emit(agent, turn, generation, row, best)
             self.rewards[agent.name] += self._mixed(row[best])
@@ -281,7 +342,9 @@ class _Episode:
 
     async def run(self) -> EpisodeEnd:
         plan, task = self.plan, self.task
-        self.episode_id, _ = await self.envs.reset(plan.env, task.task_id, task.seed, task.split, plan.env_options)
+        self.episode_id, _ = await self.envs.reset(
+            plan.env, task.task_id, task.seed, task.split, plan.env_options
+        )
         return await self.play()
 
     async def play(self) -> EpisodeEnd:
@@ -292,7 +355,9 @@ class _Episode:
         try:
             for turn in range(plan.max_turns):
                 turns = turn + 1
-                last = await (self._joint_turn(turn) if plan.parallel else self._sequential_turn(turn))
+                last = await (
+                    self._joint_turn(turn) if plan.parallel else self._sequential_turn(turn)
+                )
                 if last is not None and last.done:
                     break
             return EpisodeEnd(task.task_id, bool(last and last.success), turns, self.rewards)
@@ -300,21 +365,32 @@ class _Episode:
             await self.envs.close_episodes([self.episode_id])
 
 
-def _with_returns(copy: int, samples: list[Sample], alpha: float,
-                  agents: tuple[str, ...]) -> tuple[list[Sample], dict[str, float]]:
+def _with_returns(
+    copy: int, samples: list[Sample], alpha: float, agents: tuple[str, ...]
+) -> tuple[list[Sample], dict[str, float]]:
     """Trajectory mode: copy `copy`'s samples carrying its returns (team = the last step's team
     reward, local = the agent's summed local rewards), and each agent's return R_aj."""
     final = samples[-1].team_reward
     local = {a: 0.0 for a in agents}
     for s in samples:
         local[s.agent] += s.local_reward
-    out = [replace(s, branch=copy, team_reward=final, local_reward=local[s.agent], selected=True,
-                   info={**s.info, "step_team_reward": s.team_reward, "step_local_reward": s.local_reward})
-           for s in samples]
+    out = [
+        replace(
+            s,
+            branch=copy,
+            team_reward=final,
+            local_reward=local[s.agent],
+            selected=True,
+            info={**s.info, "step_team_reward": s.team_reward, "step_local_reward": s.local_reward},
+        )
+        for s in samples
+    ]
     return out, {a: alpha * final + local[a] for a in agents}
 
 
-async def _run_copies(plan: CollectPlan, task: TaskRef, envs: Envs, gen: Generator) -> tuple[list[Sample], EpisodeEnd]:
+async def _run_copies(
+    plan: CollectPlan, task: TaskRef, envs: Envs, gen: Generator
+) -> tuple[list[Sample], EpisodeEnd]:
     """Trajectory mode: K independent flat episodes from one reset (see the module docstring)."""
     root, _ = await envs.reset(plan.env, task.task_id, task.seed, task.split, plan.env_options)
     try:
@@ -340,7 +416,9 @@ async def _run_copies(plan: CollectPlan, task: TaskRef, envs: Envs, gen: Generat
     return samples, EpisodeEnd(task.task_id, first.success, first.turns, returns)
 
 
-async def run_episode(plan: CollectPlan, task: TaskRef, envs: Envs, gen: Generator) -> tuple[list[Sample], EpisodeEnd]:
+async def run_episode(
+    plan: CollectPlan, task: TaskRef, envs: Envs, gen: Generator
+) -> tuple[list[Sample], EpisodeEnd]:
     """One task's samples and end; on failure no samples and an EpisodeEnd with the error."""
     try:
         if plan.mode == "trajectory":
@@ -352,7 +430,9 @@ async def run_episode(plan: CollectPlan, task: TaskRef, envs: Envs, gen: Generat
     return episode.samples, end
 
 
-async def collect(plan: CollectPlan, envs: Envs, gen: Generator) -> AsyncIterator[Sample | EpisodeEnd]:
+async def collect(
+    plan: CollectPlan, envs: Envs, gen: Generator
+) -> AsyncIterator[Sample | EpisodeEnd]:
     """Run every task of `plan`, at most `max_concurrent_tasks` at once (so env and sandbox
     latency overlap generation), yielding each task's samples and then its EpisodeEnd."""
     gate = asyncio.Semaphore(max(1, plan.max_concurrent_tasks))
@@ -369,7 +449,7 @@ async def collect(plan: CollectPlan, envs: Envs, gen: Generator) -> AsyncIterato
             samples, end = await finished
             for s in samples:
                 yield s
-            if ended == len(pending):      # the last one carries the Collect's time
+            if ended == len(pending):  # the last one carries the Collect's time
                 end.timing = clock.report()
             yield end
     finally:

@@ -28,10 +28,19 @@ from atgrpo.contract.weight_payload import DATA_TAG, DIGESTS
 from atgrpo.errors import InvalidArgument
 
 MAX_WEIGHT_BYTES = 64 * 2**30
-MAX_HEADER_BYTES = 100 * 2**20        # safetensors' own limit on its JSON header
-_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64,
-           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-           "BOOL": torch.bool}
+MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit on its JSON header
+_DTYPES = {
+    "F32": torch.float32,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F64": torch.float64,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
 
 @dataclass
@@ -40,9 +49,9 @@ class WeightPush:
     adapter: str
     version: int
     adapter_config: dict
-    rollback: bool = False         # replace whatever version is served (a restored trainer)
-    state: dict | None = None      # name -> tensor, from a TensorSink
-    path: Path | None = None       # the safetensors file, from a FileSink
+    rollback: bool = False  # replace whatever version is served (a restored trainer)
+    state: dict | None = None  # name -> tensor, from a TensorSink
+    path: Path | None = None  # the safetensors file, from a FileSink
     nbytes: int = 0
 
 
@@ -58,7 +67,7 @@ class TensorSink:
         self._head = bytearray()
         self._meta: dict | None = None
         self._flat: torch.Tensor | None = None
-        self._array: np.ndarray | None = None      # _flat's bytes, written without the GIL
+        self._array: np.ndarray | None = None  # _flat's bytes, written without the GIL
         self._pos = 0
 
     def write(self, data: bytes) -> None:
@@ -71,7 +80,9 @@ class TensorSink:
             # numpy copies without the GIL (a memoryview slice assignment holds it for the whole
             # memcpy: with a chunk's pages faulted in as it goes, the event loop waited 200-800 ms
             # behind the writes, and health checks with it)
-            np.copyto(self._array[self._pos:self._pos + len(view)], np.frombuffer(view, dtype=np.uint8))
+            np.copyto(
+                self._array[self._pos : self._pos + len(view)], np.frombuffer(view, dtype=np.uint8)
+            )
             self._pos += len(view)
 
     def _take_header(self, view: memoryview) -> memoryview:
@@ -106,9 +117,17 @@ class TensorSink:
         meta.pop("__metadata__", None)
         for name, m in meta.items():
             try:
-                dtype, shape, (begin, end) = _DTYPES[m["dtype"]], [int(d) for d in m["shape"]], m["data_offsets"]
+                dtype, shape, (begin, end) = (
+                    _DTYPES[m["dtype"]],
+                    [int(d) for d in m["shape"]],
+                    m["data_offsets"],
+                )
                 size = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
-                ok = 0 <= begin <= end <= data_bytes and end - begin == size and min(shape, default=0) >= 0
+                ok = (
+                    0 <= begin <= end <= data_bytes
+                    and end - begin == size
+                    and min(shape, default=0) >= 0
+                )
             except (KeyError, TypeError, ValueError):
                 ok = False
             if not ok:
@@ -123,7 +142,9 @@ class TensorSink:
             dtype, (begin, end) = _DTYPES[m["dtype"]], m["data_offsets"]
             raw = self._flat[begin:end]
             if begin % raw.new_empty(0, dtype=dtype).element_size():
-                raw = raw.clone()      # torch views a dtype only at an offset that is a multiple of its size
+                raw = (
+                    raw.clone()
+                )  # torch views a dtype only at an offset that is a multiple of its size
             out[name] = raw.view(dtype).reshape(m["shape"])
         return out
 
@@ -137,7 +158,7 @@ class FileSink:
 
     def __init__(self, path: Path, directory: Path | None = None):
         self.path, self.directory = path, directory
-        self._file = open(path, "wb")   # noqa: SIM115 - closed in finish or abort
+        self._file = open(path, "wb")  # noqa: SIM115 - closed in finish or abort
 
     def write(self, data: bytes) -> None:
         self._file.write(data)
@@ -159,26 +180,34 @@ def _check_header(h: pb.WeightHeader, max_bytes: int) -> None:
     # Version 0 is the initial weights: a model has them from its path, an adapter gets them pushed;
     # a rollback may bring the initial model back (a trainer restarted before its first update).
     if h.version < (0 if h.adapter or h.rollback else 1):
-        raise InvalidArgument(f"weight header version {h.version}: model versions start at 1 (0 is the "
-                              "initial weights), adapter versions at 0")
+        raise InvalidArgument(
+            f"weight header version {h.version}: model versions start at 1 (0 is the "
+            "initial weights), adapter versions at 0"
+        )
     if h.format != pb.WEIGHT_FORMAT_SAFETENSORS:
         raise InvalidArgument("weight format must be WEIGHT_FORMAT_SAFETENSORS")
     if not 0 < h.total_bytes <= max_bytes:
         raise InvalidArgument(f"total_bytes {h.total_bytes} must be in (0, {max_bytes}]")
     if h.digest_algorithm not in DIGESTS:
-        raise InvalidArgument(f"digest_algorithm {h.digest_algorithm} is unknown; use WEIGHT_DIGEST_XXH3_128 "
-                              "or WEIGHT_DIGEST_SHA256")
+        raise InvalidArgument(
+            f"digest_algorithm {h.digest_algorithm} is unknown; use WEIGHT_DIGEST_XXH3_128 "
+            "or WEIGHT_DIGEST_SHA256"
+        )
     if h.digest:
         _check_digest(h.digest, h, "the header's digest")
     if h.adapter and not h.adapter_config_json:
-        raise InvalidArgument(f"adapter {h.adapter!r} needs adapter_config_json (PEFT's adapter_config.json)")
+        raise InvalidArgument(
+            f"adapter {h.adapter!r} needs adapter_config_json (PEFT's adapter_config.json)"
+        )
 
 
 def _check_digest(digest: str, h: pb.WeightHeader, what: str) -> None:
     digits = DIGESTS[h.digest_algorithm][1]
     if len(digest) != digits or digest.strip("0123456789abcdef"):
-        raise InvalidArgument(f"{what} must be {digits} lowercase hex digits "
-                              f"({pb.WeightDigest.Name(h.digest_algorithm)}), or empty with a trailer")
+        raise InvalidArgument(
+            f"{what} must be {digits} lowercase hex digits "
+            f"({pb.WeightDigest.Name(h.digest_algorithm)}), or empty with a trailer"
+        )
 
 
 def read_chunk(raw: bytes) -> pb.WeightChunk | memoryview:
@@ -191,7 +220,7 @@ def read_chunk(raw: bytes) -> pb.WeightChunk | memoryview:
             size |= (byte & 0x7F) << shift
             shift, pos = shift + 7, pos + 1
             if byte < 0x80:
-                if pos + size == len(raw):       # exactly one data field, nothing after it
+                if pos + size == len(raw):  # exactly one data field, nothing after it
                     return memoryview(raw)[pos:]
                 break
     return pb.WeightChunk.FromString(raw)
@@ -200,9 +229,11 @@ def read_chunk(raw: bytes) -> pb.WeightChunk | memoryview:
 Sink = TensorSink | FileSink
 
 
-async def receive(stream: AsyncIterator[pb.WeightChunk | memoryview],
-                  open_sink: Callable[[pb.WeightHeader], Sink] | None = None,
-                  max_bytes: int = MAX_WEIGHT_BYTES) -> WeightPush:
+async def receive(
+    stream: AsyncIterator[pb.WeightChunk | memoryview],
+    open_sink: Callable[[pb.WeightHeader], Sink] | None = None,
+    max_bytes: int = MAX_WEIGHT_BYTES,
+) -> WeightPush:
     """Read one LoadWeights stream into the sink `open_sink(header)` gives (default: tensors)."""
     it = stream.__aiter__()
     first = await anext(it, None)
@@ -219,7 +250,9 @@ async def receive(stream: AsyncIterator[pb.WeightChunk | memoryview],
     sink = open_sink(header) if open_sink else TensorSink(header.total_bytes)
     try:
         got = await _fill(it, sink, header)
-        push = WeightPush(header.pool, header.adapter, header.version, config, header.rollback, nbytes=got)
+        push = WeightPush(
+            header.pool, header.adapter, header.version, config, header.rollback, nbytes=got
+        )
         result = await asyncio.to_thread(sink.finish)
     except BaseException:
         sink.abort()
@@ -231,7 +264,9 @@ async def receive(stream: AsyncIterator[pb.WeightChunk | memoryview],
     return push
 
 
-async def _fill(it: AsyncIterator[pb.WeightChunk | memoryview], sink: Sink, header: pb.WeightHeader) -> int:
+async def _fill(
+    it: AsyncIterator[pb.WeightChunk | memoryview], sink: Sink, header: pb.WeightHeader
+) -> int:
     """Every chunk into `sink`, digested as it goes; the byte count once the digest matches. A
     chunk is written in a worker thread while the next one is read (one write in flight: order
     kept, at most two chunks held)."""
@@ -251,13 +286,20 @@ async def _fill(it: AsyncIterator[pb.WeightChunk | memoryview], sink: Sink, head
                 digest = chunk.trailer.digest
                 _check_digest(digest, header, "the trailer's digest")
                 if await anext(it, None) is not None:
-                    raise InvalidArgument("the trailer must be the last message of a LoadWeights stream")
+                    raise InvalidArgument(
+                        "the trailer must be the last message of a LoadWeights stream"
+                    )
                 break
             if part != "data":
-                raise InvalidArgument("only the first message of a LoadWeights stream may be a header")
+                raise InvalidArgument(
+                    "only the first message of a LoadWeights stream may be a header"
+                )
             data = chunk.data if data is None else data
             if got + len(data) > header.total_bytes:
-                raise InvalidArgument(f"more bytes than the header's total_bytes ({header.total_bytes}); nothing changed")
+                raise InvalidArgument(
+                    f"more bytes than the header's total_bytes ({header.total_bytes}); nothing "
+                    f"changed"
+                )
             if writing is not None:
                 await writing
             writing = asyncio.ensure_future(asyncio.to_thread(take, data))
@@ -265,16 +307,20 @@ async def _fill(it: AsyncIterator[pb.WeightChunk | memoryview], sink: Sink, head
         if writing is not None:
             await writing
     except BaseException:
-        if writing is not None:           # the sink is aborted next: let its last write end first
+        if writing is not None:  # the sink is aborted next: let its last write end first
             await asyncio.gather(writing, return_exceptions=True)
         raise
     if got != header.total_bytes:
-        raise InvalidArgument(f"truncated stream: {got} of {header.total_bytes} bytes arrived; "
-                              "nothing changed, resend the whole push")
+        raise InvalidArgument(
+            f"truncated stream: {got} of {header.total_bytes} bytes arrived; "
+            "nothing changed, resend the whole push"
+        )
     if not digest:
         raise InvalidArgument("no digest: put it in the header, or send a trailer after the chunks")
     if hasher.hexdigest() != digest:
-        raise InvalidArgument("checksum mismatch: the bytes are corrupted; nothing changed, resend the push")
+        raise InvalidArgument(
+            "checksum mismatch: the bytes are corrupted; nothing changed, resend the push"
+        )
     return got
 
 

@@ -14,15 +14,21 @@ class RouterClient(ServiceClient):
     stub_class = router_pb2_grpc.RouterServiceStub
 
     async def start_run(self, config_yaml: str) -> dict[str, Any]:
-        resp = await self._call(self.stub.StartRun, router_pb2.StartRunRequest(config_yaml=config_yaml))
+        resp = await self._call(
+            self.stub.StartRun, router_pb2.StartRunRequest(config_yaml=config_yaml)
+        )
         return run_wire.status_from_pb(resp)
 
     async def stop_run(self, run_id: str, reason: str = "") -> dict[str, Any]:
-        resp = await self._call(self.stub.StopRun, router_pb2.StopRunRequest(run_id=run_id, reason=reason))
+        resp = await self._call(
+            self.stub.StopRun, router_pb2.StopRunRequest(run_id=run_id, reason=reason)
+        )
         return run_wire.status_from_pb(resp)
 
     async def get_run(self, run_id: str) -> dict[str, Any]:
-        return run_wire.status_from_pb(await self._call(self.stub.GetRun, router_pb2.GetRunRequest(run_id=run_id)))
+        return run_wire.status_from_pb(
+            await self._call(self.stub.GetRun, router_pb2.GetRunRequest(run_id=run_id))
+        )
 
     async def watch_run(self, run_id: str, from_step: int = 0) -> AsyncIterator[dict[str, Any]]:
         """Event dicts (atgrpo.contract.run) until the run ends; no deadline, a run lasts days."""

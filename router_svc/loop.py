@@ -61,31 +61,43 @@ from trainer_svc.client import TrainerClient, checkpoint_deadline_s
 
 log = logging.getLogger("atgrpo.router")
 
-MAX_ATTEMPTS = 12       # consecutive failed attempts of one step before the run fails
+MAX_ATTEMPTS = 12  # consecutive failed attempts of one step before the run fails
 
 
 # Faults a run survives by recovering and trying the step again; anything else (a bad config, a
 # bug) fails the run at once with its message.
-RECOVERABLE = (Unavailable, ResourceExhausted, DeadlineExceeded, FailedPrecondition, NotFound, Internal,
-               StepIncomplete)
+RECOVERABLE = (
+    Unavailable,
+    ResourceExhausted,
+    DeadlineExceeded,
+    FailedPrecondition,
+    NotFound,
+    Internal,
+    StepIncomplete,
+)
 
 
 @dataclass
 class Clients:
     env: EnvClient
-    rollout: dict[str, RolloutClient]       # replica address -> client
-    trainers: dict[str, TrainerClient]      # trainable pool -> client
+    rollout: dict[str, RolloutClient]  # replica address -> client
+    trainers: dict[str, TrainerClient]  # trainable pool -> client
 
     @classmethod
     def connect(cls, cfg: RunConfig) -> Clients:
         s = cfg.services
         if cfg.local_mode:
-            raise InvalidArgument("the config names no service addresses; the router drives running services. "
-                                  "Use `atgrpo train CONFIG`, which starts them locally, or fill in services:")
+            raise InvalidArgument(
+                "the config names no service addresses; the router drives running services. "
+                "Use `atgrpo train CONFIG`, which starts them locally, or fill in services:"
+            )
         addresses = dict.fromkeys(a for addrs in s.rollout.values() for a in addrs)
         trainable = [p for p, pool in cfg.pools.items() if pool.trainable]
-        return cls(EnvClient(s.env), {a: RolloutClient(a) for a in addresses},
-                   {p: TrainerClient(s.trainer[p]) for p in trainable})
+        return cls(
+            EnvClient(s.env),
+            {a: RolloutClient(a) for a in addresses},
+            {p: TrainerClient(s.trainer[p]) for p in trainable},
+        )
 
     async def close(self) -> None:
         for c in [self.env, *self.rollout.values(), *self.trainers.values()]:
@@ -97,32 +109,58 @@ def pool_spec(cfg: RunConfig, pool: str, checkpoint_root: str) -> PoolSpec:
     p = cfg.pools[pool]
     lora = p.lora
     return PoolSpec(
-        run_id=cfg.run.name, pool=pool, model_path=p.model_path, agents=tuple(cfg.agents_of(pool)),
-        specialization=p.specialization, **(dict(lora_rank=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                                 lora_targets=tuple(lora.target_modules)) if lora else {}),
-        lr=p.optim.lr, weight_decay=p.optim.weight_decay, betas=p.optim.betas, warmup_steps=p.optim.warmup_steps,
-        total_steps=cfg.run.steps, min_lr_ratio=p.optim.min_lr_ratio, grad_clip=p.optim.grad_clip,
-        device=p.device, dtype=p.dtype, seed=cfg.run.seed, checkpoint_dir=checkpoint_root,
-        checkpoint_every_updates=0,   # the router keeps the cadence
-        rollout_addresses=tuple(cfg.services.rollout[pool]), micro_batch_tokens=p.micro_batch_tokens,
-        gradient_checkpointing=p.gradient_checkpointing)
+        run_id=cfg.run.name,
+        pool=pool,
+        model_path=p.model_path,
+        agents=tuple(cfg.agents_of(pool)),
+        specialization=p.specialization,
+        **(
+            dict(
+                lora_rank=lora.rank,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                lora_targets=tuple(lora.target_modules),
+            )
+            if lora
+            else {}
+        ),
+        lr=p.optim.lr,
+        weight_decay=p.optim.weight_decay,
+        betas=p.optim.betas,
+        warmup_steps=p.optim.warmup_steps,
+        total_steps=cfg.run.steps,
+        min_lr_ratio=p.optim.min_lr_ratio,
+        grad_clip=p.optim.grad_clip,
+        device=p.device,
+        dtype=p.dtype,
+        seed=cfg.run.seed,
+        checkpoint_dir=checkpoint_root,
+        checkpoint_every_updates=0,  # the router keeps the cadence
+        rollout_addresses=tuple(cfg.services.rollout[pool]),
+        micro_batch_tokens=p.micro_batch_tokens,
+        gradient_checkpointing=p.gradient_checkpointing,
+    )
 
 
 class RunLoop:
     """One run, driven against running services. `emit` receives every event dict as it happens."""
 
-    def __init__(self, cfg: RunConfig, emit: Callable[[dict[str, Any]], None] = lambda e: None,
-                 clients: Clients | None = None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        emit: Callable[[dict[str, Any]], None] = lambda e: None,
+        clients: Clients | None = None,
+    ):
         self.cfg = cfg
         self.dir = RunDir(cfg.run.run_dir)
         self.clients = clients or Clients.connect(cfg)
         self.emit = emit
-        self.run_state = RunState(cfg.run.name, self.dir, emit)   # shared with the pipeline
+        self.run_state = RunState(cfg.run.name, self.dir, emit)  # shared with the pipeline
         self.resumed_from = 0
         self.stop_requested = asyncio.Event()
         self._task_ids: dict[str, list[str] | None] = {}
-        self._checkpoint_bytes: dict[str, int] = {}   # pool -> about one checkpoint's size
-        self._last_eval: tuple[int, float] | None = None   # (step, success rate)
+        self._checkpoint_bytes: dict[str, int] = {}  # pool -> about one checkpoint's size
+        self._last_eval: tuple[int, float] | None = None  # (step, success rate)
         self._failures = 0
         self.pipeline = Pipeline(self) if cfg.asynchronous else None
 
@@ -139,17 +177,22 @@ class RunLoop:
             if cfg.run.checkpoint_at_start and not self._checkpoint_at(0):
                 await self._guarded(self.checkpoint, 0)
             if cfg.run.eval_every_steps:
-                await self._guarded(self.evaluate, 0)     # the baseline the curves start from
+                await self._guarded(self.evaluate, 0)  # the baseline the curves start from
         while True:
             while self.completed < cfg.run.steps and not self.stop_requested.is_set():
                 if self.pipeline is None:
-                    step, ran = self.completed + 1, await self._guarded(self.run_step, self.completed + 1)
-                else:   # up to the next evaluation or checkpoint, collecting ahead of training
+                    step, ran = (
+                        self.completed + 1,
+                        await self._guarded(self.run_step, self.completed + 1),
+                    )
+                else:  # up to the next evaluation or checkpoint, collecting ahead of training
                     ran = await self._guarded(self.pipeline.run, self._segment_end())
                     step = self.completed
                 if not ran:
-                    continue                             # recovered: the loop goes on from self.completed
-                if cfg.run.eval_every_steps and (step % cfg.run.eval_every_steps == 0 or step == cfg.run.steps):
+                    continue  # recovered: the loop goes on from self.completed
+                if cfg.run.eval_every_steps and (
+                    step % cfg.run.eval_every_steps == 0 or step == cfg.run.steps
+                ):
                     await self._guarded(self.evaluate, step)
                 if every and step % every == 0:
                     await self._guarded(self.checkpoint, step)
@@ -178,9 +221,16 @@ class RunLoop:
                 self.run_state.retries += 1
                 if self._failures >= MAX_ATTEMPTS:
                     raise
-                delay = min(10.0, 0.25 * 2 ** self._failures)     # faults in a row back off further
-                log.warning("step %d: %s: %s; recovering in %.1fs (attempt %d of %d)", step,
-                            type(err).__name__, err, delay, self._failures, MAX_ATTEMPTS)
+                delay = min(10.0, 0.25 * 2**self._failures)  # faults in a row back off further
+                log.warning(
+                    "step %d: %s: %s; recovering in %.1fs (attempt %d of %d)",
+                    step,
+                    type(err).__name__,
+                    err,
+                    delay,
+                    self._failures,
+                    MAX_ATTEMPTS,
+                )
                 await asyncio.sleep(delay)
                 try:
                     await self.prepare()
@@ -196,22 +246,28 @@ class RunLoop:
         env = self.cfg.env
         try:
             spec = await self.clients.env.describe(env.name, env_options(self.cfg))
-        except NotFound as err:   # no such env there: no retry will change that
+        except NotFound as err:  # no such env there: no retry will change that
             raise not_found(err, env) from None
-        check_spec(env, spec)   # the same check, and message, as `atgrpo config check`
+        check_spec(env, spec)  # the same check, and message, as `atgrpo config check`
 
     async def prepare(self) -> None:
         """Set up every trainer, resuming from the run directory when it holds progress."""
         await self.check_env()
         progress = self.dir.read_progress()
         if progress is not None and progress.run != self.cfg.run.name:
-            raise FailedPrecondition(f"{self.dir.path} holds run {progress.run!r}, not {self.cfg.run.name!r}: "
-                                     "give this run its own run_dir")
+            raise FailedPrecondition(
+                f"{self.dir.path} holds run {progress.run!r}, not {self.cfg.run.name!r}: "
+                "give this run its own run_dir"
+            )
         ckpt = progress.checkpoint if progress else None
         self.run_state.checkpoints = list(progress.checkpoints) if progress else []
         # A step's event is written before state.json counts it: one past it was never completed.
-        recorded = max([progress.completed_step if progress else 0,
-                        *(e["step"] for e in self.dir.read_events() if e["kind"] == "step")])
+        recorded = max(
+            [
+                progress.completed_step if progress else 0,
+                *(e["step"] for e in self.dir.read_events() if e["kind"] == "step"),
+            ]
+        )
         self.dir.write_config(self.cfg)
         root = str(self.dir.path / "checkpoints")
         # Asynchronous: pools may be past the recorded step; when the trainers come back with the
@@ -226,45 +282,74 @@ class RunLoop:
             # version 0) while others went on: all go back to it.
             back = ckpt or Checkpoint(0, {}, dict.fromkeys(self.clients.trainers, 0))
             behind = [p for p in self.clients.trainers if self.versions[p] != back.versions.get(p)]
-            log.warning("pools %s roll back to the %s", behind,
-                        f"checkpoint of step {ckpt.step}" if ckpt else "starting weights (no checkpoint yet)")
+            log.warning(
+                "pools %s roll back to the %s",
+                behind,
+                f"checkpoint of step {ckpt.step}"
+                if ckpt
+                else "starting weights (no checkpoint yet)",
+            )
             await self._setup_trainers(root, ckpt, reload=behind)
             self.completed = self._resume_point(progress)
         self.resumed_from = self.completed
         self.dir.truncate_events(self.completed)
         rollback = events.rollback_event(
-            recorded, self.completed, self.dir.checkpoint_dir(ckpt.step).name if ckpt else "start",
-            progress.versions if progress else {}, held, behind, progress.completed_step if progress else 0)
+            recorded,
+            self.completed,
+            self.dir.checkpoint_dir(ckpt.step).name if ckpt else "start",
+            progress.versions if progress else {},
+            held,
+            behind,
+            progress.completed_step if progress else 0,
+        )
         if rollback:
             # The run is at the checkpoint now: a recovery that prepares again continues from it
             # rather than recording the same rollback once more.
             self.run_state.write_progress()
             # Said where the user looks (the console, metrics.jsonl, TensorBoard), not only here.
-            log.warning("rolled back from step %d to step %d: %s", rollback["from_step"], self.completed,
-                        rollback["reason"])
+            log.warning(
+                "rolled back from step %d to step %d: %s",
+                rollback["from_step"],
+                self.completed,
+                rollback["reason"],
+            )
             self.run_state.record(rollback)
         elif self.completed:
             log.info("resuming %s after step %d", self.cfg.run.name, self.completed)
 
-    async def _setup_trainers(self, root: str, ckpt: Checkpoint | None, reload: list[str] | None = None) -> None:
+    async def _setup_trainers(
+        self, root: str, ckpt: Checkpoint | None, reload: list[str] | None = None
+    ) -> None:
         """`reload`: these pools go back to `ckpt` (None: to the model at model_path) even when their
         trainers kept running. Loading a checkpoint gets as long as saving it would."""
         pools = reload if reload is not None else list(self.clients.trainers)
-        infos = await asyncio.gather(*(
-            self.clients.trainers[p].setup(pool_spec(self.cfg, p, root), resume_from=ckpt.paths.get(p, "") if ckpt else "",
-                                           reload=reload is not None,
-                                           timeout_s=checkpoint_deadline_s(ckpt.nbytes.get(p, 0) if ckpt else 0))
-            for p in pools))
+        infos = await asyncio.gather(
+            *(
+                self.clients.trainers[p].setup(
+                    pool_spec(self.cfg, p, root),
+                    resume_from=ckpt.paths.get(p, "") if ckpt else "",
+                    reload=reload is not None,
+                    timeout_s=checkpoint_deadline_s(ckpt.nbytes.get(p, 0) if ckpt else 0),
+                )
+                for p in pools
+            )
+        )
         self.versions.update({p: info.version for p, info in zip(pools, infos, strict=True)})
-        self._checkpoint_bytes.update({p: info.checkpoint_bytes for p, info in zip(pools, infos, strict=True)})
+        self._checkpoint_bytes.update(
+            {p: info.checkpoint_bytes for p, info in zip(pools, infos, strict=True)}
+        )
 
     async def evaluate_checkpoint(self, where: Path | None) -> str:
         """An evaluation run: every trainer set up from `where`/<pool> (None: from its model_path),
         which pushes those weights to the rollout replicas; one evaluation, nothing trained.
         Returns 'finished'."""
         await self.check_env()
-        await asyncio.gather(*(t.setup(pool_spec(self.cfg, p, ""), resume_from=str(where / p) if where else "")
-                               for p, t in self.clients.trainers.items()))
+        await asyncio.gather(
+            *(
+                t.setup(pool_spec(self.cfg, p, ""), resume_from=str(where / p) if where else "")
+                for p, t in self.clients.trainers.items()
+            )
+        )
         step = where.name.removeprefix("step-") if where else "0"
         await self.evaluate(int(step) if step.isdigit() else 0)
         return "finished"
@@ -274,9 +359,13 @@ class RunLoop:
         trainers kept running (`live`: the versions this router last saw them at), the last
         checkpoint's step when they were restarted from it."""
         if progress is None:
-            if any(self.versions.values()):   # trained a step the router never counted: back to the start
-                raise FailedPrecondition(f"the trainers hold versions {self.versions}, but {self.dir.path} "
-                                         "records no completed step")
+            if any(
+                self.versions.values()
+            ):  # trained a step the router never counted: back to the start
+                raise FailedPrecondition(
+                    f"the trainers hold versions {self.versions}, but {self.dir.path} "
+                    "records no completed step"
+                )
             return 0
         if progress.versions == self.versions or (live and live == self.versions):
             return progress.completed_step
@@ -284,20 +373,26 @@ class RunLoop:
         if ckpt and ckpt.versions == self.versions:
             return ckpt.step
         if ckpt is None and not any(self.versions.values()):
-            return 0    # no checkpoint yet, and every trainer holds the starting weights
+            return 0  # no checkpoint yet, and every trainer holds the starting weights
         raise FailedPrecondition(
-            f"the trainers hold versions {self.versions}, but {self.dir.path} records {progress.versions} after "
-            f"step {progress.completed_step}" + (f" and {ckpt.versions} at step {ckpt.step}" if ckpt else "")
-            + ": restart the trainers so they load the last checkpoint")
+            f"the trainers hold versions {self.versions}, but {self.dir.path} records "
+            f"{progress.versions} after step {progress.completed_step}"
+            + (f" and {ckpt.versions} at step {ckpt.step}" if ckpt else "")
+            + ": restart the trainers so they load the last checkpoint"
+        )
 
     async def run_step(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
         start = time.perf_counter()
         tasks = await self.tasks(cfg.env.train_split, step - 1, cfg.run.tasks_per_step)
-        samples, ends = await self.collect(collect_plan(cfg, tasks, step=step, versions=self.versions))
+        samples, ends = await self.collect(
+            collect_plan(cfg, tasks, step=step, versions=self.versions)
+        )
         check_complete(ends, len(tasks))
         stale = off_version(samples, self.versions)
-        if stale:   # recovery pushes the current weights to the replica, then the step is collected again
+        if (
+            stale
+        ):  # recovery pushes the current weights to the replica, then the step is collected again
             raise FailedPrecondition(f"step {step}: {stale}; nothing of this step is trained")
         rollout_s = time.perf_counter() - start
         batches = batches_for(cfg, samples)
@@ -307,18 +402,35 @@ class RunLoop:
         results = await self.train(step, batches.per_pool)
         train_s = time.perf_counter() - t_train
         sync_s = max((r["push_seconds"] for r in results.values()), default=0.0)
-        event = events.step_event(step, batches, ends, results, {
-            "rollout_seconds": rollout_s, "train_seconds": train_s - sync_s, "weight_sync_seconds": sync_s,
-            "step_seconds": time.perf_counter() - start, "time": time.time(),
-            "retries": self.run_state.take_retries()}, cfg.env.turn_order)
+        event = events.step_event(
+            step,
+            batches,
+            ends,
+            results,
+            {
+                "rollout_seconds": rollout_s,
+                "train_seconds": train_s - sync_s,
+                "weight_sync_seconds": sync_s,
+                "step_seconds": time.perf_counter() - start,
+                "time": time.time(),
+                "retries": self.run_state.take_retries(),
+            },
+            cfg.env.turn_order,
+        )
         self.run_state.complete(step, event)
         return event
 
     async def train(self, step: int, per_pool: dict[str, list]) -> dict[str, dict[str, float]]:
         """Every pool's update at once; a pool with no samples this step (all filtered) keeps its version."""
+
         async def one(pool: str) -> tuple[str, dict[str, float]]:
-            resp = await self.clients.trainers[pool].train(self.cfg.run.name, step, self.versions[pool],
-                                                           per_pool[pool], self.cfg.update_for(pool))
+            resp = await self.clients.trainers[pool].train(
+                self.cfg.run.name,
+                step,
+                self.versions[pool],
+                per_pool[pool],
+                self.cfg.update_for(pool),
+            )
             self.versions[pool] = resp.version
             return pool, pool_metrics(resp)
 
@@ -327,13 +439,20 @@ class RunLoop:
 
     # ---- collection --------------------------------------------------------------------------
 
-    async def tasks(self, split: str, index: int, count: int, *, distinct: bool = False) -> list[TaskRef]:
+    async def tasks(
+        self, split: str, index: int, count: int, *, distinct: bool = False
+    ) -> list[TaskRef]:
         """`distinct`: at most each task of a finite list once (evaluation: a repeat adds nothing)."""
         if split not in self._task_ids:
             self._task_ids[split] = await self._list_tasks(split)
         ids = self._task_ids[split]
         if distinct and ids is not None and count > len(ids):
-            log.info("the %s split has %d tasks; evaluating each once, not %d episodes", split, len(ids), count)
+            log.info(
+                "the %s split has %d tasks; evaluating each once, not %d episodes",
+                split,
+                len(ids),
+                count,
+            )
             count = len(ids)
         return step_tasks(self.cfg.run.seed, index, count, split, ids)
 
@@ -341,9 +460,11 @@ class RunLoop:
         env, options = self.cfg.env.name, env_options(self.cfg)
         ids, total = await self.clients.env.list_tasks(env, split, options=options)
         if total < 0:
-            return None                                  # generated from seeds: unbounded
+            return None  # generated from seeds: unbounded
         while len(ids) < total:
-            more, _ = await self.clients.env.list_tasks(env, split, offset=len(ids), limit=10_000, options=options)
+            more, _ = await self.clients.env.list_tasks(
+                env, split, offset=len(ids), limit=10_000, options=options
+            )
             if not more:
                 break
             ids += more
@@ -351,24 +472,39 @@ class RunLoop:
 
     async def collect(self, plan: CollectPlan) -> tuple[list[Sample], list[EpisodeEnd]]:
         """One plan over every replica at once; returns only when every shard has finished."""
+
         async def one(address: str, part: CollectPlan) -> list[Sample | EpisodeEnd]:
             return [e async for e in self.clients.rollout[address].collect(part)]
 
         shards = shard(plan, self.cfg.services.rollout)
         parts = await asyncio.gather(*(one(a, p) for a, p in shards))
         got = [x for part in parts for x in part]
-        return [x for x in got if isinstance(x, Sample)], [x for x in got if isinstance(x, EpisodeEnd)]
+        return [x for x in got if isinstance(x, Sample)], [
+            x for x in got if isinstance(x, EpisodeEnd)
+        ]
 
     # ---- evaluation and checkpoints ----------------------------------------------------------
 
     async def evaluate(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
-        tasks = await self.tasks(cfg.env.eval_split, 0, cfg.run.eval_tasks, distinct=True)   # the same every time
-        samples, ends = await self.collect(collect_plan(cfg, tasks, step=step, eval_mode=True, versions=self.versions))
+        tasks = await self.tasks(
+            cfg.env.eval_split, 0, cfg.run.eval_tasks, distinct=True
+        )  # the same every time
+        samples, ends = await self.collect(
+            collect_plan(cfg, tasks, step=step, eval_mode=True, versions=self.versions)
+        )
         check_complete(ends, len(tasks))
-        if cfg.run.save_eval_samples:   # an evaluation trains nothing: its reward is the local one, no advantage
-            self.dir.write_samples(step, samples, [s.local_reward for s in samples], [None] * len(samples),
-                                   cfg.pool_of, folder="eval-samples")
+        if (
+            cfg.run.save_eval_samples
+        ):  # an evaluation trains nothing: its reward is the local one, no advantage
+            self.dir.write_samples(
+                step,
+                samples,
+                [s.local_reward for s in samples],
+                [None] * len(samples),
+                cfg.pool_of,
+                folder="eval-samples",
+            )
         event = events.eval_event(step, ends, cfg.env.turn_order)
         self._last_eval = (step, event["success_rate"])
         self.run_state.record(event)
@@ -377,14 +513,26 @@ class RunLoop:
     async def checkpoint(self, step: int) -> Checkpoint:
         where = self.dir.checkpoint_dir(step)
         pools = list(self.clients.trainers)
-        saved = await asyncio.gather(*(self.clients.trainers[p].save_checkpoint(
-            str(where / p), nbytes=self._checkpoint_bytes.get(p, 0)) for p in pools))
+        saved = await asyncio.gather(
+            *(
+                self.clients.trainers[p].save_checkpoint(
+                    str(where / p), nbytes=self._checkpoint_bytes.get(p, 0)
+                )
+                for p in pools
+            )
+        )
         evaluated = self._last_eval[1] if self._last_eval and self._last_eval[0] == step else None
-        ckpt = Checkpoint(step, {p: s.path for p, s in zip(pools, saved, strict=True)},
-                          {p: s.version for p, s in zip(pools, saved, strict=True)}, evaluated,
-                          {p: self._checkpoint_bytes.get(p, 0) for p in pools})
-        self.run_state.checkpoints = [c for c in self.run_state.checkpoints if c.step != step] + [ckpt]
-        self.run_state.write_progress()     # complete and recorded before any older one is deleted
+        ckpt = Checkpoint(
+            step,
+            {p: s.path for p, s in zip(pools, saved, strict=True)},
+            {p: s.version for p, s in zip(pools, saved, strict=True)},
+            evaluated,
+            {p: self._checkpoint_bytes.get(p, 0) for p in pools},
+        )
+        self.run_state.checkpoints = [c for c in self.run_state.checkpoints if c.step != step] + [
+            ckpt
+        ]
+        self.run_state.write_progress()  # complete and recorded before any older one is deleted
         await self._prune()
         return ckpt
 
@@ -395,11 +543,21 @@ class RunLoop:
         keep = retained(self.run_state.checkpoints, self.cfg.run.keep_checkpoints)
         for old in [c for c in self.run_state.checkpoints if c not in keep]:
             try:
-                await asyncio.gather(*(self.clients.trainers[p].delete_checkpoint(path, old.nbytes.get(p, 0))
-                                       for p, path in old.paths.items() if p in self.clients.trainers))
+                await asyncio.gather(
+                    *(
+                        self.clients.trainers[p].delete_checkpoint(path, old.nbytes.get(p, 0))
+                        for p, path in old.paths.items()
+                        if p in self.clients.trainers
+                    )
+                )
             except AtgrpoError as err:
-                log.warning("could not delete the checkpoint of step %d (%s): %s; it stays listed in state.json "
-                            "and is tried again after the next checkpoint", old.step, type(err).__name__, err)
+                log.warning(
+                    "could not delete the checkpoint of step %d (%s): %s; it stays listed in "
+                    "state.json and is tried again after the next checkpoint",
+                    old.step,
+                    type(err).__name__,
+                    err,
+                )
                 continue
             self.run_state.checkpoints.remove(old)
             self.run_state.write_progress()

@@ -22,49 +22,104 @@ _AGENT = ["run", "agent"]
 _POOL = ["run", "pool"]
 _SPLIT = ["run", "agent", "split"]
 STATES = ("starting", "running", "stopping", "stopped", "finished", "failed")
-PHASES = {"rollout": "rollout_seconds", "train": "train_seconds", "weight_sync": "weight_sync_seconds"}
+PHASES = {
+    "rollout": "rollout_seconds",
+    "train": "train_seconds",
+    "weight_sync": "weight_sync_seconds",
+}
 
-RUN_STATE = Gauge("atgrpo_router_run_state", "1 for the run's current state, 0 for the others.", ["run", "state"])
+RUN_STATE = Gauge(
+    "atgrpo_router_run_state", "1 for the run's current state, 0 for the others.", ["run", "state"]
+)
 COMPLETED_STEP = Gauge("atgrpo_router_completed_step", "The last completed training step.", ["run"])
-LAST_STEP_TIME = Gauge("atgrpo_router_last_step_timestamp_seconds",
-                       "Unix time the last training step completed, or the run (re)started running if "
-                       "later.", ["run"])
+LAST_STEP_TIME = Gauge(
+    "atgrpo_router_last_step_timestamp_seconds",
+    "Unix time the last training step completed, or the run (re)started running if later.",
+    ["run"],
+)
 STEPS = Counter("atgrpo_router_steps_total", "Training steps completed by this router.", ["run"])
-STEP_SECONDS = Histogram("atgrpo_router_step_seconds", "Wall time of one training step.", ["run"],
-                         buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600))
-PHASE_SECONDS = Histogram("atgrpo_router_step_phase_seconds",
-                          "A step's time by phase: rollout (collection), train (updates), weight_sync "
-                          "(the slowest pool's weight push).", ["run", "phase"],
-                          buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600))
+STEP_SECONDS = Histogram(
+    "atgrpo_router_step_seconds",
+    "Wall time of one training step.",
+    ["run"],
+    buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600),
+)
+PHASE_SECONDS = Histogram(
+    "atgrpo_router_step_phase_seconds",
+    "A step's time by phase: rollout (collection), train (updates), weight_sync "
+    "(the slowest pool's weight push).",
+    ["run", "phase"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+)
 
-REWARD = Gauge("atgrpo_router_reward_mean", "Mean training reward (alpha*team + local) of the agent's "
-               "samples (train), or its mean episode reward (eval).", _SPLIT)
-SUCCESS = Gauge("atgrpo_router_success_ratio", "Fraction of episodes that succeeded (the team's, "
-                "reported for each agent).", _SPLIT)
+REWARD = Gauge(
+    "atgrpo_router_reward_mean",
+    "Mean training reward (alpha*team + local) of the agent's "
+    "samples (train), or its mean episode reward (eval).",
+    _SPLIT,
+)
+SUCCESS = Gauge(
+    "atgrpo_router_success_ratio",
+    "Fraction of episodes that succeeded (the team's, reported for each agent).",
+    _SPLIT,
+)
 TURNS = Gauge("atgrpo_router_turns_mean", "Mean turns per episode.", _SPLIT)
 EPISODES = Counter("atgrpo_router_episodes_total", "Episodes finished, by split.", ["run", "split"])
-FAILED_EPISODES = Counter("atgrpo_router_failed_episodes_total", "Episodes that ended in an error, by split.",
-                          ["run", "split"])
+FAILED_EPISODES = Counter(
+    "atgrpo_router_failed_episodes_total",
+    "Episodes that ended in an error, by split.",
+    ["run", "split"],
+)
 
-ROLLBACKS = Counter("atgrpo_router_rollbacks_total", "Times the run went back to its last checkpoint (a trainer "
-                    "restarted and lost its weights).", ["run"])
-REDONE_STEPS = Counter("atgrpo_router_redone_steps_total", "Completed steps undone by rollbacks, to be trained "
-                       "again (the cost of checkpoint_every_steps).", ["run"])
+ROLLBACKS = Counter(
+    "atgrpo_router_rollbacks_total",
+    "Times the run went back to its last checkpoint (a trainer restarted and lost its weights).",
+    ["run"],
+)
+REDONE_STEPS = Counter(
+    "atgrpo_router_redone_steps_total",
+    "Completed steps undone by rollbacks, to be trained "
+    "again (the cost of checkpoint_every_steps).",
+    ["run"],
+)
 
-SAMPLES = Counter("atgrpo_router_samples_total", "Samples collected, by agent (before filters).", _AGENT)
-DROPPED = Counter("atgrpo_router_dropped_samples_total", "Samples dropped by the filters (zero-variance groups).",
-                  ["run"])
-GROUPS = Gauge("atgrpo_router_groups", "Advantage groups (task, agent, turn) in the last step.", _AGENT)
-GROUP_SIZE = Gauge("atgrpo_router_group_size_mean", "Mean samples per group in the last step (K unless "
-                   "branches failed).", _AGENT)
-ZERO_VARIANCE = Gauge("atgrpo_router_zero_variance_ratio", "Fraction of the last step's groups whose rewards "
-                      "were all equal (advantage 0: no learning signal).", _AGENT)
-ADV_MEAN = Gauge("atgrpo_router_advantage_mean", "Mean advantage of the agent's trained samples, last step.", _AGENT)
-ADV_STD = Gauge("atgrpo_router_advantage_std", "Standard deviation of those advantages, last step.", _AGENT)
+SAMPLES = Counter(
+    "atgrpo_router_samples_total", "Samples collected, by agent (before filters).", _AGENT
+)
+DROPPED = Counter(
+    "atgrpo_router_dropped_samples_total",
+    "Samples dropped by the filters (zero-variance groups).",
+    ["run"],
+)
+GROUPS = Gauge(
+    "atgrpo_router_groups", "Advantage groups (task, agent, turn) in the last step.", _AGENT
+)
+GROUP_SIZE = Gauge(
+    "atgrpo_router_group_size_mean",
+    "Mean samples per group in the last step (K unless branches failed).",
+    _AGENT,
+)
+ZERO_VARIANCE = Gauge(
+    "atgrpo_router_zero_variance_ratio",
+    "Fraction of the last step's groups whose rewards "
+    "were all equal (advantage 0: no learning signal).",
+    _AGENT,
+)
+ADV_MEAN = Gauge(
+    "atgrpo_router_advantage_mean",
+    "Mean advantage of the agent's trained samples, last step.",
+    _AGENT,
+)
+ADV_STD = Gauge(
+    "atgrpo_router_advantage_std", "Standard deviation of those advantages, last step.", _AGENT
+)
 
-STALE_DROPPED = Counter("atgrpo_router_stale_samples_dropped_total",
-                        "Samples dropped as too stale (drawn more than max_staleness versions before the "
-                        "update that would train them), their tasks collected again, by pool.", _POOL)
+STALE_DROPPED = Counter(
+    "atgrpo_router_stale_samples_dropped_total",
+    "Samples dropped as too stale (drawn more than max_staleness versions before the "
+    "update that would train them), their tasks collected again, by pool.",
+    _POOL,
+)
 
 
 def observe_state(run: str, state: str) -> None:
@@ -120,5 +175,6 @@ def _observe_step(run: str, e: Mapping[str, Any]) -> None:
         ADV_MEAN.labels(run, agent).set(a["advantage_mean"])
         ADV_STD.labels(run, agent).set(a["advantage_std"])
     for pool, p in e.get("pools", {}).items():
-        # inc(0) too: the series exists at 0 for a synchronous run (or an async one that dropped none)
+        # inc(0) too: the series exists at 0 for a synchronous run (or an async one that dropped
+        # none)
         STALE_DROPPED.labels(run, pool).inc(p.get("dropped_stale", 0))

@@ -30,28 +30,61 @@ _DETERMINISTIC = ("EnvCodeError", "InvalidArgument")
 _IF_SENT = ("kl_ref", "staleness_mean")
 # Where the update's time went, and its FLOPs (not from a trainer older than the step breakdown):
 # events.timing_fields reads them.
-TIMING = ("time_forward_s", "time_backward_s", "time_optimizer_s", "update_tokens", "update_flops",
-          "matmul_flops_per_s")
+TIMING = (
+    "time_forward_s",
+    "time_backward_s",
+    "time_optimizer_s",
+    "update_tokens",
+    "update_flops",
+    "matmul_flops_per_s",
+)
 
 
 def pool_metrics(r: TrainResult) -> dict[str, Any]:
     """The trainer's report of an update; `agents` (agent -> samples) says whose samples it took."""
-    return {"agents": {a: int(m["samples"]) for a, m in r.agents.items()}, "version": r.version,
-            **{k: r.metrics[k] for k in ("loss", "approx_kl", "clip_fraction", "grad_norm", "entropy",
-                                         "push_seconds", "train_seconds")},
-            **{k: r.metrics[k] for k in (*_IF_SENT, *TIMING) if k in r.metrics},
-            **({"memory": memory} if (memory := {k: r.metrics[k] for k in MEMORY if k in r.metrics}) else {}),
-            **{k: int(r.metrics.get(k, 0)) for k in ("push_bytes", "tokens", "samples", "staleness_max", "masked_tokens")},
-            **({"agent_grad_norm": norms} if (norms := {a: m["grad_norm"] for a, m in r.agents.items()
-                                                          if "grad_norm" in m}) else {})}
+    return {
+        "agents": {a: int(m["samples"]) for a, m in r.agents.items()},
+        "version": r.version,
+        **{
+            k: r.metrics[k]
+            for k in (
+                "loss",
+                "approx_kl",
+                "clip_fraction",
+                "grad_norm",
+                "entropy",
+                "push_seconds",
+                "train_seconds",
+            )
+        },
+        **{k: r.metrics[k] for k in (*_IF_SENT, *TIMING) if k in r.metrics},
+        **(
+            {"memory": memory}
+            if (memory := {k: r.metrics[k] for k in MEMORY if k in r.metrics})
+            else {}
+        ),
+        **{
+            k: int(r.metrics.get(k, 0))
+            for k in ("push_bytes", "tokens", "samples", "staleness_max", "masked_tokens")
+        },
+        **(
+            {"agent_grad_norm": norms}
+            if (norms := {a: m["grad_norm"] for a, m in r.agents.items() if "grad_norm" in m})
+            else {}
+        ),
+    }
 
 
 def check_complete(ends: list[EpisodeEnd], tasks: int) -> None:
     failed = [e for e in ends if e.error]
     fatal = next((e for e in failed if e.error.split(":", 1)[0] in _DETERMINISTIC), None)
     if fatal is not None:
-        raise EpisodeFailed(f"the episode of task {fatal.task_id!r} failed: {fatal.error} (not retried: "
-                            "it would fail the same way)")
+        raise EpisodeFailed(
+            f"the episode of task {fatal.task_id!r} failed: {fatal.error} (not retried: "
+            "it would fail the same way)"
+        )
     if failed or len(ends) != tasks:
         first = failed[0].error if failed else f"{tasks - len(ends)} episodes never ended"
-        raise StepIncomplete(f"{len(failed) or tasks - len(ends)} of {tasks} episodes did not finish ({first})")
+        raise StepIncomplete(
+            f"{len(failed) or tasks - len(ends)} of {tasks} episodes did not finish ({first})"
+        )

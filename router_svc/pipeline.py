@@ -39,12 +39,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("atgrpo.router")
 
-RECOLLECT_ATTEMPTS = 3    # a task whose samples come back too stale this often needs the replicas resynced
+RECOLLECT_ATTEMPTS = (
+    3  # a task whose samples come back too stale this often needs the replicas resynced
+)
 
 
 @dataclass
 class Collected:
     """One step's collection, whole: its tasks, samples, episode ends and groups."""
+
     step: int
     tasks: list[TaskRef]
     samples: list[Sample]
@@ -58,12 +61,17 @@ class Collected:
 class PipelineState:
     """What the router holds between a fault and its recovery: kept when the trainers come back
     with the versions it recorded, dropped otherwise."""
+
     completed: int
     versions: dict[str, int]
-    trained: dict[str, int]                                   # pool -> last step it trained
+    trained: dict[str, int]  # pool -> last step it trained
     collected: dict[int, Collected] = field(default_factory=dict)
-    results: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)   # step -> pool -> metrics
-    versions_after: dict[int, dict[str, int]] = field(default_factory=dict)       # step -> pool -> version
+    results: dict[int, dict[str, dict[str, Any]]] = field(
+        default_factory=dict
+    )  # step -> pool -> metrics
+    versions_after: dict[int, dict[str, int]] = field(
+        default_factory=dict
+    )  # step -> pool -> version
 
 
 class Pipeline:
@@ -72,10 +80,10 @@ class Pipeline:
     def __init__(self, loop: RunLoop):
         self.loop = loop
         self.cfg = loop.cfg
-        self.pool_of = loop.cfg.pool_of     # agent -> pool
+        self.pool_of = loop.cfg.pool_of  # agent -> pool
         self.state: PipelineState | None = None
         self._changed = asyncio.Condition()
-        self._collection_over = False     # the collector collects no further step in this run()
+        self._collection_over = False  # the collector collects no further step in this run()
         self._last_record = 0.0
 
     def staleness(self, pool: str) -> int:
@@ -84,9 +92,17 @@ class Pipeline:
     def _fresh_state(self) -> PipelineState:
         loop = self.loop
         s = self.state
-        if s is not None and s.completed == loop.run_state.completed and s.versions == loop.run_state.versions:
-            return s          # the trainers kept their weights: go on with what was collected
-        return PipelineState(loop.run_state.completed, dict(loop.run_state.versions), dict.fromkeys(loop.clients.trainers, loop.run_state.completed))
+        if (
+            s is not None
+            and s.completed == loop.run_state.completed
+            and s.versions == loop.run_state.versions
+        ):
+            return s  # the trainers kept their weights: go on with what was collected
+        return PipelineState(
+            loop.run_state.completed,
+            dict(loop.run_state.versions),
+            dict.fromkeys(loop.clients.trainers, loop.run_state.completed),
+        )
 
     async def run(self, last: int) -> None:
         """Steps loop.run_state.completed+1 .. `last`; returns with all of them recorded (or fewer when a stop
@@ -95,12 +111,15 @@ class Pipeline:
         self._collection_over = False
         self._last_record = time.perf_counter()
         tasks = [asyncio.create_task(self._collector(last), name="collector")]
-        tasks += [asyncio.create_task(self._pool(p, last), name=f"pool {p}") for p in self.loop.clients.trainers]
+        tasks += [
+            asyncio.create_task(self._pool(p, last), name=f"pool {p}")
+            for p in self.loop.clients.trainers
+        ]
         recorder = asyncio.create_task(self._recorder(last), name="recorder")
         try:
             done, _ = await asyncio.wait([*tasks, recorder], return_when=asyncio.FIRST_EXCEPTION)
             for t in done:
-                t.result()           # the first fault, raised for the loop's recovery
+                t.result()  # the first fault, raised for the loop's recovery
             await recorder
         finally:
             for t in [*tasks, recorder]:
@@ -128,8 +147,12 @@ class Pipeline:
         s = self.state
         step = self._last_collected() + 1
         while step <= last and not self._stopping():
-            await self._wait(lambda st=step: all(s.trained[p] >= st - 1 - self.staleness(p) for p in s.trained)
-                             or self._stopping())
+            await self._wait(
+                lambda st=step: (
+                    all(s.trained[p] >= st - 1 - self.staleness(p) for p in s.trained)
+                    or self._stopping()
+                )
+            )
             if self._stopping():
                 break
             s.collected[step] = await self._collect(step)
@@ -148,7 +171,15 @@ class Pipeline:
         samples, ends = await loop.collect(collect_plan(cfg, tasks, step=step))
         check_complete(ends, len(tasks))
         self._check_not_behind(step, samples)
-        return Collected(step, list(tasks), samples, ends, batches_for(self.cfg, samples), start, time.perf_counter() - start)
+        return Collected(
+            step,
+            list(tasks),
+            samples,
+            ends,
+            batches_for(self.cfg, samples),
+            start,
+            time.perf_counter() - start,
+        )
 
     def _check_not_behind(self, step: int, samples: list[Sample]) -> None:
         """A sample already too stale for the weights its pool holds now comes from a replica that
@@ -156,9 +187,11 @@ class Pipeline:
         for pool, version in self.state.versions.items():
             stale = stale_tasks(samples, self.pool_of, pool, version, self.staleness(pool))
             if stale:
-                raise FailedPrecondition(f"step {step}: tasks {sorted(stale)[:3]} of pool {pool!r} were sampled more "
-                                         f"than {self.staleness(pool)} versions behind {version}; the replicas are "
-                                         "resynced and the step is collected again")
+                raise FailedPrecondition(
+                    f"step {step}: tasks {sorted(stale)[:3]} of pool {pool!r} were sampled more "
+                    f"than {self.staleness(pool)} versions behind {version}; the replicas are "
+                    "resynced and the step is collected again"
+                )
 
     async def _pool(self, pool: str, last: int) -> None:
         s, loop = self.state, self.loop
@@ -166,12 +199,13 @@ class Pipeline:
             step = s.trained[pool] + 1
             await self._wait(lambda st=step: st in s.collected or self._collection_over)
             if step not in s.collected:
-                return                                    # collection stopped before this step
+                return  # collection stopped before this step
             samples, dropped = await self._fresh_samples(pool, s.collected[step])
             metrics: dict[str, Any] = {}
             if samples:
                 resp = await loop.clients.trainers[pool].train(
-                    self.cfg.run.name, step, s.versions[pool], samples, self.cfg.update_for(pool))
+                    self.cfg.run.name, step, s.versions[pool], samples, self.cfg.update_for(pool)
+                )
                 s.versions[pool] = loop.run_state.versions[pool] = resp.version
                 metrics = pool_metrics(resp)
             if metrics or dropped:
@@ -190,20 +224,33 @@ class Pipeline:
             if not stale:
                 return batches.per_pool.get(pool, []), dropped
             dropped += sum(1 for x in samples if x.task_id in stale and pool_of[x.agent] == pool)
-            log.warning("step %d: pool %s drops the samples of %d tasks drawn more than %d versions behind "
-                        "version %d; collecting them again", c.step, pool, len(stale), limit, version)
+            log.warning(
+                "step %d: pool %s drops the samples of %d tasks drawn more than %d versions behind "
+                "version %d; collecting them again",
+                c.step,
+                pool,
+                len(stale),
+                limit,
+                version,
+            )
             again = await self._collect(c.step, [t for t in c.tasks if t.task_id in stale])
             samples = [x for x in samples if x.task_id not in stale] + again.samples
             batches = batches_for(self.cfg, samples)
-        raise FailedPrecondition(f"step {c.step}: pool {pool!r} got samples more than {limit} versions behind "
-                                 f"version {version} {RECOLLECT_ATTEMPTS} times; the replicas are resynced")
+        raise FailedPrecondition(
+            f"step {c.step}: pool {pool!r} got samples more than {limit} versions behind "
+            f"version {version} {RECOLLECT_ATTEMPTS} times; the replicas are resynced"
+        )
 
     async def _recorder(self, last: int) -> None:
         s = self.state
         while s.completed < last:
             step = s.completed + 1
-            await self._wait(lambda st=step: all(t >= st for t in s.trained.values())
-                             or (self._collection_over and st not in s.collected))
+            await self._wait(
+                lambda st=step: (
+                    all(t >= st for t in s.trained.values())
+                    or (self._collection_over and st not in s.collected)
+                )
+            )
             if step not in s.collected:
                 return
             self._record(step)
@@ -216,12 +263,27 @@ class Pipeline:
         now = time.perf_counter()
         trained = [r for r in results.values() if "train_seconds" in r]
         sync_s = max((r["push_seconds"] for r in trained), default=0.0)
-        event = events.step_event(step, c.batches, c.ends, results, {
-            "rollout_seconds": c.seconds, "train_seconds": max((r["train_seconds"] for r in trained), default=0.0),
-            "weight_sync_seconds": sync_s, "step_seconds": now - max(self._last_record, c.started),
-            "time": time.time(), "retries": loop.run_state.take_retries()}, cfg.env.turn_order)
+        event = events.step_event(
+            step,
+            c.batches,
+            c.ends,
+            results,
+            {
+                "rollout_seconds": c.seconds,
+                "train_seconds": max((r["train_seconds"] for r in trained), default=0.0),
+                "weight_sync_seconds": sync_s,
+                "step_seconds": now - max(self._last_record, c.started),
+                "time": time.time(),
+                "retries": loop.run_state.take_retries(),
+            },
+            cfg.env.turn_order,
+        )
         self._last_record = now
         if cfg.run.save_samples:
-            loop.run_state.dir.write_samples(step, c.samples, c.batches.rewards, c.batches.advantages, self.pool_of)
+            loop.run_state.dir.write_samples(
+                step, c.samples, c.batches.rewards, c.batches.advantages, self.pool_of
+            )
         s.completed = step
-        loop.run_state.complete(step, event, after)   # the versions after this step, not those of pools already ahead
+        loop.run_state.complete(
+            step, event, after
+        )  # the versions after this step, not those of pools already ahead

@@ -15,12 +15,19 @@ from router_svc import metrics
 
 
 class RunState:
-    def __init__(self, run_name: str, run_dir: RunDir, emit: Callable[[dict[str, Any]], None] = lambda e: None):
+    def __init__(
+        self,
+        run_name: str,
+        run_dir: RunDir,
+        emit: Callable[[dict[str, Any]], None] = lambda e: None,
+    ):
         self.run_name, self.dir, self.emit = run_name, run_dir, emit
-        self.completed = 0                         # the last step recorded
-        self.versions: dict[str, int] = {}        # pool -> the version its trainer holds
-        self.checkpoints: list[Checkpoint] = []   # on disk, oldest first; the last is what a resume loads
-        self.retries = 0                           # faults recovered from since the last recorded step
+        self.completed = 0  # the last step recorded
+        self.versions: dict[str, int] = {}  # pool -> the version its trainer holds
+        self.checkpoints: list[
+            Checkpoint
+        ] = []  # on disk, oldest first; the last is what a resume loads
+        self.retries = 0  # faults recovered from since the last recorded step
 
     def record(self, event: dict[str, Any]) -> None:
         """An event to metrics.jsonl, the Prometheus gauges and whoever watches the run."""
@@ -31,10 +38,19 @@ class RunState:
     def write_progress(self, versions: dict[str, int] | None = None) -> None:
         """state.json; `versions`: each pool's after self.completed (default: what the pools hold now)."""
         last = self.checkpoints[-1] if self.checkpoints else None
-        self.dir.write_progress(Progress(self.run_name, self.completed, dict(versions or self.versions), last,
-                                         list(self.checkpoints)))
+        self.dir.write_progress(
+            Progress(
+                self.run_name,
+                self.completed,
+                dict(versions or self.versions),
+                last,
+                list(self.checkpoints),
+            )
+        )
 
-    def complete(self, step: int, event: dict[str, Any], versions: dict[str, int] | None = None) -> None:
+    def complete(
+        self, step: int, event: dict[str, Any], versions: dict[str, int] | None = None
+    ) -> None:
         """Step `step` is done: its event is on disk before state.json says so."""
         self.completed = step
         self.record(event)

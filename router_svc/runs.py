@@ -33,8 +33,15 @@ class Run:
         self.task: asyncio.Task | None = None
 
     def status(self) -> dict[str, Any]:
-        return status_dict(self.id, self.state, self.loop.completed, self.cfg.run.steps,
-                                  str(Path(self.cfg.run.run_dir).resolve()), self.loop.resumed_from, self.error)
+        return status_dict(
+            self.id,
+            self.state,
+            self.loop.completed,
+            self.cfg.run.steps,
+            str(Path(self.cfg.run.run_dir).resolve()),
+            self.loop.resumed_from,
+            self.error,
+        )
 
     def _append(self, event: dict[str, Any]) -> None:
         self.events.append(event)
@@ -54,17 +61,21 @@ class Run:
             if self.cfg.run.evaluate_checkpoint:
                 self._set_state("running")
                 where = self.cfg.run.evaluate_checkpoint
-                final = await self.loop.evaluate_checkpoint(None if where == EVALUATE_START else Path(where))
+                final = await self.loop.evaluate_checkpoint(
+                    None if where == EVALUATE_START else Path(where)
+                )
             else:
                 await self.loop.prepare()
-                self.events = self.loop.dir.read_events()   # a resumed run's earlier steps, for watchers
+                self.events = (
+                    self.loop.dir.read_events()
+                )  # a resumed run's earlier steps, for watchers
                 self._set_state("stopping" if self.loop.stop_requested.is_set() else "running")
                 final = await self.loop.run()
             self._set_state(final)
         except asyncio.CancelledError:
             self._set_state("stopped", "the router shut down")
             raise
-        except Exception as err:   # the run fails; the router keeps serving
+        except Exception as err:  # the run fails; the router keeps serving
             log.exception("run %s failed", self.id)
             self._set_state("failed", f"{type(err).__name__}: {err}")
         finally:
@@ -110,10 +121,12 @@ class Runs:
     def start(self, cfg: RunConfig) -> Run:
         run = self._runs.get(cfg.run.name)
         if run is not None and run.state not in FINAL_STATES:
-            return run                                       # StartRun is idempotent while it runs
+            return run  # StartRun is idempotent while it runs
         busy = [r.id for r in self._runs.values() if r.state not in FINAL_STATES]
         if busy:
-            raise FailedPrecondition(f"this router is running {busy[0]!r}; stop it (StopRun) or use another router")
+            raise FailedPrecondition(
+                f"this router is running {busy[0]!r}; stop it (StopRun) or use another router"
+            )
         run = Run(cfg, self._factory)
         self._runs[cfg.run.name] = run
         run.start()
@@ -124,7 +137,9 @@ class Runs:
             return next(iter(self._runs.values()))
         if run_id not in self._runs:
             known = ", ".join(sorted(self._runs)) or "none"
-            raise NotFound(f"no run {run_id!r} on this router (runs: {known}); start it with StartRun")
+            raise NotFound(
+                f"no run {run_id!r} on this router (runs: {known}); start it with StartRun"
+            )
         return self._runs[run_id]
 
     async def stop_all(self) -> None:

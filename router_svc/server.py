@@ -23,8 +23,10 @@ def parse_run_config(text: str) -> RunConfig:
     except ConfigError as err:
         raise InvalidArgument(str(err)) from None
     if cfg.local_mode:
-        raise InvalidArgument("the config's services: section is empty, so the router cannot reach the other "
-                              "services; give their addresses, or run `atgrpo train CONFIG` to start them locally")
+        raise InvalidArgument(
+            "the config's services: section is empty, so the router cannot reach the other "
+            "services; give their addresses, or run `atgrpo train CONFIG` to start them locally"
+        )
     return cfg
 
 
@@ -33,23 +35,27 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         self._info = service_info("router")
         self.runs = runs or Runs()
 
-    async def GetInfo(self, request: common_pb2.GetInfoRequest,
-                      context: aio.ServicerContext) -> common_pb2.ServiceInfo:
+    async def GetInfo(
+        self, request: common_pb2.GetInfoRequest, context: aio.ServicerContext
+    ) -> common_pb2.ServiceInfo:
         return self._info
 
-    async def StartRun(self, request: router_pb2.StartRunRequest,
-                       context: aio.ServicerContext) -> router_pb2.RunStatus:
+    async def StartRun(
+        self, request: router_pb2.StartRunRequest, context: aio.ServicerContext
+    ) -> router_pb2.RunStatus:
         run = self.runs.start(parse_run_config(request.config_yaml))
         return run_wire.status_to_pb(run.status())
 
-    async def WatchRun(self, request: router_pb2.WatchRunRequest,
-                       context: aio.ServicerContext) -> AsyncIterator[router_pb2.RunEvent]:
+    async def WatchRun(
+        self, request: router_pb2.WatchRunRequest, context: aio.ServicerContext
+    ) -> AsyncIterator[router_pb2.RunEvent]:
         run = self.runs.get(request.run_id)
         async for event in run.watch(request.from_step):
             yield run_wire.event_to_pb(run.id, event)
 
-    async def StopRun(self, request: router_pb2.StopRunRequest,
-                      context: aio.ServicerContext) -> router_pb2.RunStatus:
+    async def StopRun(
+        self, request: router_pb2.StopRunRequest, context: aio.ServicerContext
+    ) -> router_pb2.RunStatus:
         run = self.runs.get(request.run_id)
         run.stop()
         return run_wire.status_to_pb(run.status())
@@ -59,11 +65,17 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         after its step in flight, checkpointed, so that a resume loses nothing."""
         await self.runs.stop_all()
 
-    async def GetRun(self, request: router_pb2.GetRunRequest,
-                     context: aio.ServicerContext) -> router_pb2.RunStatus:
+    async def GetRun(
+        self, request: router_pb2.GetRunRequest, context: aio.ServicerContext
+    ) -> router_pb2.RunStatus:
         return run_wire.status_to_pb(self.runs.get(request.run_id).status())
 
 
 def bindings() -> list[Binding]:
-    return [Binding("atgrpo.v1.RouterService", RouterServicer(),
-                    router_pb2_grpc.add_RouterServiceServicer_to_server)]
+    return [
+        Binding(
+            "atgrpo.v1.RouterService",
+            RouterServicer(),
+            router_pb2_grpc.add_RouterServiceServicer_to_server,
+        )
+    ]

@@ -22,8 +22,13 @@ from atgrpo.env_check import env_options
 _RUN_STRIDE = 10_000_000
 
 
-def step_tasks(run_seed: int, step: int, count: int, split: str = "train",
-               task_ids: Sequence[str] | None = None) -> list[TaskRef]:
+def step_tasks(
+    run_seed: int,
+    step: int,
+    count: int,
+    split: str = "train",
+    task_ids: Sequence[str] | None = None,
+) -> list[TaskRef]:
     """The tasks of `step` (0-based): a pure function of (seed, step), so a resumed run collects
     exactly the tasks an uninterrupted one would.
 
@@ -32,7 +37,9 @@ def step_tasks(run_seed: int, step: int, count: int, split: str = "train",
     """
     if task_ids is None:
         first = run_seed * _RUN_STRIDE + step * count
-        return [TaskRef(f"{split}-{i}", seed_for(split, i), split) for i in range(first, first + count)]
+        return [
+            TaskRef(f"{split}-{i}", seed_for(split, i), split) for i in range(first, first + count)
+        ]
     if not task_ids:
         raise ValueError(f"the {split} split has no tasks")
     out = []
@@ -51,37 +58,53 @@ class AgentStats:
     zero_variance_groups: int = 0
     reward_sum: float = 0.0
     advantages: list[float] = field(default_factory=list)
-    prompts_cut: int = 0            # prompts over max_prompt_tokens, kept by their end
-    responses_cut: int = 0          # responses that hit max_tokens
+    prompts_cut: int = 0  # prompts over max_prompt_tokens, kept by their end
+    responses_cut: int = 0  # responses that hit max_tokens
 
 
 @dataclass
 class StepBatches:
     per_pool: dict[str, list[TrainSample]]
     agents: dict[str, AgentStats]
-    dropped: int                       # samples filtered out (zero-variance groups)
-    rewards: list[float] = field(default_factory=list)      # per input sample: alpha*team + local
-    advantages: list[float] = field(default_factory=list)   # per input sample (filtered ones too)
+    dropped: int  # samples filtered out (zero-variance groups)
+    rewards: list[float] = field(default_factory=list)  # per input sample: alpha*team + local
+    advantages: list[float] = field(default_factory=list)  # per input sample (filtered ones too)
 
 
 def batches_for(cfg: RunConfig, samples: Sequence[Sample]) -> StepBatches:
     """step_batches with the run's agent-to-pool map and algorithm settings."""
     alg = cfg.algorithm
-    return step_batches(samples, cfg.pool_of, alpha=alg.alpha, norm_std=alg.norm_std,
-                        filter_zero_variance=alg.filter == "zero_variance", grouping=alg.grouping)
+    return step_batches(
+        samples,
+        cfg.pool_of,
+        alpha=alg.alpha,
+        norm_std=alg.norm_std,
+        filter_zero_variance=alg.filter == "zero_variance",
+        grouping=alg.grouping,
+    )
 
 
-def step_batches(samples: Sequence[Sample], pool_of: Mapping[str, str], *, alpha: float = 1.0,
-                 norm_std: bool = True, filter_zero_variance: bool = False, grouping: str = "turn") -> StepBatches:
+def step_batches(
+    samples: Sequence[Sample],
+    pool_of: Mapping[str, str],
+    *,
+    alpha: float = 1.0,
+    norm_std: bool = True,
+    filter_zero_variance: bool = False,
+    grouping: str = "turn",
+) -> StepBatches:
     """Mix rewards, group and compute advantages with the advantage estimator `grouping`
     (atgrpo.algo.registry; "turn": AT-GRPO's (task, agent, turn) groups within each episode,
     "trajectory": (task, agent) per episode over its K copies), filter, route by pool."""
     if not samples:
         return StepBatches({}, {}, 0)
-    rewards = mix_rewards(torch.tensor([s.team_reward for s in samples], dtype=torch.double),
-                          torch.tensor([s.local_reward for s in samples], dtype=torch.double), alpha)   # (B,)
+    rewards = mix_rewards(
+        torch.tensor([s.team_reward for s in samples], dtype=torch.double),
+        torch.tensor([s.local_reward for s in samples], dtype=torch.double),
+        alpha,
+    )  # (B,)
     est = estimate(grouping, samples, rewards, norm_std=norm_std)
-    adv, flat, groups = est.advantages, est.zero_variance, est.groups                                 # (B,) each
+    adv, flat, groups = est.advantages, est.zero_variance, est.groups  # (B,) each
     stats: dict[str, AgentStats] = defaultdict(AgentStats)
     seen_groups: set[int] = set()
     per_pool: dict[str, list[TrainSample]] = defaultdict(list)
@@ -101,20 +124,33 @@ def step_batches(samples: Sequence[Sample], pool_of: Mapping[str, str], *, alpha
             dropped += 1
             continue
         st.advantages.append(float(adv[i]))
-        per_pool[pool_of[s.agent]].append(TrainSample(s.agent, s.prompt_ids, s.response_ids, s.logprobs,
-                                                      float(adv[i]), s.sampling, s.policy.version))
+        per_pool[pool_of[s.agent]].append(
+            TrainSample(
+                s.agent,
+                s.prompt_ids,
+                s.response_ids,
+                s.logprobs,
+                float(adv[i]),
+                s.sampling,
+                s.policy.version,
+            )
+        )
     return StepBatches(dict(per_pool), dict(stats), dropped, rewards.tolist(), adv.tolist())
 
 
 def episode_metrics(ends: Sequence[EpisodeEnd]) -> dict[str, float]:
     """Success rate and mean turns over the episodes that finished (failed ones are counted apart)."""
     ok = [e for e in ends if not e.error]
-    return {"episodes": float(len(ok)), "failed_episodes": float(len(ends) - len(ok)),
-            "success_rate": sum(e.success for e in ok) / len(ok) if ok else 0.0,
-            "turns_mean": sum(e.turns for e in ok) / len(ok) if ok else 0.0}
+    return {
+        "episodes": float(len(ok)),
+        "failed_episodes": float(len(ends) - len(ok)),
+        "success_rate": sum(e.success for e in ok) / len(ok) if ok else 0.0,
+        "turns_mean": sum(e.turns for e in ok) / len(ok) if ok else 0.0,
+    }
 
 
 # ---- collection plans ------------------------------------------------------------------------
+
 
 def agent_plans(cfg: RunConfig, *, eval_mode: bool = False) -> dict[str, AgentPlan]:
     """Each agent's pool, adapter (its own name on a LoRA pool) and sampling settings."""
@@ -130,9 +166,14 @@ def agent_plans(cfg: RunConfig, *, eval_mode: bool = False) -> dict[str, AgentPl
 def expected_versions(cfg: RunConfig, versions: Mapping[str, int]) -> tuple[PolicyRef, ...]:
     """The policies a step must be sampled from: each trainable pool's model, or each of its
     agents' adapters, at the version its trainer holds (`versions`: pool -> version)."""
-    full = [PolicyRef(p, "", v) for p, v in versions.items() if cfg.pools[p].specialization != "lora"]
-    lora = [PolicyRef(a.pool, a.adapter, versions[a.pool]) for a in agent_plans(cfg).values()
-            if a.adapter and a.pool in versions]
+    full = [
+        PolicyRef(p, "", v) for p, v in versions.items() if cfg.pools[p].specialization != "lora"
+    ]
+    lora = [
+        PolicyRef(a.pool, a.adapter, versions[a.pool])
+        for a in agent_plans(cfg).values()
+        if a.adapter and a.pool in versions
+    ]
     return (*full, *lora)
 
 
@@ -142,21 +183,38 @@ def off_version(samples: Sequence[Sample], versions: Mapping[str, int]) -> str |
     for s in samples:
         want = versions.get(s.policy.pool)
         if want is not None and s.policy.version != want:
-            return (f"task {s.task_id!r}, agent {s.agent!r} was sampled from {s.policy.pool!r} version "
-                    f"{s.policy.version}, not {want}")
+            return (
+                f"task {s.task_id!r}, agent {s.agent!r} was sampled from {s.policy.pool!r} version "
+                f"{s.policy.version}, not {want}"
+            )
     return None
 
 
-def stale_tasks(samples: Sequence[Sample], pool_of: Mapping[str, str], pool: str, version: int,
-                max_staleness: int) -> set[str]:
+def stale_tasks(
+    samples: Sequence[Sample],
+    pool_of: Mapping[str, str],
+    pool: str,
+    version: int,
+    max_staleness: int,
+) -> set[str]:
     """The tasks with a sample of `pool`'s agents drawn more than `max_staleness` versions behind
     `version` (the weights that would train it). A newer sample is not stale: a replica serves a
     pushed version a moment before its trainer's answer reaches the router."""
-    return {s.task_id for s in samples if pool_of.get(s.agent) == pool and version - s.policy.version > max_staleness}
+    return {
+        s.task_id
+        for s in samples
+        if pool_of.get(s.agent) == pool and version - s.policy.version > max_staleness
+    }
 
 
-def collect_plan(cfg: RunConfig, tasks: Sequence[TaskRef], *, step: int, eval_mode: bool = False,
-                 versions: Mapping[str, int] | None = None) -> CollectPlan:
+def collect_plan(
+    cfg: RunConfig,
+    tasks: Sequence[TaskRef],
+    *,
+    step: int,
+    eval_mode: bool = False,
+    versions: Mapping[str, int] | None = None,
+) -> CollectPlan:
     """Training collects K-way trees, or K independent episodes per task for an estimator that
     asks for them (grouping "trajectory");
     evaluation one flat rollout per task with eval sampling. `versions` (pool -> version) pins the
@@ -165,12 +223,22 @@ def collect_plan(cfg: RunConfig, tasks: Sequence[TaskRef], *, step: int, eval_mo
     alg = cfg.algorithm
     train_mode = adv_estimator(alg.grouping).collect
     return CollectPlan(
-        env=cfg.env.name, tasks=tuple(replace(t, episode=i) for i, t in enumerate(tasks, 1)), agents=agent_plans(cfg, eval_mode=eval_mode),
-        turn_order=tuple(cfg.env.turn_order), max_turns=cfg.env.max_turns,
-        k=1 if eval_mode else alg.k, mode="flat" if eval_mode else train_mode,
-        selection="first" if eval_mode else alg.selection, parallel=cfg.env.parallel, alpha=alg.alpha,
-        env_options=env_options(cfg), max_concurrent_tasks=max(1, len(tasks)),
-        expected_versions=expected_versions(cfg, versions) if versions else (), run_id=cfg.run.name, step=step)
+        env=cfg.env.name,
+        tasks=tuple(replace(t, episode=i) for i, t in enumerate(tasks, 1)),
+        agents=agent_plans(cfg, eval_mode=eval_mode),
+        turn_order=tuple(cfg.env.turn_order),
+        max_turns=cfg.env.max_turns,
+        k=1 if eval_mode else alg.k,
+        mode="flat" if eval_mode else train_mode,
+        selection="first" if eval_mode else alg.selection,
+        parallel=cfg.env.parallel,
+        alpha=alg.alpha,
+        env_options=env_options(cfg),
+        max_concurrent_tasks=max(1, len(tasks)),
+        expected_versions=expected_versions(cfg, versions) if versions else (),
+        run_id=cfg.run.name,
+        step=step,
+    )
 
 
 def shard(plan: CollectPlan, rollout: Mapping[str, Sequence[str]]) -> list[tuple[str, CollectPlan]]:
@@ -185,11 +253,15 @@ def shard(plan: CollectPlan, rollout: Mapping[str, Sequence[str]]) -> list[tuple
         raise ValueError("no rollout replicas to collect with")
     out = []
     for i, address in enumerate(drivers):
-        tasks = plan.tasks[i::len(drivers)]
+        tasks = plan.tasks[i :: len(drivers)]
         if not tasks:
             continue
         served = {p for p, addrs in rollout.items() if address in addrs}
         routes = {p: addrs[i % len(addrs)] for p, addrs in rollout.items() if p not in served}
-        out.append((address, replace(plan, tasks=tasks, pool_addresses=routes,
-                                     max_concurrent_tasks=len(tasks))))
+        out.append(
+            (
+                address,
+                replace(plan, tasks=tasks, pool_addresses=routes, max_concurrent_tasks=len(tasks)),
+            )
+        )
     return out

@@ -16,13 +16,19 @@ class SandboxClient(ServiceClient, SandboxAPI):
     stub_class = sandbox_pb2_grpc.SandboxServiceStub
 
     async def _execute(self, req: ExecRequest, timeout_s: float | None) -> ExecResult:
-        resp = await self._call(self.stub.Execute, sandbox_wire.exec_request_to_pb(req),
-                                timeout_s=timeout_s or self._timeout_for(req.limits, 1))
+        resp = await self._call(
+            self.stub.Execute,
+            sandbox_wire.exec_request_to_pb(req),
+            timeout_s=timeout_s or self._timeout_for(req.limits, 1),
+        )
         return sandbox_wire.exec_result_from_pb(resp)
 
     async def _run_tests(self, req: TestsRequest, timeout_s: float | None) -> TestsResult:
-        resp = await self._call(self.stub.RunTests, sandbox_wire.tests_request_to_pb(req),
-                                timeout_s=timeout_s or self._timeout_for(req.limits, len(req.cases)))
+        resp = await self._call(
+            self.stub.RunTests,
+            sandbox_wire.tests_request_to_pb(req),
+            timeout_s=timeout_s or self._timeout_for(req.limits, len(req.cases)),
+        )
         return sandbox_wire.tests_result_from_pb(resp)
 
     def _timeout_for(self, limits: Limits, runs: int) -> float:

@@ -20,7 +20,7 @@ def _int(token: bytes) -> int | None:
 
 def _float_equal(a: bytes, b: bytes, tol: float) -> bool:
     ints = _int(a), _int(b)
-    if None not in ints:   # two integers (a count, an answer mod 1e9+7) are equal or wrong
+    if None not in ints:  # two integers (a count, an answer mod 1e9+7) are equal or wrong
         return ints[0] == ints[1]
     try:
         x, y = float(a), float(b)
@@ -28,7 +28,7 @@ def _float_equal(a: bytes, b: bytes, tol: float) -> bool:
         return a == b
     if math.isnan(x) or math.isnan(y):
         return math.isnan(x) and math.isnan(y)
-    if math.isinf(x) or math.isinf(y):   # inf - inf is nan: no tolerance would ever hold
+    if math.isinf(x) or math.isinf(y):  # inf - inf is nan: no tolerance would ever hold
         return x == y
     # Absolute for values near zero, relative for large ones (as judges of numeric output do).
     return abs(x - y) <= tol * max(1.0, abs(y))

@@ -29,16 +29,26 @@ def _fit_deadline(req: ExecRequest, deadline: float | None) -> ExecRequest:
         return req
     budget_ms = int((deadline - time.monotonic() - 0.05) * 1000)
     if budget_ms <= 0:
-        raise DeadlineExceeded("the call's deadline passed before the program could run; give the "
-                               "call a deadline longer than the program's wall limit plus queueing")
+        raise DeadlineExceeded(
+            "the call's deadline passed before the program could run; give the "
+            "call a deadline longer than the program's wall limit plus queueing"
+        )
     if budget_ms >= req.limits.wall_timeout_ms:
         return req
-    return dataclasses.replace(req, limits=dataclasses.replace(req.limits, wall_timeout_ms=budget_ms))
+    return dataclasses.replace(
+        req, limits=dataclasses.replace(req.limits, wall_timeout_ms=budget_ms)
+    )
 
 
 class Executor:
-    def __init__(self, backend: Backend, policy: Policy | None = None, *, workers: int | None = None,
-                 queue: int | None = None):
+    def __init__(
+        self,
+        backend: Backend,
+        policy: Policy | None = None,
+        *,
+        workers: int | None = None,
+        queue: int | None = None,
+    ):
         self.backend = backend
         self.policy = policy or Policy()
         self.workers = workers or os.cpu_count() or 1
@@ -49,7 +59,7 @@ class Executor:
         self._sem = asyncio.Semaphore(self.workers)
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="sandbox")
         self._admitted = 0
-        self._mean_s = 0.05   # running estimate of an execution's time, for retry hints
+        self._mean_s = 0.05  # running estimate of an execution's time, for retry hints
         set_capacity(self.workers, self.queue)
 
     def _admit(self) -> None:
@@ -59,7 +69,9 @@ class Executor:
             retry_ms = int(1000 * self._mean_s * (1 + self.queue / self.workers))
             raise ResourceExhausted(
                 f"sandbox busy: {self.workers} running and {self.queue} queued; retry with backoff "
-                f"(in about {retry_ms} ms)", retry_after_ms=max(retry_ms, 10))
+                f"(in about {retry_ms} ms)",
+                retry_after_ms=max(retry_ms, 10),
+            )
         self._admitted += 1
 
     def _run_blocking(self, fn, *args):
@@ -91,8 +103,9 @@ class Executor:
         finally:
             self._admitted -= 1
 
-    def _run_one(self, req: ExecRequest, deadline: float | None, cancel: threading.Event,
-                 slot: int) -> ExecResult:
+    def _run_one(
+        self, req: ExecRequest, deadline: float | None, cancel: threading.Event, slot: int
+    ) -> ExecResult:
         req = _fit_deadline(req, deadline)
         result = self.backend.run(req, slot, cancel)
         EXEC_SECONDS.labels(self.backend.name, result.verdict.value).observe(result.wall_ms / 1000)
@@ -105,8 +118,9 @@ class Executor:
         self._admit()
         return await self._in_slot(self._run_one, req, deadline)
 
-    def _run_cases(self, req: TestsRequest, deadline: float | None, cancel: threading.Event,
-                   slot: int) -> TestsResult:
+    def _run_cases(
+        self, req: TestsRequest, deadline: float | None, cancel: threading.Event, slot: int
+    ) -> TestsResult:
         results: list[CaseResult] = []
         failed = False
         budget = self.policy.max_tests_output_bytes
@@ -116,7 +130,9 @@ class Executor:
                 continue
             run = ExecRequest(req.language, req.code, case.stdin, (), req.limits)
             ex = self._run_one(run, deadline, cancel, slot)
-            passed = ex.ok and outputs_match(ex.stdout, case.expected_stdout, req.compare, req.float_tolerance)
+            passed = ex.ok and outputs_match(
+                ex.stdout, case.expected_stdout, req.compare, req.float_tolerance
+            )
             failed = failed or not passed
             ex, budget = _within(ex, budget)
             results.append(CaseResult(passed=passed, execution=ex))
@@ -138,7 +154,11 @@ def _within(ex: ExecResult, budget: int) -> tuple[ExecResult, int]:
     if len(ex.stdout) + len(ex.stderr) <= budget:
         return ex, budget - len(ex.stdout) - len(ex.stderr)
     out = ex.stdout[:budget]
-    err = ex.stderr[:budget - len(out)]
-    return dataclasses.replace(ex, stdout=out, stderr=err,
-                               stdout_truncated=ex.stdout_truncated or len(out) < len(ex.stdout),
-                               stderr_truncated=ex.stderr_truncated or len(err) < len(ex.stderr)), 0
+    err = ex.stderr[: budget - len(out)]
+    return dataclasses.replace(
+        ex,
+        stdout=out,
+        stderr=err,
+        stdout_truncated=ex.stdout_truncated or len(out) < len(ex.stdout),
+        stderr_truncated=ex.stderr_truncated or len(err) < len(ex.stderr),
+    ), 0

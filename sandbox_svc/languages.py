@@ -8,8 +8,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Language:
     name: str
-    filename: str                 # the program is written here, in the working directory
-    argv: tuple[str, ...]         # run from the working directory, PATH=/usr/bin
+    filename: str  # the program is written here, in the working directory
+    argv: tuple[str, ...]  # run from the working directory, PATH=/usr/bin
     # Text in stderr that means the program ran out of memory (rlimit on the address space).
     oom_markers: tuple[bytes, ...] = ()
 

@@ -24,21 +24,76 @@ import tempfile
 # Refused with EPERM, as container runtimes do: a program that probes gets "not permitted".
 DENIED = (
     # kernel attack surface no test program needs
-    "io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "userfaultfd", "perf_event_open",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "bpf",
+    "userfaultfd",
+    "perf_event_open",
     # keyrings: persistent per-uid state a program could leave for the next
-    "add_key", "request_key", "keyctl",
+    "add_key",
+    "request_key",
+    "keyctl",
     # other processes' memory and control
-    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "kcmp",
+    "pidfd_getfd",
     # file systems, mounts and namespaces
-    "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "mount_setattr", "move_mount",
-    "open_tree", "fsopen", "fsconfig", "fsmount", "fspick", "name_to_handle_at", "open_by_handle_at",
-    "fanotify_init", "quotactl", "quotactl_fd", "swapon", "swapoff",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "unshare",
+    "setns",
+    "mount_setattr",
+    "move_mount",
+    "open_tree",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "name_to_handle_at",
+    "open_by_handle_at",
+    "fanotify_init",
+    "quotactl",
+    "quotactl_fd",
+    "swapon",
+    "swapoff",
     # the kernel itself and the machine
-    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot",
-    "syslog", "acct", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "sethostname",
-    "setdomainname", "iopl", "ioperm", "vhangup", "lookup_dcookie", "uselib", "ustat", "sysfs",
-    "nfsservctl", "get_kernel_syms", "query_module", "create_module", "_sysctl",
-    "vm86", "vm86old", "set_mempolicy", "mbind", "move_pages", "migrate_pages",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "reboot",
+    "syslog",
+    "acct",
+    "settimeofday",
+    "clock_settime",
+    "clock_adjtime",
+    "adjtimex",
+    "sethostname",
+    "setdomainname",
+    "iopl",
+    "ioperm",
+    "vhangup",
+    "lookup_dcookie",
+    "uselib",
+    "ustat",
+    "sysfs",
+    "nfsservctl",
+    "get_kernel_syms",
+    "query_module",
+    "create_module",
+    "_sysctl",
+    "vm86",
+    "vm86old",
+    "set_mempolicy",
+    "mbind",
+    "move_pages",
+    "migrate_pages",
 )
 # Memory no rlimit counts (a detached SysV segment's pages are in no address space; a memfd is
 # sized up to the file-size limit per open file): refused with ENOSYS, as if the kernel lacked them.
@@ -48,7 +103,15 @@ NO_SUCH_CALL = ("shmat", "memfd_create", "memfd_secret")
 CLONE_FALLBACK = ("clone3",)
 # New namespaces from clone: refused like unshare (CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER,
 # NEWPID, NEWNET; clone has no room for NEWTIME, whose bit is its exit signal's).
-_NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
+_NAMESPACE_FLAGS = (
+    0x00020000,
+    0x02000000,
+    0x04000000,
+    0x08000000,
+    0x10000000,
+    0x20000000,
+    0x40000000,
+)
 
 
 def _known(name: str) -> int | None:
@@ -69,13 +132,17 @@ def build_filter():
 
     f = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
     f.set_attr(pyseccomp.Attr.ACT_BADARCH, pyseccomp.ERRNO(errno.ENOSYS))
-    for names, action in ((DENIED, pyseccomp.ERRNO(errno.EPERM)),
-                          (NO_SUCH_CALL + CLONE_FALLBACK, pyseccomp.ERRNO(errno.ENOSYS))):
+    for names, action in (
+        (DENIED, pyseccomp.ERRNO(errno.EPERM)),
+        (NO_SUCH_CALL + CLONE_FALLBACK, pyseccomp.ERRNO(errno.ENOSYS)),
+    ):
         for name in names:
             if _known(name) is not None:
                 f.add_rule(action, name)
     for flag in _NAMESPACE_FLAGS:
-        f.add_rule(pyseccomp.ERRNO(errno.EPERM), "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, flag, flag))
+        f.add_rule(
+            pyseccomp.ERRNO(errno.EPERM), "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, flag, flag)
+        )
     return f
 
 

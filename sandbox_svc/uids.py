@@ -36,7 +36,7 @@ class UidClaim:
 
     def close(self) -> None:
         for f in self._files:
-            f.close()      # closing the file drops its flock
+            f.close()  # closing the file drops its flock
         self._files = []
 
 
@@ -80,20 +80,26 @@ def claim(count: int, base: int | None = None) -> UidClaim:
     try:
         LOCK_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as err:
-        raise UidClaimError(f"cannot make the uid lock directory {LOCK_DIR} ({err}); set ATGRPO_SANDBOX_UID_DIR "
-                            "to a writable directory every sandbox server on this host shares") from None
+        raise UidClaimError(
+            f"cannot make the uid lock directory {LOCK_DIR} ({err}); set ATGRPO_SANDBOX_UID_DIR "
+            "to a writable directory every sandbox server on this host shares"
+        ) from None
     if base is not None:
         held, taken = _try(base, count)
         if held is None:
             raise UidClaimError(
-                f"host uid {taken} (of --uid-base {base} with {count} workers) is held by another sandbox "
-                f"({_holder(taken)}); leave out --uid-base to take a free range, or give one that does not overlap")
+                f"host uid {taken} (of --uid-base {base} with {count} workers) is held by another "
+                f"sandbox ({_holder(taken)}); leave out --uid-base to take a free range, or give "
+                f"one that does not overlap"
+            )
         return held
     start = DEFAULT_FIRST
     while start < DEFAULT_FIRST + _SEARCH_SPAN:
         held, taken = _try(start, count)
         if held is not None:
             return held
-        start = taken + 1      # the next candidate begins past the uid that was taken
-    raise UidClaimError(f"no {count} free consecutive host uids from {DEFAULT_FIRST} to "
-                        f"{DEFAULT_FIRST + _SEARCH_SPAN}: are that many sandboxes running here?")
+        start = taken + 1  # the next candidate begins past the uid that was taken
+    raise UidClaimError(
+        f"no {count} free consecutive host uids from {DEFAULT_FIRST} to "
+        f"{DEFAULT_FIRST + _SEARCH_SPAN}: are that many sandboxes running here?"
+    )

@@ -42,7 +42,9 @@ def _run_protoc(dest: Path) -> None:
     from grpc_tools import protoc
 
     include = Path(protoc.__file__).parent / "_proto"  # google/protobuf/*.proto
-    protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in (PROTO_ROOT / PROTO_PKG).glob("*.proto"))
+    protos = sorted(
+        str(p.relative_to(PROTO_ROOT)) for p in (PROTO_ROOT / PROTO_PKG).glob("*.proto")
+    )
     args = [
         "protoc",
         f"-I{PROTO_ROOT}",
@@ -80,7 +82,9 @@ def generate(out: Path) -> None:
             shutil.copy(f, target / f.name)
             _fix_imports(target / f.name)
         (target / "__init__.py").write_text("")
-        (out / "__init__.py").write_text('"""Generated protobuf/gRPC stubs: run `make protos`, never edit."""\n')
+        (out / "__init__.py").write_text(
+            '"""Generated protobuf/gRPC stubs: run `make protos`, never edit."""\n'
+        )
 
 
 def stale_files(out: Path = OUT) -> list[str]:
@@ -89,17 +93,25 @@ def stale_files(out: Path = OUT) -> list[str]:
         generate(Path(tmp))
         fresh, committed = Path(tmp), out
         names = {p.relative_to(fresh) for p in fresh.rglob("*") if p.is_file()}
-        names |= {p.relative_to(committed) for p in committed.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+        names |= {
+            p.relative_to(committed)
+            for p in committed.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts
+        }
         return sorted(
-            str(n) for n in names
-            if not (fresh / n).exists() or not (committed / n).exists()
+            str(n)
+            for n in names
+            if not (fresh / n).exists()
+            or not (committed / n).exists()
             or not filecmp.cmp(fresh / n, committed / n, shallow=False)
         )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 when the committed stubs are stale")
+    ap.add_argument(
+        "--check", action="store_true", help="exit 1 when the committed stubs are stale"
+    )
     args = ap.parse_args()
     if args.check:
         stale = stale_files()

@@ -44,9 +44,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# A small model with Qwen3's layout, for the CPU smoke run: same code path, seconds instead of minutes.
-SMALL = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 2, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 4096}
+# A small model with Qwen3's layout, for the CPU smoke run: same code path, seconds instead of
+# minutes.
+SMALL = {
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "vocab_size": 4096,
+}
 
 
 PARTS = ("trainer", "logprobs", "services", "push")
@@ -62,7 +70,7 @@ NEEDS = {
     # its own process imports only these; the five services it starts need the project's
     # dependencies (pyproject.toml's, the train extra's): see wheels()
     "services": _MODEL,
-    "push": (*_MODEL, *_GRPC, "xxhash"),     # the weight push digests with XXH3
+    "push": (*_MODEL, *_GRPC, "xxhash"),  # the weight push digests with XXH3
 }
 
 
@@ -114,14 +122,20 @@ def project_dependencies() -> list[str]:
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     deps = (*project["dependencies"], *project["optional-dependencies"]["train"])
-    return [n for n in (_canonical(re.match(r"[A-Za-z0-9._-]+", d).group()) for d in deps) if n != "torch"]
+    return [
+        n
+        for n in (_canonical(re.match(r"[A-Za-z0-9._-]+", d).group()) for d in deps)
+        if n != "torch"
+    ]
 
 
 def wheels() -> dict[str, list[str]]:
     """What to carry to a bare GPU machine, per part, with what those require."""
     bare = bare_machine()
-    return {**{p: sorted(closure(NEEDS[p]) - bare) for p in PARTS},
-            "services": sorted(closure([*project_dependencies(), *NEEDS["services"]]) - bare)}
+    return {
+        **{p: sorted(closure(NEEDS[p]) - bare) for p in PARTS},
+        "services": sorted(closure([*project_dependencies(), *NEEDS["services"]]) - bare),
+    }
 
 
 def missing_wheels(part: str) -> list[str]:
@@ -157,8 +171,17 @@ def samples_for(tokens: int, n: int, vocab: int, prompt_share: float = 0.5):
     rng = random.Random(0)
     p = max(1, int(tokens * prompt_share))
     r = max(1, tokens - p)
-    return [TrainSample("a", [rng.randrange(3, vocab) for _ in range(p)], [rng.randrange(3, vocab) for _ in range(r)],
-                        [-7.0] * r, rng.choice([-1.0, 1.0]), Sampling(temperature=1.0)) for _ in range(n)]
+    return [
+        TrainSample(
+            "a",
+            [rng.randrange(3, vocab) for _ in range(p)],
+            [rng.randrange(3, vocab) for _ in range(r)],
+            [-7.0] * r,
+            rng.choice([-1.0, 1.0]),
+            Sampling(temperature=1.0),
+        )
+        for _ in range(n)
+    ]
 
 
 def _peak(device: str) -> int:
@@ -166,7 +189,7 @@ def _peak(device: str) -> int:
 
     if device.startswith("cuda"):
         return torch.cuda.max_memory_allocated()
-    with open("/proc/self/status") as f:   # CPU: the high-water mark of this process
+    with open("/proc/self/status") as f:  # CPU: the high-water mark of this process
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM"))
 
 
@@ -193,21 +216,32 @@ def example_pool(args):
     run = load_config(args.example)
     name, pool = next(iter(run.pools.items()))
     tokens = args.micro_batch_tokens or pool.micro_batch_tokens
-    return run, name, dataclasses.replace(pool, device=args.device, micro_batch_tokens=tokens,
-                                          dtype=args.dtype or pool.dtype)
+    return (
+        run,
+        name,
+        dataclasses.replace(
+            pool, device=args.device, micro_batch_tokens=tokens, dtype=args.dtype or pool.dtype
+        ),
+    )
 
 
 def example_sampling(run, pool_name: str, max_tokens: int):
     """The train sampling (temperature, top-k, top-p) of the example's first agent on the pool."""
     agent = next(a for a, c in run.agents.items() if c.pool == pool_name)
-    return dataclasses.replace(run.agents[agent].train_sampling.to_sampling(), max_tokens=max_tokens)
+    return dataclasses.replace(
+        run.agents[agent].train_sampling.to_sampling(), max_tokens=max_tokens
+    )
 
 
 def random_model(args, work: Path, dtype: str) -> Path:
     """The random model, built by the first part that needs it; the later parts (processes of
     their own, one work folder) load it again."""
     path = work / "model"
-    return path if (path / "config.json").exists() else build_random_model(model_config(args.size), path, dtype)
+    return (
+        path
+        if (path / "config.json").exists()
+        else build_random_model(model_config(args.size), path, dtype)
+    )
 
 
 def setup_pool(args, path: Path, name: str, pool):
@@ -215,8 +249,17 @@ def setup_pool(args, path: Path, name: str, pool):
     from atgrpo.contract.trainer import PoolSpec
     from trainer_svc.ops import PoolOps
 
-    spec = PoolSpec("gpu-check", name, str(path), ("a",), lr=pool.optim.lr, device=args.device, dtype=pool.dtype,
-                    micro_batch_tokens=pool.micro_batch_tokens, gradient_checkpointing=pool.gradient_checkpointing)
+    spec = PoolSpec(
+        "gpu-check",
+        name,
+        str(path),
+        ("a",),
+        lr=pool.optim.lr,
+        device=args.device,
+        dtype=pool.dtype,
+        micro_batch_tokens=pool.micro_batch_tokens,
+        gradient_checkpointing=pool.gradient_checkpointing,
+    )
     ops = PoolOps()
     ops.setup(spec)
     return ops
@@ -246,9 +289,13 @@ def check_trainer(args, work: Path) -> dict:
     loaded_s = time.monotonic() - started
     per_sample = min(args.sample_tokens, tokens)
     samples = samples_for(per_sample, max(1, tokens // per_sample), cfg["vocab_size"])
-    update = dataclasses.replace(run.update_for(name), mini_batch_size=len(samples), micro_batch_tokens=tokens,
-                                 autocast_bf16=state.autocast)
-    ops.train(samples, update)                     # warm-up: allocator, AdamW state, kernels
+    update = dataclasses.replace(
+        run.update_for(name),
+        mini_batch_size=len(samples),
+        micro_batch_tokens=tokens,
+        autocast_bf16=state.autocast,
+    )
+    ops.train(samples, update)  # warm-up: allocator, AdamW state, kernels
     _reset_peak(args.device)
     t0 = time.monotonic()
     metrics = ops.train(samples, update)
@@ -258,13 +305,22 @@ def check_trainer(args, work: Path) -> dict:
     measured = _peak(args.device) - baseline
     estimate = trainer_components(_shape(cfg), pool, run.algorithm, args.device, tokens=tokens)
     return {
-        "model": "Qwen3-1.7B (random weights)" if args.size == "1.7b" else "Qwen3-shaped small (random weights)",
-        "pool": name, "dtype": pool.dtype, "micro_batch_tokens": tokens, "samples": len(samples),
-        "sample_tokens": per_sample, "checkpointing": state.checkpointing, "load_s": round(loaded_s, 1),
+        "model": "Qwen3-1.7B (random weights)"
+        if args.size == "1.7b"
+        else "Qwen3-shaped small (random weights)",
+        "pool": name,
+        "dtype": pool.dtype,
+        "micro_batch_tokens": tokens,
+        "samples": len(samples),
+        "sample_tokens": per_sample,
+        "checkpointing": state.checkpointing,
+        "load_s": round(loaded_s, 1),
         "update_s": round(seconds, 2),
         "tokens_per_s": round(sum(len(s.response_ids) for s in samples) / seconds, 1),
-        "peak_bytes": measured, "reserved_bytes": _reserved(args.device),
-        "plan_bytes": trainer_peak(estimate), "plan_components": estimate,
+        "peak_bytes": measured,
+        "reserved_bytes": _reserved(args.device),
+        "plan_bytes": trainer_peak(estimate),
+        "plan_components": estimate,
         "plan_ratio": round(measured / max(1, trainer_peak(estimate)), 3),
         "loss": metrics.get("loss"),
     }
@@ -288,28 +344,49 @@ def check_logprobs(args, work: Path) -> dict:
     sampling = example_sampling(run, name, args.gen_tokens)
     path = random_model(args, work, "bfloat16" if pool.dtype == "bfloat16" else "float32")
     # The rollout's width: bf16 on a GPU (what vLLM serves), float32 on the CPU (the hf engine's).
-    engine = HFEngine(str(path), device=args.device, dtype="bfloat16" if args.device.startswith("cuda") else "float32")
+    engine = HFEngine(
+        str(path),
+        device=args.device,
+        dtype="bfloat16" if args.device.startswith("cuda") else "float32",
+    )
     vocab = model_config(args.size)["vocab_size"]
     prompts = [[(7 * i + 13 * j) % (vocab - 3) + 3 for j in range(64)] for i in range(8)]
     outs = engine.generate(prompts, [2] * len(prompts), sampling)
-    samples = [TrainSample("a", p, c.token_ids, c.logprobs, 1.0, sampling)
-               for p, cs in zip(prompts, outs, strict=True) for c in cs if c.token_ids]
+    samples = [
+        TrainSample("a", p, c.token_ids, c.logprobs, 1.0, sampling)
+        for p, cs in zip(prompts, outs, strict=True)
+        for c in cs
+        if c.token_ids
+    ]
     del engine
     if args.device.startswith("cuda"):
         torch.cuda.empty_cache()
     ops = setup_pool(args, path, name, pool)
-    cfg = dataclasses.replace(run.update_for(name), micro_batch_tokens=pool.micro_batch_tokens,
-                              autocast_bf16=ops.state.autocast)
+    cfg = dataclasses.replace(
+        run.update_for(name),
+        micro_batch_tokens=pool.micro_batch_tokens,
+        autocast_bf16=ops.state.autocast,
+    )
     scored = proximal_logprobs(ops.state.model, samples, cfg, str(ops.state.device))
     rollout = torch.cat([torch.tensor(s.old_logprobs, dtype=torch.float32) for s in samples])
     trainer = torch.cat(scored)
-    outside = ~torch.isfinite(trainer)   # tokens the trainer's transform excludes: a top-k/top-p mismatch
+    outside = ~torch.isfinite(
+        trainer
+    )  # tokens the trainer's transform excludes: a top-k/top-p mismatch
     diff = (trainer - rollout)[~outside]
-    return {"sampling": dataclasses.asdict(sampling), "pool_dtype": pool.dtype, "autocast_bf16": ops.state.autocast,
-            "samples": len(samples), "tokens": int(rollout.numel()), "outside_support": int(outside.sum()),
-            "max_abs_diff": round(float(diff.abs().max()), 6), "mean_abs_diff": round(float(diff.abs().mean()), 6),
-            "ratio_mean": round(float(diff.exp().mean()), 6), "ratio_max": round(float(diff.exp().max()), 6),
-            "ratio_min": round(float(diff.exp().min()), 6)}
+    return {
+        "sampling": dataclasses.asdict(sampling),
+        "pool_dtype": pool.dtype,
+        "autocast_bf16": ops.state.autocast,
+        "samples": len(samples),
+        "tokens": int(rollout.numel()),
+        "outside_support": int(outside.sum()),
+        "max_abs_diff": round(float(diff.abs().max()), 6),
+        "mean_abs_diff": round(float(diff.abs().mean()), 6),
+        "ratio_mean": round(float(diff.exp().mean()), 6),
+        "ratio_max": round(float(diff.exp().max()), 6),
+        "ratio_min": round(float(diff.exp().min()), 6),
+    }
 
 
 def check_services(args, work: Path) -> dict:
@@ -321,30 +398,69 @@ def check_services(args, work: Path) -> dict:
     model = build_tiny_model(work / "tiny")
     run_dir = work / "toy-run"
     config = {
-        "run": {"name": "gpu-check-toy", "seed": 0, "steps": args.loop_steps, "tasks_per_step": 8,
-                "eval_every_steps": 0, "eval_tasks": 8, "checkpoint_every_steps": 0, "run_dir": str(run_dir)},
+        "run": {
+            "name": "gpu-check-toy",
+            "seed": 0,
+            "steps": args.loop_steps,
+            "tasks_per_step": 8,
+            "eval_every_steps": 0,
+            "eval_tasks": 8,
+            "checkpoint_every_steps": 0,
+            "run_dir": str(run_dir),
+        },
         "env": {"name": "toy", "turn_order": ["speaker", "listener"], "max_turns": 2},
-        "pools": {"shared": {"model_path": str(model), "engine": "hf", "device": args.device, "dtype": "float32",
-                             "optim": {"lr": 5e-4, "warmup_steps": 0}}},
-        "agents": {a: {"pool": "shared", "train_sampling": {"temperature": 1.0, "max_tokens": 4},
-                       "eval_sampling": {"max_tokens": 4}} for a in ("speaker", "listener")},
+        "pools": {
+            "shared": {
+                "model_path": str(model),
+                "engine": "hf",
+                "device": args.device,
+                "dtype": "float32",
+                "optim": {"lr": 5e-4, "warmup_steps": 0},
+            }
+        },
+        "agents": {
+            a: {
+                "pool": "shared",
+                "train_sampling": {"temperature": 1.0, "max_tokens": 4},
+                "eval_sampling": {"max_tokens": 4},
+            }
+            for a in ("speaker", "listener")
+        },
         "algorithm": {"k": 4, "mini_batch_size": 64},
     }
     path = work / "toy.yaml"
     path.write_text(yaml.safe_dump(config))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "atgrpo.cli", "train", str(path)], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=args.loop_timeout_s)
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()] \
-        if (run_dir / "metrics.jsonl").exists() else []
+    out = subprocess.run(
+        [sys.executable, "-m", "atgrpo.cli", "train", str(path)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=args.loop_timeout_s,
+    )
+    lines = (
+        [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        if (run_dir / "metrics.jsonl").exists()
+        else []
+    )
     steps = [e for e in lines if e.get("kind") == "step"]
-    return {"exit_code": out.returncode, "seconds": round(time.monotonic() - t0, 1), "steps": len(steps),
-            # the largest of the services' processes (this part's own host peak is the launcher's)
-            "services_host_peak_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
-            "staleness_max": [max((p.get("staleness_max", 0) for p in e.get("pools", {}).values()), default=0)
-                              for e in steps],
-            "stderr_tail": out.stderr[-2000:] if out.returncode else ""}
+    return {
+        "exit_code": out.returncode,
+        "seconds": round(time.monotonic() - t0, 1),
+        "steps": len(steps),
+        # the largest of the services' processes (this part's own host peak is the launcher's)
+        "services_host_peak_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
+        "staleness_max": [
+            max((p.get("staleness_max", 0) for p in e.get("pools", {}).values()), default=0)
+            for e in steps
+        ],
+        "stderr_tail": out.stderr[-2000:] if out.returncode else "",
+    }
 
 
 def check_push(args, work: Path) -> dict:
@@ -388,27 +504,43 @@ def check_push(args, work: Path) -> dict:
     host_peak = _peak("cpu") - host
     sampling = example_sampling(run, name, args.gen_tokens)
     prompts = [[(7 * i + j) % 1000 + 3 for j in range(128)] for i in range(8)]
-    engine.generate(prompts[:1], [1], Sampling(temperature=1.0, max_tokens=4))       # warm-up
+    engine.generate(prompts[:1], [1], Sampling(temperature=1.0, max_tokens=4))  # warm-up
     t0 = time.monotonic()
     outs = engine.generate(prompts, [1] * len(prompts), sampling)
     gen_s = time.monotonic() - t0
     tokens = sum(len(c.token_ids) for out in outs for c in out)
-    return {"model_bytes": size, "bytes_sent": sent, "push_s": round(seconds, 2),
-            "push_gb_per_s": round(sent / seconds / 1e9, 3), "host_peak_growth_bytes": host_peak,
-            "host_peak_over_model": round(host_peak / size, 2), "device_peak_bytes": device_peak,
-            "device_reserved_bytes": device_reserved, "sampling": dataclasses.asdict(sampling),
-            "generate_tokens_per_s": round(tokens / gen_s, 1), "generate_batch": len(prompts)}
+    return {
+        "model_bytes": size,
+        "bytes_sent": sent,
+        "push_s": round(seconds, 2),
+        "push_gb_per_s": round(sent / seconds / 1e9, 3),
+        "host_peak_growth_bytes": host_peak,
+        "host_peak_over_model": round(host_peak / size, 2),
+        "device_peak_bytes": device_peak,
+        "device_reserved_bytes": device_reserved,
+        "sampling": dataclasses.asdict(sampling),
+        "generate_tokens_per_s": round(tokens / gen_s, 1),
+        "generate_batch": len(prompts),
+    }
 
 
-CHECKS = {"trainer": check_trainer, "logprobs": check_logprobs, "services": check_services, "push": check_push}
+CHECKS = {
+    "trainer": check_trainer,
+    "logprobs": check_logprobs,
+    "services": check_services,
+    "push": check_push,
+}
 
 
 def run_part(args) -> dict:
     """One part, in this process: its figures, the wheels it imported and its host peak."""
     missing = missing_wheels(args.part)
     if missing:
-        return {"skipped": f"needs the wheels {missing}: carry them to this machine (pip download on one with "
-                           "internet; `--wheels` lists every part's)"}
+        return {
+            "skipped": f"needs the wheels {missing}: carry them to this machine (pip download on "
+            f"one with "
+            "internet; `--wheels` lists every part's)"
+        }
     try:
         out = CHECKS[args.part](args, Path(args.work))
     except Exception as err:  # noqa: BLE001 - reported, not raised: the report is the product
@@ -419,14 +551,27 @@ def run_part(args) -> dict:
 def run_isolated(part: str, args, work: Path) -> dict:
     """A part in a process of its own (see the module's docstring); its report, or what killed it."""
     out = work / f"{part}.json"
-    settings = {"--device": args.device, "--size": args.size, "--example": args.example,
-                "--micro-batch-tokens": args.micro_batch_tokens, "--dtype": args.dtype,
-                "--sample-tokens": args.sample_tokens,
-                "--loop-steps": args.loop_steps, "--loop-timeout-s": args.loop_timeout_s,
-                "--gen-tokens": args.gen_tokens, "--part": part, "--work": work, "--out": out}
+    settings = {
+        "--device": args.device,
+        "--size": args.size,
+        "--example": args.example,
+        "--micro-batch-tokens": args.micro_batch_tokens,
+        "--dtype": args.dtype,
+        "--sample-tokens": args.sample_tokens,
+        "--loop-steps": args.loop_steps,
+        "--loop-timeout-s": args.loop_timeout_s,
+        "--gen-tokens": args.gen_tokens,
+        "--part": part,
+        "--work": work,
+        "--out": out,
+    }
     # -S passed on: a check run without site-packages (a bare machine's emulation) stays so.
-    cmd = [sys.executable, *(["-S"] if sys.flags.no_site else []), __file__,
-           *(str(x) for kv in settings.items() for x in kv)]
+    cmd = [
+        sys.executable,
+        *(["-S"] if sys.flags.no_site else []),
+        __file__,
+        *(str(x) for kv in settings.items() for x in kv),
+    ]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.part_timeout_s)
     except subprocess.TimeoutExpired:
@@ -440,19 +585,34 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--size", choices=("1.7b", "small"), default="1.7b")
-    ap.add_argument("--example", default=str(ROOT / "examples/code_L1_gpu.yaml"),
-                    help="the config whose first pool's settings (and first agent's sampling) the parts use")
-    ap.add_argument("--micro-batch-tokens", type=int, default=0, help="override the example's (0: keep it)")
+    ap.add_argument(
+        "--example",
+        default=str(ROOT / "examples/code_L1_gpu.yaml"),
+        help="the config whose first pool's settings (and first agent's sampling) the parts use",
+    )
+    ap.add_argument(
+        "--micro-batch-tokens", type=int, default=0, help="override the example's (0: keep it)"
+    )
     ap.add_argument("--dtype", default="", help="override the example pool's dtype ('': keep it)")
-    ap.add_argument("--sample-tokens", type=int, default=2048, help="prompt + response tokens of each sample")
+    ap.add_argument(
+        "--sample-tokens", type=int, default=2048, help="prompt + response tokens of each sample"
+    )
     ap.add_argument("--loop-steps", type=int, default=3)
     ap.add_argument("--loop-timeout-s", type=int, default=300)
-    ap.add_argument("--gen-tokens", type=int, default=64, help="tokens per sequence of the generation checks")
+    ap.add_argument(
+        "--gen-tokens", type=int, default=64, help="tokens per sequence of the generation checks"
+    )
     ap.add_argument("--parts", default=",".join(PARTS), help=f"which of {','.join(PARTS)} to run")
     ap.add_argument("--part-timeout-s", type=int, default=600)
-    ap.add_argument("--wheels", action="store_true", help="print the wheels each part needs beyond torch, and exit")
+    ap.add_argument(
+        "--wheels",
+        action="store_true",
+        help="print the wheels each part needs beyond torch, and exit",
+    )
     ap.add_argument("--out", default="gpu_check.json")
-    ap.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)    # run one part here (run_isolated)
+    ap.add_argument(
+        "--part", choices=PARTS, help=argparse.SUPPRESS
+    )  # run one part here (run_isolated)
     ap.add_argument("--work", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.wheels:
@@ -467,6 +627,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"device": args.device, "size": args.size}
     try:
         import torch
+
         report["torch"] = torch.__version__
         if args.device.startswith("cuda"):
             report["gpu"] = torch.cuda.get_device_name(0)
@@ -475,7 +636,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="atgrpo-gpu-check-") as tmp:
         for part in parts:
             report[part] = run_isolated(part, args, Path(tmp))
-            Path(args.out).write_text(json.dumps(report, indent=2))   # after each part: a timeout keeps what ran
+            Path(args.out).write_text(
+                json.dumps(report, indent=2)
+            )  # after each part: a timeout keeps what ran
     print(json.dumps(report, indent=2))
     return 0 if all(part_ok(part, report[part], args) for part in parts) else 1
 

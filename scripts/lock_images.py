@@ -64,16 +64,26 @@ CUDA_FILE = "docker/cuda.txt"
 # Packages named for another CUDA major that the GPU images carry beside their own, and why.
 OTHER_CUDA_ALLOWED = {
     "nvidia-cutlass-dsl-libs-cu12": "nvidia-cutlass-dsl always requires it; vLLM adds the -cu13 "
-                                    "libraries through nvidia-cutlass-dsl[cu13]",
+    "libraries through nvidia-cutlass-dsl[cu13]",
 }
 # The C library of the base images' Debian releases: the newest manylinux tag a wheel may carry.
 GLIBC = {"bullseye": 31, "bookworm": 36, "trixie": 41}
 PYPI = "https://pypi.org/simple"
 # pip settings about the connection, carried over from pip's configuration into the dry-run.
-CONNECTION_KEYS = ("cert", "client-cert", "trusted-host", "proxy", "timeout", "default-timeout", "retries")
+CONNECTION_KEYS = (
+    "cert",
+    "client-cert",
+    "trusted-host",
+    "proxy",
+    "timeout",
+    "default-timeout",
+    "retries",
+)
 DRY_RUN_TIMEOUT_S = 480
-_UNREACHABLE = re.compile(r"NameResolutionError|Failed to establish a new connection|Max retries exceeded"
-                          r"|Could not fetch URL|ConnectTimeoutError|Network is unreachable|Connection refused")
+_UNREACHABLE = re.compile(
+    r"NameResolutionError|Failed to establish a new connection|Max retries exceeded"
+    r"|Could not fetch URL|ConnectTimeoutError|Network is unreachable|Connection refused"
+)
 
 
 class ImageCheckError(Exception):
@@ -83,20 +93,21 @@ class ImageCheckError(Exception):
 class ResolutionFailed(ImageCheckError):
     def __init__(self, message: str, pins: list[str], output: str):
         super().__init__(message)
-        self.pins = pins          # the constraint lines pip names as conflicting, e.g. "numpy==2.4.6"
+        self.pins = pins  # the constraint lines pip names as conflicting, e.g. "numpy==2.4.6"
         self.output = output
 
 
 # ---- what an image installs -------------------------------------------------------------------
 
+
 @dataclass
 class Build:
     image: str
     base_image: str
-    python: str                       # "3.11.13"
-    glibc_minor: int                  # 36: manylinux_2_36 and older
+    python: str  # "3.11.13"
+    glibc_minor: int  # 36: manylinux_2_36 and older
     extras: list[str]
-    constraints: list[str]            # paths from the repository root, in the Dockerfile's order
+    constraints: list[str]  # paths from the repository root, in the Dockerfile's order
     extra_index_urls: list[str] = field(default_factory=list)
 
     @property
@@ -108,7 +119,9 @@ class Build:
 @functools.cache
 def _dockerfile_module():
     """tests/helm/dockerfile.py, the Dockerfile reader the image tests use."""
-    spec = importlib.util.spec_from_file_location("atgrpo_dockerfile", ROOT / "tests" / "helm" / "dockerfile.py")
+    spec = importlib.util.spec_from_file_location(
+        "atgrpo_dockerfile", ROOT / "tests" / "helm" / "dockerfile.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     sys.modules["atgrpo_dockerfile"] = mod
     spec.loader.exec_module(mod)
@@ -124,8 +137,10 @@ def build_of(image: str, docker_dir: Path = DOCKER) -> Build:
     base = dockerfile.expand(stage[0].args.split()[0], args)
     m = re.fullmatch(r"(?:.*/)?python:(\d+\.\d+\.\d+)-(?:slim-)?(\w+)(?:@sha256:\w+)?", base)
     if not m or m.group(2) not in GLIBC:
-        raise ImageCheckError(f"{image}: base image {base!r} is not python:X.Y.Z[-slim]-<{'|'.join(GLIBC)}>; "
-                              "teach scripts/lock_images.py its interpreter and C library")
+        raise ImageCheckError(
+            f"{image}: base image {base!r} is not python:X.Y.Z[-slim]-<{'|'.join(GLIBC)}>; "
+            "teach scripts/lock_images.py its interpreter and C library"
+        )
     # the first COPY brings the dependency files into the working directory under their own names
     copy = next(i for i in stage if i.name == "COPY")
     copied = {Path(src).name: src for src in copy.args.split()[:-1]}
@@ -135,20 +150,22 @@ def build_of(image: str, docker_dir: Path = DOCKER) -> Build:
     words = shlex.split(dockerfile.expand(run.args, args))
     at = words.index("requirements.py")
     extras = []
-    for w in words[at + 1:]:
+    for w in words[at + 1 :]:
         if w.startswith(">") or w in ("&&", "|"):
             break
         extras.append(w)
     pip = next(i for i in range(len(words) - 1) if words[i] == "pip" and words[i + 1] == "install")
     constraints, indexes = [], []
-    it = iter(words[pip + 2:])
+    it = iter(words[pip + 2 :])
     for w in it:
         if w in ("&&", ";"):
             break
         if w in ("-c", "--constraint"):
             name = next(it)
             if name not in copied:
-                raise ImageCheckError(f"{image}: pip install -c {name}, which the first COPY does not bring")
+                raise ImageCheckError(
+                    f"{image}: pip install -c {name}, which the first COPY does not bring"
+                )
             constraints.append(copied[name])
         elif w == "--extra-index-url":
             indexes.append(next(it))
@@ -157,15 +174,20 @@ def build_of(image: str, docker_dir: Path = DOCKER) -> Build:
         elif w in ("-r", "--requirement"):
             next(it)
         else:
-            raise ImageCheckError(f"{image}: `pip install ... {w}` in the build stage: scripts/lock_images.py "
-                                  "does not know how that changes the resolution; teach it")
+            raise ImageCheckError(
+                f"{image}: `pip install ... {w}` in the build stage: scripts/lock_images.py "
+                "does not know how that changes the resolution; teach it"
+            )
     return Build(image, base, m.group(1), GLIBC[m.group(2)], extras, constraints, indexes)
 
 
 def requirements(extras: list[str], pyproject: Path = ROOT / "pyproject.toml") -> list[str]:
     """docker/requirements.py's output: the core dependencies plus the extras."""
-    out = subprocess.run([sys.executable, str(DOCKER / "requirements.py"), "--pyproject", str(pyproject), *extras],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, str(DOCKER / "requirements.py"), "--pyproject", str(pyproject), *extras],
+        capture_output=True,
+        text=True,
+    )
     if out.returncode != 0:
         raise ImageCheckError(out.stderr.strip())
     return out.stdout.splitlines()
@@ -173,18 +195,21 @@ def requirements(extras: list[str], pyproject: Path = ROOT / "pyproject.toml") -
 
 # ---- where pip looks ----------------------------------------------------------------------------
 
+
 @dataclass
 class Sources:
     index_url: str = PYPI
     extra_index_urls: list[str] = field(default_factory=list)
     find_links: list[str] = field(default_factory=list)
-    connection: dict[str, str] = field(default_factory=dict)   # PIP_* variables for the dry-run
+    connection: dict[str, str] = field(default_factory=dict)  # PIP_* variables for the dry-run
 
 
 def pip_sources(python: str = sys.executable) -> Sources:
     """The indexes, find-links and connection settings pip uses here, from `pip config list`
     (configuration files and PIP_* variables; a variable wins over a file, as in pip)."""
-    out = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [python, "-m", "pip", "config", "list"], capture_output=True, text=True, check=True
+    ).stdout
     rank = {"global": 0, "install": 1, ":env:": 2}
     values: dict[str, tuple[int, str]] = {}
     for line in out.splitlines():
@@ -195,17 +220,21 @@ def pip_sources(python: str = sys.executable) -> Sources:
         if m.group(2) not in values or rank[m.group(1)] >= values[m.group(2)][0]:
             values[m.group(2)] = (rank[m.group(1)], value)
     get = {k: v for k, (_, v) in values.items()}
-    return Sources(index_url=get.get("index-url", PYPI),
-                   extra_index_urls=get.get("extra-index-url", "").split(),
-                   find_links=get.get("find-links", "").split(),
-                   connection={f"PIP_{k.upper().replace('-', '_')}": get[k] for k in CONNECTION_KEYS if k in get})
+    return Sources(
+        index_url=get.get("index-url", PYPI),
+        extra_index_urls=get.get("extra-index-url", "").split(),
+        find_links=get.get("find-links", "").split(),
+        connection={
+            f"PIP_{k.upper().replace('-', '_')}": get[k] for k in CONNECTION_KEYS if k in get
+        },
+    )
 
 
 def reachable(url: str, timeout_s: float = 15) -> tuple[bool, str]:
     """Whether an index answers at all (any HTTP status counts), or why not. It asks for one
     project's page: an index's root can list every project (PyPI's is tens of megabytes)."""
     if url.startswith("file://"):
-        path = Path(urllib.request.url2pathname(url[len("file://"):]))
+        path = Path(urllib.request.url2pathname(url[len("file://") :]))
         return path.is_dir(), f"{path} is not a directory"
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/pip/", timeout=timeout_s):
@@ -218,21 +247,45 @@ def reachable(url: str, timeout_s: float = 15) -> tuple[bool, str]:
 
 # ---- the dry run --------------------------------------------------------------------------------
 
+
 @dataclass
 class Resolution:
     image: str
-    packages: dict[str, str]          # canonical name -> version
-    names: dict[str, str]             # canonical name -> the name as the distribution spells it
+    packages: dict[str, str]  # canonical name -> version
+    names: dict[str, str]  # canonical name -> the name as the distribution spells it
     seconds: float
     indexes: list[str]
     notes: list[str]
 
 
-def dry_run_command(build: Build, requirements_file: Path, constraints: list[Path], sources: Sources,
-                    report: Path, use_find_links: bool, extra_indexes: list[str]) -> list[str]:
-    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--report", str(report),
-           "--progress-bar", "off", "--python-version", build.python, "--implementation", "cp",
-           "--abi", "cp" + "".join(build.python.split(".")[:2]), "--only-binary=:all:"]
+def dry_run_command(
+    build: Build,
+    requirements_file: Path,
+    constraints: list[Path],
+    sources: Sources,
+    report: Path,
+    use_find_links: bool,
+    extra_indexes: list[str],
+) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--ignore-installed",
+        "--report",
+        str(report),
+        "--progress-bar",
+        "off",
+        "--python-version",
+        build.python,
+        "--implementation",
+        "cp",
+        "--abi",
+        "cp" + "".join(build.python.split(".")[:2]),
+        "--only-binary=:all:",
+    ]
     for tag in build.platforms:
         cmd += ["--platform", tag]
     cmd += ["--index-url", sources.index_url]
@@ -246,42 +299,65 @@ def dry_run_command(build: Build, requirements_file: Path, constraints: list[Pat
     return cmd + ["-r", str(requirements_file)]
 
 
-def resolve(build: Build, sources: Sources | None = None, constraints: list[Path] | None = None,
-            cache_dir: Path | None = None, pyproject: Path = ROOT / "pyproject.toml") -> Resolution:
+def resolve(
+    build: Build,
+    sources: Sources | None = None,
+    constraints: list[Path] | None = None,
+    cache_dir: Path | None = None,
+    pyproject: Path = ROOT / "pyproject.toml",
+) -> Resolution:
     """Resolve what `build` installs, for its target, without installing; ResolutionFailed or
     ImageCheckError with a message that names the cause."""
     sources = sources or pip_sources()
     ok, why = reachable(sources.index_url)
     if not ok:
-        raise ImageCheckError(f"{build.image}: the package index {sources.index_url} is unreachable ({why}); "
-                              "resolving the image's requirements needs it")
+        raise ImageCheckError(
+            f"{build.image}: the package index {sources.index_url} is unreachable ({why}); "
+            "resolving the image's requirements needs it"
+        )
     notes, extra_indexes = [], []
     for url in build.extra_index_urls:
         ok, why = reachable(url)
         if ok:
             extra_indexes.append(url)
         else:
-            notes.append(f"{url} is unreachable from here ({why}); pip's find-links stand in for it")
+            notes.append(
+                f"{url} is unreachable from here ({why}); pip's find-links stand in for it"
+            )
     constraints = [ROOT / c for c in build.constraints] if constraints is None else constraints
     with tempfile.TemporaryDirectory(prefix="atgrpo-lock-") as tmp:
         req = Path(tmp) / "requirements.txt"
         req.write_text("\n".join(requirements(build.extras, pyproject)) + "\n")
         report = Path(tmp) / "report.json"
-        cmd = dry_run_command(build, req, constraints, sources, report, bool(build.extra_index_urls), extra_indexes)
+        cmd = dry_run_command(
+            build, req, constraints, sources, report, bool(build.extra_index_urls), extra_indexes
+        )
         keep = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-        env = {**keep, **sources.connection, "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INPUT": "1",
-               "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_CACHE_DIR": str(cache_dir or Path(tmp) / "cache")}
+        env = {
+            **keep,
+            **sources.connection,
+            "PIP_CONFIG_FILE": os.devnull,
+            "PIP_NO_INPUT": "1",
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            "PIP_CACHE_DIR": str(cache_dir or Path(tmp) / "cache"),
+        }
         start = time.monotonic()
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=DRY_RUN_TIMEOUT_S)
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, env=env, timeout=DRY_RUN_TIMEOUT_S
+            )
         except subprocess.TimeoutExpired:
-            raise ImageCheckError(f"{build.image}: pip's dry run took over {DRY_RUN_TIMEOUT_S} s") from None
+            raise ImageCheckError(
+                f"{build.image}: pip's dry run took over {DRY_RUN_TIMEOUT_S} s"
+            ) from None
         seconds = time.monotonic() - start
         output = proc.stdout + proc.stderr
         if proc.returncode != 0:
             raise explain_failure(build.image, output, constraints, cmd)
         installs = json.loads(report.read_text())["install"]
-    packages = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in installs}
+    packages = {
+        canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in installs
+    }
     names = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["name"] for i in installs}
     used = [sources.index_url, *sources.extra_index_urls, *extra_indexes]
     if build.extra_index_urls:
@@ -289,7 +365,9 @@ def resolve(build: Build, sources: Sources | None = None, constraints: list[Path
     return Resolution(build.image, packages, names, seconds, used, notes)
 
 
-def explain_failure(image: str, output: str, constraints: list[Path], cmd: list[str]) -> ImageCheckError:
+def explain_failure(
+    image: str, output: str, constraints: list[Path], cmd: list[str]
+) -> ImageCheckError:
     """The message for a failed dry run: the conflicting pins with the files that hold them and
     the requirements that exclude them, or why pip could not look."""
     lines = output.splitlines()
@@ -299,20 +377,41 @@ def explain_failure(image: str, output: str, constraints: list[Path], cmd: list[
         where = []
         for pin in pins:
             name = canonicalize_name(re.split(r"[=<>!~ ;\[]", pin, maxsplit=1)[0])
-            files = [str(c.relative_to(ROOT)) if c.is_relative_to(ROOT) else c.name
-                     for c in constraints if name in {canonicalize_name(p) for p in read_pins(c)}]
+            files = [
+                str(c.relative_to(ROOT)) if c.is_relative_to(ROOT) else c.name
+                for c in constraints
+                if name in {canonicalize_name(p) for p in read_pins(c)}
+            ]
             culprits = [f"      {ln.strip()}" for ln in lines if _excludes(ln, name, pin)]
-            where.append(f"  {pin} (pinned in {', '.join(files) or 'a constraints file'}), which these exclude:\n"
-                         + "\n".join(culprits or ["      (pip named no requirement; see its output below)"]))
-        return ResolutionFailed(f"{image}: the image's requirements do not resolve (ResolutionImpossible): "
-                                f"conflicting pin{'s' if len(pins) > 1 else ''}\n" + "\n".join(where)
-                                + "\n" + "\n".join(errors[-2:]), pins, output)
+            where.append(
+                f"  {pin} (pinned in {', '.join(files) or 'a constraints file'}), which these "
+                f"exclude:\n"
+                + "\n".join(culprits or ["      (pip named no requirement; see its output below)"])
+            )
+        return ResolutionFailed(
+            f"{image}: the image's requirements do not resolve (ResolutionImpossible): "
+            f"conflicting pin{'s' if len(pins) > 1 else ''}\n"
+            + "\n".join(where)
+            + "\n"
+            + "\n".join(errors[-2:]),
+            pins,
+            output,
+        )
     if _UNREACHABLE.search(output):
         hits = sorted({ln.strip() for ln in lines if _UNREACHABLE.search(ln)})[:3]
-        return ImageCheckError(f"{image}: the package index is unreachable, so the image's requirements could not be "
-                               "resolved:\n  " + "\n  ".join(hits))
-    return ResolutionFailed(f"{image}: the image's requirements do not resolve:\n  " + "\n  ".join(errors or lines[-15:])
-                            + "\n(command: " + shlex.join(cmd[2:]) + ")", [], output)
+        return ImageCheckError(
+            f"{image}: the package index is unreachable, so the image's requirements could not be "
+            "resolved:\n  " + "\n  ".join(hits)
+        )
+    return ResolutionFailed(
+        f"{image}: the image's requirements do not resolve:\n  "
+        + "\n  ".join(errors or lines[-15:])
+        + "\n(command: "
+        + shlex.join(cmd[2:])
+        + ")",
+        [],
+        output,
+    )
 
 
 def _excludes(line: str, name: str, pin: str) -> bool:
@@ -326,8 +425,11 @@ def _excludes(line: str, name: str, pin: str) -> bool:
         version = pin.split("==", 1)[1] if "==" in pin else None
     except (InvalidRequirement, IndexError):
         return False
-    return canonicalize_name(req.name) == name and version is not None and not req.specifier.contains(
-        version, prereleases=True)
+    return (
+        canonicalize_name(req.name) == name
+        and version is not None
+        and not req.specifier.contains(version, prereleases=True)
+    )
 
 
 def read_pins(path: Path) -> dict[str, str]:
@@ -343,8 +445,9 @@ def read_pins(path: Path) -> dict[str, str]:
 
 # ---- the checks and the lock ------------------------------------------------------------------
 
+
 def cuda_version(path: Path = ROOT / CUDA_FILE) -> str:
-    """"13.0" from docker/cuda.txt's `cuda-toolkit==13.0.*`."""
+    """ "13.0" from docker/cuda.txt's `cuda-toolkit==13.0.*`."""
     m = re.search(r"^cuda-toolkit==(\d+\.\d+)\.\*\s*$", path.read_text(), re.M)
     if not m:
         raise ImageCheckError(f"{path}: no `cuda-toolkit==MAJOR.MINOR.*` line")
@@ -361,33 +464,46 @@ def check_resolution(res: Resolution, build: Build, cuda: str) -> None:
             raise ImageCheckError(f"{res.image}: torch resolved to {torch}, not PyPI's CUDA build")
         _check_cuda(res, build, cuda)
     else:
-        cuda_pkgs = sorted(n for n in res.packages if n.startswith(("nvidia-", "cuda-")) or n == "triton")
+        cuda_pkgs = sorted(
+            n for n in res.packages if n.startswith(("nvidia-", "cuda-")) or n == "triton"
+        )
         if Version(torch).local != "cpu" or cuda_pkgs:
             raise ImageCheckError(
-                f"{res.image}: torch resolved to {torch} (with {', '.join(cuda_pkgs) or 'no CUDA packages'}), not a "
-                f"+cpu build: {'; '.join(res.notes) or 'the CPU wheel index did not serve it'}; no index or "
-                f"find-links here serves torch=={torch.split('+')[0]}+cpu")
+                f"{res.image}: torch resolved to {torch} (with "
+                f"{', '.join(cuda_pkgs) or 'no CUDA packages'}), not a +cpu build: "
+                f"{'; '.join(res.notes) or 'the CPU wheel index did not serve it'}; no index or "
+                f"find-links here serves torch=={torch.split('+')[0]}+cpu"
+            )
     own = LOCKED.get(build.image)
     if own:
         pins = {canonicalize_name(n): v for n, v in read_pins(ROOT / own).items()}
         loose = sorted(f"{res.names[n]}=={v}" for n, v in res.packages.items() if pins.get(n) != v)
         if loose:
-            raise ImageCheckError(f"{res.image}: {own} does not pin {', '.join(loose)}: run `make lock-images`")
+            raise ImageCheckError(
+                f"{res.image}: {own} does not pin {', '.join(loose)}: run `make lock-images`"
+            )
 
 
 def _check_cuda(res: Resolution, build: Build, cuda: str) -> None:
     major = cuda.split(".")[0]
     where = f"{CUDA_FILE} says CUDA {cuda}"
     toolkit = res.packages.get("cuda-toolkit")
-    runtime = res.packages.get("nvidia-cuda-runtime") or res.packages.get(f"nvidia-cuda-runtime-cu{major}")
+    runtime = res.packages.get("nvidia-cuda-runtime") or res.packages.get(
+        f"nvidia-cuda-runtime-cu{major}"
+    )
     if toolkit is None or not toolkit.startswith(cuda + "."):
         raise ImageCheckError(f"{res.image}: {where}, but the resolved cuda-toolkit is {toolkit}")
     if runtime is None or not runtime.startswith(cuda + "."):
         raise ImageCheckError(f"{res.image}: {where}, but the resolved CUDA runtime is {runtime}")
-    others = sorted(f"{res.names[n]}=={v}" for n, v in res.packages.items()
-                    if (m := re.search(r"-cu(\d+)$", n)) and m.group(1) != major and n not in OTHER_CUDA_ALLOWED)
+    others = sorted(
+        f"{res.names[n]}=={v}"
+        for n, v in res.packages.items()
+        if (m := re.search(r"-cu(\d+)$", n)) and m.group(1) != major and n not in OTHER_CUDA_ALLOWED
+    )
     if others:
-        raise ImageCheckError(f"{res.image}: {where}, but these are built for another CUDA: {', '.join(others)}")
+        raise ImageCheckError(
+            f"{res.image}: {where}, but these are built for another CUDA: {', '.join(others)}"
+        )
     # a CUDA base image must carry the same CUDA as the wheels
     if "cuda" in build.base_image.split(":")[0]:
         tag = build.base_image.split(":")[-1]
@@ -402,8 +518,13 @@ def check(image: str, sources: Sources | None = None, cache_dir: Path | None = N
     return res
 
 
-def lock(image: str, sources: Sources | None = None, out: Path | None = None,
-         cache_dir: Path | None = None, max_rounds: int = 10) -> tuple[Path, dict[str, str]]:
+def lock(
+    image: str,
+    sources: Sources | None = None,
+    out: Path | None = None,
+    cache_dir: Path | None = None,
+    max_rounds: int = 10,
+) -> tuple[Path, dict[str, str]]:
     """Write LOCKED[image]: the image's requirements resolved with constraints.txt's pins, less
     those that conflict; returns the file and {dropped pin: why}."""
     build = build_of(image)
@@ -415,33 +536,46 @@ def lock(image: str, sources: Sources | None = None, out: Path | None = None,
     with tempfile.TemporaryDirectory(prefix="atgrpo-lock-") as tmp:
         tmp_base = Path(tmp) / BASE_CONSTRAINTS
         for _ in range(max_rounds):
-            tmp_base.write_text("\n".join(ln for ln in base_lines if _pin_name(ln) not in dropped) + "\n")
+            tmp_base.write_text(
+                "\n".join(ln for ln in base_lines if _pin_name(ln) not in dropped) + "\n"
+            )
             try:
                 res = resolve(build, sources, constraints=[tmp_base, *others], cache_dir=cache_dir)
                 break
             except ResolutionFailed as err:
                 names = {_pin_name(p) for p in err.pins}
                 if not err.pins or not names <= set(base) or names & set(dropped):
-                    raise ImageCheckError(f"{err}\n{image}: only constraints.txt's pins give way to the image's "
-                                          f"requirements; the others ({', '.join(str(c) for c in others)}) are "
-                                          "meant, so change them by hand") from None
+                    raise ImageCheckError(
+                        f"{err}\n{image}: only constraints.txt's pins give way to the image's "
+                        f"requirements; the others ({', '.join(str(c) for c in others)}) are "
+                        "meant, so change them by hand"
+                    ) from None
                 for name in names:
-                    culprits = [ln.strip() for ln in err.output.splitlines()
-                                if _excludes(ln, name, f"{base[name][0]}=={base[name][1]}")]
+                    culprits = [
+                        ln.strip()
+                        for ln in err.output.splitlines()
+                        if _excludes(ln, name, f"{base[name][0]}=={base[name][1]}")
+                    ]
                     dropped[name] = culprits[0] if culprits else "pip named it as conflicting"
         else:
-            raise ImageCheckError(f"{image}: still no resolution after dropping {', '.join(dropped)}")
+            raise ImageCheckError(
+                f"{image}: still no resolution after dropping {', '.join(dropped)}"
+            )
     header = [
-        f"# The exact pins of docker/{image}.Dockerfile (installed with {', '.join(c for c in build.constraints)}):",
-        f"# pyproject.toml's core and {', '.join(build.extras)} extras resolved for CPython {build.python} on "
-        f"manylinux x86_64 (glibc 2.{build.glibc_minor})",
-        f"# from {', '.join(i for i in res.indexes if not i.startswith('file:'))} by `pip install --dry-run --report`.",
+        f"# The exact pins of docker/{image}.Dockerfile (installed with "
+        f"{', '.join(c for c in build.constraints)}):",
+        f"# pyproject.toml's core and {', '.join(build.extras)} extras resolved for CPython "
+        f"{build.python} on manylinux x86_64 (glibc 2.{build.glibc_minor})",
+        f"# from {', '.join(i for i in res.indexes if not i.startswith('file:'))} by `pip install "
+        f"--dry-run --report`.",
         "# Written by `make lock-images` (scripts/lock_images.py): do not edit by hand. It keeps",
         "# constraints.txt's version wherever the image's requirements allow; these differ:",
     ]
     for name, why in sorted(dropped.items()):
-        header.append(f"# differs: {base[name][0]}=={res.packages.get(name, '(not installed)')} "
-                      f"(constraints.txt: {base[name][1]}): {why}")
+        header.append(
+            f"# differs: {base[name][0]}=={res.packages.get(name, '(not installed)')} "
+            f"(constraints.txt: {base[name][1]}): {why}"
+        )
     if not dropped:
         header.append("# differs: none")
     body = sorted(f"{res.names[n]}=={v}" for n, v in res.packages.items())
@@ -451,21 +585,33 @@ def lock(image: str, sources: Sources | None = None, out: Path | None = None,
 
 
 def _pin_name(line: str) -> str:
-    return canonicalize_name(re.split(r"[=<>!~ ;\[#]", line.strip(), maxsplit=1)[0]) if line.strip() else ""
+    return (
+        canonicalize_name(re.split(r"[=<>!~ ;\[#]", line.strip(), maxsplit=1)[0])
+        if line.strip()
+        else ""
+    )
 
 
 def differs(path: Path) -> dict[str, tuple[str, str]]:
     """A lock file's `# differs:` lines: name -> (its version, constraints.txt's version then)."""
     out = {}
-    for m in re.finditer(r"^# differs: (\S+)==(\S+) \(constraints\.txt: (\S+)\)", path.read_text(), re.M):
+    for m in re.finditer(
+        r"^# differs: (\S+)==(\S+) \(constraints\.txt: (\S+)\)", path.read_text(), re.M
+    ):
         out[canonicalize_name(m.group(1))] = (m.group(2), m.group(3))
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="resolve every image and check it; write nothing")
-    ap.add_argument("images", nargs="*", help=f"default: {', '.join(LOCKED)}, or with --check {', '.join(IMAGES)}")
+    ap.add_argument(
+        "--check", action="store_true", help="resolve every image and check it; write nothing"
+    )
+    ap.add_argument(
+        "images",
+        nargs="*",
+        help=f"default: {', '.join(LOCKED)}, or with --check {', '.join(IMAGES)}",
+    )
     args = ap.parse_args(argv)
     sources = pip_sources()
     failed = 0
@@ -474,12 +620,19 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 if args.check:
                     res = check(image, sources, Path(cache))
-                    print(f"{image}: {len(res.packages)} packages resolve in {res.seconds:.1f} s"
-                          + "".join(f"\n  note: {n}" for n in res.notes))
+                    print(
+                        f"{image}: {len(res.packages)} packages resolve in {res.seconds:.1f} s"
+                        + "".join(f"\n  note: {n}" for n in res.notes)
+                    )
                 else:
                     path, dropped = lock(image, sources, cache_dir=Path(cache))
-                    print(f"{image}: wrote {path.relative_to(ROOT)}"
-                          + "".join(f"\n  differs from constraints.txt: {n}: {why}" for n, why in dropped.items()))
+                    print(
+                        f"{image}: wrote {path.relative_to(ROOT)}"
+                        + "".join(
+                            f"\n  differs from constraints.txt: {n}: {why}"
+                            for n, why in dropped.items()
+                        )
+                    )
             except ImageCheckError as err:
                 print(err, file=sys.stderr)
                 failed += 1

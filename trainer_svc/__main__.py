@@ -23,8 +23,10 @@ def main() -> int:
         serve_service("trainer", serve, lambda: bindings(settings))
         return 0
     if ranks.rank != 0:
-        logging.basicConfig(level=serve.log_level,
-                            format=f"%(asctime)s trainer[rank {ranks.rank}] %(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(
+            level=serve.log_level,
+            format=f"%(asctime)s trainer[rank {ranks.rank}] %(levelname)s %(name)s: %(message)s",
+        )
         return distributed.run_follower(ranks, PoolOps(settings.sharding), serve.grace_s)
     try:
         serve_service("trainer", serve, lambda: bindings(settings, ranks=ranks))
@@ -32,7 +34,7 @@ def main() -> int:
         stopped = distributed.stop_followers(ranks, serve.grace_s + 5.0)
     if not stopped:
         logging.shutdown()
-        os._exit(1)   # a thread is stuck sending to a dead rank: the interpreter could not unwind it
+        os._exit(1)  # a thread is stuck sending to a dead rank: the interpreter could not unwind it
     return 0
 
 

@@ -22,33 +22,62 @@ class TrainerClient(ServiceClient):
     stub_class = trainer_pb2_grpc.TrainerServiceStub
 
     async def get_info(self) -> TrainerInfo:
-        return trainer_wire.info_from_pb(await self._call(self.stub.GetInfo, common_pb2.GetInfoRequest()))
+        return trainer_wire.info_from_pb(
+            await self._call(self.stub.GetInfo, common_pb2.GetInfoRequest())
+        )
 
-    async def setup(self, spec: PoolSpec, *, resume_from: str = "", reload: bool = False,
-                    timeout_s: float = 600.0) -> TrainerInfo:
+    async def setup(
+        self,
+        spec: PoolSpec,
+        *,
+        resume_from: str = "",
+        reload: bool = False,
+        timeout_s: float = 600.0,
+    ) -> TrainerInfo:
         """Set the pool up for a run (idempotent for the same run); `resume_from` a checkpoint folder,
         `reload` even when it already serves that run (a rollback)."""
         req = trainer_wire.spec_to_pb(spec, resume_from=resume_from, reload=reload)
-        return trainer_wire.info_from_pb(await self._call(self.stub.Setup, req, timeout_s=timeout_s))
+        return trainer_wire.info_from_pb(
+            await self._call(self.stub.Setup, req, timeout_s=timeout_s)
+        )
 
-    async def train(self, run_id: str, step: int, expected_version: int, samples: Sequence[TrainSample],
-                    update: UpdateConfig | None = None, timeout_s: float = 3600.0) -> TrainResult:
-        def stream():   # a fresh stream for every attempt
-            return trainer_wire.train_stream(run_id, step, expected_version, samples, update or UpdateConfig())
-        return trainer_wire.result_from_pb(await self._call(self.stub.Train, stream, timeout_s=timeout_s))
+    async def train(
+        self,
+        run_id: str,
+        step: int,
+        expected_version: int,
+        samples: Sequence[TrainSample],
+        update: UpdateConfig | None = None,
+        timeout_s: float = 3600.0,
+    ) -> TrainResult:
+        def stream():  # a fresh stream for every attempt
+            return trainer_wire.train_stream(
+                run_id, step, expected_version, samples, update or UpdateConfig()
+            )
 
-    async def save_checkpoint(self, where: str = "", timeout_s: float | None = None,
-                              nbytes: int = 0) -> SavedCheckpoint:
+        return trainer_wire.result_from_pb(
+            await self._call(self.stub.Train, stream, timeout_s=timeout_s)
+        )
+
+    async def save_checkpoint(
+        self, where: str = "", timeout_s: float | None = None, nbytes: int = 0
+    ) -> SavedCheckpoint:
         """Save to `where` (empty: the pool's checkpoint_dir/version-N). The deadline is `timeout_s`,
         else one for `nbytes` (TrainerInfo.checkpoint_bytes) written at a slow volume's pace."""
-        resp = await self._call(self.stub.SaveCheckpoint, trainer_pb2.SaveCheckpointRequest(dir=where),
-                                timeout_s=timeout_s or checkpoint_deadline_s(nbytes))
+        resp = await self._call(
+            self.stub.SaveCheckpoint,
+            trainer_pb2.SaveCheckpointRequest(dir=where),
+            timeout_s=timeout_s or checkpoint_deadline_s(nbytes),
+        )
         return SavedCheckpoint(resp.path, resp.version)
 
     async def delete_checkpoint(self, where: str, nbytes: int = 0) -> bool:
         """Delete a checkpoint folder this pool saved; False when it was already gone."""
-        resp = await self._call(self.stub.DeleteCheckpoint, trainer_pb2.DeleteCheckpointRequest(dir=where),
-                                timeout_s=checkpoint_deadline_s(nbytes // 10))   # unlinks, not writes
+        resp = await self._call(
+            self.stub.DeleteCheckpoint,
+            trainer_pb2.DeleteCheckpointRequest(dir=where),
+            timeout_s=checkpoint_deadline_s(nbytes // 10),
+        )  # unlinks, not writes
         return resp.deleted
 
 

@@ -29,12 +29,13 @@ import torch.distributed as dist
 log = logging.getLogger(__name__)
 
 STOP = "stop"
-IDLE_TIMEOUT = timedelta(days=365)   # followers wait this long for rank 0's next operation
+IDLE_TIMEOUT = timedelta(days=365)  # followers wait this long for rank 0's next operation
 
 
 @dataclass
 class Ranks:
     """This process's place in the pool and the channel rank 0 sends operations on."""
+
     rank: int
     world_size: int
     control: dist.ProcessGroup
@@ -74,7 +75,7 @@ def init_from_env() -> Ranks | None:
         return None
     bind_device()
     if torch.cuda.is_available():
-        dist.init_process_group("cpu:gloo,cuda:nccl")   # gloo for CPU tensors, NCCL for GPU ones
+        dist.init_process_group("cpu:gloo,cuda:nccl")  # gloo for CPU tensors, NCCL for GPU ones
     else:
         dist.init_process_group("gloo")
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
@@ -83,7 +84,7 @@ def init_from_env() -> Ranks | None:
 
 def follow(ranks: Ranks, ops) -> None:
     """Run each operation rank 0 sends on `ops` (a PoolOps) until it sends stop."""
-    bind_device()   # this is the thread the operations run on (run_follower starts it)
+    bind_device()  # this is the thread the operations run on (run_follower starts it)
     while True:
         op, args = ranks.receive()
         if op == STOP:
@@ -91,7 +92,7 @@ def follow(ranks: Ranks, ops) -> None:
             return
         try:
             getattr(ops, op)(*args)
-        except Exception:   # rank 0 ran the same op on the same input and answered the error
+        except Exception:  # rank 0 ran the same op on the same input and answered the error
             log.exception("rank %d: %s failed", ranks.rank, op)
 
 
@@ -104,7 +105,7 @@ def run_follower(ranks: Ranks, ops, grace_s: float) -> int:
     def loop() -> None:
         try:
             follow(ranks, ops)
-        except BaseException as err:   # rank 0 is gone: the group is broken
+        except BaseException as err:  # rank 0 is gone: the group is broken
             failed.append(err)
         finally:
             done.set()
@@ -115,8 +116,12 @@ def run_follower(ranks: Ranks, ops, grace_s: float) -> int:
         signal.signal(sig, lambda *_: signalled.set())
     while not done.wait(0.2):
         if signalled.is_set() and not done.wait(grace_s + 5.0):
-            log.warning("rank %d: no stop from rank 0 within %.0fs of SIGTERM; exiting", ranks.rank, grace_s + 5)
-            os._exit(1)   # the thread is stuck in a collective: nothing can be unwound cleanly
+            log.warning(
+                "rank %d: no stop from rank 0 within %.0fs of SIGTERM; exiting",
+                ranks.rank,
+                grace_s + 5,
+            )
+            os._exit(1)  # the thread is stuck in a collective: nothing can be unwound cleanly
     if failed:
         log.error("rank %d: lost rank 0: %s", ranks.rank, failed[0])
         return 1
@@ -128,6 +133,7 @@ def run_follower(ranks: Ranks, ops, grace_s: float) -> int:
 def stop_followers(ranks: Ranks, timeout_s: float) -> bool:
     """Rank 0, after serving: tell the other ranks to exit, waiting at most `timeout_s` (a
     follower that already died must not keep rank 0 from exiting). True once they have it."""
+
     def send_stop() -> None:
         ranks.send(STOP, ())
         ranks.leave()

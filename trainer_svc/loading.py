@@ -30,7 +30,9 @@ def resolve_dtype(dtype: str, device: str) -> str:
     (an `auto` LoRA base was float32 on GPUs, twice what the plan counted)."""
     if dtype != "auto":
         return dtype
-    bf16 = device.startswith("cuda") and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    bf16 = (
+        device.startswith("cuda") and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    )
     return "bfloat16" if bf16 else "float32"
 
 
@@ -75,11 +77,15 @@ def load_full(model_path: str, dtype: torch.dtype):
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
     except OSError as err:
         raise InvalidArgument(f"cannot load the pool's model from {model_path!r}: {err}") from None
-    use_gqa_sdpa(model)   # padded batches on CPU: no copy of the keys per query head (atgrpo.attention)
+    use_gqa_sdpa(
+        model
+    )  # padded batches on CPU: no copy of the keys per query head (atgrpo.attention)
     return model
 
 
-def load_sharded(model_path: str, dtype: torch.dtype, device: str, prepare: Callable, shard: Callable):
+def load_sharded(
+    model_path: str, dtype: torch.dtype, device: str, prepare: Callable, shard: Callable
+):
     """Collective: the model as FSDP shards, where only rank 0 ever holds the full weights.
 
     Every rank builds the model with its parameters on the meta device (no memory), `prepare`s
@@ -96,11 +102,11 @@ def load_sharded(model_path: str, dtype: torch.dtype, device: str, prepare: Call
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     use_gqa_sdpa(model)
-    model.tie_weights()   # the empty-weights context made the tied head a parameter of its own
+    model.tie_weights()  # the empty-weights context made the tied head a parameter of its own
     prepare(model)
     buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
     shard(model, device)
-    model.to_empty(device=device)   # also empties buffers: put them back
+    model.to_empty(device=device)  # also empties buffers: put them back
     with torch.no_grad():
         for name, b in buffers.items():
             model.get_buffer(name).copy_(b)
@@ -108,7 +114,7 @@ def load_sharded(model_path: str, dtype: torch.dtype, device: str, prepare: Call
     if dist.get_rank() == 0:
         try:
             full = load_full(model_path, dtype).state_dict()
-        except InvalidArgument as err:   # told to every rank below, so none waits for weights
+        except InvalidArgument as err:  # told to every rank below, so none waits for weights
             error = str(err)
     broadcast_full_state(model, full, error)
     return model
@@ -121,11 +127,22 @@ def broadcast_full_state(model, full: dict[str, torch.Tensor], error: str = "") 
     loaded the model)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    if dist.get_rank() == 0 and not error and (missing := sorted(set(model.state_dict()) - set(full))):
-        error = (f"the checkpoint lacks {missing[:5]} (and {max(0, len(missing) - 5)} more) of the model's "
-                 "tensors; give a checkpoint of this model")
+    if (
+        dist.get_rank() == 0
+        and not error
+        and (missing := sorted(set(model.state_dict()) - set(full)))
+    ):
+        error = (
+            f"the checkpoint lacks {missing[:5]} (and {max(0, len(missing) - 5)} more) of the "
+            f"model's "
+            "tensors; give a checkpoint of this model"
+        )
     problem = [error]
-    dist.broadcast_object_list(problem, src=0)   # every rank refuses together: none waits for weights
+    dist.broadcast_object_list(
+        problem, src=0
+    )  # every rank refuses together: none waits for weights
     if problem[0]:
         raise InvalidArgument(problem[0])
-    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    set_model_state_dict(
+        model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    )

@@ -41,6 +41,8 @@ def pass_elements(device: str) -> int:
         return LOGPROB_CHUNK_ELEMENTS
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     return logprob_pass_elements(torch.cuda.get_device_properties(index).total_memory)
+
+
 # The full-logits path's positions per transform pass (the decoder's (B, T, V) logits exist whole).
 LOGPROB_CHUNK_TOKENS = 2048
 # Architectures whose CausalLM forward is `lm_head(norm(decoder(x)))`: no logit scale, no
@@ -53,7 +55,7 @@ _PLAIN_HEAD = frozenset({"qwen2", "qwen3", "llama", "mistral"})
 # per token) unless all of a call's log-probabilities fit in this many float32 elements (128 MiB),
 # in which case the forward keeps them; a small micro-batch then costs what the full-logits path
 # costs, and a large one stays within one pass's temporaries.
-LOGPROB_KEEP_ELEMENTS = 2 ** 25
+LOGPROB_KEEP_ELEMENTS = 2**25
 # Vocabulary rows of the output layer's weight gradient added per product when it is float32 and
 # the matmul runs in bf16 (plan.py counts one such slice).
 HEAD_GRAD_ROWS = 8192
@@ -68,7 +70,9 @@ def _compute_dtype(device: torch.device, weight: torch.Tensor) -> torch.dtype:
     return weight.dtype
 
 
-def _pass_logp(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, sampling: Sampling) -> torch.Tensor:
+def _pass_logp(
+    h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, sampling: Sampling
+) -> torch.Tensor:
     """One pass: (n, H) hidden rows -> (n, V) float32 log-probs under the transform (-inf off its support)."""
     logits = h @ w.T if b is None else torch.addmm(b, h, w.T)
     return torch.log_softmax(transform_logits(logits.float(), sampling), dim=-1)
@@ -98,7 +102,7 @@ def _add_weight_grad(grad: torch.Tensor, dz: torch.Tensor, h: torch.Tensor) -> N
         grad.addmm_(dz.T, h)
         return
     for v0 in range(0, grad.shape[0], HEAD_GRAD_ROWS):
-        grad[v0:v0 + HEAD_GRAD_ROWS].add_(dz[:, v0:v0 + HEAD_GRAD_ROWS].T @ h)
+        grad[v0 : v0 + HEAD_GRAD_ROWS].add_(dz[:, v0 : v0 + HEAD_GRAD_ROWS].T @ h)
 
 
 class _FusedHeadLogprobs(torch.autograd.Function):
@@ -130,18 +134,20 @@ class _FusedHeadLogprobs(torch.autograd.Function):
             ent = torch.zeros(n, device=hidden.device)
             kept = []
             for t0 in range(0, n, step):
-                logp = _pass_logp(hidden[t0:t0 + step].to(cdt), w, b, sampling)
-                lp[t0:t0 + step] = logp.gather(-1, targets[t0:t0 + step, None]).squeeze(-1)
+                logp = _pass_logp(hidden[t0 : t0 + step].to(cdt), w, b, sampling)
+                lp[t0 : t0 + step] = logp.gather(-1, targets[t0 : t0 + step, None]).squeeze(-1)
                 if entropy != "none":
                     p = logp.exp()
-                    ent[t0:t0 + step] = -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(-1)
+                    ent[t0 : t0 + step] = -(
+                        p * torch.where(p > 0, logp, torch.zeros_like(logp))
+                    ).sum(-1)
                     del p
                 if keep:
                     kept.append(logp)
                 del logp
         ctx.sampling, ctx.entropy, ctx.step, ctx.cdt = sampling, entropy, step, cdt
         ctx.kept = kept if keep else None
-        ctx.weight, ctx.bias = weight, bias      # their .grad are written in the backward
+        ctx.weight, ctx.bias = weight, bias  # their .grad are written in the backward
         ctx.save_for_backward(hidden, weight, bias, targets, lp, ent)
         if entropy != "grad":
             ctx.mark_non_differentiable(ent)
@@ -174,13 +180,20 @@ class _FusedHeadLogprobs(torch.autograd.Function):
                 logp = ctx.kept[i] if ctx.kept is not None else _pass_logp(h, w, b, sampling)
                 p = logp.exp()
                 if g_ent is not None:
-                    # d H / d log p = -p (log p + 1) on the support (0 off it), as autograd derives it
-                    dlogp = torch.where(p > 0, logp, torch.zeros_like(logp)).add_(1).mul_(p).mul_(-g_ent[t0:t1, None])
+                    # d H / d log p = -p (log p + 1) on the support (0 off it), as autograd derives
+                    # it
+                    dlogp = (
+                        torch.where(p > 0, logp, torch.zeros_like(logp))
+                        .add_(1)
+                        .mul_(p)
+                        .mul_(-g_ent[t0:t1, None])
+                    )
                 else:
                     dlogp = torch.zeros_like(logp)
                 dlogp.scatter_add_(-1, targets[t0:t1, None], g_lp[t0:t1, None])
                 del logp
-                # log-softmax backward, then the temperature; p is 0 off the support, and so is dlogp.
+                # log-softmax backward, then the temperature; p is 0 off the support, and so is
+                # dlogp.
                 dz = dlogp.sub_(p.mul_(dlogp.sum(-1, keepdim=True)))
                 del p
                 if scale != 1.0:
@@ -202,8 +215,9 @@ def _plain_linear(head: torch.nn.Module) -> bool:
     return type(head) is torch.nn.Linear and not head._forward_hooks and not head._forward_pre_hooks
 
 
-def _stats_from_logits(logits: torch.Tensor, targets: torch.Tensor, sampling: Sampling,
-                       entropy: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _stats_from_logits(
+    logits: torch.Tensor, targets: torch.Tensor, sampling: Sampling, entropy: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(..., V) logits -> the targets' log-probs and the entropies (...) under `sampling`.
     `entropy`: "grad" (a loss term), "metric" (no gradient), "none" (zeros)."""
     logp = torch.log_softmax(transform_logits(logits.float(), sampling), dim=-1)
@@ -216,8 +230,13 @@ def _stats_from_logits(logits: torch.Tensor, targets: torch.Tensor, sampling: Sa
     return lp, ent
 
 
-def _head_stats(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, sampling: Sampling,
-                entropy: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _head_stats(
+    head: torch.nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    sampling: Sampling,
+    entropy: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, H) last hidden states -> the output layer's logits -> `_stats_from_logits`."""
     return _stats_from_logits(head(hidden), targets, sampling, entropy)
 
@@ -242,10 +261,10 @@ def _pad(batch: Sequence[TrainSample]):
     mask = torch.zeros((len(batch), t_max))
     for i, s in enumerate(batch):
         p, n = len(s.prompt_ids), len(s.response_ids)
-        ids[i, p_max - p:p_max] = torch.tensor(list(s.prompt_ids))
-        ids[i, p_max:p_max + n] = torch.tensor(list(s.response_ids))
-        attn[i, p_max - p:p_max + n] = 1
-        targets[i, :n] = ids[i, p_max:p_max + n]
+        ids[i, p_max - p : p_max] = torch.tensor(list(s.prompt_ids))
+        ids[i, p_max : p_max + n] = torch.tensor(list(s.response_ids))
+        attn[i, p_max - p : p_max + n] = 1
+        targets[i, :n] = ids[i, p_max : p_max + n]
         mask[i, :n] = 1
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     return ids, attn, pos, targets, mask, p_max, t_max
@@ -263,15 +282,25 @@ def chunked_head_available(model) -> bool:
     takes it as a forward of its root (sharding.sharded_forward), so its root's parameters are
     gathered while the decoder and the head are called apart."""
     config = getattr(model, "config", None)
-    return (getattr(config, "model_type", None) in _PLAIN_HEAD
-            and (not is_sharded(model) or hasattr(model, FORWARD_METHOD))
-            and model.get_output_embeddings() is not None)
+    return (
+        getattr(config, "model_type", None) in _PLAIN_HEAD
+        and (not is_sharded(model) or hasattr(model, FORWARD_METHOD))
+        and model.get_output_embeddings() is not None
+    )
 
 
-def hidden_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
-                    samplings: dict[Sampling, list[int]], *, entropy: str = "grad",
-                    chunk_elements: int = LOGPROB_CHUNK_ELEMENTS, keep_elements: int | None = None,
-                    fused: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def hidden_logprobs(
+    head: torch.nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    mask: torch.Tensor,
+    samplings: dict[Sampling, list[int]],
+    *,
+    entropy: str = "grad",
+    chunk_elements: int = LOGPROB_CHUNK_ELEMENTS,
+    keep_elements: int | None = None,
+    fused: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The chunked path from the decoder's last hidden states: (B, T, H) hidden states of the
     positions that predict each response token, targets and mask (B, T), the rows of each
     sampling setting -> log-probs and entropies (B, T), 0 off the mask.
@@ -293,11 +322,13 @@ def hidden_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.
         sel = torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
         sel[rows] = True
         real = (mask > 0) & sel[:, None]
-        flat_h, flat_t = hidden[real], targets[real]                           # (N, H), (N,)
+        flat_h, flat_t = hidden[real], targets[real]  # (N, H), (N,)
         if fused:
             keep = torch.is_grad_enabled() and len(flat_t) * vocab <= keep_elements
-            keep_elements -= len(flat_t) * vocab if keep else 0     # the budget is the whole call's
-            part = _FusedHeadLogprobs.apply(flat_h, head.weight, head.bias, flat_t, sampling, entropy, step, keep)
+            keep_elements -= len(flat_t) * vocab if keep else 0  # the budget is the whole call's
+            part = _FusedHeadLogprobs.apply(
+                flat_h, head.weight, head.bias, flat_t, sampling, entropy, step, keep
+            )
             lp_parts.append(part[0])
             ent_parts.append(part[1])
             where.append(real.nonzero(as_tuple=True))
@@ -321,10 +352,18 @@ def hidden_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.
     return lp, ent
 
 
-def response_logprobs(model, batch: Sequence[TrainSample], device: str, *, with_entropy: bool = True,
-                      entropy_grad: bool = True, chunk_elements: int | None = None,
-                      full_logits: bool = False, chunk_tokens: int = LOGPROB_CHUNK_TOKENS,
-                      share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def response_logprobs(
+    model,
+    batch: Sequence[TrainSample],
+    device: str,
+    *,
+    with_entropy: bool = True,
+    entropy_grad: bool = True,
+    chunk_elements: int | None = None,
+    full_logits: bool = False,
+    chunk_tokens: int = LOGPROB_CHUNK_TOKENS,
+    share_prompts: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token log-probs and entropies of each response under its own sampling transform.
 
     The decoder runs to its last hidden state; the output layer, the transform, the log-softmax
@@ -348,28 +387,73 @@ def response_logprobs(model, batch: Sequence[TrainSample], device: str, *, with_
     chunk_elements = chunk_elements or pass_elements(str(device))
     targets, mask = targets.to(device), mask.to(device)
     if not full_logits and chunked_head_available(model):
-        share = share_prompts and prefix_sharing_available(model) and len(prompt_groups(batch)[1]) < len(batch)
-        lp, ent = sharded_forward(model, _chunked_stats, model, batch, device, ids, attn, pos, targets, mask,
-                                  entropy, chunk_elements, share)
+        share = (
+            share_prompts
+            and prefix_sharing_available(model)
+            and len(prompt_groups(batch)[1]) < len(batch)
+        )
+        lp, ent = sharded_forward(
+            model,
+            _chunked_stats,
+            model,
+            batch,
+            device,
+            ids,
+            attn,
+            pos,
+            targets,
+            mask,
+            entropy,
+            chunk_elements,
+            share,
+        )
     else:
-        lp, ent = _full_logits_stats(model, ids.to(device), attn.to(device), pos.to(device), targets, mask,
-                                     _by_sampling(batch), entropy, chunk_tokens)
-    real = mask > 0     # where(), not a product: -inf * 0 is NaN on padding the transform excludes
-    return torch.where(real, lp, torch.zeros_like(lp)), torch.where(real, ent, torch.zeros_like(ent)), mask
+        lp, ent = _full_logits_stats(
+            model,
+            ids.to(device),
+            attn.to(device),
+            pos.to(device),
+            targets,
+            mask,
+            _by_sampling(batch),
+            entropy,
+            chunk_tokens,
+        )
+    real = mask > 0  # where(), not a product: -inf * 0 is NaN on padding the transform excludes
+    return (
+        torch.where(real, lp, torch.zeros_like(lp)),
+        torch.where(real, ent, torch.zeros_like(ent)),
+        mask,
+    )
 
 
-def _chunked_stats(model, batch, device, ids, attn, pos, targets, mask, entropy, chunk_elements, share):
+def _chunked_stats(
+    model, batch, device, ids, attn, pos, targets, mask, entropy, chunk_elements, share
+):
     """The chunked path: the decoder's last hidden states (each distinct prompt once when
     `share`), then the head pass by pass (hidden_logprobs)."""
     if share:
         hidden = _shared_prompt_hidden(model.get_decoder(), batch, device)
     else:
         p_max, t_max = ids.shape[1] - targets.shape[1], targets.shape[1]
-        out = model.get_decoder()(input_ids=ids.to(device), attention_mask=attn.to(device),
-                                  position_ids=pos.to(device), use_cache=False)
-        hidden = out.last_hidden_state[:, p_max - 1:p_max - 1 + t_max]     # (B, T, H): predicts each response token
-    return hidden_logprobs(model.get_output_embeddings(), hidden, targets, mask, _by_sampling(batch),
-                           entropy=entropy, chunk_elements=chunk_elements)
+        out = model.get_decoder()(
+            input_ids=ids.to(device),
+            attention_mask=attn.to(device),
+            position_ids=pos.to(device),
+            use_cache=False,
+        )
+        hidden = out.last_hidden_state[
+            :, p_max - 1 : p_max - 1 + t_max
+        ]  # (B, T, H): predicts each response token
+    return hidden_logprobs(
+        model.get_output_embeddings(),
+        hidden,
+        targets,
+        mask,
+        _by_sampling(batch),
+        entropy=entropy,
+        chunk_elements=chunk_elements,
+    )
 
 
 def prompt_groups(batch: Sequence[TrainSample]) -> tuple[list[int], list[Sequence[int]]]:
@@ -408,35 +492,55 @@ def _shared_prompt_hidden(decoder, batch: Sequence[TrainSample], device: str) ->
     p_ids = torch.zeros((len(prompts), p_max), dtype=torch.long)
     p_attn = torch.zeros_like(p_ids)
     for u, p in enumerate(prompts):
-        p_ids[u, p_max - len(p):] = torch.tensor(list(p))
-        p_attn[u, p_max - len(p):] = 1
+        p_ids[u, p_max - len(p) :] = torch.tensor(list(p))
+        p_attn[u, p_max - len(p) :] = 1
     p_pos = (p_attn.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
-    out = decoder(input_ids=p_ids.to(device), attention_mask=p_attn.to(device), position_ids=p_pos.to(device),
-                  past_key_values=cache, use_cache=True)
+    out = decoder(
+        input_ids=p_ids.to(device),
+        attention_mask=p_attn.to(device),
+        position_ids=p_pos.to(device),
+        past_key_values=cache,
+        use_cache=True,
+    )
     rows = torch.tensor(group, device=device)
     cache.batch_select_indices(rows)
     r_ids = torch.zeros((len(batch), t_max), dtype=torch.long)
     r_attn = torch.cat([p_attn[group], torch.zeros((len(batch), t_max), dtype=torch.long)], dim=1)
     for i, s in enumerate(batch):
-        r_ids[i, :len(s.response_ids)] = torch.tensor(list(s.response_ids))
-        r_attn[i, p_max:p_max + len(s.response_ids)] = 1
+        r_ids[i, : len(s.response_ids)] = torch.tensor(list(s.response_ids))
+        r_attn[i, p_max : p_max + len(s.response_ids)] = 1
     r_pos = torch.tensor([len(s.prompt_ids) for s in batch])[:, None] + torch.arange(t_max)
-    resp = decoder(input_ids=r_ids.to(device), attention_mask=r_attn.to(device), position_ids=r_pos.to(device),
-                   past_key_values=cache, use_cache=True)
-    last = out.last_hidden_state[:, -1][rows]                       # (B, H): predicts each first response token
-    return torch.cat([last[:, None], resp.last_hidden_state[:, :t_max - 1]], dim=1)
+    resp = decoder(
+        input_ids=r_ids.to(device),
+        attention_mask=r_attn.to(device),
+        position_ids=r_pos.to(device),
+        past_key_values=cache,
+        use_cache=True,
+    )
+    last = out.last_hidden_state[:, -1][rows]  # (B, H): predicts each first response token
+    return torch.cat([last[:, None], resp.last_hidden_state[:, : t_max - 1]], dim=1)
 
 
 def _full_logits_stats(model, ids, attn, pos, targets, mask, samplings, entropy, chunk_tokens):
     """The full-logits path: the model's forward keeps the response positions' (B, T, V) logits."""
-    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=targets.shape[1] + 1)
-    return logits_logprobs(out.logits[:, :-1], targets, mask, samplings, entropy=entropy, chunk_tokens=chunk_tokens)
+    out = model(
+        input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=targets.shape[1] + 1
+    )
+    return logits_logprobs(
+        out.logits[:, :-1], targets, mask, samplings, entropy=entropy, chunk_tokens=chunk_tokens
+    )
 
 
-def logits_logprobs(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
-                    samplings: dict[Sampling, list[int]], *, entropy: str = "grad",
-                    chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> tuple[torch.Tensor, torch.Tensor]:
+def logits_logprobs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    mask: torch.Tensor,
+    samplings: dict[Sampling, list[int]],
+    *,
+    entropy: str = "grad",
+    chunk_tokens: int = LOGPROB_CHUNK_TOKENS,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The full-logits path from (B, T, V) logits (each predicting its response token): the
     transform runs `chunk_tokens` positions at a time (checkpointed past one pass)."""
     t_max = targets.shape[1]

@@ -12,54 +12,121 @@ from prometheus_client import Counter, Gauge, Histogram
 
 _POOL = ["run", "pool"]
 
-POLICY_VERSION = Gauge("atgrpo_trainer_policy_version", "Weights version of the pool (bumped by each update).", _POOL)
-LOSS = Gauge("atgrpo_trainer_loss", "Clipped surrogate loss of the last update (token mean).", _POOL)
-APPROX_KL = Gauge("atgrpo_trainer_approx_kl", "Approximate KL(old || new) of the last update; old is the "
-                  "sampler's policy, or with max_staleness >= 1 the trainer's own before the update.", _POOL)
-CLIP_RATIO = Gauge("atgrpo_trainer_clip_ratio", "Fraction of tokens whose ratio was clipped in the last update.",
-                   _POOL)
-GRAD_NORM = Gauge("atgrpo_trainer_grad_norm", "Gradient norm before clipping, mean over the last update's "
-                  "optimizer steps.", _POOL)
-ENTROPY = Gauge("atgrpo_trainer_entropy_nats", "Mean token entropy of the policy in the last update.", _POOL)
-KL_REF = Gauge("atgrpo_trainer_kl_ref", "k3 KL of the policy to the frozen reference in the last update "
-               "(0 when kl_coef is 0).", _POOL)
-STALENESS = Gauge("atgrpo_trainer_staleness_max", "Versions between the weights the last update started from "
-                  "and the oldest weights its samples were drawn with.", _POOL)
-SAMPLE_STALENESS = Histogram("atgrpo_trainer_sample_staleness", "Versions each trained sample's weights lagged "
-                             "the pool's when its update started (0: on-policy).", _POOL,
-                             buckets=(0, 1, 2, 3, 4, 8, 16))
-BUSY_SECONDS = Counter("atgrpo_trainer_busy_seconds_total", "Wall seconds spent in Train calls' updates and weight "
-                       "pushes; its rate is the fraction of time the trainer is busy.", _POOL)
-MASKED_TOKENS = Counter("atgrpo_trainer_masked_tokens_total", "Response tokens left out of the loss because "
-                        "a log-prob was -inf (the sampler's and trainer's top-k/top-p masks disagreed).", _POOL)
-UPDATES = Counter("atgrpo_trainer_updates_total", "Updates (Train calls that trained; replays excluded).", _POOL)
-UPDATE_SECONDS = Histogram("atgrpo_trainer_update_seconds", "Time of one update, weight push excluded.", _POOL,
-                           buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800))
-TRAINED_SAMPLES = Counter("atgrpo_trainer_samples_total", "Samples trained on, by agent.", [*_POOL, "agent"])
-TRAINED_TOKENS = Counter("atgrpo_trainer_tokens_total", "Response tokens trained on, by agent.", [*_POOL, "agent"])
-PUSH_SECONDS = Histogram("atgrpo_trainer_weight_push_seconds",
-                         "Time to push new weights to every rollout replica of the pool.", _POOL,
-                         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
-PUSH_BYTES = Counter("atgrpo_trainer_weight_push_bytes_total",
-                     "Weight bytes acknowledged by rollout replicas (all replicas summed).", _POOL)
-PUSH_FAILURES = Counter("atgrpo_trainer_weight_push_failures_total",
-                        "Weight pushes that failed (a replica refused or could not be reached).", _POOL)
+POLICY_VERSION = Gauge(
+    "atgrpo_trainer_policy_version", "Weights version of the pool (bumped by each update).", _POOL
+)
+LOSS = Gauge(
+    "atgrpo_trainer_loss", "Clipped surrogate loss of the last update (token mean).", _POOL
+)
+APPROX_KL = Gauge(
+    "atgrpo_trainer_approx_kl",
+    "Approximate KL(old || new) of the last update; old is the "
+    "sampler's policy, or with max_staleness >= 1 the trainer's own before the update.",
+    _POOL,
+)
+CLIP_RATIO = Gauge(
+    "atgrpo_trainer_clip_ratio",
+    "Fraction of tokens whose ratio was clipped in the last update.",
+    _POOL,
+)
+GRAD_NORM = Gauge(
+    "atgrpo_trainer_grad_norm",
+    "Gradient norm before clipping, mean over the last update's optimizer steps.",
+    _POOL,
+)
+ENTROPY = Gauge(
+    "atgrpo_trainer_entropy_nats", "Mean token entropy of the policy in the last update.", _POOL
+)
+KL_REF = Gauge(
+    "atgrpo_trainer_kl_ref",
+    "k3 KL of the policy to the frozen reference in the last update (0 when kl_coef is 0).",
+    _POOL,
+)
+STALENESS = Gauge(
+    "atgrpo_trainer_staleness_max",
+    "Versions between the weights the last update started from "
+    "and the oldest weights its samples were drawn with.",
+    _POOL,
+)
+SAMPLE_STALENESS = Histogram(
+    "atgrpo_trainer_sample_staleness",
+    "Versions each trained sample's weights lagged "
+    "the pool's when its update started (0: on-policy).",
+    _POOL,
+    buckets=(0, 1, 2, 3, 4, 8, 16),
+)
+BUSY_SECONDS = Counter(
+    "atgrpo_trainer_busy_seconds_total",
+    "Wall seconds spent in Train calls' updates and weight "
+    "pushes; its rate is the fraction of time the trainer is busy.",
+    _POOL,
+)
+MASKED_TOKENS = Counter(
+    "atgrpo_trainer_masked_tokens_total",
+    "Response tokens left out of the loss because "
+    "a log-prob was -inf (the sampler's and trainer's top-k/top-p masks disagreed).",
+    _POOL,
+)
+UPDATES = Counter(
+    "atgrpo_trainer_updates_total", "Updates (Train calls that trained; replays excluded).", _POOL
+)
+UPDATE_SECONDS = Histogram(
+    "atgrpo_trainer_update_seconds",
+    "Time of one update, weight push excluded.",
+    _POOL,
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800),
+)
+TRAINED_SAMPLES = Counter(
+    "atgrpo_trainer_samples_total", "Samples trained on, by agent.", [*_POOL, "agent"]
+)
+TRAINED_TOKENS = Counter(
+    "atgrpo_trainer_tokens_total", "Response tokens trained on, by agent.", [*_POOL, "agent"]
+)
+PUSH_SECONDS = Histogram(
+    "atgrpo_trainer_weight_push_seconds",
+    "Time to push new weights to every rollout replica of the pool.",
+    _POOL,
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+)
+PUSH_BYTES = Counter(
+    "atgrpo_trainer_weight_push_bytes_total",
+    "Weight bytes acknowledged by rollout replicas (all replicas summed).",
+    _POOL,
+)
+PUSH_FAILURES = Counter(
+    "atgrpo_trainer_weight_push_failures_total",
+    "Weight pushes that failed (a replica refused or could not be reached).",
+    _POOL,
+)
 
 
 def set_version(run: str, pool: str, version: int) -> None:
     POLICY_VERSION.labels(run, pool).set(version)
 
 
-def observe_update(run: str, pool: str, version: int, m: Mapping[str, float],
-                   agents: Mapping[str, Mapping[str, float]], *, staleness: Sequence[int] = (),
-                   busy_seconds: float = 0.0) -> None:
+def observe_update(
+    run: str,
+    pool: str,
+    version: int,
+    m: Mapping[str, float],
+    agents: Mapping[str, Mapping[str, float]],
+    *,
+    staleness: Sequence[int] = (),
+    busy_seconds: float = 0.0,
+) -> None:
     """One update: `m` is the TrainResult's metrics, `agents` its per-agent samples and tokens,
     `staleness` each trained sample's lag in versions, `busy_seconds` the update's and push's
     wall time."""
     set_version(run, pool, version)
-    for gauge, key in ((LOSS, "loss"), (APPROX_KL, "approx_kl"), (CLIP_RATIO, "clip_fraction"),
-                       (GRAD_NORM, "grad_norm"), (ENTROPY, "entropy"), (KL_REF, "kl_ref"),
-                       (STALENESS, "staleness_max")):
+    for gauge, key in (
+        (LOSS, "loss"),
+        (APPROX_KL, "approx_kl"),
+        (CLIP_RATIO, "clip_fraction"),
+        (GRAD_NORM, "grad_norm"),
+        (ENTROPY, "entropy"),
+        (KL_REF, "kl_ref"),
+        (STALENESS, "staleness_max"),
+    ):
         if key in m:
             gauge.labels(run, pool).set(m[key])
     UPDATES.labels(run, pool).inc()

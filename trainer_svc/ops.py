@@ -26,7 +26,9 @@ class PoolOps:
     def __init__(self, sharding: str = "auto"):
         self.sharding = sharding
         self.state: PoolState | None = None
-        self.matmul_rate = 0.0    # FLOP/s of this process's matmuls on the pool's device (atgrpo.perf)
+        self.matmul_rate = (
+            0.0  # FLOP/s of this process's matmuls on the pool's device (atgrpo.perf)
+        )
 
     def setup(self, spec: PoolSpec, resume_from: str = "") -> PoolState:
         state = PoolState(spec, self.sharding)
@@ -41,9 +43,17 @@ class PoolOps:
 
     def train(self, samples: Sequence[TrainSample], cfg: UpdateConfig) -> dict[str, float]:
         state = self.state
-        metrics = update(state.model, state.optimizer, samples, cfg, params=state.params, device=state.device,
-                         adapter=state.activate if state.lora else None, generator=state.generator,
-                         reference=state.reference)
+        metrics = update(
+            state.model,
+            state.optimizer,
+            samples,
+            cfg,
+            params=state.params,
+            device=state.device,
+            adapter=state.activate if state.lora else None,
+            generator=state.generator,
+            reference=state.reference,
+        )
         state.scheduler.step()
         state.version += 1
         state.updates += 1
@@ -55,8 +65,11 @@ class PoolOps:
         resident memory before and after, and the process's peak, for the step's metrics."""
         held = rss_bytes()
         release_freed_memory()
-        return {"rss_gb": held / 1e9, "rss_released_gb": (held - rss_bytes()) / 1e9,
-                "rss_peak_gb": peak_rss_bytes() / 1e9}
+        return {
+            "rss_gb": held / 1e9,
+            "rss_released_gb": (held - rss_bytes()) / 1e9,
+            "rss_peak_gb": peak_rss_bytes() / 1e9,
+        }
 
     def weights(self, agents: Sequence[str]) -> list[tuple[str, dict, dict | None]]:
         """What to push: each named agent's adapter (LoRA), or the full model ("" adapter)."""

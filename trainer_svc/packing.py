@@ -24,7 +24,9 @@ from atgrpo.contract.trainer import TrainSample
 MICRO_BATCH_OVERHEAD = 128
 
 
-def _groups(rows: Sequence[int], samples: Sequence[TrainSample]) -> dict[tuple[int, ...], list[int]]:
+def _groups(
+    rows: Sequence[int], samples: Sequence[TrainSample]
+) -> dict[tuple[int, ...], list[int]]:
     """Rows by prompt, groups in order of first appearance, rows in order within one."""
     groups: dict[tuple[int, ...], list[int]] = {}
     for r in rows:
@@ -42,8 +44,9 @@ def padded_size(batch: Sequence[TrainSample], shared: bool) -> int:
     """The positions a micro-batch of `batch` computes (see the module docstring)."""
     if shared:
         prompts = {tuple(s.prompt_ids) for s in batch}
-        return (len(prompts) * max(len(p) for p in prompts)
-                + len(batch) * max(len(s.response_ids) for s in batch))
+        return len(prompts) * max(len(p) for p in prompts) + len(batch) * max(
+            len(s.response_ids) for s in batch
+        )
     return len(batch) * max(len(s.prompt_ids) + len(s.response_ids) for s in batch)
 
 
@@ -51,12 +54,19 @@ def _length_order(rows: Sequence[int], samples: Sequence[TrainSample], shared: b
     """Longest first. Shared: whole groups, by their longest response then their prompt's length
     (rows within a group longest first); else rows by their whole length."""
     if not shared:
-        return sorted(rows, key=lambda r: -(len(samples[r].prompt_ids) + len(samples[r].response_ids)))
-    ordered = sorted(_groups(rows, samples).items(), key=lambda kv: (-max(len(samples[r].response_ids) for r in kv[1]), -len(kv[0])))
+        return sorted(
+            rows, key=lambda r: -(len(samples[r].prompt_ids) + len(samples[r].response_ids))
+        )
+    ordered = sorted(
+        _groups(rows, samples).items(),
+        key=lambda kv: (-max(len(samples[r].response_ids) for r in kv[1]), -len(kv[0])),
+    )
     return [r for _, g in ordered for r in sorted(g, key=lambda r: -len(samples[r].response_ids))]
 
 
-def pack(rows: Sequence[int], samples: Sequence[TrainSample], budget: int, shared: bool = False) -> list[list[int]]:
+def pack(
+    rows: Sequence[int], samples: Sequence[TrainSample], budget: int, shared: bool = False
+) -> list[list[int]]:
     """`rows` as micro-batches of at most `budget` padded positions each (a row alone always makes
     one: validate bounds a row by the budget) with the fewest positions plus MICRO_BATCH_OVERHEAD
     per micro-batch: the rows in length order, cut into consecutive runs where that sum is least.
@@ -67,12 +77,14 @@ def pack(rows: Sequence[int], samples: Sequence[TrainSample], budget: int, share
     # Each row's prompt as a small number, made once: the loop below meets each row many times.
     numbers: dict[tuple[int, ...], int] = {}
     prompt = [numbers.setdefault(tuple(samples[r].prompt_ids), len(numbers)) for r in order]
-    best = [0] + [-1] * n          # best[i]: least cost of the first i rows; cut[i]: where its last run starts
+    best = [0] + [
+        -1
+    ] * n  # best[i]: least cost of the first i rows; cut[i]: where its last run starts
     cut = [0] * (n + 1)
     for i in range(1, n + 1):
         prompts: set[int] = set()
         p_max = t_max = 0
-        for j in range(i - 1, -1, -1):          # the run order[j:i], grown backwards
+        for j in range(i - 1, -1, -1):  # the run order[j:i], grown backwards
             s = samples[order[j]]
             p, t = len(s.prompt_ids), len(s.response_ids)
             if shared:
@@ -82,13 +94,13 @@ def pack(rows: Sequence[int], samples: Sequence[TrainSample], budget: int, share
             else:
                 p_max = max(p_max, p + t)
                 size = (i - j) * p_max
-            if size > budget and j < i - 1:     # it only grows further back
+            if size > budget and j < i - 1:  # it only grows further back
                 break
             cost = best[j] + size + MICRO_BATCH_OVERHEAD
             if best[i] < 0 or cost < best[i]:
                 best[i], cut[i] = cost, j
     out = []
     while n > 0:
-        out.append(order[cut[n]:n])
+        out.append(order[cut[n] : n])
         n = cut[n]
     return out[::-1]

@@ -26,8 +26,11 @@ MAX_SAMPLES = 1_000_000
 
 def _check(where: str, rules: list[tuple[str, float, bool, str]]) -> None:
     """INVALID_ARGUMENT naming every (field, value) whose rule fails; NaN fails every rule."""
-    bad = [f"{name} {value} must be {requirement}" for name, value, ok, requirement in rules
-           if not (ok and math.isfinite(value))]
+    bad = [
+        f"{name} {value} must be {requirement}"
+        for name, value, ok, requirement in rules
+        if not (ok and math.isfinite(value))
+    ]
     if bad:
         raise InvalidArgument(f"{where}: " + "; ".join(bad) + " (0 = the default)")
 
@@ -38,7 +41,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 def _is_dir(path: str, holding: str = "") -> bool:
     try:
         return (Path(path) / holding).is_file() if holding else Path(path).is_dir()
-    except (OSError, ValueError):   # a name too long for the file system, a NUL byte
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
         return False
 
 
@@ -50,15 +53,22 @@ def _check_where(m: trainer_pb2.SetupRequest) -> None:
     if device not in ("auto", "cpu") and not device.startswith("cuda"):
         raise InvalidArgument(f"device {device!r}: use 'auto', 'cpu' or 'cuda'")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise FailedPrecondition(f"device {device!r}, but this trainer has no CUDA device; use 'cpu' or 'auto'")
+        raise FailedPrecondition(
+            f"device {device!r}, but this trainer has no CUDA device; use 'cpu' or 'auto'"
+        )
     if dtype not in DTYPES:
         raise InvalidArgument(f"dtype {dtype!r}: use one of {list(DTYPES)}")
     if not _is_dir(m.model_path):
-        raise NotFound(f"model_path {m.model_path!r} is not a directory on the trainer's machine; give a local "
-                       "model directory (e.g. one built with `atgrpo model tiny --out DIR`)")
+        raise NotFound(
+            f"model_path {m.model_path!r} is not a directory on the trainer's machine; give a "
+            f"local "
+            "model directory (e.g. one built with `atgrpo model tiny --out DIR`)"
+        )
     if m.resume_from and not _is_dir(m.resume_from, "atgrpo.json"):
-        raise NotFound(f"resume_from {m.resume_from!r} is not a checkpoint directory on the trainer's machine "
-                       "(it has no atgrpo.json); give one that SaveCheckpoint wrote, or leave it empty")
+        raise NotFound(
+            f"resume_from {m.resume_from!r} is not a checkpoint directory on the trainer's machine "
+            "(it has no atgrpo.json); give one that SaveCheckpoint wrote, or leave it empty"
+        )
 
 
 def check_setup(m: trainer_pb2.SetupRequest) -> None:
@@ -66,19 +76,30 @@ def check_setup(m: trainer_pb2.SetupRequest) -> None:
     if not m.run_id or not m.pool or not m.model_path or not m.agents:
         raise InvalidArgument("Setup needs run_id, pool, model_path and agents")
     o, lora = m.optim, m.lora
-    _check("Setup optim", [
-        ("lr", o.lr, o.lr >= 0, "> 0"), ("weight_decay", o.weight_decay, o.weight_decay >= 0, ">= 0"),
-        ("warmup_steps", o.warmup_steps, o.warmup_steps >= 0, ">= 0"),
-        ("total_steps", o.total_steps, o.total_steps >= 0, ">= 1"),
-        ("min_lr_ratio", o.min_lr_ratio, 0 <= o.min_lr_ratio <= 1, "in [0, 1]"),
-        ("grad_clip", o.grad_clip, o.grad_clip >= 0, "> 0"),
-        ("beta1", o.beta1, 0 <= o.beta1 < 1, "in [0, 1)"), ("beta2", o.beta2, 0 <= o.beta2 < 1, "in [0, 1)")])
+    _check(
+        "Setup optim",
+        [
+            ("lr", o.lr, o.lr >= 0, "> 0"),
+            ("weight_decay", o.weight_decay, o.weight_decay >= 0, ">= 0"),
+            ("warmup_steps", o.warmup_steps, o.warmup_steps >= 0, ">= 0"),
+            ("total_steps", o.total_steps, o.total_steps >= 0, ">= 1"),
+            ("min_lr_ratio", o.min_lr_ratio, 0 <= o.min_lr_ratio <= 1, "in [0, 1]"),
+            ("grad_clip", o.grad_clip, o.grad_clip >= 0, "> 0"),
+            ("beta1", o.beta1, 0 <= o.beta1 < 1, "in [0, 1)"),
+            ("beta2", o.beta2, 0 <= o.beta2 < 1, "in [0, 1)"),
+        ],
+    )
     _check_where(m)
     for i, address in enumerate(m.rollout_addresses):
         check_address(address, f"rollout_addresses[{i}]")
-    _check("Setup lora", [
-        ("rank", lora.rank, lora.rank >= 0, ">= 1"), ("alpha", lora.alpha, lora.alpha >= 0, "> 0"),
-        ("dropout", lora.dropout, 0 <= lora.dropout < 1, "in [0, 1)")])
+    _check(
+        "Setup lora",
+        [
+            ("rank", lora.rank, lora.rank >= 0, ">= 1"),
+            ("alpha", lora.alpha, lora.alpha >= 0, "> 0"),
+            ("dropout", lora.dropout, 0 <= lora.dropout < 1, "in [0, 1)"),
+        ],
+    )
 
 
 def check_update(update: trainer_pb2.UpdateParams) -> None:
@@ -108,8 +129,10 @@ def _check_token_ids(samples: list[TrainSample], vocab: int | None) -> None:
         for what, ids in (("prompt", s.prompt_ids), ("response", s.response_ids)):
             if ids and (min(ids) < 0 or max(ids) >= vocab):
                 bad = next(t for t in ids if not 0 <= t < vocab)
-                raise InvalidArgument(f"sample {i} (agent {s.agent!r}): {what} token id {bad} is not in the "
-                                      f"model's vocabulary [0, {vocab}); nothing was trained")
+                raise InvalidArgument(
+                    f"sample {i} (agent {s.agent!r}): {what} token id {bad} is not in the "
+                    f"model's vocabulary [0, {vocab}); nothing was trained"
+                )
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
@@ -117,33 +140,52 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         self.trainer = trainer
         self.micro_batch_tokens = micro_batch_tokens
         ranks = trainer.ranks.world_size if trainer.ranks else 1
-        self._service = service_info("trainer", {"pool": trainer.pool_name, "ranks": str(ranks),
-                                                 "sharding": trainer.ops.sharding})
+        self._service = service_info(
+            "trainer",
+            {"pool": trainer.pool_name, "ranks": str(ranks), "sharding": trainer.ops.sharding},
+        )
 
     def _info(self) -> trainer_pb2.TrainerInfo:
         state = self.trainer.state
         if state is None:
             return trainer_wire.info_to_pb(TrainerInfo(pool=self.trainer.pool_name), self._service)
         s = state.spec
-        return trainer_wire.info_to_pb(TrainerInfo(s.pool, s.run_id, state.version, s.agents, s.specialization,
-                                                   s.device, s.rollout_addresses,
-                                                   checkpoint_bytes=state.checkpoint_bytes()), self._service)
+        return trainer_wire.info_to_pb(
+            TrainerInfo(
+                s.pool,
+                s.run_id,
+                state.version,
+                s.agents,
+                s.specialization,
+                s.device,
+                s.rollout_addresses,
+                checkpoint_bytes=state.checkpoint_bytes(),
+            ),
+            self._service,
+        )
 
-    async def GetInfo(self, request: common_pb2.GetInfoRequest,
-                      context: aio.ServicerContext) -> trainer_pb2.TrainerInfo:
+    async def GetInfo(
+        self, request: common_pb2.GetInfoRequest, context: aio.ServicerContext
+    ) -> trainer_pb2.TrainerInfo:
         return self._info()
 
-    async def Setup(self, request: trainer_pb2.SetupRequest,
-                    context: aio.ServicerContext) -> trainer_pb2.TrainerInfo:
+    async def Setup(
+        self, request: trainer_pb2.SetupRequest, context: aio.ServicerContext
+    ) -> trainer_pb2.TrainerInfo:
         check_setup(request)
         spec = trainer_wire.spec_from_pb(request)
         await self.trainer.setup(spec, request.resume_from, request.reload)
-        if spec.micro_batch_tokens > 0:      # the run's budget; the --micro-batch-tokens flag is the default
+        if (
+            spec.micro_batch_tokens > 0
+        ):  # the run's budget; the --micro-batch-tokens flag is the default
             self.micro_batch_tokens = spec.micro_batch_tokens
         return self._info()
 
-    async def Train(self, request_iterator: AsyncIterator[trainer_pb2.TrainRequest],
-                    context: aio.ServicerContext) -> trainer_pb2.TrainResponse:
+    async def Train(
+        self,
+        request_iterator: AsyncIterator[trainer_pb2.TrainRequest],
+        context: aio.ServicerContext,
+    ) -> trainer_pb2.TrainResponse:
         header, samples = None, []
         async for part in request_iterator:
             kind = part.WhichOneof("part")
@@ -155,37 +197,60 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             if kind != "sample":
                 raise InvalidArgument("only the first message of a Train stream may be a header")
             if len(samples) >= MAX_SAMPLES:
-                raise InvalidArgument(f"more than {MAX_SAMPLES} samples in one Train call; split the step")
+                raise InvalidArgument(
+                    f"more than {MAX_SAMPLES} samples in one Train call; split the step"
+                )
             samples.append(trainer_wire.sample_from_pb(part.sample, f"sample {len(samples)}"))
         if header is None:
             raise InvalidArgument("empty Train stream; send a header, then the samples")
         if header.num_samples != len(samples):
-            raise InvalidArgument(f"the header announced {header.num_samples} samples, {len(samples)} arrived; "
-                                  "nothing was trained, resend the step")
+            raise InvalidArgument(
+                f"the header announced {header.num_samples} samples, {len(samples)} arrived; "
+                "nothing was trained, resend the step"
+            )
         check_update(header.update)
         state = self.trainer.need_state()
         _check_token_ids(samples, _vocab_size(state))
-        update = dataclasses.replace(trainer_wire.update_from_pb(header.update), micro_batch_tokens=self.micro_batch_tokens,
-                                     grad_clip=state.spec.grad_clip)
-        result = await self.trainer.train(header.run_id, header.step, header.expected_version, samples, update)
+        update = dataclasses.replace(
+            trainer_wire.update_from_pb(header.update),
+            micro_batch_tokens=self.micro_batch_tokens,
+            grad_clip=state.spec.grad_clip,
+        )
+        result = await self.trainer.train(
+            header.run_id, header.step, header.expected_version, samples, update
+        )
         return trainer_wire.result_to_pb(result, state.spec.pool)
 
-    async def SaveCheckpoint(self, request: trainer_pb2.SaveCheckpointRequest,
-                             context: aio.ServicerContext) -> trainer_pb2.SaveCheckpointResponse:
+    async def SaveCheckpoint(
+        self, request: trainer_pb2.SaveCheckpointRequest, context: aio.ServicerContext
+    ) -> trainer_pb2.SaveCheckpointResponse:
         path, version = await self.trainer.save_checkpoint(request.dir)
         return trainer_pb2.SaveCheckpointResponse(path=str(path), version=version)
 
-    async def DeleteCheckpoint(self, request: trainer_pb2.DeleteCheckpointRequest,
-                               context: aio.ServicerContext) -> trainer_pb2.DeleteCheckpointResponse:
+    async def DeleteCheckpoint(
+        self, request: trainer_pb2.DeleteCheckpointRequest, context: aio.ServicerContext
+    ) -> trainer_pb2.DeleteCheckpointResponse:
         if not request.dir:
-            raise InvalidArgument("DeleteCheckpoint needs dir: the folder SaveCheckpoint answered with")
-        return trainer_pb2.DeleteCheckpointResponse(deleted=await self.trainer.delete_checkpoint(request.dir))
+            raise InvalidArgument(
+                "DeleteCheckpoint needs dir: the folder SaveCheckpoint answered with"
+            )
+        return trainer_pb2.DeleteCheckpointResponse(
+            deleted=await self.trainer.delete_checkpoint(request.dir)
+        )
 
 
-def bindings(settings: TrainerSettings | None = None, trainer: Trainer | None = None,
-             ranks: Ranks | None = None) -> list[Binding]:
+def bindings(
+    settings: TrainerSettings | None = None,
+    trainer: Trainer | None = None,
+    ranks: Ranks | None = None,
+) -> list[Binding]:
     """`ranks`: this is rank 0 of a pool over several ranks (torchrun); the others follow it."""
     settings = settings or TrainerSettings()
     trainer = trainer or Trainer(settings.pool, settings.sharding, ranks)
-    return [Binding("atgrpo.v1.TrainerService", TrainerServicer(trainer, settings.micro_batch_tokens),
-                    trainer_pb2_grpc.add_TrainerServiceServicer_to_server)]
+    return [
+        Binding(
+            "atgrpo.v1.TrainerService",
+            TrainerServicer(trainer, settings.micro_batch_tokens),
+            trainer_pb2_grpc.add_TrainerServiceServicer_to_server,
+        )
+    ]

@@ -13,22 +13,31 @@ from trainer_svc.sharding import SHARDINGS
 @dataclass(frozen=True)
 class TrainerSettings:
     pool: str = ""
-    micro_batch_tokens: int = 8192    # the default; a run's Setup may set its own budget
+    micro_batch_tokens: int = 8192  # the default; a run's Setup may set its own budget
     sharding: str = "auto"
 
     @staticmethod
     def add_flags(ap: argparse.ArgumentParser) -> None:
         ap.add_argument("--pool", default="", help="the model pool this trainer owns")
-        ap.add_argument("--micro-batch-tokens", type=int, default=8192,
-                        help="token budget of one forward/backward micro-batch")
-        ap.add_argument("--sharding", choices=SHARDINGS,
-                        default=os.environ.get("ATGRPO_TRAINER_SHARDING", "auto"),
-                        help="layout over torchrun ranks: fsdp shards a full fine-tuning model, ddp replicates "
-                             "it; auto = fsdp for full fine-tuning, ddp for LoRA pools (one rank: no sharding)")
+        ap.add_argument(
+            "--micro-batch-tokens",
+            type=int,
+            default=8192,
+            help="token budget of one forward/backward micro-batch",
+        )
+        ap.add_argument(
+            "--sharding",
+            choices=SHARDINGS,
+            default=os.environ.get("ATGRPO_TRAINER_SHARDING", "auto"),
+            help="layout over torchrun ranks: fsdp shards a full fine-tuning model, ddp replicates "
+            "it; auto = fsdp for full fine-tuning, ddp for LoRA pools (one rank: no sharding)",
+        )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> TrainerSettings:
         if args.micro_batch_tokens < 1:
-            raise SettingsError(f"--micro-batch-tokens {args.micro_batch_tokens}: give the tokens of one "
-                                "forward/backward (>= the longest sample; 8192 by default)")
+            raise SettingsError(
+                f"--micro-batch-tokens {args.micro_batch_tokens}: give the tokens of one "
+                "forward/backward (>= the longest sample; 8192 by default)"
+            )
         return cls(args.pool, args.micro_batch_tokens, args.sharding)

@@ -47,7 +47,9 @@ def resolve(sharding: str, world_size: int, lora: bool) -> str:
         return "none"
     if lora:
         if sharding == "fsdp":
-            log.info("a LoRA pool runs replicated (ddp) over the ranks; fsdp applies to full fine-tuning")
+            log.info(
+                "a LoRA pool runs replicated (ddp) over the ranks; fsdp applies to full fine-tuning"
+            )
         return "ddp"
     return "ddp" if sharding == "ddp" else "fsdp"
 
@@ -78,8 +80,11 @@ def shard(model: torch.nn.Module, device: str, mixed_bf16: bool = False) -> torc
     )
 
     mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_bf16 \
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if mixed_bf16
         else MixedPrecisionPolicy()
+    )
     layers = set(getattr(model, "_no_split_modules", None) or ())
     for module in model.modules():
         if type(module).__name__ in layers:
@@ -161,7 +166,9 @@ def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
     return {"state": {order[i]: s for i, s in plain["state"].items()}, "param_groups": groups}
 
 
-def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+def load_optimizer_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict
+) -> None:
     """Inverse of `optimizer_state` (collective when sharded; every rank passes the full state)."""
     if is_sharded(model):
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
@@ -169,12 +176,17 @@ def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
         set_optimizer_state_dict(model, optimizer, state, options=_full_options())
         return
     if all(isinstance(n, int) for g in state["param_groups"] for n in g["params"]):
-        optimizer.load_state_dict(state)   # a checkpoint from before names: torch's positional keys
+        optimizer.load_state_dict(state)  # a checkpoint from before names: torch's positional keys
         return
     names = _names(model)
-    index = {names[id(p)]: i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
+    index = {
+        names[id(p)]: i
+        for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])
+    }
     groups = [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]]
-    optimizer.load_state_dict({"state": {index[n]: s for n, s in state["state"].items()}, "param_groups": groups})
+    optimizer.load_state_dict(
+        {"state": {index[n]: s for n, s in state["state"].items()}, "param_groups": groups}
+    )
 
 
 def save_sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, where) -> None:
@@ -198,7 +210,15 @@ def load_sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
     weights, moments = get_state_dict(model, optimizer)
     state = {"model": weights, "optimizer": moments}
-    with warnings.catch_warnings():   # it warns that one process reads alone, which is the intent here
+    with (
+        warnings.catch_warnings()
+    ):  # it warns that one process reads alone, which is the intent here
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        dcp.load(state, checkpoint_id=str(where), no_dist=not (dist.is_available() and dist.is_initialized()))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        dcp.load(
+            state,
+            checkpoint_id=str(where),
+            no_dist=not (dist.is_available() and dist.is_initialized()),
+        )
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+    )

@@ -48,8 +48,8 @@ from trainer_svc.sharding import (
 )
 
 PEFT_STATE_PREFIX = "base_model.model."
-TRAINER_STATE = "trainer_state.pt"       # schedule, RNGs; optimizer and masters unless sharded
-SHARDED_STATE = "trainer_state.dcp"      # a sharded pool's masters and moments, one file per rank
+TRAINER_STATE = "trainer_state.pt"  # schedule, RNGs; optimizer and masters unless sharded
+SHARDED_STATE = "trainer_state.dcp"  # a sharded pool's masters and moments, one file per rank
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -75,21 +75,34 @@ class PoolState:
         # Master weights stay float32 under mixed precision; only the forward/backward run in bf16
         # (loading.py).
         self.mixed_bf16 = compute_bf16(spec, self.device)
-        self.model = self._build()   # sharded before the optimizer: it must hold the sharded parameters
+        self.model = (
+            self._build()
+        )  # sharded before the optimizer: it must hold the sharded parameters
         self.version = 0
         self.updates = 0
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay
+        )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_factor(s, spec.warmup_steps, spec.total_steps, spec.min_lr_ratio))
+            self.optimizer,
+            lambda s: lr_factor(s, spec.warmup_steps, spec.total_steps, spec.min_lr_ratio),
+        )
         self.generator = torch.Generator().manual_seed(spec.seed)
-        self._reference = None   # a full pool's frozen initial weights, loaded when the KL first needs them
+        self._reference = (
+            None  # a full pool's frozen initial weights, loaded when the KL first needs them
+        )
 
     def _build(self):
         dtype = weight_dtype(self.spec, trainable=not self.lora)
-        if self.sharded:   # full fine-tuning only (see resolve)
-            return load_sharded(self.spec.model_path, dtype, self.device, self._prepare,
-                                lambda model, device: shard(model, device, mixed_bf16=self.mixed_bf16))
+        if self.sharded:  # full fine-tuning only (see resolve)
+            return load_sharded(
+                self.spec.model_path,
+                dtype,
+                self.device,
+                self._prepare,
+                lambda model, device: shard(model, device, mixed_bf16=self.mixed_bf16),
+            )
         model = load_full(self.spec.model_path, dtype)
         self._prepare(model)
         if self.lora:
@@ -112,12 +125,16 @@ class PoolState:
     def _with_adapters(self, model):
         from peft import LoraConfig, get_peft_model
 
-        cfg = LoraConfig(r=self.spec.lora_rank, lora_alpha=self.spec.lora_alpha, lora_dropout=self.spec.lora_dropout,
-                         target_modules=list(self.spec.lora_targets))
+        cfg = LoraConfig(
+            r=self.spec.lora_rank,
+            lora_alpha=self.spec.lora_alpha,
+            lora_dropout=self.spec.lora_dropout,
+            target_modules=list(self.spec.lora_targets),
+        )
         model = get_peft_model(model, cfg, adapter_name=self.spec.agents[0])
         for agent in self.spec.agents[1:]:
             model.add_adapter(agent, cfg)
-        for name, p in model.named_parameters():   # every adapter trains; the base never does
+        for name, p in model.named_parameters():  # every adapter trains; the base never does
             p.requires_grad = "lora_" in name
         return model
 
@@ -154,7 +171,9 @@ class PoolState:
         """Make `agent`'s adapter the active one (LoRA pools); returns a no-op context."""
         self.model.base_model.set_adapter(agent)
         for name, p in self.model.named_parameters():
-            p.requires_grad = "lora_" in name   # set_adapter freezes inactive adapters; keep all trainable
+            p.requires_grad = (
+                "lora_" in name
+            )  # set_adapter freezes inactive adapters; keep all trainable
         return contextlib.nullcontext()
 
     # --- what gets pushed to rollout replicas ------------------------------------------------
@@ -186,9 +205,15 @@ class PoolState:
         if self.lora:
             return trained + moments
         out = io_dtype(self.spec)
-        weights = sum(p.numel() * (out.itemsize if out is not None else p.element_size())
-                      for p in self.model.parameters())
-        masters = sum(p.numel() * p.element_size() for p in self.model.parameters()) if out is not None else 0
+        weights = sum(
+            p.numel() * (out.itemsize if out is not None else p.element_size())
+            for p in self.model.parameters()
+        )
+        masters = (
+            sum(p.numel() * p.element_size() for p in self.model.parameters())
+            if out is not None
+            else 0
+        )
         return weights + masters + moments
 
     def save(self, where: str | Path) -> Path:
@@ -211,20 +236,34 @@ class PoolState:
             model_state = _cast(master, out)
         if model_state is None:
             self.model.save_pretrained(where / "model")
-        else:   # the gathered (or cast) tensors: the live ones are shards or masters
+        else:  # the gathered (or cast) tensors: the live ones are shards or masters
             self.model.save_pretrained(where / "model", state_dict=model_state)
         if master is not None:
             _set_saved_dtype(where / "model", out)
         if self.sharded:
-            master = None   # in SHARDED_STATE, with the moments
-        torch.save({**({"optimizer": optimizer} if optimizer is not None else {}),
-                    **({"master": {k: v.detach() for k, v in master.items()}} if master is not None else {}),
-                    "scheduler": self.scheduler.state_dict(),
-                    "generator": self.generator.get_state(), "torch_rng": torch.get_rng_state(),
-                    "numpy_rng": _numpy_rng_plain(), "python_rng": random.getstate()},
-                   where / TRAINER_STATE)
-        (where / "atgrpo.json").write_text(json.dumps({"version": self.version, "updates": self.updates,
-                                                       "spec": asdict(self.spec)}, indent=2))
+            master = None  # in SHARDED_STATE, with the moments
+        torch.save(
+            {
+                **({"optimizer": optimizer} if optimizer is not None else {}),
+                **(
+                    {"master": {k: v.detach() for k, v in master.items()}}
+                    if master is not None
+                    else {}
+                ),
+                "scheduler": self.scheduler.state_dict(),
+                "generator": self.generator.get_state(),
+                "torch_rng": torch.get_rng_state(),
+                "numpy_rng": _numpy_rng_plain(),
+                "python_rng": random.getstate(),
+            },
+            where / TRAINER_STATE,
+        )
+        (where / "atgrpo.json").write_text(
+            json.dumps(
+                {"version": self.version, "updates": self.updates, "spec": asdict(self.spec)},
+                indent=2,
+            )
+        )
         return where
 
     def _load_weights(self, where: Path, master: dict | None) -> None:
@@ -233,12 +272,15 @@ class PoolState:
         full, error = {}, ""
         if self.rank == 0:
             try:
-                full = master if master is not None else \
-                    load_full(str(where / "model"), weight_dtype(self.spec, True)).state_dict()
+                full = (
+                    master
+                    if master is not None
+                    else load_full(str(where / "model"), weight_dtype(self.spec, True)).state_dict()
+                )
             except InvalidArgument as err:
                 if not self.sharded:
                     raise
-                error = str(err)   # every rank raises it (broadcast_full_state)
+                error = str(err)  # every rank raises it (broadcast_full_state)
         if self.sharded:
             broadcast_full_state(self.model, full, error)
         else:
@@ -247,18 +289,27 @@ class PoolState:
     def load(self, where: str | Path) -> None:
         where = Path(where)
         meta = json.loads((where / "atgrpo.json").read_text())
-        if meta["spec"]["pool"] != self.spec.pool or meta["spec"]["specialization"] != self.spec.specialization:
-            raise FailedPrecondition(f"checkpoint {where} is of pool {meta['spec']['pool']!r} "
-                                     f"({meta['spec']['specialization']}), not this one")
+        if (
+            meta["spec"]["pool"] != self.spec.pool
+            or meta["spec"]["specialization"] != self.spec.specialization
+        ):
+            raise FailedPrecondition(
+                f"checkpoint {where} is of pool {meta['spec']['pool']!r} "
+                f"({meta['spec']['specialization']}), not this one"
+            )
         if self.lora:
             from peft import set_peft_model_state_dict
             from safetensors.torch import load_file
 
-            for agent in self.spec.agents:   # PEFT saves each named adapter in a folder of its name
+            for agent in self.spec.agents:  # PEFT saves each named adapter in a folder of its name
                 sub = where / "model" / agent
-                set_peft_model_state_dict(self.model, load_file(str(sub / "adapter_model.safetensors")), adapter_name=agent)
+                set_peft_model_state_dict(
+                    self.model,
+                    load_file(str(sub / "adapter_model.safetensors")),
+                    adapter_name=agent,
+                )
         state = read_trainer_state(where / TRAINER_STATE)
-        if (where / SHARDED_STATE).is_dir():   # a sharded pool's: masters and moments by shard
+        if (where / SHARDED_STATE).is_dir():  # a sharded pool's: masters and moments by shard
             load_sharded_state(self.model, self.optimizer, where / SHARDED_STATE)
         else:
             if not self.lora:
@@ -283,8 +334,10 @@ def read_trainer_state(path: Path) -> dict:
     try:
         return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     except pickle.UnpicklingError as err:
-        raise InvalidArgument(f"{path} holds more than tensors and plain values, which could run code on "
-                              f"load; resume from a checkpoint atgrpo wrote ({err})") from None
+        raise InvalidArgument(
+            f"{path} holds more than tensors and plain values, which could run code on "
+            f"load; resume from a checkpoint atgrpo wrote ({err})"
+        ) from None
 
 
 def delete_checkpoint(where: str | Path, spec: PoolSpec) -> bool:
@@ -297,16 +350,21 @@ def delete_checkpoint(where: str | Path, spec: PoolSpec) -> bool:
     meta_path = where / "atgrpo.json"
     try:
         meta = json.loads(meta_path.read_text())["spec"]
-        ours = where.is_dir() and not where.is_symlink() and \
-            (meta["pool"], meta["run_id"]) == (spec.pool, spec.run_id)
+        ours = (
+            where.is_dir()
+            and not where.is_symlink()
+            and (meta["pool"], meta["run_id"]) == (spec.pool, spec.run_id)
+        )
     except (OSError, ValueError, KeyError, TypeError):
         ours = False
     if not ours:
-        raise FailedPrecondition(f"{where} is not a checkpoint of run {spec.run_id!r}, pool {spec.pool!r} (no "
-                                 "atgrpo.json of theirs in it): only such folders are deleted")
+        raise FailedPrecondition(
+            f"{where} is not a checkpoint of run {spec.run_id!r}, pool {spec.pool!r} (no "
+            "atgrpo.json of theirs in it): only such folders are deleted"
+        )
     shutil.rmtree(where)
     if where.parent.name.startswith("step-"):
-        with contextlib.suppress(OSError):   # not empty: another pool's checkpoint of that step
+        with contextlib.suppress(OSError):  # not empty: another pool's checkpoint of that step
             where.parent.rmdir()
     return True
 
@@ -321,7 +379,12 @@ def _cast(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str
         if dtype is None or not v.is_floating_point():
             out[k] = v.detach()
             continue
-        same = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), tuple(v.stride()))
+        same = (
+            v.untyped_storage().data_ptr(),
+            v.storage_offset(),
+            tuple(v.shape),
+            tuple(v.stride()),
+        )
         if same not in cast:
             cast[same] = v.detach().to(dtype)
         out[k] = cast[same]

@@ -38,17 +38,24 @@ def staleness_max(samples: Sequence[TrainSample], allowed: int, max_staleness: i
         where = f"sample {i} (agent {s.agent!r}) was drawn from version {v}"
         if max_staleness == 0:
             raise FailedPrecondition(
-                f"{where}, but this run trains only on version {allowed}, the weights the pool holds: nothing was "
-                f"trained; collect the step again from replicas that serve version {allowed} (the router resyncs them)")
+                f"{where}, but this run trains only on version {allowed}, the weights the pool "
+                f"holds: nothing was trained; collect the step again from replicas that serve "
+                f"version {allowed} (the router resyncs them)"
+            )
         if v > allowed:
             raise FailedPrecondition(
-                f"{where}, newer than version {allowed}, the weights the pool holds: nothing was trained; a replica "
-                "serves weights this trainer did not make (another run's, or a trainer restored from an older "
-                "checkpoint): resync the replicas (the router's Setup does) and collect the step again")
+                f"{where}, newer than version {allowed}, the weights the pool holds: nothing was "
+                f"trained; a replica "
+                "serves weights this trainer did not make (another run's, or a trainer restored "
+                "from an older checkpoint): resync the replicas (the router's Setup does) and "
+                "collect the step again"
+            )
         raise FailedPrecondition(
-            f"{where}, {allowed - v} versions behind version {allowed}, the weights the pool holds, but this pool "
-            f"trains on samples at most {max_staleness} behind (max_staleness): nothing was trained; drop the "
-            f"samples older than version {allowed - max_staleness} and send the rest, or raise max_staleness")
+            f"{where}, {allowed - v} versions behind version {allowed}, the weights the pool "
+            f"holds, but this pool trains on samples at most {max_staleness} behind "
+            f"(max_staleness): nothing was trained; drop the samples older than version "
+            f"{allowed - max_staleness} and send the rest, or raise max_staleness"
+        )
     pinned = [s.policy_version for s in samples if s.policy_version is not None]
     return allowed - min(pinned) if pinned else 0
 
@@ -65,11 +72,11 @@ class Trainer:
     def __init__(self, pool_name: str = "", sharding: str = "auto", ranks: Ranks | None = None):
         self.pool_name = pool_name
         self.ops = PoolOps(sharding)
-        self.ranks = ranks          # set on rank 0 of a torchrun pool: the other ranks follow
-        # (run, step) -> result, the last REPLAYED steps': Train is idempotent. A retry is of the step
-        # in flight; an older step's samples are refused by their version anyway.
+        self.ranks = ranks  # set on rank 0 of a torchrun pool: the other ranks follow
+        # (run, step) -> result, the last REPLAYED steps': Train is idempotent. A retry is of the
+        # step in flight; an older step's samples are refused by their version anyway.
         self._done: dict[tuple[str, int], TrainResult] = {}
-        self._pushed: dict[str, int] = {}   # adapter ("" = the model) -> the version last pushed
+        self._pushed: dict[str, int] = {}  # adapter ("" = the model) -> the version last pushed
         self._lock = asyncio.Lock()
         # Every operation on the model runs on this one thread: on rotating threads each update's
         # freed activations pile up in another malloc arena until the OOM kill (model_thread.py).
@@ -96,20 +103,29 @@ class Trainer:
                 if not same:
                     held = self.state.spec
                     raise FailedPrecondition(
-                        f"this trainer serves run {held.run_id!r}, pool {held.pool!r}, and holds that run's "
-                        f"weights, so it cannot take run {spec.run_id!r}, pool {spec.pool!r}. Locally: "
-                        "`atgrpo down` then `atgrpo up CONFIG` for fresh services (or leave services: out of the "
-                        "config and `atgrpo train` starts its own); on Kubernetes: restart the trainer pod "
-                        f"(`kubectl rollout restart statefulset/<release>-atgrpo-trainer-{held.pool}`; "
-                        "`helm upgrade` with the new config does it) or install the run in its own release")
+                        f"this trainer serves run {held.run_id!r}, pool {held.pool!r}, and holds "
+                        f"that run's weights, so it cannot take run {spec.run_id!r}, pool "
+                        f"{spec.pool!r}. Locally: "
+                        "`atgrpo down` then `atgrpo up CONFIG` for fresh services (or leave "
+                        "services: out of the config and `atgrpo train` starts its own); on "
+                        "Kubernetes: restart the trainer pod "
+                        f"(`kubectl rollout restart "
+                        f"statefulset/<release>-atgrpo-trainer-{held.pool}`; "
+                        "`helm upgrade` with the new config does it) or install the run in its own "
+                        "release"
+                    )
                 if not reload:
-                    await self._sync_replicas(self.state)   # a repeat: bring restarted replicas up to date
+                    await self._sync_replicas(
+                        self.state
+                    )  # a repeat: bring restarted replicas up to date
                     return self.state
             if self.pool_name and spec.pool != self.pool_name:
-                raise InvalidArgument(f"this trainer was started for pool {self.pool_name!r}, not {spec.pool!r}")
+                raise InvalidArgument(
+                    f"this trainer was started for pool {self.pool_name!r}, not {spec.pool!r}"
+                )
             previous = self.ops.state
             state = await self._run("setup", spec, resume_from)
-            self._done.clear()      # results of steps after the checkpoint no longer hold
+            self._done.clear()  # results of steps after the checkpoint no longer hold
             # Replicas must serve what this trainer holds before the first Collect: every adapter
             # (a replica has none until pushed), or the resumed model (a replica starts at v0). A
             # restored trainer's weights replace newer ones a replica may still serve: a checkpoint
@@ -119,10 +135,10 @@ class Trainer:
                     await self._push(state, state.spec.agents, rollback=True)
                 elif state.version > 0 or previous is not None or resume_from:
                     await self._push(state, [], rollback=True)
-                else:   # a restarted trainer back at the start: replicas may serve a later version
+                else:  # a restarted trainer back at the start: replicas may serve a later version
                     await self._sync_replicas(state)
             except BaseException:
-                self.ops.state = None   # not set up until the replicas are: Setup may be retried
+                self.ops.state = None  # not set up until the replicas are: Setup may be retried
                 raise
             telemetry.set_version(spec.run_id, spec.pool, state.version)
             return state
@@ -130,33 +146,53 @@ class Trainer:
     async def _sync_replicas(self, state: PoolState) -> None:
         """Push to each replica whose served versions differ from what this trainer last pushed
         (before its first push: from the version it holds)."""
-        held = self._pushed or {adapter: state.version for adapter in (state.spec.agents if state.lora else [""])}
+        held = self._pushed or {
+            adapter: state.version for adapter in (state.spec.agents if state.lora else [""])
+        }
         lagging = []
         for address in state.spec.rollout_addresses:
             async with RolloutClient(address) as client:
-                served = {p.adapter: p.version for p in await client.policies() if p.pool == state.spec.pool}
+                served = {
+                    p.adapter: p.version
+                    for p in await client.policies()
+                    if p.pool == state.spec.pool
+                }
             if any(served.get(adapter, -1) != version for adapter, version in held.items()):
                 lagging.append(address)
         if lagging:
-            await self._push(state, state.spec.agents if state.lora else [], rollback=True, addresses=lagging)
+            await self._push(
+                state, state.spec.agents if state.lora else [], rollback=True, addresses=lagging
+            )
 
     def need_state(self) -> PoolState:
         if self.state is None:
             raise FailedPrecondition("the trainer has no pool yet; call Setup first")
         return self.state
 
-    async def train(self, run_id: str, step: int, expected_version: int, samples: Sequence[TrainSample],
-                    cfg: UpdateConfig) -> TrainResult:
+    async def train(
+        self,
+        run_id: str,
+        step: int,
+        expected_version: int,
+        samples: Sequence[TrainSample],
+        cfg: UpdateConfig,
+    ) -> TrainResult:
         async with self._lock:
             state = self.need_state()
             if (run_id, step) in self._done:
                 done = self._done[(run_id, step)]
-                return TrainResult(done.run_id, done.step, done.version, done.metrics, done.agents, replayed=True)
+                return TrainResult(
+                    done.run_id, done.step, done.version, done.metrics, done.agents, replayed=True
+                )
             if run_id != state.spec.run_id:
-                raise FailedPrecondition(f"samples of run {run_id!r}; this trainer serves {state.spec.run_id!r}")
+                raise FailedPrecondition(
+                    f"samples of run {run_id!r}; this trainer serves {state.spec.run_id!r}"
+                )
             if expected_version != state.version:
-                raise FailedPrecondition(f"the samples were drawn from version {expected_version}, the pool is at "
-                                         f"{state.version}: recollect with the current weights (on-policy)")
+                raise FailedPrecondition(
+                    f"the samples were drawn from version {expected_version}, the pool is at "
+                    f"{state.version}: recollect with the current weights (on-policy)"
+                )
             validate(samples, state.spec.agents, cfg.micro_batch_tokens)
             staleness = staleness_max(samples, state.version, cfg.max_staleness)
             lags = sample_staleness(samples, state.version)
@@ -172,15 +208,34 @@ class Trainer:
             # Every adapter goes out, trained or not, so each of the pool's policies is at the
             # pool's version: what the router pins in Collect and this check allows.
             push_s, push_bytes = await self._push(state, state.spec.agents if state.lora else [])
-            busy = time.perf_counter() - start      # the update and the push, as the router waits on both
-            metrics.update(push_seconds=push_s, push_bytes=float(push_bytes), **await self._run("release"))
-            agents = {a: {"samples": float(sum(s.agent == a for s in samples)),
-                          "tokens": float(sum(len(s.response_ids) for s in samples if s.agent == a)),
-                          **({"grad_norm": metrics.pop(f"grad_norm/{a}")} if f"grad_norm/{a}" in metrics else {})}
-                      for a in sorted({s.agent for s in samples})}
+            busy = (
+                time.perf_counter() - start
+            )  # the update and the push, as the router waits on both
+            metrics.update(
+                push_seconds=push_s, push_bytes=float(push_bytes), **await self._run("release")
+            )
+            agents = {
+                a: {
+                    "samples": float(sum(s.agent == a for s in samples)),
+                    "tokens": float(sum(len(s.response_ids) for s in samples if s.agent == a)),
+                    **(
+                        {"grad_norm": metrics.pop(f"grad_norm/{a}")}
+                        if f"grad_norm/{a}" in metrics
+                        else {}
+                    ),
+                }
+                for a in sorted({s.agent for s in samples})
+            }
             result = TrainResult(run_id, step, state.version, metrics, agents)
-            telemetry.observe_update(run_id, state.spec.pool, state.version, metrics, agents, staleness=lags,
-                                     busy_seconds=busy)
+            telemetry.observe_update(
+                run_id,
+                state.spec.pool,
+                state.version,
+                metrics,
+                agents,
+                staleness=lags,
+                busy_seconds=busy,
+            )
             self._done[(run_id, step)] = result
             while len(self._done) > REPLAYED:
                 del self._done[next(iter(self._done))]
@@ -193,8 +248,14 @@ class Trainer:
     def _default_dir(state: PoolState) -> str:
         return str(Path(state.spec.checkpoint_dir) / f"version-{state.version}")
 
-    async def _push(self, state: PoolState, agents: Sequence[str], *, rollback: bool = False,
-                    addresses: Sequence[str] | None = None) -> tuple[float, int]:
+    async def _push(
+        self,
+        state: PoolState,
+        agents: Sequence[str],
+        *,
+        rollback: bool = False,
+        addresses: Sequence[str] | None = None,
+    ) -> tuple[float, int]:
         """New weights to every replica at once; answers once all acknowledged (on-policy)."""
         addresses = state.spec.rollout_addresses if addresses is None else addresses
         if not addresses:
@@ -202,7 +263,9 @@ class Trainer:
         payloads = await self._run("weights", agents)
         start = time.perf_counter()
         with telemetry.push_failures(state.spec.run_id, state.spec.pool):
-            total = await push_weights(addresses, payloads, state.spec.pool, state.version, rollback=rollback)
+            total = await push_weights(
+                addresses, payloads, state.spec.pool, state.version, rollback=rollback
+            )
         self._pushed.update({adapter: state.version for adapter, _, _ in payloads})
         seconds = time.perf_counter() - start
         telemetry.observe_push(state.spec.run_id, state.spec.pool, seconds, total)
@@ -213,7 +276,9 @@ class Trainer:
             state = self.need_state()
             if not where:
                 if not state.spec.checkpoint_dir:
-                    raise InvalidArgument("no checkpoint directory: pass dir, or set checkpoint_dir in Setup")
+                    raise InvalidArgument(
+                        "no checkpoint directory: pass dir, or set checkpoint_dir in Setup"
+                    )
                 where = self._default_dir(state)
             path = await self._run("save", where)
             return path, state.version
@@ -223,4 +288,3 @@ class Trainer:
         async with self._lock:
             state = self.need_state()
             return await asyncio.to_thread(delete_checkpoint, where, state.spec)
-

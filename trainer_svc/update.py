@@ -45,7 +45,12 @@ from trainer_svc.sharding import is_sharded, world
 
 METRIC_KEYS = ("loss", "clip_fraction", "approx_kl", "entropy")
 # The decoupled loss's own figures (max_staleness > 0), averaged like the others.
-DECOUPLED_KEYS = ("behav_approx_kl", "behav_imp_weight_mean", "behav_imp_weight_max", "behav_capped_fraction")
+DECOUPLED_KEYS = (
+    "behav_approx_kl",
+    "behav_imp_weight_mean",
+    "behav_imp_weight_max",
+    "behav_capped_fraction",
+)
 # `prox` when the update is one optimizer step: every forward runs on the weights it starts from,
 # so each micro-batch's own log-probs, detached, are the proximal policy's, and no extra pass runs.
 SAME_FORWARD = "same forward"
@@ -63,10 +68,12 @@ class _UpdateClock(PhaseClock):
     def __init__(self, device: str, shared: bool):
         super().__init__(device)
         self.shared = shared
-        self.tokens = {True: [0, 0], False: [0, 0]}   # grad -> [positions, positions with logits]
+        self.tokens = {True: [0, 0], False: [0, 0]}  # grad -> [positions, positions with logits]
 
     def count(self, batch: Sequence[TrainSample], grad: bool) -> None:
-        prompts = ({tuple(s.prompt_ids) for s in batch} if self.shared else [s.prompt_ids for s in batch])
+        prompts = (
+            {tuple(s.prompt_ids) for s in batch} if self.shared else [s.prompt_ids for s in batch]
+        )
         responses = sum(len(s.response_ids) for s in batch)
         self.tokens[grad][0] += sum(len(p) for p in prompts) + responses
         self.tokens[grad][1] += responses
@@ -76,14 +83,21 @@ class _UpdateClock(PhaseClock):
         update_tokens (positions of the forwards with gradient) and update_flops."""
         size = model_size(model)
         (tokens, head), (scored, scored_head) = self.tokens[True], self.tokens[False]
-        return {"time_forward_s": self.seconds["forward"], "time_backward_s": self.seconds["backward"],
-                "time_optimizer_s": self.seconds["optimizer"], "update_tokens": float(tokens),
-                "update_flops": update_flops(size, tokens, head) + forward_flops(size, scored, scored_head)}
+        return {
+            "time_forward_s": self.seconds["forward"],
+            "time_backward_s": self.seconds["backward"],
+            "time_optimizer_s": self.seconds["optimizer"],
+            "update_tokens": float(tokens),
+            "update_flops": update_flops(size, tokens, head)
+            + forward_flops(size, scored, scored_head),
+        }
 
 
 # The running update's clock (update() sets it): the forward, backward and optimizer calls below
 # time themselves into it through _timed, whatever function they are in.
-_CLOCK: contextvars.ContextVar[_UpdateClock | None] = contextvars.ContextVar("update_clock", default=None)
+_CLOCK: contextvars.ContextVar[_UpdateClock | None] = contextvars.ContextVar(
+    "update_clock", default=None
+)
 
 
 @contextlib.contextmanager
@@ -99,7 +113,9 @@ def _timed(part: str, batch: Sequence[TrainSample] | None = None, *, grad: bool 
         yield
 
 
-def validate(samples: Sequence[TrainSample], agents: Sequence[str], max_tokens: int | None = None) -> None:
+def validate(
+    samples: Sequence[TrainSample], agents: Sequence[str], max_tokens: int | None = None
+) -> None:
     """InvalidArgument naming the first bad sample; nothing trains from a bad request.
     `max_tokens`: the micro-batch budget; a longer sample cannot fit in memory as configured."""
     if not samples:
@@ -107,28 +123,43 @@ def validate(samples: Sequence[TrainSample], agents: Sequence[str], max_tokens: 
     for i, s in enumerate(samples):
         where = f"sample {i} (agent {s.agent!r})"
         if s.agent not in agents:
-            raise InvalidArgument(f"{where}: this pool trains {list(agents)}, not {s.agent!r}; route it to its pool")
+            raise InvalidArgument(
+                f"{where}: this pool trains {list(agents)}, not {s.agent!r}; route it to its pool"
+            )
         if not s.response_ids:
             raise InvalidArgument(f"{where}: empty response; drop it before training")
         if not s.prompt_ids:
             raise InvalidArgument(f"{where}: empty prompt")
         if len(s.old_logprobs) != len(s.response_ids):
-            raise InvalidArgument(f"{where}: {len(s.response_ids)} response tokens but {len(s.old_logprobs)} "
-                                  "log-probs; send one log-prob per token")
+            raise InvalidArgument(
+                f"{where}: {len(s.response_ids)} response tokens but {len(s.old_logprobs)} "
+                "log-probs; send one log-prob per token"
+            )
         if not math.isfinite(s.advantage):
             raise InvalidArgument(f"{where}: advantage {s.advantage} is not finite")
         # -inf is a token the sampling distribution excludes (the loss leaves it out); NaN and
         # +inf are no log-probability at all.
         if not all(x == -math.inf or math.isfinite(x) for x in s.old_logprobs):
-            raise InvalidArgument(f"{where}: a log-prob is NaN or +inf; send log-probs <= 0 (-inf allowed)")
+            raise InvalidArgument(
+                f"{where}: a log-prob is NaN or +inf; send log-probs <= 0 (-inf allowed)"
+            )
         length = len(s.prompt_ids) + len(s.response_ids)
         if max_tokens is not None and length > max_tokens:
-            raise InvalidArgument(f"{where}: {length} tokens, over the trainer's micro-batch budget of "
-                                  f"{max_tokens}; raise micro_batch_tokens or cap prompts and responses")
+            raise InvalidArgument(
+                f"{where}: {length} tokens, over the trainer's micro-batch budget of "
+                f"{max_tokens}; raise micro_batch_tokens or cap prompts and responses"
+            )
 
 
-def _plan(mini: Sequence[int], samples: Sequence[TrainSample], cfg: UpdateConfig,
-          rank: int, world_size: int, sharded: bool, shared: bool = False) -> list[tuple[list[int], float]]:
+def _plan(
+    mini: Sequence[int],
+    samples: Sequence[TrainSample],
+    cfg: UpdateConfig,
+    rank: int,
+    world_size: int,
+    sharded: bool,
+    shared: bool = False,
+) -> list[tuple[list[int], float]]:
     """This rank's micro-batches of a mini-batch (rows rank::world), each with a weight: 1, or 0
     for padding. FSDP all-gathers in every forward and reduce-scatters in every backward, so
     under FSDP every rank must run as many micro-batches: one with fewer repeats a real row at
@@ -139,7 +170,10 @@ def _plan(mini: Sequence[int], samples: Sequence[TrainSample], cfg: UpdateConfig
     mini = by_prompt(mini, samples) if shared else list(mini)
     mine = [(m, 1.0) for m in pack(mini[rank::world_size], samples, cfg.micro_batch_tokens, shared)]
     if sharded:
-        most = max(len(pack(mini[r::world_size], samples, cfg.micro_batch_tokens, shared)) for r in range(world_size))
+        most = max(
+            len(pack(mini[r::world_size], samples, cfg.micro_batch_tokens, shared))
+            for r in range(world_size)
+        )
         mine += [([mini[0]], 0.0)] * (most - len(mine))
     return mine
 
@@ -157,7 +191,7 @@ def _padded(rows: Sequence[Sequence[float] | torch.Tensor], like: torch.Tensor) 
     """Per-sample values as a (B, T) tensor shaped, typed and placed like `like`; 0 past each row."""
     out = torch.zeros_like(like)
     for i, row in enumerate(rows):
-        out[i, :len(row)] = torch.as_tensor(row if isinstance(row, torch.Tensor) else list(row))
+        out[i, : len(row)] = torch.as_tensor(row if isinstance(row, torch.Tensor) else list(row))
     return out
 
 
@@ -173,9 +207,14 @@ def _agent_rows(samples: Sequence[TrainSample]) -> dict[str, list[int]]:
     return rows
 
 
-def proximal_logprobs(model, samples: Sequence[TrainSample], cfg: UpdateConfig, device: str = "cpu",
-                      adapter: Callable[[str], contextlib.AbstractContextManager] | None = None,
-                      sharded: bool = False) -> list[torch.Tensor]:
+def proximal_logprobs(
+    model,
+    samples: Sequence[TrainSample],
+    cfg: UpdateConfig,
+    device: str = "cpu",
+    adapter: Callable[[str], contextlib.AbstractContextManager] | None = None,
+    sharded: bool = False,
+) -> list[torch.Tensor]:
     """Every sample's response log-probs under the weights as they are (the decoupled loss's
     proximal policy), without gradient: one float32 CPU tensor per sample, -inf where the
     sample's transform excludes the token. Scored as the update's forward scores: per agent with
@@ -191,42 +230,64 @@ def proximal_logprobs(model, samples: Sequence[TrainSample], cfg: UpdateConfig, 
     for agent, rows in groups.items():
         # no_grad inside the adapter's context: activating an adapter may turn gradients back on.
         with adapter(agent) if agent is not None else contextlib.nullcontext(), torch.no_grad():
-            for micro, weight in _plan(rows, samples, cfg, rank, world_size, sharded, shares_prompts(model)):
-                with _autocast(cfg, device), _timed("forward", [samples[r] for r in micro], grad=False):
-                    lp = response_logprobs(model, [samples[r] for r in micro], device, with_entropy=False)[0]
-                if weight:      # a padding forward (weight 0) repeats a row another rank owns
+            for micro, weight in _plan(
+                rows, samples, cfg, rank, world_size, sharded, shares_prompts(model)
+            ):
+                with (
+                    _autocast(cfg, device),
+                    _timed("forward", [samples[r] for r in micro], grad=False),
+                ):
+                    lp = response_logprobs(
+                        model, [samples[r] for r in micro], device, with_entropy=False
+                    )[0]
+                if weight:  # a padding forward (weight 0) repeats a row another rank owns
                     for i, r in enumerate(micro):
-                        flat[offsets[r]:offsets[r + 1]] = lp[i, :offsets[r + 1] - offsets[r]].float().cpu()
+                        flat[offsets[r] : offsets[r + 1]] = (
+                            lp[i, : offsets[r + 1] - offsets[r]].float().cpu()
+                        )
     if world_size > 1:
         torch.distributed.all_reduce(flat)
-    return [flat[offsets[r]:offsets[r + 1]] for r in range(len(samples))]
+    return [flat[offsets[r] : offsets[r + 1]] for r in range(len(samples))]
 
 
-def _micro_step(model, batch: Sequence[TrainSample], cfg: UpdateConfig, device: str, share: float,
-                reference: Reference | None, prox: Sequence[torch.Tensor] | None = None) -> dict[str, float]:
+def _micro_step(
+    model,
+    batch: Sequence[TrainSample],
+    cfg: UpdateConfig,
+    device: str,
+    share: float,
+    reference: Reference | None,
+    prox: Sequence[torch.Tensor] | None = None,
+) -> dict[str, float]:
     """Forward and backward of one micro-batch, its loss scaled by `share` (its part of the
     mini-batch's tokens); returns its share-weighted metrics and its masked-token count. `prox`:
     the batch's proximal log-probs, for the decoupled loss (None: the synchronous loss)."""
     with _autocast(cfg, device):
         # The entropy carries a gradient only as a bonus; otherwise it is a metric.
         with _timed("forward", batch):
-            lp, ent, mask = response_logprobs(model, batch, device, entropy_grad=bool(cfg.loss.entropy_coef))
+            lp, ent, mask = response_logprobs(
+                model, batch, device, entropy_grad=bool(cfg.loss.entropy_coef)
+            )
         ref = None
         if cfg.loss.kl_coef and reference is not None:
             with torch.no_grad(), reference() as ref_model, _timed("forward", batch, grad=False):
                 ref = response_logprobs(ref_model, batch, device, with_entropy=False)[0]
     adv = torch.tensor([s.advantage for s in batch], device=device)
-    old = _old_logprobs(batch, lp)      # the sampler's (behaviour) policy's
+    old = _old_logprobs(batch, lp)  # the sampler's (behaviour) policy's
     loss_fn = loss_for(cfg)
     if prox is not None:
         prox_lp = lp.detach() if prox is SAME_FORWARD else _padded(prox, lp)
-    else:   # on-policy: the sampler's weights are the trainer's before the update
+    else:  # on-policy: the sampler's weights are the trainer's before the update
         prox_lp = old if loss_fn.proximal else None
-    loss, m = loss_fn.fn(lp, old, adv, mask, cfg.loss, prox_logprobs=prox_lp, ref_logprobs=ref, entropy=ent)
+    loss, m = loss_fn.fn(
+        lp, old, adv, mask, cfg.loss, prox_logprobs=prox_lp, ref_logprobs=ref, entropy=ent
+    )
     with _timed("backward"):
         (loss * share).backward()
     # A registered loss reports what it can; the keys it lacks are left out of the step's metrics.
-    return {k: m[k] * share for k in _mean_keys(cfg) if k in m} | {"masked_tokens": m["masked_tokens"]}
+    return {k: m[k] * share for k in _mean_keys(cfg) if k in m} | {
+        "masked_tokens": m["masked_tokens"]
+    }
 
 
 def loss_for(cfg: UpdateConfig) -> PolicyLoss:
@@ -271,22 +332,35 @@ def _clip(params: Sequence[torch.nn.Parameter], max_norm: float) -> float:
     return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
 
-def _mini_batch(model, samples: Sequence[TrainSample], mini: Sequence[int], cfg: UpdateConfig, device: str,
-                agent: str | None, adapter, sharded: bool, reference: Reference | None,
-                prox: Sequence[torch.Tensor] | None = None) -> dict[str, float]:
+def _mini_batch(
+    model,
+    samples: Sequence[TrainSample],
+    mini: Sequence[int],
+    cfg: UpdateConfig,
+    device: str,
+    agent: str | None,
+    adapter,
+    sharded: bool,
+    reference: Reference | None,
+    prox: Sequence[torch.Tensor] | None = None,
+) -> dict[str, float]:
     """Accumulate this rank's gradients for one mini-batch (of one agent when `agent` is set, with
     its adapter active); returns its share-weighted metrics. `prox`: every sample's proximal
     log-probs (decoupled loss), or None."""
     rank, world_size = world()
     total = sum(len(samples[r].response_ids) for r in mini)
     stats = dict.fromkeys((*_mean_keys(cfg), "masked_tokens"), 0.0)
-    for micro, weight in _plan(mini, samples, cfg, rank, world_size, sharded, shares_prompts(model)):
+    for micro, weight in _plan(
+        mini, samples, cfg, rank, world_size, sharded, shares_prompts(model)
+    ):
         batch = [samples[r] for r in micro]
         share = weight * sum(len(s.response_ids) for s in batch) / total
         with adapter(agent) if agent is not None else contextlib.nullcontext():
             rows = [prox[r] for r in micro] if prox not in (None, SAME_FORWARD) else prox
             for k, v in _micro_step(model, batch, cfg, device, share, reference, rows).items():
-                stats[k] += v * weight if k == "masked_tokens" else v   # padding rows count no tokens
+                stats[k] += (
+                    v * weight if k == "masked_tokens" else v
+                )  # padding rows count no tokens
     return stats
 
 
@@ -297,8 +371,12 @@ def _agent_order(seed: int, agent: str, n: int) -> list[int]:
     return torch.randperm(n, generator=generator).tolist()
 
 
-def steps_of_epoch(samples: Sequence[TrainSample], mini_batch_size: int, per_agent: bool,
-                   generator: torch.Generator | None) -> list[list[tuple[str | None, list[int]]]]:
+def steps_of_epoch(
+    samples: Sequence[TrainSample],
+    mini_batch_size: int,
+    per_agent: bool,
+    generator: torch.Generator | None,
+) -> list[list[tuple[str | None, list[int]]]]:
     """Each optimizer step of one epoch as its clip groups: (agent, rows) pairs.
 
     One shared model: one group (agent None) per step, `mini_batch_size` rows of one shuffle of
@@ -308,11 +386,18 @@ def steps_of_epoch(samples: Sequence[TrainSample], mini_batch_size: int, per_age
     samples never change another agent's step."""
     if not per_agent:
         order = torch.randperm(len(samples), generator=generator).tolist()
-        return [[(None, order[i:i + mini_batch_size])] for i in range(0, len(order), mini_batch_size)]
+        return [
+            [(None, order[i : i + mini_batch_size])] for i in range(0, len(order), mini_batch_size)
+        ]
     seed = int(torch.randint(0, 2**62, (1,), generator=generator))
     rows = _agent_rows(samples)
-    minis = {a: [[r[j] for j in _agent_order(seed, a, len(r))][i:i + mini_batch_size]
-                 for i in range(0, len(r), mini_batch_size)] for a, r in rows.items()}
+    minis = {
+        a: [
+            [r[j] for j in _agent_order(seed, a, len(r))][i : i + mini_batch_size]
+            for i in range(0, len(r), mini_batch_size)
+        ]
+        for a, r in rows.items()
+    }
     steps = max(len(m) for m in minis.values())
     return [[(a, m[i]) for a, m in minis.items() if i < len(m)] for i in range(steps)]
 
@@ -331,10 +416,18 @@ def adapter_params(model, agent: str) -> list[torch.nn.Parameter]:
     return [p for n, p in model.named_parameters() if "lora_" in n and f".{agent}." in n]
 
 
-def update(model, optimizer: torch.optim.Optimizer, samples: Sequence[TrainSample], cfg: UpdateConfig, *,
-           params: Sequence[torch.nn.Parameter], device: str = "cpu",
-           adapter: Callable[[str], contextlib.AbstractContextManager] | None = None,
-           generator: torch.Generator | None = None, reference: Reference | None = None) -> dict[str, float]:
+def update(
+    model,
+    optimizer: torch.optim.Optimizer,
+    samples: Sequence[TrainSample],
+    cfg: UpdateConfig,
+    *,
+    params: Sequence[torch.nn.Parameter],
+    device: str = "cpu",
+    adapter: Callable[[str], contextlib.AbstractContextManager] | None = None,
+    generator: torch.Generator | None = None,
+    reference: Reference | None = None,
+) -> dict[str, float]:
     """Run the update; returns averaged metrics (per agent of a LoRA pool also `grad_norm/<agent>`).
     `adapter(agent)` activates an agent's LoRA adapter (None: one shared model). `generator`
     seeds the mini-batch order (exact resume). `reference()` gives the frozen reference model
@@ -360,14 +453,21 @@ def update(model, optimizer: torch.optim.Optimizer, samples: Sequence[TrainSampl
     # Before any step: the proximal policy is the weights this update starts from, for every epoch.
     prox = None
     if cfg.max_staleness > 0:
-        prox = (SAME_FORWARD if one_step(samples, cfg, adapter is not None)
-                else proximal_logprobs(model, samples, cfg, device, adapter, sharded))
+        prox = (
+            SAME_FORWARD
+            if one_step(samples, cfg, adapter is not None)
+            else proximal_logprobs(model, samples, cfg, device, adapter, sharded)
+        )
     for _ in range(cfg.epochs):
         for step in steps_of_epoch(samples, cfg.mini_batch_size, adapter is not None, generator):
             optimizer.zero_grad(set_to_none=True)
-            parts = {f"{i}/{k}": v for i, (agent, rows) in enumerate(step)
-                     for k, v in _mini_batch(model, samples, rows, cfg, device, agent, adapter, sharded,
-                                             reference, prox).items()}
+            parts = {
+                f"{i}/{k}": v
+                for i, (agent, rows) in enumerate(step)
+                for k, v in _mini_batch(
+                    model, samples, rows, cfg, device, agent, adapter, sharded, reference, prox
+                ).items()
+            }
             if world_size > 1:
                 _sum_over_ranks(parts)
                 if not sharded:
@@ -376,7 +476,9 @@ def update(model, optimizer: torch.optim.Optimizer, samples: Sequence[TrainSampl
                 stats[key.split("/", 1)[1]] += v
             for agent, _ in step:
                 with _timed("optimizer"):
-                    norm = _clip(params if agent is None else adapter_params(model, agent), cfg.grad_clip)
+                    norm = _clip(
+                        params if agent is None else adapter_params(model, agent), cfg.grad_clip
+                    )
                 norms.setdefault(agent or "", []).append(norm)
                 stats["grad_norm"] += norm
             with _timed("optimizer"):
@@ -384,7 +486,9 @@ def update(model, optimizer: torch.optim.Optimizer, samples: Sequence[TrainSampl
             groups += len(step)
             steps += 1
     # masked_tokens: of the samples (each epoch sees them again); the rest: means over the groups.
-    out = {k: v / cfg.epochs if k == "masked_tokens" else v / max(groups, 1) for k, v in stats.items()}
+    out = {
+        k: v / cfg.epochs if k == "masked_tokens" else v / max(groups, 1) for k, v in stats.items()
+    }
     per_agent = {f"grad_norm/{a}": sum(n) / len(n) for a, n in norms.items() if a}
     _CLOCK.set(None)
     return out | per_agent | {"optimizer_steps": float(steps)} | clock.report(model)

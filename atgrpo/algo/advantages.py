@@ -15,7 +15,7 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-FLAT_TOLERANCE = 1e-9   # relative spread below which a group's rewards count as equal
+FLAT_TOLERANCE = 1e-9  # relative spread below which a group's rewards count as equal
 
 
 def mix_rewards(team: torch.Tensor, local: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -32,8 +32,9 @@ def group_index(keys: Sequence[Hashable]) -> torch.Tensor:
     return torch.tensor([ids.setdefault(k, len(ids)) for k in keys], dtype=torch.long)
 
 
-def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, *, norm_std: bool = True,
-                     eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+def group_advantages(
+    rewards: torch.Tensor, groups: torch.Tensor, *, norm_std: bool = True, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Group-normalised advantages and which samples sit in a zero-variance group.
 
     A = (r - mean_g) / (std_g + eps) with the unbiased std of the sample's group g; with
@@ -44,24 +45,38 @@ def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, *, norm_std: b
     """
     rewards = rewards.double()
     n_groups = int(groups.max()) + 1 if groups.numel() else 0
-    count = torch.zeros(n_groups, dtype=torch.double).index_add_(0, groups, torch.ones_like(rewards))   # (G,)
-    mean = torch.zeros(n_groups, dtype=torch.double).index_add_(0, groups, rewards) / count             # (G,)
-    centred = rewards - mean[groups]                                                                  # (B,)
-    sq = torch.zeros(n_groups, dtype=torch.double).index_add_(0, groups, centred ** 2)                 # (G,)
-    std = torch.sqrt(sq / (count - 1).clamp(min=1))                                                   # (G,)
+    count = torch.zeros(n_groups, dtype=torch.double).index_add_(
+        0, groups, torch.ones_like(rewards)
+    )  # (G,)
+    mean = torch.zeros(n_groups, dtype=torch.double).index_add_(0, groups, rewards) / count  # (G,)
+    centred = rewards - mean[groups]  # (B,)
+    sq = torch.zeros(n_groups, dtype=torch.double).index_add_(0, groups, centred**2)  # (G,)
+    std = torch.sqrt(sq / (count - 1).clamp(min=1))  # (G,)
     # "All equal" is decided on the spread of the values, with a tolerance for float noise:
     # 0.1 + 0.2 and 0.3 are the same reward, and dividing their 5e-17 difference by a 4e-17 std
     # would turn noise into advantages of +-0.7.
-    lo = torch.full((n_groups,), float("inf"), dtype=torch.double).scatter_reduce(0, groups, rewards, "amin")
-    hi = torch.full((n_groups,), float("-inf"), dtype=torch.double).scatter_reduce(0, groups, rewards, "amax")
-    flat = ((hi - lo) <= FLAT_TOLERANCE * torch.maximum(hi.abs(), torch.ones_like(hi)))[groups]       # (B,)
+    lo = torch.full((n_groups,), float("inf"), dtype=torch.double).scatter_reduce(
+        0, groups, rewards, "amin"
+    )
+    hi = torch.full((n_groups,), float("-inf"), dtype=torch.double).scatter_reduce(
+        0, groups, rewards, "amax"
+    )
+    flat = ((hi - lo) <= FLAT_TOLERANCE * torch.maximum(hi.abs(), torch.ones_like(hi)))[
+        groups
+    ]  # (B,)
     adv = centred / (std[groups] + eps) if norm_std else centred
     adv = torch.where(flat, torch.zeros_like(adv), adv)
     return adv.float(), flat
 
 
-def trajectory_advantages(returns: torch.Tensor, groups: torch.Tensor, copies: torch.Tensor, *,
-                          norm_std: bool = True, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+def trajectory_advantages(
+    returns: torch.Tensor,
+    groups: torch.Tensor,
+    copies: torch.Tensor,
+    *,
+    norm_std: bool = True,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Trajectory-level GRPO: every sample of a copy gets its copy's advantage.
 
     A group (task, agent) holds K copies of one episode; copy j's return R_j sits on each of its
@@ -74,13 +89,18 @@ def trajectory_advantages(returns: torch.Tensor, groups: torch.Tensor, copies: t
     """
     if not returns.numel():
         return returns.float(), torch.zeros(0, dtype=torch.bool)
-    pair = group_index(list(zip(groups.tolist(), copies.tolist(), strict=True)))                    # (B,) in [0, P)
+    pair = group_index(list(zip(groups.tolist(), copies.tolist(), strict=True)))  # (B,) in [0, P)
     n_pairs = int(pair.max()) + 1
-    count = torch.zeros(n_pairs, dtype=torch.double).index_add_(0, pair, torch.ones_like(returns, dtype=torch.double))
-    # The copy's samples all carry R_j; their mean is R_j (and stays defined if float noise differs).
-    per_copy = torch.zeros(n_pairs, dtype=torch.double).index_add_(0, pair, returns.double()) / count  # (P,)
-    copy_group = torch.zeros(n_pairs, dtype=torch.long).scatter_(0, pair, groups)                     # (P,)
-    adv, flat = group_advantages(per_copy, copy_group, norm_std=norm_std, eps=eps)                     # (P,)
+    count = torch.zeros(n_pairs, dtype=torch.double).index_add_(
+        0, pair, torch.ones_like(returns, dtype=torch.double)
+    )
+    # The copy's samples all carry R_j; their mean is R_j (and stays defined if float noise
+    # differs).
+    per_copy = (
+        torch.zeros(n_pairs, dtype=torch.double).index_add_(0, pair, returns.double()) / count
+    )  # (P,)
+    copy_group = torch.zeros(n_pairs, dtype=torch.long).scatter_(0, pair, groups)  # (P,)
+    adv, flat = group_advantages(per_copy, copy_group, norm_std=norm_std, eps=eps)  # (P,)
     return adv[pair], flat[pair]
 
 

@@ -57,6 +57,7 @@ def _trajectory_keys(samples: Sequence[Any]) -> list[tuple]:
 
 # --- unnumbered samples (a rollout service from before Sample.episode): runs by arrival order ---
 
+
 def _arrival_group_keys(samples: Sequence[Any]) -> list[tuple]:
     """A task's episodes are emitted whole, one after another, and each (agent, turn) of an
     episode holds branches 0..K-1 once, so the n-th sample seen with a given (task, agent, turn,

@@ -38,40 +38,62 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.clamp(torch.exp(d) - d - 1, max=KL_TOKEN_BOUND)
 
 
-def _clipped_surrogate(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                       ok: torch.Tensor, cfg: LossConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _clipped_surrogate(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    ok: torch.Tensor,
+    cfg: LossConfig,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token clipped PPO surrogate with dual clip, ratio exp(logprobs - old_logprobs), on the
     `ok` tokens (the others get a finite value the caller masks out). Returns (pg, clipped,
     log_ratio): `clipped` marks tokens whose loss a clip took over (no gradient), as verl and TRL
     count them: a ratio outside the range on the side its advantage does not push to is not clipped."""
-    adv = advantages[:, None].to(logprobs.dtype)                                   # (B, 1)
-    log_ratio = torch.clamp(_finite(logprobs, ok) - _finite(old_logprobs, ok), -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    adv = advantages[:, None].to(logprobs.dtype)  # (B, 1)
+    log_ratio = torch.clamp(
+        _finite(logprobs, ok) - _finite(old_logprobs, ok), -LOG_RATIO_BOUND, LOG_RATIO_BOUND
+    )
     ratio = torch.exp(log_ratio)
     clipped_ratio = torch.clamp(ratio, 1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high)
-    unclipped = -adv * ratio                                                         # (B, T)
+    unclipped = -adv * ratio  # (B, T)
     pg = torch.maximum(unclipped, -adv * clipped_ratio)
     # Dual clip: for A < 0 a huge ratio would make the loss unbounded; cap it at -c * A.
     pg = torch.where(adv < 0, torch.minimum(pg, -adv * cfg.dual_clip_c), pg)
     return pg, pg != unclipped, log_ratio
 
 
-def _surrogate_metrics(loss: torch.Tensor, clipped: torch.Tensor, log_ratio: torch.Tensor, m: torch.Tensor,
-                       masked: torch.Tensor) -> dict[str, float]:
+def _surrogate_metrics(
+    loss: torch.Tensor,
+    clipped: torch.Tensor,
+    log_ratio: torch.Tensor,
+    m: torch.Tensor,
+    masked: torch.Tensor,
+) -> dict[str, float]:
     return {
         "pg_loss": loss.item(),
         "clip_fraction": masked_mean(clipped.to(m.dtype), m).item(),
-        "approx_kl": masked_mean(0.5 * log_ratio ** 2, m).item(),   # to the ratio's denominator
+        "approx_kl": masked_mean(0.5 * log_ratio**2, m).item(),  # to the ratio's denominator
         "masked_tokens": float(masked.sum()),
     }
 
 
-def _regularised(loss: torch.Tensor, metrics: dict[str, float], logprobs: torch.Tensor, ok: torch.Tensor,
-                 mask: torch.Tensor, cfg: LossConfig, ref_logprobs: torch.Tensor | None,
-                 entropy: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
+def _regularised(
+    loss: torch.Tensor,
+    metrics: dict[str, float],
+    logprobs: torch.Tensor,
+    ok: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: LossConfig,
+    ref_logprobs: torch.Tensor | None,
+    entropy: torch.Tensor | None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The surrogate plus the KL to the reference and minus the entropy bonus (each when asked)."""
     if cfg.kl_coef and ref_logprobs is not None:
         ok_ref = ok & torch.isfinite(ref_logprobs)
-        kl = masked_mean(kl_k3(_finite(logprobs, ok_ref), _finite(ref_logprobs, ok_ref)), ok_ref.to(logprobs.dtype))
+        kl = masked_mean(
+            kl_k3(_finite(logprobs, ok_ref), _finite(ref_logprobs, ok_ref)),
+            ok_ref.to(logprobs.dtype),
+        )
         loss = loss + cfg.kl_coef * kl
         metrics["kl_ref"] = kl.item()
     if entropy is not None:
@@ -83,9 +105,16 @@ def _regularised(loss: torch.Tensor, metrics: dict[str, float], logprobs: torch.
     return loss, metrics
 
 
-def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                mask: torch.Tensor, cfg: LossConfig, *, ref_logprobs: torch.Tensor | None = None,
-                entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: LossConfig,
+    *,
+    ref_logprobs: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss to minimise and its diagnostics.
 
     logprobs, old_logprobs, mask, ref_logprobs, entropy: (B, T), response tokens only (mask 1 on
@@ -99,14 +128,23 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     m = ok.to(logprobs.dtype)
     pg, clipped, log_ratio = _clipped_surrogate(logprobs, old_logprobs, advantages, ok, cfg)
     loss = masked_mean(pg, m)
-    metrics = _surrogate_metrics(loss, clipped, log_ratio, m, real & ~ok)   # approx_kl: to the sampler
+    metrics = _surrogate_metrics(
+        loss, clipped, log_ratio, m, real & ~ok
+    )  # approx_kl: to the sampler
     return _regularised(loss, metrics, logprobs, ok, mask, cfg, ref_logprobs, entropy)
 
 
-def decoupled_policy_loss(logprobs: torch.Tensor, prox_logprobs: torch.Tensor, behav_logprobs: torch.Tensor,
-                          advantages: torch.Tensor, mask: torch.Tensor, cfg: LossConfig, *,
-                          ref_logprobs: torch.Tensor | None = None,
-                          entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def decoupled_policy_loss(
+    logprobs: torch.Tensor,
+    prox_logprobs: torch.Tensor,
+    behav_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: LossConfig,
+    *,
+    ref_logprobs: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The decoupled PPO objective for samples drawn by older weights (Fu et al. 2025, AReaL,
     arXiv 2505.24298, eq. 5): the trust region is around the proximal policy (the trainer's
     weights before this update), not around the behaviour policy that sampled the tokens, which
@@ -132,42 +170,78 @@ def decoupled_policy_loss(logprobs: torch.Tensor, prox_logprobs: torch.Tensor, b
     """
     prox_logprobs, behav_logprobs = prox_logprobs.detach(), behav_logprobs.detach()
     real = mask > 0
-    ok = real & torch.isfinite(logprobs) & torch.isfinite(prox_logprobs) & torch.isfinite(behav_logprobs)
+    ok = (
+        real
+        & torch.isfinite(logprobs)
+        & torch.isfinite(prox_logprobs)
+        & torch.isfinite(behav_logprobs)
+    )
     m = ok.to(logprobs.dtype)
     pg, clipped, log_ratio = _clipped_surrogate(logprobs, prox_logprobs, advantages, ok, cfg)
-    behav_log_ratio = torch.clamp(_finite(prox_logprobs, ok) - _finite(behav_logprobs, ok),
-                                  -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    behav_log_ratio = torch.clamp(
+        _finite(prox_logprobs, ok) - _finite(behav_logprobs, ok), -LOG_RATIO_BOUND, LOG_RATIO_BOUND
+    )
     weight = torch.exp(behav_log_ratio)
     loss = masked_mean(torch.clamp(weight, max=cfg.behav_imp_cap) * pg, m)
     metrics = _surrogate_metrics(loss, clipped, log_ratio, m, real & ~ok)
     metrics.update(
-        behav_approx_kl=masked_mean(0.5 * behav_log_ratio ** 2, m).item(),
+        behav_approx_kl=masked_mean(0.5 * behav_log_ratio**2, m).item(),
         behav_imp_weight_mean=masked_mean(weight, m).item(),
-        behav_imp_weight_max=float(torch.where(ok, weight, torch.zeros_like(weight)).max()) if ok.any() else 0.0,
+        behav_imp_weight_max=float(torch.where(ok, weight, torch.zeros_like(weight)).max())
+        if ok.any()
+        else 0.0,
         # Over the cap by more than float noise: with the cap at 1, an on-policy token's weight is
         # 1 +- 1e-7, which the cap lowers by nothing worth counting.
-        behav_capped_fraction=masked_mean((weight > cfg.behav_imp_cap * (1 + CAP_TOLERANCE)).to(m.dtype), m).item(),
+        behav_capped_fraction=masked_mean(
+            (weight > cfg.behav_imp_cap * (1 + CAP_TOLERANCE)).to(m.dtype), m
+        ).item(),
     )
     return _regularised(loss, metrics, logprobs, ok, mask, cfg, ref_logprobs, entropy)
 
 
 # ---- the registered forms (atgrpo.algo.registry; algorithm.policy_loss) ----------------------
 
+
 @register_policy_loss("ppo_clip")
-def ppo_clip(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-             cfg: LossConfig, *, prox_logprobs: torch.Tensor | None = None, ref_logprobs: torch.Tensor | None = None,
-             entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def ppo_clip(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: LossConfig,
+    *,
+    prox_logprobs: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """policy_loss (synchronous training: old_logprobs are the sampler's and the trainer's)."""
-    return policy_loss(logprobs, old_logprobs, advantages, mask, cfg, ref_logprobs=ref_logprobs, entropy=entropy)
+    return policy_loss(
+        logprobs, old_logprobs, advantages, mask, cfg, ref_logprobs=ref_logprobs, entropy=entropy
+    )
 
 
 @register_policy_loss("decoupled", proximal=True)
-def decoupled(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-              cfg: LossConfig, *, prox_logprobs: torch.Tensor | None = None,
-              ref_logprobs: torch.Tensor | None = None,
-              entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def decoupled(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: LossConfig,
+    *,
+    prox_logprobs: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """decoupled_policy_loss, old_logprobs being the sampler's (behaviour) policy's."""
     if prox_logprobs is None:
         raise ValueError("the decoupled loss needs the proximal log-probs (max_staleness > 0)")
-    return decoupled_policy_loss(logprobs, prox_logprobs, old_logprobs, advantages, mask, cfg,
-                                 ref_logprobs=ref_logprobs, entropy=entropy)
+    return decoupled_policy_loss(
+        logprobs,
+        prox_logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        cfg,
+        ref_logprobs=ref_logprobs,
+        entropy=entropy,
+    )

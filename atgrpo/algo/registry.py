@@ -29,14 +29,15 @@ ADVANTAGE_GROUP = "atgrpo.advantages"
 LOSS_GROUP = "atgrpo.losses"
 
 
-
 @dataclass(frozen=True)
 class Estimate:
     """An estimator's answer for B samples."""
 
-    advantages: torch.Tensor       # (B,) float
-    zero_variance: torch.Tensor    # (B,) bool: the sample's group has no reward spread (filter: zero_variance drops it)
-    groups: torch.Tensor           # (B,) int64: the sample's group (counted in the step's metrics)
+    advantages: torch.Tensor  # (B,) float
+    zero_variance: (
+        torch.Tensor
+    )  # (B,) bool: the sample's group has no reward spread (filter: zero_variance drops it)
+    groups: torch.Tensor  # (B,) int64: the sample's group (counted in the step's metrics)
 
 
 # (samples, rewards (B,) float64 = alpha * team + local, *, norm_std) -> Estimate
@@ -69,7 +70,9 @@ _ESTIMATORS: dict[str, AdvantageEstimator] = {}
 _LOSSES: dict[str, PolicyLoss] = {}
 
 
-def register_adv_est(name: str, *, collect: Literal["tree", "trajectory"] = "tree") -> Callable[[Estimator], Estimator]:
+def register_adv_est(
+    name: str, *, collect: Literal["tree", "trajectory"] = "tree"
+) -> Callable[[Estimator], Estimator]:
     """Register `fn(samples, rewards, *, norm_std)` as the advantage estimator `name`."""
     if collect not in ("tree", "trajectory"):
         raise ValueError(f"collect must be 'tree' or 'trajectory', not {collect!r}")
@@ -77,15 +80,18 @@ def register_adv_est(name: str, *, collect: Literal["tree", "trajectory"] = "tre
     def add(fn: Estimator) -> Estimator:
         _add(_ESTIMATORS, AdvantageEstimator(name, fn, collect))
         return fn
+
     return add
 
 
 def register_policy_loss(name: str, *, proximal: bool = False) -> Callable[[Loss], Loss]:
     """Register `fn(logprobs, old_logprobs, advantages, mask, cfg, *, prox_logprobs, ref_logprobs,
     entropy)` as the policy loss `name`; `proximal`: it uses prox_logprobs (max_staleness > 0)."""
+
     def add(fn: Loss) -> Loss:
         _add(_LOSSES, PolicyLoss(name, fn, proximal))
         return fn
+
     return add
 
 
@@ -93,8 +99,10 @@ def _add(table: dict[str, Any], entry: AdvantageEstimator | PolicyLoss) -> None:
     old = table.get(entry.name)
     # Re-registering the same function (a module imported again, a test run twice) is harmless.
     if old is not None and _where(old.fn) != _where(entry.fn):
-        raise ValueError(f"{entry.name!r} is already registered ({old.fn.__module__}.{old.fn.__qualname__}); "
-                         "pick another name")
+        raise ValueError(
+            f"{entry.name!r} is already registered ({old.fn.__module__}.{old.fn.__qualname__}); "
+            "pick another name"
+        )
     table[entry.name] = entry
 
 
@@ -103,11 +111,20 @@ def _where(fn: Callable) -> tuple[str, str]:
 
 
 def adv_estimator(name: str) -> AdvantageEstimator:
-    return _find(_ESTIMATORS, ADVANTAGE_GROUP, name, "advantage estimator", "algorithm.grouping", "register_adv_est")
+    return _find(
+        _ESTIMATORS,
+        ADVANTAGE_GROUP,
+        name,
+        "advantage estimator",
+        "algorithm.grouping",
+        "register_adv_est",
+    )
 
 
 def policy_loss_named(name: str) -> PolicyLoss:
-    return _find(_LOSSES, LOSS_GROUP, name, "policy loss", "algorithm.policy_loss", "register_policy_loss")
+    return _find(
+        _LOSSES, LOSS_GROUP, name, "policy loss", "algorithm.policy_loss", "register_policy_loss"
+    )
 
 
 def estimator_names() -> list[str]:
@@ -125,11 +142,13 @@ def _find(table: dict, group: str, name: str, what: str, setting: str, decorator
     if name not in table:
         for ep in entry_points(group=group):
             if ep.name == name:
-                ep.load()          # importing the module registers it
+                ep.load()  # importing the module registers it
     if name not in table:
-        raise KeyError(f"no {what} named {name!r} (known: {', '.join(sorted(table))}); set {setting} to one "
-                       f"of them, or register one with @{decorator}({name!r}) in a module the process imports "
-                       f"(entry point group {group!r})")
+        raise KeyError(
+            f"no {what} named {name!r} (known: {', '.join(sorted(table))}); set {setting} to one "
+            f"of them, or register one with @{decorator}({name!r}) in a module the process imports "
+            f"(entry point group {group!r})"
+        )
     return table[name]
 
 
@@ -139,12 +158,19 @@ def _builtins() -> None:
     import_module("atgrpo.algo.loss")
 
 
-def estimate(name: str, samples: Sequence[Any], rewards: torch.Tensor, *, norm_std: bool) -> Estimate:
+def estimate(
+    name: str, samples: Sequence[Any], rewards: torch.Tensor, *, norm_std: bool
+) -> Estimate:
     """The named estimator's Estimate for `samples`, checked for shape."""
     got = adv_estimator(name).fn(samples, rewards, norm_std=norm_std)
     b = (rewards.numel(),)
-    if not isinstance(got, Estimate) or (got.advantages.shape, got.zero_variance.shape, got.groups.shape) != (b, b, b) \
-            or got.zero_variance.dtype != torch.bool:
-        raise ValueError(f"advantage estimator {name!r} must return an Estimate of (B,) tensors (zero_variance "
-                         f"bool) for B = {b[0]} samples, not {got!r:.200}")
+    if (
+        not isinstance(got, Estimate)
+        or (got.advantages.shape, got.zero_variance.shape, got.groups.shape) != (b, b, b)
+        or got.zero_variance.dtype != torch.bool
+    ):
+        raise ValueError(
+            f"advantage estimator {name!r} must return an Estimate of (B,) tensors (zero_variance "
+            f"bool) for B = {b[0]} samples, not {got!r:.200}"
+        )
     return got

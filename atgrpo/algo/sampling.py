@@ -22,17 +22,19 @@ def transform_logits(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
         return logits
     out = logits / s.temperature
     if s.top_k > 0 and s.top_k < out.shape[-1]:
-        top = torch.topk(out, s.top_k, dim=-1).values                       # (N, k), largest first
+        top = torch.topk(out, s.top_k, dim=-1).values  # (N, k), largest first
         kth = top[..., -1:]
         if s.top_p < 1.0:
             # top-p over the top-k survivors only: k sorted values, no sort of the vocabulary. The
             # survivors' mass counts the tokens tied with the k-th beyond the k.
             ties = (out == kth).sum(-1, keepdim=True) - (top == kth).sum(-1, keepdim=True)
-            logz = torch.logaddexp(torch.logsumexp(top, -1, keepdim=True), kth + ties.clamp(min=0).log())
+            logz = torch.logaddexp(
+                torch.logsumexp(top, -1, keepdim=True), kth + ties.clamp(min=0).log()
+            )
             kth = _top_p_threshold(top, logz, s.top_p)
         return out.masked_fill(out < kth, float("-inf"))
     if s.top_p < 1.0:
-        ordered = torch.sort(out, descending=True, dim=-1).values               # (N, V)
+        ordered = torch.sort(out, descending=True, dim=-1).values  # (N, V)
         threshold = _top_p_threshold(ordered, torch.logsumexp(ordered, -1, keepdim=True), s.top_p)
         out = out.masked_fill(out < threshold, float("-inf"))
     return out
@@ -42,14 +44,16 @@ def _top_p_threshold(ordered: torch.Tensor, logz: torch.Tensor, top_p: float) ->
     """(N, 1): the smallest logit top-p keeps, from logits sorted largest first (`ordered`, a
     prefix of the distribution's) and the log of the distribution's total mass (`logz`)."""
     probs = (ordered - logz).exp()
-    ahead = probs.cumsum(-1) - probs                                            # the mass before each
-    kept = (ahead < top_p).sum(-1, keepdim=True).clamp(min=1)                  # the first always stays
+    ahead = probs.cumsum(-1) - probs  # the mass before each
+    kept = (ahead < top_p).sum(-1, keepdim=True).clamp(min=1)  # the first always stays
     return ordered.gather(-1, kept - 1)
 
 
-def sample_tokens(logits: torch.Tensor, s: Sampling, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_tokens(
+    logits: torch.Tensor, s: Sampling, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row; returns (tokens (N,), their log-probs (N,)) under the transform."""
-    logprobs = torch.log_softmax(transform_logits(logits.float(), s), dim=-1)   # (N, V)
+    logprobs = torch.log_softmax(transform_logits(logits.float(), s), dim=-1)  # (N, V)
     if s.temperature <= 0:
         tokens = logprobs.argmax(dim=-1)
     else:
@@ -64,7 +68,9 @@ def inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None) -> torch
     row, where multinomial draws one per vocabulary entry (3.9 ms against 0.4 ms for 64 rows of
     1,536). A token of probability 0 is never drawn (its cumulative mass equals its neighbour's).
     The sum runs in float64 so a 150k vocabulary's tail keeps its mass."""
-    cdf = probs.double().cumsum(dim=-1)                                       # (N, V)
-    u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64, device=probs.device)
+    cdf = probs.double().cumsum(dim=-1)  # (N, V)
+    u = torch.rand(
+        (probs.shape[0], 1), generator=generator, dtype=torch.float64, device=probs.device
+    )
     picks = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)
     return picks.clamp(max=probs.shape[-1] - 1)

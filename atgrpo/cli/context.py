@@ -28,9 +28,17 @@ def model_limit(model_path: str) -> int | None:
 
 def longest_agent(cfg: RunConfig, pool: str) -> tuple[str, int, int]:
     """(the agent sampling setting that needs the most context, its max_prompt_tokens, its max_tokens)."""
-    options = [(s.max_prompt_tokens + s.max_tokens, f"agents.{a}.{which}", s.max_prompt_tokens, s.max_tokens)
-               for a in cfg.agents_of(pool) for which in ("train_sampling", "eval_sampling")
-               for s in (getattr(cfg.agents[a], which),)]
+    options = [
+        (
+            s.max_prompt_tokens + s.max_tokens,
+            f"agents.{a}.{which}",
+            s.max_prompt_tokens,
+            s.max_tokens,
+        )
+        for a in cfg.agents_of(pool)
+        for which in ("train_sampling", "eval_sampling")
+        for s in (getattr(cfg.agents[a], which),)
+    ]
     _, where, prompt, response = max(options)
     return where, prompt, response
 
@@ -44,8 +52,10 @@ def context_problems(cfg: RunConfig) -> list[str]:
             continue
         where, prompt, response = longest_agent(cfg, name)
         problems.append(
-            f"pools.{name}: its agents need a context of {need} tokens ({where}: max_prompt_tokens {prompt} + "
-            f"max_tokens {response}), but model {pool.model_path!r} allows {limit} (max_position_embeddings in "
-            f"its config.json). Lower max_prompt_tokens or max_tokens so they sum to at most {limit}, or use a "
-            "model with a longer context")
+            f"pools.{name}: its agents need a context of {need} tokens ({where}: max_prompt_tokens "
+            f"{prompt} + max_tokens {response}), but model {pool.model_path!r} allows {limit} "
+            f"(max_position_embeddings in its config.json). Lower max_prompt_tokens or max_tokens "
+            f"so they sum to at most {limit}, or use a "
+            "model with a longer context"
+        )
     return problems

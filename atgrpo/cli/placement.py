@@ -26,8 +26,10 @@ class PlacementError(ValueError):
 
 @dataclass(frozen=True)
 class Placement:
-    devices: dict[str, str] = field(default_factory=dict)          # process -> its CUDA_VISIBLE_DEVICES
-    memory_utilization: dict[str, float] = field(default_factory=dict)   # vLLM replica -> its fraction
+    devices: dict[str, str] = field(default_factory=dict)  # process -> its CUDA_VISIBLE_DEVICES
+    memory_utilization: dict[str, float] = field(
+        default_factory=dict
+    )  # vLLM replica -> its fraction
 
 
 def place(cfg: RunConfig, ids: Sequence[str], gpu_memory: int) -> Placement:
@@ -36,15 +38,21 @@ def place(cfg: RunConfig, ids: Sequence[str], gpu_memory: int) -> Placement:
     if not ids:
         cuda = [f"pools.{n}.device" for n, p in cfg.pools.items() if p.device == "cuda"]
         if cuda:
-            raise PlacementError(f"{', '.join(cuda)} is cuda, but no GPU is visible here. Set device: auto "
-                                 "(cpu when there is no GPU), or run where torch sees a GPU")
+            raise PlacementError(
+                f"{', '.join(cuda)} is cuda, but no GPU is visible here. Set device: auto "
+                "(cpu when there is no GPU), or run where torch sees a GPU"
+            )
         return Placement()
-    procs = [p for p in plan_run(cfg, gpu_memory=gpu_memory, local=True).processes if p.device == "cuda"]
+    procs = [
+        p for p in plan_run(cfg, gpu_memory=gpu_memory, local=True).processes if p.device == "cuda"
+    ]
     for p in procs:
         if p.gpus > len(ids):
-            raise PlacementError(f"{p.name} needs {p.gpus} GPUs (pools.{p.pool}.rollout_gpus), but {len(ids)} "
-                                 f"are visible. Set pools.{p.pool}.rollout_gpus: {len(ids)} or less, or run where "
-                                 f"{p.gpus} are visible")
+            raise PlacementError(
+                f"{p.name} needs {p.gpus} GPUs (pools.{p.pool}.rollout_gpus), but {len(ids)} "
+                f"are visible. Set pools.{p.pool}.rollout_gpus: {len(ids)} or less, or run where "
+                f"{p.gpus} are visible"
+            )
     on: dict[int, list[ProcessPlan]] = {}
     devices, cursor = {}, 0
     for p in procs:
@@ -56,7 +64,9 @@ def place(cfg: RunConfig, ids: Sequence[str], gpu_memory: int) -> Placement:
     fractions = {p.name: f for p in procs if (f := _set_fraction(cfg, p)) is not None}
     for i, sharing in sorted(on.items()):
         if len(sharing) > 1:
-            for name, f in _shares(cfg, sharing, gpu_memory, f"GPU {ids[i]}", len(procs), len(ids)).items():
+            for name, f in _shares(
+                cfg, sharing, gpu_memory, f"GPU {ids[i]}", len(procs), len(ids)
+            ).items():
                 fractions[name] = min(f, fractions.get(name, 1.0))
     return Placement(devices, fractions)
 
@@ -65,8 +75,9 @@ def _set_fraction(cfg: RunConfig, p: ProcessPlan) -> float | None:
     return cfg.pools[p.pool].rollout_gpu_memory_utilization if p.kind == "rollout" else None
 
 
-def _shares(cfg: RunConfig, sharing: list[ProcessPlan], memory: int, gpu: str, count: int,
-            visible: int) -> dict[str, float]:
+def _shares(
+    cfg: RunConfig, sharing: list[ProcessPlan], memory: int, gpu: str, count: int, visible: int
+) -> dict[str, float]:
     """The vLLM fraction of each engine on one shared GPU: what usable memory the others (trainers,
     transformers replicas, engines with a fraction set) leave, split evenly, rounded down."""
     engines = [p for p in sharing if p.kind == "rollout" and cfg.pools[p.pool].engine == "vllm"]
@@ -82,17 +93,32 @@ def _shares(cfg: RunConfig, sharing: list[ProcessPlan], memory: int, gpu: str, c
     return {p.name: share for p in free}
 
 
-def _refusal(cfg: RunConfig, sharing: list[ProcessPlan], memory: int, gpu: str, count: int, visible: int) -> str:
+def _refusal(
+    cfg: RunConfig, sharing: list[ProcessPlan], memory: int, gpu: str, count: int, visible: int
+) -> str:
     needs = ", ".join(f"{p.name} {gib(p.gpu_total)}" for p in sharing)
-    fixes = [f"more GPUs: {count} GPU processes want one each, {visible} visible",
-             "fewer processes: lower pools.<name>.rollout_replicas"]
-    fixes += [f"LoRA: pools.{p.pool}.specialization: lora (a frozen base, no full optimizer state)"
-              for p in sharing if p.kind == "trainer" and cfg.pools[p.pool].specialization == "full"]
-    fixes += ["a GPU with more memory",
-              *(f"set pools.{p.pool}.rollout_gpu_memory_utilization to the share its engine may take"
-                for p in sharing if p.kind == "rollout" and cfg.pools[p.pool].engine == "vllm")]
-    lines = [f"{gpu} would be shared by {needs} (at least, as `atgrpo plan` estimates), but only "
-             f"{gib(usable(memory))} of it is usable. Any one of:", *(f"  - {f}" for f in dict.fromkeys(fixes))]
+    fixes = [
+        f"more GPUs: {count} GPU processes want one each, {visible} visible",
+        "fewer processes: lower pools.<name>.rollout_replicas",
+    ]
+    fixes += [
+        f"LoRA: pools.{p.pool}.specialization: lora (a frozen base, no full optimizer state)"
+        for p in sharing
+        if p.kind == "trainer" and cfg.pools[p.pool].specialization == "full"
+    ]
+    fixes += [
+        "a GPU with more memory",
+        *(
+            f"set pools.{p.pool}.rollout_gpu_memory_utilization to the share its engine may take"
+            for p in sharing
+            if p.kind == "rollout" and cfg.pools[p.pool].engine == "vllm"
+        ),
+    ]
+    lines = [
+        f"{gpu} would be shared by {needs} (at least, as `atgrpo plan` estimates), but only "
+        f"{gib(usable(memory))} of it is usable. Any one of:",
+        *(f"  - {f}" for f in dict.fromkeys(fixes)),
+    ]
     return "\n".join(lines)
 
 
@@ -110,7 +136,9 @@ def visible_gpus() -> tuple[list[str], int]:
     return ids, min(torch.cuda.get_device_properties(i).total_memory for i in range(count))
 
 
-def local_placement(cfg: RunConfig, probe: Callable[[], tuple[list[str], int]] = visible_gpus) -> Placement:
+def local_placement(
+    cfg: RunConfig, probe: Callable[[], tuple[list[str], int]] = visible_gpus
+) -> Placement:
     """The placement of `cfg`'s local processes on this machine's GPUs (none for an all-CPU config)."""
     if all(p.device == "cpu" for p in cfg.pools.values()):
         return Placement()

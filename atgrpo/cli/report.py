@@ -17,14 +17,26 @@ PLOT_FILE = "curves.png"
 def step_line(e: dict[str, Any], total: int, timing: bool = False) -> str:
     """`timing` (`atgrpo train --timing`): the step's time breakdown appended (timing_line)."""
     agents = "  ".join(f"{a} {m['reward_mean']:+.3f}" for a, m in e["agents"].items())
-    pools = "  ".join(f"{p} v{int(m['version'])} loss {m['loss']:+.4f} kl {m['approx_kl']:.4f}"
-                      for p, m in e["pools"].items())
-    secs = e.get("rollout_seconds", 0.0) + e.get("train_seconds", 0.0) + e.get("weight_sync_seconds", 0.0)
+    pools = "  ".join(
+        f"{p} v{int(m['version'])} loss {m['loss']:+.4f} kl {m['approx_kl']:.4f}"
+        for p, m in e["pools"].items()
+    )
+    secs = (
+        e.get("rollout_seconds", 0.0)
+        + e.get("train_seconds", 0.0)
+        + e.get("weight_sync_seconds", 0.0)
+    )
     # A prompt cut to max_prompt_tokens lost its beginning: the agent acted on part of what it saw.
-    cut = "  ".join(f"{a} {m['prompt_truncated_fraction']:.0%}" for a, m in e["agents"].items()
-                    if m.get("prompt_truncated_fraction"))
-    line = (f"step {e['step']:>4}/{total}  success {e['success_rate']:.2f}  reward {e['reward_mean']:+.3f} "
-            f"| {agents} | {pools} | {secs:.1f}s" + (f" | prompts cut: {cut}" if cut else ""))
+    cut = "  ".join(
+        f"{a} {m['prompt_truncated_fraction']:.0%}"
+        for a, m in e["agents"].items()
+        if m.get("prompt_truncated_fraction")
+    )
+    line = (
+        f"step {e['step']:>4}/{total}  success {e['success_rate']:.2f}  reward "
+        f"{e['reward_mean']:+.3f} "
+        f"| {agents} | {pools} | {secs:.1f}s" + (f" | prompts cut: {cut}" if cut else "")
+    )
     breakdown = timing_line(e) if timing else ""
     return f"{line} | {breakdown}" if breakdown else line
 
@@ -50,12 +62,17 @@ def timing_line(e: dict[str, Any]) -> str:
         return ""
     prefill, decode = e["time_prefill_s"], e["time_decode_s"]
     mm = _mm(e, "gen_mfu")
-    gen = (f"gen {_s(prefill + decode)}s (prefill {_s(prefill)} decode {_s(decode)}{', ' + mm if mm else ''}) "
-           f"env {_s(e['time_env_s'])}s wait {_s(e['time_wait_s'])}s")
+    gen = (
+        f"gen {_s(prefill + decode)}s (prefill {_s(prefill)} decode "
+        f"{_s(decode)}{', ' + mm if mm else ''}) env {_s(e['time_env_s'])}s wait "
+        f"{_s(e['time_wait_s'])}s"
+    )
     mm = _mm(e, "update_mfu")
-    update = (f"update fwd {_s(e.get('time_forward_s', 0.0))} bwd {_s(e.get('time_backward_s', 0.0))} "
-              f"opt {_s(e.get('time_optimizer_s', 0.0))}{' (' + mm + ')' if mm else ''} "
-              f"push {_s(e.get('weight_sync_seconds', 0.0))}s")
+    update = (
+        f"update fwd {_s(e.get('time_forward_s', 0.0))} bwd {_s(e.get('time_backward_s', 0.0))} "
+        f"opt {_s(e.get('time_optimizer_s', 0.0))}{' (' + mm + ')' if mm else ''} "
+        f"push {_s(e.get('weight_sync_seconds', 0.0))}s"
+    )
     return f"{gen} | {update}"
 
 
@@ -64,14 +81,22 @@ def eval_line(e: dict[str, Any]) -> str:
     # line's is the mean per sample; the label says which.
     agents = "  ".join(f"{a} {m['reward_mean']:+.3f}" for a, m in e["agents"].items())
     failed = f" ({e['failed_episodes']} more ended in an error)" if e.get("failed_episodes") else ""
-    return (f"eval @ step {e['step']:>4}  success {e['success_rate']:.3f} over {e['episodes']} episodes{failed} "
-            f"| return per episode: {agents}")
+    return (
+        f"eval @ step {e['step']:>4}  success {e['success_rate']:.3f} over {e['episodes']} "
+        f"episodes{failed} | return per episode: {agents}"
+    )
 
 
 def rollback_line(e: dict[str, Any]) -> str:
-    to = "the starting weights: no checkpoint yet" if e["checkpoint"] == "start" else f"checkpoint {e['checkpoint']}"
-    return (f"rolled back from step {e['from_step']} to step {e['to_step']} ({to}): "
-            f"{e['reason']}; steps {e['to_step'] + 1}-{e['from_step']} are trained again")
+    to = (
+        "the starting weights: no checkpoint yet"
+        if e["checkpoint"] == "start"
+        else f"checkpoint {e['checkpoint']}"
+    )
+    return (
+        f"rolled back from step {e['from_step']} to step {e['to_step']} ({to}): "
+        f"{e['reason']}; steps {e['to_step'] + 1}-{e['from_step']} are trained again"
+    )
 
 
 def tensorboard_scalars(e: dict[str, Any]) -> dict[str, float]:
@@ -91,7 +116,9 @@ def tensorboard_scalars(e: dict[str, Any]) -> dict[str, float]:
     # The step's breakdown: seconds under time/ (time/prefill_s ...), tokens and rates under perf/.
     for k in STEP_TIMING:
         if k in e:
-            out[f"time/{k.removeprefix('time_')}" if k.startswith("time_") else f"perf/{k}"] = float(e[k])
+            out[f"time/{k.removeprefix('time_')}" if k.startswith("time_") else f"perf/{k}"] = (
+                float(e[k])
+            )
     return out
 
 
@@ -105,13 +132,22 @@ def plot(events: list[dict[str, Any]], out: Path) -> Path:
     steps = [e for e in events if e["kind"] == "step"]
     evals = [e for e in events if e["kind"] == "eval"]
     fig, (ax_s, ax_r) = plt.subplots(1, 2, figsize=(11, 4))
-    ax_s.plot([e["step"] for e in steps], [e["success_rate"] for e in steps], label="train (tree: best of K per turn)", alpha=0.6)
+    ax_s.plot(
+        [e["step"] for e in steps],
+        [e["success_rate"] for e in steps],
+        label="train (tree: best of K per turn)",
+        alpha=0.6,
+    )
     if evals:
-        ax_s.plot([e["step"] for e in evals], [e["success_rate"] for e in evals], "o-", label="eval")
+        ax_s.plot(
+            [e["step"] for e in evals], [e["success_rate"] for e in evals], "o-", label="eval"
+        )
     ax_s.set(title="success rate", xlabel="step", ylim=(-0.02, 1.02))
     ax_s.legend(loc="lower right")
     for agent in dict.fromkeys(a for e in steps for a in e["agents"]):
-        pts = [(e["step"], e["agents"][agent]["reward_mean"]) for e in steps if agent in e["agents"]]
+        pts = [
+            (e["step"], e["agents"][agent]["reward_mean"]) for e in steps if agent in e["agents"]
+        ]
         ax_r.plot([s for s, _ in pts], [r for _, r in pts], label=agent)
     ax_r.set(title="mean reward per agent (alpha*team + local)", xlabel="step")
     if steps:
@@ -126,7 +162,9 @@ def plot_run(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir)
     events = read_metrics(run_dir / "metrics.jsonl")
     if not events:
-        raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'} holds no events: is {run_dir} a run directory?")
+        raise FileNotFoundError(
+            f"{run_dir / 'metrics.jsonl'} holds no events: is {run_dir} a run directory?"
+        )
     return plot(events, run_dir / PLOT_FILE)
 
 
@@ -155,10 +193,20 @@ class Reporter:
         if self.mirror:
             self.dir.truncate_events(-1)
         self._writer = SummaryWriter
-        self.bar = tqdm(total=self.cfg.run.steps, desc=self.cfg.run.name, unit="step", file=sys.stderr,
-                        disable=not sys.stderr.isatty(), dynamic_ncols=True)
-        print(f"run {status['run_id']}: {self.cfg.level}, {len(self.cfg.agents)} agents on {len(self.cfg.pools)} "
-              f"pool(s), {self.cfg.run.steps} steps; run directory {status['run_dir']}", flush=True)
+        self.bar = tqdm(
+            total=self.cfg.run.steps,
+            desc=self.cfg.run.name,
+            unit="step",
+            file=sys.stderr,
+            disable=not sys.stderr.isatty(),
+            dynamic_ncols=True,
+        )
+        print(
+            f"run {status['run_id']}: {self.cfg.level}, {len(self.cfg.agents)} agents on "
+            f"{len(self.cfg.pools)} pool(s), {self.cfg.run.steps} steps; run directory "
+            f"{status['run_dir']}",
+            flush=True,
+        )
 
     def on_event(self, e: dict[str, Any]) -> None:
         if e["kind"] == "status":
@@ -179,7 +227,9 @@ class Reporter:
         self.tb.flush()
         if e["kind"] == "step":
             self.bar.n = e["step"]
-            self.bar.set_postfix(success=f"{e['success_rate']:.2f}", reward=f"{e['reward_mean']:+.3f}")
+            self.bar.set_postfix(
+                success=f"{e['success_rate']:.2f}", reward=f"{e['reward_mean']:+.3f}"
+            )
             self._write(step_line(e, self.cfg.run.steps, self.timing))
         else:
             self._write(eval_line(e))

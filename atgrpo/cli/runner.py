@@ -36,7 +36,7 @@ from atgrpo.rpc.tether import Tether
 
 VLLM_PYTHON_ENV = "ATGRPO_VLLM_PYTHON"
 START_S, VLLM_START_S = 180.0, 900.0
-ROUTER_GRACE_S = 300.0     # how long a lost router may take to come back before `train` gives up
+ROUTER_GRACE_S = 300.0  # how long a lost router may take to come back before `train` gives up
 
 
 class TrainError(RuntimeError):
@@ -47,7 +47,9 @@ def service_plan(cfg: RunConfig, gpus: Placement | None = None) -> tuple[Service
     """The local processes a config needs; names match the keys with_services() reads back. `gpus`:
     each GPU process's CUDA_VISIBLE_DEVICES and vLLM memory fraction (atgrpo.cli.placement)."""
     gpus = gpus or Placement()
-    env_args = ("--sandbox", "{sandbox}") + (("--env-path", f"{cfg.env.name}={cfg.env.path}") if cfg.env.path else ())
+    env_args = ("--sandbox", "{sandbox}") + (
+        ("--env-path", f"{cfg.env.name}={cfg.env.path}") if cfg.env.path else ()
+    )
     plan = [ServicePlan("sandbox", "sandbox"), ServicePlan("env", "env", env_args)]
 
     threads = cpu_threads(cfg, gpus)
@@ -60,20 +62,46 @@ def service_plan(cfg: RunConfig, gpus: Placement | None = None) -> tuple[Service
     for name, pool in cfg.pools.items():
         spec = f"{name}={pool.model_path}" + (":lora" if pool.specialization == "lora" else "")
         engine = ("--engine", pool.engine, "--device", pool.device, "--dtype", pool.dtype)
-        if pool.engine == "vllm":   # vLLM refuses a prompt + max_tokens over its context: size it for the agents
-            engine += ("--max-model-len", str(cfg.context_tokens(name)), "--tensor-parallel-size", str(pool.rollout_gpus))
-            if pool.specialization == "lora":   # vLLM sizes its adapter slots at start: the run's rank and agents
+        if (
+            pool.engine == "vllm"
+        ):  # vLLM refuses a prompt + max_tokens over its context: size it for the agents
+            engine += (
+                "--max-model-len",
+                str(cfg.context_tokens(name)),
+                "--tensor-parallel-size",
+                str(pool.rollout_gpus),
+            )
+            if (
+                pool.specialization == "lora"
+            ):  # vLLM sizes its adapter slots at start: the run's rank and agents
                 rank, slots = vllm_lora_limits(pool, len(cfg.agents_of(name)))
                 engine += ("--max-lora-rank", str(rank), "--max-loras", str(slots))
         for i in range(pool.rollout_replicas):
             proc = f"rollout-{name}-{i}"
             share = gpus.memory_utilization.get(proc, pool.rollout_gpu_memory_utilization)
-            extra = ("--gpu-memory-utilization", str(share)) if share is not None and pool.engine == "vllm" else ()
-            plan.append(ServicePlan(proc, "rollout", ("--pool", spec, "--env", "{env}", *engine, *extra), on(proc),
-                                    python=_vllm_python() if pool.engine == "vllm" else ""))
+            extra = (
+                ("--gpu-memory-utilization", str(share))
+                if share is not None and pool.engine == "vllm"
+                else ()
+            )
+            plan.append(
+                ServicePlan(
+                    proc,
+                    "rollout",
+                    ("--pool", spec, "--env", "{env}", *engine, *extra),
+                    on(proc),
+                    python=_vllm_python() if pool.engine == "vllm" else "",
+                )
+            )
         if pool.trainable:
-            plan.append(ServicePlan(f"trainer-{name}", "trainer", (
-                "--pool", name, "--micro-batch-tokens", str(pool.micro_batch_tokens)), on(f"trainer-{name}")))
+            plan.append(
+                ServicePlan(
+                    f"trainer-{name}",
+                    "trainer",
+                    ("--pool", name, "--micro-batch-tokens", str(pool.micro_batch_tokens)),
+                    on(f"trainer-{name}"),
+                )
+            )
     plan.append(ServicePlan("router", "router"))
     return tuple(plan)
 
@@ -103,26 +131,42 @@ def _vllm_python() -> str:
 def with_services(cfg: RunConfig, services: list[LocalService]) -> RunConfig:
     """The config with the started services' addresses filled in (connect mode from here on)."""
     by_name = {s.name: s.address for s in services}
-    return replace(cfg, services=ServicesConfig(
-        env=by_name["env"], sandbox=by_name["sandbox"], router=by_name["router"],
-        rollout={p: tuple(by_name[f"rollout-{p}-{i}"] for i in range(pool.rollout_replicas))
-                 for p, pool in cfg.pools.items()},
-        trainer={p: by_name[f"trainer-{p}"] for p, pool in cfg.pools.items() if pool.trainable}))
+    return replace(
+        cfg,
+        services=ServicesConfig(
+            env=by_name["env"],
+            sandbox=by_name["sandbox"],
+            router=by_name["router"],
+            rollout={
+                p: tuple(by_name[f"rollout-{p}-{i}"] for i in range(pool.rollout_replicas))
+                for p, pool in cfg.pools.items()
+            },
+            trainer={p: by_name[f"trainer-{p}"] for p, pool in cfg.pools.items() if pool.trainable},
+        ),
+    )
 
 
 def resolve_paths(cfg: RunConfig) -> RunConfig:
     """Absolute model and run paths: the services may run elsewhere than this directory."""
-    pools = {p: replace(pool, model_path=str(Path(pool.model_path).expanduser().resolve()))
-             for p, pool in cfg.pools.items()}
-    return replace(cfg, run=replace(cfg.run, run_dir=str(Path(cfg.run.run_dir).resolve())), pools=pools)
+    pools = {
+        p: replace(pool, model_path=str(Path(pool.model_path).expanduser().resolve()))
+        for p, pool in cfg.pools.items()
+    }
+    return replace(
+        cfg, run=replace(cfg.run, run_dir=str(Path(cfg.run.run_dir).resolve())), pools=pools
+    )
 
 
 def check_models(cfg: RunConfig) -> None:
-    missing = [(p, pool.model_path) for p, pool in cfg.pools.items() if not Path(pool.model_path).is_dir()]
+    missing = [
+        (p, pool.model_path) for p, pool in cfg.pools.items() if not Path(pool.model_path).is_dir()
+    ]
     if missing:
         lines = "; ".join(f"pools.{p}.model_path {path!r}" for p, path in missing)
-        raise TrainError(f"no model directory at {lines}. Build a tiny one with "
-                         f"`atgrpo model tiny --out {missing[0][1]}`, or point model_path at a local model")
+        raise TrainError(
+            f"no model directory at {lines}. Build a tiny one with "
+            f"`atgrpo model tiny --out {missing[0][1]}`, or point model_path at a local model"
+        )
 
 
 def start_timeout_s(cfg: RunConfig) -> float:
@@ -146,10 +190,15 @@ class LocalServices:
         self.timeout_s = timeout_s if timeout_s is not None else start_timeout_s(cfg)
 
     def __enter__(self) -> RunConfig:
-        print(f"starting {len(self.plan)} services locally (logs in {self.state_dir}/logs)", file=sys.stderr)
+        print(
+            f"starting {len(self.plan)} services locally (logs in {self.state_dir}/logs)",
+            file=sys.stderr,
+        )
         self.tether = Tether()
         try:
-            started = launcher.up(self.state_dir, self.plan, timeout_s=self.timeout_s, tether=self.tether)
+            started = launcher.up(
+                self.state_dir, self.plan, timeout_s=self.timeout_s, tether=self.tether
+            )
         except launcher.LaunchError as err:
             self.tether.close()
             raise TrainError(f"the local services did not start: {err}") from None
@@ -167,8 +216,9 @@ class LocalServices:
             self.tether.close()
 
 
-async def run_until(cfg: RunConfig, stop: Callable[[dict[str, Any]], bool], reason: str = "stopped by the caller"
-                    ) -> dict[str, Any]:
+async def run_until(
+    cfg: RunConfig, stop: Callable[[dict[str, Any]], bool], reason: str = "stopped by the caller"
+) -> dict[str, Any]:
     """Start the run on the router and follow it to its end, asking it to stop (the step in
     flight completes and is checkpointed) at the first event `stop(event)` holds for; the final
     status. What a bench or a test uses to end a run at a step or at an evaluation's figure."""
@@ -218,7 +268,9 @@ async def drive(cfg: RunConfig, reporter: Any) -> dict[str, Any]:
                 loop.remove_signal_handler(sig)
 
 
-async def _follow(client: Any, config_yaml: str, status: dict[str, Any], reporter: Any) -> dict[str, Any]:
+async def _follow(
+    client: Any, config_yaml: str, status: dict[str, Any], reporter: Any
+) -> dict[str, Any]:
     """Watch the run to its end. A router that restarted has lost the run, so start it again on
     the same config (it resumes from the run directory) and watch from the next step."""
     from atgrpo.errors import Unavailable
@@ -232,7 +284,7 @@ async def _follow(client: Any, config_yaml: str, status: dict[str, Any], reporte
             async for event in client.watch_run(status["run_id"], from_step=next_step):
                 if event["kind"] == "status":
                     final = event
-                elif event["kind"] == "rollback":   # the steps after to_step come again
+                elif event["kind"] == "rollback":  # the steps after to_step come again
                     next_step = event["to_step"] + 1
                 else:
                     next_step = max(next_step, event["step"] + (event["kind"] == "step"))
@@ -253,8 +305,10 @@ def train(cfg: RunConfig, *, connect: bool = False, timing: bool = False) -> dic
     from atgrpo.cli.report import Reporter
 
     if connect and cfg.local_mode:
-        raise TrainError("--connect needs the services' addresses in the config (services: env, sandbox, "
-                         "router, rollout, trainer); without them `atgrpo train` starts them locally")
+        raise TrainError(
+            "--connect needs the services' addresses in the config (services: env, sandbox, "
+            "router, rollout, trainer); without them `atgrpo train` starts them locally"
+        )
     if cfg.local_mode:
         cfg = resolve_paths(cfg)
         check_models(cfg)
@@ -271,7 +325,9 @@ def latest_checkpoint(where: Path) -> Path:
             raise TrainError(f"{where} has no checkpoints yet")
         return steps[-1]
     if not where.is_dir():
-        raise TrainError(f"no checkpoint at {where}: give a run directory or one of its checkpoints/step-N")
+        raise TrainError(
+            f"no checkpoint at {where}: give a run directory or one of its checkpoints/step-N"
+        )
     return where
 
 
@@ -283,9 +339,14 @@ def evaluate(cfg: RunConfig, checkpoint: Path | None) -> dict[str, Any]:
         ckpt, name = EVALUATE_START, EVALUATE_START
     else:
         found = latest_checkpoint(checkpoint.resolve())
-        missing = [p for p, pool in cfg.pools.items() if pool.trainable and not (found / p).is_dir()]
+        missing = [
+            p for p, pool in cfg.pools.items() if pool.trainable and not (found / p).is_dir()
+        ]
         if missing:
-            raise TrainError(f"{found} has no folder for pool(s) {missing}; give a checkpoint of this config's run")
+            raise TrainError(
+                f"{found} has no folder for pool(s) {missing}; give a checkpoint of this config's "
+                f"run"
+            )
         ckpt, name = str(found), found.name
     data = cfg.to_dict()
     # The evaluation's own run directory (its events, its services' logs) sits beside the training
@@ -314,5 +375,8 @@ async def _evaluate(cfg: RunConfig) -> dict[str, Any]:
             elif event["kind"] == "status":
                 status = event
     if result is None:
-        raise TrainError(f"the evaluation run {status['state']} without a result: {status['error'] or 'no error given'}")
+        raise TrainError(
+            f"the evaluation run {status['state']} without a result: "
+            f"{status['error'] or 'no error given'}"
+        )
     return result

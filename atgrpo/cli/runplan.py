@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from atgrpo.config import PoolConfig, RunConfig, RunSection
 
 
-# --- the plan of a run -----------------------------------------------------------------------------
+# --- the plan of a run ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -43,15 +43,15 @@ class ProcessPlan:
     """One process (a trainer's ranks share one row: each rank needs what the row says)."""
 
     name: str
-    kind: str                                   # trainer | rollout | env | sandbox | router
+    kind: str  # trainer | rollout | env | sandbox | router
     pool: str = ""
     device: str = "cpu"
     gpus: int = 0
-    gpu: dict[str, int] = field(default_factory=dict)   # component -> bytes on each of its GPUs
-    gpu_memory: int | None = None               # bytes per GPU it is checked against
+    gpu: dict[str, int] = field(default_factory=dict)  # component -> bytes on each of its GPUs
+    gpu_memory: int | None = None  # bytes per GPU it is checked against
     host: int = 0
     notes: tuple[str, ...] = ()
-    fixes: tuple[str, ...] = ()                 # what would make it fit (when it does not)
+    fixes: tuple[str, ...] = ()  # what would make it fit (when it does not)
 
     @property
     def gpu_total(self) -> int:
@@ -69,10 +69,10 @@ class ProcessPlan:
 class PoolDisk:
     pool: str
     checkpoint: int
-    checkpoints: int        # how many a run writes
+    checkpoints: int  # how many a run writes
     push: int
     replicas: int
-    at_once: int = 0        # the most on the trainer's volume at one time (checkpoints_at_once)
+    at_once: int = 0  # the most on the trainer's volume at one time (checkpoints_at_once)
     pushes_on_disk: int = 0  # pushes a rollout replica holds on disk at once (vLLM: 2 in a swap)
 
     @property
@@ -105,8 +105,8 @@ class RunPlan:
     source: str
     processes: tuple[ProcessPlan, ...]
     disk: tuple[PoolDisk, ...]
-    problems: tuple[str, ...]   # config-level reasons the run cannot go as written
-    unplanned: tuple[str, ...] = ()   # GPU pools with no model config to plan from
+    problems: tuple[str, ...]  # config-level reasons the run cannot go as written
+    unplanned: tuple[str, ...] = ()  # GPU pools with no model config to plan from
 
     @property
     def ok(self) -> bool:
@@ -124,8 +124,14 @@ def pool_device(pool: PoolConfig, gpu_memory: int | None) -> str:
     return pool.device
 
 
-def plan_run(cfg: RunConfig, *, gpus: int | None = None, gpu_memory: int | None = None,
-             source: str = "", local: bool = False) -> RunPlan:
+def plan_run(
+    cfg: RunConfig,
+    *,
+    gpus: int | None = None,
+    gpu_memory: int | None = None,
+    source: str = "",
+    local: bool = False,
+) -> RunPlan:
     """Every process `cfg` starts, with what it needs. `gpus` / `gpu_memory` override each pool's
     trainer_gpus / gpu_memory. `local`: plan what local mode starts (one trainer process a pool)."""
     processes: list[ProcessPlan] = []
@@ -133,22 +139,32 @@ def plan_run(cfg: RunConfig, *, gpus: int | None = None, gpu_memory: int | None 
     problems: list[str] = []
     unplanned: list[str] = []
     for name, pool in cfg.pools.items():
-        memory = gpu_memory if gpu_memory is not None else parse_bytes(pool.gpu_memory) if pool.gpu_memory else None
+        memory = (
+            gpu_memory
+            if gpu_memory is not None
+            else parse_bytes(pool.gpu_memory)
+            if pool.gpu_memory
+            else None
+        )
         device = pool_device(pool, memory)
         ranks = gpus if gpus is not None else pool.trainer_gpus
         if local and device == "cuda" and pool.trainable and ranks > 1:
             problems.append(
-                f"pools.{name}.trainer_gpus is {ranks}, but local mode starts one trainer process per pool. "
-                f"Start the services on a cluster (Helm chart: pools.{name}.trainer.gpus: {ranks}) and run "
-                "`atgrpo train --connect`, or size the pool for one GPU")
+                f"pools.{name}.trainer_gpus is {ranks}, but local mode starts one trainer process "
+                f"per pool. Start the services on a cluster (Helm chart: "
+                f"pools.{name}.trainer.gpus: {ranks}) and run "
+                "`atgrpo train --connect`, or size the pool for one GPU"
+            )
             ranks = 1
         shape = load_shape(pool.model_path)
         if shape is None:
             if device == "cuda":
                 unplanned.append(
-                    f"pools.{name}.model_path: no config.json at {pool.model_path!r} and none carried for a model "
-                    f"named {Path(pool.model_path).name!r} (atgrpo/models/configs/). Put the model there, or its "
-                    "config.json alone (architecture only) to plan without the weights")
+                    f"pools.{name}.model_path: no config.json at {pool.model_path!r} and none "
+                    f"carried for a model named {Path(pool.model_path).name!r} "
+                    f"(atgrpo/models/configs/). Put the model there, or its "
+                    "config.json alone (architecture only) to plan without the weights"
+                )
             continue
         if problem := tensor_parallel_problem(name, pool, shape):
             problems.append(problem)
@@ -157,10 +173,21 @@ def plan_run(cfg: RunConfig, *, gpus: int | None = None, gpu_memory: int | None 
         if pool.trainable:
             # vLLM reloads a full pool from a file: the served one and the incoming push, in a swap.
             on_disk = 2 if pool.engine == "vllm" and pool.specialization == "full" else 0
-            disks.append(PoolDisk(name, checkpoint_bytes(shape, pool, agents=agents), checkpoint_count(cfg.run),
-                                  push_bytes(shape, pool, agents=agents), pool.rollout_replicas,
-                                  checkpoints_at_once(cfg.run), on_disk))
-    processes += [ProcessPlan(kind, kind, host=SERVICE_HOST_BYTES[kind]) for kind in ("env", "sandbox", "router")]
+            disks.append(
+                PoolDisk(
+                    name,
+                    checkpoint_bytes(shape, pool, agents=agents),
+                    checkpoint_count(cfg.run),
+                    push_bytes(shape, pool, agents=agents),
+                    pool.rollout_replicas,
+                    checkpoints_at_once(cfg.run),
+                    on_disk,
+                )
+            )
+    processes += [
+        ProcessPlan(kind, kind, host=SERVICE_HOST_BYTES[kind])
+        for kind in ("env", "sandbox", "router")
+    ]
     return RunPlan(source, tuple(processes), tuple(disks), tuple(problems), tuple(unplanned))
 
 
@@ -173,48 +200,98 @@ def tensor_parallel_problem(name: str, pool: PoolConfig, shape: ModelShape) -> s
     kv_ok = shape.kv_heads % tp == 0 if shape.kv_heads >= tp else tp % shape.kv_heads == 0
     if shape.heads % tp == 0 and kv_ok:
         return None
-    fits = [n for n in range(1, tp) if shape.heads % n == 0
-            and (shape.kv_heads % n == 0 if shape.kv_heads >= n else n % shape.kv_heads == 0)]
-    return (f"pools.{name}.rollout_gpus is {tp}, but the model's {shape.heads} attention heads and {shape.kv_heads} "
-            f"KV heads do not split evenly over {tp} GPUs (vLLM would refuse it at start). Use rollout_gpus: "
-            f"{fits[-1]}, or another count that divides them")
+    fits = [
+        n
+        for n in range(1, tp)
+        if shape.heads % n == 0
+        and (shape.kv_heads % n == 0 if shape.kv_heads >= n else n % shape.kv_heads == 0)
+    ]
+    return (
+        f"pools.{name}.rollout_gpus is {tp}, but the model's {shape.heads} attention heads and "
+        f"{shape.kv_heads} KV heads do not split evenly over {tp} GPUs (vLLM would refuse it at "
+        f"start). Use rollout_gpus: {fits[-1]}, or another count that divides them"
+    )
 
 
 def sorts_vocabulary(cfg: RunConfig, pool: str) -> bool:
     """Whether an agent of `pool` trains under top-p without top-k: its log-prob passes sort the
     vocabulary (more temporaries a pass)."""
-    return any(0 < s.top_p < 1 and s.top_k <= 0 for s in (cfg.agents[a].train_sampling for a in cfg.agents_of(pool)))
+    return any(
+        0 < s.top_p < 1 and s.top_k <= 0
+        for s in (cfg.agents[a].train_sampling for a in cfg.agents_of(pool))
+    )
 
 
-def _pool_processes(cfg: RunConfig, name: str, pool: PoolConfig, shape: ModelShape, device: str,
-                    ranks: int, memory: int | None) -> list[ProcessPlan]:
+def _pool_processes(
+    cfg: RunConfig,
+    name: str,
+    pool: PoolConfig,
+    shape: ModelShape,
+    device: str,
+    ranks: int,
+    memory: int | None,
+) -> list[ProcessPlan]:
     agents = len(cfg.agents_of(name))
     sample = longest_sample(cfg, name)
     k = cfg.algorithm.k
     out = []
     if pool.trainable:
-        tokens = max(pool.micro_batch_tokens, sample)   # a sample longer than the budget goes alone
-        comps = trainer_components(shape, pool, cfg.algorithm, device, agents=agents, ranks=ranks, tokens=tokens,
-                                   memory=memory, sorts=sorts_vocabulary(cfg, name))
-        other = pool_activation_bytes(shape, pool, device, tokens, not checkpointing_on(pool, device))
-        notes = [f"activations at {tokens} tokens: {gib(comps['activations'])} with checkpointing "
-                 f"{'on' if checkpointing_on(pool, device) else 'off'}, {gib(other)} with it "
-                 f"{'off' if checkpointing_on(pool, device) else 'on'}"]
+        tokens = max(pool.micro_batch_tokens, sample)  # a sample longer than the budget goes alone
+        comps = trainer_components(
+            shape,
+            pool,
+            cfg.algorithm,
+            device,
+            agents=agents,
+            ranks=ranks,
+            tokens=tokens,
+            memory=memory,
+            sorts=sorts_vocabulary(cfg, name),
+        )
+        other = pool_activation_bytes(
+            shape, pool, device, tokens, not checkpointing_on(pool, device)
+        )
+        notes = [
+            f"activations at {tokens} tokens: {gib(comps['activations'])} with checkpointing "
+            f"{'on' if checkpointing_on(pool, device) else 'off'}, {gib(other)} with it "
+            f"{'off' if checkpointing_on(pool, device) else 'on'}"
+        ]
         if tokens > pool.micro_batch_tokens:
-            notes.append(f"micro_batch_tokens {pool.micro_batch_tokens} is below the longest sample ({sample} "
-                         "tokens), which goes alone")
-        host = (trainer_host_bytes(shape, pool, ranks=ranks) if device == "cuda"
-                else HOST_BASE_BYTES + trainer_peak(comps))   # on CPU the device memory is the host's
-        plan = ProcessPlan(f"trainer-{name}", "trainer", name, device, ranks if device == "cuda" else 0, comps,
-                           memory if device == "cuda" else None, host, tuple(notes))
+            notes.append(
+                f"micro_batch_tokens {pool.micro_batch_tokens} is below the longest sample "
+                f"({sample} "
+                "tokens), which goes alone"
+            )
+        host = (
+            trainer_host_bytes(shape, pool, ranks=ranks)
+            if device == "cuda"
+            else HOST_BASE_BYTES + trainer_peak(comps)
+        )  # on CPU the device memory is the host's
+        plan = ProcessPlan(
+            f"trainer-{name}",
+            "trainer",
+            name,
+            device,
+            ranks if device == "cuda" else 0,
+            comps,
+            memory if device == "cuda" else None,
+            host,
+            tuple(notes),
+        )
         if plan.fits is False:
             plan = replace(plan, fixes=tuple(trainer_fixes(cfg, name, pool, shape, ranks, memory)))
         out.append(plan)
     tasks = math.ceil(cfg.run.tasks_per_step / pool.rollout_replicas)
-    comps = rollout_components(shape, pool, agents=agents, k=k, tasks=tasks, sample_tokens=sample, device=device)
+    comps = rollout_components(
+        shape, pool, agents=agents, k=k, tasks=tasks, sample_tokens=sample, device=device
+    )
     full = rollout_full_kv_bytes(shape, pool, k=k, tasks=tasks, sample_tokens=sample, device=device)
     tp = pool.rollout_gpus if device == "cuda" else 1
-    if tp > 1:   # tensor parallel: each GPU holds 1/tp of the weights and of every KV head; the runtime whole
+    if (
+        tp > 1
+        # tensor parallel: each GPU holds 1/tp of the weights and of every KV head; the runtime
+        # whole
+    ):
         comps = {key: v if key == "runtime" else v // tp for key, v in comps.items()}
         full //= tp
     width, _ = compute_dtype(pool, device)
@@ -222,38 +299,73 @@ def _pool_processes(cfg: RunConfig, name: str, pool: PoolConfig, shape: ModelSha
     if device != "cuda":
         host += sum(comps.values())
     for i in range(pool.rollout_replicas):
-        plan = ProcessPlan(f"rollout-{name}-{i}", "rollout", name, device, tp if device == "cuda" else 0, comps,
-                           memory if device == "cuda" else None, host)
+        plan = ProcessPlan(
+            f"rollout-{name}-{i}",
+            "rollout",
+            name,
+            device,
+            tp if device == "cuda" else 0,
+            comps,
+            memory if device == "cuda" else None,
+            host,
+        )
         if memory is not None and device == "cuda":
             room = usable(memory) - plan.gpu_total + comps["kv_cache"]
             at_once = k * tasks
             if full > room:
                 share = max(0, room) * at_once // full
                 need = math.ceil(cfg.run.tasks_per_step / max(1, room // (full // tasks)))
-                plan = replace(plan, notes=(
-                    f"KV cache for all {at_once} sequences (K {k} x {tasks} tasks x {sample} tokens) at once: "
-                    f"{gib(full)}; about {share} fit at once and vLLM queues the rest (rollout_replicas: "
-                    f"{need} would run them all at once)",))
+                plan = replace(
+                    plan,
+                    notes=(
+                        f"KV cache for all {at_once} sequences (K {k} x {tasks} tasks x {sample} "
+                        f"tokens) at once: {gib(full)}; about {share} fit at once and vLLM queues "
+                        f"the rest (rollout_replicas: {need} would run them all at once)",
+                    ),
+                )
             else:
-                plan = replace(plan, notes=(f"KV cache for all {at_once} sequences at once: {gib(full)}",))
+                plan = replace(
+                    plan, notes=(f"KV cache for all {at_once} sequences at once: {gib(full)}",)
+                )
             if plan.fits is False:
-                plan = replace(plan, fixes=(
-                    f"shorter samples: max_prompt_tokens + max_tokens of pools.{name}'s agents is {sample}",
-                    f"more GPUs per replica: pools.{name}.rollout_gpus: {tp * 2} (vLLM splits the model over them)",
-                    "a GPU with more memory"))
+                plan = replace(
+                    plan,
+                    fixes=(
+                        f"shorter samples: max_prompt_tokens + max_tokens of pools.{name}'s agents "
+                        f"is {sample}",
+                        f"more GPUs per replica: pools.{name}.rollout_gpus: {tp * 2} (vLLM splits "
+                        f"the model over them)",
+                        "a GPU with more memory",
+                    ),
+                )
         out.append(plan)
     return out
 
 
-def trainer_fixes(cfg: RunConfig, name: str, pool: PoolConfig, shape: ModelShape, ranks: int,
-                  memory: int) -> list[str]:
+def trainer_fixes(
+    cfg: RunConfig, name: str, pool: PoolConfig, shape: ModelShape, ranks: int, memory: int
+) -> list[str]:
     """Each single change that would make the pool's trainer fit, found by re-running the estimate."""
     agents, sample, room = len(cfg.agents_of(name)), longest_sample(cfg, name), usable(memory)
 
     def fits(p: PoolConfig, n: int = ranks, tokens: int | None = None) -> bool:
         tokens = max(tokens or p.micro_batch_tokens, sample)
-        return trainer_peak(trainer_components(shape, p, cfg.algorithm, "cuda", agents=agents, ranks=n, tokens=tokens,
-                                               memory=memory, sorts=sorts_vocabulary(cfg, name))) <= room
+        return (
+            trainer_peak(
+                trainer_components(
+                    shape,
+                    p,
+                    cfg.algorithm,
+                    "cuda",
+                    agents=agents,
+                    ranks=n,
+                    tokens=tokens,
+                    memory=memory,
+                    sorts=sorts_vocabulary(cfg, name),
+                )
+            )
+            <= room
+        )
 
     fixes = []
     if not checkpointing_on(pool, "cuda") and fits(replace(pool, gradient_checkpointing=True)):
@@ -264,13 +376,17 @@ def trainer_fixes(cfg: RunConfig, name: str, pool: PoolConfig, shape: ModelShape
     if pool.specialization == "full":
         more = next((n for n in range(ranks + 1, 65) if fits(pool, n=n)), None)
         if more:
-            fixes.append(f"more GPUs: pools.{name}.trainer_gpus: {more} (FSDP shards the model and optimizer "
-                         f"over them; or `atgrpo plan --gpus {more}`)")
+            fixes.append(
+                f"more GPUs: pools.{name}.trainer_gpus: {more} (FSDP shards the model and "
+                f"optimizer over them; or `atgrpo plan --gpus {more}`)"
+            )
         from atgrpo.config import LoraConfig
 
         if fits(replace(pool, specialization="lora", lora=LoraConfig())):
-            fixes.append(f"LoRA: pools.{name}.specialization: lora (the base stays frozen in 16 bits; "
-                         "only the adapters train)")
+            fixes.append(
+                f"LoRA: pools.{name}.specialization: lora (the base stays frozen in 16 bits; "
+                "only the adapters train)"
+            )
     if not fixes:
         fixes.append("a GPU with more memory (--gpu-memory), or a smaller model")
     return fixes
@@ -288,17 +404,25 @@ def _largest_fitting(ok: Any, low: int, high: int) -> int | None:
     return best if best >= low else lo
 
 
-# --- output ----------------------------------------------------------------------------------------
+# --- output ---------------------------------------------------------------------------------------
 
 
 def gib(n: int) -> str:
     return f"{n / GiB:.1f} GiB"
 
 
-_COLUMNS = (("weights", ("weights", "adapters")), ("casts", ("casts",)), ("grads", ("gradients",)),
-            ("optim", ("optimizer",)), ("fsdp", ("fsdp_units",)), ("kl-ref", ("kl_reference",)),
-            ("activ", ("activations",)), ("logprob", ("logprob",)), ("kv", ("kv_cache",)),
-            ("runtime", ("runtime",)))
+_COLUMNS = (
+    ("weights", ("weights", "adapters")),
+    ("casts", ("casts",)),
+    ("grads", ("gradients",)),
+    ("optim", ("optimizer",)),
+    ("fsdp", ("fsdp_units",)),
+    ("kl-ref", ("kl_reference",)),
+    ("activ", ("activations",)),
+    ("logprob", ("logprob",)),
+    ("kv", ("kv_cache",)),
+    ("runtime", ("runtime",)),
+)
 
 
 def render(plan: RunPlan) -> str:
@@ -311,34 +435,56 @@ def render(plan: RunPlan) -> str:
         for _, keys in _COLUMNS:
             value = sum(p.gpu.get(k, 0) for k in keys) if gpu else 0
             cells.append(f"{value / GiB:.1f}" if value else "-")
-        cells += [f"{p.gpu_total / GiB:.1f}" if gpu else "-",
-                  f"{usable(p.gpu_memory) / GiB:.0f}" if gpu and p.gpu_memory else "-",
-                  {True: "yes", False: "NO", None: "-" if not gpu else "?"}[p.fits],
-                  f"{p.host / GiB:.1f}"]
+        cells += [
+            f"{p.gpu_total / GiB:.1f}" if gpu else "-",
+            f"{usable(p.gpu_memory) / GiB:.0f}" if gpu and p.gpu_memory else "-",
+            {True: "yes", False: "NO", None: "-" if not gpu else "?"}[p.fits],
+            f"{p.host / GiB:.1f}",
+        ]
         rows.append(cells)
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    lines = [f"{plan.source}: GiB per GPU ('of': usable, {USABLE_FRACTION:.0%} of each GPU; kv: one group's K "
-             "sequences); host: GiB of RAM (a cpu process's all)"]
-    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
-              for r in rows]
+    lines = [
+        f"{plan.source}: GiB per GPU ('of': usable, {USABLE_FRACTION:.0%} of each GPU; kv: one "
+        f"group's K "
+        "sequences); host: GiB of RAM (a cpu process's all)"
+    ]
+    lines += [
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in rows
+    ]
     for p in plan.processes:
         lines += [f"  {p.name}: {n}" for n in p.notes]
     for d in plan.disk:
-        lines.append(f"  disk, pool {d.pool}: {gib(d.checkpoint)} per checkpoint, {d.checkpoints} in the run, at most "
-                     f"{d.at_once} at once (run.keep_checkpoints): the trainer's volume needs {gib(d.trainer_volume)}; "
-                     f"each weight push sends {gib(d.push)} to each of {d.replicas} rollout replica(s)"
-                     + (f", which keep {d.pushes_on_disk} on local disk in a swap ({gib(d.replica_disk)})"
-                        if d.pushes_on_disk else ""))
+        lines.append(
+            f"  disk, pool {d.pool}: {gib(d.checkpoint)} per checkpoint, {d.checkpoints} in the "
+            f"run, at most {d.at_once} at once (run.keep_checkpoints): the trainer's volume needs "
+            f"{gib(d.trainer_volume)}; each weight push sends {gib(d.push)} to each of "
+            f"{d.replicas} rollout replica(s)"
+            + (
+                f", which keep {d.pushes_on_disk} on local disk in a swap ({gib(d.replica_disk)})"
+                if d.pushes_on_disk
+                else ""
+            )
+        )
     unchecked = [p.name for p in plan.processes if p.device == "cuda" and p.gpu_memory is None]
     if unchecked:
-        lines.append(f"not checked (no GPU memory stated): {', '.join(unchecked)}. Set pools.<name>.gpu_memory "
-                     "(e.g. 80GiB) or pass --gpu-memory")
+        lines.append(
+            f"not checked (no GPU memory stated): {', '.join(unchecked)}. Set "
+            f"pools.<name>.gpu_memory "
+            "(e.g. 80GiB) or pass --gpu-memory"
+        )
     lines += [f"not planned: {m}" for m in plan.unplanned]
     lines += [f"problem: {m}" for m in plan.problems]
     for p in plan.processes:
         if p.fits is False:
-            lines.append(f"{p.name} does not fit: {gib(p.gpu_total)} needed per GPU, {gib(usable(p.gpu_memory or 0))} "
-                         "usable. Any one of:")
+            lines.append(
+                f"{p.name} does not fit: {gib(p.gpu_total)} needed per GPU, "
+                f"{gib(usable(p.gpu_memory or 0))} "
+                "usable. Any one of:"
+            )
             lines += [f"  - {f}" for f in p.fixes]
     lines.append("fits" if plan.ok else "does not fit")
     return "\n".join(lines)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-Message = dict[str, str]          # {"role": "system" | "user" | "assistant", "content": str}
+Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
 
 # Tasks generated from seeds: training uses seeds 0, 1, 2, ... and evaluation seeds from this
 # offset on, so no evaluation puzzle is generated from a training seed.
@@ -20,26 +20,30 @@ class EnvSpec:
     agents: tuple[str, ...]
     turn_order: tuple[str, ...]
     max_turns: int
-    parallel: bool = False         # agents of one turn act on the same state
+    parallel: bool = False  # agents of one turn act on the same state
     description: str = ""
     splits: tuple[str, ...] = ("train", "eval")
 
     def __post_init__(self) -> None:
-        if sorted(self.turn_order) != sorted(set(self.turn_order)) or not set(self.turn_order) <= set(self.agents):
-            raise ValueError(f"{self.name}: turn_order {self.turn_order} must name each of its agents "
-                             f"{self.agents} at most once")
+        if sorted(self.turn_order) != sorted(set(self.turn_order)) or not set(
+            self.turn_order
+        ) <= set(self.agents):
+            raise ValueError(
+                f"{self.name}: turn_order {self.turn_order} must name each of its agents "
+                f"{self.agents} at most once"
+            )
         if self.max_turns < 1:
             raise ValueError(f"{self.name}: max_turns must be >= 1, got {self.max_turns}")
 
 
 @dataclass
 class StepResult:
-    team_reward: float              # the task's shared progress/success signal
-    local_reward: float = 0.0       # the acting role's own objective
+    team_reward: float  # the task's shared progress/success signal
+    local_reward: float = 0.0  # the acting role's own objective
     done: bool = False
     success: bool = False
-    info: dict[str, Any] = field(default_factory=dict)   # JSON-able; e.g. {"parse_error": "..."}
-    turn: int = -1                  # filled in by the host: the turn this step belonged to
+    info: dict[str, Any] = field(default_factory=dict)  # JSON-able; e.g. {"parse_error": "..."}
+    turn: int = -1  # filled in by the host: the turn this step belonged to
 
 
 # The option the router sets to the run config's env.turn_order (atgrpo.sdk.turn_order_option).

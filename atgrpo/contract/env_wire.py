@@ -33,21 +33,35 @@ def _ints(value: Any) -> Any:
 def dict_from(s: struct_pb2.Struct, what: str = "options") -> dict[str, Any]:
     try:
         return _ints(json_format.MessageToDict(s))
-    except ValueError as err:   # NaN or an infinity: JSON cannot carry them
-        raise InvalidArgument(f"{what} holds a value JSON cannot carry ({err}); send plain JSON values: "
-                              "finite numbers, strings, bools, lists and mappings") from None
+    except ValueError as err:  # NaN or an infinity: JSON cannot carry them
+        raise InvalidArgument(
+            f"{what} holds a value JSON cannot carry ({err}); send plain JSON values: "
+            "finite numbers, strings, bools, lists and mappings"
+        ) from None
 
 
 def spec_to_pb(spec: EnvSpec) -> env_pb2.EnvSpec:
-    return env_pb2.EnvSpec(name=spec.name, agents=spec.agents, turn_order=spec.turn_order,
-                           parallel=spec.parallel, max_turns=spec.max_turns,
-                           description=spec.description, splits=spec.splits)
+    return env_pb2.EnvSpec(
+        name=spec.name,
+        agents=spec.agents,
+        turn_order=spec.turn_order,
+        parallel=spec.parallel,
+        max_turns=spec.max_turns,
+        description=spec.description,
+        splits=spec.splits,
+    )
 
 
 def spec_from_pb(m: env_pb2.EnvSpec) -> EnvSpec:
-    return EnvSpec(name=m.name, agents=tuple(m.agents), turn_order=tuple(m.turn_order),
-                   max_turns=m.max_turns, parallel=m.parallel, description=m.description,
-                   splits=tuple(m.splits))
+    return EnvSpec(
+        name=m.name,
+        agents=tuple(m.agents),
+        turn_order=tuple(m.turn_order),
+        max_turns=m.max_turns,
+        parallel=m.parallel,
+        description=m.description,
+        splits=tuple(m.splits),
+    )
 
 
 def messages_to_pb(messages: list[Message]) -> list[common_pb2.ChatMessage]:
@@ -59,10 +73,22 @@ def messages_from_pb(ms) -> list[Message]:
 
 
 def step_to_pb(r: StepResult) -> env_pb2.StepResult:
-    return env_pb2.StepResult(team_reward=r.team_reward, local_reward=r.local_reward, done=r.done,
-                              success=r.success, turn=r.turn, info=struct_from(r.info))
+    return env_pb2.StepResult(
+        team_reward=r.team_reward,
+        local_reward=r.local_reward,
+        done=r.done,
+        success=r.success,
+        turn=r.turn,
+        info=struct_from(r.info),
+    )
 
 
 def step_from_pb(m: env_pb2.StepResult) -> StepResult:
-    return StepResult(team_reward=m.team_reward, local_reward=m.local_reward, done=m.done,
-                      success=m.success, info=dict_from(m.info), turn=m.turn)
+    return StepResult(
+        team_reward=m.team_reward,
+        local_reward=m.local_reward,
+        done=m.done,
+        success=m.success,
+        info=dict_from(m.info),
+        turn=m.turn,
+    )

@@ -13,7 +13,7 @@ from atgrpo.contract.service import ServiceInfo
 @dataclass(frozen=True)
 class PolicyRef:
     pool: str
-    adapter: str = ""              # "" = the pool's full model
+    adapter: str = ""  # "" = the pool's full model
     version: int = 0
 
 
@@ -31,9 +31,9 @@ class AgentPlan:
 @dataclass
 class Completion:
     token_ids: list[int]
-    logprobs: list[float]          # one per token, under the sampling transform
+    logprobs: list[float]  # one per token, under the sampling transform
     text: str
-    finish_reason: str             # "stop" (EOS or a stop string) or "length"
+    finish_reason: str  # "stop" (EOS or a stop string) or "length"
 
 
 @dataclass
@@ -54,7 +54,7 @@ class TaskRef:
     task_id: str
     seed: int
     split: str = "train"
-    episode: int = 0      # which run of the task within its Collect (1, 2, ...); 0: unnumbered
+    episode: int = 0  # which run of the task within its Collect (1, 2, ...); 0: unnumbered
 
 
 @dataclass(frozen=True)
@@ -65,13 +65,15 @@ class CollectPlan:
     turn_order: tuple[str, ...]
     max_turns: int
     k: int = 8
-    mode: Literal["tree", "flat", "trajectory"] = "tree"   # trajectory: K independent flat episodes per task
+    mode: Literal["tree", "flat", "trajectory"] = (
+        "tree"  # trajectory: K independent flat episodes per task
+    )
     selection: Literal["best", "first"] = "best"
-    parallel: bool = False         # agents of a turn all see the turn's starting state
+    parallel: bool = False  # agents of a turn all see the turn's starting state
     alpha: float = 1.0
     env_options: dict[str, Any] = field(default_factory=dict)
     max_concurrent_tasks: int = 8
-    pool_addresses: dict[str, str] = field(default_factory=dict)   # pools served by other replicas
+    pool_addresses: dict[str, str] = field(default_factory=dict)  # pools served by other replicas
     # The weights the samples must come from: a replica serving another version of any of them
     # answers FAILED_PRECONDITION before it starts (and the router brings it up to date).
     expected_versions: tuple[PolicyRef, ...] = ()
@@ -99,8 +101,8 @@ class Sample:
     response_truncated: bool = False
     finish_reason: str = ""
     info: dict[str, Any] = field(default_factory=dict)
-    response_text: str = ""         # what the env was given; the ids are what training uses
-    episode: int = 0                # its TaskRef's episode: (task_id, episode) names its tree
+    response_text: str = ""  # what the env was given; the ids are what training uses
+    episode: int = 0  # its TaskRef's episode: (task_id, episode) names its tree
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,9 @@ class RolloutInfo:
     device: str
     policies: tuple[PolicyRef, ...]
     service: ServiceInfo = field(default_factory=lambda: ServiceInfo("rollout"))
-    weight_dtypes: dict[str, str] = field(default_factory=dict)   # pool -> "bfloat16": what pushes are cast to
+    weight_dtypes: dict[str, str] = field(
+        default_factory=dict
+    )  # pool -> "bfloat16": what pushes are cast to
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,8 @@ class EpisodeEnd:
     turns: int
     agent_rewards: dict[str, float]
     error: str = ""
-    # Set on the last EpisodeEnd of a Collect only: where that Collect's time went (rollout_svc.tree):
-    # collect_s (its wall time), env_s (env RPCs in flight while no generation was), and the sums
-    # of its generations' timing (Generation.timing). Empty on the others, and from older replicas.
+    # Set on the last EpisodeEnd of a Collect only: where that Collect's time went
+    # (rollout_svc.tree): collect_s (its wall time), env_s (env RPCs in flight while no generation
+    # was), and the sums of its generations' timing (Generation.timing). Empty on the others, and
+    # from older replicas.
     timing: dict[str, float] = field(default_factory=dict)

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 class Sampling:
     """How one agent samples; train and eval settings differ per agent."""
 
-    temperature: float = 1.0       # 0 = greedy
+    temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
-    top_k: int = -1                # <= 0: off
+    top_k: int = -1  # <= 0: off
     max_tokens: int = 256
     max_prompt_tokens: int = 2048  # longer prompts lose their oldest turns after the system prompt
     stop: tuple[str, ...] = ()

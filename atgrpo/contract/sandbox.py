@@ -24,8 +24,8 @@ class Limits:
 
     wall_timeout_ms: int = 10_000
     cpu_time_ms: int = 10_000
-    memory_bytes: int = 512 * 2**20       # address space
-    max_output_bytes: int = 2**20         # per stream
+    memory_bytes: int = 512 * 2**20  # address space
+    max_output_bytes: int = 2**20  # per stream
     max_processes: int = 64
     max_file_bytes: int = 16 * 2**20
     max_open_files: int = 64
@@ -40,7 +40,7 @@ class ExecRequest:
     language: str
     code: str
     stdin: bytes = b""
-    files: tuple[tuple[str, bytes], ...] = ()   # (relative path, content)
+    files: tuple[tuple[str, bytes], ...] = ()  # (relative path, content)
     limits: Limits = field(default_factory=Limits)
 
 
@@ -91,7 +91,7 @@ class TestsRequest:
 @dataclass(frozen=True)
 class CaseResult:
     passed: bool
-    execution: ExecResult | None     # None when skipped
+    execution: ExecResult | None  # None when skipped
     skipped: bool = False
 
 

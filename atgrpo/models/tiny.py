@@ -97,6 +97,7 @@ SIZES: dict[str, dict[str, Any]] = {
     },
 }
 
+
 def training_corpus() -> list[str]:
     """The tokenizer's training text, with special tokens blanked so no merge goes to their pieces."""
     return _corpus.training_corpus(SPECIAL_TOKENS)

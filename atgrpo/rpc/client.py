@@ -46,10 +46,16 @@ class ServiceClient:
         self.stub = self.stub_class(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
 
-    retry = True      # False: surface RESOURCE_EXHAUSTED / UNAVAILABLE at once (load shedding tests)
+    retry = True  # False: surface RESOURCE_EXHAUSTED / UNAVAILABLE at once (load shedding tests)
 
-    async def _call(self, method: Any, request: Any, *, timeout_s: float | None = None,
-                    retry: bool | None = None) -> Any:
+    async def _call(
+        self,
+        method: Any,
+        request: Any,
+        *,
+        timeout_s: float | None = None,
+        retry: bool | None = None,
+    ) -> Any:
         """One call, retried with backoff on UNAVAILABLE and RESOURCE_EXHAUSTED (a service
         restarting, a full queue) until the deadline. A streamed request is given as a zero-arg
         callable that makes a fresh iterator for every attempt."""
@@ -57,25 +63,33 @@ class ServiceClient:
         delay = 0.05
         while True:
             try:
-                return await method(request() if callable(request) else request,
-                                    timeout=max(0.001, deadline - time.monotonic()))
+                return await method(
+                    request() if callable(request) else request,
+                    timeout=max(0.001, deadline - time.monotonic()),
+                )
             except aio.AioRpcError as err:
                 error = to_domain_error(err, self.address)
             wait = max(delay, (error.retry_after_ms or 0) / 1000)
-            if not (self.retry if retry is None else retry) or not error.retryable \
-                    or time.monotonic() + wait >= deadline:
+            if (
+                not (self.retry if retry is None else retry)
+                or not error.retryable
+                or time.monotonic() + wait >= deadline
+            ):
                 raise error
             await asyncio.sleep(wait)
             delay = min(delay * 2, 2.0)
 
     async def get_info(self) -> ServiceInfo:
         """What the service says of itself (the rollout and trainer clients say more)."""
-        return service_info_from_pb(await self._call(self.stub.GetInfo, common_pb2.GetInfoRequest()))
+        return service_info_from_pb(
+            await self._call(self.stub.GetInfo, common_pb2.GetInfoRequest())
+        )
 
     async def health(self, service: str = "", *, timeout_s: float = 2.0) -> str:
         """The health status name ("SERVING", "NOT_SERVING", ...); raises Unavailable when down."""
-        resp = await self._call(self._health.Check, health_pb2.HealthCheckRequest(service=service),
-                                timeout_s=timeout_s)
+        resp = await self._call(
+            self._health.Check, health_pb2.HealthCheckRequest(service=service), timeout_s=timeout_s
+        )
         return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
 
     async def close(self) -> None:

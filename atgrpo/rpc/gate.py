@@ -30,15 +30,19 @@ class _Capture:
     def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
         self.generic.extend(handlers)
 
-    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
         self.methods.update({f"/{service}/{name}": h for name, h in handlers.items()})
 
 
 async def _loading(requests: Any, context: grpc.aio.ServicerContext) -> None:
     await drain(requests)  # a client still streaming would see INTERNAL, not this retryable status
-    await context.abort(grpc.StatusCode.UNAVAILABLE,
-                        "the service is still starting (loading its model); retry in a few seconds",
-                        trailing_metadata=((RETRY_AFTER_KEY, str(RETRY_AFTER_MS)),))
+    await context.abort(
+        grpc.StatusCode.UNAVAILABLE,
+        "the service is still starting (loading its model); retry in a few seconds",
+        trailing_metadata=((RETRY_AFTER_KEY, str(RETRY_AFTER_MS)),),
+    )
 
 
 # A stream-stream handler answers any kind of call at once, without waiting for a request.
@@ -58,10 +62,14 @@ class Gate(grpc.GenericRpcHandler):
         capture = _Capture()
         for b in bindings:
             b.add_to_server(b.servicer, capture)
-        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection.aio.ReflectionServicer(names), capture)
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+            reflection.aio.ReflectionServicer(names), capture
+        )
         self._capture = capture
 
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+    def service(
+        self, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
         capture = self._capture
         if capture is None:
             return _LOADING
@@ -70,4 +78,4 @@ class Gate(grpc.GenericRpcHandler):
             if handler is not None:
                 break
             handler = generic.service(handler_call_details)
-        return handler        # None: grpc answers UNIMPLEMENTED
+        return handler  # None: grpc answers UNIMPLEMENTED

@@ -27,12 +27,33 @@ from atgrpo.errors import RETRY_AFTER_KEY, AtgrpoError, InvalidArgument
 log = logging.getLogger(__name__)
 
 RPC_HANDLED = Counter(
-    "atgrpo_rpc_handled_total", "RPCs completed, by service, method and status code.",
+    "atgrpo_rpc_handled_total",
+    "RPCs completed, by service, method and status code.",
     ["service", "method", "code"],
 )
 RPC_SECONDS = Histogram(
-    "atgrpo_rpc_duration_seconds", "Server-side RPC latency.", ["service", "method"],
-    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+    "atgrpo_rpc_duration_seconds",
+    "Server-side RPC latency.",
+    ["service", "method"],
+    buckets=(
+        0.0005,
+        0.001,
+        0.0025,
+        0.005,
+        0.01,
+        0.025,
+        0.05,
+        0.1,
+        0.25,
+        0.5,
+        1,
+        2.5,
+        5,
+        10,
+        30,
+        60,
+        300,
+    ),
 )
 
 
@@ -68,13 +89,17 @@ class _Call:
                 self.context.set_trailing_metadata(((RETRY_AFTER_KEY, str(exc.retry_after_ms)),))
         elif isinstance(exc, NotImplementedError):
             code = grpc.StatusCode.UNIMPLEMENTED
-            message = (f"{self.full_method} is not implemented in atgrpo {__version__}; "
-                       "this build serves health, reflection and GetInfo for it")
+            message = (
+                f"{self.full_method} is not implemented in atgrpo {__version__}; "
+                "this build serves health, reflection and GetInfo for it"
+            )
         else:
             log.exception("unhandled error in %s", self.full_method)
             code = grpc.StatusCode.INTERNAL
-            message = (f"internal error in {self.full_method}: {type(exc).__name__}: {exc}. "
-                       "This is a bug in atgrpo (the server keeps serving); report it with the server log")
+            message = (
+                f"internal error in {self.full_method}: {type(exc).__name__}: {exc}. "
+                "This is a bug in atgrpo (the server keeps serving); report it with the server log"
+            )
         self.code = code
         await self.context.abort(code, _fit(message))
 
@@ -102,13 +127,16 @@ def _safe_deserializer(deserialize: Callable | None, full_method: str) -> Callab
             return deserialize(data)
         except Exception as exc:  # noqa: BLE001 - DecodeError, or whatever a custom parser raises
             return _Undecodable(f"{type(exc).__name__}: {exc}")
+
     return parse
 
 
 def _undecodable(error: _Undecodable, full_method: str) -> InvalidArgument:
-    return InvalidArgument(f"the request to {full_method} is not a valid message of its type ({error.error}); "
-                           "send the serialized request message the .proto declares (truncated or corrupted "
-                           "bytes, or another message type, do not parse)")
+    return InvalidArgument(
+        f"the request to {full_method} is not a valid message of its type ({error.error}); "
+        "send the serialized request message the .proto declares (truncated or corrupted "
+        "bytes, or another message type, do not parse)"
+    )
 
 
 def _checked(request: Any, full_method: str) -> Any:
@@ -151,9 +179,11 @@ async def drain(requests: Any, limit_s: float | None = None) -> None:
     """Read and drop what is left of a request stream, until the client half-closes or `limit_s`
     (default DRAIN_S) passes. Errors reading it (the client cancelled) end the drain: the status
     still goes out."""
+
     async def read_all() -> None:
         async for _ in requests:
             pass
+
     try:
         await asyncio.wait_for(read_all(), DRAIN_S if limit_s is None else limit_s)
     except Exception:  # noqa: BLE001 - a timeout or a cancelled client: the drain only ever helps
@@ -165,7 +195,11 @@ def _wrap_unary_response(fn: Callable, full_method: str, streamed: bool = False)
         call = _Call(full_method, context)
         raw = request
         try:
-            request = _checked_stream(request, full_method) if streamed else _checked(request, full_method)
+            request = (
+                _checked_stream(request, full_method)
+                if streamed
+                else _checked(request, full_method)
+            )
             return await _resolve(fn(request, context))
         except aio.AbortError:
             raise
@@ -175,6 +209,7 @@ def _wrap_unary_response(fn: Callable, full_method: str, streamed: bool = False)
             await call.fail(exc)
         finally:
             call.done()
+
     return handler
 
 
@@ -183,7 +218,11 @@ def _wrap_stream_response(fn: Callable, full_method: str, streamed: bool = False
         call = _Call(full_method, context)
         raw = request
         try:
-            request = _checked_stream(request, full_method) if streamed else _checked(request, full_method)
+            request = (
+                _checked_stream(request, full_method)
+                if streamed
+                else _checked(request, full_method)
+            )
             async for item in _iterate(fn(request, context)):
                 yield item
         except aio.AbortError:
@@ -194,6 +233,7 @@ def _wrap_stream_response(fn: Callable, full_method: str, streamed: bool = False
             await call.fail(exc)
         finally:
             call.done()
+
     return handler
 
 
@@ -203,14 +243,22 @@ class ErrorAndMetricsInterceptor(aio.ServerInterceptor):
         if handler is None:
             return None
         name = handler_call_details.method
-        kw = dict(request_deserializer=_safe_deserializer(handler.request_deserializer, name),
-                  response_serializer=handler.response_serializer)
+        kw = dict(
+            request_deserializer=_safe_deserializer(handler.request_deserializer, name),
+            response_serializer=handler.response_serializer,
+        )
         if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(_wrap_unary_response(handler.unary_unary, name), **kw)
+            return grpc.unary_unary_rpc_method_handler(
+                _wrap_unary_response(handler.unary_unary, name), **kw
+            )
         if handler.stream_unary:
             return grpc.stream_unary_rpc_method_handler(
-                _wrap_unary_response(handler.stream_unary, name, streamed=True), **kw)
+                _wrap_unary_response(handler.stream_unary, name, streamed=True), **kw
+            )
         if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(_wrap_stream_response(handler.unary_stream, name), **kw)
+            return grpc.unary_stream_rpc_method_handler(
+                _wrap_stream_response(handler.unary_stream, name), **kw
+            )
         return grpc.stream_stream_rpc_method_handler(
-            _wrap_stream_response(handler.stream_stream, name, streamed=True), **kw)
+            _wrap_stream_response(handler.stream_stream, name, streamed=True), **kw
+        )

@@ -16,10 +16,18 @@ DEFAULT_DEADLINE_S = 30.0
 _SERVICE_CONFIG = {
     "methodConfig": [
         {
-            "name": [{"service": f"atgrpo.v1.{s}", "method": m} for s, m in (
-                ("EnvService", "GetInfo"), ("SandboxService", "GetInfo"), ("RolloutService", "GetInfo"),
-                ("RouterService", "GetInfo"), ("TrainerService", "GetInfo"), ("RouterService", "GetRun"),
-            )] + [{"service": "grpc.health.v1.Health"}],
+            "name": [
+                {"service": f"atgrpo.v1.{s}", "method": m}
+                for s, m in (
+                    ("EnvService", "GetInfo"),
+                    ("SandboxService", "GetInfo"),
+                    ("RolloutService", "GetInfo"),
+                    ("RouterService", "GetInfo"),
+                    ("TrainerService", "GetInfo"),
+                    ("RouterService", "GetRun"),
+                )
+            ]
+            + [{"service": "grpc.health.v1.Health"}],
             "retryPolicy": {
                 "maxAttempts": 4,
                 "initialBackoff": "0.1s",

@@ -50,7 +50,9 @@ class Probe:
 async def probe(kind: str, address: str, timeout_s: float = 3.0) -> Probe:
     """Health and GetInfo of one service; failures are recorded in `.error`, never raised."""
     if kind not in STUBS:
-        return Probe(kind, address, error=f"unknown service kind {kind!r}; expected one of {sorted(STUBS)}")
+        return Probe(
+            kind, address, error=f"unknown service kind {kind!r}; expected one of {sorted(STUBS)}"
+        )
     result = Probe(kind, address)
     try:
         channel = open_channel(address, options=channel_options())
@@ -59,9 +61,12 @@ async def probe(kind: str, address: str, timeout_s: float = 3.0) -> Probe:
     async with channel:
         try:
             resp = await health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(), timeout=timeout_s)
+                health_pb2.HealthCheckRequest(), timeout=timeout_s
+            )
             result.health = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
-            info = await STUBS[kind](channel).GetInfo(common_pb2.GetInfoRequest(), timeout=timeout_s)
+            info = await STUBS[kind](channel).GetInfo(
+                common_pb2.GetInfoRequest(), timeout=timeout_s
+            )
         except aio.AioRpcError as err:
             result.health = "DOWN" if result.health == "UNKNOWN" else result.health
             result.error = f"{err.code().name}: {err.details()}"

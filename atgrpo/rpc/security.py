@@ -39,15 +39,17 @@ TOKEN_FILE_ENV = "ATGRPO_AUTH_TOKEN_FILE"
 
 # The RPCs that change weights or runs. Everything else (health, reflection, GetInfo, the env's
 # episodes, sandbox executions, Generate, Collect, WatchRun, GetRun) needs no token.
-PROTECTED_METHODS = frozenset({
-    "/atgrpo.v1.RolloutService/LoadWeights",
-    "/atgrpo.v1.TrainerService/Setup",
-    "/atgrpo.v1.TrainerService/Train",
-    "/atgrpo.v1.TrainerService/SaveCheckpoint",
-    "/atgrpo.v1.TrainerService/DeleteCheckpoint",
-    "/atgrpo.v1.RouterService/StartRun",
-    "/atgrpo.v1.RouterService/StopRun",
-})
+PROTECTED_METHODS = frozenset(
+    {
+        "/atgrpo.v1.RolloutService/LoadWeights",
+        "/atgrpo.v1.TrainerService/Setup",
+        "/atgrpo.v1.TrainerService/Train",
+        "/atgrpo.v1.TrainerService/SaveCheckpoint",
+        "/atgrpo.v1.TrainerService/DeleteCheckpoint",
+        "/atgrpo.v1.RouterService/StartRun",
+        "/atgrpo.v1.RouterService/StopRun",
+    }
+)
 
 
 class SecurityConfigError(OSError):
@@ -58,8 +60,10 @@ def _read(path: str | os.PathLike, what: str) -> bytes:
     try:
         data = Path(path).read_bytes()
     except OSError as err:
-        raise SecurityConfigError(f"{what}={str(path)!r}: cannot read it ({err.strerror or err}); "
-                                  "give the path of a readable PEM file") from None
+        raise SecurityConfigError(
+            f"{what}={str(path)!r}: cannot read it ({err.strerror or err}); "
+            "give the path of a readable PEM file"
+        ) from None
     if not data.strip():
         raise SecurityConfigError(f"{what}={str(path)!r} is empty; give the path of a PEM file")
     return data
@@ -68,15 +72,19 @@ def _read(path: str | os.PathLike, what: str) -> bytes:
 def read_token_file(path: str | os.PathLike, what: str) -> str:
     token = _read(path, what).decode("utf-8", errors="strict").strip()
     if any(c.isspace() for c in token) or not token.isprintable():
-        raise SecurityConfigError(f"{what}={str(path)!r}: the token must be one line of printable "
-                                  "characters without spaces")
+        raise SecurityConfigError(
+            f"{what}={str(path)!r}: the token must be one line of printable "
+            "characters without spaces"
+        )
     return token
 
 
 def _check_token(token: str, what: str) -> str:
     token = token.strip()
     if not token or any(c.isspace() for c in token) or not token.isprintable():
-        raise SecurityConfigError(f"{what}: the token must be non-empty printable text without spaces")
+        raise SecurityConfigError(
+            f"{what}: the token must be non-empty printable text without spaces"
+        )
     return token
 
 
@@ -99,26 +107,37 @@ class ServerSecurity:
 
     cert: bytes | None = field(default=None, repr=False)
     key: bytes | None = field(default=None, repr=False)
-    client_ca: bytes | None = field(default=None, repr=False)   # set: clients must present a cert
+    client_ca: bytes | None = field(default=None, repr=False)  # set: clients must present a cert
     token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if bool(self.cert) != bool(self.key):
-            raise SecurityConfigError("TLS needs both a certificate and its key: give --tls-cert and --tls-key")
+            raise SecurityConfigError(
+                "TLS needs both a certificate and its key: give --tls-cert and --tls-key"
+            )
         if self.client_ca and not self.cert:
-            raise SecurityConfigError("--tls-client-ca (mutual TLS) needs TLS itself: give --tls-cert and "
-                                      "--tls-key too")
+            raise SecurityConfigError(
+                "--tls-client-ca (mutual TLS) needs TLS itself: give --tls-cert and --tls-key too"
+            )
         if self.token is not None:
             object.__setattr__(self, "token", _check_token(self.token, "the server's auth token"))
 
     @classmethod
-    def from_files(cls, cert: str | None = None, key: str | None = None, client_ca: str | None = None,
-                   token_file: str | None = None, token: str | None = None) -> ServerSecurity:
+    def from_files(
+        cls,
+        cert: str | None = None,
+        key: str | None = None,
+        client_ca: str | None = None,
+        token_file: str | None = None,
+        token: str | None = None,
+    ) -> ServerSecurity:
         """From file paths (the flags); `token` is used when no `token_file` is given."""
-        return cls(cert=_read(cert, "--tls-cert") if cert else None,
-                   key=_read(key, "--tls-key") if key else None,
-                   client_ca=_read(client_ca, "--tls-client-ca") if client_ca else None,
-                   token=read_token_file(token_file, "--auth-token-file") if token_file else token)
+        return cls(
+            cert=_read(cert, "--tls-cert") if cert else None,
+            key=_read(key, "--tls-key") if key else None,
+            client_ca=_read(client_ca, "--tls-client-ca") if client_ca else None,
+            token=read_token_file(token_file, "--auth-token-file") if token_file else token,
+        )
 
     @property
     def tls(self) -> bool:
@@ -132,8 +151,10 @@ class ServerSecurity:
         if not self.tls:
             return None
         return grpc.ssl_server_credentials(
-            [(self.key, self.cert)], root_certificates=self.client_ca,
-            require_client_auth=self.mutual_tls)
+            [(self.key, self.cert)],
+            root_certificates=self.client_ca,
+            require_client_auth=self.mutual_tls,
+        )
 
     def interceptors(self) -> list[aio.ServerInterceptor]:
         return [TokenAuthInterceptor(self.token)] if self.token else []
@@ -159,9 +180,11 @@ def bearer_ok(metadata: Sequence[tuple[str, Any]] | None, token: str) -> bool:
 
 
 def _unauthenticated_message(method: str) -> str:
-    return (f"{method} changes state and needs the cluster's auth token: pass it as "
-            f"'{AUTH_METADATA_KEY}: Bearer <token>' metadata (atgrpo clients send it when "
-            f"{TOKEN_ENV} or {TOKEN_FILE_ENV} is set in their environment)")
+    return (
+        f"{method} changes state and needs the cluster's auth token: pass it as "
+        f"'{AUTH_METADATA_KEY}: Bearer <token>' metadata (atgrpo clients send it when "
+        f"{TOKEN_ENV} or {TOKEN_FILE_ENV} is set in their environment)"
+    )
 
 
 def _refuse(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
@@ -176,8 +199,10 @@ def _refuse(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandle
         await abort(_request, context)
         yield  # pragma: no cover - never reached, abort raises
 
-    kw = dict(request_deserializer=handler.request_deserializer,
-              response_serializer=handler.response_serializer)
+    kw = dict(
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
     if handler.unary_unary:
         return grpc.unary_unary_rpc_method_handler(abort, **kw)
     if handler.stream_unary:
@@ -195,7 +220,9 @@ class TokenAuthInterceptor(aio.ServerInterceptor):
         self._token = _check_token(token, "the server's auth token")
         self._protected = protected
 
-    async def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails):
+    async def intercept_service(
+        self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails
+    ):
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
         if handler is None or method not in self._protected:
@@ -220,17 +247,25 @@ class ClientSecurity:
 
     def __post_init__(self) -> None:
         if bool(self.cert) != bool(self.key):
-            raise SecurityConfigError("a client certificate needs its key: set both ATGRPO_TLS_CERT and "
-                                      "ATGRPO_TLS_KEY (or neither)")
+            raise SecurityConfigError(
+                "a client certificate needs its key: set both ATGRPO_TLS_CERT and "
+                "ATGRPO_TLS_KEY (or neither)"
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ClientSecurity:
         env = os.environ if environ is None else environ
-        return cls(ca=_read(env["ATGRPO_TLS_CA"], "ATGRPO_TLS_CA") if env.get("ATGRPO_TLS_CA") else None,
-                   cert=_read(env["ATGRPO_TLS_CERT"], "ATGRPO_TLS_CERT") if env.get("ATGRPO_TLS_CERT") else None,
-                   key=_read(env["ATGRPO_TLS_KEY"], "ATGRPO_TLS_KEY") if env.get("ATGRPO_TLS_KEY") else None,
-                   server_name=env.get("ATGRPO_TLS_SERVER_NAME") or None,
-                   token=token_from_env(env))
+        return cls(
+            ca=_read(env["ATGRPO_TLS_CA"], "ATGRPO_TLS_CA") if env.get("ATGRPO_TLS_CA") else None,
+            cert=_read(env["ATGRPO_TLS_CERT"], "ATGRPO_TLS_CERT")
+            if env.get("ATGRPO_TLS_CERT")
+            else None,
+            key=_read(env["ATGRPO_TLS_KEY"], "ATGRPO_TLS_KEY")
+            if env.get("ATGRPO_TLS_KEY")
+            else None,
+            server_name=env.get("ATGRPO_TLS_SERVER_NAME") or None,
+            token=token_from_env(env),
+        )
 
     @property
     def tls(self) -> bool:
@@ -239,21 +274,30 @@ class ClientSecurity:
     def credentials(self) -> grpc.ChannelCredentials | None:
         if not self.tls:
             return None
-        return grpc.ssl_channel_credentials(root_certificates=self.ca, private_key=self.key,
-                                            certificate_chain=self.cert)
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca, private_key=self.key, certificate_chain=self.cert
+        )
 
     def options(self) -> list[tuple[str, object]]:
-        return [("grpc.ssl_target_name_override", self.server_name)] if self.tls and self.server_name else []
+        return (
+            [("grpc.ssl_target_name_override", self.server_name)]
+            if self.tls and self.server_name
+            else []
+        )
 
     def interceptors(self) -> list[aio.ClientInterceptor]:
         if not self.token:
             return []
         header = (AUTH_METADATA_KEY, f"Bearer {self.token}")
-        return [cls(header) for cls in (_UnaryUnaryToken, _UnaryStreamToken, _StreamUnaryToken, _StreamStreamToken)]
+        return [
+            cls(header)
+            for cls in (_UnaryUnaryToken, _UnaryStreamToken, _StreamUnaryToken, _StreamStreamToken)
+        ]
 
 
-def open_channel(address: str, options: Sequence[tuple[str, object]] = (),
-                 security: ClientSecurity | None = None) -> aio.Channel:
+def open_channel(
+    address: str, options: Sequence[tuple[str, object]] = (), security: ClientSecurity | None = None
+) -> aio.Channel:
     """An asyncio channel to `address`, secured as `security` says (default: the environment)."""
     sec = ClientSecurity.from_env() if security is None else security
     opts = [*options, *sec.options()]

@@ -37,14 +37,14 @@ from atgrpo.rpc.security import ServerSecurity
 
 log = logging.getLogger(__name__)
 
-LIVENESS = "liveness"   # the health service name the liveness probes ask for
+LIVENESS = "liveness"  # the health service name the liveness probes ask for
 
 
 @dataclass(frozen=True)
 class Binding:
     """One gRPC service to host: its full proto name, its servicer, and the generated adder."""
 
-    name: str                                   # e.g. "atgrpo.v1.EnvService"
+    name: str  # e.g. "atgrpo.v1.EnvService"
     servicer: Any
     add_to_server: Callable[[Any, aio.Server], None]
 
@@ -56,7 +56,7 @@ class RunningServer:
     health: health.aio.HealthServicer
     names: list[str] = field(default_factory=list)
     security: ServerSecurity = field(default_factory=ServerSecurity)
-    health_server: aio.Server | None = None     # the plaintext health-only port, when asked for
+    health_server: aio.Server | None = None  # the plaintext health-only port, when asked for
     health_port: int | None = None
     gate: Gate = field(default_factory=Gate)
 
@@ -114,7 +114,9 @@ async def create_server(
     await server.start()
     if health_server is not None:
         await health_server.start()
-    running = RunningServer(server, port, health_servicer, [], security, health_server, health_port, gate)
+    running = RunningServer(
+        server, port, health_servicer, [], security, health_server, health_port, gate
+    )
     if bindings is not None:
         await running.open(bindings)
     return running
@@ -129,7 +131,9 @@ def _bind(server: aio.Server, address: str, credentials) -> int:
     except RuntimeError:  # grpc raises instead of returning 0 when nothing could be bound
         port = 0
     if port == 0:
-        raise OSError(f"could not bind {address}: is the port in use? Pass --port 0 to pick a free one")
+        raise OSError(
+            f"could not bind {address}: is the port in use? Pass --port 0 to pick a free one"
+        )
     return port
 
 

@@ -30,14 +30,17 @@ log = logging.getLogger("atgrpo.tether")
 
 # Services that drive a run: they stop first, and the others stop once these have gone.
 LEADERS = frozenset({"router"})
-HARD_EXIT_MARGIN_S = 30.0   # past the drain and the stop's grace: a process stuck in its stop exits anyway
+HARD_EXIT_MARGIN_S = (
+    30.0  # past the drain and the stop's grace: a process stuck in its stop exits anyway
+)
 
 
 class Tether:
     """The launcher's side: the two pipes, and the flag and descriptors each service gets."""
 
     def __init__(self) -> None:
-        # os.pipe() descriptors are not inheritable: only the children given them (pass_fds) hold them.
+        # os.pipe() descriptors are not inheritable: only the children given them (pass_fds) hold
+        # them.
         self.launcher_r, self.launcher_w = os.pipe()
         self.leaders_r, self.leaders_w = os.pipe()
         self.closed = False
@@ -62,22 +65,24 @@ def pass_fds_of(argv: Sequence[str], tether: Tether | None, kind: str) -> tuple[
     if "--parent-fd" not in argv:
         return ()
     if tether is None or tether.closed:
-        raise RuntimeError(f"{kind}: its argv has --parent-fd but the launcher has no open Tether to pass")
+        raise RuntimeError(
+            f"{kind}: its argv has --parent-fd but the launcher has no open Tether to pass"
+        )
     return tether.for_kind(kind)[1]
 
 
 def _read_to_eof(fd: int) -> None:
     try:
-        while os.read(fd, 4096):   # nothing is ever written; b"" once every write end is closed
+        while os.read(fd, 4096):  # nothing is ever written; b"" once every write end is closed
             pass
-    except OSError as err:         # the descriptor went bad: as good as gone
+    except OSError as err:  # the descriptor went bad: as good as gone
         log.warning("reading the launcher's pipe (fd %d) failed: %s", fd, err)
 
 
 def watch(fd: int, on_gone: Callable[[], Any], *, hard_exit_after_s: float) -> threading.Thread:
     """The service's side: when `fd` reaches end-of-file call `on_gone()` (from this thread); if
     the process still runs `hard_exit_after_s` later, exit it at once."""
-    os.set_inheritable(fd, False)   # the service's own children must not keep it open
+    os.set_inheritable(fd, False)  # the service's own children must not keep it open
 
     def run() -> None:
         _read_to_eof(fd)
@@ -96,8 +101,10 @@ async def drain_then_stop(servicers: Sequence[Any], drain_s: float) -> None:
     """Give servicers with an `async on_launcher_gone()` (the router: end its run after the step in
     flight, with a checkpoint) up to `drain_s`, then SIGTERM this process: its normal stop."""
     hooks = [s.on_launcher_gone() for s in servicers if hasattr(s, "on_launcher_gone")]
-    log.warning("the process that started this service is gone: stopping%s",
-                f" once the work in flight is done (at most {drain_s:.0f} s)" if hooks else "")
+    log.warning(
+        "the process that started this service is gone: stopping%s",
+        f" once the work in flight is done (at most {drain_s:.0f} s)" if hooks else "",
+    )
     if hooks:
         try:
             await asyncio.wait_for(asyncio.gather(*hooks), drain_s)

@@ -1,6 +1,6 @@
 """The environment SDK: write a multi-agent task once, serve it to atgrpo over gRPC.
 
-    from atgrpo.sdk import Environment, EnvSpec, StepResult
+from atgrpo.sdk import Environment, EnvSpec, StepResult
 """
 
 from atgrpo.sdk.env import (
@@ -15,5 +15,14 @@ from atgrpo.sdk.env import (
     turn_order_option,
 )
 
-__all__ = ["EVAL_SEED_OFFSET", "EnvSpec", "Environment", "Message", "Sandbox", "StepResult",
-           "seed_for", "task_rng", "turn_order_option"]
+__all__ = [
+    "EVAL_SEED_OFFSET",
+    "EnvSpec",
+    "Environment",
+    "Message",
+    "Sandbox",
+    "StepResult",
+    "seed_for",
+    "task_rng",
+    "turn_order_option",
+]

@@ -30,10 +30,14 @@ class Sandbox(Protocol):
 
     async def execute(self, code: str, *, stdin: bytes = b"", **kwargs: Any) -> Any: ...
 
-    async def run_tests(self, code: str, cases: list[tuple[bytes, bytes]], **kwargs: Any) -> Any: ...
+    async def run_tests(
+        self, code: str, cases: list[tuple[bytes, bytes]], **kwargs: Any
+    ) -> Any: ...
 
 
-def turn_order_option(options: Mapping[str, Any], agents: tuple[str, ...], env: str) -> tuple[str, ...]:
+def turn_order_option(
+    options: Mapping[str, Any], agents: tuple[str, ...], env: str
+) -> tuple[str, ...]:
     """The agents that act, in order: options["turn_order"] when given, else all of `agents`.
 
     The router always sets this option to the run config's env.turn_order, so an environment
@@ -43,7 +47,9 @@ def turn_order_option(options: Mapping[str, Any], agents: tuple[str, ...], env: 
         return agents
     order = tuple(raw) if isinstance(raw, (list, tuple)) else ()
     if not order or len(set(order)) != len(order) or not set(order) <= set(agents):
-        raise ValueError(f"{env}: turn_order {raw!r} must list some of the agents {list(agents)}, each once")
+        raise ValueError(
+            f"{env}: turn_order {raw!r} must list some of the agents {list(agents)}, each once"
+        )
     return order
 
 

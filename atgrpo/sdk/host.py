@@ -35,8 +35,10 @@ def _json_safe(info: Mapping[str, Any], where: str) -> dict[str, Any]:
     try:
         return json.loads(json.dumps(dict(info), default=str, allow_nan=False))
     except (TypeError, ValueError) as err:
-        raise EnvCodeError(f"{where} returned info that is not JSON ({err}); environments must return "
-                           "plain dicts of str, numbers, bools, lists") from None
+        raise EnvCodeError(
+            f"{where} returned info that is not JSON ({err}); environments must return "
+            "plain dicts of str, numbers, bools, lists"
+        ) from None
 
 
 def _named(name: str, env: Any) -> str:
@@ -56,8 +58,10 @@ def env_code(where: str) -> Iterator[None]:
         raise
     except Exception as err:
         log.exception("%s raised", where)
-        raise EnvCodeError(f"{where} raised {type(err).__name__}: {err}. This is a bug in the environment, "
-                           "not in atgrpo: fix it (the traceback is in the env service's log)") from None
+        raise EnvCodeError(
+            f"{where} raised {type(err).__name__}: {err}. This is a bug in the environment, "
+            "not in atgrpo: fix it (the traceback is in the env service's log)"
+        ) from None
 
 
 def _checked_result(result: Any, where: str) -> StepResult:
@@ -65,31 +69,47 @@ def _checked_result(result: Any, where: str) -> StepResult:
         raise EnvCodeError(f"{where} returned {type(result).__name__}, not a StepResult")
     for name in ("team_reward", "local_reward"):
         value = getattr(result, name)
-        try:   # a numpy or torch scalar is a number too; a bool or a text is a mistake
+        try:  # a numpy or torch scalar is a number too; a bool or a text is a mistake
             number = float(value) if not isinstance(value, (bool, str, bytes)) else math.nan
         except (TypeError, ValueError):
             number = math.nan
         if not math.isfinite(number):
-            raise EnvCodeError(f"{where} returned {name}={value!r}; rewards must be finite numbers "
-                               "(a NaN or inf would make every advantage of its group NaN)")
+            raise EnvCodeError(
+                f"{where} returned {name}={value!r}; rewards must be finite numbers "
+                "(a NaN or inf would make every advantage of its group NaN)"
+            )
         setattr(result, name, number)
     result.info = _json_safe(result.info or {}, where)
     return result
 
 
 def _checked_messages(messages: Any, where: str) -> list[Message]:
-    ok = isinstance(messages, (list, tuple)) and messages and all(
-        isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-        for m in messages)
+    ok = (
+        isinstance(messages, (list, tuple))
+        and messages
+        and all(
+            isinstance(m, Mapping)
+            and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str)
+            for m in messages
+        )
+    )
     if not ok:
-        raise EnvCodeError(f"{where} returned {str(messages)[:200]!r}; observe() must return a non-empty "
-                           'list of {"role": str, "content": str} messages')
+        raise EnvCodeError(
+            f"{where} returned {str(messages)[:200]!r}; observe() must return a non-empty "
+            'list of {"role": str, "content": str} messages'
+        )
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
 class EnvHost:
-    def __init__(self, registry: Registry, *, sandbox: Sandbox | None = None,
-                 store: EpisodeStore | None = None):
+    def __init__(
+        self,
+        registry: Registry,
+        *,
+        sandbox: Sandbox | None = None,
+        store: EpisodeStore | None = None,
+    ):
         self.registry, self.sandbox = registry, sandbox
         self.store = store if store is not None else EpisodeStore()  # an empty store is falsy
 
@@ -98,11 +118,15 @@ class EnvHost:
         with env_code(f"{_named(name, cls)}: {cls.__name__}(options)"):
             try:
                 env = cls(options or {})
-            except (TypeError, ValueError, KeyError) as err:   # what an options check raises
-                raise InvalidArgument(f"env {name!r} could not be built with options {dict(options or {})}: "
-                                      f"{type(err).__name__}: {err}") from None
+            except (TypeError, ValueError, KeyError) as err:  # what an options check raises
+                raise InvalidArgument(
+                    f"env {name!r} could not be built with options {dict(options or {})}: "
+                    f"{type(err).__name__}: {err}"
+                ) from None
         if not isinstance(getattr(env, "spec", None), EnvSpec):
-            raise EnvCodeError(f"{_named(name, cls)}: {cls.__name__}.__init__ must set self.spec = EnvSpec(...)")
+            raise EnvCodeError(
+                f"{_named(name, cls)}: {cls.__name__}.__init__ must set self.spec = EnvSpec(...)"
+            )
         env.sandbox = self.sandbox
         return env
 
@@ -112,11 +136,19 @@ class EnvHost:
     def list_envs(self) -> list[EnvSpec]:
         return [self.describe(n) for n in self.registry.names()]
 
-    def list_tasks(self, name: str, split: str, offset: int = 0, limit: int = 0,
-                   options: Mapping[str, Any] | None = None) -> tuple[list[str], int]:
+    def list_tasks(
+        self,
+        name: str,
+        split: str,
+        offset: int = 0,
+        limit: int = 0,
+        options: Mapping[str, Any] | None = None,
+    ) -> tuple[list[str], int]:
         env = self._make(name, options)
         if split not in env.spec.splits:
-            raise InvalidArgument(f"env {name!r} has no split {split!r}; it has {list(env.spec.splits)}")
+            raise InvalidArgument(
+                f"env {name!r} has no split {split!r}; it has {list(env.spec.splits)}"
+            )
         with env_code(f"{_named(name, env)}: task_ids({split!r})"):
             ids = env.task_ids(split)
         if ids is None:
@@ -124,11 +156,19 @@ class EnvHost:
         end = len(ids) if limit <= 0 else offset + limit
         return list(ids[offset:end]), len(ids)
 
-    async def reset(self, name: str, task_id: str, seed: int, split: str,
-                    options: Mapping[str, Any] | None = None) -> tuple[str, EnvSpec]:
+    async def reset(
+        self,
+        name: str,
+        task_id: str,
+        seed: int,
+        split: str,
+        options: Mapping[str, Any] | None = None,
+    ) -> tuple[str, EnvSpec]:
         env = self._make(name, options)
         if split not in env.spec.splits:
-            raise InvalidArgument(f"env {name!r} has no split {split!r}; it has {list(env.spec.splits)}")
+            raise InvalidArgument(
+                f"env {name!r} has no split {split!r}; it has {list(env.spec.splits)}"
+            )
         with env_code(f"{_named(name, env)}: reset({task_id!r}, {seed}, {split!r})"):
             await _maybe_await(env.reset(task_id, seed, split))
         (episode,) = self.store.add(name, env)
@@ -137,8 +177,10 @@ class EnvHost:
 
     def _agent(self, episode: Episode, agent: str) -> None:
         if agent not in episode.env.spec.agents:
-            raise InvalidArgument(f"env {episode.env_name!r} has no agent {agent!r}; "
-                                  f"its agents are {list(episode.env.spec.agents)}")
+            raise InvalidArgument(
+                f"env {episode.env_name!r} has no agent {agent!r}; "
+                f"its agents are {list(episode.env.spec.agents)}"
+            )
 
     async def observe(self, episode_id: str, agent: str) -> tuple[list[Message], int]:
         episode = self.store.get(episode_id)
@@ -153,8 +195,10 @@ class EnvHost:
         episode = self.store.get(episode_id)
         self._agent(episode, agent)
         if len(action) > MAX_ACTION_CHARS:
-            raise InvalidArgument(f"action is {len(action)} characters, over {MAX_ACTION_CHARS}; "
-                                  "cap the agent's max_tokens")
+            raise InvalidArgument(
+                f"action is {len(action)} characters, over {MAX_ACTION_CHARS}; "
+                "cap the agent's max_tokens"
+            )
         async with episode.lock:
             if episode.done:
                 raise FailedPrecondition(f"episode {episode_id} is done; Reset a new one")
@@ -166,7 +210,9 @@ class EnvHost:
             result.turn = episode.advance(agent)
             # Past its spec's max_turns an episode is over even if the env did not say so; the
             # caller learns it here, not from a refused next step.
-            episode.done = result.done = bool(result.done) or episode.turn >= episode.env.spec.max_turns
+            episode.done = result.done = (
+                bool(result.done) or episode.turn >= episode.env.spec.max_turns
+            )
         return result
 
     async def step_many(self, steps: Sequence[tuple[str, str, str]]) -> list[StepResult]:
@@ -180,9 +226,14 @@ class EnvHost:
             raise InvalidArgument(f"fork count {n} must be between 1 and {MAX_FORK}")
         episode = self.store.get(episode_id)
         async with episode.lock:
-            with metrics.FORK_SECONDS.labels(episode.env_name).time(), env_code(f"{_named(episode.env_name, episode.env)}: fork()"):
+            with (
+                metrics.FORK_SECONDS.labels(episode.env_name).time(),
+                env_code(f"{_named(episode.env_name, episode.env)}: fork()"),
+            ):
                 copy = await _maybe_await(episode.env.fork())
-                forks = self.store.add(episode.env_name, copy, turn=episode.turn, acted=episode.acted, count=n)
+                forks = self.store.add(
+                    episode.env_name, copy, turn=episode.turn, acted=episode.acted, count=n
+                )
         for f in forks:
             f.done = episode.done
         return [f.id for f in forks]

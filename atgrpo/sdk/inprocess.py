@@ -17,8 +17,14 @@ class LocalEnvs:
     def __init__(self, host: EnvHost):
         self.host = host
 
-    async def reset(self, env: str, task_id: str, seed: int, split: str = "train",
-                    options: Mapping[str, Any] | None = None) -> tuple[str, EnvSpec]:
+    async def reset(
+        self,
+        env: str,
+        task_id: str,
+        seed: int,
+        split: str = "train",
+        options: Mapping[str, Any] | None = None,
+    ) -> tuple[str, EnvSpec]:
         return await self.host.reset(env, task_id, seed, split, options)
 
     async def observe(self, episode_id: str, agent: str) -> tuple[list[Message], int]:

@@ -16,10 +16,10 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-MAX_LITERAL_CHARS = 1 << 16       # one answer's data literal (a move list, a test's arguments)
-MAX_DEPTH = 32                    # brackets inside brackets: real answers nest a few levels
-MAX_ITEMS = 1 << 14               # elements in all containers of one literal together
-MAX_INT_DIGITS = 4300             # CPython's own int<->str limit
+MAX_LITERAL_CHARS = 1 << 16  # one answer's data literal (a move list, a test's arguments)
+MAX_DEPTH = 32  # brackets inside brackets: real answers nest a few levels
+MAX_ITEMS = 1 << 14  # elements in all containers of one literal together
+MAX_INT_DIGITS = 4300  # CPython's own int<->str limit
 
 _REASON_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
@@ -74,12 +74,18 @@ def nesting_depth(text: str, limit: int = MAX_DEPTH) -> int:
     return deepest
 
 
-def check_bounds(text: str, what: str, max_chars: int = MAX_LITERAL_CHARS, max_depth: int = MAX_DEPTH) -> None:
+def check_bounds(
+    text: str, what: str, max_chars: int = MAX_LITERAL_CHARS, max_depth: int = MAX_DEPTH
+) -> None:
     """Raise JudgeError when `text` is longer than max_chars or nests deeper than max_depth."""
     if len(text) > max_chars:
-        raise JudgeError("too_large", f"{what} is {len(text)} characters, over {max_chars}; answer with less")
+        raise JudgeError(
+            "too_large", f"{what} is {len(text)} characters, over {max_chars}; answer with less"
+        )
     if nesting_depth(text, max_depth) > max_depth:
-        raise JudgeError("too_deep", f"{what} nests brackets more than {max_depth} deep; answer with plain data")
+        raise JudgeError(
+            "too_deep", f"{what} nests brackets more than {max_depth} deep; answer with plain data"
+        )
 
 
 def _count_items(value: Any, budget: int) -> int:
@@ -94,15 +100,25 @@ def _count_items(value: Any, budget: int) -> int:
             budget -= len(v)
             stack.extend(v.keys())
             stack.extend(v.values())
-        elif isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > MAX_INT_DIGITS * 3.33:
+        elif (
+            isinstance(v, int)
+            and not isinstance(v, bool)
+            and v.bit_length() > MAX_INT_DIGITS * 3.33
+        ):
             return -1
         if budget < 0:
             return budget
     return budget
 
 
-def literal(text: str, what: str = "the answer", *, max_chars: int = MAX_LITERAL_CHARS,
-            max_depth: int = MAX_DEPTH, python: bool = True) -> Any:
+def literal(
+    text: str,
+    what: str = "the answer",
+    *,
+    max_chars: int = MAX_LITERAL_CHARS,
+    max_depth: int = MAX_DEPTH,
+    python: bool = True,
+) -> Any:
     """One data value from `text`: JSON, or (python=True) a Python literal such as ('a', 1) or
     {1, 2}. Never evaluated code; bounded in size, nesting and element count. JudgeError otherwise."""
     text = text.strip()
@@ -115,9 +131,13 @@ def literal(text: str, what: str = "the answer", *, max_chars: int = MAX_LITERAL
         try:
             value = ast.literal_eval(text)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            raise JudgeError("not_data", f"{what} is not a JSON value or Python literal: {_clip(text)}") from None
+            raise JudgeError(
+                "not_data", f"{what} is not a JSON value or Python literal: {_clip(text)}"
+            ) from None
     if _count_items(value, MAX_ITEMS) < 0:
-        raise JudgeError("too_large", f"{what} holds more than {MAX_ITEMS} elements or too large a number")
+        raise JudgeError(
+            "too_large", f"{what} holds more than {MAX_ITEMS} elements or too large a number"
+        )
     return value
 
 

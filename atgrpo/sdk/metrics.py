@@ -18,18 +18,29 @@ if TYPE_CHECKING:
 
 _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
-STEP_SECONDS = Histogram("atgrpo_env_step_seconds", "Time of one Step (the environment's step, "
-                         "sandbox runs included), by environment.", ["env"], buckets=_LATENCY)
-FORK_SECONDS = Histogram("atgrpo_env_fork_seconds", "Time of one Fork (all its copies), by environment.",
-                         ["env"], buckets=_LATENCY)
+STEP_SECONDS = Histogram(
+    "atgrpo_env_step_seconds",
+    "Time of one Step (the environment's step, sandbox runs included), by environment.",
+    ["env"],
+    buckets=_LATENCY,
+)
+FORK_SECONDS = Histogram(
+    "atgrpo_env_fork_seconds",
+    "Time of one Fork (all its copies), by environment.",
+    ["env"],
+    buckets=_LATENCY,
+)
 RESETS = Counter("atgrpo_env_resets_total", "Episodes started (Reset), by environment.", ["env"])
-JUDGE_ERRORS = Counter("atgrpo_env_judge_errors_total", "Answers a judge refused to judge (a format "
-                       "failure: too large, too deep, not data, a scorer that failed), by environment "
-                       "and reason; a policy drifting into malformed or hostile answers shows here.",
-                       ["env", "reason"])
+JUDGE_ERRORS = Counter(
+    "atgrpo_env_judge_errors_total",
+    "Answers a judge refused to judge (a format "
+    "failure: too large, too deep, not data, a scorer that failed), by environment "
+    "and reason; a policy drifting into malformed or hostile answers shows here.",
+    ["env", "reason"],
+)
 
 _stores: weakref.WeakSet[EpisodeStore] = weakref.WeakSet()
-_started: set[str] = set()     # envs that have had an episode in this process
+_started: set[str] = set()  # envs that have had an episode in this process
 
 
 class _LiveEpisodes:
@@ -37,13 +48,16 @@ class _LiveEpisodes:
     drift from what the store holds (episodes also leave by expiry, not only by Close)."""
 
     def collect(self):
-        g = GaugeMetricFamily("atgrpo_env_live_episodes", "Episodes held in memory now, by environment.",
-                              labels=["env"])
+        g = GaugeMetricFamily(
+            "atgrpo_env_live_episodes",
+            "Episodes held in memory now, by environment.",
+            labels=["env"],
+        )
         tally: Tally[str] = Tally()
         for store in list(_stores):
             # A copy first: the scrape runs in the metrics thread while the event loop mutates.
             tally.update(e.env_name for e in list(store._episodes.values()))
-        for env in sorted(_started | set(tally)):   # an env whose episodes all closed reads 0
+        for env in sorted(_started | set(tally)):  # an env whose episodes all closed reads 0
             g.add_metric([env], tally[env])
         yield g
 

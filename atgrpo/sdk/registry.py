@@ -18,12 +18,16 @@ def load_class(path: str) -> type[Environment]:
     """Import "package.module:Class" and check that it is an Environment."""
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
-        raise InvalidArgument(f"{path!r} is not an environment path; write it as 'package.module:ClassName'")
+        raise InvalidArgument(
+            f"{path!r} is not an environment path; write it as 'package.module:ClassName'"
+        )
     try:
         obj = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as err:
-        raise NotFound(f"cannot load environment {path!r}: {err}; is the package installed and the "
-                       "class name spelled right?") from None
+        raise NotFound(
+            f"cannot load environment {path!r}: {err}; is the package installed and the "
+            "class name spelled right?"
+        ) from None
     if not (isinstance(obj, type) and issubclass(obj, Environment)):
         raise InvalidArgument(f"{path!r} is not a subclass of atgrpo.sdk.Environment")
     return obj
@@ -42,7 +46,9 @@ class Registry:
     def register(self, cls: type[Environment], name: str | None = None) -> type[Environment]:
         name = name or cls.name
         if not name:
-            raise InvalidArgument(f"{cls.__name__} has no `name`; set the class attribute or pass name=")
+            raise InvalidArgument(
+                f"{cls.__name__} has no `name`; set the class attribute or pass name="
+            )
         self._classes[name] = cls
         return cls
 
@@ -52,6 +58,8 @@ class Registry:
     def get(self, name: str) -> type[Environment]:
         if name not in self._classes:
             if name not in self._paths:
-                raise NotFound(f"no environment named {name!r}; available: {', '.join(self.names()) or 'none'}")
+                raise NotFound(
+                    f"no environment named {name!r}; available: {', '.join(self.names()) or 'none'}"
+                )
             self._classes[name] = load_class(self._paths[name])
         return self._classes[name]

@@ -26,16 +26,22 @@ from atgrpo.sdk.store import EpisodeStore
 class HostSettings:
     """How an EnvService hosts episodes: where code runs, how many live episodes, for how long."""
 
-    sandbox: str = ""                 # sandbox_svc address for environments that run code; "" = none
+    sandbox: str = ""  # sandbox_svc address for environments that run code; "" = none
     max_episodes: int = 10_000
-    ttl_s: float = 900.0              # episodes unused this long are dropped
+    ttl_s: float = 900.0  # episodes unused this long are dropped
 
     @staticmethod
     def add_flags(ap: argparse.ArgumentParser) -> None:
-        ap.add_argument("--sandbox", default="", metavar="HOST:PORT",
-                        help="sandbox_svc address for environments that run code (none by default)")
+        ap.add_argument(
+            "--sandbox",
+            default="",
+            metavar="HOST:PORT",
+            help="sandbox_svc address for environments that run code (none by default)",
+        )
         ap.add_argument("--max-episodes", type=int, default=10_000, help="cap on live episodes")
-        ap.add_argument("--ttl-s", type=float, default=900.0, help="episodes unused this long are dropped")
+        ap.add_argument(
+            "--ttl-s", type=float, default=900.0, help="episodes unused this long are dropped"
+        )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> HostSettings:
@@ -44,9 +50,13 @@ class HostSettings:
     @staticmethod
     def checked(args: argparse.Namespace) -> dict:
         if args.max_episodes < 1:
-            raise SettingsError(f"--max-episodes {args.max_episodes}: give how many episodes may be live at once")
+            raise SettingsError(
+                f"--max-episodes {args.max_episodes}: give how many episodes may be live at once"
+            )
         if not args.ttl_s > 0:
-            raise SettingsError(f"--ttl-s {args.ttl_s}: give the seconds an unused episode is kept (> 0)")
+            raise SettingsError(
+                f"--ttl-s {args.ttl_s}: give the seconds an unused episode is kept (> 0)"
+            )
         return {"sandbox": args.sandbox, "max_episodes": args.max_episodes, "ttl_s": args.ttl_s}
 
 
@@ -56,20 +66,25 @@ def build_host(settings: HostSettings, registry: Registry) -> EnvHost:
     if settings.sandbox:
         # The sandbox's own typed client, imported only when a sandbox is configured.
         from sandbox_svc.client import SandboxClient
+
         sandbox = SandboxClient(settings.sandbox)
-    host = EnvHost(registry, sandbox=sandbox, store=EpisodeStore(settings.max_episodes, settings.ttl_s))
+    host = EnvHost(
+        registry, sandbox=sandbox, store=EpisodeStore(settings.max_episodes, settings.ttl_s)
+    )
     asyncio.get_running_loop().create_task(host.expire_forever())
     return host
 
 
 @dataclass(frozen=True)
 class ServeEnvSettings(HostSettings):
-    env_class: str = ""               # package.module:Class
+    env_class: str = ""  # package.module:Class
 
     @staticmethod
     def add_flags(ap: argparse.ArgumentParser) -> None:
         HostSettings.add_flags(ap)
-        ap.add_argument("env_class", metavar="package.module:Class", help="the Environment subclass to serve")
+        ap.add_argument(
+            "env_class", metavar="package.module:Class", help="the Environment subclass to serve"
+        )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeEnvSettings:
@@ -78,7 +93,8 @@ class ServeEnvSettings(HostSettings):
 
 def _bindings(settings: ServeEnvSettings) -> list[Binding]:
     # The module may sit in the folder this is run from, as `atgrpo train` finds an env.path there
-    # (its env service runs as `python -m`, which puts that folder first); a console script does not.
+    # (its env service runs as `python -m`, which puts that folder first); a console script does
+    # not.
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:

@@ -23,8 +23,8 @@ class Episode:
     id: str
     env_name: str
     env: Environment
-    turn: int = 0                    # completed rounds of the turn order
-    acted: set[str] = field(default_factory=set)   # agents that acted in the current turn
+    turn: int = 0  # completed rounds of the turn order
+    acted: set[str] = field(default_factory=set)  # agents that acted in the current turn
     done: bool = False
     last_used: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -52,22 +52,40 @@ class EpisodeStore:
 
     def expire(self, now: float | None = None) -> int:
         now = time.monotonic() if now is None else now
-        stale = [k for k, e in self._episodes.items() if now - e.last_used > self.ttl_s and not e.lock.locked()]
+        stale = [
+            k
+            for k, e in self._episodes.items()
+            if now - e.last_used > self.ttl_s and not e.lock.locked()
+        ]
         for k in stale:
             del self._episodes[k]
         return len(stale)
 
-    def add(self, env_name: str, env: Environment, *, turn: int = 0, acted: set[str] | None = None,
-            count: int = 1) -> list[Episode]:
+    def add(
+        self,
+        env_name: str,
+        env: Environment,
+        *,
+        turn: int = 0,
+        acted: set[str] | None = None,
+        count: int = 1,
+    ) -> list[Episode]:
         """Store `count` episodes (a reset, or the copies of a fork) or none at all."""
         if len(self._episodes) + count > self.max_episodes:
             self.expire()
             if len(self._episodes) + count > self.max_episodes:
                 raise ResourceExhausted(
-                    f"{len(self._episodes)} live episodes, the cap is {self.max_episodes}; close finished "
-                    "episodes (Close) or retry later when abandoned ones expire", retry_after_ms=1000)
-        new = [Episode(next(self._ids), env_name, env if i == 0 else env.fork(), turn, set(acted or ()))
-               for i in range(count)]
+                    f"{len(self._episodes)} live episodes, the cap is {self.max_episodes}; close "
+                    f"finished "
+                    "episodes (Close) or retry later when abandoned ones expire",
+                    retry_after_ms=1000,
+                )
+        new = [
+            Episode(
+                next(self._ids), env_name, env if i == 0 else env.fork(), turn, set(acted or ())
+            )
+            for i in range(count)
+        ]
         for e in new:
             self._episodes[e.id] = e
         return new
@@ -75,8 +93,10 @@ class EpisodeStore:
     def get(self, episode_id: str) -> Episode:
         episode = self._episodes.get(episode_id)
         if episode is None:
-            raise NotFound(f"no live episode {episode_id!r}: it was closed, expired after "
-                           f"{self.ttl_s:.0f} s unused, or never existed; Reset a new one")
+            raise NotFound(
+                f"no live episode {episode_id!r}: it was closed, expired after "
+                f"{self.ttl_s:.0f} s unused, or never existed; Reset a new one"
+            )
         episode.last_used = time.monotonic()
         return episode
 

@@ -8,4 +8,8 @@ from importlib.metadata import entry_points
 
 # pyproject.toml's "atgrpo.envs" entry points that are this package's: one table for the service
 # and the library.
-BUILTIN = {ep.name: ep.value for ep in entry_points(group="atgrpo.envs") if ep.value.startswith("env_svc.envs.")}
+BUILTIN = {
+    ep.name: ep.value
+    for ep in entry_points(group="atgrpo.envs")
+    if ep.value.startswith("env_svc.envs.")
+}

@@ -33,10 +33,15 @@ def program_lines(out: dict[str, Any], stdout_label: str, stderr_label: str) -> 
 def run_failure(result: Any, stderr: str) -> str | None:
     """What went wrong with a sandbox run of the tool agent's program, for its report; None when
     its verdict is ok."""
-    verdict = getattr(getattr(result, "verdict", None), "value", str(getattr(result, "verdict", "")))
+    verdict = getattr(
+        getattr(result, "verdict", None), "value", str(getattr(result, "verdict", ""))
+    )
     if verdict == "ok":
         return None
     tail = clip(stderr.strip().splitlines()[-1], 200) if stderr.strip() else "no stderr"
-    what = {"timeout": "ran past its time limit", "memory_limit": "ran out of memory",
-            "output_limit": "printed too much"}.get(verdict, f"failed (exit code {getattr(result, 'exit_code', '?')})")
+    what = {
+        "timeout": "ran past its time limit",
+        "memory_limit": "ran out of memory",
+        "output_limit": "printed too much",
+    }.get(verdict, f"failed (exit code {getattr(result, 'exit_code', '?')})")
     return f"the program {what}: {tail}"

@@ -69,15 +69,32 @@ class _Context:
     def __init__(self, prec: int):
         import mpmath
         import sympy as sp
+
         c = self.ctx = mpmath.MPContext()
         c.prec = prec
         self.consts = {sp.pi: c.pi, sp.E: c.e, sp.I: c.mpc(0, 1), sp.oo: c.inf, -sp.oo: -c.inf}
-        self.unary = {sp.exp: self._hyper(c.exp), sp.log: self._log, sp.sin: self._trig(c.sin),
-                      sp.cos: self._trig(c.cos), sp.tan: self._trig(c.tan), sp.cot: self._trig(c.cot),
-                      sp.sec: self._trig(c.sec), sp.csc: self._trig(c.csc), sp.asin: c.asin, sp.acos: c.acos,
-                      sp.atan: c.atan, sp.sinh: self._hyper(c.sinh), sp.cosh: self._hyper(c.cosh),
-                      sp.tanh: self._hyper(c.tanh), sp.Abs: abs, sp.floor: self._rounding(c.floor),
-                      sp.ceiling: self._rounding(c.ceil), sp.factorial: self._factorial, sp.re: c.re, sp.im: c.im}
+        self.unary = {
+            sp.exp: self._hyper(c.exp),
+            sp.log: self._log,
+            sp.sin: self._trig(c.sin),
+            sp.cos: self._trig(c.cos),
+            sp.tan: self._trig(c.tan),
+            sp.cot: self._trig(c.cot),
+            sp.sec: self._trig(c.sec),
+            sp.csc: self._trig(c.csc),
+            sp.asin: c.asin,
+            sp.acos: c.acos,
+            sp.atan: c.atan,
+            sp.sinh: self._hyper(c.sinh),
+            sp.cosh: self._hyper(c.cosh),
+            sp.tanh: self._hyper(c.tanh),
+            sp.Abs: abs,
+            sp.floor: self._rounding(c.floor),
+            sp.ceiling: self._rounding(c.ceil),
+            sp.factorial: self._factorial,
+            sp.re: c.re,
+            sp.im: c.im,
+        }
 
     def _trig(self, fn: Any) -> Any:
         """sin(a + bi) grows like e^|b|, and reducing a costs log2|a| bits of precision."""
@@ -87,6 +104,7 @@ class _Context:
             if abs(c.re(z)) > MAX_TRIG_ARG or abs(c.im(z)) > _LN_LIMIT:
                 raise Unbounded("too_large", "a trigonometric argument")
             return fn(z)
+
         return f
 
     def _hyper(self, fn: Any) -> Any:
@@ -97,6 +115,7 @@ class _Context:
             if abs(c.re(z)) > _LN_LIMIT or abs(c.im(z)) > MAX_TRIG_ARG:
                 raise Unbounded("too_large", "an exponential")
             return fn(z)
+
         return f
 
     def _log(self, z: Any) -> Any:
@@ -114,7 +133,7 @@ class _Context:
         return self.ctx.factorial(z)
 
 
-_LN_LIMIT = MAX_MAG_BITS * _LN2          # the bound on |ln value|
+_LN_LIMIT = MAX_MAG_BITS * _LN2  # the bound on |ln value|
 _contexts = threading.local()
 
 
@@ -137,6 +156,7 @@ class Evaluator:
 
     def __init__(self, prec: int, point: dict[str, Any] | None = None):
         import sympy as sp
+
         self.sp, self.context, self.opaque = sp, _context(prec), opaque_type()
         self.ctx = self.context.ctx
         self.point = {name: self.ctx.mpf(v) for name, v in (point or {}).items()}
@@ -153,7 +173,7 @@ class Evaluator:
                 got = self._bounded(self._eval(node))
             except Unbounded as e:
                 got = e
-            except Exception as e:        # mpmath's own refusals (NoConvergence, ZeroDivisionError ...)
+            except Exception as e:  # mpmath's own refusals (NoConvergence, ZeroDivisionError ...)
                 got = Unbounded("undefined", f"{type(e).__name__}: {str(e)[:80]}")
             self.memo[node] = got
         if isinstance(got, Unbounded):
@@ -165,7 +185,7 @@ class Evaluator:
         if c.isnan(v):
             raise Unbounded("undefined", "not a number")
         if c.isinf(v):
-            return v                                  # oo itself: sympy and the comparison handle it
+            return v  # oo itself: sympy and the comparison handle it
         if v and abs(c.mag(v)) > MAX_MAG_BITS:
             raise Unbounded("too_large", f"a value past 2^{MAX_MAG_BITS}")
         return v

@@ -41,25 +41,69 @@ from env_svc.envs.answer_limits import (
 
 def _funcs() -> dict[str, tuple[Any, tuple[int, ...]]]:
     import sympy as sp
+
     return {
-        "sqrt": (sp.sqrt, (1,)), "cbrt": (sp.cbrt, (1,)), "exp": (sp.exp, (1,)), "ln": (sp.log, (1,)),
-        "log": (sp.log, (1, 2)), "sin": (sp.sin, (1,)), "cos": (sp.cos, (1,)), "tan": (sp.tan, (1,)),
-        "cot": (sp.cot, (1,)), "sec": (sp.sec, (1,)), "csc": (sp.csc, (1,)), "asin": (sp.asin, (1,)),
-        "acos": (sp.acos, (1,)), "atan": (sp.atan, (1,)), "arcsin": (sp.asin, (1,)),
-        "arccos": (sp.acos, (1,)), "arctan": (sp.atan, (1,)), "sinh": (sp.sinh, (1,)),
-        "cosh": (sp.cosh, (1,)), "tanh": (sp.tanh, (1,)), "abs": (sp.Abs, (1,)),
-        "floor": (sp.floor, (1,)), "ceil": (sp.ceiling, (1,)), "binomial": (None, (2,)),
+        "sqrt": (sp.sqrt, (1,)),
+        "cbrt": (sp.cbrt, (1,)),
+        "exp": (sp.exp, (1,)),
+        "ln": (sp.log, (1,)),
+        "log": (sp.log, (1, 2)),
+        "sin": (sp.sin, (1,)),
+        "cos": (sp.cos, (1,)),
+        "tan": (sp.tan, (1,)),
+        "cot": (sp.cot, (1,)),
+        "sec": (sp.sec, (1,)),
+        "csc": (sp.csc, (1,)),
+        "asin": (sp.asin, (1,)),
+        "acos": (sp.acos, (1,)),
+        "atan": (sp.atan, (1,)),
+        "arcsin": (sp.asin, (1,)),
+        "arccos": (sp.acos, (1,)),
+        "arctan": (sp.atan, (1,)),
+        "sinh": (sp.sinh, (1,)),
+        "cosh": (sp.cosh, (1,)),
+        "tanh": (sp.tanh, (1,)),
+        "abs": (sp.Abs, (1,)),
+        "floor": (sp.floor, (1,)),
+        "ceil": (sp.ceiling, (1,)),
+        "binomial": (None, (2,)),
     }
 
 
-_FUNCS = {"sqrt", "cbrt", "exp", "ln", "log", "sin", "cos", "tan", "cot", "sec", "csc", "asin", "acos", "atan",
-          "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh", "abs", "floor", "ceil", "binomial"}
+_FUNCS = {
+    "sqrt",
+    "cbrt",
+    "exp",
+    "ln",
+    "log",
+    "sin",
+    "cos",
+    "tan",
+    "cot",
+    "sec",
+    "csc",
+    "asin",
+    "acos",
+    "atan",
+    "arcsin",
+    "arccos",
+    "arctan",
+    "sinh",
+    "cosh",
+    "tanh",
+    "abs",
+    "floor",
+    "ceil",
+    "binomial",
+}
 _CONSTS = {"pi", "e", "i", "oo", "inf", "infty", "infinity", "nan"}
 _INFINITIES = {"oo", "inf", "infty", "infinity"}
 # names found inside a run of letters (xsin = x sin); an infinity or nan only as a whole word, so
 # that "book" or "banana" stay text, not an infinity or an undefined value
 _NAMES = sorted((n for n in _FUNCS | {"pi"} if len(n) > 1), key=len, reverse=True)
-_TOKEN_RE = re.compile(r"\s*+(?:((?:\d++(?:\.\d*+)?|\.\d++)(?:[eE][+-]?\d++(?![A-Za-z]))?)|([A-Za-z]++)|(\*\*|[-+*/^(),!]))")
+_TOKEN_RE = re.compile(
+    r"\s*+(?:((?:\d++(?:\.\d*+)?|\.\d++)(?:[eE][+-]?\d++(?![A-Za-z]))?)|([A-Za-z]++)|(\*\*|[-+*/^(),!]))"
+)
 
 
 def tokenize(text: str) -> list[tuple[str, str]]:
@@ -117,6 +161,7 @@ def _split_word(word: str) -> list[tuple[str, str]]:
 
 # ---- the parser --------------------------------------------------------------------------------
 
+
 class _Parser:
     """expr := term (('+'|'-') term)* ; term := unary (('*'|'/') unary | implicit power)* ;
     unary := ('-'|'+') unary | power ; power := postfix ('^' unary)? ; postfix := atom '!'* ;
@@ -128,11 +173,12 @@ class _Parser:
 
     def __init__(self, tokens: list[tuple[str, str]]):
         import sympy as sp
+
         self.sp, self.t, self.i, self.depth = sp, tokens, 0, 0
         self.funcs = _funcs()
         self.approx = Evaluator(64)
         self.bits_memo: dict[Any, int] = {}
-        self.infinite = False               # an infinity was written somewhere
+        self.infinite = False  # an infinity was written somewhere
 
     def peek(self) -> tuple[str | None, str | None]:
         return self.t[self.i] if self.i < len(self.t) else (None, None)
@@ -152,7 +198,7 @@ class _Parser:
         if node.has(sp.nan, sp.zoo):
             raise undefined("not a number, or a division by zero")
         if self.infinite and node not in (sp.oo, -sp.oo):
-            raise undefined("infinity inside arithmetic")     # 1/oo = 0, e^-oo = 0: no limits here
+            raise undefined("infinity inside arithmetic")  # 1/oo = 0, e^-oo = 0: no limits here
         return node
 
     def _enter(self) -> None:
@@ -184,14 +230,14 @@ class _Parser:
                     raise undefined("division by zero")
                 node = self._mul(node, self._pow(d, self.sp.Integer(-1)))
             elif kind in ("num", "id") or (kind, val) == ("op", "("):
-                node = self._mul(node, self.power())        # implicit multiplication: 2x, (x-1)(x+1)
+                node = self._mul(node, self.power())  # implicit multiplication: 2x, (x-1)(x+1)
             else:
                 return node
 
     def unary(self) -> Any:
         if self.peek() in (("op", "-"), ("op", "+")):
             sign = self.take()[1]
-            self._enter()                        # "- - - ... 1" recurses too
+            self._enter()  # "- - - ... 1" recurses too
             node = self.unary()
             self.depth -= 1
             return self._checked(-node) if sign == "-" else node
@@ -235,7 +281,9 @@ class _Parser:
         kind, val = self.take()
         if kind == "num":
             assert val is not None
-            return self._checked(sp.Rational(val) if any(ch in val for ch in ".eE") else sp.Integer(val))
+            return self._checked(
+                sp.Rational(val) if any(ch in val for ch in ".eE") else sp.Integer(val)
+            )
         if kind == "id":
             assert val is not None
             if val in _FUNCS:
@@ -265,8 +313,8 @@ class _Parser:
             if self.take() != ("op", ")"):
                 raise AnswerError(f"missing ')' after {name}(")
         else:
-            self._enter()                            # sin sin sin ... x recurses too
-            args = [self.power()]                    # sqrt2, sin x
+            self._enter()  # sin sin sin ... x recurses too
+            args = [self.power()]  # sqrt2, sin x
             self.depth -= 1
         if len(args) not in arities:
             raise AnswerError(f"{name} takes {' or '.join(map(str, arities))} arguments")
@@ -274,8 +322,10 @@ class _Parser:
             return self._combinatorial(self.sp.binomial, *args)
         if name in ("sqrt", "cbrt"):
             return self._pow(args[0], self.sp.Rational(1, 2 if name == "sqrt" else 3))
-        if name == "log" and len(args) == 2:                 # log(x, b) = log x / log b
-            return self._mul(self._apply(fn, args[0]), self._pow(self._apply(fn, args[1]), self.sp.Integer(-1)))
+        if name == "log" and len(args) == 2:  # log(x, b) = log x / log b
+            return self._mul(
+                self._apply(fn, args[0]), self._pow(self._apply(fn, args[1]), self.sp.Integer(-1))
+            )
         return self._apply(fn, args[0])
 
     # ---- the checks ---------------------------------------------------------------------------
@@ -306,7 +356,7 @@ class _Parser:
         if numeric_exp and not variables(base):
             self._bound(lambda: self.approx.power(self._approx(base), self._approx(exp)), "power")
         elif numeric_exp and not exp.is_Rational and abs(self._approx(exp)) > MAX_POW_BITS:
-            raise too_large("power")                  # x^(pi * 10^9)
+            raise too_large("power")  # x^(pi * 10^9)
         return self._checked(sp.Pow(base, exp))
 
     def _checked(self, node: Any) -> Any:

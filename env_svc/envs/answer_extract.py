@@ -12,7 +12,9 @@ from __future__ import annotations
 import re
 
 # `[ \t]*+`: possessive, or "```" + a million spaces backtracks quadratically
-_CODE_RE = re.compile(r"```[ \t]*+(python3?|py)?[ \t]*+\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
+_CODE_RE = re.compile(
+    r"```[ \t]*+(python3?|py)?[ \t]*+\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE
+)
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*+\{")
 BRACED_CHARS = 20_000
 MAX_BOXES = 20
@@ -43,13 +45,13 @@ def _braced(text: str, start: int) -> tuple[str, int] | None:
         elif text[i] == "}" and (i == 0 or text[i - 1] != "\\"):
             depth -= 1
             if depth == 0:
-                return text[start + 1:i], i + 1
+                return text[start + 1 : i], i + 1
     return None
 
 
 def extract_boxed(text: str) -> str | None:
     """The content of the last \\boxed{...} (or \\fbox{...}) in `text`, or None."""
-    for m in reversed(list(_BOX_RE.finditer(text))[-MAX_BOXES:]):   # the last few only: bounded work
+    for m in reversed(list(_BOX_RE.finditer(text))[-MAX_BOXES:]):  # the last few only: bounded work
         got = _braced(text, m.end() - 1)
         if got is not None and got[0].strip():
             return got[0].strip()

@@ -13,16 +13,87 @@ from env_svc.envs.answer_expr import _FUNCS
 from env_svc.envs.answer_extract import _braced
 from env_svc.envs.answer_limits import MAX_DEPTH, AnswerError, too_deep
 
-_DROP_CMDS = {"left", "right", "big", "Big", "bigg", "Bigg", "bigl", "bigr", "Bigl", "Bigr", "displaystyle",
-              "textstyle", ",", ";", ":", "!", " ", "quad", "qquad", "limits", "nolimits", "$", "%"}
-_SYMBOL_CMDS = {"cdot": "*", "times": "*", "ast": "*", "div": "/", "pi": "pi", "infty": "oo", "infinity": "oo",
-                "cup": "∪", "{": "⦃", "}": "⦄", "lbrace": "⦃", "rbrace": "⦄", "lvert": "|", "rvert": "|",
-                "mid": "|", "vert": "|", "circ": "", "degree": "", "prime": "'", "e": "e", "i": "i",
-                "lt": "<", "gt": ">", "le": "≤", "leq": "≤", "ge": "≥", "geq": "≥", "ne": "≠", "neq": "≠",
-                "pm": "±", "emptyset": "∅", "varnothing": "∅", "langle": "(", "rangle": ")", "dots": "…",
-                "ldots": "…", "cdots": "…"}
-_TEXT_CMDS = {"text", "textbf", "textit", "textrm", "mathrm", "mathbf", "mathit", "operatorname", "mbox", "rm",
-              "mathsf", "textsf", "boldsymbol", "bf", "it"}
+_DROP_CMDS = {
+    "left",
+    "right",
+    "big",
+    "Big",
+    "bigg",
+    "Bigg",
+    "bigl",
+    "bigr",
+    "Bigl",
+    "Bigr",
+    "displaystyle",
+    "textstyle",
+    ",",
+    ";",
+    ":",
+    "!",
+    " ",
+    "quad",
+    "qquad",
+    "limits",
+    "nolimits",
+    "$",
+    "%",
+}
+_SYMBOL_CMDS = {
+    "cdot": "*",
+    "times": "*",
+    "ast": "*",
+    "div": "/",
+    "pi": "pi",
+    "infty": "oo",
+    "infinity": "oo",
+    "cup": "∪",
+    "{": "⦃",
+    "}": "⦄",
+    "lbrace": "⦃",
+    "rbrace": "⦄",
+    "lvert": "|",
+    "rvert": "|",
+    "mid": "|",
+    "vert": "|",
+    "circ": "",
+    "degree": "",
+    "prime": "'",
+    "e": "e",
+    "i": "i",
+    "lt": "<",
+    "gt": ">",
+    "le": "≤",
+    "leq": "≤",
+    "ge": "≥",
+    "geq": "≥",
+    "ne": "≠",
+    "neq": "≠",
+    "pm": "±",
+    "emptyset": "∅",
+    "varnothing": "∅",
+    "langle": "(",
+    "rangle": ")",
+    "dots": "…",
+    "ldots": "…",
+    "cdots": "…",
+}
+_TEXT_CMDS = {
+    "text",
+    "textbf",
+    "textit",
+    "textrm",
+    "mathrm",
+    "mathbf",
+    "mathit",
+    "operatorname",
+    "mbox",
+    "rm",
+    "mathsf",
+    "textsf",
+    "boldsymbol",
+    "bf",
+    "it",
+}
 _CMD_RE = re.compile(r"\\([A-Za-z]+|.)")
 _FRAC_CMDS = {"frac", "dfrac", "tfrac", "cfrac"}
 _BINOM_CMDS = {"binom", "dbinom", "tbinom", "choose"}
@@ -57,7 +128,7 @@ def _log_arg(s: str, i: int) -> tuple[str, int]:
             depth += s[j] == s[i]
             depth -= s[j] == close
             if depth == 0:
-                return s[i + 1:j], j + 1
+                return s[i + 1 : j], j + 1
         raise AnswerError("unbalanced brackets after \\log")
     m = re.match(r"[0-9A-Za-z.]+", s[i:])
     if m is None:
@@ -91,7 +162,9 @@ def latex_to_plain(s: str, depth: int = 0) -> str:
         elif name in _BINOM_CMDS:
             a, i = _arg(s, i)
             b, i = _arg(s, i)
-            out.append(f"binomial(({latex_to_plain(a, depth + 1)}),({latex_to_plain(b, depth + 1)}))")
+            out.append(
+                f"binomial(({latex_to_plain(a, depth + 1)}),({latex_to_plain(b, depth + 1)}))"
+            )
         elif name == "sqrt":
             index = None
             j = i
@@ -101,15 +174,19 @@ def latex_to_plain(s: str, depth: int = 0) -> str:
                 close = s.find("]", j)
                 if close < 0:
                     raise AnswerError("\\sqrt[ without ]")
-                index, i = s[j + 1:close], close + 1
+                index, i = s[j + 1 : close], close + 1
             a, i = _arg(s, i)
             inner = latex_to_plain(a, depth + 1)
-            out.append(f"(({inner})^(1/({latex_to_plain(index, depth + 1)})))" if index else f"sqrt({inner})")
+            out.append(
+                f"(({inner})^(1/({latex_to_plain(index, depth + 1)})))"
+                if index
+                else f"sqrt({inner})"
+            )
         elif name in _TEXT_CMDS:
             a, i = _arg(s, i)
             words = a.strip()
             if re.fullmatch(r"[A-Za-z ]*", words) and len(words.replace(" ", "")) > 1:
-                out.append(f" ⟦{words}⟧ ")     # words: units, or a text answer (decided later)
+                out.append(f" ⟦{words}⟧ ")  # words: units, or a text answer (decided later)
             else:
                 out.append(latex_to_plain(a, depth + 1))
         elif name in ("left", "right") and i < len(s) and s[i] == ".":
@@ -118,10 +195,12 @@ def latex_to_plain(s: str, depth: int = 0) -> str:
             pass
         elif name in _SYMBOL_CMDS:
             out.append(_SYMBOL_CMDS[name])
-        elif name == "log" and s[i:i + 1] == "_":
+        elif name == "log" and s[i : i + 1] == "_":
             base, i = _arg(s, i + 1)
             x, i = _log_arg(s, i)
-            out.append(f"(log({latex_to_plain(x, depth + 1)})/log({latex_to_plain(base, depth + 1)}))")
+            out.append(
+                f"(log({latex_to_plain(x, depth + 1)})/log({latex_to_plain(base, depth + 1)}))"
+            )
         elif name in _FUNCS or name in ("ln", "log", "arcsin", "arccos", "arctan"):
             out.append(f" {name} ")
         else:

@@ -12,16 +12,16 @@ from atgrpo.sdk.judge import JudgeError
 
 MAX_ANSWER_CHARS = 400
 MAX_TOKENS = 300
-MAX_DEPTH = 50            # brackets and exponents inside each other
-MAX_DIGITS = 100          # one number literal
-MAX_POW_BITS = 20_000     # every exact integer (numerator, denominator) the parser lets sympy build
-MAX_ROOT_BITS = 256       # a rational sympy factors to simplify its root (a 256-bit one: milliseconds)
-MAX_MAG_BITS = 20_000     # every numeric value lies in 2^-MAX .. 2^MAX (or is 0 or +-oo)
-MAX_TRIG_ARG = 2.0 ** 64  # argument reduction of sin(x) costs log2|x| bits of precision
+MAX_DEPTH = 50  # brackets and exponents inside each other
+MAX_DIGITS = 100  # one number literal
+MAX_POW_BITS = 20_000  # every exact integer (numerator, denominator) the parser lets sympy build
+MAX_ROOT_BITS = 256  # a rational sympy factors to simplify its root (a 256-bit one: milliseconds)
+MAX_MAG_BITS = 20_000  # every numeric value lies in 2^-MAX .. 2^MAX (or is 0 or +-oo)
+MAX_TRIG_ARG = 2.0**64  # argument reduction of sin(x) costs log2|x| bits of precision
 MAX_FACTORIAL = 300
 MAX_BINOMIAL = 1_000
 MAX_ITEMS = 32
-MAX_NODES = 5_000         # nodes one evaluation visits (sympy shares subtrees, so a count, not depth)
+MAX_NODES = 5_000  # nodes one evaluation visits (sympy shares subtrees, so a count, not depth)
 
 _LN2 = math.log(2)
 
@@ -31,7 +31,9 @@ class AnswerError(ValueError):
 
 
 def too_large(what: str) -> JudgeError:
-    return JudgeError("too_large", f"the answer's {what} is too large to judge; give a simpler exact form")
+    return JudgeError(
+        "too_large", f"the answer's {what} is too large to judge; give a simpler exact form"
+    )
 
 
 def too_deep(what: str = "nesting") -> JudgeError:

@@ -42,11 +42,12 @@ from env_svc.envs.answer_extract import _braced, extract_boxed
 from env_svc.envs.answer_latex import latex_to_plain
 from env_svc.envs.answer_limits import MAX_ANSWER_CHARS, MAX_ITEMS, AnswerError, too_deep, too_large
 
-MAX_RAW_CHARS = 4 * MAX_ANSWER_CHARS    # before normalising (which drops $, \boxed{}, ^\circ ...)
-MAX_STRUCTURE_DEPTH = 6                  # sets of tuples of intervals ...
+MAX_RAW_CHARS = 4 * MAX_ANSWER_CHARS  # before normalising (which drops $, \boxed{}, ^\circ ...)
+MAX_STRUCTURE_DEPTH = 6  # sets of tuples of intervals ...
 MAX_SYMBOLS = 8
 
 # ---- structure: sets, intervals, tuples, equations --------------------------------------------
+
 
 @dataclass(frozen=True, eq=False)
 class _Expr:
@@ -54,19 +55,19 @@ class _Expr:
 
 
 @dataclass(frozen=True, eq=False)
-class _Seq:                 # tuples and intervals: ordered, brackets matter
+class _Seq:  # tuples and intervals: ordered, brackets matter
     open: str
     close: str
     items: tuple[Any, ...]
 
 
 @dataclass(frozen=True, eq=False)
-class _Set:                 # sets, comma lists, unions of intervals: unordered
+class _Set:  # sets, comma lists, unions of intervals: unordered
     items: tuple[Any, ...]
 
 
 @dataclass(frozen=True, eq=False)
-class _Chain:               # x = 2 + 1 = 3: every side must match
+class _Chain:  # x = 2 + 1 = 3: every side must match
     items: tuple[Any, ...]
 
 
@@ -110,7 +111,9 @@ def _wraps(s: str) -> bool:
 # `(?<!\s)\s++`: a run of spaces is tried once, from its start (`\s+` alone retries from every
 # space in the run: quadratic on a long one)
 _AND_OR_RE = re.compile(r"(?<!\s)\s++(?:and|or)\s+")
-_EMPTY_RE = re.compile(r"\\(?:varnothing|emptyset)(?![A-Za-z])|\\\{\s*+\\\}")     # \emptyset = \varnothing = \{\}
+_EMPTY_RE = re.compile(
+    r"\\(?:varnothing|emptyset)(?![A-Za-z])|\\\{\s*+\\\}"
+)  # \emptyset = \varnothing = \{\}
 _TEXT_AND_OR_RE = re.compile(r"\\(?:text|mbox)\{\s*+(?:and|or)\s*+\}")
 
 
@@ -122,7 +125,13 @@ def _normalize(s: str) -> str:
     s = re.sub(r"(?<!\\)\$", "", s).strip()
     s = re.sub(r"^\\\(|\\\)$|^\\\[|\\\]$", "", s).strip()
     s = s.replace("−", "-").replace("×", "*").replace("·", "*").replace("÷", "/").replace("π", "pi")
-    s = s.replace("∞", "oo").replace("√", "sqrt").replace("°", "").replace("^\\circ", "").replace("^{\\circ}", "")
+    s = (
+        s.replace("∞", "oo")
+        .replace("√", "sqrt")
+        .replace("°", "")
+        .replace("^\\circ", "")
+        .replace("^{\\circ}", "")
+    )
     s = _EMPTY_RE.sub("∅", s)
     s = _TEXT_AND_OR_RE.sub(",", s)
     s = _AND_OR_RE.sub(",", s)
@@ -137,8 +146,13 @@ def parse_answer(raw: str) -> Any:
     if len(s) > MAX_ANSWER_CHARS:
         raise too_large(f"text ({len(s)} characters, over {MAX_ANSWER_CHARS})")
     try:
-        if s.startswith("{") and s.endswith("}") and _braced(s, 0) == (s[1:-1], len(s)) and "," in s:
-            s = "\\{" + s[1:-1] + "\\}"        # a bare {1, 2} is a set, not a LaTeX group
+        if (
+            s.startswith("{")
+            and s.endswith("}")
+            and _braced(s, 0) == (s[1:-1], len(s))
+            and "," in s
+        ):
+            s = "\\{" + s[1:-1] + "\\}"  # a bare {1, 2} is a set, not a LaTeX group
         plain = latex_to_plain(s)
         words = re.findall(r"⟦([^⟧]*)⟧", plain)
         rest = re.sub(r"⟦[^⟧]*⟧", " ", plain).strip()
@@ -149,9 +163,47 @@ def parse_answer(raw: str) -> Any:
         return _Text(re.sub(r"\s+", "", s).lower())
 
 
-_UNITS = {"cm", "mm", "km", "m", "kg", "g", "s", "sec", "seconds", "minutes", "min", "hours", "hr", "h", "days",
-          "degrees", "degree", "deg", "units", "unit", "inches", "inch", "in", "feet", "ft", "meters", "metres",
-          "dollars", "cents", "percent", "sq", "square", "cubic", "mph", "liters", "ml", "l", "radians", "rad"}
+_UNITS = {
+    "cm",
+    "mm",
+    "km",
+    "m",
+    "kg",
+    "g",
+    "s",
+    "sec",
+    "seconds",
+    "minutes",
+    "min",
+    "hours",
+    "hr",
+    "h",
+    "days",
+    "degrees",
+    "degree",
+    "deg",
+    "units",
+    "unit",
+    "inches",
+    "inch",
+    "in",
+    "feet",
+    "ft",
+    "meters",
+    "metres",
+    "dollars",
+    "cents",
+    "percent",
+    "sq",
+    "square",
+    "cubic",
+    "mph",
+    "liters",
+    "ml",
+    "l",
+    "radians",
+    "rad",
+}
 
 
 def _strip_units(s: str) -> str:
@@ -168,7 +220,7 @@ def _structure(s: str, depth: int) -> Any:
     if not s:
         raise AnswerError("empty")
     if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):
-        s = s.replace(",", "")                      # 1,000,000
+        s = s.replace(",", "")  # 1,000,000
     if any(ch in s for ch in "<>≤≥≠±…|'∅"):
         raise AnswerError("inequalities and other relations are compared as text")
     union = _split_top(s, "∪")
@@ -212,6 +264,7 @@ def _limit(items: list[str]) -> list[str]:
 
 
 # ---- comparison -------------------------------------------------------------------------------
+
 
 def _point_values(n: int = 8) -> list[dict[str, float]]:
     """n points, each a value in (0.5, 3) per letter: generic (no two letters, no point equal, no
@@ -258,7 +311,7 @@ class _Judge:
         if isinstance(a, _Seq):
             if (a.open, a.close) != (b.open, b.close) or len(a.items) != len(b.items):
                 return False
-            if a.open == "=":        # equations: lhs - rhs equal up to sign
+            if a.open == "=":  # equations: lhs - rhs equal up to sign
                 d1, d2 = a.items[0].value, b.items[0].value
                 return self.equal(d1, d2) or self.equal(d1, -d2)
             return all(self.match(x, y) for x, y in zip(a.items, b.items, strict=True))
@@ -303,7 +356,7 @@ class _Judge:
         for k in points:
             va, vb = self._value(a, k), self._value(b, k)
             if va is None and vb is None:
-                continue                  # both undefined (or past the bounds) here: no evidence
+                continue  # both undefined (or past the bounds) here: no evidence
             if va is None or vb is None or not self._close(self._evaluator(k).ctx, va, vb, integer):
                 return False
             agreed += 1
@@ -339,8 +392,16 @@ def _words(s: str) -> str:
     return re.sub(r"[\s{}$\\]", "", s).lower()
 
 
-_UNEXPECTED = (ArithmeticError, ValueError, TypeError, AttributeError, RecursionError, MemoryError, KeyError,
-               IndexError)
+_UNEXPECTED = (
+    ArithmeticError,
+    ValueError,
+    TypeError,
+    AttributeError,
+    RecursionError,
+    MemoryError,
+    KeyError,
+    IndexError,
+)
 
 
 def judge_answer(pred: str, gold: str, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> bool:
@@ -352,7 +413,7 @@ def judge_answer(pred: str, gold: str, rel_tol: float = 1e-6, abs_tol: float = 1
     pred, gold = str(pred), str(gold)
     if len(pred) > MAX_RAW_CHARS:
         raise too_large(f"text ({len(pred)} characters, over {MAX_RAW_CHARS})")
-    if len(gold) > MAX_RAW_CHARS:                  # a reference past the bounds: as text
+    if len(gold) > MAX_RAW_CHARS:  # a reference past the bounds: as text
         return re.sub(r"\s+", "", pred) == re.sub(r"\s+", "", gold)
     p, g = _normalize(pred), _normalize(gold)
     if not p:
@@ -377,7 +438,9 @@ def _guarded(fn: Any, *args: Any) -> Any:
     except JudgeError:
         raise
     except _UNEXPECTED as e:
-        raise JudgeError("judge_failed", f"the judge could not compare this answer ({type(e).__name__})") from None
+        raise JudgeError(
+            "judge_failed", f"the judge could not compare this answer ({type(e).__name__})"
+        ) from None
 
 
 def answers_match(pred: str, gold: str, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> bool:

@@ -15,8 +15,8 @@ from typing import Any
 
 from atgrpo.sdk.judge import JudgeError, check_bounds
 
-MAX_RESULT_CHARS = 4 * 2**20      # one call's encoded result (the sandbox caps its stdout the same)
-MAX_DATA_DEPTH = 100              # containers in containers; tags add a level each
+MAX_RESULT_CHARS = 4 * 2**20  # one call's encoded result (the sandbox caps its stdout the same)
+MAX_DATA_DEPTH = 100  # containers in containers; tags add a level each
 _TAGS = ("$tuple", "$set", "$frozenset", "$dict", "$float", "$bytes", "$complex")
 
 
@@ -28,7 +28,7 @@ def encode(v: Any, _depth: int = 0) -> Any:
     if v is None or t is bool or t is str or t is int:
         return v
     if t is float:
-        return v if v - v == 0 else {"$float": repr(v)}          # nan and infinities by name
+        return v if v - v == 0 else {"$float": repr(v)}  # nan and infinities by name
     if t is list:
         return [encode(x, _depth + 1) for x in v]
     if t is tuple:
@@ -41,15 +41,17 @@ def encode(v: Any, _depth: int = 0) -> Any:
         return {"$bytes": v.hex()}
     if t is complex:
         return {"$complex": [encode(v.real), encode(v.imag)]}
-    raise TypeError(f"a {t.__name__} is not plain data (return None, bool, int, float, str, bytes, "
-                    "or lists, tuples, sets and dicts of them)")
+    raise TypeError(
+        f"a {t.__name__} is not plain data (return None, bool, int, float, str, bytes, "
+        "or lists, tuples, sets and dicts of them)"
+    )
 
 
 def _decode(v: Any) -> Any:
     if isinstance(v, list):
         return [_decode(x) for x in v]
     if not isinstance(v, dict):
-        return v                                   # None, bool, int, float, str: json made them
+        return v  # None, bool, int, float, str: json made them
     if len(v) != 1 or next(iter(v)) not in _TAGS:
         raise JudgeError("not_data", f"an object with keys {sorted(v)[:4]} is not a tagged value")
     tag, x = next(iter(v.items()))
@@ -71,8 +73,8 @@ def _decode(v: Any) -> Any:
             return frozenset(items)
         if tag == "$complex":
             return complex(*items)
-        return dict(items)                       # $dict: [key, value] pairs
-    except (TypeError, ValueError):              # an unhashable key or member, a bad pair
+        return dict(items)  # $dict: [key, value] pairs
+    except (TypeError, ValueError):  # an unhashable key or member, a bad pair
         _bad(tag)
 
 

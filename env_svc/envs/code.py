@@ -86,25 +86,26 @@ from env_svc.envs.math import sandbox_call, turn_options
 
 AGENTS = ("coder", "tester")
 FAILURE_REWARD = -1.0
-TEST_CHARS = 400          # per input / output shown in a prompt
+TEST_CHARS = 400  # per input / output shown in a prompt
 CODE_CHARS = 4000
-MAX_WRONG = 4             # wrong programs a tester's tests are tried against
+MAX_WRONG = 4  # wrong programs a tester's tests are tried against
+
 
 @dataclass
 class CaseRun:
     passed: bool
-    verdict: str          # ok / runtime_error / timeout / ... ; "not_run" when skipped
+    verdict: str  # ok / runtime_error / timeout / ... ; "not_run" when skipped
     stdout: str = ""
     stderr: str = ""
 
 
 @dataclass
 class TesterTest:
-    input: str            # as the tester wrote it
+    input: str  # as the tester wrote it
     output: str
-    stdin: str = ""       # run form
+    stdin: str = ""  # run form
     expected: str = ""
-    error: str = ""       # malformed (function problems): why; such a test is not run
+    error: str = ""  # malformed (function problems): why; such a test is not run
 
 
 class CodeEnv(Environment):
@@ -116,12 +117,20 @@ class CodeEnv(Environment):
     def __init__(self, options: Mapping[str, Any] | None = None):
         super().__init__(options)
         order, parallel = turn_options(self.options, AGENTS, self.name)
-        self.spec = EnvSpec(self.name, agents=order, turn_order=order, max_turns=int(self.options.get("max_turns", 5)),
-                            parallel=parallel, description="a coder and a unit tester solve a programming problem")
+        self.spec = EnvSpec(
+            self.name,
+            agents=order,
+            turn_order=order,
+            max_turns=int(self.options.get("max_turns", 5)),
+            parallel=parallel,
+            description="a coder and a unit tester solve a programming problem",
+        )
         self.sources = datasets.sources(self.options, "code")
         self.done_when = str(self.options.get("done_when", "success"))
         if self.done_when not in ("tests", "success"):
-            raise ValueError(f"code: done_when must be 'tests' or 'success', got {self.done_when!r}")
+            raise ValueError(
+                f"code: done_when must be 'tests' or 'success', got {self.done_when!r}"
+            )
         self.failure_reward = float(self.options.get("failure_reward", FAILURE_REWARD))
         self.max_tests = int(self.options.get("max_tests", MAX_TESTS))
         self.max_hidden = int(self.options.get("max_hidden_tests", 0))
@@ -129,21 +138,34 @@ class CodeEnv(Environment):
         timeout_ms = int(float(self.options.get("case_timeout_s", 2.0)) * 1000)
         memory = int(self.options.get("memory_mb", 512)) * 2**20
         if timeout_ms <= 0 or memory <= 0 or self.max_tests < 1 or self.max_hidden < 0:
-            raise ValueError("code: case_timeout_s and memory_mb must be > 0, max_tests >= 1, max_hidden_tests >= 0")
-        self.limits = None if Limits is None else Limits(
-            wall_timeout_ms=timeout_ms, cpu_time_ms=timeout_ms, memory_bytes=memory, max_output_bytes=4 * 2**20,
-            max_processes=16, max_file_bytes=2**20, max_open_files=64)
+            raise ValueError(
+                "code: case_timeout_s and memory_mb must be > 0, max_tests >= 1, max_hidden_tests "
+                ">= 0"
+            )
+        self.limits = (
+            None
+            if Limits is None
+            else Limits(
+                wall_timeout_ms=timeout_ms,
+                cpu_time_ms=timeout_ms,
+                memory_bytes=memory,
+                max_output_bytes=4 * 2**20,
+                max_processes=16,
+                max_file_bytes=2**20,
+                max_open_files=64,
+            )
+        )
         self.problem: datasets.CodeProblem | None = None
         self.turn = 0
         self.acted: set[str] = set()
         self.done = self.success = False
-        self.code: str | None = None                 # the coder's current program (source)
+        self.code: str | None = None  # the coder's current program (source)
         self.hidden_ratio = 0.0
-        self.wrong: list[str] = []                   # distinct programs that failed a hidden test
-        self.tests: list[TesterTest] = []            # the tester's current tests
-        self.valid: list[bool] | None = None         # per test: agrees with the reference (None: unknown)
-        self.runs: list[CaseRun] = []                # the current program on the current tests
-        self.reference = ""                          # dataset solution, or a program that passed all hidden tests
+        self.wrong: list[str] = []  # distinct programs that failed a hidden test
+        self.tests: list[TesterTest] = []  # the tester's current tests
+        self.valid: list[bool] | None = None  # per test: agrees with the reference (None: unknown)
+        self.runs: list[CaseRun] = []  # the current program on the current tests
+        self.reference = ""  # dataset solution, or a program that passed all hidden tests
         self.history: list[str] = []
         self.notes: dict[str, str] = {}
 
@@ -167,24 +189,39 @@ class CodeEnv(Environment):
         assert p is not None
         team = "tester" in self.spec.turn_order and "coder" in self.spec.turn_order
         if agent == "coder":
-            role = ("You are the coder of a two-agent team (you and a unit tester): write a correct Python 3 "
-                    "solution." if team else "Write a correct Python 3 solution.")
+            role = (
+                "You are the coder of a two-agent team (you and a unit tester): write a correct "
+                "Python 3 solution."
+                if team
+                else "Write a correct Python 3 solution."
+            )
         else:
-            role = ("You are the unit tester of a two-agent team (you and a coder): write test cases that a "
-                    "correct solution passes, to catch mistakes in the coder's program.")
-        parts = [f"{role}\nTurn {self.turn + 1} of {self.spec.max_turns}.", f"Problem:\n{p.statement}", self._io_rules()]
+            role = (
+                "You are the unit tester of a two-agent team (you and a coder): write test cases "
+                "that a correct solution passes, to catch mistakes in the coder's program."
+            )
+        parts = [
+            f"{role}\nTurn {self.turn + 1} of {self.spec.max_turns}.",
+            f"Problem:\n{p.statement}",
+            self._io_rules(),
+        ]
         if self.history:
             parts.append("Previous turns:\n" + "\n".join(self.history[-6:]))
         if self.code is not None:
-            parts.append(f"The coder's current program:\n```python\n{_clip(self.code.strip(), CODE_CHARS)}\n```")
+            parts.append(
+                f"The coder's current "
+                f"program:\n```python\n{_clip(self.code.strip(), CODE_CHARS)}\n```"
+            )
         if self.tests:
             parts.append(self._tests_report())
         if agent == "coder":
             whole = "function" if p.check else "program"
             parts.append(f"Answer with the complete {whole} in one ```python code block.")
         else:
-            parts.append(f"Write up to {self.max_tests} tests, each as:\n**Test Input:**\n```\n...\n```\n"
-                         "**Test Output:**\n```\n...\n```")
+            parts.append(
+                f"Write up to {self.max_tests} tests, each as:\n**Test Input:**\n```\n...\n```\n"
+                "**Test Output:**\n```\n...\n```"
+            )
         return [{"role": "user", "content": "\n\n".join(parts)}]
 
     async def step(self, agent: str, action: str) -> StepResult:
@@ -192,15 +229,21 @@ class CodeEnv(Environment):
         if self.problem is None:
             raise RuntimeError("code: step() before reset()")
         if self.done:
-            return StepResult(self.hidden_ratio, 0.0, True, self.success, {"error": "the episode is over"})
+            return StepResult(
+                self.hidden_ratio, 0.0, True, self.success, {"error": "the episode is over"}
+            )
         if self.sandbox is None:
-            raise FailedPrecondition("the code env runs programs, but no sandbox is configured: start env_svc "
-                                     "with --sandbox HOST:PORT (local mode does this)")
+            raise FailedPrecondition(
+                "the code env runs programs, but no sandbox is configured: start env_svc "
+                "with --sandbox HOST:PORT (local mode does this)"
+            )
         action = action if isinstance(action, str) else ""
         result = await (self._coder(action) if agent == "coder" else self._tester(action))
         self.acted.add(agent)
         if self.acted >= set(self.spec.turn_order):
-            line = "; ".join(f"{a} {self.notes[a]}" for a in self.spec.turn_order if a in self.notes)
+            line = "; ".join(
+                f"{a} {self.notes[a]}" for a in self.spec.turn_order if a in self.notes
+            )
             self.history.append(f"Turn {self.turn + 1}: {line}")
             self.turn, self.acted, self.notes = self.turn + 1, set(), {}
         return result
@@ -211,9 +254,16 @@ class CodeEnv(Environment):
         code = extract_code(action)
         if code is None:
             self.notes["coder"] = "gave no program"
-            return StepResult(self.hidden_ratio, self.failure_reward, False, False,
-                              {"parse_error": "no ```python code block found; answer with the whole program "
-                                              "in one ```python ... ``` block"})
+            return StepResult(
+                self.hidden_ratio,
+                self.failure_reward,
+                False,
+                False,
+                {
+                    "parse_error": "no ```python code block found; answer with the whole program "
+                    "in one ```python ... ``` block"
+                },
+            )
         p = self.problem
         assert p is not None
         if p.check:
@@ -221,11 +271,16 @@ class CodeEnv(Environment):
                 runs = [await self._run_check(code)]
             except JudgeError as e:
                 self.notes["coder"] = "wrote a program the judge could not judge"
-                return StepResult(self.hidden_ratio, self.failure_reward, False, False, failure_info(e))
+                return StepResult(
+                    self.hidden_ratio, self.failure_reward, False, False, failure_info(e)
+                )
         else:
             hidden = hidden_tests(p.statement, p.tests)
-            runs = await self._run(self._program(code), hidden[:self.max_hidden] if self.max_hidden else hidden,
-                                   p.compare)
+            runs = await self._run(
+                self._program(code),
+                hidden[: self.max_hidden] if self.max_hidden else hidden,
+                p.compare,
+            )
         passed = sum(r.passed for r in runs)
         before = self.hidden_ratio
         self.code, self.hidden_ratio = code, round(passed / len(runs), 6)
@@ -233,15 +288,20 @@ class CodeEnv(Environment):
         if not self.success and code not in self.wrong:
             self.wrong = [*self.wrong, code][-MAX_WRONG:]
         if self.success and not self.reference:
-            self.reference = code          # a program that passes every hidden test can judge tests
+            self.reference = code  # a program that passes every hidden test can judge tests
             if self.tests:
                 self.valid = [r.passed for r in await self._run_on_tests(code, self.tests)]
-        info: dict[str, Any] = {"hidden_passed": passed, "hidden_total": len(runs),
-                                "verdicts": _count(r.verdict for r in runs)}
+        info: dict[str, Any] = {
+            "hidden_passed": passed,
+            "hidden_total": len(runs),
+            "verdicts": _count(r.verdict for r in runs),
+        }
         not_run = sum(r.verdict == "not_run" for r in runs)
         if not_run:
             info["not_run"] = not_run
-        failing = next((r for r in runs if not r.passed and r.verdict not in ("ok", "not_run")), None)
+        failing = next(
+            (r for r in runs if not r.passed and r.verdict not in ("ok", "not_run")), None
+        )
         if failing is not None and failing.stderr.strip():
             info["error"] = _clip(failing.stderr.strip().splitlines()[-1], 200)
         if self.tests:
@@ -250,15 +310,24 @@ class CodeEnv(Environment):
         self.done = self._is_done()
         self.notes["coder"] = f"wrote a program ({self._tests_line()})"
         # Paid what it gained: the sum over an episode is the last program's pass fraction.
-        return StepResult(self.hidden_ratio, round(self.hidden_ratio - before, 6), self.done, self.success, info)
+        return StepResult(
+            self.hidden_ratio, round(self.hidden_ratio - before, 6), self.done, self.success, info
+        )
 
     async def _tester(self, action: str) -> StepResult:
         parsed = parse_tests(action, self.max_tests)
         if not parsed:
             self.notes["tester"] = "gave no tests"
-            return StepResult(self.hidden_ratio, self.failure_reward, False, False,
-                              {"parse_error": "no tests found; write each test as **Test Input:** and **Test "
-                                              "Output:** each followed by a ``` fenced block"})
+            return StepResult(
+                self.hidden_ratio,
+                self.failure_reward,
+                False,
+                False,
+                {
+                    "parse_error": "no tests found; write each test as **Test Input:** and **Test "
+                    "Output:** each followed by a ``` fenced block"
+                },
+            )
         p = self.problem
         assert p is not None
         tests, judge_error = [], ""
@@ -277,7 +346,9 @@ class CodeEnv(Environment):
         malformed = [t.error for t in tests if t.error]
         if malformed:
             info["malformed"] = len(malformed)
-            info["parse_error"] = f"{len(malformed)} test(s) are not JSON values: {_clip(malformed[0], 120)}"
+            info["parse_error"] = (
+                f"{len(malformed)} test(s) are not JSON values: {_clip(malformed[0], 120)}"
+            )
             info["judge_error"] = judge_error
         if self.reference:
             runs = await self._run_on_tests(self.reference, tests)
@@ -302,7 +373,7 @@ class CodeEnv(Environment):
     async def _tester_reward(self, tests: list[TesterTest], valid: list[bool]) -> tuple[float, int]:
         """validity x discrimination (module docstring), and how many wrong programs were caught."""
         seen: set[str] = set()
-        distinct = []                       # one valid test per input: copies add nothing
+        distinct = []  # one valid test per input: copies add nothing
         for t, ok in zip(tests, valid, strict=True):
             key = " ".join(t.stdin.split())
             if ok and key not in seen:
@@ -322,15 +393,19 @@ class CodeEnv(Environment):
         assert p is not None
         assert self.limits is not None
         per_call_s = self.limits.wall_timeout_ms / 1000
-        program = call_program(complete_function(p.starter_code, code, p.fn_name), p.fn_name, per_call_s)
+        program = call_program(
+            complete_function(p.starter_code, code, p.fn_name), p.fn_name, per_call_s
+        )
 
         async def run_chunk(keys: Sequence[str]) -> list[tuple[str, Any]]:
             # The harness times each call itself; the run's own limit covers all of them.
-            limits = dataclasses.replace(self.limits, wall_timeout_ms=int(1000 * (per_call_s * len(keys) + 2)))
+            limits = dataclasses.replace(
+                self.limits, wall_timeout_ms=int(1000 * (per_call_s * len(keys) + 2))
+            )
             stdin = ("[" + ",".join(keys) + "]").encode()
             try:
                 res = await sandbox_call(self.sandbox.execute, program, stdin=stdin, limits=limits)
-            except InvalidArgument as e:            # the program itself is unacceptable (a NUL byte)
+            except InvalidArgument as e:  # the program itself is unacceptable (a NUL byte)
                 return [("error", f"refused: {e}")] * len(keys)
             try:
                 texts = json.loads(_decode(res.stdout))
@@ -338,24 +413,35 @@ class CodeEnv(Environment):
                 texts = None
             stderr = _decode(res.stderr).strip().splitlines()
             tail = f" ({_clip(stderr[-1], 200)})" if stderr else ""
-            if not isinstance(texts, list) or not all(t is None or isinstance(t, str) for t in texts):
+            if not isinstance(texts, list) or not all(
+                t is None or isinstance(t, str) for t in texts
+            ):
                 return [("error", f"the calls' harness failed{tail}")] * len(keys)
-            out = [call_outcome(t) for t in texts[:len(keys)]]
-            out = [(kind, f"{what}{tail}") if kind == "error" else (kind, what) for kind, what in out]
+            out = [call_outcome(t) for t in texts[: len(keys)]]
+            out = [
+                (kind, f"{what}{tail}") if kind == "error" else (kind, what) for kind, what in out
+            ]
             return out + [("error", "not run")] * (len(keys) - len(out))
 
-        verdict = await judge(Check(p.starter_code, p.check, p.fn_name, p.id), lambda keys: gather_chunks(keys, run_chunk))
+        verdict = await judge(
+            Check(p.starter_code, p.check, p.fn_name, p.id),
+            lambda keys: gather_chunks(keys, run_chunk),
+        )
         return CaseRun(verdict.passed, verdict.verdict, "", verdict.error)
 
     def _program(self, source: str) -> str:
         """The program that runs `source` on the tester's tests (stdin: a test's input)."""
         p = self.problem
         assert p is not None
-        if p.check:     # no prelude: HumanEval's own check runs the answer without one
-            return function_program(complete_function(p.starter_code, source, p.fn_name), p.fn_name, prelude="")
+        if p.check:  # no prelude: HumanEval's own check runs the answer without one
+            return function_program(
+                complete_function(p.starter_code, source, p.fn_name), p.fn_name, prelude=""
+            )
         return function_program(source, p.fn_name) if p.kind == "function" else source
 
-    async def _run(self, program: str, cases: Sequence[tuple[str, str]], compare: str = "whitespace") -> list[CaseRun]:
+    async def _run(
+        self, program: str, cases: Sequence[tuple[str, str]], compare: str = "whitespace"
+    ) -> list[CaseRun]:
         """`program` on each (stdin, expected) case; chunks of 1, 2, 4, ... cases, stopping after a
         chunk with a timeout (the rest count as failed, verdict not_run)."""
         if not cases:
@@ -364,19 +450,31 @@ class CodeEnv(Environment):
         runs: list[CaseRun] = []
         i, size = 0, 1
         while i < len(cases):
-            chunk = cases[i:i + size]
+            chunk = cases[i : i + size]
             encoded = [(a.encode(), b.encode()) for a, b in chunk]
             try:
-                res = await sandbox_call(self.sandbox.run_tests, program, encoded, compare=mode, limits=self.limits)
-            except InvalidArgument as e:        # the program itself is unacceptable (e.g. a NUL byte)
+                res = await sandbox_call(
+                    self.sandbox.run_tests, program, encoded, compare=mode, limits=self.limits
+                )
+            except InvalidArgument as e:  # the program itself is unacceptable (e.g. a NUL byte)
                 return runs + [CaseRun(False, "refused", "", str(e))] * (len(cases) - i)
             timed_out = False
             for c in res.cases:
                 ex = c.execution
-                verdict = getattr(getattr(ex, "verdict", None), "value", "not_run") if ex is not None else "not_run"
+                verdict = (
+                    getattr(getattr(ex, "verdict", None), "value", "not_run")
+                    if ex is not None
+                    else "not_run"
+                )
                 timed_out = timed_out or verdict == "timeout"
-                runs.append(CaseRun(bool(c.passed), verdict, _decode(getattr(ex, "stdout", b"")),
-                                    _decode(getattr(ex, "stderr", b""))))
+                runs.append(
+                    CaseRun(
+                        bool(c.passed),
+                        verdict,
+                        _decode(getattr(ex, "stdout", b"")),
+                        _decode(getattr(ex, "stderr", b"")),
+                    )
+                )
             i += len(chunk)
             size *= 2
             if timed_out and self.stop_on_timeout and i < len(cases):
@@ -395,11 +493,13 @@ class CodeEnv(Environment):
         self.runs = await self._run_on_tests(self.code, self.tests)
 
     def _is_done(self) -> bool:
-        if not self.success or self.done_when == "success":     # never ends while a hidden test fails
+        if not self.success or self.done_when == "success":  # never ends while a hidden test fails
             return self.success
         if self.code is None or not self.tests or len(self.runs) != len(self.tests):
             return False
-        tests_right = all(self.valid) if self.valid is not None else all(not t.error for t in self.tests)
+        tests_right = (
+            all(self.valid) if self.valid is not None else all(not t.error for t in self.tests)
+        )
         return tests_right and all(r.passed for r in self.runs)
 
     # ---- prompts ----------------------------------------------------------------------------
@@ -408,15 +508,26 @@ class CodeEnv(Environment):
         p = self.problem
         assert p is not None
         if p.check:
-            return (f"Write the whole function `{p.fn_name}` (with the imports it needs), or only its body; "
-                    "the code above runs first, so its imports and helper functions are there. A test's input "
-                    "is the arguments, one JSON value per line; its output is the returned value as JSON.")
+            return (
+                f"Write the whole function `{p.fn_name}` (with the imports it needs), or only its "
+                f"body; "
+                "the code above runs first, so its imports and helper functions are there. A "
+                "test's input is the arguments, one JSON value per line; its output is the "
+                "returned value as JSON."
+            )
         if p.kind == "function":
-            starter = f"\nStarter code:\n```python\n{p.starter_code.strip()}\n```" if p.starter_code.strip() else ""
-            return (f"Implement the function `{p.fn_name}` (a plain function, or a method of `class Solution`); "
-                    f"it is called with each test's arguments and must return the answer.{starter}\n"
-                    "A test's input is the arguments, one JSON value per line; its output is the returned value "
-                    "as JSON.")
+            starter = (
+                f"\nStarter code:\n```python\n{p.starter_code.strip()}\n```"
+                if p.starter_code.strip()
+                else ""
+            )
+            return (
+                f"Implement the function `{p.fn_name}` (a plain function, or a method of `class "
+                f"Solution`); it is called with each test's arguments and must return the "
+                f"answer.{starter}\n"
+                "A test's input is the arguments, one JSON value per line; its output is the "
+                "returned value as JSON."
+            )
         return "The program reads the input from stdin and prints the answer to stdout."
 
     def _tests_line(self) -> str:
@@ -425,10 +536,15 @@ class CodeEnv(Environment):
         return f"passes {sum(r.passed for r in self.runs)} of the tester's {len(self.tests)} tests"
 
     def _tests_report(self) -> str:
-        lines = [f"The tester's current tests and how the coder's program does on them ({self._tests_line()}):"]
+        lines = [
+            f"The tester's current tests and how the coder's program does on them "
+            f"({self._tests_line()}):"
+        ]
         for k, t in enumerate(self.tests, 1):
-            lines.append(f"Test {k} input:\n{_clip(t.input.rstrip(), TEST_CHARS)}\nexpected output:\n"
-                         f"{_clip(t.output.rstrip(), TEST_CHARS)}")
+            lines.append(
+                f"Test {k} input:\n{_clip(t.input.rstrip(), TEST_CHARS)}\nexpected output:\n"
+                f"{_clip(t.output.rstrip(), TEST_CHARS)}"
+            )
             if k - 1 < len(self.runs):
                 r = self.runs[k - 1]
                 if r.verdict == "malformed":
@@ -436,15 +552,21 @@ class CodeEnv(Environment):
                 elif r.passed:
                     lines.append("-> passed")
                 elif r.verdict == "ok":
-                    lines.append(f"-> failed, the program printed:\n{_clip(r.stdout.rstrip(), TEST_CHARS)}")
+                    lines.append(
+                        f"-> failed, the program printed:\n{_clip(r.stdout.rstrip(), TEST_CHARS)}"
+                    )
                 else:
-                    tail = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "no error output"
+                    tail = (
+                        r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "no error output"
+                    )
                     lines.append(f"-> failed ({r.verdict}): {_clip(tail, 200)}")
         return "\n".join(lines)
 
     def _check(self, agent: str) -> None:
         if agent not in self.spec.agents:
-            raise ValueError(f"code: unknown agent {agent!r}; this environment's agents are {self.spec.agents}")
+            raise ValueError(
+                f"code: unknown agent {agent!r}; this environment's agents are {self.spec.agents}"
+            )
 
 
 def _count(items: Any) -> dict[str, int]:
@@ -467,7 +589,7 @@ def hidden_tests(statement: str, tests: tuple[tuple[str, str], ...]) -> tuple[tu
     def shown(text: str) -> bool:
         toks = [t.lower() for t in _TOKEN_RE.findall(text)]
         n = len(toks)
-        return 0 < n <= 200 and any(words[i:i + n] == toks for i in range(len(words) - n + 1))
+        return 0 < n <= 200 and any(words[i : i + n] == toks for i in range(len(words) - n + 1))
 
     hidden = tuple(c for c in tests if not (shown(c[0]) and shown(c[1])))
     return hidden or tests

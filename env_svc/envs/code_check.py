@@ -42,11 +42,11 @@ from typing import Any
 from atgrpo.sdk.judge import JudgeError
 from env_svc.envs import call_data
 
-MAX_CALLS = 512          # distinct candidate calls one check may make (HumanEval's most: ~110)
+MAX_CALLS = 512  # distinct candidate calls one check may make (HumanEval's most: ~110)
 MAX_ROUNDS = 64
-CHUNK = 64               # calls per sandbox run; runs go concurrently over the sandbox's workers
-FIRST_BATCH = 8          # calls of the first round; each round doubles it (the harness stops a
-                         # batch at its first call that hangs, so that costs one time limit)
+CHUNK = 64  # calls per sandbox run; runs go concurrently over the sandbox's workers
+FIRST_BATCH = 8  # calls of the first round; each round doubles it (the harness stops a
+# batch at its first call that hangs, so that costs one time limit)
 CHECK_FILE = "<check>"
 
 _HARNESS = '''\
@@ -157,8 +157,13 @@ def call_program(source: str, entry_point: str, timeout_s: float, max_bytes: int
     and prints a JSON list: per call the child's {"value": result} / {"error": exception name} as
     text, or null when it ran past timeout_s (then the calls after it are not run). The parent
     never runs the answer; the answer can only choose what its own calls return."""
-    return _HARNESS.format(encode=inspect.getsource(call_data.encode), source=source, name=entry_point,
-                           timeout_s=timeout_s, max_bytes=max_bytes)
+    return _HARNESS.format(
+        encode=inspect.getsource(call_data.encode),
+        source=source,
+        name=entry_point,
+        timeout_s=timeout_s,
+        max_bytes=max_bytes,
+    )
 
 
 class CandidateError(Exception):
@@ -210,32 +215,40 @@ class _Pending:
     def _same(self, *_: Any) -> _Pending:
         return self
 
-    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _same
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = (
+        _same
+    )
     __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = __pow__ = __rpow__ = __getitem__ = _same
     __abs__ = __neg__ = __pos__ = __round__ = _same
 
 
 @dataclass
 class _Round:
-    known: dict[str, tuple[str, Any]]               # call key -> ("value", v) | ("error", message)
+    known: dict[str, tuple[str, Any]]  # call key -> ("value", v) | ("error", message)
     missing: list[str] = field(default_factory=list)
 
     def call(self, *args: Any, **kwargs: Any) -> Any:
         try:
             key = call_data.dumps([list(args), kwargs])
         except (TypeError, ValueError):
-            if self.missing:                     # built from a placeholder: known next round
+            if self.missing:  # built from a placeholder: known next round
                 raise _Stop from None
-            raise _Refused(JudgeError("check_error", "the check passed the candidate an argument that "
-                                                     "is not plain data")) from None
+            raise _Refused(
+                JudgeError(
+                    "check_error",
+                    "the check passed the candidate an argument that is not plain data",
+                )
+            ) from None
         if key in self.known:
             kind, value = self.known[key]
             if kind == "error":
                 raise CandidateError(value)
-            return copy.deepcopy(value)           # check may mutate it; the next call gets it fresh
+            return copy.deepcopy(value)  # check may mutate it; the next call gets it fresh
         if key not in self.missing:
             if len(self.known) + len(self.missing) >= MAX_CALLS:
-                raise _Refused(JudgeError("too_many_calls", f"the check makes over {MAX_CALLS} distinct calls"))
+                raise _Refused(
+                    JudgeError("too_many_calls", f"the check makes over {MAX_CALLS} distinct calls")
+                )
             self.missing.append(key)
         return _Pending()
 
@@ -246,7 +259,7 @@ def _seeded_random(seed: str) -> types.ModuleType:
     mod = types.ModuleType("random")
     for name in dir(random):
         value = getattr(random, name)
-        if getattr(value, "__self__", None) is random._inst:     # randint, choice, shuffle, ...
+        if getattr(value, "__self__", None) is random._inst:  # randint, choice, shuffle, ...
             value = getattr(rng, name)
         setattr(mod, name, value)
     return mod
@@ -255,7 +268,7 @@ def _seeded_random(seed: str) -> types.ModuleType:
 @dataclass
 class Verdict:
     passed: bool
-    verdict: str             # ok / runtime_error / timeout
+    verdict: str  # ok / runtime_error / timeout
     error: str = ""
     calls: int = 0
 
@@ -275,11 +288,15 @@ class Check:
     def __init__(self, prompt: str, test: str, entry_point: str, seed: str):
         prompt_code = compile(prompt, "<prompt>", "exec")
         soft = ast.fix_missing_locations(_SoftAsserts().visit(ast.parse(test)))
-        self.code = {False: (prompt_code, compile(test, CHECK_FILE, "exec")),
-                     True: (prompt_code, compile(soft, CHECK_FILE, "exec"))}
+        self.code = {
+            False: (prompt_code, compile(test, CHECK_FILE, "exec")),
+            True: (prompt_code, compile(soft, CHECK_FILE, "exec")),
+        }
         self.entry_point, self.seed = entry_point, seed
 
-    def replay(self, known: dict[str, tuple[str, Any]], probe: bool) -> tuple[list[str], BaseException | None]:
+    def replay(
+        self, known: dict[str, tuple[str, Any]], probe: bool
+    ) -> tuple[list[str], BaseException | None]:
         """One round: the calls it could not answer, and how check() ended (None: it returned)."""
         rnd = _Round(known)
         fake_random = _seeded_random(self.seed)
@@ -287,8 +304,11 @@ class Check:
         def _import(name: str, *args: Any, **kwargs: Any) -> Any:
             return fake_random if name == "random" else builtins.__import__(name, *args, **kwargs)
 
-        ns: dict[str, Any] = {"__name__": "check", "__probe__": lambda _: None,
-                              "__builtins__": {**builtins.__dict__, "__import__": _import}}
+        ns: dict[str, Any] = {
+            "__name__": "check",
+            "__probe__": lambda _: None,
+            "__builtins__": {**builtins.__dict__, "__import__": _import},
+        }
         try:
             for code in self.code[probe]:
                 exec(code, ns)
@@ -298,7 +318,7 @@ class Check:
             return rnd.missing, None
         except _Refused as r:
             raise r.err from None
-        except Exception as e:          # an assert or the candidate's failure (or a placeholder)
+        except Exception as e:  # an assert or the candidate's failure (or a placeholder)
             return rnd.missing, e
         return rnd.missing, None
 
@@ -331,7 +351,14 @@ async def judge(check: Check, run_calls: Runner) -> Verdict:
 
 def _describe(err: BaseException) -> str:
     """What failed, without the test's text (the coder sees this): the exception and the check's line."""
-    line = next((f.lineno for f in reversed(traceback.extract_tb(err.__traceback__)) if f.filename == CHECK_FILE), None)
+    line = next(
+        (
+            f.lineno
+            for f in reversed(traceback.extract_tb(err.__traceback__))
+            if f.filename == CHECK_FILE
+        ),
+        None,
+    )
     at = f" at line {line} of the check" if line else ""
     what = f"the candidate raised {err}" if isinstance(err, CandidateError) else type(err).__name__
     return f"{what}{at}"
@@ -366,25 +393,34 @@ def complete_function(prompt: str, answer: str, entry_point: str) -> str:
     text = answer.strip("\n")
     # Re-indented to the function's level; or, for a body whose first line lost its indentation
     # (a stripped completion), that line alone indented. The first of the two that parses.
-    bodies = [head + textwrap.indent(textwrap.dedent(text), "    ") + "\n", head + "    " + text + "\n"]
+    bodies = [
+        head + textwrap.indent(textwrap.dedent(text), "    ") + "\n",
+        head + "    " + text + "\n",
+    ]
     return next((b for b in bodies if _parses(b)), bodies[0])
 
 
 def _parses(source: str) -> bool:
     try:
         ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):   # ValueError: a NUL byte
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # ValueError: a NUL byte
         return False
     return True
 
 
 def _defines(source: str, name: str) -> bool:
     """`source` (which parses) defines `name` at top level."""
-    return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name
-               for n in ast.parse(source).body)
+    return any(
+        isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name
+        for n in ast.parse(source).body
+    )
 
 
-async def gather_chunks(keys: Sequence[str], run_chunk: Callable[[Sequence[str]], Awaitable[list[tuple[str, Any]]]]) -> list[tuple[str, Any]]:
+async def gather_chunks(
+    keys: Sequence[str], run_chunk: Callable[[Sequence[str]], Awaitable[list[tuple[str, Any]]]]
+) -> list[tuple[str, Any]]:
     """`run_chunk` over chunks of CHUNK keys, concurrently, results in order."""
-    parts = await asyncio.gather(*(run_chunk(keys[i:i + CHUNK]) for i in range(0, len(keys), CHUNK)))
+    parts = await asyncio.gather(
+        *(run_chunk(keys[i : i + CHUNK]) for i in range(0, len(keys), CHUNK))
+    )
     return [o for part in parts for o in part]

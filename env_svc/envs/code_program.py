@@ -26,7 +26,7 @@ from bisect import *
 from math import inf, gcd, sqrt, ceil, floor, log, log2, comb, factorial, isqrt
 """
 
-_HARNESS = '''\
+_HARNESS = """\
 from __future__ import annotations
 import io
 import json
@@ -70,15 +70,19 @@ except SystemExit:
 except BaseException:
     traceback.print_exc()
     sys.exit(1)
-'''
+"""
 
 
 def function_program(source: str, name: str, prelude: str = PRELUDE) -> str:
     """A stdin/stdout program that runs `source` (untrusted: it is only ever run in the sandbox)
     and prints canonical_json(name(*args)) for the arguments on stdin, one JSON value a line."""
-    return _HARNESS.format(canonical=inspect.getsource(code_formats.canonical),
-                           canonical_json=inspect.getsource(code_formats.canonical_json),
-                           source=source, name=name, prelude=prelude)
+    return _HARNESS.format(
+        canonical=inspect.getsource(code_formats.canonical),
+        canonical_json=inspect.getsource(code_formats.canonical_json),
+        source=source,
+        name=name,
+        prelude=prelude,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -86,8 +90,11 @@ def function_program(source: str, name: str, prelude: str = PRELUDE) -> str:
 
 # No unbounded quantifier before the literal "test": a search tries every start, and `\s*test` on
 # a long run of spaces would scan the rest of the run from each one (quadratic).
-_MARK_RE = re.compile(r"(?:(?:\*\*|__)[ \t]{0,8})?test\s*(input|output)\s*(?:#?\s*\d+)?\s*(?:\*\*|__)?\s*[:：]?\s*(?:\*\*|__)?",
-                      re.IGNORECASE)
+_MARK_RE = re.compile(
+    r"(?:(?:\*\*|__)[ "
+    r"\t]{0,8})?test\s*(input|output)\s*(?:#?\s*\d+)?\s*(?:\*\*|__)?\s*[:：]?\s*(?:\*\*|__)?",
+    re.IGNORECASE,
+)
 _FENCE_RE = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
 
@@ -98,7 +105,7 @@ def _segment_text(segment: str) -> str | None:
     if fence:
         body = fence.group(1)
         return body if body.strip() else None
-    if "```" in segment:                      # "``` 1 2 ```" on one line
+    if "```" in segment:  # "``` 1 2 ```" on one line
         inline = re.search(r"```(.*?)```", segment, re.DOTALL)
         return inline.group(1).strip() + "\n" if inline and inline.group(1).strip() else None
     text = segment.strip().split("\n\n")[0].strip().strip("`").strip()
@@ -113,13 +120,22 @@ def parse_tests(text: str, limit: int = MAX_TESTS) -> list[tuple[str, str]]:
     marks = list(_MARK_RE.finditer(text))
     tests: list[tuple[str, str]] = []
     for k, m in enumerate(marks):
-        if m.group(1).lower() != "input" or k + 1 >= len(marks) or marks[k + 1].group(1).lower() != "output":
+        if (
+            m.group(1).lower() != "input"
+            or k + 1 >= len(marks)
+            or marks[k + 1].group(1).lower() != "output"
+        ):
             continue
         out_end = marks[k + 2].start() if k + 2 < len(marks) else len(text)
-        inp = _segment_text(text[m.end():marks[k + 1].start()])
-        out = _segment_text(text[marks[k + 1].end():out_end])
+        inp = _segment_text(text[m.end() : marks[k + 1].start()])
+        out = _segment_text(text[marks[k + 1].end() : out_end])
         if inp is not None and out is not None:
-            tests.append((inp if inp.endswith("\n") else inp + "\n", out if out.endswith("\n") else out + "\n"))
+            tests.append(
+                (
+                    inp if inp.endswith("\n") else inp + "\n",
+                    out if out.endswith("\n") else out + "\n",
+                )
+            )
         if len(tests) >= limit:
             break
     return tests

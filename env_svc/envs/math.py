@@ -74,7 +74,7 @@ from env_svc.envs.answers import answers_match, judge_answer
 AGENTS = ("tool", "reasoner")
 FAILURE_REWARD = -1.0
 CODE_CHARS, STDOUT_CHARS, STDERR_CHARS = 1500, 800, 400
-SANDBOX_WAIT_S = 300.0      # how long a step waits for a busy or restarting sandbox
+SANDBOX_WAIT_S = 300.0  # how long a step waits for a busy or restarting sandbox
 
 # ---------------------------------------------------------------------------------------------
 # The environment
@@ -104,10 +104,10 @@ async def sandbox_call(fn: Any, *args: Any, wait_s: float = SANDBOX_WAIT_S, **kw
 class ToolRun:
     """A tool agent's program run in the sandbox (math and reasoning_gym's tool agents)."""
 
-    out: dict[str, Any]         # code, stdout, stderr (clipped, for the prompts), answer, error
-    info: dict[str, Any]        # the step's info so far (the sandbox's verdict)
-    stdout: str = ""            # the whole decoded stdout, to read an answer from
-    failure: tuple[str, str] | None = None     # (info key, message): no code block, a refusal, a crash
+    out: dict[str, Any]  # code, stdout, stderr (clipped, for the prompts), answer, error
+    info: dict[str, Any]  # the step's info so far (the sandbox's verdict)
+    stdout: str = ""  # the whole decoded stdout, to read an answer from
+    failure: tuple[str, str] | None = None  # (info key, message): no code block, a refusal, a crash
 
 
 async def run_tool(action: str, sandbox: Any, limits: Limits | None, env: str) -> ToolRun:
@@ -116,21 +116,34 @@ async def run_tool(action: str, sandbox: Any, limits: Limits | None, env: str) -
     run = ToolRun({"code": "", "stdout": "", "stderr": "", "answer": None, "error": ""}, {})
     code = extract_code(action)
     if code is None:
-        run.failure = ("parse_error", "no ```python code block found; put the program in one ```python ... ``` block")
+        run.failure = (
+            "parse_error",
+            "no ```python code block found; put the program in one ```python ... ``` block",
+        )
         return run
     run.out["code"] = _clip(code.strip(), CODE_CHARS)
     if sandbox is None:
-        raise FailedPrecondition(f"the {env} env's tool agent runs code, but no sandbox is configured: start "
-                                 "env_svc with --sandbox HOST:PORT (local mode does this)")
+        raise FailedPrecondition(
+            f"the {env} env's tool agent runs code, but no sandbox is configured: start "
+            "env_svc with --sandbox HOST:PORT (local mode does this)"
+        )
     kwargs = {} if limits is None else {"limits": limits}
     try:
         result = await sandbox_call(sandbox.execute, code, **kwargs)
-    except InvalidArgument as e:           # the program itself is unacceptable (e.g. a NUL byte)
+    except InvalidArgument as e:  # the program itself is unacceptable (e.g. a NUL byte)
         run.failure = ("exec_error", f"the sandbox refused the program: {e}")
         return run
-    run.stdout, stderr = _decode(getattr(result, "stdout", b"")), _decode(getattr(result, "stderr", b""))
-    run.out["stdout"], run.out["stderr"] = _clip(run.stdout.strip(), STDOUT_CHARS), _clip(stderr.strip(), STDERR_CHARS)
-    run.info["verdict"] = getattr(getattr(result, "verdict", None), "value", str(getattr(result, "verdict", "")))
+    run.stdout, stderr = (
+        _decode(getattr(result, "stdout", b"")),
+        _decode(getattr(result, "stderr", b"")),
+    )
+    run.out["stdout"], run.out["stderr"] = (
+        _clip(run.stdout.strip(), STDOUT_CHARS),
+        _clip(stderr.strip(), STDERR_CHARS),
+    )
+    run.info["verdict"] = getattr(
+        getattr(result, "verdict", None), "value", str(getattr(result, "verdict", ""))
+    )
     if failure := run_failure(result, stderr):
         run.failure = ("exec_error", failure)
     return run
@@ -142,14 +155,25 @@ def tool_limits(options: Mapping[str, Any], env: str) -> Limits:
     timeout_ms = int(float(options.get("tool_timeout_s", 5.0)) * 1000)
     if timeout_ms <= 0:
         raise ValueError(f"{env}: tool_timeout_s must be > 0")
-    return Limits(wall_timeout_ms=timeout_ms, cpu_time_ms=timeout_ms, memory_bytes=512 * 2**20,
-                  max_output_bytes=64 * 2**10, max_processes=16, max_file_bytes=2**20, max_open_files=64)
+    return Limits(
+        wall_timeout_ms=timeout_ms,
+        cpu_time_ms=timeout_ms,
+        memory_bytes=512 * 2**20,
+        max_output_bytes=64 * 2**10,
+        max_processes=16,
+        max_file_bytes=2**20,
+        max_open_files=64,
+    )
 
 
-def turn_options(options: Mapping[str, Any], agents: tuple[str, ...], name: str) -> tuple[tuple[str, ...], bool]:
+def turn_options(
+    options: Mapping[str, Any], agents: tuple[str, ...], name: str
+) -> tuple[tuple[str, ...], bool]:
     order = tuple(options.get("turn_order") or agents)
     if not order or len(set(order)) != len(order) or not set(order) <= set(agents):
-        raise ValueError(f"{name}: turn_order {list(order)} must list some of {list(agents)}, each once")
+        raise ValueError(
+            f"{name}: turn_order {list(order)} must list some of {list(agents)}, each once"
+        )
     return order, bool(options.get("parallel", False))
 
 
@@ -170,8 +194,11 @@ class ToolTurns:
         if out is None:
             return "The tool agent has not acted this turn."
         lines = program_lines(out, "Its output", "Its errors")
-        lines.append(f"The tool agent's answer: {out['answer']}" if out["answer"] is not None
-                     else f"The tool agent gave no answer: {out['error']}")
+        lines.append(
+            f"The tool agent's answer: {out['answer']}"
+            if out["answer"] is not None
+            else f"The tool agent gave no answer: {out['error']}"
+        )
         return "\n".join(lines)
 
     def _record(self, agent: str, text: str) -> None:
@@ -193,13 +220,20 @@ class MathEnv(ToolTurns, Environment):
     def __init__(self, options: Mapping[str, Any] | None = None):
         super().__init__(options)
         order, parallel = turn_options(self.options, AGENTS, self.name)
-        self.spec = EnvSpec(self.name, agents=order, turn_order=order,
-                            max_turns=int(self.options.get("max_turns", 4)), parallel=parallel,
-                            description="a reasoner and a tool agent solve a math problem")
+        self.spec = EnvSpec(
+            self.name,
+            agents=order,
+            turn_order=order,
+            max_turns=int(self.options.get("max_turns", 4)),
+            parallel=parallel,
+            description="a reasoner and a tool agent solve a math problem",
+        )
         self.sources = datasets.sources(self.options, "math")
         self.done_when = str(self.options.get("done_when", "correct"))
         if self.done_when not in ("correct", "agree"):
-            raise ValueError(f"math: done_when must be 'correct' or 'agree', got {self.done_when!r}")
+            raise ValueError(
+                f"math: done_when must be 'correct' or 'agree', got {self.done_when!r}"
+            )
         self.failure_reward = float(self.options.get("failure_reward", FAILURE_REWARD))
         self.rel_tol = float(self.options.get("rel_tol", 1e-6))
         self.abs_tol = float(self.options.get("abs_tol", 1e-9))
@@ -208,18 +242,20 @@ class MathEnv(ToolTurns, Environment):
         self.turn = 0
         self.acted: set[str] = set()
         self.done = self.success = False
-        self.answer: str | None = None          # the reasoner's latest answer (None when refused)
-        self.tool_answer: str | None = None     # the tool program's latest answer (None when refused)
-        self.tool_out: dict[str, Any] | None = None   # this turn's tool output
+        self.answer: str | None = None  # the reasoner's latest answer (None when refused)
+        self.tool_answer: str | None = None  # the tool program's latest answer (None when refused)
+        self.tool_out: dict[str, Any] | None = None  # this turn's tool output
         self.history: list[str] = []
-        self.notes: dict[str, str] = {}         # this turn's one-line summary per agent
+        self.notes: dict[str, str] = {}  # this turn's one-line summary per agent
 
     # ---- Environment ------------------------------------------------------------------------
 
     def reset(self, task_id: str, seed: int, split: str) -> None:
         if importlib.util.find_spec("sympy") is None:
-            raise FailedPrecondition("the math env checks answers with sympy, which is not installed: "
-                                     "`pip install sympy` where env_svc runs")
+            raise FailedPrecondition(
+                "the math env checks answers with sympy, which is not installed: "
+                "`pip install sympy` where env_svc runs"
+            )
         try:
             problems = datasets.load("math", self.sources[split], split)
         except datasets.DatasetError as e:
@@ -235,22 +271,38 @@ class MathEnv(ToolTurns, Environment):
         assert p is not None
         multi = len(self.spec.turn_order) > 1
         if agent == "tool":
-            role = ("You are the tool agent of a two-agent math team (you and a reasoner): write a Python "
-                    "program that computes the answer." if multi else "Write a Python program that computes the answer.")
+            role = (
+                "You are the tool agent of a two-agent math team (you and a reasoner): write a "
+                "Python program that computes the answer."
+                if multi
+                else "Write a Python program that computes the answer."
+            )
         else:
-            role = ("You are the reasoning agent of a two-agent math team (you and a tool agent who writes "
-                    "programs): give the final answer." if multi else "Solve the problem.")
-        parts = [f"{role}\nTurn {self.turn + 1} of {self.spec.max_turns}.", f"Problem:\n{p.question}"]
+            role = (
+                "You are the reasoning agent of a two-agent math team (you and a tool agent who "
+                "writes programs): give the final answer."
+                if multi
+                else "Solve the problem."
+            )
+        parts = [
+            f"{role}\nTurn {self.turn + 1} of {self.spec.max_turns}.",
+            f"Problem:\n{p.question}",
+        ]
         if self.history:
             parts.append("Previous turns:\n" + "\n".join(self.history[-6:]))
         if agent == "tool":
-            parts.append("Write the program in one ```python code block. It runs with Python 3 and its standard "
-                         "library only (fractions, math, itertools ...), without input. Print the final answer "
-                         "on the last line of the output.")
+            parts.append(
+                "Write the program in one ```python code block. It runs with Python 3 and its "
+                "standard library only (fractions, math, itertools ...), without input. Print the "
+                "final answer on the last line of the output."
+            )
         else:
             if "tool" in self.spec.turn_order:
                 parts.append(self._tool_report())
-            parts.append("Reason step by step, then give the final answer in \\boxed{}, e.g. \\boxed{\\frac{3}{4}}.")
+            parts.append(
+                "Reason step by step, then give the final answer in \\boxed{}, e.g. "
+                "\\boxed{\\frac{3}{4}}."
+            )
         return [{"role": "user", "content": "\n\n".join(parts)}]
 
     async def step(self, agent: str, action: str) -> StepResult:
@@ -258,7 +310,9 @@ class MathEnv(ToolTurns, Environment):
         if self.problem is None:
             raise RuntimeError("math: step() before reset()")
         if self.done:
-            return StepResult(self._team(), 0.0, True, self.success, {"error": "the episode is over"})
+            return StepResult(
+                self._team(), 0.0, True, self.success, {"error": "the episode is over"}
+            )
         action = action if isinstance(action, str) else ""
         result = await (self._tool(action) if agent == "tool" else self._reasoner(action))
         self.acted.add(agent)
@@ -277,22 +331,37 @@ class MathEnv(ToolTurns, Environment):
         """Whether `ans` is the problem's answer, or the JudgeError that refused it (off the event
         loop, like _matches)."""
         try:
-            return await asyncio.to_thread(judge_answer, ans, self.problem.answer, self.rel_tol, self.abs_tol)
+            return await asyncio.to_thread(
+                judge_answer, ans, self.problem.answer, self.rel_tol, self.abs_tol
+            )
         except JudgeError as e:
             return e
 
     def _refused(self, agent: str, ans: str, err: JudgeError, info: dict[str, Any]) -> StepResult:
         """A format failure: an answer the judge could not judge (too large, too deep, undefined)."""
         self._record(agent, f"gave an answer the judge refused ({err.reason})")
-        return StepResult(self._team(), self.failure_reward, False, False,
-                          failure_info(err, **info, answer=_clip(ans, 200), correct=False))
+        return StepResult(
+            self._team(),
+            self.failure_reward,
+            False,
+            False,
+            failure_info(err, **info, answer=_clip(ans, 200), correct=False),
+        )
 
     async def _reasoner(self, action: str) -> StepResult:
         ans = extract_answer(action)
         if ans is None:
             self._record("reasoner", "gave no \\boxed{} answer")
-            return StepResult(self._team(), self.failure_reward, False, False,
-                              {"parse_error": "no \\boxed{...} answer found; end with the final answer in \\boxed{}"})
+            return StepResult(
+                self._team(),
+                self.failure_reward,
+                False,
+                False,
+                {
+                    "parse_error": "no \\boxed{...} answer found; end with the final answer in "
+                    "\\boxed{}"
+                },
+            )
         verdict = await self._judge(ans)
         if isinstance(verdict, JudgeError):
             self.answer, self.success = None, False
@@ -322,7 +391,9 @@ class MathEnv(ToolTurns, Environment):
         if ans is None:
             out["error"] = "the program printed nothing"
             self._record("tool", "printed nothing")
-            return StepResult(self._team(), 0.0, False, False, {**info, "answer": None, "correct": False})
+            return StepResult(
+                self._team(), 0.0, False, False, {**info, "answer": None, "correct": False}
+            )
         verdict = await self._judge(ans)
         if isinstance(verdict, JudgeError):
             self.tool_answer = None
@@ -345,4 +416,6 @@ class MathEnv(ToolTurns, Environment):
 
     def _check(self, agent: str) -> None:
         if agent not in self.spec.agents:
-            raise ValueError(f"math: unknown agent {agent!r}; this environment's agents are {self.spec.agents}")
+            raise ValueError(
+                f"math: unknown agent {agent!r}; this environment's agents are {self.spec.agents}"
+            )

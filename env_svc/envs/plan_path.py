@@ -43,7 +43,7 @@ COST_STEP, COST_INVALID, R_GOAL, R_OPTIMAL, SHAPING = 0.01, 0.1, 1.0, 0.5, 1.0
 @dataclass
 class PathState:
     pos: tuple[int, int]
-    moves: int = 0          # moves made in the episode, invalid ones included
+    moves: int = 0  # moves made in the episode, invalid ones included
 
 
 def bfs_distances(grid: tuple[str, ...], source: tuple[int, int]) -> dict[tuple[int, int], int]:
@@ -61,7 +61,9 @@ def bfs_distances(grid: tuple[str, ...], source: tuple[int, int]) -> dict[tuple[
     return dist
 
 
-def shortest_path(grid: tuple[str, ...], start: tuple[int, int], goal: tuple[int, int]) -> list[str] | None:
+def shortest_path(
+    grid: tuple[str, ...], start: tuple[int, int], goal: tuple[int, int]
+) -> list[str] | None:
     """An optimal list of moves from start to goal, or None when unreachable."""
     dist = bfs_distances(grid, goal)
     if start not in dist:
@@ -82,8 +84,10 @@ class PlanPathEnv(PlanningEnv):
 
     name: ClassVar[str] = "plan_path"
     title: ClassVar[str] = "Plan-Path (grid path planning)"
-    stdin_doc: ClassVar[str] = ('keys: "grid" list of row strings with "#" wall and "." free, '
-                                '"pos" [row, col] current position, "goal" [row, col]; row 0 is the top')
+    stdin_doc: ClassVar[str] = (
+        'keys: "grid" list of row strings with "#" wall and "." free, '
+        '"pos" [row, col] current position, "goal" [row, col]; row 0 is the top'
+    )
     shared_on_fork = (*PlanningEnv.shared_on_fork, "grid", "dist")
 
     def __init__(self, options=None):
@@ -104,8 +108,10 @@ class PlanPathEnv(PlanningEnv):
     def generate(self, rng: random.Random) -> PathState:
         n = self.grid_size
         for _ in range(1000):
-            grid = tuple("".join("#" if rng.random() < self.wall_ratio else "." for _ in range(n))
-                         for _ in range(n))
+            grid = tuple(
+                "".join("#" if rng.random() < self.wall_ratio else "." for _ in range(n))
+                for _ in range(n)
+            )
             free = [(r, c) for r in range(n) for c in range(n) if grid[r][c] == "."]
             if len(free) < 2:
                 continue
@@ -124,16 +130,28 @@ class PlanPathEnv(PlanningEnv):
         pos = self.state.pos
         rows = []
         for r, line in enumerate(self.grid):
-            cells = ["S" if (r, c) == pos else "G" if (r, c) == self.goal else ch for c, ch in enumerate(line)]
+            cells = [
+                "S" if (r, c) == pos else "G" if (r, c) == self.goal else ch
+                for c, ch in enumerate(line)
+            ]
             rows.append("".join(cells))
-        return ("Grid ('#' wall, '.' free, 'S' you, 'G' goal; row 0 is the top):\n" + "\n".join(rows)
-                + f"\nYou are at {list(pos)} (row, col); the goal is at {list(self.goal)}.")
+        return (
+            "Grid ('#' wall, '.' free, 'S' you, 'G' goal; row 0 is the top):\n"
+            + "\n".join(rows)
+            + f"\nYou are at {list(pos)} (row, col); the goal is at {list(self.goal)}."
+        )
 
     def rules(self) -> str:
-        legal = [m for m, (dr, dc) in DIRECTIONS.items() if self._free(self.state.pos[0] + dr, self.state.pos[1] + dc)]
-        return ("Moves: \"U\" up (row-1), \"D\" down (row+1), \"L\" left (col-1), \"R\" right (col+1). "
-                "Walls and the grid's edge block a move. Reach G in as few moves as possible.\n"
-                f"Legal moves from here: {', '.join(legal) or 'none'}.")
+        legal = [
+            m
+            for m, (dr, dc) in DIRECTIONS.items()
+            if self._free(self.state.pos[0] + dr, self.state.pos[1] + dc)
+        ]
+        return (
+            'Moves: "U" up (row-1), "D" down (row+1), "L" left (col-1), "R" right (col+1). '
+            "Walls and the grid's edge block a move. Reach G in as few moves as possible.\n"
+            f"Legal moves from here: {', '.join(legal) or 'none'}."
+        )
 
     def puzzle_json(self) -> dict[str, Any]:
         return {"grid": list(self.grid), "pos": list(self.state.pos), "goal": list(self.goal)}
@@ -156,7 +174,7 @@ class PlanPathEnv(PlanningEnv):
             if self._free(*nxt):
                 costs += COST_STEP
                 pos, valid = nxt, valid + 1
-                if -self.dist[pos] > best:          # only a new best distance pays
+                if -self.dist[pos] > best:  # only a new best distance pays
                     gains += SHAPING * (-self.dist[pos] - best)
                     best = -self.dist[pos]
             else:
@@ -168,13 +186,29 @@ class PlanPathEnv(PlanningEnv):
                     gains += R_GOAL + (R_OPTIMAL if count == self.optimum else 0.0)
                     won = True
                 break
-        summary = "reached the goal" if reached else f"now at {list(pos)}, {self.dist[pos]} moves from the goal"
+        summary = (
+            "reached the goal"
+            if reached
+            else f"now at {list(pos)}, {self.dist[pos]} moves from the goal"
+        )
         if invalid:
             summary += f"; {invalid} invalid move{'s' if invalid > 1 else ''}"
-        info = {"valid_moves": valid, "invalid_moves": invalid, "pos": list(pos),
-                "distance": self.dist[pos], "optimal": reached and count == self.optimum}
-        return Outcome(PathState(pos, count), gains, costs, Record(best, won, rec.marks), solved=reached,
-                       summary=summary, info=info)
+        info = {
+            "valid_moves": valid,
+            "invalid_moves": invalid,
+            "pos": list(pos),
+            "distance": self.dist[pos],
+            "optimal": reached and count == self.optimum,
+        }
+        return Outcome(
+            PathState(pos, count),
+            gains,
+            costs,
+            Record(best, won, rec.marks),
+            solved=reached,
+            summary=summary,
+            info=info,
+        )
 
     def progress(self) -> float:
         return 1.0 - self.dist[self.state.pos] / self.optimum

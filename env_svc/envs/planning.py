@@ -85,12 +85,12 @@ from env_svc.envs._text import decode as _decode
 from env_svc.envs._text import program_lines, run_failure
 
 AGENTS = ("tool", "plan")
-FAILURE_REWARD = -1.0      # no code block, crash, timeout, no sandbox, no actions list, no `#### `...
-MIN_ANSWER_REWARD = -0.9   # minus the most an episode's costs are charged (above FAILURE_REWARD)
+FAILURE_REWARD = -1.0  # no code block, crash, timeout, no sandbox, no actions list, no `#### `...
+MIN_ANSWER_REWARD = -0.9  # minus the most an episode's costs are charged (above FAILURE_REWARD)
 MAX_MOVES_PER_ACTION = 400
 ACTIONS_MARKER = "**Actions List**:"
 PLAN_MARKER = "####"
-HISTORY_TURNS = 6          # earlier turns shown in a prompt (the most recent ones)
+HISTORY_TURNS = 6  # earlier turns shown in a prompt (the most recent ones)
 CODE_CHARS, STDOUT_CHARS, STDERR_CHARS = 1500, 600, 400
 
 
@@ -98,12 +98,14 @@ CODE_CHARS, STDOUT_CHARS, STDERR_CHARS = 1500, 600, 400
 class Record:
     """The best an agent's side of the episode has reached: what further moves are paid against."""
 
-    potential: float                                  # the highest potential reached so far
-    won: bool = False                                 # the win bonus was paid
-    marks: frozenset[Any] = frozenset()               # one-off events paid (Sokoban: goals reached)
+    potential: float  # the highest potential reached so far
+    won: bool = False  # the win bonus was paid
+    marks: frozenset[Any] = frozenset()  # one-off events paid (Sokoban: goals reached)
 
     def merge(self, other: Record) -> Record:
-        return Record(max(self.potential, other.potential), self.won or other.won, self.marks | other.marks)
+        return Record(
+            max(self.potential, other.potential), self.won or other.won, self.marks | other.marks
+        )
 
 
 @dataclass
@@ -111,13 +113,13 @@ class Outcome:
     """What a list of moves does to a state (computed on a copy; `state` is the new one)."""
 
     state: Any
-    gains: float                  # paid against the record: >= 0
-    costs: float                  # steps, invalid moves, failures: >= 0, charged by the ledger
-    record: Record                # the record after these moves
+    gains: float  # paid against the record: >= 0
+    costs: float  # steps, invalid moves, failures: >= 0, charged by the ledger
+    record: Record  # the record after these moves
     solved: bool = False
-    failed: bool = False          # irrecoverable (e.g. a Sokoban box in a dead square)
-    summary: str = ""             # one line for the history, e.g. "now at (3, 4); 1 invalid move"
-    info: dict[str, Any] = field(default_factory=dict)   # JSON-able details
+    failed: bool = False  # irrecoverable (e.g. a Sokoban box in a dead square)
+    summary: str = ""  # one line for the history, e.g. "now at (3, 4); 1 invalid move"
+    info: dict[str, Any] = field(default_factory=dict)  # JSON-able details
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,14 +143,18 @@ def _balanced(text: str, start: int, what: str) -> str:
         if ch == "[":
             depth += 1
             if depth > MAX_DEPTH:
-                raise JudgeError("too_deep", f"{what} nests brackets more than {MAX_DEPTH} deep; "
-                                             "answer with plain data")
+                raise JudgeError(
+                    "too_deep",
+                    f"{what} nests brackets more than {MAX_DEPTH} deep; answer with plain data",
+                )
         elif ch == "]":
             depth -= 1
             if depth == 0:
-                return text[start:i + 1]
+                return text[start : i + 1]
     if end < len(text):
-        raise JudgeError("too_large", f"{what} runs past {MAX_LITERAL_CHARS} characters; answer with less")
+        raise JudgeError(
+            "too_large", f"{what} runs past {MAX_LITERAL_CHARS} characters; answer with less"
+        )
     raise JudgeError("not_closed", f"{what} is not closed with ']'")
 
 
@@ -170,10 +176,12 @@ def parse_list_after(text: str, marker: str) -> tuple[Any, JudgeError | None]:
                 found = _balanced(text, j, what)
                 return literal(found, what), None
             except JudgeError as err:
-                if err.reason == "not_data":      # show the agent the literal it wrote
+                if err.reason == "not_data":  # show the agent the literal it wrote
                     err = JudgeError("not_data", f"{what} is not valid JSON: {_clip(found, 80)}")
                 return None, err
-    return None, JudgeError("no_list", f"'{marker}' is not followed by a JSON list like [\"U\", \"R\"]")
+    return None, JudgeError(
+        "no_list", f'\'{marker}\' is not followed by a JSON list like ["U", "R"]'
+    )
 
 
 def moves_text(moves: Any) -> str:
@@ -186,9 +194,9 @@ def moves_text(moves: Any) -> str:
 class PlanningEnv(Environment):
     """Base class: the tool/plan workflow; a subclass supplies one puzzle's rules."""
 
-    title: ClassVar[str] = ""             # "Plan-Path", used in prompts
+    title: ClassVar[str] = ""  # "Plan-Path", used in prompts
     default_max_turns: ClassVar[int] = 5  # the reference's stateful configs use max_turns 5
-    stdin_doc: ClassVar[str] = ""         # the keys of the puzzle JSON the tool program reads
+    stdin_doc: ClassVar[str] = ""  # the keys of the puzzle JSON the tool program reads
     example_moves: ClassVar[str] = '["U","R"]'
     # Attributes set by generate() and never changed after: forks share them instead of copying.
     shared_on_fork = (*Environment.shared_on_fork, "tool_limits")
@@ -198,29 +206,50 @@ class PlanningEnv(Environment):
         max_turns = int(self.options.get("max_turns", self.default_max_turns))
         order = turn_order_option(self.options, AGENTS, self.name)
         if order == ("tool",):
-            raise ValueError(f"{self.name}: the tool agent alone never plays a move; use turn_order [plan] "
-                             "for a single agent, or [tool, plan]")
+            raise ValueError(
+                f"{self.name}: the tool agent alone never plays a move; use turn_order [plan] "
+                "for a single agent, or [tool, plan]"
+            )
         self.solo = "tool" not in order
-        self.spec = EnvSpec(self.name, agents=AGENTS, turn_order=order, max_turns=max_turns,
-                            description=next(iter((self.__doc__ or "").strip().splitlines()), ""))
+        self.spec = EnvSpec(
+            self.name,
+            agents=AGENTS,
+            turn_order=order,
+            max_turns=max_turns,
+            description=next(iter((self.__doc__ or "").strip().splitlines()), ""),
+        )
         self.failure_reward = float(self.options.get("failure_reward", FAILURE_REWARD))
         self.min_answer_reward = float(self.options.get("min_answer_reward", MIN_ANSWER_REWARD))
         if not self.failure_reward < self.min_answer_reward <= 0:
-            raise ValueError(f"{self.name}: min_answer_reward ({self.min_answer_reward}) must be <= 0 and above "
-                             f"failure_reward ({self.failure_reward}), so that failing never pays")
+            raise ValueError(
+                f"{self.name}: min_answer_reward ({self.min_answer_reward}) must be <= 0 and above "
+                f"failure_reward ({self.failure_reward}), so that failing never pays"
+            )
         timeout_ms = int(float(self.options.get("tool_timeout_s", 5.0)) * 1000)
         if timeout_ms <= 0:
-            raise ValueError(f"{self.name}: tool_timeout_s must be > 0, got {self.options['tool_timeout_s']}")
-        self.tool_limits = None if Limits is None else Limits(
-            wall_timeout_ms=timeout_ms, cpu_time_ms=timeout_ms, memory_bytes=512 * 2**20,
-            max_output_bytes=64 * 2**10, max_processes=16, max_file_bytes=2**20, max_open_files=64)
+            raise ValueError(
+                f"{self.name}: tool_timeout_s must be > 0, got {self.options['tool_timeout_s']}"
+            )
+        self.tool_limits = (
+            None
+            if Limits is None
+            else Limits(
+                wall_timeout_ms=timeout_ms,
+                cpu_time_ms=timeout_ms,
+                memory_bytes=512 * 2**20,
+                max_output_bytes=64 * 2**10,
+                max_processes=16,
+                max_file_bytes=2**20,
+                max_open_files=64,
+            )
+        )
         self.state: Any = None
         self.task_id = ""
-        self.turn = 0                          # completed turns
+        self.turn = 0  # completed turns
         self.done = False
         self.success = False
         self.history: list[dict[str, str]] = []  # per completed turn: {"tool": ..., "plan": ...}
-        self.tool_out: dict[str, Any] | None = None   # this turn's tool output, for the plan agent
+        self.tool_out: dict[str, Any] | None = None  # this turn's tool output, for the plan agent
         # The ledgers (module docstring): what play has reached, what the tool agent was paid for
         # (at least what play has reached), and each agent's summed costs. None until reset();
         # simulate() then pays against the current state's own record.
@@ -279,28 +308,41 @@ class PlanningEnv(Environment):
         self._check_agent(agent)
         if self.state is None:
             raise RuntimeError(f"{self.name}: observe() before reset()")
-        role = ("You are the tool agent of a two-agent team: write a program that finds the moves."
-                if agent == "tool" else "You are solving this puzzle alone: decide the moves to play."
-                if self.solo else "You are the plan agent of a two-agent team: decide the moves to play.")
-        parts = [f"{role}\nPuzzle: {self.title}. Turn {self.turn + 1} of {self.spec.max_turns}.",
-                 self.render(), self.rules()]
+        role = (
+            "You are the tool agent of a two-agent team: write a program that finds the moves."
+            if agent == "tool"
+            else "You are solving this puzzle alone: decide the moves to play."
+            if self.solo
+            else "You are the plan agent of a two-agent team: decide the moves to play."
+        )
+        parts = [
+            f"{role}\nPuzzle: {self.title}. Turn {self.turn + 1} of {self.spec.max_turns}.",
+            self.render(),
+            self.rules(),
+        ]
         if self.history:
             shown = self.history[-HISTORY_TURNS:]
             first = len(self.history) - len(shown) + 1
-            lines = [f"Turn {first + i}: " + (h["plan"] if self.solo else f"tool {h['tool']}; plan {h['plan']}")
-                     for i, h in enumerate(shown)]
+            lines = [
+                f"Turn {first + i}: "
+                + (h["plan"] if self.solo else f"tool {h['tool']}; plan {h['plan']}")
+                for i, h in enumerate(shown)
+            ]
             parts.append("Previous turns:\n" + "\n".join(lines))
         if agent == "tool":
             parts.append(
                 "Write a Python program in one ```python code block. It reads the puzzle as JSON "
                 f"from stdin ({self.stdin_doc}) and must print one line:\n"
                 f"**Actions List**: {self.example_moves}\n"
-                "with the JSON list of moves that solves the puzzle from the current state.")
+                "with the JSON list of moves that solves the puzzle from the current state."
+            )
         else:
             if not self.solo:
                 parts.append(self._tool_report())
-            parts.append("End your answer with a line: #### followed by a JSON list of moves, "
-                         f"e.g.\n#### {self.example_moves}")
+            parts.append(
+                "End your answer with a line: #### followed by a JSON list of moves, "
+                f"e.g.\n#### {self.example_moves}"
+            )
         return [{"role": "user", "content": "\n\n".join(p for p in parts if p)}]
 
     async def step(self, agent: str, action: str) -> StepResult:
@@ -308,7 +350,9 @@ class PlanningEnv(Environment):
         if self.state is None:
             raise RuntimeError(f"{self.name}: step() before reset()")
         if self.done:
-            return StepResult(self._team(), 0.0, True, self.success, {"error": "the episode is over"})
+            return StepResult(
+                self._team(), 0.0, True, self.success, {"error": "the episode is over"}
+            )
         if agent == "tool":
             return await self._tool_step(action)
         return self._plan_step(action)
@@ -323,12 +367,17 @@ class PlanningEnv(Environment):
         def fail(message: str, reason: str = "") -> StepResult:
             """A format failure (reason: why the answer is malformed) or, without one, an exec failure."""
             out["error"] = message
-            info.update(failure_info(JudgeError(reason, message)) if reason else {"exec_error": message})
+            info.update(
+                failure_info(JudgeError(reason, message)) if reason else {"exec_error": message}
+            )
             return StepResult(self._team(), self.failure_reward, False, False, info)
 
         code = extract_code(action if isinstance(action, str) else "")
         if code is None:
-            return fail("no ```python code block found; put the program in one ```python ... ``` block", "no_code")
+            return fail(
+                "no ```python code block found; put the program in one ```python ... ``` block",
+                "no_code",
+            )
         out["code"] = _clip(code.strip(), CODE_CHARS)
         if self.sandbox is None:
             return fail("no sandbox configured")
@@ -341,16 +390,25 @@ class PlanningEnv(Environment):
             return fail(f"sandbox error: {type(e).__name__}: {e}")
         stdout = _decode(getattr(result, "stdout", b""))
         stderr = _decode(getattr(result, "stderr", b""))
-        out["stdout"], out["stderr"] = _clip(stdout.strip(), STDOUT_CHARS), _clip(stderr.strip(), STDERR_CHARS)
-        info["verdict"] = getattr(getattr(result, "verdict", None), "value", str(getattr(result, "verdict", "")))
+        out["stdout"], out["stderr"] = (
+            _clip(stdout.strip(), STDOUT_CHARS),
+            _clip(stderr.strip(), STDERR_CHARS),
+        )
+        info["verdict"] = getattr(
+            getattr(result, "verdict", None), "value", str(getattr(result, "verdict", ""))
+        )
         failure = run_failure(result, stderr)
         if failure:
             return fail(failure)
         moves, err = self._read_moves(stdout, ACTIONS_MARKER)
         if err is not None:
-            return fail(f"bad actions list: {err}" if err.reason == "bad_moves" else
-                        f"stdout has no actions list ({err}); print a line **Actions List**: {self.example_moves}",
-                        err.reason)
+            return fail(
+                f"bad actions list: {err}"
+                if err.reason == "bad_moves"
+                else f"stdout has no actions list ({err}); print a line **Actions List**: "
+                f"{self.example_moves}",
+                err.reason,
+            )
         out["actions"] = moves
         # Paid against the tool's own record: what play reached and its earlier proposals were paid.
         outcome = self.simulate(moves, self.paid_record(self.tool_record))
@@ -373,15 +431,24 @@ class PlanningEnv(Environment):
 
     def _plan_step(self, action: str) -> StepResult:
         tool = self.tool_out
-        tool_line = ("did not act" if tool is None else
-                     f"proposed {_clip(moves_text(tool['actions']), 200)}" if tool["actions"] is not None else
-                     f"failed ({_clip(tool['error'], 100)})")
+        tool_line = (
+            "did not act"
+            if tool is None
+            else f"proposed {_clip(moves_text(tool['actions']), 200)}"
+            if tool["actions"] is not None
+            else f"failed ({_clip(tool['error'], 100)})"
+        )
         moves, err = self._read_moves(action if isinstance(action, str) else "", PLAN_MARKER)
         if err is not None:
             message = f"{err}; end the answer with a line like: #### {self.example_moves}"
             self._end_turn(tool_line, f"answer malformed ({_clip(str(err), 100)})")
-            return StepResult(self._team(), self.failure_reward, False, False,
-                              failure_info(JudgeError(err.reason, message)))
+            return StepResult(
+                self._team(),
+                self.failure_reward,
+                False,
+                False,
+                failure_info(JudgeError(err.reason, message)),
+            )
         outcome = self.simulate(moves, self.record)
         self.state, self.record = outcome.state, outcome.record
         # What play reaches is no longer the tool agent's to be paid for.
@@ -392,7 +459,9 @@ class PlanningEnv(Environment):
         info = {"actions": moves, **outcome.info}
         if outcome.failed:
             info["failed"] = True
-        return StepResult(self._team(), self._score("plan", outcome, info), self.done, self.success, info)
+        return StepResult(
+            self._team(), self._score("plan", outcome, info), self.done, self.success, info
+        )
 
     def _end_turn(self, tool_line: str, plan_line: str) -> None:
         self.history.append({"tool": tool_line, "plan": plan_line})
@@ -427,19 +496,23 @@ class PlanningEnv(Environment):
         after = self.costs[agent] = before + outcome.costs
         m = -self.min_answer_reward
         charged = episode_charge(after, m) - episode_charge(before, m)
-        info.update(gains=round(outcome.gains, 6), costs=round(outcome.costs, 6), charged=round(charged, 6))
+        info.update(
+            gains=round(outcome.gains, 6), costs=round(outcome.costs, 6), charged=round(charged, 6)
+        )
         return round(outcome.gains - charged, 6)
 
     def _team(self) -> float:
         if self.success:
             return 1.0
-        if self.done:          # failed irrecoverably
+        if self.done:  # failed irrecoverably
             return 0.0
         return round(min(1.0, max(0.0, self.progress())), 6)
 
     def _check_agent(self, agent: str) -> None:
         if agent not in AGENTS:
-            raise ValueError(f"{self.name}: unknown agent {agent!r}; this environment's agents are {AGENTS}")
+            raise ValueError(
+                f"{self.name}: unknown agent {agent!r}; this environment's agents are {AGENTS}"
+            )
 
 
 def episode_charge(costs: float, m: float) -> float:
@@ -457,7 +530,7 @@ def episode_charge(costs: float, m: float) -> float:
 def direction_moves(value: Any, *, limit: int = MAX_MOVES_PER_ACTION) -> list[str]:
     """A checked list of U/D/L/R moves (case-insensitive); ValueError says what is wrong."""
     if not isinstance(value, list):
-        raise ValueError(f"expected a list of moves like [\"U\",\"R\"], got {type(value).__name__}")
+        raise ValueError(f'expected a list of moves like ["U","R"], got {type(value).__name__}')
     if not value:
         raise ValueError("the list of moves is empty; give at least one move")
     if len(value) > limit:
@@ -465,7 +538,9 @@ def direction_moves(value: Any, *, limit: int = MAX_MOVES_PER_ACTION) -> list[st
     moves = []
     for i, m in enumerate(value):
         if not isinstance(m, str) or m.strip().upper() not in DIRECTIONS:
-            raise ValueError(f"unknown move {_clip(repr(m), 40)} at position {i}; use only \"U\", \"D\", \"L\", \"R\"")
+            raise ValueError(
+                f'unknown move {_clip(repr(m), 40)} at position {i}; use only "U", "D", "L", "R"'
+            )
         moves.append(m.strip().upper())
     return moves
 

@@ -57,7 +57,7 @@ AGENTS = ("tool", "reasoner")
 FAILURE_REWARD = -1.0
 ANSWER_CHARS = 600
 INSTALL_HINT = "pip install 'atgrpo[benchmarks]'"
-OWNED_KEYS = ("seed", "size")     # create_dataset arguments this env sets from its own options
+OWNED_KEYS = ("seed", "size")  # create_dataset arguments this env sets from its own options
 
 
 def tagged_answer(text: str) -> str | None:
@@ -67,7 +67,7 @@ def tagged_answer(text: str) -> str | None:
     start = text.rfind("<answer>", 0, max(end, 0))
     if end < 0 or start < 0:
         return None
-    return text[start + len("<answer>"):end].strip() or None
+    return text[start + len("<answer>") : end].strip() or None
 
 
 def reasoner_answer(text: str) -> str | None:
@@ -101,7 +101,9 @@ def _library() -> Any:
     try:
         import reasoning_gym
     except ImportError:
-        raise ValueError(f"env reasoning_gym needs the reasoning-gym package: {INSTALL_HINT}") from None
+        raise ValueError(
+            f"env reasoning_gym needs the reasoning-gym package: {INSTALL_HINT}"
+        ) from None
     return reasoning_gym
 
 
@@ -113,12 +115,15 @@ def _dataset(name: str, config_json: str, seed: int, size: int) -> Any:
     try:
         return rg.create_dataset(name, seed=seed, size=size, **json.loads(config_json))
     except (TypeError, AssertionError, ValueError) as e:
-        raise ValueError(f"reasoning_gym: dataset {name!r} refused dataset_config {json.loads(config_json)}: "
-                         f"{type(e).__name__}: {e or 'its config check failed'}") from None
+        raise ValueError(
+            f"reasoning_gym: dataset {name!r} refused dataset_config {json.loads(config_json)}: "
+            f"{type(e).__name__}: {e or 'its config check failed'}"
+        ) from None
 
 
 def dataset_names() -> list[str]:
     from reasoning_gym.factory import DATASETS
+
     return sorted(DATASETS)
 
 
@@ -127,22 +132,37 @@ def check_dataset(name: Any, config: Any) -> tuple[str, str]:
     _library()
     names = dataset_names()
     if name is None:
-        raise ValueError("reasoning_gym: the option `dataset` is required: a reasoning-gym dataset name, "
-                         "e.g. basic_arithmetic")
+        raise ValueError(
+            "reasoning_gym: the option `dataset` is required: a reasoning-gym dataset name, "
+            "e.g. basic_arithmetic"
+        )
     if not isinstance(name, str) or name not in names:
-        some = ", ".join(n for n in ("basic_arithmetic", "leg_counting", "sudoku", "maze", "countdown") if n in names)
-        raise ValueError(f"reasoning_gym: unknown dataset {name!r}; use one of reasoning-gym's {len(names)} "
-                         f"datasets, e.g. {some} (all: reasoning_gym.factory.DATASETS)")
+        some = ", ".join(
+            n
+            for n in ("basic_arithmetic", "leg_counting", "sudoku", "maze", "countdown")
+            if n in names
+        )
+        raise ValueError(
+            f"reasoning_gym: unknown dataset {name!r}; use one of reasoning-gym's {len(names)} "
+            f"datasets, e.g. {some} (all: reasoning_gym.factory.DATASETS)"
+        )
     if not isinstance(config, Mapping):
-        raise ValueError(f"reasoning_gym: dataset_config must be a mapping of {name}'s config fields, got {config!r}")
+        raise ValueError(
+            f"reasoning_gym: dataset_config must be a mapping of {name}'s config fields, got "
+            f"{config!r}"
+        )
     if owned := sorted(set(config) & set(OWNED_KEYS)):
-        raise ValueError(f"reasoning_gym: dataset_config may not set {owned}; use the options data_seed, "
-                         "train_size and eval_size")
+        raise ValueError(
+            f"reasoning_gym: dataset_config may not set {owned}; use the options data_seed, "
+            "train_size and eval_size"
+        )
     try:
         config_json = json.dumps(dict(config), sort_keys=True)
     except (TypeError, ValueError):
-        raise ValueError(f"reasoning_gym: dataset_config must hold plain values, got {config!r}") from None
-    _dataset(name, config_json, 0, 1)      # the dataset's own config check, now rather than at reset
+        raise ValueError(
+            f"reasoning_gym: dataset_config must hold plain values, got {config!r}"
+        ) from None
+    _dataset(name, config_json, 0, 1)  # the dataset's own config check, now rather than at reset
     return name, config_json
 
 
@@ -160,24 +180,36 @@ class ReasoningGymEnv(ToolTurns, Environment):
     def __init__(self, options: Mapping[str, Any] | None = None):
         super().__init__(options)
         order, parallel = turn_options(self.options, AGENTS, self.name)
-        self.spec = EnvSpec(self.name, agents=order, turn_order=order,
-                            max_turns=int(self.options.get("max_turns", 1)), parallel=parallel,
-                            description="a reasoning-gym task: the dataset's own scorer grades the answer")
-        self.sizes = {"train": int(self.options.get("train_size", 10_000)),
-                      "eval": int(self.options.get("eval_size", 200))}
+        self.spec = EnvSpec(
+            self.name,
+            agents=order,
+            turn_order=order,
+            max_turns=int(self.options.get("max_turns", 1)),
+            parallel=parallel,
+            description="a reasoning-gym task: the dataset's own scorer grades the answer",
+        )
+        self.sizes = {
+            "train": int(self.options.get("train_size", 10_000)),
+            "eval": int(self.options.get("eval_size", 200)),
+        }
         for split, size in self.sizes.items():
             if not 1 <= size < EVAL_SEED_OFFSET:
-                raise ValueError(f"reasoning_gym: {split}_size must be in 1..{EVAL_SEED_OFFSET - 1}, got {size}")
+                raise ValueError(
+                    f"reasoning_gym: {split}_size must be in 1..{EVAL_SEED_OFFSET - 1}, got {size}"
+                )
         self.data_seed = int(self.options.get("data_seed", 0))
         self.failure_reward = float(self.options.get("failure_reward", FAILURE_REWARD))
         self.limits = tool_limits(self.options, self.name)
         # A run always passes options (atgrpo adds turn_order); only a listing builds with none.
-        self.source = check_dataset(self.options.get("dataset"), self.options.get("dataset_config") or {}) \
-            if self.options else None
+        self.source = (
+            check_dataset(self.options.get("dataset"), self.options.get("dataset_config") or {})
+            if self.options
+            else None
+        )
         self.dataset: Any = None
         self.entry: dict[str, Any] | None = None
         self.turn, self.acted, self.done = 0, set(), False
-        self.score = 0.0                        # the reasoner's latest score
+        self.score = 0.0  # the reasoner's latest score
         self.tool_out: dict[str, Any] | None = None
         self.history: list[str] = []
         self.notes: dict[str, str] = {}
@@ -186,8 +218,10 @@ class ReasoningGymEnv(ToolTurns, Environment):
 
     def reset(self, task_id: str, seed: int, split: str) -> None:
         if self.source is None:
-            raise InvalidArgument("env reasoning_gym needs the option `dataset` (a reasoning-gym dataset name, "
-                                  "e.g. basic_arithmetic)")
+            raise InvalidArgument(
+                "env reasoning_gym needs the option `dataset` (a reasoning-gym dataset name, "
+                "e.g. basic_arithmetic)"
+            )
         name, config_json = self.source
         offset = EVAL_SEED_OFFSET if split == "eval" else 0
         self.dataset = _dataset(name, config_json, self.data_seed + offset, self.sizes[split])
@@ -200,22 +234,34 @@ class ReasoningGymEnv(ToolTurns, Environment):
         if self.entry is None:
             raise RuntimeError("reasoning_gym: observe() before reset()")
         multi = len(self.spec.turn_order) > 1
-        role = ("You are the tool agent of a two-agent team (you and a reasoner): write a Python program "
-                "that computes the answer." if agent == "tool" else
-                "You are the reasoning agent of a two-agent team (you and a tool agent who writes programs): "
-                "give the final answer." if multi else "Solve the task.")
-        parts = [f"{role}\nTurn {self.turn + 1} of {self.spec.max_turns}.", f"Task:\n{self.entry['question']}"]
+        role = (
+            "You are the tool agent of a two-agent team (you and a reasoner): write a Python "
+            "program that computes the answer."
+            if agent == "tool"
+            else "You are the reasoning agent of a two-agent team (you and a tool agent who writes "
+            "programs): give the final answer."
+            if multi
+            else "Solve the task."
+        )
+        parts = [
+            f"{role}\nTurn {self.turn + 1} of {self.spec.max_turns}.",
+            f"Task:\n{self.entry['question']}",
+        ]
         if self.history:
             parts.append("Previous turns:\n" + "\n".join(self.history[-6:]))
         if agent == "tool":
-            parts.append("Write the program in one ```python code block. It runs with Python 3 and its standard "
-                         "library only, without input. Print the final answer on the last line, or between "
-                         "<answer> and </answer> when it spans several lines.")
+            parts.append(
+                "Write the program in one ```python code block. It runs with Python 3 and its "
+                "standard library only, without input. Print the final answer on the last line, or "
+                "between <answer> and </answer> when it spans several lines."
+            )
         else:
             if "tool" in self.spec.turn_order:
                 parts.append(self._tool_report())
-            parts.append("Think step by step, then give only the final answer between <answer> and </answer>, "
-                         "in exactly the format the task asks for.")
+            parts.append(
+                "Think step by step, then give only the final answer between <answer> and "
+                "</answer>, in exactly the format the task asks for."
+            )
         return [{"role": "user", "content": "\n\n".join(parts)}]
 
     async def step(self, agent: str, action: str) -> StepResult:
@@ -242,8 +288,10 @@ class ReasoningGymEnv(ToolTurns, Environment):
             scorer = scorer_for(name, self.dataset)
             if scorer is None:
                 if name in SYMPY_SCORED:
-                    math_text(answer)        # sympy's parse_expr evals: plain mathematics only
-                score = await asyncio.to_thread(WORKER.score, self.dataset, name, config_json, answer, self.entry)
+                    math_text(answer)  # sympy's parse_expr evals: plain mathematics only
+                score = await asyncio.to_thread(
+                    WORKER.score, self.dataset, name, config_json, answer, self.entry
+                )
             else:
                 score = _in_process(scorer, self.dataset, answer, self.entry)
         except JudgeError as e:
@@ -254,13 +302,24 @@ class ReasoningGymEnv(ToolTurns, Environment):
         answer = reasoner_answer(action)
         if answer is None:
             self._record("reasoner", "gave no <answer>")
-            return StepResult(self.score, self.failure_reward, False, False,
-                              {"parse_error": "no <answer>...</answer> found; end with the final answer in "
-                                              "<answer></answer> tags"})
+            return StepResult(
+                self.score,
+                self.failure_reward,
+                False,
+                False,
+                {
+                    "parse_error": "no <answer>...</answer> found; end with the final answer in "
+                    "<answer></answer> tags"
+                },
+            )
         self.score, info = await self._score(answer)
         self.done = self.score >= 1.0
         info.update(answer=_clip(answer, ANSWER_CHARS), score=self.score)
-        self._record("reasoner", f"answered {_clip(answer, 200)}" + ("" if self.done else " (not right)" + _unread(info)))
+        self._record(
+            "reasoner",
+            f"answered {_clip(answer, 200)}"
+            + ("" if self.done else " (not right)" + _unread(info)),
+        )
         local = self.failure_reward if "judge_error" in info else self.score
         return StepResult(self.score, local, self.done, self.done, info)
 
@@ -282,10 +341,15 @@ class ReasoningGymEnv(ToolTurns, Environment):
         score, extra = await self._score(answer)
         info.update(extra, answer=out["answer"], score=score)
         self._record("tool", f"printed {_clip(answer, 200)}" + _unread(info))
-        return StepResult(self.score, self.failure_reward if "judge_error" in info else score, False, False, info)
+        return StepResult(
+            self.score, self.failure_reward if "judge_error" in info else score, False, False, info
+        )
 
     # ---- helpers ----------------------------------------------------------------------------
 
     def _check(self, agent: str) -> None:
         if agent not in self.spec.agents:
-            raise ValueError(f"reasoning_gym: unknown agent {agent!r}; this environment's agents are {self.spec.agents}")
+            raise ValueError(
+                f"reasoning_gym: unknown agent {agent!r}; this environment's agents are "
+                f"{self.spec.agents}"
+            )

@@ -46,10 +46,10 @@ from typing import Any
 
 from atgrpo.sdk.judge import JudgeError, literal
 
-MAX_EXPR_CHARS = 1000    # countdown's six numbers with operators and brackets take under 100
+MAX_EXPR_CHARS = 1000  # countdown's six numbers with operators and brackets take under 100
 MAX_EXPR_TOKENS = 200
-MAX_EXPR_DEPTH = 32      # brackets and unary signs inside each other
-MAX_INT_DIGITS = 12      # the puzzles' numbers are small; a long one is not the puzzle's
+MAX_EXPR_DEPTH = 32  # brackets and unary signs inside each other
+MAX_INT_DIGITS = 12  # the puzzles' numbers are small; a long one is not the puzzle's
 
 Scorer = Callable[[Any, str, dict], float]
 
@@ -63,6 +63,7 @@ _INT_RE = re.compile(r"0|[1-9][0-9]*", re.ASCII)
 class Arithmetic:
     """An answer read as arithmetic: its exact value, the integers it is written with (in order)
     and the binary operators it uses."""
+
     value: Fraction = Fraction(0)
     numbers: list[int] = field(default_factory=list)
     operators: set[str] = field(default_factory=set)
@@ -70,15 +71,22 @@ class Arithmetic:
 
 def _tokens(text: str) -> list[str]:
     if len(text) > MAX_EXPR_CHARS:
-        raise JudgeError("too_large", f"the expression is {len(text)} characters, over {MAX_EXPR_CHARS}")
+        raise JudgeError(
+            "too_large", f"the expression is {len(text)} characters, over {MAX_EXPR_CHARS}"
+        )
     tokens: list[str] = []
     for m in _TOKEN_RE.finditer(text.strip()):
         op, word, other = m.groups()
         if other is not None:
-            raise JudgeError("not_data", f"{other!r} is not arithmetic: use numbers, + - * / and parentheses")
+            raise JudgeError(
+                "not_data", f"{other!r} is not arithmetic: use numbers, + - * / and parentheses"
+            )
         if word is not None and (not _INT_RE.fullmatch(word) or len(word) > MAX_INT_DIGITS):
             # 0e0, 1.0, 01, 1_0, 0x1 or a name: only the puzzle's numbers, written plainly, count
-            raise JudgeError("not_data", f"{word!r} is not a plain integer; write the puzzle's numbers as they are")
+            raise JudgeError(
+                "not_data",
+                f"{word!r} is not a plain integer; write the puzzle's numbers as they are",
+            )
         tokens.append(op or word)
         if len(tokens) > MAX_EXPR_TOKENS:
             raise JudgeError("too_large", f"the expression has over {MAX_EXPR_TOKENS} tokens")
@@ -153,11 +161,15 @@ def arithmetic(text: str, operators: Any = "+-*/") -> Arithmetic:
     outside `operators` (what the puzzle allows) is refused too."""
     out = _Parser(_tokens(text)).parse()
     if banned := out.operators - set(operators):
-        raise JudgeError("not_data", f"this puzzle does not allow {''.join(sorted(banned))}; use {' '.join(operators)}")
+        raise JudgeError(
+            "not_data",
+            f"this puzzle does not allow {''.join(sorted(banned))}; use {' '.join(operators)}",
+        )
     return out
 
 
 # ---- the safe scorers ------------------------------------------------------------------------
+
 
 def score_countdown(dataset: Any, answer: str, entry: dict) -> float:
     """countdown: 1.0 for the target from all the puzzle's numbers, each once; 0.05 (the
@@ -198,7 +210,7 @@ def _joined(value: Any, sep: str, item: Callable[[Any], str] = str) -> str | Non
 
 def _str_only(x: Any) -> str:
     if not isinstance(x, str):
-        raise TypeError("not a string")          # what str.join of a non-string raised in the dataset
+        raise TypeError("not a string")  # what str.join of a non-string raised in the dataset
     return x
 
 
@@ -217,28 +229,28 @@ def score_spiral_matrix(dataset: Any, answer: str, entry: dict) -> float:
     oracle, answer = entry["answer"].strip(), answer.strip()
     if answer == oracle:
         return 1.0
-    return 0.1 if _joined(_data(answer), " ") == oracle else 0.0      # the numbers as a Python list
+    return 0.1 if _joined(_data(answer), " ") == oracle else 0.0  # the numbers as a Python list
 
 
 def score_n_queens(dataset: Any, answer: str, entry: dict) -> float:
     valid = entry["metadata"]["valid_answers"]
     if answer in valid:
         return 1.0
-    return 0.5 if _grid(_data(answer), _str_only) in valid else 0.0   # a list of rows of "Q"/"_"
+    return 0.5 if _grid(_data(answer), _str_only) in valid else 0.0  # a list of rows of "Q"/"_"
 
 
 def score_binary_matrix(dataset: Any, answer: str, entry: dict) -> float:
     oracle = entry["answer"]
     if answer == oracle:
         return 1.0
-    return 0.1 if _grid(_data(answer), str) == oracle else 0.0       # a list of lists of numbers
+    return 0.1 if _grid(_data(answer), str) == oracle else 0.0  # a list of lists of numbers
 
 
 def score_string_insertion(dataset: Any, answer: str, entry: dict) -> float:
     oracle = entry["answer"]
     if answer == oracle:
         return 1.0
-    return 0.1 if _joined(_data(answer), "", _str_only) == oracle else 0.0   # a list of characters
+    return 0.1 if _joined(_data(answer), "", _str_only) == oracle else 0.0  # a list of characters
 
 
 def score_exact(dataset: Any, answer: str, entry: dict) -> float:
@@ -252,23 +264,57 @@ def score_decimal(dataset: Any, answer: str, entry: dict) -> float:
     if answer == entry["answer"]:
         return 1.0
     try:
-        return 1.0 if Decimal(answer.replace(",", "")) == Decimal(entry["answer"].replace(",", "")) else 0.0
-    except (ArithmeticError, ValueError):        # not a number (or a signalling NaN)
+        return (
+            1.0
+            if Decimal(answer.replace(",", "")) == Decimal(entry["answer"].replace(",", ""))
+            else 0.0
+        )
+    except (ArithmeticError, ValueError):  # not a number (or a signalling NaN)
         return 0.0
 
 
 SAFE: dict[str, Scorer] = {
-    "countdown": score_countdown, "puzzle24": score_puzzle24, "spiral_matrix": score_spiral_matrix,
-    "n_queens": score_n_queens, "binary_matrix": score_binary_matrix, "string_insertion": score_string_insertion,
-    "chain_sum": score_decimal, "products": score_decimal,
+    "countdown": score_countdown,
+    "puzzle24": score_puzzle24,
+    "spiral_matrix": score_spiral_matrix,
+    "n_queens": score_n_queens,
+    "binary_matrix": score_binary_matrix,
+    "string_insertion": score_string_insertion,
+    "chain_sum": score_decimal,
+    "products": score_decimal,
 }
 
 # ---- a gate for the symbolic answers sympy reads in the worker -------------------------------
 
-SYMPY_SCORED = frozenset({"polynomial_multiplication", "simple_integration", "intermediate_integration"})
-_MATH_NAMES = frozenset({"sin", "cos", "tan", "cot", "sec", "csc", "asin", "acos", "atan", "sinh", "cosh", "tanh",
-                         "exp", "log", "ln", "sqrt", "pi", "Abs", "abs"})
-_MATH_RE = re.compile(r"\s*(?:([0-9]+(?:\.[0-9]*)?|\.[0-9]+)|([A-Za-z]+)|(\*\*|[-+*/^(),])|(\S))", re.ASCII)
+SYMPY_SCORED = frozenset(
+    {"polynomial_multiplication", "simple_integration", "intermediate_integration"}
+)
+_MATH_NAMES = frozenset(
+    {
+        "sin",
+        "cos",
+        "tan",
+        "cot",
+        "sec",
+        "csc",
+        "asin",
+        "acos",
+        "atan",
+        "sinh",
+        "cosh",
+        "tanh",
+        "exp",
+        "log",
+        "ln",
+        "sqrt",
+        "pi",
+        "Abs",
+        "abs",
+    }
+)
+_MATH_RE = re.compile(
+    r"\s*(?:([0-9]+(?:\.[0-9]*)?|\.[0-9]+)|([A-Za-z]+)|(\*\*|[-+*/^(),])|(\S))", re.ASCII
+)
 
 
 MAX_EXPONENT = 1000
@@ -279,8 +325,10 @@ def math_text(answer: str) -> None:
     eval) sees it: numbers, one-letter symbols, the usual functions, operators and brackets; no
     power towers (9**9**9**9) or literal exponents over MAX_EXPONENT, which sympy would compute."""
     if len(answer) > MAX_EXPR_CHARS * 4:
-        raise JudgeError("too_large", f"the expression is {len(answer)} characters, over {MAX_EXPR_CHARS * 4}")
-    last: list[str] = []                                 # the tokens so far, for the power rules
+        raise JudgeError(
+            "too_large", f"the expression is {len(answer)} characters, over {MAX_EXPR_CHARS * 4}"
+        )
+    last: list[str] = []  # the tokens so far, for the power rules
     for m in _MATH_RE.finditer(answer):
         number, name, op, other = m.groups()
         if other is not None:
@@ -289,7 +337,9 @@ def math_text(answer: str) -> None:
             raise JudgeError("not_data", f"{name!r} is not a symbol or a known function")
         power = op in ("**", "^")
         if power and len(last) >= 2 and last[-2] in ("**", "^"):
-            raise JudgeError("too_large", "a power of a power (a tower) is too large to judge; use brackets")
+            raise JudgeError(
+                "too_large", "a power of a power (a tower) is too large to judge; use brackets"
+            )
         if number is not None and last[-1:] in (["**"], ["^"]) and float(number) > MAX_EXPONENT:
             raise JudgeError("too_large", f"an exponent over {MAX_EXPONENT} is too large to judge")
         last = [*last[-1:], number or name or op]
@@ -300,6 +350,7 @@ def scorer_for(name: str, dataset: Any) -> Scorer | None:
     if name in SAFE:
         return SAFE[name]
     from reasoning_gym.dataset import ProceduralDataset
+
     if type(dataset).score_answer is ProceduralDataset.score_answer:
         return score_exact
     return None

@@ -47,12 +47,12 @@ from typing import Any
 
 from atgrpo.sdk.judge import MAX_LITERAL_CHARS, JudgeError
 
-SCORE_TIMEOUT_S = 5.0           # one score_answer call (sympy's slowest honest answers take well under 1 s)
-REQUEST_TIMEOUT_S = 60.0        # one request: the worker's start and a dataset's first build included
+SCORE_TIMEOUT_S = 5.0  # one score_answer call (sympy's slowest honest answers take well under 1 s)
+REQUEST_TIMEOUT_S = 60.0  # one request: the worker's start and a dataset's first build included
 ANSWER_CHARS = MAX_LITERAL_CHARS
 NOBODY = 65534
 MEMORY_MARGIN = 1 << 30
-MAX_FRAME = 64 << 20            # a request carries one entry; an ARC grid entry is tens of KiB
+MAX_FRAME = 64 << 20  # a request carries one entry; an ARC grid entry is tens of KiB
 ROOT = Path(__file__).resolve().parents[2]
 
 # ---- framing ---------------------------------------------------------------------------------
@@ -86,7 +86,7 @@ def _write_all(fd: int, data: bytes, deadline: float) -> None:
         if left <= 0 or not select.select([], [fd], [], left)[1]:
             raise TimeoutError
         try:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         except BlockingIOError:
             continue
 
@@ -103,8 +103,9 @@ def _read_frame(fd: int, deadline: float | None = None) -> bytes:
 
 @functools.lru_cache(maxsize=32)
 def _dataset(module: str, name: str, config_json: str, seed: int, size: int) -> Any:
-    importlib.import_module(module)      # registers a dataset defined outside reasoning-gym itself
+    importlib.import_module(module)  # registers a dataset defined outside reasoning-gym itself
     import reasoning_gym
+
     return reasoning_gym.create_dataset(name, seed=seed, size=size, **json.loads(config_json))
 
 
@@ -113,13 +114,18 @@ def _serve(request: dict[str, Any], out_fd: int) -> dict[str, Any]:
     try:
         dataset = _dataset(*key)
     except Exception as e:  # noqa: BLE001 - reported to the env, which could build it itself
-        return {"error": "scorer_error", "message": f"building the dataset failed: {type(e).__name__}: {e}"[:300]}
+        return {
+            "error": "scorer_error",
+            "message": f"building the dataset failed: {type(e).__name__}: {e}"[:300],
+        }
     if key not in _warm:
         _warm.add(key)
         _warm_up(dataset, request["entry"], request["timeout"])
     try:
-        return _score_in_child(dataset, request["answer"][:ANSWER_CHARS], request["entry"], request["timeout"], out_fd)
-    except OSError as e:                                  # fork or pipe refused (no memory, no pids)
+        return _score_in_child(
+            dataset, request["answer"][:ANSWER_CHARS], request["entry"], request["timeout"], out_fd
+        )
+    except OSError as e:  # fork or pipe refused (no memory, no pids)
         return {"error": "scorer_error", "message": f"could not start the scorer: {e}"}
 
 
@@ -144,11 +150,13 @@ def _alarm(signum: int, frame: Any) -> None:
     raise TimeoutError("the warm-up ran over its time")
 
 
-def _score_in_child(dataset: Any, answer: str, entry: dict, timeout: float, out_fd: int) -> dict[str, Any]:
+def _score_in_child(
+    dataset: Any, answer: str, entry: dict, timeout: float, out_fd: int
+) -> dict[str, Any]:
     """score_answer in a child forked for this call; its verdict comes back as one short line."""
     r, w = os.pipe()
     pid = os.fork()
-    if pid == 0:                                          # the child: never returns
+    if pid == 0:  # the child: never returns
         os.close(r)
         _child(dataset, answer, entry, timeout, w, out_fd)
     os.close(w)
@@ -177,7 +185,7 @@ def _read_child(fd: int, deadline: float) -> bytes | None:
 
 def _reap(pid: int) -> None:
     try:
-        os.kill(pid, signal.SIGKILL)                      # done or not, it has nothing left to say
+        os.kill(pid, signal.SIGKILL)  # done or not, it has nothing left to say
     except ProcessLookupError:
         pass
     os.waitpid(pid, 0)
@@ -194,7 +202,10 @@ def _verdict(data: bytes) -> dict[str, Any]:
     except ValueError:
         score = math.nan
     if not 0.0 <= score <= 1.0:
-        return {"error": "scorer_error", "message": f"the scorer died or returned no score in [0, 1]: {text[:60]!r}"}
+        return {
+            "error": "scorer_error",
+            "message": f"the scorer died or returned no score in [0, 1]: {text[:60]!r}",
+        }
     return {"score": score}
 
 
@@ -202,7 +213,11 @@ def _child(dataset: Any, answer: str, entry: dict, timeout: float, w: int, out_f
     try:
         _isolate(out_fd, timeout)
         score = dataset.score_answer(answer, entry)
-        line = f"S{float(score)!r}" if isinstance(score, numbers.Real) else f"Ethe scorer returned a {type(score).__name__}"
+        line = (
+            f"S{float(score)!r}"
+            if isinstance(score, numbers.Real)
+            else f"Ethe scorer returned a {type(score).__name__}"
+        )
     except BaseException as e:  # noqa: BLE001 - whatever the scorer raises is the answer's failure
         line = f"E{type(e).__name__}: {e}"
     try:
@@ -222,7 +237,7 @@ def _isolate(out_fd: int, timeout: float) -> None:
         os.setgid(NOBODY)
         os.setuid(NOBODY)
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.unshare(0x10000000 | 0x40000000)                 # CLONE_NEWUSER | CLONE_NEWNET
+    libc.unshare(0x10000000 | 0x40000000)  # CLONE_NEWUSER | CLONE_NEWNET
     _landlock(libc)
     cpu = math.ceil(timeout)
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
@@ -241,7 +256,7 @@ _READ = (1 << 2) | (1 << 3)
 
 def _landlock(libc: Any) -> None:
     libc.syscall.restype = ctypes.c_long
-    abi = libc.syscall(444, None, 0, 1)                  # landlock_create_ruleset(NULL, 0, VERSION)
+    abi = libc.syscall(444, None, 0, 1)  # landlock_create_ruleset(NULL, 0, VERSION)
     if abi < 1:
         return
     fs = _LANDLOCK_FS[max(v for v in _LANDLOCK_FS if v <= abi)] & ~_READ
@@ -250,8 +265,8 @@ def _landlock(libc: Any) -> None:
     ruleset = libc.syscall(444, ctypes.c_char_p(attr), ctypes.c_size_t(size), 0)
     if ruleset < 0:
         return
-    libc.prctl(38, 1, 0, 0, 0)                            # PR_SET_NO_NEW_PRIVS, which Landlock needs
-    libc.syscall(446, ruleset, 0)                         # landlock_restrict_self
+    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS, which Landlock needs
+    libc.syscall(446, ruleset, 0)  # landlock_restrict_self
     os.close(ruleset)
 
 
@@ -260,7 +275,7 @@ def main() -> None:
     worker keeps it on its own descriptor and points stdout at stderr."""
     out_fd = os.dup(1)
     os.dup2(2, 1)
-    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)               # PR_SET_DUMPABLE 0: children cannot open /proc/<worker>
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: children cannot open /proc/<worker>
     while True:
         try:
             request = pickle.loads(_read_frame(0))
@@ -284,23 +299,38 @@ class ScorerWorker:
     def score(self, dataset: Any, name: str, config_json: str, answer: str, entry: dict) -> float:
         """The dataset's own score of `answer` for `entry`, or JudgeError."""
         if len(answer) > ANSWER_CHARS:
-            raise JudgeError("too_large", f"the answer is {len(answer)} characters, over {ANSWER_CHARS}")
-        request = {"module": type(dataset).__module__, "name": name, "config": config_json,
-                   "seed": dataset.seed, "size": dataset.size, "answer": answer, "entry": entry,
-                   "timeout": SCORE_TIMEOUT_S}
+            raise JudgeError(
+                "too_large", f"the answer is {len(answer)} characters, over {ANSWER_CHARS}"
+            )
+        request = {
+            "module": type(dataset).__module__,
+            "name": name,
+            "config": config_json,
+            "seed": dataset.seed,
+            "size": dataset.size,
+            "answer": answer,
+            "entry": entry,
+            "timeout": SCORE_TIMEOUT_S,
+        }
         try:
             body = pickle.dumps(request)
         except Exception as e:  # noqa: BLE001 - an entry holding something pickle cannot carry
-            raise JudgeError("scorer_error", f"the entry cannot be sent to the scorer worker: {e}") from None
-        deadline = time.monotonic() + REQUEST_TIMEOUT_S      # waiting for the lock counts: a hung
-        if not self.lock.acquire(timeout=REQUEST_TIMEOUT_S):   # worker fails its queue in time too
-            raise JudgeError("scorer_timeout", f"the scorer worker was busy for {REQUEST_TIMEOUT_S:g} s")
+            raise JudgeError(
+                "scorer_error", f"the entry cannot be sent to the scorer worker: {e}"
+            ) from None
+        deadline = time.monotonic() + REQUEST_TIMEOUT_S  # waiting for the lock counts: a hung
+        if not self.lock.acquire(timeout=REQUEST_TIMEOUT_S):  # worker fails its queue in time too
+            raise JudgeError(
+                "scorer_timeout", f"the scorer worker was busy for {REQUEST_TIMEOUT_S:g} s"
+            )
         try:
             reply = self._call(body, deadline)
         finally:
             self.lock.release()
         if "error" in reply:
-            raise JudgeError(str(reply["error"]), f"the dataset's scorer failed: {reply.get('message', '')}")
+            raise JudgeError(
+                str(reply["error"]), f"the dataset's scorer failed: {reply.get('message', '')}"
+            )
         return float(reply["score"])
 
     def _call(self, body: bytes, deadline: float) -> dict[str, Any]:
@@ -310,19 +340,30 @@ class ScorerWorker:
             return json.loads(_read_frame(proc.stdout.fileno(), deadline))
         except TimeoutError:
             self.stop()
-            raise JudgeError("scorer_timeout", f"the scorer worker gave no reply in {REQUEST_TIMEOUT_S:g} s") from None
+            raise JudgeError(
+                "scorer_timeout", f"the scorer worker gave no reply in {REQUEST_TIMEOUT_S:g} s"
+            ) from None
         except (OSError, EOFError, ValueError) as e:
             self.stop()
-            raise JudgeError("scorer_error", f"the scorer worker failed ({type(e).__name__}); "
-                                             "it restarts on the next answer") from None
+            raise JudgeError(
+                "scorer_error",
+                f"the scorer worker failed ({type(e).__name__}); it restarts on the next answer",
+            ) from None
 
     def _running(self) -> subprocess.Popen:
         if self.proc is None or self.proc.poll() is not None:
             self.stop()
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-                   "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}   # no thread pools in a process that forks
-            self.proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-                                         cwd=ROOT)
+            env = {
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(
+                    filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
+                ),
+                "OPENBLAS_NUM_THREADS": "1",
+                "OMP_NUM_THREADS": "1",
+            }  # no thread pools in a process that forks
+            self.proc = subprocess.Popen(
+                self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=ROOT
+            )
             os.set_blocking(self.proc.stdin.fileno(), False)
         return self.proc
 

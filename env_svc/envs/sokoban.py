@@ -51,7 +51,7 @@ Cell = tuple[int, int]
 @dataclass
 class SokobanState:
     player: Cell
-    boxes: tuple[Cell, ...]     # sorted
+    boxes: tuple[Cell, ...]  # sorted
     moves: int = 0
 
 
@@ -66,8 +66,8 @@ def dead_squares(floor: frozenset[Cell], goals: frozenset[Cell]) -> frozenset[Ce
     while queue:
         y = queue.popleft()
         for d in DIRECTIONS.values():
-            x = (y[0] - d[0], y[1] - d[1])           # the box was at x, pushed by d onto y ...
-            p = (x[0] - d[0], x[1] - d[1])           # ... by the player standing at p
+            x = (y[0] - d[0], y[1] - d[1])  # the box was at x, pushed by d onto y ...
+            p = (x[0] - d[0], x[1] - d[1])  # ... by the player standing at p
             if x in floor and p in floor and x not in live:
                 live.add(x)
                 queue.append(x)
@@ -78,8 +78,15 @@ def box_distance(boxes: tuple[Cell, ...], goals: tuple[Cell, ...]) -> int:
     return sum(min(abs(b[0] - g[0]) + abs(b[1] - g[1]) for g in goals) for b in boxes)
 
 
-def solve_sokoban(floor: frozenset[Cell], goals: frozenset[Cell], boxes: tuple[Cell, ...], player: Cell,
-                  *, dead: frozenset[Cell] | None = None, max_states: int = 300_000) -> list[str] | None:
+def solve_sokoban(
+    floor: frozenset[Cell],
+    goals: frozenset[Cell],
+    boxes: tuple[Cell, ...],
+    player: Cell,
+    *,
+    dead: frozenset[Cell] | None = None,
+    max_states: int = 300_000,
+) -> list[str] | None:
     """A move-optimal solution (BFS over (player, boxes)), [] when already solved, or None when
     unsolvable or over `max_states` states."""
     dead = dead_squares(floor, goals) if dead is None else dead
@@ -137,8 +144,10 @@ class SokobanEnv(PlanningEnv):
 
     name: ClassVar[str] = "sokoban"
     title: ClassVar[str] = "Sokoban"
-    stdin_doc: ClassVar[str] = ('keys: "grid" list of row strings (legend above), "player" [row, col], '
-                                '"boxes" and "goals" lists of [row, col]; row 0 is the top')
+    stdin_doc: ClassVar[str] = (
+        'keys: "grid" list of row strings (legend above), "player" [row, col], '
+        '"boxes" and "goals" lists of [row, col]; row 0 is the top'
+    )
     shared_on_fork = (*PlanningEnv.shared_on_fork, "floor", "goals", "dead")
 
     def __init__(self, options=None):
@@ -149,8 +158,10 @@ class SokobanEnv(PlanningEnv):
         if not 5 <= self.size <= 8:
             raise ValueError(f"sokoban: size must be in 5..8, got {self.size}")
         if not 1 <= self.num_boxes <= (3 if self.size >= 7 else 2):
-            raise ValueError(f"sokoban: boxes must be 1..{3 if self.size >= 7 else 2} for size {self.size}, "
-                             f"got {self.num_boxes}")
+            raise ValueError(
+                f"sokoban: boxes must be 1..{3 if self.size >= 7 else 2} for size {self.size}, "
+                f"got {self.num_boxes}"
+            )
         if self.max_moves < 1:
             raise ValueError(f"sokoban: max_moves must be >= 1, got {self.max_moves}")
         self.floor: frozenset[Cell] = frozenset()
@@ -171,7 +182,11 @@ class SokobanEnv(PlanningEnv):
                 if len(trial) >= 2 * k + 4 and _connected(trial):
                     floor = trial
             picks = rng.sample(sorted(floor), 2 * k + 1)
-            goals, boxes, player = tuple(sorted(picks[:k])), tuple(sorted(picks[k:2 * k])), picks[2 * k]
+            goals, boxes, player = (
+                tuple(sorted(picks[:k])),
+                tuple(sorted(picks[k : 2 * k])),
+                picks[2 * k],
+            )
             frozen_floor, frozen_goals = frozenset(floor), frozenset(goals)
             dead = dead_squares(frozen_floor, frozen_goals)
             if any(b in dead for b in boxes) or box_distance(boxes, goals) < 2:
@@ -181,8 +196,10 @@ class SokobanEnv(PlanningEnv):
             self.floor, self.goals, self.dead = frozen_floor, goals, dead
             self.d0 = box_distance(boxes, goals)
             return SokobanState(player, boxes)
-        raise RuntimeError(f"sokoban: no solvable room found for size {n} with {k} boxes; "
-                           "use fewer boxes or a larger size")
+        raise RuntimeError(
+            f"sokoban: no solvable room found for size {n} with {k} boxes; "
+            "use fewer boxes or a larger size"
+        )
 
     def grid_rows(self) -> list[str]:
         st, goals = self.state, set(self.goals)
@@ -204,29 +221,41 @@ class SokobanEnv(PlanningEnv):
 
     def render(self) -> str:
         on = sum(b in self.goals for b in self.state.boxes)
-        return ("Room ('#' wall, '_' floor, '.' goal, '$' box, '*' box on goal, '@' you, "
-                "'+' you on a goal; row 0 is the top):\n" + "\n".join(self.grid_rows())
-                + f"\nYou are at {list(self.state.player)}; boxes {[list(b) for b in self.state.boxes]}; "
-                f"goals {[list(g) for g in self.goals]}; boxes on goals: {on}/{len(self.goals)}.")
+        return (
+            "Room ('#' wall, '_' floor, '.' goal, '$' box, '*' box on goal, '@' you, "
+            "'+' you on a goal; row 0 is the top):\n"
+            + "\n".join(self.grid_rows())
+            + f"\nYou are at {list(self.state.player)}; boxes "
+            f"{[list(b) for b in self.state.boxes]}; goals {[list(g) for g in self.goals]}; boxes "
+            f"on goals: {on}/{len(self.goals)}."
+        )
 
     def rules(self) -> str:
         legal = [m for m, d in DIRECTIONS.items() if self._legal(self.state, d)]
-        return ("Moves: \"U\" up (row-1), \"D\" down (row+1), \"L\" left (col-1), \"R\" right (col+1). "
-                "Walking into a box pushes it if the cell behind it is free; boxes cannot be pulled. "
-                "A box pushed into a corner or along a wall away from every goal is lost. "
-                "Put every box on a goal.\n"
-                f"Legal moves from here: {', '.join(legal) or 'none'}.")
+        return (
+            'Moves: "U" up (row-1), "D" down (row+1), "L" left (col-1), "R" right (col+1). '
+            "Walking into a box pushes it if the cell behind it is free; boxes cannot be pulled. "
+            "A box pushed into a corner or along a wall away from every goal is lost. "
+            "Put every box on a goal.\n"
+            f"Legal moves from here: {', '.join(legal) or 'none'}."
+        )
 
     def puzzle_json(self) -> dict[str, Any]:
-        return {"grid": self.grid_rows(), "player": list(self.state.player),
-                "boxes": [list(b) for b in self.state.boxes], "goals": [list(g) for g in self.goals]}
+        return {
+            "grid": self.grid_rows(),
+            "player": list(self.state.player),
+            "boxes": [list(b) for b in self.state.boxes],
+            "goals": [list(g) for g in self.goals],
+        }
 
     def parse_moves(self, value: Any) -> list[str]:
         return direction_moves(value)
 
     def start_record(self) -> Record:
         boxes = self.state.boxes
-        return Record(-box_distance(boxes, self.goals), marks=frozenset(b for b in boxes if b in self.goals))
+        return Record(
+            -box_distance(boxes, self.goals), marks=frozenset(b for b in boxes if b in self.goals)
+        )
 
     def simulate(self, moves: list[str], record: Record | None = None) -> Outcome:
         rec = self.paid_record(record)
@@ -247,13 +276,15 @@ class SokobanEnv(PlanningEnv):
                 player = q
             if pushed_to:
                 pushes += 1
-                if pushed_to in goals and pushed_to not in reached:   # a goal's first arrival pays once
+                if (
+                    pushed_to in goals and pushed_to not in reached
+                ):  # a goal's first arrival pays once
                     gains += R_ON_GOAL
                     reached.add(pushed_to)
                 elif q in goals and pushed_to not in goals:
                     costs += COST_OFF_GOAL
                 phi = -box_distance(tuple(boxes), self.goals)
-                if phi > best:                                         # only a new lowest D pays
+                if phi > best:  # only a new lowest D pays
                     gains += SHAPING * (phi - best)
                     best = phi
             if boxes <= goals:
@@ -262,7 +293,9 @@ class SokobanEnv(PlanningEnv):
                 won = True
                 break
             if pushed_to and pushed_to in self.dead:
-                failed = f"box pushed to {list(pushed_to)}, a dead square: it can never reach a goal"
+                failed = (
+                    f"box pushed to {list(pushed_to)}, a dead square: it can never reach a goal"
+                )
             elif count >= self.max_moves:
                 failed = f"the move budget of {self.max_moves} is spent"
             if failed:
@@ -270,15 +303,33 @@ class SokobanEnv(PlanningEnv):
                 break
         new = SokobanState(player, tuple(sorted(boxes)), count)
         on = len(boxes & goals)
-        summary = ("solved: every box is on a goal" if solved else f"failed: {failed}" if failed
-                   else f"now at {list(player)}, {on}/{len(goals)} boxes on goals")
+        summary = (
+            "solved: every box is on a goal"
+            if solved
+            else f"failed: {failed}"
+            if failed
+            else f"now at {list(player)}, {on}/{len(goals)} boxes on goals"
+        )
         if invalid:
             summary += f"; {invalid} invalid move{'s' if invalid > 1 else ''}"
-        info = {"invalid_moves": invalid, "pushes": pushes, "boxes_on_goals": on, "player": list(player)}
+        info = {
+            "invalid_moves": invalid,
+            "pushes": pushes,
+            "boxes_on_goals": on,
+            "player": list(player),
+        }
         if failed:
             info["failure"] = failed
-        return Outcome(new, gains, costs, Record(best, won, frozenset(reached)), solved=solved,
-                       failed=bool(failed), summary=summary, info=info)
+        return Outcome(
+            new,
+            gains,
+            costs,
+            Record(best, won, frozenset(reached)),
+            solved=solved,
+            failed=bool(failed),
+            summary=summary,
+            info=info,
+        )
 
     def _push(self, q: Cell, d: tuple[int, int], boxes: set[Cell]) -> Cell | bool | None:
         """The player steps onto q: None when q is free floor, the box's new cell when it pushes
@@ -310,5 +361,6 @@ class SokobanEnv(PlanningEnv):
 
     def solution(self) -> list[str] | None:
         """A move-optimal solution from the current state (for tests and baselines)."""
-        return solve_sokoban(self.floor, frozenset(self.goals), self.state.boxes, self.state.player,
-                             dead=self.dead)
+        return solve_sokoban(
+            self.floor, frozenset(self.goals), self.state.boxes, self.state.player, dead=self.dead
+        )

@@ -45,7 +45,7 @@ from typing import Any, ClassVar
 from env_svc.envs._text import clip
 from env_svc.envs.planning import MAX_MOVES_PER_ACTION, Outcome, PlanningEnv, Record
 
-COST_REJECTED, R_SOLVED = 0.1, 2.0     # and a right digit undone costs 1/blanks (self.blanks)
+COST_REJECTED, R_SOLVED = 0.1, 2.0  # and a right digit undone costs 1/blanks (self.blanks)
 BOX = {4: 2, 9: 3}
 
 
@@ -69,7 +69,9 @@ def full_grid(n: int, rng: random.Random) -> list[list[int]]:
     return grid
 
 
-def count_solutions(grid: list[list[int]], limit: int = 2, *, forbid: tuple[int, int, int] | None = None) -> int:
+def count_solutions(
+    grid: list[list[int]], limit: int = 2, *, forbid: tuple[int, int, int] | None = None
+) -> int:
     """The number of completions of `grid` (0 = blank), counting up to `limit`. With
     forbid=(row, col, value), completions with that value in that cell are not counted."""
     n = len(grid)
@@ -132,7 +134,9 @@ def count_solutions(grid: list[list[int]], limit: int = 2, *, forbid: tuple[int,
     return found
 
 
-def make_puzzle(n: int, rng: random.Random, min_clues: int) -> tuple[list[list[int]], list[list[int]]]:
+def make_puzzle(
+    n: int, rng: random.Random, min_clues: int
+) -> tuple[list[list[int]], list[list[int]]]:
     """(puzzle, solution): clues removed in random order while the solution stays unique."""
     solution = full_grid(n, rng)
     puzzle = [row[:] for row in solution]
@@ -157,8 +161,11 @@ def is_valid_complete(grid: list[list[int]]) -> bool:
     b = BOX[n]
     want = set(range(1, n + 1))
     units = [list(row) for row in grid] + [[grid[r][c] for r in range(n)] for c in range(n)]
-    units += [[grid[br + r][bc + c] for r in range(b) for c in range(b)]
-              for br in range(0, n, b) for bc in range(0, n, b)]
+    units += [
+        [grid[br + r][bc + c] for r in range(b) for c in range(b)]
+        for br in range(0, n, b)
+        for bc in range(0, n, b)
+    ]
     return all(set(u) == want for u in units)
 
 
@@ -177,10 +184,14 @@ class SudokuEnv(PlanningEnv):
             raise ValueError(f"sudoku: size must be 4 or 9, got {self.size}")
         self.min_clues = int(self.options.get("min_clues", 4 if self.size == 4 else 30))
         if not 0 <= self.min_clues <= self.size * self.size:
-            raise ValueError(f"sudoku: min_clues must be in 0..{self.size * self.size}, got {self.min_clues}")
+            raise ValueError(
+                f"sudoku: min_clues must be in 0..{self.size * self.size}, got {self.min_clues}"
+            )
         b = BOX[self.size]
-        self.stdin_doc = (f'keys: "size" {self.size}, "box" {b} (boxes are {b}x{b}), "grid" list of rows '
-                          'with 0 for a blank, "clues" list of [row, col] that are given and fixed')
+        self.stdin_doc = (
+            f'keys: "size" {self.size}, "box" {b} (boxes are {b}x{b}), "grid" list of rows '
+            'with 0 for a blank, "clues" list of [row, col] that are given and fixed'
+        )
         self.givens: tuple[tuple[int, ...], ...] = ()
         self.solution: tuple[tuple[int, ...], ...] = ()
         self.blanks = 1
@@ -199,45 +210,73 @@ class SudokuEnv(PlanningEnv):
         lines = []
         for r, row in enumerate(self.state.grid):
             cells = [str(v) if v else "." for v in row]
-            lines.append(f"{r}: " + " | ".join(" ".join(cells[i:i + b]) for i in range(0, n, b)))
+            lines.append(f"{r}: " + " | ".join(" ".join(cells[i : i + b]) for i in range(0, n, b)))
         empty = sum(v == 0 for row in self.state.grid for v in row)
-        filled = [[r, c] for r in range(n) for c in range(n) if self.state.grid[r][c] and not self.givens[r][c]]
-        origin = (f"Cells filled so far (all other digits are given clues, fixed): {filled}." if filled
-                  else "Every digit shown is a given clue (fixed).")
-        return (f"{n}x{n} grid ('.' blank; boxes are {b}x{b}; row number first, columns 0..{n - 1}):\n"
-                + "\n".join(lines) + f"\n{origin}\nBlank cells left: {empty}.")
+        filled = [
+            [r, c]
+            for r in range(n)
+            for c in range(n)
+            if self.state.grid[r][c] and not self.givens[r][c]
+        ]
+        origin = (
+            f"Cells filled so far (all other digits are given clues, fixed): {filled}."
+            if filled
+            else "Every digit shown is a given clue (fixed)."
+        )
+        return (
+            f"{n}x{n} grid ('.' blank; boxes are {b}x{b}; row number first, columns 0..{n - 1}):\n"
+            + "\n".join(lines)
+            + f"\n{origin}\nBlank cells left: {empty}."
+        )
 
     def rules(self) -> str:
         n = self.size
-        return (f"Fill every blank so each row, column and {BOX[n]}x{BOX[n]} box holds 1..{n} once. "
-                f"A move is a cell [row, col, value] (row and col from 0, value 1..{n}, 0 clears a cell); "
-                "a write on a given clue or clashing with its row, column or box is rejected. "
-                f"You may instead give the whole {n}x{n} grid as a list of rows; it must keep every clue.")
+        return (
+            f"Fill every blank so each row, column and {BOX[n]}x{BOX[n]} box holds 1..{n} once. "
+            f"A move is a cell [row, col, value] (row and col from 0, value 1..{n}, 0 clears a "
+            f"cell); "
+            "a write on a given clue or clashing with its row, column or box is rejected. "
+            f"You may instead give the whole {n}x{n} grid as a list of rows; it must keep every "
+            f"clue."
+        )
 
     def puzzle_json(self) -> dict[str, Any]:
-        return {"size": self.size, "box": BOX[self.size], "grid": [row[:] for row in self.state.grid],
-                "clues": self._clue_list()}
+        return {
+            "size": self.size,
+            "box": BOX[self.size],
+            "grid": [row[:] for row in self.state.grid],
+            "clues": self._clue_list(),
+        }
 
     def parse_moves(self, value: Any) -> list[Any]:
         n = self.size
         if not isinstance(value, list) or not value:
             raise ValueError("expected a non-empty list of [row, col, value] cells or a full grid")
         if len(value) > MAX_MOVES_PER_ACTION:
-            raise ValueError(f"{len(value)} cells is over the limit of {MAX_MOVES_PER_ACTION} per answer")
+            raise ValueError(
+                f"{len(value)} cells is over the limit of {MAX_MOVES_PER_ACTION} per answer"
+            )
         if len(value) == n and all(isinstance(row, list) and len(row) == n for row in value):
             for r, row in enumerate(value):
                 for c, v in enumerate(row):
                     if not _is_int(v) or not 0 <= v <= n:
-                        raise ValueError(f"grid value {clip(repr(v), 40)} at [{r}, {c}] is not an integer 0..{n}")
-            return [list(row) for row in value]      # a full grid (rows of n; cells have 3)
+                        raise ValueError(
+                            f"grid value {clip(repr(v), 40)} at [{r}, {c}] is not an integer 0..{n}"
+                        )
+            return [list(row) for row in value]  # a full grid (rows of n; cells have 3)
         cells = []
         for i, cell in enumerate(value):
             if not (isinstance(cell, list) and len(cell) == 3 and all(_is_int(x) for x in cell)):
-                raise ValueError(f"move {clip(repr(cell), 60)} at position {i} is not [row, col, value] with integers")
+                raise ValueError(
+                    f"move {clip(repr(cell), 60)} at position {i} is not [row, col, value] with "
+                    f"integers"
+                )
             r, c, v = cell
             if not (0 <= r < n and 0 <= c < n and 0 <= v <= n):
-                raise ValueError(f"move {clip(repr(cell), 60)} at position {i} is out of range: row and col 0..{n - 1}, "
-                                 f"value 1..{n} (0 clears)")
+                raise ValueError(
+                    f"move {clip(repr(cell), 60)} at position {i} is out of range: row and col "
+                    f"0..{n - 1}, value 1..{n} (0 clears)"
+                )
             cells.append([r, c, v])
         return cells
 
@@ -247,19 +286,34 @@ class SudokuEnv(PlanningEnv):
     def simulate(self, moves: list[Any], record: Record | None = None) -> Outcome:
         n = self.size
         rec = self.paid_record(record)
-        if len(moves[0]) == n:                               # a full grid (a cell has 3 entries)
-            changed = [[r, c] for r in range(n) for c in range(n)
-                       if self.givens[r][c] and moves[r][c] != self.givens[r][c]]
+        if len(moves[0]) == n:  # a full grid (a cell has 3 entries)
+            changed = [
+                [r, c]
+                for r in range(n)
+                for c in range(n)
+                if self.givens[r][c] and moves[r][c] != self.givens[r][c]
+            ]
             if changed:
-                info = {"clue_conflicts": changed,
-                        "invalid": "the grid changes given clues; it was rejected whole"}
-                return Outcome(self.state, 0.0, COST_REJECTED * len(changed), rec,
-                               summary=f"grid rejected: it changes the clues at {clip(str(changed), 200)}", info=info)
+                info = {
+                    "clue_conflicts": changed,
+                    "invalid": "the grid changes given clues; it was rejected whole",
+                }
+                return Outcome(
+                    self.state,
+                    0.0,
+                    COST_REJECTED * len(changed),
+                    rec,
+                    summary=f"grid rejected: it changes the clues at {clip(str(changed), 200)}",
+                    info=info,
+                )
             grid = [[self.givens[r][c] or moves[r][c] for c in range(n)] for r in range(n)]
-            undone = sum(self._right(self.state.grid, r, c) and not self._right(grid, r, c)
-                         for r in range(n) for c in range(n))
+            undone = sum(
+                self._right(self.state.grid, r, c) and not self._right(grid, r, c)
+                for r in range(n)
+                for c in range(n)
+            )
             correct, rejected = self._correct(grid), []
-            best = max(rec.potential, correct)               # written at once: judged at the end
+            best = max(rec.potential, correct)  # written at once: judged at the end
             gains, costs = (best - rec.potential) / self.blanks, undone / self.blanks
         else:
             grid, gains, costs, best, correct, rejected = self._write_cells(moves, rec.potential)
@@ -273,10 +327,19 @@ class SudokuEnv(PlanningEnv):
         info: dict[str, Any] = {"correct_cells": correct, "blank_cells": empty}
         if rejected:
             info["invalid_moves"] = rejected
-        return Outcome(SudokuState(grid), gains, costs, Record(best, rec.won or solved, rec.marks),
-                       solved=solved, summary=summary, info=info)
+        return Outcome(
+            SudokuState(grid),
+            gains,
+            costs,
+            Record(best, rec.won or solved, rec.marks),
+            solved=solved,
+            summary=summary,
+            info=info,
+        )
 
-    def _write_cells(self, moves: list[list[int]], best: float) -> tuple[Any, float, float, float, int, list[Any]]:
+    def _write_cells(
+        self, moves: list[list[int]], best: float
+    ) -> tuple[Any, float, float, float, int, list[Any]]:
         """Cell writes in order from the current grid: (grid, gains, costs, best, correct, rejected)."""
         grid = [row[:] for row in self.state.grid]
         correct = self._correct(grid)
@@ -290,10 +353,10 @@ class SudokuEnv(PlanningEnv):
                 continue
             was_right = self._right(grid, r, c)
             if was_right and v != grid[r][c]:
-                costs += 1 / self.blanks                       # undoing a right digit
+                costs += 1 / self.blanks  # undoing a right digit
             grid[r][c] = v
             correct += self._right(grid, r, c) - was_right
-            if correct > best:                                 # only a new highest count pays
+            if correct > best:  # only a new highest count pays
                 gains, best = gains + (correct - best) / self.blanks, correct
         return grid, gains, costs, best, correct, rejected
 
@@ -318,8 +381,12 @@ class SudokuEnv(PlanningEnv):
         return [[r, c] for r in range(self.size) for c in range(self.size) if self.givens[r][c]]
 
     def _correct(self, grid: list[list[int]]) -> int:
-        return sum(1 for r in range(self.size) for c in range(self.size)
-                   if not self.givens[r][c] and grid[r][c] == self.solution[r][c])
+        return sum(
+            1
+            for r in range(self.size)
+            for c in range(self.size)
+            if not self.givens[r][c] and grid[r][c] == self.solution[r][c]
+        )
 
     def _clashes(self, grid: list[list[int]], r: int, c: int, v: int) -> bool:
         n, b = self.size, BOX[self.size]
@@ -328,17 +395,28 @@ class SudokuEnv(PlanningEnv):
         if any(grid[rr][c] == v for rr in range(n) if rr != r):
             return True
         br, bc = r - r % b, c - c % b
-        return any(grid[rr][cc] == v for rr in range(br, br + b) for cc in range(bc, bc + b) if (rr, cc) != (r, c))
+        return any(
+            grid[rr][cc] == v
+            for rr in range(br, br + b)
+            for cc in range(bc, bc + b)
+            if (rr, cc) != (r, c)
+        )
 
     def _solved(self, grid: list[list[int]]) -> bool:
         """Complete, valid, and every given clue kept (the reference forgot the last check)."""
-        clues_kept = all(grid[r][c] == g for r, row in enumerate(self.givens) for c, g in enumerate(row) if g)
+        clues_kept = all(
+            grid[r][c] == g for r, row in enumerate(self.givens) for c, g in enumerate(row) if g
+        )
         return clues_kept and is_valid_complete(grid)
 
     def solution_moves(self) -> list[list[int]]:
         """The cells still to fill, as [row, col, value] moves (for tests and baselines)."""
-        return [[r, c, self.solution[r][c]] for r in range(self.size) for c in range(self.size)
-                if self.state.grid[r][c] != self.solution[r][c]]
+        return [
+            [r, c, self.solution[r][c]]
+            for r in range(self.size)
+            for c in range(self.size)
+            if self.state.grid[r][c] != self.solution[r][c]
+        ]
 
 
 def _is_int(x: Any) -> bool:

@@ -105,9 +105,9 @@ from atgrpo.sdk.env import Environment, EnvSpec, Message, StepResult, task_rng, 
 DEFAULT_SYMBOLS = "1234"
 
 # Reward table (see the module docstring).
-R_SOLVED = 1.0          # team: the listener names the secret
-R_INFORM = 0.5          # speaker: its message names the secret
-R_CLEAN = 0.1           # either: the text is exactly the secret, nothing else
+R_SOLVED = 1.0  # team: the listener names the secret
+R_INFORM = 0.5  # speaker: its message names the secret
+R_CLEAN = 0.1  # either: the text is exactly the secret, nothing else
 
 SPEAKER, LISTENER = "speaker", "listener"
 
@@ -122,7 +122,9 @@ def _parse_symbols(raw: Any) -> tuple[str, ...]:
     if len(symbols) < 2:
         raise ValueError(f"toy: symbols needs at least 2 symbols, got {symbols!r}")
     if any(not s or s != s.strip() for s in symbols):
-        raise ValueError(f"toy: symbols must be non-empty and have no surrounding space: {symbols!r}")
+        raise ValueError(
+            f"toy: symbols must be non-empty and have no surrounding space: {symbols!r}"
+        )
     if len(set(symbols)) != len(symbols):
         raise ValueError(f"toy: symbols must be distinct, got {symbols!r}")
     return symbols
@@ -148,8 +150,10 @@ class ToyEnv(Environment):
         self.max_message_chars = _positive_int(self.options, "max_message_chars", 48)
         order = turn_order_option(self.options, (SPEAKER, LISTENER), self.name)
         if LISTENER in order and SPEAKER not in order:
-            raise ValueError("toy: a listener alone never sees the secret; use turn_order [speaker] "
-                             "for a single agent, or [speaker, listener]")
+            raise ValueError(
+                "toy: a listener alone never sees the secret; use turn_order [speaker] "
+                "for a single agent, or [speaker, listener]"
+            )
         self.solo = order == (SPEAKER,)
         self.spec = EnvSpec(
             name=self.name,
@@ -157,11 +161,11 @@ class ToyEnv(Environment):
             turn_order=order,
             max_turns=self.max_turns,
             description="the speaker sees a secret symbol and tells it to the listener, "
-                        "who must name it",
+            "who must name it",
         )
         self.task_id = ""
         self.secret = ""
-        self.turn = 0                   # 0-based; advances after the listener's step
+        self.turn = 0  # 0-based; advances after the listener's step
         self.message: str | None = None  # the speaker's message of this turn (as shown)
         self.last_guess: str | None = None
         self.done = False
@@ -194,14 +198,17 @@ class ToyEnv(Environment):
     def step(self, agent: str, action: str) -> StepResult:
         self._check_agent(agent)
         if self.done:
-            return StepResult(0.0, 0.0, done=True, success=self.success,
-                              info={"error": "the episode is over"})
+            return StepResult(
+                0.0, 0.0, done=True, success=self.success, info={"error": "the episode is over"}
+            )
         text = action if isinstance(action, str) else ""
         speaking = agent == SPEAKER and not self.solo
         if agent == SPEAKER:
             # The speaker is scored on what the listener will be shown.
             shown = text[: self.max_message_chars]
-            symbol, clean, info = self._score_format(shown, self._speaker_alphabet() if speaking else self.symbols)
+            symbol, clean, info = self._score_format(
+                shown, self._speaker_alphabet() if speaking else self.symbols
+            )
             if len(shown) < len(text):
                 info["truncated"] = f"only the first {self.max_message_chars} characters are shown"
         else:
@@ -224,8 +231,9 @@ class ToyEnv(Environment):
         self.turn += 1
         self.success = right
         self.done = right or self.turn >= self.max_turns
-        return StepResult(R_SOLVED if right else 0.0, local, done=self.done, success=right,
-                          info=info)
+        return StepResult(
+            R_SOLVED if right else 0.0, local, done=self.done, success=right, info=info
+        )
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -234,8 +242,10 @@ class ToyEnv(Environment):
             return None
         code = _parse_symbols(raw)
         if len(code) != len(self.symbols) or set(code) & set(self.symbols):
-            raise ValueError(f"toy: code {raw!r} must have one symbol per symbol of {self.symbols!r}, "
-                             "none of them shared with it")
+            raise ValueError(
+                f"toy: code {raw!r} must have one symbol per symbol of {self.symbols!r}, "
+                "none of them shared with it"
+            )
         return code
 
     def _speaker_alphabet(self) -> tuple[str, ...]:
@@ -255,7 +265,9 @@ class ToyEnv(Environment):
                 best = (i, -len(s), s)
         return None if best is None else best[2]
 
-    def _score_format(self, text: str, alphabet: Sequence[str]) -> tuple[str | None, bool, dict[str, Any]]:
+    def _score_format(
+        self, text: str, alphabet: Sequence[str]
+    ) -> tuple[str | None, bool, dict[str, Any]]:
         symbol = self.first_symbol(text, alphabet)
         clean = text.strip() in alphabet
         info: dict[str, Any] = {"symbol": symbol, "clean": clean, "secret": self.secret}

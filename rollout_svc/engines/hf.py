@@ -33,7 +33,11 @@ def pick_device(device: str) -> str:
 
 def pick_dtype(dtype: str, device: str) -> torch.dtype:
     if dtype == "auto":
-        return torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
+        return (
+            torch.bfloat16
+            if device.startswith("cuda") and torch.cuda.is_bf16_supported()
+            else torch.float32
+        )
     return _DTYPES[dtype]
 
 
@@ -44,19 +48,26 @@ class HFEngine:
         self.model_path = model_path
         self.device = pick_device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=pick_dtype(dtype, self.device))
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=pick_dtype(dtype, self.device)
+        )
         self.model.to(self.device).eval()
         # Prompts of different lengths are left-padded, so every decode step has a mask: on CPU,
-        # attend without copying the keys per query head (2x a SmolLM2 decode step, atgrpo.attention).
+        # attend without copying the keys per query head (2x a SmolLM2 decode step,
+        # atgrpo.attention).
         use_gqa_sdpa(self.model)
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
         self.eos_ids.discard(None)
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
+        self.pad_id = (
+            self.tokenizer.pad_token_id
+            if self.tokenizer.pad_token_id is not None
+            else min(self.eos_ids)
+        )
         # What a request may ask of this model (rollout_svc.replica.check_prompt).
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.max_model_len = getattr(self.model.config, "max_position_embeddings", None)
-        self._sequences = 0    # in the generate call running now (stats)
+        self._sequences = 0  # in the generate call running now (stats)
         # The last generate's prefill seconds (the prompts' forward): the pool reads it right after
         # the call, in the same worker, and counts the rest of the call as decode.
         self.last_timing: dict[str, float] = {}
@@ -93,17 +104,24 @@ class HFEngine:
         every byte of the push, and the old weights are freed either way."""
         embed = "model.embed_tokens.weight"
         if embed in state and self.model.config.tie_word_embeddings:
-            state = {**state, "lm_head.weight": state[embed]}     # one tensor for both, as served
+            state = {**state, "lm_head.weight": state[embed]}  # one tensor for both, as served
         held = self.model.state_dict()
-        adopt = all(name in held and t.device == held[name].device and t.dtype == held[name].dtype
-                    and t.shape == held[name].shape for name, t in state.items())
+        adopt = all(
+            name in held
+            and t.device == held[name].device
+            and t.dtype == held[name].dtype
+            and t.shape == held[name].shape
+            for name, t in state.items()
+        )
         self.model.load_state_dict(state, strict=True, assign=adopt)
 
     def load_adapter(self, name: str, config: dict, state: dict[str, torch.Tensor]) -> None:
         """Add or replace the LoRA adapter `name` (PEFT's format) on the frozen base."""
         from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 
-        cfg = LoraConfig(**{k: v for k, v in config.items() if k in LoraConfig.__dataclass_fields__})
+        cfg = LoraConfig(
+            **{k: v for k, v in config.items() if k in LoraConfig.__dataclass_fields__}
+        )
         if not isinstance(self.model, PeftModel):
             self.model = get_peft_model(self.model, cfg, adapter_name=name).eval()
         elif name not in self.model.peft_config:
@@ -112,7 +130,10 @@ class HFEngine:
         result = set_peft_model_state_dict(self.model, state, adapter_name=name)
         missing = [k for k in result.missing_keys if f".{name}." in k and "lora_" in k]
         if missing or result.unexpected_keys:
-            raise ValueError(f"adapter {name!r}: missing {missing[:3]}, unexpected {list(result.unexpected_keys)[:3]}")
+            raise ValueError(
+                f"adapter {name!r}: missing {missing[:3]}, unexpected "
+                f"{list(result.unexpected_keys)[:3]}"
+            )
 
     def adapters(self) -> list[str]:
         return list(getattr(self.model, "peft_config", {}))
@@ -134,19 +155,24 @@ class HFEngine:
 
     # --- generation ------------------------------------------------------------------------
 
-    def render(self, messages: list[dict[str, str]], max_prompt_tokens: int) -> tuple[list[int], bool]:
+    def render(
+        self, messages: list[dict[str, str]], max_prompt_tokens: int
+    ) -> tuple[list[int], bool]:
         """(prompt ids through the chat template, truncated); an over-long prompt loses its oldest
         turns after the system prompt, then the middle of its last message (engines.render)."""
-        return fit_prompt(messages, max_prompt_tokens, functools.partial(chat_tokens, self.tokenizer))
+        return fit_prompt(
+            messages, max_prompt_tokens, functools.partial(chat_tokens, self.tokenizer)
+        )
 
     def _stopped(self, ids: list[int], stops: Sequence[str]) -> str | None:
         """The decoded text cut at the first stop string, or None when none occurred."""
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         cuts = [text.find(s) for s in stops if s in text]
-        return text[:min(cuts)] if cuts else None
+        return text[: min(cuts)] if cuts else None
 
-    def generate(self, prompts: Sequence[Sequence[int]], ns: Sequence[int], s: Sampling,
-                 adapter: str = "") -> list[list[Completion]]:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], ns: Sequence[int], s: Sampling, adapter: str = ""
+    ) -> list[list[Completion]]:
         """`ns[i]` samples of `prompts[i]`, all in one batch; returns completions per prompt."""
         self._sequences = sum(ns)
         self.last_timing = {}
@@ -162,7 +188,9 @@ class HFEngine:
         return {"sequences_running": self._sequences, "sequences_waiting": 0}
 
     @torch.inference_mode()
-    def _generate(self, prompts: Sequence[Sequence[int]], ns: Sequence[int], s: Sampling) -> list[list[Completion]]:
+    def _generate(
+        self, prompts: Sequence[Sequence[int]], ns: Sequence[int], s: Sampling
+    ) -> list[list[Completion]]:
         # Here, not at the top: it imports transformers, which the engine loads with its model.
         from rollout_svc.engines.hf_cache import reserved_cache
 
@@ -170,32 +198,45 @@ class HFEngine:
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):          # left padding: every prompt ends at the last column
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
+        for i, p in enumerate(prompts):  # left padding: every prompt ends at the last column
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
         ids, mask = ids.to(dev), mask.to(dev)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)                              # (B, L)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, L)
         start = time.perf_counter()
         # Only the last position's logits: the prefill's others are never read, and with a real
-        # vocabulary they are most of its memory (8 prompts of 600 tokens x 49,152: 0.9 GB in float32).
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                         past_key_values=reserved_cache(self.model.config, width + s.max_tokens))
-        if ids.is_cuda:    # the forward's kernels are queued: wait for them, so the split is true
+        # vocabulary they are most of its memory (8 prompts of 600 tokens x 49,152: 0.9 GB in
+        # float32).
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            use_cache=True,
+            logits_to_keep=1,
+            past_key_values=reserved_cache(self.model.config, width + s.max_tokens),
+        )
+        if ids.is_cuda:  # the forward's kernels are queued: wait for them, so the split is true
             torch.cuda.synchronize(ids.device)
         self.last_timing = {"prefill_s": time.perf_counter() - start}
-        rows = torch.repeat_interleave(torch.arange(len(prompts)), torch.tensor(list(ns))).to(dev)  # (N,)
+        rows = torch.repeat_interleave(torch.arange(len(prompts)), torch.tensor(list(ns))).to(
+            dev
+        )  # (N,)
         cache = out.past_key_values
-        cache.batch_select_indices(rows)        # the prefill is shared: copy the cache n ways
-        logits, mask, next_pos = out.logits[rows, -1, :], mask[rows], pos[rows, -1] + 1   # (N, V) ...
+        cache.batch_select_indices(rows)  # the prefill is shared: copy the cache n ways
+        logits, mask, next_pos = (
+            out.logits[rows, -1, :],
+            mask[rows],
+            pos[rows, -1] + 1,
+        )  # (N, V) ...
         gen = torch.Generator(device=dev).manual_seed(s.seed) if s.seed is not None else None
         n_rows = rows.shape[0]
         tokens_out: list[list[int]] = [[] for _ in range(n_rows)]
         logps_out: list[list[float]] = [[] for _ in range(n_rows)]
         texts: list[str | None] = [None] * n_rows
         finished = [False] * n_rows
-        live = list(range(n_rows))      # the row of each position in the batch that decodes
+        live = list(range(n_rows))  # the row of each position in the batch that decodes
         for _ in range(s.max_tokens):
-            tokens, logps = sample_tokens(logits, s, gen)                     # (live,), (live,)
+            tokens, logps = sample_tokens(logits, s, gen)  # (live,), (live,)
             for r, t, lp in zip(live, tokens.tolist(), logps.tolist(), strict=True):
                 if finished[r]:
                     continue
@@ -208,22 +249,42 @@ class HFEngine:
             if all(finished):
                 break
             going = [j for j, r in enumerate(live) if not finished[r]]
-            if len(going) <= COMPACT_AT * len(live):    # stop computing rows that are done
+            if len(going) <= COMPACT_AT * len(live):  # stop computing rows that are done
                 keep = torch.tensor(going, device=dev)
                 cache.batch_select_indices(keep)
-                tokens, mask, next_pos, live = tokens[keep], mask[keep], next_pos[keep], [live[j] for j in going]
-            tokens = torch.where(torch.tensor([finished[r] for r in live], device=dev), self.pad_id, tokens)
-            mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=dev)], dim=1)
-            out = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_pos[:, None],
-                             past_key_values=cache, use_cache=True)
+                tokens, mask, next_pos, live = (
+                    tokens[keep],
+                    mask[keep],
+                    next_pos[keep],
+                    [live[j] for j in going],
+                )
+            tokens = torch.where(
+                torch.tensor([finished[r] for r in live], device=dev), self.pad_id, tokens
+            )
+            mask = torch.cat(
+                [mask, torch.ones((len(live), 1), dtype=mask.dtype, device=dev)], dim=1
+            )
+            out = self.model(
+                input_ids=tokens[:, None],
+                attention_mask=mask,
+                position_ids=next_pos[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            )
             cache, logits, next_pos = out.past_key_values, out.logits[:, -1, :], next_pos + 1
         completions = [
-            Completion(tokens_out[r], logps_out[r],
-                       texts[r] if texts[r] is not None else self.tokenizer.decode(tokens_out[r], skip_special_tokens=True),
-                       "stop" if finished[r] else "length")
-            for r in range(n_rows)]
+            Completion(
+                tokens_out[r],
+                logps_out[r],
+                texts[r]
+                if texts[r] is not None
+                else self.tokenizer.decode(tokens_out[r], skip_special_tokens=True),
+                "stop" if finished[r] else "length",
+            )
+            for r in range(n_rows)
+        ]
         per_prompt, start = [], 0
         for n in ns:
-            per_prompt.append(completions[start:start + n])
+            per_prompt.append(completions[start : start + n])
             start += n
         return per_prompt

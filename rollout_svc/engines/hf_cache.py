@@ -23,7 +23,7 @@ class ReservedLayer(DynamicLayer):
     """A DynamicLayer whose keys and values live in (B, H, capacity, D) buffers; it grows (doubling)
     past `capacity` rather than fail."""
 
-    _layer_type = None      # never registered as a default layer type: only reserved_cache makes one
+    _layer_type = None  # never registered as a default layer type: only reserved_cache makes one
 
     def __init__(self, capacity: int):
         super().__init__()
@@ -39,15 +39,16 @@ class ReservedLayer(DynamicLayer):
         self._v = value_states.new_empty((b, value_states.shape[1], size, value_states.shape[-1]))
         self.is_initialized = True
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         end = self.length + key_states.shape[-2]
         if end > self._k.shape[-2]:
             self._grow(max(end, 2 * self._k.shape[-2]))
-        self._k[:, :, self.length:end] = key_states
-        self._v[:, :, self.length:end] = value_states
+        self._k[:, :, self.length : end] = key_states
+        self._v[:, :, self.length : end] = value_states
         self.length = end
         self._views()
         return self.keys, self.values
@@ -56,11 +57,11 @@ class ReservedLayer(DynamicLayer):
         for name in ("_k", "_v"):
             old = getattr(self, name)
             new = old.new_empty((*old.shape[:2], size, old.shape[-1]))
-            new[:, :, :self.length] = old[:, :, :self.length]
+            new[:, :, : self.length] = old[:, :, : self.length]
             setattr(self, name, new)
 
     def _views(self) -> None:
-        self.keys, self.values = self._k[:, :, :self.length], self._v[:, :, :self.length]
+        self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
 
     def get_seq_length(self) -> int:
         return self.length
@@ -79,7 +80,9 @@ class ReservedLayer(DynamicLayer):
     def crop(self, max_length: int) -> None:
         """Keep the first `max_length` positions (negative: drop that many from the end)."""
         if self.is_initialized:
-            self.length = max(0, self.length + max_length if max_length < 0 else min(self.length, max_length))
+            self.length = max(
+                0, self.length + max_length if max_length < 0 else min(self.length, max_length)
+            )
             self._views()
 
     def reset(self) -> None:
@@ -104,6 +107,10 @@ def reserved_cache(config, capacity: int) -> ReservedCache | None:
         types, _ = get_layer_types_and_kwargs(text)
     except Exception:  # noqa: BLE001 - a config this version cannot read: the model's own cache
         return None
-    if not types or any(t != "full_attention" for t in types) or len(types) != text.num_hidden_layers:
+    if (
+        not types
+        or any(t != "full_attention" for t in types)
+        or len(types) != text.num_hidden_layers
+    ):
         return None
     return ReservedCache(len(types), capacity)

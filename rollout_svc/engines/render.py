@@ -40,7 +40,9 @@ JOINER = "\u2060"
 def special_strings(tokenizer: Any) -> list[str]:
     """The strings the tokenizer parses as special tokens, longest first."""
     added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-    found = set(getattr(tokenizer, "all_special_tokens", ())) | {t.content for t in added.values() if t.special}
+    found = set(getattr(tokenizer, "all_special_tokens", ())) | {
+        t.content for t in added.values() if t.special
+    }
     return sorted((s for s in found if len(s) > 1), key=len, reverse=True)
 
 
@@ -56,15 +58,19 @@ def chat_tokens(tokenizer: Any, messages: list[Message]) -> list[int]:
     """Prompt ids of `messages` through the tokenizer's chat template, with the generation prompt;
     special-token strings inside the contents stay text (see the module's docstring)."""
     specials = special_strings(tokenizer)
-    messages = [{**m, "content": defang(m["content"], specials)} if isinstance(m.get("content"), str) else m
-                for m in messages]
+    messages = [
+        {**m, "content": defang(m["content"], specials)} if isinstance(m.get("content"), str) else m
+        for m in messages
+    ]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if hasattr(ids, "input_ids"):   # some tokenizers return a BatchEncoding
+    if hasattr(ids, "input_ids"):  # some tokenizers return a BatchEncoding
         ids = ids["input_ids"]
     return list(ids)
 
 
-def fit_prompt(messages: Sequence[Message], max_prompt_tokens: int, tokenize: Tokenize) -> tuple[list[int], bool]:
+def fit_prompt(
+    messages: Sequence[Message], max_prompt_tokens: int, tokenize: Tokenize
+) -> tuple[list[int], bool]:
     """(prompt ids of `messages` within `max_prompt_tokens`, whether anything was cut); <= 0: no limit."""
     messages = list(messages)
     ids = tokenize(messages)
@@ -74,7 +80,7 @@ def fit_prompt(messages: Sequence[Message], max_prompt_tokens: int, tokenize: To
     last = len(messages) - 1
 
     def keep(drop: int) -> list[Message]:
-        return messages[:head] + messages[head + drop:]
+        return messages[:head] + messages[head + drop :]
 
     renders = {0: ids}
 
@@ -84,10 +90,14 @@ def fit_prompt(messages: Sequence[Message], max_prompt_tokens: int, tokenize: To
         return renders[drop]
 
     # How many oldest messages after the head may go: whole turns, or all but the last message.
-    drops = [d for d in range(1, last - head) if messages[head + d].get("role") == messages[head].get("role")]
+    drops = [
+        d
+        for d in range(1, last - head)
+        if messages[head + d].get("role") == messages[head].get("role")
+    ]
     if last > head:
         drops.append(last - head)
-    lo, hi = 0, len(drops)            # the first index whose render fits (a render shrinks as more go)
+    lo, hi = 0, len(drops)  # the first index whose render fits (a render shrinks as more go)
     while lo < hi:
         mid = (lo + hi) // 2
         if len(render(drops[mid])) <= max_prompt_tokens:
@@ -100,7 +110,9 @@ def fit_prompt(messages: Sequence[Message], max_prompt_tokens: int, tokenize: To
     return _cut_last(keep(most), render(most), max_prompt_tokens, tokenize), True
 
 
-def _cut_last(messages: list[Message], ids: list[int], budget: int, tokenize: Tokenize) -> list[int]:
+def _cut_last(
+    messages: list[Message], ids: list[int], budget: int, tokenize: Tokenize
+) -> list[int]:
     """`ids` (the render of `messages`) cut to `budget` inside the last message's content."""
     empty = tokenize(messages[:-1] + [{**messages[-1], "content": ""}])
     # The content's tokens are what the render with an empty content lacks: the common prefix
@@ -113,8 +125,10 @@ def _cut_last(messages: list[Message], ids: list[int], budget: int, tokenize: To
     while suffix < bound - prefix and ids[-1 - suffix] == empty[-1 - suffix]:
         suffix += 1
     room = budget - prefix - suffix
-    if room < 0:                      # the template and the system prompt alone are over: keep the end
+    if room < 0:  # the template and the system prompt alone are over: keep the end
         return ids[-budget:]
-    body = ids[prefix:len(ids) - suffix]
+    body = ids[prefix : len(ids) - suffix]
     first = room // 2
-    return ids[:prefix] + body[:first] + body[len(body) - (room - first):] + ids[len(ids) - suffix:]
+    return (
+        ids[:prefix] + body[:first] + body[len(body) - (room - first) :] + ids[len(ids) - suffix :]
+    )

@@ -42,28 +42,53 @@ from atgrpo.contract.sampling import Sampling
 from atgrpo.perf import ModelSize, matmul_rate, model_size
 from rollout_svc.engines.render import chat_tokens, fit_prompt
 
-_MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")
+_MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+)
 
 
 class VLLMEngine:
-    def __init__(self, model_path: str, *, device: str = "auto", dtype: str = "auto", lora: bool = False,
-                 max_loras: int = 8, max_lora_rank: int = 64, max_model_len: int = 4096,
-                 gpu_memory_utilization: float | None = None, tensor_parallel_size: int = 1):
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        lora: bool = False,
+        max_loras: int = 8,
+        max_lora_rank: int = 64,
+        max_model_len: int = 4096,
+        gpu_memory_utilization: float | None = None,
+        tensor_parallel_size: int = 1,
+    ):
         from transformers import AutoTokenizer
 
         self.model_path = model_path
-        self.max_model_len = max_model_len    # requests asking for more are refused (replica.check_prompt)
+        self.max_model_len = (
+            max_model_len  # requests asking for more are refused (replica.check_prompt)
+        )
         self.device = "cpu" if device == "cpu" or not torch.cuda.is_available() else "cuda"
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self._kwargs = dict(dtype=dtype if dtype != "auto" else ("float32" if self.device == "cpu" else "auto"),
-                            max_model_len=max_model_len, enable_prefix_caching=True,
-                            logprobs_mode="processed_logprobs", enable_lora=lora, seed=0,
-                            tensor_parallel_size=tensor_parallel_size,
-                            worker_extension_cls="rollout_svc.engines.vllm_worker.WeightSync",
-                            # Keeps the KV-cache and scheduler gauges `stats` reads (it also logs
-                            # a line of throughput figures every few seconds).
-                            disable_log_stats=False)
+        self._kwargs = dict(
+            dtype=dtype if dtype != "auto" else ("float32" if self.device == "cpu" else "auto"),
+            max_model_len=max_model_len,
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",
+            enable_lora=lora,
+            seed=0,
+            tensor_parallel_size=tensor_parallel_size,
+            worker_extension_cls="rollout_svc.engines.vllm_worker.WeightSync",
+            # Keeps the KV-cache and scheduler gauges `stats` reads (it also logs
+            # a line of throughput figures every few seconds).
+            disable_log_stats=False,
+        )
         if self.device == "cpu":
             # No torch.compile on CPU: vLLM traces and compiles the model before serving, over 3
             # minutes for SmolLM2-135M on 2 CPU cores (and its compile cache failed to load on the
@@ -76,7 +101,7 @@ class VLLMEngine:
             self._kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         # To check pushes here (vLLM's workers are elsewhere), and the FLOPs of a generation.
         self._shapes, self.model_size = _weight_shapes(model_path)
-        self._workdir = Path(tempfile.mkdtemp(prefix="atgrpo-vllm-"))   # under $TMPDIR
+        self._workdir = Path(tempfile.mkdtemp(prefix="atgrpo-vllm-"))  # under $TMPDIR
         atexit.register(shutil.rmtree, self._workdir, True)
         self._lora_ids = itertools.count(1)
         self._adapters: dict = {}
@@ -87,9 +112,11 @@ class VLLMEngine:
             from vllm.exceptions import VLLMClientError
 
             self.bad_request_errors: tuple[type[BaseException], ...] = (VLLMClientError,)
-        except ImportError:   # a vLLM without that module: ValueError and kin still count
+        except ImportError:  # a vLLM without that module: ValueError and kin still count
             self.bad_request_errors = ()
-        self._live: Path | None = None        # the pushed weights' directory being served (None: model_path)
+        self._live: Path | None = (
+            None  # the pushed weights' directory being served (None: model_path)
+        )
         # The engine starts after the gRPC server does (health answers during the load): a forked
         # worker would inherit the server's sockets and threads, so workers are spawned.
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
@@ -114,13 +141,18 @@ class VLLMEngine:
         beside it could push it out of memory. The trainer's figure on the same GPU model stands in."""
         return matmul_rate("cpu", torch.float32) if self.device == "cpu" else 0.0
 
-    def render(self, messages: list[dict[str, str]], max_prompt_tokens: int) -> tuple[list[int], bool]:
+    def render(
+        self, messages: list[dict[str, str]], max_prompt_tokens: int
+    ) -> tuple[list[int], bool]:
         """(prompt ids through the chat template, truncated); an over-long prompt loses its oldest
         turns after the system prompt, then the middle of its last message (engines.render)."""
-        return fit_prompt(messages, max_prompt_tokens, functools.partial(chat_tokens, self.tokenizer))
+        return fit_prompt(
+            messages, max_prompt_tokens, functools.partial(chat_tokens, self.tokenizer)
+        )
 
-    def generate(self, prompts: Sequence[Sequence[int]], ns: Sequence[int], s: Sampling,
-                 adapter: str = "") -> list[list[Completion]]:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], ns: Sequence[int], s: Sampling, adapter: str = ""
+    ) -> list[list[Completion]]:
         from vllm import SamplingParams
 
         # No prefill/decode split of the time: vLLM's scheduler mixes the two in its steps (chunked
@@ -130,14 +162,37 @@ class VLLMEngine:
         # as computed.
         if adapter and adapter not in self._adapters:
             raise KeyError(adapter)
-        params = [SamplingParams(n=n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k > 0 else 0,
-                                 max_tokens=s.max_tokens, stop=list(s.stop) or None, seed=s.seed, logprobs=0)
-                  for n in ns]
-        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params,
-                                 lora_request=self._adapters.get(adapter) if adapter else None, use_tqdm=False)
-        return [[Completion(list(o.token_ids), [d[t].logprob for d, t in zip(o.logprobs, o.token_ids, strict=True)],
-                            o.text, "length" if o.finish_reason == "length" else "stop")
-                 for o in out.outputs] for out in outs]
+        params = [
+            SamplingParams(
+                n=n,
+                temperature=s.temperature,
+                top_p=s.top_p,
+                top_k=s.top_k if s.top_k > 0 else 0,
+                max_tokens=s.max_tokens,
+                stop=list(s.stop) or None,
+                seed=s.seed,
+                logprobs=0,
+            )
+            for n in ns
+        ]
+        outs = self.llm.generate(
+            [{"prompt_token_ids": list(p)} for p in prompts],
+            params,
+            lora_request=self._adapters.get(adapter) if adapter else None,
+            use_tqdm=False,
+        )
+        return [
+            [
+                Completion(
+                    list(o.token_ids),
+                    [d[t].logprob for d, t in zip(o.logprobs, o.token_ids, strict=True)],
+                    o.text,
+                    "length" if o.finish_reason == "length" else "stop",
+                )
+                for o in out.outputs
+            ]
+            for out in outs
+        ]
 
     def stats(self) -> dict[str, float]:
         """What rollout_svc.metrics reads at each scrape: KV-cache usage (0 to 1) and the scheduler's
@@ -147,9 +202,12 @@ class VLLMEngine:
         engine = self.llm.llm_engine
         if not getattr(engine, "log_stats", False):
             return {}
-        keys = {"vllm:kv_cache_usage_perc": "kv_cache_usage", "vllm:num_requests_running": "sequences_running",
-                "vllm:num_requests_waiting": "sequences_waiting"}   # vllm/v1/metrics/loggers.py
-        model = engine.model_config.served_model_name   # other pools' engines share the registry
+        keys = {
+            "vllm:kv_cache_usage_perc": "kv_cache_usage",
+            "vllm:num_requests_running": "sequences_running",
+            "vllm:num_requests_waiting": "sequences_waiting",
+        }  # vllm/v1/metrics/loggers.py
+        model = engine.model_config.served_model_name  # other pools' engines share the registry
         out: dict[str, float] = {}
         for m in engine.get_metrics():
             key = keys.get(m.name)
@@ -169,7 +227,9 @@ class VLLMEngine:
         where = self._workdir / f"{name}-{lora_id}"
         where.mkdir()
         (where / "adapter_config.json").write_text(json.dumps(config))
-        save_file({k: v.contiguous() for k, v in state.items()}, str(where / "adapter_model.safetensors"))
+        save_file(
+            {k: v.contiguous() for k, v in state.items()}, str(where / "adapter_model.safetensors")
+        )
         request = LoRARequest(f"{name}-{lora_id}", lora_id, str(where))
         # Loaded now rather than at first use, so a bad adapter fails the push, not a generation.
         self.llm.llm_engine.add_lora(request)
@@ -208,8 +268,14 @@ class VLLMEngine:
         from safetensors.torch import save_file
 
         path = self.weights_file()
-        save_file({k: v.contiguous() for k, v in state.items() if k != "lm_head.weight" or not self._tied()},
-                  str(path))
+        save_file(
+            {
+                k: v.contiguous()
+                for k, v in state.items()
+                if k != "lm_head.weight" or not self._tied()
+            },
+            str(path),
+        )
         try:
             self.load_full_file(path)
         finally:
@@ -222,18 +288,30 @@ class VLLMEngine:
                 shutil.rmtree(where, ignore_errors=True)
 
     def _tied(self) -> bool:
-        return bool(json.loads((Path(self.model_path) / "config.json").read_text()).get("tie_word_embeddings"))
+        return bool(
+            json.loads((Path(self.model_path) / "config.json").read_text()).get(
+                "tie_word_embeddings"
+            )
+        )
 
 
-def check_full_push(served: dict[str, tuple[int, ...]], pushed: dict[str, tuple[int, ...]], tied: bool) -> None:
+def check_full_push(
+    served: dict[str, tuple[int, ...]], pushed: dict[str, tuple[int, ...]], tied: bool
+) -> None:
     """A full push must carry every served weight in its shape. Only a tied model's head may be
     left out (it is the embedding): an untied model reloaded without it would keep its old head."""
     wrong = {k: v for k, v in pushed.items() if served.get(k) != v}
     missing = set(served) - set(pushed) - ({"lm_head.weight"} if tied else set())
     if wrong or missing:
-        raise ValueError(f"names or shapes differ from the served model: {dict(list(wrong.items())[:3])}, "
-                         f"missing {sorted(missing)[:3]}" + ("" if tied else " (this model's head is not tied to "
-                                                              "its embedding: push lm_head.weight too)"))
+        raise ValueError(
+            f"names or shapes differ from the served model: {dict(list(wrong.items())[:3])}, "
+            f"missing {sorted(missing)[:3]}"
+            + (
+                ""
+                if tied
+                else " (this model's head is not tied to its embedding: push lm_head.weight too)"
+            )
+        )
 
 
 def _weight_shapes(model_path: str) -> tuple[dict[str, tuple[int, ...]], ModelSize]:
@@ -246,7 +324,9 @@ def _weight_shapes(model_path: str) -> tuple[dict[str, tuple[int, ...]], ModelSi
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}, model_size(model)
 
 
-def _check_adapter(state: dict[str, torch.Tensor], rank: int, shapes: dict[str, tuple[int, ...]]) -> None:
+def _check_adapter(
+    state: dict[str, torch.Tensor], rank: int, shapes: dict[str, tuple[int, ...]]
+) -> None:
     """LoRA A must be (r, in) and B (out, r) for the base module they adapt (PEFT's key format)."""
     if rank < 1:
         raise ValueError("adapter_config has no rank r >= 1")

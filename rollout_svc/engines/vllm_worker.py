@@ -20,7 +20,10 @@ class WeightSync:
         repacked = 0
         for module in self.model_runner.get_model().modules():
             method = getattr(module, "quant_method", None)
-            if hasattr(module, "cpu_linear") and type(method).__name__ == "UnquantizedEmbeddingMethod":
+            if (
+                hasattr(module, "cpu_linear")
+                and type(method).__name__ == "UnquantizedEmbeddingMethod"
+            ):
                 method.process_weights_after_loading(module)
                 repacked += 1
         return repacked

@@ -28,19 +28,28 @@ from sandbox_svc.backends.process import as_uid, become_subreaper, reap_orphans
 from sandbox_svc.backends.warm import WarmSandbox, run_warm
 from sandbox_svc.policy import Policy
 
-SANDBOX_UID = 65534      # "nobody" inside the namespace
+SANDBOX_UID = 65534  # "nobody" inside the namespace
 
 
 def sweep_uid(uid: int, timeout_s: float = 2.0) -> None:
     """Kill every process running as `uid` (kill(-1) signals all a uid may signal but itself),
     then reap those that were re-parented to us. A program whose sandbox init was killed dies (and
     is re-parented to us) a moment later, so this reaps until none of `uid` is left, or timeout_s."""
-    subprocess.run([*as_uid(uid), "/usr/bin/kill", "-9", "-1"],
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={}, check=False)
+    subprocess.run(
+        [*as_uid(uid), "/usr/bin/kill", "-9", "-1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={},
+        check=False,
+    )
     deadline = time.monotonic() + timeout_s
     while True:
         reap_orphans(uid)
-        left = [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == uid]
+        left = [
+            p
+            for p in psutil.process_iter(["uids"])
+            if p.info["uids"] and p.info["uids"].real == uid
+        ]
         if not left or time.monotonic() > deadline:
             return
         time.sleep(0.01)
@@ -50,7 +59,9 @@ class BwrapBackend:
     name = "bwrap"
     isolated = True
 
-    def __init__(self, policy: Policy | None = None, uid_base: int = 60000, bwrap: str | None = None):
+    def __init__(
+        self, policy: Policy | None = None, uid_base: int = 60000, bwrap: str | None = None
+    ):
         self.policy = policy or Policy()
         self.bwrap = bwrap or shutil.which("bwrap") or "/usr/bin/bwrap"
         self.uid_base = uid_base if os.geteuid() == 0 else None
@@ -62,44 +73,98 @@ class BwrapBackend:
         return None if self.uid_base is None else self.uid_base + slot
 
     def check(self) -> None:
-        fix = ("install bubblewrap (apt-get install bubblewrap), or start the server with "
-               "--backend docker, or --backend subprocess --unsafe-no-isolation for local development only")
+        fix = (
+            "install bubblewrap (apt-get install bubblewrap), or start the server with "
+            "--backend docker, or --backend subprocess --unsafe-no-isolation for local development "
+            "only"
+        )
         if not os.path.exists(self.bwrap):
-            raise BackendUnavailable(f"the bwrap backend needs bubblewrap, which is not installed: {fix}")
+            raise BackendUnavailable(
+                f"the bwrap backend needs bubblewrap, which is not installed: {fix}"
+            )
         if not os.path.exists("/usr/bin/python3"):
-            raise BackendUnavailable("the bwrap backend runs /usr/bin/python3, which is missing: "
-                                     "apt-get install python3-minimal")
-        probe = subprocess.run([*as_uid(self.uid_for(0)), self.bwrap, *self._namespace_args(1 << 20), "true"],
-                               capture_output=True, env={})
+            raise BackendUnavailable(
+                "the bwrap backend runs /usr/bin/python3, which is missing: "
+                "apt-get install python3-minimal"
+            )
+        probe = subprocess.run(
+            [*as_uid(self.uid_for(0)), self.bwrap, *self._namespace_args(1 << 20), "true"],
+            capture_output=True,
+            env={},
+        )
         if probe.returncode != 0:
             raise BackendUnavailable(
-                f"bubblewrap cannot create namespaces here ({probe.stderr.decode(errors='replace').strip()}); "
+                f"bubblewrap cannot create namespaces here "
+                f"({probe.stderr.decode(errors='replace').strip()}); "
                 "enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1), "
-                f"or use another backend: {fix}")
+                f"or use another backend: {fix}"
+            )
 
     def _namespace_args(self, tmp_bytes: int) -> list[str]:
         return [
-            "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--disable-userns",
+            "--unshare-all",
+            "--unshare-user",
+            "--die-with-parent",
+            "--new-session",
+            "--disable-userns",
             # The program is pid 1: its exit tears the namespace down (no process outlives it),
             # and bwrap reaps it, so its CPU time reaches our wait4 (bwrap's own init would not).
             "--as-pid-1",
-            "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
-            "--ro-bind", "/usr", "/usr",
-            "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin",
-            "--proc", "/proc", "--dev", "/dev",
-            "--size", str(tmp_bytes), "--tmpfs", "/tmp",
-            "--size", str(tmp_bytes), "--tmpfs", "/dev/shm",
-            "--remount-ro", "/",
-            "--chdir", "/tmp", "--clearenv", "--setenv", "PATH", "/usr/bin", "--setenv", "HOME", "/tmp",
+            "--uid",
+            str(SANDBOX_UID),
+            "--gid",
+            str(SANDBOX_UID),
+            "--ro-bind",
+            "/usr",
+            "/usr",
+            "--symlink",
+            "usr/lib",
+            "/lib",
+            "--symlink",
+            "usr/lib64",
+            "/lib64",
+            "--symlink",
+            "usr/bin",
+            "/bin",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--size",
+            str(tmp_bytes),
+            "--tmpfs",
+            "/tmp",
+            "--size",
+            str(tmp_bytes),
+            "--tmpfs",
+            "/dev/shm",
+            "--remount-ro",
+            "/",
+            "--chdir",
+            "/tmp",
+            "--clearenv",
+            "--setenv",
+            "PATH",
+            "/usr/bin",
+            "--setenv",
+            "HOME",
+            "/tmp",
         ]
 
     def _sandbox(self, slot: int) -> WarmSandbox:
         with self._lock:
             if slot not in self._sandboxes:
                 uid = self.uid_for(slot)
-                prefix = [*as_uid(uid), self.bwrap, *self._namespace_args(self.policy.tmp_bytes),
-                          "--mqueue", "/dev/mqueue"]
-                self._sandboxes[slot] = WarmSandbox(prefix, uid, (lambda: sweep_uid(uid)) if uid is not None else None)
+                prefix = [
+                    *as_uid(uid),
+                    self.bwrap,
+                    *self._namespace_args(self.policy.tmp_bytes),
+                    "--mqueue",
+                    "/dev/mqueue",
+                ]
+                self._sandboxes[slot] = WarmSandbox(
+                    prefix, uid, (lambda: sweep_uid(uid)) if uid is not None else None
+                )
             return self._sandboxes[slot]
 
     def sandbox_pids(self, slot: int) -> set[int]:

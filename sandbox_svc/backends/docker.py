@@ -56,12 +56,15 @@ from sandbox_svc.syscalls import launcher_seccomp
 log = logging.getLogger("sandbox_svc.docker")
 
 _FIX_SDK = "install the Docker SDK: pip install 'atgrpo[docker]'"
-_FIX_ENGINE = ("start the Docker engine (systemctl start docker, or dockerd), or point DOCKER_HOST at "
-               "a running one; or use --backend bwrap")
+_FIX_ENGINE = (
+    "start the Docker engine (systemctl start docker, or dockerd), or point DOCKER_HOST at "
+    "a running one; or use --backend bwrap"
+)
 _LABEL = "org.atgrpo.sandbox"
 _PATH = "/usr/bin:/bin"
-_KILL_GRACE_S = 3.0        # how long a killed execution may take to report before its container goes
+_KILL_GRACE_S = 3.0  # how long a killed execution may take to report before its container goes
 _READ_CHUNK = 1 << 16
+
 
 def _rlimits(limits: Limits) -> list[tuple[str, int]]:
     cpu = max(1, math.ceil(limits.cpu_time_ms / 1000))
@@ -80,16 +83,16 @@ def _rlimits(limits: Limits) -> list[tuple[str, int]]:
 @dataclass
 class _Warm:
     id: str
-    attach: object          # the hijacked socket on pid 1's stdin; closing it stops the container
+    attach: object  # the hijacked socket on pid 1's stdin; closing it stops the container
 
 
 class _Frames:
     """Parses docker's multiplexed exec stream, then the launcher's frames inside its stdout."""
 
     def __init__(self) -> None:
-        self.raw = bytearray()       # docker frames: 8-byte header (stream, 0, 0, 0, size) + data
-        self.ours = bytearray()      # launcher frames from the exec's stdout
-        self.diag = bytearray()      # the launcher's own stderr (only its crashes)
+        self.raw = bytearray()  # docker frames: 8-byte header (stream, 0, 0, 0, size) + data
+        self.ours = bytearray()  # launcher frames from the exec's stdout
+        self.diag = bytearray()  # the launcher's own stderr (only its crashes)
 
     def feed(self, data: bytes) -> list[tuple[bytes, bytes]]:
         self.raw += data
@@ -97,8 +100,8 @@ class _Frames:
             stream, size = self.raw[0], struct.unpack(">I", self.raw[4:8])[0]
             if len(self.raw) < 8 + size:
                 break
-            payload = bytes(self.raw[8:8 + size])
-            del self.raw[:8 + size]
+            payload = bytes(self.raw[8 : 8 + size])
+            del self.raw[: 8 + size]
             if stream == 1:
                 self.ours += payload
             elif len(self.diag) < 65536:
@@ -108,8 +111,8 @@ class _Frames:
             kind, size = bytes(self.ours[:1]), struct.unpack(">I", self.ours[1:5])[0]
             if len(self.ours) < 5 + size:
                 break
-            frames.append((kind, bytes(self.ours[5:5 + size])))
-            del self.ours[:5 + size]
+            frames.append((kind, bytes(self.ours[5 : 5 + size])))
+            del self.ours[: 5 + size]
         return frames
 
 
@@ -117,9 +120,16 @@ class DockerBackend:
     name = "docker"
     isolated = True
 
-    def __init__(self, policy: Policy | None = None, image: str | None = None, client=None, *,
-                 uid_base: int = SANDBOX_UID_BASE, mem_limit: int | None = None,
-                 pids_limit: int | None = None):
+    def __init__(
+        self,
+        policy: Policy | None = None,
+        image: str | None = None,
+        client=None,
+        *,
+        uid_base: int = SANDBOX_UID_BASE,
+        mem_limit: int | None = None,
+        pids_limit: int | None = None,
+    ):
         self.policy = policy or Policy()
         self.image = image
         self._client = client
@@ -140,7 +150,9 @@ class DockerBackend:
             try:
                 import docker
             except ImportError as err:
-                raise BackendUnavailable(f"the docker backend needs the Docker SDK ({err}): {_FIX_SDK}") from err
+                raise BackendUnavailable(
+                    f"the docker backend needs the Docker SDK ({err}): {_FIX_SDK}"
+                ) from err
             self._client = docker.from_env()
         return self._client
 
@@ -153,14 +165,17 @@ class DockerBackend:
         try:
             import docker  # noqa: F401
         except ImportError as err:
-            raise BackendUnavailable(f"the docker backend needs the Docker SDK ({err}): {_FIX_SDK}") from err
+            raise BackendUnavailable(
+                f"the docker backend needs the Docker SDK ({err}): {_FIX_SDK}"
+            ) from err
         try:
             self.client.ping()
         except BackendUnavailable:
             raise
         except Exception as err:
-            raise BackendUnavailable(f"the Docker engine at {self._where()} does not answer ({err}): "
-                                     f"{_FIX_ENGINE}") from err
+            raise BackendUnavailable(
+                f"the Docker engine at {self._where()} does not answer ({err}): {_FIX_ENGINE}"
+            ) from err
         if self.image is None:
             from sandbox_svc.backends.docker_image import ensure_image
 
@@ -169,26 +184,31 @@ class DockerBackend:
             except Exception as err:
                 raise BackendUnavailable(
                     f"cannot build the docker backend's image from this host's python3 ({err}); "
-                    "install python3.11 (apt-get install python3.11), or pass --docker-image with an "
-                    "image that has /usr/bin/python3") from err
+                    "install python3.11 (apt-get install python3.11), or pass --docker-image with "
+                    "an image that has /usr/bin/python3"
+                ) from err
         else:
             try:
                 self.client.api.inspect_image(self.image)
             except Exception as err:
-                raise BackendUnavailable(f"the docker image {self.image!r} is not in the engine ({err}): "
-                                         "load it (docker load / docker import) or leave --docker-image "
-                                         "unset to build one from this host's python3") from err
+                raise BackendUnavailable(
+                    f"the docker image {self.image!r} is not in the engine ({err}): "
+                    "load it (docker load / docker import) or leave --docker-image "
+                    "unset to build one from this host's python3"
+                ) from err
         try:
             probe = self.run(ExecRequest("python", "print(6 * 7)"), 0)
         except Exception as err:
             raise BackendUnavailable(
                 f"the docker backend cannot start a sandbox container from {self.image} ({err}); "
-                "check the engine's log, or use --backend bwrap") from err
+                "check the engine's log, or use --backend bwrap"
+            ) from err
         if probe.verdict is not Verdict.OK or probe.stdout != b"42\n":
             raise BackendUnavailable(
                 f"the docker backend cannot run a program in {self.image} ({probe.verdict.value}: "
                 f"{probe.stderr[-500:].decode(errors='replace')}); check the engine's log, or use "
-                "--backend bwrap")
+                "--backend bwrap"
+            )
 
     # -- warm containers -------------------------------------------------------------------------
 
@@ -211,20 +231,32 @@ class DockerBackend:
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
             mem_limit=self.mem_limit,
-            memswap_limit=self.mem_limit,        # no swap on top
+            memswap_limit=self.mem_limit,  # no swap on top
             pids_limit=self.pids_limit,
             tmpfs={"/tmp": f"size={tmp},mode=1777"},
             shm_size=tmp,
-            sysctls={"kernel.msgmni": "0",                  # no SysV message queues,
-                     "kernel.sem": "250 32000 32 0",        # no SysV semaphore sets,
-                     "kernel.shm_rmid_forced": "1"},        # shm segments die with their users
+            sysctls={
+                "kernel.msgmni": "0",  # no SysV message queues,
+                "kernel.sem": "250 32000 32 0",  # no SysV semaphore sets,
+                "kernel.shm_rmid_forced": "1",
+            },  # shm segments die with their users
             auto_remove=True,
         )
         created = api.create_container(
-            self.image, ["python3", "-I", "-S", "-c", IDLE], user=f"{IDLE_UID}:{IDLE_UID}",
-            stdin_open=True, environment={}, working_dir="/tmp", host_config=host_config,
-            labels={_LABEL: "1", f"{_LABEL}.slot": str(slot), f"{_LABEL}.server-pid": str(os.getpid())},
-            name=f"atgrpo-sandbox-{os.getpid()}-{slot}-{os.urandom(3).hex()}")
+            self.image,
+            ["python3", "-I", "-S", "-c", IDLE],
+            user=f"{IDLE_UID}:{IDLE_UID}",
+            stdin_open=True,
+            environment={},
+            working_dir="/tmp",
+            host_config=host_config,
+            labels={
+                _LABEL: "1",
+                f"{_LABEL}.slot": str(slot),
+                f"{_LABEL}.server-pid": str(os.getpid()),
+            },
+            name=f"atgrpo-sandbox-{os.getpid()}-{slot}-{os.urandom(3).hex()}",
+        )
         cid = created["Id"]
         try:
             attach = api.attach_socket(cid, params={"stdin": 1, "stream": 1})
@@ -266,15 +298,23 @@ class DockerBackend:
             try:
                 uid = self.uid_for(slot)
                 exec_id = self.client.api.exec_create(
-                    warm.id, ["python3", "-I", "-S", "-c", LAUNCHER], stdin=True, stdout=True,
-                    stderr=True, user=f"{uid}:{uid}", workdir="/tmp")["Id"]
+                    warm.id,
+                    ["python3", "-I", "-S", "-c", LAUNCHER],
+                    stdin=True,
+                    stdout=True,
+                    stderr=True,
+                    user=f"{uid}:{uid}",
+                    workdir="/tmp",
+                )["Id"]
                 return warm, exec_id, self.client.api.exec_start(exec_id, socket=True)
             except docker.errors.APIError as err:
                 # The container died or went (pid 1 gone, removed by hand): make a new one, once.
                 self._discard(slot)
                 if attempt:
                     raise
-                log.warning("sandbox container for slot %d unusable (%s); making a new one", slot, err)
+                log.warning(
+                    "sandbox container for slot %d unusable (%s); making a new one", slot, err
+                )
         raise AssertionError("unreachable")
 
     def run(self, req: ExecRequest, slot: int, cancel: threading.Event | None = None) -> ExecResult:
@@ -284,15 +324,17 @@ class DockerBackend:
         deadline = start + limits.wall_timeout_ms / 1000
         workdir = f"/tmp/run-{next(self._runs)}"
         files = [(language.filename, req.code.encode()), *req.files]
-        header = json.dumps({
-            "dir": workdir,
-            "files": [[path, len(content)] for path, content in files],
-            "stdin": len(req.stdin),
-            "argv": list(language.argv),
-            "env": {"PATH": _PATH, "HOME": workdir},
-            "rlimits": _rlimits(limits),
-            "seccomp": launcher_seccomp(),
-        }).encode()
+        header = json.dumps(
+            {
+                "dir": workdir,
+                "files": [[path, len(content)] for path, content in files],
+                "stdin": len(req.stdin),
+                "argv": list(language.argv),
+                "env": {"PATH": _PATH, "HOME": workdir},
+                "rlimits": _rlimits(limits),
+                "seccomp": launcher_seccomp(),
+            }
+        ).encode()
         payload = [struct.pack(">I", len(header)), header, *(c for _, c in files), req.stdin]
 
         try:
@@ -302,7 +344,9 @@ class DockerBackend:
         except Exception as err:
             from atgrpo.errors import Unavailable
 
-            raise Unavailable(f"the docker backend cannot start an execution ({err}): {_FIX_ENGINE}") from err
+            raise Unavailable(
+                f"the docker backend cannot start an execution ({err}): {_FIX_ENGINE}"
+            ) from err
         raw = getattr(sock, "_sock", sock)
         out, err = Output(limits.max_output_bytes), Output(limits.max_output_bytes)
         frames = _Frames()
@@ -328,7 +372,7 @@ class DockerBackend:
                     kill_sent_at = now
                     _send_kill(raw)
                 if kill_sent_at is not None and now - kill_sent_at > _KILL_GRACE_S:
-                    broken = True          # the launcher does not answer: the container goes
+                    broken = True  # the launcher does not answer: the container goes
                     break
                 wait = 0.05 if killed_for is not None else min(0.05, max(deadline - now, 0))
                 if not _pending(raw):
@@ -359,20 +403,34 @@ class DockerBackend:
             broken = True
             code, sig, cpu_ms = self._exit_of(exec_id)
             if frames.diag:
-                log.warning("sandbox launcher in slot %d said: %s", slot,
-                            bytes(frames.diag[-2000:]).decode(errors="replace"))
+                log.warning(
+                    "sandbox launcher in slot %d said: %s",
+                    slot,
+                    bytes(frames.diag[-2000:]).decode(errors="replace"),
+                )
         else:
             code, sig, cpu_ms = int(report["code"]), int(report["sig"]), int(report["cpu_ms"])
             if not report.get("clean"):
                 broken = True
-                log.warning("sandbox container for slot %d not clean after a run (%s); replacing it",
-                            slot, "; ".join(report.get("problems", [])))
+                log.warning(
+                    "sandbox container for slot %d not clean after a run (%s); replacing it",
+                    slot,
+                    "; ".join(report.get("problems", [])),
+                )
         if broken:
             # Never reuse a container we are not sure of; removing it kills all it holds.
             self._discard(slot)
-        return ExecResult(verdict=verdict(killed_for, code, sig, cpu_ms, bytes(err.data), limits, language), exit_code=code, signal=sig, stdout=bytes(out.data),
-                          stderr=bytes(err.data), stdout_truncated=out.truncated,
-                          stderr_truncated=err.truncated, wall_ms=wall_ms, cpu_ms=cpu_ms)
+        return ExecResult(
+            verdict=verdict(killed_for, code, sig, cpu_ms, bytes(err.data), limits, language),
+            exit_code=code,
+            signal=sig,
+            stdout=bytes(out.data),
+            stderr=bytes(err.data),
+            stdout_truncated=out.truncated,
+            stderr_truncated=err.truncated,
+            wall_ms=wall_ms,
+            cpu_ms=cpu_ms,
+        )
 
     def _exit_of(self, exec_id: str) -> tuple[int, int, int]:
         """(code, signal, cpu_ms) of an exec whose launcher did not report: its own exit status."""
@@ -405,7 +463,7 @@ def _send_kill(raw) -> None:
 
 
 def _pending(raw) -> bool:
-    pending = getattr(raw, "pending", None)   # TLS sockets may hold decrypted bytes already read
+    pending = getattr(raw, "pending", None)  # TLS sockets may hold decrypted bytes already read
     return bool(pending and pending())
 
 

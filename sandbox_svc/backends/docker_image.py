@@ -40,13 +40,33 @@ PASSWD_SLOTS = 256
 
 # Directory names left out of the standard library (tests, GUI, packaging and docs: nothing a
 # sandboxed program needs). `config-3.11-*` holds the 25 MB static libpython for C builds.
-_SKIP_DIRS = {"test", "tests", "idle_test", "__pycache__", "idlelib", "tkinter", "turtledemo",
-              "ensurepip", "lib2to3", "pydoc_data", "distutils"}
+_SKIP_DIRS = {
+    "test",
+    "tests",
+    "idle_test",
+    "__pycache__",
+    "idlelib",
+    "tkinter",
+    "turtledemo",
+    "ensurepip",
+    "lib2to3",
+    "pydoc_data",
+    "distutils",
+}
 _SKIP_PREFIXES = ("config-3",)
 # Extensions left out with the libraries only they load: tests, and terminal, audio, NIS and
 # Berkeley DB modules a program without a tty, sound or network has no use for (4 MB of libraries).
-_SKIP_EXTENSIONS = ("_test", "xxlimited", "_xxtestfuzz", "_ctypes_test", "nis.", "_dbm.", "readline.",
-                    "_curses", "ossaudiodev.")
+_SKIP_EXTENSIONS = (
+    "_test",
+    "xxlimited",
+    "_xxtestfuzz",
+    "_ctypes_test",
+    "nis.",
+    "_dbm.",
+    "readline.",
+    "_curses",
+    "ossaudiodev.",
+)
 # The host's compiled bytecode for the modules included, so that every execution does not
 # recompile the imports it uses from source (about 30 ms for collections/re/json). Timestamp-based
 # .pyc files stay valid because the archive keeps the sources' mtimes.
@@ -59,12 +79,12 @@ class ImageError(RuntimeError):
 
 @dataclass(frozen=True)
 class _Entry:
-    name: str                 # path inside the image, no leading slash
-    kind: str                 # "dir" | "file" | "symlink"
+    name: str  # path inside the image, no leading slash
+    kind: str  # "dir" | "file" | "symlink"
     mode: int
     mtime: int = 0
-    source: str | None = None     # host path of a file's content
-    data: bytes | None = None     # or the content itself
+    source: str | None = None  # host path of a file's content
+    data: bytes | None = None  # or the content itself
     linkname: str = ""
 
 
@@ -97,15 +117,16 @@ class _Rootfs:
                 self._parents(name)
                 self.entries.setdefault(name, _Entry(name, "symlink", 0o777, linkname=target))
                 resolved = os.path.normpath(os.path.join(os.path.dirname(cur), target))
-                rest = parts[i + 1:]
+                rest = parts[i + 1 :]
                 self.add_host_path(os.path.join(resolved, *rest) if rest else resolved, _depth + 1)
                 return
             if stat.S_ISDIR(st.st_mode):
                 self._dir(name, stat.S_IMODE(st.st_mode))
             elif i == len(parts) - 1 and stat.S_ISREG(st.st_mode):
                 self._parents(name)
-                self.entries[name] = _Entry(name, "file", stat.S_IMODE(st.st_mode),
-                                            int(st.st_mtime), source=cur)
+                self.entries[name] = _Entry(
+                    name, "file", stat.S_IMODE(st.st_mode), int(st.st_mtime), source=cur
+                )
             else:
                 raise ImageError(f"{cur} is neither a file, a directory nor a symlink")
 
@@ -166,8 +187,10 @@ def _stdlib_files() -> Iterator[str]:
 
 
 def _passwd() -> tuple[bytes, bytes]:
-    users = ["root:x:0:0:root:/root:/usr/sbin/nologin",
-             f"nobody:x:{IDLE_UID}:{IDLE_UID}:idle process:/nonexistent:/usr/sbin/nologin"]
+    users = [
+        "root:x:0:0:root:/root:/usr/sbin/nologin",
+        f"nobody:x:{IDLE_UID}:{IDLE_UID}:idle process:/nonexistent:/usr/sbin/nologin",
+    ]
     groups = ["root:x:0:", f"nogroup:x:{IDLE_UID}:"]
     for slot in range(PASSWD_SLOTS):
         uid = SANDBOX_UID_BASE + slot
@@ -179,8 +202,10 @@ def _passwd() -> tuple[bytes, bytes]:
 def collect() -> list[_Entry]:
     """The image's entries, from the host's files."""
     if not os.path.exists(PYTHON) or not os.path.isdir(STDLIB):
-        raise ImageError(f"the docker image is built from the host's {PYTHON} and {STDLIB}, "
-                         "which are missing: apt-get install python3.11-minimal libpython3.11-stdlib")
+        raise ImageError(
+            f"the docker image is built from the host's {PYTHON} and {STDLIB}, "
+            "which are missing: apt-get install python3.11-minimal libpython3.11-stdlib"
+        )
     fs = _Rootfs()
     # Merged /usr, as on the host: /bin, /lib and /lib64 are links into /usr.
     for top in ("bin", "lib", "lib64", "sbin"):
@@ -204,7 +229,14 @@ def collect() -> list[_Entry]:
 
 def _tarinfo(e: _Entry, size: int) -> tarfile.TarInfo:
     info = tarfile.TarInfo(e.name)
-    info.mode, info.mtime, info.uid, info.gid, info.uname, info.gname = e.mode, e.mtime, 0, 0, "", ""
+    info.mode, info.mtime, info.uid, info.gid, info.uname, info.gname = (
+        e.mode,
+        e.mtime,
+        0,
+        0,
+        "",
+        "",
+    )
     if e.kind == "dir":
         info.type = tarfile.DIRTYPE
     elif e.kind == "symlink":
@@ -271,9 +303,16 @@ def ensure_image(client) -> str:
             write_tarball(entries, f)
         size = os.path.getsize(path)
         result = client.api.import_image(
-            src=path, repository=repository, tag=tag,
-            changes=["USER 65534:65534", "WORKDIR /tmp", 'CMD ["python3"]',
-                     "LABEL org.opencontainers.image.title=atgrpo-sandbox-python"])
+            src=path,
+            repository=repository,
+            tag=tag,
+            changes=[
+                "USER 65534:65534",
+                "WORKDIR /tmp",
+                'CMD ["python3"]',
+                "LABEL org.opencontainers.image.title=atgrpo-sandbox-python",
+            ],
+        )
     for line in str(result).splitlines():
         try:
             msg = json.loads(line)
@@ -282,7 +321,9 @@ def ensure_image(client) -> str:
         if isinstance(msg, dict) and msg.get("error"):
             raise ImageError(f"docker import of the sandbox image failed: {msg['error']}")
     if not _exists(client, ref):
-        raise ImageError(f"docker import reported success but {ref} is not in the engine: {result!r}")
+        raise ImageError(
+            f"docker import reported success but {ref} is not in the engine: {result!r}"
+        )
     _last_build.update(ref=ref, tar_bytes=size, seconds=time.monotonic() - start)
     return ref
 

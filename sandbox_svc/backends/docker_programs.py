@@ -24,7 +24,9 @@ while os.read(0, 4096):
 # 4-byte big-endian length, a JSON header, the files' bytes in header order, stdin's bytes; then
 # b"K" (or EOF) means kill. On its stdout: frames of kind (1 byte) + length (4 bytes) + data, kinds
 # b"o" (program stdout), b"e" (program stderr), b"r" (the JSON report, last).
-LAUNCHER = (Path(__file__).with_name("lockdown.py")).read_text() + r"""
+LAUNCHER = (
+    (Path(__file__).with_name("lockdown.py")).read_text()
+    + r"""
 import ctypes, json, os, resource, select, signal, struct, sys, time
 
 def frame(kind, data):
@@ -185,3 +187,4 @@ def main():
 
 main()
 """
+)

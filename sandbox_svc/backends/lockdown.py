@@ -21,7 +21,7 @@ def lock_down(spec):
     class SockFprog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
-    prog = SockFprog(len(code) // 8, ctypes.addressof(buf))   # 8 bytes per struct sock_filter
+    prog = SockFprog(len(code) // 8, ctypes.addressof(buf))  # 8 bytes per struct sock_filter
     # PR_SET_NO_NEW_PRIVS (38) lets an unprivileged process install a filter; PR_SET_SECCOMP (22),
     # SECCOMP_MODE_FILTER (2).
     if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:

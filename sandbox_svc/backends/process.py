@@ -67,7 +67,7 @@ class Launch:
     pass_fds: tuple[int, ...] = ()
     # Exit codes above 128 mean death by signal (128 + n) for wrappers that relay it that way.
     exit_code_encodes_signal: bool = False
-    extra_processes: int = 0   # the wrapper's own processes, on top of limits.max_processes
+    extra_processes: int = 0  # the wrapper's own processes, on top of limits.max_processes
 
 
 class Output:
@@ -78,7 +78,7 @@ class Output:
         room = self.cap - len(self.data)
         if len(chunk) > room:
             self.truncated = True
-        self.data += chunk[:max(room, 0)]
+        self.data += chunk[: max(room, 0)]
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:
@@ -132,8 +132,12 @@ def _exited(pid: int) -> bool:
         return True
 
 
-def pump(streams: Sequence[tuple[int, Output]], deadline: float, cancel: threading.Event | None,
-         exited: Callable[[], bool] | None = None) -> str | None:
+def pump(
+    streams: Sequence[tuple[int, Output]],
+    deadline: float,
+    cancel: threading.Event | None,
+    exited: Callable[[], bool] | None = None,
+) -> str | None:
     """Read the fds until EOF; returns why the program has to be killed ("wall", "cancel",
     "output", "orphans"), or None when it finished within its limits."""
     sel = selectors.DefaultSelector()
@@ -167,8 +171,15 @@ def pump(streams: Sequence[tuple[int, Output]], deadline: float, cancel: threadi
         sel.close()
 
 
-def verdict(killed_for: str | None, code: int, sig: int, cpu_ms: int, stderr: bytes,
-            limits: Limits, language: Language) -> Verdict:
+def verdict(
+    killed_for: str | None,
+    code: int,
+    sig: int,
+    cpu_ms: int,
+    stderr: bytes,
+    limits: Limits,
+    language: Language,
+) -> Verdict:
     if killed_for == "output":
         return Verdict.OUTPUT_LIMIT
     if killed_for == "wall":
@@ -186,21 +197,33 @@ def verdict(killed_for: str | None, code: int, sig: int, cpu_ms: int, stderr: by
     return Verdict.RUNTIME_ERROR if code else Verdict.OK
 
 
-def run_launch(launch: Launch, cancel: threading.Event | None = None,
-               after_kill: Callable[[], None] | None = None) -> ExecResult:
+def run_launch(
+    launch: Launch,
+    cancel: threading.Event | None = None,
+    after_kill: Callable[[], None] | None = None,
+) -> ExecResult:
     """Run `launch` to completion or to a limit; `after_kill` sweeps what a kill may leave."""
     start = time.monotonic()
     deadline = start + launch.limits.wall_timeout_ms / 1000
     out, err = Output(launch.limits.max_output_bytes), Output(launch.limits.max_output_bytes)
     argv = [*as_uid(launch.uid), *prlimit_argv(launch.limits, launch.extra_processes), *launch.argv]
     proc = subprocess.Popen(
-        argv, stdin=launch.stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        cwd=launch.cwd, env=launch.env if launch.env is not None else {},
-        pass_fds=launch.pass_fds, start_new_session=True,
+        argv,
+        stdin=launch.stdin_fd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=launch.cwd,
+        env=launch.env if launch.env is not None else {},
+        pass_fds=launch.pass_fds,
+        start_new_session=True,
     )
     try:
-        killed_for = pump([(proc.stdout.fileno(), out), (proc.stderr.fileno(), err)], deadline, cancel,
-                          exited=lambda: _exited(proc.pid))
+        killed_for = pump(
+            [(proc.stdout.fileno(), out), (proc.stderr.fileno(), err)],
+            deadline,
+            cancel,
+            exited=lambda: _exited(proc.pid),
+        )
     finally:
         if proc.stdout is not None:
             proc.stdout.close()
@@ -219,10 +242,19 @@ def run_launch(launch: Launch, cancel: threading.Event | None = None,
         code, sig = 0, code - 128
     if killed_for == "orphans":  # the program itself finished; only its leftovers were killed
         killed_for = None
-    return ExecResult(verdict=verdict(killed_for, code, sig, cpu_ms, bytes(err.data), launch.limits,
-                                      launch.language), exit_code=code, signal=sig, stdout=bytes(out.data),
-                      stderr=bytes(err.data), stdout_truncated=out.truncated,
-                      stderr_truncated=err.truncated, wall_ms=wall_ms, cpu_ms=cpu_ms)
+    return ExecResult(
+        verdict=verdict(
+            killed_for, code, sig, cpu_ms, bytes(err.data), launch.limits, launch.language
+        ),
+        exit_code=code,
+        signal=sig,
+        stdout=bytes(out.data),
+        stderr=bytes(err.data),
+        stdout_truncated=out.truncated,
+        stderr_truncated=err.truncated,
+        wall_ms=wall_ms,
+        cpu_ms=cpu_ms,
+    )
 
 
 def memfd_with(name: str, data: bytes) -> int:
@@ -230,6 +262,6 @@ def memfd_with(name: str, data: bytes) -> int:
     fd = os.memfd_create(name, 0)
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
     os.lseek(fd, 0, os.SEEK_SET)
     return fd

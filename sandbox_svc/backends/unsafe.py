@@ -50,9 +50,15 @@ class SubprocessBackend:
                     for root, dirs, files in os.walk(work):
                         for n in (root, *(os.path.join(root, x) for x in dirs + files)):
                             os.chown(n, uid, uid)
-                launch = Launch(argv=list(language.argv), stdin_fd=stdin_fd,
-                                limits=req.limits, language=language, cwd=work, uid=uid,
-                                env={"PATH": _PATH, "HOME": work})
+                launch = Launch(
+                    argv=list(language.argv),
+                    stdin_fd=stdin_fd,
+                    limits=req.limits,
+                    language=language,
+                    cwd=work,
+                    uid=uid,
+                    env={"PATH": _PATH, "HOME": work},
+                )
                 result = run_launch(launch, cancel)
                 if uid is not None:
                     sweep_uid(uid)  # nothing stops a daemonised child here but this sweep

@@ -31,7 +31,9 @@ from sandbox_svc.syscalls import launcher_seccomp
 log = logging.getLogger(__name__)
 
 # The zygote, after the lock-down it applies to every program (both standard library only).
-ZYGOTE_SOURCE = "\n".join(Path(__file__).with_name(name).read_text() for name in ("lockdown.py", "zygote.py"))
+ZYGOTE_SOURCE = "\n".join(
+    Path(__file__).with_name(name).read_text() for name in ("lockdown.py", "zygote.py")
+)
 _REPLY_TIMEOUT_S = 5.0
 # How long the zygote may take to wipe /tmp and /dev/shm after a program (a program can leave
 # millions of files there) before the sandbox is discarded instead; a fresh one starts in ~0.1 s.
@@ -59,21 +61,41 @@ class WarmSandbox:
 
     def start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        argv = [*self.argv_prefix, "python3", "-I", "-B", "-c", ZYGOTE_SOURCE, str(theirs.fileno()),
-                json.dumps(launcher_seccomp())]
+        argv = [
+            *self.argv_prefix,
+            "python3",
+            "-I",
+            "-B",
+            "-c",
+            ZYGOTE_SOURCE,
+            str(theirs.fileno()),
+            json.dumps(launcher_seccomp()),
+        ]
         try:
-            self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={},
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                argv,
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env={},
+                start_new_session=True,
+            )
         finally:
             theirs.close()
         self.ctl = ours
         try:
             self._reply()  # {"ready": true}
         except SandboxBroken:
-            err = self.proc.stderr.read().decode(errors="replace") if self.proc.poll() is not None else ""
+            err = (
+                self.proc.stderr.read().decode(errors="replace")
+                if self.proc.poll() is not None
+                else ""
+            )
             self.stop()
-            raise SandboxBroken(f"the sandbox did not start: {err.strip() or 'no answer'}") from None
+            raise SandboxBroken(
+                f"the sandbox did not start: {err.strip() or 'no answer'}"
+            ) from None
 
     def _reply(self, timeout_s: float = _REPLY_TIMEOUT_S) -> dict:
         self.ctl.settimeout(timeout_s)
@@ -107,7 +129,9 @@ class WarmSandbox:
         if self.proc is not None:
             # The zygote is in a session of its own: kill it by pid, not only bwrap's group, then
             # wait for it (it is re-parented to this process, a subreaper, and must be reaped).
-            inner = [psutil.Process(p) for p in self.own_pids() - {self.proc.pid} if psutil.pid_exists(p)]
+            inner = [
+                psutil.Process(p) for p in self.own_pids() - {self.proc.pid} if psutil.pid_exists(p)
+            ]
             for target in (self.proc.pid, *(p.pid for p in inner)):
                 try:
                     os.kill(target, 9)
@@ -122,24 +146,32 @@ class WarmSandbox:
 
     def run(self, req: ExecRequest, cancel: threading.Event | None) -> ExecResult:
         if self.proc is not None and self.proc.poll() is not None:
-            self.stop()      # died while idle: a fresh one, before the program is handed over
+            self.stop()  # died while idle: a fresh one, before the program is handed over
         if self.proc is None:
             self.start()
         language = LANGUAGES[req.language]
         limits = req.limits
-        payload = json.dumps({
-            "code": req.code, "filename": language.filename,
-            "files": {p: base64.b64encode(c).decode() for p, c in req.files},
-            "argv": None if language.name == "python" else list(language.argv),
-            "limits": {**limits.__dict__, "max_processes": limits.max_processes + _SANDBOX_PROCESSES},
-        }).encode()
+        payload = json.dumps(
+            {
+                "code": req.code,
+                "filename": language.filename,
+                "files": {p: base64.b64encode(c).decode() for p, c in req.files},
+                "argv": None if language.name == "python" else list(language.argv),
+                "limits": {
+                    **limits.__dict__,
+                    "max_processes": limits.max_processes + _SANDBOX_PROCESSES,
+                },
+            }
+        ).encode()
         out, err = Output(limits.max_output_bytes), Output(limits.max_output_bytes)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         sent = [memfd_with("payload", payload), memfd_with("stdin", req.stdin), out_w, err_w]
         start = time.monotonic()
         try:
-            self.ctl.sendmsg([b"run"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", sent))])
+            self.ctl.sendmsg(
+                [b"run"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", sent))]
+            )
         except OSError as e:
             raise SandboxBroken(f"could not reach the sandbox: {e}") from None
         finally:
@@ -147,24 +179,33 @@ class WarmSandbox:
                 os.close(fd)
         try:
             self._delivered_reply()  # {"started": pid}
-            killed_for = pump([(out_r, out), (err_r, err)], start + limits.wall_timeout_ms / 1000, cancel)
+            killed_for = pump(
+                [(out_r, out), (err_r, err)], start + limits.wall_timeout_ms / 1000, cancel
+            )
             if killed_for is not None:
                 self.ctl.send(b"kill")
-            reply = self._delivered_reply()   # {"status", "cpu_ms"}: the program is over
+            reply = self._delivered_reply()  # {"status", "cpu_ms"}: the program is over
         finally:
             os.close(out_r)
             os.close(err_r)
         self.served += 1
         self._after_wipe()
         status = reply["status"]
-        code, sig = (os.WEXITSTATUS(status), 0) if os.WIFEXITED(status) else (0, os.WTERMSIG(status))
+        code, sig = (
+            (os.WEXITSTATUS(status), 0) if os.WIFEXITED(status) else (0, os.WTERMSIG(status))
+        )
         stderr = bytes(err.data)
         return ExecResult(
             verdict=verdict(killed_for, code, sig, reply["cpu_ms"], stderr, limits, language),
-            exit_code=code, signal=sig, stdout=bytes(out.data), stderr=stderr,
-            stdout_truncated=out.truncated, stderr_truncated=err.truncated,
-            wall_ms=int((time.monotonic() - start) * 1000), cpu_ms=reply["cpu_ms"])
-
+            exit_code=code,
+            signal=sig,
+            stdout=bytes(out.data),
+            stderr=stderr,
+            stdout_truncated=out.truncated,
+            stderr_truncated=err.truncated,
+            wall_ms=int((time.monotonic() - start) * 1000),
+            cpu_ms=reply["cpu_ms"],
+        )
 
     def _after_wipe(self) -> None:
         """Keep the sandbox only if the zygote wiped it in time. The program has run and its result
@@ -174,7 +215,9 @@ class WarmSandbox:
             clean = self._reply(_WIPE_TIMEOUT_S)["clean"]
         except SandboxBroken as err:
             clean = False
-            log.info("discarding a sandbox: wiping it after its last program took too long (%s)", err)
+            log.info(
+                "discarding a sandbox: wiping it after its last program took too long (%s)", err
+            )
         if not clean:
             log.info("discarding a sandbox: its last program left state that cannot be wiped")
             self.stop()
@@ -190,8 +233,16 @@ def run_warm(sandbox: WarmSandbox, req: ExecRequest, cancel: threading.Event | N
         except SandboxBroken as err:
             sandbox.stop()
             if err.delivered or attempt:
-                ran = "while the program ran; it was not run again" if err.delivered else "twice before the program ran"
+                ran = (
+                    "while the program ran; it was not run again"
+                    if err.delivered
+                    else "twice before the program ran"
+                )
                 log.warning("sandbox broken %s (%s)", ran, err)
-                return ExecResult(verdict=Verdict.KILLED, stderr=f"sandbox failure {ran}: {err}".encode())
-            log.warning("sandbox broken before the program reached it (%s); starting a fresh one", err)
+                return ExecResult(
+                    verdict=Verdict.KILLED, stderr=f"sandbox failure {ran}: {err}".encode()
+                )
+            log.warning(
+                "sandbox broken before the program reached it (%s); starting a fresh one", err
+            )
     raise AssertionError("unreachable")

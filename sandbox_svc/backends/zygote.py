@@ -28,7 +28,8 @@ import sys
 WORK = "/tmp/run"
 
 # Put before this source by warm.py (lockdown.py): lock_down(spec) installs the syscall filter.
-SECCOMP = None   # set by main() from argv: sandbox_svc.syscalls.launcher_seccomp()
+SECCOMP = None  # set by main() from argv: sandbox_svc.syscalls.launcher_seccomp()
+
 
 def _recv(sock):
     fds = array.array("i")
@@ -41,10 +42,14 @@ def _recv(sock):
 
 def _limits(lim):
     cpu = max(1, -(-lim["cpu_time_ms"] // 1000))
-    for res, value in ((resource.RLIMIT_CPU, cpu), (resource.RLIMIT_AS, lim["memory_bytes"]),
-                       (resource.RLIMIT_FSIZE, lim["max_file_bytes"]),
-                       (resource.RLIMIT_NOFILE, lim["max_open_files"]),
-                       (resource.RLIMIT_NPROC, lim["max_processes"]), (resource.RLIMIT_CORE, 0)):
+    for res, value in (
+        (resource.RLIMIT_CPU, cpu),
+        (resource.RLIMIT_AS, lim["memory_bytes"]),
+        (resource.RLIMIT_FSIZE, lim["max_file_bytes"]),
+        (resource.RLIMIT_NOFILE, lim["max_open_files"]),
+        (resource.RLIMIT_NPROC, lim["max_processes"]),
+        (resource.RLIMIT_CORE, 0),
+    ):
         resource.setrlimit(res, (value, value))
 
 
@@ -68,7 +73,7 @@ def _run_child(req, stdin_fd, out_fd, err_fd):
         os.closerange(3, 1 << 16)
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as the interpreter sets it at start-up
         _limits(req["limits"])
-        lock_down(SECCOMP)   # noqa: F821 - defined by lockdown.py, put before this source
+        lock_down(SECCOMP)  # noqa: F821 - defined by lockdown.py, put before this source
         if req.get("argv"):
             os.execvp(req["argv"][0], req["argv"])
         status = _run_python(main_path, req["code"])
@@ -83,9 +88,15 @@ def _run_python(path, source):
     import types
 
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
-    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", write_through=False)
-    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
-                                  errors="backslashreplace", line_buffering=True)
+    sys.stdout = io.TextIOWrapper(
+        io.FileIO(1, "w", closefd=False), encoding="utf-8", write_through=False
+    )
+    sys.stderr = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False),
+        encoding="utf-8",
+        errors="backslashreplace",
+        line_buffering=True,
+    )
     main = types.ModuleType("__main__")
     main.__file__ = path
     main.__builtins__ = __builtins__
@@ -109,6 +120,7 @@ def _run_python(path, source):
         status = 1
     try:
         import threading
+
         threading._shutdown()  # wait for non-daemon threads, as interpreter exit does
         atexit._run_exitfuncs()
         sys.stdout.flush()
@@ -180,7 +192,11 @@ def _serve_one(ctl, fds):
     _kill_all_but_me()
     # The result first, then the wipe: a program that left a million files makes the wipe slow,
     # and the server must not mistake that for a sandbox that died while the program ran.
-    ctl.send(json.dumps({"status": status, "cpu_ms": int((usage.ru_utime + usage.ru_stime) * 1000)}).encode())
+    ctl.send(
+        json.dumps(
+            {"status": status, "cpu_ms": int((usage.ru_utime + usage.ru_stime) * 1000)}
+        ).encode()
+    )
     ctl.send(json.dumps({"clean": _clean()}).encode())
 
 
@@ -188,6 +204,7 @@ def main():
     # Not dumpable: programs (same uid) can neither ptrace this process nor open /proc/1/mem,
     # so none can tamper with the interpreter the next program is forked from.
     import ctypes
+
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
     global SECCOMP
     ctl = socket.socket(fileno=int(sys.argv[1]))
@@ -196,7 +213,7 @@ def main():
     ctl.send(b'{"ready": true}')
     while True:
         msg, fds = _recv(ctl)
-        if not msg:        # the server closed the socket: the sandbox goes away
+        if not msg:  # the server closed the socket: the sandbox goes away
             return
         if msg == b"run":
             _serve_one(ctl, fds)

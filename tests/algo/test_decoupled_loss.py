@@ -32,13 +32,14 @@ def test_loss_gradient_and_metrics_by_hand():
     assert loss.item() == pytest.approx(-0.2375, rel=1e-6)
     assert m["loss"] == m["pg_loss"] == pytest.approx(-0.2375, rel=1e-6)
     # d loss / d new = w * (-A r) / 4 on every token (no clip is active):
-    #   [[1 * -1 / 4, 2 * -1.1 / 4], [0.5 * 1.5 / 4, 1.5 * 1 / 4]] = [[-0.25, -0.55], [0.1875, 0.375]]
+    # [[1 * -1 / 4, 2 * -1.1 / 4], [0.5 * 1.5 / 4, 1.5 * 1 / 4]] = [[-0.25, -0.55], [0.1875, 0.375]]
     loss.backward()
     assert new.grad.flatten().tolist() == pytest.approx([-0.25, -0.55, 0.1875, 0.375], rel=1e-6)
     # approx_kl (to prox): 0.5 * (0 + ln(1.1)^2 + ln(1.5)^2 + 0) / 4
     #   = 0.5 * (0.0090840 + 0.1644020) / 4 = 0.0216857
     assert m["approx_kl"] == pytest.approx(0.0216857484, rel=1e-5)
-    # behav_approx_kl: log w = [0, ln 3, -ln 2, ln 1.5]; 0.5 * (0 + 1.2069490 + 0.4804530 + 0.1644020) / 4
+    # behav_approx_kl: log w = [0, ln 3, -ln 2, ln 1.5]; 0.5 * (0 + 1.2069490 + 0.4804530 +
+    # 0.1644020) / 4
     #   = 0.5 * 1.8518040 / 4 = 0.2314755
     assert m["behav_approx_kl"] == pytest.approx(0.2314755, rel=1e-5)
     # weights before the cap: mean (1 + 3 + 0.5 + 1.5) / 4 = 1.5, max 3; one token of 4 over the cap
@@ -51,39 +52,55 @@ def test_loss_gradient_and_metrics_by_hand():
 def test_the_cap_binds():
     # Without a binding cap token (0,1) weighs 3: the sum gains (3 - 2) * -1.1 = -1.1,
     # token-mean (-0.95 - 1.1) / 4 = -0.5125; nothing is capped.
-    loss, m = decoupled_policy_loss(NEW, PROX, BEHAV, A, torch.ones(2, 2), LossConfig(behav_imp_cap=1e9))
+    loss, m = decoupled_policy_loss(
+        NEW, PROX, BEHAV, A, torch.ones(2, 2), LossConfig(behav_imp_cap=1e9)
+    )
     assert loss.item() == pytest.approx(-0.5125, rel=1e-6) and m["behav_capped_fraction"] == 0.0
-    # Cap 1: w = [[1, 1], [0.5, 1]]: (-1 - 1.1 + 0.75 + 1) / 4 = -0.0875; 2 tokens of 4 over the cap.
-    loss, m = decoupled_policy_loss(NEW, PROX, BEHAV, A, torch.ones(2, 2), LossConfig(behav_imp_cap=1.0))
+    # Cap 1: w = [[1, 1], [0.5, 1]]: (-1 - 1.1 + 0.75 + 1) / 4 = -0.0875; 2 tokens of 4 over the
+    # cap.
+    loss, m = decoupled_policy_loss(
+        NEW, PROX, BEHAV, A, torch.ones(2, 2), LossConfig(behav_imp_cap=1.0)
+    )
     assert loss.item() == pytest.approx(-0.0875, rel=1e-6) and m["behav_capped_fraction"] == 0.5
 
 
 def test_the_clip_is_around_the_proximal_policy_not_the_sampler():
-    # One token, A = 1: new = prox + ln 1.5 (r = 1.5 -> clipped at 1.2), behav = prox + ln 2 (w = 0.5).
-    # Loss = w * -A clip(r) = 0.5 * -1.2 = -0.6, and no gradient. A ratio to the sampler would be
-    # 1.5 / 2 = 0.75, which for A > 0 is not clipped (max(-0.75, -0.8) = -0.75) and would still push.
+    # One token, A = 1: new = prox + ln 1.5 (r = 1.5 -> clipped at 1.2), behav = prox + ln 2 (w =
+    # 0.5). Loss = w * -A clip(r) = 0.5 * -1.2 = -0.6, and no gradient. A ratio to the sampler would
+    # be 1.5 / 2 = 0.75, which for A > 0 is not clipped (max(-0.75, -0.8) = -0.75) and would still
+    # push.
     new = torch.tensor([[math.log(1.5)]], requires_grad=True)
-    loss, m = decoupled_policy_loss(new, torch.zeros(1, 1), torch.tensor([[math.log(2.0)]]), torch.tensor([1.0]),
-                                    torch.ones(1, 1), LossConfig())
+    loss, m = decoupled_policy_loss(
+        new,
+        torch.zeros(1, 1),
+        torch.tensor([[math.log(2.0)]]),
+        torch.tensor([1.0]),
+        torch.ones(1, 1),
+        LossConfig(),
+    )
     assert loss.item() == pytest.approx(-0.6, rel=1e-6) and m["clip_fraction"] == 1.0
     loss.backward()
     assert new.grad.item() == 0.0
 
 
 @pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("cfg", [LossConfig(), LossConfig(0.1, 0.3, kl_coef=0.05, entropy_coef=0.01)])
+@pytest.mark.parametrize(
+    "cfg", [LossConfig(), LossConfig(0.1, 0.3, kl_coef=0.05, entropy_coef=0.01)]
+)
 def test_prox_equal_to_behav_is_exactly_policy_loss(seed, cfg):
     torch.manual_seed(seed)
     lp = torch.randn(4, 6) * 0.4 - 1.0
     old = lp + torch.randn(4, 6) * 0.5
-    old[0, 2] = -math.inf                                 # the sampler's mask excludes it
-    lp[1, 3] = -math.inf                                  # the trainer's mask excludes it
+    old[0, 2] = -math.inf  # the sampler's mask excludes it
+    lp[1, 3] = -math.inf  # the trainer's mask excludes it
     adv, ref, ent = torch.randn(4), lp - 0.1, torch.rand(4, 6)
     mask = (torch.rand(4, 6) > 0.2).long()
     mask[:, :4] = 1
     a, b = lp.clone().requires_grad_(), lp.clone().requires_grad_()
     want, wm = policy_loss(a, old, adv, mask, cfg, ref_logprobs=ref, entropy=ent)
-    got, gm = decoupled_policy_loss(b, old, old.clone(), adv, mask, cfg, ref_logprobs=ref, entropy=ent)
+    got, gm = decoupled_policy_loss(
+        b, old, old.clone(), adv, mask, cfg, ref_logprobs=ref, entropy=ent
+    )
     assert torch.equal(got, want)
     want.backward()
     got.backward()
@@ -111,7 +128,9 @@ def test_a_minus_inf_in_any_of_the_three_is_left_out_and_counted():
     assert loss.item() == pytest.approx(-1.0) and m["masked_tokens"] == 3.0
     assert m["behav_imp_weight_max"] == 1.0 and m["behav_capped_fraction"] == 0.0
     loss.backward()
-    assert torch.isfinite(new.grad).all() and new.grad.flatten().tolist() == pytest.approx([-1.0, 0.0, 0.0, 0.0])
+    assert torch.isfinite(new.grad).all() and new.grad.flatten().tolist() == pytest.approx(
+        [-1.0, 0.0, 0.0, 0.0]
+    )
     # Padding (mask 0) is neither in the loss nor counted as masked.
     loss, m = decoupled_policy_loss(NEW, PROX, BEHAV, A, torch.tensor([[1, 0], [0, 0]]), CAP2)
     assert loss.item() == pytest.approx(-1.0) and m["masked_tokens"] == 0.0
@@ -119,4 +138,8 @@ def test_a_minus_inf_in_any_of_the_three_is_left_out_and_counted():
 
 def test_every_token_masked_gives_zero_not_nan():
     loss, m = decoupled_policy_loss(NEW, PROX, BEHAV, A, torch.zeros(2, 2), CAP2)
-    assert loss.item() == 0.0 and m["behav_imp_weight_max"] == 0.0 and m["behav_imp_weight_mean"] == 0.0
+    assert (
+        loss.item() == 0.0
+        and m["behav_imp_weight_max"] == 0.0
+        and m["behav_imp_weight_mean"] == 0.0
+    )

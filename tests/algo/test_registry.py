@@ -39,7 +39,17 @@ def rank_within_task(samples, rewards, *, norm_std):
 
 
 @register_policy_loss("test_reinforce")
-def reinforce(logprobs, old_logprobs, advantages, mask, cfg, *, prox_logprobs=None, ref_logprobs=None, entropy=None):
+def reinforce(
+    logprobs,
+    old_logprobs,
+    advantages,
+    mask,
+    cfg,
+    *,
+    prox_logprobs=None,
+    ref_logprobs=None,
+    entropy=None,
+):
     """Plain REINFORCE: -A log p, token-mean."""
     m = mask.to(logprobs.dtype)
     loss = masked_mean(-advantages[:, None] * torch.where(mask > 0, logprobs, 0.0), m)
@@ -47,12 +57,30 @@ def reinforce(logprobs, old_logprobs, advantages, mask, cfg, *, prox_logprobs=No
 
 
 def sample(task, reward, branch):
-    return Sample(task, "a", 0, branch, PolicyRef("p"), [5, 6, 7], [8, 9], [-0.1, -0.2], reward, 0.0,
-                  False, False, branch == 0, Sampling(temperature=0.7), episode=1)
+    return Sample(
+        task,
+        "a",
+        0,
+        branch,
+        PolicyRef("p"),
+        [5, 6, 7],
+        [8, 9],
+        [-0.1, -0.2],
+        reward,
+        0.0,
+        False,
+        False,
+        branch == 0,
+        Sampling(temperature=0.7),
+        episode=1,
+    )
 
 
 def test_a_registered_estimator_groups_and_scores_a_step():
-    samples = [sample("t0", r, b) for b, r in enumerate((0.0, 2.0, 1.0))] + [sample("t1", 5.0, 0), sample("t1", 3.0, 1)]
+    samples = [sample("t0", r, b) for b, r in enumerate((0.0, 2.0, 1.0))] + [
+        sample("t1", 5.0, 0),
+        sample("t1", 3.0, 1),
+    ]
     out = step_batches(samples, {"a": "p"}, grouping="test_rank")
     assert out.advantages == pytest.approx([-1.0, 1.0, 0.0, 1.0, -1.0])
     assert out.agents["a"].groups == 2
@@ -69,11 +97,19 @@ def test_a_registered_estimator_and_loss_train_a_toy_step(tiny_model):
     train = [replace(s, advantage=a) for s, a in zip(train, batches.advantages, strict=True)]
     # ... and the trainer's side trains with the new loss, by its name.
     params = [p for p in model.parameters() if p.requires_grad]
-    metrics = update(model, torch.optim.AdamW(params, lr=1e-3), train,
-                     UpdateConfig(LossConfig(policy_loss="test_reinforce"), mini_batch_size=4), params=params)
+    metrics = update(
+        model,
+        torch.optim.AdamW(params, lr=1e-3),
+        train,
+        UpdateConfig(LossConfig(policy_loss="test_reinforce"), mini_batch_size=4),
+        params=params,
+    )
     tokens = sum(len(s.response_ids) for s in train)
-    want = -sum(a * sum(s.old_logprobs) for s, a in zip(train, batches.advantages, strict=True)) / tokens
-    assert metrics["loss"] == pytest.approx(want, abs=1e-4)       # -A log p at the starting weights
+    want = (
+        -sum(a * sum(s.old_logprobs) for s, a in zip(train, batches.advantages, strict=True))
+        / tokens
+    )
+    assert metrics["loss"] == pytest.approx(want, abs=1e-4)  # -A log p at the starting weights
     assert metrics["optimizer_steps"] == 1
     assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
@@ -85,12 +121,20 @@ def test_the_built_ins_are_registered():
 
 
 def config(**algorithm):
-    return {"run": {"name": "r"}, "env": {"name": "toy", "turn_order": ["a"]},
-            "pools": {"p": {"model_path": "/m"}}, "agents": {"a": {"pool": "p"}}, "algorithm": algorithm}
+    return {
+        "run": {"name": "r"},
+        "env": {"name": "toy", "turn_order": ["a"]},
+        "pools": {"p": {"model_path": "/m"}},
+        "agents": {"a": {"pool": "p"}},
+        "algorithm": algorithm,
+    }
 
 
 def test_config_names_are_checked_against_the_registries():
-    assert parse_config(config(grouping="test_rank", policy_loss="test_reinforce")).algorithm.grouping == "test_rank"
+    assert (
+        parse_config(config(grouping="test_rank", policy_loss="test_reinforce")).algorithm.grouping
+        == "test_rank"
+    )
     with pytest.raises(ConfigError) as err:
         parse_config(config(grouping="ranked", policy_loss="reinforce"))
     text = str(err.value)
@@ -108,9 +152,13 @@ def test_asynchronous_training_picks_the_decoupled_form_and_refuses_a_loss_witho
 def test_an_estimator_of_the_wrong_shape_is_refused_with_what_it_must_return():
     @register_adv_est("test_short")
     def short(samples, rewards, *, norm_std):
-        return Estimate(rewards[:1].float(), torch.zeros(1, dtype=torch.bool), torch.zeros(1, dtype=torch.long))
+        return Estimate(
+            rewards[:1].float(), torch.zeros(1, dtype=torch.bool), torch.zeros(1, dtype=torch.long)
+        )
 
     with pytest.raises(ValueError, match=r"\(B,\) tensors"):
-        step_batches([sample("t0", 1.0, 0), sample("t0", 0.0, 1)], {"a": "p"}, grouping="test_short")
+        step_batches(
+            [sample("t0", 1.0, 0), sample("t0", 0.0, 1)], {"a": "p"}, grouping="test_short"
+        )
     with pytest.raises(ValueError, match="already registered"):
         register_adv_est("test_rank")(short)

@@ -16,7 +16,7 @@ def test_inverse_cdf_draws_each_token_at_its_probability():
     second = torch.bincount(picks[1::2], minlength=4) / 50_000
     # 50,000 draws: the standard error of a share of 0.4 is 0.0022, so 0.01 is over 4 of them.
     assert torch.allclose(first, torch.tensor([0.1, 0.2, 0.3, 0.4]), atol=0.01)
-    assert second[0] == 0 and second[2] == 0                     # probability 0: never drawn
+    assert second[0] == 0 and second[2] == 0  # probability 0: never drawn
     assert abs(second[1].item() - 0.5) < 0.01
 
 
@@ -34,7 +34,7 @@ def test_sample_tokens_respects_top_k_and_reports_the_drawn_tokens_logprob():
     s = Sampling(max_tokens=1, temperature=0.7, top_k=2)
     tokens, logps = sample_tokens(logits, s, torch.Generator().manual_seed(0))
     assert set(tokens.tolist()) == {0, 1}
-    p0 = 1 / (1 + math.exp(-1 / 0.7))                            # softmax of (3, 2) at T = 0.7
+    p0 = 1 / (1 + math.exp(-1 / 0.7))  # softmax of (3, 2) at T = 0.7
     assert abs((tokens == 0).float().mean().item() - p0) < 0.03
     expected = torch.where(tokens == 0, math.log(p0), math.log(1 - p0))
     assert torch.allclose(logps, expected.float(), atol=1e-5)
@@ -49,14 +49,20 @@ def sort_based_transform(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
     if s.top_p < 1.0:
         sorted_logits, order = torch.sort(out, descending=True, dim=-1)
         probs = torch.softmax(sorted_logits, dim=-1)
-        drop = torch.zeros_like(sorted_logits, dtype=torch.bool).scatter(-1, order, (probs.cumsum(-1) - probs) >= s.top_p)
+        drop = torch.zeros_like(sorted_logits, dtype=torch.bool).scatter(
+            -1, order, (probs.cumsum(-1) - probs) >= s.top_p
+        )
         out = out.masked_fill(drop, float("-inf"))
     return out
 
 
-@pytest.mark.parametrize("top_k, top_p", [(20, 0.9), (20, 1.0), (0, 0.9), (5, 0.3), (50, 0.999), (0, 0.05)])
+@pytest.mark.parametrize(
+    "top_k, top_p", [(20, 0.9), (20, 1.0), (0, 0.9), (5, 0.3), (50, 0.999), (0, 0.05)]
+)
 def test_the_transform_equals_the_sort_based_one_on_distinct_logits(top_k, top_p):
-    logits = torch.randn(64, 1000, generator=torch.Generator().manual_seed(top_k + int(100 * top_p))) * 3
+    logits = (
+        torch.randn(64, 1000, generator=torch.Generator().manual_seed(top_k + int(100 * top_p))) * 3
+    )
     s = Sampling(temperature=0.7, top_k=top_k, top_p=top_p)
     assert torch.equal(transform_logits(logits, s), sort_based_transform(logits, s))
 
@@ -66,8 +72,8 @@ def test_ties_with_the_last_kept_token_stay():
     logits = torch.tensor([[5.0, 4.0, 4.0, 4.0, 1.0]])
     k2 = transform_logits(logits, Sampling(temperature=1.0, top_k=2))
     assert torch.isfinite(k2).tolist() == [[True, True, True, True, False]]
-    # The survivors' mass counts all three 4s: the 5 holds e / (e + 3) = 0.475 of it. Top-p 0.4 keeps
-    # the 5 alone; top-p 0.48 needs a 4, and every 4 stays with it.
+    # The survivors' mass counts all three 4s: the 5 holds e / (e + 3) = 0.475 of it. Top-p 0.4
+    # keeps the 5 alone; top-p 0.48 needs a 4, and every 4 stays with it.
     p04 = transform_logits(logits, Sampling(temperature=1.0, top_k=2, top_p=0.4))
     assert torch.isfinite(p04).tolist() == [[True, False, False, False, False]]
     p048 = transform_logits(logits, Sampling(temperature=1.0, top_k=2, top_p=0.48))

@@ -10,8 +10,9 @@ from atgrpo.algo.advantages import trajectory_advantages
 
 
 def run(returns, groups, copies, **kw):
-    adv, flat = trajectory_advantages(torch.tensor(returns, dtype=torch.double), torch.tensor(groups),
-                                      torch.tensor(copies), **kw)
+    adv, flat = trajectory_advantages(
+        torch.tensor(returns, dtype=torch.double), torch.tensor(groups), torch.tensor(copies), **kw
+    )
     return adv.tolist(), flat.tolist()
 
 

@@ -29,7 +29,7 @@ class _StandIn:
         self.off_policy_mask_threshold = None
         self.importance_sampling_level = "token"
         self.beta = beta
-        self.loss_type = "bnpo"                  # sum over all tokens / number of tokens: token-mean
+        self.loss_type = "bnpo"  # sum over all tokens / number of tokens: token-mean
         self.epsilon_low, self.epsilon_high = eps_low, eps_high
         self.args = SimpleNamespace(delta=None, use_bias_correction_kl=False)
         self.use_vllm = False
@@ -39,19 +39,26 @@ class _StandIn:
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
         self.accelerator = _Accelerator()
 
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, **kw):
+    def _get_per_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, **kw
+    ):
         return self._logprobs, torch.zeros_like(self._logprobs), None
 
-    def __getattr__(self, name):   # any other helper TRL reaches for
+    def __getattr__(self, name):  # any other helper TRL reaches for
         return getattr(GRPOTrainer, name).__get__(self)
 
 
-def trl_loss(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.2, ref_logprobs=None, beta=0.0):
+def trl_loss(
+    logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.2, ref_logprobs=None, beta=0.0
+):
     B, T = logprobs.shape
     inputs = {
-        "prompt_ids": torch.zeros((B, 1), dtype=torch.long), "prompt_mask": torch.ones((B, 1), dtype=torch.long),
-        "completion_ids": torch.zeros((B, T), dtype=torch.long), "completion_mask": mask.long(),
-        "advantages": advantages, "old_per_token_logps": old_logprobs,
+        "prompt_ids": torch.zeros((B, 1), dtype=torch.long),
+        "prompt_mask": torch.ones((B, 1), dtype=torch.long),
+        "completion_ids": torch.zeros((B, T), dtype=torch.long),
+        "completion_mask": mask.long(),
+        "advantages": advantages,
+        "old_per_token_logps": old_logprobs,
     }
     if ref_logprobs is not None:
         inputs["ref_per_token_logps"] = ref_logprobs

@@ -18,15 +18,31 @@ pytestmark = pytest.mark.slow
 
 def test_ablations_smoke(knows_the_code, tmp_path, subprocess_env):
     env = {**subprocess_env, "ATGRPO_BENCH_SMOKE": "1"}
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "ablations.py"), "--model", knows_the_code,
-                           "--out", str(tmp_path)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "ablations.py"),
+            "--model",
+            knows_the_code,
+            "--out",
+            str(tmp_path),
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
     data = json.loads((tmp_path / "ablations.json").read_text())
-    assert [(r["task"], r["variant"]) for r in data["rows"]] == [("code", "at-grpo"), ("code", "L2")]
+    assert [(r["task"], r["variant"]) for r in data["rows"]] == [
+        ("code", "at-grpo"),
+        ("code", "L2"),
+    ]
     for row in data["rows"]:
         assert row["steps"] == [0, 1, 2] and len(row["success"]) == 3
         assert all(0.0 <= s <= 1.0 for s in row["success"]) and 0.0 <= row["greedy"] <= 1.0
-        assert 0.0 <= row["speaker_return"] <= 0.6            # the speaker's step pays local reward only
+        assert 0.0 <= row["speaker_return"] <= 0.6  # the speaker's step pays local reward only
         # Two agents, K = 8, 8 tasks, one turn: 128 samples a step, each 1 to 4 tokens.
         assert row["samples_per_step"] == 128 and 128 <= row["tokens_per_step"] <= 512
     at, l2 = data["rows"]

@@ -17,9 +17,27 @@ pytestmark = pytest.mark.slow
 
 def test_baseline_toy_row(tiny_model, tmp_path, subprocess_env):
     out = tmp_path / "baseline.md"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "baseline.py"), "--envs", "toy", "--tasks", "2",
-                           "--model", tiny_model, "--out", str(out), "--work", str(tmp_path / "work")],
-                          env=subprocess_env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "baseline.py"),
+            "--envs",
+            "toy",
+            "--tasks",
+            "2",
+            "--model",
+            tiny_model,
+            "--out",
+            str(out),
+            "--work",
+            str(tmp_path / "work"),
+        ],
+        env=subprocess_env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
     data = json.loads(out.with_suffix(".json").read_text())
     [row] = data["rows"]

@@ -18,15 +18,18 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.slow
 
 # What `make bench` runs (baseline.py, a table and no ratio, has its own test: test_baseline.py).
-BENCHES = sorted(p for p in (ROOT / "bench").glob("*.py") if not p.name.startswith("_") and p.name not in SKIP)
+BENCHES = sorted(
+    p for p in (ROOT / "bench").glob("*.py") if not p.name.startswith("_") and p.name not in SKIP
+)
 
 
 @pytest.mark.parametrize("bench", BENCHES, ids=lambda p: p.stem)
 def test_bench_runs_at_smoke_size(bench, tmp_path, subprocess_env):
     out = tmp_path / "ratios.jsonl"
     env = {**subprocess_env, "ATGRPO_BENCH_SMOKE": "1", "ATGRPO_BENCH_OUT": str(out)}
-    proc = subprocess.run([sys.executable, str(bench)], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=240)
+    proc = subprocess.run(
+        [sys.executable, str(bench)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=240
+    )
     log = f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
     assert proc.returncode == 0, log
     # A warm sandbox that broke means something killed its processes (e.g. another sandbox on

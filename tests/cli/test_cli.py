@@ -1,6 +1,5 @@
 """The `atgrpo` command's offline subcommands, called as a user would (in-process main())."""
 
-
 from pathlib import Path
 
 import pytest
@@ -58,13 +57,15 @@ def test_examples_cover_every_builtin_env_at_every_level():
         named, level, variant = path.stem.rsplit("_", 2)
         cfg = load_config(path)
         env = cfg.env.name
-        assert named == env or named.startswith(f"{env}_"), path.name      # code_humaneval: env code
+        assert named == env or named.startswith(f"{env}_"), path.name  # code_humaneval: env code
         assert cfg.level == level, path.name
         pools = cfg.pools.values()
-        if variant in ("tiny", "smollm2"):      # smollm2: the real small model, on CPU too
+        if variant in ("tiny", "smollm2"):  # smollm2: the real small model, on CPU too
             assert all((p.engine, p.device) == ("hf", "cpu") for p in pools), path.name
         else:
-            assert variant == "gpu" and all((p.engine, p.device) == ("vllm", "cuda") for p in pools), path.name
+            assert variant == "gpu" and all(
+                (p.engine, p.device) == ("vllm", "cuda") for p in pools
+            ), path.name
         found.add((env, level, variant))
     want = {(e, lv, v) for e in BUILTIN for lv in ("L0", "L1", "L2", "L3") for v in ("tiny", "gpu")}
     assert want <= found, sorted(want - found)
@@ -80,7 +81,15 @@ def test_the_smollm2_examples_are_the_learning_bench_s_at_grpo_runs():
 
     for task in TASKS:
         example = yaml.safe_load((EXAMPLES / f"reasoning_gym_{task}_L1_smollm2.yaml").read_text())
-        bench = run_config(task, "at-grpo", ".atgrpo/models/smollm2", ROOT / "x", steps=40, eval_every=10, eval_tasks=64)
+        bench = run_config(
+            task,
+            "at-grpo",
+            ".atgrpo/models/smollm2",
+            ROOT / "x",
+            steps=40,
+            eval_every=10,
+            eval_tasks=64,
+        )
         for data in (example, bench):
             data["run"].pop("name")
             data["run"].pop("run_dir", None)
@@ -95,19 +104,32 @@ def test_the_cli_parses_the_config_once_and_edits_it_after(monkeypatch, tmp_path
     from atgrpo.cli.launcher import LocalService
 
     cfg = config.load_config(EXAMPLES / "plan_path_L1_tiny.yaml")
-    expected_overrides = config.parse_config({**cfg.to_dict(), "run": {**cfg.to_dict()["run"], "steps": 3}})
+    expected_overrides = config.parse_config(
+        {**cfg.to_dict(), "run": {**cfg.to_dict()["run"], "steps": 3}}
+    )
     names = ["env", "sandbox", "router", "rollout-shared-0", "trainer-shared"]
-    started = [LocalService(n, n, 1, 0.0, f"127.0.0.1:{5000 + i}", "", "") for i, n in enumerate(names)]
+    started = [
+        LocalService(n, n, 1, 0.0, f"127.0.0.1:{5000 + i}", "", "") for i, n in enumerate(names)
+    ]
 
     def no_parse(*_a, **_k):
         raise AssertionError("parsed again")
+
     monkeypatch.setattr(config, "parse_config", no_parse)
     monkeypatch.setattr(runner, "parse_config", no_parse)
     assert cfg.with_overrides(steps=3) == expected_overrides
     with pytest.raises(config.ConfigError, match="run.steps"):
-        cfg.with_overrides(steps=0)                    # still checked by the file's rules
+        cfg.with_overrides(steps=0)  # still checked by the file's rules
     resolved = runner.resolve_paths(cfg)
-    assert Path(resolved.run.run_dir).is_absolute() and Path(resolved.pools["shared"].model_path).is_absolute()
+    assert (
+        Path(resolved.run.run_dir).is_absolute()
+        and Path(resolved.pools["shared"].model_path).is_absolute()
+    )
     connected = runner.with_services(resolved, started)
-    assert not connected.local_mode and connected.services.rollout == {"shared": ("127.0.0.1:5003",)}
-    assert connected.services.trainer == {"shared": "127.0.0.1:5004"} and connected.pools == resolved.pools
+    assert not connected.local_mode and connected.services.rollout == {
+        "shared": ("127.0.0.1:5003",)
+    }
+    assert (
+        connected.services.trainer == {"shared": "127.0.0.1:5004"}
+        and connected.pools == resolved.pools
+    )

@@ -13,13 +13,21 @@ from atgrpo.config import parse_config
 from atgrpo.errors import AtgrpoError
 from router_svc.loop import RunLoop
 
-CARELESS = "tests.env.sdk_envs:CarelessEnv"    # a third-party env that plays a then b, whatever it is told
+CARELESS = (
+    "tests.env.sdk_envs:CarelessEnv"  # a third-party env that plays a then b, whatever it is told
+)
 
 
 def config(tmp_path, **env) -> dict:
     return {
         "run": {"name": "r", "run_dir": str(tmp_path / "run")},
-        "env": {"name": "careless", "path": CARELESS, "turn_order": ["a", "b"], "max_turns": 2, **env},
+        "env": {
+            "name": "careless",
+            "path": CARELESS,
+            "turn_order": ["a", "b"],
+            "max_turns": 2,
+            **env,
+        },
         "pools": {"shared": {"model_path": str(tmp_path / "model")}},
         "agents": {"a": {"pool": "shared"}, "b": {"pool": "shared"}},
     }
@@ -41,8 +49,10 @@ def test_a_turn_order_the_env_does_not_play_fails_the_check_at_once(tmp_path, mo
     code, took = check(tmp_path, config(tmp_path, turn_order=["b", "a"]), monkeypatch)
     out, err = capsys.readouterr()
     assert code == 2 and "ok" not in out
-    assert ("InvalidArgument: env.turn_order is ['b', 'a'], but env 'careless' with these options acts in the "
-            "order ['a', 'b']: make them the same") in err
+    assert (
+        "InvalidArgument: env.turn_order is ['b', 'a'], but env 'careless' with these options acts "
+        "in the order ['a', 'b']: make them the same"
+    ) in err
     assert took < 1.0
     assert not (tmp_path / "run" / "services").exists()
 
@@ -52,13 +62,24 @@ def test_a_config_the_env_fits_is_ok(tmp_path, monkeypatch, capsys):
     assert code == 0 and "ok (L1" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("env, says", [
-    ({"max_turns": 5}, "env.max_turns is 5, over the 3 turns env 'careless' allows"),
-    ({"parallel": True}, "env.parallel is true, but env 'careless' with these options plays its turns sequentially"),
-    ({"name": "nope", "path": ""}, "no environment named 'nope'"),
-    ({"path": "tests.env.no_such_module:Env"}, "check env.path 'tests.env.no_such_module:Env'"),
-    ({"options": {"mode": "init_raises"}}, "EnvCodeError: env 'careless' (tests.env.sdk_envs.CarelessEnv)"),
-], ids=["max_turns", "parallel", "unknown_env", "bad_path", "env_code_raises"])
+@pytest.mark.parametrize(
+    "env, says",
+    [
+        ({"max_turns": 5}, "env.max_turns is 5, over the 3 turns env 'careless' allows"),
+        (
+            {"parallel": True},
+            "env.parallel is true, but env 'careless' with these options plays its turns "
+            "sequentially",
+        ),
+        ({"name": "nope", "path": ""}, "no environment named 'nope'"),
+        ({"path": "tests.env.no_such_module:Env"}, "check env.path 'tests.env.no_such_module:Env'"),
+        (
+            {"options": {"mode": "init_raises"}},
+            "EnvCodeError: env 'careless' (tests.env.sdk_envs.CarelessEnv)",
+        ),
+    ],
+    ids=["max_turns", "parallel", "unknown_env", "bad_path", "env_code_raises"],
+)
 def test_every_problem_the_router_finds_is_found_here(env, says, tmp_path, monkeypatch, capsys):
     code, _ = check(tmp_path, config(tmp_path, **env), monkeypatch)
     assert code == 2 and says in capsys.readouterr().err
@@ -68,36 +89,64 @@ def test_a_builtin_env_is_built_and_checked(tmp_path, monkeypatch, capsys):
     data = config(tmp_path, name="toy", path="", turn_order=["speaker", "listener"], max_turns=9)
     data["agents"] = {"speaker": {"pool": "shared"}, "listener": {"pool": "shared"}}
     code, _ = check(tmp_path, data, monkeypatch)
-    assert code == 2 and "env.max_turns is 9, over the 2 turns env 'toy' allows" in capsys.readouterr().err
+    assert (
+        code == 2
+        and "env.max_turns is 9, over the 2 turns env 'toy' allows" in capsys.readouterr().err
+    )
 
 
 def test_an_env_served_elsewhere_is_left_to_the_router(tmp_path, monkeypatch, capsys):
     data = config(tmp_path, name="remote_only", path="")
-    data["services"] = {"env": "envs:1", "sandbox": "s:1", "router": "r:1",
-                        "rollout": {"shared": ["ro:1"]}, "trainer": {"shared": "t:1"}}
+    data["services"] = {
+        "env": "envs:1",
+        "sandbox": "s:1",
+        "router": "r:1",
+        "rollout": {"shared": ["ro:1"]},
+        "trainer": {"shared": "t:1"},
+    }
     code, _ = check(tmp_path, data, monkeypatch)
     out, err = capsys.readouterr()
     assert code == 0 and "ok (L1" in out and "the router checks it" in err
 
 
-def test_an_env_path_for_another_machine_is_left_to_the_router_in_connect_mode(tmp_path, monkeypatch, capsys):
+def test_an_env_path_for_another_machine_is_left_to_the_router_in_connect_mode(
+    tmp_path, monkeypatch, capsys
+):
     data = config(tmp_path, path="only_on_the_cluster.envs:Env")
-    data["services"] = {"env": "envs:1", "sandbox": "s:1", "router": "r:1",
-                        "rollout": {"shared": ["ro:1"]}, "trainer": {"shared": "t:1"}}
+    data["services"] = {
+        "env": "envs:1",
+        "sandbox": "s:1",
+        "router": "r:1",
+        "rollout": {"shared": ["ro:1"]},
+        "trainer": {"shared": "t:1"},
+    }
     assert check(tmp_path, data, monkeypatch)[0] == 0
     assert "the router checks it" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("env", [{"turn_order": ["b", "a"]}, {"max_turns": 5, "parallel": True},
-                                 {"name": "nope", "path": ""}], ids=["turn_order", "two_problems", "unknown_env"])
+@pytest.mark.parametrize(
+    "env",
+    [{"turn_order": ["b", "a"]}, {"max_turns": 5, "parallel": True}, {"name": "nope", "path": ""}],
+    ids=["turn_order", "two_problems", "unknown_env"],
+)
 def test_the_router_gives_the_same_message(env, tmp_path, monkeypatch, capsys):
     """The router's check (Describe from the env service, here answered by the env service's own
     registry in this process) fails the run with the message `atgrpo config check` prints."""
     from atgrpo.sdk.host import EnvHost
     from env_svc.server import builtin_registry
 
-    cfg = parse_config(config(tmp_path, **env) | {"services": {
-        "env": "e:1", "sandbox": "s:1", "router": "r:1", "rollout": {"shared": ["ro:1"]}, "trainer": {"shared": "t:1"}}})
+    cfg = parse_config(
+        config(tmp_path, **env)
+        | {
+            "services": {
+                "env": "e:1",
+                "sandbox": "s:1",
+                "router": "r:1",
+                "rollout": {"shared": ["ro:1"]},
+                "trainer": {"shared": "t:1"},
+            }
+        }
+    )
     host = EnvHost(builtin_registry({cfg.env.name: cfg.env.path} if cfg.env.path else {}))
 
     class EnvService:
@@ -107,4 +156,6 @@ def test_the_router_gives_the_same_message(env, tmp_path, monkeypatch, capsys):
     with pytest.raises(AtgrpoError) as router:
         asyncio.run(RunLoop(cfg, clients=SimpleNamespace(env=EnvService())).check_env())
     assert check(tmp_path, config(tmp_path, **env), monkeypatch)[0] == 2
-    assert capsys.readouterr().err.endswith(f"\n{type(router.value).__name__}: {router.value.message}\n")
+    assert capsys.readouterr().err.endswith(
+        f"\n{type(router.value).__name__}: {router.value.message}\n"
+    )

@@ -11,7 +11,9 @@ import atgrpo.sdk.serve
 from atgrpo.cli import build_parser, main
 
 
-def subcommands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+def subcommands(
+    parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()
+) -> Iterator[tuple[str, ...]]:
     """Every command path the parser accepts (`env`, `env serve`, ...), nested ones included."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -24,7 +26,9 @@ COMMANDS = sorted(subcommands(build_parser()))
 
 
 def test_the_walk_finds_the_nested_commands():
-    assert {("env", "serve"), ("model", "tiny"), ("config", "check"), ("up",), ("train",)} <= set(COMMANDS)
+    assert {("env", "serve"), ("model", "tiny"), ("config", "check"), ("up",), ("train",)} <= set(
+        COMMANDS
+    )
 
 
 @pytest.mark.parametrize("flag", ["--help", "-h"])

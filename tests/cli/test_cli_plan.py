@@ -13,12 +13,14 @@ EXAMPLES = ROOT / "examples"
 
 def test_plan_passes_every_gpu_example_as_written(capsys):
     examples = sorted(EXAMPLES.glob("*_gpu.yaml"))
-    assert len(examples) == 28          # 7 environments x L0-L3
+    assert len(examples) == 28  # 7 environments x L0-L3
     for path in examples:
         assert main(["plan", str(path)]) == 0, capsys.readouterr().out
         out = capsys.readouterr().out
         assert out.rstrip().endswith("fits") and "not checked" not in out, path.name
-        assert "trainer-" in out and "rollout-" in out and "sandbox" in out and "per checkpoint" in out
+        assert (
+            "trainer-" in out and "rollout-" in out and "sandbox" in out and "per checkpoint" in out
+        )
 
 
 def test_plan_refuses_8b_full_on_one_80gb_gpu_and_names_the_fix(capsys):
@@ -48,7 +50,7 @@ def test_train_refuses_before_starting_any_service(tmp_path, capsys, monkeypatch
 
     monkeypatch.setattr(atgrpo.cli.runner, "train", must_not_start)
     cfg = yaml.safe_load((EXAMPLES / "toy_L1_gpu.yaml").read_text())
-    cfg["pools"]["shared"]["trainer_gpus"] = 1        # 8B full fine-tuning on one 80 GB GPU
+    cfg["pools"]["shared"]["trainer_gpus"] = 1  # 8B full fine-tuning on one 80 GB GPU
     cfg["run"]["run_dir"] = str(tmp_path / "run")
     path = tmp_path / "big.yaml"
     path.write_text(yaml.safe_dump(cfg))

@@ -22,7 +22,9 @@ from tests.conftest import ROOT
 EXAMPLE = ROOT / "examples" / "plan_path_L1_tiny.yaml"
 DELETE = object()
 ADDRESSES = {
-    "env": "localhost:50051", "sandbox": "localhost:50052", "router": "localhost:50053",
+    "env": "localhost:50051",
+    "sandbox": "localhost:50052",
+    "router": "localhost:50053",
     "rollout": {"shared": ["localhost:50054", "10.0.0.2:50054"]},
     "trainer": {"shared": "trainer-shared.atgrpo.svc:50055"},
 }
@@ -86,11 +88,13 @@ def level_variant(level: str) -> dict:
         return example()
     if level == "L2":
         return edited({"pools.shared.specialization": "lora"})
-    return edited({  # L3: three agents on two pools
-        "env.turn_order": ["tool", "plan", "critic"],
-        "agents.critic": {"pool": "big"},
-        "pools.big": {"model_path": "/models/big", "engine": "vllm", "device": "cuda"},
-    })
+    return edited(
+        {  # L3: three agents on two pools
+            "env.turn_order": ["tool", "plan", "critic"],
+            "agents.critic": {"pool": "big"},
+            "pools.big": {"model_path": "/models/big", "engine": "vllm", "device": "cuda"},
+        }
+    )
 
 
 @pytest.mark.parametrize("level", ["L0", "L1", "L2", "L3"])
@@ -108,22 +112,35 @@ def test_lora_pool_gets_default_adapter_settings_and_l3_agents_of():
 
 def test_ints_and_exponent_strings_are_floats_and_options_are_free_form():
     # PyYAML reads a bare `1e-6` as a string; it still means a number here
-    cfg = parse_config(edited({"algorithm.alpha": 2, "pools.shared.optim.lr": "1e-6",
-                               "env.options": {"hint": None, "sizes": [4, 6]}}))
+    cfg = parse_config(
+        edited(
+            {
+                "algorithm.alpha": 2,
+                "pools.shared.optim.lr": "1e-6",
+                "env.options": {"hint": None, "sizes": [4, 6]},
+            }
+        )
+    )
     assert cfg.env.options == {"hint": None, "sizes": [4, 6]}  # free-form, passed through
     assert cfg.algorithm.alpha == 2.0 and isinstance(cfg.algorithm.alpha, float)
     assert cfg.pools["shared"].optim.lr == pytest.approx(1e-6)
 
 
 def test_full_service_addresses_and_frozen_pool_without_trainer():
-    data = edited({
-        "services": ADDRESSES,
-        "pools.judge": {"model_path": "/m/judge", "trainable": False, "engine": "vllm",
-                        "device": "cpu"},  # vllm-cpu is a valid engine/device pair
-        "agents.critic": {"pool": "judge"},
-        "env.turn_order": ["tool", "plan", "critic"],
-        "services.rollout.judge": ["[::1]:6000"],
-    })
+    data = edited(
+        {
+            "services": ADDRESSES,
+            "pools.judge": {
+                "model_path": "/m/judge",
+                "trainable": False,
+                "engine": "vllm",
+                "device": "cpu",
+            },  # vllm-cpu is a valid engine/device pair
+            "agents.critic": {"pool": "judge"},
+            "env.turn_order": ["tool", "plan", "critic"],
+            "services.rollout.judge": ["[::1]:6000"],
+        }
+    )
     cfg = parse_config(data)
     assert not cfg.local_mode
     assert cfg.services.rollout["shared"] == ("localhost:50054", "10.0.0.2:50054")
@@ -142,26 +159,52 @@ def test_with_overrides_revalidates_and_leaves_the_original():
 
 def test_grouping_defaults_to_turn_and_takes_trajectory():
     assert parse_config(example()).algorithm.grouping == "turn"
-    assert parse_config(edited({"algorithm.grouping": "trajectory"})).algorithm.grouping == "trajectory"
+    assert (
+        parse_config(edited({"algorithm.grouping": "trajectory"})).algorithm.grouping
+        == "trajectory"
+    )
 
 
 def test_a_run_is_asynchronous_when_a_trainable_pool_allows_stale_samples():
-    assert not parse_config(example()).asynchronous                                 # default 0
+    assert not parse_config(example()).asynchronous  # default 0
     assert parse_config(edited({"algorithm.max_staleness": 1})).asynchronous
-    assert parse_config(edited({"pools.shared.max_staleness": 2})).asynchronous     # a pool's own bound
+    assert parse_config(
+        edited({"pools.shared.max_staleness": 2})
+    ).asynchronous  # a pool's own bound
     # The pool's own 0 overrides the run's 1: no pool may lag, so the loop stays synchronous.
-    assert not parse_config(edited({"algorithm.max_staleness": 1, "pools.shared.max_staleness": 0})).asynchronous
+    assert not parse_config(
+        edited({"algorithm.max_staleness": 1, "pools.shared.max_staleness": 0})
+    ).asynchronous
     assert parse_config(example()).pool_of == {"tool": "shared", "plan": "shared"}
 
+
 def test_the_loss_settings_are_the_contracts_own_type_written_flat_and_sent_as_they_are():
-    cfg = parse_config(edited({"algorithm.kl_coef": 0.05, "algorithm.clip_eps_high": 0.28, "algorithm.epochs": 2,
-                               "algorithm.max_staleness": 1, "pools.shared.max_staleness": 3}))
+    cfg = parse_config(
+        edited(
+            {
+                "algorithm.kl_coef": 0.05,
+                "algorithm.clip_eps_high": 0.28,
+                "algorithm.epochs": 2,
+                "algorithm.max_staleness": 1,
+                "pools.shared.max_staleness": 3,
+            }
+        )
+    )
     loss = cfg.algorithm.loss
-    assert type(loss) is LossConfig and (loss.kl_coef, loss.clip_eps_high, loss.clip_eps_low) == (0.05, 0.28, 0.2)
-    assert cfg.to_dict()["algorithm"]["kl_coef"] == 0.05 and "loss" not in cfg.to_dict()["algorithm"]
+    assert type(loss) is LossConfig and (loss.kl_coef, loss.clip_eps_high, loss.clip_eps_low) == (
+        0.05,
+        0.28,
+        0.2,
+    )
+    assert (
+        cfg.to_dict()["algorithm"]["kl_coef"] == 0.05 and "loss" not in cfg.to_dict()["algorithm"]
+    )
     update = cfg.update_for("shared")
-    assert update.loss is loss and (update.epochs, update.max_staleness) == (2, 3)   # the pool's own bound
-    assert update.policy_loss == "decoupled"                    # ppo_clip's form for stale samples
+    assert update.loss is loss and (update.epochs, update.max_staleness) == (
+        2,
+        3,
+    )  # the pool's own bound
+    assert update.policy_loss == "decoupled"  # ppo_clip's form for stale samples
     assert errors_of(edited({"algorithm.loss": {"kl_coef": 0.1}})).errors[0][0] == "algorithm.loss"
     assert "Did you mean 'kl_coef'?" in errors_of(edited({"algorithm.kl_coef_": 0.1})).errors[0][1]
 
@@ -180,59 +223,140 @@ BAD = [
     ("bool-for-float", {"algorithm.alpha": False}, "algorithm.alpha", "expected a number"),
     ("str-for-list", {"env.turn_order": "tool"}, "env.turn_order", "expected a list"),
     ("choice-typo", {"pools.shared.engine": "vlm"}, "pools.shared.engine", "Did you mean 'vllm'?"),
-    ("hub-url", {"pools.shared.model_path": "https://huggingface.co/Qwen/Qwen3-0.6B"},
-     "pools.shared.model_path", "atgrpo model tiny --out DIR"),
-    ("hf-url", {"pools.shared.model_path": "hf://Qwen/Qwen3-0.6B"},
-     "pools.shared.model_path", "no model hub is reachable"),
-    ("missing-field", {"pools.shared.model_path": DELETE}, "pools.shared.model_path",
-     "Add `model_path:` under `pools.shared:`"),
+    (
+        "hub-url",
+        {"pools.shared.model_path": "https://huggingface.co/Qwen/Qwen3-0.6B"},
+        "pools.shared.model_path",
+        "atgrpo model tiny --out DIR",
+    ),
+    (
+        "hf-url",
+        {"pools.shared.model_path": "hf://Qwen/Qwen3-0.6B"},
+        "pools.shared.model_path",
+        "no model hub is reachable",
+    ),
+    (
+        "missing-field",
+        {"pools.shared.model_path": DELETE},
+        "pools.shared.model_path",
+        "Add `model_path:` under `pools.shared:`",
+    ),
     ("missing-section", {"env": DELETE}, "env", "Add `env:` at the top level"),
-    ("null-value", {"pools.shared.optim": None}, "pools.shared.optim",
-     "remove the key to use the default"),
+    (
+        "null-value",
+        {"pools.shared.optim": None},
+        "pools.shared.optim",
+        "remove the key to use the default",
+    ),
     ("null-required", {"run.name": None}, "run.name", "(this field is required)"),
     ("section-not-mapping", {"algorithm": [1, 2]}, "algorithm", "`key: value`"),
     ("bad-run-name", {"run.name": "My Run"}, "run.name", "Try 'my-run'"),
-    ("turn-order-unknown-agent", {"env.turn_order": ["tool", "plan", "critc"]},
-     "env.turn_order[2]", "Add it under agents: or remove it from turn_order"),
-    ("turn-order-duplicate", {"env.turn_order": ["tool", "plan", "tool"]},
-     "env.turn_order[2]", "listed twice"),
-    ("turn-order-empty", {"env.turn_order": []}, "env.turn_order",
-     "List the agents"),
+    (
+        "turn-order-unknown-agent",
+        {"env.turn_order": ["tool", "plan", "critc"]},
+        "env.turn_order[2]",
+        "Add it under agents: or remove it from turn_order",
+    ),
+    (
+        "turn-order-duplicate",
+        {"env.turn_order": ["tool", "plan", "tool"]},
+        "env.turn_order[2]",
+        "listed twice",
+    ),
+    ("turn-order-empty", {"env.turn_order": []}, "env.turn_order", "List the agents"),
     ("agent-never-acts", {"env.turn_order": ["tool"]}, "agents.plan", "never act"),
-    ("agent-unknown-pool", {"agents.plan.pool": "sharde"}, "agents.plan.pool",
-     "Did you mean 'shared'? Use one of the pools defined: 'shared'"),
+    (
+        "agent-unknown-pool",
+        {"agents.plan.pool": "sharde"},
+        "agents.plan.pool",
+        "Did you mean 'shared'? Use one of the pools defined: 'shared'",
+    ),
     ("k-zero", {"algorithm.k": 0}, "algorithm.k", "Set it to 1 or more"),
-    ("grouping-typo", {"algorithm.grouping": "trajectry"}, "algorithm.grouping", "Did you mean 'trajectory'?"),
-    ("grouping-unknown", {"algorithm.grouping": "episode"}, "algorithm.grouping",
-     "Or register it with @register_adv_est('episode')"),
+    (
+        "grouping-typo",
+        {"algorithm.grouping": "trajectry"},
+        "algorithm.grouping",
+        "Did you mean 'trajectory'?",
+    ),
+    (
+        "grouping-unknown",
+        {"algorithm.grouping": "episode"},
+        "algorithm.grouping",
+        "Or register it with @register_adv_est('episode')",
+    ),
     ("loss-unknown", {"algorithm.policy_loss": "ppo"}, "algorithm.policy_loss", "'ppo_clip'"),
-    ("lora-on-full", {"pools.shared.lora": {"rank": 8}}, "pools.shared.lora",
-     "Set specialization: lora or remove the lora block"),
+    (
+        "lora-on-full",
+        {"pools.shared.lora": {"rank": 8}},
+        "pools.shared.lora",
+        "Set specialization: lora or remove the lora block",
+    ),
     ("unused-pool", {"pools.spare": {"model_path": "/m"}}, "pools.spare", "no agent uses"),
     ("eval-tasks-zero", {"run.eval_tasks": 0}, "run.eval_tasks", "eval_every_steps: 0"),
-    ("top-p-high", {"agents.tool.train_sampling.top_p": 1.5},
-     "agents.tool.train_sampling.top_p", "Use 1.0 to turn top-p off"),
-    ("top-p-zero", {"agents.plan.eval_sampling.top_p": 0}, "agents.plan.eval_sampling.top_p",
-     "in (0, 1]"),
-    ("top-k-zero", {"agents.tool.train_sampling.top_k": 0}, "agents.tool.train_sampling.top_k",
-     "Use -1 to turn top-k off"),
-    ("negative-temperature", {"agents.tool.train_sampling.temperature": -0.5},
-     "agents.tool.train_sampling.temperature", "Use 0 for greedy"),
+    (
+        "top-p-high",
+        {"agents.tool.train_sampling.top_p": 1.5},
+        "agents.tool.train_sampling.top_p",
+        "Use 1.0 to turn top-p off",
+    ),
+    (
+        "top-p-zero",
+        {"agents.plan.eval_sampling.top_p": 0},
+        "agents.plan.eval_sampling.top_p",
+        "in (0, 1]",
+    ),
+    (
+        "top-k-zero",
+        {"agents.tool.train_sampling.top_k": 0},
+        "agents.tool.train_sampling.top_k",
+        "Use -1 to turn top-k off",
+    ),
+    (
+        "negative-temperature",
+        {"agents.tool.train_sampling.temperature": -0.5},
+        "agents.tool.train_sampling.temperature",
+        "Use 0 for greedy",
+    ),
     ("dual-clip-one", {"algorithm.dual_clip_c": 1}, "algorithm.dual_clip_c", "must be > 1"),
     ("clip-eps-one", {"algorithm.clip_eps_high": 1.0}, "algorithm.clip_eps_high", "in (0, 1)"),
     ("clip-eps-zero", {"algorithm.clip_eps_low": 0}, "algorithm.clip_eps_low", "in (0, 1)"),
     ("negative-kl", {"algorithm.kl_coef": -0.1}, "algorithm.kl_coef", ">= 0"),
-    ("negative-staleness", {"algorithm.max_staleness": -1}, "algorithm.max_staleness", "Use 0 for on-policy"),
-    ("pool-negative-staleness", {"pools.shared.max_staleness": -2}, "pools.shared.max_staleness", "Use 0 for on-policy"),
-    ("partial-services", {"services": {"env": "localhost:1"}}, "services",
-     "either give every service address or none"),
-    ("empty-rollout-list", {"services": {**ADDRESSES, "rollout": {"shared": []}}},
-     "services.rollout.shared", "at least one rollout address"),
-    ("services-unknown-pool",
-     {"services": {**ADDRESSES, "trainer": {"shared": "t:1", "shard": "t:2"}}},
-     "services.trainer.shard", "no pool named 'shard'"),
-    ("bad-address", {"services": {**ADDRESSES, "router": "router.svc"}}, "services.router",
-     "host:port"),
+    (
+        "negative-staleness",
+        {"algorithm.max_staleness": -1},
+        "algorithm.max_staleness",
+        "Use 0 for on-policy",
+    ),
+    (
+        "pool-negative-staleness",
+        {"pools.shared.max_staleness": -2},
+        "pools.shared.max_staleness",
+        "Use 0 for on-policy",
+    ),
+    (
+        "partial-services",
+        {"services": {"env": "localhost:1"}},
+        "services",
+        "either give every service address or none",
+    ),
+    (
+        "empty-rollout-list",
+        {"services": {**ADDRESSES, "rollout": {"shared": []}}},
+        "services.rollout.shared",
+        "at least one rollout address",
+    ),
+    (
+        "services-unknown-pool",
+        {"services": {**ADDRESSES, "trainer": {"shared": "t:1", "shard": "t:2"}}},
+        "services.trainer.shard",
+        "no pool named 'shard'",
+    ),
+    (
+        "bad-address",
+        {"services": {**ADDRESSES, "router": "router.svc"}},
+        "services.router",
+        "host:port",
+    ),
 ]
 
 
@@ -273,18 +397,27 @@ def test_top_level_must_be_a_mapping():
 
 
 def test_all_errors_are_reported_at_once():
-    err = errors_of(edited({
-        "run.stpes": 5,
-        "algorithm.k": 0,
-        "pools.shared.model_path": "http://hub/x",
-        "agents.plan.pool": "nope",
-        "agents.tool.train_sampling.top_p": 2,
-    }))
+    err = errors_of(
+        edited(
+            {
+                "run.stpes": 5,
+                "algorithm.k": 0,
+                "pools.shared.model_path": "http://hub/x",
+                "agents.plan.pool": "nope",
+                "agents.tool.train_sampling.top_p": 2,
+            }
+        )
+    )
     fields = [f for f, _ in err.errors]
-    assert sorted(fields) == sorted([
-        "run.stpes", "algorithm.k", "pools.shared.model_path", "agents.plan.pool",
-        "agents.tool.train_sampling.top_p",
-    ])
+    assert sorted(fields) == sorted(
+        [
+            "run.stpes",
+            "algorithm.k",
+            "pools.shared.model_path",
+            "agents.plan.pool",
+            "agents.tool.train_sampling.top_p",
+        ]
+    )
     assert err.field == fields[0]
     lines = str(err).splitlines()
     assert lines[0] == "5 problems in <dict>:"

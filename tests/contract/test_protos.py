@@ -29,13 +29,30 @@ def test_stale_stub_is_detected(tmp_path):
     assert gen.stale_files(tmp_path) == ["v1/env_pb2.py"]
 
 
-@pytest.mark.parametrize("module, service, rpcs", [
-    (env_pb2, "EnvService", {"ListEnvs", "Describe", "Reset", "Observe", "Step", "StepMany", "Fork", "Close", "ListTasks"}),
-    (sandbox_pb2, "SandboxService", {"Execute", "RunTests"}),
-    (rollout_pb2, "RolloutService", {"Generate", "Collect", "LoadWeights", "GetInfo"}),
-    (router_pb2, "RouterService", {"StartRun", "WatchRun", "StopRun", "GetRun"}),
-    (trainer_pb2, "TrainerService", {"Train", "SaveCheckpoint", "GetInfo"}),
-])
+@pytest.mark.parametrize(
+    "module, service, rpcs",
+    [
+        (
+            env_pb2,
+            "EnvService",
+            {
+                "ListEnvs",
+                "Describe",
+                "Reset",
+                "Observe",
+                "Step",
+                "StepMany",
+                "Fork",
+                "Close",
+                "ListTasks",
+            },
+        ),
+        (sandbox_pb2, "SandboxService", {"Execute", "RunTests"}),
+        (rollout_pb2, "RolloutService", {"Generate", "Collect", "LoadWeights", "GetInfo"}),
+        (router_pb2, "RouterService", {"StartRun", "WatchRun", "StopRun", "GetRun"}),
+        (trainer_pb2, "TrainerService", {"Train", "SaveCheckpoint", "GetInfo"}),
+    ],
+)
 def test_every_design_rpc_exists_and_getinfo_everywhere(module, service, rpcs):
     methods = {m.name for m in module.DESCRIPTOR.services_by_name[service].methods}
     assert rpcs | {"GetInfo"} <= methods
@@ -52,8 +69,13 @@ def test_streaming_shapes_match_the_design():
 
 
 def test_turn_sample_carries_ids_and_logprobs_as_numbers():
-    s = rollout_pb2.TurnSample(prompt_token_ids=[1, 2, 3], response_token_ids=[4, 5],
-                               response_logprobs=[-0.5, -1.25], team_reward=1.0, local_reward=0.5)
+    s = rollout_pb2.TurnSample(
+        prompt_token_ids=[1, 2, 3],
+        response_token_ids=[4, 5],
+        response_logprobs=[-0.5, -1.25],
+        team_reward=1.0,
+        local_reward=0.5,
+    )
     back = rollout_pb2.TurnSample.FromString(s.SerializeToString())
     assert list(back.prompt_token_ids) == [1, 2, 3]
     assert list(back.response_logprobs) == [-0.5, -1.25]
@@ -61,8 +83,15 @@ def test_turn_sample_carries_ids_and_logprobs_as_numbers():
 
 
 def test_weights_travel_as_header_then_chunks():
-    header = rollout_pb2.WeightChunk(header=rollout_pb2.WeightHeader(
-        pool="p", version=3, format=rollout_pb2.WEIGHT_FORMAT_SAFETENSORS, total_bytes=4, digest="ab"))
+    header = rollout_pb2.WeightChunk(
+        header=rollout_pb2.WeightHeader(
+            pool="p",
+            version=3,
+            format=rollout_pb2.WEIGHT_FORMAT_SAFETENSORS,
+            total_bytes=4,
+            digest="ab",
+        )
+    )
     data = rollout_pb2.WeightChunk(data=b"\x00\x01")
     assert header.WhichOneof("part") == "header"
     assert data.WhichOneof("part") == "data"

@@ -8,28 +8,55 @@ from atgrpo.contract.rollout import CollectPlan, PolicyRef, Sample, TaskRef
 from atgrpo.contract.rollout_wire import event_from_pb, sample_to_pb
 from atgrpo.contract.sampling import Sampling
 
-PLAN = CollectPlan(env="e", tasks=(TaskRef("t", 1, episode=2),), agents={}, turn_order=("a",), max_turns=1,
-                   k=2, run_id="r", step=3)
+PLAN = CollectPlan(
+    env="e",
+    tasks=(TaskRef("t", 1, episode=2),),
+    agents={},
+    turn_order=("a",),
+    max_turns=1,
+    k=2,
+    run_id="r",
+    step=3,
+)
 
 
 def a_sample(**kw) -> Sample:
-    base = dict(task_id="t", agent="a", turn=1, branch=1, policy=PolicyRef("p", "x", 4), prompt_ids=[1, 2],
-                response_ids=[3], logprobs=[-0.5], team_reward=1.0, local_reward=-0.25, done=True,
-                success=True, selected=True, sampling=Sampling(temperature=0.5), prompt_truncated=True,
-                response_truncated=True, finish_reason="length", info={"why": "x"}, response_text="3",
-                episode=2)
+    base = dict(
+        task_id="t",
+        agent="a",
+        turn=1,
+        branch=1,
+        policy=PolicyRef("p", "x", 4),
+        prompt_ids=[1, 2],
+        response_ids=[3],
+        logprobs=[-0.5],
+        team_reward=1.0,
+        local_reward=-0.25,
+        done=True,
+        success=True,
+        selected=True,
+        sampling=Sampling(temperature=0.5),
+        prompt_truncated=True,
+        response_truncated=True,
+        finish_reason="length",
+        info={"why": "x"},
+        response_text="3",
+        episode=2,
+    )
     return Sample(**{**base, **kw})
 
 
 def test_every_field_of_a_sample_round_trips():
     s = a_sample()
     defaults = {f.name for f in fields(Sample) if getattr(s, f.name) == f.default}
-    assert not defaults, f"set {defaults} to a value other than the default, or the test misses them"
+    assert not defaults, (
+        f"set {defaults} to a value other than the default, or the test misses them"
+    )
     wire = pb.CollectEvent.FromString(sample_to_pb(s, PLAN).SerializeToString())
     assert event_from_pb(wire) == s
 
 
 def test_a_sample_without_an_episode_reads_back_unnumbered():
     wire = sample_to_pb(a_sample(), PLAN)
-    wire.sample.ClearField("episode")        # what a rollout service from before the field sends
+    wire.sample.ClearField("episode")  # what a rollout service from before the field sends
     assert event_from_pb(wire).episode == 0

@@ -17,8 +17,12 @@ from atgrpo.errors import InvalidArgument
 
 
 def test_update_config_round_trips_including_the_async_fields():
-    sent = UpdateConfig(loss=LossConfig(0.1, 0.28, 4.0, 0.05, 0.01, behav_imp_cap=2.5), epochs=3,
-                        mini_batch_size=7, max_staleness=2)
+    sent = UpdateConfig(
+        loss=LossConfig(0.1, 0.28, 4.0, 0.05, 0.01, behav_imp_cap=2.5),
+        epochs=3,
+        mini_batch_size=7,
+        max_staleness=2,
+    )
     wire = pb.UpdateParams.FromString(update_to_pb(sent).SerializeToString())
     assert (wire.max_staleness, wire.behav_imp_cap) == (2, 2.5)
     # Only what the router decides travels; the trainer fills in the rest from its pool.
@@ -27,32 +31,69 @@ def test_update_config_round_trips_including_the_async_fields():
 
 def test_an_old_client_gets_the_default_cap_and_a_synchronous_update():
     # A client that predates max_staleness and behav_imp_cap sends neither field (8 and 9).
-    old = pb.UpdateParams(clip_eps_low=0.2, clip_eps_high=0.2, dual_clip_c=3.0, epochs=1, mini_batch_size=16)
+    old = pb.UpdateParams(
+        clip_eps_low=0.2, clip_eps_high=0.2, dual_clip_c=3.0, epochs=1, mini_batch_size=16
+    )
     got = update_from_pb(pb.UpdateParams.FromString(old.SerializeToString()))
-    assert got.loss.behav_imp_cap == 2.0 == LossConfig().behav_imp_cap       # not the proto's 0.0
+    assert got.loss.behav_imp_cap == 2.0 == LossConfig().behav_imp_cap  # not the proto's 0.0
     assert got.max_staleness == 0 and got == UpdateConfig()
-    assert update_from_pb(pb.UpdateParams(behav_imp_cap=0.0)).loss.behav_imp_cap == 2.0   # 0 = the default
+    assert (
+        update_from_pb(pb.UpdateParams(behav_imp_cap=0.0)).loss.behav_imp_cap == 2.0
+    )  # 0 = the default
 
 
 def test_a_result_carries_the_mean_staleness():
-    metrics = dict(loss=0.5, clip_fraction=0.1, approx_kl=0.01, entropy=2.0, train_seconds=1.5, push_seconds=0.25,
-                   grad_norm=0.75, tokens=40.0, samples=8.0, push_bytes=1024.0, staleness_max=2.0,
-                   masked_tokens=1.0, staleness_mean=1.25)
+    metrics = dict(
+        loss=0.5,
+        clip_fraction=0.1,
+        approx_kl=0.01,
+        entropy=2.0,
+        train_seconds=1.5,
+        push_seconds=0.25,
+        grad_norm=0.75,
+        tokens=40.0,
+        samples=8.0,
+        push_bytes=1024.0,
+        staleness_max=2.0,
+        masked_tokens=1.0,
+        staleness_mean=1.25,
+    )
     sent = TrainResult("r", 3, 4, metrics, {"a": {"samples": 8.0, "tokens": 40.0}})
     back = result_from_pb(pb.TrainResponse.FromString(result_to_pb(sent, "p").SerializeToString()))
     assert back == sent
     old = dict(metrics)
-    del old["staleness_mean"]                                  # a result made before it existed
-    assert result_from_pb(result_to_pb(TrainResult("r", 3, 4, old), "p")).metrics["staleness_mean"] == 0.0
-    assert "rss_gb" not in back.metrics                         # a trainer that did not measure its memory
+    del old["staleness_mean"]  # a result made before it existed
+    assert (
+        result_from_pb(result_to_pb(TrainResult("r", 3, 4, old), "p")).metrics["staleness_mean"]
+        == 0.0
+    )
+    assert "rss_gb" not in back.metrics  # a trainer that did not measure its memory
 
 
 def test_a_result_carries_the_trainers_memory():
-    metrics = dict(loss=0.5, clip_fraction=0.1, approx_kl=0.01, entropy=2.0, train_seconds=1.5, push_seconds=0.25,
-                   grad_norm=0.75, tokens=40.0, samples=8.0, push_bytes=1024.0, staleness_max=0.0,
-                   masked_tokens=0.0, staleness_mean=0.0, rss_gb=10.75, rss_released_gb=8.25, rss_peak_gb=11.0)
+    metrics = dict(
+        loss=0.5,
+        clip_fraction=0.1,
+        approx_kl=0.01,
+        entropy=2.0,
+        train_seconds=1.5,
+        push_seconds=0.25,
+        grad_norm=0.75,
+        tokens=40.0,
+        samples=8.0,
+        push_bytes=1024.0,
+        staleness_max=0.0,
+        masked_tokens=0.0,
+        staleness_mean=0.0,
+        rss_gb=10.75,
+        rss_released_gb=8.25,
+        rss_peak_gb=11.0,
+    )
     sent = TrainResult("r", 3, 4, metrics, {"a": {"samples": 8.0, "tokens": 40.0}})
-    assert result_from_pb(pb.TrainResponse.FromString(result_to_pb(sent, "p").SerializeToString())) == sent
+    assert (
+        result_from_pb(pb.TrainResponse.FromString(result_to_pb(sent, "p").SerializeToString()))
+        == sent
+    )
 
 
 def test_a_sample_keeps_its_policy_version():
@@ -65,6 +106,8 @@ def test_the_trainer_refuses_a_negative_staleness_or_cap():
     from trainer_svc.server import check_update  # the servicer's range checks, before it converts
 
     check_update(pb.UpdateParams(max_staleness=4, behav_imp_cap=2.0))
-    check_update(pb.UpdateParams())                                              # an old client
-    with pytest.raises(InvalidArgument, match=r"behav_imp_cap -1.0 must be >= 1.*max_staleness -1 must be >= 0"):
+    check_update(pb.UpdateParams())  # an old client
+    with pytest.raises(
+        InvalidArgument, match=r"behav_imp_cap -1.0 must be >= 1.*max_staleness -1 must be >= 0"
+    ):
         check_update(pb.UpdateParams(max_staleness=-1, behav_imp_cap=-1.0))

@@ -30,7 +30,9 @@ def step_samples(run_dir, step: int) -> list[dict]:
 def test_collection_runs_ahead_within_the_staleness_bound(level, tiny_model, tmp_path):
     """L3-mixed: pool a (the speaker's) keeps max_staleness 0, pool b (the listener's) 1."""
     run_dir = tmp_path / "run"
-    data = toy_config(run_dir, tiny_model, level[:2], steps=6, eval_every_steps=3, checkpoint_every_steps=3)
+    data = toy_config(
+        run_dir, tiny_model, level[:2], steps=6, eval_every_steps=3, checkpoint_every_steps=3
+    )
     data["algorithm"]["max_staleness"] = 1
     if level == "L3-mixed":
         data["pools"]["a"]["max_staleness"] = 0
@@ -43,25 +45,30 @@ def test_collection_runs_ahead_within_the_staleness_bound(level, tiny_model, tmp
     lags = []
     for e in steps:
         for pool, m in e["pools"].items():
-            assert m["version"] == e["step"]                  # one version per step, every pool
+            assert m["version"] == e["step"]  # one version per step, every pool
             assert 0 <= m["staleness_max"] <= bound[pool]
             assert m["dropped_stale"] == 0
         groups = defaultdict(set)
         for s in step_samples(run_dir, e["step"]):
-            lag = (e["step"] - 1) - s["policy"]["version"]   # the pool trains step s at version s-1
+            lag = (e["step"] - 1) - s["policy"]["version"]  # the pool trains step s at version s-1
             assert 0 <= lag <= bound[s["pool"]], s
             lags.append(lag)
             groups[(s["task_id"], s["agent"], s["turn"])].add(s["policy"]["version"])
-        assert all(len(v) == 1 for v in groups.values())        # a group is one generation: one version
-    if level != "L3-mixed":   # there collection waits for pool a's update, and b's is as quick
+        assert all(len(v) == 1 for v in groups.values())  # a group is one generation: one version
+    if level != "L3-mixed":  # there collection waits for pool a's update, and b's is as quick
         assert lags.count(1) > 0, "no sample was drawn ahead of training: nothing overlapped"
     # The pipeline drains at every evaluation and checkpoint: they see each pool at that step.
     assert [e["step"] for e in sink.events if e["kind"] == "eval"] == [0, 3, 6]
     state = json.loads((run_dir / "state.json").read_text())
     assert state["completed_step"] == 6 and state["versions"] == dict.fromkeys(cfg.pools, 6)
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000003", "step-000006"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "step-000003",
+        "step-000006",
+    ]
     assert served == {(p, ""): 6 for p in cfg.pools}
-    assert [e["step"] for e in read_metrics(run_dir / "metrics.jsonl") if e["kind"] == "step"] == list(range(1, 7))
+    assert [
+        e["step"] for e in read_metrics(run_dir / "metrics.jsonl") if e["kind"] == "step"
+    ] == list(range(1, 7))
 
 
 def test_a_stopped_asynchronous_run_resumes_with_each_step_once(tiny_model, tmp_path):
@@ -77,11 +84,15 @@ def test_a_stopped_asynchronous_run_resumes_with_each_step_once(tiny_model, tmp_
     # the steps collected ahead of training when the stop came are trained, not thrown away
     assert first["state"] == "stopped" and 2 <= first["step"] <= 4, first
     sink, served = train_locally(data)
-    assert [e for e in sink.events if e["kind"] == "status"][-1]["resumed_from_step"] == first["step"]
+    assert [e for e in sink.events if e["kind"] == "status"][-1]["resumed_from_step"] == first[
+        "step"
+    ]
     steps = [e for e in read_metrics(run_dir / "metrics.jsonl") if e["kind"] == "step"]
     assert [e["step"] for e in steps] == list(range(1, 7))
     assert [e["pools"]["a"]["version"] for e in steps] == list(range(1, 7))
     for e in steps:
-        planned = [t.task_id for t in step_tasks(cfg.run.seed, e["step"] - 1, cfg.run.tasks_per_step)]
+        planned = [
+            t.task_id for t in step_tasks(cfg.run.seed, e["step"] - 1, cfg.run.tasks_per_step)
+        ]
         assert sorted({s["task_id"] for s in step_samples(run_dir, e["step"])}) == sorted(planned)
     assert served == {("a", ""): 6}

@@ -17,9 +17,14 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "code_humaneval_L1_
 
 def test_atgrpo_eval_on_the_humaneval_example(tiny_model, tmp_path, subprocess_env):
     data = yaml.safe_load(EXAMPLE.read_text())
-    assert data["env"]["options"]["eval"] == {"dataset": "humaneval"} and data["run"]["eval_tasks"] == 164
+    assert (
+        data["env"]["options"]["eval"] == {"dataset": "humaneval"}
+        and data["run"]["eval_tasks"] == 164
+    )
     # Shrunk: a 96-token answer from the tiny model is not worth the minutes on 2 cores.
-    data["run"].update(tasks_per_step=1, eval_every_steps=0, eval_tasks=3, run_dir=str(tmp_path / "run"))
+    data["run"].update(
+        tasks_per_step=1, eval_every_steps=0, eval_tasks=3, run_dir=str(tmp_path / "run")
+    )
     data["env"]["max_turns"] = data["env"]["options"]["max_turns"] = 1
     data["pools"]["shared"]["model_path"] = tiny_model
     data["algorithm"].update(k=2, mini_batch_size=4)
@@ -29,12 +34,18 @@ def test_atgrpo_eval_on_the_humaneval_example(tiny_model, tmp_path, subprocess_e
     cfg.write_text(yaml.safe_dump(data))
 
     def atgrpo(*args):
-        return subprocess.run([sys.executable, "-m", "atgrpo.cli", *args], env=subprocess_env, cwd=tmp_path,
-                              capture_output=True, text=True, timeout=240)
+        return subprocess.run(
+            [sys.executable, "-m", "atgrpo.cli", *args],
+            env=subprocess_env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
 
     ev = atgrpo("eval", str(cfg), "--json")
     assert ev.returncode == 0, ev.stdout + ev.stderr
-    result = json.loads(ev.stdout[ev.stdout.index("{"):])
+    result = json.loads(ev.stdout[ev.stdout.index("{") :])
     assert (result["kind"], result["step"], result["episodes"]) == ("eval", 0, 3)
     assert result["success_rate"] == 0.0 and set(result["agents"]) == {"coder", "tester"}
     # Its own run directory beside the (absent) training run's; no checkpoint was written or needed.

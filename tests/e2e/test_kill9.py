@@ -23,7 +23,7 @@ from tests.e2e.test_training import Collect, toy_config
 
 pytestmark = pytest.mark.slow
 
-VICTIMS = ["env", "sandbox", "rollout-a-1", "trainer-a", "router"]   # in the order they are killed
+VICTIMS = ["env", "sandbox", "rollout-a-1", "trainer-a", "router"]  # in the order they are killed
 STEPS = 2 * len(VICTIMS) + 2
 
 
@@ -46,15 +46,23 @@ def killer(state_dir, metrics, killed: list[str], stop: threading.Event) -> None
 def test_a_run_survives_kill_9_of_every_service(max_staleness, tiny_model, tmp_path):
     """Asynchronous (max_staleness 1) checkpoints every third step, so kills land while collection
     runs ahead of training and a lost trainer rolls two steps back."""
-    data = toy_config(tmp_path / "run", tiny_model, "L1", steps=STEPS, checkpoint_every_steps=3 if max_staleness else 1)
+    data = toy_config(
+        tmp_path / "run",
+        tiny_model,
+        "L1",
+        steps=STEPS,
+        checkpoint_every_steps=3 if max_staleness else 1,
+    )
     data["pools"]["a"]["rollout_replicas"] = 2
     data["algorithm"]["max_staleness"] = max_staleness
     cfg = parse_config(data)
     sink, killed, stop = Collect(), [], threading.Event()
     services = LocalServices(cfg)
     with services as running:
-        thread = threading.Thread(target=killer, args=(tmp_path / "run" / "services",
-                                                       tmp_path / "run" / "metrics.jsonl", killed, stop))
+        thread = threading.Thread(
+            target=killer,
+            args=(tmp_path / "run" / "services", tmp_path / "run" / "metrics.jsonl", killed, stop),
+        )
         thread.start()
         try:
             final = asyncio.run(drive(running, sink))
@@ -65,17 +73,23 @@ def test_a_run_survives_kill_9_of_every_service(max_staleness, tiny_model, tmp_p
     assert final["state"] == "finished", final
     metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")
     steps = [e for e in metrics if e["kind"] == "step"]
-    assert [e["step"] for e in steps] == list(range(1, STEPS + 1))          # each step exactly once
+    assert [e["step"] for e in steps] == list(range(1, STEPS + 1))  # each step exactly once
     assert [e["pools"]["a"]["version"] for e in steps] == list(range(1, STEPS + 1))
-    for e in steps:                                                       # nothing accepted was lost
-        lines = (tmp_path / "run" / "samples" / f"step-{e['step']:06d}.jsonl").read_text().splitlines()
+    for e in steps:  # nothing accepted was lost
+        lines = (
+            (tmp_path / "run" / "samples" / f"step-{e['step']:06d}.jsonl").read_text().splitlines()
+        )
         assert sum(e["pools"]["a"]["agents"].values()) == len(lines) > 0
         # the step's own tasks, each once: none lost or repeated by a kill, a rollback or a resume
-        planned = [t.task_id for t in step_tasks(cfg.run.seed, e["step"] - 1, cfg.run.tasks_per_step)]
+        planned = [
+            t.task_id for t in step_tasks(cfg.run.seed, e["step"] - 1, cfg.run.tasks_per_step)
+        ]
         assert sorted({json.loads(x)["task_id"] for x in lines}) == sorted(planned)
         # drawn from the weights before the step, or up to max_staleness versions before them
-        assert all(0 <= e["step"] - 1 - json.loads(x)["policy"]["version"] <= max_staleness for x in lines)
-    assert services.supervisor.restarts == dict.fromkeys(VICTIMS, 1)     # each came back once
+        assert all(
+            0 <= e["step"] - 1 - json.loads(x)["policy"]["version"] <= max_staleness for x in lines
+        )
+    assert services.supervisor.restarts == dict.fromkeys(VICTIMS, 1)  # each came back once
 
 
 def test_a_trainer_killed_between_checkpoints_rolls_back_and_says_so(tiny_model, tmp_path, capsys):
@@ -90,11 +104,14 @@ def test_a_trainer_killed_between_checkpoints_rolls_back_and_says_so(tiny_model,
     killed, stop = [], threading.Event()
 
     def kill_the_trainer_after_step_2():
-        while not stop.is_set() and 2 not in [e["step"] for e in read_metrics(run_dir / "metrics.jsonl")
-                                              if e["kind"] == "step"]:
+        while not stop.is_set() and 2 not in [
+            e["step"] for e in read_metrics(run_dir / "metrics.jsonl") if e["kind"] == "step"
+        ]:
             time.sleep(0.1)
         if not stop.is_set():
-            svc = next(s for s in launcher.read_state(run_dir / "services") if s.name == "trainer-a")
+            svc = next(
+                s for s in launcher.read_state(run_dir / "services") if s.name == "trainer-a"
+            )
             os.kill(svc.pid, signal.SIGKILL)
             killed.append(svc.name)
 
@@ -112,8 +129,11 @@ def test_a_trainer_killed_between_checkpoints_rolls_back_and_says_so(tiny_model,
     (back,) = [e for e in events if e["kind"] == "rollback"]
     assert back["to_step"] == 0 and back["from_step"] >= 2 and back["checkpoint"] == "start"
     assert not (run_dir / "checkpoints" / "step-000000").exists()
-    line = (f"rolled back from step {back['from_step']} to step 0 (the starting weights: no checkpoint yet): "
-            "trainer 'a' restarted and lost its weights")
+    line = (
+        f"rolled back from step {back['from_step']} to step 0 (the starting weights: no checkpoint "
+        f"yet): "
+        "trainer 'a' restarted and lost its weights"
+    )
     assert line in out
-    assert [e["step"] for e in events if e["kind"] == "step"] == [1, 2, 3, 4]      # each step once
+    assert [e["step"] for e in events if e["kind"] == "step"] == [1, 2, 3, 4]  # each step once
     assert [s for s, _ in shown_scalars(run_dir / "tb")["train/reward_mean"]] == [1, 2, 3, 4]

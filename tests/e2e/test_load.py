@@ -23,13 +23,27 @@ from tests.e2e.test_training import Collect, toy_config
 pytestmark = pytest.mark.slow
 
 CAP = 10_000
-MEMORY_BOUND = 256 * 2**20        # env_svc with CAP live toy episodes (measured: about 60 MiB)
+MEMORY_BOUND = 256 * 2**20  # env_svc with CAP live toy episodes (measured: about 60 MiB)
 
 
 def start_env(tmp_path, subprocess_env, cap: int) -> tuple[subprocess.Popen, str]:
     port_file = tmp_path / "env.port"
-    proc = subprocess.Popen([sys.executable, "-m", "env_svc", "--port", "0", "--metrics-port", "0",
-                             "--port-file", str(port_file), "--max-episodes", str(cap)], env=subprocess_env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "env_svc",
+            "--port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--port-file",
+            str(port_file),
+            "--max-episodes",
+            str(cap),
+        ],
+        env=subprocess_env,
+    )
     deadline = time.monotonic() + 60
     while not port_file.exists():
         assert proc.poll() is None and time.monotonic() < deadline
@@ -48,12 +62,15 @@ def test_env_svc_holds_ten_thousand_episodes_and_refuses_the_next(tmp_path, subp
             async def one(i):
                 async with gate:
                     return (await env.reset("toy", f"t{i}", i))[0]
+
             ids = await asyncio.gather(*(one(i) for i in range(CAP)))
             rss = psutil.Process(proc.pid).memory_info().rss
             with pytest.raises(errors.ResourceExhausted, match="episodes"):
                 await env.reset("toy", "one-too-many", CAP)
             await env.close_episodes(ids[:10])
-            again = (await env.reset("toy", "after-close", CAP + 1))[0]     # room again, and still serving
+            again = (await env.reset("toy", "after-close", CAP + 1))[
+                0
+            ]  # room again, and still serving
             return len(set(ids)), rss, again
 
     try:
@@ -76,11 +93,18 @@ def test_a_long_local_run_holds_its_memory_flat(tiny_model, tmp_path):
     def sample():
         state = tmp_path / "run" / "services"
         while not stop.is_set():
-            steps = [e["step"] for e in read_metrics(tmp_path / "run" / "metrics.jsonl") if e["kind"] == "step"]
+            steps = [
+                e["step"]
+                for e in read_metrics(tmp_path / "run" / "metrics.jsonl")
+                if e["kind"] == "step"
+            ]
             done = max(steps, default=0)
             for mark in (10, 40):
                 if done >= mark and mark not in marks:
-                    marks[mark] = {s.name: psutil.Process(s.pid).memory_info().rss for s in launcher.read_state(state)}
+                    marks[mark] = {
+                        s.name: psutil.Process(s.pid).memory_info().rss
+                        for s in launcher.read_state(state)
+                    }
             time.sleep(0.1)
 
     with LocalServices(cfg) as running:
@@ -98,4 +122,6 @@ def test_a_long_local_run_holds_its_memory_flat(tiny_model, tmp_path):
     for name, early in marks[10].items():
         late = marks[40][name]
         print(f"{name}: {early / 2**20:.0f} MiB at step 10, {late / 2**20:.0f} MiB at step 40")
-        assert late <= early * 1.10 + 16 * 2**20, f"{name}: {early / 2**20:.0f} -> {late / 2**20:.0f} MiB"
+        assert late <= early * 1.10 + 16 * 2**20, (
+            f"{name}: {early / 2**20:.0f} -> {late / 2**20:.0f} MiB"
+        )

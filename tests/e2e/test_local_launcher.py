@@ -15,8 +15,13 @@ from tests.conftest import SERVICE_KINDS
 
 
 def atgrpo(*args, env, timeout=90):
-    return subprocess.run([sys.executable, "-m", "atgrpo.cli", *args], env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "atgrpo.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _service_pids() -> set[int]:
@@ -39,7 +44,9 @@ def test_up_status_down_leaves_no_process_behind(tmp_path, subprocess_env):
     pids = {s["pid"] for s in recorded}
     by_kind = {s["kind"]: s for s in recorded}
     rollout_argv = by_kind["rollout"]["argv"]
-    assert rollout_argv[rollout_argv.index("--env") + 1] == by_kind["env"]["address"]   # Collect has an env
+    assert (
+        rollout_argv[rollout_argv.index("--env") + 1] == by_kind["env"]["address"]
+    )  # Collect has an env
     assert pids <= _service_pids() - before
 
     status = atgrpo("status", "--state-dir", str(state), "--json", env=subprocess_env)
@@ -76,8 +83,15 @@ def test_down_leaves_a_reused_pid_alone(tmp_path):
     try:
         state = tmp_path / "state"
         state.mkdir()
-        stale = launcher.LocalService("env", "env", bystander.pid, create_time=1.0, address="127.0.0.1:1",
-                                   metrics_address="", log="")
+        stale = launcher.LocalService(
+            "env",
+            "env",
+            bystander.pid,
+            create_time=1.0,
+            address="127.0.0.1:1",
+            metrics_address="",
+            log="",
+        )
         launcher._write_state(state, [stale])
         assert launcher.down(state) == {"env": "not running"}
         assert bystander.poll() is None
@@ -94,19 +108,29 @@ def test_a_service_stays_ours_when_the_wall_clock_moves():
     try:
         created, since = launcher._identity(proc.pid)
         assert since > 0
-        moved = launcher.LocalService("env", "env", proc.pid, created - 49.0, "127.0.0.1:1", "", "", started=since)
+        moved = launcher.LocalService(
+            "env", "env", proc.pid, created - 49.0, "127.0.0.1:1", "", "", started=since
+        )
         assert launcher.is_ours(moved)
-        assert not launcher.is_ours(dataclasses.replace(moved, started=since - 1.0))     # a reused pid
-        assert launcher.is_ours(dataclasses.replace(moved, create_time=created, started=-1.0))  # an older record
+        assert not launcher.is_ours(dataclasses.replace(moved, started=since - 1.0))  # a reused pid
+        assert launcher.is_ours(
+            dataclasses.replace(moved, create_time=created, started=-1.0)
+        )  # an older record
     finally:
         proc.kill()
         proc.wait()
 
 
 def test_a_service_that_fails_to_start_is_reported_and_nothing_is_left(tmp_path):
-    plan = (launcher.ServicePlan("env", "env"), launcher.ServicePlan("broken", "env", ("--no-such-flag",)))
+    plan = (
+        launcher.ServicePlan("env", "env"),
+        launcher.ServicePlan("broken", "env", ("--no-such-flag",)),
+    )
     before = _service_pids()
-    with pytest.raises(launcher.LaunchError, match=r"(?s)broken exited with code 2.*unrecognized arguments: --no-such-flag"):
+    with pytest.raises(
+        launcher.LaunchError,
+        match=r"(?s)broken exited with code 2.*unrecognized arguments: --no-such-flag",
+    ):
         launcher.up(tmp_path, plan, timeout_s=30)
     assert _service_pids() - before == set()
     assert launcher.read_state(tmp_path) == []
@@ -115,13 +139,31 @@ def test_a_service_that_fails_to_start_is_reported_and_nothing_is_left(tmp_path)
 def toy_run(model: str, run_dir, name: str) -> dict:
     """An L0 toy run on the tiny model on CPU, two short steps (as tests/e2e/test_training.py)."""
     return {
-        "run": {"name": name, "seed": 0, "steps": 2, "tasks_per_step": 2, "eval_every_steps": 0,
-                "checkpoint_every_steps": 0, "run_dir": str(run_dir)},
+        "run": {
+            "name": name,
+            "seed": 0,
+            "steps": 2,
+            "tasks_per_step": 2,
+            "eval_every_steps": 0,
+            "checkpoint_every_steps": 0,
+            "run_dir": str(run_dir),
+        },
         "env": {"name": "toy", "turn_order": ["speaker"], "max_turns": 1},
-        "pools": {"a": {"model_path": model, "device": "cpu", "dtype": "float32",
-                        "optim": {"lr": 5e-4, "warmup_steps": 0}}},
-        "agents": {"speaker": {"pool": "a", "train_sampling": {"temperature": 1.0, "max_tokens": 4},
-                               "eval_sampling": {"max_tokens": 4}}},
+        "pools": {
+            "a": {
+                "model_path": model,
+                "device": "cpu",
+                "dtype": "float32",
+                "optim": {"lr": 5e-4, "warmup_steps": 0},
+            }
+        },
+        "agents": {
+            "speaker": {
+                "pool": "a",
+                "train_sampling": {"temperature": 1.0, "max_tokens": 4},
+                "eval_sampling": {"max_tokens": 4},
+            }
+        },
         "algorithm": {"k": 2, "mini_batch_size": 64},
     }
 
@@ -136,7 +178,13 @@ def test_up_then_train_connect_then_down(tmp_path, subprocess_env, tiny_model):
         up = atgrpo("up", str(config), "--state-dir", str(state), env=subprocess_env)
         assert up.returncode == 0, up.stderr
         recorded = launcher.read_state(state)
-        assert {s.name for s in recorded} == {"sandbox", "env", "rollout-a-0", "trainer-a", "router"}
+        assert {s.name for s in recorded} == {
+            "sandbox",
+            "env",
+            "rollout-a-0",
+            "trainer-a",
+            "router",
+        }
         env_address = next(s.address for s in recorded if s.name == "env")
         rollout = next(s for s in recorded if s.kind == "rollout")
         assert rollout.argv[rollout.argv.index("--env") + 1] == env_address
@@ -146,24 +194,42 @@ def test_up_then_train_connect_then_down(tmp_path, subprocess_env, tiny_model):
         by_name = {p["name"]: p["address"] for p in json.loads(status.stdout)}
 
         services = yaml.safe_load(up.stdout.split("--connect`:\n", 1)[1])["services"]
-        assert services == {"env": by_name["env"], "sandbox": by_name["sandbox"], "router": by_name["router"],
-                            "rollout": {"a": [by_name["rollout-a-0"]]}, "trainer": {"a": by_name["trainer-a"]}}
-        config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "services": services}))
+        assert services == {
+            "env": by_name["env"],
+            "sandbox": by_name["sandbox"],
+            "router": by_name["router"],
+            "rollout": {"a": [by_name["rollout-a-0"]]},
+            "trainer": {"a": by_name["trainer-a"]},
+        }
+        config.write_text(
+            yaml.safe_dump({**yaml.safe_load(config.read_text()), "services": services})
+        )
 
         train = atgrpo("train", str(config), "--connect", env=subprocess_env, timeout=120)
         assert train.returncode == 0, train.stdout + train.stderr
-        events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+        events = [
+            json.loads(line)
+            for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+        ]
         assert [e["step"] for e in events if e["kind"] == "step"] == [1, 2], events
-        assert "services locally" not in train.stderr          # it drove ours, started none
+        assert "services locally" not in train.stderr  # it drove ours, started none
         assert all(launcher.is_ours(s) for s in recorded)
 
         # Another run on the same long-lived trainer is refused, and the message says what to do.
         other = tmp_path / "other.yaml"
-        other.write_text(yaml.safe_dump({**toy_run(tiny_model, tmp_path / "other", "other-run"), "services": services}))
-        refused = atgrpo("train", str(other), "--connect", "--steps", "1", env=subprocess_env, timeout=120)
+        other.write_text(
+            yaml.safe_dump(
+                {**toy_run(tiny_model, tmp_path / "other", "other-run"), "services": services}
+            )
+        )
+        refused = atgrpo(
+            "train", str(other), "--connect", "--steps", "1", env=subprocess_env, timeout=120
+        )
         assert refused.returncode == 1
         said = refused.stdout + refused.stderr
-        assert "serves run 'up-connect'" in said and "atgrpo down" in said and "atgrpo up" in said, said
+        assert (
+            "serves run 'up-connect'" in said and "atgrpo down" in said and "atgrpo up" in said
+        ), said
     finally:
         down = atgrpo("down", "--state-dir", str(state), env=subprocess_env)
     assert down.returncode == 0 and down.stdout.count("stopped") == 5, down.stdout

@@ -42,8 +42,10 @@ def smollm2_config(run_dir, model: str, level: str, engine: str) -> dict:
     pool["engine"] = engine
     # A pretrained model's learning rates, not the random tiny model's (5e-4 would wreck it).
     if level == "L2":
-        pool.update(optim={"lr": 1e-4, "warmup_steps": 0},
-                    lora={"rank": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]})
+        pool.update(
+            optim={"lr": 1e-4, "warmup_steps": 0},
+            lora={"rank": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
+        )
     else:
         pool.update(optim={"lr": 1e-6, "warmup_steps": 0})
     return data
@@ -52,7 +54,9 @@ def smollm2_config(run_dir, model: str, level: str, engine: str) -> dict:
 async def ask(cfg) -> list:
     address = cfg.services.rollout["a"][0]
     async with RolloutClient(address) as client:
-        gen = await client.generate("a", messages=QUESTION, sampling=Sampling(temperature=0.0, max_tokens=24))
+        gen = await client.generate(
+            "a", messages=QUESTION, sampling=Sampling(temperature=0.0, max_tokens=24)
+        )
     return gen.completions
 
 
@@ -76,13 +80,21 @@ def test_one_step_with_smollm2(engine, level, smollm2_model, tmp_path, monkeypat
     assert final["state"] == "finished", final
 
     tok = AutoTokenizer.from_pretrained(smollm2_model)
-    samples = [json.loads(line) for line in (tmp_path / "run" / "samples" / "step-000001.jsonl").open()]
-    assert len(samples) == 2 * 2 * 2                       # tasks x agents x K, one turn
+    samples = [
+        json.loads(line) for line in (tmp_path / "run" / "samples" / "step-000001.jsonl").open()
+    ]
+    assert len(samples) == 2 * 2 * 2  # tasks x agents x K, one turn
     for s in samples:
         prompt = tok.decode(s["prompt_ids"])
         secret = s["info"]["secret"]
-        first = f"speaker: the secret is {secret}" if s["agent"] == "speaker" else "listener: the speaker says:"
-        assert prompt.startswith("<|im_start|>system\n") and prompt.endswith("<|im_start|>assistant\n")
+        first = (
+            f"speaker: the secret is {secret}"
+            if s["agent"] == "speaker"
+            else "listener: the speaker says:"
+        )
+        assert prompt.startswith("<|im_start|>system\n") and prompt.endswith(
+            "<|im_start|>assistant\n"
+        )
         assert first in prompt, prompt
         assert len(s["response_ids"]) == len(s["logprobs"]) <= 4
         assert all(0 <= t < 49152 for t in s["prompt_ids"] + s["response_ids"])

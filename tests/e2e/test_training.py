@@ -42,8 +42,14 @@ class Collect:
 
 def toy_config(run_dir: Path, model: str, level: str, *, steps: int = 2, **run) -> dict:
     agents = ["speaker"] if level == "L0" else ["speaker", "listener"]
-    pools = {"a": {"model_path": model, "device": "cpu", "dtype": "float32",
-                   "optim": {"lr": 5e-4, "warmup_steps": 0}}}
+    pools = {
+        "a": {
+            "model_path": model,
+            "device": "cpu",
+            "dtype": "float32",
+            "optim": {"lr": 5e-4, "warmup_steps": 0},
+        }
+    }
     if level == "L2":
         pools["a"].update(specialization="lora", optim={"lr": 3e-3, "warmup_steps": 0})
     if level == "L3":
@@ -51,13 +57,24 @@ def toy_config(run_dir: Path, model: str, level: str, *, steps: int = 2, **run) 
     pool_of = {"speaker": "a", "listener": "b" if level == "L3" else "a"}
     sampling = {"temperature": 1.0, "max_tokens": 4}
     return {
-        "run": {"name": f"e2e-{level.lower()}", "seed": 0, "steps": steps, "tasks_per_step": 4,
-                "eval_every_steps": 0, "eval_tasks": 4, "checkpoint_every_steps": 0, "save_samples": True,
-                "run_dir": str(run_dir), **run},
+        "run": {
+            "name": f"e2e-{level.lower()}",
+            "seed": 0,
+            "steps": steps,
+            "tasks_per_step": 4,
+            "eval_every_steps": 0,
+            "eval_tasks": 4,
+            "checkpoint_every_steps": 0,
+            "save_samples": True,
+            "run_dir": str(run_dir),
+            **run,
+        },
         "env": {"name": "toy", "turn_order": agents, "max_turns": 2},
         "pools": pools,
-        "agents": {a: {"pool": pool_of[a], "train_sampling": sampling, "eval_sampling": {"max_tokens": 4}}
-                   for a in agents},
+        "agents": {
+            a: {"pool": pool_of[a], "train_sampling": sampling, "eval_sampling": {"max_tokens": 4}}
+            for a in agents
+        },
         "algorithm": {"k": K, "mini_batch_size": 64},
     }
 
@@ -94,8 +111,10 @@ def test_a_few_steps_at_each_level(level, tiny_model, tmp_path):
     pools = {a: cfg.agents[a].pool for a in cfg.env.turn_order}
     for e in steps:
         for pool, m in e["pools"].items():
-            assert m["version"] == e["step"]                       # every pool advanced once per step
-            assert set(m["agents"]) <= {a for a, p in pools.items() if p == pool}   # only its agents' samples
+            assert m["version"] == e["step"]  # every pool advanced once per step
+            assert set(m["agents"]) <= {
+                a for a, p in pools.items() if p == pool
+            }  # only its agents' samples
         for step_file in [tmp_path / "run" / "samples" / f"step-{e['step']:06d}.jsonl"]:
             samples = [json.loads(line) for line in step_file.read_text().splitlines()]
             groups = defaultdict(list)
@@ -104,8 +123,8 @@ def test_a_few_steps_at_each_level(level, tiny_model, tmp_path):
                 # the text the env judged is kept with the sample: the symbol it found is in it
                 assert s["info"]["symbol"] is None or s["info"]["symbol"] in s["response_text"]
                 assert s["pool"] == pools[s["agent"]] == s["policy"]["pool"]
-                assert s["policy"]["version"] == e["step"] - 1              # drawn from the weights before it
-            assert groups and all(len(g) == K for g in groups.values())   # K branches from one state
+                assert s["policy"]["version"] == e["step"] - 1  # drawn from the weights before it
+            assert groups and all(len(g) == K for g in groups.values())  # K branches from one state
             for g in groups.values():
                 assert abs(sum(s["advantage"] for s in g)) < 1e-6
                 assert all(math.isfinite(s["advantage"]) for s in g)
@@ -142,7 +161,7 @@ def test_stopped_run_resumes_after_its_last_step(tiny_model, tmp_path):
     assert final["resumed_from_step"] == first["step"]
     metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")
     steps = [e["step"] for e in metrics if e["kind"] == "step"]
-    assert steps == [1, 2, 3, 4]                                   # each step exactly once
+    assert steps == [1, 2, 3, 4]  # each step exactly once
     assert [e["pools"]["a"]["version"] for e in metrics if e["kind"] == "step"] == [1, 2, 3, 4]
     assert served == {("a", ""): 4}
 
@@ -154,8 +173,18 @@ def test_keep_checkpoints_prunes_the_disk_and_the_run_still_resumes(tiny_model, 
     from router_svc.checkpoints import retained
 
     run_dir = tmp_path / "run"
-    data = toy_config(run_dir, tiny_model, "L1", steps=6, checkpoint_every_steps=1, keep_checkpoints=2,
-                      eval_every_steps=1, eval_tasks=2, save_samples=False, save_eval_samples=True)
+    data = toy_config(
+        run_dir,
+        tiny_model,
+        "L1",
+        steps=6,
+        checkpoint_every_steps=1,
+        keep_checkpoints=2,
+        eval_every_steps=1,
+        eval_tasks=2,
+        save_samples=False,
+        save_eval_samples=True,
+    )
     train_locally(data)
     # run.save_eval_samples: every evaluation's samples, the two eval tasks each time, no advantage.
     written = sorted(p.name for p in (run_dir / "eval-samples").iterdir())
@@ -165,22 +194,36 @@ def test_keep_checkpoints_prunes_the_disk_and_the_run_still_resumes(tiny_model, 
     assert all(r["reward"] == r["local_reward"] and r["response_text"] is not None for r in rows)
 
     def on_disk() -> list[int]:
-        return sorted(int(p.name.removeprefix("step-")) for p in (run_dir / "checkpoints").iterdir())
+        return sorted(
+            int(p.name.removeprefix("step-")) for p in (run_dir / "checkpoints").iterdir()
+        )
 
-    evals = {e["step"]: e["success_rate"] for e in read_metrics(run_dir / "metrics.jsonl") if e["kind"] == "eval"}
+    evals = {
+        e["step"]: e["success_rate"]
+        for e in read_metrics(run_dir / "metrics.jsonl")
+        if e["kind"] == "eval"
+    }
     progress = RunDir(run_dir).read_progress()
-    assert [c.success for c in progress.checkpoints] == [evals[c.step] for c in progress.checkpoints]
+    assert [c.success for c in progress.checkpoints] == [
+        evals[c.step] for c in progress.checkpoints
+    ]
     best = max(range(1, 7), key=lambda s: (evals[s], s))
     assert on_disk() == sorted({5, 6, best}) == [c.step for c in progress.checkpoints]
     assert [c.step for c in retained(progress.checkpoints, 2)] == on_disk()
-    assert all(sorted(p.name for p in (run_dir / "checkpoints" / f"step-{s:06d}").iterdir()) == ["a"]
-               for s in on_disk())
+    assert all(
+        sorted(p.name for p in (run_dir / "checkpoints" / f"step-{s:06d}").iterdir()) == ["a"]
+        for s in on_disk()
+    )
 
-    data["run"]["steps"] = 8                          # new processes: the trainer loads step 6
+    data["run"]["steps"] = 8  # new processes: the trainer loads step 6
     sink, served = train_locally(data)
     final = [e for e in sink.events if e["kind"] == "status"][-1]
     assert final["resumed_from_step"] == 6 and served == {("a", ""): 8}
-    evals = {e["step"]: e["success_rate"] for e in read_metrics(run_dir / "metrics.jsonl") if e["kind"] == "eval"}
+    evals = {
+        e["step"]: e["success_rate"]
+        for e in read_metrics(run_dir / "metrics.jsonl")
+        if e["kind"] == "eval"
+    }
     best = max(range(1, 9), key=lambda s: (evals[s], s))
     assert on_disk() == sorted({7, 8, best})
 
@@ -199,20 +242,36 @@ def test_bad_config_is_refused_by_the_router(tiny_model, tmp_path):
         with pytest.raises(InvalidArgument, match="algorithm.k") as err:
             asyncio.run(start(running.services.router, "run: {name: x}\nalgorithm: {k: 0}\n"))
         assert "env" in str(err.value)
-        local_mode = dump_config(cfg)          # valid, but names no services the router could reach
+        local_mode = dump_config(cfg)  # valid, but names no services the router could reach
         with pytest.raises(InvalidArgument, match="services: section is empty"):
             asyncio.run(start(running.services.router, local_mode))
 
 
-@pytest.mark.parametrize("env, message", [
-    ({"max_turns": 5}, r"InvalidArgument: env.max_turns is 5, over the 3 turns env 'careless' allows"),
-    ({"turn_order": ["b", "a"]}, r"env.turn_order is \['b', 'a'\], but env 'careless' .* acts in the order \['a', 'b'\]"),
-    ({"options": {"mode": "step_raises"}}, r"EnvCodeError: env 'careless' \(tests\.env\.sdk_envs\.CarelessEnv\): step\('a', ...\) raised "
-                                           r"ValueError: boom "
-                                           r"in step.*\(not retried"),
-    ({"name": "nope", "path": ""}, r"no environment named 'nope'.*set env.path"),
-    ({"parallel": True}, r"env.parallel is true, but env 'careless' with these options plays its turns sequentially"),
-], ids=["max_turns", "turn_order", "env_code_raises", "unknown_env", "parallel"])
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        (
+            {"max_turns": 5},
+            r"InvalidArgument: env.max_turns is 5, over the 3 turns env 'careless' allows",
+        ),
+        (
+            {"turn_order": ["b", "a"]},
+            r"env.turn_order is \['b', 'a'\], but env 'careless' .* acts in the order \['a', 'b'\]",
+        ),
+        (
+            {"options": {"mode": "step_raises"}},
+            r"EnvCodeError: env 'careless' \(tests\.env\.sdk_envs\.CarelessEnv\): step\('a', ...\) "
+            r"raised ValueError: boom in step.*\(not retried",
+        ),
+        ({"name": "nope", "path": ""}, r"no environment named 'nope'.*set env.path"),
+        (
+            {"parallel": True},
+            r"env.parallel is true, but env 'careless' with these options plays its turns "
+            r"sequentially",
+        ),
+    ],
+    ids=["max_turns", "turn_order", "env_code_raises", "unknown_env", "parallel"],
+)
 def test_a_run_that_cannot_work_fails_at_once_saying_why(env, message, tiny_model, tmp_path):
     """A third-party env (env.path: hosted by the env service `atgrpo train` starts) whose spec
     disagrees with the config, or whose code raises, fails the run on its first attempt with the
@@ -220,8 +279,13 @@ def test_a_run_that_cannot_work_fails_at_once_saying_why(env, message, tiny_mode
     import re
 
     data = toy_config(tmp_path / "run", tiny_model, "L1")
-    data["env"] = {"name": "careless", "path": "tests.env.sdk_envs:CarelessEnv", "turn_order": ["a", "b"],
-                   "max_turns": 2, **env}
+    data["env"] = {
+        "name": "careless",
+        "path": "tests.env.sdk_envs:CarelessEnv",
+        "turn_order": ["a", "b"],
+        "max_turns": 2,
+        **env,
+    }
     data["agents"] = {a: {"pool": "a", "train_sampling": {"max_tokens": 4}} for a in ("a", "b")}
     cfg = parse_config(data)
     sink = Collect()
@@ -230,7 +294,7 @@ def test_a_run_that_cannot_work_fails_at_once_saying_why(env, message, tiny_mode
     assert final["state"] == "failed" and re.search(message, final["error"]), final
     assert not [e for e in sink.events if e["kind"] == "step"]
     router_log = (tmp_path / "run" / "services" / "logs" / "router.log").read_text()
-    assert "recovering in" not in router_log          # failed on the first attempt, no backoff
+    assert "recovering in" not in router_log  # failed on the first attempt, no backoff
 
 
 # 350 steps take 3 to 7 minutes on two cores (395 s measured on a quiet 2-core machine on
@@ -243,8 +307,12 @@ def test_the_demo_learns(tiny_model, tmp_path):
     the retry), so 0.75 needs the relay to work."""
     import yaml
 
-    data = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "toy_L1_tiny.yaml").read_text())
-    data["run"].update(steps=350, eval_every_steps=50, checkpoint_every_steps=0, run_dir=str(tmp_path / "run"))
+    data = yaml.safe_load(
+        (Path(__file__).resolve().parents[2] / "examples" / "toy_L1_tiny.yaml").read_text()
+    )
+    data["run"].update(
+        steps=350, eval_every_steps=50, checkpoint_every_steps=0, run_dir=str(tmp_path / "run")
+    )
     data["pools"]["shared"]["model_path"] = tiny_model
     sink, _ = train_locally(data)
     evals = [e["success_rate"] for e in sink.events if e["kind"] == "eval"]
@@ -287,8 +355,14 @@ def test_swapping_the_trained_adapters_breaks_the_relay(knows_the_code, tmp_path
     assert trained["success_rate"] >= 0.9, trained
     # Alone: 0 of 32 swapped. Under a loaded make test the run's samples differ (the engine batches
     # whatever requests arrive together) and one run left 10 of 32: the bound is the gap, not luck.
-    assert crossed["success_rate"] <= 0.4 and trained["success_rate"] - crossed["success_rate"] >= 0.5, crossed
-    assert crossed["agents"]["speaker"]["reward_mean"] < 0.1 < trained["agents"]["speaker"]["reward_mean"]
+    assert (
+        crossed["success_rate"] <= 0.4 and trained["success_rate"] - crossed["success_rate"] >= 0.5
+    ), crossed
+    assert (
+        crossed["agents"]["speaker"]["reward_mean"]
+        < 0.1
+        < trained["agents"]["speaker"]["reward_mean"]
+    )
 
 
 def test_cli_train_eval_and_plot(tiny_model, tmp_path, subprocess_env):
@@ -305,29 +379,46 @@ def test_cli_train_eval_and_plot(tiny_model, tmp_path, subprocess_env):
     run_dir = tmp_path / "run"
 
     def atgrpo(*args):
-        return subprocess.run([sys.executable, "-m", "atgrpo.cli", *args], env=subprocess_env, cwd=tmp_path,
-                              capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "atgrpo.cli", *args],
+            env=subprocess_env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     out = atgrpo("train", str(cfg_path), "--steps", "2", "--run-dir", str(run_dir))
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "step    2/2" in out.stdout and "eval @ step    2" in out.stdout and "run finished" in out.stdout
-    assert {"config.yaml", "metrics.jsonl", "state.json", "curves.png", "tb", "checkpoints"} <= \
-           {p.name for p in run_dir.iterdir()}
+    assert (
+        "step    2/2" in out.stdout
+        and "eval @ step    2" in out.stdout
+        and "run finished" in out.stdout
+    )
+    assert {"config.yaml", "metrics.jsonl", "state.json", "curves.png", "tb", "checkpoints"} <= {
+        p.name for p in run_dir.iterdir()
+    }
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert saved["run"]["steps"] == 2 and "services" not in saved   # --steps applied; no dead ports kept
+    assert (
+        saved["run"]["steps"] == 2 and "services" not in saved
+    )  # --steps applied; no dead ports kept
     assert next((run_dir / "tb").glob("events.out.tfevents.*")).stat().st_size > 0
     assert (run_dir / "checkpoints" / "step-000002" / "a" / "model" / "config.json").exists()
 
     ev = atgrpo("eval", str(run_dir / "config.yaml"), "--checkpoint", str(run_dir), "--json")
     assert ev.returncode == 0, ev.stdout + ev.stderr
-    result = json.loads(ev.stdout[ev.stdout.index("{"):])
+    result = json.loads(ev.stdout[ev.stdout.index("{") :])
     assert result["kind"] == "eval" and result["step"] == 2 and result["episodes"] == 4
     assert 0.0 <= result["success_rate"] <= 1.0 and set(result["agents"]) == {"speaker", "listener"}
     assert (run_dir / "evals" / "step-000002" / "services" / "logs" / "router.log").exists()
-    assert not (run_dir / "checkpoints" / "step-000002" / "eval").exists()     # a checkpoint holds only weights
+    assert not (
+        run_dir / "checkpoints" / "step-000002" / "eval"
+    ).exists()  # a checkpoint holds only weights
 
     (run_dir / "curves.png").unlink()
-    assert atgrpo("plot", str(run_dir)).returncode == 0 and (run_dir / "curves.png").stat().st_size > 0
+    assert (
+        atgrpo("plot", str(run_dir)).returncode == 0 and (run_dir / "curves.png").stat().st_size > 0
+    )
     missing = atgrpo("train", str(tmp_path / "nope.yaml"))
     assert missing.returncode == 2 and "file not found" in missing.stderr
 
@@ -345,8 +436,12 @@ def test_sigterm_to_atgrpo_train_stops_its_local_services(tiny_model, tmp_path, 
 
     cfg_path = tmp_path / "toy.yaml"
     cfg_path.write_text(yaml.safe_dump(toy_config(tmp_path / "run", tiny_model, "L1", steps=1000)))
-    proc = subprocess.Popen([sys.executable, "-m", "atgrpo.cli", "train", str(cfg_path)], env=subprocess_env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "atgrpo.cli", "train", str(cfg_path)],
+        env=subprocess_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     metrics = tmp_path / "run" / "metrics.jsonl"
     deadline = time.monotonic() + 180
     while not (metrics.exists() and metrics.read_text()) and time.monotonic() < deadline:
@@ -356,13 +451,18 @@ def test_sigterm_to_atgrpo_train_stops_its_local_services(tiny_model, tmp_path, 
     assert len(services) == 5 and all(launcher.is_ours(s) for s in services)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
-    _, alive = psutil.wait_procs([psutil.Process(s.pid) for s in services if launcher.is_ours(s)], timeout=15)
+    _, alive = psutil.wait_procs(
+        [psutil.Process(s.pid) for s in services if launcher.is_ours(s)], timeout=15
+    )
     assert not alive
 
 
-ANSWERS = {"coder": "```python\nprint(input())\n```",
-           "tester": "**Test Input:**\n```\n1\n2\n```\n**Test Output:**\n```\n0\n```",
-           "tool": "```python\nprint(120)\n```", "reasoner": "The answer is \\boxed{120}"}
+ANSWERS = {
+    "coder": "```python\nprint(input())\n```",
+    "tester": "**Test Input:**\n```\n1\n2\n```\n**Test Output:**\n```\n0\n```",
+    "tool": "```python\nprint(120)\n```",
+    "reasoner": "The answer is \\boxed{120}",
+}
 
 
 @pytest.fixture(scope="module")
@@ -372,10 +472,14 @@ def taught(tiny_model, tmp_path_factory) -> str:
     from env_svc.envs.code import CodeEnv
     from env_svc.envs.math import MathEnv
 
-    prompts = role_prompts(CodeEnv({}), ["coder", "tester"]) + role_prompts(MathEnv({}), ["tool", "reasoner"])
+    prompts = role_prompts(CodeEnv({}), ["coder", "tester"]) + role_prompts(
+        MathEnv({}), ["tool", "reasoner"]
+    )
     # 480 steps (~10 s): at 240 the tool answered the coder's program 91% of the time (measured at
     # temperature 0.7), and a run whose tool never wrote print(120) failed the sandbox test below.
-    return teach(tiny_model, tmp_path_factory.mktemp("models") / "taught", prompts, ANSWERS, steps=480)
+    return teach(
+        tiny_model, tmp_path_factory.mktemp("models") / "taught", prompts, ANSWERS, steps=480
+    )
 
 
 def sandbox_calls(services) -> dict[str, float]:
@@ -385,7 +489,11 @@ def sandbox_calls(services) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
     sandbox = next(s for s in services if s.kind == "sandbox")
-    text = urllib.request.urlopen(f"http://{sandbox.metrics_address}/metrics", timeout=5).read().decode()
+    text = (
+        urllib.request.urlopen(f"http://{sandbox.metrics_address}/metrics", timeout=5)
+        .read()
+        .decode()
+    )
     out: dict[str, float] = defaultdict(float)
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -394,10 +502,13 @@ def sandbox_calls(services) -> dict[str, float]:
     return out
 
 
-@pytest.mark.parametrize("env, roles, ran, method", [
-    ("code", ["coder", "tester"], "verdicts", "RunTests"),
-    ("math", ["tool", "reasoner"], "verdict", "Execute"),
-])
+@pytest.mark.parametrize(
+    "env, roles, ran, method",
+    [
+        ("code", ["coder", "tester"], "verdicts", "RunTests"),
+        ("math", ["tool", "reasoner"], "verdict", "Execute"),
+    ],
+)
 def test_code_and_math_train_through_the_sandbox(env, roles, ran, method, taught, tmp_path):
     """A few steps of each environment through all five services: the programs the model writes run
     in the real sandbox, and the rewards of the roles that write programs come from those runs."""
@@ -406,8 +517,10 @@ def test_code_and_math_train_through_the_sandbox(env, roles, ran, method, taught
     data = toy_config(tmp_path / "run", taught, "L1")
     data["env"] = {"name": env, "turn_order": roles, "max_turns": 2}
     sampling = {"temperature": 0.7, "max_tokens": 40}
-    data["agents"] = {r: {"pool": "a", "train_sampling": sampling, "eval_sampling": {"max_tokens": 40}}
-                      for r in roles}
+    data["agents"] = {
+        r: {"pool": "a", "train_sampling": sampling, "eval_sampling": {"max_tokens": 40}}
+        for r in roles
+    }
     data["algorithm"]["k"] = 2
     data["run"]["tasks_per_step"] = 2
     cfg = parse_config(data)
@@ -417,12 +530,17 @@ def test_code_and_math_train_through_the_sandbox(env, roles, ran, method, taught
         calls = sandbox_calls(launcher.read_state(tmp_path / "run" / "services"))
     assert final["state"] == "finished", final
     assert [e["pools"]["a"]["version"] for e in sink.events if e["kind"] == "step"] == [1, 2]
-    programs = [json.loads(line) for f in sorted((tmp_path / "run" / "samples").glob("*.jsonl"))
-                for line in f.read_text().splitlines()]
+    programs = [
+        json.loads(line)
+        for f in sorted((tmp_path / "run" / "samples").glob("*.jsonl"))
+        for line in f.read_text().splitlines()
+    ]
     writer = [s for s in programs if s["agent"] == roles[0]]
     assert writer and all(ran in s["info"] or "parse_error" in s["info"] for s in writer)
     executed = [s for s in writer if ran in s["info"]]
-    assert len(executed) >= len(writer) / 2                        # the taught model writes programs
-    assert calls[method] >= len(executed)                          # each one ran in the sandbox service
+    assert len(executed) >= len(writer) / 2  # the taught model writes programs
+    assert calls[method] >= len(executed)  # each one ran in the sandbox service
     clean = [s for s in executed if s["info"][ran] == "ok" or "ok" in s["info"][ran]]
-    assert clean and all(s["local_reward"] >= 0 for s in clean)   # a program that ran is scored on its output
+    assert clean and all(
+        s["local_reward"] >= 0 for s in clean
+    )  # a program that ran is scored on its output

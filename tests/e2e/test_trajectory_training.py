@@ -26,8 +26,10 @@ def test_trajectory_grouping_trains_on_k_copies_per_task(tiny_model, tmp_path):
     assert served == {("a", ""): 2}
     for e in steps:
         assert e["pools"]["a"]["version"] == e["step"]
-        lines = (tmp_path / "run" / "samples" / f"step-{e['step']:06d}.jsonl").read_text().splitlines()
-        copies = defaultdict(list)                     # (task, agent) -> branch -> samples
+        lines = (
+            (tmp_path / "run" / "samples" / f"step-{e['step']:06d}.jsonl").read_text().splitlines()
+        )
+        copies = defaultdict(list)  # (task, agent) -> branch -> samples
         for s in map(json.loads, lines):
             copies[(s["task_id"], s["agent"], s["branch"])].append(s)
             assert s["selected"] and s["policy"]["version"] == e["step"] - 1
@@ -36,13 +38,21 @@ def test_trajectory_grouping_trains_on_k_copies_per_task(tiny_model, tmp_path):
             groups[(task, agent)][branch] = mine
             # One copy is one episode: turns 0..n-1 once each, one return and one advantage.
             assert [s["turn"] for s in mine] == list(range(len(mine))) and len(mine) <= 2
-            assert len({s["reward"] for s in mine}) == 1 and len({s["advantage"] for s in mine}) == 1
+            assert (
+                len({s["reward"] for s in mine}) == 1 and len({s["advantage"] for s in mine}) == 1
+            )
             assert all(math.isfinite(s["advantage"]) for s in mine)
-        assert len(groups) == 2 * 2                    # 2 tasks x 2 agents
+        assert len(groups) == 2 * 2  # 2 tasks x 2 agents
         per_agent = defaultdict(int)
         for (_, agent, _), mine in copies.items():
             per_agent[agent] += len(mine)
-        assert e["pools"]["a"]["agents"] == dict(per_agent)   # the step event counts what was trained
+        assert e["pools"]["a"]["agents"] == dict(
+            per_agent
+        )  # the step event counts what was trained
         for by_branch in groups.values():
-            assert sorted(by_branch) == list(range(K))  # the speaker acts in every copy; toy: so does the listener
-            assert abs(sum(c[0]["advantage"] for c in by_branch.values())) < 1e-5   # centred over copies
+            assert sorted(by_branch) == list(
+                range(K)
+            )  # the speaker acts in every copy; toy: so does the listener
+            assert (
+                abs(sum(c[0]["advantage"] for c in by_branch.values())) < 1e-5
+            )  # centred over copies

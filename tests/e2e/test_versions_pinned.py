@@ -49,10 +49,16 @@ async def run_with_a_restart(cfg, state_dir, address: str) -> int:
     try:
         await loop.prepare()
         while loop.completed < STEPS:
-            if await loop._guarded(loop.run_step, loop.completed + 1) and loop.completed == KILL_AFTER:
+            if (
+                await loop._guarded(loop.run_step, loop.completed + 1)
+                and loop.completed == KILL_AFTER
+            ):
                 replica = next(s for s in launcher.read_state(state_dir) if s.name == "rollout-a-0")
                 os.kill(replica.pid, signal.SIGKILL)
-                while next(s for s in launcher.read_state(state_dir) if s.name == "rollout-a-0").pid == replica.pid:
+                while (
+                    next(s for s in launcher.read_state(state_dir) if s.name == "rollout-a-0").pid
+                    == replica.pid
+                ):
                     await asyncio.sleep(0.2)
                 served_after_restart = await serving_version(address)
     finally:
@@ -67,14 +73,18 @@ def test_a_restarted_replica_is_resynced_and_no_stale_sample_is_trained(tiny_mod
         served = asyncio.run(run_with_a_restart(running, tmp_path / "run" / "services", address))
         final_version = asyncio.run(serving_version(address))
 
-    assert served == 0                       # the restarted replica came back with its initial weights
+    assert served == 0  # the restarted replica came back with its initial weights
     steps = [e for e in read_metrics(tmp_path / "run" / "metrics.jsonl") if e["kind"] == "step"]
     assert [e["step"] for e in steps] == list(range(1, STEPS + 1))
     assert [e["pools"]["a"]["staleness_max"] for e in steps] == [0] * STEPS
     assert [e["pools"]["a"]["version"] for e in steps] == list(range(1, STEPS + 1))
     retried = {e["step"]: e["retries"] for e in steps}
-    assert retried[KILL_AFTER + 1] >= 1 and retried[1] == 0   # the refused Collect was recovered from
-    for step in range(1, STEPS + 1):   # every trained sample came from the weights of the step before
+    assert (
+        retried[KILL_AFTER + 1] >= 1 and retried[1] == 0
+    )  # the refused Collect was recovered from
+    for step in range(
+        1, STEPS + 1
+    ):  # every trained sample came from the weights of the step before
         lines = (tmp_path / "run" / "samples" / f"step-{step:06d}.jsonl").read_text().splitlines()
         assert lines and {json.loads(x)["policy"]["version"] for x in lines} == {step - 1}
     assert final_version == STEPS

@@ -1,8 +1,7 @@
 """Tool-agent "model outputs" for the planning tests: solvers that read the puzzle JSON on stdin
 and print the actions list, written independently of the environments' own solvers."""
 
-
-PATH_SOLVER = '''
+PATH_SOLVER = """
 import json, sys
 from collections import deque
 
@@ -27,9 +26,9 @@ def solve(p):
 if __name__ == "__main__":
     print("searching with BFS")
     print("**Actions List**:", json.dumps(solve(json.load(sys.stdin))))
-'''
+"""
 
-SOKOBAN_SOLVER = '''
+SOKOBAN_SOLVER = """
 import json, sys
 from collections import deque
 
@@ -69,7 +68,7 @@ def solve(p):
 if __name__ == "__main__":
     print("searching with BFS")
     print("**Actions List**:", json.dumps(solve(json.load(sys.stdin))))
-'''
+"""
 
 SUDOKU_SOLVER = '''
 import json, sys

@@ -12,14 +12,21 @@ class CounterEnv(Environment):
 
     def __init__(self, options=None):
         super().__init__(options)
-        self.spec = EnvSpec("counter", ("a", "b"), ("a", "b"), max_turns=self.options.get("max_turns", 3))
+        self.spec = EnvSpec(
+            "counter", ("a", "b"), ("a", "b"), max_turns=self.options.get("max_turns", 3)
+        )
         self.total, self.target, self.log = 0, 0, []
 
     def reset(self, task_id, seed, split):
         self.target = task_rng(split, seed).randint(5, 9)
 
     def observe(self, agent):
-        return [{"role": "user", "content": f"{agent}: total {self.total}, target {self.target}, log {self.log}"}]
+        return [
+            {
+                "role": "user",
+                "content": f"{agent}: total {self.total}, target {self.target}, log {self.log}",
+            }
+        ]
 
     def step(self, agent, action):
         if not action.strip().isdigit():
@@ -27,7 +34,9 @@ class CounterEnv(Environment):
         self.total += int(action)
         self.log.append((agent, int(action)))
         done = self.total >= self.target
-        return StepResult(team_reward=float(done), local_reward=0.1, done=done, success=self.total == self.target)
+        return StepResult(
+            team_reward=float(done), local_reward=0.1, done=done, success=self.total == self.target
+        )
 
 
 class SlowEnv(CounterEnv):
@@ -88,8 +97,9 @@ class CarelessEnv(CounterEnv):
         rewards = {"nan_reward": float("nan"), "inf_reward": float("inf"), "str_reward": "1.0"}
         if self.mode in rewards:
             return StepResult(rewards[self.mode], 0.0)
-        if self.mode == "numpy_reward":   # not a mistake: a numpy scalar is a number
+        if self.mode == "numpy_reward":  # not a mistake: a numpy scalar is a number
             import numpy as np
+
             return StepResult(np.float32(0.5), np.int64(1))
         if self.mode == "step_raises":
             raise ValueError("boom in step")

@@ -11,7 +11,7 @@ from atgrpo.sdk.judge import JudgeError
 from env_svc.envs import call_data
 from env_svc.envs.code_check import FIRST_BATCH, Check, call_outcome, judge
 
-PROMPT = "def add(x, y):\n    \"\"\"x + y\"\"\"\n"
+PROMPT = 'def add(x, y):\n    """x + y"""\n'
 TEST = """
 def check(candidate):
     import random
@@ -25,6 +25,7 @@ def check(candidate):
 
 def scripted(fn, log):
     """A fake runner: calls `fn` here on each decoded call and records the batch sizes."""
+
     async def run(keys):
         log.append(len(keys))
         out = []
@@ -34,9 +35,10 @@ def scripted(fn, log):
                 out.append(("value", call_data.decode(call_data.dumps(fn(*args, **kwargs)))))
             except TimeoutError:
                 out.append(("timeout", "a call ran past the time limit"))
-            except Exception as e:          # noqa: BLE001 - the candidate's failure, as data
+            except Exception as e:  # noqa: BLE001 - the candidate's failure, as data
                 out.append(("error", type(e).__name__))
         return out
+
     return run
 
 
@@ -51,7 +53,9 @@ def test_a_right_answer_passes_in_doubling_batches_and_a_wrong_one_after_its_fir
     assert v.passed and v.verdict == "ok" and v.calls == sum(log) <= 42 and sum(log) > 30
     assert log[:2] == [FIRST_BATCH, 2 * FIRST_BATCH] and len(log) == 3
     v, log = verdict(lambda x, y: x - y)
-    assert not v.passed and "AssertionError at line 4 of the check" in v.error and log == [FIRST_BATCH]
+    assert (
+        not v.passed and "AssertionError at line 4 of the check" in v.error and log == [FIRST_BATCH]
+    )
 
 
 def test_a_placeholder_never_decides_and_the_random_draws_repeat():
@@ -75,11 +79,13 @@ def test_a_placeholder_never_decides_and_the_random_draws_repeat():
 def test_a_failed_call_and_a_hang_fail_the_check():
     def boom(x, y):
         raise ValueError
+
     v, _ = verdict(boom)
     assert not v.passed and "the candidate raised ValueError" in v.error
 
     def hang(x, y):
         raise TimeoutError
+
     v, _ = verdict(hang)
     assert (v.passed, v.verdict) == (False, "timeout")
 
@@ -90,8 +96,26 @@ def test_a_check_that_catches_everything_cannot_swallow_a_judge_error():
         verdict(lambda x: x, test)
 
 
-@pytest.mark.parametrize("value", [None, True, 3, -2**70, 1.5, float("inf"), "é", b"\x00\xff", [1, [2]],
-                                   (1, (2,)), {1: "a", (2, 3): [4]}, {1, 2}, frozenset({3}), 1 + 2j, ()])
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        True,
+        3,
+        -(2**70),
+        1.5,
+        float("inf"),
+        "é",
+        b"\x00\xff",
+        [1, [2]],
+        (1, (2,)),
+        {1: "a", (2, 3): [4]},
+        {1, 2},
+        frozenset({3}),
+        1 + 2j,
+        (),
+    ],
+)
 def test_data_round_trips_with_its_exact_type(value):
     back = call_data.decode(call_data.dumps(value))
     assert back == value and type(back) is type(value)
@@ -99,6 +123,7 @@ def test_data_round_trips_with_its_exact_type(value):
 
 def test_nan_round_trips_and_what_is_not_data_is_refused():
     import math
+
     assert math.isnan(call_data.decode(call_data.dumps(float("nan"))))
 
     class Equal:
@@ -107,11 +132,18 @@ def test_nan_round_trips_and_what_is_not_data_is_refused():
 
     class Int(int):
         pass
+
     for bad in (Equal(), Int(1), [Equal()], {"k": lambda: 0}, (x for x in ())):
         with pytest.raises(TypeError, match="not plain data"):
             call_data.dumps(bad)
-    for text in ('{"$eval": "1"}', '{"$float": "1e9"}', '{"a": 1, "b": 2}', "[" * 500 + "]" * 500,
-                 '{"$set": [[1]]}', "not json"):
+    for text in (
+        '{"$eval": "1"}',
+        '{"$float": "1e9"}',
+        '{"a": 1, "b": 2}',
+        "[" * 500 + "]" * 500,
+        '{"$set": [[1]]}',
+        "not json",
+    ):
         with pytest.raises(JudgeError):
             call_data.decode(text)
 
@@ -120,5 +152,11 @@ def test_a_call_s_output_is_read_as_data_only():
     assert call_outcome(None)[0] == "timeout"
     assert call_outcome('{"value": {"$tuple": [1, 2]}}') == ("value", (1, 2))
     assert call_outcome('{"error": "ZeroDivisionError"}') == ("error", "ZeroDivisionError")
-    for junk in ("", "PASSED", '{"value": 1, "extra": 2}', json.dumps({"value": {"$x": 1}}), "[" * 10_000):
+    for junk in (
+        "",
+        "PASSED",
+        '{"value": 1, "extra": 2}',
+        json.dumps({"value": {"$x": 1}}),
+        "[" * 10_000,
+    ):
         assert call_outcome(junk)[0] == "error"

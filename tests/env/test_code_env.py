@@ -26,11 +26,13 @@ def run(coro):
     return asyncio.run(coro)
 
 
-SUM = "train-sum-two"           # stdin: print a + b
-TWO_SUM = "train-two-sum"       # function: two_sum(nums, target)
+SUM = "train-sum-two"  # stdin: print a + b
+TWO_SUM = "train-two-sum"  # function: two_sum(nums, target)
 
-RIGHT = "I read both numbers.\n```python\na, b = map(int, input().split())\nprint(a + b)\n```\nDone."
-WRONG = "```python\na, b = map(int, input().split())\nprint(a - b)\n```"      # right only when b == 0
+RIGHT = (
+    "I read both numbers.\n```python\na, b = map(int, input().split())\nprint(a + b)\n```\nDone."
+)
+WRONG = "```python\na, b = map(int, input().split())\nprint(a - b)\n```"  # right only when b == 0
 CRASH = "```python\nraise SystemExit(input() + undefined_name)\n```"
 HANG = "```python\nwhile True:\n    pass\n```"
 
@@ -44,28 +46,40 @@ def make(task=SUM, sandbox=None, split="train", **options):
 
 def answer_with_tests(pairs):
     return "Here are my tests.\n" + "\n".join(
-        f"**Test Input:**\n```\n{i}\n```\n**Test Output:**\n```\n{o}\n```" for i, o in pairs)
+        f"**Test Input:**\n```\n{i}\n```\n**Test Output:**\n```\n{o}\n```" for i, o in pairs
+    )
 
 
 # ---- parsing model output --------------------------------------------------------------------
 
+
 def test_code_extraction_is_robust_to_junk():
     assert extract_code("```python\nprint(1)\n```") == "print(1)\n"
-    assert extract_code("first\n```python\nprint(1)\n```\nbetter:\n```python\nprint(2)\n```") == "print(2)\n"
-    assert extract_code("```\nprint(3)\n```") == "print(3)\n"                 # unlabeled block
-    assert extract_code("```python\nprint(4)\n```\n```text\noutput\n```") == "print(4)\n"   # labeled wins
-    assert extract_code("<think>```python\nprint(0)\n```</think>\n```python\nprint(5)\n```") == "print(5)\n"
-    assert extract_code("```python\nprint(6)") == "print(6)"                   # unterminated (cut off)
+    assert (
+        extract_code("first\n```python\nprint(1)\n```\nbetter:\n```python\nprint(2)\n```")
+        == "print(2)\n"
+    )
+    assert extract_code("```\nprint(3)\n```") == "print(3)\n"  # unlabeled block
+    assert (
+        extract_code("```python\nprint(4)\n```\n```text\noutput\n```") == "print(4)\n"
+    )  # labeled wins
+    assert (
+        extract_code("<think>```python\nprint(0)\n```</think>\n```python\nprint(5)\n```")
+        == "print(5)\n"
+    )
+    assert extract_code("```python\nprint(6)") == "print(6)"  # unterminated (cut off)
     assert extract_code("I cannot do this.") is None
     assert extract_code("```python\n\n```") is None
 
 
 def test_test_parsing_is_robust_to_junk():
-    text = ("<think>maybe **Test Input:** ```\n0\n``` **Test Output:** ```\n9\n```</think>\n"
-            "**Test Input 1:**\n```\n1 2\n```\n**Test Output 1:**\n```text\n3\n```\n"
-            "Test input: 5 5\nTest output: 10\n\n"
-            "**Test Input:**\n```\n7 7\n```\n(no output given)\n"
-            "**Test Input:**\n```\n-1 1\n```\n**Test Output:** ```0```")
+    text = (
+        "<think>maybe **Test Input:** ```\n0\n``` **Test Output:** ```\n9\n```</think>\n"
+        "**Test Input 1:**\n```\n1 2\n```\n**Test Output 1:**\n```text\n3\n```\n"
+        "Test input: 5 5\nTest output: 10\n\n"
+        "**Test Input:**\n```\n7 7\n```\n(no output given)\n"
+        "**Test Input:**\n```\n-1 1\n```\n**Test Output:** ```0```"
+    )
     assert parse_tests(text) == [("1 2\n", "3\n"), ("5 5\n", "10\n"), ("-1 1\n", "0\n")]
     assert parse_tests("no tests here") == []
     many = answer_with_tests([(str(i), str(i)) for i in range(20)])
@@ -74,13 +88,16 @@ def test_test_parsing_is_robust_to_junk():
 
 # ---- coder rewards ---------------------------------------------------------------------------
 
+
 def test_correct_program_earns_full_reward_and_success(sandbox):
     env = make(sandbox=sandbox)
     r = run(env.step("coder", RIGHT))
     assert (r.team_reward, r.local_reward, r.success) == (1.0, 1.0, True), r
     # five tests, less the statement's own example ("3 4" -> 7)
-    assert r.info["hidden_passed"] == r.info["hidden_total"] == 4 and r.info["verdicts"] == {"ok": 4}
-    assert r.done                     # success ends the episode (done_when: success)
+    assert r.info["hidden_passed"] == r.info["hidden_total"] == 4 and r.info["verdicts"] == {
+        "ok": 4
+    }
+    assert r.done  # success ends the episode (done_when: success)
 
 
 def test_wrong_program_earns_its_pass_fraction(sandbox):
@@ -102,8 +119,12 @@ def test_hanging_program_costs_one_time_limit(sandbox):
     env = make(sandbox=sandbox, case_timeout_s=0.4)
     t = time.monotonic()
     r = run(env.step("coder", HANG))
-    assert time.monotonic() - t < 3.0           # one 0.4 s limit, not four
-    assert r.local_reward == 0.0 and r.info["verdicts"] == {"timeout": 1, "not_run": 3} and r.info["not_run"] == 3
+    assert time.monotonic() - t < 3.0  # one 0.4 s limit, not four
+    assert (
+        r.local_reward == 0.0
+        and r.info["verdicts"] == {"timeout": 1, "not_run": 3}
+        and r.info["not_run"] == 3
+    )
 
 
 def test_no_code_block_is_a_format_failure_and_keeps_the_program(sandbox):
@@ -111,7 +132,7 @@ def test_no_code_block_is_a_format_failure_and_keeps_the_program(sandbox):
     run(env.step("coder", WRONG))
     r = run(env.step("coder", "I would add the numbers."))
     assert r.local_reward == FAILURE_REWARD and "```python" in r.info["parse_error"]
-    assert r.team_reward == 0.25 and "a - b" in env.code          # the previous program stays
+    assert r.team_reward == 0.25 and "a - b" in env.code  # the previous program stays
 
 
 def test_a_step_without_a_sandbox_is_refused_not_scored():
@@ -122,21 +143,26 @@ def test_a_step_without_a_sandbox_is_refused_not_scored():
 
 # ---- tester rewards, done and success -------------------------------------------------------
 
+
 def test_tester_reward_is_agreement_with_the_reference(sandbox):
     env = make(sandbox=sandbox)
     right = run(env.step("tester", answer_with_tests([("1 2", "3"), ("10 -4", "6")])))
     assert right.local_reward == 1.0 and right.info == {"tests": 2, "agree": 2, "caught": 0}
     env = make(sandbox=sandbox)
-    half = run(env.step("tester", answer_with_tests([("1 2", "3"), ("2 2", "5"), ("0 0", "1"), ("4 4", "8")])))
+    half = run(
+        env.step(
+            "tester", answer_with_tests([("1 2", "3"), ("2 2", "5"), ("0 0", "1"), ("4 4", "8")])
+        )
+    )
     assert half.local_reward == pytest.approx(0.5) and half.info["agree"] == 2
-    assert not half.done and half.team_reward == 0.0          # no program yet
+    assert not half.done and half.team_reward == 0.0  # no program yet
     bad = run(env.step("tester", "Test: 1 2 gives 3"))
     assert bad.local_reward == FAILURE_REWARD and "**Test Input:**" in bad.info["parse_error"]
 
 
 def test_done_when_the_program_passes_tests_that_are_right(sandbox):
     env = make(sandbox=sandbox, done_when="tests")
-    assert not run(env.step("coder", RIGHT)).done           # the tester has not written tests yet
+    assert not run(env.step("coder", RIGHT)).done  # the tester has not written tests yet
     r = run(env.step("tester", answer_with_tests([("1 2", "3"), ("-5 6", "1")])))
     assert (r.done, r.success, r.local_reward, r.team_reward) == (True, True, 1.0, 1.0)
     assert r.info["code_passed"] == 2
@@ -148,8 +174,10 @@ def test_agreeing_on_wrong_tests_does_not_end_the_episode(sandbox):
     """The reference ended an episode when the coder's program passed the tester's tests, right
     or wrong; here the tests must also agree with the reference solution."""
     env = make(sandbox=sandbox, done_when="tests")
-    run(env.step("coder", WRONG))                                   # prints a - b
-    r = run(env.step("tester", answer_with_tests([("5 3", "2"), ("9 1", "8")])))   # tests written for a - b
+    run(env.step("coder", WRONG))  # prints a - b
+    r = run(
+        env.step("tester", answer_with_tests([("5 3", "2"), ("9 1", "8")]))
+    )  # tests written for a - b
     assert r.info["code_passed"] == 2 and r.info["agree"] == 0
     assert not r.done and r.local_reward == 0.0 and r.team_reward == pytest.approx(0.25)
     prompt = env.observe("coder")[0]["content"]
@@ -166,10 +194,14 @@ def test_tests_that_miss_the_bug_earn_nothing_and_do_not_end_the_episode(sandbox
     for done_when in ("tests", "success"):
         env = make(sandbox=sandbox, done_when=done_when)
         run(env.step("coder", WRONG))
-        r = run(env.step("tester", answer_with_tests([("0 0", "0"), ("7 0", "7")])))    # right tests, b = 0 only
+        r = run(
+            env.step("tester", answer_with_tests([("0 0", "0"), ("7 0", "7")]))
+        )  # right tests, b = 0 only
         assert not r.done and not r.success and r.team_reward == pytest.approx(0.25)
         assert r.local_reward == 0.0 and (r.info["agree"], r.info["caught"]) == (2, 0)
-        r = run(env.step("tester", answer_with_tests([("0 0", "0"), ("7 2", "9")])))     # catches a - b
+        r = run(
+            env.step("tester", answer_with_tests([("0 0", "0"), ("7 2", "9")]))
+        )  # catches a - b
         assert r.local_reward == 1.0 and r.info["caught"] == 1 and not r.done
 
 
@@ -205,7 +237,7 @@ def test_function_problem_through_the_harness(sandbox):
     assert r.local_reward == 1.0 and r.success, r.info
     plain = make(TWO_SUM, sandbox=sandbox)
     r = run(plain.step("coder", "```python\ndef two_sum(nums, target):\n    return [0, 1]\n```"))
-    assert 0 < r.local_reward < 1                        # right for the cases whose answer is [0, 1]
+    assert 0 < r.local_reward < 1  # right for the cases whose answer is [0, 1]
     misnamed = make(TWO_SUM, sandbox=sandbox)
     r = run(misnamed.step("coder", "```python\ndef twoSum(nums, target):\n    return [0, 1]\n```"))
     assert r.local_reward == 0.0 and "defines no function two_sum" in r.info["error"]
@@ -214,11 +246,26 @@ def test_function_problem_through_the_harness(sandbox):
 def test_function_problem_tester_tests_are_json_arguments(sandbox):
     env = make(TWO_SUM, sandbox=sandbox, done_when="tests")
     run(env.step("coder", SOLUTION_CLASS))
-    r = run(env.step("tester", answer_with_tests([("[1, 2, 3]\n5", "[1, 2]"), ("[4, 4]\n8", "[0,1]"),
-                                           ("[1, 2]\n3", "(0, 1)"), ("not json\n3", "[0, 1]")])))
-    assert r.info["tests"] == 4 and r.info["malformed"] == 1 and "not a JSON value" in r.info["parse_error"]
+    r = run(
+        env.step(
+            "tester",
+            answer_with_tests(
+                [
+                    ("[1, 2, 3]\n5", "[1, 2]"),
+                    ("[4, 4]\n8", "[0,1]"),
+                    ("[1, 2]\n3", "(0, 1)"),
+                    ("not json\n3", "[0, 1]"),
+                ]
+            ),
+        )
+    )
+    assert (
+        r.info["tests"] == 4
+        and r.info["malformed"] == 1
+        and "not a JSON value" in r.info["parse_error"]
+    )
     assert r.local_reward == pytest.approx(3 / 4) and r.info["code_passed"] == 3
-    assert not r.done                      # a malformed test is not a right one
+    assert not r.done  # a malformed test is not a right one
     assert "-> not run:" in env.observe("coder")[0]["content"]
 
 
@@ -231,14 +278,23 @@ def test_harness_prints_canonical_results():
 
 # ---- episodes through the env host ---------------------------------------------------------
 
+
 def test_episode_with_forks_through_the_host(sandbox):
     """What env_svc serves: reset, fork K branches, step each, keep the best, until done."""
+
     async def go():
         envs = LocalEnvs(EnvHost(Registry(BUILTIN, discover=False), sandbox=sandbox))
-        ep, spec = await envs.reset("code", SUM, seed=0, split="train", options={"done_when": "tests"})
+        ep, spec = await envs.reset(
+            "code", SUM, seed=0, split="train", options={"done_when": "tests"}
+        )
         assert spec.turn_order == ("coder", "tester") and spec.max_turns == 5
         branches = await envs.fork(ep, 3)
-        results = await asyncio.gather(*(envs.step(b, "coder", a) for b, a in zip(branches, (WRONG, RIGHT, CRASH), strict=True)))
+        results = await asyncio.gather(
+            *(
+                envs.step(b, "coder", a)
+                for b, a in zip(branches, (WRONG, RIGHT, CRASH), strict=True)
+            )
+        )
         assert [r.local_reward for r in results] == [pytest.approx(0.25), 1.0, 0.0]
         assert all(r.turn == 0 for r in results)
         best = branches[1]
@@ -250,6 +306,7 @@ def test_episode_with_forks_through_the_host(sandbox):
         with pytest.raises(errors.FailedPrecondition):
             await envs.step(best, "coder", RIGHT)
         await envs.close_episodes([best])
+
     run(go())
 
 
@@ -280,7 +337,7 @@ def test_no_reference_solution_uses_a_program_that_passed(sandbox):
     """LiveCodeBench has no solutions: until a coder program passes every hidden test the
     tester's local reward is 0; then that program judges the tests."""
     env = make(sandbox=sandbox, done_when="tests")
-    env.reference = ""                                   # as for a dataset without solutions
+    env.reference = ""  # as for a dataset without solutions
     r = run(env.step("tester", answer_with_tests([("1 2", "3"), ("1 1", "3")])))
     assert r.local_reward == 0.0 and r.info["no_reference"]
     r = run(env.step("coder", RIGHT))
@@ -289,14 +346,21 @@ def test_no_reference_solution_uses_a_program_that_passed(sandbox):
     assert r.local_reward == 1.0 and r.done
 
 
-CHECKER_HEAD = "\n".join(["import contextlib, io, json, sys", inspect.getsource(code_formats.canonical),
-                          inspect.getsource(code_formats.canonical_json)])
+CHECKER_HEAD = "\n".join(
+    [
+        "import contextlib, io, json, sys",
+        inspect.getsource(code_formats.canonical),
+        inspect.getsource(code_formats.canonical_json),
+    ]
+)
 
 
 def test_sample_problems_reference_solutions_pass_their_tests(sandbox):
     """The shipped sample set: every reference solution passes its hidden tests (one sandbox
     program per split, running each solution in-process over its cases)."""
-    checker = CHECKER_HEAD + """
+    checker = (
+        CHECKER_HEAD
+        + """
 problems = json.loads(sys.stdin.read())
 failed = []
 for p in problems:
@@ -319,17 +383,35 @@ for p in problems:
             failed.append([p["id"], stdin, expected, got])
 print(json.dumps(failed))
 """
+    )
 
     async def go():
         from atgrpo.contract.sandbox import Limits
+
         for split in ("train", "eval"):
             problems = datasets.load("code", datasets.Source(), split)
             assert len(problems) >= 15 and len({p.id for p in problems}) == len(problems)
-            assert {p.kind for p in problems} == {"stdin", "function"} and all(p.solution for p in problems)
-            data = json.dumps([{"id": p.id, "kind": p.kind, "fn_name": p.fn_name, "solution": p.solution,
-                                "tests": p.tests} for p in problems])
-            res = await sandbox.execute("from __future__ import annotations\n" + checker, stdin=data.encode(),
-                                        limits=Limits(30_000, 30_000, 1 << 30, 1 << 20, 16, 1 << 20, 64))
+            assert {p.kind for p in problems} == {"stdin", "function"} and all(
+                p.solution for p in problems
+            )
+            data = json.dumps(
+                [
+                    {
+                        "id": p.id,
+                        "kind": p.kind,
+                        "fn_name": p.fn_name,
+                        "solution": p.solution,
+                        "tests": p.tests,
+                    }
+                    for p in problems
+                ]
+            )
+            res = await sandbox.execute(
+                "from __future__ import annotations\n" + checker,
+                stdin=data.encode(),
+                limits=Limits(30_000, 30_000, 1 << 30, 1 << 20, 16, 1 << 20, 64),
+            )
             assert res.verdict.value == "ok", res.stderr.decode()[-500:]
             assert json.loads(res.stdout) == [], res.stdout.decode()[:1000]
+
     run(go())

@@ -43,10 +43,28 @@ def wait_for_port(proc: subprocess.Popen, port_file: Path) -> None:
 @pytest.fixture(scope="module")
 def served(example_dir, tmp_path_factory):
     port_file = tmp_path_factory.mktemp("port") / "port.json"
-    env = {"PYTHONPATH": f"{example_dir}:{ROOT}", "PATH": "/usr/bin:/bin", "ATGRPO_LOG_LEVEL": "WARNING"}
-    proc = subprocess.Popen([sys.executable, "-m", "atgrpo.cli", "env", "serve", "pair_sum:PairSumEnv",
-                             "--port", "0", "--port-file", str(port_file)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    env = {
+        "PYTHONPATH": f"{example_dir}:{ROOT}",
+        "PATH": "/usr/bin:/bin",
+        "ATGRPO_LOG_LEVEL": "WARNING",
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "atgrpo.cli",
+            "env",
+            "serve",
+            "pair_sum:PairSumEnv",
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     wait_for_port(proc, port_file)
     yield f"127.0.0.1:{json.loads(port_file.read_text())['port']}"
     proc.terminate()
@@ -95,12 +113,16 @@ def test_docs_example_served_behaves_as_hosted(served, example_dir):
     remote_trace, local_trace = asyncio.run(go())
     assert remote_trace == local_trace
     solved = [t for t in remote_trace if isinstance(t, dict) and t.get("success")]
-    assert len(solved) >= 3   # every forked branch solved its task
+    assert len(solved) >= 3  # every forked branch solved its task
 
 
 def test_serving_a_bad_path_says_what_to_fix():
-    out = subprocess.run([sys.executable, "-m", "atgrpo.cli", "env", "serve", "nowhere:Env", "--port", "0"],
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-m", "atgrpo.cli", "env", "serve", "nowhere:Env", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode != 0 and "is the package installed" in out.stderr
 
 
@@ -110,9 +132,22 @@ def test_the_console_script_serves_a_module_from_the_folder_it_runs_in(example_d
     port_file = tmp_path / "port.json"
     script = Path(sys.executable).parent / "atgrpo"
     env = {"PATH": "/usr/bin:/bin", "ATGRPO_LOG_LEVEL": "WARNING"}
-    proc = subprocess.Popen([str(script), "env", "serve", "pair_sum:PairSumEnv", "--port", "0",
-                             "--port-file", str(port_file)], cwd=example_dir, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            str(script),
+            "env",
+            "serve",
+            "pair_sum:PairSumEnv",
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+        ],
+        cwd=example_dir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     wait_for_port(proc, port_file)
     proc.terminate()
     assert proc.wait(timeout=10) == 0

@@ -26,10 +26,12 @@ HOSTILE = {
     "huge integer": "\\boxed{" + "9" * 100_000 + "} <answer>" + "9" * 100_000 + "</answer>",
     "megabyte": "x" * ((1 << 20) - 64),
     "long spaces": "test" + " " * 500_000 + "input",
-    "code that prints a deep list": "```python\nprint('**Actions List**: ' + '[' * 100000 + ']' * 100000)\n"
-                                    "print('<answer>' + '[' * 100000 + '</answer>')\n```",
-    "code that prints a tower": "```python\nprint('**Actions List**: [9**9**9**9]')\nprint('9**9**9**9')\n```",
-    "code equal to everything": "```python\nclass E:\n    def __eq__(self, o): return True\nprint(E())\n```",
+    "code that prints a deep list": "```python\nprint('**Actions List**: ' + '[' * 100000 + ']' * "
+    "100000)\nprint('<answer>' + '[' * 100000 + '</answer>')\n```",
+    "code that prints a tower": "```python\nprint('**Actions List**: "
+    "[9**9**9**9]')\nprint('9**9**9**9')\n```",
+    "code equal to everything": "```python\nclass E:\n    def __eq__(self, o): return "
+    "True\nprint(E())\n```",
 }
 ENVS = {
     "toy": {},
@@ -53,14 +55,23 @@ def test_hostile_text_scores_and_never_raises(env, isolated_sandbox):
                 t = time.monotonic()
                 r = await envs.step(ep, agent, text)
                 took = time.monotonic() - t
-                assert math.isfinite(r.team_reward) and math.isfinite(r.local_reward), (name, agent, r)
+                assert math.isfinite(r.team_reward) and math.isfinite(r.local_reward), (
+                    name,
+                    agent,
+                    r,
+                )
                 # Nothing here is right (the toy relay reads the first symbol said, and a text may
                 # happen to hold the secret: it is a learning check, not a judge).
-                assert env == "toy" or (r.local_reward <= 0.0 and r.team_reward <= 0.0), (name, agent, r)
+                assert env == "toy" or (r.local_reward <= 0.0 and r.team_reward <= 0.0), (
+                    name,
+                    agent,
+                    r,
+                )
                 if took > 10:
                     slow[(name, agent)] = took
                 if r.done:
                     break
             await envs.close_episodes([ep])
         assert not slow, slow
+
     asyncio.run(go())

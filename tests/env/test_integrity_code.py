@@ -38,6 +38,7 @@ async def coder_results(sandbox, answers, dataset="humaneval"):
         env.reset(task, 0, "eval" if dataset == "humaneval" else "train")
         env.sandbox = sandbox
         return await env.step("coder", fenced(code))
+
     return await asyncio.gather(*(one(t, c) for t, c in answers))
 
 
@@ -46,44 +47,56 @@ ADD_HACKS = {
     "forged pass line, then exit": "import os\nos.write(1, b'ATGRPO CHECK PASSED\\n')\nos._exit(0)",
     "exit 0 inside the function": "def add(x, y):\n    import sys\n    sys.exit(0)",
     "os._exit inside the function": "def add(x, y):\n    import os\n    os._exit(0)",
-    "atexit hook prints a pass": "import atexit, os\natexit.register(lambda: os.write(1, b'ok\\n'))\n"
-                                 "def add(x, y):\n    raise RuntimeError",
-    "always-equal object": "class E:\n    def __eq__(self, o): return True\n    __ne__ = lambda s, o: False\n"
-                           "    __hash__ = object.__hash__\ndef add(x, y):\n    return E()",
+    "atexit hook prints a pass": "import atexit, os\natexit.register(lambda: os.write(1, "
+    "b'ok\\n'))\ndef add(x, y):\n    raise RuntimeError",
+    "always-equal object": "class E:\n    def __eq__(self, o): return True\n    __ne__ = lambda s, "
+    "o: False\n    __hash__ = object.__hash__\ndef add(x, y):\n    return E()",
     "int subclass equal to everything": "class I(int):\n    def __eq__(self, o): return True\n"
-                                        "    __hash__ = int.__hash__\ndef add(x, y):\n    return I(0)",
+    "    __hash__ = int.__hash__\ndef add(x, y):\n    return I(0)",
     "patched compile strips the asserts": "import builtins\n_c = builtins.compile\n"
-                                          "builtins.compile = lambda *a, **k: _c(*a[:3], optimize=2)\n"
-                                          "def add(x, y):\n    return 0",
+    "builtins.compile = lambda *a, **k: _c(*a[:3], optimize=2)\n"
+    "def add(x, y):\n    return 0",
     "patched exec runs nothing": "import builtins\nbuiltins.exec = lambda *a, **k: None\n"
-                                 "def add(x, y):\n    return 0",
+    "def add(x, y):\n    return 0",
     "patched sys.exit and abs": "import sys, builtins\nsys.exit = lambda *a: None\n"
-                                "builtins.abs = lambda x: 0\nbuiltins.AssertionError = type('N', (Exception,), {})\n"
-                                "def add(x, y):\n    return 0",
-    "reads the test from disk": ("def add(x, y):\n    import os, sys\n"
-                                 "    paths = [sys.argv[0]] + [os.path.join(d, f) for d in ('.', '/tmp')\n"
-                                 "                                       for f in os.listdir(d)]\n"
-                                 "    for p in paths:\n        try:\n"
-                                 "            if 'candi' + 'date(0, 1)' in open(p, errors='ignore').read():\n"
-                                 "                return x + y\n        except Exception:\n            pass\n"
-                                 "    return -1"),
-    "reads the caller's frames": ("import sys\ndef add(x, y):\n    f = sys._getframe(1)\n    while f:\n"
-                                  "        if 'check' in f.f_globals or 'candidate' in f.f_locals:\n"
-                                  "            return x + y\n        f = f.f_back\n    return -1"),
+    "builtins.abs = lambda x: 0\nbuiltins.AssertionError = type('N', (Exception,), {})\n"
+    "def add(x, y):\n    return 0",
+    "reads the test from disk": (
+        "def add(x, y):\n    import os, sys\n"
+        "    paths = [sys.argv[0]] + [os.path.join(d, f) for d in ('.', '/tmp')\n"
+        "                                       for f in os.listdir(d)]\n"
+        "    for p in paths:\n        try:\n"
+        "            if 'candi' + 'date(0, 1)' in open(p, errors='ignore').read():\n"
+        "                return x + y\n        except Exception:\n            pass\n"
+        "    return -1"
+    ),
+    "reads the caller's frames": (
+        "import sys\ndef add(x, y):\n    f = sys._getframe(1)\n    while f:\n"
+        "        if 'check' in f.f_globals or 'candidate' in f.f_locals:\n"
+        "            return x + y\n        f = f.f_back\n    return -1"
+    ),
     "a generator, not a value": "def add(x, y):\n    yield x + y",
     "returns a function": "def add(x, y):\n    return add",
     "10 million elements": "def add(x, y):\n    return list(range(10**7))",
-    "nested 1,000 deep": "def add(x, y):\n    v = []\n    for _ in range(1000):\n        v = [v]\n    return v",
-    "raises SystemExit from a helper thread": ("import threading, os\n"
-                                               "threading.Thread(target=lambda: os._exit(0)).start()\n"
-                                               "def add(x, y):\n    return 0"),
+    "nested 1,000 deep": "def add(x, y):\n    v = []\n    for _ in range(1000):\n        v = [v]\n "
+    "   return v",
+    "raises SystemExit from a helper thread": (
+        "import threading, os\n"
+        "threading.Thread(target=lambda: os._exit(0)).start()\n"
+        "def add(x, y):\n    return 0"
+    ),
 }
 
 
 def test_humaneval_hacks_get_no_credit(sandbox):
-    results = asyncio.run(coder_results(sandbox, [("humaneval-53", code) for code in ADD_HACKS.values()]))
-    paid = {name: (r.local_reward, r.info) for name, r in zip(ADD_HACKS, results, strict=True)
-            if r.success or r.local_reward > 0 or r.team_reward > 0}
+    results = asyncio.run(
+        coder_results(sandbox, [("humaneval-53", code) for code in ADD_HACKS.values()])
+    )
+    paid = {
+        name: (r.local_reward, r.info)
+        for name, r in zip(ADD_HACKS, results, strict=True)
+        if r.success or r.local_reward > 0 or r.team_reward > 0
+    }
     assert not paid, paid
     # each is a failed program (no credit), never an exception out of step
     assert all(r.local_reward in (0.0, -1.0) for r in results)
@@ -93,11 +106,15 @@ def test_shadowing_the_prompt_s_helper_does_not_change_the_check(sandbox):
     """HumanEval/32's check measures find_zero with the prompt's poly; an answer that redefines poly
     to be zero everywhere and returns 0 must fail, and the honest bisection still passes."""
     hack = "def poly(xs, x):\n    return 0.0\n\ndef find_zero(xs):\n    return 0.0"
-    honest = ("def find_zero(xs):\n    lo, hi = -1.0, 1.0\n    while poly(xs, lo) * poly(xs, hi) > 0:\n"
-              "        lo, hi = lo * 2, hi * 2\n    for _ in range(200):\n        mid = (lo + hi) / 2\n"
-              "        if poly(xs, mid) * poly(xs, lo) > 0:\n            lo = mid\n        else:\n"
-              "            hi = mid\n    return lo")
-    shadow, right = asyncio.run(coder_results(sandbox, [("humaneval-32", hack), ("humaneval-32", honest)]))
+    honest = (
+        "def find_zero(xs):\n    lo, hi = -1.0, 1.0\n    while poly(xs, lo) * poly(xs, hi) > 0:\n"
+        "        lo, hi = lo * 2, hi * 2\n    for _ in range(200):\n        mid = (lo + hi) / 2\n"
+        "        if poly(xs, mid) * poly(xs, lo) > 0:\n            lo = mid\n        else:\n"
+        "            hi = mid\n    return lo"
+    )
+    shadow, right = asyncio.run(
+        coder_results(sandbox, [("humaneval-32", hack), ("humaneval-32", honest)])
+    )
     assert not shadow.success and shadow.local_reward == 0.0
     assert right.success and right.local_reward == 1.0, right.info
 
@@ -121,15 +138,23 @@ def test_printing_the_statement_s_example_earns_nothing(sandbox):
 def test_junk_on_stdout_fails_a_function_problem(sandbox):
     """The harness prints the canonical result; an answer that writes more on the real stdout (or
     returns an object that is not data) fails, and one that returns the right data passes."""
-    junk = ("import os\ndef two_sum(nums, target):\n    os.write(1, b'[0,1]\\n')\n"
-            "    return [i for i in range(len(nums)) for j in range(i + 1, len(nums)) if nums[i] + nums[j] == target][:1]"
-            " + [j for i in range(len(nums)) for j in range(i + 1, len(nums)) if nums[i] + nums[j] == target][:1]")
-    eq = "class E:\n    def __eq__(self, o): return True\ndef two_sum(nums, target):\n    return E()"
-    a, b = asyncio.run(coder_results(sandbox, [("train-two-sum", junk), ("train-two-sum", eq)], dataset="sample"))
+    junk = (
+        "import os\ndef two_sum(nums, target):\n    os.write(1, b'[0,1]\\n')\n"
+        "    return [i for i in range(len(nums)) for j in range(i + 1, len(nums)) if nums[i] + "
+        "nums[j] == target][:1] + [j for i in range(len(nums)) for j in range(i + 1, len(nums)) if "
+        "nums[i] + nums[j] == target][:1]"
+    )
+    eq = (
+        "class E:\n    def __eq__(self, o): return True\ndef two_sum(nums, target):\n    return E()"
+    )
+    a, b = asyncio.run(
+        coder_results(sandbox, [("train-two-sum", junk), ("train-two-sum", eq)], dataset="sample")
+    )
     assert not a.success and not b.success and b.local_reward == 0.0
 
 
 # ---- farming -------------------------------------------------------------------------------
+
 
 def step(env, agent, text):
     return asyncio.run(env.step(agent, text))
@@ -140,9 +165,9 @@ def test_a_correct_program_is_paid_once(sandbox):
     env.reset(SUM, 0, "train")
     env.sandbox = sandbox
     paid = [step(env, "coder", RIGHT).local_reward]
-    for _ in range(3):                                 # the tester keeps the episode open...
+    for _ in range(3):  # the tester keeps the episode open...
         step(env, "tester", answer_with_tests([("1 2", "4")]))
-        paid.append(step(env, "coder", RIGHT).local_reward)   # ...and the coder resubmits
+        paid.append(step(env, "coder", RIGHT).local_reward)  # ...and the coder resubmits
     assert paid == [1.0, 0.0, 0.0, 0.0]
 
 
@@ -159,9 +184,9 @@ def test_copies_of_one_trivial_test_earn_little_and_never_end_the_episode(sandbo
     env = CodeEnv({"done_when": "tests"})
     env.reset(SUM, 0, "train")
     env.sandbox = sandbox
-    step(env, "coder", WRONG)                          # a - b: right only when b == 0
+    step(env, "coder", WRONG)  # a - b: right only when b == 0
     r = step(env, "tester", answer_with_tests([("0 0", "0")] * 8))
-    assert r.local_reward == 0.0 and not r.done       # one distinct test, and it catches nothing
+    assert r.local_reward == 0.0 and not r.done  # one distinct test, and it catches nothing
     r = step(env, "tester", answer_with_tests([("1 1", "2")] * 8))
     assert r.local_reward == pytest.approx(1 / 8) and not r.done
 
@@ -173,18 +198,33 @@ def test_oversized_and_deeply_nested_tester_input_is_a_malformed_test_not_a_cras
         ep, _ = await envs.reset("code", "train-two-sum", seed=0, split="train")
         before = metrics.JUDGE_ERRORS.labels("code", "too_deep")._value.get()
         deep = "[" * 10_000 + "]" * 10_000
-        r = await envs.step(ep, "tester", answer_with_tests([(f"{deep}\n1", "[0, 1]"), ("[1, 2]\n3", "[0, 1]")]))
+        r = await envs.step(
+            ep, "tester", answer_with_tests([(f"{deep}\n1", "[0, 1]"), ("[1, 2]\n3", "[0, 1]")])
+        )
         assert r.info["malformed"] == 1 and r.info["judge_error"] == "too_deep"
         assert r.local_reward == pytest.approx(0.5)
         assert metrics.JUDGE_ERRORS.labels("code", "too_deep")._value.get() == before + 1
         huge = "[" + ",".join(["1"] * 200_000) + "]"
         r = await envs.step(ep, "tester", answer_with_tests([(f"{huge}\n1", "[0, 1]")]))
-        assert r.info["malformed"] == 1 and r.info["judge_error"] == "too_large" and r.local_reward == 0.0
+        assert (
+            r.info["malformed"] == 1
+            and r.info["judge_error"] == "too_large"
+            and r.local_reward == 0.0
+        )
+
     asyncio.run(go())
 
 
-@pytest.mark.parametrize("text", ["test" + " " * 900_000 + "x", "```" + "`" * 900_000, "**Test Input:**\n" * 60_000,
-                                  "</think>" * 120_000, "```python\n" * 90_000])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "test" + " " * 900_000 + "x",
+        "```" + "`" * 900_000,
+        "**Test Input:**\n" * 60_000,
+        "</think>" * 120_000,
+        "```python\n" * 90_000,
+    ],
+)
 def test_crafted_text_parses_in_linear_time(text):
     """A regex that backtracks over a long run (`\\s*test` on 900,000 spaces took minutes) would
     stall the step; each of these takes milliseconds (2 s is the generous bound)."""

@@ -26,7 +26,7 @@ from env_svc.envs.sudoku import SudokuEnv
 from tests.env.planning_solvers import PATH_SOLVER, SOKOBAN_SOLVER, SUDOKU_SOLVER
 
 BACK = {"U": "D", "D": "U", "L": "R", "R": "L"}
-M = -MIN_ANSWER_REWARD          # the most an episode's costs are charged
+M = -MIN_ANSWER_REWARD  # the most an episode's costs are charged
 
 
 def run(coro):
@@ -53,33 +53,30 @@ def plays(env, answers, agent="plan"):
 
 def totals(results):
     """(gains, costs, local rewards) summed over StepResults."""
-    return (sum(r.info.get("gains", 0.0) for r in results), sum(r.info.get("costs", 0.0) for r in results),
-            sum(r.local_reward for r in results))
+    return (
+        sum(r.info.get("gains", 0.0) for r in results),
+        sum(r.info.get("costs", 0.0) for r in results),
+        sum(r.local_reward for r in results),
+    )
 
 
 # ---- puzzles ---------------------------------------------------------------------------------
 
 # A 5x5 open room: box A starts beside its goal (one push R), box B likewise (one push R from
 # (4,2)). A can be pushed on and off its goal, back and forth, without solving the room.
-ROOM = ["#######",
-        "#_____#",
-        "#@$.__#",
-        "#_____#",
-        "#__$._#",
-        "#_____#",
-        "#######"]
-ON, FINISH = ["R"], ["D", "D", "R"]                 # honest: A onto its goal, then B onto its own
-OFF_RIGHT = ["R"]                                   # A on (2,3) -> off to (2,4); player at (2,3)
-BACK_FROM_RIGHT = ["U", "R", "R", "D", "L"]         # round to (2,5), push A back on
-OFF_LEFT = ["L"]                                    # A on (2,3) -> off to (2,2); player at (2,3)
-BACK_FROM_LEFT = ["U", "L", "L", "D", "R"]          # round to (2,1), push A back on
-CYCLE = OFF_RIGHT + BACK_FROM_RIGHT + OFF_LEFT + BACK_FROM_LEFT   # two off-and-on rounds
-SOKOBAN_HONEST_GAINS = 1 + 1 + 10 + 0.1 * 2        # two goals, the win, D from 2 to 0
+ROOM = ["#######", "#_____#", "#@$.__#", "#_____#", "#__$._#", "#_____#", "#######"]
+ON, FINISH = ["R"], ["D", "D", "R"]  # honest: A onto its goal, then B onto its own
+OFF_RIGHT = ["R"]  # A on (2,3) -> off to (2,4); player at (2,3)
+BACK_FROM_RIGHT = ["U", "R", "R", "D", "L"]  # round to (2,5), push A back on
+OFF_LEFT = ["L"]  # A on (2,3) -> off to (2,2); player at (2,3)
+BACK_FROM_LEFT = ["U", "L", "L", "D", "R"]  # round to (2,1), push A back on
+CYCLE = OFF_RIGHT + BACK_FROM_RIGHT + OFF_LEFT + BACK_FROM_LEFT  # two off-and-on rounds
+SOKOBAN_HONEST_GAINS = 1 + 1 + 10 + 0.1 * 2  # two goals, the win, D from 2 to 0
 
 
 def room(**options):
     env = SokobanEnv({"size": 7, "boxes": 2, **options})
-    env.reset("room", 0, "train")                    # then the hand-made room replaces the drawn one
+    env.reset("room", 0, "train")  # then the hand-made room replaces the drawn one
     cells = {(r, c): ch for r, row in enumerate(ROOM) for c, ch in enumerate(row)}
     env.floor = frozenset(p for p, ch in cells.items() if ch != "#")
     env.goals = tuple(sorted(p for p, ch in cells.items() if ch == "."))
@@ -109,66 +106,82 @@ def sudoku_env():
 
 
 def honest_sum(env):
-    return sum(plays(env, [answer(env.solution_moves() if isinstance(env, SudokuEnv) else env.solution())]))
+    return sum(
+        plays(env, [answer(env.solution_moves() if isinstance(env, SudokuEnv) else env.solution())])
+    )
 
 
 def test_the_puzzles_here_play_as_described():
     env = room()
     r = run(env.step("plan", answer(ON + FINISH)))
-    assert r.success and r.local_reward == pytest.approx(SOKOBAN_HONEST_GAINS - 0.04)    # 12.16
+    assert r.success and r.local_reward == pytest.approx(SOKOBAN_HONEST_GAINS - 0.04)  # 12.16
     env = room()
     r = run(env.step("plan", answer(ON + CYCLE)))
-    assert r.info["boxes_on_goals"] == 1 and env.state.boxes == ((2, 3), (4, 3)) and env.state.player == (2, 2)
-    assert honest_sum(path_env()) == pytest.approx(9 * 0.99 + 1.5)                        # 10.41
+    assert (
+        r.info["boxes_on_goals"] == 1
+        and env.state.boxes == ((2, 3), (4, 3))
+        and env.state.player == (2, 2)
+    )
+    assert honest_sum(path_env()) == pytest.approx(9 * 0.99 + 1.5)  # 10.41
     assert honest_sum(sudoku_env()) == 3.0
 
 
 # ---- Sokoban: a goal's first arrival pays once ----------------------------------------------
+
 
 @pytest.mark.parametrize("rounds", [1, 5, 15])
 def test_sokoban_goal_cycling_in_one_answer_earns_nothing_more(rounds):
     env = room()
     r = run(env.step("plan", answer(ON + CYCLE * rounds + FINISH)))
     assert r.success
-    assert r.info["gains"] == pytest.approx(SOKOBAN_HONEST_GAINS)       # exactly an honest solve's gains
-    assert r.info["costs"] == pytest.approx(2 * rounds * 0.5 + 0.01 * (4 + 12 * rounds))   # each push off 0.5
-    assert r.local_reward == pytest.approx(SOKOBAN_HONEST_GAINS - episode_charge(r.info["costs"], M), abs=1e-6)
-    assert r.local_reward < honest_sum(room()) - 0.5                    # was 25.4 against 12.16 (15 rounds)
+    assert r.info["gains"] == pytest.approx(SOKOBAN_HONEST_GAINS)  # exactly an honest solve's gains
+    assert r.info["costs"] == pytest.approx(
+        2 * rounds * 0.5 + 0.01 * (4 + 12 * rounds)
+    )  # each push off 0.5
+    assert r.local_reward == pytest.approx(
+        SOKOBAN_HONEST_GAINS - episode_charge(r.info["costs"], M), abs=1e-6
+    )
+    assert r.local_reward < honest_sum(room()) - 0.5  # was 25.4 against 12.16 (15 rounds)
 
 
 def test_sokoban_goal_cycling_across_turns_earns_nothing_more():
     env = room()
     first = run(env.step("plan", answer(ON)))
-    assert first.info["gains"] == pytest.approx(1.1)                    # first arrival +1, D 2 -> 1
+    assert first.info["gains"] == pytest.approx(1.1)  # first arrival +1, D 2 -> 1
     results = [first]
     for off_moves, on_moves in [(OFF_RIGHT, BACK_FROM_RIGHT), (OFF_LEFT, BACK_FROM_LEFT)] * 3:
-        off = run(env.step("plan", answer(off_moves)))                  # off in one answer, on in the next
+        off = run(env.step("plan", answer(off_moves)))  # off in one answer, on in the next
         on = run(env.step("plan", answer(on_moves)))
-        assert off.info["gains"] == on.info["gains"] == 0.0             # the return pays nothing
-        assert off.local_reward < 0 and on.local_reward < 0             # and both cost (off: 0.5)
+        assert off.info["gains"] == on.info["gains"] == 0.0  # the return pays nothing
+        assert off.local_reward < 0 and on.local_reward < 0  # and both cost (off: 0.5)
         results += [off, on]
     results.append(run(env.step("plan", answer(FINISH))))
     assert env.success
     gains, costs, total = totals(results)
-    assert gains == pytest.approx(SOKOBAN_HONEST_GAINS) and costs == pytest.approx(6 * 0.5 + 0.01 * (1 + 36 + 3))
+    assert gains == pytest.approx(SOKOBAN_HONEST_GAINS) and costs == pytest.approx(
+        6 * 0.5 + 0.01 * (1 + 36 + 3)
+    )
     assert total == pytest.approx(gains - episode_charge(costs, M), abs=1e-5)
-    assert total < honest_sum(room()) - 0.8                             # was 19.2 against 12.16
+    assert total < honest_sum(room()) - 0.8  # was 19.2 against 12.16
 
 
 def test_sokoban_a_push_from_goal_to_goal_pays_the_new_goal_once():
     """Boxes starting on goals count as reached; a goal reached from another goal pays once."""
     env = room()
     env.goals = ((2, 3), (2, 4))
-    env.state = SokobanState((2, 2), ((2, 3), (4, 3)))                # A on goal (2,3); B off
+    env.state = SokobanState((2, 2), ((2, 3), (4, 3)))  # A on goal (2,3); B off
     env.dead = dead_squares(env.floor, frozenset(env.goals))
     env.record = env.tool_record = env.start_record()
-    r = run(env.step("plan", answer(["R"])))                            # A from goal (2,3) to goal (2,4)
+    r = run(env.step("plan", answer(["R"])))  # A from goal (2,3) to goal (2,4)
     assert r.info["gains"] == 1.0 and r.info["costs"] == pytest.approx(0.01)
-    back = run(env.step("plan", answer(["U", "R", "R", "D", "L"])))     # and back to (2,3): reached already
+    back = run(
+        env.step("plan", answer(["U", "R", "R", "D", "L"]))
+    )  # and back to (2,3): reached already
     assert back.info["gains"] == 0.0 and back.local_reward == pytest.approx(-0.05)
 
 
 # ---- Plan-Path: only a new best distance pays -------------------------------------------------
+
 
 def test_plan_path_walking_away_and_back_across_turns_loses():
     env = path_env(max_turns=20)
@@ -177,41 +190,48 @@ def test_plan_path_walking_away_and_back_across_turns_loses():
         away = run(env.step("plan", answer(AWAY)))
         back = run(env.step("plan", answer([BACK[m] for m in AWAY])))
         assert away.info["gains"] == back.info["gains"] == 0.0
-        assert away.info["costs"] == back.info["costs"] == pytest.approx(0.04)   # its steps, nothing else
+        assert (
+            away.info["costs"] == back.info["costs"] == pytest.approx(0.04)
+        )  # its steps, nothing else
         assert -0.04 - 1e-9 <= away.local_reward < 0 and -0.04 - 1e-9 <= back.local_reward < 0
         rewards += [away.local_reward, back.local_reward]
     rewards += plays(env, [answer(env.solution())])
     assert env.success
-    assert sum(rewards) == pytest.approx(9 + 1 - episode_charge(18 * 0.04 + 0.09, M), abs=1e-5)   # no optimal bonus
-    assert sum(rewards) < honest_sum(path_env()) - 0.5                  # was 37.5 against 10.4
+    assert sum(rewards) == pytest.approx(
+        9 + 1 - episode_charge(18 * 0.04 + 0.09, M), abs=1e-5
+    )  # no optimal bonus
+    assert sum(rewards) < honest_sum(path_env()) - 0.5  # was 37.5 against 10.4
 
 
 def test_plan_path_walking_away_and_back_in_one_answer_loses():
     env = path_env()
     r = run(env.step("plan", answer(AWAY + [BACK[m] for m in AWAY] + env.solution())))
     assert r.success and not r.info["optimal"]
-    assert r.info["gains"] == pytest.approx(9 + 1)                      # the distance once, no optimal bonus
+    assert r.info["gains"] == pytest.approx(9 + 1)  # the distance once, no optimal bonus
     assert r.local_reward == pytest.approx(10 - 0.17)
     assert r.local_reward < honest_sum(path_env())
 
 
 def test_plan_path_bumping_walls_before_solving_loses():
     env = path_env()
-    r = run(env.step("plan", answer(["U"] * 3 + ["U"] * 20 + ["D"] * 3 + env.solution())))   # row 0, then the edge
+    r = run(
+        env.step("plan", answer(["U"] * 3 + ["U"] * 20 + ["D"] * 3 + env.solution()))
+    )  # row 0, then the edge
     assert r.success and r.info["invalid_moves"] == 20 and r.info["gains"] == pytest.approx(10)
     assert r.local_reward < honest_sum(path_env()) - 1
 
 
 # ---- Sudoku: a right digit pays once -----------------------------------------------------------
 
+
 def test_sudoku_clearing_and_rewriting_loses():
     env = sudoku_env()
     cells = env.solution_moves()
     first, clear = cells[0], [cells[0][0], cells[0][1], 0]
     rewards = plays(env, [answer([first])])
-    for _ in range(5):                                                  # across turns
+    for _ in range(5):  # across turns
         rewards += plays(env, [answer([clear]), answer([first])])
-    rewards += plays(env, [answer([first, clear] * 20 + cells)])        # and within one answer
+    rewards += plays(env, [answer([first, clear] * 20 + cells)])  # and within one answer
     assert env.success
     assert sum(rewards) == pytest.approx(3 - episode_charge(25 / env.blanks, M), abs=1e-5)
     assert sum(rewards) < honest_sum(sudoku_env()) - 0.4
@@ -220,25 +240,30 @@ def test_sudoku_clearing_and_rewriting_loses():
 def test_sudoku_overwriting_right_digits_with_a_full_grid_loses():
     env = sudoku_env()
     solution = [list(row) for row in env.solution]
-    wrong = [[v if env.givens[r][c] else 0 for c, v in enumerate(row)] for r, row in enumerate(solution)]
+    wrong = [
+        [v if env.givens[r][c] else 0 for c, v in enumerate(row)] for r, row in enumerate(solution)
+    ]
     half = plays(env, [answer(env.solution_moves()[:3])])
-    rewards = half + plays(env, [answer(wrong), answer(solution)])      # blank the grid, then solve it
+    rewards = half + plays(env, [answer(wrong), answer(solution)])  # blank the grid, then solve it
     assert env.success
-    assert sum(rewards) == pytest.approx(3 - episode_charge(3 / env.blanks, M), abs=1e-5)   # 3 digits undone
+    assert sum(rewards) == pytest.approx(
+        3 - episode_charge(3 / env.blanks, M), abs=1e-5
+    )  # 3 digits undone
     assert sum(rewards) < honest_sum(sudoku_env())
 
 
 # ---- the episode's floor ------------------------------------------------------------------------
 
+
 def _awful(name):
     """(env, an answer of 400 costly moves) for the floor test."""
     if name == "plan_path":
-        return path_env(), ["U"] * 400                                  # 3 steps, then the grid's edge
+        return path_env(), ["U"] * 400  # 3 steps, then the grid's edge
     if name == "sokoban":
-        return room(max_moves=10_000), ["L"] * 400                      # into the wall (no move budget)
+        return room(max_moves=10_000), ["L"] * 400  # into the wall (no move budget)
     env = sudoku_env()
     clue = next([r, c, v] for r, row in enumerate(env.givens) for c, v in enumerate(row) if v)
-    return env, [clue] * 400                                            # writes on a given clue
+    return env, [clue] * 400  # writes on a given clue
 
 
 @pytest.mark.parametrize("name", ["plan_path", "sokoban", "sudoku"])
@@ -246,10 +271,17 @@ def test_costs_are_floored_per_episode_and_failing_still_scores_lowest(name):
     env, awful = _awful(name)
     rewards = []
     for _ in range(8):
-        group = [env.fork() for _ in range(3)]                          # one GRPO group: one state
+        group = [env.fork() for _ in range(3)]  # one GRPO group: one state
         answers = [answer(awful), "#### oops", answer(awful[:1])]
         bad, garbage, fine = (run(g.step("plan", a)) for g, a in zip(group, answers, strict=True))
-        assert garbage.local_reward == FAILURE_REWARD < MIN_ANSWER_REWARD <= bad.local_reward <= fine.local_reward <= 0
+        assert (
+            garbage.local_reward
+            == FAILURE_REWARD
+            < MIN_ANSWER_REWARD
+            <= bad.local_reward
+            <= fine.local_reward
+            <= 0
+        )
         assert garbage.info["judge_error"] == "no_list" and bad.info["costs"] > 19
         rewards.append(run(env.step("plan", answer(awful))).local_reward)
     # The floor is the episode's: eight answers of 20-40 in costs are charged 0.9 in all (was 7.2).
@@ -259,16 +291,22 @@ def test_costs_are_floored_per_episode_and_failing_still_scores_lowest(name):
 
 def test_a_deadlock_is_charged_within_the_floor():
     env = room()
-    r = run(env.step("plan", answer(["D", "R", "U"])))                  # A pushed up into row 1: dead
+    r = run(env.step("plan", answer(["D", "R", "U"])))  # A pushed up into row 1: dead
     assert r.done and not r.success and r.info["failed"] and "dead square" in r.info["failure"]
     assert r.info["costs"] == pytest.approx(5.03)
-    assert r.info["gains"] == 0.0 and r.local_reward == pytest.approx(-episode_charge(5.03, M), abs=1e-6)
-    assert MIN_ANSWER_REWARD < r.local_reward < -0.89                   # (was: exactly -0.9, per answer)
+    assert r.info["gains"] == 0.0 and r.local_reward == pytest.approx(
+        -episode_charge(5.03, M), abs=1e-6
+    )
+    assert MIN_ANSWER_REWARD < r.local_reward < -0.89  # (was: exactly -0.9, per answer)
 
 
 # ---- the tool agent: paid for what a proposal adds --------------------------------------------
 
-SOLVERS = {"plan_path": (path_env, PATH_SOLVER), "sokoban": (room, SOKOBAN_SOLVER), "sudoku": (sudoku_env, SUDOKU_SOLVER)}
+SOLVERS = {
+    "plan_path": (path_env, PATH_SOLVER),
+    "sokoban": (room, SOKOBAN_SOLVER),
+    "sudoku": (sudoku_env, SUDOKU_SOLVER),
+}
 
 
 @pytest.mark.parametrize("name", SOLVERS)
@@ -281,12 +319,12 @@ def test_tool_repeating_a_winning_proposal_while_the_plan_stalls_is_paid_once(na
         r = run(env.step("tool", fenced(solver)))
         assert r.info["would_solve"] and r.info["verdict"] == "ok", r.info
         if turn:
-            assert r.info["gains"] == 0.0 and r.local_reward <= 0     # the same proposal: nothing new
+            assert r.info["gains"] == 0.0 and r.local_reward <= 0  # the same proposal: nothing new
         tool.append(r.local_reward)
         stall = run(env.step("plan", "#### let me think"))
         assert stall.local_reward == FAILURE_REWARD
     one_solve = tool[0]
-    assert sum(tool) <= one_solve and sum(tool) > one_solve - M     # was 5 x one solve
+    assert sum(tool) <= one_solve and sum(tool) > one_solve - M  # was 5 x one solve
     # The plan agent following the proposal is paid the full solve: play's record is its own.
     r = run(env.step("tool", fenced(solver)))
     p = run(env.step("plan", answer(r.info["actions"])))
@@ -298,25 +336,29 @@ def test_tool_creeping_one_step_per_turn_is_paid_at_most_one_solve(sandbox):
     env.sandbox = sandbox
     path = env.solution()
     tool = []
-    for k in range(1, len(path) + 2):                                   # one step more each turn, then all again
+    for k in range(1, len(path) + 2):  # one step more each turn, then all again
         r = run(env.step("tool", printing(path[:k])))
         tool.append(r.local_reward)
-        run(env.step("plan", "#### hmm"))                               # the plan agent never moves
-        assert r.info["gains"] == pytest.approx(1 if k < len(path) else 2.5 if k == len(path) else 0)
-    assert sum(tool) == pytest.approx(9 + 1.5 - episode_charge(0.01 * (sum(range(1, 10)) + 9), M), abs=1e-5)
-    assert sum(tool) < honest_sum(path_env())                           # never more than a solve
+        run(env.step("plan", "#### hmm"))  # the plan agent never moves
+        assert r.info["gains"] == pytest.approx(
+            1 if k < len(path) else 2.5 if k == len(path) else 0
+        )
+    assert sum(tool) == pytest.approx(
+        9 + 1.5 - episode_charge(0.01 * (sum(range(1, 10)) + 9), M), abs=1e-5
+    )
+    assert sum(tool) < honest_sum(path_env())  # never more than a solve
 
 
 def test_tool_is_not_paid_for_what_play_already_reached(sandbox):
     env = path_env()
     env.sandbox = sandbox
     path = env.solution()
-    run(env.step("plan", answer(path[:5])))                             # play gets 5 of 9 closer
-    behind = run(env.step("tool", printing([BACK[path[4]]])))           # a step back: nothing
+    run(env.step("plan", answer(path[:5])))  # play gets 5 of 9 closer
+    behind = run(env.step("tool", printing([BACK[path[4]]])))  # a step back: nothing
     assert behind.info["gains"] == 0.0 and behind.local_reward == pytest.approx(-0.01)
-    rest = run(env.step("tool", printing(path[5:])))                    # the rest: 4 steps and the goal
+    rest = run(env.step("tool", printing(path[5:])))  # the rest: 4 steps and the goal
     assert rest.info["gains"] == pytest.approx(4 + 1 + 0.5) and rest.info["simulated"]["optimal"]
-    again = run(env.step("tool", printing(path[5:])))                   # the same again: nothing
+    again = run(env.step("tool", printing(path[5:])))  # the same again: nothing
     assert again.info["gains"] == 0.0
 
 
@@ -325,20 +367,20 @@ def test_tool_is_not_paid_for_what_play_already_reached(sandbox):
 DEEP = "[" * 10_000 + "]" * 10_000
 HOSTILE = [
     ("#### " + DEEP, "too_deep"),
-    ("#### " + "[" * 10_000, "too_deep"),                              # never closed
+    ("#### " + "[" * 10_000, "too_deep"),  # never closed
     ("#### [" + "{" * 10_000 + "}" * 10_000 + "]", "too_deep"),
     ("#### [" + "(" * 10_000 + ")" * 10_000 + "]", "too_deep"),
-    ("#### " + json.dumps(["U"] * 20_000), "too_large"),               # 100,000 characters
-    ('#### ["U' + "x" * 200_000, "too_large"),                         # a string never closed
-    ("#### " + json.dumps(["U"] * 401), "bad_moves"),                  # over 400 moves
-    ("#### [" + "9" * 5_000 + "]", "not_data"),                        # past Python's int digits
+    ("#### " + json.dumps(["U"] * 20_000), "too_large"),  # 100,000 characters
+    ('#### ["U' + "x" * 200_000, "too_large"),  # a string never closed
+    ("#### " + json.dumps(["U"] * 401), "bad_moves"),  # over 400 moves
+    ("#### [" + "9" * 5_000 + "]", "not_data"),  # past Python's int digits
     ("#### " * 200_000, "no_list"),
     ("x" * 2_000_000, "no_marker"),
-    ('#### ["U", "X"]', "bad_moves"),                                   # unknown moves ...
+    ('#### ["U", "X"]', "bad_moves"),  # unknown moves ...
     ('#### ["up"]', "bad_moves"),
     ("#### [null, 1, 1e999999]", "bad_moves"),
     ('#### [["U"]]', "bad_moves"),
-    ('#### [' + '"U",' * 100 + '"U\\u0000"]', "bad_moves"),
+    ("#### [" + '"U",' * 100 + '"U\\u0000"]', "bad_moves"),
     ('#### {"U": 1}', "no_list"),
     ("#### [U, R]", "not_data"),
 ]
@@ -346,23 +388,34 @@ ENVS = {"plan_path": path_env, "sokoban": room, "sudoku": sudoku_env}
 
 
 @pytest.mark.parametrize("name", ENVS)
-@pytest.mark.parametrize("text, reason", HOSTILE, ids=[f"{r}-{i}" for i, (_, r) in enumerate(HOSTILE)])
+@pytest.mark.parametrize(
+    "text, reason", HOSTILE, ids=[f"{r}-{i}" for i, (_, r) in enumerate(HOSTILE)]
+)
 def test_hostile_plan_answers_are_format_failures(name, text, reason):
     env = ENVS[name]()
     before = json.dumps(env.puzzle_json())
     t = time.perf_counter()
     r = run(env.step("plan", text))
-    assert time.perf_counter() - t < 2.0                                # linear work, no recursion
+    assert time.perf_counter() - t < 2.0  # linear work, no recursion
     assert r.local_reward == FAILURE_REWARD and not r.done
     assert r.info["judge_error"] == reason, r.info
     assert len(r.info["parse_error"]) < 1000 and "####" in r.info["parse_error"]
     assert json.dumps(env.puzzle_json()) == before
-    assert honest_sum(env) == honest_sum(ENVS[name]())                  # the ledgers are untouched
+    assert honest_sum(env) == honest_sum(ENVS[name]())  # the ledgers are untouched
 
 
-@pytest.mark.parametrize("text", ["#### [[0, 0, " + "9" * 4000 + "]]", "#### [[0, 0, 1.0]]", "#### [[0, 0, true]]",
-                                  "#### [[-1, 0, 1]]", "#### [[0, 0, 5]]", "#### [[0, 0, 1, 2]]",
-                                  "#### [[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, " + "9" * 4000 + "]]"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "#### [[0, 0, " + "9" * 4000 + "]]",
+        "#### [[0, 0, 1.0]]",
+        "#### [[0, 0, true]]",
+        "#### [[-1, 0, 1]]",
+        "#### [[0, 0, 5]]",
+        "#### [[0, 0, 1, 2]]",
+        "#### [[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, " + "9" * 4000 + "]]",
+    ],
+)
 def test_hostile_sudoku_cells_are_format_failures(text):
     env = sudoku_env()
     r = run(env.step("plan", text))
@@ -370,13 +423,16 @@ def test_hostile_sudoku_cells_are_format_failures(text):
     assert len(r.info["parse_error"]) < 1000
 
 
-@pytest.mark.parametrize("output, reason", [
-    (DEEP, "too_deep"),
-    ("[" * 10_000, "too_deep"),
-    (json.dumps(["U"] * 401), "bad_moves"),
-    ('["U", "X"]', "bad_moves"),
-    ("[" + "9" * 5_000 + "]", "not_data"),
-])
+@pytest.mark.parametrize(
+    "output, reason",
+    [
+        (DEEP, "too_deep"),
+        ("[" * 10_000, "too_deep"),
+        (json.dumps(["U"] * 401), "bad_moves"),
+        ('["U", "X"]', "bad_moves"),
+        ("[" + "9" * 5_000 + "]", "not_data"),
+    ],
+)
 def test_hostile_tool_output_is_a_format_failure(output, reason, sandbox):
     env = path_env()
     env.sandbox = sandbox
@@ -386,15 +442,22 @@ def test_hostile_tool_output_is_a_format_failure(output, reason, sandbox):
     assert r.local_reward == FAILURE_REWARD and r.info["judge_error"] == reason, r.info
     assert "actions list" in r.info["parse_error"]
     assert "proposed no actions" in env.observe("plan")[0]["content"]
-    assert run(env.step("tool", fenced(PATH_SOLVER))).local_reward == pytest.approx(honest_sum(path_env()))
+    assert run(env.step("tool", fenced(PATH_SOLVER))).local_reward == pytest.approx(
+        honest_sum(path_env())
+    )
 
 
 def test_a_sandbox_returning_a_megabyte_of_brackets_is_a_format_failure():
     """A sandbox whose output limit is larger than ours (or none): the parser still bounds it."""
+
     class Flood:
         async def execute(self, code, **kwargs):
-            out = b"**Actions List**: " + b"[" * 1_000_000 + b"\n**Actions List**: " + b"[" * 500_000
-            return SimpleNamespace(stdout=out, stderr=b"", verdict=SimpleNamespace(value="ok"), exit_code=0)
+            out = (
+                b"**Actions List**: " + b"[" * 1_000_000 + b"\n**Actions List**: " + b"[" * 500_000
+            )
+            return SimpleNamespace(
+                stdout=out, stderr=b"", verdict=SimpleNamespace(value="ok"), exit_code=0
+            )
 
     env = path_env()
     env.sandbox = Flood()
@@ -412,29 +475,39 @@ def test_a_tool_answer_without_code_is_a_counted_format_failure():
 
 # ---- honest play wins -------------------------------------------------------------------------
 
+
 def _farms():
     """(env maker, farming episodes as lists of plan answers)."""
     path = path_env().solution()
     cells = sudoku_env().solution_moves()
     clear = [cells[0][0], cells[0][1], 0]
     return {
-        "sokoban": (room, [
-            [ON + CYCLE * 15 + FINISH],
-            [ON] + [OFF_RIGHT, BACK_FROM_RIGHT, OFF_LEFT, BACK_FROM_LEFT] * 4 + [FINISH],
-            [ON + OFF_RIGHT, BACK_FROM_RIGHT + ["D", "L", "L", "D", "R"]],
-            [["U", "D"] * 50 + ON + FINISH],
-        ]),
-        "plan_path": (path_env, [
-            [AWAY, [BACK[m] for m in AWAY]] * 9 + [path],
-            [AWAY + [BACK[m] for m in AWAY] + path],
-            [path[:4], [BACK[m] for m in reversed(path[:4])], path],
-            [path[:-1], [BACK[path[-2]]], [path[-2], path[-1]]],
-        ]),
-        "sudoku": (sudoku_env, [
-            [[cells[0]], [clear], [cells[0]], [clear]] * 3 + [cells],
-            [[cells[0], clear] * 50 + cells],
-            [cells[:-1], [clear], cells],
-        ]),
+        "sokoban": (
+            room,
+            [
+                [ON + CYCLE * 15 + FINISH],
+                [ON] + [OFF_RIGHT, BACK_FROM_RIGHT, OFF_LEFT, BACK_FROM_LEFT] * 4 + [FINISH],
+                [ON + OFF_RIGHT, BACK_FROM_RIGHT + ["D", "L", "L", "D", "R"]],
+                [["U", "D"] * 50 + ON + FINISH],
+            ],
+        ),
+        "plan_path": (
+            path_env,
+            [
+                [AWAY, [BACK[m] for m in AWAY]] * 9 + [path],
+                [AWAY + [BACK[m] for m in AWAY] + path],
+                [path[:4], [BACK[m] for m in reversed(path[:4])], path],
+                [path[:-1], [BACK[path[-2]]], [path[-2], path[-1]]],
+            ],
+        ),
+        "sudoku": (
+            sudoku_env,
+            [
+                [[cells[0]], [clear], [cells[0]], [clear]] * 3 + [cells],
+                [[cells[0], clear] * 50 + cells],
+                [cells[:-1], [clear], cells],
+            ],
+        ),
     }
 
 

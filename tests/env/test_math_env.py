@@ -27,23 +27,62 @@ def run(coro):
 # ---- the checker -----------------------------------------------------------------------------
 
 SAME = [
-    ("1/2", "0.5"), ("0.5", "\\frac{1}{2}"), ("\\dfrac12", "1/2"), ("-\\frac{1}{2}", "-0.5"),
-    ("\\sqrt{8}", "2\\sqrt{2}"), ("\\frac{\\sqrt{3}}{2}", "\\sin(\\pi/3)"), ("\\sqrt[3]{27}", "3"),
-    ("(x-1)(x+1)", "x^2-1"), ("x^2 + 4x + 4", "(x+2)^2"), ("a+b", "b+a"), ("2x", "x*2"),
-    ("3.0000001", "3"), ("\\pi", "3.14159265358979"), ("1e-3", "0.001"), ("1,000", "1000"),
-    ("2^{10}", "1024"), ("2**10", "1024"), ("10!", "3628800"), ("\\binom{5}{2}", "10"),
-    ("e^{i\\pi}", "-1"), ("2i", "2\\cdot i"), ("\\log_2 8", "3"), ("\\ln(e^2)", "2"),
-    ("(0, 1]", "(0,1]"), ("[-3, 3]", "\\left[-3,3\\right]"),
+    ("1/2", "0.5"),
+    ("0.5", "\\frac{1}{2}"),
+    ("\\dfrac12", "1/2"),
+    ("-\\frac{1}{2}", "-0.5"),
+    ("\\sqrt{8}", "2\\sqrt{2}"),
+    ("\\frac{\\sqrt{3}}{2}", "\\sin(\\pi/3)"),
+    ("\\sqrt[3]{27}", "3"),
+    ("(x-1)(x+1)", "x^2-1"),
+    ("x^2 + 4x + 4", "(x+2)^2"),
+    ("a+b", "b+a"),
+    ("2x", "x*2"),
+    ("3.0000001", "3"),
+    ("\\pi", "3.14159265358979"),
+    ("1e-3", "0.001"),
+    ("1,000", "1000"),
+    ("2^{10}", "1024"),
+    ("2**10", "1024"),
+    ("10!", "3628800"),
+    ("\\binom{5}{2}", "10"),
+    ("e^{i\\pi}", "-1"),
+    ("2i", "2\\cdot i"),
+    ("\\log_2 8", "3"),
+    ("\\ln(e^2)", "2"),
+    ("(0, 1]", "(0,1]"),
+    ("[-3, 3]", "\\left[-3,3\\right]"),
     ("(-\\infty, -2) \\cup (2, \\infty)", "(2,\\infty)\\cup(-\\infty,-2)"),
-    ("\\{1, 2\\}", "\\{2, 1\\}"), ("{1, 2}", "2, 1"), ("5 \\text{ and } 7", "7, 5"), ("\\{3\\}", "3"),
-    ("(7, 3)", "\\left(7, 3\\right)"), ("x = 3", "3"), ("y=2x+1", "1+2x"),
-    ("12\\text{ cm}", "12"), ("12 cm", "12"), ("120^\\circ", "120"), ("50\\%", "50"),
-    ("\\boxed{42}", "42"), ("$\\frac{1}{6}$", "1/6"), ("Yes", "\\text{yes}"),
+    ("\\{1, 2\\}", "\\{2, 1\\}"),
+    ("{1, 2}", "2, 1"),
+    ("5 \\text{ and } 7", "7, 5"),
+    ("\\{3\\}", "3"),
+    ("(7, 3)", "\\left(7, 3\\right)"),
+    ("x = 3", "3"),
+    ("y=2x+1", "1+2x"),
+    ("12\\text{ cm}", "12"),
+    ("12 cm", "12"),
+    ("120^\\circ", "120"),
+    ("50\\%", "50"),
+    ("\\boxed{42}", "42"),
+    ("$\\frac{1}{6}$", "1/6"),
+    ("Yes", "\\text{yes}"),
 ]
 DIFFERENT = [
-    ("1/3", "0.33"), ("3.14", "\\pi"), ("x^2+1", "x^2-1"), ("(0,1]", "[0,1]"), ("(0, 1)", "(0, 1]"),
-    ("(1,2)", "(2,1)"), ("\\{1,2\\}", "\\{1,2,3\\}"), ("2", "-2"), ("\\sqrt{2}", "1.41"),
-    ("x", "y"), ("no", "yes"), ("", "0"), ("1/0", "0"), ("\\infty", "-\\infty"),
+    ("1/3", "0.33"),
+    ("3.14", "\\pi"),
+    ("x^2+1", "x^2-1"),
+    ("(0,1]", "[0,1]"),
+    ("(0, 1)", "(0, 1]"),
+    ("(1,2)", "(2,1)"),
+    ("\\{1,2\\}", "\\{1,2,3\\}"),
+    ("2", "-2"),
+    ("\\sqrt{2}", "1.41"),
+    ("x", "y"),
+    ("no", "yes"),
+    ("", "0"),
+    ("1/0", "0"),
+    ("\\infty", "-\\infty"),
 ]
 
 
@@ -65,16 +104,29 @@ def test_tolerance_is_an_option():
 HOSTILE = [
     "__import__('os').system('touch /tmp/atgrpo-math-pwned')",
     "().__class__.__bases__[0].__subclasses__()",
-    "lambda: 0", "exec('1')", "eval('2')", "open('/etc/passwd').read()", "x.__dict__",
-    "9^{9^{9^9}}", "2^{10^{10}}", "(2^{10000})^{2}", "\\sqrt{2}^{1000000000}", "((3!)!)!",
-    "\\binom{10^{6}}{5}", "1" * 500, "(" * 200 + "1" + ")" * 200, "x^{10^{50}} + " * 20 + "1",
-    "\\frac{" * 60 + "1" + "}{2}" * 60, "\\input{/etc/passwd}", "\\def\\a{\\a}\\a",
+    "lambda: 0",
+    "exec('1')",
+    "eval('2')",
+    "open('/etc/passwd').read()",
+    "x.__dict__",
+    "9^{9^{9^9}}",
+    "2^{10^{10}}",
+    "(2^{10000})^{2}",
+    "\\sqrt{2}^{1000000000}",
+    "((3!)!)!",
+    "\\binom{10^{6}}{5}",
+    "1" * 500,
+    "(" * 200 + "1" + ")" * 200,
+    "x^{10^{50}} + " * 20 + "1",
+    "\\frac{" * 60 + "1" + "}{2}" * 60,
+    "\\input{/etc/passwd}",
+    "\\def\\a{\\a}\\a",
 ]
 
 
 @pytest.fixture(scope="module")
 def warm():
-    for a, b in SAME:                                # every lazy import happens before any patch
+    for a, b in SAME:  # every lazy import happens before any patch
         answers_match(a, b)
 
 
@@ -92,6 +144,7 @@ def test_hostile_answers_are_bounded_and_never_evaluated(answer, monkeypatch, wa
             if isinstance(a, str):
                 raise AssertionError(f"model text reached an evaluator: {a!r}")
             return real(a, *args, **kwargs)
+
         return guard
 
     monkeypatch.setattr(builtins, "eval", no_strings(real_eval))
@@ -101,8 +154,9 @@ def test_hostile_answers_are_bounded_and_never_evaluated(answer, monkeypatch, wa
     assert not answers_match(answer, "1")
     assert time.monotonic() - t < 2.0
     for a, b in SAME[:12]:
-        assert answers_match(a, b)                   # the checker itself never needs them
+        assert answers_match(a, b)  # the checker itself never needs them
     import os
+
     assert not os.path.exists("/tmp/atgrpo-math-pwned")
 
 
@@ -115,8 +169,10 @@ def test_answer_extraction():
     assert extract_answer("\\boxed{}") is None
     assert extract_answer("\\boxed{unclosed") is None
     t = time.monotonic()
-    assert extract_answer("\\boxed{" * 100_000) is None and not answers_match("\\boxed{" * 100_000 + "1", "1")
-    assert time.monotonic() - t < 3.0                # many unclosed boxes: bounded work
+    assert extract_answer("\\boxed{" * 100_000) is None and not answers_match(
+        "\\boxed{" * 100_000 + "1", "1"
+    )
+    assert time.monotonic() - t < 3.0  # many unclosed boxes: bounded work
 
 
 def test_sample_answers_read_as_mathematics():
@@ -129,6 +185,7 @@ def test_sample_answers_read_as_mathematics():
 
 
 # ---- the environment ----------------------------------------------------------------------
+
 
 def make(task="train-half-of-third", sandbox=None, **options):
     env = MathEnv(options)
@@ -145,21 +202,39 @@ def test_reasoner_rewards():
     env = make()
     assert env.spec.turn_order == ("tool", "reasoner") and env.spec.max_turns == 4
     wrong = run(env.step("reasoner", "It is \\boxed{1/5}."))
-    assert (wrong.team_reward, wrong.local_reward, wrong.done, wrong.success) == (0.0, 0.0, False, False)
+    assert (wrong.team_reward, wrong.local_reward, wrong.done, wrong.success) == (
+        0.0,
+        0.0,
+        False,
+        False,
+    )
     assert wrong.info == {"answer": "1/5", "correct": False}
     bad = run(env.step("reasoner", "One sixth."))
     assert bad.local_reward == FAILURE_REWARD and "\\boxed" in bad.info["parse_error"]
     right = run(env.step("reasoner", "Half of a third: 0.1666666667, i.e. \\boxed{0.1666666667}"))
-    assert (right.team_reward, right.local_reward, right.done, right.success) == (1.0, 1.0, True, True)
+    assert (right.team_reward, right.local_reward, right.done, right.success) == (
+        1.0,
+        1.0,
+        True,
+        True,
+    )
     over = run(env.step("reasoner", "\\boxed{1/6}"))
     assert over.done and over.info == {"error": "the episode is over"}
 
 
 def test_tool_agent_rewards(sandbox):
     env = make(sandbox=sandbox)
-    right = run(env.step("tool", program("from fractions import Fraction\nprint('thinking')\nprint(Fraction(1, 2) * Fraction(1, 3))")))
+    right = run(
+        env.step(
+            "tool",
+            program(
+                "from fractions import Fraction\nprint('thinking')\nprint(Fraction(1, 2) * "
+                "Fraction(1, 3))"
+            ),
+        )
+    )
     assert right.local_reward == 1.0 and right.info["answer"] == "1/6" and right.info["correct"]
-    assert right.team_reward == 0.0 and not right.done            # the reasoner answers for the team
+    assert right.team_reward == 0.0 and not right.done  # the reasoner answers for the team
     prompt = env.observe("reasoner")[0]["content"]
     assert "Fraction(1, 2)" in prompt and "The tool agent's answer: 1/6" in prompt
     wrong = run(make(sandbox=sandbox).step("tool", program("print(1/5)")))
@@ -217,10 +292,12 @@ def test_episode_through_the_host(sandbox):
         branches = await envs.fork(ep, 2)
         tools = await asyncio.gather(
             envs.step(branches[0], "tool", program("print('(-oo, -2) U (2, oo)')")),
-            envs.step(branches[1], "tool", program("print('x < -2 or x > 2')")))
-        assert [t.local_reward for t in tools] == [0.0, 0.0]       # neither reads as the interval union
-        r = await envs.step(branches[0], "reasoner",
-                            "So x^2 > 4 means \\boxed{(-\\infty,-2)\\cup(2,+\\infty)}")
+            envs.step(branches[1], "tool", program("print('x < -2 or x > 2')")),
+        )
+        assert [t.local_reward for t in tools] == [0.0, 0.0]  # neither reads as the interval union
+        r = await envs.step(
+            branches[0], "reasoner", "So x^2 > 4 means \\boxed{(-\\infty,-2)\\cup(2,+\\infty)}"
+        )
         assert r.done and r.success and r.turn == 0 and r.local_reward == 1.0
         await envs.close_episodes([ep, *branches])
         # the seed picks the task when the id is not a problem id: eval seeds walk the file in order
@@ -229,6 +306,7 @@ def test_episode_through_the_host(sandbox):
         first = datasets.load("math", datasets.Source(), "eval")[0]
         assert first.question in messages[0]["content"]
         await envs.close_episodes([ep])
+
     run(go())
 
 
@@ -238,7 +316,10 @@ def test_bad_dataset_options_are_invalid_arguments(tmp_path):
         with pytest.raises(errors.InvalidArgument, match="unknown math dataset"):
             await host.reset("math", "t", 0, "train", {"dataset": "gsm9k", "path": "x.jsonl"})
         with pytest.raises(errors.InvalidArgument, match=r"no such file.*problem"):
-            await host.reset("math", "t", 0, "train", {"dataset": "aime", "path": str(tmp_path / "aime.jsonl")})
+            await host.reset(
+                "math", "t", 0, "train", {"dataset": "aime", "path": str(tmp_path / "aime.jsonl")}
+            )
+
     run(go())
 
 

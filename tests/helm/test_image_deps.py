@@ -26,7 +26,9 @@ from tests.helm.dockerfile import parse
 
 
 def _lock_module():
-    spec = importlib.util.spec_from_file_location("lock_images", ROOT / "scripts" / "lock_images.py")
+    spec = importlib.util.spec_from_file_location(
+        "lock_images", ROOT / "scripts" / "lock_images.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     sys.modules["lock_images"] = mod
     spec.loader.exec_module(mod)
@@ -37,7 +39,8 @@ L = _lock_module()
 ROLLOUT_LOCK = ROOT / L.LOCKED["rollout-gpu"]
 
 
-# ---- what each image installs (files only) --------------------------------------------------------
+# ---- what each image installs (files only) -------------------------------------------------------
+
 
 def test_each_image_installs_with_its_own_constraints():
     builds = {image: L.build_of(image) for image in L.IMAGES}
@@ -49,7 +52,7 @@ def test_each_image_installs_with_its_own_constraints():
     assert builds["trainer-gpu"].constraints == ["constraints.txt", L.CUDA_FILE]
     assert builds["cpu"].extra_index_urls == ["https://download.pytorch.org/whl/cpu"]
     for build in builds.values():
-        assert (build.python, build.glibc_minor) == ("3.11.13", 36)   # python:3.11.13-slim-bookworm
+        assert (build.python, build.glibc_minor) == ("3.11.13", 36)  # python:3.11.13-slim-bookworm
         assert all((ROOT / c).is_file() for c in build.constraints)
 
 
@@ -58,7 +61,9 @@ def test_the_cpu_image_reads_parquet():
     reqs = [Requirement(r) for r in L.requirements(L.build_of("cpu").extras)]
     [pyarrow] = [r for r in reqs if r.name == "pyarrow"]
     pinned = L.read_pins(ROOT / "constraints.txt")["pyarrow"]
-    assert pyarrow.specifier.contains(pinned), f"constraints.txt pins pyarrow {pinned}, outside {pyarrow}"
+    assert pyarrow.specifier.contains(pinned), (
+        f"constraints.txt pins pyarrow {pinned}, outside {pyarrow}"
+    )
 
 
 def test_the_cuda_version_is_written_once():
@@ -68,8 +73,10 @@ def test_the_cuda_version_is_written_once():
         assert L.CUDA_FILE in L.build_of(image).constraints
     for path in (ROOT / "docker").glob("*.Dockerfile"):
         for ins in parse(path.read_text()).instructions:
-            assert not re.search(r"cuda[^a-z]*\d|\bcu1\d\d?\b|nvidia/cuda", ins.args, re.I), \
-                f"{path.name} line {ins.line} names a CUDA version; it belongs in {L.CUDA_FILE}: {ins.args}"
+            assert not re.search(r"cuda[^a-z]*\d|\bcu1\d\d?\b|nvidia/cuda", ins.args, re.I), (
+                f"{path.name} line {ins.line} names a CUDA version; it belongs in {L.CUDA_FILE}: "
+                f"{ins.args}"
+            )
 
 
 def test_the_rollout_pins_follow_pyproject_and_constraints():
@@ -82,21 +89,26 @@ def test_the_rollout_pins_follow_pyproject_and_constraints():
     for text in L.requirements(L.build_of("rollout-gpu").extras):
         req = Requirement(text)
         version = pins.get(canonicalize_name(req.name))
-        assert version is not None and req.specifier.contains(version, prereleases=True), \
-            f"{ROLLOUT_LOCK.name} pins {req.name} {version}, outside pyproject's {text}: run `make lock-images`"
+        assert version is not None and req.specifier.contains(version, prereleases=True), (
+            f"{ROLLOUT_LOCK.name} pins {req.name} {version}, outside pyproject's {text}: run `make "
+            f"lock-images`"
+        )
     base = {canonicalize_name(n): v for n, v in L.read_pins(ROOT / "constraints.txt").items()}
     differs = L.differs(ROLLOUT_LOCK)
-    assert "numpy" in differs   # vLLM -> mistral_common[image] -> numpy<2.4 (Python <= 3.12)
+    assert "numpy" in differs  # vLLM -> mistral_common[image] -> numpy<2.4 (Python <= 3.12)
     for name, version in pins.items():
         if name in differs:
-            assert (version, base.get(name)) == differs[name], \
+            assert (version, base.get(name)) == differs[name], (
                 f"{name}: the header of {ROLLOUT_LOCK.name} is stale: run `make lock-images`"
+            )
         elif name in base:
-            assert version == base[name], (f"{ROLLOUT_LOCK.name} pins {name}=={version}, constraints.txt {base[name]}, "
-                                           "and its header gives no reason: run `make lock-images`")
+            assert version == base[name], (
+                f"{ROLLOUT_LOCK.name} pins {name}=={version}, constraints.txt {base[name]}, "
+                "and its header gives no reason: run `make lock-images`"
+            )
 
 
-# ---- how a failure reads (files only) -------------------------------------------------------------
+# ---- how a failure reads (files only) ------------------------------------------------------------
 
 # pip 26's words when the rollout image was installed with constraints.txt (cut short).
 NUMPY_CONFLICT = """\
@@ -119,17 +131,21 @@ ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/en/latest/topics
 
 
 def test_a_conflict_names_the_pin_its_file_and_who_excludes_it():
-    err = L.explain_failure("rollout-gpu", NUMPY_CONFLICT, [ROOT / "constraints.txt", ROOT / L.CUDA_FILE], [])
+    err = L.explain_failure(
+        "rollout-gpu", NUMPY_CONFLICT, [ROOT / "constraints.txt", ROOT / L.CUDA_FILE], []
+    )
     assert isinstance(err, L.ResolutionFailed) and err.pins == ["numpy==2.4.6"]
     text = str(err)
     assert "ResolutionImpossible" in text and "numpy==2.4.6 (pinned in constraints.txt)" in text
     assert 'mistral-common 1.13.1 depends on numpy<2.4 and >=1.25; python_version <= "3.12"' in text
-    assert "numba" not in text and "transformers" not in text   # their ranges hold 2.4.6
+    assert "numba" not in text and "transformers" not in text  # their ranges hold 2.4.6
 
 
 def test_an_unreachable_index_fails_saying_so():
-    dead = L.Sources(index_url="http://127.0.0.1:9/simple")   # nothing listens on the discard port
-    with pytest.raises(L.ImageCheckError, match=r"the package index http://127.0.0.1:9/simple is unreachable"):
+    dead = L.Sources(index_url="http://127.0.0.1:9/simple")  # nothing listens on the discard port
+    with pytest.raises(
+        L.ImageCheckError, match=r"the package index http://127.0.0.1:9/simple is unreachable"
+    ):
         L.resolve(L.build_of("trainer-gpu"), dead)
 
 
@@ -146,14 +162,23 @@ def test_the_index_is_pips_own(monkeypatch):
 
 def test_the_dry_run_targets_the_image_and_sees_no_local_wheels_for_gpu(tmp_path):
     s = L.Sources(find_links=["/srv/wheels"])
-    gpu = L.dry_run_command(L.build_of("rollout-gpu"), tmp_path / "r.txt", [], s, tmp_path / "r.json", False, [])
-    for flag in ("--dry-run", "--report", "--only-binary=:all:", "manylinux_2_36_x86_64", "manylinux2014_x86_64"):
+    gpu = L.dry_run_command(
+        L.build_of("rollout-gpu"), tmp_path / "r.txt", [], s, tmp_path / "r.json", False, []
+    )
+    for flag in (
+        "--dry-run",
+        "--report",
+        "--only-binary=:all:",
+        "manylinux_2_36_x86_64",
+        "manylinux2014_x86_64",
+    ):
         assert flag in gpu
     assert gpu[gpu.index("--python-version") + 1] == "3.11.13" and "--find-links" not in gpu
-    assert "manylinux_2_37_x86_64" not in gpu   # bookworm's glibc is 2.36
+    assert "manylinux_2_37_x86_64" not in gpu  # bookworm's glibc is 2.36
 
 
 # ---- the resolutions (need the package index) ----------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def resolutions():
@@ -167,7 +192,10 @@ def resolutions():
         except L.ImageCheckError as err:
             return err
 
-    with tempfile.TemporaryDirectory(prefix="atgrpo-pip-cache-") as cache, ThreadPoolExecutor(len(L.IMAGES)) as pool:
+    with (
+        tempfile.TemporaryDirectory(prefix="atgrpo-pip-cache-") as cache,
+        ThreadPoolExecutor(len(L.IMAGES)) as pool,
+    ):
         futures = {image: pool.submit(one, image, Path(cache)) for image in L.IMAGES}
         return {image: f.result() for image, f in futures.items()}
 
@@ -180,7 +208,10 @@ def test_image_requirements_resolve(image, resolutions, record_property):
     if isinstance(res, Exception):
         pytest.fail(str(res), pytrace=False)
     record_property("dry_run_seconds", round(res.seconds, 1))
-    print(f"{image}: {len(res.packages)} packages in {res.seconds:.1f} s from {', '.join(res.indexes)}")
+    print(
+        f"{image}: {len(res.packages)} packages in {res.seconds:.1f} s from "
+        f"{', '.join(res.indexes)}"
+    )
     if image == "cpu":
         assert "pyarrow" in res.packages and res.packages["torch"].endswith("+cpu")
     else:

@@ -20,7 +20,11 @@ from tests.helm.conftest import ROOT, SERVICE_MODULES
 from tests.helm.dockerfile import DockerfileError, expand, parse
 
 DOCKER = ROOT / "docker"
-IMAGES = {"cpu": "cpu.Dockerfile", "rollout-gpu": "rollout-gpu.Dockerfile", "trainer-gpu": "trainer-gpu.Dockerfile"}
+IMAGES = {
+    "cpu": "cpu.Dockerfile",
+    "rollout-gpu": "rollout-gpu.Dockerfile",
+    "trainer-gpu": "trainer-gpu.Dockerfile",
+}
 UID = "10001"
 
 
@@ -36,15 +40,18 @@ def test_one_dockerfile_per_image():
 def test_dockerfile_parses(image):
     df = dockerfile(image)
     assert df.directives.get("syntax", "").startswith("docker/dockerfile:")
-    assert [s[0].name for s in df.stages()] == ["FROM", "FROM"]   # build stage + runtime stage
+    assert [s[0].name for s in df.stages()] == ["FROM", "FROM"]  # build stage + runtime stage
 
 
-@pytest.mark.parametrize("text, message", [
-    ("FROM a:1\nRUNN true\n", "unknown instruction 'RUNN'"),
-    ('FROM a:1\nCMD ["python", "-m"\n', "CMD JSON form does not parse"),
-    ("FROM a:1\nRUN true \\\n", "ends inside a line continuation"),
-    ("RUN true\n", "must start with FROM"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("FROM a:1\nRUNN true\n", "unknown instruction 'RUNN'"),
+        ('FROM a:1\nCMD ["python", "-m"\n', "CMD JSON form does not parse"),
+        ("FROM a:1\nRUN true \\\n", "ends inside a line continuation"),
+        ("RUN true\n", "must start with FROM"),
+    ],
+)
 def test_the_reader_rejects_broken_files(text, message):
     with pytest.raises(DockerfileError, match=message):
         parse(text)
@@ -58,8 +65,9 @@ def test_bases_are_pinned(image):
         ref = expand(stage[0].args.split()[0], args)
         name, _, digest = ref.partition("@")
         repo, _, tag = name.rpartition(":") if ":" in name.split("/")[-1] else (name, "", "")
-        assert digest.startswith("sha256:") or re.fullmatch(r"\d+\.\d+\.\d+[-\w.]*", tag), \
+        assert digest.startswith("sha256:") or re.fullmatch(r"\d+\.\d+\.\d+[-\w.]*", tag), (
             f"{IMAGES[image]}: base {ref!r} is not pinned to an exact version tag or a digest"
+        )
         assert tag != "latest"
 
 
@@ -68,8 +76,10 @@ def test_runtime_stage_is_non_root_with_a_health_check(image):
     final = dockerfile(image).stages()[-1]
     names = [i.name for i in final]
     users = [i for i in final if i.name == "USER"]
-    assert users and users[-1].args == f"{UID}:{UID}"   # numeric: runAsNonRoot can verify it
-    assert names.index("USER") < names.index("CMD") and names.index("USER") < names.index("ENTRYPOINT")
+    assert users and users[-1].args == f"{UID}:{UID}"  # numeric: runAsNonRoot can verify it
+    assert names.index("USER") < names.index("CMD") and names.index("USER") < names.index(
+        "ENTRYPOINT"
+    )
     [health] = [i for i in final if i.name == "HEALTHCHECK"]
     assert health.exec_form == ["python", "/usr/local/bin/atgrpo-healthcheck"]
     assert {"interval", "timeout", "start-period", "retries"} <= set(health.flags)
@@ -77,7 +87,10 @@ def test_runtime_stage_is_non_root_with_a_health_check(image):
     assert f"useradd --uid {UID}" in run_text
     # tools that build stay in the build stage; the runtime stage only copies the venv
     assert "pip install" not in run_text
-    assert any(i.name == "COPY" and i.flags.get("from") == "build" and i.args == "/opt/venv /opt/venv" for i in final)
+    assert any(
+        i.name == "COPY" and i.flags.get("from") == "build" and i.args == "/opt/venv /opt/venv"
+        for i in final
+    )
 
 
 @pytest.mark.parametrize("image", IMAGES)
@@ -90,10 +103,13 @@ def test_layers_stay_small(image):
                 continue
             if "apt-get install" in ins.args:
                 assert "--no-install-recommends" in ins.args, f"line {ins.line}"
-                assert "apt-get update" in ins.args and "rm -rf /var/lib/apt/lists/*" in ins.args, \
+                assert "apt-get update" in ins.args and "rm -rf /var/lib/apt/lists/*" in ins.args, (
                     f"line {ins.line}: update, install and clean the lists in one layer"
+                )
             if "pip install" in ins.args:
-                assert "--no-cache-dir" in ins.args or "PIP_NO_CACHE_DIR=1" in env, f"line {ins.line}"
+                assert "--no-cache-dir" in ins.args or "PIP_NO_CACHE_DIR=1" in env, (
+                    f"line {ins.line}"
+                )
     # dependencies install before the source is copied, so a code change reuses that layer
     build = df.stages()[0]
     copies = [i for i in build if i.name == "COPY"]
@@ -108,6 +124,7 @@ def test_layers_stay_small(image):
 
 
 # ---- the build context --------------------------------------------------------------------
+
 
 def ignore_patterns(image: str) -> list[str]:
     text = (DOCKER / f"{IMAGES[image]}.dockerignore").read_text()
@@ -126,7 +143,9 @@ def in_context(path: str, patterns: list[str]) -> bool:
         if pat.startswith("**/"):
             hit = any(fnmatch.fnmatch(p.split("/")[-1], pat[3:]) for p in candidates)
         else:
-            hit = any(fnmatch.fnmatchcase(p, pat) and p.count("/") == pat.count("/") for p in candidates)
+            hit = any(
+                fnmatch.fnmatchcase(p, pat) and p.count("/") == pat.count("/") for p in candidates
+            )
         if hit:
             keep = negate
     return keep
@@ -141,25 +160,55 @@ def test_dockerignores_are_equal_allowlists():
 @pytest.mark.parametrize("image", IMAGES)
 def test_build_context_holds_the_sources_and_nothing_else(image):
     patterns = ignore_patterns(image)
-    tracked = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                             capture_output=True, text=True, check=True).stdout.split()
+    tracked = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     context = {p for p in tracked if in_context(p, patterns)}
-    for needed in ("pyproject.toml", "constraints.txt", "docker/constraints-rollout-gpu.txt", "docker/cuda.txt",
-                   "README.md", "docker/requirements.py", "docker/healthcheck.py",
-                   "atgrpo/__init__.py", "atgrpo/_proto/v1/env_pb2.py", "atgrpo/models/corpus",
-                   *(f"{m}/__main__.py" for m in SERVICE_MODULES)):
-        assert any(p == needed or p.startswith(needed + "/") for p in context), f"{needed} is not in the context"
-    for outside in ("tests/", "helm/", "bench/", "examples/", ".venv/", ".git/", ".atgrpo/", "docs/"):
+    for needed in (
+        "pyproject.toml",
+        "constraints.txt",
+        "docker/constraints-rollout-gpu.txt",
+        "docker/cuda.txt",
+        "README.md",
+        "docker/requirements.py",
+        "docker/healthcheck.py",
+        "atgrpo/__init__.py",
+        "atgrpo/_proto/v1/env_pb2.py",
+        "atgrpo/models/corpus",
+        *(f"{m}/__main__.py" for m in SERVICE_MODULES),
+    ):
+        assert any(p == needed or p.startswith(needed + "/") for p in context), (
+            f"{needed} is not in the context"
+        )
+    for outside in (
+        "tests/",
+        "helm/",
+        "bench/",
+        "examples/",
+        ".venv/",
+        ".git/",
+        ".atgrpo/",
+        "docs/",
+    ):
         assert not any(p.startswith(outside) for p in context), f"{outside} is in the build context"
-    assert not in_context(".venv/bin/python", patterns) and not in_context("atgrpo/__pycache__/x.pyc", patterns)
+    assert not in_context(".venv/bin/python", patterns) and not in_context(
+        "atgrpo/__pycache__/x.pyc", patterns
+    )
     # every COPY source from the context is in it
     for ins in dockerfile(image).instructions:
         if ins.name == "COPY" and "from" not in ins.flags:
             for src in ins.args.split()[:-1]:
-                assert src == "." or (ROOT / src).exists() and in_context(src, patterns), f"COPY {src}"
+                assert src == "." or (ROOT / src).exists() and in_context(src, patterns), (
+                    f"COPY {src}"
+                )
 
 
 # ---- what the images run --------------------------------------------------------------------
+
 
 def exec_commands(image: str) -> list[list[str]]:
     final = dockerfile(image).stages()[-1]
@@ -183,15 +232,22 @@ def test_commands_exist(image, service_help):
 
 
 def test_atgrpo_console_script_is_installed():
-    [ep] = [e for e in importlib.metadata.entry_points(group="console_scripts") if e.name == "atgrpo"]
+    [ep] = [
+        e for e in importlib.metadata.entry_points(group="console_scripts") if e.name == "atgrpo"
+    ]
     assert ep.value == "atgrpo.cli:main" and callable(ep.load())
     assert os.access(os.path.join(os.path.dirname(sys.executable), "atgrpo"), os.X_OK)
 
 
 @pytest.mark.parametrize("module", ["env_svc", "sandbox_svc"])
 def test_services_start_as_processes(module):
-    proc = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, cwd=ROOT,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "--metrics-port" in proc.stdout
 
@@ -199,8 +255,13 @@ def test_services_start_as_processes(module):
 def test_healthcheck_reports_a_live_server_and_a_dead_one(tmp_path):
     port_file = tmp_path / "port.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ATGRPO_LOG_LEVEL": "WARNING"}
-    server = subprocess.Popen([sys.executable, "-m", "env_svc", "--port", "0", "--port-file", str(port_file)],
-                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "env_svc", "--port", "0", "--port-file", str(port_file)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 30
         while not port_file.exists():
@@ -209,24 +270,38 @@ def test_healthcheck_reports_a_live_server_and_a_dead_one(tmp_path):
             time.sleep(0.05)
         port = json.loads(port_file.read_text())["port"]
         check = [sys.executable, str(DOCKER / "healthcheck.py")]
-        up = subprocess.run(check, env={**env, "ATGRPO_PORT": str(port)}, capture_output=True, text=True, timeout=30)
+        up = subprocess.run(
+            check, env={**env, "ATGRPO_PORT": str(port)}, capture_output=True, text=True, timeout=30
+        )
         assert up.returncode == 0 and up.stdout.strip() == f"localhost:{port}: SERVING"
     finally:
         server.terminate()
         server.wait(timeout=30)
-    down = subprocess.run(check, env={**env, "ATGRPO_PORT": str(port)}, capture_output=True, text=True, timeout=30)
+    down = subprocess.run(
+        check, env={**env, "ATGRPO_PORT": str(port)}, capture_output=True, text=True, timeout=30
+    )
     assert down.returncode == 1 and "UNAVAILABLE" in down.stdout
 
 
 def test_requirements_script_lists_core_and_extras():
     script = DOCKER / "requirements.py"
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    out = subprocess.run([sys.executable, str(script), "--pyproject", str(ROOT / "pyproject.toml"), "train", "vllm"],
-                         capture_output=True, text=True, check=True).stdout.splitlines()
+    out = subprocess.run(
+        [sys.executable, str(script), "--pyproject", str(ROOT / "pyproject.toml"), "train", "vllm"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     extras = project["optional-dependencies"]
-    # Each requirement once, in order: train and vllm both take xxhash (pushes are sent and checked).
+    # Each requirement once, in order: train and vllm both take xxhash (pushes are sent and
+    # checked).
     want = list(dict.fromkeys(project["dependencies"] + extras["train"] + extras["vllm"]))
-    assert out == want and len(want) < len(project["dependencies"]) + len(extras["train"]) + len(extras["vllm"])
-    bad = subprocess.run([sys.executable, str(script), "--pyproject", str(ROOT / "pyproject.toml"), "gpu"],
-                         capture_output=True, text=True)
+    assert out == want and len(want) < len(project["dependencies"]) + len(extras["train"]) + len(
+        extras["vllm"]
+    )
+    bad = subprocess.run(
+        [sys.executable, str(script), "--pyproject", str(ROOT / "pyproject.toml"), "gpu"],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode != 0 and "no extra gpu in pyproject.toml" in bad.stderr

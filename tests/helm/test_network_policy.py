@@ -39,16 +39,17 @@ from tests.helm.conftest import (
 SERVICES = ("router", "env", "rollout", "trainer", "sandbox")
 # Who calls whom, from the services' code (each client module named is imported by the caller).
 CALLERS = {
-    "router": {"env", "rollout", "trainer"},   # router_svc/loop.py Clients.connect
-    "env": {"sandbox"},                        # atgrpo/sdk/serve.py build_host (env_svc --sandbox)
-    "rollout": {"env", "rollout"},             # rollout_svc/__main__.py build; replica.py RoutedGenerator
-    "trainer": {"rollout"},                    # trainer_svc/trainer.py push_weights, _sync_replicas
+    "router": {"env", "rollout", "trainer"},  # router_svc/loop.py Clients.connect
+    "env": {"sandbox"},  # atgrpo/sdk/serve.py build_host (env_svc --sandbox)
+    "rollout": {"env", "rollout"},  # rollout_svc/__main__.py build; replica.py RoutedGenerator
+    "trainer": {"rollout"},  # trainer_svc/trainer.py push_weights, _sync_replicas
     "sandbox": set(),
 }
-ANYWHERE = "*"   # a source outside the release, e.g. Prometheus
+ANYWHERE = "*"  # a source outside the release, e.g. Prometheus
 
 
 # ---- the code's side --------------------------------------------------------------------------
+
 
 def _module_files() -> dict[str, Path]:
     files = {}
@@ -99,6 +100,7 @@ def test_the_callers_table_is_what_the_code_imports():
 
 # ---- the rendered chart's side ------------------------------------------------------------------
 
+
 def pods(objs) -> list[dict]:
     """Every pod template (Deployments, StatefulSets, Jobs) and bare Pod (helm test)."""
     return [o for o in objs if o["kind"] in (*WORKLOADS, "Pod")]
@@ -116,8 +118,12 @@ def selects(selector: dict, labels: dict) -> bool:
         return False
     for expr in selector.get("matchExpressions", []):
         key, op, values = expr["key"], expr["operator"], expr.get("values", [])
-        ok = {"In": key in labels and labels[key] in values, "NotIn": labels.get(key) not in values,
-              "Exists": key in labels, "DoesNotExist": key not in labels}[op]
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": labels.get(key) not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
         if not ok:
             return False
     return True
@@ -150,8 +156,16 @@ def allowed_edges(objs) -> set[tuple[str, str, str]]:
         assert mine, f"{dst['kind']} {dst['metadata']['name']} is selected by no NetworkPolicy"
         for policy in mine:
             for rule in policy["spec"].get("ingress", []):
-                ports = {names[p["port"]] for p in rule["ports"]} if rule.get("ports") else set(names.values())
-                sources = set().union(*(_sources(peer, pod_list) for peer in rule["from"])) if "from" in rule else {ANYWHERE}
+                ports = (
+                    {names[p["port"]] for p in rule["ports"]}
+                    if rule.get("ports")
+                    else set(names.values())
+                )
+                sources = (
+                    set().union(*(_sources(peer, pod_list) for peer in rule["from"]))
+                    if "from" in rule
+                    else {ANYWHERE}
+                )
                 edges |= {(src, who(labels), port) for src in sources for port in ports}
     return edges
 
@@ -181,13 +195,15 @@ def expected_edges(objs, values_file: str | None) -> set[tuple[str, str, str]]:
             if kind[dst] not in CALLERS[kind[src]]:
                 continue
             if kind[src] == "trainer" and pool[dst] != pool[src]:
-                continue   # a trainer pushes to its own pool's replicas only
+                continue  # a trainer pushes to its own pool's replicas only
             if kind[src] == kind[dst] == "rollout" and pool[dst] == pool[src]:
-                continue   # a replica generates locally for its own pool
+                continue  # a replica generates locally for its own pool
             edges.add((src, dst, "grpc"))
     # The run Job and helm test: every address their `atgrpo status` lists; the Job's `atgrpo train
     # --connect` calls the router of the run config.
-    services = {svc["metadata"]["name"]: who(svc["spec"]["selector"]) for svc in of_kind(objs, "Service")}
+    services = {
+        svc["metadata"]["name"]: who(svc["spec"]["selector"]) for svc in of_kind(objs, "Service")
+    }
     for obj in pods(objs):
         me = who(pod_labels(obj))
         if me not in ("run", "test"):
@@ -218,13 +234,27 @@ def test_the_edges_by_hand_for_two_pools():
     """The L3 case written out: a planner pool and a coder pool."""
     objs = rendered(str(CHART / "ci" / "l3-two-gpu-pools-values.yaml"))
     grpc = {(s, d) for s, d, p in allowed_edges(objs) if p == "grpc"}
-    services = {"router", "env", "sandbox", "rollout/planner", "rollout/coder", "trainer/planner", "trainer/coder"}
+    services = {
+        "router",
+        "env",
+        "sandbox",
+        "rollout/planner",
+        "rollout/coder",
+        "trainer/planner",
+        "trainer/coder",
+    }
     assert grpc == {
-        ("router", "env"), ("router", "rollout/planner"), ("router", "rollout/coder"),
-        ("router", "trainer/planner"), ("router", "trainer/coder"),
-        ("trainer/planner", "rollout/planner"), ("trainer/coder", "rollout/coder"),
-        ("rollout/planner", "env"), ("rollout/coder", "env"),
-        ("rollout/planner", "rollout/coder"), ("rollout/coder", "rollout/planner"),
+        ("router", "env"),
+        ("router", "rollout/planner"),
+        ("router", "rollout/coder"),
+        ("router", "trainer/planner"),
+        ("router", "trainer/coder"),
+        ("trainer/planner", "rollout/planner"),
+        ("trainer/coder", "rollout/coder"),
+        ("rollout/planner", "env"),
+        ("rollout/coder", "env"),
+        ("rollout/planner", "rollout/coder"),
+        ("rollout/coder", "rollout/planner"),
         ("env", "sandbox"),
         *{(client, s) for client in ("run", "test") for s in services},
     }
@@ -234,11 +264,14 @@ def test_every_pod_is_selected_and_the_sandbox_sends_nothing(case):
     _, objs = case
     policies = of_kind(objs, "NetworkPolicy")
     for obj in pods(objs):
-        assert any(selects(p["spec"]["podSelector"], pod_labels(obj)) for p in policies), obj["metadata"]["name"]
+        assert any(selects(p["spec"]["podSelector"], pod_labels(obj)) for p in policies), obj[
+            "metadata"
+        ]["name"]
     egress = [p for p in policies if "Egress" in p["spec"]["policyTypes"]]
     assert [who(p["spec"]["podSelector"]["matchLabels"]) for p in egress] == ["sandbox"]
-    assert egress[0]["spec"]["egress"] == []   # no rule: nothing may leave, not even DNS
-    # the release's selectors name the chart too: a parent chart's other pods share the instance label
+    assert egress[0]["spec"]["egress"] == []  # no rule: nothing may leave, not even DNS
+    # the release's selectors name the chart too: a parent chart's other pods share the instance
+    # label
     for p in policies:
         assert p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == RELEASE
         assert p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "atgrpo"
@@ -246,16 +279,24 @@ def test_every_pod_is_selected_and_the_sandbox_sends_nothing(case):
 
 def _peers(objs, name: str, port: str) -> list[dict]:
     [policy] = [p for p in of_kind(objs, "NetworkPolicy") if p["metadata"]["name"] == name]
-    return [peer for rule in policy["spec"]["ingress"] if {"port": port, "protocol": "TCP"} in rule["ports"]
-            for peer in rule.get("from", [{}])]
+    return [
+        peer
+        for rule in policy["spec"]["ingress"]
+        if {"port": port, "protocol": "TCP"} in rule["ports"]
+        for peer in rule.get("from", [{}])
+    ]
 
 
 def test_metrics_and_extra_grpc_sources_are_configurable(helm, tmp_path):
-    prometheus = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
-                  "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+    prometheus = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+    }
     laptop = {"ipBlock": {"cidr": "10.1.2.3/32"}}
     path = tmp_path / "values.yaml"
-    path.write_text(yaml.safe_dump({"networkPolicy": {"metricsFrom": [prometheus], "grpcFrom": [laptop]}}))
+    path.write_text(
+        yaml.safe_dump({"networkPolicy": {"metricsFrom": [prometheus], "grpcFrom": [laptop]}})
+    )
     objs = template("-f", str(path))
     for name in ("router", "env", "sandbox", "rollout-main", "trainer-main"):
         assert _peers(objs, f"{RELEASE}-atgrpo-{name}", "metrics") == [prometheus]
@@ -267,17 +308,28 @@ def test_no_callers_means_no_grpc_rule_not_an_open_one(helm):
     then has no rule at all (a rule without `from` would admit everyone)."""
     objs = template("--set", "run.enabled=false", "--set", "tests.enabled=false")
     assert _peers(objs, f"{RELEASE}-atgrpo-router", "grpc") == []
-    assert ("router" not in {d for s, d, p in allowed_edges(objs) if p == "grpc"})
+    assert "router" not in {d for s, d, p in allowed_edges(objs) if p == "grpc"}
 
 
-@pytest.mark.parametrize("values, names", [
-    ({"networkPolicy": {"enabled": False}}, {"sandbox"}),
-    ({"networkPolicy": {"enabled": False}, "sandbox": {"networkPolicy": {"enabled": False}}}, set()),
-    ({"sandbox": {"networkPolicy": {"enabled": False}}},
-     {"default-deny", "router", "env", "rollout-main", "trainer-main"}),
-])
+@pytest.mark.parametrize(
+    "values, names",
+    [
+        ({"networkPolicy": {"enabled": False}}, {"sandbox"}),
+        (
+            {"networkPolicy": {"enabled": False}, "sandbox": {"networkPolicy": {"enabled": False}}},
+            set(),
+        ),
+        (
+            {"sandbox": {"networkPolicy": {"enabled": False}}},
+            {"default-deny", "router", "env", "rollout-main", "trainer-main"},
+        ),
+    ],
+)
 def test_switches(helm, tmp_path, values, names):
     path = tmp_path / "values.yaml"
     path.write_text(yaml.safe_dump(values))
-    got = {p["metadata"]["name"].removeprefix(f"{RELEASE}-atgrpo-") for p in of_kind(template("-f", str(path)), "NetworkPolicy")}
+    got = {
+        p["metadata"]["name"].removeprefix(f"{RELEASE}-atgrpo-")
+        for p in of_kind(template("-f", str(path)), "NetworkPolicy")
+    }
     assert got == names

@@ -22,7 +22,9 @@ FULLNAME = "rl-atgrpo"
 
 
 def flags(objs, pool: str) -> dict[str, str]:
-    args = pod_spec(named(objs, "StatefulSet", f"{FULLNAME}-rollout-{pool}"))["containers"][0]["args"]
+    args = pod_spec(named(objs, "StatefulSet", f"{FULLNAME}-rollout-{pool}"))["containers"][0][
+        "args"
+    ]
     return dict(a[2:].split("=", 1) for a in args if a.startswith("--") and "=" in a)
 
 
@@ -40,8 +42,14 @@ def test_every_ci_case_starts_vllm_with_its_agents_context_and_its_gpus(case):
         got = flags(objs, name)
         want = pool["rollout"]["maxModelLen"] or cfg.context_tokens(name)
         assert int(got["max-model-len"]) == want >= cfg.context_tokens(name)
-        assert int(got["tensor-parallel-size"]) == pool["rollout"]["gpus"] == cfg.pools[name].rollout_gpus
-        res = pod_spec(named(objs, "StatefulSet", f"{FULLNAME}-rollout-{name}"))["containers"][0]["resources"]
+        assert (
+            int(got["tensor-parallel-size"])
+            == pool["rollout"]["gpus"]
+            == cfg.pools[name].rollout_gpus
+        )
+        res = pod_spec(named(objs, "StatefulSet", f"{FULLNAME}-rollout-{name}"))["containers"][0][
+            "resources"
+        ]
         assert int(res["limits"]["nvidia.com/gpu"]) == pool["rollout"]["gpus"]
         share = pool["rollout"]["gpuMemoryUtilization"]
         assert cfg.pools[name].rollout_gpu_memory_utilization == share
@@ -56,7 +64,16 @@ def test_the_l3_case_has_a_tensor_parallel_replica():
 def test_a_code_config_gets_6144_tokens(tmp_path):
     """The code examples' sampling: prompts of 4096 and responses of 2048."""
     sampling = {"max_prompt_tokens": 4096, "max_tokens": 2048}
-    values = {"run": {"config": {"agents": {"tool": {"train_sampling": sampling}, "plan": {"eval_sampling": sampling}}}}}
+    values = {
+        "run": {
+            "config": {
+                "agents": {
+                    "tool": {"train_sampling": sampling},
+                    "plan": {"eval_sampling": sampling},
+                }
+            }
+        }
+    }
     path = tmp_path / "values.yaml"
     path.write_text(yaml.safe_dump(values))
     assert flags(template("-f", str(path)), "main")["max-model-len"] == "6144"
@@ -69,8 +86,10 @@ def test_a_max_model_len_below_the_need_is_refused(tmp_path):
     try:
         template("-f", str(path))
     except HelmError as err:
-        assert ("pools.main.rollout.maxModelLen: 2000 is below the 2304 tokens this pool's agents need (their longest "
-                "max_prompt_tokens + max_tokens in run.config.agents), so vLLM would refuse their longest requests. "
-                "Remove maxModelLen (the chart then uses 2304)") in str(err)
+        assert (
+            "pools.main.rollout.maxModelLen: 2000 is below the 2304 tokens this pool's agents need "
+            "(their longest max_prompt_tokens + max_tokens in run.config.agents), so vLLM would "
+            "refuse their longest requests. Remove maxModelLen (the chart then uses 2304)"
+        ) in str(err)
     else:
         raise AssertionError("a maxModelLen below the agents' need rendered")

@@ -37,8 +37,11 @@ def _mounted(spec: dict, container: dict, secrets: Path) -> dict[str, str]:
     """The container's ATGRPO_* environment, with each Secret's mount path replaced by a local
     folder holding what the pod would find there."""
     volumes = {v["name"]: v for v in spec["volumes"]}
-    where = {m["mountPath"]: secrets / volumes[m["name"]]["secret"]["secretName"]
-             for m in container["volumeMounts"] if "secret" in volumes.get(m["name"], {})}
+    where = {
+        m["mountPath"]: secrets / volumes[m["name"]]["secret"]["secretName"]
+        for m in container["volumeMounts"]
+        if "secret" in volumes.get(m["name"], {})
+    }
     env = {}
     for e in container["env"]:
         if e["name"].startswith("ATGRPO_") and "value" in e:
@@ -57,8 +60,14 @@ def secrets(tmp_path_factory) -> Path:
     pki = root / "pki"
     pki.mkdir()
     _ca(pki, "ca")
-    _leaf(pki, "pod", "ca", "atgrpo.internal", "subjectAltName=DNS:atgrpo.internal\n"
-          "extendedKeyUsage=serverAuth,clientAuth\nkeyUsage=critical,digitalSignature\n")
+    _leaf(
+        pki,
+        "pod",
+        "ca",
+        "atgrpo.internal",
+        "subjectAltName=DNS:atgrpo.internal\n"
+        "extendedKeyUsage=serverAuth,clientAuth\nkeyUsage=critical,digitalSignature\n",
+    )
     tls, token = root / "atgrpo-tls", root / "atgrpo-token"
     tls.mkdir()
     token.mkdir()
@@ -70,7 +79,9 @@ def secrets(tmp_path_factory) -> Path:
 
 
 def test_every_pod_gets_the_secrets_and_probes_the_plaintext_health_port(objs):
-    workloads = [o for kind in ("Deployment", "StatefulSet", "Job", "Pod") for o in of_kind(objs, kind)]
+    workloads = [
+        o for kind in ("Deployment", "StatefulSet", "Job", "Pod") for o in of_kind(objs, kind)
+    ]
     assert workloads
     for obj in workloads:
         spec = pod_spec(obj)
@@ -78,8 +89,16 @@ def test_every_pod_gets_the_secrets_and_probes_the_plaintext_health_port(objs):
         sandbox = component(obj) == "sandbox"
         for c in spec["containers"] + spec.get("initContainers", []):
             names = {e["name"] for e in c["env"]}
-            assert {"ATGRPO_TLS_CA", "ATGRPO_TLS_CERT", "ATGRPO_TLS_KEY", "ATGRPO_TLS_SERVER_NAME"} <= names
-            assert ("ATGRPO_AUTH_TOKEN_FILE" in names) != sandbox, (obj["metadata"]["name"], c["name"])
+            assert {
+                "ATGRPO_TLS_CA",
+                "ATGRPO_TLS_CERT",
+                "ATGRPO_TLS_KEY",
+                "ATGRPO_TLS_SERVER_NAME",
+            } <= names
+            assert ("ATGRPO_AUTH_TOKEN_FILE" in names) != sandbox, (
+                obj["metadata"]["name"],
+                c["name"],
+            )
             mounts = {m["mountPath"] for m in c["volumeMounts"]}
             assert "/etc/atgrpo/tls" in mounts and ("/etc/atgrpo/token" in mounts) != sandbox
         for c in spec["containers"]:
@@ -91,12 +110,14 @@ def test_every_pod_gets_the_secrets_and_probes_the_plaintext_health_port(objs):
 
 
 def test_the_rendered_settings_secure_a_real_service(objs, secrets, tmp_path, monkeypatch):
-    sandbox = next(o for o in of_kind(objs, "Deployment") if o["metadata"]["name"].endswith("-sandbox"))
+    sandbox = next(
+        o for o in of_kind(objs, "Deployment") if o["metadata"]["name"].endswith("-sandbox")
+    )
     spec = pod_spec(sandbox)
     server_env = _mounted(spec, spec["containers"][0], secrets)
     job = of_kind(objs, "Job")[0]
     client_env = _mounted(pod_spec(job), pod_spec(job)["initContainers"][0], secrets)
-    with socket.socket() as s:   # a free port for the health-only server
+    with socket.socket() as s:  # a free port for the health-only server
         s.bind(("127.0.0.1", 0))
         health_port = s.getsockname()[1]
     svc = start_service("sandbox", tmp_path, ["--health-port", str(health_port)], server_env)
@@ -114,13 +135,17 @@ def test_the_rendered_settings_secure_a_real_service(objs, secrets, tmp_path, mo
         async with SandboxClient(svc.address) as client:
             assert (await client.execute("print(6 * 7)")).stdout == b"42\n"
         # Without a client certificate the same port refuses the handshake.
-        as_the_job({k: v for k, v in client_env.items() if k not in ("ATGRPO_TLS_CERT", "ATGRPO_TLS_KEY")})
+        as_the_job(
+            {k: v for k, v in client_env.items() if k not in ("ATGRPO_TLS_CERT", "ATGRPO_TLS_KEY")}
+        )
         async with SandboxClient(svc.address) as client:
             with pytest.raises(errors.Unavailable):
                 await client.execute("print(1)", timeout_s=3)
         # The probes' port: the health check alone, in plaintext.
         async with open_channel(f"127.0.0.1:{health_port}", security=ClientSecurity()) as channel:
-            resp = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            resp = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=5
+            )
             assert resp.status == health_pb2.HealthCheckResponse.SERVING
 
     try:
@@ -146,7 +171,11 @@ def _token_secrets(obj) -> set[str]:
     for c in spec["containers"] + spec.get("initContainers", []):
         env = {e["name"]: e.get("value") for e in c["env"]}
         if "ATGRPO_AUTH_TOKEN_FILE" in env:
-            [mount] = [m for m in c["volumeMounts"] if env["ATGRPO_AUTH_TOKEN_FILE"].startswith(m["mountPath"] + "/")]
+            [mount] = [
+                m
+                for m in c["volumeMounts"]
+                if env["ATGRPO_AUTH_TOKEN_FILE"].startswith(m["mountPath"] + "/")
+            ]
             found.add(volumes[mount["name"]])
         else:
             found.add(None)
@@ -163,7 +192,15 @@ def test_the_token_is_on_by_default(helm):
     for obj in _pods(objs):
         want = {None} if component(obj) == "sandbox" else {GENERATED}
         assert _token_secrets(obj) == want, obj["metadata"]["name"]
-    assert {component(o) for o in _pods(objs)} == {"router", "env", "sandbox", "rollout", "trainer", "run", "test"}
+    assert {component(o) for o in _pods(objs)} == {
+        "router",
+        "env",
+        "sandbox",
+        "rollout",
+        "trainer",
+        "run",
+        "test",
+    }
     # `helm template` cannot look the installed Secret up: each render draws a fresh token (an
     # upgrade reads it back instead; docs/deploy.md, Security)
     again = [o for o in of_kind(template(), "Secret") if o["metadata"]["name"] == GENERATED]
@@ -171,19 +208,26 @@ def test_the_token_is_on_by_default(helm):
     assert "helm.sh/resource-policy" not in secret["metadata"].get("annotations", {})
 
 
-@pytest.mark.parametrize("values, secret", [
-    (("--set", "security.tokenSecret=mine"), "mine"),
-    (("--set", "security.tokenSecret=mine", "--set", "security.generateToken=false"), "mine"),
-    (("--set", "security.generateToken=false"), None),
-])
+@pytest.mark.parametrize(
+    "values, secret",
+    [
+        (("--set", "security.tokenSecret=mine"), "mine"),
+        (("--set", "security.tokenSecret=mine", "--set", "security.generateToken=false"), "mine"),
+        (("--set", "security.generateToken=false"), None),
+    ],
+)
 def test_own_token_secret_or_none(helm, values, secret):
     objs = template(*values)
     assert not [o for o in of_kind(objs, "Secret") if o["metadata"]["name"] == GENERATED]
     for obj in _pods(objs):
-        assert _token_secrets(obj) == ({None} if component(obj) == "sandbox" else {secret}), obj["metadata"]["name"]
+        assert _token_secrets(obj) == ({None} if component(obj) == "sandbox" else {secret}), obj[
+            "metadata"
+        ]["name"]
 
 
-def _call(address: str, method: str, request, security: ClientSecurity, stream: bool) -> grpc.StatusCode:
+def _call(
+    address: str, method: str, request, security: ClientSecurity, stream: bool
+) -> grpc.StatusCode:
     async def go():
         async with open_channel(address, security=security) as channel:
             try:
@@ -195,10 +239,13 @@ def _call(address: str, method: str, request, security: ClientSecurity, stream: 
             except grpc.aio.AioRpcError as err:
                 return err.code()
         return grpc.StatusCode.OK
+
     return asyncio.run(go())
 
 
-def test_a_default_install_refuses_unauthenticated_weights_training_and_runs(helm, tmp_path, tiny_model):
+def test_a_default_install_refuses_unauthenticated_weights_training_and_runs(
+    helm, tmp_path, tiny_model
+):
     """Real router, trainer and rollout processes with the environment a default install gives
     their pods (the generated Secret's token where the pod mounts it): LoadWeights, Train and
     StartRun without the token fail UNAUTHENTICATED; the run Job's environment gets past the door.
@@ -209,25 +256,49 @@ def test_a_default_install_refuses_unauthenticated_weights_training_and_runs(hel
     (secrets / GENERATED).mkdir(parents=True)
     (secrets / GENERATED / "token").write_bytes(base64.b64decode(secret["data"]["token"]))
     job = of_kind(objs, "Job")[0]
-    as_the_job = ClientSecurity.from_env(_mounted(pod_spec(job), pod_spec(job)["containers"][0], secrets))
+    as_the_job = ClientSecurity.from_env(
+        _mounted(pod_spec(job), pod_spec(job)["containers"][0], secrets)
+    )
     assert as_the_job.token
     calls = {
-        "router": ([], "/atgrpo.v1.RouterService/StartRun", router_pb2.StartRunRequest(config_yaml="run: {}"), False),
-        "trainer": (["--pool=main"], "/atgrpo.v1.TrainerService/Train",
-                    trainer_pb2.TrainRequest(header=trainer_pb2.TrainHeader(run_id="r", step=1, num_samples=0)), True),
-        "rollout": ([f"--pool=main={tiny_model}", "--engine=hf", "--device=cpu", "--dtype=float32"],
-                    "/atgrpo.v1.RolloutService/LoadWeights",
-                    rollout_pb2.WeightChunk(header=rollout_pb2.WeightHeader(pool="main", version=1)), True),
+        "router": (
+            [],
+            "/atgrpo.v1.RouterService/StartRun",
+            router_pb2.StartRunRequest(config_yaml="run: {}"),
+            False,
+        ),
+        "trainer": (
+            ["--pool=main"],
+            "/atgrpo.v1.TrainerService/Train",
+            trainer_pb2.TrainRequest(
+                header=trainer_pb2.TrainHeader(run_id="r", step=1, num_samples=0)
+            ),
+            True,
+        ),
+        "rollout": (
+            [f"--pool=main={tiny_model}", "--engine=hf", "--device=cpu", "--dtype=float32"],
+            "/atgrpo.v1.RolloutService/LoadWeights",
+            rollout_pb2.WeightChunk(header=rollout_pb2.WeightHeader(pool="main", version=1)),
+            True,
+        ),
     }
     for kind, (args, method, request, stream) in calls.items():
-        [obj] = [o for o in objs if o["kind"] in ("Deployment", "StatefulSet") and component(o) == kind]
+        [obj] = [
+            o for o in objs if o["kind"] in ("Deployment", "StatefulSet") and component(o) == kind
+        ]
         spec = pod_spec(obj)
         env = _mounted(spec, spec["containers"][0], secrets)
         assert env["ATGRPO_AUTH_TOKEN_FILE"] == str(secrets / GENERATED / "token")
         svc = start_service(kind, tmp_path, args, env)
         try:
-            assert _call(svc.address, method, request, ClientSecurity(), stream) == grpc.StatusCode.UNAUTHENTICATED
+            assert (
+                _call(svc.address, method, request, ClientSecurity(), stream)
+                == grpc.StatusCode.UNAUTHENTICATED
+            )
             assert _call(svc.address, method, request, as_the_job, stream) not in (
-                grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.OK), kind
+                grpc.StatusCode.UNAUTHENTICATED,
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.StatusCode.OK,
+            ), kind
         finally:
             svc.stop()

@@ -17,22 +17,26 @@ def _padded_batch(vocab: int):
     ids = torch.zeros((3, width), dtype=torch.long)
     mask = torch.zeros((3, width), dtype=torch.long)
     for i, n in enumerate(lengths):
-        ids[i, width - n:] = torch.randint(3, vocab, (n,), generator=g)
-        mask[i, width - n:] = 1
+        ids[i, width - n :] = torch.randint(3, vocab, (n,), generator=g)
+        mask[i, width - n :] = 1
     return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
 
 def _logits_and_grads(model, ids, mask, pos):
     model.zero_grad(set_to_none=True)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
-    (logits * mask[..., None]).square().sum().backward()     # padding's rows left out
-    return logits.detach() * mask[..., None], {n: p.grad.clone() for n, p in model.named_parameters()}
+    (logits * mask[..., None]).square().sum().backward()  # padding's rows left out
+    return logits.detach() * mask[..., None], {
+        n: p.grad.clone() for n, p in model.named_parameters()
+    }
 
 
 def test_a_padded_batch_gives_the_same_logits_and_gradients_as_transformers_sdpa(tiny_model):
     stock = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     ours = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-    assert stock.config.num_key_value_heads < stock.config.num_attention_heads     # GQA, or nothing is tested
+    assert (
+        stock.config.num_key_value_heads < stock.config.num_attention_heads
+    )  # GQA, or nothing is tested
     assert use_gqa_sdpa(ours) and ours.config._attn_implementation == NAME
     assert stock.config._attn_implementation == "sdpa"
     ids, mask, pos = _padded_batch(stock.config.vocab_size)
@@ -45,7 +49,9 @@ def test_a_padded_batch_gives_the_same_logits_and_gradients_as_transformers_sdpa
 
 
 def test_other_attention_implementations_are_left_as_they_are(tiny_model):
-    eager = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32, attn_implementation="eager")
+    eager = AutoModelForCausalLM.from_pretrained(
+        tiny_model, dtype=torch.float32, attn_implementation="eager"
+    )
     assert use_gqa_sdpa(eager) is False
     assert eager.config._attn_implementation == "eager"
 
@@ -58,6 +64,10 @@ def test_the_hf_engine_decodes_padded_prompts_as_transformers_sdpa_does(tiny_mod
     ours = engine.generate(prompts, [2, 1, 2], greedy)
     engine.model.set_attn_implementation("sdpa")
     stock = engine.generate(prompts, [2, 1, 2], greedy)
-    for mine, theirs in zip((c for per in ours for c in per), (c for per in stock for c in per), strict=True):
+    for mine, theirs in zip(
+        (c for per in ours for c in per), (c for per in stock for c in per), strict=True
+    ):
         assert mine.token_ids == theirs.token_ids
-        torch.testing.assert_close(torch.tensor(mine.logprobs), torch.tensor(theirs.logprobs), rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            torch.tensor(mine.logprobs), torch.tensor(theirs.logprobs), rtol=0, atol=1e-5
+        )

@@ -20,9 +20,11 @@ RULES_TEST = Path(__file__).resolve().parent / "rules_test.yaml"
 def require(binary: str) -> str:
     path = shutil.which(binary)
     if path is None:
-        pytest.fail(f"{binary} is not installed: run `make install` (scripts/install_system_packages.sh "
-                    "installs Debian's prometheus package, which brings prometheus and promtool)",
-                    pytrace=False)
+        pytest.fail(
+            f"{binary} is not installed: run `make install` (scripts/install_system_packages.sh "
+            "installs Debian's prometheus package, which brings prometheus and promtool)",
+            pytrace=False,
+        )
     return path
 
 

@@ -17,8 +17,8 @@ def records(path: Path):
     data = path.read_bytes()
     at = 0
     while at + 12 <= len(data):
-        (n,) = struct.unpack("<Q", data[at:at + 8])
-        yield data[at + 12:at + 12 + n]
+        (n,) = struct.unpack("<Q", data[at : at + 8])
+        yield data[at + 12 : at + 12 + n]
         at += 12 + n + 4
 
 

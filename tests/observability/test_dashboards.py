@@ -34,7 +34,7 @@ def test_dashboard_structure(path):
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids)), "panel ids must be unique"
     variables = {v["name"]: v for v in board["templating"]["list"]}
-    assert variables["datasource"]["type"] == "datasource"      # works with any Prometheus data source
+    assert variables["datasource"]["type"] == "datasource"  # works with any Prometheus data source
     for panel in board["panels"]:
         pos = panel["gridPos"]
         assert 0 <= pos["x"] and pos["x"] + pos["w"] <= 24, panel["title"]
@@ -56,20 +56,35 @@ def test_dashboard_queries_name_exported_metrics(path):
     for title, expr in targets(json.loads(path.read_text())):
         names = metric_names(expr)
         assert names, f"{title}: no metric in {expr!r}"
-        assert names <= known, f"{path.name}, panel {title!r}: {sorted(names - known)} not exported by atgrpo"
+        assert names <= known, (
+            f"{path.name}, panel {title!r}: {sorted(names - known)} not exported by atgrpo"
+        )
 
 
 def test_the_dashboards_cover_the_metrics():
     """Every atgrpo family appears on a dashboard (the process_* / python_* defaults need not)."""
-    used = {n for p in DASHBOARDS for _, e in targets(json.loads(p.read_text())) for n in metric_names(e)}
-    missing = [name for name, kind in exported_families().items()
-               if name.startswith("atgrpo_") and not series_names(name, kind) & used]
+    used = {
+        n
+        for p in DASHBOARDS
+        for _, e in targets(json.loads(p.read_text()))
+        for n in metric_names(e)
+    }
+    missing = [
+        name
+        for name, kind in exported_families().items()
+        if name.startswith("atgrpo_") and not series_names(name, kind) & used
+    ]
     assert not missing, f"metrics on no dashboard: {missing}"
     assert OTHER_SERIES.keys() <= used
 
 
 def test_metric_names_reads_promql():
-    expr = ('histogram_quantile(0.95, sum by (le, pool) (rate(a_bucket{pool=~"$pool", x="b_c"}[$__rate_interval])))'
-            ' / on (pool) group_left sum without (le) (b_total offset 5m) * 1e3 > bool 2 or vector(0)')
+    expr = (
+        'histogram_quantile(0.95, sum by (le, pool) (rate(a_bucket{pool=~"$pool", '
+        'x="b_c"}[$__rate_interval])))'
+        " / on (pool) group_left sum without (le) (b_total offset 5m) * 1e3 > bool 2 or vector(0)"
+    )
     assert metric_names(expr) == {"a_bucket", "b_total"}
-    assert metric_names("time() - max by (run) (last_ts{run=~\"$run\"}) > 1800 and on (run) (s == 1)") == {"last_ts", "s"}
+    assert metric_names(
+        'time() - max by (run) (last_ts{run=~"$run"}) > 1800 and on (run) (s == 1)'
+    ) == {"last_ts", "s"}

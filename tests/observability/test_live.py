@@ -37,9 +37,14 @@ STEPS, TASKS, K, MAX_TURNS, MAX_TOKENS = 3, 4, 4, 2, 4
 AGENTS = ("speaker", "listener")
 # Dashboard series the toy run cannot produce: the toy env runs no code in the sandbox, the
 # sandbox runs isolated, and the rollout runs the hf engine on CPU (no KV-cache share, no GPU).
-NOT_IN_A_TOY_RUN = {"atgrpo_sandbox_exec_seconds_bucket", "atgrpo_sandbox_exec_seconds_count",
-                    "atgrpo_sandbox_isolation_disabled", "atgrpo_rollout_kv_cache_usage_ratio",
-                    "atgrpo_gpu_memory_allocated_bytes", "atgrpo_gpu_memory_reserved_bytes"}
+NOT_IN_A_TOY_RUN = {
+    "atgrpo_sandbox_exec_seconds_bucket",
+    "atgrpo_sandbox_exec_seconds_count",
+    "atgrpo_sandbox_isolation_disabled",
+    "atgrpo_rollout_kv_cache_usage_ratio",
+    "atgrpo_gpu_memory_allocated_bytes",
+    "atgrpo_gpu_memory_reserved_bytes",
+}
 # What Grafana substitutes into the queries ("All" for the variables).
 GRAFANA_VARS = {"$__rate_interval": "1m", "$run": ".*", "$agent": ".*", "$pool": ".*"}
 
@@ -48,13 +53,33 @@ def toy_config(run_dir: Path, model: str) -> dict:
     """L1: one pool plays both roles; an evaluation before the first step and after the last."""
     sampling = {"temperature": 1.0, "max_tokens": MAX_TOKENS}
     return {
-        "run": {"name": RUN, "seed": 0, "steps": STEPS, "tasks_per_step": TASKS, "eval_every_steps": STEPS,
-                "eval_tasks": 4, "checkpoint_every_steps": 0, "run_dir": str(run_dir)},
+        "run": {
+            "name": RUN,
+            "seed": 0,
+            "steps": STEPS,
+            "tasks_per_step": TASKS,
+            "eval_every_steps": STEPS,
+            "eval_tasks": 4,
+            "checkpoint_every_steps": 0,
+            "run_dir": str(run_dir),
+        },
         "env": {"name": "toy", "turn_order": list(AGENTS), "max_turns": MAX_TURNS},
-        "pools": {"a": {"model_path": model, "device": "cpu", "dtype": "float32",
-                        "optim": {"lr": 5e-4, "warmup_steps": 0}}},
-        "agents": {a: {"pool": "a", "train_sampling": sampling, "eval_sampling": {"max_tokens": MAX_TOKENS}}
-                   for a in AGENTS},
+        "pools": {
+            "a": {
+                "model_path": model,
+                "device": "cpu",
+                "dtype": "float32",
+                "optim": {"lr": 5e-4, "warmup_steps": 0},
+            }
+        },
+        "agents": {
+            a: {
+                "pool": "a",
+                "train_sampling": sampling,
+                "eval_sampling": {"max_tokens": MAX_TOKENS},
+            }
+            for a in AGENTS
+        },
         # kl_coef > 0 so the reference is scored and its gauge (a dashboard panel) exported.
         "algorithm": {"k": K, "mini_batch_size": 64, "kl_coef": 0.01},
     }
@@ -79,17 +104,34 @@ def _free_port() -> int:
 class Prometheus:
     """A real Prometheus on loopback scraping `services` every second, with `rule_files` loaded."""
 
-    def __init__(self, binary: str, workdir: Path, services: list[launcher.LocalService], rule_files: list[Path]):
+    def __init__(
+        self,
+        binary: str,
+        workdir: Path,
+        services: list[launcher.LocalService],
+        rule_files: list[Path],
+    ):
         workdir.mkdir(parents=True, exist_ok=True)
         self.binary, self.workdir = binary, workdir
         jobs: dict[str, list[str]] = {}
         for s in services:
             jobs.setdefault(s.kind, []).append(s.metrics_address)
         # `component` as the chart's relabeling sets it, so the rules and dashboards apply as is.
-        config = {"global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-                  "rule_files": [str(p) for p in rule_files],
-                  "scrape_configs": [{"job_name": f"atgrpo-{kind}", "static_configs": [
-                      {"targets": targets, "labels": {"component": kind}}]} for kind, targets in jobs.items()]}
+        config = {
+            "global": {
+                "scrape_interval": "1s",
+                "scrape_timeout": "1s",
+                "evaluation_interval": "1s",
+            },
+            "rule_files": [str(p) for p in rule_files],
+            "scrape_configs": [
+                {
+                    "job_name": f"atgrpo-{kind}",
+                    "static_configs": [{"targets": targets, "labels": {"component": kind}}],
+                }
+                for kind, targets in jobs.items()
+            ],
+        }
         self.config = workdir / "prometheus.yml"
         self.config.write_text(yaml.safe_dump(config))
         self.log = workdir / "prometheus.log"
@@ -97,14 +139,21 @@ class Prometheus:
         self.url = ""
 
     def __enter__(self) -> Prometheus:
-        for _ in range(3):                      # a port taken between picking and binding: pick again
+        for _ in range(3):  # a port taken between picking and binding: pick again
             port = _free_port()
             self.url = f"http://127.0.0.1:{port}"
             with self.log.open("w") as log:
                 self.proc = subprocess.Popen(
-                    [self.binary, f"--config.file={self.config}", f"--storage.tsdb.path={self.workdir / 'data'}",
-                     f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                    stdout=log, stderr=subprocess.STDOUT)
+                    [
+                        self.binary,
+                        f"--config.file={self.config}",
+                        f"--storage.tsdb.path={self.workdir / 'data'}",
+                        f"--web.listen-address=127.0.0.1:{port}",
+                        "--log.level=warn",
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and self.proc.poll() is None:
                 try:
@@ -138,12 +187,20 @@ class Prometheus:
     def query(self, expr: str) -> list[dict]:
         data = self.api("query", query=expr)
         assert data["resultType"] in ("vector", "scalar"), data
-        return data["result"] if data["resultType"] == "vector" else [{"metric": {}, "value": data["result"]}]
+        return (
+            data["result"]
+            if data["resultType"] == "vector"
+            else [{"metric": {}, "value": data["result"]}]
+        )
 
     def values(self, expr: str) -> dict[tuple, float]:
         """{sorted labels (without the name): value}"""
-        return {tuple(sorted((k, v) for k, v in r["metric"].items() if k != "__name__")): float(r["value"][1])
-                for r in self.query(expr)}
+        return {
+            tuple(sorted((k, v) for k, v in r["metric"].items() if k != "__name__")): float(
+                r["value"][1]
+            )
+            for r in self.query(expr)
+        }
 
     def value(self, expr: str) -> float:
         got = self.values(expr)
@@ -171,7 +228,9 @@ def scraped(prometheus, tiny_model, tmp_path_factory):
         services = launcher.read_state(tmp / "run" / "services")
         with Prometheus(prometheus, tmp / "prometheus", services, RULE_FILES) as prom:
             assert len(services) == 5
-            prom.wait_for('count(up{component=~"router|env|sandbox|rollout|trainer"} == 1)', len(services))
+            prom.wait_for(
+                'count(up{component=~"router|env|sandbox|rollout|trainer"} == 1)', len(services)
+            )
             started = time.time()
             reporter = Quiet()
             final = asyncio.run(drive(running, reporter))
@@ -179,7 +238,8 @@ def scraped(prometheus, tiny_model, tmp_path_factory):
             # The final values: every service scraped once more after the run ended (a sample's
             # timestamp is its scrape's start).
             prom.wait_for(f"min(timestamp(up)) > {time.time():.3f}")
-            # The run lasts seconds: let the newest series (born at step 1) have the samples rate() needs.
+            # The run lasts seconds: let the newest series (born at step 1) have the samples rate()
+            # needs.
             for newest in ("atgrpo_router_steps_total", "atgrpo_trainer_updates_total"):
                 prom.wait_for(f"count_over_time({newest}[1m]) >= 3")
             yield prom, services, started
@@ -204,38 +264,52 @@ def test_router_series(scraped):
     assert prom.value(f"atgrpo_router_steps_total{{{r}}}") == STEPS
     assert started <= prom.value(f"atgrpo_router_last_step_timestamp_seconds{{{r}}}") <= time.time()
     assert prom.value(f"atgrpo_router_step_seconds_count{{{r}}}") == STEPS
-    phases = {dict(k)["phase"]: v for k, v in prom.values(f"atgrpo_router_step_phase_seconds_sum{{{r}}}").items()}
+    phases = {
+        dict(k)["phase"]: v
+        for k, v in prom.values(f"atgrpo_router_step_phase_seconds_sum{{{r}}}").items()
+    }
     assert set(phases) == {"rollout", "train", "weight_sync"}
     assert all(v > 0 for v in phases.values()), phases
     assert sum(phases.values()) <= prom.value(f"atgrpo_router_step_seconds_sum{{{r}}}")
-    current = prom.values(f"atgrpo_router_run_state{{{r}}} == 1")            # exactly one state
+    current = prom.values(f"atgrpo_router_run_state{{{r}}} == 1")  # exactly one state
     assert [dict(k)["state"] for k in current] == ["finished"]
 
     for split in ("train", "eval"):
         rewards = per_agent(prom, f'atgrpo_router_reward_mean{{{r}, split="{split}"}}')
         assert set(rewards) == set(AGENTS)
-        top = 1.2 if split == "train" else 1.2 * MAX_TURNS       # a step pays at most 1.1; eval sums turns
+        top = (
+            1.2 if split == "train" else 1.2 * MAX_TURNS
+        )  # a step pays at most 1.1; eval sums turns
         assert all(0 <= v <= top for v in rewards.values()), rewards
         success = per_agent(prom, f'atgrpo_router_success_ratio{{{r}, split="{split}"}}')
         assert set(success) == set(AGENTS) and all(0 <= v <= 1 for v in success.values())
         turns = per_agent(prom, f'atgrpo_router_turns_mean{{{r}, split="{split}"}}')
         assert all(1 <= v <= MAX_TURNS for v in turns.values()), turns
-    episodes = {dict(k)["split"]: v for k, v in prom.values(f"atgrpo_router_episodes_total{{{r}}}").items()}
-    assert episodes == {"train": STEPS * TASKS, "eval": 2 * 4}     # two evaluations of 4 tasks
+    episodes = {
+        dict(k)["split"]: v for k, v in prom.values(f"atgrpo_router_episodes_total{{{r}}}").items()
+    }
+    assert episodes == {"train": STEPS * TASKS, "eval": 2 * 4}  # two evaluations of 4 tasks
     assert set(prom.values(f"atgrpo_router_failed_episodes_total{{{r}}}").values()) == {0}
 
     samples = per_agent(prom, f"atgrpo_router_samples_total{{{r}}}")
     assert set(samples) == set(AGENTS)
     # K samples per agent, turn and task
-    assert all(STEPS * TASKS * K <= n <= STEPS * TASKS * K * MAX_TURNS for n in samples.values()), samples
+    assert all(STEPS * TASKS * K <= n <= STEPS * TASKS * K * MAX_TURNS for n in samples.values()), (
+        samples
+    )
     assert set(per_agent(prom, f"atgrpo_router_group_size_mean{{{r}}}").values()) == {K}
     groups = per_agent(prom, f"atgrpo_router_groups{{{r}}}")
     assert all(TASKS <= g <= TASKS * MAX_TURNS for g in groups.values()), groups
-    assert all(0 <= v <= 1 for v in per_agent(prom, f"atgrpo_router_zero_variance_ratio{{{r}}}").values())
-    assert all(abs(v) < 1e-3 for v in per_agent(prom, f"atgrpo_router_advantage_mean{{{r}}}").values())
+    assert all(
+        0 <= v <= 1 for v in per_agent(prom, f"atgrpo_router_zero_variance_ratio{{{r}}}").values()
+    )
+    assert all(
+        abs(v) < 1e-3 for v in per_agent(prom, f"atgrpo_router_advantage_mean{{{r}}}").values()
+    )
     assert all(v >= 0 for v in per_agent(prom, f"atgrpo_router_advantage_std{{{r}}}").values())
-    assert prom.value(f"atgrpo_router_dropped_samples_total{{{r}}}") == 0      # no filter configured
-    # synchronous: nothing too stale, every sample on-policy (the series exists for the dashboard at 0)
+    assert prom.value(f"atgrpo_router_dropped_samples_total{{{r}}}") == 0  # no filter configured
+    # synchronous: nothing too stale, every sample on-policy (the series exists for the dashboard at
+    # 0)
     assert prom.value(f'atgrpo_router_stale_samples_dropped_total{{{r}, pool="a"}}') == 0
 
 
@@ -247,10 +321,12 @@ def test_trainer_series(scraped):
     assert prom.value(f"atgrpo_trainer_update_seconds_count{{{p}}}") == STEPS
     for name in ("loss", "approx_kl", "grad_norm", "entropy_nats"):
         assert math.isfinite(prom.value(f"atgrpo_trainer_{name}{{{p}}}")), name
-    assert prom.value(f"atgrpo_trainer_grad_norm{{{p}}}") >= 0      # 0 when every group had equal rewards
+    assert (
+        prom.value(f"atgrpo_trainer_grad_norm{{{p}}}") >= 0
+    )  # 0 when every group had equal rewards
     assert prom.value(f"atgrpo_trainer_entropy_nats{{{p}}}") > 0
-    assert prom.value(f"atgrpo_trainer_kl_ref{{{p}}}") >= 0             # kl_coef 0.01: scored each update
-    assert prom.value(f"atgrpo_trainer_staleness_max{{{p}}}") == 0       # synchronous: on-policy only
+    assert prom.value(f"atgrpo_trainer_kl_ref{{{p}}}") >= 0  # kl_coef 0.01: scored each update
+    assert prom.value(f"atgrpo_trainer_staleness_max{{{p}}}") == 0  # synchronous: on-policy only
     assert 0 <= prom.value(f"atgrpo_trainer_clip_ratio{{{p}}}") <= 1
     # one push to the one replica per update, every byte acknowledged, none failed
     assert prom.value(f"atgrpo_trainer_weight_push_seconds_count{{{p}}}") == STEPS
@@ -261,7 +337,13 @@ def test_trainer_series(scraped):
     assert per_agent(prom, f"atgrpo_trainer_samples_total{{{p}}}") == router
     tokens = per_agent(prom, f"atgrpo_trainer_tokens_total{{{p}}}")
     assert all(router[a] <= tokens[a] <= router[a] * MAX_TOKENS for a in AGENTS), tokens
-    assert prom.value('atgrpo_rpc_handled_total{service="atgrpo.v1.TrainerService", method="Train", code="OK"}') == STEPS
+    assert (
+        prom.value(
+            'atgrpo_rpc_handled_total{service="atgrpo.v1.TrainerService", method="Train", '
+            'code="OK"}'
+        )
+        == STEPS
+    )
 
 
 def test_rollout_series(scraped):
@@ -269,25 +351,30 @@ def test_rollout_series(scraped):
     assert prom.value('atgrpo_rollout_policy_version{pool="a", adapter=""}') == STEPS
     completions = prom.value('atgrpo_rollout_completions_total{pool="a"}')
     trained = sum(per_agent(prom, f'atgrpo_router_samples_total{{run="{RUN}"}}').values())
-    assert completions >= trained                    # every training sample, plus the evaluations
+    assert completions >= trained  # every training sample, plus the evaluations
     tokens = prom.value('atgrpo_rollout_generated_tokens_total{pool="a"}')
     assert 0 < tokens <= completions * MAX_TOKENS
     assert prom.value('atgrpo_rollout_batch_rows_sum{pool="a"}') == completions
-    assert prom.value('atgrpo_rollout_generate_seconds_count{pool="a"}') == prom.value(
-        'atgrpo_rollout_batch_rows_count{pool="a"}') > 0
+    assert (
+        prom.value('atgrpo_rollout_generate_seconds_count{pool="a"}')
+        == prom.value('atgrpo_rollout_batch_rows_count{pool="a"}')
+        > 0
+    )
     # busy: every engine batch (and the weight loads besides), within the run's wall time
     busy = prom.value('atgrpo_rollout_busy_seconds_total{pool="a"}')
-    assert prom.value('atgrpo_rollout_generate_seconds_sum{pool="a"}') <= busy <= time.time() - started
+    assert (
+        prom.value('atgrpo_rollout_generate_seconds_sum{pool="a"}') <= busy <= time.time() - started
+    )
 
 
 def test_env_and_sandbox_series(scraped):
     prom, _, _ = scraped
     episodes = prom.value(f'sum(atgrpo_router_episodes_total{{run="{RUN}"}})')
-    assert prom.value('atgrpo_env_resets_total{env="toy"}') == episodes      # one Reset per episode
-    assert prom.value('atgrpo_env_live_episodes{env="toy"}') == 0              # every episode was closed
+    assert prom.value('atgrpo_env_resets_total{env="toy"}') == episodes  # one Reset per episode
+    assert prom.value('atgrpo_env_live_episodes{env="toy"}') == 0  # every episode was closed
     steps = prom.value('atgrpo_env_step_seconds_count{env="toy"}')
     completions = prom.value('atgrpo_rollout_completions_total{pool="a"}')
-    assert steps == completions                      # each completion is applied by one Step
+    assert steps == completions  # each completion is applied by one Step
     assert prom.value('atgrpo_env_fork_seconds_count{env="toy"}') > 0
     assert 0 < prom.value('atgrpo_env_step_seconds_sum{env="toy"}') < steps
     assert prom.value("atgrpo_sandbox_workers") >= 1
@@ -306,7 +393,7 @@ def test_every_dashboard_query_runs_and_shows_data(scraped):
                 expr = target["expr"]
                 for var, value in GRAFANA_VARS.items():
                     expr = expr.replace(var, value)
-                result = prom.query(expr)        # a PromQL error fails here, naming the query
+                result = prom.query(expr)  # a PromQL error fails here, naming the query
                 if not result and not metric_names(expr) <= NOT_IN_A_TOY_RUN:
                     empty.append(f"{path.name}: {panel['title']}: {expr}")
     assert not empty, "queries with no data after a training run:\n" + "\n".join(empty)
@@ -318,11 +405,16 @@ def test_rules_evaluate_and_a_healthy_run_fires_no_alert(scraped):
     while True:
         groups = prom.api("rules")["groups"]
         rules = [r for g in groups for r in g["rules"]]
-        if all(r.get("lastEvaluation", "").startswith("20") for r in rules) or time.monotonic() > deadline:
+        if (
+            all(r.get("lastEvaluation", "").startswith("20") for r in rules)
+            or time.monotonic() > deadline
+        ):
             break
         time.sleep(0.25)
     assert {g["file"] for g in groups} == {str(p) for p in RULE_FILES}
-    assert rules and all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules]
+    assert rules and all(r["health"] == "ok" for r in rules), [
+        (r["name"], r.get("lastError")) for r in rules
+    ]
     firing = [a for a in prom.api("alerts")["alerts"] if a["state"] == "firing"]
     assert not firing, firing
 
@@ -332,5 +424,11 @@ def test_promtool_accepts_every_exposition(scraped, promtool):
     for s in services:
         with urllib.request.urlopen(f"http://{s.metrics_address}/metrics", timeout=10) as r:
             text = r.read()
-        out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, timeout=30)
-        assert out.returncode == 0 and not out.stdout.strip(), (s.name, out.stdout.decode(), out.stderr.decode())
+        out = subprocess.run(
+            [promtool, "check", "metrics"], input=text, capture_output=True, timeout=30
+        )
+        assert out.returncode == 0 and not out.stdout.strip(), (
+            s.name,
+            out.stdout.decode(),
+            out.stderr.decode(),
+        )

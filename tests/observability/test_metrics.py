@@ -21,33 +21,68 @@ def test_run_state_has_one_current_state_and_running_restarts_the_clock(monkeypa
     monkeypatch.setattr(router_metrics.time, "time", lambda: 1000.0)
     router_metrics.observe_state("unit-run", "running")
     assert sample("atgrpo_router_last_step_timestamp_seconds", run="unit-run") == 1000.0
-    router_metrics.observe_event("unit-run", {"kind": "step", "step": 1, "time": 1500.0, "success_rate": 0.5,
-                                              "episodes": 2, "failed_episodes": 0, "dropped_samples": 0,
-                                              "agents": {"a": {"reward_mean": 0.5, "success_rate": 0.5,
-                                                               "turns_mean": 1.0, "samples": 8, "groups": 0,
-                                                               "zero_variance_fraction": 0.0,
-                                                               "advantage_mean": 0.0, "advantage_std": 0.0}}})
+    router_metrics.observe_event(
+        "unit-run",
+        {
+            "kind": "step",
+            "step": 1,
+            "time": 1500.0,
+            "success_rate": 0.5,
+            "episodes": 2,
+            "failed_episodes": 0,
+            "dropped_samples": 0,
+            "agents": {
+                "a": {
+                    "reward_mean": 0.5,
+                    "success_rate": 0.5,
+                    "turns_mean": 1.0,
+                    "samples": 8,
+                    "groups": 0,
+                    "zero_variance_fraction": 0.0,
+                    "advantage_mean": 0.0,
+                    "advantage_std": 0.0,
+                }
+            },
+        },
+    )
     assert sample("atgrpo_router_last_step_timestamp_seconds", run="unit-run") == 1500.0
-    assert sample("atgrpo_router_group_size_mean", run="unit-run", agent="a") == 0.0   # no groups: no division
+    assert (
+        sample("atgrpo_router_group_size_mean", run="unit-run", agent="a") == 0.0
+    )  # no groups: no division
     router_metrics.observe_state("unit-run", "finished")
-    states = {s: sample("atgrpo_router_run_state", run="unit-run", state=s) for s in router_metrics.STATES}
+    states = {
+        s: sample("atgrpo_router_run_state", run="unit-run", state=s) for s in router_metrics.STATES
+    }
     assert states == {s: float(s == "finished") for s in router_metrics.STATES}
     monkeypatch.setattr(router_metrics.time, "time", lambda: 9000.0)
-    router_metrics.observe_state("unit-run", "running")        # resumed much later: not "stuck" at once
+    router_metrics.observe_state("unit-run", "running")  # resumed much later: not "stuck" at once
     assert sample("atgrpo_router_last_step_timestamp_seconds", run="unit-run") == 9000.0
 
 
 def test_stale_samples_dropped_and_staleness_max_per_pool():
     """Asynchronous training: a step's per-pool dropped_stale adds up, staleness_max is the last step's;
     a pool that reports no dropped_stale (a synchronous run) still has its counter, at 0."""
-    def step(n, pools):
-        return {"kind": "step", "step": n, "success_rate": 0.0, "episodes": 0, "failed_episodes": 0,
-                "dropped_samples": 0, "agents": {}, "pools": pools}
 
-    router_metrics.observe_event("stale-run", step(1, {"a": {"staleness_max": 2, "dropped_stale": 3},
-                                                       "b": {"staleness_max": 0}}))
-    router_metrics.observe_event("stale-run", step(2, {"a": {"staleness_max": 1, "dropped_stale": 4},
-                                                       "b": {"staleness_max": 0}}))
+    def step(n, pools):
+        return {
+            "kind": "step",
+            "step": n,
+            "success_rate": 0.0,
+            "episodes": 0,
+            "failed_episodes": 0,
+            "dropped_samples": 0,
+            "agents": {},
+            "pools": pools,
+        }
+
+    router_metrics.observe_event(
+        "stale-run",
+        step(1, {"a": {"staleness_max": 2, "dropped_stale": 3}, "b": {"staleness_max": 0}}),
+    )
+    router_metrics.observe_event(
+        "stale-run",
+        step(2, {"a": {"staleness_max": 1, "dropped_stale": 4}, "b": {"staleness_max": 0}}),
+    )
     assert sample("atgrpo_router_stale_samples_dropped_total", run="stale-run", pool="a") == 7
     assert sample("atgrpo_router_stale_samples_dropped_total", run="stale-run", pool="b") == 0
 
@@ -63,7 +98,7 @@ def test_live_episodes_follow_the_store():
     assert sample("atgrpo_env_live_episodes", env="unit-env") == 3
     store.remove([episodes[0].id])
     assert sample("atgrpo_env_live_episodes", env="unit-env") == 2
-    del store, episodes                                          # a dropped store counts no more
+    del store, episodes  # a dropped store counts no more
     assert sample("atgrpo_env_live_episodes", env="unit-env") == 0
 
 
@@ -72,13 +107,13 @@ def test_a_failed_weight_push_is_counted(monkeypatch):
     from atgrpo.errors import Unavailable
     from trainer_svc.trainer import Trainer
 
-    class Ops:                                                   # just what _push asks the pool for
+    class Ops:  # just what _push asks the pool for
         state = None
 
         def weights(self, agents):
             return [("", {}, None)]
 
-    class Unreachable:                                           # a replica that cannot be reached
+    class Unreachable:  # a replica that cannot be reached
         def __init__(self, address):
             self.address = address
 
@@ -94,12 +129,16 @@ def test_a_failed_weight_push_is_counted(monkeypatch):
     monkeypatch.setattr(trainer_svc.trainer, "RolloutClient", Unreachable)
     trainer = Trainer("p")
     trainer.ops = Ops()
-    state = SimpleNamespace(version=1, spec=SimpleNamespace(run_id="unit-run", pool="p",
-                                                            rollout_addresses=["replica-0:50051"]))
+    state = SimpleNamespace(
+        version=1,
+        spec=SimpleNamespace(run_id="unit-run", pool="p", rollout_addresses=["replica-0:50051"]),
+    )
     before = sample("atgrpo_trainer_weight_push_failures_total", run="unit-run", pool="p") or 0.0
     with pytest.raises(Unavailable):
         asyncio.run(trainer._push(state, []))
-    assert sample("atgrpo_trainer_weight_push_failures_total", run="unit-run", pool="p") == before + 1
+    assert (
+        sample("atgrpo_trainer_weight_push_failures_total", run="unit-run", pool="p") == before + 1
+    )
     assert not sample("atgrpo_trainer_weight_push_seconds_count", run="unit-run", pool="p")
 
 
@@ -107,11 +146,14 @@ def test_an_update_observes_each_samples_staleness_and_the_busy_seconds():
     from trainer_svc import metrics as trainer_metrics
 
     labels = dict(run="unit-run", pool="stale")
-    trainer_metrics.observe_update("unit-run", "stale", 3, {"loss": 0.1}, {}, staleness=[0, 1, 1, 5, 20],
-                                   busy_seconds=2.5)
+    trainer_metrics.observe_update(
+        "unit-run", "stale", 3, {"loss": 0.1}, {}, staleness=[0, 1, 1, 5, 20], busy_seconds=2.5
+    )
     trainer_metrics.observe_update("unit-run", "stale", 4, {"loss": 0.1}, {}, busy_seconds=0.5)
-    buckets = {le: sample("atgrpo_trainer_sample_staleness_bucket", le=le, **labels)
-               for le in ("0.0", "1.0", "4.0", "8.0", "16.0", "+Inf")}
+    buckets = {
+        le: sample("atgrpo_trainer_sample_staleness_bucket", le=le, **labels)
+        for le in ("0.0", "1.0", "4.0", "8.0", "16.0", "+Inf")
+    }
     assert buckets == {"0.0": 1, "1.0": 3, "4.0": 3, "8.0": 4, "16.0": 4, "+Inf": 5}
     assert sample("atgrpo_trainer_sample_staleness_sum", **labels) == 27
     assert sample("atgrpo_trainer_busy_seconds_total", **labels) == 3.0
@@ -125,8 +167,12 @@ def test_the_docs_list_exactly_the_metrics_the_code_defines():
 
     doc = (ROOT / "docs" / "observability.md").read_text()
     rows = dict(re.findall(r"^\| `(atgrpo_\w+)` \| (\w+) \|", doc, flags=re.M))
-    families = {name: kind for name, kind in exported_families().items() if name.startswith("atgrpo_")}
+    families = {
+        name: kind for name, kind in exported_families().items() if name.startswith("atgrpo_")
+    }
     # a counter's family name lacks the _total its series (and the docs) carry
-    defined = {name + ("_total" if kind == "counter" else ""): kind for name, kind in families.items()}
+    defined = {
+        name + ("_total" if kind == "counter" else ""): kind for name, kind in families.items()
+    }
     defined |= {n: "gauge" for n in OTHER_SERIES if n.startswith("atgrpo_")}
     assert rows == defined

@@ -12,7 +12,7 @@ class ScriptedEngine:
 
     def __init__(self, script):
         self.script = script
-        self.calls = []            # (agent, messages, n)
+        self.calls = []  # (agent, messages, n)
         self.in_flight = self.max_in_flight = 0
 
     async def generate(self, agent: AgentPlan, messages, n: int) -> Generation:
@@ -23,8 +23,11 @@ class ScriptedEngine:
         self.calls.append((agent.name, messages, n))
         self.in_flight -= 1
         prompt = [ord(c) for c in messages[-1]["content"]][:50]
-        return Generation(prompt, [Completion([ord(c) for c in t], [-0.5] * len(t), t, "stop") for t in texts],
-                          PolicyRef(agent.pool, agent.adapter, 7))
+        return Generation(
+            prompt,
+            [Completion([ord(c) for c in t], [-0.5] * len(t), t, "stop") for t in texts],
+            PolicyRef(agent.pool, agent.adapter, 7),
+        )
 
 
 class PickEnv(Environment):
@@ -35,8 +38,13 @@ class PickEnv(Environment):
 
     def __init__(self, options=None):
         super().__init__(options)
-        self.spec = EnvSpec("pick", ("a", "b"), ("a", "b"), max_turns=self.options.get("max_turns", 3),
-                            parallel=self.options.get("parallel", False))
+        self.spec = EnvSpec(
+            "pick",
+            ("a", "b"),
+            ("a", "b"),
+            max_turns=self.options.get("max_turns", 3),
+            parallel=self.options.get("parallel", False),
+        )
         self.kept = []
 
     def reset(self, task_id, seed, split):

@@ -42,7 +42,7 @@ class FlakyEngine:
 
     def __init__(self, engine, error=None, max_rows=0, bad=None):
         self.engine, self.error, self.max_rows, self.bad = engine, error, max_rows, bad
-        self.calls = []          # (ns, seed) of every generate
+        self.calls = []  # (ns, seed) of every generate
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
@@ -62,8 +62,10 @@ def engine(tiny_model):
 
 
 def prompts(engine, count):
-    return [engine.render([{"role": "user", "content": f"Question {i}: where is the goal?"}], 0)[0]
-            for i in range(count)]
+    return [
+        engine.render([{"role": "user", "content": f"Question {i}: where is the goal?"}], 0)[0]
+        for i in range(count)
+    ]
 
 
 def retries_metric(pool):
@@ -72,22 +74,48 @@ def retries_metric(pool):
 
 def run_pool(flaky, name, requests):
     """Generate `requests` ((prompt, n, sampling)) at once on a fresh pool: one batch."""
+
     async def go():
         pool = PoolRuntime(name, flaky)
-        outs = await asyncio.gather(*(pool.generate("", p, s, n) for p, n, s in requests), return_exceptions=True)
+        outs = await asyncio.gather(
+            *(pool.generate("", p, s, n) for p, n, s in requests), return_exceptions=True
+        )
         return pool, outs
+
     return asyncio.run(go())
 
 
 def test_the_rule_tells_the_three_kinds_apart():
-    assert classify(oom()) == classify(torch.cuda.OutOfMemoryError("x")) == classify(MemoryError()) == OUT_OF_MEMORY
+    assert (
+        classify(oom())
+        == classify(torch.cuda.OutOfMemoryError("x"))
+        == classify(MemoryError())
+        == OUT_OF_MEMORY
+    )
     assert classify(RuntimeError("CUDA error: out of memory")) == OUT_OF_MEMORY
-    assert classify(RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't "
-                                 "allocate memory: you tried to allocate 100000000000000 bytes.")) == OUT_OF_MEMORY
-    for err in (ValueError("x"), TypeError("x"), IndexError("x"), KeyError("planner"), NotImplementedError("x")):
+    assert (
+        classify(
+            RuntimeError(
+                "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't "
+                "allocate memory: you tried to allocate 100000000000000 bytes."
+            )
+        )
+        == OUT_OF_MEMORY
+    )
+    for err in (
+        ValueError("x"),
+        TypeError("x"),
+        IndexError("x"),
+        KeyError("planner"),
+        NotImplementedError("x"),
+    ):
         assert classify(err) == BAD_REQUEST
-    for err in (RuntimeError("CUDA error: an illegal memory access was encountered"), OSError("x"),
-                ZeroDivisionError("x"), Exception("EngineCore encountered an issue")):
+    for err in (
+        RuntimeError("CUDA error: an illegal memory access was encountered"),
+        OSError("x"),
+        ZeroDivisionError("x"),
+        Exception("EngineCore encountered an issue"),
+    ):
         assert classify(err) == ENGINE_FAILURE
 
     class EngineDead(Exception):
@@ -96,7 +124,11 @@ def test_the_rule_tells_the_three_kinds_apart():
     class Own:
         oom_errors = (EngineDead,)
         bad_request_errors = (LookupError,)
-    assert classify(EngineDead(), Own()) == OUT_OF_MEMORY and classify(LookupError(), Own()) == BAD_REQUEST
+
+    assert (
+        classify(EngineDead(), Own()) == OUT_OF_MEMORY
+        and classify(LookupError(), Own()) == BAD_REQUEST
+    )
 
 
 def test_a_batch_that_runs_out_of_memory_is_run_again_in_halves(engine):
@@ -111,7 +143,10 @@ def test_a_batch_that_runs_out_of_memory_is_run_again_in_halves(engine):
     for p, gen in zip(ps, outs, strict=True):
         assert gen.prompt_ids == p and gen.policy.version == 0 and len(gen.completions) == 1
         alone = engine.generate([p], [1], GREEDY)[0][0]
-        assert gen.completions[0].token_ids == alone.token_ids and gen.completions[0].logprobs == alone.logprobs
+        assert (
+            gen.completions[0].token_ids == alone.token_ids
+            and gen.completions[0].logprobs == alone.logprobs
+        )
 
 
 def test_one_request_is_split_into_shares_of_its_samples_each_with_its_own_seed(engine):
@@ -125,7 +160,12 @@ def test_one_request_is_split_into_shares_of_its_samples_each_with_its_own_seed(
     assert pool.oom_retries == 2 and len(gen.completions) == 3
     assert len({tuple(c.token_ids) for c in gen.completions}) == 3
     for seed, c in zip((7, 8, 9), gen.completions, strict=True):
-        assert c.token_ids == engine.generate([p], [1], Sampling(temperature=1.0, max_tokens=8, seed=seed))[0][0].token_ids
+        assert (
+            c.token_ids
+            == engine.generate([p], [1], Sampling(temperature=1.0, max_tokens=8, seed=seed))[0][
+                0
+            ].token_ids
+        )
 
 
 def test_a_single_sample_that_still_does_not_fit_is_resource_exhausted(engine):
@@ -138,8 +178,14 @@ def test_a_single_sample_that_still_does_not_fit_is_resource_exhausted(engine):
     assert pool.oom_retries == 3
     assert all(isinstance(e, errors.ResourceExhausted) and e.retryable for e in outs)
     assert outs[0] is not outs[1]
-    for what in ("out of memory", "Retryable", "max_tokens", "k (samples per prompt)", "max_prompt_tokens",
-                 f"{len(ps[0])}-token prompt"):
+    for what in (
+        "out of memory",
+        "Retryable",
+        "max_tokens",
+        "k (samples per prompt)",
+        "max_prompt_tokens",
+        f"{len(ps[0])}-token prompt",
+    ):
         assert what in outs[0].message
     assert errors.ResourceExhausted.code == grpc.StatusCode.RESOURCE_EXHAUSTED
 
@@ -150,18 +196,30 @@ def test_a_bad_request_fails_alone_and_an_engine_failure_fails_the_batch(engine)
     flaky = FlakyEngine(engine, bad=lambda p: p[0] == 7)
     pool, outs = run_pool(flaky, "bad", [(ps[0], 1, GREEDY), (bad, 1, GREEDY), (ps[2], 1, GREEDY)])
     # Bisected: [3] -> [1] ok, [2] -> [1] bad, [1] ok. Not an out-of-memory retry.
-    assert [ns for ns, _ in flaky.calls] == [[1, 1, 1], [1], [1, 1], [1], [1]] and pool.oom_retries == 0
-    assert isinstance(outs[1], errors.InvalidArgument) and "token 7 cannot start a prompt" in outs[1].message
+    assert [ns for ns, _ in flaky.calls] == [
+        [1, 1, 1],
+        [1],
+        [1, 1],
+        [1],
+        [1],
+    ] and pool.oom_retries == 0
+    assert (
+        isinstance(outs[1], errors.InvalidArgument)
+        and "token 7 cannot start a prompt" in outs[1].message
+    )
     assert [len(o.completions) for o in (outs[0], outs[2])] == [1, 1]
 
     def dead():
         return RuntimeError("CUDA error: an illegal memory access was encountered")
+
     flaky = FlakyEngine(engine, dead)
     pool, outs = run_pool(flaky, "dead", [(p, 2, GREEDY) for p in ps])
-    assert [ns for ns, _ in flaky.calls] == [[2, 2, 2]] and pool.oom_retries == 0   # no retry here
+    assert [ns for ns, _ in flaky.calls] == [[2, 2, 2]] and pool.oom_retries == 0  # no retry here
     assert all(isinstance(e, errors.Unavailable) for e in outs)
-    assert outs[0].message == ("the engine of pool 'dead' failed: RuntimeError: CUDA error: an illegal memory "
-                               "access was encountered; retry, possibly on another replica")
+    assert outs[0].message == (
+        "the engine of pool 'dead' failed: RuntimeError: CUDA error: an illegal memory "
+        "access was encountered; retry, possibly on another replica"
+    )
 
 
 def serve(flaky, fn):
@@ -175,6 +233,7 @@ def serve(flaky, fn):
                 return await fn(c, replica.pools["p"])
         finally:
             await running.stop(0)
+
     return asyncio.run(go())
 
 
@@ -184,19 +243,31 @@ def test_the_codes_over_grpc(engine):
     flaky = FlakyEngine(engine)
 
     async def go(c, pool):
-        req = rollout_pb2.GenerateRequest(pool="p", n=2, sampling=rollout_wire.sampling_to_pb(GREEDY))
+        req = rollout_pb2.GenerateRequest(
+            pool="p", n=2, sampling=rollout_wire.sampling_to_pb(GREEDY)
+        )
         req.prompt_token_ids.ids.extend(prompts(engine, 1)[0])
         codes = []
-        for error, bad in ((oom, None), (lambda: RuntimeError("engine dead"), None), (None, lambda p: True)):
+        for error, bad in (
+            (oom, None),
+            (lambda: RuntimeError("engine dead"), None),
+            (None, lambda p: True),
+        ):
             flaky.error, flaky.bad = error, bad
             with pytest.raises(aio.AioRpcError) as failed:
                 await c.stub.Generate(req)
             codes.append(failed.value.code())
-        assert codes == [grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE,
-                         grpc.StatusCode.INVALID_ARGUMENT]
+        assert codes == [
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            grpc.StatusCode.UNAVAILABLE,
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ]
         flaky.error, flaky.bad, flaky.max_rows = oom, None, 1
         gen = rollout_wire.generation_from_pb(await c.stub.Generate(req))
-        assert len(gen.completions) == 2 and pool.oom_retries == 1 + 1   # the first case split n=2 once too
+        assert (
+            len(gen.completions) == 2 and pool.oom_retries == 1 + 1
+        )  # the first case split n=2 once too
+
     serve(flaky, go)
 
 
@@ -204,10 +275,23 @@ def test_collect_goes_on_through_out_of_memory_and_ends_retryably_when_nothing_f
     """A tree Collect (2 tasks, k=3) on an engine that runs out of memory above 2 rows: every
     episode ends without error. Always out of memory: each episode ends with a ResourceExhausted
     error, which the router retries (only InvalidArgument and EnvCodeError episode errors fail a run)."""
+
     def plan():
-        agents = {n: AgentPlan(n, "p", sampling=Sampling(temperature=1.0, max_tokens=4)) for n in ("a", "b")}
-        return CollectPlan(run_id="r", step=1, env="pick", turn_order=("a", "b"), max_turns=2, k=3, alpha=1.0,
-                           tasks=tuple(TaskRef(f"t{i}", i) for i in range(2)), agents=agents)
+        agents = {
+            n: AgentPlan(n, "p", sampling=Sampling(temperature=1.0, max_tokens=4))
+            for n in ("a", "b")
+        }
+        return CollectPlan(
+            run_id="r",
+            step=1,
+            env="pick",
+            turn_order=("a", "b"),
+            max_turns=2,
+            k=3,
+            alpha=1.0,
+            tasks=tuple(TaskRef(f"t{i}", i) for i in range(2)),
+            agents=agents,
+        )
 
     flaky = FlakyEngine(engine, oom, max_rows=2)
 
@@ -219,6 +303,8 @@ def test_collect_goes_on_through_out_of_memory_and_ends_retryably_when_nothing_f
         assert len(samples) == sum(e.turns for e in ends) * 2 * 3 and pool.oom_retries > 0
         flaky.max_rows = 0
         ends = [e for e in [e async for e in c.collect(plan())] if isinstance(e, EpisodeEnd)]
-        assert len(ends) == 2 and all(e.error.startswith("ResourceExhausted: pool 'p' ran out of memory")
-                                      for e in ends)
+        assert len(ends) == 2 and all(
+            e.error.startswith("ResourceExhausted: pool 'p' ran out of memory") for e in ends
+        )
+
     serve(flaky, go)

@@ -19,17 +19,31 @@ def settings(*argv: str) -> RolloutSettings:
 
 def test_tensor_parallel_context_and_memory_share_reach_the_engine(tiny_model, monkeypatch):
     monkeypatch.setattr(vllm.VLLMEngine, "_start", lambda self, path: "no vLLM here")
-    s = settings("--pool", f"p={tiny_model}", "--engine", "vllm", "--tensor-parallel-size", "2",
-                 "--max-model-len", "6144", "--gpu-memory-utilization", "0.45")
+    s = settings(
+        "--pool",
+        f"p={tiny_model}",
+        "--engine",
+        "vllm",
+        "--tensor-parallel-size",
+        "2",
+        "--max-model-len",
+        "6144",
+        "--gpu-memory-utilization",
+        "0.45",
+    )
     engine = make_engine(s, s.pools[0])
     assert engine.llm == "no vLLM here"
-    assert {k: engine._kwargs[k] for k in ("tensor_parallel_size", "max_model_len", "gpu_memory_utilization")} == {
-        "tensor_parallel_size": 2, "max_model_len": 6144, "gpu_memory_utilization": 0.45}
-    assert engine.max_model_len == 6144          # what the replica cuts prompts to fit
+    assert {
+        k: engine._kwargs[k]
+        for k in ("tensor_parallel_size", "max_model_len", "gpu_memory_utilization")
+    } == {"tensor_parallel_size": 2, "max_model_len": 6144, "gpu_memory_utilization": 0.45}
+    assert engine.max_model_len == 6144  # what the replica cuts prompts to fit
     assert settings("--pool", f"p={tiny_model}").tensor_parallel_size == 1
 
 
 @pytest.mark.parametrize("argv", [("--tensor-parallel-size", "0"), ("--tensor-parallel-size", "2")])
 def test_tensor_parallel_needs_vllm_and_a_positive_size(argv):
-    with pytest.raises(SettingsError, match="--tensor-parallel-size .*: give 1, or more with --engine vllm"):
+    with pytest.raises(
+        SettingsError, match="--tensor-parallel-size .*: give 1, or more with --engine vllm"
+    ):
         settings(*argv)

@@ -20,10 +20,10 @@ def kv(b, n, seed):
 
 def test_a_reserved_layer_holds_what_concatenation_holds_and_grows_past_its_capacity():
     layer = ReservedLayer(capacity=6)
-    parts = [kv(3, 5, 0), kv(3, 1, 1), kv(3, 1, 2)]      # a prefill of 5, then two steps: 7 > 6
+    parts = [kv(3, 5, 0), kv(3, 1, 1), kv(3, 1, 2)]  # a prefill of 5, then two steps: 7 > 6
     for k, v in parts:
         keys, values = layer.update(k, v)
-    assert layer.get_seq_length() == 7 and layer._k.shape[-2] == 12            # doubled once
+    assert layer.get_seq_length() == 7 and layer._k.shape[-2] == 12  # doubled once
     torch.testing.assert_close(keys, torch.cat([k for k, _ in parts], dim=-2), rtol=0, atol=0)
     torch.testing.assert_close(values, torch.cat([v for _, v in parts], dim=-2), rtol=0, atol=0)
     layer.batch_select_indices(torch.tensor([2, 0]))
@@ -44,7 +44,9 @@ def test_only_full_attention_models_get_a_reserved_cache(tiny_model):
 
 
 @pytest.mark.parametrize("stop_row", [0, 1])
-def test_greedy_decoding_is_unchanged_by_the_reserved_cache_and_the_cut(tiny_model, monkeypatch, stop_row):
+def test_greedy_decoding_is_unchanged_by_the_reserved_cache_and_the_cut(
+    tiny_model, monkeypatch, stop_row
+):
     """Two prompts of different lengths, 4 samples each, greedy: a stop string taken from one
     prompt's output ends its 4 rows early, so the batch is cut to the other 4 (COMPACT_AT)."""
     engine = HFEngine(tiny_model, device="cpu", dtype="float32")
@@ -55,15 +57,20 @@ def test_greedy_decoding_is_unchanged_by_the_reserved_cache_and_the_cut(tiny_mod
     s = Sampling(temperature=0.0, max_tokens=12, stop=(text,))
     cuts = []
     real_select = hf_cache.ReservedLayer.batch_select_indices
-    monkeypatch.setattr(hf_cache.ReservedLayer, "batch_select_indices",
-                        lambda self, idx: cuts.append(len(idx)) or real_select(self, idx))
+    monkeypatch.setattr(
+        hf_cache.ReservedLayer,
+        "batch_select_indices",
+        lambda self, idx: cuts.append(len(idx)) or real_select(self, idx),
+    )
     fast = engine.generate(prompts, [4, 4], s)
-    assert 4 in cuts              # the cut: 4 of 8 rows went on (one call a layer)
+    assert 4 in cuts  # the cut: 4 of 8 rows went on (one call a layer)
     monkeypatch.setattr(hf, "COMPACT_AT", 0.0)
     monkeypatch.setattr(hf_cache, "reserved_cache", lambda *_a: None)
     slow = engine.generate(prompts, [4, 4], s)
     for f_rows, s_rows in zip(fast, slow, strict=True):
         for f, w in zip(f_rows, s_rows, strict=True):
             assert (f.token_ids, f.text, f.finish_reason) == (w.token_ids, w.text, w.finish_reason)
-            torch.testing.assert_close(torch.tensor(f.logprobs), torch.tensor(w.logprobs), rtol=0, atol=1e-5)
+            torch.testing.assert_close(
+                torch.tensor(f.logprobs), torch.tensor(w.logprobs), rtol=0, atol=1e-5
+            )
     assert fast[stop_row][0].finish_reason == "stop" and len(fast[stop_row][0].token_ids) < 12

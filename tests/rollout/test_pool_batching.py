@@ -12,7 +12,7 @@ from rollout_svc.pool import BATCH_GAP_S, BATCH_MAX_WAIT_S, BURST_MAX_S, PoolRun
 
 class RecordingEngine:
     def __init__(self):
-        self.batches = []      # the samples of each generate call
+        self.batches = []  # the samples of each generate call
 
     def generate(self, prompts, ns, s, adapter=""):
         self.batches.append(sum(ns))
@@ -20,10 +20,10 @@ class RecordingEngine:
 
 
 def test_the_wait_grows_with_the_last_batch_between_the_floor_and_the_cap():
-    assert burst_wait(0.0) == (BATCH_GAP_S, BATCH_MAX_WAIT_S)       # a fast pool: the fixed floor
-    gap, most = burst_wait(10.0)                                     # 10 s batches: 2% of one
+    assert burst_wait(0.0) == (BATCH_GAP_S, BATCH_MAX_WAIT_S)  # a fast pool: the fixed floor
+    gap, most = burst_wait(10.0)  # 10 s batches: 2% of one
     assert most == 0.2 and gap == 0.02
-    assert burst_wait(3600.0) == (BURST_MAX_S / 10, BURST_MAX_S)     # capped however long
+    assert burst_wait(3600.0) == (BURST_MAX_S / 10, BURST_MAX_S)  # capped however long
 
 
 def _batches_of_two_requests(last_batch_s: float, apart_s: float) -> list[int]:
@@ -36,6 +36,7 @@ def _batches_of_two_requests(last_batch_s: float, apart_s: float) -> list[int]:
         second = asyncio.create_task(pool.generate("", [7, 8], Sampling(), 4))
         await asyncio.gather(first, second)
         return engine.batches
+
     return asyncio.run(go())
 
 
@@ -52,4 +53,5 @@ def test_the_last_batch_sets_the_next_wait():
         pool = PoolRuntime("burst-measured", RecordingEngine())
         await pool.generate("", [5], Sampling(), 2)
         return pool.last_batch_s
+
     assert 0.0 < asyncio.run(go()) < 1.0

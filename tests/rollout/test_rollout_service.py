@@ -45,13 +45,14 @@ def serve(model_dir, fn, *, lora=False, dtype="float32"):
                 return await fn(c, engine)
         finally:
             await running.stop(0)
+
     return asyncio.run(go())
 
 
 def forward_logprobs(engine, prompt, response, s):
     with torch.no_grad():
-        logits = engine.model(torch.tensor([prompt + response])).logits[0]          # (T, V)
-    lp = torch.log_softmax(transform_logits(logits[len(prompt) - 1:-1].float(), s), dim=-1)
+        logits = engine.model(torch.tensor([prompt + response])).logits[0]  # (T, V)
+    lp = torch.log_softmax(transform_logits(logits[len(prompt) - 1 : -1].float(), s), dim=-1)
     return lp.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
 
 
@@ -67,26 +68,42 @@ def test_logprobs_equal_a_separate_forward_pass_under_the_same_transform(tiny_mo
             assert torch.allclose(ref, torch.tensor(comp.logprobs), atol=1e-4)
         # Sampled tokens are inside the transform's support: top-k never lets a -inf token through.
         assert all(lp > float("-inf") for comp in gen.completions for lp in comp.logprobs)
+
     serve(tiny_model, go)
 
 
 def test_stop_strings_and_max_tokens(tiny_model):
     async def go(c, engine):
-        free = await c.generate("p", messages=HELLO, sampling=Sampling(temperature=0.0, max_tokens=20))
+        free = await c.generate(
+            "p", messages=HELLO, sampling=Sampling(temperature=0.0, max_tokens=20)
+        )
         text = free.completions[0].text
-        assert free.completions[0].finish_reason == "length" and len(free.completions[0].token_ids) == 20
-        stop = text[len(text) // 2: len(text) // 2 + 2]
-        cut = await c.generate("p", messages=HELLO, sampling=Sampling(temperature=0.0, max_tokens=20, stop=(stop,)))
+        assert (
+            free.completions[0].finish_reason == "length"
+            and len(free.completions[0].token_ids) == 20
+        )
+        stop = text[len(text) // 2 : len(text) // 2 + 2]
+        cut = await c.generate(
+            "p", messages=HELLO, sampling=Sampling(temperature=0.0, max_tokens=20, stop=(stop,))
+        )
         assert cut.completions[0].finish_reason == "stop"
-        assert cut.completions[0].text == text[:text.find(stop)]
-        longp = await c.generate("p", prompt_ids=list(range(5, 105)), sampling=Sampling(max_tokens=2, max_prompt_tokens=30))
+        assert cut.completions[0].text == text[: text.find(stop)]
+        longp = await c.generate(
+            "p",
+            prompt_ids=list(range(5, 105)),
+            sampling=Sampling(max_tokens=2, max_prompt_tokens=30),
+        )
         assert longp.prompt_truncated and longp.prompt_ids == list(range(75, 105))
+
     serve(tiny_model, go)
 
 
 def _perturbed(engine, scale=0.5, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return {k: v + scale * torch.randn(v.shape, generator=g) for k, v in engine.model.state_dict().items()}
+    return {
+        k: v + scale * torch.randn(v.shape, generator=g)
+        for k, v in engine.model.state_dict().items()
+    }
 
 
 def test_a_weight_swap_changes_outputs_and_version_and_bad_pushes_change_nothing(tiny_model):
@@ -95,8 +112,12 @@ def test_a_weight_swap_changes_outputs_and_version_and_bad_pushes_change_nothing
         state = _perturbed(engine)
         chunks = weights.encode(state, "p", 1, chunk_bytes=1 << 16)
         assert len(chunks) > 3
-        bad_sum = [rollout_pb2.WeightChunk(header=rollout_pb2.WeightHeader(
-            **{**_header_dict(chunks[0]), "digest": "0" * 32})), *chunks[1:]]
+        bad_sum = [
+            rollout_pb2.WeightChunk(
+                header=rollout_pb2.WeightHeader(**{**_header_dict(chunks[0]), "digest": "0" * 32})
+            ),
+            *chunks[1:],
+        ]
         for stream, error, msg in [
             (chunks[:-1], errors.InvalidArgument, "truncated"),
             (bad_sum, errors.InvalidArgument, "checksum mismatch"),
@@ -107,7 +128,9 @@ def test_a_weight_swap_changes_outputs_and_version_and_bad_pushes_change_nothing
             with pytest.raises(error, match=msg):
                 await c._call(c.stub.LoadWeights, iter(stream))
         assert (await c.policies())[0].version == 0
-        assert (await c.generate("p", messages=HELLO, sampling=GREEDY)).completions[0].token_ids == before
+        assert (await c.generate("p", messages=HELLO, sampling=GREEDY)).completions[
+            0
+        ].token_ids == before
         resp = await c.load_weights(state, "p", 1)
         assert resp.policy.version == 1 and resp.bytes_received > 0
         after = await c.generate("p", messages=HELLO, sampling=GREEDY)
@@ -116,16 +139,18 @@ def test_a_weight_swap_changes_outputs_and_version_and_bad_pushes_change_nothing
             await c.load_weights(state, "p", 1)
         with pytest.raises(errors.FailedPrecondition, match="version 1 here, not version 0"):
             await c.generate("p", messages=HELLO, sampling=GREEDY, expected_version=0)
+
     serve(tiny_model, go)
 
 
 def test_a_push_is_cast_to_the_dtype_the_replica_serves_and_streams_with_a_trailer(tiny_model):
     """A float32 master pushed to a bfloat16 engine travels as bfloat16: half the bytes, and the
     engine serves exactly the cast weights."""
+
     async def go(c, engine):
         assert (await c.weight_dtypes()) == {"p": "bfloat16"}
         state = {k: v.float() for k, v in _perturbed(engine).items()}
-        if engine.model.config.tie_word_embeddings:      # tied, as a trainer's state is
+        if engine.model.config.tie_word_embeddings:  # tied, as a trainer's state is
             state["lm_head.weight"] = state["model.embed_tokens.weight"]
         fp32_bytes = sum(v.numel() * 4 for v in state.values())
         sent = await push_weights([c.address], [("", state, None)], "p", 1)
@@ -133,12 +158,14 @@ def test_a_push_is_cast_to_the_dtype_the_replica_serves_and_streams_with_a_trail
         served = engine.model.state_dict()
         assert all(torch.equal(served[k], v.bfloat16()) for k, v in state.items())
         assert (await c.policies())[0].version == 1
+
     serve(tiny_model, go, dtype="bfloat16")
 
 
 def test_a_cpu_engine_adopts_the_pushed_tensors_instead_of_copying_them_in(tiny_model):
     """The received buffer becomes the weights (one pass less over the push's bytes) and the old
     ones are dropped; a tied head stays one tensor with the embeddings."""
+
     async def go(c, engine):
         before = {k: v.data_ptr() for k, v in engine.model.state_dict().items()}
         state = _perturbed(engine)
@@ -149,7 +176,10 @@ def test_a_cpu_engine_adopts_the_pushed_tensors_instead_of_copying_them_in(tiny_
         served = engine.model.state_dict()
         assert all(torch.equal(served[k], v) for k, v in state.items())
         assert all(served[k].data_ptr() != before[k] for k in served)
-        assert (served["lm_head.weight"].data_ptr() == served["model.embed_tokens.weight"].data_ptr()) == tied
+        assert (
+            served["lm_head.weight"].data_ptr() == served["model.embed_tokens.weight"].data_ptr()
+        ) == tied
+
     serve(tiny_model, go)
 
 
@@ -169,10 +199,14 @@ def test_generations_during_a_swap_never_mix_versions(tiny_model):
             return generate(*args)
 
         engine.generate = observed
-        gens = [asyncio.create_task(c.generate("p", messages=HELLO, sampling=GREEDY)) for _ in range(12)]
-        assert await asyncio.to_thread(generating.wait, 60)     # the push comes while a batch runs
+        gens = [
+            asyncio.create_task(c.generate("p", messages=HELLO, sampling=GREEDY)) for _ in range(12)
+        ]
+        assert await asyncio.to_thread(generating.wait, 60)  # the push comes while a batch runs
         push = asyncio.create_task(c.load_weights(state, "p", 1))
-        gens += [asyncio.create_task(c.generate("p", messages=HELLO, sampling=GREEDY)) for _ in range(12)]
+        gens += [
+            asyncio.create_task(c.generate("p", messages=HELLO, sampling=GREEDY)) for _ in range(12)
+        ]
         await push
         v1 = (await c.generate("p", messages=HELLO, sampling=GREEDY)).completions[0].token_ids
         assert v0 != v1
@@ -180,6 +214,7 @@ def test_generations_during_a_swap_never_mix_versions(tiny_model):
         for g in results:
             assert g.completions[0].token_ids == (v0 if g.policy.version == 0 else v1)
         assert 0 in {g.policy.version for g in results} <= {0, 1}
+
     serve(tiny_model, go)
 
 
@@ -188,7 +223,9 @@ def _adapter(model_dir, seed):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    cfg = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+    )
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir), cfg)
     state = get_peft_model_state_dict(model)
     return {k: v * 5 for k, v in state.items()}, json.loads(json.dumps(cfg.to_dict(), default=list))
@@ -212,21 +249,47 @@ def test_per_agent_adapters_are_served_with_their_own_versions(tiny_model):
         tool = await c.generate("p", adapter="tool", messages=HELLO, sampling=GREEDY)
         again = await c.generate("p", messages=HELLO, sampling=GREEDY)
         assert planner.policy.version == 1 and tool.policy.version == 2
-        assert len({tuple(base), tuple(planner.completions[0].token_ids), tuple(tool.completions[0].token_ids)}) == 3
-        assert again.completions[0].token_ids == base   # the bare base is untouched by adapters
+        assert (
+            len(
+                {
+                    tuple(base),
+                    tuple(planner.completions[0].token_ids),
+                    tuple(tool.completions[0].token_ids),
+                }
+            )
+            == 3
+        )
+        assert again.completions[0].token_ids == base  # the bare base is untouched by adapters
+
     serve(tiny_model, go, lora=True)
 
 
 def test_collect_streams_groups_with_the_real_model(tiny_model):
     def plan(**kw):
-        agents = {n: AgentPlan(n, "p", sampling=Sampling(temperature=1.0, max_tokens=4)) for n in ("a", "b")}
-        fields = dict(run_id="r", step=3, env="pick", turn_order=("a", "b"), max_turns=2, k=3, alpha=1.0,
-                      tasks=tuple(TaskRef(f"t{i}", i) for i in range(2)), agents=agents)
+        agents = {
+            n: AgentPlan(n, "p", sampling=Sampling(temperature=1.0, max_tokens=4))
+            for n in ("a", "b")
+        }
+        fields = dict(
+            run_id="r",
+            step=3,
+            env="pick",
+            turn_order=("a", "b"),
+            max_turns=2,
+            k=3,
+            alpha=1.0,
+            tasks=tuple(TaskRef(f"t{i}", i) for i in range(2)),
+            agents=agents,
+        )
         return CollectPlan(**{**fields, **kw})
 
     async def go(c, engine):
         raw = [e async for e in c.stub.Collect(rollout_wire.collect_plan_to_pb(plan()))]
-        assert all(e.sample.run_id == "r" and e.sample.step == 3 for e in raw if e.WhichOneof("event") == "sample")
+        assert all(
+            e.sample.run_id == "r" and e.sample.step == 3
+            for e in raw
+            if e.WhichOneof("event") == "sample"
+        )
         events = [rollout_wire.event_from_pb(e) for e in raw]
         samples = [e for e in events if isinstance(e, Sample)]
         ends = [e for e in events if isinstance(e, EpisodeEnd)]
@@ -249,9 +312,15 @@ def test_collect_streams_groups_with_the_real_model(tiny_model):
         assert "p is at version 0 here, not version 5" in refused.value.details()
         no_adapter = dataclasses.replace(plan(), expected_versions=(PolicyRef("p", "coder", 0),))
         with pytest.raises(errors.FailedPrecondition, match="p/coder has not been loaded here"):
-            [e async for e in c.collect(no_adapter)]    # a restarted LoRA replica has no adapters
+            [e async for e in c.collect(no_adapter)]  # a restarted LoRA replica has no adapters
         with pytest.raises(errors.NotFound):
-            [e async for e in c.collect(plan(agents={"a": AgentPlan("a", "zz"), "b": AgentPlan("b", "p")}))]
+            [
+                e
+                async for e in c.collect(
+                    plan(agents={"a": AgentPlan("a", "zz"), "b": AgentPlan("b", "p")})
+                )
+            ]
+
     serve(tiny_model, go)
 
 
@@ -265,6 +334,7 @@ def test_bad_generate_requests(tiny_model):
             await c.generate("p", messages=HELLO, n=5000)
         with pytest.raises(errors.InvalidArgument, match="prompt is empty"):
             await c.generate("p", prompt_ids=[])
+
     serve(tiny_model, go)
 
 
@@ -272,6 +342,7 @@ def test_a_huge_prompt_renders_off_the_event_loop(tiny_model):
     """Rendering an 8 MiB message through the chat template takes seconds; meanwhile the replica
     still answers (here: a health check, issued once the render has started, returns before it
     ends). On the event loop, the render held every other call until it was done."""
+
     async def go(c, engine):
         started, ended = threading.Event(), threading.Event()
         render = engine.render
@@ -285,17 +356,21 @@ def test_a_huge_prompt_renders_off_the_event_loop(tiny_model):
 
         engine.render = observed
         huge = [{"role": "user", "content": "hello world " * (8 * 2**20 // 12)}]
-        big = asyncio.create_task(c.generate("p", messages=huge, sampling=Sampling(max_tokens=2, max_prompt_tokens=32)))
+        big = asyncio.create_task(
+            c.generate("p", messages=huge, sampling=Sampling(max_tokens=2, max_prompt_tokens=32))
+        )
         assert await asyncio.to_thread(started.wait, 60)
         assert await c.health() == "SERVING"
         assert not ended.is_set()
         gen = await big
         assert gen.prompt_truncated and len(gen.prompt_ids) == 32
+
     serve(tiny_model, go)
 
 
 def test_collect_routes_other_pools_to_their_replicas(tiny_model):
     """L3 with pools on different replicas: one episode mixes agents of both."""
+
     async def go():
         registry = Registry(discover=False)
         registry.register(PickEnv)
@@ -306,13 +381,23 @@ def test_collect_routes_other_pools_to_their_replicas(tiny_model):
         server_a = await create_server(bindings(a, envs))
         server_b = await create_server(bindings(b, None))
         try:
-            async with RolloutClient(f"127.0.0.1:{server_a.port}") as ca, \
-                    RolloutClient(f"127.0.0.1:{server_b.port}") as cb:
+            async with (
+                RolloutClient(f"127.0.0.1:{server_a.port}") as ca,
+                RolloutClient(f"127.0.0.1:{server_b.port}") as cb,
+            ):
                 await cb.load_weights(_perturbed(b_engine), "B", 1)
                 sampling = Sampling(temperature=1.0, max_tokens=3)
-                plan = CollectPlan(env="pick", turn_order=("a", "b"), max_turns=1, k=2, tasks=(TaskRef("t", 0),),
-                                   agents={"a": AgentPlan("a", "A", sampling=sampling),
-                                           "b": AgentPlan("b", "B", sampling=sampling)})
+                plan = CollectPlan(
+                    env="pick",
+                    turn_order=("a", "b"),
+                    max_turns=1,
+                    k=2,
+                    tasks=(TaskRef("t", 0),),
+                    agents={
+                        "a": AgentPlan("a", "A", sampling=sampling),
+                        "b": AgentPlan("b", "B", sampling=sampling),
+                    },
+                )
                 with pytest.raises(errors.NotFound, match="serves no pool 'B'"):
                     [e async for e in ca.collect(plan)]
                 plan = dataclasses.replace(plan, pool_addresses={"B": f"127.0.0.1:{server_b.port}"})
@@ -333,11 +418,19 @@ def test_pool_and_engine_gauges_follow_a_generation(tiny_model):
         return REGISTRY.get_sample_value(name, {"pool": "p", **labels})
 
     async def go(c, engine):
-        assert gauge("atgrpo_rollout_requests_running") == 0 and gauge("atgrpo_rollout_requests_waiting") == 0
-        call = asyncio.ensure_future(c.generate("p", messages=HELLO, n=4,
-                                                sampling=Sampling(temperature=1.0, max_tokens=200, seed=1)))
+        assert (
+            gauge("atgrpo_rollout_requests_running") == 0
+            and gauge("atgrpo_rollout_requests_waiting") == 0
+        )
+        call = asyncio.ensure_future(
+            c.generate(
+                "p", messages=HELLO, n=4, sampling=Sampling(temperature=1.0, max_tokens=200, seed=1)
+            )
+        )
         sequences, waiting = set(), set()
-        while not call.done():   # the engine generates in a thread: the event loop and a scrape answer
+        while (
+            not call.done()
+        ):  # the engine generates in a thread: the event loop and a scrape answer
             if gauge("atgrpo_rollout_requests_running") == 1:
                 # Read at any moment of the batch: its start and end may show the request running
                 # while the engine holds no sequence yet, or none any more.
@@ -349,8 +442,14 @@ def test_pool_and_engine_gauges_follow_a_generation(tiny_model):
         assert gauge("atgrpo_rollout_requests_running") == 0
         assert gauge("atgrpo_rollout_engine_sequences", state="running") == 0
         assert gauge("atgrpo_rollout_engine_sequences", state="waiting") == 0
-        assert gauge("atgrpo_rollout_kv_cache_usage_ratio") is None        # the hf engine has no shared cache
-        assert REGISTRY.get_sample_value("atgrpo_gpu_memory_allocated_bytes", {"device": "cuda:0"}) is None  # CPU
+        assert (
+            gauge("atgrpo_rollout_kv_cache_usage_ratio") is None
+        )  # the hf engine has no shared cache
+        assert (
+            REGISTRY.get_sample_value("atgrpo_gpu_memory_allocated_bytes", {"device": "cuda:0"})
+            is None
+        )  # CPU
+
     serve(tiny_model, go)
 
 
@@ -363,28 +462,34 @@ def test_busy_seconds_count_generations_and_weight_loads_not_idle_time(tiny_mode
         return REGISTRY.get_sample_value("atgrpo_rollout_busy_seconds_total", {"pool": "p"})
 
     def generated():
-        return REGISTRY.get_sample_value("atgrpo_rollout_generate_seconds_sum", {"pool": "p"}) or 0.0
+        return (
+            REGISTRY.get_sample_value("atgrpo_rollout_generate_seconds_sum", {"pool": "p"}) or 0.0
+        )
 
     async def go(c, engine):
         idle = busy()
         await asyncio.sleep(0.3)
-        assert busy() == idle                                 # an idle pool's counter does not grow
+        assert busy() == idle  # an idle pool's counter does not grow
 
         before, engine_before = busy(), generated()
         start = time.perf_counter()
-        await c.generate("p", messages=HELLO, n=2, sampling=Sampling(temperature=1.0, max_tokens=64, seed=1))
+        await c.generate(
+            "p", messages=HELLO, n=2, sampling=Sampling(temperature=1.0, max_tokens=64, seed=1)
+        )
         wall = time.perf_counter() - start
         grown = busy() - before
-        # at least the engine's own batch time, at most the request's wall time (the RPC, the batching wait)
+        # at least the engine's own batch time, at most the request's wall time (the RPC, the
+        # batching wait)
         assert 0 < generated() - engine_before <= grown <= wall
 
         seen = busy()
         await asyncio.sleep(0.3)
-        assert busy() == seen                                 # idle again
+        assert busy() == seen  # idle again
 
         start = time.perf_counter()
-        await c.load_weights(_perturbed(engine), "p", 1)      # a weight swap is busy time too
+        await c.load_weights(_perturbed(engine), "p", 1)  # a weight swap is busy time too
         assert 0 < busy() - seen <= time.perf_counter() - start
+
     serve(tiny_model, go)
 
 
@@ -395,7 +500,7 @@ def test_busy_seconds_grow_while_a_long_batch_runs():
 
     release = threading.Event()
 
-    class Slow:                                  # generates until released, then fails the request
+    class Slow:  # generates until released, then fails the request
         def generate(self, prompts, ns, sampling, adapter):
             release.wait(10)
             raise ValueError("released")
@@ -410,11 +515,12 @@ def test_busy_seconds_grow_while_a_long_batch_runs():
         await asyncio.sleep(0.3)
         mid = busy()
         await asyncio.sleep(0.2)
-        assert 0 < mid < busy()                  # still generating: counted up to now
+        assert 0 < mid < busy()  # still generating: counted up to now
         release.set()
         with pytest.raises(errors.InvalidArgument):
             await call
         done = busy()
         await asyncio.sleep(0.1)
-        assert busy() == done >= 0.5             # the whole batch, and nothing since
+        assert busy() == done >= 0.5  # the whole batch, and nothing since
+
     asyncio.run(go())

@@ -47,8 +47,16 @@ def envs():
 
 
 def plan(**kw):
-    base = dict(env="pick", tasks=(TaskRef("t0", 0),), agents={"a": AgentPlan("a", "p"), "b": AgentPlan("b", "p")},
-                turn_order=("a", "b"), max_turns=2, k=3, mode="trajectory", alpha=0.5)
+    base = dict(
+        env="pick",
+        tasks=(TaskRef("t0", 0),),
+        agents={"a": AgentPlan("a", "p"), "b": AgentPlan("b", "p")},
+        turn_order=("a", "b"),
+        max_turns=2,
+        k=3,
+        mode="trajectory",
+        alpha=0.5,
+    )
     base.update(kw)
     return CollectPlan(**base)
 
@@ -56,8 +64,11 @@ def plan(**kw):
 def run(p, engine, env_api):
     async def go():
         return [e async for e in collect(p, env_api, engine)]
+
     events = asyncio.run(go())
-    return [e for e in events if isinstance(e, Sample)], [e for e in events if isinstance(e, EpisodeEnd)]
+    return [e for e in events if isinstance(e, Sample)], [
+        e for e in events if isinstance(e, EpisodeEnd)
+    ]
 
 
 def scripted(first_moves):
@@ -70,6 +81,7 @@ def scripted(first_moves):
         if agent == "a":
             return [queue.pop(0) if content == "a sees []" else "x"]
         return ["2" if "('b'" not in content else "3"]
+
     return ScriptedEngine(script)
 
 
@@ -88,8 +100,12 @@ def test_k_independent_copies_carry_their_returns():
     samples, (end,) = run(plan(tasks=(TaskRef("t0", 0, episode=4),)), engine, env_api)
     copies = by_copy(samples)
     assert sorted(copies) == [0, 1, 2] and sorted(copies.values()) == ["1", "9", "x"]
-    assert {s.episode for s in samples} == {4}       # every copy is the task's one run
-    expect = {"1": (0.3, {"a": -1.0, "b": 0.0}, 4), "9": (0.9, {"a": 0.0}, 1), "x": (0.3, {"a": -2.0, "b": 0.0}, 4)}
+    assert {s.episode for s in samples} == {4}  # every copy is the task's one run
+    expect = {
+        "1": (0.3, {"a": -1.0, "b": 0.0}, 4),
+        "9": (0.9, {"a": 0.0}, 1),
+        "x": (0.3, {"a": -2.0, "b": 0.0}, 4),
+    }
     for j, first in copies.items():
         team, local, count = expect[first]
         mine = [s for s in samples if s.branch == j]
@@ -97,7 +113,11 @@ def test_k_independent_copies_carry_their_returns():
         assert all(s.team_reward == team and s.local_reward == local[s.agent] for s in mine)
     # The step's own rewards stay in info: copy "9"'s only sample was a's 9.
     nine = next(s for s in samples if copies[s.branch] == "9")
-    assert (nine.info["step_team_reward"], nine.info["step_local_reward"], nine.done) == (0.9, 0.0, True)
+    assert (nine.info["step_team_reward"], nine.info["step_local_reward"], nine.done) == (
+        0.9,
+        0.0,
+        True,
+    )
     # EpisodeEnd: copy 0's success and turns; mean returns a (-0.85 + 0.45 - 1.85) / 3 = -0.75,
     # b (0.15 + 0.45 + 0.15) / 3 = 0.25.
     zero = {"1": (False, 2), "9": (True, 1), "x": (False, 2)}[copies[0]]
@@ -122,7 +142,11 @@ def test_the_router_mix_is_the_return_and_groups_are_per_agent_over_copies():
     adv_a = {"1": -0.08671092, "9": 1.04053106, "x": -0.95382014}
     expected = [adv_a[copies[s.branch]] if s.agent == "a" else 0.0 for s in samples]
     assert out.advantages == pytest.approx(expected, abs=1e-6)
-    assert (out.agents["a"].groups, out.agents["b"].groups, out.agents["b"].zero_variance_groups) == (1, 1, 1)
+    assert (
+        out.agents["a"].groups,
+        out.agents["b"].groups,
+        out.agents["b"].zero_variance_groups,
+    ) == (1, 1, 1)
 
 
 def test_a_failing_copy_fails_the_task_and_every_copy_is_closed():
@@ -137,8 +161,11 @@ def test_parallel_turns_play_each_copy_as_joint_actions():
     # both; alpha 1, locals 0 -> R = 0.4 for each agent in each copy.
     env_api = envs()
     engine = ScriptedEngine(lambda a, m, n, i: ["1" if a == "a" else "4"] * n)
-    samples, (end,) = run(plan(k=2, max_turns=1, alpha=1.0, parallel=True, env_options={"parallel": True}),
-                          engine, env_api)
+    samples, (end,) = run(
+        plan(k=2, max_turns=1, alpha=1.0, parallel=True, env_options={"parallel": True}),
+        engine,
+        env_api,
+    )
     assert sorted((s.branch, s.agent) for s in samples) == [(0, "a"), (0, "b"), (1, "a"), (1, "b")]
     assert all((s.team_reward, s.local_reward) == (0.4, 0.0) for s in samples)
     assert end.agent_rewards == {"a": pytest.approx(0.4), "b": pytest.approx(0.4)}

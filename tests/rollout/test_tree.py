@@ -19,8 +19,14 @@ def envs():
 
 
 def plan(**kw):
-    base = dict(env="pick", tasks=(TaskRef("t0", 0),), agents={"a": AgentPlan("a", "p"), "b": AgentPlan("b", "p")},
-                turn_order=("a", "b"), max_turns=3, k=4)
+    base = dict(
+        env="pick",
+        tasks=(TaskRef("t0", 0),),
+        agents={"a": AgentPlan("a", "p"), "b": AgentPlan("b", "p")},
+        turn_order=("a", "b"),
+        max_turns=3,
+        k=4,
+    )
     base.update(kw)
     return CollectPlan(**base)
 
@@ -28,12 +34,15 @@ def plan(**kw):
 def run(p, engine, env_api=None):
     async def go():
         return [e async for e in collect(p, env_api or envs(), engine)]
+
     events = asyncio.run(go())
-    return [e for e in events if isinstance(e, Sample)], [e for e in events if isinstance(e, EpisodeEnd)]
+    return [e for e in events if isinstance(e, Sample)], [
+        e for e in events if isinstance(e, EpisodeEnd)
+    ]
 
 
 def test_select_branch():
-    assert select_branch([0.1, 0.5, 0.5, 0.2], "best") == 1      # ties go to the lowest index
+    assert select_branch([0.1, 0.5, 0.5, 0.2], "best") == 1  # ties go to the lowest index
     assert select_branch([0.1, 0.5], "first") == 0
     assert select_branch([-1.0, -1.0, -1.0], "best") == 0
 
@@ -41,7 +50,9 @@ def test_select_branch():
 def test_groups_share_one_prompt_and_the_best_branch_goes_on_before_the_next_agent():
     # a's K=4 candidates are 1,3,2,3 -> branch 1 (3, first of the tie) is kept;
     # b then sees a's kept 3 in its prompt.
-    script = lambda agent, msgs, n, i: ["1", "3", "2", "3"] if agent == "a" else ["4", "4", "4", "4"]  # noqa: E731
+    def script(agent, msgs, n, i):
+        return ["1", "3", "2", "3"] if agent == "a" else ["4", "4", "4", "4"]
+
     engine = ScriptedEngine(script)
     samples, ends = run(plan(max_turns=1), engine)
     assert len(samples) == 8 and len(ends) == 1
@@ -101,12 +112,19 @@ def test_parallel_turns_show_every_agent_the_turn_start():
     engine = ScriptedEngine(lambda a, m, n, i: ["3"] * n)
     run(plan(max_turns=2, k=2, parallel=True, env_options={"parallel": True}), engine)
     prompts = [m[-1]["content"] for _, m, _ in engine.calls]
-    assert prompts == ["a sees []", "b sees []", "a sees [('a', 3), ('b', 3)]", "b sees [('a', 3), ('b', 3)]"]
+    assert prompts == [
+        "a sees []",
+        "b sees []",
+        "a sees [('a', 3), ('b', 3)]",
+        "b sees [('a', 3), ('b', 3)]",
+    ]
 
 
 def test_a_failing_task_contributes_no_samples_and_the_others_go_on():
     tasks = (TaskRef("t0", 0), TaskRef("explode", 1), TaskRef("t2", 2))
-    samples, ends = run(plan(tasks=tasks, max_turns=1, k=2), ScriptedEngine(lambda a, m, n, i: ["1"] * n))
+    samples, ends = run(
+        plan(tasks=tasks, max_turns=1, k=2), ScriptedEngine(lambda a, m, n, i: ["1"] * n)
+    )
     assert {s.task_id for s in samples} == {"t0", "t2"}
     bad = next(e for e in ends if e.task_id == "explode")
     assert "this task cannot start" in bad.error and len(ends) == 3
@@ -115,7 +133,7 @@ def test_a_failing_task_contributes_no_samples_and_the_others_go_on():
 def test_tasks_run_concurrently_within_the_bound_and_episodes_are_closed():
     env_api = envs()
     engine = ScriptedEngine(lambda a, m, n, i: ["1"] * n)
-    tasks = tuple(TaskRef(f"t{i % 3}", i, episode=i + 1) for i in range(6))   # each task twice
+    tasks = tuple(TaskRef(f"t{i % 3}", i, episode=i + 1) for i in range(6))  # each task twice
     samples, _ = run(plan(tasks=tasks, max_turns=2, k=2, max_concurrent_tasks=3), engine, env_api)
     assert 1 < engine.max_in_flight <= 3
     # Concurrent runs interleave; each sample still names the run it came from.

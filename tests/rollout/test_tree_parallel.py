@@ -28,25 +28,32 @@ class MaxDigitEnv(Environment):
 
     def __init__(self, options=None):
         super().__init__(options)
-        self.spec = EnvSpec(self.name, ROLES, ROLES, max_turns=self.options.get("max_turns", 3), parallel=True)
-        self.history: list[dict[str, int]] = []      # each completed turn's answers
-        self.turn: dict[str, int] = {}               # this turn's answers so far
+        self.spec = EnvSpec(
+            self.name, ROLES, ROLES, max_turns=self.options.get("max_turns", 3), parallel=True
+        )
+        self.history: list[dict[str, int]] = []  # each completed turn's answers
+        self.turn: dict[str, int] = {}  # this turn's answers so far
 
     def reset(self, task_id, seed, split):
         pass
 
     def observe(self, agent):
-        return [{"role": "user", "content": f"{agent} holds {DIGITS[agent]}; answers so far {self.history}"}]
+        return [
+            {
+                "role": "user",
+                "content": f"{agent} holds {DIGITS[agent]}; answers so far {self.history}",
+            }
+        ]
 
     def step(self, agent, action):
-        before = list(self.turn)                      # who acted before this agent in this turn
+        before = list(self.turn)  # who acted before this agent in this turn
         self.turn[agent] = int(action)
         local = 1.0 if int(action) == max(DIGITS.values()) else 0.0
         info = {"before": before}
         if action == "0" and self.options.get("give_up"):
             return StepResult(0.0, local, done=True, info=info)
         if len(self.turn) < len(ROLES):
-            return StepResult(0.0, local, info=info)          # mid-turn: no team reward yet
+            return StepResult(0.0, local, info=info)  # mid-turn: no team reward yet
         won = all(v == max(DIGITS.values()) for v in self.turn.values())
         self.history.append(self.turn)
         self.turn = {}
@@ -76,8 +83,15 @@ def envs():
 
 
 def plan(**kw):
-    base = dict(env="max_digit", tasks=(TaskRef("t0", 0),), agents={n: AgentPlan(n, "p") for n in ROLES},
-                turn_order=ROLES, max_turns=1, k=3, parallel=True)
+    base = dict(
+        env="max_digit",
+        tasks=(TaskRef("t0", 0),),
+        agents={n: AgentPlan(n, "p") for n in ROLES},
+        turn_order=ROLES,
+        max_turns=1,
+        k=3,
+        parallel=True,
+    )
     base.update(kw)
     return CollectPlan(**base)
 
@@ -85,14 +99,19 @@ def plan(**kw):
 def scripted(turns):
     """A ScriptedEngine answering each agent with turns[turn][agent] (one text per branch); the
     turn is read off the prompt (the number of completed turns it shows)."""
-    return ScriptedEngine(lambda agent, msgs, n, i: turns[msgs[-1]["content"].count("{")][agent][:n])
+    return ScriptedEngine(
+        lambda agent, msgs, n, i: turns[msgs[-1]["content"].count("{")][agent][:n]
+    )
 
 
 def run(p, engine, env_api):
     async def go():
         return [e async for e in collect(p, env_api, engine)]
+
     events = asyncio.run(go())
-    return [e for e in events if isinstance(e, Sample)], [e for e in events if isinstance(e, EpisodeEnd)]
+    return [e for e in events if isinstance(e, Sample)], [
+        e for e in events if isinstance(e, EpisodeEnd)
+    ]
 
 
 def by_agent(samples, agent, field):
@@ -112,17 +131,27 @@ def test_the_turns_team_reward_reaches_every_agents_sample_and_the_best_joint_br
     for agent in ROLES:
         assert by_agent(samples, agent, "branch") == [0, 1, 2]
         assert by_agent(samples, agent, "turn") == [0, 0, 0]
-        assert by_agent(samples, agent, "team_reward") == [0.0, 0.0, 1.0]        # a's too, not only c's
+        assert by_agent(samples, agent, "team_reward") == [0.0, 0.0, 1.0]  # a's too, not only c's
         assert by_agent(samples, agent, "selected") == [False, False, True]
-        assert by_agent(samples, agent, "done") == by_agent(samples, agent, "success") == [False, False, True]
-        assert len({tuple(s.prompt_ids) for s in samples if s.agent == agent}) == 1   # one group, one prompt
+        assert (
+            by_agent(samples, agent, "done")
+            == by_agent(samples, agent, "success")
+            == [False, False, True]
+        )
+        assert (
+            len({tuple(s.prompt_ids) for s in samples if s.agent == agent}) == 1
+        )  # one group, one prompt
     assert by_agent(samples, "a", "local_reward") == [1.0, 0.0, 1.0]
     assert by_agent(samples, "b", "local_reward") == [1.0, 1.0, 1.0]
     assert by_agent(samples, "c", "local_reward") == [0.0, 1.0, 1.0]
     # Within a branch the steps go in turn order: c acts after a and b on every branch.
     assert by_agent(samples, "c", "info") == [{"before": ["a", "b"]}] * 3
     assert end.success and end.turns == 1
-    assert end.agent_rewards == {"a": 2.0, "b": 2.0, "c": 2.0}   # alpha * 1 + 1 each, on the kept branch
+    assert end.agent_rewards == {
+        "a": 2.0,
+        "b": 2.0,
+        "c": 2.0,
+    }  # alpha * 1 + 1 each, on the kept branch
     assert len(env_api.host.store) == 0
 
 
@@ -136,29 +165,44 @@ def test_a_tie_in_the_joint_sum_goes_to_the_lowest_index():
 
 
 def test_forks_are_made_once_per_turn_from_the_pre_turn_state():
-    # Turn 0: 7,3,5 | 7,7,3 | 3,7,7 -> sums 1, 2, 2 -> branch 1 (a 7, b 7, c 3). Turn 1 wins on branch 0.
+    # Turn 0: 7,3,5 | 7,7,3 | 3,7,7 -> sums 1, 2, 2 -> branch 1 (a 7, b 7, c 3). Turn 1 wins on
+    # branch 0.
     env_api = envs()
-    engine = scripted([{"a": ["7", "7", "3"], "b": ["3", "7", "7"], "c": ["5", "3", "7"]},
-                       {"a": ["7", "3", "3"], "b": ["7", "7", "7"], "c": ["7", "7", "7"]}])
+    engine = scripted(
+        [
+            {"a": ["7", "7", "3"], "b": ["3", "7", "7"], "c": ["5", "3", "7"]},
+            {"a": ["7", "3", "3"], "b": ["7", "7", "7"], "c": ["7", "7", "7"]},
+        ]
+    )
     samples, (end,) = run(plan(max_turns=3), engine, env_api)
-    assert env_api.forks == [3, 3]                                   # one K-way fork per turn
+    assert env_api.forks == [3, 3]  # one K-way fork per turn
     # One n=K generation per agent per turn, all three agents at once.
     assert [(agent, n) for agent, _, n in engine.calls] == [(r, 3) for r in ROLES] * 2
     assert engine.max_in_flight == 3
     prompts = [m[-1]["content"] for _, m, _ in engine.calls]
-    assert prompts[:3] == ["a holds 3; answers so far []", "b holds 7; answers so far []",
-                           "c holds 5; answers so far []"]
-    kept = "[{'a': 7, 'b': 7, 'c': 3}]"                              # turn 0's kept branch, whole
-    assert prompts[3:] == [f"a holds 3; answers so far {kept}", f"b holds 7; answers so far {kept}",
-                           f"c holds 5; answers so far {kept}"]
+    assert prompts[:3] == [
+        "a holds 3; answers so far []",
+        "b holds 7; answers so far []",
+        "c holds 5; answers so far []",
+    ]
+    kept = "[{'a': 7, 'b': 7, 'c': 3}]"  # turn 0's kept branch, whole
+    assert prompts[3:] == [
+        f"a holds 3; answers so far {kept}",
+        f"b holds 7; answers so far {kept}",
+        f"c holds 5; answers so far {kept}",
+    ]
     # One StepMany per agent per turn, over the K branches, in turn order.
-    assert [{agent for agent, _ in call} for call in env_api.step_calls] == [{"a"}, {"b"}, {"c"}] * 2
+    assert [{agent for agent, _ in call} for call in env_api.step_calls] == [
+        {"a"},
+        {"b"},
+        {"c"},
+    ] * 2
     assert [len(call) for call in env_api.step_calls] == [3] * 6
     assert [s.selected for s in samples if s.turn == 0 and s.agent == "a"] == [False, True, False]
     assert [s.selected for s in samples if s.turn == 1 and s.agent == "a"] == [True, False, False]
     assert end.success and end.turns == 2
     assert end.agent_rewards == {"a": 1.0 + 2.0, "b": 1.0 + 2.0, "c": 0.0 + 2.0}
-    assert len(env_api.host.store) == 0                              # the forks not kept were closed
+    assert len(env_api.host.store) == 0  # the forks not kept were closed
 
 
 def test_episodes_that_never_finish_leave_nothing_behind():
@@ -177,7 +221,9 @@ def test_selection_first_keeps_branch_zero():
     samples, (end,) = run(plan(max_turns=2, selection="first"), engine, env_api)
     assert all(s.selected == (s.branch == 0) for s in samples)
     assert [s.team_reward for s in samples if s.agent == "a"] == [0.0, 0.0, 1.0] * 2
-    assert engine.calls[3][1][-1]["content"] == "a holds 3; answers so far [{'a': 3, 'b': 7, 'c': 5}]"
+    assert (
+        engine.calls[3][1][-1]["content"] == "a holds 3; answers so far [{'a': 3, 'b': 7, 'c': 5}]"
+    )
     assert end.turns == 2 and not end.success
     assert end.agent_rewards == {"a": 0.0, "b": 2.0, "c": 0.0}
     assert len(env_api.host.store) == 0
@@ -188,8 +234,9 @@ def test_flat_mode_plays_one_joint_branch_without_forks():
     engine = scripted([{r: ["7"] for r in ROLES}])
     samples, (end,) = run(plan(mode="flat", k=8, selection="first"), engine, env_api)
     assert env_api.forks == [] and all(n == 1 for _, _, n in engine.calls)
-    assert [(s.agent, s.branch, s.team_reward, s.local_reward, s.selected) for s in samples] == \
-           [(r, 0, 1.0, 1.0, True) for r in ROLES]
+    assert [(s.agent, s.branch, s.team_reward, s.local_reward, s.selected) for s in samples] == [
+        (r, 0, 1.0, 1.0, True) for r in ROLES
+    ]
     assert end.success and end.agent_rewards == {"a": 2.0, "b": 2.0, "c": 2.0}
     assert len(env_api.host.store) == 0
 
@@ -200,11 +247,14 @@ def test_a_step_that_ends_the_turn_early_skips_the_later_agents_on_that_branch_o
     engine = scripted([{"a": ["0", "7"], "b": ["7", "7"], "c": ["7", "5"]}])
     samples, (end,) = run(plan(k=2, env_options={"give_up": True}), engine, env_api)
     assert [len(call) for call in env_api.step_calls] == [2, 1, 1]
-    assert by_agent(samples, "b", "info") == [{"skipped": "the turn ended on this branch before this agent acted"},
-                                              {"before": ["a"]}]
+    assert by_agent(samples, "b", "info") == [
+        {"skipped": "the turn ended on this branch before this agent acted"},
+        {"before": ["a"]},
+    ]
     assert by_agent(samples, "c", "local_reward") == [0.0, 0.0]
     assert by_agent(samples, "b", "done") == [True, False]
-    # sums: branch 0 = 0 (a's 0), branch 1 = 1 + 1 + 0 = 2 -> branch 1; no one won, the episode goes on.
+    # sums: branch 0 = 0 (a's 0), branch 1 = 1 + 1 + 0 = 2 -> branch 1; no one won, the episode goes
+    # on.
     assert by_agent(samples, "a", "selected") == [False, True]
     assert not end.success and end.turns == 1
     assert len(env_api.host.store) == 0

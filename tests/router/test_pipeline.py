@@ -21,14 +21,22 @@ K = 2
 
 
 def config(max_staleness: int, steps: int):
-    return parse_config({
-        "run": {"name": "pipe", "steps": steps, "tasks_per_step": 2, "eval_every_steps": 0,
-                "checkpoint_every_steps": 0, "run_dir": "/tmp/unused"},
-        "env": {"name": "toy", "turn_order": ["speaker"], "max_turns": 1},
-        "pools": {"a": {"model_path": "/models/tiny"}},
-        "agents": {"speaker": {"pool": "a"}},
-        "algorithm": {"k": K, "max_staleness": max_staleness},
-    })
+    return parse_config(
+        {
+            "run": {
+                "name": "pipe",
+                "steps": steps,
+                "tasks_per_step": 2,
+                "eval_every_steps": 0,
+                "checkpoint_every_steps": 0,
+                "run_dir": "/tmp/unused",
+            },
+            "env": {"name": "toy", "turn_order": ["speaker"], "max_turns": 1},
+            "pools": {"a": {"model_path": "/models/tiny"}},
+            "agents": {"speaker": {"pool": "a"}},
+            "algorithm": {"k": K, "max_staleness": max_staleness},
+        }
+    )
 
 
 class ScriptedTrainer:
@@ -40,13 +48,31 @@ class ScriptedTrainer:
     async def train(self, run_id, step, expected_version, samples, update):
         await self.loop.before_train(step)
         await asyncio.sleep(self.loop.train_delay)
-        self.trained[step] = (expected_version, sorted({s.policy_version for s in samples}), update.max_staleness)
+        self.trained[step] = (
+            expected_version,
+            sorted({s.policy_version for s in samples}),
+            update.max_staleness,
+        )
         self.loop.served += 1
         self.loop.log.append(("trained", step))
-        return TrainResult(run_id, step, expected_version + 1,
-                           dict.fromkeys(("loss", "approx_kl", "clip_fraction", "grad_norm", "entropy",
-                                          "push_seconds", "train_seconds"), 0.0),
-                           {"speaker": {"samples": float(len(samples))}})
+        return TrainResult(
+            run_id,
+            step,
+            expected_version + 1,
+            dict.fromkeys(
+                (
+                    "loss",
+                    "approx_kl",
+                    "clip_fraction",
+                    "grad_norm",
+                    "entropy",
+                    "push_seconds",
+                    "train_seconds",
+                ),
+                0.0,
+            ),
+            {"speaker": {"samples": float(len(samples))}},
+        )
 
 
 class LoggedRunState(RunState):
@@ -74,8 +100,10 @@ class ScriptedLoop:
         self.stop_requested = asyncio.Event()
         self.clients = SimpleNamespace(trainers={"a": ScriptedTrainer(self)})
         self.train_delay, self.collect_delay = train_delay, collect_delay
-        self.served = 0                     # the version the scripted replica serves
-        self.serve_once: dict[int, int] = {}   # step -> a version served to that step's first collection
+        self.served = 0  # the version the scripted replica serves
+        self.serve_once: dict[
+            int, int
+        ] = {}  # step -> a version served to that step's first collection
         self.log: list[tuple[str, int]] = []
         self.run_state = LoggedRunState(self.log)
         self.events, self.progress = self.run_state.events, self.run_state.progress
@@ -94,8 +122,26 @@ class ScriptedLoop:
         self.log.append(("collect", plan.step))
         version = self.serve_once.pop(plan.step, self.served)
         await asyncio.sleep(self.collect_delay)
-        samples = [Sample(t.task_id, "speaker", 0, b, PolicyRef("a", "", version), [1, 2], [3], [-0.5], float(b), 0.0,
-                          True, bool(b), b == 0, Sampling()) for t in plan.tasks for b in range(K)]
+        samples = [
+            Sample(
+                t.task_id,
+                "speaker",
+                0,
+                b,
+                PolicyRef("a", "", version),
+                [1, 2],
+                [3],
+                [-0.5],
+                float(b),
+                0.0,
+                True,
+                bool(b),
+                b == 0,
+                Sampling(),
+            )
+            for t in plan.tasks
+            for b in range(K)
+        ]
         self.log.append(("collected", plan.step))
         return samples, [EpisodeEnd(t.task_id, True, 1, {"speaker": 1.0}) for t in plan.tasks]
 
@@ -108,7 +154,7 @@ def test_collection_of_step_s_waits_only_for_step_s_minus_1_minus_n():
     loop = ScriptedLoop(config(1, steps=5))
     asyncio.run(Pipeline(loop).run(5))
     log = loop.log
-    for s in range(3, 6):      # never more than one version ahead: s starts after s-2 trained
+    for s in range(3, 6):  # never more than one version ahead: s starts after s-2 trained
         assert order(log, "trained", s - 2) < order(log, "collect", s)
     # and it does run ahead: step s is collected while s-1 trains
     assert any(order(log, "collect", s) < order(log, "trained", s - 1) for s in range(2, 6))
@@ -118,7 +164,10 @@ def test_collection_of_step_s_waits_only_for_step_s_minus_1_minus_n():
     # each step's event is recorded before state.json counts it (a kill between loses nothing)
     assert all(order(log, "event", s) < order(log, "progress", s) for s in range(1, 6))
     trained = loop.clients.trainers["a"].trained
-    assert all(pool_version - max(versions) <= 1 and n == 1 for pool_version, versions, n in trained.values())
+    assert all(
+        pool_version - max(versions) <= 1 and n == 1
+        for pool_version, versions, n in trained.values()
+    )
     assert any(pool_version - min(versions) == 1 for pool_version, versions, _ in trained.values())
 
 
@@ -126,7 +175,9 @@ def test_max_staleness_0_in_the_pipeline_is_the_synchronous_order():
     loop = ScriptedLoop(config(0, steps=4))
     asyncio.run(Pipeline(loop).run(4))
     work = [x for x in loop.log if x[0] in ("collect", "collected", "trained")]
-    assert work == [x for s in range(1, 5) for x in (("collect", s), ("collected", s), ("trained", s))]
+    assert work == [
+        x for s in range(1, 5) for x in (("collect", s), ("collected", s), ("trained", s))
+    ]
 
 
 def test_a_sample_too_stale_by_its_update_is_dropped_and_its_task_collected_again():
@@ -139,7 +190,7 @@ def test_a_sample_too_stale_by_its_update_is_dropped_and_its_task_collected_agai
 
     async def before_train(step):
         if step == 2:
-            await collected_3.wait()       # step 3 is in before step 2 trains
+            await collected_3.wait()  # step 3 is in before step 2 trains
 
     loop.before_train = before_train
     original = loop.collect
@@ -152,10 +203,10 @@ def test_a_sample_too_stale_by_its_update_is_dropped_and_its_task_collected_agai
 
     loop.collect = collect
     asyncio.run(Pipeline(loop).run(3))
-    assert loop.log.count(("collect", 3)) == 2                       # once more, for the dropped tasks
+    assert loop.log.count(("collect", 3)) == 2  # once more, for the dropped tasks
     step3 = loop.events[2]
-    assert step3["pools"]["a"]["dropped_stale"] == 2 * K             # both tasks' K samples
-    assert loop.clients.trainers["a"].trained[3] == (2, [2], 1)       # trained only fresh samples
+    assert step3["pools"]["a"]["dropped_stale"] == 2 * K  # both tasks' K samples
+    assert loop.clients.trainers["a"].trained[3] == (2, [2], 1)  # trained only fresh samples
     assert [e["step"] for e in loop.events] == [1, 2, 3]
 
 
@@ -169,5 +220,7 @@ def test_a_stop_trains_and_records_what_was_collected():
     loop.before_train = before_train
     asyncio.run(Pipeline(loop).run(10))
     collected = sorted({s for what, s in loop.log if what == "collected"})
-    assert [e["step"] for e in loop.events] == collected       # every collected step trained and recorded
+    assert [
+        e["step"] for e in loop.events
+    ] == collected  # every collected step trained and recorded
     assert len(collected) < 10 and loop.completed == collected[-1]

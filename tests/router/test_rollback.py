@@ -20,9 +20,17 @@ def test_no_rollback_when_the_trainers_kept_their_weights():
 
 def test_a_rollback_names_the_trainer_that_lost_its_weights_and_the_pools_sent_back_with_it():
     e = events.rollback_event(5, 3, "step-000003", {"a": 5, "b": 4}, {"a": 3, "b": 4}, ["b"])
-    assert (e["kind"], e["step"], e["from_step"], e["to_step"], e["checkpoint"]) == ("rollback", 3, 5, 3, "step-000003")
-    assert e["reason"].startswith("trainer 'a' restarted and lost its weights (it came back with version 3, "
-                                  "the checkpoint's; step 5 had left version 5)")
+    assert (e["kind"], e["step"], e["from_step"], e["to_step"], e["checkpoint"]) == (
+        "rollback",
+        3,
+        5,
+        3,
+        "step-000003",
+    )
+    assert e["reason"].startswith(
+        "trainer 'a' restarted and lost its weights (it came back with version 3, "
+        "the checkpoint's; step 5 had left version 5)"
+    )
     assert "pool(s) ['b'] went back to the checkpoint too" in e["reason"]
     assert run_wire.event_from_pb(run_wire.event_to_pb("r", e)) == e
 
@@ -47,16 +55,24 @@ def test_prepare_after_a_trainer_restart_records_the_rollback(tmp_path):
     d = RunDir(tmp_path)
     for s in (1, 2, 3):
         d.append_event({"kind": "step", "step": s})
-    d.write_progress(Progress("r", 3, {"a": 3}, Checkpoint(0, {"a": str(d.checkpoint_dir(0) / "a")}, {"a": 0})))
+    d.write_progress(
+        Progress("r", 3, {"a": 3}, Checkpoint(0, {"a": str(d.checkpoint_dir(0) / "a")}, {"a": 0}))
+    )
     emitted = []
-    loop = RunLoop(cfg, emitted.append, clients=SimpleNamespace(env=Env(), trainers={"a": Trainer(0)}))
+    loop = RunLoop(
+        cfg, emitted.append, clients=SimpleNamespace(env=Env(), trainers={"a": Trainer(0)})
+    )
     asyncio.run(loop.prepare())
     assert loop.completed == 0
     (rollback,) = emitted
-    assert d.read_events() == [rollback]            # the undone steps go, the record of why stays
-    assert (rollback["from_step"], rollback["to_step"], rollback["checkpoint"]) == (3, 0, "step-000000")
+    assert d.read_events() == [rollback]  # the undone steps go, the record of why stays
+    assert (rollback["from_step"], rollback["to_step"], rollback["checkpoint"]) == (
+        3,
+        0,
+        "step-000000",
+    )
     assert rollback["reason"].startswith("trainer 'a' restarted and lost its weights")
-    asyncio.run(loop.prepare())                     # a recovery that prepares again: said once
+    asyncio.run(loop.prepare())  # a recovery that prepares again: said once
     assert loop.completed == 0 and emitted == [rollback] and d.read_events() == [rollback]
 
 
@@ -66,7 +82,11 @@ def test_prepare_that_continues_where_it_was_records_nothing(tmp_path):
     d.append_event({"kind": "step", "step": 1})
     d.write_progress(Progress("r", 1, {"a": 1}, Checkpoint(0, {"a": "/c"}, {"a": 0})))
     emitted = []
-    asyncio.run(RunLoop(cfg, emitted.append, clients=SimpleNamespace(env=Env(), trainers={"a": Trainer(1)})).prepare())
+    asyncio.run(
+        RunLoop(
+            cfg, emitted.append, clients=SimpleNamespace(env=Env(), trainers={"a": Trainer(1)})
+        ).prepare()
+    )
     assert emitted == [] and [e["step"] for e in d.read_events()] == [1]
 
 
@@ -74,17 +94,23 @@ def watched(run: Run, from_step: int) -> list:
     async def go():
         run.state = "finished"
         return [e for e in [x async for x in run.watch(from_step)] if e["kind"] != "status"]
+
     return asyncio.run(go())
 
 
 def test_a_watcher_past_the_rollback_gets_it_and_the_steps_again(tmp_path):
     run = Run(config(tmp_path, level="L2"), loop_factory=lambda cfg, emit: None)
     back = events.rollback_event(3, 1, "step-000001", {"a": 3}, {"a": 1})
-    run.events = [{"kind": "step", "step": s} for s in (1, 2, 3)] + [back] + [{"kind": "step", "step": s}
-                                                                          for s in (2, 3, 4)]
+    run.events = (
+        [{"kind": "step", "step": s} for s in (1, 2, 3)]
+        + [back]
+        + [{"kind": "step", "step": s} for s in (2, 3, 4)]
+    )
     got = [(e["kind"], e["step"]) for e in watched(run, from_step=4)]
     assert got == [("rollback", 1), ("step", 2), ("step", 3), ("step", 4)]
-    assert [(e["kind"], e["step"]) for e in watched(run, from_step=0)] == [(e["kind"], e["step"]) for e in run.events]
+    assert [(e["kind"], e["step"]) for e in watched(run, from_step=0)] == [
+        (e["kind"], e["step"]) for e in run.events
+    ]
 
 
 def test_a_resume_past_the_last_checkpoint_keeps_it_for_the_next_rollback(tmp_path):
@@ -98,7 +124,7 @@ def test_a_resume_past_the_last_checkpoint_keeps_it_for_the_next_rollback(tmp_pa
     asyncio.run(loop.prepare())
     assert loop.completed == 3
     loop.completed = 4
-    loop.run_state.write_progress()                 # what a step writes
+    loop.run_state.write_progress()  # what a step writes
     assert d.read_progress().checkpoint == two and d.read_progress().checkpoints == [two]
 
 
@@ -111,10 +137,16 @@ def test_a_trainer_lost_before_the_first_checkpoint_sends_the_run_back_to_the_st
         d.append_event({"kind": "step", "step": s})
     d.write_progress(Progress("r", 2, {"a": 2}))
     emitted = []
-    loop = RunLoop(cfg, emitted.append, clients=SimpleNamespace(env=Env(), trainers={"a": Trainer(0)}))
+    loop = RunLoop(
+        cfg, emitted.append, clients=SimpleNamespace(env=Env(), trainers={"a": Trainer(0)})
+    )
     asyncio.run(loop.prepare())
     (rollback,) = emitted
-    assert loop.completed == 0 and (rollback["from_step"], rollback["to_step"], rollback["checkpoint"]) == (2, 0, "start")
+    assert loop.completed == 0 and (
+        rollback["from_step"],
+        rollback["to_step"],
+        rollback["checkpoint"],
+    ) == (2, 0, "start")
     assert d.read_events() == [rollback] and d.read_progress().completed_step == 0
 
 
@@ -146,7 +178,9 @@ def test_a_step_recorded_but_not_counted_is_undone_and_said(tmp_path):
     (rollback,) = emitted
     assert loop.completed == 3 and trainer.version == 3
     assert (rollback["from_step"], rollback["to_step"]) == (4, 3)
-    assert rollback["reason"].startswith("the router stopped after recording step 4 but before state.json counted it")
+    assert rollback["reason"].startswith(
+        "the router stopped after recording step 4 but before state.json counted it"
+    )
     assert "lost its weights" not in rollback["reason"]
     assert [e["step"] for e in d.read_events()] == [1, 2, 3, 3] and d.read_events()[-1] == rollback
 

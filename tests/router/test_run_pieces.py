@@ -20,17 +20,33 @@ from router_svc.steps import StepBatches, collect_plan, shard, step_tasks
 
 
 def config(tmp_path, level="L3", **run):
-    pools = {"a": {"model_path": "/m"}, "b": {"model_path": "/m"}} if level == "L3" else \
-        {"a": {"model_path": "/m", "specialization": "lora"}}
-    return parse_config({
-        "run": {"name": "r", "run_dir": str(tmp_path), **run},
-        "env": {"name": "toy", "turn_order": ["speaker", "listener"], "options": {"symbols": "12"}},
-        "pools": pools,
-        "agents": {"speaker": {"pool": "a"}, "listener": {"pool": "b" if level == "L3" else "a"}},
-        "services": {"env": "e:1", "sandbox": "s:1", "router": "r:1",
-                     "rollout": {p: [f"{p}{i}:1" for i in range(2)] for p in pools},
-                     "trainer": {p: f"t{p}:1" for p in pools}},
-    })
+    pools = (
+        {"a": {"model_path": "/m"}, "b": {"model_path": "/m"}}
+        if level == "L3"
+        else {"a": {"model_path": "/m", "specialization": "lora"}}
+    )
+    return parse_config(
+        {
+            "run": {"name": "r", "run_dir": str(tmp_path), **run},
+            "env": {
+                "name": "toy",
+                "turn_order": ["speaker", "listener"],
+                "options": {"symbols": "12"},
+            },
+            "pools": pools,
+            "agents": {
+                "speaker": {"pool": "a"},
+                "listener": {"pool": "b" if level == "L3" else "a"},
+            },
+            "services": {
+                "env": "e:1",
+                "sandbox": "s:1",
+                "router": "r:1",
+                "rollout": {p: [f"{p}{i}:1" for i in range(2)] for p in pools},
+                "trainer": {p: f"t{p}:1" for p in pools},
+            },
+        }
+    )
 
 
 def test_shard_spreads_tasks_and_routes_other_pools(tmp_path):
@@ -38,9 +54,16 @@ def test_shard_spreads_tasks_and_routes_other_pools(tmp_path):
     plan = collect_plan(cfg, step_tasks(0, 0, 6), step=1)
     parts = shard(plan, cfg.services.rollout)
     assert [a for a, _ in parts] == ["a0:1", "a1:1", "b0:1", "b1:1"]
-    assert sorted(t.task_id for _, p in parts for t in p.tasks) == sorted(t.task_id for t in plan.tasks)
+    assert sorted(t.task_id for _, p in parts for t in p.tasks) == sorted(
+        t.task_id for t in plan.tasks
+    )
     routes = {a: p.pool_addresses for a, p in parts}
-    assert routes == {"a0:1": {"b": "b0:1"}, "a1:1": {"b": "b1:1"}, "b0:1": {"a": "a0:1"}, "b1:1": {"a": "a1:1"}}
+    assert routes == {
+        "a0:1": {"b": "b0:1"},
+        "a1:1": {"b": "b1:1"},
+        "b0:1": {"a": "a0:1"},
+        "b1:1": {"a": "a1:1"},
+    }
     assert all(p.max_concurrent_tasks == len(p.tasks) for _, p in parts)
 
 
@@ -54,10 +77,19 @@ def test_plans_round_trip_and_carry_the_turn_order(tmp_path):
     cfg = config(tmp_path, level="L2")
     plan = collect_plan(cfg, step_tasks(0, 0, 2), step=3)
     assert plan.env_options == {"symbols": "12", "turn_order": ["speaker", "listener"]}
-    assert {a.adapter for a in plan.agents.values()} == {"speaker", "listener"}   # LoRA: own adapter
+    assert {a.adapter for a in plan.agents.values()} == {"speaker", "listener"}  # LoRA: own adapter
     back = collect_plan_from_pb(collect_plan_to_pb(plan))
-    assert back.tasks == plan.tasks and back.agents == plan.agents and back.env_options == plan.env_options
-    assert (back.k, back.mode, back.selection, back.parallel) == (plan.k, plan.mode, plan.selection, plan.parallel)
+    assert (
+        back.tasks == plan.tasks
+        and back.agents == plan.agents
+        and back.env_options == plan.env_options
+    )
+    assert (back.k, back.mode, back.selection, back.parallel) == (
+        plan.k,
+        plan.mode,
+        plan.selection,
+        plan.parallel,
+    )
     ev = collect_plan(cfg, step_tasks(0, 0, 2, split="eval"), step=3, eval_mode=True)
     assert (ev.k, ev.mode, ev.selection) == (1, "flat", "first")
     assert all(a.sampling.temperature == 0.0 for a in ev.agents.values())
@@ -79,11 +111,14 @@ def test_run_dir_drops_the_steps_a_resume_redoes(tmp_path):
         d.append_event({"kind": "step", "step": s})
     d.append_event({"kind": "eval", "step": 3})
     with open(d.metrics, "a") as f:
-        f.write('{"kind": "step", "st')             # a write torn by a crash
+        f.write('{"kind": "step", "st')  # a write torn by a crash
     assert [e["step"] for e in d.read_events()] == [1, 2, 3, 3]
     assert [e["step"] for e in d.truncate_events(2)] == [1, 2]
     assert [e["step"] for e in d.read_events()] == [1, 2]
-    one, two = Checkpoint(1, {"a": "/c"}, {"a": 1}, 0.5, {"a": 10}), Checkpoint(2, {"a": "/d"}, {"a": 2})
+    one, two = (
+        Checkpoint(1, {"a": "/c"}, {"a": 1}, 0.5, {"a": 10}),
+        Checkpoint(2, {"a": "/d"}, {"a": 2}),
+    )
     d.write_progress(Progress("r", 2, {"a": 2}, two, [one, two]))
     assert d.read_progress() == Progress("r", 2, {"a": 2}, two, [one, two])
 
@@ -95,7 +130,10 @@ def test_a_step_is_on_disk_before_state_json_counts_it(tmp_path):
     loop.versions = {"a": 3, "b": 3}
     seen = []
     write = loop.dir.write_progress
-    loop.dir.write_progress = lambda p: (seen.append((p.completed_step, loop.dir.read_events())), write(p))
+    loop.dir.write_progress = lambda p: (
+        seen.append((p.completed_step, loop.dir.read_events())),
+        write(p),
+    )
     loop.run_state.complete(3, {"kind": "step", "step": 3})
     assert seen == [(3, [{"kind": "step", "step": 3}])]
     assert loop.dir.read_progress().completed_step == 3
@@ -109,17 +147,27 @@ def test_the_first_event_makes_the_run_dir(tmp_path):
 
 
 def test_a_state_json_from_before_the_checkpoint_list_lists_its_last_checkpoint(tmp_path):
-    (tmp_path / "state.json").write_text(json.dumps({
-        "run": "r", "completed_step": 2, "versions": {"a": 2},
-        "checkpoint": {"step": 1, "paths": {"a": "/c"}, "versions": {"a": 1}}}))
+    (tmp_path / "state.json").write_text(
+        json.dumps(
+            {
+                "run": "r",
+                "completed_step": 2,
+                "versions": {"a": 2},
+                "checkpoint": {"step": 1, "paths": {"a": "/c"}, "versions": {"a": 1}},
+            }
+        )
+    )
     last = Checkpoint(1, {"a": "/c"}, {"a": 1})
     assert RunDir(tmp_path).read_progress() == Progress("r", 2, {"a": 2}, last, [last])
 
 
-@pytest.mark.parametrize("versions, expect", [
-    ({"a": 5, "b": 4}, 5),          # the trainers kept running: continue after the last step
-    ({"a": 3, "b": 3}, 3),          # the trainers restarted from the checkpoint of step 3
-])
+@pytest.mark.parametrize(
+    "versions, expect",
+    [
+        ({"a": 5, "b": 4}, 5),  # the trainers kept running: continue after the last step
+        ({"a": 3, "b": 3}, 3),  # the trainers restarted from the checkpoint of step 3
+    ],
+)
 def test_resume_point(tmp_path, versions, expect):
     loop = RunLoop(config(tmp_path), clients=object())
     loop.versions = versions
@@ -136,22 +184,52 @@ def test_resume_refuses_trainers_that_match_no_recorded_step(tmp_path):
 
 def test_events_survive_the_wire():
     batches = StepBatches({}, {}, 0)
-    step = events.step_event(4, batches, [EpisodeEnd("t", True, 1, {"speaker": 1.0})],
-                             {"a": {"agents": {"speaker": 8}, "version": 4, "loss": 0.5, "approx_kl": 0.0,
-                                    "clip_fraction": 0.1, "grad_norm": 1.0, "entropy": 2.0, "push_seconds": 0.1,
-                                    "push_bytes": 10, "memory": {"rss_gb": 2.5, "rss_peak_gb": 9.0}}},
-                             {"rollout_seconds": 1.0, "train_seconds": 2.0, "weight_sync_seconds": 0.1})
+    step = events.step_event(
+        4,
+        batches,
+        [EpisodeEnd("t", True, 1, {"speaker": 1.0})],
+        {
+            "a": {
+                "agents": {"speaker": 8},
+                "version": 4,
+                "loss": 0.5,
+                "approx_kl": 0.0,
+                "clip_fraction": 0.1,
+                "grad_norm": 1.0,
+                "entropy": 2.0,
+                "push_seconds": 0.1,
+                "push_bytes": 10,
+                "memory": {"rss_gb": 2.5, "rss_peak_gb": 9.0},
+            }
+        },
+        {"rollout_seconds": 1.0, "train_seconds": 2.0, "weight_sync_seconds": 0.1},
+    )
     back = run_wire.event_from_pb(run_wire.event_to_pb("r", step))
     assert back["success_rate"] == 1.0 and back["pools"]["a"]["agents"] == {"speaker": 8}
     assert back["pools"]["a"]["version"] == 4 and back["train_seconds"] == 2.0
     assert back["pools"]["a"]["memory"] == {"rss_gb": 2.5, "rss_peak_gb": 9.0}
-    ev = events.eval_event(4, [EpisodeEnd("t", True, 2, {"speaker": 1.0, "listener": 0.5}),
-                               EpisodeEnd("u", False, 0, {}, error="env down")], order=["speaker", "listener"])
-    assert ev["success_rate"] == 1.0 and ev["failed_episodes"] == 1 and list(ev["agents"]) == ["speaker", "listener"]
+    ev = events.eval_event(
+        4,
+        [
+            EpisodeEnd("t", True, 2, {"speaker": 1.0, "listener": 0.5}),
+            EpisodeEnd("u", False, 0, {}, error="env down"),
+        ],
+        order=["speaker", "listener"],
+    )
+    assert (
+        ev["success_rate"] == 1.0
+        and ev["failed_episodes"] == 1
+        and list(ev["agents"]) == ["speaker", "listener"]
+    )
     back = run_wire.event_from_pb(run_wire.event_to_pb("r", ev))
     assert back["agents"]["listener"] == {"reward_mean": 0.5, "turns_mean": 2.0}
-    assert (back["episodes"], back["failed_episodes"]) == (1, 1)       # what `atgrpo eval` shows and prints
-    assert eval_line(back).startswith("eval @ step    4  success 1.000 over 1 episodes (1 more ended in an error)")
+    assert (back["episodes"], back["failed_episodes"]) == (
+        1,
+        1,
+    )  # what `atgrpo eval` shows and prints
+    assert eval_line(back).startswith(
+        "eval @ step    4  success 1.000 over 1 episodes (1 more ended in an error)"
+    )
     status = status_dict("r", "stopped", 3, 10, "/d", 1, "")
     assert run_wire.event_from_pb(run_wire.event_to_pb("r", status)) == status
 
@@ -160,10 +238,13 @@ def test_evaluation_takes_each_task_of_a_finite_split_once(tmp_path):
     import asyncio
 
     loop = RunLoop(config(tmp_path), clients=object())
-    loop._task_ids["eval"] = ["e0", "e1"]            # what ListTasks gave: two eval tasks
-    assert sorted(t.task_id for t in asyncio.run(loop.tasks("eval", 0, 4, distinct=True))) == ["e0", "e1"]
-    assert len(asyncio.run(loop.tasks("eval", 0, 4))) == 4       # training walks the list in epochs
-    loop._task_ids["gen"] = None                    # generated from seeds: any count
+    loop._task_ids["eval"] = ["e0", "e1"]  # what ListTasks gave: two eval tasks
+    assert sorted(t.task_id for t in asyncio.run(loop.tasks("eval", 0, 4, distinct=True))) == [
+        "e0",
+        "e1",
+    ]
+    assert len(asyncio.run(loop.tasks("eval", 0, 4))) == 4  # training walks the list in epochs
+    loop._task_ids["gen"] = None  # generated from seeds: any count
     assert len(asyncio.run(loop.tasks("gen", 0, 4, distinct=True))) == 4
 
 
@@ -173,7 +254,10 @@ def test_collect_pins_each_trainable_policy_at_its_trainers_version(tmp_path):
     l3 = collect_plan(config(tmp_path), step_tasks(0, 0, 1), step=4, versions={"a": 3, "b": 5})
     assert l3.expected_versions == (PolicyRef("a", "", 3), PolicyRef("b", "", 5))
     l2 = collect_plan(config(tmp_path, level="L2"), step_tasks(0, 0, 1), step=3, versions={"a": 2})
-    assert l2.expected_versions == (PolicyRef("a", "speaker", 2), PolicyRef("a", "listener", 2))   # no base
+    assert l2.expected_versions == (
+        PolicyRef("a", "speaker", 2),
+        PolicyRef("a", "listener", 2),
+    )  # no base
     assert collect_plan_from_pb(collect_plan_to_pb(l2)).expected_versions == l2.expected_versions
     assert collect_plan(config(tmp_path), step_tasks(0, 0, 1), step=1).expected_versions == ()
 
@@ -184,9 +268,26 @@ def test_a_sample_of_other_weights_is_named(tmp_path):
     from router_svc.steps import off_version
 
     def sample(version):
-        return Sample("t1", "speaker", 0, 0, PolicyRef("a", "", version), [1], [2], [-1.0], 0.0, 0.0, True, True,
-                      True, Sampling())
+        return Sample(
+            "t1",
+            "speaker",
+            0,
+            0,
+            PolicyRef("a", "", version),
+            [1],
+            [2],
+            [-1.0],
+            0.0,
+            0.0,
+            True,
+            True,
+            True,
+            Sampling(),
+        )
 
     assert off_version([sample(2), sample(2)], {"a": 2}) is None
-    assert off_version([sample(0)], {}) is None                      # a pool no trainer holds is not pinned
-    assert off_version([sample(2), sample(0)], {"a": 2}) == "task 't1', agent 'speaker' was sampled from 'a' version 0, not 2"
+    assert off_version([sample(0)], {}) is None  # a pool no trainer holds is not pinned
+    assert (
+        off_version([sample(2), sample(0)], {"a": 2})
+        == "task 't1', agent 'speaker' was sampled from 'a' version 0, not 2"
+    )

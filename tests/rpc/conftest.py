@@ -13,7 +13,7 @@ def fuzz_services(tiny_model, tmp_path_factory) -> Services:
     fuzzer sends relative paths (checkpoint dirs, run dirs) that the services then write to."""
     work = tmp_path_factory.mktemp("fuzz-cwd")
     saved_cwd, saved_offline = os.getcwd(), os.environ.get("HF_HUB_OFFLINE")
-    os.environ["HF_HUB_OFFLINE"] = "1"     # a random model_path must never become a hub download
+    os.environ["HF_HUB_OFFLINE"] = "1"  # a random model_path must never become a hub download
     os.chdir(work)
     services = None
     try:

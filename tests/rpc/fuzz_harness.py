@@ -39,7 +39,9 @@ class BackgroundLoop:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="fuzz-servers", daemon=True)
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="fuzz-servers", daemon=True
+        )
         self.thread.start()
 
     def run(self, coro: Coroutine, timeout: float = 300) -> Any:
@@ -64,13 +66,20 @@ class Services:
     def channel(self, kind: str) -> grpc.Channel:
         """A blocking channel without size limits of its own: what the server allows is under test."""
         if kind not in self.channels:
-            self.channels[kind] = grpc.insecure_channel(self.address(kind), options=[
-                ("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)])
+            self.channels[kind] = grpc.insecure_channel(
+                self.address(kind),
+                options=[
+                    ("grpc.max_send_message_length", -1),
+                    ("grpc.max_receive_message_length", -1),
+                ],
+            )
         return self.channels[kind]
 
     def live_episode(self, env: str = "toy") -> str:
         stub = env_pb2_grpc.EnvServiceStub(self.channel("env"))
-        return stub.Reset(env_pb2.ResetRequest(env=env, task_id="0", seed=1, split="train"), timeout=30).episode_id
+        return stub.Reset(
+            env_pb2.ResetRequest(env=env, task_id="0", seed=1, split="train"), timeout=30
+        ).episode_id
 
     def close(self) -> None:
         for ch in self.channels.values():
@@ -83,6 +92,7 @@ class Services:
                 result = close()
                 if asyncio.iscoroutine(result):
                     await result
+
         try:
             self.loop.run(stop(), timeout=60)
         finally:
@@ -110,24 +120,33 @@ def start_services(model_dir: str) -> Services:
     from trainer_svc.trainer import Trainer
 
     loop = BackgroundLoop()
-    engine = HFEngine(model_dir, device="cpu", dtype="float32")   # loaded here, not on the loop
+    engine = HFEngine(model_dir, device="cpu", dtype="float32")  # loaded here, not on the loop
 
     async def start() -> Services:
         running: dict[str, RunningServer] = {}
         executor = Executor(BwrapBackend(Policy()), workers=2, queue=8)
         running["sandbox"] = await create_server(sandbox_bindings(executor))
         sandbox = SandboxClient(f"127.0.0.1:{running['sandbox'].port}")
-        host = EnvHost(builtin_registry(), sandbox=sandbox, store=EpisodeStore(200_000, 900))   # forks of 1024 add up
+        host = EnvHost(
+            builtin_registry(), sandbox=sandbox, store=EpisodeStore(200_000, 900)
+        )  # forks of 1024 add up
         running["env"] = await create_server(env_bindings(host))
         from atgrpo.sdk.client import EnvClient
+
         envs = EnvClient(f"127.0.0.1:{running['env'].port}")
         replica = Replica({"p": PoolRuntime("p", engine)})
-        running["rollout"] = await create_server(rollout_bindings(replica, envs, engine="hf", device="cpu"))
+        running["rollout"] = await create_server(
+            rollout_bindings(replica, envs, engine="hf", device="cpu")
+        )
         running["trainer"] = await create_server(trainer_bindings(trainer=Trainer("p")))
         running["router"] = await create_server(router_bindings())
-        services = Services(loop, running, model_dir, closers=[executor.close, sandbox.close, envs.close])
+        services = Services(
+            loop, running, model_dir, closers=[executor.close, sandbox.close, envs.close]
+        )
         async with TrainerClient(f"127.0.0.1:{running['trainer'].port}") as t:
-            await t.setup(trainer_wire.spec_from_pb(setup_request(model_dir, [services.address("rollout")])))
+            await t.setup(
+                trainer_wire.spec_from_pb(setup_request(model_dir, [services.address("rollout")]))
+            )
         return services
 
     try:
@@ -139,12 +158,20 @@ def start_services(model_dir: str) -> Services:
 
 def setup_request(model_dir: str, rollout: list[str]) -> trainer_pb2.SetupRequest:
     return trainer_pb2.SetupRequest(
-        run_id=RUN_ID, pool="p", model_path=model_dir, agents=["speaker", "listener"], seed=0,
-        optim=trainer_pb2.OptimParams(lr=1e-4, warmup_steps=0, total_steps=10), rollout_addresses=rollout)
+        run_id=RUN_ID,
+        pool="p",
+        model_path=model_dir,
+        agents=["speaker", "listener"],
+        seed=0,
+        optim=trainer_pb2.OptimParams(lr=1e-4, warmup_steps=0, total_steps=10),
+        rollout_addresses=rollout,
+    )
 
 
 def health(services: Services, kind: str) -> str:
-    resp = health_pb2_grpc.HealthStub(services.channel(kind)).Check(health_pb2.HealthCheckRequest(), timeout=10)
+    resp = health_pb2_grpc.HealthStub(services.channel(kind)).Check(
+        health_pb2.HealthCheckRequest(), timeout=10
+    )
     return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
 
 
@@ -160,12 +187,18 @@ def valid_calls(services: Services) -> dict[str, Any]:
     out: dict[str, Any] = {}
     env = env_pb2_grpc.EnvServiceStub(services.channel("env"))
     episode = services.live_episode()
-    out["env"] = env.Step(env_pb2.StepRequest(episode_id=episode, agent="speaker", action_text="3"), timeout=30)
+    out["env"] = env.Step(
+        env_pb2.StepRequest(episode_id=episode, agent="speaker", action_text="3"), timeout=30
+    )
     sandbox = sandbox_pb2_grpc.SandboxServiceStub(services.channel("sandbox"))
-    out["sandbox"] = sandbox.Execute(sandbox_pb2.ExecuteRequest(code="print(6 * 7)", language="python"), timeout=60)
+    out["sandbox"] = sandbox.Execute(
+        sandbox_pb2.ExecuteRequest(code="print(6 * 7)", language="python"), timeout=60
+    )
     assert out["sandbox"].stdout == b"42\n", out["sandbox"]
     rollout = rollout_pb2_grpc.RolloutServiceStub(services.channel("rollout"))
-    req = rollout_pb2.GenerateRequest(pool="p", n=2, sampling=common_pb2.SamplingParams(max_tokens=4))
+    req = rollout_pb2.GenerateRequest(
+        pool="p", n=2, sampling=common_pb2.SamplingParams(max_tokens=4)
+    )
     req.messages.messages.add(role="user", content="hello")
     out["rollout"] = rollout.Generate(req, timeout=60)
     assert len(out["rollout"].completions) == 2

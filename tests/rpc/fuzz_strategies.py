@@ -19,23 +19,49 @@ from hypothesis import strategies as st
 
 F = FieldDescriptor
 
-HUGE_TEXT = "\u00e9" * (3 * 2**20)        # 6 MiB of UTF-8: under the 64 MiB cap, over any sane field
+HUGE_TEXT = "\u00e9" * (3 * 2**20)  # 6 MiB of UTF-8: under the 64 MiB cap, over any sane field
 HUGE_BYTES = b"\x00" * (3 * 2**20)
 HUGE_LIST = 5_000
 
 _INT_RANGES = {
-    F.TYPE_INT32: (-(2**31), 2**31 - 1), F.TYPE_SINT32: (-(2**31), 2**31 - 1), F.TYPE_SFIXED32: (-(2**31), 2**31 - 1),
-    F.TYPE_INT64: (-(2**63), 2**63 - 1), F.TYPE_SINT64: (-(2**63), 2**63 - 1), F.TYPE_SFIXED64: (-(2**63), 2**63 - 1),
-    F.TYPE_UINT32: (0, 2**32 - 1), F.TYPE_FIXED32: (0, 2**32 - 1),
-    F.TYPE_UINT64: (0, 2**64 - 1), F.TYPE_FIXED64: (0, 2**64 - 1),
+    F.TYPE_INT32: (-(2**31), 2**31 - 1),
+    F.TYPE_SINT32: (-(2**31), 2**31 - 1),
+    F.TYPE_SFIXED32: (-(2**31), 2**31 - 1),
+    F.TYPE_INT64: (-(2**63), 2**63 - 1),
+    F.TYPE_SINT64: (-(2**63), 2**63 - 1),
+    F.TYPE_SFIXED64: (-(2**63), 2**63 - 1),
+    F.TYPE_UINT32: (0, 2**32 - 1),
+    F.TYPE_FIXED32: (0, 2**32 - 1),
+    F.TYPE_UINT64: (0, 2**64 - 1),
+    F.TYPE_FIXED64: (0, 2**64 - 1),
 }
-_SPECIAL_FLOATS = [0.0, -0.0, 1.0, -1.0, 0.5, 2.0, math.nan, math.inf, -math.inf, 1e30, -1e30, 1e-30]
+_SPECIAL_FLOATS = [
+    0.0,
+    -0.0,
+    1.0,
+    -1.0,
+    0.5,
+    2.0,
+    math.nan,
+    math.inf,
+    -math.inf,
+    1e30,
+    -1e30,
+    1e-30,
+]
 
 
 def integers(lo: int, hi: int) -> st.SearchStrategy[int]:
-    edges = sorted({v for v in (0, 1, 2, -1, lo, hi, lo + 1, hi - 1, 2**31 - 1, -(2**31), 2**53)
-                    if lo <= v <= hi})
-    return st.one_of(st.integers(max(lo, 0), min(hi, 4)), st.sampled_from(edges), st.integers(lo, hi))
+    edges = sorted(
+        {
+            v
+            for v in (0, 1, 2, -1, lo, hi, lo + 1, hi - 1, 2**31 - 1, -(2**31), 2**53)
+            if lo <= v <= hi
+        }
+    )
+    return st.one_of(
+        st.integers(max(lo, 0), min(hi, 4)), st.sampled_from(edges), st.integers(lo, hi)
+    )
 
 
 def floats(width: int) -> st.SearchStrategy[float]:
@@ -43,8 +69,12 @@ def floats(width: int) -> st.SearchStrategy[float]:
 
 
 def texts(hint: Sequence[str] = ()) -> st.SearchStrategy[str]:
-    choices = [st.text(max_size=12), st.sampled_from(["", " ", "\x00", "../../etc/passwd", "\U0001f600" * 3,
-                                                      "a" * 300, HUGE_TEXT])]
+    choices = [
+        st.text(max_size=12),
+        st.sampled_from(
+            ["", " ", "\x00", "../../etc/passwd", "\U0001f600" * 3, "a" * 300, HUGE_TEXT]
+        ),
+    ]
     if hint:
         choices.insert(0, st.sampled_from(list(hint)))
     return st.one_of(*choices)
@@ -54,14 +84,20 @@ def blobs() -> st.SearchStrategy[bytes]:
     return st.one_of(st.binary(max_size=32), st.sampled_from([b"", b"\x00" * 7, HUGE_BYTES]))
 
 
-Hints = Mapping[str, Any]   # field name -> list of values to mix in, or a strategy replacing the field's
+Hints = Mapping[
+    str, Any
+]  # field name -> list of values to mix in, or a strategy replacing the field's
 
 
 class MessageStrategies:
     """`for_message(descriptor)` -> a strategy of messages of that type."""
 
-    def __init__(self, message_class: Callable[[Descriptor], type[Message]], hints: Hints | None = None,
-                 max_depth: int = 4):
+    def __init__(
+        self,
+        message_class: Callable[[Descriptor], type[Message]],
+        hints: Hints | None = None,
+        max_depth: int = 4,
+    ):
         self._class, self.hints, self.max_depth = message_class, dict(hints or {}), max_depth
 
     def _scalar(self, f: FieldDescriptor) -> st.SearchStrategy:
@@ -79,7 +115,9 @@ class MessageStrategies:
             return st.one_of(st.sampled_from(list(hint)), base) if hint else base
         if f.type == F.TYPE_ENUM:
             known = [v.number for v in f.enum_type.values]
-            return st.one_of(st.sampled_from(known), integers(-(2**31), 2**31 - 1))  # open enums: unknown values too
+            return st.one_of(
+                st.sampled_from(known), integers(-(2**31), 2**31 - 1)
+            )  # open enums: unknown values too
         lo, hi = _INT_RANGES[f.type]
         base = integers(lo, hi)
         return st.one_of(st.sampled_from(list(hint)), base) if hint else base
@@ -94,13 +132,16 @@ class MessageStrategies:
         if isinstance(hint, st.SearchStrategy) and f.type == F.TYPE_MESSAGE:
             return hint
         if f.message_type is not None and f.message_type.GetOptions().map_entry:
-            key_f, val_f = f.message_type.fields_by_name["key"], f.message_type.fields_by_name["value"]
+            key_f, val_f = (
+                f.message_type.fields_by_name["key"],
+                f.message_type.fields_by_name["value"],
+            )
             return st.dictionaries(self._scalar(key_f), self._value(val_f, depth), max_size=3)
         if f.is_repeated:
             item = self._value(f, depth)
             lists = [st.lists(item, max_size=3)]
             if f.type not in (F.TYPE_MESSAGE, F.TYPE_STRING, F.TYPE_BYTES):
-                lists.append(st.builds(lambda v: [v] * HUGE_LIST, item))   # one long list
+                lists.append(st.builds(lambda v: [v] * HUGE_LIST, item))  # one long list
             if isinstance(hint, list) and f.type != F.TYPE_MESSAGE:
                 lists.insert(0, st.just(list(hint)))
             return st.one_of(*lists)
@@ -147,7 +188,12 @@ def mutated(draw, base: Message, gen: MessageStrategies, max_depth: int = 4) -> 
         f = draw(st.sampled_from(list(target.DESCRIPTOR.fields)))
         is_map = f.message_type is not None and f.message_type.GetOptions().map_entry
         value = getattr(target, f.name)
-        if f.type == F.TYPE_MESSAGE and not is_map and depth + 1 < max_depth and draw(st.booleans()):
+        if (
+            f.type == F.TYPE_MESSAGE
+            and not is_map
+            and depth + 1 < max_depth
+            and draw(st.booleans())
+        ):
             if f.is_repeated and len(value):
                 target = value[draw(st.integers(0, len(value) - 1))]
                 continue

@@ -37,13 +37,16 @@ def run(coro):
     return asyncio.run(coro)
 
 
-@pytest.mark.parametrize("text, want", [
-    ("rollout-0.rollout:50051", Target("rollout-0.rollout", 50051, False)),
-    ("127.0.0.1:7000", Target("127.0.0.1", 7000, False)),
-    ("[fd00::1]:50051", Target("fd00::1", 50051, False)),
-    (HEADLESS, Target("atgrpo-rollout-main.ml.svc.cluster.local", 50051, True)),
-    ("dns:///[fd00::2]:9", Target("fd00::2", 9, True)),
-])
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("rollout-0.rollout:50051", Target("rollout-0.rollout", 50051, False)),
+        ("127.0.0.1:7000", Target("127.0.0.1", 7000, False)),
+        ("[fd00::1]:50051", Target("fd00::1", 50051, False)),
+        (HEADLESS, Target("atgrpo-rollout-main.ml.svc.cluster.local", 50051, True)),
+        ("dns:///[fd00::2]:9", Target("fd00::2", 9, True)),
+    ],
+)
 def test_parse_target(text, want):
     assert parse_target(text) == want
 
@@ -52,16 +55,19 @@ def test_parse_target_default_port():
     assert parse_target("dns:///svc.ns", default_port=50051) == Target("svc.ns", 50051, True)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("svc.ns", "no port"),
-    ("svc:0", "not a number in 1-65535"),
-    ("svc:http", "not a number in 1-65535"),
-    ("dns://8.8.8.8/svc:1", "only the dns:/// scheme"),
-    ("http://svc:1", "only the dns:/// scheme"),
-    ("fd00::1:50051", "IPv6 address in brackets"),
-    ("[fd00::1", "IPv6 address in brackets"),
-    (":50051", "no host"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("svc.ns", "no port"),
+        ("svc:0", "not a number in 1-65535"),
+        ("svc:http", "not a number in 1-65535"),
+        ("dns://8.8.8.8/svc:1", "only the dns:/// scheme"),
+        ("http://svc:1", "only the dns:/// scheme"),
+        ("fd00::1:50051", "IPv6 address in brackets"),
+        ("[fd00::1", "IPv6 address in brackets"),
+        (":50051", "no host"),
+    ],
+)
 def test_parse_target_rejects_with_a_fix(text, message):
     with pytest.raises(DiscoveryError, match=message):
         parse_target(text)
@@ -80,7 +86,16 @@ def test_static_addresses_pass_through_without_lookups():
 
 
 def test_headless_service_expands_to_every_ready_replica_sorted():
-    dns = FakeDNS({"atgrpo-rollout-main.ml.svc.cluster.local": ["10.0.0.12", "10.0.0.3", "10.0.0.12", "fd00::5"]})
+    dns = FakeDNS(
+        {
+            "atgrpo-rollout-main.ml.svc.cluster.local": [
+                "10.0.0.12",
+                "10.0.0.3",
+                "10.0.0.12",
+                "fd00::5",
+            ]
+        }
+    )
     got = run(resolve([HEADLESS], dns))
     # numeric, not text, order (10.0.0.3 before 10.0.0.12); IPv4 before IPv6; no duplicates
     assert got == ["10.0.0.3:50051", "10.0.0.12:50051", "[fd00::5]:50051"]
@@ -105,7 +120,9 @@ def test_wait_for_replicas_polls_until_enough_are_ready():
         slept.append(s)
         dns.records[host].append(f"10.0.0.{len(dns.records[host]) + 1}")  # one more pod turns ready
 
-    got = run(wait_for_replicas([HEADLESS], 3, timeout_s=60, lookup=dns, sleep=sleep, clock=lambda: 0.0))
+    got = run(
+        wait_for_replicas([HEADLESS], 3, timeout_s=60, lookup=dns, sleep=sleep, clock=lambda: 0.0)
+    )
     assert got == ["10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"]
     assert slept == [2.0, 2.0]
 
@@ -117,8 +134,14 @@ def test_wait_for_replicas_times_out_naming_what_it_found():
         now[0] += s
 
     dns = FakeDNS({"atgrpo-rollout-main.ml.svc.cluster.local": ["10.0.0.1"]})
-    with pytest.raises(DiscoveryError, match=r"1 of 2 rollout replicas ready after 5 s .*10\.0\.0\.1:50051"):
-        run(wait_for_replicas([HEADLESS], 2, timeout_s=5, lookup=dns, sleep=sleep, clock=lambda: now[0]))
+    with pytest.raises(
+        DiscoveryError, match=r"1 of 2 rollout replicas ready after 5 s .*10\.0\.0\.1:50051"
+    ):
+        run(
+            wait_for_replicas(
+                [HEADLESS], 2, timeout_s=5, lookup=dns, sleep=sleep, clock=lambda: now[0]
+            )
+        )
     assert now[0] == 6.0  # polled at 0, 2, 4, 6: gave up at the first look past the deadline
 
 
@@ -129,7 +152,7 @@ def test_resolver_reuses_answers_within_the_ttl_then_sees_changes():
     resolver = ReplicaResolver([HEADLESS], lookup=dns, ttl_s=5.0, clock=lambda: now[0])
     assert resolver.dynamic
     assert run(resolver.current()) == ["10.0.0.1:50051", "10.0.0.2:50051"]
-    dns.records[host] = ["10.0.0.2"]           # replica 1 went away
+    dns.records[host] = ["10.0.0.2"]  # replica 1 went away
     now[0] += 4.9
     assert run(resolver.current()) == ["10.0.0.1:50051", "10.0.0.2:50051"]
     assert len(dns.calls) == 1

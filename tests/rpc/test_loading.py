@@ -31,7 +31,10 @@ async def build(_):
 
 run_service("router", build, argv=sys.argv[1:])
 """
-SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+SERVING, NOT_SERVING = (
+    health_pb2.HealthCheckResponse.SERVING,
+    health_pb2.HealthCheckResponse.NOT_SERVING,
+)
 
 
 def _free_port() -> int:
@@ -50,9 +53,13 @@ async def _state(address: str) -> tuple[int, int, grpc.StatusCode]:
     async with aio.insecure_channel(address) as ch:
         health = health_pb2_grpc.HealthStub(ch)
         whole = (await health.Check(health_pb2.HealthCheckRequest(), timeout=2)).status
-        live = (await health.Check(health_pb2.HealthCheckRequest(service=LIVENESS), timeout=2)).status
+        live = (
+            await health.Check(health_pb2.HealthCheckRequest(service=LIVENESS), timeout=2)
+        ).status
         try:
-            await router_pb2_grpc.RouterServiceStub(ch).GetInfo(common_pb2.GetInfoRequest(), timeout=2)
+            await router_pb2_grpc.RouterServiceStub(ch).GetInfo(
+                common_pb2.GetInfoRequest(), timeout=2
+            )
             code = grpc.StatusCode.OK
         except aio.AioRpcError as err:
             code = err.code()
@@ -63,9 +70,22 @@ async def _state(address: str) -> tuple[int, int, grpc.StatusCode]:
 @pytest.fixture
 def slow_service(tmp_path, subprocess_env):
     port, metrics_port, port_file = _free_port(), _free_port(), tmp_path / "port.json"
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_ROUTER, "--port", str(port), "--metrics-port",
-                             str(metrics_port), "--port-file", str(port_file)],
-                            env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            SLOW_ROUTER,
+            "--port",
+            str(port),
+            "--metrics-port",
+            str(metrics_port),
+            "--port-file",
+            str(port_file),
+        ],
+        env=subprocess_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     yield proc, port, metrics_port, port_file
     proc.terminate()
     try:
@@ -83,12 +103,13 @@ def test_health_and_metrics_answer_while_the_service_builds_then_it_serves(slow_
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.stdout.read().decode()
         # Looked at before the state: the port file comes after SERVING, so a file seen now with a
-        # state still loading after it is the bug (looked at after, a build ending in between is not).
+        # state still loading after it is the bug (looked at after, a build ending in between is
+        # not).
         written = port_file.exists()
         try:
             text = _scrape(metrics_port)
             state = asyncio.run(_state(address))
-        except (OSError, aio.AioRpcError):     # not listening yet: the interpreter is importing
+        except (OSError, aio.AioRpcError):  # not listening yet: the interpreter is importing
             time.sleep(0.1)
             continue
         if state[0] == SERVING:
@@ -108,6 +129,9 @@ def test_health_and_metrics_answer_while_the_service_builds_then_it_serves(slow_
     assert json.loads(port_file.read_text())["port"] == port
     text = _scrape(metrics_port)
     assert 'atgrpo_service_ready{service="router"} 1.0' in text
-    built = next(float(line.split()[-1]) for line in text.splitlines()
-                 if line.startswith('atgrpo_service_build_seconds{service="router"}'))
+    built = next(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith('atgrpo_service_build_seconds{service="router"}')
+    )
     assert BUILD_S <= built < BUILD_S + 5

@@ -86,7 +86,9 @@ def _binding(hold: Hold | None = None, refuse: Refuse | None = None) -> Binding:
     if hold is not None:
         methods["Hold"] = grpc.unary_unary_rpc_method_handler(hold.handle)
     handler = grpc.method_handlers_generic_handler(SERVICE, methods)
-    return Binding(SERVICE, None, lambda _servicer, server: server.add_generic_rpc_handlers((handler,)))
+    return Binding(
+        SERVICE, None, lambda _servicer, server: server.add_generic_rpc_handlers((handler,))
+    )
 
 
 class _ProbeClient(ServiceClient):
@@ -108,6 +110,7 @@ class _ProbeClient(ServiceClient):
             except aio.AioRpcError as err:
                 self.refused.append(err.code())
                 raise
+
         return await self._call(attempt, payload, timeout_s=timeout_s, retry=retry)
 
 
@@ -151,13 +154,16 @@ def test_domain_errors_become_their_status_codes_and_back():
             with pytest.raises(errors.ResourceExhausted) as busy:
                 await c.call("Fail", b"busy")
             assert busy.value.retryable and busy.value.retry_after_ms == 250
-            with pytest.raises(errors.Unimplemented, match="/test.v1.Probe/Fail is not implemented"):
+            with pytest.raises(
+                errors.Unimplemented, match="/test.v1.Probe/Fail is not implemented"
+            ):
                 await c.call("Fail", b"todo")
             with pytest.raises(errors.Internal, match="ValueError: boom.*keeps serving"):
                 await c.call("Fail", b"other")
             # The server is still up after an unexpected exception.
             assert await c.call("Sleep", b"0") == b"slept"
         await running.stop(0)
+
     run(go())
 
 
@@ -173,6 +179,7 @@ def test_streaming_error_after_items_keeps_items_and_code():
             assert got == [b"0", b"1", b"2"]
             assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         await running.stop(0)
+
     run(go())
 
 
@@ -181,6 +188,7 @@ def test_a_refused_stream_is_read_to_its_end_so_the_client_gets_the_status():
     "Internal error from Core" (grpc/grpc#36066; CI met it on LoadWeights). The server reads
     the refused stream to its end first: every write after the refusal succeeds, and the client
     gets the server's code and message."""
+
     async def go():
         refuse = Refuse()
         running = await create_server([_binding(refuse=refuse)])
@@ -195,6 +203,7 @@ def test_a_refused_stream_is_read_to_its_end_so_the_client_gets_the_status():
                 await call
         await running.stop(0)
         return err.value
+
     err = run(go())
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.details() == "the first message is refused; send a header first"
@@ -207,18 +216,23 @@ def test_a_client_that_never_finishes_its_stream_gets_the_status_after_the_drain
         running = await create_server([_binding()])
         async with aio.insecure_channel(f"127.0.0.1:{running.port}") as ch:
             call = ch.stream_unary(f"/{SERVICE}/Upload")(timeout=10)
-            await call.write(b"first")       # and never half-closes
+            await call.write(b"first")  # and never half-closes
             with pytest.raises(aio.AioRpcError) as err:
                 await asyncio.wait_for(call, 5)
         await running.stop(0)
         return err.value
+
     assert run(go()).code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_metrics_count_calls_by_code():
     def count(code):
-        return REGISTRY.get_sample_value("atgrpo_rpc_handled_total",
-                                         {"service": SERVICE, "method": "Fail", "code": code}) or 0.0
+        return (
+            REGISTRY.get_sample_value(
+                "atgrpo_rpc_handled_total", {"service": SERVICE, "method": "Fail", "code": code}
+            )
+            or 0.0
+        )
 
     async def go():
         running = await create_server([_binding()])
@@ -248,6 +262,7 @@ def test_health_serving_then_not_serving_on_shutdown():
             resp = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
             assert resp.status == health_pb2.HealthCheckResponse.NOT_SERVING
         await running.stop(0)
+
     run(go())
 
 
@@ -267,10 +282,11 @@ def test_graceful_stop_finishes_in_flight_and_refuses_new_calls():
             result = await in_flight
             await stopping
         return refused, still_in_flight, result
+
     refused, still_in_flight, result = run(go())
-    assert refused                  # new calls get UNAVAILABLE once the server stops...
-    assert still_in_flight          # ...while the call made before is still running
-    assert result == b"held"        # and that one finished within the grace period
+    assert refused  # new calls get UNAVAILABLE once the server stops...
+    assert still_in_flight  # ...while the call made before is still running
+    assert result == b"held"  # and that one finished within the grace period
 
 
 def test_concurrency_cap_refuses_with_resource_exhausted():
@@ -278,31 +294,40 @@ def test_concurrency_cap_refuses_with_resource_exhausted():
         hold = Hold()
         running = await create_server([_binding(hold)], max_concurrent_rpcs=2)
         async with _ProbeClient(f"127.0.0.1:{running.port}") as c:
-            calls = [asyncio.create_task(c.call("Hold", b"", timeout_s=30, retry=False)) for _ in range(4)]
-            await until(lambda: hold.inside == 2 and sum(t.done() for t in calls) == 2,
-                        "two calls held and two refused")
+            calls = [
+                asyncio.create_task(c.call("Hold", b"", timeout_s=30, retry=False))
+                for _ in range(4)
+            ]
+            await until(
+                lambda: hold.inside == 2 and sum(t.done() for t in calls) == 2,
+                "two calls held and two refused",
+            )
             hold.release.set()
             refused = await asyncio.gather(*calls, return_exceptions=True)
 
             hold.release = asyncio.Event()
             c.refused.clear()
             calls = [asyncio.create_task(c.call("Hold", b"", timeout_s=30)) for _ in range(4)]
-            await until(lambda: hold.inside == 2 and c.refused, "two calls held and a third refused")
+            await until(
+                lambda: hold.inside == 2 and c.refused, "two calls held and a third refused"
+            )
             hold.release.set()
             retried = await asyncio.gather(*calls)
             retried_after = set(c.refused)
         await running.stop(0)
         return refused, retried, retried_after
+
     refused, retried, retried_after = run(go())
     assert refused.count(b"held") == 2
     assert sum(isinstance(r, errors.ResourceExhausted) for r in refused) == 2
-    assert retried == [b"held"] * 4           # the client backs off and retries within its deadline
+    assert retried == [b"held"] * 4  # the client backs off and retries within its deadline
     assert retried_after == {grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
 def test_a_restarting_service_is_waited_for_within_the_deadline():
     """UNAVAILABLE is retried with backoff: a call made while the server is down succeeds once a
     server listens on the address again, before the deadline."""
+
     async def go():
         first = await create_server([_binding()])
         port = first.port
@@ -316,10 +341,11 @@ def test_a_restarting_service_is_waited_for_within_the_deadline():
                 return waiting, await pending, set(c.refused)
             finally:
                 await second.stop(0)
+
     waiting, result, refused = run(go())
-    assert waiting                  # refused while the server was down, and still retrying
+    assert waiting  # refused while the server was down, and still retrying
     assert refused == {grpc.StatusCode.UNAVAILABLE}
-    assert result == b"slept"       # answered by the server that came back
+    assert result == b"slept"  # answered by the server that came back
 
 
 def test_unreachable_address_is_unavailable_and_retryable():
@@ -328,6 +354,7 @@ def test_unreachable_address_is_unavailable_and_retryable():
             with pytest.raises(errors.Unavailable, match="is the service running") as err:
                 await c.call("Sleep", b"0", timeout_s=2)
             assert err.value.retryable
+
     run(go())
 
 
@@ -335,10 +362,12 @@ def test_oversized_request_is_refused_and_the_server_keeps_serving():
     async def go():
         running = await create_server([_binding()], max_message_bytes=1024)
         async with _ProbeClient(f"127.0.0.1:{running.port}") as c:
-            # The same message is refused every time: raised at once, not retried until the deadline.
+            # The same message is refused every time: raised at once, not retried until the
+            # deadline.
             with pytest.raises(errors.MessageTooLarge, match="send less per call") as err:
                 await asyncio.wait_for(c.call("Sleep", b"0" * 4096, timeout_s=60), 10)
             assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and not err.value.retryable
             assert await c.call("Sleep", b"0") == b"slept"
         await running.stop(0)
+
     run(go())

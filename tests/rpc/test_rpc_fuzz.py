@@ -42,23 +42,46 @@ from tests.rpc.fuzz_harness import KINDS, RUN_ID, health, setup_request, valid_c
 from tests.rpc.fuzz_strategies import MessageStrategies, mutated, mutated_stream, texts
 
 MODULES = (env_pb2, sandbox_pb2, rollout_pb2, router_pb2, trainer_pb2)
-RPCS = [(kind, method) for module in MODULES for service in module.DESCRIPTOR.services_by_name.values()
-        for kind in [service.name.removesuffix("Service").lower()] for method in service.methods]
+RPCS = [
+    (kind, method)
+    for module in MODULES
+    for service in module.DESCRIPTOR.services_by_name.values()
+    for kind in [service.name.removesuffix("Service").lower()]
+    for method in service.methods
+]
 RPC_IDS = [f"{kind}.{m.name}" for kind, m in RPCS]
 
-PROPER = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-          grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNIMPLEMENTED,
-          grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.ABORTED}
-CALL_TIMEOUT_S = 60.0        # a call still running after this is a hang
-MAX_STREAM_EVENTS = 200      # server streams are read this far, then cancelled
+PROPER = {
+    grpc.StatusCode.OK,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.UNIMPLEMENTED,
+    grpc.StatusCode.OUT_OF_RANGE,
+    grpc.StatusCode.ALREADY_EXISTS,
+    grpc.StatusCode.ABORTED,
+}
+CALL_TIMEOUT_S = 60.0  # a call still running after this is a hang
+MAX_STREAM_EVENTS = 200  # server streams are read this far, then cancelled
 
 # Each example costs a real call; the heavy RPCs (a model, a sandbox, a training step) get fewer.
-HEAVY = {"rollout.Generate": 30, "rollout.Collect": 25, "trainer.Train": 30, "trainer.Setup": 25,
-         "trainer.SaveCheckpoint": 12, "sandbox.Execute": 25, "sandbox.RunTests": 25, "router.StartRun": 40}
+HEAVY = {
+    "rollout.Generate": 30,
+    "rollout.Collect": 25,
+    "trainer.Train": 30,
+    "trainer.Setup": 25,
+    "trainer.SaveCheckpoint": 12,
+    "sandbox.Execute": 25,
+    "sandbox.RunTests": 25,
+    "router.StartRun": 40,
+}
 LIGHT = 50
-SCALE = float(os.environ.get("ATGRPO_FUZZ_SCALE", "1"))   # e.g. 20 for a long hunt; 1 fits `make test`
-TRIED: Counter[str] = Counter()       # inputs sent, by kind, for the summary test
-OUTCOMES: Counter[tuple[str, str]] = Counter()   # (rpc, status) -> count: how deep the fuzzing got
+SCALE = float(
+    os.environ.get("ATGRPO_FUZZ_SCALE", "1")
+)  # e.g. 20 for a long hunt; 1 fits `make test`
+TRIED: Counter[str] = Counter()  # inputs sent, by kind, for the summary test
+OUTCOMES: Counter[tuple[str, str]] = Counter()  # (rpc, status) -> count: how deep the fuzzing got
 # ATGRPO_FUZZ_HUNT=1: record every improper status and go on (the summary test lists them all)
 # instead of stopping at the first; with ATGRPO_FUZZ_SCALE, a long search for bugs.
 HUNT = bool(os.environ.get("ATGRPO_FUZZ_HUNT"))
@@ -68,15 +91,24 @@ SAMPLES: dict[tuple[str, str], str] = {}
 
 def fuzz_settings(rpc_id: str, scale: float = 1.0) -> settings:
     # No shrinking: every step of it is a real call, and the failing request is in the message.
-    return settings(max_examples=max(3, int(HEAVY.get(rpc_id, LIGHT) * scale * SCALE)), deadline=None, database=None,
-                    suppress_health_check=list(HealthCheck), print_blob=True,
-                    phases=[Phase.explicit, Phase.generate])
+    return settings(
+        max_examples=max(3, int(HEAVY.get(rpc_id, LIGHT) * scale * SCALE)),
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        print_blob=True,
+        phases=[Phase.explicit, Phase.generate],
+    )
 
 
 def _path_text() -> st.SearchStrategy[str]:
     """Directory names kept inside the scratch working directory."""
-    return st.one_of(st.just(""), st.text(alphabet="abcdef-_0123456789", min_size=1, max_size=10).map(
-        lambda s: f"fuzz-out/{s}"))
+    return st.one_of(
+        st.just(""),
+        st.text(alphabet="abcdef-_0123456789", min_size=1, max_size=10).map(
+            lambda s: f"fuzz-out/{s}"
+        ),
+    )
 
 
 def hints(services) -> dict:
@@ -100,7 +132,9 @@ def hints(services) -> dict:
         "content": ["hello", "3"],
         "action_text": ["3", "```python\nprint(1)\n```"],
         "model_path": [services.model_dir, "no-such-model"],
-        "dir": _path_text(), "checkpoint_dir": _path_text(), "resume_from": _path_text(),
+        "dir": _path_text(),
+        "checkpoint_dir": _path_text(),
+        "resume_from": _path_text(),
         "rollout_addresses": [services.address("rollout")],
         "sha256": [hashlib.sha256(weights).hexdigest(), "0" * 64],
         "total_bytes": [16],
@@ -118,7 +152,9 @@ def gen(fuzz_services):
     return MessageStrategies(GetMessageClass, hints(fuzz_services))
 
 
-def call(services, kind: str, method, requests, *, raw: bool = False) -> tuple[grpc.StatusCode, str]:
+def call(
+    services, kind: str, method, requests, *, raw: bool = False
+) -> tuple[grpc.StatusCode, str]:
     """One call with `requests` (messages, or bytes when `raw`); its final status."""
     ch = services.channel(kind)
     path = f"/{method.containing_service.full_name}/{method.name}"
@@ -128,7 +164,9 @@ def call(services, kind: str, method, requests, *, raw: bool = False) -> tuple[g
         if method.client_streaming:
             ch.stream_unary(path, request_serializer=ser)(iter(requests), timeout=CALL_TIMEOUT_S)
         elif method.server_streaming:
-            stream = ch.unary_stream(path, request_serializer=ser)(requests[0], timeout=CALL_TIMEOUT_S)
+            stream = ch.unary_stream(path, request_serializer=ser)(
+                requests[0], timeout=CALL_TIMEOUT_S
+            )
             for i, _ in enumerate(stream):
                 if i + 1 >= MAX_STREAM_EVENTS:
                     stream.cancel()
@@ -148,9 +186,13 @@ def improper(code: grpc.StatusCode, details: str, what: str) -> str:
     goes on."""
     if HUNT:
         with open(os.environ.get("ATGRPO_FUZZ_LOG", "/dev/null"), "a") as log:
-            log.write(f"{time.strftime('%H:%M:%S')} {code.name} {details[:200]!r} <- {what[:300]!r}\n")
+            log.write(
+                f"{time.strftime('%H:%M:%S')} {code.name} {details[:200]!r} <- {what[:300]!r}\n"
+            )
     SAMPLES.setdefault((what.split("(")[0], code.name), details[:300])
-    if "metadata size exceeds" in details:   # grpc's own RESOURCE_EXHAUSTED: the real status was lost
+    if (
+        "metadata size exceeds" in details
+    ):  # grpc's own RESOURCE_EXHAUSTED: the real status was lost
         code = grpc.StatusCode.INTERNAL
     if code not in PROPER:
         if HUNT:
@@ -184,46 +226,95 @@ def valid_requests(services) -> dict[str, Callable[[], list]]:
         return services.live_episode()
 
     def train() -> list:
-        version = trainer_pb2_grpc.TrainerServiceStub(services.channel("trainer")).GetInfo(
-            common_pb2.GetInfoRequest(), timeout=30).version
-        samples = [trainer_pb2.TrainSample(agent=agent, prompt_token_ids=[5, 9, 200 + i], response_token_ids=[7, 8],
-                                           response_logprobs=[-1.0, -2.0], advantage=1.0 - i,
-                                           sampling=common_pb2.SamplingParams(temperature=1.0, max_tokens=4))
-                   for i, agent in enumerate(["speaker", "listener"])]
-        header = trainer_pb2.TrainHeader(run_id=RUN_ID, step=next(_STEPS), pool="p", expected_version=version,
-                                         num_samples=len(samples), update=trainer_pb2.UpdateParams(epochs=1))
-        return [trainer_pb2.TrainRequest(header=header), *(trainer_pb2.TrainRequest(sample=x) for x in samples)]
+        version = (
+            trainer_pb2_grpc.TrainerServiceStub(services.channel("trainer"))
+            .GetInfo(common_pb2.GetInfoRequest(), timeout=30)
+            .version
+        )
+        samples = [
+            trainer_pb2.TrainSample(
+                agent=agent,
+                prompt_token_ids=[5, 9, 200 + i],
+                response_token_ids=[7, 8],
+                response_logprobs=[-1.0, -2.0],
+                advantage=1.0 - i,
+                sampling=common_pb2.SamplingParams(temperature=1.0, max_tokens=4),
+            )
+            for i, agent in enumerate(["speaker", "listener"])
+        ]
+        header = trainer_pb2.TrainHeader(
+            run_id=RUN_ID,
+            step=next(_STEPS),
+            pool="p",
+            expected_version=version,
+            num_samples=len(samples),
+            update=trainer_pb2.UpdateParams(epochs=1),
+        )
+        return [
+            trainer_pb2.TrainRequest(header=header),
+            *(trainer_pb2.TrainRequest(sample=x) for x in samples),
+        ]
 
     def load_weights() -> list:
         import torch  # a payload that parses, with names the served model does not have
 
         return weights.encode({"not.a.weight": torch.zeros(3)}, "p", 10**6, chunk_bytes=64)
 
-    agents = [rollout_pb2.AgentRollout(name=a, pool="p", sampling=common_pb2.SamplingParams(max_tokens=3))
-              for a in ("speaker", "listener")]
+    agents = [
+        rollout_pb2.AgentRollout(name=a, pool="p", sampling=common_pb2.SamplingParams(max_tokens=3))
+        for a in ("speaker", "listener")
+    ]
+
     def generate() -> list:
-        req = rollout_pb2.GenerateRequest(pool="p", n=2, sampling=common_pb2.SamplingParams(max_tokens=4))
+        req = rollout_pb2.GenerateRequest(
+            pool="p", n=2, sampling=common_pb2.SamplingParams(max_tokens=4)
+        )
         req.messages.messages.add(role="user", content="hello")
         return [req]
+
     return {
         "env.Describe": lambda: [env_pb2.DescribeRequest(env="toy")],
         "env.ListTasks": lambda: [env_pb2.ListTasksRequest(env="code", split="train", limit=3)],
         "env.Reset": lambda: [env_pb2.ResetRequest(env="toy", task_id="0", seed=1, split="train")],
         "env.Observe": lambda: [env_pb2.ObserveRequest(episode_id=episode(), agent="speaker")],
-        "env.Step": lambda: [env_pb2.StepRequest(episode_id=episode(), agent="speaker", action_text="3")],
-        "env.StepMany": lambda: [env_pb2.StepManyRequest(steps=[
-            env_pb2.StepRequest(episode_id=episode(), agent="speaker", action_text=t) for t in ("3", "x")])],
+        "env.Step": lambda: [
+            env_pb2.StepRequest(episode_id=episode(), agent="speaker", action_text="3")
+        ],
+        "env.StepMany": lambda: [
+            env_pb2.StepManyRequest(
+                steps=[
+                    env_pb2.StepRequest(episode_id=episode(), agent="speaker", action_text=t)
+                    for t in ("3", "x")
+                ]
+            )
+        ],
         "env.Fork": lambda: [env_pb2.ForkRequest(episode_id=episode(), n=2)],
         "env.Close": lambda: [env_pb2.CloseRequest(episode_ids=[episode()])],
-        "sandbox.Execute": lambda: [sandbox_pb2.ExecuteRequest(language="python", code="print(input())", stdin=b"5")],
-        "sandbox.RunTests": lambda: [sandbox_pb2.RunTestsRequest(
-            language="python", code="print(int(input()) * 2)",
-            cases=[sandbox_pb2.TestCase(stdin=b"2", expected_stdout=b"4"),
-                   sandbox_pb2.TestCase(stdin=b"3", expected_stdout=b"7")])],
+        "sandbox.Execute": lambda: [
+            sandbox_pb2.ExecuteRequest(language="python", code="print(input())", stdin=b"5")
+        ],
+        "sandbox.RunTests": lambda: [
+            sandbox_pb2.RunTestsRequest(
+                language="python",
+                code="print(int(input()) * 2)",
+                cases=[
+                    sandbox_pb2.TestCase(stdin=b"2", expected_stdout=b"4"),
+                    sandbox_pb2.TestCase(stdin=b"3", expected_stdout=b"7"),
+                ],
+            )
+        ],
         "rollout.Generate": generate,
-        "rollout.Collect": lambda: [rollout_pb2.CollectRequest(
-            run_id="fuzz-collect", env="toy", tasks=[rollout_pb2.TaskRef(task_id="0", seed=1, split="train")],
-            agents=agents, turn_order=["speaker", "listener"], max_turns=2, k=2)],
+        "rollout.Collect": lambda: [
+            rollout_pb2.CollectRequest(
+                run_id="fuzz-collect",
+                env="toy",
+                tasks=[rollout_pb2.TaskRef(task_id="0", seed=1, split="train")],
+                agents=agents,
+                turn_order=["speaker", "listener"],
+                max_turns=2,
+                k=2,
+            )
+        ],
         "rollout.LoadWeights": load_weights,
         "router.WatchRun": lambda: [router_pb2.WatchRunRequest(run_id="fuzz-run")],
         "router.StopRun": lambda: [router_pb2.StopRunRequest(run_id="fuzz-run")],
@@ -232,7 +323,9 @@ def valid_requests(services) -> dict[str, Callable[[], list]]:
         "trainer.Train": train,
         "trainer.SaveCheckpoint": lambda: [trainer_pb2.SaveCheckpointRequest(dir="fuzz-out/ckpt")],
         # the folder SaveCheckpoint's examples write; any other is refused (FAILED_PRECONDITION)
-        "trainer.DeleteCheckpoint": lambda: [trainer_pb2.DeleteCheckpointRequest(dir="fuzz-out/ckpt")],
+        "trainer.DeleteCheckpoint": lambda: [
+            trainer_pb2.DeleteCheckpointRequest(dir="fuzz-out/ckpt")
+        ],
     }
 
 
@@ -249,29 +342,40 @@ def request_lists(gen: MessageStrategies, rpc_id: str, method, services) -> st.S
             one_mistake = base.flatmap(lambda msgs: mutated(msgs[0], gen).map(lambda m: [m]))
     one = gen.for_message(method.input_type)
     if rpc_id == "router.StartRun":
-        base = valid_config(services={
-            "env": services.address("env"), "sandbox": services.address("sandbox"),
-            "router": services.address("router"), "rollout": {"shared": [services.address("rollout")]},
-            "trainer": {"shared": services.address("trainer")}})
+        base = valid_config(
+            services={
+                "env": services.address("env"),
+                "sandbox": services.address("sandbox"),
+                "router": services.address("router"),
+                "rollout": {"shared": [services.address("rollout")]},
+                "trainer": {"shared": services.address("trainer")},
+            }
+        )
         base["pools"]["shared"]["model_path"] = services.model_dir
-        yaml_text = st.one_of(mutations(base).map(lambda m: yaml.safe_dump(m[0])), st.just(yaml.safe_dump(base)))
+        yaml_text = st.one_of(
+            mutations(base).map(lambda m: yaml.safe_dump(m[0])), st.just(yaml.safe_dump(base))
+        )
         one = st.one_of(one, yaml_text.map(lambda t: router_pb2.StartRunRequest(config_yaml=t)))
     if not method.client_streaming:
         random = one.map(lambda m: [m])
         return random if one_mistake is None else st.one_of(random, one_mistake)
-    # Streams: anything in any order, or the expected shape (a header, then parts) with random content.
+    # Streams: anything in any order, or the expected shape (a header, then parts) with random
+    # content.
     cls = GetMessageClass(method.input_type)
     part_names = [f.name for f in method.input_type.oneofs[0].fields]
     header, rest = part_names[0], part_names[1]
     header_msgs = gen.for_message(method.input_type.fields_by_name[header].message_type).map(
-        lambda h: cls(**{header: h}))
+        lambda h: cls(**{header: h})
+    )
     rest_field = method.input_type.fields_by_name[rest]
     if rest_field.message_type is not None:
         rest_msgs = gen.for_message(rest_field.message_type).map(lambda r: cls(**{rest: r}))
     else:
         rest_msgs = st.binary(max_size=64).map(lambda b: cls(**{rest: b}))
     shaped = st.tuples(header_msgs, st.lists(rest_msgs, max_size=4)).map(lambda t: [t[0], *t[1]])
-    return st.one_of(st.lists(one, max_size=4), shaped, *([one_mistake] if one_mistake is not None else []))
+    return st.one_of(
+        st.lists(one, max_size=4), shaped, *([one_mistake] if one_mistake is not None else [])
+    )
 
 
 @pytest.mark.parametrize("rpc_id", RPC_IDS)
@@ -304,18 +408,30 @@ def _corrupt(data: bytes, cut: int, flips: list[tuple[int, int]]) -> bytes:
 def test_garbage_and_truncated_bytes_get_proper_statuses(fuzz_services, gen, rpc_id):
     kind, method = RPCS[RPC_IDS.index(rpc_id)]
     valid = gen.for_message(method.input_type).map(lambda m: m.SerializeToString())
-    truncated = st.builds(_corrupt, valid, st.integers(0, 64),
-                          st.lists(st.tuples(st.integers(0, 2**16), st.integers(0, 7)), max_size=3))
-    payloads = st.one_of(st.binary(max_size=64), truncated,
-                         st.sampled_from([b"\xff" * 10, b"\x0a\xff\xff\xff\xff\x0f", b"\x08", b"\x12\x05ab"]))
+    truncated = st.builds(
+        _corrupt,
+        valid,
+        st.integers(0, 64),
+        st.lists(st.tuples(st.integers(0, 2**16), st.integers(0, 7)), max_size=3),
+    )
+    payloads = st.one_of(
+        st.binary(max_size=64),
+        truncated,
+        st.sampled_from([b"\xff" * 10, b"\x0a\xff\xff\xff\xff\x0f", b"\x08", b"\x12\x05ab"]),
+    )
     streams = st.lists(payloads, min_size=1, max_size=3)
 
     @fuzz_settings(rpc_id, scale=0.8)
     @given(requests=streams)
     def fuzz(requests):
         TRIED["bytes"] += 1
-        code, details = call(fuzz_services, kind, method, requests if method.client_streaming else requests[:1],
-                             raw=True)
+        code, details = call(
+            fuzz_services,
+            kind,
+            method,
+            requests if method.client_streaming else requests[:1],
+            raw=True,
+        )
         problem = improper(code, details, f"{rpc_id}(raw {requests[:1]!r:.200})")
         assert not problem, problem
 
@@ -353,7 +469,13 @@ def test_oversized_messages_are_refused_with_resource_exhausted(fuzz_services, o
 def test_every_rpc_of_every_service_is_fuzzed():
     kinds = Counter(kind for kind, _ in RPCS)
     assert set(kinds) == set(KINDS)
-    assert {"env.Reset", "rollout.LoadWeights", "trainer.Train", "router.StartRun", "sandbox.RunTests"} <= set(RPC_IDS)
+    assert {
+        "env.Reset",
+        "rollout.LoadWeights",
+        "trainer.Train",
+        "router.StartRun",
+        "sandbox.RunTests",
+    } <= set(RPC_IDS)
     assert len(RPC_IDS) == 27
 
 
@@ -362,17 +484,20 @@ def _edit(rpc_id: str, change: Callable[[list], object]) -> Callable[[object], l
         requests = valid_requests(services)[rpc_id]()
         change(requests)
         return requests
+
     return make
 
 
 def _set(path: str, value) -> Callable[[list], None]:
     """requests[i].a.b = value, for a path 'i.a.b'."""
+
     def change(requests: list) -> None:
         index, *names = path.split(".")
         target = requests[int(index)]
         for name in names[:-1]:
             target = getattr(target, name)
         setattr(target, names[-1], value)
+
     return change
 
 
@@ -392,41 +517,108 @@ def _inf_option(requests: list) -> None:
 def _token(index: int, which: str, value: int) -> Callable[[list], None]:
     def change(requests: list) -> None:
         getattr(requests[index].sample, which)[0] = value
+
     return change
 
 
 # What the fuzzing found, each pinned with the status it gets now (what it got before the fix).
 FOUND_BY_FUZZING = {
-    "undecodable bytes (UNKNOWN)": ("env.Describe", lambda s: [b"\x0a\x05ab"], "INVALID_ARGUMENT", "not a valid message"),
+    "undecodable bytes (UNKNOWN)": (
+        "env.Describe",
+        lambda s: [b"\x0a\x05ab"],
+        "INVALID_ARGUMENT",
+        "not a valid message",
+    ),
     "a 6 MiB name quoted in the message (RESOURCE_EXHAUSTED: metadata too large)": (
-        "env.Describe", _edit("env.Describe", _set("0.env", "x" * (6 * 2**20))), "NOT_FOUND", "more bytes of this message cut"),
-    "an infinite number in options (INTERNAL)": ("env.Reset", _edit("env.Reset", _inf_option), "INVALID_ARGUMENT", "JSON"),
-    "an unknown enum value (INTERNAL)": ("rollout.Collect", _edit("rollout.Collect", _set("0.mode", 743)),
-                                         "INVALID_ARGUMENT", "mode 743 is not a known value"),
-    "no chat messages (INTERNAL)": ("rollout.Generate", _edit("rollout.Generate", _messages_cleared),
-                                    "INVALID_ARGUMENT", "messages is empty"),
+        "env.Describe",
+        _edit("env.Describe", _set("0.env", "x" * (6 * 2**20))),
+        "NOT_FOUND",
+        "more bytes of this message cut",
+    ),
+    "an infinite number in options (INTERNAL)": (
+        "env.Reset",
+        _edit("env.Reset", _inf_option),
+        "INVALID_ARGUMENT",
+        "JSON",
+    ),
+    "an unknown enum value (INTERNAL)": (
+        "rollout.Collect",
+        _edit("rollout.Collect", _set("0.mode", 743)),
+        "INVALID_ARGUMENT",
+        "mode 743 is not a known value",
+    ),
+    "no chat messages (INTERNAL)": (
+        "rollout.Generate",
+        _edit("rollout.Generate", _messages_cleared),
+        "INVALID_ARGUMENT",
+        "messages is empty",
+    ),
     "max_tokens 2**31-1 (a generation that never ends)": (
-        "rollout.Generate", _edit("rollout.Generate", _set("0.sampling.max_tokens", 2**31 - 1)), "INVALID_ARGUMENT", "max_tokens"),
+        "rollout.Generate",
+        _edit("rollout.Generate", _set("0.sampling.max_tokens", 2**31 - 1)),
+        "INVALID_ARGUMENT",
+        "max_tokens",
+    ),
     "max_tokens over the context (hours of generation)": (
-        "rollout.Generate", _edit("rollout.Generate", _set("0.sampling.max_tokens", 100_000)), "INVALID_ARGUMENT", "context length"),
-    "NaN temperature (NaN log-probs)": ("rollout.Generate", _edit("rollout.Generate", _set("0.sampling.temperature", math.nan)),
-                                        "INVALID_ARGUMENT", "temperature nan"),
-    "k = 2**31-1 (every episode failing)": ("rollout.Collect", _edit("rollout.Collect", _set("0.k", 2**31 - 1)),
-                                           "INVALID_ARGUMENT", "k=2147483647"),
-    "a malformed pool address (retried until the deadline)": ("rollout.Collect", _edit("rollout.Collect", _bad_address),
-                                                              "INVALID_ARGUMENT", "pool_addresses"),
+        "rollout.Generate",
+        _edit("rollout.Generate", _set("0.sampling.max_tokens", 100_000)),
+        "INVALID_ARGUMENT",
+        "context length",
+    ),
+    "NaN temperature (NaN log-probs)": (
+        "rollout.Generate",
+        _edit("rollout.Generate", _set("0.sampling.temperature", math.nan)),
+        "INVALID_ARGUMENT",
+        "temperature nan",
+    ),
+    "k = 2**31-1 (every episode failing)": (
+        "rollout.Collect",
+        _edit("rollout.Collect", _set("0.k", 2**31 - 1)),
+        "INVALID_ARGUMENT",
+        "k=2147483647",
+    ),
+    "a malformed pool address (retried until the deadline)": (
+        "rollout.Collect",
+        _edit("rollout.Collect", _bad_address),
+        "INVALID_ARGUMENT",
+        "pool_addresses",
+    ),
     "a token id outside the vocabulary (INTERNAL: IndexError)": (
-        "trainer.Train", _edit("trainer.Train", _token(1, "prompt_token_ids", 10**9)), "INVALID_ARGUMENT", "vocabulary"),
+        "trainer.Train",
+        _edit("trainer.Train", _token(1, "prompt_token_ids", 10**9)),
+        "INVALID_ARGUMENT",
+        "vocabulary",
+    ),
     "a NaN temperature in a sample (NaN weights)": (
-        "trainer.Train", _edit("trainer.Train", _set("1.sample.sampling.temperature", math.nan)), "INVALID_ARGUMENT", "temperature"),
-    "NaN clip epsilon (NaN weights)": ("trainer.Train", _edit("trainer.Train", _set("0.header.update.clip_eps_low", math.nan)),
-                                       "INVALID_ARGUMENT", "clip_eps_low nan"),
+        "trainer.Train",
+        _edit("trainer.Train", _set("1.sample.sampling.temperature", math.nan)),
+        "INVALID_ARGUMENT",
+        "temperature",
+    ),
+    "NaN clip epsilon (NaN weights)": (
+        "trainer.Train",
+        _edit("trainer.Train", _set("0.header.update.clip_eps_low", math.nan)),
+        "INVALID_ARGUMENT",
+        "clip_eps_low nan",
+    ),
     "epochs = 2**31-1 (a step that never ends)": (
-        "trainer.Train", _edit("trainer.Train", _set("0.header.update.epochs", 2**31 - 1)), "INVALID_ARGUMENT", "epochs"),
+        "trainer.Train",
+        _edit("trainer.Train", _set("0.header.update.epochs", 2**31 - 1)),
+        "INVALID_ARGUMENT",
+        "epochs",
+    ),
     "a model path too long for the file system (INTERNAL: OSError)": (
-        "trainer.Setup", _edit("trainer.Setup", _set("0.model_path", "a" * 300)), "NOT_FOUND", "model_path"),
-    "a NaN learning rate (NaN weights)": ("trainer.Setup", _edit("trainer.Setup", _set("0.optim.lr", math.nan)),
-                                          "INVALID_ARGUMENT", "lr nan"),
+        "trainer.Setup",
+        _edit("trainer.Setup", _set("0.model_path", "a" * 300)),
+        "NOT_FOUND",
+        "model_path",
+    ),
+    "a NaN learning rate (NaN weights)": (
+        "trainer.Setup",
+        _edit("trainer.Setup", _set("0.optim.lr", math.nan)),
+        "INVALID_ARGUMENT",
+        "lr nan",
+    ),
 }
 
 
@@ -442,7 +634,9 @@ def test_what_the_fuzzing_found_stays_fixed(fuzz_services, finding):
 def test_summary_of_inputs_tried(fuzz_services):
     """Runs last in this module: the servers are still up after everything above."""
     assert serving(fuzz_services) == SERVING
-    print(f"\nfuzz inputs tried: {dict(TRIED)} (total {sum(TRIED.values())}) over {len(RPC_IDS)} RPCs")
+    print(
+        f"\nfuzz inputs tried: {dict(TRIED)} (total {sum(TRIED.values())}) over {len(RPC_IDS)} RPCs"
+    )
     for rpc_id in RPC_IDS:
         codes = {c: n for (r, c), n in sorted(OUTCOMES.items()) if r == rpc_id}
         print(f"  {rpc_id:24} {codes}")

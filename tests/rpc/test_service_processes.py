@@ -19,8 +19,10 @@ from atgrpo.rpc.probe import STUBS, probe
 from tests.conftest import SERVICE_KINDS
 
 FULL_NAMES = {
-    "env": "atgrpo.v1.EnvService", "sandbox": "atgrpo.v1.SandboxService",
-    "rollout": "atgrpo.v1.RolloutService", "router": "atgrpo.v1.RouterService",
+    "env": "atgrpo.v1.EnvService",
+    "sandbox": "atgrpo.v1.SandboxService",
+    "rollout": "atgrpo.v1.RolloutService",
+    "router": "atgrpo.v1.RouterService",
     "trainer": "atgrpo.v1.TrainerService",
 }
 # A valid request about a thing the fresh service does not hold.
@@ -33,8 +35,12 @@ ABSENT = {
 def service(request, tmp_path, python, subprocess_env):
     kind = request.param
     port_file = tmp_path / "port.json"
-    proc = subprocess.Popen([python, "-m", f"{kind}_svc", "--port", "0", "--port-file", str(port_file)],
-                            env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [python, "-m", f"{kind}_svc", "--port", "0", "--port-file", str(port_file)],
+        env=subprocess_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 30
     while not port_file.exists():
         assert proc.poll() is None, proc.stdout.read().decode()
@@ -49,8 +55,9 @@ def service(request, tmp_path, python, subprocess_env):
 async def _list_services(address: str) -> set[str]:
     async with aio.insecure_channel(address) as ch:
         stub = reflection_pb2_grpc.ServerReflectionStub(ch)
-        responses = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
-                                              timeout=5)
+        responses = stub.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+        )
         async for resp in responses:
             return {s.name for s in resp.list_services_response.service}
     return set()
@@ -75,7 +82,11 @@ def test_service_serves_health_reflection_info_and_stops_on_sigterm(service):
     assert result.instance.endswith(f":{proc.pid}")
 
     services = asyncio.run(_list_services(address))
-    assert {FULL_NAMES[kind], "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= services
+    assert {
+        FULL_NAMES[kind],
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+    } <= services
 
     if kind in ABSENT:
         code, details = asyncio.run(_call_absent(kind, address))
@@ -91,7 +102,12 @@ def test_service_serves_health_reflection_info_and_stops_on_sigterm(service):
 def test_bad_port_is_refused_with_a_message(service, python, subprocess_env):
     _, address, _ = service
     taken = address.rsplit(":", 1)[1]
-    out = subprocess.run([python, "-m", "env_svc", "--port", taken], env=subprocess_env,
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [python, "-m", "env_svc", "--port", taken],
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode != 0
     assert f"could not bind 127.0.0.1:{taken}" in out.stderr

@@ -22,7 +22,9 @@ def test_the_watch_fires_when_the_last_write_end_closes():
 
 def test_servicers_drain_before_the_stop(monkeypatch):
     sent, order = [], []
-    monkeypatch.setattr(tether.os, "kill", lambda pid, sig: (sent.append((pid, sig)), order.append("SIGTERM")))
+    monkeypatch.setattr(
+        tether.os, "kill", lambda pid, sig: (sent.append((pid, sig)), order.append("SIGTERM"))
+    )
 
     class Draining:
         async def on_launcher_gone(self):
@@ -35,7 +37,7 @@ def test_servicers_drain_before_the_stop(monkeypatch):
 
     asyncio.run(tether.drain_then_stop([Draining(), object()], drain_s=5))
     assert order == ["drained", "SIGTERM"] and sent == [(os.getpid(), signal.SIGTERM)]
-    asyncio.run(tether.drain_then_stop([Stuck()], drain_s=0.1))   # bounded: stops anyway
+    asyncio.run(tether.drain_then_stop([Stuck()], drain_s=0.1))  # bounded: stops anyway
     assert order[-1] == "SIGTERM" and len(sent) == 2
 
 
@@ -52,7 +54,9 @@ def test_only_leaders_hold_the_followers_pipe():
         assert argv == ["--parent-fd", str(t.launcher_r)] and t.leaders_w in fds
         argv, fds = t.for_kind("trainer")
         assert argv == ["--parent-fd", str(t.leaders_r)] and fds == (t.leaders_r,)
-        assert tether.pass_fds_of(["x", "--parent-fd", str(t.leaders_r)], t, "env") == (t.leaders_r,)
+        assert tether.pass_fds_of(["x", "--parent-fd", str(t.leaders_r)], t, "env") == (
+            t.leaders_r,
+        )
     finally:
         t.close()
     with pytest.raises(RuntimeError, match="no open Tether"):

@@ -30,9 +30,12 @@ def _answering(base_url: str | None = None, timeout: int = 60):
     answers, else None."""
     import docker
 
-    try:   # the client asks the engine its API version when created
-        client = (docker.DockerClient(base_url=base_url, timeout=timeout) if base_url
-                  else docker.from_env(timeout=timeout))
+    try:  # the client asks the engine its API version when created
+        client = (
+            docker.DockerClient(base_url=base_url, timeout=timeout)
+            if base_url
+            else docker.from_env(timeout=timeout)
+        )
     except Exception:  # noqa: BLE001 - any failure means "no engine there"
         return None
     try:
@@ -45,18 +48,28 @@ def _answering(base_url: str | None = None, timeout: int = 60):
 
 
 def _dockerd() -> str:
-    path = shutil.which("dockerd") or ("/usr/sbin/dockerd" if os.path.exists("/usr/sbin/dockerd") else None)
+    path = shutil.which("dockerd") or (
+        "/usr/sbin/dockerd" if os.path.exists("/usr/sbin/dockerd") else None
+    )
     if path:
         return path
     if os.geteuid() == 0 and shutil.which("apt-get"):
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", "docker.io"], env=env,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600, check=False)
+        subprocess.run(
+            ["apt-get", "install", "-y", "--no-install-recommends", "docker.io"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=600,
+            check=False,
+        )
         path = shutil.which("dockerd")
         if path:
             return path
-    pytest.fail("no Docker engine answers (DOCKER_HOST or /var/run/docker.sock) and dockerd is not "
-                "installed: apt-get install docker.io (as root), or start an engine and set DOCKER_HOST")
+    pytest.fail(
+        "no Docker engine answers (DOCKER_HOST or /var/run/docker.sock) and dockerd is not "
+        "installed: apt-get install docker.io (as root), or start an engine and set DOCKER_HOST"
+    )
 
 
 class _PrivateEngine:
@@ -64,8 +77,10 @@ class _PrivateEngine:
 
     def __init__(self) -> None:
         if os.geteuid() != 0:
-            pytest.fail("no Docker engine answers (DOCKER_HOST or /var/run/docker.sock), and starting a "
-                        "private dockerd needs root: start an engine and set DOCKER_HOST")
+            pytest.fail(
+                "no Docker engine answers (DOCKER_HOST or /var/run/docker.sock), and starting a "
+                "private dockerd needs root: start an engine and set DOCKER_HOST"
+            )
         self.dockerd = _dockerd()
         # Short: the engine puts unix sockets under it, and those paths are limited to 108 bytes.
         self.dir = tempfile.mkdtemp(prefix="atgrpo-dockerd-", dir="/tmp")
@@ -73,21 +88,44 @@ class _PrivateEngine:
         self.log_path = os.path.join(self.dir, "dockerd.log")
         config = os.path.join(self.dir, "daemon.json")
         with open(config, "w") as f:
-            json.dump({}, f)   # not /etc/docker/daemon.json, whose settings could clash with ours
-        argv = [self.dockerd, "--config-file", config, "--storage-driver=vfs", "--iptables=false",
-                "--ip-masq=false", "--bridge=none", "--userland-proxy=false", "--log-level=warn",
-                "--data-root", os.path.join(self.dir, "data"), "--exec-root", os.path.join(self.dir, "exec"),
-                "--host", f"unix://{self.socket}", "--pidfile", os.path.join(self.dir, "docker.pid")]
+            json.dump({}, f)  # not /etc/docker/daemon.json, whose settings could clash with ours
+        argv = [
+            self.dockerd,
+            "--config-file",
+            config,
+            "--storage-driver=vfs",
+            "--iptables=false",
+            "--ip-masq=false",
+            "--bridge=none",
+            "--userland-proxy=false",
+            "--log-level=warn",
+            "--data-root",
+            os.path.join(self.dir, "data"),
+            "--exec-root",
+            os.path.join(self.dir, "exec"),
+            "--host",
+            f"unix://{self.socket}",
+            "--pidfile",
+            os.path.join(self.dir, "docker.pid"),
+        ]
         self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def wait(self):
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self.stop()
-                pytest.fail(f"dockerd exited with {self.proc.returncode} before answering:\n{self._log_tail()}")
+                pytest.fail(
+                    f"dockerd exited with {self.proc.returncode} before "
+                    f"answering:\n{self._log_tail()}"
+                )
             client = _answering(f"unix://{self.socket}") if os.path.exists(self.socket) else None
             if client is not None:
                 return client
@@ -108,7 +146,9 @@ class _PrivateEngine:
             try:
                 self.proc.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)   # its own session: dockerd and its containerd
+                os.killpg(
+                    self.proc.pid, signal.SIGKILL
+                )  # its own session: dockerd and its containerd
                 self.proc.wait()
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -129,7 +169,7 @@ def engine_client() -> Iterator:
     try:
         yield client
     finally:
-        try:   # what a test left running: dockerd would wait out each one's stop timeout
+        try:  # what a test left running: dockerd would wait out each one's stop timeout
             for container in client.containers.list(all=True):
                 container.remove(force=True)
         except Exception:  # noqa: BLE001 - stopping the engine clears them anyway

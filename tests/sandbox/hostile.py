@@ -22,8 +22,8 @@ SLEEP_FOREVER = "import time\ntime.sleep(3600)\n"
 KILL_PARENT = (
     "import os, signal\n"
     "for pid in (os.getppid(), 1):\n"
-    "    try:\n        os.kill(pid, signal.SIGKILL)\n    except OSError as e:\n        print('refused', pid, e.errno)\n"
-    "print('still here')\n"
+    "    try:\n        os.kill(pid, signal.SIGKILL)\n    except OSError as e:\n        "
+    "print('refused', pid, e.errno)\nprint('still here')\n"
 )
 
 
@@ -59,6 +59,7 @@ TAMPER_WITH_PID1 = (
 # by a host's sysctls; syscalls.py's own test checks the filter names them).
 def _nr(name: str) -> int:
     import pyseccomp
+
     return pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name)
 
 
@@ -71,11 +72,11 @@ KERNEL_CALLS = {
     "perf_event_open": "ctypes.create_string_buffer(128), 0, -1, -1, 0",
     "add_key": "b'user', b'carry', b'payload', 7, -4",
     "request_key": "b'user', b'carry', None, 0",
-    "keyctl": "0, -3, 0",                           # KEYCTL_GET_KEYRING_ID of the session keyring
-    "ptrace": "0, 0, 0, 0",                         # PTRACE_TRACEME
+    "keyctl": "0, -3, 0",  # KEYCTL_GET_KEYRING_ID of the session keyring
+    "ptrace": "0, 0, 0, 0",  # PTRACE_TRACEME
     "process_vm_readv": "os.getpid(), None, 0, None, 0, 0",
     "kcmp": "os.getpid(), os.getpid(), 0, 0, 0",
-    "unshare": "0",                                 # a no-op success where allowed
+    "unshare": "0",  # a no-op success where allowed
     "setns": "-1, 0",
     "mount": "b'none', b'/tmp', b'tmpfs', 0, None",
     "kexec_load": "0, 0, None, 0",
@@ -85,17 +86,27 @@ KERNEL_CALLS = {
 
 def kernel_surface_probe() -> str:
     """A program printing `name errno` for each call of KERNEL_CALLS (errno 0: it worked)."""
-    lines = ["import ctypes, os", "libc = ctypes.CDLL(None, use_errno=True)",
-             "def call(name, nr, *args):", "    ctypes.set_errno(0)",
-             "    r = libc.syscall(nr, *args)", "    print(name, 0 if r >= 0 else ctypes.get_errno())"]
+    lines = [
+        "import ctypes, os",
+        "libc = ctypes.CDLL(None, use_errno=True)",
+        "def call(name, nr, *args):",
+        "    ctypes.set_errno(0)",
+        "    r = libc.syscall(nr, *args)",
+        "    print(name, 0 if r >= 0 else ctypes.get_errno())",
+    ]
     lines += [f"call({name!r}, {_nr(name)}, {args})" for name, args in KERNEL_CALLS.items()]
     return "\n".join(lines) + "\n"
 
 
 # A key added to the user keyring outlives its program on the same uid (until the sandbox goes).
-LEAVE_KEY = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-             f"print(libc.syscall({_nr('add_key')}, b'user', b'carry', b'payload', 7, -4) >= 0)\n")
-FIND_KEY = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nbuf = ctypes.create_string_buffer(64)\n"
-            f"key = libc.syscall({_nr('keyctl')}, 10, -4, b'user', b'carry', 0)   # KEYCTL_SEARCH\n"
-            f"n = libc.syscall({_nr('keyctl')}, 11, key, buf, 64) if key >= 0 else -1   # KEYCTL_READ\n"
-            "print(buf.raw[:n] if n > 0 else b'none')\n")
+LEAVE_KEY = (
+    "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    f"print(libc.syscall({_nr('add_key')}, b'user', b'carry', b'payload', 7, -4) >= 0)\n"
+)
+FIND_KEY = (
+    "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nbuf = "
+    "ctypes.create_string_buffer(64)\n"
+    f"key = libc.syscall({_nr('keyctl')}, 10, -4, b'user', b'carry', 0)   # KEYCTL_SEARCH\n"
+    f"n = libc.syscall({_nr('keyctl')}, 11, key, buf, 64) if key >= 0 else -1   # KEYCTL_READ\n"
+    "print(buf.raw[:n] if n > 0 else b'none')\n"
+)

@@ -20,8 +20,15 @@ from tests.sandbox import hostile
 pytestmark = pytest.mark.docker
 
 POLICY = Policy()
-FAST = Limits(wall_timeout_ms=3000, cpu_time_ms=2000, memory_bytes=256 * 2**20, max_output_bytes=2**16,
-              max_processes=32, max_file_bytes=2**20, max_open_files=64)
+FAST = Limits(
+    wall_timeout_ms=3000,
+    cpu_time_ms=2000,
+    memory_bytes=256 * 2**20,
+    max_output_bytes=2**16,
+    max_processes=32,
+    max_file_bytes=2**20,
+    max_open_files=64,
+)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +43,9 @@ def backend(docker_engine):
 
 
 def run(backend, code, *, slot=0, limits=FAST, stdin=b"", files=(), cancel=None):
-    return backend.run(check_exec(ExecRequest("python", code, stdin, files, limits), POLICY), slot, cancel)
+    return backend.run(
+        check_exec(ExecRequest("python", code, stdin, files, limits), POLICY), slot, cancel
+    )
 
 
 def processes(backend, slot=0):
@@ -67,12 +76,6 @@ def no_stray_processes(backend):
         assert len(procs) <= 1, f"a sandboxed process outlived its request: {procs}"
 
 
-
-
-
-
-
-
 def test_fork_bomb_is_contained(backend):
     r = run(backend, hostile.FORK_BOMB)
     assert r.verdict is not Verdict.OK
@@ -83,20 +86,22 @@ def test_fork_bomb_is_contained(backend):
     assert len(procs) == 1 and procs[0]["USER"] in ("nobody", "65534"), procs
 
 
-
 def test_server_environment_is_invisible(backend, monkeypatch):
     monkeypatch.setenv(hostile.SECRET_VAR, hostile.SECRET_VALUE)
     r = run(backend, hostile.ENV_DUMP)
     assert r.verdict is Verdict.OK
-    assert hostile.SECRET_VALUE.encode() not in r.stdout and hostile.SECRET_VAR.encode() not in r.stdout
+    assert (
+        hostile.SECRET_VALUE.encode() not in r.stdout
+        and hostile.SECRET_VAR.encode() not in r.stdout
+    )
     assert r.stdout.startswith(b"[('HOME', '/tmp/run-") and b"('PATH', '/usr/bin:/bin')" in r.stdout
 
 
 def test_host_files_are_invisible(backend):
-    r = run(backend, f"import os\nprint(os.path.exists({os.path.abspath(__file__)!r}), os.listdir('/'))")
+    r = run(
+        backend, f"import os\nprint(os.path.exists({os.path.abspath(__file__)!r}), os.listdir('/'))"
+    )
     assert r.stdout.startswith(b"False "), r.stdout
-
-
 
 
 def test_a_file_left_in_tmp_is_gone_next_time_in_the_same_container(backend):
@@ -113,7 +118,7 @@ def test_a_background_process_does_not_survive(backend):
     assert run(backend, hostile.LEAVE_DAEMON).stdout == b"spawned\n"
     assert len(only_idle(backend)) == 1
     r = run(backend, "import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))")
-    assert r.stdout.count(b",") == 2, r.stdout   # pid 1, its launcher and itself
+    assert r.stdout.count(b",") == 2, r.stdout  # pid 1, its launcher and itself
     assert backend.container_id(0) == cid
 
 
@@ -129,18 +134,21 @@ def test_the_idle_process_and_launcher_are_out_of_reach(backend):
 
 
 def test_ipc_objects_do_not_persist(backend):
-    code = ("import ctypes\nlibc = ctypes.CDLL(None)\n"
-            "print(libc.shmget(0, 4096, 0o1000 | 0o600) >= 0, libc.msgget(0, 0o1000 | 0o600) >= 0)\n")
-    assert run(backend, code).stdout == b"True False\n"    # no SysV message queues at all
+    code = (
+        "import ctypes\nlibc = ctypes.CDLL(None)\n"
+        "print(libc.shmget(0, 4096, 0o1000 | 0o600) >= 0, libc.msgget(0, 0o1000 | 0o600) >= 0)\n"
+    )
+    assert run(backend, code).stdout == b"True False\n"  # no SysV message queues at all
     assert run(backend, "print(open('/proc/sysvipc/shm').read().count(chr(10)))").stdout == b"1\n"
-
 
 
 def test_slots_run_at_once_in_separate_containers_as_separate_users(backend):
     results = {}
 
     def go(slot):
-        results[slot] = run(backend, "import os, time\ntime.sleep(0.3)\nprint(os.getuid())", slot=slot)
+        results[slot] = run(
+            backend, "import os, time\ntime.sleep(0.3)\nprint(os.getuid())", slot=slot
+        )
 
     threads = [threading.Thread(target=go, args=(s,)) for s in (0, 1)]
     for t in threads:
@@ -153,7 +161,7 @@ def test_slots_run_at_once_in_separate_containers_as_separate_users(backend):
 
 
 def test_image_is_small_reproducible_and_holds_only_python(backend, docker_engine):
-    assert backend.image == docker_image.image_tag()      # same host files, same tag: reused
+    assert backend.image == docker_image.image_tag()  # same host files, same tag: reused
     info = docker_engine.api.inspect_image(backend.image)
     assert info["Size"] < 64 * 2**20
     r = run(backend, "import os\nprint(sorted(os.listdir('/usr/bin')), os.path.exists('/bin/sh'))")
@@ -166,23 +174,25 @@ def test_unreachable_engine_names_the_fix(tmp_path, monkeypatch):
     import docker
 
     nowhere = f"unix://{tmp_path}/no-engine.sock"
-    client = docker.DockerClient(base_url=nowhere, version="1.41")   # no version probe on creation
+    client = docker.DockerClient(base_url=nowhere, version="1.41")  # no version probe on creation
     with pytest.raises(BackendUnavailable, match="does not answer.*start the Docker engine"):
         DockerBackend(POLICY, client=client).check()
-    monkeypatch.setenv("DOCKER_HOST", nowhere)   # the default client, from the environment
+    monkeypatch.setenv("DOCKER_HOST", nowhere)  # the default client, from the environment
     with pytest.raises(BackendUnavailable, match=f"engine at {nowhere} does not answer"):
         DockerBackend(POLICY).check()
 
 
 def test_missing_sdk_names_the_fix(monkeypatch):
-    monkeypatch.setitem(sys.modules, "docker", None)   # import docker now raises ImportError
+    monkeypatch.setitem(sys.modules, "docker", None)  # import docker now raises ImportError
     with pytest.raises(BackendUnavailable, match=r"pip install 'atgrpo\[docker\]'"):
         DockerBackend(POLICY).check()
 
 
 def test_unbuildable_image_names_the_fix(docker_engine, monkeypatch):
     monkeypatch.setattr(docker_image, "PYTHON", "/nonexistent/python3")
-    with pytest.raises(BackendUnavailable, match="cannot build the docker backend's image.*--docker-image"):
+    with pytest.raises(
+        BackendUnavailable, match="cannot build the docker backend's image.*--docker-image"
+    ):
         DockerBackend(POLICY, client=docker_engine).check()
 
 

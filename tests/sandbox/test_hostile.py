@@ -15,8 +15,15 @@ from tests.sandbox.test_bwrap_backend import uid_processes
 from tests.sandbox.test_docker_backend import only_idle
 
 POLICY = Policy()
-FAST = Limits(wall_timeout_ms=3000, cpu_time_ms=2000, memory_bytes=256 * 2**20, max_output_bytes=2**16,
-              max_processes=32, max_file_bytes=2**20, max_open_files=64)
+FAST = Limits(
+    wall_timeout_ms=3000,
+    cpu_time_ms=2000,
+    memory_bytes=256 * 2**20,
+    max_output_bytes=2**16,
+    max_processes=32,
+    max_file_bytes=2**20,
+    max_open_files=64,
+)
 
 
 @pytest.fixture(scope="module", params=["bwrap", pytest.param("docker", marks=pytest.mark.docker)])
@@ -25,7 +32,7 @@ def backend(request):
         b, strays = BwrapBackend(POLICY), lambda b: uid_processes(b)
     else:
         b = DockerBackend(POLICY, client=request.getfixturevalue("docker_engine"))
-        strays = lambda b: [p for p in only_idle(b)][1:]   # noqa: E731 - all but the idle pid 1
+        strays = lambda b: [p for p in only_idle(b)][1:]  # noqa: E731 - all but the idle pid 1
     b.check()
     b.strays = strays
     yield b
@@ -39,12 +46,18 @@ def no_stray_processes(backend):
 
 
 def run(backend, code, *, limits=FAST, stdin=b"", files=(), cancel=None):
-    return backend.run(check_exec(ExecRequest("python", code, stdin, files, limits), POLICY), 0, cancel)
+    return backend.run(
+        check_exec(ExecRequest("python", code, stdin, files, limits), POLICY), 0, cancel
+    )
 
 
 def test_hello_with_stdin_and_files(backend):
-    r = run(backend, "import sys\nprint(sys.stdin.read().upper(), open('data/in.txt').read())",
-            stdin=b"abc", files=(("data/in.txt", b"file!"),))
+    r = run(
+        backend,
+        "import sys\nprint(sys.stdin.read().upper(), open('data/in.txt').read())",
+        stdin=b"abc",
+        files=(("data/in.txt", b"file!"),),
+    )
     assert r.verdict is Verdict.OK, r.stderr
     assert r.stdout == b"ABC file!\n" and r.wall_ms > 0 and r.cpu_ms > 0
 
@@ -81,10 +94,15 @@ def test_output_flood_is_cut_at_the_cap(backend):
 def test_host_secrets_are_invisible(backend, monkeypatch):
     monkeypatch.setenv(hostile.SECRET_VAR, hostile.SECRET_VALUE)
     r = run(backend, hostile.READ_SHADOW)
-    assert r.verdict is Verdict.RUNTIME_ERROR and (b"No such file" in r.stderr or b"Permission denied" in r.stderr)
+    assert r.verdict is Verdict.RUNTIME_ERROR and (
+        b"No such file" in r.stderr or b"Permission denied" in r.stderr
+    )
     r = run(backend, hostile.ENV_DUMP)
     assert r.verdict is Verdict.OK
-    assert hostile.SECRET_VALUE.encode() not in r.stdout and hostile.SECRET_VAR.encode() not in r.stdout
+    assert (
+        hostile.SECRET_VALUE.encode() not in r.stdout
+        and hostile.SECRET_VAR.encode() not in r.stdout
+    )
 
 
 def test_nothing_outside_tmp_is_writable(backend):
@@ -113,14 +131,18 @@ def test_host_loopback_is_unreachable(backend):
 
 
 def test_sleep_past_the_wall_limit_is_a_timeout(backend):
-    r = run(backend, hostile.SLEEP_FOREVER, limits=Limits(**{**FAST.__dict__, "wall_timeout_ms": 500}))
+    r = run(
+        backend, hostile.SLEEP_FOREVER, limits=Limits(**{**FAST.__dict__, "wall_timeout_ms": 500})
+    )
     assert r.verdict is Verdict.TIMEOUT and 500 <= r.wall_ms < 1500
 
 
 def test_nothing_persists_between_executions(backend):
     assert run(backend, hostile.LEAVE_FILE).stdout == b"wrote\n"
     assert run(backend, hostile.FIND_FILE).stdout == b"False\n"
-    assert run(backend, hostile.LEAVE_DAEMON).stdout == b"spawned\n"   # the autouse fixture checks it died
+    assert (
+        run(backend, hostile.LEAVE_DAEMON).stdout == b"spawned\n"
+    )  # the autouse fixture checks it died
 
 
 def test_cancel_stops_the_program(backend):
@@ -131,14 +153,16 @@ def test_cancel_stops_the_program(backend):
 
 
 def test_kernel_attack_surface_is_refused(backend):
-    # io_uring, bpf, userfaultfd, perf_event_open, keyrings, ptrace, mounts, namespaces, kexec, modules
+    # io_uring, bpf, userfaultfd, perf_event_open, keyrings, ptrace, mounts, namespaces, kexec,
+    # modules
     r = run(backend, hostile.kernel_surface_probe())
     got = dict(line.split() for line in r.stdout.decode().splitlines())
-    assert got == {name: "1" for name in hostile.KERNEL_CALLS}, r.stderr   # EPERM, every one
+    assert got == {name: "1" for name in hostile.KERNEL_CALLS}, r.stderr  # EPERM, every one
 
 
 def test_no_key_is_left_for_the_next_program(backend):
-    # Before the filter, a key added to the user keyring was read back by later programs on the slot.
+    # Before the filter, a key added to the user keyring was read back by later programs on the
+    # slot.
     assert run(backend, hostile.LEAVE_KEY).stdout == b"False\n"
     for _ in range(2):
         assert run(backend, hostile.FIND_KEY).stdout == b"b'none'\n"

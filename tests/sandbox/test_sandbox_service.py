@@ -23,8 +23,11 @@ SQUARE = "n = int(input())\nprint(n * n)\n"
 
 def serve(coro_fn, *, workers=2, queue=4, policy=None):
     """Run `coro_fn(client)` against a fresh in-process server with the bwrap backend."""
+
     async def go():
-        executor = Executor(BwrapBackend(policy or Policy()), workers=workers, queue=queue, policy=policy)
+        executor = Executor(
+            BwrapBackend(policy or Policy()), workers=workers, queue=queue, policy=policy
+        )
         running = await create_server(bindings(executor))
         try:
             async with SandboxClient(f"127.0.0.1:{running.port}") as client:
@@ -32,6 +35,7 @@ def serve(coro_fn, *, workers=2, queue=4, policy=None):
         finally:
             await running.stop(0)
             executor.close()
+
     return asyncio.run(go())
 
 
@@ -47,55 +51,77 @@ def test_execute_and_run_tests_round_trip():
         s = await c.run_tests(SQUARE, [(b"x", b"1"), (b"2", b"4")], stop_on_first_failure=True)
         assert s.cases[0].execution.verdict is Verdict.RUNTIME_ERROR
         assert s.cases[1].skipped and s.cases[1].execution is None
+
     serve(go)
 
 
 def test_run_tests_answers_fit_one_message_and_cases_are_judged_on_their_whole_output():
     """All cases' outputs together are cut at the policy's budget (here 12 bytes: two of three
     `hello\n`); every case is still judged on its whole output."""
+
     async def go(c):
         t = await c.run_tests("print('hello')", [(b"", b"hello")] * 3)
         assert [r.passed for r in t.cases] == [True, True, True]
         assert [r.execution.stdout for r in t.cases] == [b"hello\n", b"hello\n", b""]
         assert [r.execution.stdout_truncated for r in t.cases] == [False, False, True]
+
     serve(go, policy=Policy(max_tests_output_bytes=12))
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"code": ""}, "code is empty"),
-    ({"code": "x" * (10 * 2**20)}, "over the limit"),
-    ({"code": "print(1)", "language": "brainfuck"}, "not supported"),
-    ({"code": "\x00\x01\x02garbage"}, "NUL byte"),
-    ({"code": "print(1)", "limits": Limits(wall_timeout_ms=10**12)}, "ceiling"),
-    ({"code": "print(1)", "files": {"../escape": b"x"}}, "must be relative"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"code": ""}, "code is empty"),
+        ({"code": "x" * (10 * 2**20)}, "over the limit"),
+        ({"code": "print(1)", "language": "brainfuck"}, "not supported"),
+        ({"code": "\x00\x01\x02garbage"}, "NUL byte"),
+        ({"code": "print(1)", "limits": Limits(wall_timeout_ms=10**12)}, "ceiling"),
+        ({"code": "print(1)", "files": {"../escape": b"x"}}, "must be relative"),
+    ],
+)
 def test_bad_input_gets_invalid_argument_and_the_server_keeps_serving(kwargs, message):
     async def go(c):
         with pytest.raises(errors.InvalidArgument, match=None) as err:
             await c.execute(**kwargs)
         assert message in err.value.message
         assert (await c.execute("print('fine')")).stdout == b"fine\n"
+
     serve(go)
 
 
 def test_hostile_programs_do_not_disturb_the_server():
     async def go(c):
-        fast = Limits(wall_timeout_ms=2000, cpu_time_ms=1000, memory_bytes=256 * 2**20,
-                      max_output_bytes=2**16, max_processes=32, max_file_bytes=2**20, max_open_files=64)
-        for code in (hostile.FORK_BOMB, hostile.MEMORY_BOMB, hostile.INFINITE_LOOP, hostile.OUTPUT_FLOOD,
-                     hostile.KILL_PARENT, hostile.SLEEP_FOREVER):
+        fast = Limits(
+            wall_timeout_ms=2000,
+            cpu_time_ms=1000,
+            memory_bytes=256 * 2**20,
+            max_output_bytes=2**16,
+            max_processes=32,
+            max_file_bytes=2**20,
+            max_open_files=64,
+        )
+        for code in (
+            hostile.FORK_BOMB,
+            hostile.MEMORY_BOMB,
+            hostile.INFINITE_LOOP,
+            hostile.OUTPUT_FLOOD,
+            hostile.KILL_PARENT,
+            hostile.SLEEP_FOREVER,
+        ):
             r = await c.execute(code, limits=fast)
             assert r.wall_ms < 3500
         assert (await c.execute(SQUARE, stdin=b"5")).stdout == b"25\n"
         assert await c.health() == "SERVING"
+
     serve(go)
 
 
 def test_flood_is_shed_and_every_accepted_request_completes():
     async def go(c):
-        c.retry = False       # see the shedding itself, not the client's backoff
+        c.retry = False  # see the shedding itself, not the client's backoff
         calls = [c.execute("import time\ntime.sleep(0.2)\nprint('done')") for _ in range(24)]
         return await asyncio.gather(*calls, return_exceptions=True)
+
     results = serve(go, workers=2, queue=2)
     rejected = [r for r in results if isinstance(r, errors.ResourceExhausted)]
     accepted = [r for r in results if not isinstance(r, Exception)]
@@ -109,19 +135,27 @@ def test_the_call_deadline_bounds_the_program():
     async def go(c):
         start = asyncio.get_running_loop().time()
         try:
-            r = await c.execute(hostile.SLEEP_FOREVER, limits=Limits(wall_timeout_ms=60_000), timeout_s=1.0)
+            r = await c.execute(
+                hostile.SLEEP_FOREVER, limits=Limits(wall_timeout_ms=60_000), timeout_s=1.0
+            )
             assert r.verdict is Verdict.TIMEOUT
         except errors.DeadlineExceeded:
             pass
         assert asyncio.get_running_loop().time() - start < 2.0
         # The slot is free again right away.
         assert (await c.execute("print(2)")).stdout == b"2\n"
+
     serve(go, workers=1, queue=0)
 
 
 def _start(args, env):
-    return subprocess.run([sys.executable, "-m", "sandbox_svc", "--port", "0", *args], env=env,
-                          capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        [sys.executable, "-m", "sandbox_svc", "--port", "0", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def test_unsafe_backend_needs_the_explicit_flag(subprocess_env):
@@ -132,21 +166,42 @@ def test_unsafe_backend_needs_the_explicit_flag(subprocess_env):
 
 def test_unsafe_backend_says_so_at_start_and_on_every_scrape(tmp_path, subprocess_env):
     port_file = tmp_path / "port.json"
-    proc = subprocess.Popen([sys.executable, "-m", "sandbox_svc", "--port", "0", "--metrics-port", "0",
-                             "--port-file", str(port_file), "--backend", "subprocess", "--unsafe-no-isolation"],
-                            env=subprocess_env, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sandbox_svc",
+            "--port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--port-file",
+            str(port_file),
+            "--backend",
+            "subprocess",
+            "--unsafe-no-isolation",
+        ],
+        env=subprocess_env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         for _ in range(300):
             if port_file.exists():
                 break
             asyncio.run(asyncio.sleep(0.05))
         import json
+
         metrics_port = json.loads(port_file.read_text())["metrics_port"]
         for _ in range(2):
-            body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+            body = (
+                urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5)
+                .read()
+                .decode()
+            )
             assert "atgrpo_sandbox_isolation_disabled 1.0" in body
             assert "SANDBOX ISOLATION IS OFF" in body
     finally:
         proc.terminate()
         _, stderr = proc.communicate(timeout=10)
-    assert stderr.count("SANDBOX ISOLATION IS OFF") >= 3   # at start, and once per scrape
+    assert stderr.count("SANDBOX ISOLATION IS OFF") >= 3  # at start, and once per scrape

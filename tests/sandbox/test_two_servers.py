@@ -27,8 +27,23 @@ LIMITS = Limits(wall_timeout_ms=20_000, cpu_time_ms=2000)
 
 def _serve(tmp_path, name, env, *flags):
     port_file = tmp_path / f"{name}.json"
-    proc = subprocess.Popen([sys.executable, "-m", "sandbox_svc", "--port", "0", "--port-file", str(port_file),
-                             "--workers", "1", *flags], env=env, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sandbox_svc",
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+            "--workers",
+            "1",
+            *flags,
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 30
     while not port_file.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -62,7 +77,7 @@ def two_servers(tmp_path, subprocess_env):
 async def _b_runs_while_a_discards_twice(a_addr: str, b_addr: str, stop_a=None):
     async with SandboxClient(a_addr) as a, SandboxClient(b_addr) as b:
         slow = asyncio.ensure_future(b.execute(SLOW, limits=LIMITS))
-        await asyncio.sleep(0.8)    # B's program is running
+        await asyncio.sleep(0.8)  # B's program is running
         for _ in range(2):
             r = await a.execute(LEAVE_SEMAPHORE)
             assert r.verdict is Verdict.OK and r.stdout == b"True\n", r
@@ -74,7 +89,9 @@ async def _b_runs_while_a_discards_twice(a_addr: str, b_addr: str, stop_a=None):
         return result, time.monotonic() - start
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="host uids per slot are used only when the server runs as root")
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="host uids per slot are used only when the server runs as root"
+)
 def test_a_discarding_its_sandbox_never_touches_b(two_servers):
     a, b = two_servers
     result, _ = asyncio.run(_b_runs_while_a_discards_twice(a.address, b.address))
@@ -82,30 +99,52 @@ def test_a_discarding_its_sandbox_never_touches_b(two_servers):
     assert result.wall_ms < 5000, f"B's program ran {result.wall_ms} ms: it was run again"
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="host uids per slot are used only when the server runs as root")
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="host uids per slot are used only when the server runs as root"
+)
 def test_stopping_a_never_touches_b(two_servers):
     a, b = two_servers
-    result, _ = asyncio.run(_b_runs_while_a_discards_twice(a.address, b.address, stop_a=lambda: a.terminate()))
+    result, _ = asyncio.run(
+        _b_runs_while_a_discards_twice(a.address, b.address, stop_a=lambda: a.terminate())
+    )
     assert (result.verdict, result.stdout) == (Verdict.OK, b"B done\n"), result
     logs = _stop(a) + _stop(b)
-    uids = sorted({int(line.split("host uids ")[1].split("-")[0]) for line in logs.splitlines() if "host uids " in line})
-    assert len(uids) == 2, logs[-3000:]     # two different ranges, each said in the log
+    uids = sorted(
+        {
+            int(line.split("host uids ")[1].split("-")[0])
+            for line in logs.splitlines()
+            if "host uids " in line
+        }
+    )
+    assert len(uids) == 2, logs[-3000:]  # two different ranges, each said in the log
 
 
-def test_a_taken_range_is_refused_with_its_holder_and_freed_when_the_holder_exits(tmp_path, monkeypatch):
+def test_a_taken_range_is_refused_with_its_holder_and_freed_when_the_holder_exits(
+    tmp_path, monkeypatch
+):
     monkeypatch.setattr("sandbox_svc.uids.LOCK_DIR", tmp_path)
     first = claim(4)
     assert first.base == 60000
     second = claim(2)
-    assert second.base == 60004                      # the next free range, not an overlap
-    with pytest.raises(UidClaimError, match=rf"host uid 60002 .* held by another sandbox \(pid {os.getpid()}\)"):
+    assert second.base == 60004  # the next free range, not an overlap
+    with pytest.raises(
+        UidClaimError, match=rf"host uid 60002 .* held by another sandbox \(pid {os.getpid()}\)"
+    ):
         claim(2, base=60002)
     # Another process's claim: gone with that process, however it ends.
-    child = subprocess.Popen([sys.executable, "-c",
-                              "import sys, time; sys.path.insert(0, sys.argv[1]); import sandbox_svc.uids as u; "
-                              "from pathlib import Path; u.LOCK_DIR = Path(sys.argv[2]); h = u.claim(2, 61000); "
-                              "print(h.base, flush=True); time.sleep(60)", os.getcwd(), str(tmp_path)],
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; sys.path.insert(0, sys.argv[1]); import sandbox_svc.uids as u; "
+            "from pathlib import Path; u.LOCK_DIR = Path(sys.argv[2]); h = u.claim(2, 61000); "
+            "print(h.base, flush=True); time.sleep(60)",
+            os.getcwd(),
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert child.stdout.readline().strip() == "61000"
     with pytest.raises(UidClaimError, match=f"pid {child.pid}"):
         claim(1, base=61001)
@@ -113,7 +152,7 @@ def test_a_taken_range_is_refused_with_its_holder_and_freed_when_the_holder_exit
     child.wait()
     assert claim(2, base=61000).base == 61000
     first.close()
-    assert claim(4).base == 60000                    # released by close() too
+    assert claim(4).base == 60000  # released by close() too
 
 
 def test_an_unusable_lock_directory_is_refused_naming_the_setting(tmp_path, monkeypatch):

@@ -32,13 +32,20 @@ def tls_client_env(pki: PKI, *, cert: bool = True, token: str | None = TOKEN) ->
 @pytest.fixture
 def client_env(monkeypatch):
     """Set (or clear) the client variables for this test only."""
-    for name in ("ATGRPO_TLS_CA", "ATGRPO_TLS_CERT", "ATGRPO_TLS_KEY", "ATGRPO_TLS_SERVER_NAME",
-                 "ATGRPO_AUTH_TOKEN", "ATGRPO_AUTH_TOKEN_FILE"):
+    for name in (
+        "ATGRPO_TLS_CA",
+        "ATGRPO_TLS_CERT",
+        "ATGRPO_TLS_KEY",
+        "ATGRPO_TLS_SERVER_NAME",
+        "ATGRPO_AUTH_TOKEN",
+        "ATGRPO_AUTH_TOKEN_FILE",
+    ):
         monkeypatch.delenv(name, raising=False)
 
     def apply(values: dict[str, str]) -> None:
         for k, v in values.items():
             monkeypatch.setenv(k, v)
+
     return apply
 
 
@@ -62,7 +69,9 @@ class Proc:
                 self.proc.wait()
 
 
-def start_service(kind: str, tmp: Path, args: list[str], env: dict[str, str], timeout_s: float = 90) -> Proc:
+def start_service(
+    kind: str, tmp: Path, args: list[str], env: dict[str, str], timeout_s: float = 90
+) -> Proc:
     """`python -m <kind>_svc ARGS` with exactly `env` added to a clean environment; its log
     (stdout and stderr) goes to a file the test can read."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("ATGRPO_")}
@@ -70,15 +79,33 @@ def start_service(kind: str, tmp: Path, args: list[str], env: dict[str, str], ti
     base["ATGRPO_LOG_LEVEL"] = "DEBUG"
     port_file, log = tmp / f"{kind}.port.json", tmp / f"{kind}.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", f"{kind}_svc", "--port", "0", "--port-file", str(port_file),
-                                 *args], env=base | env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                f"{kind}_svc",
+                "--port",
+                "0",
+                "--port-file",
+                str(port_file),
+                *args,
+            ],
+            env=base | env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=tmp,
+        )
     deadline = time.monotonic() + timeout_s
     while not port_file.exists():
         if proc.poll() is not None:
-            raise AssertionError(f"{kind} exited {proc.returncode}:\n{log.read_text(errors='replace')}")
+            raise AssertionError(
+                f"{kind} exited {proc.returncode}:\n{log.read_text(errors='replace')}"
+            )
         if time.monotonic() > deadline:
             proc.kill()
-            raise AssertionError(f"{kind} did not report its port:\n{log.read_text(errors='replace')}")
+            raise AssertionError(
+                f"{kind} did not report its port:\n{log.read_text(errors='replace')}"
+            )
         time.sleep(0.05)
     port = json.loads(port_file.read_text())["port"]
     return Proc(kind, proc, f"127.0.0.1:{port}", log)

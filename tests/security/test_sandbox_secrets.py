@@ -72,9 +72,10 @@ def test_no_secret_of_the_sandbox_service_reaches_sandboxed_code(services, clien
     async def go():
         async with SandboxClient(services["sandbox"].address) as c:
             return await c.execute(probe(services["token_file"]))
+
     r = asyncio.run(go())
     out = (r.stdout + r.stderr).decode(errors="replace")
-    assert "ENV {" in out and "/proc/self/environ" in out, out      # the probe ran
+    assert "ENV {" in out and "/proc/self/environ" in out, out  # the probe ran
     assert f"{services['token_file']} refused" in out
     for name, value in SECRETS.items():
         assert value not in out, f"{name}'s value reached sandboxed code:\n{out}"
@@ -116,9 +117,10 @@ def test_hostile_programs_through_the_code_environment_are_contained(services, c
                 assert not result.success and contained(verdicts), (name, result.info)
             leak = await step(env, SEARCH)
             assert leak.info.get("error") == "clean", leak.info
-            right = await step(env, RIGHT)          # the sandbox serves on, unharmed
+            right = await step(env, RIGHT)  # the sandbox serves on, unharmed
             assert right.success and right.local_reward > 0, right.info
             assert await env.health() == "SERVING"
+
     asyncio.run(go())
     for proc in ("sandbox", "env"):
         assert services[proc].proc.poll() is None, f"{proc} died"

@@ -27,11 +27,15 @@ RIGHT = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
 
 
 def server_security(pki, *, mutual=True, token=TOKEN) -> ServerSecurity:
-    return ServerSecurity.from_files(pki.server_pem, pki.server_key, pki.ca_pem if mutual else None, token=token)
+    return ServerSecurity.from_files(
+        pki.server_pem, pki.server_key, pki.ca_pem if mutual else None, token=token
+    )
 
 
 async def health(channel) -> str:
-    resp = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    resp = await health_pb2_grpc.HealthStub(channel).Check(
+        health_pb2.HealthCheckRequest(), timeout=5
+    )
     return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
 
 
@@ -43,8 +47,16 @@ def mtls_services(pki, tmp_path_factory):
     token_file = tmp / "token"
     token_file.write_text(TOKEN + "\n")
     token_file.chmod(0o600)
-    server_flags = ["--tls-cert", pki.server_pem, "--tls-key", pki.server_key, "--tls-client-ca", pki.ca_pem,
-                    "--auth-token-file", str(token_file)]
+    server_flags = [
+        "--tls-cert",
+        pki.server_pem,
+        "--tls-key",
+        pki.server_key,
+        "--tls-client-ca",
+        pki.ca_pem,
+        "--auth-token-file",
+        str(token_file),
+    ]
     client = tls_client_env(pki, token=None) | {"ATGRPO_AUTH_TOKEN_FILE": str(token_file)}
     sandbox = start_service("sandbox", tmp, server_flags, client)
     try:
@@ -68,41 +80,54 @@ def test_services_talk_over_mutual_tls_end_to_end(mtls_services, pki, client_env
             episode, _ = await env.reset("code", SUM, seed=0)
             result = await env.step(episode, "coder", RIGHT)
             assert result.local_reward > 0, result.info
+
     asyncio.run(go())
     for proc in mtls_services.values():
         assert "mutual TLS, token required" in proc.log_text()
 
 
 def test_plaintext_client_cannot_talk_to_a_tls_server(mtls_services, client_env):
-    client_env({})      # no ATGRPO_TLS_*: a plaintext channel
+    client_env({})  # no ATGRPO_TLS_*: a plaintext channel
 
     async def go():
         async with EnvClient(mtls_services["env"].address, timeout_s=3) as env:
-            with pytest.raises((errors.Unavailable, errors.DeadlineExceeded)):   # retried, then given up
+            with pytest.raises(
+                (errors.Unavailable, errors.DeadlineExceeded)
+            ):  # retried, then given up
                 await env.list_envs()
+
     asyncio.run(go())
 
 
 @pytest.mark.parametrize("who", ["no certificate", "a certificate from another CA"])
 def test_mutual_tls_refuses_a_client_without_a_trusted_certificate(mtls_services, pki, who):
-    cert = {"no certificate": None, "a certificate from another CA": (pki.intruder_pem, pki.intruder_key)}[who]
-    sec = ClientSecurity(ca=open(pki.ca_pem, "rb").read(),
-                         cert=open(cert[0], "rb").read() if cert else None,
-                         key=open(cert[1], "rb").read() if cert else None, token=TOKEN)
+    cert = {
+        "no certificate": None,
+        "a certificate from another CA": (pki.intruder_pem, pki.intruder_key),
+    }[who]
+    sec = ClientSecurity(
+        ca=open(pki.ca_pem, "rb").read(),
+        cert=open(cert[0], "rb").read() if cert else None,
+        key=open(cert[1], "rb").read() if cert else None,
+        token=TOKEN,
+    )
 
     async def go():
         async with open_channel(mtls_services["sandbox"].address, security=sec) as ch:
             with pytest.raises(aio.AioRpcError) as err:
                 await health(ch)
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
     asyncio.run(go())
 
 
 def test_a_client_that_does_not_trust_the_server_refuses_it(pki):
     """The client checks the server too: a server certificate from an unknown CA is refused."""
+
     async def go():
-        running = await create_server(router_bindings(), security=ServerSecurity.from_files(
-            pki.server_pem, pki.server_key))
+        running = await create_server(
+            router_bindings(), security=ServerSecurity.from_files(pki.server_pem, pki.server_key)
+        )
         try:
             rogue_ca = ClientSecurity(ca=open(pki.rogue_pem, "rb").read())
             async with open_channel(f"127.0.0.1:{running.port}", security=rogue_ca) as ch:
@@ -114,35 +139,43 @@ def test_a_client_that_does_not_trust_the_server_refuses_it(pki):
                 assert await health(ch) == "SERVING"
         finally:
             await running.stop(0)
+
     asyncio.run(go())
 
 
 def test_tls_without_client_certificates_and_the_server_name_override(pki, client_env):
     """Server-only TLS: any client that trusts the CA connects; ATGRPO_TLS_SERVER_NAME checks the
     certificate against a name other than the address dialled."""
+
     async def go():
-        running = await create_server(router_bindings(), security=server_security(pki, mutual=False, token=None))
+        running = await create_server(
+            router_bindings(), security=server_security(pki, mutual=False, token=None)
+        )
         try:
             client_env({"ATGRPO_TLS_CA": pki.ca_pem, "ATGRPO_TLS_SERVER_NAME": "localhost"})
             async with RouterClient(f"127.0.0.1:{running.port}") as c:
                 assert (await c.get_info()).service == "router"
             client_env({"ATGRPO_TLS_SERVER_NAME": "not-in-the-certificate.example"})
             async with RouterClient(f"127.0.0.1:{running.port}", timeout_s=3) as c:
-                with pytest.raises((errors.Unavailable, errors.DeadlineExceeded)):   # retried, then given up
+                with pytest.raises(
+                    (errors.Unavailable, errors.DeadlineExceeded)
+                ):  # retried, then given up
                     await c.get_info()
         finally:
             await running.stop(0)
+
     asyncio.run(go())
 
 
 def test_plaintext_health_port_serves_probes_that_cannot_speak_tls(pki):
     async def go():
-        running = await create_server(router_bindings(), security=server_security(pki),
-                                      health_address="127.0.0.1:0")
+        running = await create_server(
+            router_bindings(), security=server_security(pki), health_address="127.0.0.1:0"
+        )
         try:
             async with aio.insecure_channel(f"127.0.0.1:{running.health_port}") as ch:
                 assert await health(ch) == "SERVING"
-                with pytest.raises(aio.AioRpcError) as err:   # the health check only, nothing else
+                with pytest.raises(aio.AioRpcError) as err:  # the health check only, nothing else
                     await ch.unary_unary("/atgrpo.v1.RouterService/GetInfo")(b"", timeout=5)
                 assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
             async with aio.insecure_channel(f"127.0.0.1:{running.port}") as ch:
@@ -150,6 +183,7 @@ def test_plaintext_health_port_serves_probes_that_cannot_speak_tls(pki):
                     await health(ch)
         finally:
             await running.stop(0)
+
     asyncio.run(go())
 
 
@@ -170,8 +204,13 @@ def test_bad_settings_fail_with_a_message_naming_them(pki, tmp_path, client_env)
 
 def test_a_service_with_a_bad_tls_flag_exits_naming_it(tmp_path, pki):
     with pytest.raises(AssertionError, match=r"--tls-key=.*cannot read"):
-        start_service("router", tmp_path, ["--tls-cert", pki.server_pem, "--tls-key", str(tmp_path / "nope.key")],
-                      {}, timeout_s=60)
+        start_service(
+            "router",
+            tmp_path,
+            ["--tls-cert", pki.server_pem, "--tls-key", str(tmp_path / "nope.key")],
+            {},
+            timeout_s=60,
+        )
 
 
 def test_a_local_training_run_works_over_mutual_tls_with_the_token(pki, tiny_model, tmp_path):
@@ -180,18 +219,37 @@ def test_a_local_training_run_works_over_mutual_tls_with_the_token(pki, tiny_mod
     trainer; rollout -> env; env -> sandbox; trainer -> rollout's LoadWeights) carries both."""
     config = (ROOT / "examples" / "toy_L1_tiny.yaml").read_text()
     config = config.replace("model_path: .atgrpo/models/tiny", f"model_path: {tiny_model}")
-    config = config.replace("eval_every_steps: 25", "eval_every_steps: 0").replace("tasks_per_step: 16",
-                                                                                  "tasks_per_step: 4")
+    config = config.replace("eval_every_steps: 25", "eval_every_steps: 0").replace(
+        "tasks_per_step: 16", "tasks_per_step: 4"
+    )
     (tmp_path / "run.yaml").write_text(config)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATGRPO_")}
     env |= tls_client_env(pki) | {
         "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
-        "ATGRPO_TLS_SERVER_CERT": pki.server_pem, "ATGRPO_TLS_SERVER_KEY": pki.server_key,
-        "ATGRPO_TLS_CLIENT_CA": pki.ca_pem, "ATGRPO_LOG_LEVEL": "DEBUG"}
+        "ATGRPO_TLS_SERVER_CERT": pki.server_pem,
+        "ATGRPO_TLS_SERVER_KEY": pki.server_key,
+        "ATGRPO_TLS_CLIENT_CA": pki.ca_pem,
+        "ATGRPO_LOG_LEVEL": "DEBUG",
+    }
     run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "atgrpo.cli", "train", str(tmp_path / "run.yaml"), "--steps", "1",
-                          "--run-dir", str(run_dir)], env=env, capture_output=True, text=True, timeout=600,
-                         cwd=tmp_path)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "atgrpo.cli",
+            "train",
+            str(tmp_path / "run.yaml"),
+            "--steps",
+            "1",
+            "--run-dir",
+            str(run_dir),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "run finished after step 1/1" in out.stdout
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -19,11 +19,19 @@ from trainer_svc.logprobs import chunked_head_available
 from trainer_svc.sharding import full_model_state, shard
 from trainer_svc.update import update
 
-NO_CLIP = 1e9   # clipping would normalise a wrongly scaled gradient back to the right update
+NO_CLIP = 1e9  # clipping would normalise a wrongly scaled gradient back to the right update
 
 
-def main(model_dir: str, out: str, sharding: str, mini_batch: int, micro_tokens: int, ckpt: bool,
-         stale: bool, bf16: bool) -> None:
+def main(
+    model_dir: str,
+    out: str,
+    sharding: str,
+    mini_batch: int,
+    micro_tokens: int,
+    ckpt: bool,
+    stale: bool,
+    bf16: bool,
+) -> None:
     dist.init_process_group("gloo")
     model = load(model_dir)
     samples = mixed_staleness(on_policy_samples(model)) if stale else on_policy_samples(model)
@@ -33,19 +41,37 @@ def main(model_dir: str, out: str, sharding: str, mini_batch: int, micro_tokens:
         shard(model, "cpu", mixed_bf16=bf16)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=0.1)
-    cfg = UpdateConfig(mini_batch_size=mini_batch, micro_batch_tokens=micro_tokens, grad_clip=NO_CLIP,
-                       max_staleness=int(stale), autocast_bf16=bf16 and sharding != "fsdp")
-    metrics = update(model, opt, samples, cfg, params=params, generator=torch.Generator().manual_seed(1))
+    cfg = UpdateConfig(
+        mini_batch_size=mini_batch,
+        micro_batch_tokens=micro_tokens,
+        grad_clip=NO_CLIP,
+        max_staleness=int(stale),
+        autocast_bf16=bf16 and sharding != "fsdp",
+    )
+    metrics = update(
+        model, opt, samples, cfg, params=params, generator=torch.Generator().manual_seed(1)
+    )
     state = full_model_state(model) if sharding == "fsdp" else model.state_dict()
     if dist.get_rank() == 0:
-        torch.save({"state": state, "metrics": metrics, "chunked": chunked_head_available(model)}, out)
-    dist.barrier()   # leave together: a rank tearing down its gloo pairs while another still uses them aborts it
+        torch.save(
+            {"state": state, "metrics": metrics, "chunked": chunked_head_available(model)}, out
+        )
+    # leave together: a rank tearing down its gloo pairs while another still uses them aborts it
+    dist.barrier()
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), "ckpt" in sys.argv[6:],
-         "stale" in sys.argv[6:], "bf16" in sys.argv[6:])
+    main(
+        sys.argv[1],
+        sys.argv[2],
+        sys.argv[3],
+        int(sys.argv[4]),
+        int(sys.argv[5]),
+        "ckpt" in sys.argv[6:],
+        "stale" in sys.argv[6:],
+        "bf16" in sys.argv[6:],
+    )
     # Skip the interpreter's teardown: torch's gloo objects destroyed there aborted a rank now and
     # then under load ("terminate called without an active exception", SIGABRT) after its work was
     # done. Everything this rank had to do is written and flushed by now.

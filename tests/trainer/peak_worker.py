@@ -37,27 +37,39 @@ def _status(key: str) -> int:
 def _run(spec: dict, layers: int | None = None) -> None:
     torch.manual_seed(0)
     config = dict(spec["config"], **({"num_hidden_layers": layers} if layers else {}))
-    model = Qwen3ForCausalLM(Qwen3Config(**config)).float()   # masters float32 under bf16 (loading.weight_dtype)
+    model = Qwen3ForCausalLM(
+        Qwen3Config(**config)
+    ).float()  # masters float32 under bf16 (loading.weight_dtype)
     if spec["checkpointing"]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-5)
     vocab, rows = config["vocab_size"], spec["rows"]
     gen = torch.Generator().manual_seed(1)
-    sampling = Sampling(temperature=1.0, top_k=20, top_p=0.9)   # the GPU examples' transform
-    samples = [TrainSample(agent="a", prompt_ids=torch.randint(0, vocab, (spec["prompt"],), generator=gen).tolist(),
-                           response_ids=torch.randint(0, vocab, (spec["response"],), generator=gen).tolist(),
-                           old_logprobs=[-1.0] * spec["response"], advantage=1.0 if i % 2 else -1.0,
-                           sampling=sampling)
-               for i in range(2 * rows)]
-    cfg = UpdateConfig(loss=LossConfig(), mini_batch_size=rows, micro_batch_tokens=spec["micro_batch_tokens"],
-                       autocast_bf16=spec["dtype"] == "bfloat16")
-    update(model, optimizer, samples, cfg, params=params, device="cpu")   # two optimizer steps
+    sampling = Sampling(temperature=1.0, top_k=20, top_p=0.9)  # the GPU examples' transform
+    samples = [
+        TrainSample(
+            agent="a",
+            prompt_ids=torch.randint(0, vocab, (spec["prompt"],), generator=gen).tolist(),
+            response_ids=torch.randint(0, vocab, (spec["response"],), generator=gen).tolist(),
+            old_logprobs=[-1.0] * spec["response"],
+            advantage=1.0 if i % 2 else -1.0,
+            sampling=sampling,
+        )
+        for i in range(2 * rows)
+    ]
+    cfg = UpdateConfig(
+        loss=LossConfig(),
+        mini_batch_size=rows,
+        micro_batch_tokens=spec["micro_batch_tokens"],
+        autocast_bf16=spec["dtype"] == "bfloat16",
+    )
+    update(model, optimizer, samples, cfg, params=params, device="cpu")  # two optimizer steps
 
 
 def main(spec: dict) -> dict:
     torch.set_num_threads(1)
-    _run(spec, layers=1)   # warm-up: code paged in, lazy state built
+    _run(spec, layers=1)  # warm-up: code paged in, lazy state built
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")
     before = _status("VmRSS")

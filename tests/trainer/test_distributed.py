@@ -25,8 +25,17 @@ def free_port() -> int:
 
 
 def torchrun_args(nproc: int = 2) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-            "--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+    ]
 
 
 def torchrun_env() -> dict[str, str]:
@@ -52,15 +61,32 @@ def update_mismatches(before, one, two, rel=1e-3) -> list[str]:
 # ckpt: FSDP with gradient checkpointing (each layer's recompute all-gathers it again).
 # stale: max_staleness 1 on 7 samples of mixed staleness: the proximal pass splits them over the
 # ranks (4 and 3 forwards, padded to 4 under FSDP) and sums the shares.
-@pytest.mark.parametrize("sharding, mini_batch, micro_tokens, flag",
-                         [("ddp", 8, 8192, ""), ("fsdp", 5, 12, ""), ("fsdp", 5, 12, "ckpt"),
-                          ("fsdp", 5, 12, "stale")])
-def test_two_gloo_ranks_equal_one_process(tiny_model, tmp_path, sharding, mini_batch, micro_tokens, flag):
+@pytest.mark.parametrize(
+    "sharding, mini_batch, micro_tokens, flag",
+    [("ddp", 8, 8192, ""), ("fsdp", 5, 12, ""), ("fsdp", 5, 12, "ckpt"), ("fsdp", 5, 12, "stale")],
+)
+def test_two_gloo_ranks_equal_one_process(
+    tiny_model, tmp_path, sharding, mini_batch, micro_tokens, flag
+):
     out = tmp_path / "dist.pt"
     worker = str(ROOT / "tests" / "trainer" / "dist_worker.py")
-    run = subprocess.run([*torchrun_args(), worker, tiny_model, str(out), sharding, str(mini_batch), str(micro_tokens),
-                          *([flag] if flag else [])],
-                         env=torchrun_env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [
+            *torchrun_args(),
+            worker,
+            tiny_model,
+            str(out),
+            sharding,
+            str(mini_batch),
+            str(micro_tokens),
+            *([flag] if flag else []),
+        ],
+        env=torchrun_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     two = torch.load(out, weights_only=False)
     # the chunked head, FSDP included (its root's parameters gathered as a forward of the root):
@@ -69,12 +95,23 @@ def test_two_gloo_ranks_equal_one_process(tiny_model, tmp_path, sharding, mini_b
 
     model = load(tiny_model)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    samples = mixed_staleness(on_policy_samples(model)) if flag == "stale" else on_policy_samples(model)
+    samples = (
+        mixed_staleness(on_policy_samples(model)) if flag == "stale" else on_policy_samples(model)
+    )
     params = [p for p in model.parameters() if p.requires_grad]
-    metrics = update(model, torch.optim.SGD(params, lr=0.1), samples,
-                     UpdateConfig(mini_batch_size=mini_batch, micro_batch_tokens=micro_tokens, grad_clip=NO_CLIP,
-                                  max_staleness=int(flag == "stale")),
-                     params=params, generator=torch.Generator().manual_seed(1))
+    metrics = update(
+        model,
+        torch.optim.SGD(params, lr=0.1),
+        samples,
+        UpdateConfig(
+            mini_batch_size=mini_batch,
+            micro_batch_tokens=micro_tokens,
+            grad_clip=NO_CLIP,
+            max_staleness=int(flag == "stale"),
+        ),
+        params=params,
+        generator=torch.Generator().manual_seed(1),
+    )
     assert metrics["optimizer_steps"] == (1 if mini_batch == 8 else 2)
     assert set(two["state"]) == set(before)
     assert update_mismatches(before, model.state_dict(), two["state"]) == []
@@ -87,21 +124,36 @@ def test_fsdp_mixed_precision_trains_as_autocast_does(tiny_model, tmp_path):
     against one process under bf16 autocast: bf16 rounding apart, the same loss and update."""
     out = tmp_path / "dist.pt"
     worker = str(ROOT / "tests" / "trainer" / "dist_worker.py")
-    run = subprocess.run([*torchrun_args(), worker, tiny_model, str(out), "fsdp", "8", "8192", "bf16"],
-                         env=torchrun_env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [*torchrun_args(), worker, tiny_model, str(out), "fsdp", "8", "8192", "bf16"],
+        env=torchrun_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     two = torch.load(out, weights_only=False)
     assert two["chunked"]
     model = load(tiny_model)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     params = [p for p in model.parameters() if p.requires_grad]
-    metrics = update(model, torch.optim.SGD(params, lr=0.1), on_policy_samples(model),
-                     UpdateConfig(mini_batch_size=8, micro_batch_tokens=8192, grad_clip=NO_CLIP, autocast_bf16=True),
-                     params=params, generator=torch.Generator().manual_seed(1))
+    metrics = update(
+        model,
+        torch.optim.SGD(params, lr=0.1),
+        on_policy_samples(model),
+        UpdateConfig(
+            mini_batch_size=8, micro_batch_tokens=8192, grad_clip=NO_CLIP, autocast_bf16=True
+        ),
+        params=params,
+        generator=torch.Generator().manual_seed(1),
+    )
     assert two["metrics"]["loss"] == pytest.approx(metrics["loss"], rel=0.05, abs=1e-3)
     assert two["metrics"]["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=0.05)
     one = model.state_dict()
     d1 = torch.cat([(one[k] - before[k]).flatten() for k in one if "rotary" not in k])
     d2 = torch.cat([(two["state"][k] - before[k]).flatten() for k in one if "rotary" not in k])
     assert torch.nn.functional.cosine_similarity(d1, d2, dim=0) > 0.98
-    assert all(v.dtype == torch.float32 for v in two["state"].values() if v.is_floating_point())   # float32 masters
+    assert all(
+        v.dtype == torch.float32 for v in two["state"].values() if v.is_floating_point()
+    )  # float32 masters

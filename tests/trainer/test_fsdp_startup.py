@@ -18,8 +18,15 @@ def big_model(tmp_path_factory) -> tuple[str, int]:
     copy dominates a rank's RSS (torch and transformers alone are ~400 MB). Returns (dir, bytes)."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    config = Qwen2Config(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,
-                         num_key_value_heads=4, vocab_size=8192, tie_word_embeddings=True)
+    config = Qwen2Config(
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=12,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        vocab_size=8192,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     where = tmp_path_factory.mktemp("big") / "model"
@@ -31,8 +38,14 @@ def test_rank_1_never_holds_a_full_copy(big_model, tmp_path):
     model_dir, full = big_model
     out = tmp_path / "rss"
     worker = str(ROOT / "tests" / "trainer" / "rss_worker.py")
-    run = subprocess.run([*torchrun_args(), worker, model_dir, str(out)], env=torchrun_env(), cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [*torchrun_args(), worker, model_dir, str(out)],
+        env=torchrun_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     rank0, rank1 = (json.loads((tmp_path / f"rss.{r}").read_text()) for r in (0, 1))
     assert rank1["shard_bytes"] == pytest.approx(full / 2, rel=0.05)

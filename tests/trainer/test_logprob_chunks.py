@@ -21,15 +21,21 @@ from trainer_svc.logprobs import (
     response_logprobs,
 )
 
-VOCAB = 1536   # the tiny model's
-SAMPLINGS = (Sampling(temperature=0.7), Sampling(temperature=0.9, top_k=50, top_p=0.95),
-             Sampling(temperature=1.3, top_p=0.8), Sampling(temperature=1.0, top_k=7))
+VOCAB = 1536  # the tiny model's
+SAMPLINGS = (
+    Sampling(temperature=0.7),
+    Sampling(temperature=0.9, top_k=50, top_p=0.95),
+    Sampling(temperature=1.3, top_p=0.8),
+    Sampling(temperature=1.0, top_k=7),
+)
 
 
 def mixed_samples(model, n=7):
     """Rows of several sampling settings in one batch, and prompts and responses of several lengths."""
-    return [dataclasses.replace(s, sampling=SAMPLINGS[i % len(SAMPLINGS)])
-            for i, s in enumerate(on_policy_samples(model, n=n))]
+    return [
+        dataclasses.replace(s, sampling=SAMPLINGS[i % len(SAMPLINGS)])
+        for i, s in enumerate(on_policy_samples(model, n=n))
+    ]
 
 
 def run(model, samples, **kw):
@@ -37,7 +43,9 @@ def run(model, samples, **kw):
     lp, ent, mask = response_logprobs(model, samples, "cpu", **kw)
     # Weights that differ per token, so that a token scored at the wrong place changes the gradient.
     w = torch.linspace(0.5, 1.5, lp.numel()).reshape(lp.shape)
-    (torch.where(torch.isfinite(lp), lp, torch.zeros_like(lp)) * w).sum().add((ent * w.flip(0)).sum()).backward()
+    (torch.where(torch.isfinite(lp), lp, torch.zeros_like(lp)) * w).sum().add(
+        (ent * w.flip(0)).sum()
+    ).backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return lp.detach(), ent.detach(), mask, grads
 
@@ -50,7 +58,8 @@ def assert_same(a, b):
     assert torch.equal(torch.isfinite(lp1), torch.isfinite(lp2))
     assert (~torch.isfinite(lp1)).any() and torch.isfinite(lp1[mask1 > 0]).any()
     fin = torch.isfinite(lp1)
-    # float32's own tolerance: the output layer's matmul over fewer rows rounds a little differently.
+    # float32's own tolerance: the output layer's matmul over fewer rows rounds a little
+    # differently.
     torch.testing.assert_close(lp1[fin], lp2[fin])
     torch.testing.assert_close(ent1, ent2)
     assert g1.keys() == g2.keys() and g1
@@ -66,20 +75,25 @@ def test_the_chunked_path_equals_the_full_logits_path(tiny_model, kind):
     assert chunked_head_available(model)
     samples = mixed_samples(model)
     full = run(model, samples, full_logits=True)
-    for keep in (logprobs.LOGPROB_KEEP_ELEMENTS, 0):   # the fused backward on kept log-probs, and recomputing them
+    for keep in (
+        logprobs.LOGPROB_KEEP_ELEMENTS,
+        0,
+    ):  # the fused backward on kept log-probs, and recomputing them
         logprobs.LOGPROB_KEEP_ELEMENTS = keep
         try:
-            for positions in (10**6, 16, 3, 1):        # one pass, several, one position each
+            for positions in (10**6, 16, 3, 1):  # one pass, several, one position each
                 assert_same(full, run(model, samples, chunk_elements=positions * VOCAB))
         finally:
-            logprobs.LOGPROB_KEEP_ELEMENTS = 2 ** 25
+            logprobs.LOGPROB_KEEP_ELEMENTS = 2**25
 
 
 def test_entropy_as_a_metric_has_the_values_and_no_gradient(tiny_model):
     model = load(tiny_model)
     samples = mixed_samples(model, n=4)
     lp, ent, _ = response_logprobs(model, samples, "cpu", chunk_elements=2 * VOCAB)
-    lp_m, ent_m, _ = response_logprobs(model, samples, "cpu", chunk_elements=2 * VOCAB, entropy_grad=False)
+    lp_m, ent_m, _ = response_logprobs(
+        model, samples, "cpu", chunk_elements=2 * VOCAB, entropy_grad=False
+    )
     assert ent.requires_grad and not ent_m.requires_grad and lp_m.requires_grad
     torch.testing.assert_close(ent_m, ent.detach(), rtol=0, atol=0)
     torch.testing.assert_close(lp_m, lp, rtol=0, atol=0)
@@ -125,31 +139,53 @@ def _grads(head, hidden, targets, mask, samplings, path, entropy, accumulate, **
         else:
             lp, ent = hidden_logprobs(head, h, targets, mask, samplings, entropy=entropy, **kw)
         old = torch.where(torch.isfinite(lp), lp.detach() - 0.1, lp.detach())
-        loss, _ = policy_loss(torch.where(mask > 0, lp, torch.zeros_like(lp)), old, adv, mask, cfg, entropy=ent)
+        loss, _ = policy_loss(
+            torch.where(mask > 0, lp, torch.zeros_like(lp)), old, adv, mask, cfg, entropy=ent
+        )
         loss.backward()
-    return lp.detach(), ent.detach(), h.grad, {n: p.grad.clone() for n, p in head.named_parameters() if p.grad is not None}
+    return (
+        lp.detach(),
+        ent.detach(),
+        h.grad,
+        {n: p.grad.clone() for n, p in head.named_parameters() if p.grad is not None},
+    )
 
 
 @pytest.mark.parametrize("entropy", ["grad", "metric"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_the_fused_head_equals_autograd_with_an_entropy_bonus_and_targets_off_the_support(entropy, bias):
+def test_the_fused_head_equals_autograd_with_an_entropy_bonus_and_targets_off_the_support(
+    entropy, bias
+):
     """The fused backward's d(logits) against autograd's through the transform: temperature,
     top-k and top-p, an entropy bonus (entropy_coef > 0) or entropy as a metric, targets outside
     the top-k support (-inf log-prob, no gradient and no NaN), a bias, and gradient accumulation
     into an existing .grad."""
     head, hidden, targets, mask = _head_case(bias)
-    samplings = {Sampling(temperature=0.7, top_k=5): [0], Sampling(temperature=1.3, top_p=0.6): [1],
-                 Sampling(temperature=1.0): [2]}
-    with torch.no_grad():   # row 0: every other target the least likely token, outside the top 5
+    samplings = {
+        Sampling(temperature=0.7, top_k=5): [0],
+        Sampling(temperature=1.3, top_p=0.6): [1],
+        Sampling(temperature=1.0): [2],
+    }
+    with torch.no_grad():  # row 0: every other target the least likely token, outside the top 5
         lowest = head(hidden[0]).argmin(-1)
         targets[0, ::2] = lowest[::2]
     for accumulate in (False, True):
         ref = _grads(head, hidden, targets, mask, samplings, "full", entropy, accumulate)
         assert (~torch.isfinite(ref[0][0, ::2])).all() and torch.isfinite(ref[0][2]).all()
         for chunk, keep in ((10**6, 10**9), (3 * 97, 0), (97, 10**9), (97, 0)):
-            got = _grads(head, hidden, targets, mask, samplings, "fused", entropy, accumulate,
-                         chunk_elements=chunk, keep_elements=keep)
-            real = mask > 0     # the fused path scores real tokens only (0 elsewhere)
+            got = _grads(
+                head,
+                hidden,
+                targets,
+                mask,
+                samplings,
+                "fused",
+                entropy,
+                accumulate,
+                chunk_elements=chunk,
+                keep_elements=keep,
+            )
+            real = mask > 0  # the fused path scores real tokens only (0 elsewhere)
             assert torch.equal(torch.isfinite(got[0][real]), torch.isfinite(ref[0][real]))
             fin = torch.isfinite(ref[0]) & real
             torch.testing.assert_close(got[0][fin], ref[0][fin])
@@ -159,7 +195,9 @@ def test_the_fused_head_equals_autograd_with_an_entropy_bonus_and_targets_off_th
             assert got[3].keys() == ref[3].keys()
             for name in ref[3]:
                 assert torch.isfinite(got[3][name]).all()
-                torch.testing.assert_close(got[3][name], ref[3][name], atol=1e-6, rtol=1e-5, msg=name)
+                torch.testing.assert_close(
+                    got[3][name], ref[3][name], atol=1e-6, rtol=1e-5, msg=name
+                )
 
 
 def test_a_frozen_head_gets_no_gradient_and_the_hidden_rows_get_theirs():
@@ -167,7 +205,18 @@ def test_a_frozen_head_gets_no_gradient_and_the_hidden_rows_get_theirs():
     head.weight.requires_grad_(False)
     samplings = {Sampling(temperature=0.9, top_k=20, top_p=0.9): [0, 1, 2]}
     ref = _grads(head, hidden, targets, mask, samplings, "full", "grad", False)
-    got = _grads(head, hidden, targets, mask, samplings, "fused", "grad", False, chunk_elements=97, keep_elements=0)
+    got = _grads(
+        head,
+        hidden,
+        targets,
+        mask,
+        samplings,
+        "fused",
+        "grad",
+        False,
+        chunk_elements=97,
+        keep_elements=0,
+    )
     assert head.weight.grad is None and got[3] == {} == ref[3]
     torch.testing.assert_close(got[2], ref[2], atol=1e-6, rtol=1e-5)
 
@@ -178,8 +227,18 @@ def test_under_bf16_autocast_the_fused_head_matches_autograd():
     samplings = {Sampling(temperature=0.8, top_p=0.9): [0, 1, 2]}
     with torch.autocast("cpu", dtype=torch.bfloat16):
         ref = _grads(head, hidden, targets, mask, samplings, "full", "grad", False)
-        got = _grads(head, hidden, targets, mask, samplings, "fused", "grad", False, chunk_elements=2 * 97,
-                     keep_elements=0)
+        got = _grads(
+            head,
+            hidden,
+            targets,
+            mask,
+            samplings,
+            "fused",
+            "grad",
+            False,
+            chunk_elements=2 * 97,
+            keep_elements=0,
+        )
     assert got[3]["weight"].dtype == torch.float32
     fin = torch.isfinite(ref[0]) & (mask > 0)
     torch.testing.assert_close(got[0][fin], ref[0][fin])
@@ -193,12 +252,14 @@ def test_a_gpus_passes_are_sized_by_its_memory(monkeypatch):
     from trainer_svc.logprobs import pass_elements
 
     pass_elements.cache_clear()
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=80 * 2**30))
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=80 * 2**30)
+    )
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     try:
         # 1/64 of 80 GiB in six float32 temporaries: 368 positions of Qwen3's vocabulary a pass
         assert pass_elements("cuda") == pass_elements("cuda:3") == 80 * 2**30 // 64 // 24
-        assert pass_elements("cpu") == 2 ** 24
+        assert pass_elements("cpu") == 2**24
     finally:
         pass_elements.cache_clear()
 

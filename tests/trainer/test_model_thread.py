@@ -70,10 +70,13 @@ print(json.dumps({"freed": freed, "after": rss_bytes(), "released": released}))
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="malloc_trim is glibc's (Linux)")
 def test_release_hands_freed_heap_pages_back_to_the_system():
-    out = json.loads(subprocess.run([sys.executable, "-c", _HEAP], capture_output=True, text=True,
-                                    check=True).stdout)
+    out = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", _HEAP], capture_output=True, text=True, check=True
+        ).stdout
+    )
     assert out["released"] is True
-    assert out["freed"] - out["after"] > 300e6, out    # freed but held, until released
+    assert out["freed"] - out["after"] > 300e6, out  # freed but held, until released
 
 
 # 200 MB touched then freed: resident memory rises by it while held, and the peak keeps it after.
@@ -91,8 +94,11 @@ print(json.dumps({"before": before, "held": held, "after": rss_bytes(), "peak": 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
 def test_resident_memory_and_its_peak_follow_what_the_process_touches():
-    out = json.loads(subprocess.run([sys.executable, "-c", _PEAK], capture_output=True, text=True,
-                                    check=True).stdout)
+    out = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", _PEAK], capture_output=True, text=True, check=True
+        ).stdout
+    )
     assert out["held"] - out["before"] >= 190e6, out
-    assert out["peak"] >= out["before"] + 190e6, out     # the high-water mark outlives the block
-    assert out["held"] - out["after"] >= 150e6, out     # a 200 MB block is mmapped: freed at once
+    assert out["peak"] >= out["before"] + 190e6, out  # the high-water mark outlives the block
+    assert out["held"] - out["after"] >= 150e6, out  # a 200 MB block is mmapped: freed at once

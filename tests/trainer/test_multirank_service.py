@@ -22,7 +22,7 @@ from trainer_svc.client import TrainerClient
 from trainer_svc.state import SHARDED_STATE, TRAINER_STATE, read_trainer_state
 from trainer_svc.trainer import Trainer
 
-UPDATE = UpdateConfig(mini_batch_size=4)   # two optimizer steps on 8 samples
+UPDATE = UpdateConfig(mini_batch_size=4)  # two optimizer steps on 8 samples
 # AdamW moves a weight by about lr = 1e-3 per step whatever its gradient's size; where a
 # gradient is near Adam's eps, float summation order (two ranks' halves vs one sum) shows up as
 # a few 1e-6 (measured: 5.5e-6 at most). A rank's samples missing or counted twice moves weights
@@ -44,6 +44,7 @@ def wait_for_port_file(proc: subprocess.Popen, path, timeout_s: float = 90.0) ->
 def one_process(model_dir, steps, resume_from=""):
     """The reference: an in-process trainer, no torch.distributed, the same calls. Returns each
     step's result and the parameters after it."""
+
     async def go():
         trainer = Trainer()
         await trainer.setup(pool_spec(model_dir), resume_from=resume_from)
@@ -51,36 +52,60 @@ def one_process(model_dir, steps, resume_from=""):
         for s in steps:
             v = trainer.state.version
             result = await trainer.train("run1", v + 1, v, s, UPDATE)
-            out.append((result, {k: t.clone() for k, t in trainer.state.model.state_dict().items()}))
+            out.append(
+                (result, {k: t.clone() for k, t in trainer.state.model.state_dict().items()})
+            )
         return out
+
     return asyncio.run(go())
 
 
 def test_two_rank_fsdp_service_trains_like_one_process(tiny_model, tmp_path):
     samples = on_policy_samples(load(tiny_model), seed=1)
     port_file = tmp_path / "port.json"
-    proc = subprocess.Popen([*torchrun_args(), "-m", "trainer_svc", "--port", "0", "--port-file", str(port_file),
-                             "--sharding", "fsdp", "--grace-s", "1"],
-                            env=torchrun_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            *torchrun_args(),
+            "-m",
+            "trainer_svc",
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+            "--sharding",
+            "fsdp",
+            "--grace-s",
+            "1",
+        ],
+        env=torchrun_env(),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         served = wait_for_port_file(proc, port_file)
 
         async def drive():
             async with TrainerClient(f"127.0.0.1:{served['port']}") as t:
-                # Deadlines: a rank that failed to follow would leave rank 0 waiting in a collective.
+                # Deadlines: a rank that failed to follow would leave rank 0 waiting in a
+                # collective.
                 info = await t.setup(pool_spec(tiny_model), timeout_s=60)
                 assert info.service.details["ranks"] == "2" and info.version == 0
                 resp = await t.train("run1", 1, 0, samples, update=UPDATE, timeout_s=60)
                 saved = await t.save_checkpoint(str(tmp_path / "ckpt"), timeout_s=60)
                 # Rolled back onto its own checkpoint (each rank reads its shards), it goes on.
-                await t.setup(pool_spec(tiny_model), resume_from=saved.path, reload=True, timeout_s=60)
+                await t.setup(
+                    pool_spec(tiny_model), resume_from=saved.path, reload=True, timeout_s=60
+                )
                 await t.train("run1", 2, 1, more, update=UPDATE, timeout_s=60)
                 again = await t.save_checkpoint(str(tmp_path / "ckpt2"), timeout_s=60)
                 return resp, saved, again
+
         more = on_policy_samples(load(tiny_model), seed=2)
         resp, saved, again = asyncio.run(drive())
-        os.kill(served["pid"], signal.SIGTERM)   # rank 0: it stops serving, then stops rank 1
+        os.kill(served["pid"], signal.SIGTERM)  # rank 0: it stops serving, then stops rank 1
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out[-3000:]
         assert "rank 1: stopped" in out
@@ -94,7 +119,7 @@ def test_two_rank_fsdp_service_trains_like_one_process(tiny_model, tmp_path):
     (ref, one), (_, uninterrupted) = one_process(tiny_model, [samples, more])
     assert (resp.version, saved.version) == (1, 1)
     assert resp.metrics["loss"] == pytest.approx(ref.metrics["loss"], abs=1e-6)
-    assert resp.metrics["grad_norm"] > 1.0   # so the sharded gradient clipping was at work
+    assert resp.metrics["grad_norm"] > 1.0  # so the sharded gradient clipping was at work
     assert resp.metrics["grad_norm"] == pytest.approx(ref.metrics["grad_norm"], rel=1e-5)
     two = AutoModelForCausalLM.from_pretrained(f"{saved.path}/model").state_dict()
     before = load(tiny_model).state_dict()
@@ -103,8 +128,10 @@ def test_two_rank_fsdp_service_trains_like_one_process(tiny_model, tmp_path):
         assert torch.allclose(two[k], one[k], rtol=0, atol=ADAM_ATOL), k
     # Each rank wrote its own shards of the masters and moments; nothing of them went through
     # rank 0's memory into trainer_state.pt.
-    assert sorted(p.name for p in (tmp_path / "ckpt" / SHARDED_STATE).glob("*.distcp")) == \
-        ["__0_0.distcp", "__1_0.distcp"]
+    assert sorted(p.name for p in (tmp_path / "ckpt" / SHARDED_STATE).glob("*.distcp")) == [
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]
     assert not {"optimizer", "master"} & set(read_trainer_state(tmp_path / "ckpt" / TRAINER_STATE))
     # The sharded pool's checkpoint resumes in one process, and in the pool itself: either way the
     # next update equals the uninterrupted one-process trainer's.

@@ -39,10 +39,12 @@ def test_every_row_once_within_the_budget_and_no_cut_of_the_order_is_cheaper(see
         assert len(m) == 1 or padded_size([samples[r] for r in m], shared) <= budget
     order = _length_order(range(len(samples)), samples, shared)
     n, cheapest = len(order), float("inf")
-    for k in range(n):                       # every way to cut the order into consecutive runs (2^11)
+    for k in range(n):  # every way to cut the order into consecutive runs (2^11)
         for cuts in itertools.combinations(range(1, n), k):
             runs = [order[a:b] for a, b in zip((0, *cuts), (*cuts, n), strict=True)]
-            if all(len(m) == 1 or padded_size([samples[r] for r in m], shared) <= budget for m in runs):
+            if all(
+                len(m) == 1 or padded_size([samples[r] for r in m], shared) <= budget for m in runs
+            ):
                 cheapest = min(cheapest, cost(samples, runs, shared))
     assert cost(samples, batches, shared) == cheapest
 
@@ -54,7 +56,7 @@ def test_long_and_short_groups_are_packed_apart():
     samples = [sample(long_p if i % 2 == 0 else short_p, 80 if i % 2 == 0 else 8) for i in range(8)]
     batches = pack(range(8), samples, 600, shared=True)
     assert sorted(map(sorted, batches)) == [[0, 2, 4, 6], [1, 3, 5, 7]]
-    arrival = [[0, 1, 2, 3], [4, 5, 6, 7]]      # what greedy packing in arrival order made of them
+    arrival = [[0, 1, 2, 3], [4, 5, 6, 7]]  # what greedy packing in arrival order made of them
     assert cost(samples, batches, True) < cost(samples, arrival, True)
 
 

@@ -17,8 +17,20 @@ from trainer_svc.state import PoolState
 
 
 def spec(model_dir, **kw) -> PoolSpec:
-    base = dict(run_id="r", pool="p", model_path=model_dir, agents=("a", "b"), seed=0, lr=1e-3, weight_decay=0.0,
-                warmup_steps=0, total_steps=1000, min_lr_ratio=1.0, device="cpu", dtype="float32")
+    base = dict(
+        run_id="r",
+        pool="p",
+        model_path=model_dir,
+        agents=("a", "b"),
+        seed=0,
+        lr=1e-3,
+        weight_decay=0.0,
+        warmup_steps=0,
+        total_steps=1000,
+        min_lr_ratio=1.0,
+        device="cpu",
+        dtype="float32",
+    )
     return PoolSpec(**{**base, **kw})
 
 
@@ -30,7 +42,9 @@ def setup(model_dir, **kw) -> PoolOps:
 
 def train(ops: PoolOps, samples) -> dict[str, float]:
     # Trainer.train turns autocast on from the pool (trainer.py); PoolOps alone does not.
-    cfg = UpdateConfig(mini_batch_size=len(samples), grad_clip=NO_CLIP, autocast_bf16=ops.state.mixed_bf16)
+    cfg = UpdateConfig(
+        mini_batch_size=len(samples), grad_clip=NO_CLIP, autocast_bf16=ops.state.mixed_bf16
+    )
     return ops.train(samples, cfg)
 
 
@@ -39,7 +53,7 @@ def layer_calls(model) -> list[int]:
     layer = next(m for m in model.modules() if type(m).__name__.endswith("DecoderLayer"))
     calls, forward = [0], layer.forward
 
-    def counted(*args, **kwargs):   # not a forward hook: the recompute does not fire those
+    def counted(*args, **kwargs):  # not a forward hook: the recompute does not fire those
         calls[0] += 1
         return forward(*args, **kwargs)
 
@@ -59,7 +73,14 @@ def test_checkpointing_gives_the_same_loss_and_gradients(tiny_model, specializat
         # One forward per micro-batch (per agent on a LoRA pool), and with checkpointing a
         # recompute of each in the backward.
         assert calls[0] == (2 if specialization == "lora" else 1) * (2 if on else 1)
-        runs[on] = metrics, {n: p.grad.clone() for n, p in ops.state.model.named_parameters() if p.grad is not None}
+        runs[on] = (
+            metrics,
+            {
+                n: p.grad.clone()
+                for n, p in ops.state.model.named_parameters()
+                if p.grad is not None
+            },
+        )
     (m_off, g_off), (m_on, g_on) = runs[False], runs[True]
     assert m_on["loss"] == pytest.approx(m_off["loss"], rel=1e-6, abs=1e-7)
     assert set(g_on) == set(g_off) and g_off
@@ -69,11 +90,14 @@ def test_checkpointing_gives_the_same_loss_and_gradients(tiny_model, specializat
 
 
 def test_checkpointing_defaults_to_on_for_cuda_only(tiny_model):
-    assert setup(tiny_model).state.checkpointing is False   # cpu: the recompute would only cost time
+    assert setup(tiny_model).state.checkpointing is False  # cpu: the recompute would only cost time
     from trainer_svc.loading import checkpointing_on
 
     assert checkpointing_on(spec(tiny_model, device="cuda"), "cuda:0") is True
-    assert checkpointing_on(spec(tiny_model, device="cuda", gradient_checkpointing=False), "cuda:0") is False
+    assert (
+        checkpointing_on(spec(tiny_model, device="cuda", gradient_checkpointing=False), "cuda:0")
+        is False
+    )
 
 
 def mean_relative_change(before: dict, after: dict) -> float:
@@ -97,7 +121,9 @@ def test_bf16_with_float32_masters_moves_the_weights_as_float32_does(tiny_model,
     bf16, state = ten_steps(tiny_model, samples, dtype="bfloat16")
     assert abs(bf16 / fp32 - 1) < 0.10, (bf16, fp32)
     assert state.mixed_bf16 and {p.dtype for p in state.params} == {torch.float32}
-    assert {s.dtype for v in state.optimizer.state.values() for k, s in v.items() if k != "step"} == {torch.float32}
+    assert {
+        s.dtype for v in state.optimizer.state.values() for k, s in v.items() if k != "step"
+    } == {torch.float32}
 
     # What bfloat16 weights stepped by AdamW directly did before (the path this replaces).
     model = load(tiny_model).to(torch.bfloat16)
@@ -106,31 +132,52 @@ def test_bf16_with_float32_masters_moves_the_weights_as_float32_does(tiny_model,
     from trainer_svc.update import update
 
     for _ in range(10):
-        update(model, opt, samples, UpdateConfig(mini_batch_size=8, grad_clip=NO_CLIP), params=list(model.parameters()))
-    assert mean_relative_change(before, {n: p.detach() for n, p in model.named_parameters()}) < 0.5 * fp32
+        update(
+            model,
+            opt,
+            samples,
+            UpdateConfig(mini_batch_size=8, grad_clip=NO_CLIP),
+            params=list(model.parameters()),
+        )
+    assert (
+        mean_relative_change(before, {n: p.detach() for n, p in model.named_parameters()})
+        < 0.5 * fp32
+    )
 
     # Pushes and the checkpoint's model folder stay bfloat16; the masters resume exactly.
     assert {v.dtype for v in state.full_state().values()} == {torch.bfloat16}
     state.save(tmp_path / "ckpt")
     saved = load_file(str(tmp_path / "ckpt" / "model" / "model.safetensors"))
     assert {v.dtype for v in saved.values()} == {torch.bfloat16}
-    assert json.loads((tmp_path / "ckpt" / "model" / "config.json").read_text())["dtype"] == "bfloat16"
+    assert (
+        json.loads((tmp_path / "ckpt" / "model" / "config.json").read_text())["dtype"] == "bfloat16"
+    )
     resumed = PoolState(spec(tiny_model, lr=5e-6, dtype="bfloat16"))
     resumed.load(tmp_path / "ckpt")
-    for (name, p), q in zip(state.model.named_parameters(), resumed.model.parameters(), strict=True):
+    for (name, p), q in zip(
+        state.model.named_parameters(), resumed.model.parameters(), strict=True
+    ):
         assert q.dtype == torch.float32 and torch.equal(p, q), name
 
 
 def test_a_bf16_lora_pool_keeps_a_bf16_base_and_float32_adapters(tiny_model):
     samples = on_policy_samples(load(tiny_model), agents=("a", "b"))
     ops = setup(tiny_model, specialization="lora", dtype="bfloat16", lr=5e-6)
-    before = {n: p.detach().clone() for n, p in ops.state.model.named_parameters() if p.requires_grad}
+    before = {
+        n: p.detach().clone() for n, p in ops.state.model.named_parameters() if p.requires_grad
+    }
     train(ops, samples)
     dtypes = {n: p.dtype for n, p in ops.state.model.named_parameters()}
     assert {d for n, d in dtypes.items() if "lora_" in n} == {torch.float32}
-    assert {d for n, d in dtypes.items() if "lora_" not in n} == {torch.bfloat16}   # frozen: no master needed
-    moved = [n for n, p in ops.state.model.named_parameters() if p.requires_grad and not torch.equal(p, before[n])]
-    assert moved   # lora_B starts at 0: it moves at lr 5e-6 in float32
+    assert {d for n, d in dtypes.items() if "lora_" not in n} == {
+        torch.bfloat16
+    }  # frozen: no master needed
+    moved = [
+        n
+        for n, p in ops.state.model.named_parameters()
+        if p.requires_grad and not torch.equal(p, before[n])
+    ]
+    assert moved  # lora_B starts at 0: it moves at lr 5e-6 in float32
     tensors, _ = ops.state.adapter_state("a")
     assert {v.dtype for v in tensors.values()} == {torch.float32}
 
@@ -138,15 +185,21 @@ def test_a_bf16_lora_pool_keeps_a_bf16_base_and_float32_adapters(tiny_model):
 def test_auto_is_bf16_in_full_on_a_bf16_gpu_and_float32_elsewhere(monkeypatch):
     from trainer_svc.loading import resolve_dtype
 
-    assert resolve_dtype("auto", "cpu") == "float32" and resolve_dtype("float16", "cuda") == "float16"
+    assert (
+        resolve_dtype("auto", "cpu") == "float32" and resolve_dtype("float16", "cuda") == "float16"
+    )
     # a pretend bf16-capable GPU: `auto` is bfloat16 itself, so a LoRA pool's frozen base is bf16
     # (it was float32 there, twice what `atgrpo plan` counts) and pushes leave in bf16
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    assert resolve_dtype("auto", "cuda:1") == "bfloat16" and resolve_dtype("auto", "cpu") == "float32"
+    assert (
+        resolve_dtype("auto", "cuda:1") == "bfloat16" and resolve_dtype("auto", "cpu") == "float32"
+    )
 
 
 def test_an_auto_pool_on_the_cpu_holds_and_computes_in_float32(tiny_model):
-    state = PoolState(PoolSpec("r", "p", tiny_model, ("a",), device="cpu", dtype="auto", specialization="lora"))
+    state = PoolState(
+        PoolSpec("r", "p", tiny_model, ("a",), device="cpu", dtype="auto", specialization="lora")
+    )
     assert state.spec.dtype == "float32" and not state.mixed_bf16
     assert {p.dtype for p in state.model.parameters()} == {torch.float32}

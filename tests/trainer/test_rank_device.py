@@ -20,13 +20,16 @@ def cuda_calls(monkeypatch):
     """A pretend CUDA: (thread, device index) of every set_device call; this process is rank 1."""
     calls: list[tuple[int, int]] = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "set_device", lambda i: calls.append((threading.get_ident(), i)))
+    monkeypatch.setattr(
+        torch.cuda, "set_device", lambda i: calls.append((threading.get_ident(), i))
+    )
     monkeypatch.setenv("LOCAL_RANK", "1")
     return calls
 
 
 class ScriptedRanks:
     """A fake of Ranks that hands the follower a fixed list of operations, then stop."""
+
     rank, world_size = 1, 2
 
     def __init__(self, ops: list[str]):
@@ -50,16 +53,20 @@ def test_the_followers_operations_run_on_a_thread_bound_to_its_rank_s_gpu(cuda_c
         train = setup
 
     ranks = ScriptedRanks(["setup", "train"])
-    follower = threading.Thread(target=distributed.follow, args=(ranks, Ops()))   # as run_follower does
+    follower = threading.Thread(
+        target=distributed.follow, args=(ranks, Ops())
+    )  # as run_follower does
     follower.start()
     follower.join(10)
     assert ranks.left and len(ran) == 2 and set(ran) == {follower.ident}
-    assert (follower.ident, 1) in cuda_calls, f"the follower's thread never set cuda:1: {cuda_calls}"
+    assert (follower.ident, 1) in cuda_calls, (
+        f"the follower's thread never set cuda:1: {cuda_calls}"
+    )
 
 
 def test_rank_zero_s_pool_operations_run_on_a_thread_bound_to_its_gpu(cuda_calls):
     trainer = Trainer("pool")
-    trainer.ops.release = threading.get_ident   # the op reports the thread it ran on
+    trainer.ops.release = threading.get_ident  # the op reports the thread it ran on
     ident = asyncio.run(trainer._run("release"))
     assert ident != threading.get_ident()
     assert (ident, 1) in cuda_calls, f"the pool-ops thread never set cuda:1: {cuda_calls}"

@@ -27,7 +27,9 @@ def written_on_gpu():
 
     torch.serialization.register_package(0, tag, lambda storage, location: None)
     yield on
-    torch.serialization._package_registry[:] = [e for e in torch.serialization._package_registry if e[1] is not tag]
+    torch.serialization._package_registry[:] = [
+        e for e in torch.serialization._package_registry if e[1] is not tag
+    ]
 
 
 def trained(model_dir, *batches, resume_from=""):
@@ -44,7 +46,9 @@ def test_a_gpu_written_checkpoint_resumes_exactly_on_the_cpu(tiny_model, tmp_pat
     written_on_gpu[0] = True
     ops.save(str(tmp_path / "ckpt"))
     written_on_gpu[0] = False
-    with pytest.raises(RuntimeError, match="CUDA"):   # what the file is: GPU tensors, as a plain load sees them
+    with pytest.raises(
+        RuntimeError, match="CUDA"
+    ):  # what the file is: GPU tensors, as a plain load sees them
         torch.load(tmp_path / "ckpt" / TRAINER_STATE, weights_only=True)
 
     ops.train(s2, CFG)

@@ -13,7 +13,7 @@ from atgrpo.errors import InvalidArgument
 from trainer_svc.packing import pack
 from trainer_svc.update import response_logprobs, update, validate
 
-S = Sampling(temperature=0.7)   # random test tokens must stay inside the support (no top-k/top-p)
+S = Sampling(temperature=0.7)  # random test tokens must stay inside the support (no top-k/top-p)
 
 
 def load(model_dir):
@@ -30,18 +30,42 @@ def on_policy_samples(model, n=8, agents=("a",), seed=0):
     for i in range(n):
         prompt = torch.randint(3, 1500, (5 + i % 3,), generator=g).tolist()
         response = torch.randint(3, 1500, (3 + i % 4,), generator=g).tolist()
-        out.append(TrainSample(agents[i % len(agents)], prompt, response, [0.0] * len(response),
-                               float(torch.randn(1, generator=g)), S))
+        out.append(
+            TrainSample(
+                agents[i % len(agents)],
+                prompt,
+                response,
+                [0.0] * len(response),
+                float(torch.randn(1, generator=g)),
+                S,
+            )
+        )
     with torch.no_grad():
         lp, _, mask = response_logprobs(model, out, "cpu")
-    return [TrainSample(s.agent, s.prompt_ids, s.response_ids, lp[i, :len(s.response_ids)].tolist(), s.advantage, S)
-            for i, s in enumerate(out)]
+    return [
+        TrainSample(
+            s.agent,
+            s.prompt_ids,
+            s.response_ids,
+            lp[i, : len(s.response_ids)].tolist(),
+            s.advantage,
+            S,
+        )
+        for i, s in enumerate(out)
+    ]
 
 
 def run_update(model, samples, optimizer=torch.optim.AdamW, **cfg):
     params = [p for p in model.parameters() if p.requires_grad]
     opt = optimizer(params, lr=1e-3)
-    return update(model, opt, samples, UpdateConfig(**cfg), params=params, generator=torch.Generator().manual_seed(1))
+    return update(
+        model,
+        opt,
+        samples,
+        UpdateConfig(**cfg),
+        params=params,
+        generator=torch.Generator().manual_seed(1),
+    )
 
 
 def test_parameters_change_and_the_on_policy_loss_is_minus_the_token_mean_advantage(tiny_model):
@@ -62,11 +86,13 @@ def test_micro_batching_is_equivalent(tiny_model):
     # SGD, so that the parameters' change is the gradient itself: Adam's normalisation would blow
     # float summation-order noise on near-zero gradients up to a visible difference.
     results = []
-    for budget in (10_000, 1):            # 1 x 8 (one micro-batch) vs 8 x 1 (one sample each)
+    for budget in (10_000, 1):  # 1 x 8 (one micro-batch) vs 8 x 1 (one sample each)
         model = load(tiny_model)
         samples = on_policy_samples(model)
         assert len(pack(range(8), samples, budget)) == (1 if budget > 100 else 8)
-        run_update(model, samples, optimizer=torch.optim.SGD, mini_batch_size=8, micro_batch_tokens=budget)
+        run_update(
+            model, samples, optimizer=torch.optim.SGD, mini_batch_size=8, micro_batch_tokens=budget
+        )
         results.append(model.state_dict())
     for k in results[0]:
         assert torch.allclose(results[0][k], results[1][k], atol=1e-8, rtol=1e-5), k
@@ -82,14 +108,19 @@ def test_lora_updates_only_the_trained_agents_adapter(tiny_model):
     from peft import LoraConfig, get_peft_model
 
     model = load(tiny_model)
-    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    cfg = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+    )
     model = get_peft_model(model, cfg, adapter_name="tool")
     model.add_adapter("plan", cfg)
     before = {k: v.clone() for k, v in model.state_dict().items()}
 
     def adapter(agent):
         model.set_adapter(agent)
-        for name, p in model.named_parameters():   # set_adapter re-enables grads of that adapter only
+        for (
+            name,
+            p,
+        ) in model.named_parameters():  # set_adapter re-enables grads of that adapter only
             p.requires_grad = f".{agent}." in name and "lora_" in name
         return torch.enable_grad()
 
@@ -100,19 +131,26 @@ def test_lora_updates_only_the_trained_agents_adapter(tiny_model):
     after = model.state_dict()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all(".plan." in k and "lora_" in k for k in changed)
-    assert all(torch.equal(before[k], after[k]) for k in before if "lora_" not in k)   # base bitwise equal
+    assert all(
+        torch.equal(before[k], after[k]) for k in before if "lora_" not in k
+    )  # base bitwise equal
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(response_ids=[]), "empty response"),
-    (dict(old_logprobs=[0.0]), "3 response tokens but 1 log-probs"),
-    (dict(advantage=float("nan")), "advantage nan is not finite"),
-    (dict(old_logprobs=[0.0, float("inf"), 0.0]), "NaN or +inf"),
-    (dict(old_logprobs=[0.0, float("nan"), 0.0]), "NaN or +inf"),
-    (dict(agent="zed"), "this pool trains ['a'], not 'zed'"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(response_ids=[]), "empty response"),
+        (dict(old_logprobs=[0.0]), "3 response tokens but 1 log-probs"),
+        (dict(advantage=float("nan")), "advantage nan is not finite"),
+        (dict(old_logprobs=[0.0, float("inf"), 0.0]), "NaN or +inf"),
+        (dict(old_logprobs=[0.0, float("nan"), 0.0]), "NaN or +inf"),
+        (dict(agent="zed"), "this pool trains ['a'], not 'zed'"),
+    ],
+)
 def test_bad_samples_are_refused_naming_the_sample(bad, message):
-    good = dict(agent="a", prompt_ids=[1, 2], response_ids=[3, 4, 5], old_logprobs=[-1.0] * 3, advantage=0.5)
+    good = dict(
+        agent="a", prompt_ids=[1, 2], response_ids=[3, 4, 5], old_logprobs=[-1.0] * 3, advantage=0.5
+    )
     samples = [TrainSample(**good), TrainSample(**{**good, **bad})]
     with pytest.raises(InvalidArgument, match="sample 1") as err:
         validate(samples, ["a"])

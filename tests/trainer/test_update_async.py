@@ -17,16 +17,26 @@ def sgd_update(model, samples, **cfg):
     # SGD: the parameters' change is the gradient itself (Adam's normalisation would blow float
     # noise on near-zero gradients up into a visible difference).
     params = [p for p in model.parameters() if p.requires_grad]
-    return update(model, torch.optim.SGD(params, lr=0.1), samples, UpdateConfig(**cfg), params=params,
-                  generator=torch.Generator().manual_seed(1))
+    return update(
+        model,
+        torch.optim.SGD(params, lr=0.1),
+        samples,
+        UpdateConfig(**cfg),
+        params=params,
+        generator=torch.Generator().manual_seed(1),
+    )
 
 
-CAP5 = LossConfig(behav_imp_cap=5.0)     # AReaL's cap, so that an importance weight of e^0.5 is not cut
+CAP5 = LossConfig(
+    behav_imp_cap=5.0
+)  # AReaL's cap, so that an importance weight of e^0.5 is not cut
 
 
 def stale(samples, shift):
     """The same tokens as if a sampler had found each `shift` nats less likely than these weights do."""
-    return [dataclasses.replace(s, old_logprobs=[x - shift for x in s.old_logprobs]) for s in samples]
+    return [
+        dataclasses.replace(s, old_logprobs=[x - shift for x in s.old_logprobs]) for s in samples
+    ]
 
 
 def mixed_staleness(samples):
@@ -42,13 +52,30 @@ def test_on_policy_samples_give_the_synchronous_update(tiny_model):
     for staleness in (0, 2):
         model = load(tiny_model)
         samples = on_policy_samples(model)
-        runs[staleness] = (sgd_update(model, samples, mini_batch_size=3, epochs=2, micro_batch_tokens=20,
-                                      max_staleness=staleness), model.state_dict())
+        runs[staleness] = (
+            sgd_update(
+                model,
+                samples,
+                mini_batch_size=3,
+                epochs=2,
+                micro_batch_tokens=20,
+                max_staleness=staleness,
+            ),
+            model.state_dict(),
+        )
     (sync, sync_w), (decoupled, dec_w) = runs[0], runs[2]
     assert not set(DECOUPLED_KEYS) & set(sync)
     for k in sync_w:
         torch.testing.assert_close(dec_w[k], sync_w[k], rtol=1e-5, atol=1e-7, msg=k)
-    for k in ("loss", "clip_fraction", "approx_kl", "entropy", "grad_norm", "masked_tokens", "optimizer_steps"):
+    for k in (
+        "loss",
+        "clip_fraction",
+        "approx_kl",
+        "entropy",
+        "grad_norm",
+        "masked_tokens",
+        "optimizer_steps",
+    ):
         assert decoupled[k] == pytest.approx(sync[k], rel=1e-4, abs=1e-7), k
     assert decoupled["behav_imp_weight_mean"] == pytest.approx(1.0, abs=1e-5)
     assert decoupled["behav_approx_kl"] == pytest.approx(0.0, abs=1e-10)
@@ -56,21 +83,30 @@ def test_on_policy_samples_give_the_synchronous_update(tiny_model):
 
 
 def test_stale_log_probs_change_the_update(tiny_model):
-    # Every old log-prob 0.5 nats lower: the synchronous loss sees ratios e^0.5 = 1.65 to the sampler
-    # and clips; the decoupled one sees ratio 1 to the proximal policy and weighs each token by
-    # w = e^0.5 (under the cap of 5), so its one step is 1.65 x the on-policy step.
+    # Every old log-prob 0.5 nats lower: the synchronous loss sees ratios e^0.5 = 1.65 to the
+    # sampler and clips; the decoupled one sees ratio 1 to the proximal policy and weighs each token
+    # by w = e^0.5 (under the cap of 5), so its one step is 1.65 x the on-policy step.
     model = load(tiny_model)
     fresh = on_policy_samples(model)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     results = {}
-    for name, samples, staleness in (("fresh", fresh, 1), ("stale", stale(fresh, 0.5), 1),
-                                     ("sync", stale(fresh, 0.5), 0)):
+    for name, samples, staleness in (
+        ("fresh", fresh, 1),
+        ("stale", stale(fresh, 0.5), 1),
+        ("sync", stale(fresh, 0.5), 0),
+    ):
         model.load_state_dict(before)
-        metrics = sgd_update(model, samples, mini_batch_size=8, grad_clip=1e9, max_staleness=staleness, loss=CAP5)
+        metrics = sgd_update(
+            model, samples, mini_batch_size=8, grad_clip=1e9, max_staleness=staleness, loss=CAP5
+        )
         results[name] = (metrics, {k: v - before[k] for k, v in model.state_dict().items()})
-    (m_stale, d_stale), (_, d_fresh), (m_sync, _) = results["stale"], results["fresh"], results["sync"]
-    assert m_stale["behav_imp_weight_mean"] == pytest.approx(1.6487213, rel=1e-5)       # e^0.5
-    assert m_stale["behav_approx_kl"] == pytest.approx(0.125, rel=1e-5)                 # 0.5 * 0.5^2
+    (m_stale, d_stale), (_, d_fresh), (m_sync, _) = (
+        results["stale"],
+        results["fresh"],
+        results["sync"],
+    )
+    assert m_stale["behav_imp_weight_mean"] == pytest.approx(1.6487213, rel=1e-5)  # e^0.5
+    assert m_stale["behav_approx_kl"] == pytest.approx(0.125, rel=1e-5)  # 0.5 * 0.5^2
     assert m_stale["approx_kl"] == pytest.approx(0.0, abs=1e-10) and m_stale["clip_fraction"] == 0.0
     assert m_sync["approx_kl"] == pytest.approx(0.125, rel=1e-5) and m_sync["clip_fraction"] > 0
     # Over all parameters at once: a bias whose exact gradient is 0 (k_proj's, softmax cancels it)
@@ -82,7 +118,7 @@ def test_stale_log_probs_change_the_update(tiny_model):
 
 def test_the_cap_bounds_a_very_stale_token(tiny_model):
     model = load(tiny_model)
-    samples = stale(on_policy_samples(model), 3.0)           # w = e^3 = 20.1 > the cap of 5
+    samples = stale(on_policy_samples(model), 3.0)  # w = e^3 = 20.1 > the cap of 5
     metrics = sgd_update(model, samples, mini_batch_size=8, max_staleness=4, loss=CAP5)
     assert metrics["behav_capped_fraction"] == 1.0
     assert metrics["behav_imp_weight_max"] == pytest.approx(20.085537, rel=1e-5)
@@ -111,7 +147,11 @@ def test_a_lora_pool_scores_each_agent_with_its_own_adapter(tiny_model):
         with torch.no_grad():
             lp = response_logprobs(model, [s], "cpu")[0][0]
         own.append(dataclasses.replace(s, old_logprobs=lp.tolist()))
-    assert any(a.old_logprobs != b.old_logprobs for a, b in zip(samples, own, strict=True) if a.agent == "tester")
+    assert any(
+        a.old_logprobs != b.old_logprobs
+        for a, b in zip(samples, own, strict=True)
+        if a.agent == "tester"
+    )
     model = lora_model(tiny_model)
     for name, p in model.named_parameters():
         p.requires_grad = "lora_" in name
@@ -119,11 +159,19 @@ def test_a_lora_pool_scores_each_agent_with_its_own_adapter(tiny_model):
 
     def adapter(agent):
         model.base_model.set_adapter(agent)
-        return torch.enable_grad()     # as a test adapter may: the proximal pass must stay gradient-free
+        return (
+            torch.enable_grad()
+        )  # as a test adapter may: the proximal pass must stay gradient-free
 
-    metrics = update(model, torch.optim.AdamW(params, lr=1e-2), own,
-                     UpdateConfig(mini_batch_size=2, max_staleness=1, loss=LossConfig()), params=params,
-                     adapter=adapter, generator=torch.Generator().manual_seed(3))
+    metrics = update(
+        model,
+        torch.optim.AdamW(params, lr=1e-2),
+        own,
+        UpdateConfig(mini_batch_size=2, max_staleness=1, loss=LossConfig()),
+        params=params,
+        adapter=adapter,
+        generator=torch.Generator().manual_seed(3),
+    )
     assert metrics["behav_imp_weight_mean"] == pytest.approx(1.0, abs=1e-5)
     assert metrics["behav_approx_kl"] == pytest.approx(0.0, abs=1e-9)
     # Two steps per agent: the second one's ratio is to the weights before the first.
@@ -133,14 +181,18 @@ def test_a_lora_pool_scores_each_agent_with_its_own_adapter(tiny_model):
 def test_samples_of_two_versions_train_together(tiny_model):
     model = load(tiny_model)
     samples = on_policy_samples(model)
-    mixed = [dataclasses.replace(s, policy_version=3 if i % 2 else 2) for i, s in enumerate(samples)]
+    mixed = [
+        dataclasses.replace(s, policy_version=3 if i % 2 else 2) for i, s in enumerate(samples)
+    ]
     metrics = sgd_update(model, mixed, mini_batch_size=4, max_staleness=1)
-    assert metrics["optimizer_steps"] == 2 and metrics["behav_imp_weight_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["optimizer_steps"] == 2 and metrics["behav_imp_weight_mean"] == pytest.approx(
+        1.0, abs=1e-5
+    )
 
 
-
-
-def test_a_one_step_update_takes_the_proximal_log_probs_from_its_own_forward(tiny_model, monkeypatch):
+def test_a_one_step_update_takes_the_proximal_log_probs_from_its_own_forward(
+    tiny_model, monkeypatch
+):
     """One epoch, one mini-batch: every forward runs on the starting weights, so the extra scoring
     pass is skipped (a third less compute) and the update is the one with the pass."""
     import trainer_svc.update as upd
@@ -151,10 +203,16 @@ def test_a_one_step_update_takes_the_proximal_log_probs_from_its_own_forward(tin
         model = load(tiny_model)
         samples = stale(on_policy_samples(model), 0.3)
         calls = []
-        monkeypatch.setattr(upd, "proximal_logprobs",
-                            lambda *a, calls=calls, **k: calls.append(1) or proximal_logprobs(*a, **k))
-        runs[shortcut] = (sgd_update(model, samples, mini_batch_size=len(samples), max_staleness=1),
-                          model.state_dict(), len(calls))
+        monkeypatch.setattr(
+            upd,
+            "proximal_logprobs",
+            lambda *a, calls=calls, **k: calls.append(1) or proximal_logprobs(*a, **k),
+        )
+        runs[shortcut] = (
+            sgd_update(model, samples, mini_batch_size=len(samples), max_staleness=1),
+            model.state_dict(),
+            len(calls),
+        )
     (m_short, w_short, n_short), (m_pass, w_pass, n_pass) = runs[True], runs[False]
     assert (n_short, n_pass) == (0, 1)
     for k in w_pass:
@@ -169,5 +227,7 @@ def test_which_updates_are_one_step():
     samples = [type("S", (), {"agent": a})() for a in "aab"]
     assert one_step(samples, UpdateConfig(mini_batch_size=3), per_agent=False)
     assert not one_step(samples, UpdateConfig(mini_batch_size=2), per_agent=False)
-    assert one_step(samples, UpdateConfig(mini_batch_size=2), per_agent=True)      # each agent's 2 and 1
+    assert one_step(
+        samples, UpdateConfig(mini_batch_size=2), per_agent=True
+    )  # each agent's 2 and 1
     assert not one_step(samples, UpdateConfig(mini_batch_size=3, epochs=2), per_agent=False)
