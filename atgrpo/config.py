@@ -96,9 +96,10 @@ class RunSection:
     checkpoint_every_steps: int = 50
     """save every trainable pool every this many steps; 0 = only at the end (or a stop)"""
     keep_checkpoints: int = 3
-    """checkpoints kept on disk: the last this many, plus the best by eval success (among those taken
-    at an evaluated step) when evaluation runs; older ones are deleted once a new one is complete.
-    0 = keep every one. A full bf16 Qwen3-8B checkpoint is 115 GB: `atgrpo plan` says what a run needs"""
+    """checkpoints kept on disk: the last this many, plus the best by eval success (among those
+    taken at an evaluated step) when evaluation runs; older ones are deleted once a new one is
+    complete. 0 = keep every one. A full bf16 Qwen3-8B checkpoint is 115 GB: `atgrpo plan` says what
+    a run needs"""
     checkpoint_at_start: bool = False
     """also save before the first step (a copy of the starting weights). Without it, a trainer lost
     before the first checkpoint sends the run back to step 0 from the model at model_path"""
@@ -108,9 +109,9 @@ class RunSection:
     """write each evaluation's samples (what every agent said, its rewards and the env's info) to
     run_dir/eval-samples/step-N.jsonl: what a success rate is made of"""
     evaluate_checkpoint: str = ""
-    """a checkpoint folder (one folder per trainable pool) on the services' machines, or `start` (each
-    pool's model_path): the run loads it, evaluates once on the eval split and finishes, training
-    nothing (what `atgrpo eval` runs)"""
+    """a checkpoint folder (one folder per trainable pool) on the services' machines, or `start`
+    (each pool's model_path): the run loads it, evaluates once on the eval split and finishes,
+    training nothing (what `atgrpo eval` runs)"""
 
     def __post_init__(self) -> None:
         if not self.run_dir and self.name:
@@ -186,13 +187,13 @@ class PoolConfig:
     rollout_replicas: int = 1
     """rollout engine replicas serving this pool (local mode)"""
     rollout_gpus: int = 1
-    """GPUs of each rollout replica: vLLM splits the model over them (tensor parallel; it must divide
-    the model's attention heads). Local mode gives each replica its own; the Helm chart sets it from
-    pools.<name>.rollout.gpus"""
+    """GPUs of each rollout replica: vLLM splits the model over them (tensor parallel; it must
+    divide the model's attention heads). Local mode gives each replica its own; the Helm chart sets
+    it from pools.<name>.rollout.gpus"""
     rollout_gpu_memory_utilization: float | None = None
-    """the fraction of each of its GPUs a vLLM replica may fill (weights and KV cache). Unset: vLLM's
-    default on a GPU of its own; in local mode, on a GPU it shares with a trainer, what the trainer's
-    planned peak leaves (`atgrpo plan`)"""
+    """the fraction of each of its GPUs a vLLM replica may fill (weights and KV cache). Unset:
+    vLLM's default on a GPU of its own; in local mode, on a GPU it shares with a trainer, what the
+    trainer's planned peak leaves (`atgrpo plan`)"""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """optimizer of this pool's trainer"""
     micro_batch_tokens: int = 8192
@@ -229,7 +230,8 @@ class SamplingConfig:
     max_tokens: int = 256
     """max response tokens per agent turn"""
     max_prompt_tokens: int = 2048
-    """longer prompts lose their oldest turns after the system prompt, then the last message's middle"""
+    """longer prompts lose their oldest turns after the system prompt, then the last message's
+    middle"""
     stop: tuple[str, ...] = ()
     """extra stop strings (EOS always stops)"""
 
@@ -270,7 +272,8 @@ class AlgorithmConfig:
     epochs: int = 1
     """passes over each step's samples"""
     mini_batch_size: int = 16
-    """samples (sequences) per optimizer step; on a LoRA pool, per agent (each adapter steps on its own)"""
+    """samples (sequences) per optimizer step; on a LoRA pool, per agent (each adapter steps on its
+    own)"""
     norm_std: bool = True
     """divide advantages by the group std; false = Dr.GRPO (r - mean)"""
     filter: Literal["none", "zero_variance"] = "none"
@@ -383,7 +386,8 @@ class RunConfig:
         return to_plain(self)
 
     def with_overrides(self, steps: int | None = None, run_dir: str | None = None) -> RunConfig:
-        """Apply CLI overrides (--steps, --run-dir), checked by the file's rules (not parsed again)."""
+        """Apply CLI overrides (--steps, --run-dir), checked by the file's rules (not parsed
+        again)."""
         run = replace(
             self.run,
             **({"steps": steps} if steps is not None else {}),

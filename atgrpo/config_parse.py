@@ -65,7 +65,8 @@ def _flat_keys(cls: type, hints: dict[str, Any]) -> dict[str, str]:
 
 
 def section_types(cls: type) -> dict[str, Any]:
-    """The keys a section of dataclass `cls` takes, each with its type (FLAT fields' keys included)."""
+    """The keys a section of dataclass `cls` takes, each with its type (FLAT fields' keys
+    included)."""
     hints = get_type_hints(cls)
     out = {
         f.name: hints[f.name]
@@ -243,7 +244,8 @@ _SIZE_POWER = {"K": 1, "M": 2, "G": 3, "T": 4}
 
 def parse_bytes(text: str) -> int | None:
     """'80GiB' / '80Gi' -> 80 * 2**30, '80GB' / '80G' -> 80 * 10**9; None when it is not a size.
-    A bare number is refused: '80' could be GB or GiB, 7% apart, which decides whether a run fits."""
+    A bare number is refused: '80' could be GB or GiB, 7% apart, which decides whether a run
+    fits."""
     m = _SIZE_RE.match(text)
     if not m:
         return None

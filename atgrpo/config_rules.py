@@ -313,7 +313,8 @@ def _check_gpus(c: Checks, path: str, pool: PoolConfig) -> None:
 
 
 def _check_rollout_gpus(c: Checks, path: str, pool: PoolConfig) -> None:
-    """Tensor parallelism and a memory fraction are vLLM's: transformers runs on one device, as it finds it."""
+    """Tensor parallelism and a memory fraction are vLLM's: transformers runs on one device, as it
+    finds it."""
     if pool.rollout_gpus > 1 and pool.engine != "vllm":
         c.add(
             f"{path}.rollout_gpus",

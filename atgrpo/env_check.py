@@ -1,4 +1,5 @@
-"""Does the environment agree with the run config? One check for the router and `atgrpo config check`.
+"""Does the environment agree with the run config? One check for the router and
+`atgrpo config check`.
 
 The router asks the env service for the env's spec (Describe) when a run starts; `atgrpo config
 check` builds the same env in its own process, from the same table of built-ins and the config's

@@ -47,7 +47,8 @@ def forward_flops(size: ModelSize, tokens: int, head_tokens: int) -> float:
 def backward_flops(size: ModelSize, tokens: int, head_tokens: int) -> float:
     """The backward of that forward: the activations' gradients cost what the forward did (2 per
     weight per position, through every layer, frozen or not), and each trainable weight's
-    gradient 2 more per position. Full fine-tuning: 4N per token; a frozen base with LoRA: about 2N."""
+    gradient 2 more per position. Full fine-tuning: 4N per token; a frozen base with LoRA: about
+    2N."""
     activations = forward_flops(size, tokens, head_tokens)
     weights = 2.0 * (size.body_trainable * tokens + size.head_trainable * head_tokens)
     return activations + weights

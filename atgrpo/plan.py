@@ -1,21 +1,22 @@
-"""The estimates behind `atgrpo plan`: what a process of a run needs (GPU memory, host memory, disk),
-worked out from the model's config.json alone (atgrpo.cli.runplan puts them together per run).
+"""The estimates behind `atgrpo plan`: what a process of a run needs (GPU memory, host memory,
+disk), worked out from the model's config.json alone (atgrpo.cli.runplan puts them together per
+run).
 
 A run that does not fit used to find out by running out of memory after five services had started
 and the model had loaded. These are estimates of each process's peak, in bytes, from the model's
 shape and the run config; the formulas are in the docstrings, the figures they give for Qwen3 in
 docs and tests. Pure functions: nothing here imports torch or reads weights.
 
-Assumptions about the trainer (trainer_svc/loading.py, state.py, update.py, logprobs.py): under bfloat16 a full
-pool's parameters are its float32 master weights (no second, 16-bit copy is resident), with float32
-gradients and float32 AdamW moments; forward and backward run under bf16 autocast, whose cast
-cache keeps a bf16 copy of every matmul weight through the forward. A LoRA pool keeps its frozen
-base in 16 bits and its adapters (all that trains) in float32. float16 trains in float16 (no
-masters). A full pool over several GPUs is sharded by FSDP (weights, gradients and optimizer
-divided by the ranks), a LoRA pool is replicated. The log-probs come from the decoder's last hidden
-state, the output layer run logprob_pass_elements() logits at a time (sized by the GPU's memory);
-an output layer it cannot take gets the full-logits path (the response positions' logits whole,
-the transform LOGPROB_CHUNK_TOKENS positions at a time).
+Assumptions about the trainer (trainer_svc/loading.py, state.py, update.py, logprobs.py): under
+bfloat16 a full pool's parameters are its float32 master weights (no second, 16-bit copy is
+resident), with float32 gradients and float32 AdamW moments; forward and backward run under bf16
+autocast, whose cast cache keeps a bf16 copy of every matmul weight through the forward. A LoRA pool
+keeps its frozen base in 16 bits and its adapters (all that trains) in float32. float16 trains in
+float16 (no masters). A full pool over several GPUs is sharded by FSDP (weights, gradients and
+optimizer divided by the ranks), a LoRA pool is replicated. The log-probs come from the decoder's
+last hidden state, the output layer run logprob_pass_elements() logits at a time (sized by the GPU's
+memory); an output layer it cannot take gets the full-logits path (the response positions' logits
+whole, the transform LOGPROB_CHUNK_TOKENS positions at a time).
 """
 
 from __future__ import annotations
@@ -263,10 +264,10 @@ def logprob_bytes(
     sorts: bool = False,
 ) -> int:
     """The log-prob path at `positions` response positions. Chunked (update.hidden_logprobs): one
-    pass of at most logprob_pass_elements(memory) // vocab positions, LOGPROB_TOPK_TEMPORARIES float32
-    tensors of (pass positions, vocab), LOGPROB_SORT_TEMPORARIES when a sampling transform `sorts`
-    the vocabulary (top-p without top-k); the other passes keep nothing. Full logits (an output
-    layer the chunked path cannot take): FULL_LOGITS_COPIES (positions, vocab) tensors at the
+    pass of at most logprob_pass_elements(memory) // vocab positions, LOGPROB_TOPK_TEMPORARIES
+    float32 tensors of (pass positions, vocab), LOGPROB_SORT_TEMPORARIES when a sampling transform
+    `sorts` the vocabulary (top-p without top-k); the other passes keep nothing. Full logits (an
+    output layer the chunked path cannot take): FULL_LOGITS_COPIES (positions, vocab) tensors at the
     compute `width`, plus one transform pass of LOGPROB_CHUNK_TOKENS positions."""
     temporaries = LOGPROB_SORT_TEMPORARIES if sorts else LOGPROB_TOPK_TEMPORARIES
     if full_logits:

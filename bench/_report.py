@@ -27,7 +27,8 @@ def parse_args(ap: argparse.ArgumentParser, smoke: dict[str, Any]) -> argparse.N
 
 
 def sandbox_uid_base(slots: int) -> int:
-    """The first of `slots` host uids no other sandbox on this host holds, until the process exits."""
+    """The first of `slots` host uids no other sandbox on this host holds, until the process
+    exits."""
     if not _held:
         if os.geteuid() != 0:
             return 60000  # not root: the sandbox runs everything as this user anyway
@@ -38,7 +39,8 @@ def sandbox_uid_base(slots: int) -> int:
 
 
 def record(bench: str, what: str, ratio: float, detail: str = "") -> None:
-    """One headline figure: `ratio` of atgrpo's path against the baseline measured in the same run."""
+    """One headline figure: `ratio` of atgrpo's path against the baseline measured in the same
+    run."""
     out = os.environ.get("ATGRPO_BENCH_OUT")
     if not out:
         return

@@ -166,7 +166,8 @@ def one_run(
 
 
 def trainable_params(model: str) -> tuple[int, int]:
-    """(the whole model's parameters, which L1 trains; one rank-1 adapter's on LoraConfig's modules)."""
+    """(the whole model's parameters, which L1 trains; one rank-1 adapter's on LoraConfig's
+    modules)."""
     import torch
     from peft import LoraConfig as PeftLora
     from peft import get_peft_model
@@ -186,7 +187,8 @@ def trainable(variant: str, whole: int, per_rank: int, equal_rank: int) -> int:
 
 
 def summarise(runs: list[dict], trained: dict[str, int]) -> list[dict]:
-    """One row per (task, variant): success at each evaluation (mean over seeds, and each seed's)."""
+    """One row per (task, variant): success at each evaluation (mean over seeds, and each
+    seed's)."""
     rows = []
     for task in dict.fromkeys(r["task"] for r in runs):
         for variant in dict.fromkeys(r["variant"] for r in runs if r["task"] == task):

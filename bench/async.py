@@ -119,7 +119,8 @@ def l0(model: str, root: Path, args, staleness: int) -> dict:
 
 
 def larger_model(tiny: Path, out: Path) -> Path:
-    """The tiny model at twice the width and twice the depth (about 4x the parameters), same tokenizer."""
+    """The tiny model at twice the width and twice the depth (about 4x the parameters), same
+    tokenizer."""
     import shutil
 
     import torch

@@ -4,7 +4,8 @@
 
 A table of success rates, not a ratio, and tens of minutes on CPU: bench/all.py (`make bench`)
 skips it; run it alone. One set of local services serves every row: the model is a frozen pool
-(no trainer), each row is `atgrpo eval` without a checkpoint (atgrpo.cli.runner.evaluate: the starting
+(no trainer), each row is `atgrpo eval` without a checkpoint
+(atgrpo.cli.runner.evaluate: the starting
 weights) of the env's L1 example config, so what is evaluated is the model at --model itself.
 """
 
@@ -98,7 +99,10 @@ def unavailable(row: Row) -> str:
         from env_svc.datasets import ALIASES, CODE_DATASETS
 
         if ALIASES.get(row.dataset, row.dataset) not in CODE_DATASETS:
-            return f"the code env has no {row.dataset!r} dataset here (env_svc/datasets.py CODE_DATASETS)"
+            return (
+                f"the code env has no {row.dataset!r} dataset here"
+                " (env_svc/datasets.py CODE_DATASETS)"
+            )
     return ""
 
 
@@ -148,7 +152,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     ]
     for r in rows:
         env = f"{r['env_name']} ({r['dataset']})" if r["dataset"] else r["env_name"]
-        head = f"| {env} | {r['level']}: {' + '.join(r['agents'])} | {r['tasks']} | {r['max_tokens']} |"
+        head = (
+            f"| {env} | {r['level']}: {' + '.join(r['agents'])} |"
+            f" {r['tasks']} | {r['max_tokens']} |"
+        )
         if "error" in r:
             lines.append(f"{head} not run: {r['error']} | | | |")
         else:

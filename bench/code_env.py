@@ -1,6 +1,7 @@
 """Code-environment throughput with the sandbox, and where the time goes, in one run.
 
-    python bench/code_env.py [--tasks 16] [--k 4] [--turns 2] [--workers N] [--model DIR | --no-model]
+    python bench/code_env.py [--tasks 16] [--k 4] [--turns 2] [--workers N]
+                             [--model DIR | --no-model]
 
 Runs AT-GRPO tree rollouts (rollout_svc.tree.collect, the driver rollout_svc runs) of the `code`
 environment on its sample problems, through the env host (what env_svc serves) with the bwrap

@@ -376,7 +376,10 @@ def main() -> None:
             print(
                 f"{task:>10} {variant:>10}: "
                 + " ".join(f"{e['step']}:{e['success']:.3f}" for e in run["evals"])
-                + f"  (training {run['train_s'] / 60:.1f} min, {run['wall_s'] / 60:.1f} min in all)",
+                + (
+                    f"  (training {run['train_s'] / 60:.1f} min,"
+                    f" {run['wall_s'] / 60:.1f} min in all)"
+                ),
                 flush=True,
             )
             write(out, args, runs, time.perf_counter() - start)  # each finished run is kept at once

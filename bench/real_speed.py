@@ -39,7 +39,8 @@ SAMPLING = Sampling(temperature=1.0)
 
 
 def grouped(groups: int, k: int, prompt: int, response: int, vocab: int) -> list[TrainSample]:
-    """`groups` prompts of `prompt` tokens, `k` responses of `response` tokens each, in group order."""
+    """`groups` prompts of `prompt` tokens, `k` responses of `response` tokens each, in group
+    order."""
     g = torch.Generator().manual_seed(0)
     out = []
     for _ in range(groups):
@@ -74,7 +75,8 @@ def mixed_step(seed: int = 0) -> list[TrainSample]:
 
 
 def arrival_packing(samples: list[TrainSample], budget: int) -> list[list[int]]:
-    """The baseline: whole groups in arrival order, a new micro-batch when the next row overflows."""
+    """The baseline: whole groups in arrival order, a new micro-batch when the next row
+    overflows."""
     out, cur = [], []
     for r in by_prompt(range(len(samples)), samples):
         if cur and padded_size([samples[i] for i in [*cur, r]], True) > budget:

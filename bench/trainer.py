@@ -4,7 +4,8 @@ the tiny and small models, in one run. Prints tokens/s and the ratio (target: >=
 Then the output layer at Qwen3's vocabulary: the update through the chunked head against the
 same update through the model's full logits.
 
-    python bench/trainer.py [--samples 16] [--prompt 32] [--response 128] [--repeats 5] [--sizes tiny,small]
+    python bench/trainer.py [--samples 16] [--prompt 32] [--response 128] [--repeats 5]
+                            [--sizes tiny,small]
 """
 
 from __future__ import annotations

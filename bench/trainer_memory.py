@@ -4,15 +4,17 @@
    transform -> log-softmax -> gather -> policy loss -> backward), its peak memory per response
    token: the full-logits path (at token counts this machine holds) against the chunked one
    (trainer_svc/logprobs.py; target: under 1 GiB at 8,192 response tokens);
-2. activation bytes per token per layer, with and without gradient checkpointing (HF's, non-reentrant),
-   at Qwen3-1.7B's layer dimensions (hidden 2048, intermediate 6144, 16 heads, 8 kv heads, head_dim 128);
+2. activation bytes per token per layer, with and without gradient checkpointing (HF's,
+   non-reentrant), at Qwen3-1.7B's layer dimensions (hidden 2048, intermediate 6144, 16 heads,
+   8 kv heads, head_dim 128);
 3. the update's tokens/s, chunked against full logits (target >= 0.9x), on a few-layer model of
    1.7B's hidden size and Qwen3's vocabulary.
 
 How memory is measured: every figure comes from a fresh subprocess (so nothing another
 measurement allocated or fragmented counts), with glibc returning every freed block over 64 KiB to
 the system (MALLOC_MMAP_THRESHOLD_), so the resident set follows torch's CPU allocations. A peak is
-Linux's high-water mark of the resident set (VmHWM), reset to the current size (/proc/self/clear_refs)
+Linux's high-water mark of the resident set (VmHWM), reset to the current
+size (/proc/self/clear_refs)
 just before the measured step, minus the resident set then: weights, their gradients (allocated
 beforehand: they are the planner's per-model figure, not per token) and the inputs are not in it.
 The chunked path's backward adds the output layer's weight gradient into that preallocated .grad

@@ -212,7 +212,8 @@ LORA_RANKS = (8, 16, 64)
 
 
 def adapter(model_dir: Path, rank: int):
-    """A LoRA adapter of the model at `rank` on q/k/v/o (atgrpo's default targets), PEFT's format."""
+    """A LoRA adapter of the model at `rank` on q/k/v/o (atgrpo's default targets), PEFT's
+    format."""
     import torch
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
     from transformers import AutoModelForCausalLM

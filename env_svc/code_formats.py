@@ -69,10 +69,23 @@ def args_stdin(args: Sequence[Any]) -> str:
 
 # ---- code datasets ----------------------------------------------------------------------------
 
-SAMPLE_CODE_FIELDS = "id, kind (stdin or function), statement, tests [{input, output}], solution (optional), fn_name (function problems)"
-APPS_FIELDS = "question, input_output (JSON with inputs, outputs and optional fn_name), solutions (JSON list, optional), starter_code (optional), problem_id (optional)"
-CC_FIELDS = "description, public_tests / private_tests / generated_tests ({input: [...], output: [...]}), solutions ({language: [...], solution: [...]}, optional), name (optional)"
-LCB_FIELDS = "question_content, public_test_cases, private_test_cases (JSON lists of {input, output, testtype}), starter_code, metadata (JSON with func_name), question_id (optional)"
+SAMPLE_CODE_FIELDS = (
+    "id, kind (stdin or function), statement, tests [{input, output}], solution (optional), "
+    "fn_name (function problems)"
+)
+APPS_FIELDS = (
+    "question, input_output (JSON with inputs, outputs and optional fn_name), "
+    "solutions (JSON list, optional), starter_code (optional), problem_id (optional)"
+)
+CC_FIELDS = (
+    "description, public_tests / private_tests / generated_tests ({input: [...], output: [...]}), "
+    "solutions ({language: [...], solution: [...]}, optional), name (optional)"
+)
+LCB_FIELDS = (
+    "question_content, public_test_cases, private_test_cases "
+    "(JSON lists of {input, output, testtype}), starter_code, metadata (JSON with func_name), "
+    "question_id (optional)"
+)
 PETTING_CODE_FIELDS = "question, test_input (list), test_output (list), solution (optional)"
 HUMANEVAL_FIELDS = (
     "task_id, prompt, test (defines check(candidate)), entry_point, canonical_solution (optional)"

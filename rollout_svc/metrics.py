@@ -2,7 +2,8 @@
 
 Defined here, once; pool.py reports each engine batch, each weight swap, each out-of-memory retry
 and each failed request with one call.
-Generated tokens are a counter: tokens per second is `rate(atgrpo_rollout_generated_tokens_total[1m])`.
+Generated tokens are a counter: tokens per second is
+`rate(atgrpo_rollout_generated_tokens_total[1m])`.
 
 The state of each pool (requests queued and generating, the engine's KV cache and sequences, the
 time its engine has been busy) and the GPU memory are read when Prometheus scrapes, by a collector
@@ -99,7 +100,8 @@ _POOLS: dict[str, weakref.ref] = {}
 
 
 class PoolCollector:
-    """Each pool's requests, KV cache and engine sequences, and this process's GPU memory, at scrape time."""
+    """Each pool's requests, KV cache and engine sequences, and this process's GPU memory, at scrape
+    time."""
 
     def __init__(self) -> None:
         # vLLM's stats() reads prometheus_client's registry, which collects this collector again:
@@ -186,7 +188,8 @@ class PoolCollector:
 
 
 def engine_stats(engine: Any) -> dict[str, float]:
-    """The engine's `stats()`, or {} when it has none or it fails (a scrape must not fail for it)."""
+    """The engine's `stats()`, or {} when it has none or it fails (a scrape must not fail for
+    it)."""
     stats = getattr(engine, "stats", None)
     if stats is None:
         return {}

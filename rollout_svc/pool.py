@@ -428,7 +428,8 @@ class PoolRuntime:
 
 
 def _free_memory() -> None:
-    """After an out-of-memory: collect what the failed attempt left and hand cached GPU blocks back."""
+    """After an out-of-memory: collect what the failed attempt left and hand cached GPU blocks
+    back."""
     gc.collect()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()

@@ -171,13 +171,15 @@ def _prompt(agent: AgentPlan, messages: list[Message]) -> list[Message]:
 
 
 def _turn_outcomes(steps: list[list[StepResult | None]]) -> list[StepResult]:
-    """Per branch, the parallel turn's outcome: the last step applied there (steps[agent][branch])."""
+    """Per branch, the parallel turn's outcome: the last step applied there
+    (steps[agent][branch])."""
     return [next(s[b] for s in reversed(steps) if s[b] is not None) for b in range(len(steps[0]))]
 
 
 def _scored(own: StepResult | None, outcome: StepResult) -> StepResult:
     """One agent's result on one branch of a parallel turn: the turn's team reward, done and
-    success, with the agent's own local reward and info (0 and "skipped" when the turn ended first)."""
+    success, with the agent's own local reward and info (0 and "skipped" when the turn ended
+    first)."""
     if own is None:
         return StepResult(
             outcome.team_reward,
@@ -239,7 +241,8 @@ class _Episode:
             )
 
     async def _keep(self, branches: list[str], best: int) -> None:
-        """Tree mode: the kept branch becomes the current state; the old state and other forks close."""
+        """Tree mode: the kept branch becomes the current state; the old state and other forks
+        close."""
         if self.tree:
             await self.envs.close_episodes(
                 [self.episode_id, *(b for i, b in enumerate(branches) if i != best)]

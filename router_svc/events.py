@@ -74,7 +74,8 @@ def timing_fields(
     rollout_seconds: rendering, batching, the RPCs, the router's own work. Tokens and FLOP rates are
     over every replica and every pool: FLOPs over the engines' (or the updates') seconds, and the
     mfu their ratio to what each process's measured matmul rate does in the same seconds. A rate
-    is left out when nothing measured it (an older service, a vLLM engine on GPU has no matmul rate)."""
+    is left out when nothing measured it (an older service, a vLLM engine on GPU has no matmul
+    rate)."""
     collects = [e.timing for e in ends if e.timing]
     slow = max(collects, key=lambda t: t.get("collect_s", 0.0), default={})
     prefill, decode, env = (slow.get(k, 0.0) for k in ("prefill_s", "decode_s", "env_s"))
@@ -137,8 +138,9 @@ def _rates(part: str, flops: float, seconds: float, matmul_flops: float) -> dict
 
 
 def eval_event(step: int, ends: Sequence[EpisodeEnd], order: Sequence[str] = ()) -> dict[str, Any]:
-    """Evaluation: success over the eval tasks, and each agent's mean return (its rewards summed over
-    an episode's turns) over the episodes; a step event's agent reward_mean is per sample instead."""
+    """Evaluation: success over the eval tasks, and each agent's mean return (its rewards summed
+    over an episode's turns) over the episodes; a step event's agent reward_mean is per sample
+    instead."""
     ok = [e for e in ends if not e.error]
     seen = {a for e in ok for a in e.agent_rewards}
     names = [a for a in order if a in seen] + sorted(seen - set(order))
@@ -192,5 +194,8 @@ def rollback_event(
         "; ".join(lost) or f"the trainers hold the versions of the checkpoint of step {to_step}"
     )
     if reloaded:
-        reason += f"; pool(s) {list(reloaded)} went back to the checkpoint too, so every pool holds the same step"
+        reason += (
+            f"; pool(s) {list(reloaded)} went back to the checkpoint too,"
+            " so every pool holds the same step"
+        )
     return rollback_dict(from_step, to_step, checkpoint, reason)

@@ -320,8 +320,8 @@ class RunLoop:
     async def _setup_trainers(
         self, root: str, ckpt: Checkpoint | None, reload: list[str] | None = None
     ) -> None:
-        """`reload`: these pools go back to `ckpt` (None: to the model at model_path) even when their
-        trainers kept running. Loading a checkpoint gets as long as saving it would."""
+        """`reload`: these pools go back to `ckpt` (None: to the model at model_path) even when
+        their trainers kept running. Loading a checkpoint gets as long as saving it would."""
         pools = reload if reload is not None else list(self.clients.trainers)
         infos = await asyncio.gather(
             *(
@@ -421,7 +421,8 @@ class RunLoop:
         return event
 
     async def train(self, step: int, per_pool: dict[str, list]) -> dict[str, dict[str, float]]:
-        """Every pool's update at once; a pool with no samples this step (all filtered) keeps its version."""
+        """Every pool's update at once; a pool with no samples this step (all filtered) keeps its
+        version."""
 
         async def one(pool: str) -> tuple[str, dict[str, float]]:
             resp = await self.clients.trainers[pool].train(
@@ -442,7 +443,8 @@ class RunLoop:
     async def tasks(
         self, split: str, index: int, count: int, *, distinct: bool = False
     ) -> list[TaskRef]:
-        """`distinct`: at most each task of a finite list once (evaluation: a repeat adds nothing)."""
+        """`distinct`: at most each task of a finite list once (evaluation: a repeat adds
+        nothing)."""
         if split not in self._task_ids:
             self._task_ids[split] = await self._list_tasks(split)
         ids = self._task_ids[split]

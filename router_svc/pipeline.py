@@ -3,7 +3,8 @@ train, and every pool steps on its own.
 
     collector:    for step s: wait until every pool p has trained step s-1-N_p, collect s whole,
                   group it, hand it over                      (N = 0 everywhere: the sync loop)
-    pool p:       for step s: wait for s's samples, train p's part, push; never waits for another pool
+    pool p:       for step s: wait for s's samples, train p's part, push; never waits for another
+                  pool
     recorder:     when every pool has trained s: the step event, state.json (completed = s)
 
 Why the gate bounds staleness: collection of s starts once pool p holds the weights after step
@@ -105,8 +106,8 @@ class Pipeline:
         )
 
     async def run(self, last: int) -> None:
-        """Steps loop.run_state.completed+1 .. `last`; returns with all of them recorded (or fewer when a stop
-        was requested: the steps already collected are still trained and recorded)."""
+        """Steps loop.run_state.completed+1 .. `last`; returns with all of them recorded (or fewer
+        when a stop was requested: the steps already collected are still trained and recorded)."""
         self.state = self._fresh_state()
         self._collection_over = False
         self._last_record = time.perf_counter()

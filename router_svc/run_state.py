@@ -36,7 +36,8 @@ class RunState:
         self.emit(event)
 
     def write_progress(self, versions: dict[str, int] | None = None) -> None:
-        """state.json; `versions`: each pool's after self.completed (default: what the pools hold now)."""
+        """state.json; `versions`: each pool's after self.completed (default: what the pools hold
+        now)."""
         last = self.checkpoints[-1] if self.checkpoints else None
         self.dir.write_progress(
             Progress(
@@ -57,6 +58,7 @@ class RunState:
         self.write_progress(versions)
 
     def take_retries(self) -> int:
-        """The faults recovered from since the last recorded step (for its event), counted afresh."""
+        """The faults recovered from since the last recorded step (for its event), counted
+        afresh."""
         n, self.retries = self.retries, 0
         return n

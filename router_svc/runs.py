@@ -93,8 +93,8 @@ class Run:
         """Every event at or after `from_step` (status events always), until the run ends.
 
         Rollbacks are sent always too, and the steps after one are sent again from its to_step + 1:
-        a watcher may hold steps the rollback undid, whichever step it asked to start from. Sending a
-        rollback it has already acted on costs a resend, never a wrong record."""
+        a watcher may hold steps the rollback undid, whichever step it asked to start from. Sending
+        a rollback it has already acted on costs a resend, never a wrong record."""
         sent = 0
         while True:
             async with self._changed:

@@ -1,4 +1,5 @@
-"""RouterService servicer: config in, run status and events out; the loop lives in router_svc.loop."""
+"""RouterService servicer: config in, run status and events out; the loop lives in
+router_svc.loop."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from router_svc.runs import Runs
 
 
 def parse_run_config(text: str) -> RunConfig:
-    """INVALID_ARGUMENT listing every config error, and one for a config without service addresses."""
+    """INVALID_ARGUMENT listing every config error, and one for a config without service
+    addresses."""
     if not text.strip():
         raise InvalidArgument("config_yaml is empty; send the run config's YAML text")
     try:

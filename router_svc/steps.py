@@ -139,7 +139,8 @@ def step_batches(
 
 
 def episode_metrics(ends: Sequence[EpisodeEnd]) -> dict[str, float]:
-    """Success rate and mean turns over the episodes that finished (failed ones are counted apart)."""
+    """Success rate and mean turns over the episodes that finished (failed ones are counted
+    apart)."""
     ok = [e for e in ends if not e.error]
     return {
         "episodes": float(len(ok)),

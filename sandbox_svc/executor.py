@@ -84,7 +84,8 @@ class Executor:
             self._slots.put(slot)
 
     async def _in_slot(self, fn, *args):
-        """Run `fn(*args, cancel, slot)` in a worker thread once a slot is free (caller admitted)."""
+        """Run `fn(*args, cancel, slot)` in a worker thread once a slot is free (caller
+        admitted)."""
         cancel = threading.Event()
         try:
             QUEUE_DEPTH.inc()
@@ -139,7 +140,8 @@ class Executor:
         return TestsResult(tuple(results))
 
     async def run_tests(self, req: TestsRequest, *, deadline: float | None = None) -> TestsResult:
-        """Run the program once per case, in order, in one slot (see outputs_match for `compare`)."""
+        """Run the program once per case, in order, in one slot (see outputs_match for
+        `compare`)."""
         req = check_tests(req, self.policy)
         self._admit()
         return await self._in_slot(self._run_cases, req, deadline)

@@ -44,7 +44,8 @@ class Policy:
 
 
 def resolve_limits(asked: Limits | None, policy: Policy, where: str = "limits") -> Limits:
-    """Fill unset (0) limits from the defaults; refuse negative values and values over the ceiling."""
+    """Fill unset (0) limits from the defaults; refuse negative values and values over the
+    ceiling."""
     if asked is None:
         return policy.defaults
     values = {}

@@ -1,4 +1,5 @@
-"""The prepared GPU check (issue 19): one run, at most ~8 minutes on one GPU, that writes a JSON report.
+"""The prepared GPU check (issue 19): one run, at most ~8 minutes on one GPU, that writes a JSON
+report.
 
 Each part runs in a process of its own (a crash or an out-of-memory in one keeps the others'
 figures, and each part's host peak and CUDA reserve are its own), and only where the wheels it
@@ -22,7 +23,7 @@ which wheels to carry for the parts it skipped (NEEDS; about 60 MB can be carrie
    the engine's generation tokens/s there, with the example's sampling.
 
     python scripts/gpu_check.py                                   # on a GPU machine
-    python scripts/gpu_check.py --device cpu --size small --out /tmp/check.json   # smoke (make test)
+    python scripts/gpu_check.py --device cpu --size small --out /tmp/check.json  # smoke (make test)
     python scripts/gpu_check.py --wheels                          # what to carry to a bare machine
 """
 
@@ -272,7 +273,8 @@ def _reserved(device: str) -> int:
 
 
 def check_trainer(args, work: Path) -> dict:
-    """Tokens/s and peak memory of one update at the example's pool settings, with the plan's estimate."""
+    """Tokens/s and peak memory of one update at the example's pool settings, with the plan's
+    estimate."""
     import torch
 
     from atgrpo.plan import trainer_components, trainer_peak
@@ -333,7 +335,8 @@ def _shape(cfg: dict):
 
 
 def check_logprobs(args, work: Path) -> dict:
-    """The rollout's log-probs against the trainer's on the same sampled tokens (step 0: ratio 1)."""
+    """The rollout's log-probs against the trainer's on the same sampled tokens
+    (step 0: ratio 1)."""
     import torch
 
     from atgrpo.contract.trainer import TrainSample
@@ -390,7 +393,8 @@ def check_logprobs(args, work: Path) -> dict:
 
 
 def check_services(args, work: Path) -> dict:
-    """3 steps of the toy L1 loop through the five services, rollout (hf engine) and trainer on the device."""
+    """3 steps of the toy L1 loop through the five services, rollout (hf engine) and trainer on the
+    device."""
     import yaml
 
     from atgrpo.models import build_tiny_model
@@ -549,7 +553,8 @@ def run_part(args) -> dict:
 
 
 def run_isolated(part: str, args, work: Path) -> dict:
-    """A part in a process of its own (see the module's docstring); its report, or what killed it."""
+    """A part in a process of its own (see the module's docstring); its report, or what killed
+    it."""
     out = work / f"{part}.json"
     settings = {
         "--device": args.device,
@@ -582,7 +587,7 @@ def run_isolated(part: str, args, work: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--size", choices=("1.7b", "small"), default="1.7b")
     ap.add_argument(

@@ -1,8 +1,10 @@
 """Resolve each image's Python dependencies as its Dockerfile installs them, without installing
 anything (`pip install --dry-run --report`), and write the pins of the images that need their own.
 
-    python scripts/lock_images.py            # rewrite docker/constraints-rollout-gpu.txt (make lock-images)
-    python scripts/lock_images.py --check    # resolve every image; exit 1 naming the conflicting pin
+    python scripts/lock_images.py            # rewrite docker/constraints-rollout-gpu.txt
+                                             # (make lock-images)
+    python scripts/lock_images.py --check    # resolve every image; exit 1 naming the
+                                             # conflicting pin
 
 What an image installs is read from its Dockerfile: the extras given to requirements.py, the
 `-c` constraints files and any `--extra-index-url` of the `pip install` in its build stage, and
@@ -87,7 +89,8 @@ _UNREACHABLE = re.compile(
 
 
 class ImageCheckError(Exception):
-    """An image's requirements do not resolve, or resolve to the wrong build; the message says why."""
+    """An image's requirements do not resolve, or resolve to the wrong build; the message says
+    why."""
 
 
 class ResolutionFailed(ImageCheckError):

@@ -51,7 +51,8 @@ def smollm2_gguf():
 
 @pytest.fixture(scope="session")
 def smollm2_model(smollm2_gguf, tmp_path_factory) -> str:
-    """SmolLM2-135M-Instruct as a plain float32 model directory (atgrpo.models.smollm2), built once."""
+    """SmolLM2-135M-Instruct as a plain float32 model directory (atgrpo.models.smollm2), built
+    once."""
     from atgrpo.models.smollm2 import write_plain
 
     return str(write_plain(*smollm2_gguf, tmp_path_factory.mktemp("models") / "smollm2"))

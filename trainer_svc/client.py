@@ -34,8 +34,8 @@ class TrainerClient(ServiceClient):
         reload: bool = False,
         timeout_s: float = 600.0,
     ) -> TrainerInfo:
-        """Set the pool up for a run (idempotent for the same run); `resume_from` a checkpoint folder,
-        `reload` even when it already serves that run (a rollback)."""
+        """Set the pool up for a run (idempotent for the same run); `resume_from` a checkpoint
+        folder, `reload` even when it already serves that run (a rollback)."""
         req = trainer_wire.spec_to_pb(spec, resume_from=resume_from, reload=reload)
         return trainer_wire.info_from_pb(
             await self._call(self.stub.Setup, req, timeout_s=timeout_s)
@@ -62,7 +62,8 @@ class TrainerClient(ServiceClient):
     async def save_checkpoint(
         self, where: str = "", timeout_s: float | None = None, nbytes: int = 0
     ) -> SavedCheckpoint:
-        """Save to `where` (empty: the pool's checkpoint_dir/version-N). The deadline is `timeout_s`,
+        """Save to `where` (empty: the pool's checkpoint_dir/version-N). The deadline is
+        `timeout_s`,
         else one for `nbytes` (TrainerInfo.checkpoint_bytes) written at a slow volume's pace."""
         resp = await self._call(
             self.stub.SaveCheckpoint,

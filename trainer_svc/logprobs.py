@@ -73,7 +73,8 @@ def _compute_dtype(device: torch.device, weight: torch.Tensor) -> torch.dtype:
 def _pass_logp(
     h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, sampling: Sampling
 ) -> torch.Tensor:
-    """One pass: (n, H) hidden rows -> (n, V) float32 log-probs under the transform (-inf off its support)."""
+    """One pass: (n, H) hidden rows -> (n, V) float32 log-probs under the transform (-inf off its
+    support)."""
     logits = h @ w.T if b is None else torch.addmm(b, h, w.T)
     return torch.log_softmax(transform_logits(logits.float(), sampling), dim=-1)
 
@@ -89,7 +90,8 @@ def _column_major(w: torch.Tensor) -> torch.Tensor:
 
 
 def _grad_add(param: torch.Tensor, grad: torch.Tensor) -> None:
-    """Adds to param.grad in place (allocating it the first time), as autograd's accumulation would."""
+    """Adds to param.grad in place (allocating it the first time), as autograd's accumulation
+    would."""
     if param.grad is None:
         param.grad = torch.zeros_like(param)
     param.grad.add_(grad)
@@ -211,7 +213,8 @@ class _FusedHeadLogprobs(torch.autograd.Function):
 
 
 def _plain_linear(head: torch.nn.Module) -> bool:
-    """An nn.Linear whose forward is its own (not an adapter-wrapped one): the fused pass applies."""
+    """An nn.Linear whose forward is its own (not an adapter-wrapped one): the fused pass
+    applies."""
     return type(head) is torch.nn.Linear and not head._forward_hooks and not head._forward_pre_hooks
 
 

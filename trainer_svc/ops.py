@@ -80,7 +80,8 @@ class PoolOps:
 
     def save(self, where: str) -> Path:
         """Write a checkpoint, then hand its serialisation buffers back (as `release` does an
-        update's): a checkpoint comes after the step's release and would hold them until the next."""
+        update's): a checkpoint comes after the step's release and would hold them until the
+        next."""
         path = self.state.save(where)
         release_freed_memory()
         return path

@@ -36,7 +36,8 @@ def _groups(
 
 def by_prompt(rows: Sequence[int], samples: Sequence[TrainSample]) -> list[int]:
     """`rows` with those of the same prompt side by side (groups in order of first appearance,
-    rows in order within one), so that a micro-batch holds whole groups and runs each prompt once."""
+    rows in order within one), so that a micro-batch holds whole groups and runs each prompt
+    once."""
     return [r for g in _groups(rows, samples).values() for r in g]
 
 

@@ -1,4 +1,5 @@
-"""The trainer service's settings: which pool it owns, its micro-batch budget, its layout over ranks."""
+"""The trainer service's settings: which pool it owns, its micro-batch budget, its layout over
+ranks."""
 
 from __future__ import annotations
 

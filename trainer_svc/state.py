@@ -53,7 +53,8 @@ SHARDED_STATE = "trainer_state.dcp"  # a sharded pool's masters and moments, one
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
-    """Linear warm-up to 1, then cosine down to `min_ratio` at `total` (the reference's schedule)."""
+    """Linear warm-up to 1, then cosine down to `min_ratio` at `total` (the reference's
+    schedule)."""
     if step < warmup:
         return (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))

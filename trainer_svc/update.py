@@ -2,7 +2,8 @@
 
 Samples are validated whole before anything trains. Each of `epochs` passes walks the samples in
 mini-batches (one optimizer step each); a mini-batch is split into micro-batches by a token
-budget (packed by length, trainer_svc.packing), and every micro-batch's loss is weighted by its share of the mini-batch's tokens, so the
+budget (packed by length, trainer_svc.packing), and every micro-batch's loss is weighted by its
+share of the mini-batch's tokens, so the
 gradient is the token-mean over the whole mini-batch whatever the micro-batching (1 x 8 equals
 8 x 1). On a LoRA pool each agent's policy updates on its own, as the paper's per-agent
 updates do: an agent's mini-batches hold only its samples, run with its adapter active, are a
@@ -188,7 +189,8 @@ def _old_logprobs(batch: Sequence[TrainSample], like: torch.Tensor) -> torch.Ten
 
 
 def _padded(rows: Sequence[Sequence[float] | torch.Tensor], like: torch.Tensor) -> torch.Tensor:
-    """Per-sample values as a (B, T) tensor shaped, typed and placed like `like`; 0 past each row."""
+    """Per-sample values as a (B, T) tensor shaped, typed and placed like `like`; 0 past each
+    row."""
     out = torch.zeros_like(like)
     for i, row in enumerate(rows):
         out[i, : len(row)] = torch.as_tensor(row if isinstance(row, torch.Tensor) else list(row))

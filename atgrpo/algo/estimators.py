@@ -5,7 +5,8 @@
 - `trajectory` (the trajectory-level GRPO baseline): groups (task, agent, episode) over K
   independent copies of the episode, one return per copy (trajectory_advantages).
 
-A sample is any object with task_id, agent, turn, branch and episode (atgrpo.contract.rollout.Sample).
+A sample is any object with task_id, agent, turn, branch and episode
+(atgrpo.contract.rollout.Sample).
 """
 
 from __future__ import annotations

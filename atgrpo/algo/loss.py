@@ -48,7 +48,8 @@ def _clipped_surrogate(
     """Per-token clipped PPO surrogate with dual clip, ratio exp(logprobs - old_logprobs), on the
     `ok` tokens (the others get a finite value the caller masks out). Returns (pg, clipped,
     log_ratio): `clipped` marks tokens whose loss a clip took over (no gradient), as verl and TRL
-    count them: a ratio outside the range on the side its advantage does not push to is not clipped."""
+    count them: a ratio outside the range on the side its advantage does not push to is not
+    clipped."""
     adv = advantages[:, None].to(logprobs.dtype)  # (B, 1)
     log_ratio = torch.clamp(
         _finite(logprobs, ok) - _finite(old_logprobs, ok), -LOG_RATIO_BOUND, LOG_RATIO_BOUND
@@ -151,7 +152,8 @@ def decoupled_policy_loss(
     may be several versions behind. Per token:
 
         w * max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))   (then the dual clip for A < 0)
-        r = exp(logprobs - prox_logprobs),  w = min(exp(prox_logprobs - behav_logprobs), behav_imp_cap)
+        r = exp(logprobs - prox_logprobs)
+        w = min(exp(prox_logprobs - behav_logprobs), behav_imp_cap)
 
     w is the importance weight from the behaviour policy to the proximal one, detached: it
     corrects which tokens were sampled, while the clip bounds how far this update moves.

@@ -15,7 +15,8 @@ from atgrpo.plan import find_model_config
 
 def model_limit(model_path: str) -> int | None:
     """The model's own context (config.json max_position_embeddings); None when unknown, or when
-    rope_scaling stretches it (the engine's figure then depends on the scaling type: not guessed)."""
+    rope_scaling stretches it (the engine's figure then depends on the scaling type: not
+    guessed)."""
     path = find_model_config(model_path)
     if path is None:
         return None
@@ -27,7 +28,8 @@ def model_limit(model_path: str) -> int | None:
 
 
 def longest_agent(cfg: RunConfig, pool: str) -> tuple[str, int, int]:
-    """(the agent sampling setting that needs the most context, its max_prompt_tokens, its max_tokens)."""
+    """(the agent sampling setting that needs the most context, its max_prompt_tokens, its
+    max_tokens)."""
     options = [
         (
             s.max_prompt_tokens + s.max_tokens,

@@ -317,7 +317,8 @@ def _stop_all(services: list[LocalService], timeout_s: float) -> dict[str, str]:
 
 def _wait_gone(services: list[LocalService], timeout_s: float) -> list[LocalService]:
     """Those of `services` still running after up to `timeout_s`. A zombie counts as gone: a service
-    left by a launcher that died may have a parent that never reaps it (psutil.wait_procs would wait the whole timeout)."""
+    left by a launcher that died may have a parent that never reaps it (psutil.wait_procs would wait
+    the whole timeout)."""
     deadline = time.monotonic() + timeout_s
     alive = list(services)
     while alive and time.monotonic() < deadline:

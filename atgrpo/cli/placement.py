@@ -139,7 +139,8 @@ def visible_gpus() -> tuple[list[str], int]:
 def local_placement(
     cfg: RunConfig, probe: Callable[[], tuple[list[str], int]] = visible_gpus
 ) -> Placement:
-    """The placement of `cfg`'s local processes on this machine's GPUs (none for an all-CPU config)."""
+    """The placement of `cfg`'s local processes on this machine's GPUs (none for an all-CPU
+    config)."""
     if all(p.device == "cpu" for p in cfg.pools.values()):
         return Placement()
     ids, memory = probe()

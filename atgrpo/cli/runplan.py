@@ -1,6 +1,7 @@
 """`atgrpo plan`: what every process of a run needs, and whether it fits the GPUs the config is
 sized for. The per-process formulas are in atgrpo.plan; this module lays out a run's processes
-(trainers, rollout replicas, the services without a model), their disk, and the table the CLI prints.
+(trainers, rollout replicas, the services without a model), their disk, and the table the CLI
+prints.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ class PoolDisk:
 
 
 def checkpoint_count(run: RunSection) -> int:
-    """Checkpoints a run writes: every checkpoint_every_steps, at the end, and at step 0 if asked."""
+    """Checkpoints a run writes: every checkpoint_every_steps, at the end, and at step 0 if
+    asked."""
     every = run.checkpoint_every_steps
     count = (run.steps // every if every else 0) + (0 if every and run.steps % every == 0 else 1)
     return count + (1 if run.checkpoint_at_start else 0)
@@ -345,7 +347,8 @@ def _pool_processes(
 def trainer_fixes(
     cfg: RunConfig, name: str, pool: PoolConfig, shape: ModelShape, ranks: int, memory: int
 ) -> list[str]:
-    """Each single change that would make the pool's trainer fit, found by re-running the estimate."""
+    """Each single change that would make the pool's trainer fit, found by re-running the
+    estimate."""
     agents, sample, room = len(cfg.agents_of(name)), longest_sample(cfg, name), usable(memory)
 
     def fits(p: PoolConfig, n: int = ranks, tokens: int | None = None) -> bool:
@@ -426,7 +429,8 @@ _COLUMNS = (
 
 
 def render(plan: RunPlan) -> str:
-    """The table `atgrpo plan` prints: GiB per GPU of each process, its host memory, and whether it fits."""
+    """The table `atgrpo plan` prints: GiB per GPU of each process, its host memory, and whether it
+    fits."""
     head = ["process", "gpus", *(c for c, _ in _COLUMNS), "total", "of", "fits", "host"]
     rows = [head]
     for p in plan.processes:

@@ -107,7 +107,8 @@ class Sample:
 
 @dataclass(frozen=True)
 class RolloutInfo:
-    """A replica: its engine and device, and every pool and adapter it serves with their versions."""
+    """A replica: its engine and device, and every pool and adapter it serves with their
+    versions."""
 
     engine: str
     device: str
@@ -120,7 +121,8 @@ class RolloutInfo:
 
 @dataclass(frozen=True)
 class WeightsLoaded:
-    """A replica's answer to a weight push: what it serves now, how much arrived, how long loading took."""
+    """A replica's answer to a weight push: what it serves now, how much arrived, how long loading
+    took."""
 
     policy: PolicyRef
     bytes_received: int

@@ -240,7 +240,8 @@ def end_to_pb(e: EpisodeEnd, plan: CollectPlan) -> pb.CollectEvent:
 
 
 def event_from_pb(m: pb.CollectEvent) -> Sample | EpisodeEnd:
-    """A Collect stream event as the plain type the router groups (inverse of sample_to_pb/end_to_pb)."""
+    """A Collect stream event as the plain type the router groups (inverse of
+    sample_to_pb/end_to_pb)."""
     if m.WhichOneof("event") == "episode_end":
         e = m.episode_end
         return EpisodeEnd(

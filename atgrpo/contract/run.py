@@ -1,8 +1,8 @@
 """A run as the router reports it and the CLI follows it: status and event records as plain dicts.
 
-Events are dicts (`kind`: "status", "step", "eval" or "rollback"), one JSON line each in a run directory's
-metrics.jsonl (atgrpo.rundir); WatchRun carries the same dicts (atgrpo.contract.run_wire), so the
-record, the stream and the curves never disagree.
+Events are dicts (`kind`: "status", "step", "eval" or "rollback"), one JSON line each in a run
+directory's metrics.jsonl (atgrpo.rundir); WatchRun carries the same dicts
+(atgrpo.contract.run_wire), so the record, the stream and the curves never disagree.
 """
 
 from __future__ import annotations
@@ -56,9 +56,10 @@ def status_dict(
 
 
 def rollback_dict(from_step: int, to_step: int, checkpoint: str, reason: str) -> dict[str, Any]:
-    """The run went back from `from_step` to the checkpoint of `to_step`; the steps after it are done
-    again and their earlier events no longer count. Its `step` is `to_step`, so the record outlives
-    the truncation of metrics.jsonl to that step (atgrpo.rundir) and a later rollback to it."""
+    """The run went back from `from_step` to the checkpoint of `to_step`; the steps after it are
+    done again and their earlier events no longer count. Its `step` is `to_step`, so the record
+    outlives the truncation of metrics.jsonl to that step (atgrpo.rundir) and a later rollback to
+    it."""
     return {
         "kind": "rollback",
         "step": to_step,

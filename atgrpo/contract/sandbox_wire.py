@@ -1,4 +1,5 @@
-"""Protobuf <-> atgrpo.contract.sandbox, so the sandbox's logic and the environments never see generated types."""
+"""Protobuf <-> atgrpo.contract.sandbox, so the sandbox's logic and the environments never see
+generated types."""
 
 from __future__ import annotations
 

@@ -13,7 +13,8 @@ from atgrpo.contract.service import ServiceInfo
 
 @dataclass(frozen=True)
 class TrainSample:
-    """One sample as a trainer takes it: the ids, the sampling distribution's log-probs, the advantage."""
+    """One sample as a trainer takes it: the ids, the sampling distribution's log-probs, the
+    advantage."""
 
     agent: str
     prompt_ids: Sequence[int]
@@ -38,8 +39,8 @@ class LossConfig:
     dual_clip_c: float = 3.0
     """dual-clip bound on negative-advantage tokens (> 1): their loss is at most c * |A|"""
     kl_coef: float = 0.0
-    """weight of the k3 KL to the frozen reference (a LoRA pool's base; a full pool's initial weights,
-    a second copy in memory); 0 = no reference model"""
+    """weight of the k3 KL to the frozen reference (a LoRA pool's base; a full pool's initial
+    weights, a second copy in memory); 0 = no reference model"""
     entropy_coef: float = 0.0
     """entropy bonus weight"""
     behav_imp_cap: float = 2.0
@@ -101,7 +102,8 @@ UPDATE_BOUNDS: dict[str, Bound] = {
 
 
 def update_problems(u: UpdateConfig) -> list[str]:
-    """Each of `u`'s settings out of UPDATE_BOUNDS, as "name value must be ..."; NaN is out of every bound."""
+    """Each of `u`'s settings out of UPDATE_BOUNDS, as "name value must be ..."; NaN is out of every
+    bound."""
     values = {
         **{k: getattr(u.loss, k) for k in UPDATE_BOUNDS if hasattr(u.loss, k)},
         **{k: getattr(u, k) for k in UPDATE_BOUNDS if hasattr(u, k)},

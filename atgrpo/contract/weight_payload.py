@@ -219,6 +219,7 @@ def encode(
     rollback: bool = False,
     digest: int = pb.WEIGHT_DIGEST_XXH3_128,
 ) -> list[pb.WeightChunk]:
-    """The LoadWeights messages for `state` (name -> tensor), all in memory: a header, then chunks."""
+    """The LoadWeights messages for `state` (name -> tensor), all in memory: a header, then
+    chunks."""
     payload = Payload(state, chunk_bytes=chunk_bytes, digest=digest)
     return payload.messages(payload.header(pool, version, adapter, adapter_config, rollback))

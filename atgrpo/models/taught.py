@@ -42,8 +42,8 @@ def teach(
     lr: float = 3e-3,
     seed: int = 0,
 ) -> str:
-    """Copy the model at `base` to `out`, fine-tuned so that each role's prompts answer `answers[role]`;
-    where that is a list, one of its texts with equal probability.
+    """Copy the model at `base` to `out`, fine-tuned so that each role's prompts answer
+    `answers[role]`; where that is a list, one of its texts with equal probability.
 
     Each step is one prompt with all of its answers as one batch, so the loss's minimum is the
     uniform choice and not whichever answer the last steps happened to show."""

@@ -1,9 +1,9 @@
 """Build a tiny Qwen2-style causal LM and its tokenizer offline, reproducibly.
 
 ``build_tiny_model(out_dir, size, seed)`` trains a byte-level BPE tokenizer on the corpus shipped in
-``atgrpo/models/corpus`` (plus text generated deterministically by ``_corpus``), initialises a randomly
-weighted ``Qwen2ForCausalLM`` from one of :data:`SIZES` and saves both, so that two builds with the
-same arguments give byte-identical directories (see :func:`model_fingerprint`). Nothing is
+``atgrpo/models/corpus`` (plus text generated deterministically by ``_corpus``), initialises a
+randomly weighted ``Qwen2ForCausalLM`` from one of :data:`SIZES` and saves both, so that two builds
+with the same arguments give byte-identical directories (see :func:`model_fingerprint`). Nothing is
 downloaded.
 
 torch and transformers are imported lazily: importing this module needs only the standard library,
@@ -99,7 +99,8 @@ SIZES: dict[str, dict[str, Any]] = {
 
 
 def training_corpus() -> list[str]:
-    """The tokenizer's training text, with special tokens blanked so no merge goes to their pieces."""
+    """The tokenizer's training text, with special tokens blanked so no merge goes to their
+    pieces."""
     return _corpus.training_corpus(SPECIAL_TOKENS)
 
 

@@ -61,7 +61,8 @@ class SettingsError(ValueError):
 
 
 class ServiceSettings(Protocol):
-    """A service's own settings: the flags that set them, and the validated object of those flags."""
+    """A service's own settings: the flags that set them, and the validated object of those
+    flags."""
 
     @staticmethod
     def add_flags(ap: argparse.ArgumentParser) -> None: ...
@@ -227,7 +228,8 @@ class ServeSettings:
         )
 
     def security(self) -> ServerSecurity:
-        """TLS and the token of these settings (the token from the environment unless a file is given)."""
+        """TLS and the token of these settings (the token from the environment unless a file is
+        given)."""
         token = None if self.auth_token_file else token_from_env()
         return ServerSecurity.from_files(
             self.tls_cert,

@@ -1,4 +1,5 @@
-"""EnvClient: talks to any EnvService (env_svc, or an environment served with `atgrpo env serve`)."""
+"""EnvClient: talks to any EnvService (env_svc, or an environment served with
+`atgrpo env serve`)."""
 
 from __future__ import annotations
 

@@ -89,7 +89,8 @@ def check_bounds(
 
 
 def _count_items(value: Any, budget: int) -> int:
-    """Elements left of `budget` after walking `value` (iteratively; its depth is already bounded)."""
+    """Elements left of `budget` after walking `value` (iteratively; its depth is already
+    bounded)."""
     stack = [value]
     while stack:
         v = stack.pop()
@@ -120,7 +121,8 @@ def literal(
     python: bool = True,
 ) -> Any:
     """One data value from `text`: JSON, or (python=True) a Python literal such as ('a', 1) or
-    {1, 2}. Never evaluated code; bounded in size, nesting and element count. JudgeError otherwise."""
+    {1, 2}. Never evaluated code; bounded in size, nesting and element count. JudgeError
+    otherwise."""
     text = text.strip()
     check_bounds(text, what, max_chars, max_depth)
     try:

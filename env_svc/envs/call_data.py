@@ -21,7 +21,8 @@ _TAGS = ("$tuple", "$set", "$frozenset", "$dict", "$float", "$bytes", "$complex"
 
 
 def encode(v: Any, _depth: int = 0) -> Any:
-    """A JSON-able form of `v`, which must be plain data of exact built-in types (TypeError else)."""
+    """A JSON-able form of `v`, which must be plain data of exact built-in types (TypeError
+    else)."""
     if _depth > 100:
         raise TypeError("the value nests more than 100 levels deep")
     t = type(v)

@@ -40,8 +40,9 @@ HumanEval problems (`dataset: humaneval`) are function problems with their own j
 completes the prompt (signature + docstring) with a whole function or a body, and the one hidden
 test is HumanEval's `check(entry_point)`, run in this service against a proxy whose every call
 runs the answer in its own sandboxed process, data in and data out (code_check.py), so the team
-reward and success are HumanEval's pass/fail and the answer cannot reach the verdict. The tester's tests call the function with
-JSON arguments as for any function problem, judged by the canonical solution.
+reward and success are HumanEval's pass/fail and the answer cannot reach the verdict. The
+tester's tests call the function with JSON arguments as for any function problem, judged by the
+canonical solution.
 
 Hidden tests run in chunks of 1, 2, 4, ... cases; after a chunk in which a case ran past the time
 limit, the remaining cases are not run and count as failed (`info["not_run"]`), so a program that

@@ -18,9 +18,10 @@ batches, so it is replayed: each probing round runs check() with its asserts mad
 the results known so far; a call not yet known records its arguments and gets a placeholder so the
 round can find more calls; the calls a round found run in the sandbox together. Each round first
 runs the check as written: when every call it makes is known, its outcome is the verdict (a
-placeholder never decides anything), so a wrong answer is judged after its first failing call. As in HumanEval's namespace, the entry point's
-own name in the check (HumanEval/33 compares candidate to sort_third) is the candidate. The check's `random` is a generator seeded per
-problem, so every round makes the same calls (HumanEval/53 draws its arguments unseeded).
+placeholder never decides anything), so a wrong answer is judged after its first failing call.
+As in HumanEval's namespace, the entry point's own name in the check (HumanEval/33 compares
+candidate to sort_third) is the candidate. The check's `random` is a generator seeded per problem,
+so every round makes the same calls (HumanEval/53 draws its arguments unseeded).
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ def main():
 
 
 main()
-'''
+'''  # noqa: E501
 
 
 def call_program(source: str, entry_point: str, timeout_s: float, max_bytes: int = 1 << 20) -> str:
@@ -350,7 +351,8 @@ async def judge(check: Check, run_calls: Runner) -> Verdict:
 
 
 def _describe(err: BaseException) -> str:
-    """What failed, without the test's text (the coder sees this): the exception and the check's line."""
+    """What failed, without the test's text (the coder sees this): the exception and the check's
+    line."""
     line = next(
         (
             f.lineno

@@ -70,7 +70,7 @@ except SystemExit:
 except BaseException:
     traceback.print_exc()
     sys.exit(1)
-"""
+"""  # noqa: E501
 
 
 def function_program(source: str, name: str, prelude: str = PRELUDE) -> str:

@@ -338,7 +338,8 @@ class MathEnv(ToolTurns, Environment):
             return e
 
     def _refused(self, agent: str, ans: str, err: JudgeError, info: dict[str, Any]) -> StepResult:
-        """A format failure: an answer the judge could not judge (too large, too deep, undefined)."""
+        """A format failure: an answer the judge could not judge (too large, too deep,
+        undefined)."""
         self._record(agent, f"gave an answer the judge refused ({err.reason})")
         return StepResult(
             self._team(),

@@ -9,13 +9,12 @@ Rewards (per move, summed over the moves of one answer; the reference's values, 
 gains paid once against the episode's record and costs charged by the episode's ledger, see
 planning.py):
 
-| event | gain | cost |
-|---|---|---|
-| valid move | | 0.01 |
-| invalid move (wall or off the grid; the walker stays) | | 0.1 |
-| a move to a cell closer to the goal (BFS distance) than any reached before in the episode | +1 per step of distance beyond that best | |
-| reaching the goal (first time: it ends the episode) | +1 | |
-| reaching it in the optimal number of moves (all moves of the episode count) | +0.5 more | |
+- valid move: cost 0.01
+- invalid move (wall or off the grid; the walker stays): cost 0.1
+- a move to a cell closer to the goal (BFS distance) than any reached before in the episode: gain +1
+  per step of distance beyond that best
+- reaching the goal (first time: it ends the episode): gain +1
+- reaching it in the optimal number of moves (all moves of the episode count): gain +0.5 more
 
 Moves after the goal is reached are ignored. The reference pays potential shaping,
 Phi(after) - Phi(before) with Phi = -(Manhattan distance) discounted by 0.99, per answer with a

@@ -365,7 +365,8 @@ class PlanningEnv(Environment):
         info: dict[str, Any] = {}
 
         def fail(message: str, reason: str = "") -> StepResult:
-            """A format failure (reason: why the answer is malformed) or, without one, an exec failure."""
+            """A format failure (reason: why the answer is malformed) or, without one, an exec
+            failure."""
             out["error"] = message
             info.update(
                 failure_info(JudgeError(reason, message)) if reason else {"exec_error": message}

@@ -172,7 +172,8 @@ def entry_index(seed: int, split: str, size: int) -> int:
 
 
 class ReasoningGymEnv(ToolTurns, Environment):
-    """A reasoning-gym task: a reasoner (and optionally a tool agent) answers; the dataset scores."""
+    """A reasoning-gym task: a reasoner (and optionally a tool agent) answers; the dataset
+    scores."""
 
     name = "reasoning_gym"
     shared_on_fork = (*Environment.shared_on_fork, "limits", "dataset", "entry")

@@ -13,7 +13,8 @@ call, so nothing a scorer does to itself outlives the call. The child, before it
 - where the kernel allows: unshares a user and a network namespace (no network), and takes a
   Landlock domain that refuses every file write, execve and ptrace of processes outside it
   (a same-uid child could otherwise reach the env through /proc/PID);
-- sets rlimits: CPU seconds, address space ~1 GiB beyond the worker's, file size 0, no new processes.
+- sets rlimits: CPU seconds, address space ~1 GiB beyond the worker's, file size 0, no new
+  processes.
 
 The worker kills a child still running after SCORE_TIMEOUT_S; the env gives the worker
 REQUEST_TIMEOUT_S (a dataset's first build included) before it kills and later restarts it. A

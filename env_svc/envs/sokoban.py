@@ -11,15 +11,17 @@ Rewards (per move, summed over the moves of one answer; the reference's values, 
 gains paid once against the episode's record and costs charged by the episode's ledger, see
 planning.py):
 
-| event | gain | cost |
-|---|---|---|
-| valid move | | 0.01 |
-| invalid move (into a wall, or pushing a box into a wall or box; nothing moves) | | 0.05 |
-| a box pushed onto a goal that no box has reached before in the episode (boxes starting on a goal count as reached) | +1 | |
-| a box pushed off a goal (onto a non-goal cell) | | 0.5 |
-| a push that brings D, the boxes' summed Manhattan distance to their nearest goals, below its lowest so far in the episode | +0.1 per unit below that lowest | |
-| all boxes on goals (win; it ends the episode) | +10 | |
-| failure: a box pushed into a dead square (a cell from which no push sequence reaches a goal: non-goal corners, walls without goals...) or `max_moves` (default 200, the reference's limit) moves made | | 5 |
+- valid move: cost 0.01
+- invalid move (into a wall, or pushing a box into a wall or box; nothing moves): cost 0.05
+- a box pushed onto a goal that no box has reached before in the episode (boxes starting on a goal
+  count as reached): gain +1
+- a box pushed off a goal (onto a non-goal cell): cost 0.5
+- a push that brings D, the boxes' summed Manhattan distance to their nearest goals, below its
+  lowest so far in the episode: gain +0.1 per unit below that lowest
+- all boxes on goals (win; it ends the episode): gain +10
+- failure: a box pushed into a dead square (a cell from which no push sequence reaches a goal:
+  non-goal corners, walls without goals...) or `max_moves` (default 200, the reference's limit)
+  moves made: cost 5
 
 Moves after a win or a failure are ignored. The reference pays +1 for every push onto a goal and
 -0.5 for every push off, with potential shaping 0.1 * (Phi(after) - Phi(before)), Phi = -D,
@@ -60,7 +62,8 @@ def _step(cell: Cell, d: tuple[int, int]) -> Cell:
 
 
 def dead_squares(floor: frozenset[Cell], goals: frozenset[Cell]) -> frozenset[Cell]:
-    """Floor cells from which a lone box can never be pushed onto a goal (pull search from goals)."""
+    """Floor cells from which a lone box can never be pushed onto a goal (pull search from
+    goals)."""
     live = set(goals)
     queue = deque(goals)
     while queue:

@@ -15,13 +15,14 @@ replaces every non-clue cell at once.
 Rewards (the reference gives only +2 for solving; the rest is ours), split into gains paid once
 against the episode's record and costs charged by the episode's ledger (see planning.py):
 
-| event | gain | cost |
-|---|---|---|
-| a cell write that is rejected: on a given clue, or clashing with a digit in its row, column or box (not applied) | | 0.1 each |
-| a write that brings the number of blank cells holding the solution's digit above its highest so far in the episode | +1/blanks per cell above that highest (a full solve from scratch: +1) | |
-| a write that clears or overwrites a cell holding the solution's digit | | 1/blanks |
-| solved (the grid is complete and valid **and every given clue is kept**; first time: it ends the episode) | +2 | |
-| a full grid that changes a given clue: rejected whole, state unchanged | | 0.1 per changed clue |
+- a cell write that is rejected: on a given clue, or clashing with a digit in its row, column or box
+  (not applied): cost 0.1 each
+- a write that brings the number of blank cells holding the solution's digit above its highest so
+  far in the episode: gain +1/blanks per cell above that highest (a full solve from scratch: +1)
+- a write that clears or overwrites a cell holding the solution's digit: cost 1/blanks
+- solved (the grid is complete and valid **and every given clue is kept**; first time: it ends the
+  episode): gain +2
+- a full grid that changes a given clue: rejected whole, state unchanged: cost 0.1 per changed clue
 
 A full grid counts as one write of every cell. Clearing a right digit costs 1/blanks and writing
 it again earns nothing until the count passes its highest (the reference had no shaping to farm;
@@ -340,7 +341,8 @@ class SudokuEnv(PlanningEnv):
     def _write_cells(
         self, moves: list[list[int]], best: float
     ) -> tuple[Any, float, float, float, int, list[Any]]:
-        """Cell writes in order from the current grid: (grid, gains, costs, best, correct, rejected)."""
+        """Cell writes in order from the current grid: (grid, gains, costs, best, correct,
+        rejected)."""
         grid = [row[:] for row in self.state.grid]
         correct = self._correct(grid)
         gains = costs = 0.0

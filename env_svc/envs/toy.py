@@ -61,11 +61,13 @@ the signal), and so does a small learning rate (at lr 1e-5 nothing is learnt in 
 the chat template, temperature 1 (no top-k/top-p), flat rollouts (one sample per agent-turn),
 default options, 2,000 episodes (seed ``i`` for episode ``i``):
 
-| max new tokens | success (2 turns) | turn-1 success | speaker local | listener team | texts naming a symbol (speaker / listener) |
-|----------------|-------------------|----------------|---------------|---------------|--------------------------------------------|
-| 4              | 0.005             | 0.002          | 0.0024        | 0.0028        | 0.013 / 0.012                              |
-| 8              | 0.011             | 0.006          | 0.0034        | 0.0055        | 0.024 / 0.021                              |
-| 64             | 0.065             | 0.034          | 0.0065        | 0.0328        | 0.041 / 0.156                              |
+| max new tokens                             | 4             | 8             | 64            |
+|--------------------------------------------|---------------|---------------|---------------|
+| success (2 turns)                          | 0.005         | 0.011         | 0.065         |
+| turn-1 success                             | 0.002         | 0.006         | 0.034         |
+| speaker local                              | 0.0024        | 0.0034        | 0.0065        |
+| listener team                              | 0.0028        | 0.0055        | 0.0328        |
+| texts naming a symbol (speaker / listener) | 0.013 / 0.012 | 0.024 / 0.021 | 0.041 / 0.156 |
 
 (means per step; the listener's local reward was 0 throughout: a random text is never exactly one
 symbol; the speaker's naming rate at 64 tokens is lower than the listener's because only its

@@ -86,7 +86,8 @@ class HFEngine:
         return self._size
 
     def matmul_rate(self) -> float:
-        """This process's matmul FLOP/s on the engine's device in the weights' dtype (measured once)."""
+        """This process's matmul FLOP/s on the engine's device in the weights' dtype (measured
+        once)."""
         return matmul_rate(self.device, self.model.dtype)
 
     # --- weights ---------------------------------------------------------------------------

@@ -47,7 +47,8 @@ def special_strings(tokenizer: Any) -> list[str]:
 
 
 def defang(content: str, specials: Sequence[str]) -> str:
-    """`content` with every special token's string broken by a word joiner after its first character."""
+    """`content` with every special token's string broken by a word joiner after its first
+    character."""
     for s in specials:
         if s in content:
             content = content.replace(s, s[0] + JOINER + s[1:])
@@ -71,7 +72,8 @@ def chat_tokens(tokenizer: Any, messages: list[Message]) -> list[int]:
 def fit_prompt(
     messages: Sequence[Message], max_prompt_tokens: int, tokenize: Tokenize
 ) -> tuple[list[int], bool]:
-    """(prompt ids of `messages` within `max_prompt_tokens`, whether anything was cut); <= 0: no limit."""
+    """(prompt ids of `messages` within `max_prompt_tokens`, whether anything was cut); <= 0: no
+    limit."""
     messages = list(messages)
     ids = tokenize(messages)
     if max_prompt_tokens <= 0 or len(ids) <= max_prompt_tokens:

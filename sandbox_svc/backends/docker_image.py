@@ -1,4 +1,5 @@
-"""The docker backend's image: a minimal root filesystem holding the host's Python, imported locally.
+"""The docker backend's image: a minimal root filesystem holding the host's Python, imported
+locally.
 
 Nothing can be pulled here, so the image is not built FROM a registry base: it is a tarball of the
 host's own `/usr/bin/python3` (Debian's python3.11), the shared libraries it and its extension

@@ -186,5 +186,5 @@ def main():
                             "clean": not problems, "problems": problems}).encode())
 
 main()
-"""
+"""  # noqa: E501
 )

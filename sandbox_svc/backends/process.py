@@ -37,7 +37,8 @@ def as_uid(uid: int | None) -> list[str]:
 
 
 def prlimit_argv(limits: Limits, extra_processes: int = 0) -> list[str]:
-    """`prlimit` options for `limits`. `extra_processes` leaves room for a wrapper's own processes."""
+    """`prlimit` options for `limits`. `extra_processes` leaves room for a wrapper's own
+    processes."""
     cpu = max(1, math.ceil(limits.cpu_time_ms / 1000))
     return [
         PRLIMIT,

@@ -53,7 +53,8 @@ class SandboxBroken(RuntimeError):
 
 class WarmSandbox:
     def __init__(self, argv_prefix: list[str], uid: int | None, sweep: Callable[[], None] | None):
-        """`argv_prefix`: the uid switch plus bwrap with its namespace options, before the command."""
+        """`argv_prefix`: the uid switch plus bwrap with its namespace options, before the
+        command."""
         self.argv_prefix, self.uid, self.sweep = argv_prefix, uid, sweep
         self.proc: subprocess.Popen | None = None
         self.ctl: socket.socket | None = None

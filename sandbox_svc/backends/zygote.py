@@ -2,12 +2,12 @@
 
 It waits on a control socket for requests; each request is served by a fresh fork() of this
 small interpreter, so a program starts without paying for an interpreter start-up, and never sees
-another program's memory. Per request the child sets the rlimits and the syscall filter, writes the program's files in a
-fresh working directory, wires stdin/stdout/stderr to the fds it was sent, and runs the code as
-`python3 -I -B main.py` would. When the child ends, every other process in the sandbox is killed
-(kill(-1) from pid 1 reaches all of them), /tmp and /dev/shm are wiped, and the reply says
-whether anything could still carry over (SysV IPC objects, POSIX message queues, an unwipeable
-file), in which case the server discards the whole sandbox.
+another program's memory. Per request the child sets the rlimits and the syscall filter, writes the
+program's files in a fresh working directory, wires stdin/stdout/stderr to the fds it was sent, and
+runs the code as `python3 -I -B main.py` would. When the child ends, every other process in the
+sandbox is killed (kill(-1) from pid 1 reaches all of them), /tmp and /dev/shm are wiped, and the
+reply says whether anything could still carry over (SysV IPC objects, POSIX message queues, an
+unwipeable file), in which case the server discards the whole sandbox.
 
 Protocol (SOCK_SEQPACKET): request = b"run" + fds [payload memfd, stdin, stdout, stderr], the
 payload being JSON {code, filename, files: {path: base64}, limits}; replies are JSON lines

@@ -1,6 +1,7 @@
 """The decoupled PPO loss (asynchronous training, max_staleness > 0) on small cases worked out by
 hand: ratio to the proximal policy, importance weight from the sampler to the proximal policy,
-capped at behav_imp_cap. Every expected number is written literally, with the arithmetic beside it."""
+capped at behav_imp_cap. Every expected number is written literally, with the arithmetic beside
+it."""
 
 import math
 

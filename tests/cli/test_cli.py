@@ -98,7 +98,8 @@ def test_the_smollm2_examples_are_the_learning_bench_s_at_grpo_runs():
 
 def test_the_cli_parses_the_config_once_and_edits_it_after(monkeypatch, tmp_path):
     """Overrides, absolute paths and the local services' addresses edit the parsed config; none
-    goes back through YAML and the parser (each edit equals what a parse of the edited dict gives)."""
+    goes back through YAML and the parser (each edit equals what a parse of the edited dict
+    gives)."""
     from atgrpo import config
     from atgrpo.cli import runner
     from atgrpo.cli.launcher import LocalService

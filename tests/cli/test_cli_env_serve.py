@@ -1,4 +1,5 @@
-"""`atgrpo <sub> --help` for every subcommand, and `atgrpo env serve`'s arguments reaching serve_main."""
+"""`atgrpo <sub> --help` for every subcommand, and `atgrpo env serve`'s arguments reaching
+serve_main."""
 
 from __future__ import annotations
 

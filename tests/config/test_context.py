@@ -12,7 +12,8 @@ from atgrpo.config import parse_config
 
 
 def three_agents(tmp_path, engine="vllm") -> dict:
-    """Agents a and b on pool x, c on pool y; sampling chosen so each maximum comes from elsewhere."""
+    """Agents a and b on pool x, c on pool y; sampling chosen so each maximum comes from
+    elsewhere."""
     return {
         "run": {"name": "r", "run_dir": str(tmp_path / "run")},
         "env": {"name": "toy", "turn_order": ["a", "b", "c"]},

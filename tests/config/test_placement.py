@@ -1,6 +1,6 @@
-"""Local mode on GPUs (atgrpo.cli.placement): each process's CUDA_VISIBLE_DEVICES, and the vLLM memory
-fraction of an engine that shares a GPU with a trainer, from `atgrpo plan`'s per-process figures;
-refused with the fix when they cannot fit. Plus the pool settings behind it."""
+"""Local mode on GPUs (atgrpo.cli.placement): each process's CUDA_VISIBLE_DEVICES, and the vLLM
+memory fraction of an engine that shares a GPU with a trainer, from `atgrpo plan`'s per-process
+figures; refused with the fix when they cannot fit. Plus the pool settings behind it."""
 
 import os
 
@@ -26,7 +26,8 @@ def config(**pool) -> dict:
 
 
 def with_needs(monkeypatch, trainer_gib: float, rollout_gib: float, replicas: int = 1, tp: int = 1):
-    """plan_run stubbed to say: trainer-x needs trainer_gib, each rollout-x-i rollout_gib per GPU."""
+    """plan_run stubbed to say: trainer-x needs trainer_gib, each rollout-x-i rollout_gib per
+    GPU."""
     procs = [ProcessPlan("trainer-x", "trainer", "x", "cuda", 1, {"all": int(trainer_gib * GiB)})]
     procs += [
         ProcessPlan(f"rollout-x-{i}", "rollout", "x", "cuda", tp, {"all": int(rollout_gib * GiB)})

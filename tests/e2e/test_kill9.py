@@ -95,7 +95,8 @@ def test_a_run_survives_kill_9_of_every_service(max_staleness, tiny_model, tmp_p
 def test_a_trainer_killed_between_checkpoints_rolls_back_and_says_so(tiny_model, tmp_path, capsys):
     """kill -9 of the trainer after step 2 of a run with no checkpoint yet (none is written at step
     0 unless asked): the run goes back to the starting weights at step 0 and says so on the console
-    (which step, from what, why), records it in metrics.jsonl, and TensorBoard shows each step once."""
+    (which step, from what, why), records it in metrics.jsonl, and TensorBoard shows each step
+    once."""
     from atgrpo.cli.report import Reporter
     from tests.observability.tensorboard_events import shown_scalars
 

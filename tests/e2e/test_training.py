@@ -321,9 +321,9 @@ def test_the_demo_learns(tiny_model, tmp_path):
 
 
 def test_swapping_the_trained_adapters_breaks_the_relay(knows_the_code, tmp_path):
-    """The paper's swap ablation in miniature. At L2 each role trains its own LoRA adapter on the toy
-    relay with a code (the speaker must say 7 for secret 3, the listener must decode 7 back to 3).
-    Evaluated greedily from the checkpoint, the team solves the relay; with the two adapters'
+    """The paper's swap ablation in miniature. At L2 each role trains its own LoRA adapter on the
+    toy relay with a code (the speaker must say 7 for secret 3, the listener must decode 7 back to
+    3). Evaluated greedily from the checkpoint, the team solves the relay; with the two adapters'
     folders swapped (the speaker runs the listener's adapter and the other way round) it fails.
 
     Not by chance: swapping adapters that training left as they started (LoRA's B is zero) changes
@@ -467,7 +467,8 @@ ANSWERS = {
 
 @pytest.fixture(scope="module")
 def taught(tiny_model, tmp_path_factory) -> str:
-    """The tiny model taught to answer each code/math role with a program, tests or a boxed answer."""
+    """The tiny model taught to answer each code/math role with a program, tests or a boxed
+    answer."""
     from atgrpo.models.taught import role_prompts, teach
     from env_svc.envs.code import CodeEnv
     from env_svc.envs.math import MathEnv

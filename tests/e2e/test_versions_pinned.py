@@ -43,7 +43,8 @@ async def serving_version(address: str, timeout_s: float = 120.0) -> int:
 
 async def run_with_a_restart(cfg, state_dir, address: str) -> int:
     """Steps 1..STEPS as RunLoop.run takes them; after step KILL_AFTER the replica is killed and
-    comes back (the launcher restarts it) before the next step starts. Returns what it served then."""
+    comes back (the launcher restarts it) before the next step starts. Returns what it served
+    then."""
     loop = RunLoop(cfg)
     served_after_restart = -1
     try:

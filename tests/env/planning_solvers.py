@@ -26,7 +26,7 @@ def solve(p):
 if __name__ == "__main__":
     print("searching with BFS")
     print("**Actions List**:", json.dumps(solve(json.load(sys.stdin))))
-"""
+"""  # noqa: E501
 
 SOKOBAN_SOLVER = """
 import json, sys

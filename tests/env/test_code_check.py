@@ -12,15 +12,17 @@ from env_svc.envs import call_data
 from env_svc.envs.code_check import FIRST_BATCH, Check, call_outcome, judge
 
 PROMPT = 'def add(x, y):\n    """x + y"""\n'
-TEST = """
+TEST = (
+    """
 def check(candidate):
     import random
     assert candidate(1, 2) == 3
     for _ in range(40):
         x, y = random.randint(0, 99), random.randint(0, 99)
         assert candidate(x, y) == x + y
-    assert add(2, 2) == 4        # the entry point's own name is the candidate (HumanEval/33 does this)
-"""
+    assert add(2, 2) == 4        # the entry point's own name is the candidate"""
+    " (HumanEval/33 does this)\n"
+)
 
 
 def scripted(fn, log):
@@ -91,7 +93,10 @@ def test_a_failed_call_and_a_hang_fail_the_check():
 
 
 def test_a_check_that_catches_everything_cannot_swallow_a_judge_error():
-    test = "def check(candidate):\n    try:\n        candidate(object())\n    except Exception:\n        pass\n"
+    test = (
+        "def check(candidate):\n    try:\n        candidate(object())\n"
+        "    except Exception:\n        pass\n"
+    )
     with pytest.raises(JudgeError, match="not plain data"):
         verdict(lambda x: x, test)
 

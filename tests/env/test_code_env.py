@@ -382,7 +382,7 @@ for p in problems:
         if got.split() != expected.split():
             failed.append([p["id"], stdin, expected, got])
 print(json.dumps(failed))
-"""
+"""  # noqa: E501
     )
 
     async def go():

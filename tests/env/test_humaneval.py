@@ -136,7 +136,8 @@ MAD = (
 
 def test_tolerances_and_constants_are_humaneval_s_own(sandbox):
     """mean_absolute_deviation's check allows 1e-6: an answer off by 1e-9 passes, by 1e-3 fails; a
-    wrong constant in a body fails; a whole function with imports, prints and a demo block passes."""
+    wrong constant in a body fails; a whole function with imports, prints and a demo block
+    passes."""
     close, wrong_constant, whole, off = asyncio.run(
         coder_steps(
             sandbox,

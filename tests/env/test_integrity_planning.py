@@ -1,4 +1,5 @@
-"""Reward integrity of the planning envs (issue 34): an agent plays against the judge, not the puzzle.
+"""Reward integrity of the planning envs (issue 34): an agent plays against the judge, not the
+puzzle.
 
 Each test plays one attack an optimiser would find (farming the shaping, repeating a proposal,
 hostile text) and asserts what it earns: no credit beyond what the honest play earns, or a bounded

@@ -77,7 +77,8 @@ def landlock_abi():
     "dataset", ["n_queens", "spiral_matrix", "binary_matrix", "string_insertion"]
 )
 def test_eval_scorers_run_no_answer(dataset, marker):
-    """These four datasets eval() an answer that is not the exact reference; ours read it as data."""
+    """These four datasets eval() an answer that is not the exact reference; ours read it as
+    data."""
     env = make(dataset)
     for text in (
         f"__import__('os').system('touch {marker}')",
@@ -92,7 +93,8 @@ def test_eval_scorers_run_no_answer(dataset, marker):
 
 @pytest.mark.parametrize("dataset", sorted(SYMPY_SCORED))
 def test_sympy_scorers_see_only_mathematics(dataset, marker):
-    """parse_expr evals; the gate lets only numbers, one-letter symbols and math functions through."""
+    """parse_expr evals; the gate lets only numbers, one-letter symbols and math functions
+    through."""
     env = make(dataset)
     for text in (
         f"__import__('os').system('touch {marker}')",
@@ -113,7 +115,8 @@ def test_sympy_scorers_see_only_mathematics(dataset, marker):
 
 @pytest.mark.parametrize("dataset", ["simple_integration", "intermediate_integration"])
 def test_the_unevaluated_integral_is_refused(dataset):
-    """The integration scorers differentiate the answer: `Integral(f, x) + C` paid 1.0 on every question."""
+    """The integration scorers differentiate the answer: `Integral(f, x) + C` paid 1.0 on every
+    question."""
     ds = rg.create_dataset(dataset, seed=0, size=50)
     entry = ds[0]
     meta = entry["metadata"]

@@ -446,7 +446,8 @@ def test_prompts_are_deterministic_and_carry_the_format():
 
 @pytest.mark.parametrize("name", ENVS)
 def test_plan_agent_alone(name):
-    """L0: with turn_order [plan] the plan agent plays alone and its prompt mentions no tool agent."""
+    """L0: with turn_order [plan] the plan agent plays alone and its prompt mentions no tool
+    agent."""
     env = make(name, turn_order=["plan"])
     assert env.spec.turn_order == ("plan",)
     (prompt,) = env.observe("plan")

@@ -68,7 +68,8 @@ def judge(env, moves):
 
 
 def solves(env, moves):
-    """Does our judge accept `moves`? An answer it refuses to parse (e.g. an empty list) does not."""
+    """Does our judge accept `moves`? An answer it refuses to parse (e.g. an empty list) does
+    not."""
     try:
         return judge(env, moves).solved
     except ValueError:
@@ -90,7 +91,8 @@ def sudoku_env(puzzle, solution):
 
 
 def sokoban_env(gamestr):
-    """reasoning-gym's legend: + wall, - floor, X goal, @ box, $ box on goal, * player, % player on goal."""
+    """reasoning-gym's legend: + wall, - floor, X goal, @ box, $ box on goal, * player, % player on
+    goal."""
     rows = [line.split() for line in gamestr.strip().splitlines() if line.strip()]
     cells = {(r, c): ch for r, row in enumerate(rows) for c, ch in enumerate(row)}
     env = SokobanEnv({"max_moves": 1000})

@@ -1,4 +1,5 @@
-"""Fixtures for the chart and image checks: the helm binary, and charts rendered once per session."""
+"""Fixtures for the chart and image checks: the helm binary, and charts rendered once per
+session."""
 
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ def run_helm(*args: str) -> str:
 
 
 def template(*value_args: str, base: bool = True) -> list[dict]:
-    """`helm template` of the chart (tests included) over BASE_VALUES (unless not `base`) -> its objects."""
+    """`helm template` of the chart (tests included) over BASE_VALUES (unless not `base`) -> its
+    objects."""
     out = run_helm(
         "template",
         RELEASE,

@@ -10,7 +10,10 @@ _STR_LIST = {"type": "array", "items": _STR}
 _STR_MAP = {"type": "object", "additionalProperties": _STR}
 _DURATION = {
     "type": "string",
-    "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
+    "pattern": (
+        "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?"
+        "(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+    ),
 }
 
 

@@ -68,7 +68,8 @@ class Dockerfile:
     instructions: list[Instruction]
 
     def stages(self) -> list[list[Instruction]]:
-        """Instructions grouped by FROM (ARGs before the first FROM are stage -1's, dropped here)."""
+        """Instructions grouped by FROM (ARGs before the first FROM are stage -1's, dropped
+        here)."""
         out: list[list[Instruction]] = []
         for ins in self.instructions:
             if ins.name == "FROM":

@@ -83,7 +83,8 @@ def test_ci_files_cover_the_issue_cases():
 
 @pytest.fixture(scope="module")
 def k8s_validate():
-    """kubernetes_validate.validate, with each schema file parsed once instead of once per object."""
+    """kubernetes_validate.validate, with each schema file parsed once instead of once per
+    object."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(
             kubernetes_validate.utils,

@@ -111,9 +111,10 @@ def test_the_rollout_pins_follow_pyproject_and_constraints():
 # ---- how a failure reads (files only) ------------------------------------------------------------
 
 # pip 26's words when the rollout image was installed with constraints.txt (cut short).
-NUMPY_CONFLICT = """\
-ERROR: Cannot install -r /tmp/r.txt (line 11), humming-kernels, matplotlib, mistral_common and vllm because these package versions have conflicting dependencies.
-
+NUMPY_CONFLICT = (
+    "ERROR: Cannot install -r /tmp/r.txt (line 11), humming-kernels, matplotlib, mistral_common "
+    "and vllm because these package versions have conflicting dependencies.\n"
+    """
 The conflict is caused by:
     transformers 5.19.0 depends on numpy>=1.17
     vllm 0.32.0 depends on numpy
@@ -128,6 +129,7 @@ To fix this you could try to:
 
 ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/en/latest/topics/dependency-resolution/#dealing-with-dependency-conflicts
 """
+)
 
 
 def test_a_conflict_names_the_pin_its_file_and_who_excludes_it():

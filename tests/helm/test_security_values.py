@@ -164,7 +164,8 @@ def _pods(objs) -> list[dict]:
 
 
 def _token_secrets(obj) -> set[str]:
-    """The Secrets a pod's containers read ATGRPO_AUTH_TOKEN_FILE from (None: a container without)."""
+    """The Secrets a pod's containers read ATGRPO_AUTH_TOKEN_FILE from (None: a container
+    without)."""
     spec = pod_spec(obj)
     volumes = {v["name"]: v.get("secret", {}).get("secretName") for v in spec["volumes"]}
     found = set()

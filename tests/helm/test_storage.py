@@ -150,8 +150,9 @@ def test_rollout_tmp_holds_a_weight_swap_of_every_example_model():
 
 
 def test_checkpoint_volume_holds_the_kept_checkpoints_of_the_default_model():
-    """(keep_checkpoints + the best + the one being written) x one checkpoint (state.PoolState.save),
-    as atgrpo plan counts them, for the default run and for any longer one."""
+    """(keep_checkpoints + the best + the one being written) x one checkpoint
+    (state.PoolState.save), as atgrpo plan counts them, for the default run and for any longer
+    one."""
     cfg = run_config(rendered(None))
     size = quantity(values_of(None)["poolDefaults"]["trainer"]["checkpoints"]["size"])
     [d] = plan_run(cfg).disk
@@ -279,7 +280,8 @@ def check_populate_job(
 
 
 def wait_init(spec: dict, store: str) -> tuple[str, list[str]]:
-    """The init container that waits for a populate Job: (the marker it waits for, the paths it checks)."""
+    """The init container that waits for a populate Job: (the marker it waits for, the paths it
+    checks)."""
     [init] = [c for c in spec.get("initContainers", []) if c["name"] == f"wait-for-{store}"]
     script = init["command"][2]
     marker = re.search(r"until \[ -e '([^']+)' \]", script).group(1)

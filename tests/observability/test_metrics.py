@@ -60,8 +60,8 @@ def test_run_state_has_one_current_state_and_running_restarts_the_clock(monkeypa
 
 
 def test_stale_samples_dropped_and_staleness_max_per_pool():
-    """Asynchronous training: a step's per-pool dropped_stale adds up, staleness_max is the last step's;
-    a pool that reports no dropped_stale (a synchronous run) still has its counter, at 0."""
+    """Asynchronous training: a step's per-pool dropped_stale adds up, staleness_max is the last
+    step's; a pool that reports no dropped_stale (a synchronous run) still has its counter, at 0."""
 
     def step(n, pools):
         return {

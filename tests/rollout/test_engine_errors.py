@@ -274,7 +274,8 @@ def test_the_codes_over_grpc(engine):
 def test_collect_goes_on_through_out_of_memory_and_ends_retryably_when_nothing_fits(engine):
     """A tree Collect (2 tasks, k=3) on an engine that runs out of memory above 2 rows: every
     episode ends without error. Always out of memory: each episode ends with a ResourceExhausted
-    error, which the router retries (only InvalidArgument and EnvCodeError episode errors fail a run)."""
+    error, which the router retries (only InvalidArgument and EnvCodeError episode errors fail a
+    run)."""
 
     def plan():
         agents = {

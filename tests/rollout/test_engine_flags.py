@@ -1,5 +1,6 @@
 """The rollout flags the launcher and the chart pass reach vLLM's LLM(...) arguments (checked on the
-engine's kwargs with LLM itself stubbed: vLLM is not in this venv and starts in seconds to minutes)."""
+engine's kwargs with LLM itself stubbed: vLLM is not in this venv and starts in seconds to
+minutes)."""
 
 import argparse
 

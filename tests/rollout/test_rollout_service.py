@@ -454,8 +454,9 @@ def test_pool_and_engine_gauges_follow_a_generation(tiny_model):
 
 
 def test_busy_seconds_count_generations_and_weight_loads_not_idle_time(tiny_model):
-    """rate(atgrpo_rollout_busy_seconds_total) is a replica's busy fraction: the counter grows by the
-    time the engine generates (or loads weights), never by more than the wall time, and not while idle."""
+    """rate(atgrpo_rollout_busy_seconds_total) is a replica's busy fraction: the counter grows by
+    the time the engine generates (or loads weights), never by more than the wall time, and not
+    while idle."""
     from prometheus_client import REGISTRY
 
     def busy():

@@ -115,7 +115,8 @@ def test_a_watcher_past_the_rollback_gets_it_and_the_steps_again(tmp_path):
 
 def test_a_resume_past_the_last_checkpoint_keeps_it_for_the_next_rollback(tmp_path):
     """Trainers that kept running: the run continues after step 3, and the checkpoint of step 2
-    stays recorded (once it was dropped at the next step, leaving a later fault nothing to go back to)."""
+    stays recorded (once it was dropped at the next step, leaving a later fault nothing to go back
+    to)."""
     cfg = config(tmp_path, level="L2")
     d = RunDir(tmp_path)
     two = Checkpoint(2, {"a": str(d.checkpoint_dir(2) / "a")}, {"a": 2})

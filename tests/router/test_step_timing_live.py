@@ -1,6 +1,6 @@
-"""A step's time breakdown from real services in this process: env_svc, rollout_svc (the hf engine on
-the tiny model) and trainer_svc over loopback gRPC, driven by the router's RunLoop for one step. The
-step record says where its time went (docs/observability.md, "A step's time"), in parts that fit
+"""A step's time breakdown from real services in this process: env_svc, rollout_svc (the hf engine
+on the tiny model) and trainer_svc over loopback gRPC, driven by the router's RunLoop for one step.
+The step record says where its time went (docs/observability.md, "A step's time"), in parts that fit
 inside the phases the router timed itself, and the same fields survive WatchRun's wire."""
 
 from __future__ import annotations

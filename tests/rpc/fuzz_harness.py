@@ -64,7 +64,8 @@ class Services:
         return f"127.0.0.1:{self.running[kind].port}"
 
     def channel(self, kind: str) -> grpc.Channel:
-        """A blocking channel without size limits of its own: what the server allows is under test."""
+        """A blocking channel without size limits of its own: what the server allows is under
+        test."""
         if kind not in self.channels:
             self.channels[kind] = grpc.insecure_channel(
                 self.address(kind),

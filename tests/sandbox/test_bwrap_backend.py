@@ -1,6 +1,7 @@
 """What is particular to the bwrap backend: its warm pid-1 interpreter is out of programs' reach,
 tracebacks look like a plain interpreter's, leftover IPC discards the sandbox, and no process of a
-slot's uid outlives its request. The hostile programs run against every backend in test_hostile.py."""
+slot's uid outlives its request. The hostile programs run against every backend in
+test_hostile.py."""
 
 import psutil
 import pytest

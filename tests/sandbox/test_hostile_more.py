@@ -227,7 +227,10 @@ def test_ptrace_is_refused(service):
 
 
 def test_memory_hog_via_mmap_gets_memory_limit(service):
-    code = "import mmap\nm = []\nwhile True:\n    x = mmap.mmap(-1, 2**26); x.write(b'x' * 2**26); m.append(x)\n"
+    code = (
+        "import mmap\nm = []\nwhile True:\n"
+        "    x = mmap.mmap(-1, 2**26); x.write(b'x' * 2**26); m.append(x)\n"
+    )
     assert execute(service, code).verdict is Verdict.MEMORY_LIMIT
 
 
@@ -255,9 +258,12 @@ def test_memfd_files_cannot_be_made(service):
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="i386 system calls from x86_64 code")
 def test_foreign_abi_system_calls_are_refused(service):
     code = (
-        "import ctypes, mmap\nm = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)\n"
-        "m.write(bytes([0xb8, 20, 0, 0, 0, 0xcd, 0x80, 0xc3]))  # mov eax, 20 (getpid); int 0x80; ret\n"
-        "f = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(m)))\nprint(f())\n"
+        "import ctypes, mmap\n"
+        "m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)\n"
+        "m.write(bytes([0xb8, 20, 0, 0, 0, 0xcd, 0x80, 0xc3]))  "
+        "# mov eax, 20 (getpid); int 0x80; ret\n"
+        "f = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(m)))\n"
+        "print(f())\n"
     )
     assert execute(service, code).stdout == b"-38\n"  # ENOSYS
 

@@ -31,7 +31,7 @@ for path in sorted(set(paths)):
     except Exception as e:
         out.append(path + " refused " + type(e).__name__)
 print("\\n".join(out))
-"""
+"""  # noqa: E501
 
 
 SEARCH = """

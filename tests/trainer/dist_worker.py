@@ -1,5 +1,6 @@
 """One rank of the multi-rank update tests:
-`torchrun --nproc-per-node 2 dist_worker.py MODEL OUT {ddp,fsdp} MINI_BATCH MICRO_BATCH_TOKENS [ckpt] [stale] [bf16]`
+`torchrun --nproc-per-node 2 dist_worker.py MODEL OUT {ddp,fsdp} MINI_BATCH MICRO_BATCH_TOKENS
+[ckpt] [stale] [bf16]`
 (ckpt: gradient checkpointing on, set before FSDP wraps the layers, as PoolState does; stale:
 max_staleness 1 on samples of mixed staleness, so the proximal pass runs on every rank; bf16: mixed
 precision, FSDP's own policy under fsdp, autocast otherwise).

@@ -114,7 +114,7 @@ def test_the_gpu_check_runs_on_cpu_and_reports_every_part(tmp_path, subprocess_e
         assert report[part]["host_peak_bytes"] > 0, part
 
 
-def test_the_trainers_parts_run_with_only_torch_and_their_listed_wheels_and_the_rest_say_what_to_carry(
+def test_the_trainers_parts_run_with_only_torch_and_their_listed_wheels_and_the_rest_say_what_to_carry(  # noqa: E501
     tmp_path, subprocess_env, script
 ):
     have = script.closure(["torch", *script.NEEDS["trainer"], *script.NEEDS["logprobs"]])

@@ -31,7 +31,8 @@ SAMPLINGS = (
 
 
 def mixed_samples(model, n=7):
-    """Rows of several sampling settings in one batch, and prompts and responses of several lengths."""
+    """Rows of several sampling settings in one batch, and prompts and responses of several
+    lengths."""
     return [
         dataclasses.replace(s, sampling=SAMPLINGS[i % len(SAMPLINGS)])
         for i, s in enumerate(on_policy_samples(model, n=n))
@@ -265,7 +266,8 @@ def test_a_gpus_passes_are_sized_by_its_memory(monkeypatch):
 
 
 def test_the_head_backward_multiplies_a_column_major_copy_of_a_16_bit_weight_on_cpu():
-    """Same values, the layout a CPU's fast 16-bit GEMM takes; float32 weights are left as they are."""
+    """Same values, the layout a CPU's fast 16-bit GEMM takes; float32 weights are left as they
+    are."""
     from trainer_svc.logprobs import _column_major
 
     w = torch.randn(48, 8).bfloat16()

@@ -49,7 +49,8 @@ def train(ops: PoolOps, samples) -> dict[str, float]:
 
 
 def layer_calls(model) -> list[int]:
-    """Counts the first decoder layer's forward calls (a checkpointed one runs again in the backward)."""
+    """Counts the first decoder layer's forward calls (a checkpointed one runs again in the
+    backward)."""
     layer = next(m for m in model.modules() if type(m).__name__.endswith("DecoderLayer"))
     calls, forward = [0], layer.forward
 
@@ -101,7 +102,8 @@ def test_checkpointing_defaults_to_on_for_cuda_only(tiny_model):
 
 
 def mean_relative_change(before: dict, after: dict) -> float:
-    """sum |w10 - w0| / sum |w0| over every weight (float64, so the figure itself does not round)."""
+    """sum |w10 - w0| / sum |w0| over every weight (float64, so the figure itself does not
+    round)."""
     moved = sum(float((after[k].double() - before[k].double()).abs().sum()) for k in before)
     return moved / sum(float(before[k].double().abs().sum()) for k in before)
 

@@ -250,8 +250,8 @@ def test_checkpoint_round_trip_and_exact_resume(tiny_model, tmp_path):
 
 
 def test_a_restarted_trainer_takes_replicas_back_to_a_version_0_checkpoint(tiny_model, tmp_path):
-    """The run's first checkpoint is version 0; the replicas kept serving version 1 while the trainer
-    restarted: the restored trainer must push its weights, though a replica starts at v0."""
+    """The run's first checkpoint is version 0; the replicas kept serving version 1 while the
+    trainer restarted: the restored trainer must push its weights, though a replica starts at v0."""
     samples = on_policy_samples(load(tiny_model))
 
     async def go(t, r, rollout_address, logic):
@@ -315,8 +315,9 @@ def _du(path) -> int:
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_checkpoint_bytes_is_what_a_save_writes(tiny_model, tmp_path, dtype):
-    """GetInfo's checkpoint_bytes sizes the save's deadline and `atgrpo plan`'s disk: after an update
-    (AdamW's moments exist), it is what SaveCheckpoint writes, to within the files' headers."""
+    """GetInfo's checkpoint_bytes sizes the save's deadline and `atgrpo plan`'s disk: after an
+    update (AdamW's moments exist), it is what SaveCheckpoint writes, to within the files'
+    headers."""
     samples = on_policy_samples(load(tiny_model))
 
     async def go(t, r, rollout_address, logic):

@@ -33,7 +33,8 @@ CAP5 = LossConfig(
 
 
 def stale(samples, shift):
-    """The same tokens as if a sampler had found each `shift` nats less likely than these weights do."""
+    """The same tokens as if a sampler had found each `shift` nats less likely than these weights
+    do."""
     return [
         dataclasses.replace(s, old_logprobs=[x - shift for x in s.old_logprobs]) for s in samples
     ]
