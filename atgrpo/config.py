@@ -35,7 +35,6 @@ __all__ = [
     "PoolConfig",
     "RunConfig",
     "RunSection",
-    "SamplingConfig",
     "ServicesConfig",
     "dump_config",
     "load_config",
@@ -220,40 +219,12 @@ class PoolConfig:
 
 
 @dataclass(frozen=True)
-class SamplingConfig:
-    temperature: float = 1.0
-    """softmax temperature; 0 = greedy"""
-    top_p: float = 1.0
-    """nucleus mass in (0, 1]; 1 = off"""
-    top_k: int = -1
-    """keep the k most likely tokens; -1 = off"""
-    max_tokens: int = 256
-    """max response tokens per agent turn"""
-    max_prompt_tokens: int = 2048
-    """longer prompts lose their oldest turns after the system prompt, then the last message's
-    middle"""
-    stop: tuple[str, ...] = ()
-    """extra stop strings (EOS always stops)"""
-
-    def to_sampling(self) -> Sampling:
-        """The settings as the engines and the trainer take them."""
-        return Sampling(
-            self.temperature,
-            self.top_p,
-            self.top_k,
-            self.max_tokens,
-            self.max_prompt_tokens,
-            tuple(self.stop),
-        )
-
-
-@dataclass(frozen=True)
 class AgentConfig:
     pool: str
     """the pool (weights) this agent generates with and trains"""
-    train_sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    train_sampling: Sampling = field(default_factory=Sampling)
     """sampling during tree rollouts; old log-probs are taken under these settings"""
-    eval_sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.0))
+    eval_sampling: Sampling = field(default_factory=lambda: Sampling(temperature=0.0))
     """sampling during evaluation (greedy by default)"""
     system_prompt: str | None = None
     """overrides the env's system prompt for this role"""

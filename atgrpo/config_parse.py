@@ -53,6 +53,11 @@ def choices_text(choices: Iterable[str]) -> str:
 FLAT = {"flat": True}
 
 
+def _configurable(f: dataclasses.Field) -> bool:
+    """Whether a run config sets `f` (a contract type may carry fields only code sets)."""
+    return f.init and f.metadata.get("config", True)
+
+
 def _flat_keys(cls: type, hints: dict[str, Any]) -> dict[str, str]:
     """key -> the FLAT field of `cls` whose dataclass has it."""
     return {
@@ -60,7 +65,7 @@ def _flat_keys(cls: type, hints: dict[str, Any]) -> dict[str, str]:
         for f in dataclasses.fields(cls)
         if f.metadata.get("flat")
         for g in dataclasses.fields(hints[f.name])
-        if g.init
+        if _configurable(g)
     }
 
 
@@ -71,7 +76,7 @@ def section_types(cls: type) -> dict[str, Any]:
     out = {
         f.name: hints[f.name]
         for f in dataclasses.fields(cls)
-        if f.init and not f.metadata.get("flat")
+        if _configurable(f) and not f.metadata.get("flat")
     }
     for key, owner in _flat_keys(cls, hints).items():
         out[key] = get_type_hints(hints[owner])[key]
@@ -94,7 +99,7 @@ def build(cls: type, data: object, path: str, errs: Errors, base: Any = None) ->
         )
         data, errs = {}, []  # one error for the section, not one per missing field
     hints = get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    fields = {f.name: f for f in dataclasses.fields(cls) if _configurable(f)}
     flat = _flat_keys(cls, hints)
     valid = [k for k, f in fields.items() if not f.metadata.get("flat")] + list(flat)
     for key in data:
@@ -225,6 +230,8 @@ def to_plain(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         out: dict[str, Any] = {}
         for f in dataclasses.fields(obj):
+            if not _configurable(f):
+                continue
             value = to_plain(getattr(obj, f.name))
             if f.metadata.get("flat"):
                 out.update(value)

@@ -19,7 +19,8 @@ from atgrpo.contract.trainer import UPDATE_BOUNDS
 from atgrpo.plan import VLLM_LORA_RANKS
 
 if TYPE_CHECKING:
-    from atgrpo.config import PoolConfig, RunConfig, RunSection, SamplingConfig
+    from atgrpo.config import PoolConfig, RunConfig, RunSection
+    from atgrpo.contract.sampling import Sampling
 
 _RUN_NAME = re.compile(r"^[a-z0-9_-]+$")
 _ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
@@ -173,7 +174,7 @@ def _check_env_and_agents(c: Checks, cfg: RunConfig) -> None:
             _check_sampling(c, f"{path}.{which}", getattr(agent, which))
 
 
-def _check_sampling(c: Checks, path: str, s: SamplingConfig) -> None:
+def _check_sampling(c: Checks, path: str, s: Sampling) -> None:
     c.limits(
         path,
         s,

@@ -160,7 +160,7 @@ def agent_plans(cfg: RunConfig, *, eval_mode: bool = False) -> dict[str, AgentPl
         a = cfg.agents[name]
         s = a.eval_sampling if eval_mode else a.train_sampling
         adapter = name if cfg.pools[a.pool].specialization == "lora" else ""
-        out[name] = AgentPlan(name, a.pool, adapter, s.to_sampling(), a.system_prompt or "")
+        out[name] = AgentPlan(name, a.pool, adapter, s, a.system_prompt or "")
     return out
 
 

@@ -229,9 +229,7 @@ def example_pool(args):
 def example_sampling(run, pool_name: str, max_tokens: int):
     """The train sampling (temperature, top-k, top-p) of the example's first agent on the pool."""
     agent = next(a for a, c in run.agents.items() if c.pool == pool_name)
-    return dataclasses.replace(
-        run.agents[agent].train_sampling.to_sampling(), max_tokens=max_tokens
-    )
+    return dataclasses.replace(run.agents[agent].train_sampling, max_tokens=max_tokens)
 
 
 def random_model(args, work: Path, dtype: str) -> Path:

@@ -5,17 +5,31 @@ only the plain type, so services that route settings need no torch."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+# A field's metadata that keeps it out of the run config (atgrpo.config_parse reads it).
+NOT_CONFIG = {"config": False}
 
 
 @dataclass(frozen=True)
 class Sampling:
-    """How one agent samples; train and eval settings differ per agent."""
+    """How one agent samples; train and eval settings differ per agent. This is their one form:
+    the run config's agents.<a>.train_sampling and eval_sampling are this type, the router sends
+    it, the engines and the trainer read it."""
 
-    temperature: float = 1.0  # 0 = greedy
+    temperature: float = 1.0
+    """softmax temperature; 0 = greedy"""
     top_p: float = 1.0
-    top_k: int = -1  # <= 0: off
+    """nucleus mass in (0, 1]; 1 = off"""
+    top_k: int = -1
+    """keep the k most likely tokens; -1 (any <= 0) = off"""
     max_tokens: int = 256
-    max_prompt_tokens: int = 2048  # longer prompts lose their oldest turns after the system prompt
+    """max response tokens per agent turn"""
+    max_prompt_tokens: int = 2048
+    """longer prompts lose their oldest turns after the system prompt, then the last message's
+    middle"""
     stop: tuple[str, ...] = ()
-    seed: int | None = None
+    """extra stop strings (EOS always stops)"""
+    # One request's seed (a Generate call's); not a run config key: a fixed seed for every
+    # request would draw the same branches at every step.
+    seed: int | None = field(default=None, metadata=NOT_CONFIG)

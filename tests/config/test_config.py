@@ -16,6 +16,7 @@ from atgrpo.config import (
     load_config,
     parse_config,
 )
+from atgrpo.contract.sampling import Sampling
 from atgrpo.contract.trainer import LossConfig
 from tests.conftest import ROOT
 
@@ -207,6 +208,14 @@ def test_the_loss_settings_are_the_contracts_own_type_written_flat_and_sent_as_t
     assert update.policy_loss == "decoupled"  # ppo_clip's form for stale samples
     assert errors_of(edited({"algorithm.loss": {"kl_coef": 0.1}})).errors[0][0] == "algorithm.loss"
     assert "Did you mean 'kl_coef'?" in errors_of(edited({"algorithm.kl_coef_": 0.1})).errors[0][1]
+
+
+def test_sampling_is_the_contracts_type_and_a_request_seed_is_no_config_key():
+    tool = parse_config(example()).agents["tool"]
+    assert type(tool.train_sampling) is Sampling and tool.eval_sampling.temperature == 0.0
+    assert "seed" not in load_config(EXAMPLE).to_dict()["agents"]["tool"]["train_sampling"]
+    err = errors_of(edited({"agents.tool.train_sampling.seed": 3}))
+    assert err.field == "agents.tool.train_sampling.seed" and "unknown key" in err.message
 
 
 # ---- invalid configs: every rule names its field and a fix -------------------------------------
