@@ -15,15 +15,15 @@ from typing import Any, Literal
 import yaml
 
 from atgrpo.config_parse import (
-    FLAT,
     Errors,
     build,
     load_yaml,
     to_plain,
 )
 from atgrpo.config_rules import validate
+from atgrpo.contract.fields import FLAT
 from atgrpo.contract.sampling import Sampling
-from atgrpo.contract.trainer import LossConfig, UpdateConfig
+from atgrpo.contract.trainer import UpdateConfig
 
 __all__ = [
     "AgentConfig",
@@ -236,15 +236,11 @@ class AlgorithmConfig:
     """branches per (task, agent, turn) group: samples drawn from one state"""
     alpha: float = 1.0
     """team-reward weight: r = alpha * team + local"""
-    loss: LossConfig = field(default_factory=LossConfig, metadata=FLAT)
-    """the policy loss's settings, written here flat (clip_eps_low, clip_eps_high, dual_clip_c,
-    kl_coef, entropy_coef, behav_imp_cap, policy_loss): the contract's own type, sent to the
-    trainers as it is (atgrpo.contract.trainer.LossConfig documents each)"""
-    epochs: int = 1
-    """passes over each step's samples"""
-    mini_batch_size: int = 16
-    """samples (sequences) per optimizer step; on a LoRA pool, per agent (each adapter steps on its
-    own)"""
+    update: UpdateConfig = field(default_factory=UpdateConfig, metadata=FLAT)
+    """how the pools update, written here flat: the policy loss's settings (clip_eps_low,
+    clip_eps_high, dual_clip_c, kl_coef, entropy_coef, behav_imp_cap, policy_loss), epochs,
+    mini_batch_size and max_staleness. The contract's own type (atgrpo.contract.trainer
+    UpdateConfig and LossConfig document each), sent to the trainers as it is"""
     norm_std: bool = True
     """divide advantages by the group std; false = Dr.GRPO (r - mean)"""
     filter: Literal["none", "zero_variance"] = "none"
@@ -259,11 +255,6 @@ class AlgorithmConfig:
     the K copies; selection does not apply"""
     loss_agg: Literal["token_mean"] = "token_mean"
     """loss aggregation over tokens"""
-    max_staleness: int = 0
-    """asynchronous training: a sample drawn by version v is trained at version u only if
-    u - v <= max_staleness (older ones are dropped and their task collected again), and collection
-    runs ahead while the pools train. 0 = the synchronous on-policy loop. A pool may set its own
-    (pools.<p>.max_staleness); RunConfig.max_staleness(pool) is the one that resolves them"""
 
 
 @dataclass(frozen=True)
@@ -314,17 +305,11 @@ class RunConfig:
         """How many versions `pool`'s samples may lag its weights (0: on-policy): the pool's own
         bound, else algorithm.max_staleness. The one place the two are resolved."""
         own = self.pools[pool].max_staleness
-        return self.algorithm.max_staleness if own is None else own
+        return self.algorithm.update.max_staleness if own is None else own
 
     def update_for(self, pool: str) -> UpdateConfig:
         """What `pool`'s trainer takes for each step's update (its own settings it fills in)."""
-        a = self.algorithm
-        return UpdateConfig(
-            a.loss,
-            epochs=a.epochs,
-            mini_batch_size=a.mini_batch_size,
-            max_staleness=self.max_staleness(pool),
-        )
+        return replace(self.algorithm.update, max_staleness=self.max_staleness(pool))
 
     @property
     def asynchronous(self) -> bool:

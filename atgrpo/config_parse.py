@@ -47,25 +47,18 @@ def choices_text(choices: Iterable[str]) -> str:
     return ", ".join(repr(c) for c in names) if names else "(none)"
 
 
-# A field's metadata that writes its dataclass's keys in the enclosing section, not under its own
-# name: the run config holds a contract type (e.g. algorithm.kl_coef is LossConfig.kl_coef) in the
-# form users already write.
-FLAT = {"flat": True}
-
-
 def _configurable(f: dataclasses.Field) -> bool:
     """Whether a run config sets `f` (a contract type may carry fields only code sets)."""
     return f.init and f.metadata.get("config", True)
 
 
 def _flat_keys(cls: type, hints: dict[str, Any]) -> dict[str, str]:
-    """key -> the FLAT field of `cls` whose dataclass has it."""
+    """key -> the FLAT field of `cls` whose dataclass takes it (FLAT fields nest)."""
     return {
-        g.name: f.name
+        key: f.name
         for f in dataclasses.fields(cls)
         if f.metadata.get("flat")
-        for g in dataclasses.fields(hints[f.name])
-        if _configurable(g)
+        for key in section_types(hints[f.name])
     }
 
 
@@ -79,7 +72,7 @@ def section_types(cls: type) -> dict[str, Any]:
         if _configurable(f) and not f.metadata.get("flat")
     }
     for key, owner in _flat_keys(cls, hints).items():
-        out[key] = get_type_hints(hints[owner])[key]
+        out[key] = section_types(hints[owner])[key]
     return out
 
 

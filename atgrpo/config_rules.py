@@ -34,10 +34,11 @@ def validate(cfg: RunConfig, bad: list[str]) -> Errors:
     _check_run(c, cfg.run)
     _check_env_and_agents(c, cfg)
     _check_pools(c, cfg)
-    # The trainer's own bounds (UPDATE_BOUNDS), on the section's fields and its loss's (written
-    # flat).
-    c.limits("algorithm", cfg.algorithm, {"k": AT_LEAST_1, **_update_bounds(cfg.algorithm)})
-    c.limits("algorithm", cfg.algorithm.loss, _update_bounds(cfg.algorithm.loss))
+    c.limits("algorithm", cfg.algorithm, {"k": AT_LEAST_1})
+    # The trainer's own bounds (UPDATE_BOUNDS) on the update's settings (written flat there).
+    update = cfg.algorithm.update
+    c.limits("algorithm", update, _update_bounds(update))
+    c.limits("algorithm", update.loss, _update_bounds(update.loss))
     _check_algorithm_names(c, cfg)
     _check_services(c, cfg)
     return c.errors
@@ -64,12 +65,12 @@ def _check_algorithm_names(c: Checks, cfg: RunConfig) -> None:
             ),
         )
     try:
-        loss = registry.policy_loss_named(alg.loss.policy_loss)
+        loss = registry.policy_loss_named(alg.update.loss.policy_loss)
     except KeyError:
         c.add(
             "algorithm.policy_loss",
             _unregistered(
-                alg.loss.policy_loss,
+                alg.update.loss.policy_loss,
                 registry.loss_names(),
                 "register_policy_loss",
                 registry.LOSS_GROUP,

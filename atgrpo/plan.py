@@ -397,6 +397,7 @@ def trainer_components(
     width, autocast = compute_dtype(pool, device)
     m = trained_width(pool, device)
     lora = pool.specialization == "lora"
+    reference = algorithm.update.loss.kl_coef > 0  # a full pool keeps a frozen copy for the KL
     p, t = shape.params, trained_params(shape, pool, agents)
     shards = ranks if not lora and ranks > 1 else 1
     return {
@@ -412,7 +413,7 @@ def trainer_components(
             if shards > 1
             else 0
         ),
-        "kl_reference": p * width // shards if not lora and algorithm.loss.kl_coef > 0 else 0,
+        "kl_reference": p * width // shards if not lora and reference else 0,
         "activations": pool_activation_bytes(shape, pool, device, tokens, sharded=shards > 1),
         "logprob": logprob_bytes(
             shape,

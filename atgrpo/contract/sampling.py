@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# A field's metadata that keeps it out of the run config (atgrpo.config_parse reads it).
-NOT_CONFIG = {"config": False}
+from atgrpo.contract.fields import NOT_CONFIG
 
 
 @dataclass(frozen=True)

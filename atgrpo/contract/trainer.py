@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from atgrpo.contract.fields import FLAT, NOT_CONFIG
 from atgrpo.contract.sampling import Sampling
 from atgrpo.contract.service import ServiceInfo
 
@@ -57,17 +58,27 @@ class LossConfig:
 @dataclass(frozen=True)
 class UpdateConfig:
     """How a pool updates on a step's samples. The router sends `loss`, `epochs`, `mini_batch_size`
-    and `max_staleness` (the run's algorithm section, RunConfig.update_for); the trainer fills in
-    the rest from its pool's setup."""
+    and `max_staleness`: the run config's algorithm section holds this type (its keys written
+    there, flat) and RunConfig.update_for gives a pool's. The trainer fills in the rest from its
+    pool's setup."""
 
-    loss: LossConfig = field(default_factory=LossConfig)
+    loss: LossConfig = field(default_factory=LossConfig, metadata=FLAT)
+    """the policy loss's settings"""
     epochs: int = 1
+    """passes over each step's samples"""
     mini_batch_size: int = 16
-    micro_batch_tokens: int = 8192
-    grad_clip: float = 1.0
-    autocast_bf16: bool = False  # bf16 mixed precision for forward/backward (fp32 master weights)
-    # How many versions a sample may lag the pool's weights; > 0 trains with the decoupled loss.
+    """samples (sequences) per optimizer step; on a LoRA pool, per agent (each adapter steps on its
+    own)"""
     max_staleness: int = 0
+    """asynchronous training: a sample drawn by version v is trained at version u only if
+    u - v <= max_staleness (older ones are dropped and their task collected again), and collection
+    runs ahead while the pools train; > 0 trains with the decoupled loss. 0 = the synchronous
+    on-policy loop. A pool may set its own (pools.<p>.max_staleness; RunConfig.max_staleness)"""
+    # The trainer's own, from its pool's setup (not the router's, not a run config key).
+    micro_batch_tokens: int = field(default=8192, metadata=NOT_CONFIG)
+    grad_clip: float = field(default=1.0, metadata=NOT_CONFIG)
+    # bf16 mixed precision for forward/backward (fp32 master weights)
+    autocast_bf16: bool = field(default=False, metadata=NOT_CONFIG)
 
     @property
     def policy_loss(self) -> str:

@@ -17,7 +17,7 @@ from atgrpo.config import (
     parse_config,
 )
 from atgrpo.contract.sampling import Sampling
-from atgrpo.contract.trainer import LossConfig
+from atgrpo.contract.trainer import LossConfig, UpdateConfig
 from tests.conftest import ROOT
 
 EXAMPLE = ROOT / "examples" / "plan_path_L1_tiny.yaml"
@@ -179,35 +179,25 @@ def test_a_run_is_asynchronous_when_a_trainable_pool_allows_stale_samples():
     assert parse_config(example()).pool_of == {"tool": "shared", "plan": "shared"}
 
 
-def test_the_loss_settings_are_the_contracts_own_type_written_flat_and_sent_as_they_are():
-    cfg = parse_config(
-        edited(
-            {
-                "algorithm.kl_coef": 0.05,
-                "algorithm.clip_eps_high": 0.28,
-                "algorithm.epochs": 2,
-                "algorithm.max_staleness": 1,
-                "pools.shared.max_staleness": 3,
-            }
-        )
-    )
-    loss = cfg.algorithm.loss
-    assert type(loss) is LossConfig and (loss.kl_coef, loss.clip_eps_high, loss.clip_eps_low) == (
-        0.05,
-        0.28,
-        0.2,
-    )
+def test_the_update_settings_are_the_contracts_own_types_written_flat_and_sent_as_they_are():
+    edits = {"algorithm.kl_coef": 0.05, "algorithm.clip_eps_high": 0.28, "algorithm.epochs": 2}
+    edits |= {"algorithm.max_staleness": 1, "pools.shared.max_staleness": 3}
+    cfg = parse_config(edited(edits))
+    update, loss = cfg.algorithm.update, cfg.algorithm.update.loss
+    assert type(update) is UpdateConfig and type(loss) is LossConfig
+    assert (loss.kl_coef, loss.clip_eps_high, loss.clip_eps_low) == (0.05, 0.28, 0.2)
+    assert update.epochs == 2
+    written = cfg.to_dict()["algorithm"]
+    assert written["kl_coef"] == 0.05 and written["max_staleness"] == 1
+    assert not {"update", "loss", "micro_batch_tokens", "grad_clip"} & set(written)
+    sent = cfg.update_for("shared")
+    assert sent.loss is loss and (sent.epochs, sent.max_staleness) == (2, 3)  # the pool's own bound
+    assert sent.policy_loss == "decoupled"  # ppo_clip's form for stale samples
+    assert errors_of(edited({"algorithm.loss": {"kl_coef": 0.1}})).field == "algorithm.loss"
     assert (
-        cfg.to_dict()["algorithm"]["kl_coef"] == 0.05 and "loss" not in cfg.to_dict()["algorithm"]
-    )
-    update = cfg.update_for("shared")
-    assert update.loss is loss and (update.epochs, update.max_staleness) == (
-        2,
-        3,
-    )  # the pool's own bound
-    assert update.policy_loss == "decoupled"  # ppo_clip's form for stale samples
-    assert errors_of(edited({"algorithm.loss": {"kl_coef": 0.1}})).errors[0][0] == "algorithm.loss"
-    assert "Did you mean 'kl_coef'?" in errors_of(edited({"algorithm.kl_coef_": 0.1})).errors[0][1]
+        errors_of(edited({"algorithm.grad_clip": 0.5})).field == "algorithm.grad_clip"
+    )  # a pool's
+    assert "Did you mean 'kl_coef'?" in errors_of(edited({"algorithm.kl_coef_": 0.1})).message
 
 
 def test_sampling_is_the_contracts_type_and_a_request_seed_is_no_config_key():

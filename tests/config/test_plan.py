@@ -20,7 +20,7 @@ from atgrpo.config import (
     parse_config,
 )
 from atgrpo.config_parse import parse_bytes
-from atgrpo.contract.trainer import LossConfig
+from atgrpo.contract.trainer import LossConfig, UpdateConfig
 from atgrpo.plan import (
     GPU_RUNTIME_BYTES,
     HEAD_GRAD_ROWS,
@@ -64,6 +64,7 @@ SMALL_PARAMS = 2 * SMALL_LAYER + 1000 * 64 + 64  # layers + tied embedding + fin
 # bf16 autocast over float32 masters: 26h + 10a + 10kv + 8i, and 48 B of rsqrt and log-sum-exp
 SMALL_ACT = 26 * 64 + 10 * 64 + 10 * 32 + 8 * 128 + 48  # = 3,696
 ALGO = AlgorithmConfig()
+WITH_KL = AlgorithmConfig(update=UpdateConfig(LossConfig(kl_coef=0.1)))  # a reference model
 
 
 def small_pool(**kw) -> PoolConfig:
@@ -224,7 +225,10 @@ def test_trainer_components_float32_cpu_sharded_kl_and_lora():
     assert cpu["casts"] == 0  # no autocast in float32
 
     four = trainer_components(
-        s, small_pool(trainer_gpus=4), AlgorithmConfig(loss=LossConfig(kl_coef=0.1)), "cuda"
+        s,
+        small_pool(trainer_gpus=4),
+        WITH_KL,
+        "cuda",
     )
     assert (four["weights"], four["gradients"], four["optimizer"]) == (
         p,
@@ -257,7 +261,12 @@ def test_trainer_components_float32_cpu_sharded_kl_and_lora():
         specialization="lora", lora=LoraConfig(rank=8, target_modules=("q_proj", "v_proj"))
     )
     got = trainer_components(
-        s, lora, AlgorithmConfig(loss=LossConfig(kl_coef=0.1)), "cuda", agents=2, ranks=4
+        s,
+        lora,
+        WITH_KL,
+        "cuda",
+        agents=2,
+        ranks=4,
     )
     t = 2 * 3584  # one adapter per agent
     # the frozen bf16 base and the float32 adapters; no casts of the base (it does not train)
