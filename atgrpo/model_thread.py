@@ -81,6 +81,5 @@ def peak_rss_bytes() -> int:
     """The most resident memory this process has held since it started (the kernel updates its
     high-water mark lazily: now's may be a few pages above it)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return max(
-        rss_bytes(), peak if sys.platform == "darwin" else peak * 1024
-    )  # bytes on macOS, KiB on Linux
+    # bytes on macOS, KiB on Linux
+    return max(rss_bytes(), peak if sys.platform == "darwin" else peak * 1024)

@@ -143,9 +143,8 @@ class ModelShape:
 
     @property
     def params(self) -> int:
-        return (
-            self.layers * self.layer_params + self.embedding_params + self.hidden
-        )  # + the final norm
+        # + the final norm
+        return self.layers * self.layer_params + self.embedding_params + self.hidden
 
     def lora_params(self, rank: int, targets: tuple[str, ...]) -> int:
         """One adapter: A (r x in) and B (out x r) on each targeted linear of every layer."""
@@ -211,9 +210,8 @@ def activation_bytes_per_token_layer(
     autocast over float32 masters 26h + 10a + 10kv + 8i (133,288 B; a GPU measured 134,312)."""
     h, a, kv, i, w = shape.hidden, shape.q_dim, shape.kv_dim, shape.intermediate, width
     r = residual or width
-    small = (
-        2 * 4 + 4 * (shape.heads + shape.kv_heads) + 4 * shape.heads
-    )  # the norms' rsqrt, the lse
+    # the norms' rsqrt, the lse
+    small = 2 * 4 + 4 * (shape.heads + shape.kv_heads) + 4 * shape.heads
     attention = w * (2 * a + 2 * kv)
     if lora_targets is not None:
         adapters = sum(

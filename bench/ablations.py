@@ -137,9 +137,8 @@ def one_run(
     data = run_config(task, variant, seed, model, run_dir, steps, eval_every, equal_rank)
     start = time.perf_counter()
     with LocalServices(parse_config(data)) as running:
-        final = asyncio.run(
-            run_until(running, lambda _event: False)
-        )  # to the end; metrics.jsonl has it all
+        # to the end; metrics.jsonl has it all
+        final = asyncio.run(run_until(running, lambda _event: False))
     if final["state"] != "finished":
         raise RuntimeError(f"{task}/{variant}/seed {seed} ended {final['state']}: {final}")
     for agent in data["agents"].values():

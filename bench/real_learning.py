@@ -218,9 +218,8 @@ def one_run(
         for e in events
         if e["kind"] == "eval"
     ]
-    if (
-        evals[-1][0]["step"] != steps_[-1]["step"]
-    ):  # stopped between evaluations: its last checkpoint
+    # stopped between evaluations: its last checkpoint
+    if evals[-1][0]["step"] != steps_[-1]["step"]:
         result = evaluate(parse_config(data), run_dir)
         (kept,) = (run_dir / "evals").glob("*/eval-samples/*.jsonl")
         evals.append(({**result, "step": steps_[-1]["step"]}, kept))

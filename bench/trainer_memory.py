@@ -134,10 +134,11 @@ def measure_activations(args, checkpointing: bool) -> dict:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
+        # a first pass allocates the gradients and torch's lazy state
         for measured in (
             False,
             True,
-        ):  # a first pass allocates the gradients and torch's lazy state
+        ):
             before = _reset_peak()
             out = model(input_ids=ids, use_cache=False)
             if measured:

@@ -142,10 +142,11 @@ class Source:
     path: str = ""
     start: int = 0
     stop: int | None = None
+    # code_contests: which test sets are hidden tests
     tests: tuple[str, ...] = (
         "public",
         "private",
-    )  # code_contests: which test sets are hidden tests
+    )
 
 
 def sources(options: Mapping[str, Any], kind: str) -> dict[str, Source]:

@@ -21,9 +21,8 @@ def parse_env_paths(items: list[str]) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class EnvSettings(HostSettings):
-    env_paths: dict[str, str] = field(
-        default_factory=dict
-    )  # NAME -> package.module:Class, hosted too
+    # NAME -> package.module:Class, hosted too
+    env_paths: dict[str, str] = field(default_factory=dict)
 
     @staticmethod
     def add_flags(ap: argparse.ArgumentParser) -> None:

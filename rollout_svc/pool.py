@@ -109,9 +109,8 @@ class _Request:
     future: asyncio.Future = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
-    timing: dict[str, float] = field(
-        default_factory=dict
-    )  # its share of the batches that served it
+    # its share of the batches that served it
+    timing: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -300,9 +299,8 @@ class PoolRuntime:
         here, inside one worker iteration: no swap comes between the pieces of a batch."""
         s = sampling
         if pieces[0].first and s.seed is not None:  # a later share of one request's samples
-            s = dataclasses.replace(
-                s, seed=s.seed + pieces[0].first
-            )  # draws its own, not the same again
+            # draws its own, not the same again
+            s = dataclasses.replace(s, seed=s.seed + pieces[0].first)
         start = time.perf_counter()
         try:
             outs = await self._thread.run(

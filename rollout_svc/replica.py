@@ -138,9 +138,8 @@ class Replica:
         from disk (vLLM), else tensors. An unknown pool, or full weights for a LoRA pool, is
         refused here, before any byte is taken."""
         runtime = self.pool(header.pool)
-        runtime.check_newer(
-            header.adapter, header.version, header.rollback
-        )  # the swap checks again, in order
+        # the swap checks again, in order
+        runtime.check_newer(header.adapter, header.version, header.rollback)
         if header.adapter:
             return TensorSink(header.total_bytes)
         if runtime.lora:
@@ -170,9 +169,8 @@ class Replica:
                 f"the weights do not fit pool {push.pool!r}: {err}; nothing changed"
             ) from None
         finally:
-            if (
-                push.path is not None
-            ):  # a refused push leaves no file behind; a loaded one replaced the last
+            # a refused push leaves no file behind; a loaded one replaced the last
+            if push.path is not None:
                 engine.prune_weights()
 
 

@@ -51,9 +51,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             self.replica.check_versions(
                 [PolicyRef(request.pool, request.adapter, request.expected_version)]
             )
-        budget = self.replica.prompt_budget(
-            request.pool, sampling
-        )  # room for max_tokens in the context
+        # room for max_tokens in the context
+        budget = self.replica.prompt_budget(request.pool, sampling)
         if which == "messages":
             if not request.messages.messages:
                 raise InvalidArgument(

@@ -142,9 +142,8 @@ class TensorSink:
             dtype, (begin, end) = _DTYPES[m["dtype"]], m["data_offsets"]
             raw = self._flat[begin:end]
             if begin % raw.new_empty(0, dtype=dtype).element_size():
-                raw = (
-                    raw.clone()
-                )  # torch views a dtype only at an offset that is a multiple of its size
+                # torch views a dtype only at an offset that is a multiple of its size
+                raw = raw.clone()
             out[name] = raw.view(dtype).reshape(m["shape"])
         return out
 

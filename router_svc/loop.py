@@ -359,9 +359,8 @@ class RunLoop:
         trainers kept running (`live`: the versions this router last saw them at), the last
         checkpoint's step when they were restarted from it."""
         if progress is None:
-            if any(
-                self.versions.values()
-            ):  # trained a step the router never counted: back to the start
+            # trained a step the router never counted: back to the start
+            if any(self.versions.values()):
                 raise FailedPrecondition(
                     f"the trainers hold versions {self.versions}, but {self.dir.path} "
                     "records no completed step"
@@ -390,9 +389,8 @@ class RunLoop:
         )
         check_complete(ends, len(tasks))
         stale = off_version(samples, self.versions)
-        if (
-            stale
-        ):  # recovery pushes the current weights to the replica, then the step is collected again
+        # recovery pushes the current weights to the replica, then the step is collected again
+        if stale:
             raise FailedPrecondition(f"step {step}: {stale}; nothing of this step is trained")
         rollout_s = time.perf_counter() - start
         batches = batches_for(cfg, samples)
@@ -489,16 +487,14 @@ class RunLoop:
 
     async def evaluate(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
-        tasks = await self.tasks(
-            cfg.env.eval_split, 0, cfg.run.eval_tasks, distinct=True
-        )  # the same every time
+        # the same every time
+        tasks = await self.tasks(cfg.env.eval_split, 0, cfg.run.eval_tasks, distinct=True)
         samples, ends = await self.collect(
             collect_plan(cfg, tasks, step=step, eval_mode=True, versions=self.versions)
         )
         check_complete(ends, len(tasks))
-        if (
-            cfg.run.save_eval_samples
-        ):  # an evaluation trains nothing: its reward is the local one, no advantage
+        # an evaluation trains nothing: its reward is the local one, no advantage
+        if cfg.run.save_eval_samples:
             self.dir.write_samples(
                 step,
                 samples,

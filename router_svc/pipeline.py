@@ -67,12 +67,10 @@ class PipelineState:
     versions: dict[str, int]
     trained: dict[str, int]  # pool -> last step it trained
     collected: dict[int, Collected] = field(default_factory=dict)
-    results: dict[int, dict[str, dict[str, Any]]] = field(
-        default_factory=dict
-    )  # step -> pool -> metrics
-    versions_after: dict[int, dict[str, int]] = field(
-        default_factory=dict
-    )  # step -> pool -> version
+    # step -> pool -> metrics
+    results: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    # step -> pool -> version
+    versions_after: dict[int, dict[str, int]] = field(default_factory=dict)
 
 
 class Pipeline:
@@ -285,6 +283,5 @@ class Pipeline:
                 step, c.samples, c.batches.rewards, c.batches.advantages, self.pool_of
             )
         s.completed = step
-        loop.run_state.complete(
-            step, event, after
-        )  # the versions after this step, not those of pools already ahead
+        # the versions after this step, not those of pools already ahead
+        loop.run_state.complete(step, event, after)

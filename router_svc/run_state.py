@@ -24,9 +24,8 @@ class RunState:
         self.run_name, self.dir, self.emit = run_name, run_dir, emit
         self.completed = 0  # the last step recorded
         self.versions: dict[str, int] = {}  # pool -> the version its trainer holds
-        self.checkpoints: list[
-            Checkpoint
-        ] = []  # on disk, oldest first; the last is what a resume loads
+        # on disk, oldest first; the last is what a resume loads
+        self.checkpoints: list[Checkpoint] = []
         self.retries = 0  # faults recovered from since the last recorded step
 
     def record(self, event: dict[str, Any]) -> None:

@@ -66,9 +66,8 @@ class Run:
                 )
             else:
                 await self.loop.prepare()
-                self.events = (
-                    self.loop.dir.read_events()
-                )  # a resumed run's earlier steps, for watchers
+                # a resumed run's earlier steps, for watchers
+                self.events = self.loop.dir.read_events()
                 self._set_state("stopping" if self.loop.stop_requested.is_set() else "running")
                 final = await self.loop.run()
             self._set_state(final)

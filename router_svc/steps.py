@@ -98,11 +98,12 @@ def step_batches(
     "trajectory": (task, agent) per episode over its K copies), filter, route by pool."""
     if not samples:
         return StepBatches({}, {}, 0)
+    # (B,)
     rewards = mix_rewards(
         torch.tensor([s.team_reward for s in samples], dtype=torch.double),
         torch.tensor([s.local_reward for s in samples], dtype=torch.double),
         alpha,
-    )  # (B,)
+    )
     est = estimate(grouping, samples, rewards, norm_std=norm_std)
     adv, flat, groups = est.advantages, est.zero_variance, est.groups  # (B,) each
     stats: dict[str, AgentStats] = defaultdict(AgentStats)

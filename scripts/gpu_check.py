@@ -371,9 +371,8 @@ def check_logprobs(args, work: Path) -> dict:
     scored = proximal_logprobs(ops.state.model, samples, cfg, str(ops.state.device))
     rollout = torch.cat([torch.tensor(s.old_logprobs, dtype=torch.float32) for s in samples])
     trainer = torch.cat(scored)
-    outside = ~torch.isfinite(
-        trainer
-    )  # tokens the trainer's transform excludes: a top-k/top-p mismatch
+    # tokens the trainer's transform excludes: a top-k/top-p mismatch
+    outside = ~torch.isfinite(trainer)
     diff = (trainer - rollout)[~outside]
     return {
         "sampling": dataclasses.asdict(sampling),
@@ -613,9 +612,8 @@ def main(argv: list[str] | None = None) -> int:
         help="print the wheels each part needs beyond torch, and exit",
     )
     ap.add_argument("--out", default="gpu_check.json")
-    ap.add_argument(
-        "--part", choices=PARTS, help=argparse.SUPPRESS
-    )  # run one part here (run_isolated)
+    # run one part here (run_isolated)
+    ap.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.wheels:
@@ -639,9 +637,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="atgrpo-gpu-check-") as tmp:
         for part in parts:
             report[part] = run_isolated(part, args, Path(tmp))
-            Path(args.out).write_text(
-                json.dumps(report, indent=2)
-            )  # after each part: a timeout keeps what ran
+            # after each part: a timeout keeps what ran
+            Path(args.out).write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
     return 0 if all(part_ok(part, report[part], args) for part in parts) else 1
 

@@ -74,11 +74,12 @@ class TrainerClient(ServiceClient):
 
     async def delete_checkpoint(self, where: str, nbytes: int = 0) -> bool:
         """Delete a checkpoint folder this pool saved; False when it was already gone."""
+        # unlinks, not writes
         resp = await self._call(
             self.stub.DeleteCheckpoint,
             trainer_pb2.DeleteCheckpointRequest(dir=where),
             timeout_s=checkpoint_deadline_s(nbytes // 10),
-        )  # unlinks, not writes
+        )
         return resp.deleted
 
 

@@ -77,9 +77,8 @@ def load_full(model_path: str, dtype: torch.dtype):
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
     except OSError as err:
         raise InvalidArgument(f"cannot load the pool's model from {model_path!r}: {err}") from None
-    use_gqa_sdpa(
-        model
-    )  # padded batches on CPU: no copy of the keys per query head (atgrpo.attention)
+    # padded batches on CPU: no copy of the keys per query head (atgrpo.attention)
+    use_gqa_sdpa(model)
     return model
 
 
@@ -138,9 +137,8 @@ def broadcast_full_state(model, full: dict[str, torch.Tensor], error: str = "") 
             "tensors; give a checkpoint of this model"
         )
     problem = [error]
-    dist.broadcast_object_list(
-        problem, src=0
-    )  # every rank refuses together: none waits for weights
+    # every rank refuses together: none waits for weights
+    dist.broadcast_object_list(problem, src=0)
     if problem[0]:
         raise InvalidArgument(problem[0])
     set_model_state_dict(

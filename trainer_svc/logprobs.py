@@ -445,9 +445,8 @@ def _chunked_stats(
             position_ids=pos.to(device),
             use_cache=False,
         )
-        hidden = out.last_hidden_state[
-            :, p_max - 1 : p_max - 1 + t_max
-        ]  # (B, T, H): predicts each response token
+        # (B, T, H): predicts each response token
+        hidden = out.last_hidden_state[:, p_max - 1 : p_max - 1 + t_max]
     return hidden_logprobs(
         model.get_output_embeddings(),
         hidden,

@@ -78,9 +78,8 @@ def pack(
     # Each row's prompt as a small number, made once: the loop below meets each row many times.
     numbers: dict[tuple[int, ...], int] = {}
     prompt = [numbers.setdefault(tuple(samples[r].prompt_ids), len(numbers)) for r in order]
-    best = [0] + [
-        -1
-    ] * n  # best[i]: least cost of the first i rows; cut[i]: where its last run starts
+    # best[i]: least cost of the first i rows; cut[i]: where its last run starts
+    best = [0] + [-1] * n
     cut = [0] * (n + 1)
     for i in range(1, n + 1):
         prompts: set[int] = set()

@@ -175,9 +175,8 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         check_setup(request)
         spec = trainer_wire.spec_from_pb(request)
         await self.trainer.setup(spec, request.resume_from, request.reload)
-        if (
-            spec.micro_batch_tokens > 0
-        ):  # the run's budget; the --micro-batch-tokens flag is the default
+        # the run's budget; the --micro-batch-tokens flag is the default
+        if spec.micro_batch_tokens > 0:
             self.micro_batch_tokens = spec.micro_batch_tokens
         return self._info()
 

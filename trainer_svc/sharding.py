@@ -210,9 +210,8 @@ def load_sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
     weights, moments = get_state_dict(model, optimizer)
     state = {"model": weights, "optimizer": moments}
-    with (
-        warnings.catch_warnings()
-    ):  # it warns that one process reads alone, which is the intent here
+    # it warns that one process reads alone, which is the intent here
+    with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
         dcp.load(
             state,

@@ -76,9 +76,8 @@ class PoolState:
         # Master weights stay float32 under mixed precision; only the forward/backward run in bf16
         # (loading.py).
         self.mixed_bf16 = compute_bf16(spec, self.device)
-        self.model = (
-            self._build()
-        )  # sharded before the optimizer: it must hold the sharded parameters
+        # sharded before the optimizer: it must hold the sharded parameters
+        self.model = self._build()
         self.version = 0
         self.updates = 0
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -172,9 +171,8 @@ class PoolState:
         """Make `agent`'s adapter the active one (LoRA pools); returns a no-op context."""
         self.model.base_model.set_adapter(agent)
         for name, p in self.model.named_parameters():
-            p.requires_grad = (
-                "lora_" in name
-            )  # set_adapter freezes inactive adapters; keep all trainable
+            # set_adapter freezes inactive adapters; keep all trainable
+            p.requires_grad = "lora_" in name
         return contextlib.nullcontext()
 
     # --- what gets pushed to rollout replicas ------------------------------------------------

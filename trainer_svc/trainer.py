@@ -115,9 +115,8 @@ class Trainer:
                         "release"
                     )
                 if not reload:
-                    await self._sync_replicas(
-                        self.state
-                    )  # a repeat: bring restarted replicas up to date
+                    # a repeat: bring restarted replicas up to date
+                    await self._sync_replicas(self.state)
                     return self.state
             if self.pool_name and spec.pool != self.pool_name:
                 raise InvalidArgument(
@@ -208,9 +207,8 @@ class Trainer:
             # Every adapter goes out, trained or not, so each of the pool's policies is at the
             # pool's version: what the router pins in Collect and this check allows.
             push_s, push_bytes = await self._push(state, state.spec.agents if state.lora else [])
-            busy = (
-                time.perf_counter() - start
-            )  # the update and the push, as the router waits on both
+            # the update and the push, as the router waits on both
+            busy = time.perf_counter() - start
             metrics.update(
                 push_seconds=push_s, push_bytes=float(push_bytes), **await self._run("release")
             )

@@ -360,9 +360,8 @@ def _mini_batch(
         with adapter(agent) if agent is not None else contextlib.nullcontext():
             rows = [prox[r] for r in micro] if prox not in (None, SAME_FORWARD) else prox
             for k, v in _micro_step(model, batch, cfg, device, share, reference, rows).items():
-                stats[k] += (
-                    v * weight if k == "masked_tokens" else v
-                )  # padding rows count no tokens
+                # padding rows count no tokens
+                stats[k] += v * weight if k == "masked_tokens" else v
     return stats
 
 

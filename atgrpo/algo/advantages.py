@@ -45,9 +45,10 @@ def group_advantages(
     """
     rewards = rewards.double()
     n_groups = int(groups.max()) + 1 if groups.numel() else 0
+    # (G,)
     count = torch.zeros(n_groups, dtype=torch.double).index_add_(
         0, groups, torch.ones_like(rewards)
-    )  # (G,)
+    )
     mean = torch.zeros(n_groups, dtype=torch.double).index_add_(0, groups, rewards) / count  # (G,)
     centred = rewards - mean[groups]  # (B,)
     sq = torch.zeros(n_groups, dtype=torch.double).index_add_(0, groups, centred**2)  # (G,)
@@ -61,9 +62,8 @@ def group_advantages(
     hi = torch.full((n_groups,), float("-inf"), dtype=torch.double).scatter_reduce(
         0, groups, rewards, "amax"
     )
-    flat = ((hi - lo) <= FLAT_TOLERANCE * torch.maximum(hi.abs(), torch.ones_like(hi)))[
-        groups
-    ]  # (B,)
+    # (B,)
+    flat = ((hi - lo) <= FLAT_TOLERANCE * torch.maximum(hi.abs(), torch.ones_like(hi)))[groups]
     adv = centred / (std[groups] + eps) if norm_std else centred
     adv = torch.where(flat, torch.zeros_like(adv), adv)
     return adv.float(), flat
@@ -96,9 +96,10 @@ def trajectory_advantages(
     )
     # The copy's samples all carry R_j; their mean is R_j (and stays defined if float noise
     # differs).
+    # (P,)
     per_copy = (
         torch.zeros(n_pairs, dtype=torch.double).index_add_(0, pair, returns.double()) / count
-    )  # (P,)
+    )
     copy_group = torch.zeros(n_pairs, dtype=torch.long).scatter_(0, pair, groups)  # (P,)
     adv, flat = group_advantages(per_copy, copy_group, norm_std=norm_std, eps=eps)  # (P,)
     return adv[pair], flat[pair]

@@ -129,9 +129,8 @@ def policy_loss(
     m = ok.to(logprobs.dtype)
     pg, clipped, log_ratio = _clipped_surrogate(logprobs, old_logprobs, advantages, ok, cfg)
     loss = masked_mean(pg, m)
-    metrics = _surrogate_metrics(
-        loss, clipped, log_ratio, m, real & ~ok
-    )  # approx_kl: to the sampler
+    # approx_kl: to the sampler
+    metrics = _surrogate_metrics(loss, clipped, log_ratio, m, real & ~ok)
     return _regularised(loss, metrics, logprobs, ok, mask, cfg, ref_logprobs, entropy)
 
 

@@ -34,9 +34,8 @@ class Estimate:
     """An estimator's answer for B samples."""
 
     advantages: torch.Tensor  # (B,) float
-    zero_variance: (
-        torch.Tensor
-    )  # (B,) bool: the sample's group has no reward spread (filter: zero_variance drops it)
+    # (B,) bool: the sample's group has no reward spread (filter: zero_variance drops it)
+    zero_variance: torch.Tensor
     groups: torch.Tensor  # (B,) int64: the sample's group (counted in the step's metrics)
 
 

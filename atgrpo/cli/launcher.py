@@ -75,9 +75,8 @@ class LocalService:
     log: str
     argv: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # what the plan set, kept for restarts
-    started: float = (
-        -1.0
-    )  # seconds after boot it started (since_boot); -1: unknown (an older record)
+    # seconds after boot it started (since_boot); -1: unknown (an older record)
+    started: float = -1.0
 
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -262,9 +261,8 @@ def up(
                         since,
                     )
                 )
-                _write_state(
-                    state_dir, started
-                )  # record as we go, so `down` can clean a partial start
+                # record as we go, so `down` can clean a partial start
+                _write_state(state_dir, started)
         probes = asyncio.run(
             probe_all(
                 [(s.kind, s.address) for s in started],

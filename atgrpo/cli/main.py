@@ -103,9 +103,8 @@ def _env_problem(cfg) -> str | None:
             f"{cfg.services.env}",
             file=sys.stderr,
         )
-    except (
-        AtgrpoError
-    ) as err:  # as a failed run's error reads: "InvalidArgument: env.turn_order is ..."
+    # as a failed run's error reads: "InvalidArgument: env.turn_order is ..."
+    except AtgrpoError as err:
         return f"{type(err).__name__}: {err.message}"
     return None
 
@@ -148,9 +147,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return 2
     from atgrpo.cli.runplan import train_problem
 
-    problem = train_problem(
-        cfg
-    )  # before any service starts: a run that cannot fit fails now, not by OOM
+    # before any service starts: a run that cannot fit fails now, not by OOM
+    problem = train_problem(cfg)
     if problem:
         print(
             f"atgrpo train: {args.config} does not fit the GPUs it states\n{problem}",
@@ -210,9 +208,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
         except TrainError as err:
             print(f"atgrpo up: {err}", file=sys.stderr)
             return 1
-        plan = service_plan(
-            cfg
-        )  # what `atgrpo train CONFIG` would start: its pools, --env on every rollout
+        # what `atgrpo train CONFIG` would start: its pools, --env on every rollout
+        plan = service_plan(cfg)
     try:
         services = launcher.up(args.state_dir, plan, timeout_s=args.timeout_s)
     except launcher.LaunchError as err:
@@ -340,9 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs=argparse.REMAINDER,
         help="package.module:Class [--port N] [--sandbox HOST:PORT] ... (see --help)",
     )
-    serve.set_defaults(
-        fn=_cmd_env_serve, passthrough=True
-    )  # serve_main parses `rest`, --help included
+    # serve_main parses `rest`, --help included
+    serve.set_defaults(fn=_cmd_env_serve, passthrough=True)
 
     config = sub.add_parser("config", help="run configs").add_subparsers(dest="what", required=True)
     check = config.add_parser("check", help="validate a run config and say what to fix")

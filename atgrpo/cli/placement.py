@@ -27,9 +27,8 @@ class PlacementError(ValueError):
 @dataclass(frozen=True)
 class Placement:
     devices: dict[str, str] = field(default_factory=dict)  # process -> its CUDA_VISIBLE_DEVICES
-    memory_utilization: dict[str, float] = field(
-        default_factory=dict
-    )  # vLLM replica -> its fraction
+    # vLLM replica -> its fraction
+    memory_utilization: dict[str, float] = field(default_factory=dict)
 
 
 def place(cfg: RunConfig, ids: Sequence[str], gpu_memory: int) -> Placement:

@@ -62,18 +62,16 @@ def service_plan(cfg: RunConfig, gpus: Placement | None = None) -> tuple[Service
     for name, pool in cfg.pools.items():
         spec = f"{name}={pool.model_path}" + (":lora" if pool.specialization == "lora" else "")
         engine = ("--engine", pool.engine, "--device", pool.device, "--dtype", pool.dtype)
-        if (
-            pool.engine == "vllm"
-        ):  # vLLM refuses a prompt + max_tokens over its context: size it for the agents
+        # vLLM refuses a prompt + max_tokens over its context: size it for the agents
+        if pool.engine == "vllm":
             engine += (
                 "--max-model-len",
                 str(cfg.context_tokens(name)),
                 "--tensor-parallel-size",
                 str(pool.rollout_gpus),
             )
-            if (
-                pool.specialization == "lora"
-            ):  # vLLM sizes its adapter slots at start: the run's rank and agents
+            # vLLM sizes its adapter slots at start: the run's rank and agents
+            if pool.specialization == "lora":
                 rank, slots = vllm_lora_limits(pool, len(cfg.agents_of(name)))
                 engine += ("--max-lora-rank", str(rank), "--max-loras", str(slots))
         for i in range(pool.rollout_replicas):

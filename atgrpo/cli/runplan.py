@@ -264,11 +264,12 @@ def _pool_processes(
                 f"({sample} "
                 "tokens), which goes alone"
             )
+        # on CPU the device memory is the host's
         host = (
             trainer_host_bytes(shape, pool, ranks=ranks)
             if device == "cuda"
             else HOST_BASE_BYTES + trainer_peak(comps)
-        )  # on CPU the device memory is the host's
+        )
         plan = ProcessPlan(
             f"trainer-{name}",
             "trainer",

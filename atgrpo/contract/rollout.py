@@ -114,9 +114,8 @@ class RolloutInfo:
     device: str
     policies: tuple[PolicyRef, ...]
     service: ServiceInfo = field(default_factory=lambda: ServiceInfo("rollout"))
-    weight_dtypes: dict[str, str] = field(
-        default_factory=dict
-    )  # pool -> "bfloat16": what pushes are cast to
+    # pool -> "bfloat16": what pushes are cast to
+    weight_dtypes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,7 @@ def update_from_pb(m: pb.UpdateParams) -> UpdateConfig:
     # would zero every token's loss); an explicit 0 means the default too, as elsewhere here.
     cap = m.behav_imp_cap or dl.behav_imp_cap
     return UpdateConfig(
+        # "": an older router, by staleness
         loss=LossConfig(
             m.clip_eps_low or dl.clip_eps_low,
             m.clip_eps_high or dl.clip_eps_high,
@@ -134,7 +135,7 @@ def update_from_pb(m: pb.UpdateParams) -> UpdateConfig:
             m.entropy_coef,
             behav_imp_cap=cap,
             policy_loss=m.policy_loss or dl.policy_loss,
-        ),  # "": an older router, by staleness
+        ),
         epochs=m.epochs or d.epochs,
         mini_batch_size=m.mini_batch_size or d.mini_batch_size,
         max_staleness=m.max_staleness,
@@ -188,9 +189,8 @@ def train_stream(
 
 def result_to_pb(r: TrainResult, pool: str) -> pb.TrainResponse:
     m = r.metrics
-    grad_norm = (
-        m["grad_norm"] if math.isfinite(m["grad_norm"]) else -1.0
-    )  # -1: no finite norm (nothing stepped)
+    # -1: no finite norm (nothing stepped)
+    grad_norm = m["grad_norm"] if math.isfinite(m["grad_norm"]) else -1.0
     return pb.TrainResponse(
         run_id=r.run_id,
         step=r.step,

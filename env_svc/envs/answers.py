@@ -111,9 +111,8 @@ def _wraps(s: str) -> bool:
 # `(?<!\s)\s++`: a run of spaces is tried once, from its start (`\s+` alone retries from every
 # space in the run: quadratic on a long one)
 _AND_OR_RE = re.compile(r"(?<!\s)\s++(?:and|or)\s+")
-_EMPTY_RE = re.compile(
-    r"\\(?:varnothing|emptyset)(?![A-Za-z])|\\\{\s*+\\\}"
-)  # \emptyset = \varnothing = \{\}
+# \emptyset = \varnothing = \{\}
+_EMPTY_RE = re.compile(r"\\(?:varnothing|emptyset)(?![A-Za-z])|\\\{\s*+\\\}")
 _TEXT_AND_OR_RE = re.compile(r"\\(?:text|mbox)\{\s*+(?:and|or)\s*+\}")
 
 

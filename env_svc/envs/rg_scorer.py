@@ -354,6 +354,7 @@ class ScorerWorker:
     def _running(self) -> subprocess.Popen:
         if self.proc is None or self.proc.poll() is not None:
             self.stop()
+            # no thread pools in a process that forks
             env = {
                 **os.environ,
                 "PYTHONPATH": os.pathsep.join(
@@ -361,7 +362,7 @@ class ScorerWorker:
                 ),
                 "OPENBLAS_NUM_THREADS": "1",
                 "OMP_NUM_THREADS": "1",
-            }  # no thread pools in a process that forks
+            }
             self.proc = subprocess.Popen(
                 self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=ROOT
             )

@@ -279,9 +279,8 @@ class SokobanEnv(PlanningEnv):
                 player = q
             if pushed_to:
                 pushes += 1
-                if (
-                    pushed_to in goals and pushed_to not in reached
-                ):  # a goal's first arrival pays once
+                # a goal's first arrival pays once
+                if pushed_to in goals and pushed_to not in reached:
                     gains += R_ON_GOAL
                     reached.add(pushed_to)
                 elif q in goals and pushed_to not in goals:

@@ -219,16 +219,16 @@ class HFEngine:
         if ids.is_cuda:  # the forward's kernels are queued: wait for them, so the split is true
             torch.cuda.synchronize(ids.device)
         self.last_timing = {"prefill_s": time.perf_counter() - start}
-        rows = torch.repeat_interleave(torch.arange(len(prompts)), torch.tensor(list(ns))).to(
-            dev
-        )  # (N,)
+        # (N,)
+        rows = torch.repeat_interleave(torch.arange(len(prompts)), torch.tensor(list(ns))).to(dev)
         cache = out.past_key_values
         cache.batch_select_indices(rows)  # the prefill is shared: copy the cache n ways
+        # (N, V) ...
         logits, mask, next_pos = (
             out.logits[rows, -1, :],
             mask[rows],
             pos[rows, -1] + 1,
-        )  # (N, V) ...
+        )
         gen = torch.Generator(device=dev).manual_seed(s.seed) if s.seed is not None else None
         n_rows = rows.shape[0]
         tokens_out: list[list[int]] = [[] for _ in range(n_rows)]

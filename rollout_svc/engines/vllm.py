@@ -205,11 +205,12 @@ class VLLMEngine:
         engine = self.llm.llm_engine
         if not getattr(engine, "log_stats", False):
             return {}
+        # vllm/v1/metrics/loggers.py
         keys = {
             "vllm:kv_cache_usage_perc": "kv_cache_usage",
             "vllm:num_requests_running": "sequences_running",
             "vllm:num_requests_waiting": "sequences_waiting",
-        }  # vllm/v1/metrics/loggers.py
+        }
         model = engine.model_config.served_model_name  # other pools' engines share the registry
         out: dict[str, float] = {}
         for m in engine.get_metrics():

@@ -81,11 +81,12 @@ def test_policy_loss_by_hand():
 
 
 def test_dual_clip_bounds_negative_advantage_losses():
+    # ratio e^2 = 7.39
     lp, old, mask = (
         torch.tensor([[2.0]]),
         torch.tensor([[0.0]]),
         torch.tensor([[1]]),
-    )  # ratio e^2 = 7.39
+    )
     loss, _ = policy_loss(lp, old, torch.tensor([-0.5]), mask, LossConfig(dual_clip_c=3.0))
     assert loss.item() == pytest.approx(1.5)  # -c * A = 3 * 0.5, not 7.39 * 0.5
     loss, _ = policy_loss(lp, old, torch.tensor([0.5]), mask, LossConfig(dual_clip_c=3.0))

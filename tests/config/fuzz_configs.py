@@ -181,9 +181,8 @@ def wrong_type(tp: Any) -> st.SearchStrategy:
 
 def _range_for(site: Site) -> st.SearchStrategy | None:
     names = [".".join(str(p) for p in site.path[-2:]), str(site.path[-1])]
-    free = (
-        site.path[0] == "algorithm" and site.path[-1] == "alpha"
-    )  # the team-reward weight: any number
+    # the team-reward weight: any number
+    free = site.path[0] == "algorithm" and site.path[-1] == "alpha"
     for name in names:
         if name in RANGES and not free:
             return RANGES[name]

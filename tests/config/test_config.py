@@ -131,12 +131,13 @@ def test_full_service_addresses_and_frozen_pool_without_trainer():
     data = edited(
         {
             "services": ADDRESSES,
+            # vllm-cpu is a valid engine/device pair
             "pools.judge": {
                 "model_path": "/m/judge",
                 "trainable": False,
                 "engine": "vllm",
                 "device": "cpu",
-            },  # vllm-cpu is a valid engine/device pair
+            },
             "agents.critic": {"pool": "judge"},
             "env.turn_order": ["tool", "plan", "critic"],
             "services.rollout.judge": ["[::1]:6000"],
@@ -169,9 +170,8 @@ def test_grouping_defaults_to_turn_and_takes_trajectory():
 def test_a_run_is_asynchronous_when_a_trainable_pool_allows_stale_samples():
     assert not parse_config(example()).asynchronous  # default 0
     assert parse_config(edited({"algorithm.max_staleness": 1})).asynchronous
-    assert parse_config(
-        edited({"pools.shared.max_staleness": 2})
-    ).asynchronous  # a pool's own bound
+    # a pool's own bound
+    assert parse_config(edited({"pools.shared.max_staleness": 2})).asynchronous
     # The pool's own 0 overrides the run's 1: no pool may lag, so the loop stays synchronous.
     assert not parse_config(
         edited({"algorithm.max_staleness": 1, "pools.shared.max_staleness": 0})
@@ -194,9 +194,8 @@ def test_the_update_settings_are_the_contracts_own_types_written_flat_and_sent_a
     assert sent.loss is loss and (sent.epochs, sent.max_staleness) == (2, 3)  # the pool's own bound
     assert sent.policy_loss == "decoupled"  # ppo_clip's form for stale samples
     assert errors_of(edited({"algorithm.loss": {"kl_coef": 0.1}})).field == "algorithm.loss"
-    assert (
-        errors_of(edited({"algorithm.grad_clip": 0.5})).field == "algorithm.grad_clip"
-    )  # a pool's
+    # a pool's
+    assert errors_of(edited({"algorithm.grad_clip": 0.5})).field == "algorithm.grad_clip"
     assert "Did you mean 'kl_coef'?" in errors_of(edited({"algorithm.kl_coef_": 0.1})).message
 
 

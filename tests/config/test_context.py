@@ -39,9 +39,8 @@ def three_agents(tmp_path, engine="vllm") -> dict:
 
 def test_context_is_the_longest_prompt_plus_response_of_the_pools_agents(tmp_path):
     cfg = parse_config(three_agents(tmp_path))
-    assert (
-        cfg.context_tokens("x") == 7000
-    )  # b's eval: 3000 + 4000 (a's train is 4096 + 2048 = 6144)
+    # b's eval: 3000 + 4000 (a's train is 4096 + 2048 = 6144)
+    assert cfg.context_tokens("x") == 7000
     assert cfg.context_tokens("y") == 2304  # 2048 + 256
     assert cfg.context_tokens("nobody") == 0
 
@@ -98,9 +97,8 @@ def test_config_check_names_a_model_whose_context_is_too_small(tmp_path, capsys)
 
 def test_config_check_passes_when_the_model_is_long_enough_unknown_or_scaled(tmp_path, capsys):
     data = two_agents(tmp_path)
-    write_model(
-        tmp_path / "mx", 4096, rope_scaling={"rope_type": "yarn", "factor": 4.0}
-    )  # not guessed
+    # not guessed
+    write_model(tmp_path / "mx", 4096, rope_scaling={"rope_type": "yarn", "factor": 4.0})
     path = tmp_path / "run.yaml"  # my: no model yet
     path.write_text(yaml.safe_dump(data))
     assert main(["config", "check", str(path)]) == 0, capsys.readouterr().err

@@ -119,9 +119,8 @@ def test_cpu_runs_are_not_placed_and_cuda_without_a_gpu_is_refused():
         local_placement(parse_config(config(device="cpu", engine="hf")), probe=no_probe)
         == Placement()
     )
-    assert (
-        local_placement(parse_config(config()), probe=lambda: ([], 0)) == Placement()
-    )  # auto: cpu
+    # auto: cpu
+    assert local_placement(parse_config(config()), probe=lambda: ([], 0)) == Placement()
     with pytest.raises(PlacementError, match="pools.x.device is cuda, but no GPU is visible here"):
         local_placement(parse_config(config(device="cuda")), probe=lambda: ([], 0))
 

@@ -128,9 +128,8 @@ def test_a_models_own_config_wins_over_the_carried_one(tmp_path):
     (model / "config.json").write_text(json.dumps(SMALL))
     assert find_model_config(str(model)) == model / "config.json"
     assert load_shape(str(model)).params == SMALL_PARAMS
-    assert (
-        find_model_config(str(tmp_path / "qwen3-8b")).parent.name == "Qwen3-8B"
-    )  # no folder: carried, any case
+    # no folder: carried, any case
+    assert find_model_config(str(tmp_path / "qwen3-8b")).parent.name == "Qwen3-8B"
     assert find_model_config(str(tmp_path / "Unknown-7B")) is None
 
 
@@ -202,9 +201,8 @@ def test_trainer_host_memory_of_a_sharded_checkpoint_is_the_model_and_its_cast()
     # FSDP: rank 0 gathers the masters and casts them to bf16 for the model folder; the moments
     # (8 bytes a parameter) are each rank's to write, shard by shard, and never gathered.
     assert trainer_host_bytes(s, small_pool(), ranks=4) == base + (4 + 2) * p
-    assert (
-        trainer_host_bytes(s, small_pool(specialization="lora"), ranks=4) == base + 2 * p
-    )  # bf16 base only
+    # bf16 base only
+    assert trainer_host_bytes(s, small_pool(specialization="lora"), ranks=4) == base + 2 * p
 
 
 def test_trainer_components_float32_cpu_sharded_kl_and_lora():
@@ -218,9 +216,8 @@ def test_trainer_components_float32_cpu_sharded_kl_and_lora():
         8 * p,
         0,
     )
-    assert cpu["activations"] == 100 * 2 * activation_bytes_per_token_layer(
-        s, 4
-    )  # no checkpointing on CPU
+    # no checkpointing on CPU
+    assert cpu["activations"] == 100 * 2 * activation_bytes_per_token_layer(s, 4)
     assert cpu["logprob"] == 100 * 1000 * 4 * 4  # a pass of 100 positions
     assert cpu["casts"] == 0  # no autocast in float32
 
@@ -230,26 +227,24 @@ def test_trainer_components_float32_cpu_sharded_kl_and_lora():
         WITH_KL,
         "cuda",
     )
+    # float32 masters / 4
     assert (four["weights"], four["gradients"], four["optimizer"]) == (
         p,
         p,
         2 * p,
-    )  # float32 masters / 4
-    assert (
-        four["casts"] == 0
-    )  # FSDP's mixed precision gathers each layer in bf16: no autocast cache
-    assert four["fsdp_units"] == (64_000 + 2 * SMALL_LAYER) * (
-        4 + 4
-    )  # embeddings + 2 layers, gathered + grads
+    )
+    # FSDP's mixed precision gathers each layer in bf16: no autocast cache
+    assert four["casts"] == 0
+    # embeddings + 2 layers, gathered + grads
+    assert four["fsdp_units"] == (64_000 + 2 * SMALL_LAYER) * (4 + 4)
     assert four["kl_reference"] == 2 * p // 4
     # the chunked head as in one process, its gradient in place (bf16 gathered, bf16 gradient)
     assert four["logprob"] == 4096 * 1000 * 4 * 4
     # the residual stream is bf16 (the gathered embeddings are): 2h kept per checkpointed layer
     assert four["activations"] == 4096 * (2 * 2 * 64 + activation_bytes_per_token_layer(s, 2))
 
-    fp16 = trainer_components(
-        s, small_pool(dtype="float16"), ALGO, "cuda"
-    )  # trains the float16 weights themselves
+    # trains the float16 weights themselves
+    fp16 = trainer_components(s, small_pool(dtype="float16"), ALGO, "cuda")
     assert (fp16["weights"], fp16["casts"], fp16["gradients"], fp16["optimizer"]) == (
         2 * p,
         0,
@@ -276,10 +271,11 @@ def test_trainer_components_float32_cpu_sharded_kl_and_lora():
         4 * t,
         8 * t,
     )
+    # replicated; the reference is the base
     assert (got["fsdp_units"], got["kl_reference"]) == (
         0,
         0,
-    )  # replicated; the reference is the base
+    )
     # the bf16 base's residual stream is bf16: each checkpointed layer keeps 2h
     per_layer = activation_bytes_per_token_layer(
         s, 2, lora_targets=("q_proj", "v_proj"), lora_rank=8
@@ -301,16 +297,14 @@ def test_rollout_and_disk_figures_by_hand():
     )
     # model/ in bf16, trainer_state.pt's float32 masters and AdamW moments: 2 + 12 bytes a parameter
     assert checkpoint_bytes(s, small_pool(), agents=1) == 2 * p + 12 * p
-    assert (
-        checkpoint_bytes(s, small_pool(dtype="float32"), agents=1) == 4 * p + 8 * p
-    )  # no masters apart
+    # no masters apart
+    assert checkpoint_bytes(s, small_pool(dtype="float32"), agents=1) == 4 * p + 8 * p
     assert push_bytes(s, small_pool(), agents=1) == 2 * p  # cast to the pool's dtype
     lora = small_pool(
         specialization="lora", lora=LoraConfig(rank=8, target_modules=("q_proj", "v_proj"))
     )
-    assert checkpoint_bytes(s, lora, agents=2) == 2 * 3584 * (
-        4 + 8
-    )  # float32 adapters and their moments
+    # float32 adapters and their moments
+    assert checkpoint_bytes(s, lora, agents=2) == 2 * 3584 * (4 + 8)
     assert push_bytes(s, lora, agents=2) == 2 * 3584 * 4
 
 
@@ -346,9 +340,8 @@ def test_checkpoints_a_run_keeps_on_disk(run, written, at_once, tmp_path):
     (disk,) = plan_run(cfg).disk
     assert (disk.checkpoints, disk.at_once) == (written, at_once)
     assert disk.trainer_volume == at_once * disk.checkpoint
-    assert (
-        disk.pushes_on_disk == 2 and disk.replica_disk == 2 * disk.push
-    )  # vLLM: served + incoming
+    # vLLM: served + incoming
+    assert disk.pushes_on_disk == 2 and disk.replica_disk == 2 * disk.push
 
 
 def test_logprob_chunk_matches_the_trainers():
@@ -489,12 +482,10 @@ def test_the_trainer_peak_is_the_resident_parts_and_its_largest_phase():
     """Weights, casts and moments stay; the forward's log-prob pass and the backward's gradients
     never coexist with all the activations, and the optimizer step holds the gradients twice."""
     base = {"weights": 10, "casts": 1, "optimizer": 20, "runtime": 5}
-    assert (
-        trainer_peak({**base, "activations": 50, "logprob": 30, "gradients": 10}) == 36 + 80
-    )  # forward
-    assert (
-        trainer_peak({**base, "activations": 50, "logprob": 5, "gradients": 10}) == 36 + 60
-    )  # backward
+    # forward
+    assert trainer_peak({**base, "activations": 50, "logprob": 30, "gradients": 10}) == 36 + 80
+    # backward
+    assert trainer_peak({**base, "activations": 50, "logprob": 5, "gradients": 10}) == 36 + 60
     assert (
         trainer_peak(
             {**base, "activations": 2, "logprob": 5, "gradients": 10, "step_temporaries": 10}

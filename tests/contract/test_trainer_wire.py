@@ -37,9 +37,8 @@ def test_an_old_client_gets_the_default_cap_and_a_synchronous_update():
     got = update_from_pb(pb.UpdateParams.FromString(old.SerializeToString()))
     assert got.loss.behav_imp_cap == 2.0 == LossConfig().behav_imp_cap  # not the proto's 0.0
     assert got.max_staleness == 0 and got == UpdateConfig()
-    assert (
-        update_from_pb(pb.UpdateParams(behav_imp_cap=0.0)).loss.behav_imp_cap == 2.0
-    )  # 0 = the default
+    # 0 = the default
+    assert update_from_pb(pb.UpdateParams(behav_imp_cap=0.0)).loss.behav_imp_cap == 2.0
 
 
 def test_a_result_carries_the_mean_staleness():

@@ -68,9 +68,8 @@ def test_env_svc_holds_ten_thousand_episodes_and_refuses_the_next(tmp_path, subp
             with pytest.raises(errors.ResourceExhausted, match="episodes"):
                 await env.reset("toy", "one-too-many", CAP)
             await env.close_episodes(ids[:10])
-            again = (await env.reset("toy", "after-close", CAP + 1))[
-                0
-            ]  # room again, and still serving
+            # room again, and still serving
+            again = (await env.reset("toy", "after-close", CAP + 1))[0]
             return len(set(ids)), rss, again
 
     try:

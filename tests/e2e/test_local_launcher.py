@@ -44,9 +44,8 @@ def test_up_status_down_leaves_no_process_behind(tmp_path, subprocess_env):
     pids = {s["pid"] for s in recorded}
     by_kind = {s["kind"]: s for s in recorded}
     rollout_argv = by_kind["rollout"]["argv"]
-    assert (
-        rollout_argv[rollout_argv.index("--env") + 1] == by_kind["env"]["address"]
-    )  # Collect has an env
+    # Collect has an env
+    assert rollout_argv[rollout_argv.index("--env") + 1] == by_kind["env"]["address"]
     assert pids <= _service_pids() - before
 
     status = atgrpo("status", "--state-dir", str(state), "--json", env=subprocess_env)
@@ -113,9 +112,8 @@ def test_a_service_stays_ours_when_the_wall_clock_moves():
         )
         assert launcher.is_ours(moved)
         assert not launcher.is_ours(dataclasses.replace(moved, started=since - 1.0))  # a reused pid
-        assert launcher.is_ours(
-            dataclasses.replace(moved, create_time=created, started=-1.0)
-        )  # an older record
+        # an older record
+        assert launcher.is_ours(dataclasses.replace(moved, create_time=created, started=-1.0))
     finally:
         proc.kill()
         proc.wait()

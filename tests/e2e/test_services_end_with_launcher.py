@@ -106,9 +106,8 @@ def test_down_with_run_dir_stops_what_a_run_left(tmp_path, subprocess_env, monke
     for key, value in subprocess_env.items():
         monkeypatch.setenv(key, value)
     run_dir: Path = tmp_path / "run"
-    services = launcher.up(
-        run_dir / "services", PLAN, timeout_s=60
-    )  # untethered: as if left behind
+    # untethered: as if left behind
+    services = launcher.up(run_dir / "services", PLAN, timeout_s=60)
     try:
         down = subprocess.run(
             [sys.executable, "-m", "atgrpo.cli", "down", "--run-dir", str(run_dir)],

@@ -112,9 +112,8 @@ def test_a_few_steps_at_each_level(level, tiny_model, tmp_path):
     for e in steps:
         for pool, m in e["pools"].items():
             assert m["version"] == e["step"]  # every pool advanced once per step
-            assert set(m["agents"]) <= {
-                a for a, p in pools.items() if p == pool
-            }  # only its agents' samples
+            # only its agents' samples
+            assert set(m["agents"]) <= {a for a, p in pools.items() if p == pool}
         for step_file in [tmp_path / "run" / "samples" / f"step-{e['step']:06d}.jsonl"]:
             samples = [json.loads(line) for line in step_file.read_text().splitlines()]
             groups = defaultdict(list)
@@ -399,9 +398,8 @@ def test_cli_train_eval_and_plot(tiny_model, tmp_path, subprocess_env):
         p.name for p in run_dir.iterdir()
     }
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert (
-        saved["run"]["steps"] == 2 and "services" not in saved
-    )  # --steps applied; no dead ports kept
+    # --steps applied; no dead ports kept
+    assert saved["run"]["steps"] == 2 and "services" not in saved
     assert next((run_dir / "tb").glob("events.out.tfevents.*")).stat().st_size > 0
     assert (run_dir / "checkpoints" / "step-000002" / "a" / "model" / "config.json").exists()
 
@@ -411,9 +409,8 @@ def test_cli_train_eval_and_plot(tiny_model, tmp_path, subprocess_env):
     assert result["kind"] == "eval" and result["step"] == 2 and result["episodes"] == 4
     assert 0.0 <= result["success_rate"] <= 1.0 and set(result["agents"]) == {"speaker", "listener"}
     assert (run_dir / "evals" / "step-000002" / "services" / "logs" / "router.log").exists()
-    assert not (
-        run_dir / "checkpoints" / "step-000002" / "eval"
-    ).exists()  # a checkpoint holds only weights
+    # a checkpoint holds only weights
+    assert not (run_dir / "checkpoints" / "step-000002" / "eval").exists()
 
     (run_dir / "curves.png").unlink()
     assert (
@@ -542,6 +539,5 @@ def test_code_and_math_train_through_the_sandbox(env, roles, ran, method, taught
     assert len(executed) >= len(writer) / 2  # the taught model writes programs
     assert calls[method] >= len(executed)  # each one ran in the sandbox service
     clean = [s for s in executed if s["info"][ran] == "ok" or "ok" in s["info"][ran]]
-    assert clean and all(
-        s["local_reward"] >= 0 for s in clean
-    )  # a program that ran is scored on its output
+    # a program that ran is scored on its output
+    assert clean and all(s["local_reward"] >= 0 for s in clean)

@@ -46,13 +46,10 @@ def test_trajectory_grouping_trains_on_k_copies_per_task(tiny_model, tmp_path):
         per_agent = defaultdict(int)
         for (_, agent, _), mine in copies.items():
             per_agent[agent] += len(mine)
-        assert e["pools"]["a"]["agents"] == dict(
-            per_agent
-        )  # the step event counts what was trained
+        # the step event counts what was trained
+        assert e["pools"]["a"]["agents"] == dict(per_agent)
         for by_branch in groups.values():
-            assert sorted(by_branch) == list(
-                range(K)
-            )  # the speaker acts in every copy; toy: so does the listener
-            assert (
-                abs(sum(c[0]["advantage"] for c in by_branch.values())) < 1e-5
-            )  # centred over copies
+            # the speaker acts in every copy; toy: so does the listener
+            assert sorted(by_branch) == list(range(K))
+            # centred over copies
+            assert abs(sum(c[0]["advantage"] for c in by_branch.values())) < 1e-5

@@ -80,12 +80,10 @@ def test_a_restarted_replica_is_resynced_and_no_stale_sample_is_trained(tiny_mod
     assert [e["pools"]["a"]["staleness_max"] for e in steps] == [0] * STEPS
     assert [e["pools"]["a"]["version"] for e in steps] == list(range(1, STEPS + 1))
     retried = {e["step"]: e["retries"] for e in steps}
-    assert (
-        retried[KILL_AFTER + 1] >= 1 and retried[1] == 0
-    )  # the refused Collect was recovered from
-    for step in range(
-        1, STEPS + 1
-    ):  # every trained sample came from the weights of the step before
+    # the refused Collect was recovered from
+    assert retried[KILL_AFTER + 1] >= 1 and retried[1] == 0
+    # every trained sample came from the weights of the step before
+    for step in range(1, STEPS + 1):
         lines = (tmp_path / "run" / "samples" / f"step-{step:06d}.jsonl").read_text().splitlines()
         assert lines and {json.loads(x)["policy"]["version"] for x in lines} == {step - 1}
     assert final_version == STEPS

@@ -60,9 +60,8 @@ def test_code_extraction_is_robust_to_junk():
         == "print(2)\n"
     )
     assert extract_code("```\nprint(3)\n```") == "print(3)\n"  # unlabeled block
-    assert (
-        extract_code("```python\nprint(4)\n```\n```text\noutput\n```") == "print(4)\n"
-    )  # labeled wins
+    # labeled wins
+    assert extract_code("```python\nprint(4)\n```\n```text\noutput\n```") == "print(4)\n"
     assert (
         extract_code("<think>```python\nprint(0)\n```</think>\n```python\nprint(5)\n```")
         == "print(5)\n"
@@ -175,9 +174,8 @@ def test_agreeing_on_wrong_tests_does_not_end_the_episode(sandbox):
     or wrong; here the tests must also agree with the reference solution."""
     env = make(sandbox=sandbox, done_when="tests")
     run(env.step("coder", WRONG))  # prints a - b
-    r = run(
-        env.step("tester", answer_with_tests([("5 3", "2"), ("9 1", "8")]))
-    )  # tests written for a - b
+    # tests written for a - b
+    r = run(env.step("tester", answer_with_tests([("5 3", "2"), ("9 1", "8")])))
     assert r.info["code_passed"] == 2 and r.info["agree"] == 0
     assert not r.done and r.local_reward == 0.0 and r.team_reward == pytest.approx(0.25)
     prompt = env.observe("coder")[0]["content"]
@@ -194,14 +192,12 @@ def test_tests_that_miss_the_bug_earn_nothing_and_do_not_end_the_episode(sandbox
     for done_when in ("tests", "success"):
         env = make(sandbox=sandbox, done_when=done_when)
         run(env.step("coder", WRONG))
-        r = run(
-            env.step("tester", answer_with_tests([("0 0", "0"), ("7 0", "7")]))
-        )  # right tests, b = 0 only
+        # right tests, b = 0 only
+        r = run(env.step("tester", answer_with_tests([("0 0", "0"), ("7 0", "7")])))
         assert not r.done and not r.success and r.team_reward == pytest.approx(0.25)
         assert r.local_reward == 0.0 and (r.info["agree"], r.info["caught"]) == (2, 0)
-        r = run(
-            env.step("tester", answer_with_tests([("0 0", "0"), ("7 2", "9")]))
-        )  # catches a - b
+        # catches a - b
+        r = run(env.step("tester", answer_with_tests([("0 0", "0"), ("7 2", "9")])))
         assert r.local_reward == 1.0 and r.info["caught"] == 1 and not r.done
 
 

@@ -77,11 +77,12 @@ def test_livecodebench_plain_and_compressed_tests():
         and stdin.kind == "stdin"
         and stdin.statement.startswith("Add Them\n\n")
     )
+    # public + private
     assert stdin.tests == (
         ("1 2\n", "3\n"),
         ("5 7\n", "12\n"),
         ("-1 1\n", "0\n"),
-    )  # public + private
+    )
     assert stdin.solution == ""  # LiveCodeBench has none
     assert (
         fn.kind == "function" and fn.fn_name == "countPairs" and "class Solution" in fn.starter_code
@@ -134,11 +135,12 @@ def test_aime_both_years_field_spellings():
 
 def test_olympiadbench():
     ps = math_set("olympiadbench", "olympiadbench.jsonl")
+    # no images
     assert [p.id for p in ps] == [
         "olympiadbench-2001",
         "olympiadbench-2002",
         "olympiadbench-2004",
-    ]  # no images
+    ]
     half, roots, interval = ps
     assert half.answer == "\\frac{1}{2}" and answers_match("0.5", half.answer)
     assert answers_match("3, 2", roots.answer) and not answers_match("2", roots.answer)

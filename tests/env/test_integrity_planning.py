@@ -136,9 +136,8 @@ def test_sokoban_goal_cycling_in_one_answer_earns_nothing_more(rounds):
     r = run(env.step("plan", answer(ON + CYCLE * rounds + FINISH)))
     assert r.success
     assert r.info["gains"] == pytest.approx(SOKOBAN_HONEST_GAINS)  # exactly an honest solve's gains
-    assert r.info["costs"] == pytest.approx(
-        2 * rounds * 0.5 + 0.01 * (4 + 12 * rounds)
-    )  # each push off 0.5
+    # each push off 0.5
+    assert r.info["costs"] == pytest.approx(2 * rounds * 0.5 + 0.01 * (4 + 12 * rounds))
     assert r.local_reward == pytest.approx(
         SOKOBAN_HONEST_GAINS - episode_charge(r.info["costs"], M), abs=1e-6
     )
@@ -175,9 +174,8 @@ def test_sokoban_a_push_from_goal_to_goal_pays_the_new_goal_once():
     env.record = env.tool_record = env.start_record()
     r = run(env.step("plan", answer(["R"])))  # A from goal (2,3) to goal (2,4)
     assert r.info["gains"] == 1.0 and r.info["costs"] == pytest.approx(0.01)
-    back = run(
-        env.step("plan", answer(["U", "R", "R", "D", "L"]))
-    )  # and back to (2,3): reached already
+    # and back to (2,3): reached already
+    back = run(env.step("plan", answer(["U", "R", "R", "D", "L"])))
     assert back.info["gains"] == 0.0 and back.local_reward == pytest.approx(-0.05)
 
 
@@ -191,16 +189,14 @@ def test_plan_path_walking_away_and_back_across_turns_loses():
         away = run(env.step("plan", answer(AWAY)))
         back = run(env.step("plan", answer([BACK[m] for m in AWAY])))
         assert away.info["gains"] == back.info["gains"] == 0.0
-        assert (
-            away.info["costs"] == back.info["costs"] == pytest.approx(0.04)
-        )  # its steps, nothing else
+        # its steps, nothing else
+        assert away.info["costs"] == back.info["costs"] == pytest.approx(0.04)
         assert -0.04 - 1e-9 <= away.local_reward < 0 and -0.04 - 1e-9 <= back.local_reward < 0
         rewards += [away.local_reward, back.local_reward]
     rewards += plays(env, [answer(env.solution())])
     assert env.success
-    assert sum(rewards) == pytest.approx(
-        9 + 1 - episode_charge(18 * 0.04 + 0.09, M), abs=1e-5
-    )  # no optimal bonus
+    # no optimal bonus
+    assert sum(rewards) == pytest.approx(9 + 1 - episode_charge(18 * 0.04 + 0.09, M), abs=1e-5)
     assert sum(rewards) < honest_sum(path_env()) - 0.5  # was 37.5 against 10.4
 
 
@@ -215,9 +211,8 @@ def test_plan_path_walking_away_and_back_in_one_answer_loses():
 
 def test_plan_path_bumping_walls_before_solving_loses():
     env = path_env()
-    r = run(
-        env.step("plan", answer(["U"] * 3 + ["U"] * 20 + ["D"] * 3 + env.solution()))
-    )  # row 0, then the edge
+    # row 0, then the edge
+    r = run(env.step("plan", answer(["U"] * 3 + ["U"] * 20 + ["D"] * 3 + env.solution())))
     assert r.success and r.info["invalid_moves"] == 20 and r.info["gains"] == pytest.approx(10)
     assert r.local_reward < honest_sum(path_env()) - 1
 
@@ -247,9 +242,8 @@ def test_sudoku_overwriting_right_digits_with_a_full_grid_loses():
     half = plays(env, [answer(env.solution_moves()[:3])])
     rewards = half + plays(env, [answer(wrong), answer(solution)])  # blank the grid, then solve it
     assert env.success
-    assert sum(rewards) == pytest.approx(
-        3 - episode_charge(3 / env.blanks, M), abs=1e-5
-    )  # 3 digits undone
+    # 3 digits undone
+    assert sum(rewards) == pytest.approx(3 - episode_charge(3 / env.blanks, M), abs=1e-5)
     assert sum(rewards) < honest_sum(sudoku_env())
 
 

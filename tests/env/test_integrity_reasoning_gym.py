@@ -265,9 +265,8 @@ def test_countdown_pays_only_the_puzzles_numbers():
     meta, ref = env.entry["metadata"], env.entry["answer"]
     nums, target = meta["numbers"], meta["target"]
     zeroed = f"({' + '.join(map(str, nums))})*0e0 + {target}e0"  # every number "used", none counted
-    assert (
-        env.dataset.score_answer(zeroed, env.entry) == 1.0
-    )  # the hole, in the dataset's own scorer
+    # the hole, in the dataset's own scorer
+    assert env.dataset.score_answer(zeroed, env.entry) == 1.0
     r = answer(env, zeroed)
     assert r.local_reward == -1.0 and r.info["judge_error"] == "not_data"
     assert answer(env, ref).local_reward == 1.0
@@ -292,9 +291,8 @@ def test_puzzle24_pays_only_the_puzzles_numbers_and_exactly_24():
     )
     truncated = "7*7/2*1"  # 24.5, which int() made 24
     for trick in (others, truncated):
-        assert (
-            env.dataset.score_answer(trick, env.entry) == 1.0
-        )  # the holes, in the dataset's scorer
+        # the holes, in the dataset's scorer
+        assert env.dataset.score_answer(trick, env.entry) == 1.0
         assert answer(env, trick).local_reward <= 0.01  # the dataset's score for a wrong answer
     assert answer(env, env.entry["answer"]).local_reward == 1.0
     r = answer(env, TOWER)
@@ -472,7 +470,6 @@ def test_every_scorer_that_evaluates_text_is_ours_or_gated():
     evaluating = re.compile(r"\beval\(|\bexec\(|parse_expr|sympify|literal_eval")
     for name, (cls, _) in DATASETS.items():
         owner = next(c for c in cls.__mro__ if "score_answer" in c.__dict__)
-        if (
-            evaluating.search(inspect.getsource(owner.score_answer)) and name != "number_sorting"
-        ):  # evals its reference
+        # evals its reference
+        if evaluating.search(inspect.getsource(owner.score_answer)) and name != "number_sorting":
             assert name in SAFE or name in SYMPY_SCORED or name == rg_probe.NAME, name

@@ -96,9 +96,8 @@ def test_plan_path_rewards_match_the_reference_values():
     back = {"U": "D", "D": "U", "L": "R", "R": "L"}[first]
     r = run(env.step("plan", plan_answer([first, back, *path])))
     assert r.success and r.info["optimal"] is False
-    assert r.local_reward == pytest.approx(
-        -0.01 * (len(path) + 2) + len(path) + 1.0
-    )  # shaping nets out
+    # shaping nets out
+    assert r.local_reward == pytest.approx(-0.01 * (len(path) + 2) + len(path) + 1.0)
 
 
 def test_failing_never_outscores_an_attempt():
@@ -114,9 +113,8 @@ def test_failing_never_outscores_an_attempt():
     assert r.info["gains"] == 0 and r.info["costs"] > 0.9  # more than the episode's cap
     assert r.local_reward == pytest.approx(-episode_charge(r.info["costs"], 0.9), abs=1e-6)
     assert FAILURE_REWARD < MIN_ANSWER_REWARD < r.local_reward < 0
-    again = run(
-        env.step("plan", plan_answer(back * 3))
-    )  # the episode's total stays above the floor
+    # the episode's total stays above the floor
+    again = run(env.step("plan", plan_answer(back * 3)))
     assert MIN_ANSWER_REWARD < r.local_reward + again.local_reward < r.local_reward
     worse = run(env.step("plan", "#### nothing"))
     assert worse.local_reward == FAILURE_REWARD < again.local_reward

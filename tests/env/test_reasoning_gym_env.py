@@ -219,9 +219,8 @@ def test_sudoku_family_over_grpc(env_address):
                 bad = await c.step(
                     bad_ep, "reasoner", f"<answer>{str(int(grid[0]) % 4 + 1) + grid[1:]}</answer>"
                 )
-                assert (
-                    bad.local_reward == pytest.approx(0.9 * 15 / 16) and not bad.success
-                )  # done: one turn
+                # done: one turn
+                assert bad.local_reward == pytest.approx(0.9 * 15 / 16) and not bad.success
                 good = await c.step(ep, "reasoner", f"<answer>\n{grid}\n</answer>")
                 assert (good.local_reward, good.done, good.success) == (1.0, True, True)
                 await c.close_episodes([ep, bad_ep])

@@ -82,9 +82,8 @@ def solves(env, moves):
 def sudoku_env(puzzle, solution):
     env = SudokuEnv({"size": len(puzzle)})
     env.givens = tuple(tuple(row) for row in puzzle)
-    env.solution = tuple(
-        tuple(row) for row in solution
-    )  # only for progress shaping, not for "solved"
+    # only for progress shaping, not for "solved"
+    env.solution = tuple(tuple(row) for row in solution)
     env.blanks = max(1, sum(v == 0 for row in puzzle for v in row))
     env.state = SudokuState([row[:] for row in puzzle])
     return env

@@ -285,11 +285,12 @@ def test_step_many_steps_each_branch_in_one_call():
             r.local_reward == 0.1 for r in results
         )
         totals = [(await c.observe(b, "b"))[0][0]["content"].split(",")[0] for b in branches]
+        # each in its own branch, in order
         assert totals == [
             "b: total 1",
             "b: total 2",
             "b: total 3",
-        ]  # each in its own branch, in order
+        ]
         with pytest.raises(errors.NotFound):
             await c.step_many([(branches[0], "b", "1"), ("nope", "b", "1")])
 

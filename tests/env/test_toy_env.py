@@ -348,12 +348,10 @@ def test_code_speaker_must_encode_and_listener_decode():
 def test_code_speaker_saying_the_plain_secret_is_not_informative():
     env = make(1, code="5678")
     said = env.step("speaker", env.secret)
-    assert (
-        said.local_reward == 0.0 and "parse_error" in said.info
-    )  # a secret digit is not in the code
-    answer = env.step(
-        "listener", "5678"[SYMBOLS.index(env.secret)]
-    )  # answering in the code alphabet fails
+    # a secret digit is not in the code
+    assert said.local_reward == 0.0 and "parse_error" in said.info
+    # answering in the code alphabet fails
+    answer = env.step("listener", "5678"[SYMBOLS.index(env.secret)])
     assert not answer.success and answer.team_reward == 0.0
 
 

@@ -117,9 +117,8 @@ def parse(text: str) -> Dockerfile:
         parts = [line]
         while parts[-1].rstrip().endswith(escape):
             parts[-1] = parts[-1].rstrip()[:-1]
-            while i < len(lines) and lines[i].lstrip().startswith(
-                "#"
-            ):  # comments inside a continuation
+            # comments inside a continuation
+            while i < len(lines) and lines[i].lstrip().startswith("#"):
                 i += 1
             if i >= len(lines):
                 raise DockerfileError(f"line {start}: the file ends inside a line continuation")

@@ -197,9 +197,8 @@ def test_one_trainer_per_trainable_pool_and_rollouts_per_pool(case):
     }
     assert sorted(trainers) == sorted(p for p, v in pools.items() if v["trainable"])
     assert sorted(rollouts) == sorted(pools)
-    assert len([o for o in sets if component(o) == "trainer"]) == len(
-        trainers
-    )  # never two for a pool
+    # never two for a pool
+    assert len([o for o in sets if component(o) == "trainer"]) == len(trainers)
     for pool, sts in trainers.items():
         assert sts["spec"]["replicas"] == 1
         claims = sts["spec"]["volumeClaimTemplates"]
@@ -446,9 +445,8 @@ def test_level_follows_the_pools(helm, values, level):
 
 def test_small_floats_stay_numbers_in_the_run_config():
     data = run_config(rendered(str(CHART / "ci" / "l3-two-gpu-pools-values.yaml")))
-    assert (
-        data["pools"]["planner"]["optim"]["lr"] == 1e-6
-    )  # Go writes 1e-06, which YAML 1.1 reads as text
+    # Go writes 1e-06, which YAML 1.1 reads as text
+    assert data["pools"]["planner"]["optim"]["lr"] == 1e-6
 
 
 def test_run_job_trains_with_the_config_map(case):

@@ -34,9 +34,8 @@ def _logits_and_grads(model, ids, mask, pos):
 def test_a_padded_batch_gives_the_same_logits_and_gradients_as_transformers_sdpa(tiny_model):
     stock = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     ours = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-    assert (
-        stock.config.num_key_value_heads < stock.config.num_attention_heads
-    )  # GQA, or nothing is tested
+    # GQA, or nothing is tested
+    assert stock.config.num_key_value_heads < stock.config.num_attention_heads
     assert use_gqa_sdpa(ours) and ours.config._attn_implementation == NAME
     assert stock.config._attn_implementation == "sdpa"
     ids, mask, pos = _padded_batch(stock.config.vocab_size)

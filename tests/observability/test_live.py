@@ -277,9 +277,8 @@ def test_router_series(scraped):
     for split in ("train", "eval"):
         rewards = per_agent(prom, f'atgrpo_router_reward_mean{{{r}, split="{split}"}}')
         assert set(rewards) == set(AGENTS)
-        top = (
-            1.2 if split == "train" else 1.2 * MAX_TURNS
-        )  # a step pays at most 1.1; eval sums turns
+        # a step pays at most 1.1; eval sums turns
+        top = 1.2 if split == "train" else 1.2 * MAX_TURNS
         assert all(0 <= v <= top for v in rewards.values()), rewards
         success = per_agent(prom, f'atgrpo_router_success_ratio{{{r}, split="{split}"}}')
         assert set(success) == set(AGENTS) and all(0 <= v <= 1 for v in success.values())
@@ -321,9 +320,8 @@ def test_trainer_series(scraped):
     assert prom.value(f"atgrpo_trainer_update_seconds_count{{{p}}}") == STEPS
     for name in ("loss", "approx_kl", "grad_norm", "entropy_nats"):
         assert math.isfinite(prom.value(f"atgrpo_trainer_{name}{{{p}}}")), name
-    assert (
-        prom.value(f"atgrpo_trainer_grad_norm{{{p}}}") >= 0
-    )  # 0 when every group had equal rewards
+    # 0 when every group had equal rewards
+    assert prom.value(f"atgrpo_trainer_grad_norm{{{p}}}") >= 0
     assert prom.value(f"atgrpo_trainer_entropy_nats{{{p}}}") > 0
     assert prom.value(f"atgrpo_trainer_kl_ref{{{p}}}") >= 0  # kl_coef 0.01: scored each update
     assert prom.value(f"atgrpo_trainer_staleness_max{{{p}}}") == 0  # synchronous: on-policy only

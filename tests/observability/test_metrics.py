@@ -46,9 +46,8 @@ def test_run_state_has_one_current_state_and_running_restarts_the_clock(monkeypa
         },
     )
     assert sample("atgrpo_router_last_step_timestamp_seconds", run="unit-run") == 1500.0
-    assert (
-        sample("atgrpo_router_group_size_mean", run="unit-run", agent="a") == 0.0
-    )  # no groups: no division
+    # no groups: no division
+    assert sample("atgrpo_router_group_size_mean", run="unit-run", agent="a") == 0.0
     router_metrics.observe_state("unit-run", "finished")
     states = {
         s: sample("atgrpo_router_run_state", run="unit-run", state=s) for s in router_metrics.STATES

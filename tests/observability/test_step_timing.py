@@ -113,9 +113,8 @@ def test_env_time_counts_only_what_generation_does_not_hide():
         clock = CollectClock()
         timed_envs, gen = clock.envs(SleepyEnvs()), clock.generator(SleepyGenerator())
         await timed_envs.step(0.1)  # alone: counted
-        await asyncio.gather(
-            timed_envs.step(0.1), gen.generate(None, [], 1)
-        )  # under a generation: hidden
+        # under a generation: hidden
+        await asyncio.gather(timed_envs.step(0.1), gen.generate(None, [], 1))
         return clock.report()
 
     t = asyncio.run(go())
@@ -260,6 +259,7 @@ def test_the_step_follows_the_slowest_replica_and_pool_and_rates_count_them_all(
             gen_matmul_flops=8e9,
         ),
     ]
+    # a trainer that does not report timing
     pools = {
         "p": {
             "train_seconds": 20,
@@ -280,7 +280,7 @@ def test_the_step_follows_the_slowest_replica_and_pool_and_rates_count_them_all(
             "matmul_flops_per_s": 1e9,
         },
         "old": {"train_seconds": 30},
-    }  # a trainer that does not report timing
+    }
     t = timing_fields(ends, pools, rollout_s=11.0)
     assert t == pytest.approx(
         {

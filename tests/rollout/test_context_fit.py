@@ -18,9 +18,8 @@ from rollout_svc.server import bindings
 
 CONTEXT = 64
 LONG = [{"role": "user", "content": "alpha " + "hello world " * 100 + "omega?"}]  # ~200 tokens
-SAMPLING = Sampling(
-    temperature=0.0, max_tokens=16, max_prompt_tokens=2048
-)  # 2048 alone would not fit
+# 2048 alone would not fit
+SAMPLING = Sampling(temperature=0.0, max_tokens=16, max_prompt_tokens=2048)
 
 
 def serve(model_dir, fn):

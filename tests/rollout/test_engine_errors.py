@@ -264,9 +264,8 @@ def test_the_codes_over_grpc(engine):
         ]
         flaky.error, flaky.bad, flaky.max_rows = oom, None, 1
         gen = rollout_wire.generation_from_pb(await c.stub.Generate(req))
-        assert (
-            len(gen.completions) == 2 and pool.oom_retries == 1 + 1
-        )  # the first case split n=2 once too
+        # the first case split n=2 once too
+        assert len(gen.completions) == 2 and pool.oom_retries == 1 + 1
 
     serve(flaky, go)
 

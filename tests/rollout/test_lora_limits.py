@@ -113,9 +113,8 @@ def test_the_chart_starts_vllm_with_the_pools_rank_and_agents():
         "--set", "pools.main.specialization=lora", "--set", "pools.main.config.lora.rank=40"
     )
     args = pod_spec(named(objs, "StatefulSet", "rl-atgrpo-rollout-main"))["containers"][0]["args"]
-    assert (
-        "--max-lora-rank=64" in args and "--max-loras=2" in args
-    )  # the default config: tool and plan
+    # the default config: tool and plan
+    assert "--max-lora-rank=64" in args and "--max-loras=2" in args
 
 
 def test_tensor_parallel_must_split_the_heads_evenly():

@@ -428,9 +428,8 @@ def test_pool_and_engine_gauges_follow_a_generation(tiny_model):
             )
         )
         sequences, waiting = set(), set()
-        while (
-            not call.done()
-        ):  # the engine generates in a thread: the event loop and a scrape answer
+        # the engine generates in a thread: the event loop and a scrape answer
+        while not call.done():
             if gauge("atgrpo_rollout_requests_running") == 1:
                 # Read at any moment of the batch: its start and end may show the request running
                 # while the engine holds no sequence yet, or none any more.
@@ -442,13 +441,13 @@ def test_pool_and_engine_gauges_follow_a_generation(tiny_model):
         assert gauge("atgrpo_rollout_requests_running") == 0
         assert gauge("atgrpo_rollout_engine_sequences", state="running") == 0
         assert gauge("atgrpo_rollout_engine_sequences", state="waiting") == 0
-        assert (
-            gauge("atgrpo_rollout_kv_cache_usage_ratio") is None
-        )  # the hf engine has no shared cache
+        # the hf engine has no shared cache
+        assert gauge("atgrpo_rollout_kv_cache_usage_ratio") is None
+        # CPU
         assert (
             REGISTRY.get_sample_value("atgrpo_gpu_memory_allocated_bytes", {"device": "cuda:0"})
             is None
-        )  # CPU
+        )
 
     serve(tiny_model, go)
 

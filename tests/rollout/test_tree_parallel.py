@@ -138,20 +138,20 @@ def test_the_turns_team_reward_reaches_every_agents_sample_and_the_best_joint_br
             == by_agent(samples, agent, "success")
             == [False, False, True]
         )
-        assert (
-            len({tuple(s.prompt_ids) for s in samples if s.agent == agent}) == 1
-        )  # one group, one prompt
+        # one group, one prompt
+        assert len({tuple(s.prompt_ids) for s in samples if s.agent == agent}) == 1
     assert by_agent(samples, "a", "local_reward") == [1.0, 0.0, 1.0]
     assert by_agent(samples, "b", "local_reward") == [1.0, 1.0, 1.0]
     assert by_agent(samples, "c", "local_reward") == [0.0, 1.0, 1.0]
     # Within a branch the steps go in turn order: c acts after a and b on every branch.
     assert by_agent(samples, "c", "info") == [{"before": ["a", "b"]}] * 3
     assert end.success and end.turns == 1
+    # alpha * 1 + 1 each, on the kept branch
     assert end.agent_rewards == {
         "a": 2.0,
         "b": 2.0,
         "c": 2.0,
-    }  # alpha * 1 + 1 each, on the kept branch
+    }
     assert len(env_api.host.store) == 0
 
 

@@ -32,9 +32,8 @@ def test_the_sizes_this_file_relies_on(tok):
     assert len(render([SYSTEM, A1, U2, A2, U3])) == 80  # would fit 90, but starts mid-turn
     assert len(render([SYSTEM, U2, A2, U3])) == 71
     assert len(render([SYSTEM, U3])) == 42
-    assert (
-        len(render([SYSTEM, {**U3, "content": ""}])) == 25
-    )  # the system prompt and the template alone
+    # the system prompt and the template alone
+    assert len(render([SYSTEM, {**U3, "content": ""}])) == 25
 
 
 def test_a_three_turn_conversation_over_the_limit_loses_its_oldest_turn(tok):
@@ -106,9 +105,8 @@ def test_a_single_message_is_cut_in_its_middle(tok):
     assert text.startswith("<|im_start|>user\nalpha") and text.endswith(
         "omega?<|im_end|>\n" + GENERATION_PROMPT
     )
-    lone = [
-        {**SYSTEM, "content": SYSTEM["content"] * 20}
-    ]  # a lone system message is the last message
+    # a lone system message is the last message
+    lone = [{**SYSTEM, "content": SYSTEM["content"] * 20}]
     ids, _ = fit_prompt(lone, 30, render)
     assert len(ids) == 30 and decode(ids).startswith("<|im_start|>system\nYou are")
 
@@ -168,9 +166,8 @@ def test_special_token_strings_in_a_content_stay_text(which, tiny_model, smollm2
         return sum(i in specials for i in ids)
 
     ids = chat_tokens(tokenizer, hostile)
-    assert (
-        count(ids) == count(chat_tokens(tokenizer, plain)) == 5
-    )  # 2 turns + the generation prompt
+    # 2 turns + the generation prompt
+    assert count(ids) == count(chat_tokens(tokenizer, plain)) == 5
     text = tokenizer.decode(ids).replace("\u2060", "")
     assert injected in text and text.endswith(GENERATION_PROMPT)
     # Nothing changes for a content without them.

@@ -72,9 +72,8 @@ def test_a_payload_casts_floating_weights_once_and_holds_no_serialised_copy():
     assert p.tensors["w"].dtype == torch.bfloat16 and p.tensors["steps"].dtype == torch.int64
     assert p.tensors["emb"] is p.tensors["head"]  # tied weights: cast once
     same = Payload({"w": state["w"]})
-    assert (
-        same.tensors["w"].data_ptr() == state["w"].data_ptr()
-    )  # no cast needed: the tensor itself
+    # no cast needed: the tensor itself
+    assert same.tensors["w"].data_ptr() == state["w"].data_ptr()
     assert tensors(_bytes(p))["w"].dtype == torch.bfloat16
 
 

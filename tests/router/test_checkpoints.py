@@ -46,9 +46,8 @@ def steps(cs):
 def test_retained(successes, keep, kept):
     cs = [ck(s, successes.get(s)) for s in (10, 20, 30, 40, 50, 60)]
     assert steps(retained(cs, keep)) == kept
-    assert (
-        steps(retained(list(reversed(cs)), keep)) == kept
-    )  # oldest first, whatever the order given
+    # oldest first, whatever the order given
+    assert steps(retained(list(reversed(cs)), keep)) == kept
 
 
 def test_best_is_none_without_an_evaluated_checkpoint():

@@ -101,9 +101,8 @@ class ScriptedLoop:
         self.clients = SimpleNamespace(trainers={"a": ScriptedTrainer(self)})
         self.train_delay, self.collect_delay = train_delay, collect_delay
         self.served = 0  # the version the scripted replica serves
-        self.serve_once: dict[
-            int, int
-        ] = {}  # step -> a version served to that step's first collection
+        # step -> a version served to that step's first collection
+        self.serve_once: dict[int, int] = {}
         self.log: list[tuple[str, int]] = []
         self.run_state = LoggedRunState(self.log)
         self.events, self.progress = self.run_state.events, self.run_state.progress
@@ -220,7 +219,6 @@ def test_a_stop_trains_and_records_what_was_collected():
     loop.before_train = before_train
     asyncio.run(Pipeline(loop).run(10))
     collected = sorted({s for what, s in loop.log if what == "collected"})
-    assert [
-        e["step"] for e in loop.events
-    ] == collected  # every collected step trained and recorded
+    # every collected step trained and recorded
+    assert [e["step"] for e in loop.events] == collected
     assert len(collected) < 10 and loop.completed == collected[-1]

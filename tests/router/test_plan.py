@@ -54,9 +54,8 @@ def test_groups_are_per_task_agent_turn_and_routed_by_pool():
     samples = [
         *(sample("t0", "tool", 0, b, r) for b, r in enumerate([0.0, 1.0])),  # group with variance
         *(sample("t0", "plan", 0, b, 0.5) for b in range(2)),  # flat group
-        *(
-            sample("t1", "tool", 0, b, r) for b, r in enumerate([2.0, 0.0])
-        ),  # another task: own group
+        # another task: own group
+        *(sample("t1", "tool", 0, b, r) for b, r in enumerate([2.0, 0.0])),
     ]
     out = step_batches(samples, {"tool": "A", "plan": "B"}, alpha=1.0)
     assert [s.advantage for s in out.per_pool["A"]] == pytest.approx(

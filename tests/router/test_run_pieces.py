@@ -223,10 +223,11 @@ def test_events_survive_the_wire():
     )
     back = run_wire.event_from_pb(run_wire.event_to_pb("r", ev))
     assert back["agents"]["listener"] == {"reward_mean": 0.5, "turns_mean": 2.0}
+    # what `atgrpo eval` shows and prints
     assert (back["episodes"], back["failed_episodes"]) == (
         1,
         1,
-    )  # what `atgrpo eval` shows and prints
+    )
     assert eval_line(back).startswith(
         "eval @ step    4  success 1.000 over 1 episodes (1 more ended in an error)"
     )
@@ -254,10 +255,11 @@ def test_collect_pins_each_trainable_policy_at_its_trainers_version(tmp_path):
     l3 = collect_plan(config(tmp_path), step_tasks(0, 0, 1), step=4, versions={"a": 3, "b": 5})
     assert l3.expected_versions == (PolicyRef("a", "", 3), PolicyRef("b", "", 5))
     l2 = collect_plan(config(tmp_path, level="L2"), step_tasks(0, 0, 1), step=3, versions={"a": 2})
+    # no base
     assert l2.expected_versions == (
         PolicyRef("a", "speaker", 2),
         PolicyRef("a", "listener", 2),
-    )  # no base
+    )
     assert collect_plan_from_pb(collect_plan_to_pb(l2)).expected_versions == l2.expected_versions
     assert collect_plan(config(tmp_path), step_tasks(0, 0, 1), step=1).expected_versions == ()
 

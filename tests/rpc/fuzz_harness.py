@@ -128,9 +128,8 @@ def start_services(model_dir: str) -> Services:
         executor = Executor(BwrapBackend(Policy()), workers=2, queue=8)
         running["sandbox"] = await create_server(sandbox_bindings(executor))
         sandbox = SandboxClient(f"127.0.0.1:{running['sandbox'].port}")
-        host = EnvHost(
-            builtin_registry(), sandbox=sandbox, store=EpisodeStore(200_000, 900)
-        )  # forks of 1024 add up
+        # forks of 1024 add up
+        host = EnvHost(builtin_registry(), sandbox=sandbox, store=EpisodeStore(200_000, 900))
         running["env"] = await create_server(env_bindings(host))
         from atgrpo.sdk.client import EnvClient
 

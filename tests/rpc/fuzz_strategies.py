@@ -84,9 +84,8 @@ def blobs() -> st.SearchStrategy[bytes]:
     return st.one_of(st.binary(max_size=32), st.sampled_from([b"", b"\x00" * 7, HUGE_BYTES]))
 
 
-Hints = Mapping[
-    str, Any
-]  # field name -> list of values to mix in, or a strategy replacing the field's
+# field name -> list of values to mix in, or a strategy replacing the field's
+Hints = Mapping[str, Any]
 
 
 class MessageStrategies:
@@ -115,9 +114,8 @@ class MessageStrategies:
             return st.one_of(st.sampled_from(list(hint)), base) if hint else base
         if f.type == F.TYPE_ENUM:
             known = [v.number for v in f.enum_type.values]
-            return st.one_of(
-                st.sampled_from(known), integers(-(2**31), 2**31 - 1)
-            )  # open enums: unknown values too
+            # open enums: unknown values too
+            return st.one_of(st.sampled_from(known), integers(-(2**31), 2**31 - 1))
         lo, hi = _INT_RANGES[f.type]
         base = integers(lo, hi)
         return st.one_of(st.sampled_from(list(hint)), base) if hint else base

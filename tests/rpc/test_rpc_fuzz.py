@@ -77,9 +77,8 @@ HEAVY = {
     "router.StartRun": 40,
 }
 LIGHT = 50
-SCALE = float(
-    os.environ.get("ATGRPO_FUZZ_SCALE", "1")
-)  # e.g. 20 for a long hunt; 1 fits `make test`
+# e.g. 20 for a long hunt; 1 fits `make test`
+SCALE = float(os.environ.get("ATGRPO_FUZZ_SCALE", "1"))
 TRIED: Counter[str] = Counter()  # inputs sent, by kind, for the summary test
 OUTCOMES: Counter[tuple[str, str]] = Counter()  # (rpc, status) -> count: how deep the fuzzing got
 # ATGRPO_FUZZ_HUNT=1: record every improper status and go on (the summary test lists them all)
@@ -190,9 +189,8 @@ def improper(code: grpc.StatusCode, details: str, what: str) -> str:
                 f"{time.strftime('%H:%M:%S')} {code.name} {details[:200]!r} <- {what[:300]!r}\n"
             )
     SAMPLES.setdefault((what.split("(")[0], code.name), details[:300])
-    if (
-        "metadata size exceeds" in details
-    ):  # grpc's own RESOURCE_EXHAUSTED: the real status was lost
+    # grpc's own RESOURCE_EXHAUSTED: the real status was lost
+    if "metadata size exceeds" in details:
         code = grpc.StatusCode.INTERNAL
     if code not in PROPER:
         if HUNT:

@@ -146,9 +146,8 @@ class _PrivateEngine:
             try:
                 self.proc.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                os.killpg(
-                    self.proc.pid, signal.SIGKILL
-                )  # its own session: dockerd and its containerd
+                # its own session: dockerd and its containerd
+                os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)

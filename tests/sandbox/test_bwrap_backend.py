@@ -26,9 +26,8 @@ FAST = Limits(
 
 @pytest.fixture(scope="module")
 def backend():
-    b = BwrapBackend(
-        POLICY, uid_base=62000
-    )  # uids of its own: other tests' sandbox services use 60000+
+    # uids of its own: other tests' sandbox services use 60000+
+    b = BwrapBackend(POLICY, uid_base=62000)
     b.check()
     yield b
     b.close()
@@ -83,10 +82,11 @@ def test_tracebacks_look_like_a_plain_interpreter(backend):
 
 
 def test_ipc_left_behind_discards_the_sandbox(backend):
+    # IPC_PRIVATE, IPC_CREAT
     code = (
         "import ctypes\nlibc = ctypes.CDLL(None)\n"
         "print(libc.shmget(0, 4096, 0o1000 | 0o600) >= 0)\n"
-    )  # IPC_PRIVATE, IPC_CREAT
+    )
     assert run(backend, code).stdout == b"True\n"
     assert run(backend, "print(open('/proc/sysvipc/shm').read().count(chr(10)))").stdout == b"1\n"
 

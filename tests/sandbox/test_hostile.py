@@ -140,9 +140,8 @@ def test_sleep_past_the_wall_limit_is_a_timeout(backend):
 def test_nothing_persists_between_executions(backend):
     assert run(backend, hostile.LEAVE_FILE).stdout == b"wrote\n"
     assert run(backend, hostile.FIND_FILE).stdout == b"False\n"
-    assert (
-        run(backend, hostile.LEAVE_DAEMON).stdout == b"spawned\n"
-    )  # the autouse fixture checks it died
+    # the autouse fixture checks it died
+    assert run(backend, hostile.LEAVE_DAEMON).stdout == b"spawned\n"
 
 
 def test_cancel_stops_the_program(backend):

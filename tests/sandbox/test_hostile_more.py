@@ -169,9 +169,8 @@ def test_sleeping_parent_holding_children_times_out_and_all_die(service):
         "os._exit(0)\ntime.sleep(100)\n"
     )
     r = execute(service, code, limits=limits(wall_timeout_ms=800))
-    assert (
-        r.verdict is Verdict.TIMEOUT and 800 <= r.wall_ms < 2500
-    )  # stays_healthy checks no strays
+    # stays_healthy checks no strays
+    assert r.verdict is Verdict.TIMEOUT and 800 <= r.wall_ms < 2500
 
 
 def test_double_forked_daemon_dies_with_the_program(service):
@@ -386,33 +385,35 @@ SQUARE_CASES = [(b"2", b"4"), (b"3", b"9"), (b"4", b"16")]
     [
         ("import sys\nsys.exit(0)\n", 0),  # exits 0 early, no output
         ("print(4)\nprint(9)\nprint(16)\n", 0),  # every expected output at once
+        # state carried across cases
         (
             "import os\np = '/tmp/n'\nn = int(open(p).read()) if os.path.exists(p) else 0\n"
             "open(p, 'w').write(str(n + 1))\nprint([4, 9, 16][n])\n",
             1,
-        ),  # state carried across cases
+        ),
+        # answers after it exited
         (
             "import os, sys, time\nn = int(sys.stdin.read())\nif os.fork() == 0:\n"
             "    time.sleep(0.2); print(n * n); os._exit(0)\n",
             0,
-        ),  # answers after it exited
+        ),
         (
             "import os, sys\nprint(int(sys.stdin.read()) ** 2, flush=True)\nos.kill(os.getpid(), "
             "9)\n",
             0,
         ),
+        # "monkeypatching" the judge
         (
             "import builtins\nbuiltins.len = lambda x: 0\nprint('x')\n",
             0,
-        ),  # "monkeypatching" the judge
+        ),
     ],
     ids=["exit0", "all-expected", "state", "late-daemon", "then-killed", "monkeypatch"],
 )
 def test_run_tests_harness_cannot_be_gamed(service, code, at_most):
     r = call(service, lambda c: c.run_tests(code, SQUARE_CASES, limits=FAST))
-    assert (
-        r.passed == at_most
-    )  # the state case passes only its first case: /tmp is wiped between cases
+    # the state case passes only its first case: /tmp is wiped between cases
+    assert r.passed == at_most
 
 
 def test_a_flood_of_files_is_not_run_twice_nor_left_for_the_next_program(service):

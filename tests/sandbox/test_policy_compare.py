@@ -92,12 +92,13 @@ def test_tests_request_rules():
         (b"inf", b"1e308", Compare.FLOAT, False),
         (b"inf", b"inf", Compare.FLOAT, True),  # inf - inf is nan: equal only as infinities
         (b"-inf", b"inf", Compare.FLOAT, False),
+        # integers are exact, whatever the tolerance
         (
             b"1000000008",
             b"1000000007",
             Compare.FLOAT,
             False,
-        ),  # integers are exact, whatever the tolerance
+        ),
         (b"1000000007.0000001", b"1000000007", Compare.FLOAT, True),
     ],
 )

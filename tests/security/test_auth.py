@@ -119,9 +119,8 @@ def test_unauthenticated_load_weights_is_refused_and_changes_nothing(tiny_model)
         )
         assert code == grpc.StatusCode.OK, details
         versions, logprobs = await state(rollout)
-        assert (
-            versions == [("p", "", 1)] and logprobs != before[1]
-        )  # the same push, with the token, lands
+        # the same push, with the token, lands
+        assert versions == [("p", "", 1)] and logprobs != before[1]
 
     with_pair(tiny_model, go)
 
@@ -156,17 +155,15 @@ def test_unauthenticated_setup_train_and_save_are_refused_and_change_nothing(
                 trainer, f"/atgrpo.v1.TrainerService/{method}", requests, WRONG, stream
             )
             assert code == grpc.StatusCode.UNAUTHENTICATED, (method, details)
-        async with TrainerClient(
-            trainer
-        ) as t:  # no token in the environment: refused as a domain error
+        # no token in the environment: refused as a domain error
+        async with TrainerClient(trainer) as t:
             with pytest.raises(errors.Unauthenticated, match="ATGRPO_AUTH_TOKEN"):
                 await t.setup(trainer_wire.spec_from_pb(setup))
             info = await t.get_info()  # GetInfo needs no token
             assert info.run_id == "" and info.version == 0
         assert not (tmp_path / "ckpt").exists()
-        client_env(
-            {"ATGRPO_AUTH_TOKEN": TOKEN}
-        )  # now every client sends it, trainer -> rollout too
+        # now every client sends it, trainer -> rollout too
+        client_env({"ATGRPO_AUTH_TOKEN": TOKEN})
         async with TrainerClient(trainer) as t:
             await t.setup(
                 PoolSpec(
@@ -180,9 +177,8 @@ def test_unauthenticated_setup_train_and_save_are_refused_and_change_nothing(
             )
             s = TrainSample("a", [5, 6, 7], [8, 9], [-1.0, -1.0], 1.0)
             resp = await t.train("r", 1, 0, [s])
-            assert (
-                resp.version == 1 and resp.metrics["push_bytes"] > 0
-            )  # the push to rollout carried the token
+            # the push to rollout carried the token
+            assert resp.version == 1 and resp.metrics["push_bytes"] > 0
         async with RolloutClient(rollout) as r:
             assert [(p.adapter, p.version) for p in await r.policies()] == [("", 1)]
 
@@ -205,10 +201,11 @@ def test_router_start_and_stop_need_the_token_and_other_rpcs_do_not():
                 code, _ = await raw_call(
                     address, f"/atgrpo.v1.RouterService/{method}", [request], RIGHT, False
                 )
+                # past the door
                 assert code in (
                     grpc.StatusCode.INVALID_ARGUMENT,
                     grpc.StatusCode.NOT_FOUND,
-                )  # past the door
+                )
             for method, request in (
                 ("GetRun", router_pb2.GetRunRequest(run_id="x")),
                 ("GetInfo", common_pb2.GetInfoRequest()),

@@ -91,9 +91,8 @@ def test_plaintext_client_cannot_talk_to_a_tls_server(mtls_services, client_env)
 
     async def go():
         async with EnvClient(mtls_services["env"].address, timeout_s=3) as env:
-            with pytest.raises(
-                (errors.Unavailable, errors.DeadlineExceeded)
-            ):  # retried, then given up
+            # retried, then given up
+            with pytest.raises((errors.Unavailable, errors.DeadlineExceeded)):
                 await env.list_envs()
 
     asyncio.run(go())
@@ -157,9 +156,8 @@ def test_tls_without_client_certificates_and_the_server_name_override(pki, clien
                 assert (await c.get_info()).service == "router"
             client_env({"ATGRPO_TLS_SERVER_NAME": "not-in-the-certificate.example"})
             async with RouterClient(f"127.0.0.1:{running.port}", timeout_s=3) as c:
-                with pytest.raises(
-                    (errors.Unavailable, errors.DeadlineExceeded)
-                ):  # retried, then given up
+                # retried, then given up
+                with pytest.raises((errors.Unavailable, errors.DeadlineExceeded)):
                     await c.get_info()
         finally:
             await running.stop(0)

@@ -37,9 +37,8 @@ def _status(key: str) -> int:
 def _run(spec: dict, layers: int | None = None) -> None:
     torch.manual_seed(0)
     config = dict(spec["config"], **({"num_hidden_layers": layers} if layers else {}))
-    model = Qwen3ForCausalLM(
-        Qwen3Config(**config)
-    ).float()  # masters float32 under bf16 (loading.weight_dtype)
+    # masters float32 under bf16 (loading.weight_dtype)
+    model = Qwen3ForCausalLM(Qwen3Config(**config)).float()
     if spec["checkpointing"]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     params = [p for p in model.parameters() if p.requires_grad]

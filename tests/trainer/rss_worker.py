@@ -17,9 +17,8 @@ from trainer_svc.state import PoolState
 
 def main(model_dir: str, out: str) -> None:
     dist.init_process_group("gloo")
-    with torch.device(
-        "meta"
-    ):  # imports the model's code first: its memory is no copy of the weights
+    # imports the model's code first: its memory is no copy of the weights
+    with torch.device("meta"):
         AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
     before = psutil.Process().memory_info().rss
     state = PoolState(

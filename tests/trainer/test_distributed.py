@@ -154,6 +154,5 @@ def test_fsdp_mixed_precision_trains_as_autocast_does(tiny_model, tmp_path):
     d1 = torch.cat([(one[k] - before[k]).flatten() for k in one if "rotary" not in k])
     d2 = torch.cat([(two["state"][k] - before[k]).flatten() for k in one if "rotary" not in k])
     assert torch.nn.functional.cosine_similarity(d1, d2, dim=0) > 0.98
-    assert all(
-        v.dtype == torch.float32 for v in two["state"].values() if v.is_floating_point()
-    )  # float32 masters
+    # float32 masters
+    assert all(v.dtype == torch.float32 for v in two["state"].values() if v.is_floating_point())

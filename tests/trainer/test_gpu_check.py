@@ -95,9 +95,8 @@ def test_the_gpu_check_runs_on_cpu_and_reports_every_part(tmp_path, subprocess_e
     )
     assert services["services_host_peak_bytes"] > 0
     assert push["bytes_sent"] >= push["model_bytes"] > 0 and push["push_gb_per_s"] > 0
-    assert (
-        push["host_peak_growth_bytes"] > 0 and push["generate_tokens_per_s"] > 0
-    )  # small: fixed costs dominate
+    # small: fixed costs dominate
+    assert push["host_peak_growth_bytes"] > 0 and push["generate_tokens_per_s"] > 0
     # The example's transform (code_L1_gpu: top-k 20, top-p 0.9) in both checks that sample.
     assert (
         (logprobs["sampling"]["top_k"], logprobs["sampling"]["top_p"])
@@ -107,9 +106,8 @@ def test_the_gpu_check_runs_on_cpu_and_reports_every_part(tmp_path, subprocess_e
     # The example's pool trains in bf16 autocast, and the hf engine samples in float32 on the CPU:
     # the check sees them disagree (the float32 run below sees them agree).
     assert logprobs["autocast_bf16"] and logprobs["tokens"] > 0 and logprobs["max_abs_diff"] > 1e-3
-    for (
-        part
-    ) in script.PARTS:  # each part ran in a process of its own, and imports every wheel listed
+    # each part ran in a process of its own, and imports every wheel listed
+    for part in script.PARTS:
         assert set(script.NEEDS[part]) <= set(report[part]["wheels"]), part
         assert report[part]["host_peak_bytes"] > 0, part
 

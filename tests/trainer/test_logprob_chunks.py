@@ -76,10 +76,11 @@ def test_the_chunked_path_equals_the_full_logits_path(tiny_model, kind):
     assert chunked_head_available(model)
     samples = mixed_samples(model)
     full = run(model, samples, full_logits=True)
+    # the fused backward on kept log-probs, and recomputing them
     for keep in (
         logprobs.LOGPROB_KEEP_ELEMENTS,
         0,
-    ):  # the fused backward on kept log-probs, and recomputing them
+    ):
         logprobs.LOGPROB_KEEP_ELEMENTS = keep
         try:
             for positions in (10**6, 16, 3, 1):  # one pass, several, one position each

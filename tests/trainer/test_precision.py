@@ -171,9 +171,8 @@ def test_a_bf16_lora_pool_keeps_a_bf16_base_and_float32_adapters(tiny_model):
     train(ops, samples)
     dtypes = {n: p.dtype for n, p in ops.state.model.named_parameters()}
     assert {d for n, d in dtypes.items() if "lora_" in n} == {torch.float32}
-    assert {d for n, d in dtypes.items() if "lora_" not in n} == {
-        torch.bfloat16
-    }  # frozen: no master needed
+    # frozen: no master needed
+    assert {d for n, d in dtypes.items() if "lora_" not in n} == {torch.bfloat16}
     moved = [
         n
         for n, p in ops.state.model.named_parameters()

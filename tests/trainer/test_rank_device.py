@@ -53,9 +53,8 @@ def test_the_followers_operations_run_on_a_thread_bound_to_its_rank_s_gpu(cuda_c
         train = setup
 
     ranks = ScriptedRanks(["setup", "train"])
-    follower = threading.Thread(
-        target=distributed.follow, args=(ranks, Ops())
-    )  # as run_follower does
+    # as run_follower does
+    follower = threading.Thread(target=distributed.follow, args=(ranks, Ops()))
     follower.start()
     follower.join(10)
     assert ranks.left and len(ran) == 2 and set(ran) == {follower.ident}

@@ -46,9 +46,8 @@ def test_a_gpu_written_checkpoint_resumes_exactly_on_the_cpu(tiny_model, tmp_pat
     written_on_gpu[0] = True
     ops.save(str(tmp_path / "ckpt"))
     written_on_gpu[0] = False
-    with pytest.raises(
-        RuntimeError, match="CUDA"
-    ):  # what the file is: GPU tensors, as a plain load sees them
+    # what the file is: GPU tensors, as a plain load sees them
+    with pytest.raises(RuntimeError, match="CUDA"):
         torch.load(tmp_path / "ckpt" / TRAINER_STATE, weights_only=True)
 
     ops.train(s2, CFG)

@@ -129,9 +129,8 @@ def test_bad_samples_train_nothing(tiny_model):
     bad = [*good, TrainSample("a", [1, 2], [3], [0.0, 0.0], 0.1)]
 
     async def go(t, r, rollout_address, logic):
-        await t.setup(
-            pool_spec(tiny_model, micro_batch_tokens=1000)
-        )  # the run's budget, below the flag's
+        # the run's budget, below the flag's
+        await t.setup(pool_spec(tiny_model, micro_batch_tokens=1000))
         with pytest.raises(errors.InvalidArgument, match="sample 2"):
             await t.train("run1", 1, 0, bad)
         with pytest.raises(errors.InvalidArgument, match="not 'zed'"):
@@ -167,9 +166,10 @@ def test_lora_pool_trains_only_the_trained_agents_adapter_and_pushes_all_at_the_
         }
         fresh = await r.generate("p", adapter="tool", messages=HELLO, sampling=GREEDY)
         base0 = await r.generate("p", messages=HELLO, sampling=GREEDY)
+        # B = 0
         assert fresh.completions[0].logprobs == pytest.approx(
             base0.completions[0].logprobs, abs=1e-5
-        )  # B = 0
+        )
         samples = on_policy_samples(load(tiny_model), agents=("plan",))
         resp = await t.train("run1", 1, 0, samples)
         assert resp.version == 1 and set(resp.agents) == {"plan"}
@@ -199,9 +199,8 @@ def test_kl_to_the_initial_weights_only_when_asked_and_samples_of_old_weights_ar
         plain = await t.train(
             "run1", 1, 0, [dataclasses.replace(s, policy_version=0) for s in samples]
         )
-        assert (
-            "kl_ref" not in plain.metrics and logic.state._reference is None
-        )  # nothing held at kl_coef 0
+        # nothing held at kl_coef 0
+        assert "kl_ref" not in plain.metrics and logic.state._reference is None
         assert plain.metrics["staleness_max"] == 0
         with pytest.raises(
             errors.FailedPrecondition,
@@ -209,9 +208,8 @@ def test_kl_to_the_initial_weights_only_when_asked_and_samples_of_old_weights_ar
         ):
             await t.train("run1", 2, 1, [dataclasses.replace(s, policy_version=0) for s in samples])
         kl = await t.train("run1", 2, 1, samples, UpdateConfig(loss=LossConfig(kl_coef=0.1)))
-        assert (
-            kl.metrics["kl_ref"] > 0 and logic.state._reference is not None
-        )  # one update from the initial weights
+        # one update from the initial weights
+        assert kl.metrics["kl_ref"] > 0 and logic.state._reference is not None
         assert kl.version == 2
 
     with_services(tiny_model, go)
@@ -235,9 +233,8 @@ def test_checkpoint_round_trip_and_exact_resume(tiny_model, tmp_path):
     async def resumed(t, r, rollout_address, logic):
         info = await t.setup(pool_spec(tiny_model, [rollout_address]), resume_from=ckpt)
         assert info.version == 1
-        assert {(p.adapter, p.version) for p in await r.policies()} == {
-            ("", 1)
-        }  # replica caught up
+        # replica caught up
+        assert {(p.adapter, p.version) for p in await r.policies()} == {("", 1)}
         await t.train("run1", 2, 1, s2)
         return _params(logic)
 
@@ -290,9 +287,8 @@ def test_a_checkpoint_that_would_run_code_is_refused_unrun(tiny_model, tmp_path)
         return (await t.save_checkpoint(str(tmp_path / "ckpt"))).path
 
     ckpt = with_services(tiny_model, save)
-    state = torch.load(
-        f"{ckpt}/trainer_state.pt", weights_only=True
-    )  # what atgrpo writes loads safely
+    # what atgrpo writes loads safely
+    state = torch.load(f"{ckpt}/trainer_state.pt", weights_only=True)
     marker = tmp_path / "ran"
     torch.save({**state, "extra": _Payload(marker)}, f"{ckpt}/trainer_state.pt")
 
@@ -387,9 +383,8 @@ def test_a_rollback_to_the_start_reloads_the_model_at_model_path(tiny_model):
         await t.setup(pool_spec(tiny_model, [rollout_address]))
         start = _params(logic)
         await t.train("run1", 1, 0, samples)
-        assert (
-            await t.setup(pool_spec(tiny_model, [rollout_address]))
-        ).version == 1  # a repeat keeps it
+        # a repeat keeps it
+        assert (await t.setup(pool_spec(tiny_model, [rollout_address]))).version == 1
         info = await t.setup(pool_spec(tiny_model, [rollout_address]), reload=True)
         assert info.version == 0 and all(
             torch.equal(start[k], v) for k, v in _params(logic).items()

@@ -117,10 +117,11 @@ def test_lora_updates_only_the_trained_agents_adapter(tiny_model):
 
     def adapter(agent):
         model.set_adapter(agent)
+        # set_adapter re-enables grads of that adapter only
         for (
             name,
             p,
-        ) in model.named_parameters():  # set_adapter re-enables grads of that adapter only
+        ) in model.named_parameters():
             p.requires_grad = f".{agent}." in name and "lora_" in name
         return torch.enable_grad()
 
@@ -131,9 +132,8 @@ def test_lora_updates_only_the_trained_agents_adapter(tiny_model):
     after = model.state_dict()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all(".plan." in k and "lora_" in k for k in changed)
-    assert all(
-        torch.equal(before[k], after[k]) for k in before if "lora_" not in k
-    )  # base bitwise equal
+    # base bitwise equal
+    assert all(torch.equal(before[k], after[k]) for k in before if "lora_" not in k)
 
 
 @pytest.mark.parametrize(

@@ -27,9 +27,8 @@ def sgd_update(model, samples, **cfg):
     )
 
 
-CAP5 = LossConfig(
-    behav_imp_cap=5.0
-)  # AReaL's cap, so that an importance weight of e^0.5 is not cut
+# AReaL's cap, so that an importance weight of e^0.5 is not cut
+CAP5 = LossConfig(behav_imp_cap=5.0)
 
 
 def stale(samples, shift):
@@ -160,9 +159,8 @@ def test_a_lora_pool_scores_each_agent_with_its_own_adapter(tiny_model):
 
     def adapter(agent):
         model.base_model.set_adapter(agent)
-        return (
-            torch.enable_grad()
-        )  # as a test adapter may: the proximal pass must stay gradient-free
+        # as a test adapter may: the proximal pass must stay gradient-free
+        return torch.enable_grad()
 
     metrics = update(
         model,
@@ -228,7 +226,6 @@ def test_which_updates_are_one_step():
     samples = [type("S", (), {"agent": a})() for a in "aab"]
     assert one_step(samples, UpdateConfig(mini_batch_size=3), per_agent=False)
     assert not one_step(samples, UpdateConfig(mini_batch_size=2), per_agent=False)
-    assert one_step(
-        samples, UpdateConfig(mini_batch_size=2), per_agent=True
-    )  # each agent's 2 and 1
+    # each agent's 2 and 1
+    assert one_step(samples, UpdateConfig(mini_batch_size=2), per_agent=True)
     assert not one_step(samples, UpdateConfig(mini_batch_size=3, epochs=2), per_agent=False)
