@@ -211,8 +211,10 @@ def test_installed_packages_add_environments_through_entry_points(tmp_path, monk
         "[atgrpo.envs]\ncounter_plus = tests.env.sdk_envs:CounterEnv\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
+    shipped = set(Registry({}).names()) - {"counter_plus"}  # atgrpo's own, entry points too
+    assert {"toy", "sokoban", "code"} <= shipped
     reg = Registry({"builtin": "tests.env.sdk_envs:SlowEnv"})
-    assert reg.names() == ["builtin", "counter_plus"]
+    assert reg.names() == sorted({"builtin", "counter_plus"} | shipped)
     assert reg.get("counter_plus") is CounterEnv
     assert Registry({}, discover=False).names() == []
 
