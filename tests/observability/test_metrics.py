@@ -102,7 +102,7 @@ def test_live_episodes_follow_the_store():
 
 
 def test_a_failed_weight_push_is_counted(monkeypatch):
-    import trainer_svc.trainer
+    import rollout_svc.client
     from atgrpo.errors import Unavailable
     from trainer_svc.trainer import Trainer
 
@@ -112,20 +112,18 @@ def test_a_failed_weight_push_is_counted(monkeypatch):
         def weights(self, agents):
             return [("", {}, None)]
 
-    class Unreachable:  # a replica that cannot be reached
+    class Unreachable:  # a replica that cannot be reached (no network wait: it says so at once)
         def __init__(self, address):
             self.address = address
 
-        async def __aenter__(self):
-            return self
-
-        async def __aexit__(self, *exc):
-            return False
-
-        async def load_weights(self, *args, **kwargs):
+        async def weight_dtypes(self):
             raise Unavailable(f"{self.address} is unreachable")
 
-    monkeypatch.setattr(trainer_svc.trainer, "RolloutClient", Unreachable)
+        async def close(self):
+            pass
+
+    # push_weights (the rollout service's client) makes the replicas' clients
+    monkeypatch.setattr(rollout_svc.client, "RolloutClient", Unreachable)
     trainer = Trainer("p")
     trainer.ops = Ops()
     state = SimpleNamespace(
