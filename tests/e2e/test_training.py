@@ -299,24 +299,49 @@ def test_a_run_that_cannot_work_fails_at_once_saying_why(env, message, tiny_mode
 # 350 steps take 3 to 7 minutes on two cores (395 s measured on a quiet 2-core machine on
 # 2026-12-01, the code before and after issue 16 alike): the suite's 300 s default is too tight.
 @pytest.mark.timeout(900)
+class StopAtSuccess(Collect):
+    """Collects, and asks the router to stop the run after the first greedy evaluation whose
+    success reaches `target` (the step in flight completes, as after a Ctrl-C)."""
+
+    def __init__(self, router: str, target: float):
+        super().__init__()
+        self.router, self.target, self.stopping = router, target, None
+
+    def on_event(self, event):
+        super().on_event(event)
+        reached = event["kind"] == "eval" and event["success_rate"] >= self.target
+        if reached and self.stopping is None:
+            self.stopping = asyncio.get_running_loop().create_task(self._stop())
+
+    async def _stop(self):
+        async with RouterClient(self.router) as client:
+            await client.stop_run(self.status["run_id"], f"greedy success >= {self.target}")
+
+
 def test_the_demo_learns(tiny_model, tmp_path):
-    """The demo's config (examples/toy_L1_tiny.yaml), shortened: greedy eval success goes from ~0
-    (a random tiny model hardly ever emits a digit) to at least 0.75. A listener that ignores the
-    speaker succeeds with probability at most 1/4 + 3/4 * 1/3 = 0.5 over two turns (a new guess on
-    the retry), so 0.75 needs the relay to work."""
+    """The demo's config (examples/toy_L1_tiny.yaml), at most 350 steps: greedy eval success goes
+    from ~0 (a random tiny model hardly ever emits a digit) to at least 0.75, and the run stops
+    at the first evaluation that shows it. A listener that ignores the speaker succeeds with
+    probability at most 1/4 + 3/4 * 1/3 = 0.5 over two turns (a new guess on the retry), so 0.75
+    needs the relay to work."""
     import yaml
 
     data = yaml.safe_load(
         (Path(__file__).resolve().parents[2] / "examples" / "toy_L1_tiny.yaml").read_text()
     )
     data["run"].update(
-        steps=350, eval_every_steps=50, checkpoint_every_steps=0, run_dir=str(tmp_path / "run")
+        steps=350, eval_every_steps=25, checkpoint_every_steps=0, run_dir=str(tmp_path / "run")
     )
     data["pools"]["shared"]["model_path"] = tiny_model
-    sink, _ = train_locally(data)
-    evals = [e["success_rate"] for e in sink.events if e["kind"] == "eval"]
-    assert evals[0] <= 0.1, evals
-    assert evals[-1] >= 0.75, evals
+    cfg = parse_config(data)
+    with LocalServices(cfg) as running:
+        sink = StopAtSuccess(running.services.router, 0.75)
+        final = asyncio.run(drive(running, sink))
+    evals = [(e["step"], e["success_rate"]) for e in sink.events if e["kind"] == "eval"]
+    assert evals[0][1] <= 0.1 and evals[-1][1] >= 0.75, evals
+    # stopped at the first evaluation that reached it (finished: that was the last one)
+    assert final["state"] in ("stopped", "finished"), final
+    assert all(success < 0.75 for _, success in evals[:-1]), evals
 
 
 def test_swapping_the_trained_adapters_breaks_the_relay(knows_the_code, tmp_path):
