@@ -126,7 +126,6 @@ def update_from_pb(m: pb.UpdateParams) -> UpdateConfig:
     # would zero every token's loss); an explicit 0 means the default too, as elsewhere here.
     cap = m.behav_imp_cap or dl.behav_imp_cap
     return UpdateConfig(
-        # "": an older router, by staleness
         loss=LossConfig(
             m.clip_eps_low or dl.clip_eps_low,
             m.clip_eps_high or dl.clip_eps_high,
@@ -134,6 +133,7 @@ def update_from_pb(m: pb.UpdateParams) -> UpdateConfig:
             m.kl_coef,
             m.entropy_coef,
             behav_imp_cap=cap,
+            # "" (an older router): ppo_clip, decoupled by UpdateConfig.policy_loss when stale
             policy_loss=m.policy_loss or dl.policy_loss,
         ),
         epochs=m.epochs or d.epochs,

@@ -235,11 +235,10 @@ class DockerBackend:
             pids_limit=self.pids_limit,
             tmpfs={"/tmp": f"size={tmp},mode=1777"},
             shm_size=tmp,
-            # shm segments die with their users
             sysctls={
                 "kernel.msgmni": "0",  # no SysV message queues,
                 "kernel.sem": "250 32000 32 0",  # no SysV semaphore sets,
-                "kernel.shm_rmid_forced": "1",
+                "kernel.shm_rmid_forced": "1",  # shm segments die with their users
             },
             auto_remove=True,
         )
