@@ -143,12 +143,10 @@ class PoolRuntime:
         # threads each one's freed tensors pile up in another malloc arena (atgrpo.model_thread).
         self._thread = ModelThread(f"pool-{name}")
         self.oom_retries = 0  # batches run again in smaller pieces after running out of memory
-        self.last_batch_s = (
-            0.0  # the engine's seconds on the last batch: how long to wait for company (burst_wait)
-        )
-        self.waiting = self.running = (
-            0  # requests queued / in the batch generating (metrics, read at scrape)
-        )
+        # the engine's seconds on the last batch: how long to wait for company (burst_wait)
+        self.last_batch_s = 0.0
+        # requests queued / in the batch generating (metrics, read at scrape)
+        self.waiting = self.running = 0
         # Wall seconds the worker spent on batches and swaps: those finished, and when the one in
         # progress started. Read at scrape (busy_seconds) from another thread, hence the lock.
         self._busy_lock = threading.Lock()

@@ -40,9 +40,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("atgrpo.router")
 
-RECOLLECT_ATTEMPTS = (
-    3  # a task whose samples come back too stale this often needs the replicas resynced
-)
+# a task whose samples come back too stale this often needs the replicas resynced
+RECOLLECT_ATTEMPTS = 3
 
 
 @dataclass

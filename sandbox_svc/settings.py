@@ -16,9 +16,8 @@ class SandboxSettings:
     unsafe_no_isolation: bool = False
     workers: int = 0  # programs run at once; 0 = the cores
     queue: int | None = None  # requests that may wait; None = 4 x workers
-    uid_base: int | None = (
-        None  # as root, slot i runs programs as host uid uid_base + i; None: a free range
-    )
+    # as root, slot i runs programs as host uid uid_base + i; None: a free range
+    uid_base: int | None = None
     docker_image: str | None = None
 
     @staticmethod

@@ -26,9 +26,8 @@ class PoolOps:
     def __init__(self, sharding: str = "auto"):
         self.sharding = sharding
         self.state: PoolState | None = None
-        self.matmul_rate = (
-            0.0  # FLOP/s of this process's matmuls on the pool's device (atgrpo.perf)
-        )
+        # FLOP/s of this process's matmuls on the pool's device (atgrpo.perf)
+        self.matmul_rate = 0.0
 
     def setup(self, spec: PoolSpec, resume_from: str = "") -> PoolState:
         state = PoolState(spec, self.sharding)

@@ -89,9 +89,8 @@ class PoolState:
             lambda s: lr_factor(s, spec.warmup_steps, spec.total_steps, spec.min_lr_ratio),
         )
         self.generator = torch.Generator().manual_seed(spec.seed)
-        self._reference = (
-            None  # a full pool's frozen initial weights, loaded when the KL first needs them
-        )
+        # a full pool's frozen initial weights, loaded when the KL first needs them
+        self._reference = None
 
     def _build(self):
         dtype = weight_dtype(self.spec, trainable=not self.lora)

@@ -65,9 +65,8 @@ class CollectPlan:
     turn_order: tuple[str, ...]
     max_turns: int
     k: int = 8
-    mode: Literal["tree", "flat", "trajectory"] = (
-        "tree"  # trajectory: K independent flat episodes per task
-    )
+    # trajectory: K independent flat episodes per task
+    mode: Literal["tree", "flat", "trajectory"] = "tree"
     selection: Literal["best", "first"] = "best"
     parallel: bool = False  # agents of a turn all see the turn's starting state
     alpha: float = 1.0

@@ -153,9 +153,8 @@ class PoolSpec:
     checkpoint_dir: str = ""
     checkpoint_every_updates: int = 0
     rollout_addresses: tuple[str, ...] = field(default=())
-    micro_batch_tokens: int = (
-        0  # the token budget of one forward/backward; 0 = the trainer's default
-    )
+    # the token budget of one forward/backward; 0 = the trainer's default
+    micro_batch_tokens: int = 0
     gradient_checkpointing: bool | None = None  # None: on where the trainer runs on cuda
 
 

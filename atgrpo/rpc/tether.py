@@ -30,9 +30,8 @@ log = logging.getLogger("atgrpo.tether")
 
 # Services that drive a run: they stop first, and the others stop once these have gone.
 LEADERS = frozenset({"router"})
-HARD_EXIT_MARGIN_S = (
-    30.0  # past the drain and the stop's grace: a process stuck in its stop exits anyway
-)
+# past the drain and the stop's grace: a process stuck in its stop exits anyway
+HARD_EXIT_MARGIN_S = 30.0
 
 
 class Tether:

@@ -72,9 +72,8 @@ class VLLMEngine:
         from transformers import AutoTokenizer
 
         self.model_path = model_path
-        self.max_model_len = (
-            max_model_len  # requests asking for more are refused (replica.check_prompt)
-        )
+        # requests asking for more are refused (replica.check_prompt)
+        self.max_model_len = max_model_len
         self.device = "cpu" if device == "cpu" or not torch.cuda.is_available() else "cuda"
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self._kwargs = dict(
@@ -115,9 +114,8 @@ class VLLMEngine:
             self.bad_request_errors: tuple[type[BaseException], ...] = (VLLMClientError,)
         except ImportError:  # a vLLM without that module: ValueError and kin still count
             self.bad_request_errors = ()
-        self._live: Path | None = (
-            None  # the pushed weights' directory being served (None: model_path)
-        )
+        # the pushed weights' directory being served (None: model_path)
+        self._live: Path | None = None
         # The engine starts after the gRPC server does (health answers during the load): a forked
         # worker would inherit the server's sockets and threads, so workers are spawned.
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")

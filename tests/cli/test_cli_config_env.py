@@ -13,9 +13,8 @@ from atgrpo.config import parse_config
 from atgrpo.errors import AtgrpoError
 from router_svc.loop import RunLoop
 
-CARELESS = (
-    "tests.env.sdk_envs:CarelessEnv"  # a third-party env that plays a then b, whatever it is told
-)
+# a third-party env that plays a then b, whatever it is told
+CARELESS = "tests.env.sdk_envs:CarelessEnv"
 
 
 def config(tmp_path, **env) -> dict:
