@@ -74,14 +74,25 @@ def check_spec(env: EnvConfig, spec: EnvSpec) -> None:
 def not_found(err: NotFound, env: EnvConfig) -> InvalidArgument:
     """No env of the config's name: no retry will change that, so say where envs come from."""
     hint = (
-        f"check env.path {env.path!r}, and start atgrpo where its module imports (or put it on "
-        "PYTHONPATH)"
+        f"env.path is {env.path!r}: `atgrpo train` and `atgrpo eval` load it in the folder they "
+        "are run from"
         if env.path
-        else "for your own environment, set env.path: 'package.module:Class' (atgrpo train starts "
+        else "For your own environment, set env.path: 'package.module:Class' (atgrpo train starts "
         "the env service with it), or serve it with `atgrpo env serve` / `python -m env_svc "
         "--env-path NAME=...` and give that address as services.env"
     )
-    return InvalidArgument(f"{err.message.rstrip('.?')}: {hint}")
+    return InvalidArgument(f"{err.message.rstrip('.')}. {hint}")
+
+
+def name_problem(env: EnvConfig, cls_name: str, cls: type) -> str | None:
+    """With env.path, env.name must be the class's own `name` (the name configs use): a config
+    naming it otherwise would point other tools (entry points, env serve) at another env."""
+    if not cls_name or cls_name == env.name:
+        return None
+    return (
+        f"env.name is {env.name!r}, but env.path's class {cls.__module__}.{cls.__qualname__} is "
+        f"named {cls_name!r} (its `name`): set env.name: {cls_name}"
+    )
 
 
 def local_spec(cfg: RunConfig) -> EnvSpec:
@@ -94,5 +105,10 @@ def local_spec(cfg: RunConfig) -> EnvSpec:
     from atgrpo.sdk.registry import Registry
 
     env = cfg.env
-    host = EnvHost(Registry({env.name: env.path} if env.path else {}))
-    return host.describe(env.name, env_options(cfg))
+    registry = Registry({env.name: env.path} if env.path else {})
+    if env.path:
+        cls = registry.get(env.name)
+        problem = name_problem(env, getattr(cls, "name", ""), cls)
+        if problem:
+            raise InvalidArgument(problem)
+    return EnvHost(registry).describe(env.name, env_options(cfg))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from atgrpo import __version__
 from atgrpo.cli import launcher
+from atgrpo.cli.preflight import env_problem
 from atgrpo.rpc.probe import STUBS, probe_all
 
 
@@ -55,12 +56,9 @@ def _cmd_config_check(args: argparse.Namespace) -> int:
     cfg = _load(args)
     if cfg is None:
         return 2
-    problem = _env_problem(cfg)
+    problem = env_problem(cfg)
     if problem:
-        print(
-            f"{args.config}: env {cfg.env.name!r} does not fit this config\n{problem}",
-            file=sys.stderr,
-        )
+        print(f"{args.config}: {problem}", file=sys.stderr)
         return 2
     from atgrpo.cli.context import context_problems
 
@@ -76,37 +74,6 @@ def _cmd_config_check(args: argparse.Namespace) -> int:
         f"{mode} mode)"
     )
     return 0
-
-
-def _env_problem(cfg) -> str | None:
-    """The router's start-of-run env check, run here on the env built in this process (no services),
-    so a config the env cannot run fails in a second, not after five services have started."""
-    import os
-
-    from atgrpo import env_check
-    from atgrpo.errors import AtgrpoError, NotFound
-
-    # An env.path module may sit in this folder, where `atgrpo train` (its env service runs as
-    # `python -m`) finds it; a console script does not put the folder on sys.path.
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        env_check.check_spec(cfg.env, env_check.local_spec(cfg))
-    except NotFound as err:
-        if cfg.local_mode:  # the env service `atgrpo train` starts would not have it either
-            named = env_check.not_found(err, cfg.env)
-            return f"{type(named).__name__}: {named.message}"
-        # A cluster's env service may host envs this machine cannot import.
-        print(
-            f"note: env {cfg.env.name!r} could not be built here ({err.message}); the router "
-            f"checks it against the config when the run starts, on the env service at "
-            f"{cfg.services.env}",
-            file=sys.stderr,
-        )
-    # as a failed run's error reads: "InvalidArgument: env.turn_order is ..."
-    except AtgrpoError as err:
-        return f"{type(err).__name__}: {err.message}"
-    return None
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -134,15 +101,22 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0 if plan.ok and not plan.unplanned else 1
 
 
-def _load_for_run(args: argparse.Namespace):
-    return _load(args, steps=getattr(args, "steps", None), run_dir=getattr(args, "run_dir", None))
+def _load_for_run(args: argparse.Namespace, command: str):
+    """The config with the command line's overrides, once its env is built here and fits it (a
+    bad env.path fails in a second, before any service starts); None after saying why not."""
+    cfg = _load(args, steps=getattr(args, "steps", None), run_dir=getattr(args, "run_dir", None))
+    problem = env_problem(cfg) if cfg is not None else None
+    if problem:
+        print(f"atgrpo {command}: {args.config}: {problem}", file=sys.stderr)
+        return None
+    return cfg
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from atgrpo.cli.runner import TrainError, train
     from atgrpo.errors import AtgrpoError
 
-    cfg = _load_for_run(args)
+    cfg = _load_for_run(args, "train")
     if cfg is None:
         return 2
     from atgrpo.cli.runplan import train_problem
@@ -171,7 +145,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from atgrpo.cli.runner import TrainError, evaluate
     from atgrpo.errors import AtgrpoError
 
-    cfg = _load_for_run(args)
+    cfg = _load_for_run(args, "eval")
     if cfg is None:
         return 2
     try:
@@ -199,7 +173,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     if args.config is not None:
         from atgrpo.cli.runner import TrainError, check_models, resolve_paths, service_plan
 
-        cfg = _load_for_run(args)
+        cfg = _load_for_run(args, "up")
         if cfg is None:
             return 2
         try:

@@ -25,8 +25,9 @@ def load_class(path: str) -> type[Environment]:
         obj = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as err:
         raise NotFound(
-            f"cannot load environment {path!r}: {err}; is the package installed and the "
-            "class name spelled right?"
+            f"cannot load environment {path!r} ({type(err).__name__}: {err}). Install the "
+            "package that holds it, or run from the folder its module imports from (or put that "
+            "folder on PYTHONPATH), and check the class name"
         ) from None
     if not (isinstance(obj, type) and issubclass(obj, Environment)):
         raise InvalidArgument(f"{path!r} is not a subclass of atgrpo.sdk.Environment")

@@ -71,13 +71,30 @@ def test_a_config_the_env_fits_is_ok(tmp_path, monkeypatch, capsys):
             "sequentially",
         ),
         ({"name": "nope", "path": ""}, "no environment named 'nope'"),
-        ({"path": "tests.env.no_such_module:Env"}, "check env.path 'tests.env.no_such_module:Env'"),
+        (
+            {"path": "tests.env.no_such_module:Env"},
+            "env 'careless' could not be loaded\nInvalidArgument: cannot load environment "
+            "'tests.env.no_such_module:Env' (ModuleNotFoundError: No module named "
+            "'tests.env.no_such_module'). Install the package that holds it",
+        ),
+        (
+            {"name": "pair", "path": CARELESS},
+            "env.name is 'pair', but env.path's class tests.env.sdk_envs.CarelessEnv is named "
+            "'careless' (its `name`): set env.name: careless",
+        ),
         (
             {"options": {"mode": "init_raises"}},
             "EnvCodeError: env 'careless' (tests.env.sdk_envs.CarelessEnv)",
         ),
     ],
-    ids=["max_turns", "parallel", "unknown_env", "bad_path", "env_code_raises"],
+    ids=[
+        "max_turns",
+        "parallel",
+        "unknown_env",
+        "bad_path",
+        "name_not_the_class",
+        "env_code_raises",
+    ],
 )
 def test_every_problem_the_router_finds_is_found_here(env, says, tmp_path, monkeypatch, capsys):
     code, _ = check(tmp_path, config(tmp_path, **env), monkeypatch)
@@ -158,3 +175,36 @@ def test_the_router_gives_the_same_message(env, tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err.endswith(
         f"\n{type(router.value).__name__}: {router.value.message}\n"
     )
+
+
+def test_a_load_failure_is_not_called_a_misfit_and_reads_as_sentences(
+    tmp_path, monkeypatch, capsys
+):
+    check(tmp_path, config(tmp_path, path="tests.env.no_such_module:Env"), monkeypatch)
+    err = capsys.readouterr().err
+    assert "does not fit" not in err and "could not be loaded" in err
+    assert "?" not in err and "right:" not in err  # no question turned into a colon
+    assert "env.path is 'tests.env.no_such_module:Env'" in err
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_train_and_eval_fail_on_a_bad_env_path_in_seconds_with_no_service(
+    command, tmp_path, monkeypatch, capsys
+):
+    """`atgrpo train` and `atgrpo eval` build the env in this process first (a user running from
+    the wrong folder used to wait ~23 s for five services to start and one to fail)."""
+
+    def no_services(*args, **kwargs):
+        raise AssertionError(f"atgrpo {command} started services")
+
+    monkeypatch.setattr(launcher, "up", no_services)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config(tmp_path, path="wrong_folder.pair_sum:PairSumEnv")))
+    start = time.perf_counter()
+    code = main([command, str(path)])
+    took = time.perf_counter() - start
+    err = capsys.readouterr().err
+    assert code == 2 and took < 5.0, (code, took)
+    assert err.startswith(f"atgrpo {command}: {path}: env 'careless' could not be loaded\n"), err
+    assert "No module named 'wrong_folder'" in err
+    assert not (tmp_path / "run" / "services").exists()

@@ -123,7 +123,7 @@ def test_serving_a_bad_path_says_what_to_fix():
         text=True,
         timeout=30,
     )
-    assert out.returncode != 0 and "is the package installed" in out.stderr
+    assert out.returncode != 0 and "Install the package that holds it" in out.stderr
 
 
 def test_the_console_script_serves_a_module_from_the_folder_it_runs_in(example_dir, tmp_path):

@@ -189,7 +189,7 @@ def test_finite_task_lists_page():
 def test_load_class_errors_name_the_fix():
     with pytest.raises(errors.InvalidArgument, match="package.module:ClassName"):
         load_class("no_colon")
-    with pytest.raises(errors.NotFound, match="is the package installed"):
+    with pytest.raises(errors.NotFound, match="Install the package that holds it"):
         load_class("no.such.module:Env")
     with pytest.raises(errors.InvalidArgument, match="not a subclass"):
         load_class("time:sleep")

@@ -1,0 +1,44 @@
+"""Checks `atgrpo config check`, `train` and `eval` run in this process before any service starts,
+so a config that cannot run fails in a second, not after five services have started."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from atgrpo.config import RunConfig
+
+
+def env_problem(cfg: RunConfig) -> str | None:
+    """The router's start-of-run env check, run here on the env built in this process from the same
+    registry (entry points, and env.path under env.name): None when the env fits the config, else
+    a heading line (could not be loaded / could not be built / does not fit) and what to change."""
+    from atgrpo import env_check
+    from atgrpo.errors import AtgrpoError, NotFound
+
+    # An env.path module may sit in this folder, where `atgrpo train` (its env service runs as
+    # `python -m`) finds it; a console script does not put the folder on sys.path.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    name = cfg.env.name
+    try:
+        spec = env_check.local_spec(cfg)
+    except NotFound as err:
+        if cfg.local_mode:  # the env service `atgrpo train` starts would not have it either
+            named = env_check.not_found(err, cfg.env)
+            return f"env {name!r} could not be loaded\n{type(named).__name__}: {named.message}"
+        # A cluster's env service may host envs this machine cannot import.
+        print(
+            f"note: env {name!r} could not be built here ({err.message}); the router checks it "
+            f"against the config when the run starts, on the env service at {cfg.services.env}",
+            file=sys.stderr,
+        )
+        return None
+    except AtgrpoError as err:  # as a failed run's error reads: "EnvCodeError: env 'x' ..."
+        return (
+            f"env {name!r} could not be built with this config\n{type(err).__name__}: {err.message}"
+        )
+    problems = env_check.spec_problems(cfg.env, spec)
+    if problems:
+        return f"env {name!r} does not fit this config\nInvalidArgument: " + "; ".join(problems)
+    return None
