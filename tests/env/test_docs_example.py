@@ -151,3 +151,24 @@ def test_the_console_script_serves_a_module_from_the_folder_it_runs_in(example_d
     wait_for_port(proc, port_file)
     proc.terminate()
     assert proc.wait(timeout=10) == 0
+
+
+def test_the_docs_example_passes_env_check_from_its_folder(example_dir):
+    """What the docs tell an author to run: `atgrpo env check pair_sum:PairSumEnv` in the folder
+    that holds pair_sum.py (the console script, so the folder is found as `atgrpo train` finds it)."""
+    import shutil
+
+    out = subprocess.run(
+        [
+            shutil.which("atgrpo") or str(Path(sys.executable).parent / "atgrpo"),
+            "env",
+            "check",
+            "pair_sum:PairSumEnv",
+        ],
+        cwd=example_dir,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "env 'pair_sum': ok, every rule kept" in out.stdout

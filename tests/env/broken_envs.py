@@ -1,0 +1,109 @@
+"""Environments that each break one rule of `atgrpo env check` (and one that keeps them all while
+playing its turns in parallel), as a third party might write them."""
+
+import random
+
+from atgrpo.sdk import Environment, EnvSpec, StepResult, task_rng
+from tests.env.sdk_envs import CounterEnv
+
+
+class UnseededReset(CounterEnv):
+    """Draws its task from the global random module, not from (split, seed)."""
+
+    name = "unseeded"
+
+    def reset(self, task_id, seed, split):
+        self.target = random.randint(5, 1_000_000)
+
+
+class NoisyStep(CounterEnv):
+    """Its reward depends on a coin, not on the state and the answer."""
+
+    name = "noisy"
+
+    def step(self, agent, action):
+        return StepResult(team_reward=random.random(), local_reward=0.0)
+
+
+class ClassLog(CounterEnv):
+    """Keeps its log on the class: every episode and every fork shares it."""
+
+    name = "class_log"
+    shared_log: list = []
+
+    def step(self, agent, action):
+        ClassLog.shared_log.append(action[:10])
+        return super().step(agent, action)
+
+    def observe(self, agent):
+        return [{"role": "user", "content": f"{agent}: moves so far {ClassLog.shared_log}"}]
+
+
+class ForkIsSelf(CounterEnv):
+    """Its fork hands back the same object."""
+
+    name = "fork_is_self"
+
+    def fork(self):
+        return self
+
+
+class NanReward(CounterEnv):
+    name = "nan_reward"
+
+    def step(self, agent, action):
+        return StepResult(float("nan"), 0.0)
+
+
+class RaisesOnText(CounterEnv):
+    """Parses the answer with int() and lets the error out."""
+
+    name = "raises_on_text"
+
+    def step(self, agent, action):
+        self.total += int(action)
+        return StepResult(0.0, 0.0)
+
+
+class PickBase(Environment):
+    """Two roles each pick a digit at once; they win when the digits add up to the target. The
+    target and the picks of earlier turns are what the agents see."""
+
+    name = "pick"
+
+    def __init__(self, options=None):
+        super().__init__(options)
+        self.spec = EnvSpec("pick", ("a", "b"), ("a", "b"), max_turns=3, parallel=True)
+        self.target, self.history, self.pending = 0, [], {}
+
+    def reset(self, task_id, seed, split):
+        self.target = task_rng(split, seed).randint(2, 18)
+
+    def observe(self, agent):
+        return [{"role": "user", "content": f"target {self.target}; turns so far {self.history}"}]
+
+    def _digit(self, action):
+        text = action.strip()
+        return int(text) if text.isdigit() and len(text) == 1 else 0
+
+
+class PickAtOnce(PickBase):
+    """Keeps the turn's first pick pending and resolves the turn in the last agent's step."""
+
+    def step(self, agent, action):
+        self.pending[agent] = self._digit(action)
+        if len(self.pending) < 2:
+            return StepResult(0.0, 0.0)
+        won = sum(self.pending.values()) == self.target
+        self.history.append(dict(self.pending))
+        self.pending = {}
+        return StepResult(float(won), 0.0, done=won, success=won)
+
+
+class PickResolvesEarly(PickBase):
+    """Says it is parallel, but writes each pick into what the agents see at once."""
+
+    def step(self, agent, action):
+        self.history.append({agent: self._digit(action)})
+        won = sum(next(iter(h.values())) for h in self.history[-2:]) == self.target
+        return StepResult(float(won), 0.0, done=won, success=won)
