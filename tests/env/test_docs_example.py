@@ -155,7 +155,7 @@ def test_the_console_script_serves_a_module_from_the_folder_it_runs_in(example_d
 
 def test_the_docs_example_passes_env_check_from_its_folder(example_dir):
     """What the docs tell an author to run: `atgrpo env check pair_sum:PairSumEnv` in the folder
-    that holds pair_sum.py (the console script, so the folder is found as `atgrpo train` finds it)."""
+    that holds pair_sum.py (the console script: the folder is found as `atgrpo train` finds it)."""
     import shutil
 
     out = subprocess.run(
