@@ -103,10 +103,11 @@ class RunSection:
     """also save before the first step (a copy of the starting weights). Without it, a trainer lost
     before the first checkpoint sends the run back to step 0 from the model at model_path"""
     save_samples: bool = False
-    """write each step's samples (token ids, rewards, advantages) to run_dir/samples/step-N.jsonl"""
+    """write each step's samples (prompt and response as text and ids, rewards, advantages) to
+    run_dir/samples/step-000001.jsonl, ... (fields: docs/environments.md; `atgrpo samples`)"""
     save_eval_samples: bool = False
     """write each evaluation's samples (what every agent said, its rewards and the env's info) to
-    run_dir/eval-samples/step-N.jsonl: what a success rate is made of"""
+    run_dir/eval-samples/step-000010.jsonl, ...: what a success rate is made of"""
     evaluate_checkpoint: str = ""
     """a checkpoint folder (one folder per trainable pool) on the services' machines, or `start`
     (each pool's model_path): the run loads it, evaluates once on the eval split and finishes,

@@ -5,6 +5,8 @@
     state.json           last completed step and pool versions, the last checkpoint and every
                          checkpoint still on disk
     checkpoints/step-N/  one folder per trainable pool (HF / PEFT format plus trainer state)
+    samples/, eval-samples/  step-000001.jsonl, ...: each step's samples, one JSON line each
+                         (run.save_samples / run.save_eval_samples; docs/environments.md)
 
 state.json is replaced atomically after each step, so a crash leaves either the old or the new.
 """
@@ -100,6 +102,7 @@ class RunDir:
                 json.dumps(
                     {
                         "task_id": s.task_id,
+                        "episode": s.episode,
                         "agent": s.agent,
                         "turn": s.turn,
                         "branch": s.branch,
@@ -116,6 +119,7 @@ class RunDir:
                         "selected": s.selected,
                         "done": s.done,
                         "success": s.success,
+                        "prompt_text": s.prompt_text,
                         "prompt_ids": s.prompt_ids,
                         "response_ids": s.response_ids,
                         "response_text": s.response_text,

@@ -117,6 +117,7 @@ class Replica:
         check_prompt(runtime.engine, prompt, sampling)
         generation = await runtime.generate(adapter, prompt, sampling, n)
         generation.prompt_truncated = truncated
+        generation.prompt_text = self.prompt_text(pool, prompt)
         return generation
 
     async def generate(self, agent: AgentPlan, messages: list[Message], n: int) -> Generation:
@@ -127,6 +128,12 @@ class Replica:
         return await self.generate_prompt(
             agent.pool, agent.adapter, ids, agent.sampling, n, truncated
         )
+
+    def prompt_text(self, pool: str, ids: list[int]) -> str:
+        """`ids` as text, special tokens included (what the model saw, for saved samples); "" from
+        an engine without a tokenizer. Decoding a prompt takes well under a millisecond."""
+        tokenizer = getattr(self.pool(pool).engine, "tokenizer", None)
+        return tokenizer.decode(ids, skip_special_tokens=False) if tokenizer is not None else ""
 
     def weight_dtypes(self) -> dict[str, str]:
         """pool -> the dtype its engine holds weights in, for engines that say."""

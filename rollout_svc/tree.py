@@ -237,6 +237,7 @@ class _Episode:
                     info=r.info,
                     response_text=c.text,
                     episode=self.task.episode,
+                    prompt_text=generation.prompt_text,
                 )
             )
 

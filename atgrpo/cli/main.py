@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from atgrpo import __version__
-from atgrpo.cli import envcheck, launcher
+from atgrpo.cli import envcheck, launcher, samples
 from atgrpo.cli.preflight import env_problem
 from atgrpo.rpc.probe import STUBS, probe_all
 
@@ -314,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     # serve_main parses `rest`, --help included
     serve.set_defaults(fn=_cmd_env_serve, passthrough=True)
     envcheck.add_command(env)
+    samples.add_command(sub)
 
     config = sub.add_parser("config", help="run configs").add_subparsers(dest="what", required=True)
     check = config.add_parser("check", help="validate a run config and say what to fix")

@@ -47,6 +47,7 @@ class Generation:
     # gen_matmul_flops (what the replica's measured matmul rate does in the same seconds). Empty
     # from an engine or replica that does not say.
     timing: dict[str, float] = field(default_factory=dict)
+    prompt_text: str = ""  # prompt_ids decoded, special tokens included; "" from an engine without
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ class Sample:
     info: dict[str, Any] = field(default_factory=dict)
     response_text: str = ""  # what the env was given; the ids are what training uses
     episode: int = 0  # its TaskRef's episode: (task_id, episode) names its tree
+    prompt_text: str = ""  # prompt_ids decoded: what the agent saw (inspection; training uses ids)
 
 
 @dataclass(frozen=True)

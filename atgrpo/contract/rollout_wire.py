@@ -220,6 +220,7 @@ def sample_to_pb(s: Sample, plan: CollectPlan) -> pb.CollectEvent:
             sampling=sampling_to_pb(s.sampling),
             response_text=s.response_text,
             episode=s.episode,
+            prompt_text=s.prompt_text,
         )
     )
 
@@ -269,6 +270,7 @@ def event_from_pb(m: pb.CollectEvent) -> Sample | EpisodeEnd:
         info=dict_from(s.info),
         response_text=s.response_text,
         episode=s.episode,
+        prompt_text=s.prompt_text,
     )
 
 
@@ -278,6 +280,7 @@ def generation_to_pb(g: Generation) -> pb.GenerateResponse:
         prompt_truncated=g.prompt_truncated,
         policy=policy_to_pb(g.policy),
         timing=g.timing,
+        prompt_text=g.prompt_text,
         completions=[
             pb.Completion(
                 token_ids=c.token_ids,
@@ -300,6 +303,7 @@ def generation_from_pb(m: pb.GenerateResponse) -> Generation:
         policy_from_pb(m.policy),
         m.prompt_truncated,
         dict(m.timing),
+        m.prompt_text,
     )
 
 

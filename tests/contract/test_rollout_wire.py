@@ -42,6 +42,7 @@ def a_sample(**kw) -> Sample:
         info={"why": "x"},
         response_text="3",
         episode=2,
+        prompt_text="<user>2",
     )
     return Sample(**{**base, **kw})
 

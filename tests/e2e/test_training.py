@@ -100,7 +100,12 @@ def train_locally(data: dict) -> tuple[Collect, dict]:
 
 
 @pytest.mark.parametrize("level", ["L0", "L1", "L2", "L3"])
-def test_a_few_steps_at_each_level(level, tiny_model, tmp_path):
+def test_a_few_steps_at_each_level(level, tiny_model, tmp_path, capsys):
+    from transformers import AutoTokenizer
+
+    from atgrpo.cli import main
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
     data = toy_config(tmp_path / "run", tiny_model, level)
     cfg = parse_config(data)
     sink, served = train_locally(data)
@@ -123,6 +128,9 @@ def test_a_few_steps_at_each_level(level, tiny_model, tmp_path):
                 assert s["info"]["symbol"] is None or s["info"]["symbol"] in s["response_text"]
                 assert s["pool"] == pools[s["agent"]] == s["policy"]["pool"]
                 assert s["policy"]["version"] == e["step"] - 1  # drawn from the weights before it
+                # what the agent saw, as text beside the ids: the ids decoded, its prompt in it
+                assert s["prompt_text"] == tok.decode(s["prompt_ids"], skip_special_tokens=False)
+                assert f"{s['agent']}:" in s["prompt_text"]
             assert groups and all(len(g) == K for g in groups.values())  # K branches from one state
             for g in groups.values():
                 assert abs(sum(s["advantage"] for s in g)) < 1e-6
@@ -131,6 +139,15 @@ def test_a_few_steps_at_each_level(level, tiny_model, tmp_path):
             for s in samples:
                 by_pool[s["pool"]] += 1
             assert {p: sum(m["agents"].values()) for p, m in e["pools"].items()} == dict(by_pool)
+
+    # `atgrpo samples` prints them readably: the last step's kept samples of one agent
+    agent = cfg.env.turn_order[-1]
+    kept = [s for s in samples if s["agent"] == agent and s["selected"]]
+    capsys.readouterr()
+    assert main(["samples", str(tmp_path / "run"), "--agent", agent, "--selected"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(f"· {agent} · branch ") == out.count("(selected)") == len(kept) > 0
+    assert out.startswith("step 2 · task ") and "\nprompt:\n  " in out and "\nresponse:\n" in out
 
     # The replicas serve what the trainers hold: the model, or every agent's adapter, at version 2.
     if level == "L2":

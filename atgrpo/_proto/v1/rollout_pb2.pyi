@@ -325,7 +325,10 @@ class GenerateResponse(_message.Message):
     COMPLETIONS_FIELD_NUMBER: _builtins.int
     POLICY_FIELD_NUMBER: _builtins.int
     TIMING_FIELD_NUMBER: _builtins.int
+    PROMPT_TEXT_FIELD_NUMBER: _builtins.int
     prompt_truncated: _builtins.bool
+    prompt_text: _builtins.str
+    """prompt_token_ids decoded: what the model saw, as text"""
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -349,10 +352,11 @@ class GenerateResponse(_message.Message):
         completions: _abc.Iterable[Global___Completion] | None = ...,
         policy: _common_pb2.PolicyVersion | None = ...,
         timing: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        prompt_text: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completions", b"completions", "policy", b"policy", "prompt_token_ids", b"prompt_token_ids", "prompt_truncated", b"prompt_truncated", "timing", b"timing"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completions", b"completions", "policy", b"policy", "prompt_text", b"prompt_text", "prompt_token_ids", b"prompt_token_ids", "prompt_truncated", b"prompt_truncated", "timing", b"timing"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -549,6 +553,7 @@ class TurnSample(_message.Message):
     SAMPLING_FIELD_NUMBER: _builtins.int
     RESPONSE_TEXT_FIELD_NUMBER: _builtins.int
     EPISODE_FIELD_NUMBER: _builtins.int
+    PROMPT_TEXT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     step: _builtins.int
     task_id: _builtins.str
@@ -568,6 +573,8 @@ class TurnSample(_message.Message):
     """the text the env was given (for inspection; training uses the ids)"""
     episode: _builtins.int
     """its task's TaskRef.episode: with task_id, the tree it belongs to"""
+    prompt_text: _builtins.str
+    """prompt_token_ids decoded (for inspection; training uses the ids)"""
     @_builtins.property
     def policy(self) -> _common_pb2.PolicyVersion: ...
     @_builtins.property
@@ -609,10 +616,11 @@ class TurnSample(_message.Message):
         sampling: _common_pb2.SamplingParams | None = ...,
         response_text: _builtins.str = ...,
         episode: _builtins.int = ...,
+        prompt_text: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["info", b"info", "policy", b"policy", "sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "branch", b"branch", "done", b"done", "episode", b"episode", "finish_reason", b"finish_reason", "info", b"info", "local_reward", b"local_reward", "policy", b"policy", "prompt_token_ids", b"prompt_token_ids", "prompt_truncated", b"prompt_truncated", "response_logprobs", b"response_logprobs", "response_text", b"response_text", "response_token_ids", b"response_token_ids", "response_truncated", b"response_truncated", "run_id", b"run_id", "sampling", b"sampling", "selected", b"selected", "step", b"step", "success", b"success", "task_id", b"task_id", "team_reward", b"team_reward", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "branch", b"branch", "done", b"done", "episode", b"episode", "finish_reason", b"finish_reason", "info", b"info", "local_reward", b"local_reward", "policy", b"policy", "prompt_text", b"prompt_text", "prompt_token_ids", b"prompt_token_ids", "prompt_truncated", b"prompt_truncated", "response_logprobs", b"response_logprobs", "response_text", b"response_text", "response_token_ids", b"response_token_ids", "response_truncated", b"response_truncated", "run_id", b"run_id", "sampling", b"sampling", "selected", b"selected", "step", b"step", "success", b"success", "task_id", b"task_id", "team_reward", b"team_reward", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
