@@ -248,6 +248,11 @@ class AlgorithmConfig:
     """zero_variance drops groups whose rewards are all equal (DAPO)"""
     selection: Literal["best", "first"] = "best"
     """which branch continues the episode: highest reward (ties: lowest index) or branch 0"""
+    parallel_credit: Literal["paired", "all_pairs"] = "paired"
+    """parallel turns (env.parallel): paired = branch k of every agent is one joint action (K
+    scored); all_pairs = each agent's answer is scored against every answer of its partner (K x K
+    joint actions for two roles; for more, K balanced combinations per answer) and credited the
+    mean team reward of its joint actions; the best joint action goes on either way"""
     grouping: str = "turn"
     """the advantage estimator, by its registered name (atgrpo.algo.registry). turn = AT-GRPO:
     tree sampling, groups (task, agent, turn). trajectory = the trajectory-level GRPO baseline: K

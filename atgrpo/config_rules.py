@@ -124,6 +124,13 @@ def _check_env_and_agents(c: Checks, cfg: RunConfig) -> None:
             f"is {env.path!r}. Write it as 'package.module:ClassName', e.g. "
             f"'my_envs.relay:RelayEnv'",
         )
+    if cfg.algorithm.parallel_credit == "all_pairs" and not env.parallel:
+        c.add(
+            "algorithm.parallel_credit",
+            "is all_pairs, which credits the joint actions of parallel turns, but env.parallel is "
+            "false: set env.parallel: true for an env whose agents act at once, or leave "
+            "parallel_credit at paired",
+        )
     for split in ("train_split", "eval_split"):
         if not getattr(env, split):
             c.add(f"env.{split}", "is empty. Name a task split, e.g. 'train' or 'eval'")

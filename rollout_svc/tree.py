@@ -20,6 +20,12 @@ plays up to max_turns turns on it, in one of two ways:
   goes on is the best joint branch, the highest sum over agents of alpha * team + local (ties to
   the lowest index; "first" keeps branch 0); every agent's sample of it is `selected`, and the
   other forks are closed. The episode ends when the kept branch is done after a turn.
+  With plan.parallel_credit all_pairs the turn scores more joint actions than the K diagonal
+  ones (branch k of every agent): for two agents every pair (K x K), for more K balanced
+  combinations per answer (credit_shifts). Each agent's answer k gets the mean team and local
+  reward of the joint actions it took part in (its credit: not the luck of its same-index
+  partner), with done, success and info of its diagonal one; the best of all scored joint actions
+  goes on, each agent's answer in it `selected`.
 
 Groups stay (task, agent, turn) in both: each agent's K samples of a turn share one prompt.
 EpisodeEnd.agent_rewards sums each agent's mixed reward on the kept branches.
@@ -56,6 +62,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import random
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
@@ -194,6 +201,47 @@ def _scored(own: StepResult | None, outcome: StepResult) -> StepResult:
     )
 
 
+def credit_shifts(agents: int, k: int, key: str) -> list[tuple[int, ...]]:
+    """all_pairs credit: the partners' offsets from an answer's own index, each giving K joint
+    actions in which every answer of every agent appears once. Two agents: every nonzero
+    offset, so each answer meets every partner answer (K x K in all). More: K - 1 of the
+    K^(n-1) - 1 offset vectors, drawn without replacement from `key` (the same tree, the same
+    draw), so each answer meets K partner combinations: the cost of two agents, unbiased."""
+    if agents == 2:
+        return [(0, s) for s in range(1, k)]
+    total = k ** (agents - 1) - 1
+    picks = random.Random(key).sample(range(1, total + 1), min(k - 1, total))
+    return [(0, *(p // k**i % k for i in range(agents - 1))) for p in picks]
+
+
+def _credited(row: list[StepResult], branch_of: list[int], k: int) -> list[StepResult]:
+    """Each of one agent's K answers credited over the joint actions it took part in (row[c] its
+    result in joint action c, branch_of[c] which answer it gave there): the mean team and local
+    reward, with done, success and info of its diagonal joint action (c = its own index). Paired
+    credit (one joint action per answer) returns the diagonal results unchanged."""
+    if len(row) == k:
+        return row[:k]
+    out = []
+    for b in range(k):
+        mine = [r for r, own in zip(row, branch_of, strict=True) if own == b]
+        diag = row[b]
+        out.append(
+            StepResult(
+                sum(r.team_reward for r in mine) / len(mine),
+                sum(r.local_reward for r in mine) / len(mine),
+                diag.done,
+                diag.success,
+                {
+                    **diag.info,
+                    "credit_joint_actions": len(mine),
+                    "paired_team_reward": diag.team_reward,
+                },
+                diag.turn,
+            )
+        )
+    return out
+
+
 class _Episode:
     def __init__(self, plan: CollectPlan, task: TaskRef, envs: Envs, gen: Generator):
         self.plan, self.task, self.envs, self.gen = plan, task, envs, gen
@@ -250,8 +298,9 @@ class _Episode:
             )
             self.episode_id = branches[best]
 
-    async def _fork(self) -> list[str]:
-        return await self.envs.fork(self.episode_id, self.k) if self.tree else [self.episode_id]
+    async def _fork(self, n: int | None = None) -> list[str]:
+        n = self.k if n is None else n
+        return await self.envs.fork(self.episode_id, n) if self.tree else [self.episode_id]
 
     # ---- sequential turns ----------------------------------------------------------------------
 
@@ -296,35 +345,52 @@ class _Episode:
             )
         )
 
+    def _joint_actions(self, agents: int, turn: int) -> list[tuple[int, ...]]:
+        """The joint actions a parallel turn scores, each a branch index per agent; the first K
+        are the diagonal (branch k of every agent), which is all that paired credit scores."""
+        diagonal = [(b,) * agents for b in range(self.k)]
+        if not self.tree or self.plan.parallel_credit == "paired" or agents < 2:
+            return diagonal
+        return diagonal + [
+            tuple((b + s) % self.k for s in shift)
+            for shift in credit_shifts(
+                agents, self.k, f"{self.task.task_id}:{self.task.episode}:{turn}"
+            )
+            for b in range(self.k)
+        ]
+
     async def _apply_joint(
-        self, branches: list[str], agents: list[AgentPlan], generations: list[Generation]
+        self,
+        branches: list[str],
+        agents: list[AgentPlan],
+        generations: list[Generation],
+        joint: list[tuple[int, ...]],
     ) -> list[list[StepResult | None]]:
-        """Branch k applies every agent's k-th response, in turn order; one StepMany per agent over
-        the branches still in the turn. steps[agent][branch], None where the turn had ended."""
+        """Branch c applies every agent's answer of joint action c, in turn order; one StepMany per
+        agent over the branches still in the turn. steps[agent][c], None where the turn had
+        ended."""
         steps: list[list[StepResult | None]] = []
         live = list(range(len(branches)))
-        for agent, generation in zip(agents, generations, strict=True):
+        for a, (agent, generation) in enumerate(zip(agents, generations, strict=True)):
             row: list[StepResult | None] = [None] * len(branches)
-            results = (
-                await self.envs.step_many(
-                    [(branches[b], agent.name, generation.completions[b].text) for b in live]
-                )
-                if live
-                else []
-            )
-            for b, r in zip(live, results, strict=True):
-                row[b] = r
+            answers = [
+                (branches[c], agent.name, generation.completions[joint[c][a]].text) for c in live
+            ]
+            results = await self.envs.step_many(answers) if live else []
+            for c, r in zip(live, results, strict=True):
+                row[c] = r
             steps.append(row)
-            live = [b for b, r in zip(live, results, strict=True) if not r.done]
+            live = [c for c, r in zip(live, results, strict=True) if not r.done]
         return steps
 
     async def _joint_turn(self, turn: int) -> StepResult:
-        """A parallel turn as K joint actions; returns the kept branch's turn outcome."""
+        """A parallel turn as joint actions; returns the kept joint action's turn outcome."""
         agents = [self.plan.agents[n] for n in self.plan.turn_order]
         generations = await self._generate_all(agents)
-        branches = await self._fork()
+        joint = self._joint_actions(len(agents), turn)
+        branches = await self._fork(len(joint))
         try:
-            steps = await self._apply_joint(branches, agents, generations)
+            steps = await self._apply_joint(branches, agents, generations, joint)
         except BaseException:
             if self.tree:
                 await self.envs.close_episodes(branches)
@@ -335,12 +401,13 @@ class _Episode:
             for row in steps
         ]
         best = select_branch(
-            [sum(self._mixed(row[b]) for row in scored) for b in range(len(branches))],
+            [sum(self._mixed(row[c]) for row in scored) for c in range(len(branches))],
             self.plan.selection,
         )
-        for agent, generation, row in zip(agents, generations, scored, strict=True):
-            self._emit(agent, turn, generation, row, best)
-            self.rewards[agent.name] += self._mixed(row[best])
+        for a, (agent, generation) in enumerate(zip(agents, generations, strict=True)):
+            credited = _credited(scored[a], [j[a] for j in joint], self.k)
+            self._emit(agent, turn, generation, credited, joint[best][a])
+            self.rewards[agent.name] += self._mixed(scored[a][best])
         await self._keep(branches, best)
         return outcomes[best]
 

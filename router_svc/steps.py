@@ -234,6 +234,7 @@ def collect_plan(
         mode="flat" if eval_mode else train_mode,
         selection="first" if eval_mode else alg.selection,
         parallel=cfg.env.parallel,
+        parallel_credit=alg.parallel_credit,
         alpha=alg.alpha,
         env_options=env_options(cfg),
         max_concurrent_tasks=max(1, len(tasks)),

@@ -70,6 +70,9 @@ class CollectPlan:
     mode: Literal["tree", "flat", "trajectory"] = "tree"
     selection: Literal["best", "first"] = "best"
     parallel: bool = False  # agents of a turn all see the turn's starting state
+    # parallel turns: paired (branch k of each agent is one joint action) or all_pairs (each
+    # answer is scored against every answer of its partners; rollout_svc.tree)
+    parallel_credit: Literal["paired", "all_pairs"] = "paired"
     alpha: float = 1.0
     env_options: dict[str, Any] = field(default_factory=dict)
     max_concurrent_tasks: int = 8

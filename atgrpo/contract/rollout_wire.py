@@ -31,6 +31,11 @@ _MODES = {
     pb.COLLECT_MODE_FLAT: "flat",
     pb.COLLECT_MODE_TRAJECTORY: "trajectory",
 }
+_CREDITS = {
+    pb.PARALLEL_CREDIT_UNSPECIFIED: "paired",
+    pb.PARALLEL_CREDIT_PAIRED: "paired",
+    pb.PARALLEL_CREDIT_ALL_PAIRS: "all_pairs",
+}
 _SELECTIONS = {
     pb.SELECTION_UNSPECIFIED: "best",
     pb.SELECTION_BEST: "best",
@@ -155,6 +160,7 @@ def collect_plan_from_pb(m: pb.CollectRequest) -> CollectPlan:
         run_id=m.run_id,
         step=m.step,
         parallel=m.parallel,
+        parallel_credit=_enum(_CREDITS, m.parallel_credit, "parallel_credit", pb.ParallelCredit),
         expected_versions=tuple(policy_from_pb(v) for v in m.expected_versions),
     )
 
@@ -191,6 +197,7 @@ def collect_plan_to_pb(p: CollectPlan) -> pb.CollectRequest:
         max_concurrent_tasks=p.max_concurrent_tasks,
         pool_addresses=p.pool_addresses,
         parallel=p.parallel,
+        parallel_credit={v: k for k, v in _CREDITS.items() if k}[p.parallel_credit],
         expected_versions=[policy_to_pb(v) for v in p.expected_versions],
     )
 

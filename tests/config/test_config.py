@@ -167,6 +167,15 @@ def test_grouping_defaults_to_turn_and_takes_trajectory():
     )
 
 
+def test_parallel_credit_defaults_to_paired_and_all_pairs_needs_parallel_turns():
+    assert parse_config(example()).algorithm.parallel_credit == "paired"
+    both = {"algorithm.parallel_credit": "all_pairs", "env.parallel": True}
+    assert parse_config(edited(both)).algorithm.parallel_credit == "all_pairs"
+    err = str(errors_of(edited({"algorithm.parallel_credit": "all_pairs"})))
+    assert "algorithm.parallel_credit" in err and "set env.parallel: true" in err
+    assert "algorithm.parallel_credit" in str(errors_of(edited({"algorithm.parallel_credit": "x"})))
+
+
 def test_a_run_is_asynchronous_when_a_trainable_pool_allows_stale_samples():
     assert not parse_config(example()).asynchronous  # default 0
     assert parse_config(edited({"algorithm.max_staleness": 1})).asynchronous

@@ -4,7 +4,7 @@ by it), and a sample from a sender that does not set it reads back unnumbered.""
 from dataclasses import fields
 
 from atgrpo._proto.v1 import rollout_pb2 as pb
-from atgrpo.contract.rollout import CollectPlan, PolicyRef, Sample, TaskRef
+from atgrpo.contract.rollout import AgentPlan, CollectPlan, PolicyRef, Sample, TaskRef
 from atgrpo.contract.rollout_wire import event_from_pb, sample_to_pb
 from atgrpo.contract.sampling import Sampling
 
@@ -61,3 +61,31 @@ def test_a_sample_without_an_episode_reads_back_unnumbered():
     wire = sample_to_pb(a_sample(), PLAN)
     wire.sample.ClearField("episode")  # what a rollout service from before the field sends
     assert event_from_pb(wire).episode == 0
+
+
+def test_every_field_of_a_collect_plan_round_trips():
+    from atgrpo.contract.rollout_wire import collect_plan_from_pb, collect_plan_to_pb
+
+    plan = CollectPlan(
+        env="e",
+        tasks=(TaskRef("t", 3, "eval", 2),),
+        agents={"a": AgentPlan("a", "p", "x", Sampling(temperature=0.5), "be brief")},
+        turn_order=("a",),
+        max_turns=2,
+        k=3,
+        mode="trajectory",
+        selection="first",
+        parallel=True,
+        parallel_credit="all_pairs",
+        alpha=0.5,
+        env_options={"o": 1},
+        max_concurrent_tasks=2,
+        pool_addresses={"q": "127.0.0.1:5"},
+        expected_versions=(PolicyRef("p", "x", 4),),
+        run_id="r",
+        step=7,
+    )
+    defaults = {f.name for f in fields(CollectPlan) if getattr(plan, f.name) == f.default}
+    assert not defaults, f"set {defaults} to a value other than the default"
+    wire = pb.CollectRequest.FromString(collect_plan_to_pb(plan).SerializeToString())
+    assert collect_plan_from_pb(wire) == plan

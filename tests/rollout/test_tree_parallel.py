@@ -264,3 +264,108 @@ def test_sequential_plans_still_fork_per_agent():
     env_api = envs()
     run(plan(parallel=False), scripted([{r: ["7", "7", "7"] for r in ROLES}]), env_api)
     assert env_api.forks == [3, 3, 3] and len(env_api.host.store) == 0
+
+
+# ---- algorithm.parallel_credit: all_pairs -------------------------------------------------------
+
+
+class SumToSeven(Environment):
+    """Roles `roles` (option) each say a digit at once; the team wins when they add up to 7. The
+    last step of a turn resolves it; every local reward is 0, so credit is all team reward."""
+
+    name = "sum_to_seven"
+
+    def __init__(self, options=None):
+        super().__init__(options)
+        roles = tuple(self.options.get("roles", ["a", "b"]))
+        self.spec = EnvSpec(self.name, roles, roles, max_turns=1, parallel=True)
+        self.pending: dict[str, int] = {}
+
+    def reset(self, task_id, seed, split):
+        pass
+
+    def observe(self, agent):
+        return [{"role": "user", "content": f"{agent}: say a digit"}]
+
+    def step(self, agent, action):
+        self.pending[agent] = int(action)
+        if len(self.pending) < len(self.spec.turn_order):
+            return StepResult(0.0, 0.0)
+        won = sum(self.pending.values()) == 7
+        return StepResult(float(won), 0.0, done=True, success=won)
+
+
+def seven_envs():
+    r = Registry(discover=False)
+    r.register(SumToSeven)
+    return CountingEnvs(EnvHost(r))
+
+
+def seven_plan(roles=("a", "b"), **kw):
+    return plan(
+        env="sum_to_seven",
+        agents={n: AgentPlan(n, "p") for n in roles},
+        turn_order=roles,
+        env_options={"roles": list(roles)},
+        **kw,
+    )
+
+
+def answers(by_agent):
+    return ScriptedEngine(lambda agent, msgs, n, i: by_agent[agent][:n])
+
+
+def test_all_pairs_credits_each_answer_with_its_mean_over_every_partner_answer():
+    """a says 3, 4, 5 and b says 3, 4, 9: no same-index pair adds up to 7, so paired credit
+    scores every sample 0 (no signal); a's 3 with b's 4 and a's 4 with b's 3 do. Each answer meets
+    the partner's three: a's 3 and 4 and b's 3 and 4 win once in three (1/3), 5 and 9 never. The
+    best joint action goes on: the first that won, in order diagonal (0,0) (1,1) (2,2), then
+    offset 1 (0,1) (1,2) (2,0): a's branch 0 with b's branch 1."""
+    script = {"a": ["3", "4", "5"], "b": ["3", "4", "9"]}
+    paired, (paired_end,) = run(seven_plan(), answers(script), seven_envs())
+    assert {s.team_reward for s in paired} == {0.0} and not paired_end.success
+
+    env_api = seven_envs()
+    samples, (end,) = run(seven_plan(parallel_credit="all_pairs"), answers(script), env_api)
+    assert env_api.forks == [9]  # 3 x 3 joint actions, one fork each
+    third = 1 / 3
+    assert by_agent(samples, "a", "team_reward") == [third, third, 0.0]
+    assert by_agent(samples, "b", "team_reward") == [third, third, 0.0]
+    assert by_agent(samples, "a", "selected") == [True, False, False]
+    assert by_agent(samples, "b", "selected") == [False, True, False]
+    assert end.success and end.agent_rewards == {"a": 1.0, "b": 1.0}  # the kept joint action won
+    # done, success and the paired figure stay those of the answer's own (diagonal) joint action
+    assert by_agent(samples, "a", "success") == [False, False, False]
+    assert [s.info["credit_joint_actions"] for s in samples] == [3] * 6
+    assert [s.info["paired_team_reward"] for s in samples] == [0.0] * 6
+
+
+def test_all_pairs_equals_paired_on_single_role_turns():
+    script = {"a": ["3", "7", "1"]}
+    runs = []
+    for credit in ("paired", "all_pairs"):
+        env_api = seven_envs()
+        samples, ends = run(seven_plan(("a",), parallel_credit=credit), answers(script), env_api)
+        ends = [(e.task_id, e.success, e.turns, e.agent_rewards) for e in ends]  # not the timing
+        runs.append((samples, ends, env_api.forks, env_api.step_calls))
+    assert runs[0] == runs[1]
+    assert [s.team_reward for s in runs[0][0]] == [0.0, 1.0, 0.0]
+
+
+def test_all_pairs_with_three_roles_scores_k_balanced_combinations_per_answer():
+    """Three roles, K = 3: the diagonal plus K - 1 of the 8 nonzero offset vectors, each giving 3
+    joint actions in which every answer of every agent appears once: 9 joint actions, and each
+    answer is credited over exactly 3 of them. The draw is the tree's own: the same again."""
+    roles = ("a", "b", "c")
+    script = {"a": ["1", "2", "3"], "b": ["2", "3", "4"], "c": ["4", "2", "0"]}
+    firsts = []
+    for _ in range(2):
+        env_api = seven_envs()
+        samples, _ = run(seven_plan(roles, parallel_credit="all_pairs"), answers(script), env_api)
+        assert env_api.forks == [9]
+        assert [s.info["credit_joint_actions"] for s in samples] == [3] * 9
+        # each agent's step calls cover every joint action, its answers 3 times each
+        for agent, call in zip(roles, env_api.step_calls, strict=True):
+            assert sorted(action for _, action in call) == sorted(script[agent] * 3)
+        firsts.append([s.team_reward for s in samples])
+    assert firsts[0] == firsts[1]

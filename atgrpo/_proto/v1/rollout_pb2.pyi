@@ -50,6 +50,30 @@ COLLECT_MODE_TRAJECTORY: CollectMode.ValueType  # 3
 """K independent flat episodes per task (trajectory-level GRPO baseline)"""
 Global___CollectMode: _TypeAlias = CollectMode  # noqa: Y015
 
+class _ParallelCredit:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ParallelCreditEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ParallelCredit.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PARALLEL_CREDIT_UNSPECIFIED: _ParallelCredit.ValueType  # 0
+    """= paired"""
+    PARALLEL_CREDIT_PAIRED: _ParallelCredit.ValueType  # 1
+    """branch k of every agent is one joint action: K joint actions"""
+    PARALLEL_CREDIT_ALL_PAIRS: _ParallelCredit.ValueType  # 2
+    """each answer meets every answer of its partner (2 roles), or"""
+
+class ParallelCredit(_ParallelCredit, metaclass=_ParallelCreditEnumTypeWrapper):
+    """How a parallel turn credits each agent's K answers (algorithm.parallel_credit)."""
+
+PARALLEL_CREDIT_UNSPECIFIED: ParallelCredit.ValueType  # 0
+"""= paired"""
+PARALLEL_CREDIT_PAIRED: ParallelCredit.ValueType  # 1
+"""branch k of every agent is one joint action: K joint actions"""
+PARALLEL_CREDIT_ALL_PAIRS: ParallelCredit.ValueType  # 2
+"""each answer meets every answer of its partner (2 roles), or"""
+Global___ParallelCredit: _TypeAlias = ParallelCredit  # noqa: Y015
+
 class _Selection:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -468,6 +492,7 @@ class CollectRequest(_message.Message):
     MAX_CONCURRENT_TASKS_FIELD_NUMBER: _builtins.int
     POOL_ADDRESSES_FIELD_NUMBER: _builtins.int
     PARALLEL_FIELD_NUMBER: _builtins.int
+    PARALLEL_CREDIT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     step: _builtins.int
     env: _builtins.str
@@ -481,6 +506,8 @@ class CollectRequest(_message.Message):
     """0 = server default"""
     parallel: _builtins.bool
     """every agent of a turn sees the turn's starting state"""
+    parallel_credit: Global___ParallelCredit.ValueType
+    """with parallel: how each agent's answers are credited"""
     @_builtins.property
     def env_options(self) -> _struct_pb2.Struct: ...
     @_builtins.property
@@ -518,10 +545,11 @@ class CollectRequest(_message.Message):
         max_concurrent_tasks: _builtins.int = ...,
         pool_addresses: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         parallel: _builtins.bool = ...,
+        parallel_credit: Global___ParallelCredit.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["env_options", b"env_options"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "alpha", b"alpha", "env", b"env", "env_options", b"env_options", "expected_versions", b"expected_versions", "k", b"k", "max_concurrent_tasks", b"max_concurrent_tasks", "max_turns", b"max_turns", "mode", b"mode", "parallel", b"parallel", "pool_addresses", b"pool_addresses", "run_id", b"run_id", "selection", b"selection", "step", b"step", "tasks", b"tasks", "turn_order", b"turn_order"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "alpha", b"alpha", "env", b"env", "env_options", b"env_options", "expected_versions", b"expected_versions", "k", b"k", "max_concurrent_tasks", b"max_concurrent_tasks", "max_turns", b"max_turns", "mode", b"mode", "parallel", b"parallel", "parallel_credit", b"parallel_credit", "pool_addresses", b"pool_addresses", "run_id", b"run_id", "selection", b"selection", "step", b"step", "tasks", b"tasks", "turn_order", b"turn_order"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
