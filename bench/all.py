@@ -15,7 +15,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 # baseline.py, async_learning.py, ablations.py and real_learning.py are tables of success rates,
 # not ratios, and take tens of minutes: run them alone.
-SKIP = ("all.py", "baseline.py", "async_learning.py", "ablations.py", "real_learning.py")
+SKIP = (
+    "all.py",
+    "baseline.py",
+    "async_learning.py",
+    "ablations.py",
+    "real_learning.py",
+    "parallel_credit.py",
+)
 
 
 def main() -> int:
