@@ -13,8 +13,8 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-# baseline.py, async_learning.py, ablations.py and real_learning.py are tables of success rates,
-# not ratios, and take tens of minutes: run them alone.
+# baseline.py, async_learning.py, ablations.py, real_learning.py and parallel_credit.py are tables
+# of success rates, not ratios, and take minutes to tens of minutes: run them alone.
 SKIP = (
     "all.py",
     "baseline.py",
