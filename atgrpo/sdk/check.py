@@ -117,39 +117,58 @@ class _Checker:
         if not any(f.rule == rule for f in self.report.findings):  # the first case of each rule
             self.report.findings.append(Finding(rule, message))
 
-    async def call(self, what: str, coro) -> Any:
-        """Await a host call, timed; an env bug is a finding (under its rule) and None."""
+    async def call(self, what: str, coro, *, strict: bool = True) -> Any:
+        """Await a host call, timed; an env bug is a finding (under its rule) and None. Not
+        `strict`: a call atgrpo never makes at that point (observe mid-turn) may fail unrecorded."""
         start = time.perf_counter()
         try:
             return await coro
-        except EnvCodeError as err:
-            rule = "rewards-finite" if "rewards must be finite" in err.message else "never-raises"
-            rule = "observe" if "observe() must return" in err.message else rule
-            self.find(rule, err.message)
-        except FailedPrecondition as err:
-            if self.host.sandbox is None and "sandbox" in err.message:
-                self.find(
-                    "sandbox",
-                    f"env {self.name!r} runs code, and no sandbox was given: give --sandbox "
-                    "HOST:PORT (`atgrpo up` starts one), or check_env(..., sandbox=...)",
-                )
-            else:
-                self.find("never-raises", f"{what}: {type(err).__name__}: {err.message}")
         except AtgrpoError as err:
-            self.find("never-raises", f"{what}: {type(err).__name__}: {err.message}")
+            if strict:
+                self.find(*self._rule_of(err, what))
+            return None
         finally:
             self._ms.setdefault(what, []).append((time.perf_counter() - start) * 1000)
-        return None
+
+    def _rule_of(self, err: AtgrpoError, what: str) -> tuple[str, str]:
+        """(rule, message) of an error from the env's host."""
+        if isinstance(err, EnvCodeError):
+            if "rewards must be finite" in err.message:
+                return "rewards-finite", err.message
+            return ("observe" if "observe() must return" in err.message else "never-raises"), (
+                err.message
+            )
+        if isinstance(err, FailedPrecondition) and self.host.sandbox is None:
+            if "sandbox" in err.message:
+                return "sandbox", (
+                    f"env {self.name!r} runs code, and no sandbox was given: give --sandbox "
+                    "HOST:PORT (`atgrpo up` starts one), or check_env(..., sandbox=...)"
+                )
+        return "never-raises", f"{what}: {type(err).__name__}: {err.message}"
 
     async def reset(self, task: tuple[str, int, str]) -> str | None:
         got = await self.call("reset", self.host.reset(self.name, *task, self.options))
         return got[0] if got else None
 
-    async def seen(self, episode: str) -> dict[str, list[Message]] | None:
-        """What every acting agent sees now."""
+    def first_seers(self) -> tuple[str, ...]:
+        """Who the driver asks to observe at a turn's start: every agent of a parallel turn, the
+        first in turn order of a sequential one."""
+        return self.spec.turn_order if self.spec.parallel else self.spec.turn_order[:1]
+
+    def next_seers(self, acted: int) -> tuple[str, ...]:
+        """Who the driver observes next, after the `acted`-th agent of a turn stepped."""
+        order = self.spec.turn_order
+        if acted == len(order) - 1:
+            return self.first_seers()
+        return () if self.spec.parallel else (order[acted + 1],)
+
+    async def seen(
+        self, episode: str, agents: tuple[str, ...] | None = None, *, strict: bool = True
+    ) -> dict[str, list[Message]] | None:
+        """What `agents` (default: those the driver observes at a turn's start) see now."""
         out = {}
-        for agent in self.spec.turn_order:
-            got = await self.call("observe", self.host.observe(episode, agent))
+        for agent in self.first_seers() if agents is None else agents:
+            got = await self.call("observe", self.host.observe(episode, agent), strict=strict)
             if got is None:
                 return None
             out[agent] = got[0]
@@ -278,13 +297,14 @@ class _Checker:
         try:
             n = 0
             for _turn in range(self.spec.max_turns):
-                for agent in self.spec.turn_order:
+                for i, agent in enumerate(self.spec.turn_order):
                     action = self.answers[(offset + n) % len(self.answers)]
                     n += 1
                     ra, rb = await self.step(a, agent, action), await self.step(b, agent, action)
                     if ra is None or rb is None:
                         return
-                    sa, sb = await self.seen(a), await self.seen(b)
+                    seers = () if ra.done or rb.done else self.next_seers(i)
+                    sa, sb = await self.seen(a, seers), await self.seen(b, seers)
                     if _result(ra) != _result(rb) or sa != sb:
                         self.find(
                             "step-deterministic",
@@ -339,13 +359,14 @@ class _Checker:
         if episode is None:
             return
         try:
-            before = await self.seen(episode)
+            before = await self.seen(episode, self.spec.turn_order)
             for n, agent in enumerate(self.spec.turn_order[:-1]):
                 action = self.answers[(offset + n) % len(self.answers)]
                 r = await self.step(episode, agent, action)
                 if r is None or r.done:  # ending the turn early is allowed
                     return
-                now = await self.seen(episode)
+                # not what the driver asks mid-turn, so an env may refuse it: then nothing to tell
+                now = await self.seen(episode, self.spec.turn_order, strict=False)
                 changed = [
                     a for a in self.spec.turn_order if before and now and before[a] != now[a]
                 ]

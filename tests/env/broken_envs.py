@@ -107,3 +107,23 @@ class PickResolvesEarly(PickBase):
         self.history.append({agent: self._digit(action)})
         won = sum(next(iter(h.values())) for h in self.history[-2:]) == self.target
         return StepResult(float(won), 0.0, done=won, success=won)
+
+
+class OnlyWhoseTurn(CounterEnv):
+    """Correct, and strict: observe() refuses an agent whose turn it is not. The tree driver only
+    ever asks the agent about to act, so the check must not ask others."""
+
+    name = "only_whose_turn"
+
+    def __init__(self, options=None):
+        super().__init__(options)
+        self.next = 0
+
+    def observe(self, agent):
+        if agent != self.spec.turn_order[self.next]:
+            raise ValueError(f"it is not {agent}'s turn")
+        return super().observe(agent)
+
+    def step(self, agent, action):
+        self.next = (self.next + 1) % len(self.spec.turn_order)
+        return super().step(agent, action)

@@ -42,7 +42,11 @@ def test_every_finding_is_a_known_rule_with_its_fix():
     assert found.rule in RULES and "fork() must copy everything a step changes" in found.message
 
 
-@pytest.mark.parametrize("cls", [CounterEnv, broken.PickAtOnce], ids=["sequential", "parallel"])
+@pytest.mark.parametrize(
+    "cls",
+    [CounterEnv, broken.PickAtOnce, broken.OnlyWhoseTurn],
+    ids=["sequential", "parallel", "observe_only_whose_turn"],
+)
 def test_a_correct_env_keeps_every_rule(cls):
     report = check_env(cls)
     assert report.ok and report.findings == [], report.render()
