@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from pathlib import Path
+
+from atgrpo.sdk.registry import import_from_here
 
 
 def add_command(env: argparse._SubParsersAction) -> None:
@@ -88,9 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from atgrpo.errors import AtgrpoError
     from atgrpo.sdk.check import check_env_async
 
-    # As `atgrpo train` does: a module in this folder is importable.
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    import_from_here()
     what = _what(args)
     if isinstance(what, str):
         print(f"atgrpo env check: {what}", file=sys.stderr)

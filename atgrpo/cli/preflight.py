@@ -3,10 +3,10 @@ so a config that cannot run fails in a second, not after five services have star
 
 from __future__ import annotations
 
-import os
 import sys
 
 from atgrpo.config import RunConfig
+from atgrpo.sdk.registry import import_from_here
 
 
 def env_problem(cfg: RunConfig) -> str | None:
@@ -16,10 +16,7 @@ def env_problem(cfg: RunConfig) -> str | None:
     from atgrpo import env_check
     from atgrpo.errors import AtgrpoError, NotFound
 
-    # An env.path module may sit in this folder, where `atgrpo train` (its env service runs as
-    # `python -m`) finds it; a console script does not put the folder on sys.path.
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    import_from_here()
     name = cfg.env.name
     try:
         spec = env_check.local_spec(cfg)

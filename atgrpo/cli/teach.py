@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from pathlib import Path
+
+from atgrpo.sdk.registry import import_from_here
 
 
 def add_command(model: argparse._SubParsersAction) -> None:
@@ -59,14 +60,9 @@ async def first_prompts(
     host the env service runs (async envs included)."""
     from atgrpo.contract.env import seed_for
     from atgrpo.sdk.host import EnvHost
-    from atgrpo.sdk.registry import Registry, load_class
+    from atgrpo.sdk.registry import registry_for
 
-    if ":" in target:
-        cls = load_class(target)
-        name, registry = cls.name or cls.__name__, Registry(discover=False)
-        registry.register(cls, name)
-    else:
-        name, registry = target, Registry()
+    name, registry = registry_for(target)
     host = EnvHost(registry)
     out = []
     for i in range(tasks):
@@ -85,8 +81,7 @@ async def first_prompts(
 def run(args: argparse.Namespace) -> int:
     from atgrpo.errors import AtgrpoError
 
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    import_from_here()
     target, options = args.env, {}
     if args.config is not None:
         from atgrpo import env_check

@@ -26,7 +26,7 @@ from atgrpo.contract.env import EnvSpec, Message, StepResult, seed_for
 from atgrpo.errors import AtgrpoError, EnvCodeError, FailedPrecondition, NotFound
 from atgrpo.sdk.env import Environment, Sandbox
 from atgrpo.sdk.host import EnvHost
-from atgrpo.sdk.registry import Registry, load_class
+from atgrpo.sdk.registry import registry_for
 
 PROBES = ("", "1", "4", "up", "A", "```python\nprint(1)\n```", "\\boxed{1}", "[[0, 0]]", "x" * 2000)
 ROLES = frozenset({"system", "user", "assistant"})
@@ -440,13 +440,7 @@ async def check_env_async(
     `options`, over `tasks` tasks of each split. `examples`: answers to play before the probes
     (well-formed ones reach more of the env). `problems`: the config's disagreements with the spec,
     found by the caller (atgrpo.env_check.spec_problems), reported under rule "config"."""
-    if isinstance(target, str) and ":" not in target:
-        name, registry = target, Registry()
-    else:
-        cls = load_class(target) if isinstance(target, str) else target
-        name = cls.name or cls.__name__
-        registry = Registry(discover=False)
-        registry.register(cls, name)
+    name, registry = registry_for(target)
     host = EnvHost(registry, sandbox=sandbox)
     checker = _Checker(host, name, options or {}, examples)
     for p in problems:

@@ -5,6 +5,8 @@ adds an environment with `pip install` and no change to atgrpo."""
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Mapping
 from importlib.metadata import entry_points
 
@@ -64,3 +66,22 @@ class Registry:
                 )
             self._classes[name] = load_class(self._paths[name])
         return self._classes[name]
+
+
+def import_from_here() -> None:
+    """Let the folder this process runs in import, as `atgrpo train` finds an env.path there (its
+    env service runs as `python -m`, which puts that folder first); a console script does not."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
+def registry_for(target: str | type[Environment]) -> tuple[str, Registry]:
+    """(name, registry) that hold `target`: an Environment class or 'package.module:Class' (alone,
+    under its `name`), or the name of an installed env (the entry points)."""
+    if isinstance(target, str) and ":" not in target:
+        return target, Registry()
+    cls = load_class(target) if isinstance(target, str) else target
+    name = cls.name or cls.__name__
+    registry = Registry(discover=False)
+    registry.register(cls, name)
+    return name, registry

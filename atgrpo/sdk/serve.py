@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,7 +15,7 @@ from atgrpo.errors import AtgrpoError
 from atgrpo.rpc.main import SettingsError, run_service
 from atgrpo.rpc.server import Binding
 from atgrpo.sdk.host import EnvHost
-from atgrpo.sdk.registry import Registry, load_class
+from atgrpo.sdk.registry import Registry, import_from_here, load_class
 from atgrpo.sdk.servicer import env_bindings
 from atgrpo.sdk.store import EpisodeStore
 
@@ -92,11 +90,7 @@ class ServeEnvSettings(HostSettings):
 
 
 def _bindings(settings: ServeEnvSettings) -> list[Binding]:
-    # The module may sit in the folder this is run from, as `atgrpo train` finds an env.path there
-    # (its env service runs as `python -m`, which puts that folder first); a console script does
-    # not.
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    import_from_here()
     try:
         cls = load_class(settings.env_class)
     except AtgrpoError as err:
