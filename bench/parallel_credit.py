@@ -1,12 +1,12 @@
 """Fair credit in parallel turns, measured: `algorithm.parallel_credit: paired` against `all_pairs`
 on the parallel toy (bench/_twin_env.py: both roles must name the secret digit at once).
 
-The start is the tiny model taught to answer each role with a uniformly random digit 1-4
-(`atgrpo model teach`): each role is right 1 time in 4, the team 1 in 16. Paired credit scores
-branch k of both roles together, so a right answer earns 1 only when its same-index partner is
-right too (1 in 4) and its group of K often has no winner at all; all_pairs scores every answer
-against all K partner answers (K x K joint actions), so a right answer earns the fraction of
-partner answers that are right, whenever one is. Same runs otherwise: L1 shared model, K = 8,
+The start is the tiny model taught (atgrpo.models.taught.teach) to answer a role told secret s
+with s or its pair (1-2, 3-4) at random: each role is right half the time, the team a quarter.
+Paired credit scores branch k of both roles together, so a right answer earns 1 only when its
+same-index partner is right too, and half the right answers are scored as failures; all_pairs
+scores every answer against all K partner answers (K x K joint actions), so every right answer
+earns the fraction of partner answers that are right. Same runs otherwise: L1 shared model, K = 8,
 8 tasks a step, temperature 1, at most 4 new tokens, lr 5e-4, one optimizer step a step.
 Success is evaluated every --eval-every steps on 64 eval tasks, sampled at temperature 1.
 Output: a table (stdout and OUT/parallel_credit.md), curves (OUT/parallel_credit.png) and every
@@ -96,16 +96,24 @@ def one_run(variant: str, seed: int, model: str, work: Path, steps: int, every: 
     }
 
 
+PAIRS = {"1": "2", "2": "1", "3": "4", "4": "3"}
+
+
 def taught(work: Path) -> str:
-    """The tiny model, taught to answer either role with a random digit 1-4 (not the secret)."""
-    from atgrpo.cli.teach import first_prompts
+    """The tiny model, taught to answer either role told secret s with s or its pair (1-2, 3-4)
+    at random: each role is right half the time, the team a quarter."""
     from atgrpo.models import build_tiny_model
     from atgrpo.models.taught import teach
 
     base = build_tiny_model(work / "tiny")
-    prompts = asyncio.run(first_prompts(ENV_PATH, {}, ["left", "right"], 8))
-    digits = list("1234")
-    return teach(base, work / "taught", prompts, {"left": digits, "right": digits}, steps=300)
+    shown = [
+        (f"{role}-{s}", f"{role}: the secret is {s}", s)
+        for role in ("left", "right")
+        for s in PAIRS
+    ]
+    prompts = [(key, [{"role": "user", "content": text}]) for key, text, _ in shown]
+    answers = {key: [s, PAIRS[s]] for key, _, s in shown}
+    return teach(base, work / "taught", prompts, answers, steps=600, lr=1e-3)
 
 
 def summarise(runs: list[dict]) -> list[dict]:
