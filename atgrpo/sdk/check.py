@@ -49,7 +49,7 @@ RULES: dict[str, str] = {
     "reward-range": f"rewards stay in {list(REWARD_RANGE)} (warning)",
     "flags": "success is a bool; a success comes with done (warning)",
     "step-deterministic": "the same answers from the same state give the same results and prompts",
-    "fork-independent": "stepping a fork changes neither its parent nor its sibling",
+    "fork-independent": "stepping a fork changes nothing its parent shows",
     "parallel-resolves-last": "in a parallel turn, no agent's step changes what the agents see "
     "until the turn's last agent steps",
     "time-per-step": f"step takes under {STEP_MS_WARN:.0f} ms (warning)",
