@@ -205,8 +205,9 @@ def credit_shifts(agents: int, k: int, key: str) -> list[tuple[int, ...]]:
     """all_pairs credit: the partners' offsets from an answer's own index, each giving K joint
     actions in which every answer of every agent appears once. Two agents: every nonzero
     offset, so each answer meets every partner answer (K x K in all). More: K - 1 of the
-    K^(n-1) - 1 offset vectors, drawn without replacement from `key` (the same tree, the same
-    draw), so each answer meets K partner combinations: the cost of two agents, unbiased."""
+    K^(n-1) - 1 nonzero offset vectors, drawn without replacement from `key` (the same tree, the
+    same draw), so each answer meets K partner combinations (its diagonal one among them): the
+    cost of two agents."""
     if agents == 2:
         return [(0, s) for s in range(1, k)]
     total = k ** (agents - 1) - 1
