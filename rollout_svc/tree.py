@@ -22,10 +22,10 @@ plays up to max_turns turns on it, in one of two ways:
   other forks are closed. The episode ends when the kept branch is done after a turn.
   With plan.parallel_credit all_pairs the turn scores more joint actions than the K diagonal
   ones (branch k of every agent): for two agents every pair (K x K), for more K balanced
-  combinations per answer (credit_shifts). Each agent's answer k gets the mean team and local
-  reward of the joint actions it took part in (its credit: not the luck of its same-index
-  partner), with done, success and info of its diagonal one; the best of all scored joint actions
-  goes on, each agent's answer in it `selected`.
+  combinations per answer (rollout_svc.joint.credit_shifts). Each agent's answer k gets the
+  mean team and local reward of the joint actions it took part in (its credit: not the luck of
+  its same-index partner), with done, success and info of its diagonal one; the best of all
+  scored joint actions goes on, each agent's answer in it `selected`.
 
 Groups stay (task, agent, turn) in both: each agent's K samples of a turn share one prompt.
 EpisodeEnd.agent_rewards sums each agent's mixed reward on the kept branches.
@@ -62,7 +62,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import random
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
@@ -70,6 +69,7 @@ from typing import Any, Protocol
 
 from atgrpo.contract.env import Message, StepResult
 from atgrpo.contract.rollout import AgentPlan, CollectPlan, EpisodeEnd, Generation, Sample, TaskRef
+from rollout_svc.joint import credit_shifts, credited, scored, turn_outcomes
 
 
 class Envs(Protocol):
@@ -175,72 +175,6 @@ def _prompt(agent: AgentPlan, messages: list[Message]) -> list[Message]:
     if agent.system_prompt and not (messages and messages[0]["role"] == "system"):
         return [{"role": "system", "content": agent.system_prompt}, *messages]
     return messages
-
-
-def _turn_outcomes(steps: list[list[StepResult | None]]) -> list[StepResult]:
-    """Per branch, the parallel turn's outcome: the last step applied there
-    (steps[agent][branch])."""
-    return [next(s[b] for s in reversed(steps) if s[b] is not None) for b in range(len(steps[0]))]
-
-
-def _scored(own: StepResult | None, outcome: StepResult) -> StepResult:
-    """One agent's result on one branch of a parallel turn: the turn's team reward, done and
-    success, with the agent's own local reward and info (0 and "skipped" when the turn ended
-    first)."""
-    if own is None:
-        return StepResult(
-            outcome.team_reward,
-            0.0,
-            outcome.done,
-            outcome.success,
-            {"skipped": "the turn ended on this branch before this agent acted"},
-            outcome.turn,
-        )
-    return StepResult(
-        outcome.team_reward, own.local_reward, outcome.done, outcome.success, own.info, own.turn
-    )
-
-
-def credit_shifts(agents: int, k: int, key: str) -> list[tuple[int, ...]]:
-    """all_pairs credit: the partners' offsets from an answer's own index, each giving K joint
-    actions in which every answer of every agent appears once. Two agents: every nonzero
-    offset, so each answer meets every partner answer (K x K in all). More: K - 1 of the
-    K^(n-1) - 1 nonzero offset vectors, drawn without replacement from `key` (the same tree, the
-    same draw), so each answer meets K partner combinations (its diagonal one among them): the
-    cost of two agents."""
-    if agents == 2:
-        return [(0, s) for s in range(1, k)]
-    total = k ** (agents - 1) - 1
-    picks = random.Random(key).sample(range(1, total + 1), min(k - 1, total))
-    return [(0, *(p // k**i % k for i in range(agents - 1))) for p in picks]
-
-
-def _credited(row: list[StepResult], branch_of: list[int], k: int) -> list[StepResult]:
-    """Each of one agent's K answers credited over the joint actions it took part in (row[c] its
-    result in joint action c, branch_of[c] which answer it gave there): the mean team and local
-    reward, with done, success and info of its diagonal joint action (c = its own index). Paired
-    credit (one joint action per answer) returns the diagonal results unchanged."""
-    if len(row) == k:
-        return row[:k]
-    out = []
-    for b in range(k):
-        mine = [r for r, own in zip(row, branch_of, strict=True) if own == b]
-        diag = row[b]
-        out.append(
-            StepResult(
-                sum(r.team_reward for r in mine) / len(mine),
-                sum(r.local_reward for r in mine) / len(mine),
-                diag.done,
-                diag.success,
-                {
-                    **diag.info,
-                    "credit_joint_actions": len(mine),
-                    "paired_team_reward": diag.team_reward,
-                },
-                diag.turn,
-            )
-        )
-    return out
 
 
 class _Episode:
@@ -396,19 +330,19 @@ class _Episode:
             if self.tree:
                 await self.envs.close_episodes(branches)
             raise
-        outcomes = _turn_outcomes(steps)
-        scored = [
-            [_scored(own, outcome) for own, outcome in zip(row, outcomes, strict=True)]
+        outcomes = turn_outcomes(steps)
+        results = [
+            [scored(own, outcome) for own, outcome in zip(row, outcomes, strict=True)]
             for row in steps
         ]
         best = select_branch(
-            [sum(self._mixed(row[c]) for row in scored) for c in range(len(branches))],
+            [sum(self._mixed(row[c]) for row in results) for c in range(len(branches))],
             self.plan.selection,
         )
         for a, (agent, generation) in enumerate(zip(agents, generations, strict=True)):
-            credited = _credited(scored[a], [j[a] for j in joint], self.k)
-            self._emit(agent, turn, generation, credited, joint[best][a])
-            self.rewards[agent.name] += self._mixed(scored[a][best])
+            credit = credited(results[a], [j[a] for j in joint], self.k)
+            self._emit(agent, turn, generation, credit, joint[best][a])
+            self.rewards[agent.name] += self._mixed(results[a][best])
         await self._keep(branches, best)
         return outcomes[best]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,7 @@ ROLES = frozenset({"system", "user", "assistant"})
 REWARD_RANGE = (-1.0, 1.0)  # what atgrpo's own envs keep (docs/environments.md, The contract)
 PROMPT_CHARS_WARN = 100_000  # ~25k tokens: more than most models' context
 STEP_MS_WARN = 1000.0  # tree sampling steps K x agents x turns times per task
+SPLIT_PAIRS = 8
 
 # rule -> what it asks; a finding names its rule, so a failure reads with its fix.
 RULES: dict[str, str] = {
@@ -252,8 +253,10 @@ class _Checker:
             self.find("wire", f"the spec {_short(self.spec)} changes on the wire")
         return True
 
-    def tasks(self, per_split: int) -> list[tuple[str, int, str]]:
-        out = []
+    def tasks(self, per_split: int) -> dict[str, list[tuple[str, int, str]]]:
+        """Each split's first `per_split` tasks as (task_id, seed, split): its listed ids in turn,
+        or ids named after their seed where tasks come from seeds."""
+        out: dict[str, list[tuple[str, int, str]]] = {}
         for split in self.spec.splits:
             try:
                 ids, total = self.host.list_tasks(self.name, split, 0, 0, self.options)
@@ -269,9 +272,10 @@ class _Checker:
                     "or a non-empty list of distinct strings",
                 )
                 continue
-            for i in range(per_split):
-                task_id = ids[i % len(ids)] if ids else f"{split}-{i}"
-                out.append((task_id, seed_for(split, i), split))
+            out[split] = [
+                (ids[i % len(ids)] if ids else f"{split}-{i}", seed_for(split, i), split)
+                for i in range(per_split)
+            ]
         return out
 
     async def reset_deterministic(self, task) -> None:
@@ -385,17 +389,25 @@ class _Checker:
     async def host_close(self, *episodes: str) -> None:
         self.host.close(list(episodes))
 
-    async def run(self, per_split: int) -> Report:
+    async def run(
+        self, per_split: int, config_problems: Callable[[EnvSpec], Sequence[str]] | None
+    ) -> Report:
         if not self.build():
             return self.report
-        tasks = self.tasks(per_split)
+        for problem in config_problems(self.spec) if config_problems else ():
+            self.find("config", problem)
+        # 8 tasks a split for splits-differ (a warning only: an env of few tasks may draw the same
+        # one for both splits by chance; 8 pairs of a 4-task env: 1 in 65,536); the others play
+        # the first `per_split`.
+        by_split = self.tasks(max(per_split, SPLIT_PAIRS))
+        tasks = [t for split in by_split.values() for t in split[:per_split]]
         for i, task in enumerate(tasks):
             await self.reset_deterministic(task)
             await self.play_twice(task, offset=i)
             await self.fork_independent(task, offset=i)
             if self.spec.parallel and len(self.spec.turn_order) > 1:
                 await self.parallel_resolves_last(task, offset=i)
-        await self.splits_differ()
+        await self.splits_differ(by_split)
         self.report.timings_ms = {k: sum(v) / len(v) for k, v in self._ms.items()}
         if self.report.timings_ms.get("step", 0.0) > STEP_MS_WARN:
             self.find(
@@ -405,26 +417,24 @@ class _Checker:
             )
         return self.report
 
-    async def splits_differ(self, pairs: int = 8) -> None:
-        """A warning only: an env of few tasks may draw the same one for both splits by chance,
-        hence 8 pairs (a 4-task env: 1 in 65,536)."""
-        if not {"train", "eval"} <= set(self.spec.splits):
-            return
-        for i in range(pairs):
+    async def splits_differ(self, by_split: dict[str, list[tuple[str, int, str]]]) -> None:
+        pairs = list(zip(by_split.get("train", []), by_split.get("eval", []), strict=False))
+        for tasks in pairs:
             shown = []
-            for split in ("train", "eval"):
-                episode = await self.reset((f"{split}-{i}", seed_for(split, i), split))
+            for task in tasks:
+                episode = await self.reset(task)
                 if episode is None:
                     return
                 shown.append(await self.seen(episode))
                 await self.host_close(episode)
             if shown[0] != shown[1]:
                 return
-        self.find(
-            "splits-differ",
-            f"the first {pairs} train and eval tasks show the same prompts: generate tasks from "
-            "task_rng(split, seed), so evaluation measures unseen tasks",
-        )
+        if pairs:
+            self.find(
+                "splits-differ",
+                f"the first {len(pairs)} train and eval tasks show the same prompts: generate "
+                "tasks from task_rng(split, seed), so evaluation measures unseen tasks",
+            )
 
 
 async def check_env_async(
@@ -434,22 +444,20 @@ async def check_env_async(
     sandbox: Sandbox | None = None,
     tasks: int = 3,
     examples: Sequence[str] = (),
-    problems: Sequence[str] = (),
+    config_problems: Callable[[EnvSpec], Sequence[str]] | None = None,
 ) -> Report:
     """Run every rule on `target` (an Environment class, 'module:Class', or a registered name) with
     `options`, over `tasks` tasks of each split. `examples`: answers to play before the probes
-    (well-formed ones reach more of the env). `problems`: the config's disagreements with the spec,
-    found by the caller (atgrpo.env_check.spec_problems), reported under rule "config"."""
+    (well-formed ones reach more of the env). `config_problems`: a run config's disagreements with
+    the env's spec (atgrpo.env_check.spec_problems), reported under rule "config"."""
     name, registry = registry_for(target)
     host = EnvHost(registry, sandbox=sandbox)
     checker = _Checker(host, name, options or {}, examples)
-    for p in problems:
-        checker.find("config", p)
     # The host logs each env bug's traceback for a service's operator; here the finding says it.
     quiet = logging.getLogger("atgrpo.sdk.host")
     was, quiet.disabled = quiet.disabled, True
     try:
-        return await checker.run(max(1, tasks))
+        return await checker.run(max(1, tasks), config_problems)
     finally:
         quiet.disabled = was
 

@@ -127,3 +127,18 @@ class OnlyWhoseTurn(CounterEnv):
     def step(self, agent, action):
         self.next = (self.next + 1) % len(self.spec.turn_order)
         return super().step(agent, action)
+
+
+class NamedPuzzles(CounterEnv):
+    """Correct: a finite list of named tasks per split, and reset refuses any other id, so the
+    check must play the listed ids (not ids it makes up)."""
+
+    name = "named_puzzles"
+
+    def task_ids(self, split):
+        return [f"{split}-puzzle-{c}" for c in "abcde"]
+
+    def reset(self, task_id, seed, split):
+        if task_id not in self.task_ids(split):
+            raise ValueError(f"no task {task_id!r}")
+        self.target = 5 + "abcde".index(task_id[-1]) + (split == "eval")

@@ -44,8 +44,8 @@ def test_every_finding_is_a_known_rule_with_its_fix():
 
 @pytest.mark.parametrize(
     "cls",
-    [CounterEnv, broken.PickAtOnce, broken.OnlyWhoseTurn],
-    ids=["sequential", "parallel", "observe_only_whose_turn"],
+    [CounterEnv, broken.PickAtOnce, broken.OnlyWhoseTurn, broken.NamedPuzzles],
+    ids=["sequential", "parallel", "observe_only_whose_turn", "listed_task_ids_only"],
 )
 def test_a_correct_env_keeps_every_rule(cls):
     report = check_env(cls)
