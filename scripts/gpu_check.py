@@ -25,6 +25,10 @@ which wheels to carry for the parts it skipped (NEEDS; about 60 MB can be carrie
     python scripts/gpu_check.py                                   # on a GPU machine
     python scripts/gpu_check.py --device cpu --size small --out /tmp/check.json  # smoke (make test)
     python scripts/gpu_check.py --wheels                          # what to carry to a bare machine
+
+The services part also needs bubblewrap on PATH (the sandbox's backend): a Debian 12 /usr/bin/bwrap
+ran on the H200 image (Ubuntu 24.04, gVisor) as carried. docs/gpu_check/ holds the reports of runs
+on GPU machines.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -541,6 +546,12 @@ def run_part(args) -> dict:
             "skipped": f"needs the wheels {missing}: carry them to this machine (pip download on "
             f"one with "
             "internet; `--wheels` lists every part's)"
+        }
+    # The services start the sandbox, whose default backend is bubblewrap; a GPU image has none.
+    if args.part == "services" and not shutil.which("bwrap"):
+        return {
+            "skipped": "needs bubblewrap for the sandbox service: carry a bwrap binary (e.g. "
+            "/usr/bin/bwrap of a machine that has it) and put its folder first on PATH"
         }
     try:
         out = CHECKS[args.part](args, Path(args.work))

@@ -7,8 +7,10 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import tomllib
 from collections.abc import Mapping
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, distribution, entry_points
+from pathlib import Path
 
 from atgrpo.errors import InvalidArgument, NotFound
 from atgrpo.sdk.env import Environment
@@ -36,6 +38,22 @@ def load_class(path: str) -> type[Environment]:
     return obj
 
 
+def discovered() -> dict[str, str]:
+    """Installed packages' entry points, and atgrpo's own built-ins even when atgrpo runs from a
+    source tree that was never installed (a GPU machine that got the tree as files has no
+    dist-info, so no entry points: the built-ins are read from the tree's pyproject.toml, the one
+    list an install would have registered)."""
+    found = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    try:
+        distribution("atgrpo")
+    except PackageNotFoundError:
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        if pyproject.exists():
+            table = tomllib.loads(pyproject.read_text())["project"].get("entry-points", {})
+            found = {**table.get(ENTRY_POINT_GROUP, {}), **found}
+    return found
+
+
 class Registry:
     """Environment name -> class, loaded on first use (an env's heavy imports wait until needed)."""
 
@@ -43,8 +61,8 @@ class Registry:
         self._paths: dict[str, str] = dict(paths or {})
         self._classes: dict[str, type[Environment]] = {}
         if discover:
-            for ep in entry_points(group=ENTRY_POINT_GROUP):
-                self._paths.setdefault(ep.name, ep.value)
+            for name, value in discovered().items():
+                self._paths.setdefault(name, value)
 
     def register(self, cls: type[Environment], name: str | None = None) -> type[Environment]:
         name = name or cls.name

@@ -4,12 +4,8 @@ Paths rather than imports, so that serving one environment never imports the oth
 declared as entry points (pyproject.toml), as a third party's environments are.
 """
 
-from importlib.metadata import entry_points
+from atgrpo.sdk.registry import discovered
 
-# pyproject.toml's "atgrpo.envs" entry points that are this package's: one table for the service
-# and the library.
-BUILTIN = {
-    ep.name: ep.value
-    for ep in entry_points(group="atgrpo.envs")
-    if ep.value.startswith("env_svc.envs.")
-}
+# pyproject.toml's "atgrpo.envs" entry points that are this package's (read from the tree when it
+# runs uninstalled): one table for the service and the library.
+BUILTIN = {name: path for name, path in discovered().items() if path.startswith("env_svc.envs.")}

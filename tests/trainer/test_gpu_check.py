@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -146,3 +147,43 @@ def test_the_trainers_parts_run_with_only_torch_and_their_listed_wheels_and_the_
         listed["services"]
     )
     assert "torch" not in {w for ws in listed.values() for w in ws}  # the bare machine has it
+
+
+def test_a_source_tree_that_was_never_installed_still_finds_its_built_in_envs(
+    tmp_path, subprocess_env, script
+):
+    """The GPU machine gets the tree as files, with no atgrpo dist-info and so no entry points: its
+    services part failed with "no environment named 'toy'; available: none". The built-ins are
+    read from the tree's pyproject.toml then, the same table an install registers."""
+    deps = script.closure(script.project_dependencies()) - {"atgrpo"}
+    tree = tmp_path / "tree"  # the tree as it travels: no atgrpo.egg-info (git ignores it)
+    tree.mkdir()
+    for part in ("atgrpo", "env_svc", "pyproject.toml"):
+        (tree / part).symlink_to(ROOT / part)
+    env = {**subprocess_env, "PYTHONPATH": f"{bare_site(tmp_path / 'site', deps)}:{tree}"}
+    code = (
+        "import importlib.metadata as m, json\n"
+        "from atgrpo.sdk.registry import Registry\n"
+        "try:\n    m.distribution('atgrpo'); installed = True\n"
+        "except m.PackageNotFoundError:\n    installed = False\n"
+        "from env_svc.envs import BUILTIN\n"
+        "print(json.dumps([installed, Registry().names(), sorted(BUILTIN),"
+        " Registry().get('toy').__name__]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    installed, names, builtin, toy = json.loads(done.stdout)
+    here = sorted(e.name for e in importlib.metadata.entry_points(group="atgrpo.envs"))
+    assert not installed and names == builtin == here and toy == "ToyEnv"
+
+
+def test_the_services_part_says_to_carry_bubblewrap_where_there_is_none(tmp_path, subprocess_env):
+    """The H200 image has no bwrap: the sandbox service exited before serving and the part failed
+    with the service's log. It is now skipped up front, naming what to carry."""
+    path = f"{tmp_path}:{Path(sys.executable).parent}"  # no /usr/bin: no bwrap
+    done, report = gpu_check(
+        {**subprocess_env, "PATH": path}, tmp_path / "r.json", "--parts", "services"
+    )
+    assert done.returncode == 1 and "bubblewrap" in report["services"]["skipped"]
