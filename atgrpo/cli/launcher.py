@@ -195,19 +195,32 @@ def _popen(
         )
 
 
+def _await_ports(live: dict[str, tuple], deadline: float) -> dict[str, dict]:
+    """Wait until at least one of the `live` processes (name -> (proc, port_file, log_path))
+    reports its port; returns name -> ports for those that have."""
+    while time.monotonic() < deadline:
+        done = {n: json.loads(f.read_text()) for n, (_, f, _) in live.items() if f.exists()}
+        if done:
+            return done
+        for name, (proc, _, log_path) in live.items():
+            if proc.poll() is not None:
+                raise LaunchError(
+                    f"{name} exited with code {proc.returncode} before serving; its log "
+                    f"({log_path}) ends with:\n{_log_tail(log_path)}"
+                )
+        time.sleep(0.05)
+    raise LaunchError(
+        "; ".join(
+            f"{n} did not report a port within the timeout; see {lp}"
+            for n, (_, _, lp) in live.items()
+        )
+    )
+
+
 def _await_port(
     proc: subprocess.Popen, port_file: Path, log_path: Path, name: str, deadline: float
 ) -> dict:
-    while time.monotonic() < deadline:
-        if port_file.exists():
-            return json.loads(port_file.read_text())
-        if proc.poll() is not None:
-            raise LaunchError(
-                f"{name} exited with code {proc.returncode} before serving; its log "
-                f"({log_path}) ends with:\n{_log_tail(log_path)}"
-            )
-        time.sleep(0.05)
-    raise LaunchError(f"{name} did not report a port within the timeout; see {log_path}")
+    return _await_ports({name: (proc, port_file, log_path)}, deadline)[name]
 
 
 def up(
@@ -233,19 +246,25 @@ def up(
     started: list[LocalService] = []
     spawned = []
     try:
-        pending = list(plan)
-        while pending:  # start in waves: each service once those it needs report their ports
+        order = [p.name for p in plan]
+        pending, live = list(plan), {}
+        # Each service starts as soon as those it needs have reported their ports (the env once
+        # the sandbox has, not once every service of the first wave has).
+        while pending or live:
             addresses = {s.name: s.address for s in started}
-            wave = [p for p in pending if p.needs() <= addresses.keys()]
-            if not wave:
+            ready = [p for p in pending if p.needs() <= addresses.keys()]
+            if not ready and not live:
                 raise LaunchError(
                     f"services {[p.name for p in pending]} need addresses no plan provides"
                 )
-            pending = [p for p in pending if p not in wave]
-            batch = [(p, *_spawn(p, state_dir, python, addresses, tether)) for p in wave]
-            spawned += batch
-            for p, proc, port_file, log_path, argv in batch:
-                ports = _await_port(proc, port_file, log_path, p.name, deadline)
+            pending = [p for p in pending if p not in ready]
+            for p in ready:
+                proc, port_file, log_path, argv = _spawn(p, state_dir, python, addresses, tether)
+                spawned.append(proc)
+                live[p.name] = (proc, port_file, log_path, p, argv)
+            reported = _await_ports({n: v[:3] for n, v in live.items()}, deadline)
+            for name, ports in reported.items():
+                proc, _, log_path, p, argv = live.pop(name)
                 created, since = _identity(proc.pid)
                 started.append(
                     LocalService(
@@ -261,8 +280,9 @@ def up(
                         since,
                     )
                 )
-                # record as we go, so `down` can clean a partial start
-                _write_state(state_dir, started)
+            started.sort(key=lambda svc: order.index(svc.name))
+            # record as we go, so `down` can clean a partial start
+            _write_state(state_dir, started)
         probes = asyncio.run(
             probe_all(
                 [(s.kind, s.address) for s in started],
@@ -278,7 +298,7 @@ def up(
             raise LaunchError("services not healthy: " + "; ".join(bad))
     except BaseException:
         _stop_all(started, timeout_s=5.0)
-        for _, proc, *_ in spawned:  # those that never reported a port
+        for proc in spawned:  # those that never reported a port
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
