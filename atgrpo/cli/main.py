@@ -427,4 +427,9 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "passthrough", False):
             ap.error(f"unrecognized arguments: {' '.join(extras)}")
         args.rest = [*extras, *args.rest]
-    return args.fn(args)
+    code = args.fn(args)
+    if argv is None:  # run as the program (its arguments from the command line): it exits next
+        from atgrpo.rpc.main import skip_exit_collection
+
+        skip_exit_collection()
+    return code

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import inspect
 import json
 import logging
@@ -339,6 +340,17 @@ def serve_service(service: str, serve: ServeSettings, build: Build) -> None:
         asyncio.run(_serve(serve, build, service))
     except OSError as err:
         raise SystemExit(f"{service}: {err}") from None
+    finally:
+        skip_exit_collection()
+
+
+def skip_exit_collection() -> None:
+    """Call last, in a process about to exit. The interpreter's final garbage collections walk
+    every object it made: 0.8-1.0 s of exit for a process that loaded torch, transformers and the
+    tiny model (measured here), so a local run's five services took over a second to stop after
+    each had logged "stopped". Frozen, they are not walked (0.15 s). Nothing else changes:
+    objects still die by their reference counts, atexit handlers and threads' joins still run."""
+    gc.freeze()
 
 
 def run_service(
