@@ -8,9 +8,6 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-import torch
-
-from atgrpo.algo.advantages import mix_rewards
 from atgrpo.algo.registry import adv_estimator, estimate
 from atgrpo.config import RunConfig
 from atgrpo.contract.env import seed_for
@@ -98,6 +95,13 @@ def step_batches(
     "trajectory": (task, agent) per episode over its K copies), filter, route by pool."""
     if not samples:
         return StepBatches({}, {}, 0)
+    # Here, not at the top: the router starts without torch (a second of CPU that a local start's
+    # rollout and trainer, importing theirs at the same moment, would wait on); the first step
+    # imports it.
+    import torch
+
+    from atgrpo.algo.advantages import mix_rewards
+
     # (B,)
     rewards = mix_rewards(
         torch.tensor([s.team_reward for s in samples], dtype=torch.double),

@@ -21,9 +21,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import import_module
 from importlib.metadata import entry_points
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
+if TYPE_CHECKING:  # at run time only estimate() needs it: the router starts without torch
+    import torch
 
 ADVANTAGE_GROUP = "atgrpo.advantages"
 LOSS_GROUP = "atgrpo.losses"
@@ -43,7 +44,7 @@ class Estimate:
 Estimator = Callable[..., Estimate]
 # (logprobs, old_logprobs, advantages, mask, cfg: LossConfig, *, prox_logprobs, ref_logprobs,
 #  entropy) -> (loss to minimise, metrics with at least "masked_tokens")
-Loss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+Loss = Callable[..., "tuple[torch.Tensor, dict[str, float]]"]
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,8 @@ def estimate(
     name: str, samples: Sequence[Any], rewards: torch.Tensor, *, norm_std: bool
 ) -> Estimate:
     """The named estimator's Estimate for `samples`, checked for shape."""
+    import torch
+
     got = adv_estimator(name).fn(samples, rewards, norm_std=norm_std)
     b = (rewards.numel(),)
     if (
