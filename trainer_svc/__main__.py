@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 
-from atgrpo.rpc.main import parse, serve_service
+from atgrpo.rpc.main import parse, serve_service, skip_exit_collection
 from trainer_svc import distributed
 from trainer_svc.ops import PoolOps
 from trainer_svc.server import bindings
@@ -27,7 +27,10 @@ def main() -> int:
             level=serve.log_level,
             format=f"%(asctime)s trainer[rank {ranks.rank}] %(levelname)s %(name)s: %(message)s",
         )
-        return distributed.run_follower(ranks, PoolOps(settings.sharding), serve.grace_s)
+        try:
+            return distributed.run_follower(ranks, PoolOps(settings.sharding), serve.grace_s)
+        finally:
+            skip_exit_collection()
     try:
         serve_service("trainer", serve, lambda: bindings(settings, ranks=ranks))
     finally:
