@@ -332,7 +332,8 @@ def _tie_to_launcher(serve: ServeSettings, servicers: list) -> None:
 
 
 def serve_service(service: str, serve: ServeSettings, build: Build) -> None:
-    """Serve at once (NOT_SERVING), build the servicers, serve them until SIGTERM."""
+    """Serve at once (NOT_SERVING), build the servicers, serve them until SIGTERM. A process's
+    main: it returns when the service has stopped, for the process to exit."""
     logging.basicConfig(
         level=serve.log_level, format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s"
     )
