@@ -37,6 +37,19 @@ def gqa_sdpa_forward(
     as (batch, positions, heads, dim)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    if key.dtype != query.dtype:  # a float32 cache under 16-bit weights (the hf engine on CPU)
+        out, _ = gqa_sdpa_forward(
+            module,
+            query.to(key.dtype),
+            key,
+            value,
+            attention_mask,
+            dropout,
+            scaling,
+            is_causal,
+            **kwargs,
+        )
+        return out.to(query.dtype), None
     masked_gqa = (
         attention_mask is not None
         and query.device.type == "cpu"

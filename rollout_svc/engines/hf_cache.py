@@ -25,19 +25,42 @@ class ReservedLayer(DynamicLayer):
 
     _layer_type = None  # never registered as a default layer type: only reserved_cache makes one
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, dtype: torch.dtype | None = None):
         super().__init__()
         self.capacity = capacity
+        self.store_dtype = dtype  # None: the keys' own
         self.length = 0
         self._k = self._v = None
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.dtype, self.device = key_states.dtype, key_states.device
+    def lazy_initialization(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, batch: int | None = None
+    ) -> None:
+        self.dtype = self.store_dtype or key_states.dtype
+        self.device = key_states.device
         b, h, n, _ = key_states.shape
-        size = max(self.capacity, n)
-        self._k = key_states.new_empty((b, h, size, key_states.shape[-1]))
-        self._v = value_states.new_empty((b, value_states.shape[1], size, value_states.shape[-1]))
+        b, size = batch or b, max(self.capacity, n)
+        # Zeros, not empty memory: positions a placed prefill leaves unwritten are masked, and a
+        # masked NaN would still poison the attention's weighted sum (0 * NaN).
+        self._k = key_states.new_zeros((b, h, size, key_states.shape[-1]), dtype=self.dtype)
+        self._v = value_states.new_zeros(
+            (b, value_states.shape[1], size, value_states.shape[-1]), dtype=self.dtype
+        )
         self.is_initialized = True
+
+    def place(
+        self, rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: int, end: int
+    ) -> None:
+        """Write one prefill group's keys and values (left-padded to the group's own width) into
+        `rows` of a `batch`-row cache, ending at position `end` (the batch's prompt width)."""
+        if not self.is_initialized:
+            self.lazy_initialization(keys, values, batch)
+        if end > self._k.shape[-2]:
+            self._grow(end)
+        n = keys.shape[-2]
+        self._k[rows, :, end - n : end] = keys.to(self.dtype)
+        self._v[rows, :, end - n : end] = values.to(self.dtype)
+        self.length = end
+        self._views()
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
@@ -94,11 +117,16 @@ class ReservedLayer(DynamicLayer):
 class ReservedCache(DynamicCache):
     """A DynamicCache (so the models treat it as one) of ReservedLayers."""
 
-    def __init__(self, num_layers: int, capacity: int):
-        Cache.__init__(self, layers=[ReservedLayer(capacity) for _ in range(num_layers)])
+    def __init__(self, num_layers: int, capacity: int, dtype: torch.dtype | None = None):
+        Cache.__init__(self, layers=[ReservedLayer(capacity, dtype) for _ in range(num_layers)])
+
+    def place(self, rows: torch.Tensor, part: Cache, batch: int, end: int) -> None:
+        """Every layer of `part` (a prefill of some of the batch's prompts) into `rows`."""
+        for layer, src in zip(self.layers, part.layers, strict=True):
+            layer.place(rows, src.keys, src.values, batch, end)
 
 
-def reserved_cache(config, capacity: int) -> ReservedCache | None:
+def reserved_cache(config, capacity: int, dtype: torch.dtype | None = None) -> ReservedCache | None:
     """A cache reserved for `capacity` positions for a model of `config`, or None where a layer is
     not full attention (sliding windows, chunked or linear attention, shared layers): the model's
     own cache then. The layer types are the ones DynamicCache(config=...) would give."""
@@ -113,4 +141,4 @@ def reserved_cache(config, capacity: int) -> ReservedCache | None:
         or len(types) != text.num_hidden_layers
     ):
         return None
-    return ReservedCache(len(types), capacity)
+    return ReservedCache(len(types), capacity, dtype)

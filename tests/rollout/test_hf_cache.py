@@ -74,3 +74,30 @@ def test_greedy_decoding_is_unchanged_by_the_reserved_cache_and_the_cut(
                 torch.tensor(f.logprobs), torch.tensor(w.logprobs), rtol=0, atol=1e-5
             )
     assert fast[stop_row][0].finish_reason == "stop" and len(fast[stop_row][0].token_ids) < 12
+
+
+def test_prefill_groups_put_like_lengths_together_and_spare_unlike_ones_the_padding():
+    assert hf.prefill_groups([5, 5, 5]) == [[0, 1, 2]]
+    assert hf.prefill_groups([100, 300, 200]) == [[1], [2], [0]]  # longest first
+    # 10, 10, 9 pad 30 positions for 29 real (within 10%); adding the 3 would pad 40 for 32
+    assert hf.prefill_groups([3, 10, 9, 10]) == [[1, 3, 2], [0]]
+    assert hf.prefill_groups([3, 10, 9, 10], waste=0.0) == [[1, 3], [2], [0]]
+
+
+def test_grouped_prefill_decodes_as_one_padded_batch_does(tiny_model, monkeypatch):
+    """Prompts of 10, 10, 9 and 3 tokens: a group of three (one of them padded within it) and one
+    alone, placed into the batch's cache, against one padded batch and the model's own cache."""
+    engine = HFEngine(tiny_model, device="cpu", dtype="float32")
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in (10, 3, 9, 10)]
+    greedy = Sampling(temperature=0.0, max_tokens=10)
+    grouped = engine.generate(prompts, [2, 1, 2, 1], greedy)
+    monkeypatch.setattr(hf_cache, "reserved_cache", lambda *_a: None)
+    batch = engine.generate(prompts, [2, 1, 2, 1], greedy)
+    for mine, want in zip(
+        (c for per in grouped for c in per), (c for per in batch for c in per), strict=True
+    ):
+        assert mine.token_ids == want.token_ids
+        torch.testing.assert_close(
+            torch.tensor(mine.logprobs), torch.tensor(want.logprobs), rtol=0, atol=1e-5
+        )
