@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from atgrpo.algo.sampling import sample_tokens
+from atgrpo.attention import NAME as ATTENTION
 from atgrpo.attention import use_gqa_sdpa
 from atgrpo.contract.rollout import Completion
 from atgrpo.contract.sampling import Sampling
@@ -279,16 +280,28 @@ class HFEngine:
     def _generate(
         self, prompts: Sequence[Sequence[int]], ns: Sequence[int], s: Sampling
     ) -> list[list[Completion]]:
+        # Here, not at the top: they import transformers, which the engine loads with its model.
+        from rollout_svc.engines.hf_cache import ReservedCache
+        from rollout_svc.engines.hf_shared import SharedPrefixCache
+
         dev = self.device
         start = time.perf_counter()
-        last, mask, cache = self._prefill(prompts, max(map(len, prompts)) + s.max_tokens)
+        # Sharing each prompt's cache among its rows needs atgrpo.attention's own attention (a
+        # bench may switch the model to transformers' to compare), and pays on CPU, where a
+        # decode step's reading of the cache is a third of it.
+        share = dev == "cpu" and self.model.config._attn_implementation == ATTENTION
+        width = max(map(len, prompts))
+        last, mask, cache = self._prefill(prompts, width if share else width + s.max_tokens)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, L)
         if mask.is_cuda:  # the forward's kernels are queued: wait for them, so the split is true
             torch.cuda.synchronize(mask.device)
         self.last_timing = {"prefill_s": time.perf_counter() - start}
         # (N,)
         rows = torch.repeat_interleave(torch.arange(len(prompts)), torch.tensor(list(ns))).to(dev)
-        cache.batch_select_indices(rows)  # the prefill is shared: copy the cache n ways
+        if share and isinstance(cache, ReservedCache):  # each prompt's keys held once
+            cache = SharedPrefixCache(cache, rows, mask, s.max_tokens)
+        else:
+            cache.batch_select_indices(rows)  # the prefill is shared: copy the cache n ways
         # (N, V) ...
         logits, mask, next_pos = (
             last[rows],

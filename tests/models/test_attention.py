@@ -104,3 +104,33 @@ def test_a_bf16_engine_on_cpu_keeps_a_float32_cache_and_decodes(tiny_model, monk
     assert all(len(c.token_ids) == len(c.logprobs) > 0 for c in completions)
     assert all(torch.isfinite(torch.tensor(c.logprobs)).all() for c in completions)
     assert HFEngine(tiny_model, device="cpu", dtype="float32").cache_dtype is None
+
+
+def test_shared_prefix_attention_equals_attending_to_each_rows_prompt_and_own_keys():
+    """Three prompts (left-padded to 7 positions) with 3, 1 and 2 rows, 3 own positions each, 6
+    query heads over 2 key/value heads: the same as SDPA over each row's prompt keys (copied) and
+    its own, concatenated, with the padding masked."""
+    from atgrpo.attention import SharedPrefix, shared_prefix_attention
+    from rollout_svc.engines.hf_shared import Rows
+
+    g = torch.Generator().manual_seed(0)
+    pk, pv = torch.randn(3, 2, 7, 8, generator=g), torch.randn(3, 2, 7, 8, generator=g)
+    real = torch.ones(3, 7, dtype=torch.bool)
+    real[0, :4], real[2, :1] = False, False
+    rows = Rows(torch.tensor([0, 0, 0, 1, 2, 2]), real)
+    assert rows.rank.tolist() == [0, 1, 2, 0, 0, 1] and rows.width == 3
+    own_k, own_v = torch.randn(6, 2, 3, 8, generator=g), torch.randn(6, 2, 3, 8, generator=g)
+    q = torch.randn(6, 6, 1, 8, generator=g)
+    prefix = SharedPrefix(pk, pv, rows.real, rows.slot, rows.rank, rows.width)
+    got = shared_prefix_attention(q, prefix, own_k, own_v, 0.3)
+    keys = torch.cat([pk[rows.slot], own_k], dim=2)
+    values = torch.cat([pv[rows.slot], own_v], dim=2)
+    mask = torch.cat([real[rows.slot], torch.ones(6, 3, dtype=torch.bool)], dim=1)[:, None, None]
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q, keys, values, attn_mask=mask, scale=0.3, enable_gqa=True
+    )
+    torch.testing.assert_close(got, want.transpose(1, 2), rtol=1e-5, atol=1e-6)
+    # Rows cut to 1 of prompt 0 and both of prompt 2: prompt 1 drops out, prompts renumbered.
+    live = rows.select(torch.tensor([1, 4, 5]))
+    assert live.tolist() == [0, 2] and rows.slot.tolist() == [0, 1, 1]
+    assert rows.rank.tolist() == [0, 0, 1] and torch.equal(rows.real, real[[0, 2]])

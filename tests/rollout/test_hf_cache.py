@@ -8,6 +8,7 @@ from transformers import AutoConfig
 
 import rollout_svc.engines.hf as hf
 import rollout_svc.engines.hf_cache as hf_cache
+import rollout_svc.engines.hf_shared as hf_shared
 from atgrpo.contract.sampling import Sampling
 from rollout_svc.engines.hf import HFEngine
 from rollout_svc.engines.hf_cache import ReservedLayer, reserved_cache
@@ -56,14 +57,17 @@ def test_greedy_decoding_is_unchanged_by_the_reserved_cache_and_the_cut(
     text = engine.tokenizer.decode(first[stop_row][0].token_ids[2:4])
     s = Sampling(temperature=0.0, max_tokens=12, stop=(text,))
     cuts = []
-    real_select = hf_cache.ReservedLayer.batch_select_indices
+    real_select = hf_shared.SharedPrefixLayer.select
     monkeypatch.setattr(
-        hf_cache.ReservedLayer,
-        "batch_select_indices",
-        lambda self, idx: cuts.append(len(idx)) or real_select(self, idx),
+        hf_shared.SharedPrefixLayer,
+        "select",
+        lambda self, idx, live: (
+            cuts.append((len(idx), live.tolist())) or real_select(self, idx, live)
+        ),
     )
     fast = engine.generate(prompts, [4, 4], s)
-    assert 4 in cuts  # the cut: 4 of 8 rows went on (one call a layer)
+    # the cut: 4 of 8 rows went on (one call a layer), and the other prompt's keys were dropped
+    assert (4, [1 - stop_row]) in cuts
     monkeypatch.setattr(hf, "COMPACT_AT", 0.0)
     monkeypatch.setattr(hf_cache, "reserved_cache", lambda *_a: None)
     slow = engine.generate(prompts, [4, 4], s)
