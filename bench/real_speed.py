@@ -130,6 +130,24 @@ def generation(
     return flops, best
 
 
+def decode_matmul_rate(model: torch.nn.Module, rows: int, trials: int = 3) -> float:
+    """FLOP/s of a decode step's matmuls alone: every nn.Linear of `model` (the output layer too),
+    once each and in order, at `rows` rows in the weights' dtype, best of `trials`. A step reads
+    every weight once for a few rows, so this, not matmul_rate's one 256-row product, bounds what
+    generation can reach (attention, norms and sampling come on top)."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = {n: torch.randn(rows, n, dtype=model.dtype) for n in {m.in_features for m in linears}}
+    flops = sum(2.0 * rows * m.in_features * m.out_features for m in linears)
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(trials + 1):  # the first pass pays for allocation
+            start = time.perf_counter()
+            for m in linears:
+                torch.nn.functional.linear(inputs[m.in_features], m.weight)
+            best = min(best, time.perf_counter() - start)
+    return flops / best
+
+
 def one_step(model: str, work: Path) -> dict:
     """One training step (no evaluation) of bench/real_learning.py's AT-GRPO arithmetic run."""
     from atgrpo.cli.runner import LocalServices, run_until
@@ -272,6 +290,8 @@ def main() -> None:
         f_gen, t_gen = generation(
             engine, args.gen_prompts, args.k, args.gen_prompt, args.gen_tokens
         )
+        ceiling = decode_matmul_rate(engine.model, args.gen_prompts * args.k)
+        del engine
         print(
             f"generation, {args.gen_prompts} prompts of ~{args.gen_prompt} tokens x {args.k}: "
             f"{f_gen / t_gen / 1e9:.1f} GFLOP/s, {f_gen / t_gen / rate:.0%} of the matmul rate "
@@ -283,13 +303,56 @@ def main() -> None:
             f_gen / t_gen / rate,
             "target >= 0.6",
         )
+        print(
+            f"  a decode step's matmuls alone at {args.gen_prompts * args.k} rows: "
+            f"{ceiling / 1e9:.1f} GFLOP/s, {ceiling / rate:.0%} of the matmul rate; generation "
+            f"is {f_gen / t_gen / ceiling:.0%} of that"
+        )
+        record(
+            "real_speed",
+            "a decode step's matmuls alone / matmul rate (float32)",
+            ceiling / rate,
+            "what the decode's shapes allow: every weight read once for a few rows",
+        )
+        record(
+            "real_speed",
+            "generation FLOP/s / a decode step's matmuls alone (float32)",
+            f_gen / t_gen / ceiling,
+            "",
+        )
         record(
             "real_speed",
             f"generation seconds, transformers' sdpa / {attention} (padded prompts)",
             t_stock / t_gen,
             f"{t_gen:.2f} s",
         )
+        # A pool's `dtype: bfloat16`: the engine's weights in bf16, its cache and attention in
+        # float32 (rollout_svc.engines.hf). A decode step at 32 rows reads every weight once, so
+        # half the bytes is most of the gain; against the bf16 matmul rate it stays low.
+        engine = HFEngine(path, device="cpu", dtype="bfloat16")
+        engine.warm_up()
+        f_b16, t_b16 = generation(
+            engine, args.gen_prompts, args.k, args.gen_prompt, args.gen_tokens
+        )
         del engine
+        rate_b16 = matmul_rate("cpu", torch.bfloat16)
+        print(
+            f"generation in bf16: {t_b16:.2f} s, {f_b16 / t_b16 / 1e9:.1f} GFLOP/s: "
+            f"{f_b16 / t_b16 / rate:.0%} of the float32 matmul rate, "
+            f"{f_b16 / t_b16 / rate_b16:.0%} of bf16's ({rate_b16 / 1e9:.1f} GFLOP/s)"
+        )
+        record(
+            "real_speed",
+            "generation seconds, float32 / bf16 weights",
+            t_gen / t_b16,
+            f"{t_b16:.2f} s in bf16, {f_b16 / t_b16 / rate_b16:.0%} of the bf16 matmul rate",
+        )
+        record(
+            "real_speed",
+            "generation FLOP/s in bf16 / float32 matmul rate",
+            f_b16 / t_b16 / rate,
+            "",
+        )
 
         if not args.no_step:
             step = one_step(path, work)

@@ -47,20 +47,20 @@ def test_real_learning_smoke(tiny_model, tmp_path, subprocess_env):
                 for line in (
                     tmp_path
                     / "runs"
-                    / f"arithmetic-{run['variant']}"
+                    / f"arithmetic-{run['variant']}-bf16"  # the bench's dtype: bfloat16
                     / "eval-samples"
                     / f"step-{e['step']:06d}.jsonl"
                 ).open()
             ]
             assert len({r["task_id"] for r in rows}) == 2
-        assert run["train_s"] > 0 and len(run["train_reward"]) == 2
+        assert run["train_s"] > 0 and len(run["train_reward"]) == 2 and run["dtype"] == "bfloat16"
     at, l0 = data["runs"]
     # 8 tasks x K 4 x two agents, one turn; L0 takes 16 tasks of its one agent: as many samples.
     assert at["samples_per_step"] == l0["samples_per_step"] == 64
     assert "tool_right" in at["evals"][0] and "tool_right" not in l0["evals"][0]
     table = (tmp_path / "real_learning.md").read_text()
     assert (
-        f"| arithmetic | L0 | {l0['evals'][0]['success']:.3f} |" in table
+        f"| arithmetic | L0 | bfloat16 | {l0['evals'][0]['success']:.3f} |" in table
         and table.strip() in proc.stdout
     )
     assert (tmp_path / "real_learning.png").stat().st_size > 10_000
