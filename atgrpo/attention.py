@@ -39,7 +39,7 @@ def gqa_sdpa_forward(
     as (batch, positions, heads, dim)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if (prefix := _take_prefix()) is not None and query.shape[-2] == 1:
+    if (prefix := _take_prefix()) is not None and prefix.own is key:
         return shared_prefix_attention(query, prefix, key, value, scaling), None
     if key.dtype != query.dtype:  # a float32 cache under 16-bit weights (the hf engine on CPU)
         out, _ = gqa_sdpa_forward(
@@ -91,8 +91,10 @@ def gqa_sdpa_forward(
 class SharedPrefix:
     """The prompts' keys and values once per prompt, for a decode step whose rows are the prompts'
     samples (rollout_svc.engines.hf_shared): keys and values (P, Hkv, W, D), which of a prompt's W
-    positions are real (P, W), and each row's prompt (`slot`) and place among that prompt's rows
-    (`rank`, below `width`: the most rows a prompt has)."""
+    positions are real (P, W), each row's prompt (`slot`) and place among that prompt's rows
+    (`rank`, below `width`: the most rows a prompt has), and the rows' own keys it goes with (the
+    very tensor the cache handed the model: a prefix left behind by a step that failed between
+    its cache update and its attention is never applied to another call)."""
 
     keys: torch.Tensor
     values: torch.Tensor
@@ -100,6 +102,7 @@ class SharedPrefix:
     slot: torch.Tensor
     rank: torch.Tensor
     width: int
+    own: torch.Tensor
 
 
 _handoff = threading.local()

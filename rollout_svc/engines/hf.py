@@ -287,8 +287,8 @@ class HFEngine:
         dev = self.device
         start = time.perf_counter()
         # Sharing each prompt's cache among its rows needs atgrpo.attention's own attention (a
-        # bench may switch the model to transformers' to compare), and pays on CPU, where a
-        # decode step's reading of the cache is a third of it.
+        # bench may switch the model to transformers' to compare), and pays on CPU, where the
+        # attention was a fifth (float32) to a third (bf16 weights) of a decode step.
         share = dev == "cpu" and self.model.config._attn_implementation == ATTENTION
         width = max(map(len, prompts))
         last, mask, cache = self._prefill(prompts, width if share else width + s.max_tokens)

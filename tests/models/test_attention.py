@@ -121,7 +121,7 @@ def test_shared_prefix_attention_equals_attending_to_each_rows_prompt_and_own_ke
     assert rows.rank.tolist() == [0, 1, 2, 0, 0, 1] and rows.width == 3
     own_k, own_v = torch.randn(6, 2, 3, 8, generator=g), torch.randn(6, 2, 3, 8, generator=g)
     q = torch.randn(6, 6, 1, 8, generator=g)
-    prefix = SharedPrefix(pk, pv, rows.real, rows.slot, rows.rank, rows.width)
+    prefix = SharedPrefix(pk, pv, rows.real, rows.slot, rows.rank, rows.width, own_k)
     got = shared_prefix_attention(q, prefix, own_k, own_v, 0.3)
     keys = torch.cat([pk[rows.slot], own_k], dim=2)
     values = torch.cat([pv[rows.slot], own_v], dim=2)
@@ -134,3 +134,20 @@ def test_shared_prefix_attention_equals_attending_to_each_rows_prompt_and_own_ke
     live = rows.select(torch.tensor([1, 4, 5]))
     assert live.tolist() == [0, 2] and rows.slot.tolist() == [0, 1, 1]
     assert rows.rank.tolist() == [0, 0, 1] and torch.equal(rows.real, real[[0, 2]])
+
+
+def test_a_prefix_left_behind_by_a_failed_step_is_dropped_not_applied_to_the_next_call(
+    tiny_model,
+):
+    from atgrpo.attention import SharedPrefix, attend_with_prefix, gqa_sdpa_forward
+
+    module = AutoModelForCausalLM.from_pretrained(tiny_model).model.layers[0].self_attn
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, h, n, 8, generator=g) for h, n in ((4, 1), (2, 6), (2, 6)))
+    want, _ = gqa_sdpa_forward(module, q, k, v, None, scaling=0.3)
+    stale = torch.zeros(2, 2, 3, 8)  # the own keys of a step whose attention never ran
+    ones = torch.ones(2, 3, dtype=torch.bool)
+    rows = torch.tensor([0, 1])
+    attend_with_prefix(SharedPrefix(stale, stale, ones, rows, rows * 0, 1, stale))
+    got, _ = gqa_sdpa_forward(module, q, k, v, None, scaling=0.3)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
