@@ -1,8 +1,10 @@
 """Where a real model's step goes on CPU, in one run on SmolLM2-135M-Instruct: the update with each
 group's prompt shared against the unshared update, the update's micro-batches packed by length
-against arrival order (positions computed for a mixed step), generation against this process's
-matmul rate and against transformers' own sdpa attention, and one step of
-bench/real_learning.py's AT-GRPO config through the five services.
+against arrival order (positions computed for a mixed step), the update under bf16 autocast,
+generation against this process's matmul rate, against a decode step's own matmuls (every weight
+once at the decode's rows: what its shapes allow) and against transformers' own sdpa attention,
+generation with bf16 weights, and one step of bench/real_learning.py's AT-GRPO config (bf16)
+through the five services.
 
     python bench/real_speed.py [--model DIR] [--groups 4] [--k 4] [--prompt 96] [--response 32]
                                [--gen-prompts 8] [--gen-prompt 200] [--gen-tokens 64] [--no-step]
