@@ -40,6 +40,7 @@ from atgrpo.errors import (
 from atgrpo.model_thread import ModelThread
 from atgrpo.perf import generation_flops
 from rollout_svc import metrics
+from rollout_svc.weights import Staging
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +138,7 @@ class PoolRuntime:
     def __init__(self, name: str, engine: Any, *, lora: bool = False):
         self.name, self.engine, self.lora = name, engine, lora
         self.versions: dict[str, int] = {"": 0}  # "" = base model; adapters by agent name
+        self.staging = Staging()  # the memory full pushes arrive in, used again
         self._queue: asyncio.Queue = asyncio.Queue()
         self._worker: asyncio.Task | None = None
         # The engine runs on this one thread, generations and weight swaps alike: on rotating

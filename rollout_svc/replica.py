@@ -156,7 +156,7 @@ class Replica:
             )
         new_file = getattr(runtime.engine, "weights_file", None)
         if new_file is None:
-            return TensorSink(header.total_bytes)
+            return TensorSink(header.total_bytes, runtime.staging.take)
         path = new_file()
         return FileSink(path, directory=path.parent)
 
@@ -179,6 +179,9 @@ class Replica:
             # a refused push leaves no file behind; a loaded one replaced the last
             if push.path is not None:
                 engine.prune_weights()
+            if not push.adapter:
+                push.state = None  # the tensors left are the engine's, if it adopted them
+                runtime.staging.served(push.buffer)
 
 
 class RoutedGenerator:

@@ -18,7 +18,7 @@ from safetensors.torch import load, save
 from atgrpo._proto.v1 import rollout_pb2 as pb
 from atgrpo.contract.weight_payload import Payload
 from atgrpo.errors import InvalidArgument
-from rollout_svc.weights import FileSink, TensorSink, read_chunk, receive, tensors
+from rollout_svc.weights import FileSink, Staging, TensorSink, read_chunk, receive, tensors
 
 
 def _state():
@@ -259,3 +259,19 @@ def test_a_file_sink_writes_the_file_as_it_arrives_and_a_refused_push_leaves_not
             lambda h: FileSink(made / "model.safetensors", directory=made),
         )
     assert not made.exists()
+
+
+def test_staging_keeps_a_buffer_only_once_no_tensor_uses_it():
+    staging = Staging()
+    first = staging.take(64)
+    view = first[8:16].view(torch.float32)  # what an engine serves from
+    staging.served(first)
+    assert staging.take(64) is not first  # still in use: never written over
+    del view
+    staging.served(None)
+    assert staging.take(32) is not first  # another size: fresh memory
+    staging.served(None)
+    assert staging.take(64) is not first  # the mismatched take dropped it
+    second = staging.take(64)
+    staging.served(second)
+    assert staging.take(64) is second
