@@ -55,10 +55,12 @@ $(DEMO_MODEL): | $(STAMP)
 	$(BIN)/atgrpo model tiny --out $(DEMO_MODEL)
 
 # The service boundaries first (pyproject.toml's import-linter contracts): seconds, and a new
-# crossing fails before the long suite starts.
+# crossing fails before the long suite starts. Then the suite on two workers (pytest-xdist): one
+# test's services wait on each other about as often as they compute, and the other worker's test
+# fills the gaps. The 25 slowest are listed: where the time goes.
 test: install
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/pytest -q --durations=25   # the 25 slowest: where the suite's time goes
+	$(BIN)/pytest -q -n 2 --durations=25
 
 protos: install
 	$(BIN)/python scripts/gen_protos.py

