@@ -541,9 +541,9 @@ def checkpoint_bytes(shape: ModelShape, pool: PoolConfig, *, agents: int) -> int
 
 
 def push_bytes(shape: ModelShape, pool: PoolConfig, *, agents: int) -> int:
-    """What one weight push sends to each rollout replica (held in its host memory until swapped):
-    the whole model cast to the pool's dtype, or every adapter of a LoRA pool (float32, as PEFT
-    keeps them)."""
+    """What one weight push sends to each rollout replica (held in its host memory until swapped,
+    and a full push's buffer kept for the next one: rollout_svc.weights.Staging): the whole model
+    cast to the pool's dtype, or every adapter of a LoRA pool (float32, as PEFT keeps them)."""
     width, _ = compute_dtype(pool, "cuda" if pool.device != "cpu" else "cpu")
     if pool.specialization == "lora":
         return trained_params(shape, pool, agents) * 4

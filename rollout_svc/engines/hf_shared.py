@@ -2,11 +2,11 @@
 samples, beside each sample's own generated ones.
 
 With K samples of a prompt, a cache copied K ways after the prefill made every decode step read
-the prompt's keys and values K times: SmolLM2 in float32 at 32 rows of ~200-token prompts read
-~340 MB of cache a step, beside 540 MB of weights. Here a step reads each prompt's once for all
-its rows (atgrpo.attention.shared_prefix_attention): a layer's update hands the prompt part to
-the attention call that follows it, and returns the row's own keys, as a cache of those alone
-would.
+the prompt's keys and values K times: by arithmetic, SmolLM2 in float32 at 32 rows of ~200-token
+prompts reads ~340 MB of cache a step, beside 540 MB of weights. Here a step reads each prompt's
+once for all its rows (atgrpo.attention.shared_prefix_attention): a layer's update hands the
+prompt part to the attention call that follows it, and returns the row's own keys, as a cache of
+those alone would.
 
 Only where that attention runs ("atgrpo_sdpa"; HFEngine decides): any other attention would see
 the rows' own keys without their prompt.
@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache
 
 from atgrpo.attention import SharedPrefix, attend_with_prefix
+from rollout_svc.engines.hf_cache import ReservedLayer
 
 
 class Rows:
@@ -50,57 +51,39 @@ class Rows:
         return live
 
 
-class SharedPrefixLayer(DynamicLayer):
-    """One layer: the prompts' keys and values (P, H, W, D) and the rows' own (N, H, capacity, D),
-    grown (doubling) past `capacity` rather than fail."""
-
-    _layer_type = None  # never registered as a default layer type
+class SharedPrefixLayer(ReservedLayer):
+    """One layer: the prompts' keys and values (P, H, W, D) and, as a ReservedLayer holds them,
+    the rows' own (N, H, capacity, D)."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int, rows: Rows):
-        super().__init__()
+        super().__init__(max(capacity, 1))
         self.prompt_keys, self.prompt_values, self.rows = keys, values, rows
         self.dtype, self.device = keys.dtype, keys.device
         n, h, d = rows.slot.shape[0], keys.shape[1], keys.shape[-1]
-        self._k = keys.new_zeros((n, h, max(capacity, 1), d))
-        self._v = values.new_zeros((n, values.shape[1], max(capacity, 1), values.shape[-1]))
-        self.length = 0
+        self._k = keys.new_zeros((n, h, self.capacity, d))
+        self._v = values.new_zeros((n, values.shape[1], self.capacity, values.shape[-1]))
         self.is_initialized = True
         self._views()
-
-    def _views(self) -> None:
-        self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        end = self.length + key_states.shape[-2]
-        if end > self._k.shape[-2]:
-            grown = max(end, 2 * self._k.shape[-2])
-            for name in ("_k", "_v"):
-                old = getattr(self, name)
-                new = old.new_zeros((*old.shape[:2], grown, old.shape[-1]))
-                new[:, :, : self.length] = old[:, :, : self.length]
-                setattr(self, name, new)
-        self._k[:, :, self.length : end] = key_states
-        self._v[:, :, self.length : end] = value_states
-        self.length = end
-        self._views()
+        own = super().update(key_states, value_states)
         r = self.rows
         attend_with_prefix(
             SharedPrefix(
                 self.prompt_keys, self.prompt_values, r.real, r.slot, r.rank, r.width, self.keys
             )
         )
-        return self.keys, self.values
+        return own
 
     def get_seq_length(self) -> int:
         return self.prompt_keys.shape[-2] + self.length
 
     def select(self, keep: torch.Tensor, live: torch.Tensor | None) -> None:
-        self._k, self._v = self._k[keep], self._v[keep]
+        self.batch_select_indices(keep)
         if live is not None:
             self.prompt_keys, self.prompt_values = self.prompt_keys[live], self.prompt_values[live]
-        self._views()
 
 
 class SharedPrefixCache(DynamicCache):
