@@ -209,16 +209,15 @@ def test_a_push_an_engine_copies_in_leaves_its_memory_to_the_next_push(tiny_mode
     """An engine that copies a push into its own weights (here bfloat16 bytes into a float32
     model, as a GPU engine copies onto its device) is done with the push's memory at once: the
     very next push arrives in it."""
-    from rollout_svc.weights import Staging
+    from rollout_svc.weights import TensorSink
 
-    given, take = [], Staging.take
+    given, finish = [], TensorSink.finish
 
-    def recorded(self, nbytes):
-        buffer = take(self, nbytes)
-        given.append(buffer.data_ptr())
-        return buffer
+    def recorded(self):
+        given.append(self.buffer.data_ptr())
+        return finish(self)
 
-    monkeypatch.setattr(Staging, "take", recorded)
+    monkeypatch.setattr(TensorSink, "finish", recorded)
 
     async def go(c, engine):
         for version in (1, 2, 3):
