@@ -1,0 +1,152 @@
+"""OpenEnv environments through atgrpo.sdk.openenv: the mapping pinned on a game written in
+openenv-core's own form (examples/hubs/openenv_guess.py), the conformance check, and a few steps
+of training on the tiny model taught its answer format."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import pytest
+import yaml
+from openenv.core.env_server.interfaces import Environment as OpenEnvBase
+from openenv.core.env_server.types import Action, Observation, State
+
+from atgrpo.cli.main import main
+from atgrpo.sdk.openenv import OpenEnvEnvironment, parse_action
+from examples.hubs.openenv_guess import Guess, GuessAction
+from tests.conftest import ROOT
+
+
+@pytest.mark.parametrize(
+    "text, guess",
+    [('{"guess": 4}', 4), ('```json\n{"guess": 7}\n```', 7), (" 3 ", 3), ("```\n5\n```", 5)],
+)
+def test_an_answer_is_json_fenced_json_or_the_one_required_field(text, guess):
+    assert parse_action(text, GuessAction).guess == guess
+
+
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("ten", "valid integer"),
+        ('{"guess": 12}', "less than or equal to 9"),
+        ('{"guess": 1, "extra": 2}', "extra"),
+        ("{}", "guess: Field required"),
+    ],
+)
+def test_an_answer_that_is_no_action_scores_zero_and_says_why(text, why):
+    env = Guess({})
+    env.reset("0", 0, "train")
+    result = env.step("player", text)
+    assert result.team_reward == 0.0 and not result.done and why in result.info["parse_error"]
+    assert "not an action" in env.observe("player")[1]["content"]  # the role is told, once
+    env.step("player", "0" if env.env._secret else "1")
+    assert "not an action" not in env.observe("player")[1]["content"]
+
+
+def test_the_game_is_played_through_the_adapter_and_a_fork_is_independent():
+    env = Guess({})
+    env.reset("3", 3, "train")
+    system, user = env.observe("player")
+    assert '"guess"' in system["content"] and "metadata" not in system["content"]
+    assert json.loads(user["content"].removeprefix("Observation: ")) == {
+        "guesses": 0,
+        "hint": "guess a digit from 0 to 9",
+    }
+    secret = env.env._secret
+    fork = env.fork()
+    wrong = env.step("player", str((secret + 1) % 10))
+    assert (wrong.team_reward, wrong.done, wrong.success) == (0.0, False, False)
+    assert env.env.state.step_count == 1 and fork.env.state.step_count == 0
+    right = fork.step("player", json.dumps({"guess": secret}))
+    assert (right.team_reward, right.done, right.success) == (1.0, True, True)
+    again = Guess({})
+    again.reset("3", 3, "train")
+    assert again.env._secret == secret  # the task's seed reaches OpenEnv's reset
+
+
+class Bare(Action):
+    text: str
+
+
+class BareObservation(Observation):
+    echo: str = ""
+
+
+class Broken(OpenEnvBase):
+    """reset takes no seed; step's reward is NaN."""
+
+    def reset(self):
+        return BareObservation()
+
+    def step(self, action):
+        return BareObservation(echo=action.text, reward=math.nan)
+
+    @property
+    def state(self):
+        return State()
+
+
+class BrokenGame(OpenEnvEnvironment):
+    name = "broken_game"
+    openenv = Broken
+    action = Bare
+
+
+def test_a_non_finite_reward_is_refused_and_a_reset_without_a_seed_is_called_bare():
+    env = BrokenGame({})
+    env.reset("0", 0, "train")  # Broken.reset takes no arguments
+    with pytest.raises(ValueError, match="rewards must be finite"):
+        env.step("player", "hi")
+
+
+def test_a_subclass_must_name_its_openenv_class():
+    class Half(OpenEnvEnvironment):
+        name = "half"
+        action = Bare
+
+    with pytest.raises(TypeError, match="must set `openenv`"):
+        Half({})
+
+
+def test_the_openenv_game_keeps_every_rule_of_env_check(capsys):
+    assert main(["env", "check", "examples.hubs.openenv_guess:Guess"]) == 0
+    assert "ok, every rule kept" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_openenv_example_trains_on_the_taught_tiny_model(tiny_model, tmp_path):
+    """examples/openenv_guess_L0_tiny.yaml, two steps on the tiny model taught to guess digits:
+    its answers parse, the OpenEnv game scores them, and the pool updates."""
+    from atgrpo.cli.runner import LocalServices, drive
+    from atgrpo.config import parse_config
+    from atgrpo.models.taught import role_prompts, teach
+    from tests.e2e.test_training import Collect
+
+    model = teach(
+        tiny_model,
+        tmp_path / "guess",
+        role_prompts(Guess({}), ["player"], tasks=4),
+        {"player": ["1", "3", "5", "7", '{"guess": 8}']},
+        steps=200,
+    )
+    data = yaml.safe_load((ROOT / "examples" / "openenv_guess_L0_tiny.yaml").read_text())
+    data["run"].update(steps=2, eval_every_steps=0, run_dir=str(tmp_path / "run"))
+    data["pools"]["shared"]["model_path"] = model
+    sink = Collect()
+    with LocalServices(parse_config(data)) as running:
+        final = asyncio.run(drive(running, sink))
+    assert final["state"] == "finished", final
+    steps = [e for e in sink.events if e["kind"] == "step"]
+    assert [e["pools"]["shared"]["version"] for e in steps] == [1, 2]
+    samples = [
+        json.loads(line)
+        for f in sorted((tmp_path / "run" / "samples").glob("*.jsonl"))
+        for line in f.read_text().splitlines()
+    ]
+    parsed = [s for s in samples if "parse_error" not in s["info"]]
+    assert len(parsed) >= len(samples) / 2  # the taught model answers with digits
+    # every team reward is the game's: 1 for the guess that found the secret, else 0
+    assert {s["team_reward"] for s in samples} <= {0.0, 1.0}
