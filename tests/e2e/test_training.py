@@ -333,8 +333,10 @@ class StopAtSuccess(Collect):
 
 
 # 350 steps take 3 to 7 minutes on two cores (395 s measured on a quiet 2-core machine on
-# 2026-12-01, the code before and after issue 16 alike): the suite's 300 s default is too tight.
-@pytest.mark.timeout(900)
+# 2026-12-01, the code before and after issue 16 alike), and up to 3x that beside the other pytest
+# worker's tests (111 s alone, 231-351 s beside them, for a run that stopped early): the suite's
+# 300 s default is too tight for a run that needs all 350 steps.
+@pytest.mark.timeout(1800)
 def test_the_demo_learns(tiny_model, tmp_path):
     """The demo's config (examples/toy_L1_tiny.yaml), at most 350 steps: greedy eval success goes
     from ~0 (a random tiny model hardly ever emits a digit) to at least 0.75, and the run stops
