@@ -24,19 +24,25 @@ def atgrpo(*args, env, timeout=90):
     )
 
 
-def _service_pids() -> set[int]:
-    """Every process on the machine running one of our service modules."""
+def _service_pids(mark: str) -> set[int]:
+    """Every process running one of our service modules with `mark` in its environment.
+
+    The mark keeps out the services another pytest worker starts at the same time.
+    """
     pids = set()
-    for p in psutil.process_iter(["cmdline"]):
+    for p in psutil.process_iter(["cmdline", "environ"]):
         cmd = p.info["cmdline"] or []
         if any(f"{k}_svc" in part for part in cmd for k in SERVICE_KINDS) and "-m" in cmd:
-            pids.add(p.pid)
+            if (p.info["environ"] or {}).get("ATGRPO_TEST_MARK") == mark:
+                pids.add(p.pid)
     return pids
 
 
 def test_up_status_down_leaves_no_process_behind(tmp_path, subprocess_env):
     state = tmp_path / "state"
-    before = _service_pids()
+    mark = str(tmp_path)
+    subprocess_env = {**subprocess_env, "ATGRPO_TEST_MARK": mark}
+    before = _service_pids(mark)
     up = atgrpo("up", "--state-dir", str(state), env=subprocess_env)
     assert up.returncode == 0, up.stderr
     recorded = json.loads((state / "services.json").read_text())["services"]
@@ -46,7 +52,7 @@ def test_up_status_down_leaves_no_process_behind(tmp_path, subprocess_env):
     rollout_argv = by_kind["rollout"]["argv"]
     # Collect has an env
     assert rollout_argv[rollout_argv.index("--env") + 1] == by_kind["env"]["address"]
-    assert pids <= _service_pids() - before
+    assert pids <= _service_pids(mark) - before
 
     status = atgrpo("status", "--state-dir", str(state), "--json", env=subprocess_env)
     assert status.returncode == 0, status.stdout + status.stderr
@@ -63,7 +69,7 @@ def test_up_status_down_leaves_no_process_behind(tmp_path, subprocess_env):
     while pids & {p.pid for p in psutil.process_iter()} and time.monotonic() < gone_by:
         time.sleep(0.1)
     assert not pids & {p.pid for p in psutil.process_iter() if p.status() != psutil.STATUS_ZOMBIE}
-    assert _service_pids() - before == set()
+    assert _service_pids(mark) - before == set()
     assert not (state / "services.json").exists()
 
     after = atgrpo("status", "--state-dir", str(state), env=subprocess_env)
@@ -119,18 +125,20 @@ def test_a_service_stays_ours_when_the_wall_clock_moves():
         proc.wait()
 
 
-def test_a_service_that_fails_to_start_is_reported_and_nothing_is_left(tmp_path):
+def test_a_service_that_fails_to_start_is_reported_and_nothing_is_left(tmp_path, monkeypatch):
+    mark = str(tmp_path)
+    monkeypatch.setenv("ATGRPO_TEST_MARK", mark)  # the services inherit it
     plan = (
         launcher.ServicePlan("env", "env"),
         launcher.ServicePlan("broken", "env", ("--no-such-flag",)),
     )
-    before = _service_pids()
+    before = _service_pids(mark)
     with pytest.raises(
         launcher.LaunchError,
         match=r"(?s)broken exited with code 2.*unrecognized arguments: --no-such-flag",
     ):
         launcher.up(tmp_path, plan, timeout_s=30)
-    assert _service_pids() - before == set()
+    assert _service_pids(mark) - before == set()
     assert launcher.read_state(tmp_path) == []
 
 
