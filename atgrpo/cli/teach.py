@@ -56,17 +56,19 @@ def read_examples(path: Path) -> dict[str, list[str]]:
 async def first_prompts(
     target: str, options: dict, agents: list[str], tasks: int
 ) -> list[tuple[str, list[dict]]]:
-    """(agent, its first-turn messages) over the env's first `tasks` train tasks, built by the
-    host the env service runs (async envs included)."""
+    """(agent, its first-turn messages) over the env's first `tasks` train tasks (its own task ids
+    where it lists them), built by the host the env service runs (async envs included)."""
     from atgrpo.contract.env import seed_for
     from atgrpo.sdk.host import EnvHost
     from atgrpo.sdk.registry import registry_for
 
     name, registry = registry_for(target)
     host = EnvHost(registry)
+    ids, _ = host.list_tasks(name, "train", 0, tasks, options)
     out = []
     for i in range(tasks):
-        episode, spec = await host.reset(name, f"train-{i}", seed_for("train", i), "train", options)
+        task = ids[i % len(ids)] if ids else f"train-{i}"
+        episode, spec = await host.reset(name, task, seed_for("train", i), "train", options)
         unknown = [a for a in agents if a not in spec.agents]
         if unknown:
             raise ValueError(
