@@ -156,20 +156,25 @@ def service_help() -> dict[str, str]:
 WORKLOADS = ("Deployment", "StatefulSet", "Job")
 
 
-def pod_spec(obj: dict) -> dict | None:
+def pod_template(obj: dict) -> dict | None:
+    """A workload's pod template; a LeaderWorkerSet's leader template (its serving pod)."""
     if obj["kind"] in WORKLOADS:
-        return obj["spec"]["template"]["spec"]
-    if obj["kind"] == "Pod":
-        return obj["spec"]
+        return obj["spec"]["template"]
+    if obj["kind"] == "LeaderWorkerSet":
+        return obj["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
     return None
 
 
+def pod_spec(obj: dict) -> dict | None:
+    if obj["kind"] == "Pod":
+        return obj["spec"]
+    template = pod_template(obj)
+    return template["spec"] if template else None
+
+
 def pod_labels(obj: dict) -> dict:
-    return (
-        obj["spec"]["template"]["metadata"]["labels"]
-        if obj["kind"] in WORKLOADS
-        else obj["metadata"]["labels"]
-    )
+    template = pod_template(obj)
+    return template["metadata"]["labels"] if template else obj["metadata"]["labels"]
 
 
 def component(obj: dict) -> str:
@@ -178,6 +183,13 @@ def component(obj: dict) -> str:
 
 def of_kind(objs, kind: str) -> list[dict]:
     return [o for o in objs if o["kind"] == kind]
+
+
+def pool_workload(objs, comp: str, pool: str) -> dict:
+    """The StatefulSet of a pool's rollout or trainer; a trainer past one node's LeaderWorkerSet."""
+    name = f"{RELEASE}-atgrpo-{comp}-{pool}"
+    found = [o for o in objs if o["kind"] == "StatefulSet" and o["metadata"]["name"] == name]
+    return found[0] if found else named(objs, "LeaderWorkerSet", f"{name}-nodes")
 
 
 def named(objs, kind: str, name: str) -> dict:

@@ -1,7 +1,10 @@
-"""Strict JSON schemas for the Prometheus Operator objects the chart renders (kubernetes-validate
-ships schemas for built-in kinds only). Written from the monitoring.coreos.com/v1 API reference:
-the fields listed are real ones with their types, and anything unknown is rejected, as the API
-server's structural-schema pruning would silently drop it."""
+"""Strict JSON schemas for the custom objects the chart renders (kubernetes-validate ships schemas
+for built-in kinds only): the Prometheus Operator's, written from the monitoring.coreos.com/v1
+API reference, and LeaderWorkerSet, from leaderworkerset.x-k8s.io/v1's types
+(api/leaderworkerset/v1/leaderworkerset_types.go). The fields listed are real ones with their
+types, and anything unknown is rejected, as the API server's structural-schema pruning would
+silently drop it. A LeaderWorkerSet's pod templates are core PodTemplateSpecs: the chart test
+validates them with kubernetes-validate's own schemas (`pod_templates`)."""
 
 from __future__ import annotations
 
@@ -134,10 +137,10 @@ _COMMON_SPEC = {
 }
 
 
-def _object(kind: str, spec: dict) -> dict:
+def _object(kind: str, spec: dict, api: str = "monitoring.coreos.com/v1") -> dict:
     return _strict(
         {
-            "apiVersion": {"const": "monitoring.coreos.com/v1"},
+            "apiVersion": {"const": api},
             "kind": {"const": kind},
             "metadata": _METADATA,
             "spec": spec,
@@ -217,3 +220,74 @@ SCHEMAS = {
         ),
     ),
 }
+
+_POD_TEMPLATE = {"type": "object"}  # a core PodTemplateSpec: see pod_templates
+_INT_OR_STRING = {"type": ["integer", "string"]}
+SCHEMAS["LeaderWorkerSet"] = _object(
+    "LeaderWorkerSet",
+    _strict(
+        {
+            "replicas": {"type": "integer", "minimum": 0},
+            "leaderWorkerTemplate": _strict(
+                {
+                    "leaderTemplate": _POD_TEMPLATE,
+                    "workerTemplate": _POD_TEMPLATE,
+                    "size": {"type": "integer", "minimum": 1},
+                    "restartPolicy": {
+                        "enum": [
+                            "Default",
+                            "RecreateGroupOnPodRestart",
+                            "RecreateGroupAfterStart",
+                            "None",
+                        ]
+                    },
+                    "subGroupPolicy": _strict(
+                        {
+                            "subGroupPolicyType": {"enum": ["LeaderWorker", "LeaderExcluded"]},
+                            "subGroupSize": {"type": "integer", "minimum": 1},
+                        }
+                    ),
+                    "volumeClaimTemplates": {"type": "array", "items": {"type": "object"}},
+                },
+                ("workerTemplate",),
+            ),
+            "rolloutStrategy": _strict(
+                {
+                    "type": {"enum": ["RollingUpdate"]},
+                    "rollingUpdateConfiguration": _strict(
+                        {
+                            "partition": {"type": "integer", "minimum": 0},
+                            "maxUnavailable": _INT_OR_STRING,
+                            "maxSurge": _INT_OR_STRING,
+                        }
+                    ),
+                },
+                ("type",),
+            ),
+            "startupPolicy": {"enum": ["LeaderCreated", "LeaderReady"]},
+            "networkConfig": _strict(
+                {"subdomainPolicy": {"enum": ["Shared", "UniquePerReplica"]}}, ("subdomainPolicy",)
+            ),
+        },
+        ("leaderWorkerTemplate",),
+    ),
+    api="leaderworkerset.x-k8s.io/v1",
+)
+
+
+def pod_templates(obj: dict) -> list[dict]:
+    """The pod templates a custom object embeds, each as a core v1 PodTemplate object that
+    kubernetes-validate checks strictly (named after the object and the template's field)."""
+    if obj["kind"] != "LeaderWorkerSet":
+        return []
+    lwt = obj["spec"]["leaderWorkerTemplate"]
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": {"name": f"{obj['metadata']['name']}-{key.lower()}"},
+            "template": lwt[key],
+        }
+        for key in ("leaderTemplate", "workerTemplate")
+        if key in lwt
+    ]

@@ -24,18 +24,21 @@ from tests.helm.conftest import (
     NAMESPACE,
     RELEASE,
     WORKLOADS,
+    HelmError,
     component,
     named,
     of_kind,
     pod_labels,
     pod_spec,
+    pod_template,
+    pool_workload,
     pools_of,
     rendered,
     run_helm,
     template,
     values_of,
 )
-from tests.helm.crd_schemas import SCHEMAS
+from tests.helm.crd_schemas import SCHEMAS, pod_templates
 
 GPU = "nvidia.com/gpu"
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schemas known.
@@ -49,7 +52,7 @@ def containers(spec: dict) -> list[dict]:
 
 
 def server_workloads(objs) -> list[dict]:
-    return [o for o in objs if o["kind"] in ("Deployment", "StatefulSet")]
+    return [o for o in objs if o["kind"] in ("Deployment", "StatefulSet", "LeaderWorkerSet")]
 
 
 def run_config(objs) -> dict:
@@ -78,6 +81,7 @@ def test_ci_files_cover_the_issue_cases():
         "models-populate-values.yaml",
         "math-datasets-values.yaml",
         "code-datasets-values.yaml",
+        "multinode-trainer-values.yaml",
     }
 
 
@@ -97,7 +101,7 @@ def k8s_validate():
 def test_every_object_validates_strictly(case, k8s_validate):
     _, objs = case
     problems = []
-    for obj in objs:
+    for obj in [*objs, *(t for o in objs for t in pod_templates(o))]:
         where = f"{obj['kind']}/{obj['metadata']['name']}"
         if obj["kind"] in SCHEMAS:
             errors = sorted(
@@ -158,6 +162,8 @@ def test_gpus_are_requested_by_gpu_pools_only(case):
         labels = pod_labels(obj)
         pool, comp = labels.get("atgrpo.dev/pool"), labels["app.kubernetes.io/component"]
         want = int(pools[pool][comp]["gpus"]) if pool and comp in ("rollout", "trainer") else 0
+        if obj["kind"] == "LeaderWorkerSet":  # a trainer past one node: the GPUs of one node
+            want //= obj["spec"]["leaderWorkerTemplate"]["size"]
         for c in spec["containers"] + spec.get("initContainers", []):
             res = c.get("resources", {})
             got = {k: int(res.get(k, {}).get(GPU, 0)) for k in ("requests", "limits")}
@@ -190,7 +196,9 @@ def test_one_trainer_per_trainable_pool_and_rollouts_per_pool(case):
     pools = pools_of(values_of(values_file))
     sets = of_kind(objs, "StatefulSet")
     trainers = {
-        o["metadata"]["labels"]["atgrpo.dev/pool"]: o for o in sets if component(o) == "trainer"
+        o["metadata"]["labels"]["atgrpo.dev/pool"]: o
+        for o in sets + of_kind(objs, "LeaderWorkerSet")
+        if component(o) == "trainer"
     }
     rollouts = {
         o["metadata"]["labels"]["atgrpo.dev/pool"]: o for o in sets if component(o) == "rollout"
@@ -198,16 +206,18 @@ def test_one_trainer_per_trainable_pool_and_rollouts_per_pool(case):
     assert sorted(trainers) == sorted(p for p, v in pools.items() if v["trainable"])
     assert sorted(rollouts) == sorted(pools)
     # never two for a pool
-    assert len([o for o in sets if component(o) == "trainer"]) == len(trainers)
+    assert len([o for o in objs if component(o) == "trainer" and pod_spec(o)]) == len(trainers)
     for pool, sts in trainers.items():
         assert sts["spec"]["replicas"] == 1
-        claims = sts["spec"]["volumeClaimTemplates"]
-        assert [c["metadata"]["name"] for c in claims] == ["data"]
-        assert (
-            claims[0]["spec"]["resources"]["requests"]["storage"]
-            == pools[pool]["trainer"]["checkpoints"]["size"]
-        )
-        mounts = sts["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+        if sts["kind"] == "LeaderWorkerSet":  # one claim, every node's pods mount it
+            claim = named(objs, "PersistentVolumeClaim", f"{FULLNAME}-trainer-{pool}-data")
+            size = claim["spec"]["resources"]["requests"]["storage"]
+        else:
+            claims = sts["spec"]["volumeClaimTemplates"]
+            assert [c["metadata"]["name"] for c in claims] == ["data"]
+            size = claims[0]["spec"]["resources"]["requests"]["storage"]
+        assert size == pools[pool]["trainer"]["checkpoints"]["size"]
+        mounts = pod_spec(sts)["containers"][0]["volumeMounts"]
         assert {"name": "data", "mountPath": "/data"} in mounts
     for pool, sts in rollouts.items():
         assert sts["spec"]["replicas"] == pools[pool]["rollout"]["replicas"]
@@ -233,6 +243,81 @@ def test_trainer_with_several_gpus_runs_one_rank_per_gpu():
         "containers"
     ][0]
     assert planner["args"][:3] == ["python", "-m", "trainer_svc"]
+
+
+def test_a_trainer_past_one_node_is_a_leader_worker_set_of_one_pod_per_node():
+    objs = rendered(str(CHART / "ci" / "multinode-trainer-values.yaml"))
+    name = f"{FULLNAME}-trainer-main"
+    assert not [o for o in of_kind(objs, "StatefulSet") if o["metadata"]["name"] == name]
+    lws = named(objs, "LeaderWorkerSet", f"{name}-nodes")["spec"]
+    assert lws["replicas"] == 1 and lws["leaderWorkerTemplate"]["size"] == 2  # 16 GPUs / 8
+    leader = lws["leaderWorkerTemplate"]["leaderTemplate"]["spec"]
+    worker = lws["leaderWorkerTemplate"]["workerTemplate"]["spec"]
+    # static rendezvous at the leader, node rank = LWS's worker index: global rank 0, which
+    # serves gRPC, is on the leader, the one pod the Service lists
+    launch = [
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--node-rank=$(LWS_WORKER_INDEX)",
+        "--master-addr=$(LWS_LEADER_ADDRESS)",
+        "--master-port=29500",
+        "--nproc-per-node=8",
+        "-m",
+        "trainer_svc",
+    ]
+    for spec in (leader, worker):
+        (c,) = spec["containers"]
+        assert c["args"][: len(launch)] == launch and "--pool=main" in c["args"]
+        assert c["resources"]["limits"][GPU] == 8
+        claims = [
+            v["persistentVolumeClaim"]["claimName"]
+            for v in spec["volumes"]
+            if "persistentVolumeClaim" in v
+        ]
+        assert f"{name}-data" in claims
+    assert "readinessProbe" in leader["containers"][0] and "ports" in leader["containers"][0]
+    assert (
+        "readinessProbe" not in worker["containers"][0] and "ports" not in worker["containers"][0]
+    )
+    pvc = named(objs, "PersistentVolumeClaim", f"{name}-data")["spec"]
+    assert pvc["accessModes"] == ["ReadWriteMany"] and pvc["storageClassName"] == "nfs-client"
+    service = named(objs, "Service", name)["spec"]
+    assert service["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
+    assert run_config(objs)["services"]["trainer"]["main"] == f"{name}.{DOMAIN}:50051"
+    # the nodes reach each other on any port (rendezvous, NCCL); the router only on gRPC
+    ingress = named(objs, "NetworkPolicy", name)["spec"]["ingress"]
+    peers = [r for r in ingress if "ports" not in r]
+    assert [
+        p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in peers[0]["from"]
+    ] == ["trainer"]
+
+
+@pytest.mark.parametrize(
+    "gpus, modes, why",
+    [
+        (
+            "12",
+            "{ReadWriteMany}",
+            r"trainer.gpus is 12, more than a node's 8 \(gpu.perNode\) and not a multiple"
+            r".*Set gpus to 8 or 16",
+        ),
+        (
+            "16",
+            "{ReadWriteOnce}",
+            r"runs on 2 nodes.*set pools.main.trainer.checkpoints.accessModes to \[ReadWriteMany\]",
+        ),
+    ],
+)
+def test_a_trainer_past_one_node_that_cannot_work_is_refused(gpus, modes, why):
+    with pytest.raises(HelmError, match=why):
+        template(
+            "--set",
+            f"pools.main.trainer.gpus={gpus}",
+            "--set",
+            f"pools.main.trainer.checkpoints.accessModes={modes}",
+        )
 
 
 def test_frozen_pool_has_rollouts_but_no_trainer(helm):
@@ -391,9 +476,14 @@ def test_every_workload_has_a_matching_disruption_budget(case):
 
 
 def _service_for(objs, sts: dict) -> dict:
-    svc = named(objs, "Service", sts["spec"]["serviceName"])
+    if sts["kind"] == "LeaderWorkerSet":  # the trainer's Service; LWS labels its leader pod so
+        svc = named(objs, "Service", sts["metadata"]["name"].removesuffix("-nodes"))
+        labels = {**pod_labels(sts), "leaderworkerset.sigs.k8s.io/worker-index": "0"}
+    else:
+        svc = named(objs, "Service", sts["spec"]["serviceName"])
+        labels = pod_labels(sts)
     assert svc["spec"]["clusterIP"] == "None"  # headless: a DNS record per pod
-    assert svc["spec"]["selector"].items() <= pod_labels(sts).items()
+    assert svc["spec"]["selector"].items() <= labels.items()
     return svc
 
 
@@ -420,12 +510,12 @@ def test_run_config_is_valid_and_points_at_the_services(case):
         assert cfg.pools[pool].model_path == v["modelPath"]
         assert cfg.pools[pool].device == ("cuda" if v["rollout"]["gpus"] else "cpu")
         if v["trainable"]:
-            trainer = named(objs, "StatefulSet", f"{FULLNAME}-trainer-{pool}")
+            trainer = pool_workload(objs, "trainer", pool)
             tsvc = _service_for(objs, trainer)
-            assert (
-                cfg.services.trainer[pool]
-                == f"{trainer['metadata']['name']}-0.{tsvc['metadata']['name']}.{DOMAIN}:{port}"
-            )
+            pod = f"{trainer['metadata']['name']}-0."
+            if trainer["kind"] == "LeaderWorkerSet":  # its Service lists the leader alone
+                pod = ""
+            assert cfg.services.trainer[pool] == f"{pod}{tsvc['metadata']['name']}.{DOMAIN}:{port}"
     assert cfg.run.run_dir == f"/data/runs/{cfg.run.name}"
 
 
@@ -467,7 +557,7 @@ def test_run_job_trains_with_the_config_map(case):
     # the run's owners restart with a new config (then resume), so their pods carry its hash
     digest = job["spec"]["template"]["metadata"]["annotations"]["checksum/run-config"]
     for obj in server_workloads(objs):
-        annotations = obj["spec"]["template"]["metadata"].get("annotations", {})
+        annotations = pod_template(obj)["metadata"].get("annotations", {})
         assert (annotations.get("checksum/run-config") == digest) == (
             component(obj) in ("router", "trainer")
         )

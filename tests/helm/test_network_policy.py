@@ -102,8 +102,9 @@ def test_the_callers_table_is_what_the_code_imports():
 
 
 def pods(objs) -> list[dict]:
-    """Every pod template (Deployments, StatefulSets, Jobs) and bare Pod (helm test)."""
-    return [o for o in objs if o["kind"] in (*WORKLOADS, "Pod")]
+    """Every pod template (Deployments, StatefulSets, Jobs, a LeaderWorkerSet's leader) and bare
+    Pod (helm test)."""
+    return [o for o in objs if o["kind"] in (*WORKLOADS, "LeaderWorkerSet", "Pod")]
 
 
 def who(labels: dict) -> str:
@@ -186,7 +187,11 @@ def _status_targets(args: list[str], services: dict[str, str]) -> set[str]:
 def expected_edges(objs, values_file: str | None) -> set[tuple[str, str, str]]:
     values = values_of(values_file)
     pools = pools_of(values)
-    servers = [who(pod_labels(o)) for o in objs if o["kind"] in ("Deployment", "StatefulSet")]
+    servers = [
+        who(pod_labels(o))
+        for o in objs
+        if o["kind"] in ("Deployment", "StatefulSet", "LeaderWorkerSet")
+    ]
     kind = {s: s.split("/")[0] for s in servers}
     pool = {s: s.split("/")[1] if "/" in s else None for s in servers}
     edges = set()
@@ -214,6 +219,11 @@ def expected_edges(objs, values_file: str | None) -> set[tuple[str, str, str]]:
             edges |= {(me, dst, "grpc") for dst in _status_targets(words, services)}
             if c.get("args", [])[:2] == ["atgrpo", "train"]:
                 edges.add((me, "router", "grpc"))
+    # A trainer past one node: its pods reach each other on every port (torchrun's rendezvous,
+    # the collectives' connections).
+    for obj in of_kind(objs, "LeaderWorkerSet"):
+        me = who(pod_labels(obj))
+        edges |= {(me, me, port) for port in set(_port_names(pod_spec(obj)).values())}
     # Prometheus, from wherever networkPolicy.metricsFrom says (anywhere by default).
     assert not values["networkPolicy"]["metricsFrom"]
     edges |= {(ANYWHERE, s, "metrics") for s in servers}

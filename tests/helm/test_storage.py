@@ -28,6 +28,7 @@ from tests.helm.conftest import (
     of_kind,
     pod_labels,
     pod_spec,
+    pool_workload,
     pools_of,
     rendered,
     template,
@@ -214,7 +215,7 @@ def test_every_pools_model_is_on_the_models_volume(case):
     mount_path = values["models"]["mountPath"]
     for pool, v in pools_of(values).items():
         for comp in ("rollout", "trainer") if v["trainable"] else ("rollout",):
-            spec = pod_spec(named(objs, "StatefulSet", f"{FULLNAME}-{comp}-{pool}"))
+            spec = pod_spec(pool_workload(objs, comp, pool))
             mount = mount_of(spec["containers"][0], "models")
             assert mount and mount["mountPath"] == mount_path
             assert under(v["modelPath"], mount["mountPath"]), (
@@ -309,7 +310,7 @@ def test_models_populate_job_fills_the_claim_the_pools_mount(helm, hf_download_h
     for pool, v in pools_of(values).items():
         assert v["modelPath"] in dirs
         for comp in ("rollout", "trainer"):
-            spec = pod_spec(named(objs, "StatefulSet", f"{FULLNAME}-{comp}-{pool}"))
+            spec = pod_spec(pool_workload(objs, comp, pool))
             claim = next(x for x in spec["volumes"] if x["name"] == "models")[
                 "persistentVolumeClaim"
             ]

@@ -102,8 +102,15 @@ one line each. Stable across restarts, so they can be written into the run confi
 {{- include "atgrpo.podAddresses" (dict "root" .root "component" "rollout" "pool" .pool "replicas" .replicas) -}}
 {{- end -}}
 
+{{/* dict: root, pool (name), gpus. A trainer past one node is its Service's name, which lists
+its leader pod (global rank 0) alone. */}}
 {{- define "atgrpo.trainerAddress" -}}
-{{- include "atgrpo.podAddresses" (dict "root" .root "component" "trainer" "pool" .pool "replicas" 1) | trim -}}
+{{- $ctx := dict "root" .root "component" "trainer" "pool" .pool -}}
+{{- if gt (include "atgrpo.trainerNodeCount" (dict "root" .root "gpus" (int .gpus) "poolName" .pool) | int) 1 }}
+{{- include "atgrpo.address" $ctx -}}
+{{- else }}
+{{- include "atgrpo.podAddresses" (merge (dict "replicas" 1) $ctx) | trim -}}
+{{- end }}
 {{- end -}}
 
 {{/* Deep merge of .src into .dst (in place). Unlike sprig's mergeOverwrite, a false, 0 or empty
@@ -490,6 +497,10 @@ spec:
   {{- end }}
   selector:
     {{- include "atgrpo.selectorLabels" . | nindent 4 }}
+    {{- if .leaderOnly }}
+    {{- /* a trainer past one node: only its leader pod (global rank 0) serves */}}
+    leaderworkerset.sigs.k8s.io/worker-index: "0"
+    {{- end }}
   ports:
     - name: grpc
       port: {{ .root.Values.ports.grpc }}

@@ -48,7 +48,7 @@ The run config the Job trains with (atgrpo/config.py): values.run.config, plus
 {{- range $name, $pool := $allPools }}
 {{- $_ := set $rollout $name (include "atgrpo.rolloutAddresses" (dict "root" $ "pool" $name "replicas" $pool.rollout.replicas) | trim | splitList "\n") -}}
 {{- if ne $pool.trainable false }}
-{{- $_ := set $trainer $name (include "atgrpo.trainerAddress" (dict "root" $ "pool" $name)) -}}
+{{- $_ := set $trainer $name (include "atgrpo.trainerAddress" (dict "root" $ "pool" $name "gpus" $pool.trainer.gpus)) -}}
 {{- end }}
 {{- end }}
 {{- $_ := set $cfg "services" (dict
@@ -70,7 +70,7 @@ The run config the Job trains with (atgrpo/config.py): values.run.config, plus
 {{- $targets = append $targets (printf "rollout=%s" $a) -}}
 {{- end }}
 {{- if ne $p.trainable false }}
-{{- $targets = append $targets (printf "trainer=%s" (include "atgrpo.trainerAddress" (dict "root" $ "pool" $pool))) -}}
+{{- $targets = append $targets (printf "trainer=%s" (include "atgrpo.trainerAddress" (dict "root" $ "pool" $pool "gpus" $p.trainer.gpus))) -}}
 {{- end }}
 {{- end }}
 {{- range $targets }}
