@@ -93,10 +93,17 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-    if args.gpus is not None and args.gpus < 1:
-        print(f"--gpus {args.gpus}: give at least 1", file=sys.stderr)
-        return 2
-    plan = plan_run(cfg, gpus=args.gpus, gpu_memory=memory, source=str(args.config))
+    for flag, value in (("--gpus", args.gpus), ("--gpus-per-node", args.gpus_per_node)):
+        if value is not None and value < 1:
+            print(f"{flag} {value}: give at least 1", file=sys.stderr)
+            return 2
+    plan = plan_run(
+        cfg,
+        gpus=args.gpus,
+        gpu_memory=memory,
+        source=str(args.config),
+        gpus_per_node=args.gpus_per_node,
+    )
     print(render(plan))
     return 0 if plan.ok and not plan.unplanned else 1
 
@@ -334,6 +341,13 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--gpu-memory",
         help="memory of each GPU, e.g. 80GiB or 141GiB (overrides pools.<name>.gpu_memory)",
+    )
+    plan.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=8,
+        help="GPUs of one node (the chart's gpu.perNode, default 8): a trainer with more spans "
+        "nodes, a whole number of them",
     )
     plan.set_defaults(fn=_cmd_plan)
 

@@ -35,6 +35,9 @@ from atgrpo.plan import (
 if TYPE_CHECKING:
     from atgrpo.config import PoolConfig, RunConfig, RunSection
 
+# GPUs of one node, as the chart's gpu.perNode assumes by default: a trainer with more spans nodes.
+GPUS_PER_NODE = 8
+
 
 # --- the plan of a run ----------------------------------------------------------------------------
 
@@ -133,9 +136,11 @@ def plan_run(
     gpu_memory: int | None = None,
     source: str = "",
     local: bool = False,
+    gpus_per_node: int = GPUS_PER_NODE,
 ) -> RunPlan:
     """Every process `cfg` starts, with what it needs. `gpus` / `gpu_memory` override each pool's
-    trainer_gpus / gpu_memory. `local`: plan what local mode starts (one trainer process a pool)."""
+    trainer_gpus / gpu_memory. `local`: plan what local mode starts (one trainer process a pool).
+    A trainer of more than `gpus_per_node` GPUs spans nodes, as the chart places it."""
     processes: list[ProcessPlan] = []
     disks: list[PoolDisk] = []
     problems: list[str] = []
@@ -170,7 +175,20 @@ def plan_run(
             continue
         if problem := tensor_parallel_problem(name, pool, shape):
             problems.append(problem)
-        processes += _pool_processes(cfg, name, pool, shape, device, ranks, memory)
+        pool_rows = _pool_processes(cfg, name, pool, shape, device, ranks, memory, gpus_per_node)
+        if device == "cuda" and pool.trainable:
+            nodes, problem = node_layout(name, ranks, gpus_per_node)
+            problems += [problem] if problem else []
+            if nodes > 1:
+                note = (
+                    f"{nodes} nodes x {gpus_per_node} GPUs: the chart runs it as a "
+                    "LeaderWorkerSet, its checkpoints on a ReadWriteMany volume"
+                )
+                pool_rows = [
+                    replace(p, notes=(*p.notes, note)) if p.kind == "trainer" else p
+                    for p in pool_rows
+                ]
+        processes += pool_rows
         agents = len(cfg.agents_of(name))
         if pool.trainable:
             # vLLM reloads a full pool from a file: the served one and the incoming push, in a swap.
@@ -224,6 +242,21 @@ def sorts_vocabulary(cfg: RunConfig, pool: str) -> bool:
     )
 
 
+def node_layout(name: str, ranks: int, per_node: int) -> tuple[int, str | None]:
+    """The nodes a trainer of `ranks` GPUs spans, as the chart places it (gpu.perNode GPUs a
+    node): 1 up to a node's GPUs, else ranks / per_node, which must divide evenly."""
+    if ranks <= per_node:
+        return 1, None
+    if ranks % per_node:
+        low, high = ranks // per_node * per_node, (ranks // per_node + 1) * per_node
+        return 0, (
+            f"pools.{name}.trainer_gpus is {ranks}, more than a node's {per_node} GPUs and not a "
+            f"multiple of them: a trainer past one node runs {per_node} ranks on each (the chart's "
+            f"gpu.perNode, `atgrpo plan --gpus-per-node`). Use trainer_gpus: {low} or {high}"
+        )
+    return ranks // per_node, None
+
+
 def _pool_processes(
     cfg: RunConfig,
     name: str,
@@ -232,6 +265,7 @@ def _pool_processes(
     device: str,
     ranks: int,
     memory: int | None,
+    per_node: int = GPUS_PER_NODE,
 ) -> list[ProcessPlan]:
     agents = len(cfg.agents_of(name))
     sample = longest_sample(cfg, name)
@@ -282,7 +316,9 @@ def _pool_processes(
             tuple(notes),
         )
         if plan.fits is False:
-            plan = replace(plan, fixes=tuple(trainer_fixes(cfg, name, pool, shape, ranks, memory)))
+            plan = replace(
+                plan, fixes=tuple(trainer_fixes(cfg, name, pool, shape, ranks, memory, per_node))
+            )
         out.append(plan)
     tasks = math.ceil(cfg.run.tasks_per_step / pool.rollout_replicas)
     comps = rollout_components(
@@ -346,7 +382,13 @@ def _pool_processes(
 
 
 def trainer_fixes(
-    cfg: RunConfig, name: str, pool: PoolConfig, shape: ModelShape, ranks: int, memory: int
+    cfg: RunConfig,
+    name: str,
+    pool: PoolConfig,
+    shape: ModelShape,
+    ranks: int,
+    memory: int,
+    per_node: int = GPUS_PER_NODE,
 ) -> list[str]:
     """Each single change that would make the pool's trainer fit, found by re-running the
     estimate."""
@@ -378,7 +420,9 @@ def trainer_fixes(
     if fit_tokens:
         fixes.append(f"fewer micro-batch tokens: pools.{name}.micro_batch_tokens: {fit_tokens}")
     if pool.specialization == "full":
-        more = next((n for n in range(ranks + 1, 65) if fits(pool, n=n)), None)
+        # counts a cluster can place: up to a node's GPUs, then whole nodes
+        placeable = (n for n in range(ranks + 1, 65) if n <= per_node or n % per_node == 0)
+        more = next((n for n in placeable if fits(pool, n=n)), None)
         if more:
             fixes.append(
                 f"more GPUs: pools.{name}.trainer_gpus: {more} (FSDP shards the model and "

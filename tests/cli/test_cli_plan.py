@@ -34,6 +34,23 @@ def test_plan_refuses_8b_full_on_one_80gb_gpu_and_names_the_fix(capsys):
     capsys.readouterr()
 
 
+def test_plan_places_a_trainer_past_one_node_in_whole_nodes(capsys):
+    path = EXAMPLES / "toy_L1_gpu.yaml"
+    assert main(["plan", str(path), "--gpus", "16", "--gpu-memory", "80GiB"]) == 0
+    assert "2 nodes x 8 GPUs: the chart runs it as a LeaderWorkerSet" in capsys.readouterr().out
+    assert main(["plan", str(path), "--gpus", "12", "--gpu-memory", "80GiB"]) == 1
+    out = capsys.readouterr().out
+    assert "pools.shared.trainer_gpus is 12, more than a node's 8 GPUs" in out
+    assert "Use trainer_gpus: 8 or 16" in out
+    # the fix it names is a count a cluster can place: 3 GPUs would fit (above), but on 2-GPU
+    # nodes that is no whole number of nodes, so it names 4
+    assert (
+        main(["plan", str(path), "--gpus", "1", "--gpu-memory", "80GiB", "--gpus-per-node", "2"])
+        == 1
+    )
+    assert "pools.shared.trainer_gpus: 4" in capsys.readouterr().out
+
+
 def test_plan_of_a_cpu_config_reads_no_gpu_and_bad_flags_say_why(capsys):
     assert main(["plan", str(EXAMPLES / "toy_L1_tiny.yaml")]) == 0
     assert capsys.readouterr().out.rstrip().endswith("fits")
