@@ -40,3 +40,32 @@ def isolated_sandbox(request):
     executor = Executor(backend, workers=2)
     yield LocalSandbox(executor)
     executor.close()
+
+
+def two_steps_of(example: str, model: str, run_dir) -> list[dict]:
+    """examples/<example> trained two steps from `model` on local services: the run finishes,
+    its pool updates twice, and every sample it saved comes back."""
+    import asyncio
+    import json
+
+    import yaml
+
+    from atgrpo.cli.runner import LocalServices, drive
+    from atgrpo.config import parse_config
+    from tests.conftest import ROOT
+    from tests.e2e.test_training import Collect
+
+    data = yaml.safe_load((ROOT / "examples" / example).read_text())
+    data["run"].update(steps=2, eval_every_steps=0, run_dir=str(run_dir))
+    data["pools"]["shared"]["model_path"] = str(model)
+    sink = Collect()
+    with LocalServices(parse_config(data)) as running:
+        final = asyncio.run(drive(running, sink))
+    assert final["state"] == "finished", final
+    steps = [e for e in sink.events if e["kind"] == "step"]
+    assert [e["pools"]["shared"]["version"] for e in steps] == [1, 2]
+    return [
+        json.loads(line)
+        for f in sorted((run_dir / "samples").glob("*.jsonl"))
+        for line in f.read_text().splitlines()
+    ]

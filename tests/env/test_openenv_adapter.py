@@ -4,19 +4,17 @@ of training on the tiny model taught its answer format."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 
 import pytest
-import yaml
 from openenv.core.env_server.interfaces import Environment as OpenEnvBase
 from openenv.core.env_server.types import Action, Observation, State
 
 from atgrpo.cli.main import main
 from atgrpo.sdk.openenv import OpenEnvEnvironment, parse_action
 from examples.hubs.openenv_guess import Guess, GuessAction
-from tests.conftest import ROOT
+from tests.env.conftest import two_steps_of
 
 
 @pytest.mark.parametrize(
@@ -117,13 +115,12 @@ def test_the_openenv_game_keeps_every_rule_of_env_check(capsys):
 
 
 @pytest.mark.slow
+# 15-30 s alone; a teach and a run beside the other pytest worker's torch took up to 10x that
+@pytest.mark.timeout(900)
 def test_the_openenv_example_trains_on_the_taught_tiny_model(tiny_model, tmp_path):
     """examples/openenv_guess_L0_tiny.yaml, two steps on the tiny model taught to guess digits:
     its answers parse, the OpenEnv game scores them, and the pool updates."""
-    from atgrpo.cli.runner import LocalServices, drive
-    from atgrpo.config import parse_config
     from atgrpo.models.taught import role_prompts, teach
-    from tests.e2e.test_training import Collect
 
     model = teach(
         tiny_model,
@@ -132,20 +129,7 @@ def test_the_openenv_example_trains_on_the_taught_tiny_model(tiny_model, tmp_pat
         {"player": ["1", "3", "5", "7", '{"guess": 8}']},
         steps=200,
     )
-    data = yaml.safe_load((ROOT / "examples" / "openenv_guess_L0_tiny.yaml").read_text())
-    data["run"].update(steps=2, eval_every_steps=0, run_dir=str(tmp_path / "run"))
-    data["pools"]["shared"]["model_path"] = model
-    sink = Collect()
-    with LocalServices(parse_config(data)) as running:
-        final = asyncio.run(drive(running, sink))
-    assert final["state"] == "finished", final
-    steps = [e for e in sink.events if e["kind"] == "step"]
-    assert [e["pools"]["shared"]["version"] for e in steps] == [1, 2]
-    samples = [
-        json.loads(line)
-        for f in sorted((tmp_path / "run" / "samples").glob("*.jsonl"))
-        for line in f.read_text().splitlines()
-    ]
+    samples = two_steps_of("openenv_guess_L0_tiny.yaml", model, tmp_path / "run")
     parsed = [s for s in samples if "parse_error" not in s["info"]]
     assert len(parsed) >= len(samples) / 2  # the taught model answers with digits
     # every team reward is the game's: 1 for the guess that found the secret, else 0

@@ -5,7 +5,6 @@ the conformance check, and a few steps of training on the tiny model taught its 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 
 import pytest
@@ -16,7 +15,7 @@ from datasets import Dataset
 from atgrpo.cli.main import main
 from atgrpo.sdk.verifiers import VerifiersEnvironment
 from examples.hubs.verifiers_guess import Guess
-from tests.conftest import ROOT
+from tests.env.conftest import two_steps_of
 
 
 def run(coro):
@@ -205,14 +204,12 @@ SYSTEM_PROMPT = "Guess the secret digit (0-9). Answer with <guess>D</guess> and 
 
 
 @pytest.mark.slow
+# 15-30 s alone; a teach and a run beside the other pytest worker's torch took up to 10x that
+@pytest.mark.timeout(900)
 def test_the_verifiers_example_is_taught_and_trains_on_the_tiny_model(tiny_model, tmp_path):
     """examples/verifiers_guess_L0_tiny.yaml: `atgrpo model teach` on the game's first prompts,
     then two steps on the taught tiny model: its answers parse, the rubric scores them, the pool
     updates."""
-    from atgrpo.cli.runner import LocalServices, drive
-    from atgrpo.config import parse_config
-    from tests.e2e.test_training import Collect
-
     answers = tmp_path / "answers.yaml"
     answers.write_text(yaml.safe_dump({"player": [f"<guess>{d}</guess>" for d in (1, 4, 6, 8)]}))
     model = tmp_path / "vf-guess"
@@ -221,20 +218,7 @@ def test_the_verifiers_example_is_taught_and_trains_on_the_tiny_model(tiny_model
         main(["model", "teach", "--base", tiny_model, "--examples", str(answers), *teach.split()])
         == 0
     )
-    data = yaml.safe_load((ROOT / "examples" / "verifiers_guess_L0_tiny.yaml").read_text())
-    data["run"].update(steps=2, eval_every_steps=0, run_dir=str(tmp_path / "run"))
-    data["pools"]["shared"]["model_path"] = str(model)
-    sink = Collect()
-    with LocalServices(parse_config(data)) as running:
-        final = asyncio.run(drive(running, sink))
-    assert final["state"] == "finished", final
-    steps = [e for e in sink.events if e["kind"] == "step"]
-    assert [e["pools"]["shared"]["version"] for e in steps] == [1, 2]
-    samples = [
-        json.loads(line)
-        for f in sorted((tmp_path / "run" / "samples").glob("*.jsonl"))
-        for line in f.read_text().splitlines()
-    ]
+    samples = two_steps_of("verifiers_guess_L0_tiny.yaml", model, tmp_path / "run")
     formatted = [s for s in samples if s["team_reward"] > 0]
     assert len(formatted) >= len(samples) / 2  # the taught model answers <guess>D</guess>
     # the rubric's scores only: 1 x right + 0.2 x the share of formatted answers, or 0 mid-game

@@ -15,9 +15,14 @@ import psutil
 import pytest
 import torch
 
-from tests.conftest import ROOT
-from tests.trainer.test_distributed import free_port, torchrun_env
-from tests.trainer.test_multirank_service import ADAM_ATOL, UPDATE, one_process, wait_for_port_file
+from tests.trainer.test_distributed import free_port
+from tests.trainer.test_multirank_service import (
+    ADAM_ATOL,
+    UPDATE,
+    one_process,
+    start_trainer,
+    wait_for_port_file,
+)
 from tests.trainer.test_trainer_service import pool_spec
 from tests.trainer.test_update import load, on_policy_samples
 from trainer_svc.client import TrainerClient
@@ -25,20 +30,18 @@ from trainer_svc.client import TrainerClient
 
 def launcher(node_rank: int, port: int, port_file) -> subprocess.Popen:
     """One node's torchrun, as the chart's LeaderWorkerSet pods run it (one GPU-less rank)."""
-    args = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node_rank}",
-        "--master-addr=127.0.0.1", f"--master-port={port}", "--nproc-per-node=1",
-        "-m", "trainer_svc", "--port", "0", "--port-file", str(port_file),
-        "--sharding", "fsdp", "--grace-s", "1",
-    ]  # fmt: skip
-    return subprocess.Popen(
-        args,
-        env=torchrun_env(),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
+    return start_trainer(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=2",
+            f"--node-rank={node_rank}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={port}",
+            "--nproc-per-node=1",
+        ],
+        port_file,
     )
 
 

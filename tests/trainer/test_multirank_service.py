@@ -30,6 +30,21 @@ UPDATE = UpdateConfig(mini_batch_size=4)  # two optimizer steps on 8 samples
 ADAM_ATOL = 2e-5
 
 
+def start_trainer(launch: list[str], port_file) -> subprocess.Popen:
+    """`launch` (a torchrun command line) running the trainer service with FSDP; rank 0 writes
+    its port to `port_file`. Its own process group, for a kill of every rank."""
+    args = ["-m", "trainer_svc", "--port", "0", "--port-file", str(port_file), "--sharding", "fsdp"]
+    return subprocess.Popen(
+        [*launch, *args, "--grace-s", "1"],
+        env=torchrun_env(),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def wait_for_port_file(proc: subprocess.Popen, path, timeout_s: float = 90.0) -> dict:
     deadline = time.monotonic() + timeout_s
     while not path.exists():
@@ -63,27 +78,7 @@ def one_process(model_dir, steps, resume_from=""):
 def test_two_rank_fsdp_service_trains_like_one_process(tiny_model, tmp_path):
     samples = on_policy_samples(load(tiny_model), seed=1)
     port_file = tmp_path / "port.json"
-    proc = subprocess.Popen(
-        [
-            *torchrun_args(),
-            "-m",
-            "trainer_svc",
-            "--port",
-            "0",
-            "--port-file",
-            str(port_file),
-            "--sharding",
-            "fsdp",
-            "--grace-s",
-            "1",
-        ],
-        env=torchrun_env(),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    proc = start_trainer(torchrun_args(), port_file)
     try:
         served = wait_for_port_file(proc, port_file)
 
