@@ -36,8 +36,19 @@ class RolloutClient(ServiceClient):
             await self._call(self.stub.GetInfo, common_pb2.GetInfoRequest())
         )
 
-    async def policies(self) -> tuple[PolicyRef, ...]:
-        return (await self.get_info()).policies
+    async def get_info_within(self, timeout_s: float) -> RolloutInfo:
+        """get_info, tried once with a deadline of `timeout_s`: whether the replica is there and
+        serving now. One that is starting or stopping answers UNAVAILABLE at once (not retried:
+        the router syncs a replica again when it is listed anew)."""
+        return rollout_wire.info_from_pb(
+            await self._call(
+                self.stub.GetInfo, common_pb2.GetInfoRequest(), timeout_s=timeout_s, retry=False
+            )
+        )
+
+    async def policies(self, timeout_s: float | None = None) -> tuple[PolicyRef, ...]:
+        info = await (self.get_info_within(timeout_s) if timeout_s else self.get_info())
+        return info.policies
 
     async def generate(
         self,
@@ -94,6 +105,7 @@ class RolloutClient(ServiceClient):
         adapter_config: dict | None = None,
         rollback: bool = False,
         timeout_s: float | None = None,
+        retry: bool | None = None,
     ) -> WeightsLoaded:
         """Push `weights` (name -> tensor, or a Payload encoded once for several replicas) as the
         pool's model, or as one adapter of it. `rollback` replaces whatever version is served (a
@@ -114,8 +126,13 @@ class RolloutClient(ServiceClient):
             _registered_method=True,
         )
         return rollout_wire.loaded_from_pb(
-            await self._call(send, lambda: payload.stream(header), timeout_s=timeout_s)
+            await self._call(send, lambda: payload.stream(header), timeout_s=timeout_s, retry=retry)
         )
+
+
+# How long a replica may take to answer before a push that tolerates losses counts it lost (one
+# that refuses the connection, or is shutting down, counts at once).
+PROBE_S = 5.0
 
 
 async def push_weights(
@@ -129,8 +146,40 @@ async def push_weights(
     """Push `weights` ((adapter, name -> tensor, adapter config); adapter "" = the full model) to
     every replica at once; the bytes they acknowledged. Full weights are encoded once per dtype
     the replicas hold (cast here, so a bfloat16 engine gets half a float32 master's bytes), each
-    encoding streamed to all of its replicas together."""
+    encoding streamed to all of its replicas together. Any replica's failure fails the push."""
+    sent, _ = await _push(addresses, weights, pool, version, rollback, tolerate_loss=False)
+    return sent
+
+
+async def push_weights_each(
+    addresses: Sequence[str],
+    weights: Sequence[tuple[str, dict, dict | None]],
+    pool: str,
+    version: int,
+    *,
+    rollback: bool = False,
+) -> tuple[int, list[str]]:
+    """push_weights to a fleet whose replicas may leave at any moment: a replica that does not
+    answer within PROBE_S, or whose push breaks off (UNAVAILABLE, DEADLINE_EXCEEDED: gone, killed
+    mid-load), is left out and named; any other error fails the push. (bytes acknowledged by
+    the others, the replicas lost)."""
+    return await _push(addresses, weights, pool, version, rollback, tolerate_loss=True)
+
+
+async def _push(
+    addresses: Sequence[str],
+    weights: Sequence[tuple[str, dict, dict | None]],
+    pool: str,
+    version: int,
+    rollback: bool,
+    *,
+    tolerate_loss: bool,
+) -> tuple[int, list[str]]:
+    from atgrpo.errors import DeadlineExceeded, Unavailable
+
     clients = [RolloutClient(a) for a in addresses]
+    gone = (Unavailable, DeadlineExceeded) if tolerate_loss else ()
+    lost: list[str] = []
 
     from atgrpo.contract.weight_payload import Payload
 
@@ -143,21 +192,40 @@ async def push_weights(
 
     async def one(client: RolloutClient, encoded: list[tuple[str, Payload, dict | None]]) -> int:
         sent = 0
-        for adapter, payload, config in encoded:
-            resp = await client.load_weights(
-                payload, pool, version, adapter=adapter, adapter_config=config, rollback=rollback
-            )
-            sent += resp.bytes_received
+        try:
+            for adapter, payload, config in encoded:
+                resp = await client.load_weights(
+                    payload,
+                    pool,
+                    version,
+                    adapter=adapter,
+                    adapter_config=config,
+                    rollback=rollback,
+                    # a replica lost mid-push is resynced when it is listed again, not waited for
+                    retry=False if tolerate_loss else None,
+                )
+                sent += resp.bytes_received
+        except gone:
+            lost.append(client.address)
+            return 0
         return sent
 
+    async def dtype(client: RolloutClient) -> str | None:
+        if not tolerate_loss:
+            return (await client.weight_dtypes()).get(pool)
+        try:
+            info = await client.get_info_within(PROBE_S)
+        except gone:
+            lost.append(client.address)
+            return None
+        return info.weight_dtypes.get(pool)
+
     try:
-        dtypes = [(await c.weight_dtypes()).get(pool) for c in clients]
-        encodings = {d: await encode(d) for d in dict.fromkeys(dtypes)}
-        return sum(
-            await asyncio.gather(
-                *(one(c, encodings[d]) for c, d in zip(clients, dtypes, strict=True))
-            )
-        )
+        dtypes = await asyncio.gather(*(dtype(c) for c in clients))
+        reached = [(c, d) for c, d in zip(clients, dtypes, strict=True) if c.address not in lost]
+        encodings = {d: await encode(d) for d in dict.fromkeys(d for _, d in reached)}
+        sent = sum(await asyncio.gather(*(one(c, encodings[d]) for c, d in reached)))
+        return sent, [a for a in addresses if a in lost]
     finally:
         await asyncio.gather(*(c.close() for c in clients))
 

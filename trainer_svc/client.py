@@ -32,11 +32,15 @@ class TrainerClient(ServiceClient):
         *,
         resume_from: str = "",
         reload: bool = False,
+        replicas_only: bool = False,
         timeout_s: float = 600.0,
     ) -> TrainerInfo:
         """Set the pool up for a run (idempotent for the same run); `resume_from` a checkpoint
-        folder, `reload` even when it already serves that run (a rollback)."""
-        req = trainer_wire.spec_to_pb(spec, resume_from=resume_from, reload=reload)
+        folder, `reload` even when it already serves that run (a rollback). `replicas_only`: only
+        hand over spec.rollout_addresses to a trainer that holds the run already."""
+        req = trainer_wire.spec_to_pb(
+            spec, resume_from=resume_from, reload=reload, replicas_only=replicas_only
+        )
         return trainer_wire.info_from_pb(
             await self._call(self.stub.Setup, req, timeout_s=timeout_s)
         )

@@ -95,7 +95,13 @@ PUSH_BYTES = Counter(
 )
 PUSH_FAILURES = Counter(
     "atgrpo_trainer_weight_push_failures_total",
-    "Weight pushes that failed (a replica refused or could not be reached).",
+    "Weight pushes that failed (a replica refused the weights).",
+    _POOL,
+)
+REPLICAS_LOST = Counter(
+    "atgrpo_trainer_replicas_lost",
+    "Rollout replicas left out of a push or sync because they were gone or died mid-load; the "
+    "router syncs each again before giving it work.",
     _POOL,
 )
 
@@ -144,6 +150,10 @@ def observe_update(
 def push_failures(run: str, pool: str):
     """A context manager counting an exception out of a push (it still propagates)."""
     return PUSH_FAILURES.labels(run, pool).count_exceptions()
+
+
+def replicas_lost(run: str, pool: str, count: int) -> None:
+    REPLICAS_LOST.labels(run, pool).inc(count)
 
 
 def observe_push(run: str, pool: str, seconds: float, sent_bytes: int) -> None:

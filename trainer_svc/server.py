@@ -174,7 +174,9 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     ) -> trainer_pb2.TrainerInfo:
         check_setup(request)
         spec = trainer_wire.spec_from_pb(request)
-        await self.trainer.setup(spec, request.resume_from, request.reload)
+        await self.trainer.setup(
+            spec, request.resume_from, request.reload, replicas_only=request.replicas_only
+        )
         # the run's budget; the --micro-batch-tokens flag is the default
         if spec.micro_batch_tokens > 0:
             self.micro_batch_tokens = spec.micro_batch_tokens

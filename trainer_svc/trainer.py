@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from atgrpo.contract.trainer import PoolSpec, TrainResult, TrainSample, UpdateConfig
-from atgrpo.errors import FailedPrecondition, InvalidArgument
+from atgrpo.errors import (
+    AtgrpoError,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    Unavailable,
+)
 from atgrpo.model_thread import ModelThread
-from rollout_svc.client import RolloutClient, push_weights
+from rollout_svc.client import PROBE_S, RolloutClient, push_weights_each
 from trainer_svc import metrics as telemetry  # `metrics` is a TrainResult's dict below
 from trainer_svc.distributed import Ranks, bind_device
 from trainer_svc.ops import PoolOps
@@ -67,6 +74,8 @@ def sample_staleness(samples: Sequence[TrainSample], allowed: int) -> list[int]:
 
 REPLAYED = 8
 
+log = logging.getLogger("atgrpo.trainer")
+
 
 class Trainer:
     def __init__(self, pool_name: str = "", sharding: str = "auto", ranks: Ranks | None = None):
@@ -96,8 +105,28 @@ class Trainer:
         """Run a PoolOps operation here and on every other rank (off the event loop)."""
         return await self._thread.run(self._collective, op, *args)
 
-    async def setup(self, spec: PoolSpec, resume_from: str = "", reload: bool = False) -> PoolState:
+    async def setup(
+        self,
+        spec: PoolSpec,
+        resume_from: str = "",
+        reload: bool = False,
+        *,
+        replicas_only: bool = False,
+    ) -> PoolState:
+        # A repeat asks each replica what it serves before taking the lock: one that does not
+        # answer (restarting, gone) costs up to PROBE_S, which no update should wait behind.
+        repeat = self.state is not None and not reload and self.state.spec.pool == spec.pool
+        probed = await self._probe(spec.rollout_addresses, spec.pool) if repeat else None
         async with self._lock:
+            held = self.state.spec if self.state is not None else None
+            if replicas_only and (
+                held is None or (held.run_id, held.pool) != (spec.run_id, spec.pool) or reload
+            ):
+                raise FailedPrecondition(
+                    f"this trainer holds no weights of run {spec.run_id!r}, pool {spec.pool!r} "
+                    "(it restarted?), so it takes no replicas: set it up with Setup (the "
+                    "router's recovery does, from the last checkpoint)"
+                )
             if self.state is not None:
                 same = self.state.spec.run_id == spec.run_id and self.state.spec.pool == spec.pool
                 if not same:
@@ -115,8 +144,10 @@ class Trainer:
                         "release"
                     )
                 if not reload:
-                    # a repeat: bring restarted replicas up to date
-                    await self._sync_replicas(self.state)
+                    # A repeat: the router's list of the pool's replicas now (some joined, some
+                    # left); bring each up to date, a joining or restarted one included.
+                    self._set_replicas(self.state, spec.rollout_addresses)
+                    await self._sync_replicas(self.state, probed)
                     return self.state
             if self.pool_name and spec.pool != self.pool_name:
                 raise InvalidArgument(
@@ -142,22 +173,58 @@ class Trainer:
             telemetry.set_version(spec.run_id, spec.pool, state.version)
             return state
 
-    async def _sync_replicas(self, state: PoolState) -> None:
+    @staticmethod
+    def _set_replicas(state: PoolState, addresses: Sequence[str]) -> None:
+        state.spec = dataclasses.replace(state.spec, rollout_addresses=tuple(addresses))
+
+    def _drop_replicas(self, state: PoolState, lost: Sequence[str]) -> None:
+        """Replicas that are gone (or died mid-push) leave the list: they hold no current weights,
+        so the router must not collect on them until a Setup lists them again and syncs them.
+        The update itself stands: its weights reach every replica that remains."""
+        if lost:
+            log.warning("pool %s: rollout replicas %s lost; left out", state.spec.pool, lost)
+            telemetry.replicas_lost(state.spec.run_id, state.spec.pool, len(lost))
+            self._set_replicas(
+                state, [a for a in state.spec.rollout_addresses if a not in set(lost)]
+            )
+
+    @staticmethod
+    async def _probe(addresses: Sequence[str], pool: str) -> dict[str, dict[str, int] | None]:
+        """address -> what it serves of `pool` (adapter -> version), None when it does not answer
+        within PROBE_S or answers nonsense: one replica must not stop the run."""
+
+        async def one(address: str) -> dict[str, int] | None:
+            try:
+                async with RolloutClient(address) as client:
+                    policies = await client.policies(timeout_s=PROBE_S)
+            except (Unavailable, DeadlineExceeded):
+                return None
+            except AtgrpoError as err:
+                log.error("pool %s: replica %s left out: %s", pool, address, err)
+                return None
+            return {p.adapter: p.version for p in policies if p.pool == pool}
+
+        return dict(zip(addresses, await asyncio.gather(*(one(a) for a in addresses)), strict=True))
+
+    async def _sync_replicas(
+        self, state: PoolState, probed: dict[str, dict[str, int] | None] | None = None
+    ) -> None:
         """Push to each replica whose served versions differ from what this trainer last pushed
-        (before its first push: from the version it holds)."""
+        (before its first push: from the version it holds); one that does not answer is dropped.
+        `probed`: what each served a moment ago (_probe), asked now for those it lacks."""
         held = self._pushed or {
             adapter: state.version for adapter in (state.spec.agents if state.lora else [""])
         }
-        lagging = []
-        for address in state.spec.rollout_addresses:
-            async with RolloutClient(address) as client:
-                served = {
-                    p.adapter: p.version
-                    for p in await client.policies()
-                    if p.pool == state.spec.pool
-                }
-            if any(served.get(adapter, -1) != version for adapter, version in held.items()):
-                lagging.append(address)
+        addresses = list(state.spec.rollout_addresses)
+        probed = dict(probed or {})
+        probed.update(await self._probe([a for a in addresses if a not in probed], state.spec.pool))
+        self._drop_replicas(state, [a for a in addresses if probed[a] is None])
+        lagging = [
+            a
+            for a in addresses
+            if probed[a] is not None
+            and any(probed[a].get(adapter, -1) != v for adapter, v in held.items())
+        ]
         if lagging:
             await self._push(
                 state, state.spec.agents if state.lora else [], rollback=True, addresses=lagging
@@ -254,16 +321,18 @@ class Trainer:
         rollback: bool = False,
         addresses: Sequence[str] | None = None,
     ) -> tuple[float, int]:
-        """New weights to every replica at once; answers once all acknowledged (on-policy)."""
+        """New weights to every replica at once; answers once all acknowledged (on-policy). A
+        replica lost on the way is dropped from the pool's list (_drop_replicas)."""
         addresses = state.spec.rollout_addresses if addresses is None else addresses
         if not addresses:
             return 0.0, 0
         payloads = await self._run("weights", agents)
         start = time.perf_counter()
         with telemetry.push_failures(state.spec.run_id, state.spec.pool):
-            total = await push_weights(
+            total, lost = await push_weights_each(
                 addresses, payloads, state.spec.pool, state.version, rollback=rollback
             )
+        self._drop_replicas(state, lost)
         self._pushed.update({adapter: state.version for adapter, _, _ in payloads})
         seconds = time.perf_counter() - start
         telemetry.observe_push(state.spec.run_id, state.spec.pool, seconds, total)

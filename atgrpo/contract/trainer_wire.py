@@ -35,7 +35,9 @@ _TIMING = (
 MEMORY = ("rss_gb", "rss_released_gb", "rss_peak_gb")
 
 
-def spec_to_pb(s: PoolSpec, *, resume_from: str = "", reload: bool = False) -> pb.SetupRequest:
+def spec_to_pb(
+    s: PoolSpec, *, resume_from: str = "", reload: bool = False, replicas_only: bool = False
+) -> pb.SetupRequest:
     return pb.SetupRequest(
         run_id=s.run_id,
         pool=s.pool,
@@ -67,6 +69,7 @@ def spec_to_pb(s: PoolSpec, *, resume_from: str = "", reload: bool = False) -> p
         resume_from=resume_from,
         checkpoint_every_updates=s.checkpoint_every_updates,
         reload=reload,
+        replicas_only=replicas_only,
         gradient_checkpointing=s.gradient_checkpointing,
     )
 

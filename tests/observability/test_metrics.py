@@ -101,9 +101,13 @@ def test_live_episodes_follow_the_store():
     assert sample("atgrpo_env_live_episodes", env="unit-env") == 0
 
 
-def test_a_failed_weight_push_is_counted(monkeypatch):
+def test_a_refused_push_is_a_failure_and_a_gone_replica_a_loss(monkeypatch):
+    """A replica that refuses the weights fails the push (counted); one that cannot be reached is
+    left out of the pool's list and counted as lost, and the push stands for the others."""
     import rollout_svc.client
-    from atgrpo.errors import Unavailable
+    from atgrpo.contract.rollout import RolloutInfo
+    from atgrpo.contract.trainer import PoolSpec
+    from atgrpo.errors import InvalidArgument, Unavailable
     from trainer_svc.trainer import Trainer
 
     class Ops:  # just what _push asks the pool for
@@ -112,31 +116,45 @@ def test_a_failed_weight_push_is_counted(monkeypatch):
         def weights(self, agents):
             return [("", {}, None)]
 
-    class Unreachable:  # a replica that cannot be reached (no network wait: it says so at once)
+    class Replica:  # named by its address: "gone-*" cannot be reached, "refuses-*" says no
         def __init__(self, address):
             self.address = address
 
-        async def weight_dtypes(self):
-            raise Unavailable(f"{self.address} is unreachable")
+        async def get_info_within(self, timeout_s):
+            if self.address.startswith("gone"):
+                raise Unavailable(f"{self.address} is unreachable")
+            return RolloutInfo("hf", "cpu", ())
+
+        async def load_weights(self, *args, **kwargs):
+            if self.address.startswith("refuses"):
+                raise InvalidArgument("not this model's weights")
+            return SimpleNamespace(bytes_received=10)
 
         async def close(self):
             pass
 
     # push_weights (the rollout service's client) makes the replicas' clients
-    monkeypatch.setattr(rollout_svc.client, "RolloutClient", Unreachable)
+    monkeypatch.setattr(rollout_svc.client, "RolloutClient", Replica)
     trainer = Trainer("p")
     trainer.ops = Ops()
-    state = SimpleNamespace(
-        version=1,
-        spec=SimpleNamespace(run_id="unit-run", pool="p", rollout_addresses=["replica-0:50051"]),
-    )
-    before = sample("atgrpo_trainer_weight_push_failures_total", run="unit-run", pool="p") or 0.0
-    with pytest.raises(Unavailable):
-        asyncio.run(trainer._push(state, []))
-    assert (
-        sample("atgrpo_trainer_weight_push_failures_total", run="unit-run", pool="p") == before + 1
-    )
-    assert not sample("atgrpo_trainer_weight_push_seconds_count", run="unit-run", pool="p")
+
+    def state(*addresses):
+        spec = PoolSpec("unit-run", "p", "/m", ("a",), rollout_addresses=addresses)
+        return SimpleNamespace(version=1, spec=spec)
+
+    labels = dict(run="unit-run", pool="p")
+    failures = sample("atgrpo_trainer_weight_push_failures_total", **labels) or 0.0
+    lost = sample("atgrpo_trainer_replicas_lost_total", **labels) or 0.0
+    with pytest.raises(InvalidArgument):
+        asyncio.run(trainer._push(state("ok-0:1", "refuses-1:1"), []))
+    assert sample("atgrpo_trainer_weight_push_failures_total", **labels) == failures + 1
+    assert not sample("atgrpo_trainer_weight_push_seconds_count", **labels)
+
+    pool = state("ok-0:1", "gone-1:1", "ok-2:1")
+    assert asyncio.run(trainer._push(pool, []))[1] == 20  # the two replicas still there
+    assert pool.spec.rollout_addresses == ("ok-0:1", "ok-2:1")
+    assert sample("atgrpo_trainer_replicas_lost_total", **labels) == lost + 1
+    assert sample("atgrpo_trainer_weight_push_failures_total", **labels) == failures + 1
 
 
 def test_an_update_observes_each_samples_staleness_and_the_busy_seconds():

@@ -162,6 +162,7 @@ class SetupRequest(_message.Message):
     CHECKPOINT_EVERY_UPDATES_FIELD_NUMBER: _builtins.int
     RELOAD_FIELD_NUMBER: _builtins.int
     GRADIENT_CHECKPOINTING_FIELD_NUMBER: _builtins.int
+    REPLICAS_ONLY_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     pool: _builtins.str
     model_path: _builtins.str
@@ -186,6 +187,12 @@ class SetupRequest(_message.Message):
     """
     gradient_checkpointing: _builtins.bool
     """Recompute decoder activations in the backward; unset: on for cuda, off on cpu."""
+    replicas_only: _builtins.bool
+    """Only hand over the pool's replicas now (some joined, some left): the weights this trainer
+    holds go to those that lag, and the answer lists those that serve them. FAILED_PRECONDITION
+    when it holds no state of this run and pool (it restarted): it is never set up from here,
+    so a retried call cannot restore it behind the router's back.
+    """
     @_builtins.property
     def lora(self) -> Global___LoraParams: ...
     @_builtins.property
@@ -216,10 +223,11 @@ class SetupRequest(_message.Message):
         checkpoint_every_updates: _builtins.int = ...,
         reload: _builtins.bool = ...,
         gradient_checkpointing: _builtins.bool | None = ...,
+        replicas_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_gradient_checkpointing", b"_gradient_checkpointing", "gradient_checkpointing", b"gradient_checkpointing", "lora", b"lora", "optim", b"optim"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gradient_checkpointing", b"_gradient_checkpointing", "agents", b"agents", "checkpoint_dir", b"checkpoint_dir", "checkpoint_every_updates", b"checkpoint_every_updates", "device", b"device", "dtype", b"dtype", "gradient_checkpointing", b"gradient_checkpointing", "lora", b"lora", "micro_batch_tokens", b"micro_batch_tokens", "model_path", b"model_path", "optim", b"optim", "pool", b"pool", "reload", b"reload", "resume_from", b"resume_from", "rollout_addresses", b"rollout_addresses", "run_id", b"run_id", "seed", b"seed", "specialization", b"specialization"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gradient_checkpointing", b"_gradient_checkpointing", "agents", b"agents", "checkpoint_dir", b"checkpoint_dir", "checkpoint_every_updates", b"checkpoint_every_updates", "device", b"device", "dtype", b"dtype", "gradient_checkpointing", b"gradient_checkpointing", "lora", b"lora", "micro_batch_tokens", b"micro_batch_tokens", "model_path", b"model_path", "optim", b"optim", "pool", b"pool", "reload", b"reload", "replicas_only", b"replicas_only", "resume_from", b"resume_from", "rollout_addresses", b"rollout_addresses", "run_id", b"run_id", "seed", b"seed", "specialization", b"specialization"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__gradient_checkpointing: _TypeAlias = _typing.Literal["gradient_checkpointing"]  # noqa: Y015
     _WhichOneofArgType__gradient_checkpointing: _TypeAlias = _typing.Literal["_gradient_checkpointing", b"_gradient_checkpointing"]  # noqa: Y015
