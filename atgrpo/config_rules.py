@@ -16,6 +16,7 @@ from atgrpo.config_parse import (
     parse_bytes,
 )
 from atgrpo.contract.trainer import UPDATE_BOUNDS
+from atgrpo.discovery import DNS_SCHEME, FILE_SCHEME, DiscoveryError, parse_target
 from atgrpo.plan import VLLM_LORA_RANKS
 
 if TYPE_CHECKING:
@@ -386,7 +387,15 @@ def _check_services(c: Checks, cfg: RunConfig) -> None:
                     "or remove the key",
                 )
             else:
-                addresses += [(f"{path}[{i}]", a) for i, a in enumerate(value)]
+                for i, a in enumerate(value):
+                    if a.strip().startswith((DNS_SCHEME, FILE_SCHEME)):
+                        # a pool's replicas as they come and go (atgrpo.discovery)
+                        try:
+                            parse_target(a)
+                        except DiscoveryError as err:
+                            c.add(f"{path}[{i}]", str(err))
+                    else:
+                        addresses.append((f"{path}[{i}]", a))
     for path, address in addresses:
         m = _ADDRESS.match(address)
         if not m or not 1 <= int(m.group(2)) <= 65535:

@@ -16,10 +16,12 @@ EndpointSlices with the `kubernetes` client because:
 gRPC's own `dns:///` resolver balances calls over the addresses; a trainer instead must reach
 *every* replica (each gets the new weights), so it resolves the name itself, here.
 
-Entries without the `dns:///` scheme pass through unchanged, so a static list (the per-pod
-StatefulSet names the chart writes into the run config, or 127.0.0.1 ports in local mode)
-keeps working as before. Call `await resolve(addresses)` where the list is needed (in Setup and
-before each weight push), or keep a `ReplicaResolver` to reuse answers for a few seconds.
+A `file:///abs/path` entry names a file of addresses, one host:port a line (`#` starts a
+comment): the list the local launcher keeps for each pool (`atgrpo scale` rewrites it, as
+Kubernetes rewrites a headless Service's records), read afresh each time; a missing file lists
+no replica. Entries without a scheme pass through unchanged, so a static list (the per-pod
+StatefulSet names, or 127.0.0.1 ports) keeps working as before. The router keeps a
+`ReplicaResolver` per pool (router_svc.fleet) and hands each trainer the replicas it found.
 """
 
 from __future__ import annotations
@@ -30,21 +32,26 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 __all__ = [
     "DNS_SCHEME",
+    "FILE_SCHEME",
     "DiscoveryError",
     "Lookup",
     "ReplicaResolver",
     "Target",
     "format_address",
+    "listed_now",
     "parse_target",
+    "read_address_file",
     "resolve",
     "system_lookup",
     "wait_for_replicas",
 ]
 
 DNS_SCHEME = "dns:///"
+FILE_SCHEME = "file://"
 
 # host -> the IP addresses it resolves to; [] when the name has no address (no ready replica).
 Lookup = Callable[[str], Awaitable[list[str]]]
@@ -60,11 +67,20 @@ class Target:
     port: int
     dns: bool
     """true: expand to every address the host resolves to; false: use host:port as given"""
+    file: str = ""
+    """a file of addresses (file:// targets): expand to the addresses it lists now"""
 
 
 def parse_target(text: str, default_port: int | None = None) -> Target:
     """`host:port`, `[v6]:port`, or `dns:///host[:port]` (gRPC's naming syntax, no authority)."""
     raw = text.strip()
+    if raw.startswith(FILE_SCHEME):
+        path = raw[len(FILE_SCHEME) :]
+        if not path.startswith("/"):
+            raise DiscoveryError(
+                f"{text!r}: a file target needs an absolute path, e.g. file:///run/replicas.txt"
+            )
+        return Target("", 0, False, path)
     dns = raw.startswith(DNS_SCHEME)
     rest = raw[len(DNS_SCHEME) :] if dns else raw
     if not dns and "://" in rest:
@@ -122,18 +138,53 @@ def _ip_order(ip: str) -> tuple[int, int, str]:
     return (parsed.version, int(parsed), ip)
 
 
+def read_address_file(path: str) -> list[str]:
+    """The addresses a file lists (one host:port a line, `#` comments); [] when it is missing.
+    Each must parse as a static address: a file lists replicas, not further names."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return []
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        entry = line.split("#", 1)[0].strip()
+        if not entry:
+            continue
+        t = parse_target(entry)
+        if t.dns or t.file:
+            raise DiscoveryError(f"{path}:{n}: {entry!r}: list host:port addresses only")
+        out.append(format_address(t.host, t.port))
+    return out
+
+
+def listed_now(addresses: Sequence[str]) -> list[str]:
+    """resolve() without DNS, for a caller outside an event loop: static entries as given, file
+    targets expanded (a local run's replicas)."""
+    out: list[str] = []
+    for a in addresses:
+        t = parse_target(a)
+        if t.dns:
+            raise DiscoveryError(f"{a!r}: listed_now reads files and static addresses, not DNS")
+        found = read_address_file(t.file) if t.file else [format_address(t.host, t.port)]
+        out += [x for x in found if x not in out]
+    return out
+
+
 async def resolve(
     addresses: Sequence[str], lookup: Lookup = system_lookup, default_port: int | None = None
 ) -> list[str]:
     """The replica addresses now: static entries as given, each `dns:///` entry expanded to one
-    `ip:port` per address (sorted, so every caller sees the same order), duplicates dropped.
-    Raises DiscoveryError when a target does not parse; a DNS name without records adds nothing."""
+    `ip:port` per address (sorted, so every caller sees the same order), each `file://` entry to
+    the addresses its file lists, duplicates dropped. Raises DiscoveryError when a target does
+    not parse; a DNS name without records, or a missing file, adds nothing."""
     targets = [parse_target(a, default_port) for a in addresses]
     answers = await asyncio.gather(*(lookup(t.host) for t in targets if t.dns))
     found = iter(answers)
     out: list[str] = []
     for t in targets:
-        if t.dns:
+        if t.file:
+            expanded = read_address_file(t.file)
+        elif t.dns:
             expanded = [
                 format_address(ip, t.port) for ip in sorted(set(next(found)), key=_ip_order)
             ]
@@ -190,7 +241,7 @@ class ReplicaResolver:
     @property
     def dynamic(self) -> bool:
         """False when every entry is static: the list never changes, nothing is looked up."""
-        return any(a.strip().startswith(DNS_SCHEME) for a in self.addresses)
+        return any(a.strip().startswith((DNS_SCHEME, FILE_SCHEME)) for a in self.addresses)
 
     async def current(self) -> list[str]:
         if self._cached is not None and (

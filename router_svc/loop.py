@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,19 +44,14 @@ from atgrpo.errors import (
 )
 from atgrpo.rundir import Checkpoint, Progress, RunDir
 from env_svc.client import EnvClient
-from rollout_svc.client import RolloutClient
 from router_svc import events
 from router_svc.checkpoints import retained
+from router_svc.dispatch import Dispatch
+from router_svc.fleet import Fleet
 from router_svc.outcome import StepIncomplete, check_complete, pool_metrics
 from router_svc.pipeline import Pipeline
 from router_svc.run_state import RunState
-from router_svc.steps import (
-    batches_for,
-    collect_plan,
-    off_version,
-    shard,
-    step_tasks,
-)
+from router_svc.steps import batches_for, collect_plan, off_version, step_tasks
 from trainer_svc.client import TrainerClient, checkpoint_deadline_s
 
 log = logging.getLogger("atgrpo.router")
@@ -80,7 +75,7 @@ RECOVERABLE = (
 @dataclass
 class Clients:
     env: EnvClient
-    rollout: dict[str, RolloutClient]  # replica address -> client
+    rollout: Fleet  # each pool's replicas as they come and go
     trainers: dict[str, TrainerClient]  # trainable pool -> client
 
     @classmethod
@@ -91,21 +86,24 @@ class Clients:
                 "the config names no service addresses; the router drives running services. "
                 "Use `atgrpo train CONFIG`, which starts them locally, or fill in services:"
             )
-        addresses = dict.fromkeys(a for addrs in s.rollout.values() for a in addrs)
         trainable = [p for p, pool in cfg.pools.items() if pool.trainable]
         return cls(
             EnvClient(s.env),
-            {a: RolloutClient(a) for a in addresses},
+            Fleet(s.rollout, trainable),
             {p: TrainerClient(s.trainer[p]) for p in trainable},
         )
 
     async def close(self) -> None:
-        for c in [self.env, *self.rollout.values(), *self.trainers.values()]:
+        await self.rollout.close()
+        for c in [self.env, *self.trainers.values()]:
             await c.close()
 
 
-def pool_spec(cfg: RunConfig, pool: str, checkpoint_root: str) -> PoolSpec:
-    """A trainable pool's setup for this run, from the config."""
+def pool_spec(
+    cfg: RunConfig, pool: str, checkpoint_root: str, replicas: Sequence[str] = ()
+) -> PoolSpec:
+    """A trainable pool's setup for this run, from the config; `replicas`: the pool's rollout
+    replicas now (the config may name them by DNS or a file, atgrpo.discovery)."""
     p = cfg.pools[pool]
     lora = p.lora
     return PoolSpec(
@@ -136,7 +134,7 @@ def pool_spec(cfg: RunConfig, pool: str, checkpoint_root: str) -> PoolSpec:
         seed=cfg.run.seed,
         checkpoint_dir=checkpoint_root,
         checkpoint_every_updates=0,  # the router keeps the cadence
-        rollout_addresses=tuple(cfg.services.rollout[pool]),
+        rollout_addresses=tuple(replicas),
         micro_batch_tokens=p.micro_batch_tokens,
         gradient_checkpointing=p.gradient_checkpointing,
     )
@@ -323,10 +321,11 @@ class RunLoop:
         """`reload`: these pools go back to `ckpt` (None: to the model at model_path) even when
         their trainers kept running. Loading a checkpoint gets as long as saving it would."""
         pools = reload if reload is not None else list(self.clients.trainers)
+        listed = await self.clients.rollout.listed()
         infos = await asyncio.gather(
             *(
                 self.clients.trainers[p].setup(
-                    pool_spec(self.cfg, p, root),
+                    pool_spec(self.cfg, p, root, listed[p]),
                     resume_from=ckpt.paths.get(p, "") if ckpt else "",
                     reload=reload is not None,
                     timeout_s=checkpoint_deadline_s(ckpt.nbytes.get(p, 0) if ckpt else 0),
@@ -334,6 +333,8 @@ class RunLoop:
                 for p in pools
             )
         )
+        for p, info in zip(pools, infos, strict=True):
+            self.clients.rollout.synced(p, listed[p], info.rollout_addresses)
         self.versions.update({p: info.version for p, info in zip(pools, infos, strict=True)})
         self._checkpoint_bytes.update(
             {p: info.checkpoint_bytes for p, info in zip(pools, infos, strict=True)}
@@ -344,12 +345,19 @@ class RunLoop:
         which pushes those weights to the rollout replicas; one evaluation, nothing trained.
         Returns 'finished'."""
         await self.check_env()
-        await asyncio.gather(
+        listed = await self.clients.rollout.listed()
+        pools = list(self.clients.trainers)
+        infos = await asyncio.gather(
             *(
-                t.setup(pool_spec(self.cfg, p, ""), resume_from=str(where / p) if where else "")
-                for p, t in self.clients.trainers.items()
+                self.clients.trainers[p].setup(
+                    pool_spec(self.cfg, p, "", listed[p]),
+                    resume_from=str(where / p) if where else "",
+                )
+                for p in pools
             )
         )
+        for p, info in zip(pools, infos, strict=True):
+            self.clients.rollout.synced(p, listed[p], info.rollout_addresses)
         step = where.name.removeprefix("step-") if where else "0"
         await self.evaluate(int(step) if step.isdigit() else 0)
         return "finished"
@@ -412,6 +420,7 @@ class RunLoop:
                 "step_seconds": time.perf_counter() - start,
                 "time": time.time(),
                 "retries": self.run_state.take_retries(),
+                **self.run_state.take_fleet(),
             },
             cfg.env.turn_order,
         )
@@ -471,17 +480,27 @@ class RunLoop:
         return ids
 
     async def collect(self, plan: CollectPlan) -> tuple[list[Sample], list[EpisodeEnd]]:
-        """One plan over every replica at once; returns only when every shard has finished."""
+        """One plan over the replicas that serve the run's weights now (those that joined are
+        synced first); returns when every task has ended, its tasks collected again elsewhere
+        when a replica is lost on the way (router_svc.dispatch)."""
+        fleet = self.clients.rollout
+        replicas = await fleet.refresh(self._sync_pool)
+        dispatch = Dispatch(
+            plan, replicas, lambda a, part: fleet.client(a).collect(part), fleet.lost
+        )
+        samples, ends = await dispatch.run()
+        self.run_state.observe_collect(replicas, dispatch.requeued)
+        return samples, ends
 
-        async def one(address: str, part: CollectPlan) -> list[Sample | EpisodeEnd]:
-            return [e async for e in self.clients.rollout[address].collect(part)]
-
-        shards = shard(plan, self.cfg.services.rollout)
-        parts = await asyncio.gather(*(one(a, p) for a, p in shards))
-        got = [x for part in parts for x in part]
-        return [x for x in got if isinstance(x, Sample)], [
-            x for x in got if isinstance(x, EpisodeEnd)
-        ]
+    async def _sync_pool(self, pool: str, replicas: list[str]) -> list[str]:
+        """Give pool's trainer its replicas now: it pushes its weights to those that joined and
+        answers with those that hold them. Never sets a trainer up: one that restarted refuses
+        (FAILED_PRECONDITION), and the loop's recovery restores it from the checkpoint."""
+        info = await self.clients.trainers[pool].setup(
+            pool_spec(self.cfg, pool, str(self.dir.path / "checkpoints"), replicas),
+            replicas_only=True,
+        )
+        return list(info.rollout_addresses)
 
     # ---- evaluation and checkpoints ----------------------------------------------------------
 

@@ -121,6 +121,23 @@ STALE_DROPPED = Counter(
     _POOL,
 )
 
+REPLICAS = Gauge(
+    "atgrpo_router_rollout_replicas",
+    "Rollout replicas the last collection ran on (those serving the run's weights), by pool.",
+    _POOL,
+)
+REQUEUED = Counter(
+    "atgrpo_router_tasks_requeued_total",
+    "Tasks collected again on another replica after theirs was lost mid-collection.",
+    ["run"],
+)
+
+
+def observe_collect(run: str, replicas: Mapping[str, int], requeued: int) -> None:
+    for pool, n in replicas.items():
+        REPLICAS.labels(run, pool).set(n)
+    REQUEUED.labels(run).inc(requeued)
+
 
 def observe_state(run: str, state: str) -> None:
     """A run's state changed: its RUN_STATE series for `state` is 1, the others 0. Starting to
@@ -133,6 +150,7 @@ def observe_state(run: str, state: str) -> None:
     # increase() over them then shows 0, not "no data", for a run without rollbacks.
     ROLLBACKS.labels(run).inc(0)
     REDONE_STEPS.labels(run).inc(0)
+    REQUEUED.labels(run).inc(0)
 
 
 def observe_event(run: str, event: Mapping[str, Any]) -> None:

@@ -273,6 +273,7 @@ class Pipeline:
                 "step_seconds": now - max(self._last_record, c.started),
                 "time": time.time(),
                 "retries": loop.run_state.take_retries(),
+                **loop.run_state.take_fleet(),
             },
             cfg.env.turn_order,
         )

@@ -27,6 +27,20 @@ class RunState:
         # on disk, oldest first; the last is what a resume loads
         self.checkpoints: list[Checkpoint] = []
         self.retries = 0  # faults recovered from since the last recorded step
+        self.replicas: dict[str, int] = {}  # pool -> replicas the last collection ran on
+        self.requeued = 0  # tasks collected again (their replica lost) since the last step
+
+    def observe_collect(self, replicas: dict[str, list[str]], requeued: int) -> None:
+        """A collection ran on `replicas` (pool -> addresses), `requeued` tasks moved after a
+        replica was lost."""
+        self.replicas = {p: len(a) for p, a in replicas.items()}
+        self.requeued += requeued
+        metrics.observe_collect(self.run_name, self.replicas, requeued)
+
+    def take_fleet(self) -> dict[str, Any]:
+        """For a step's event: the replicas per pool, and the tasks requeued since the last."""
+        n, self.requeued = self.requeued, 0
+        return {"replicas": dict(self.replicas), "requeued_tasks": n}
 
     def record(self, event: dict[str, Any]) -> None:
         """An event to metrics.jsonl, the Prometheus gauges and whoever watches the run."""

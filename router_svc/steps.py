@@ -246,29 +246,3 @@ def collect_plan(
         run_id=cfg.run.name,
         step=step,
     )
-
-
-def shard(plan: CollectPlan, rollout: Mapping[str, Sequence[str]]) -> list[tuple[str, CollectPlan]]:
-    """Spread a plan's tasks over every rollout replica (round robin), each told where the pools
-    it does not serve live (L3: each pool's replicas are its own processes or nodes).
-
-    `rollout` maps pool -> replica addresses. The i-th replica of a pool is paired with the
-    i-th (mod count) replica of every other pool, so cross-pool traffic is spread too.
-    """
-    drivers = list(dict.fromkeys(a for addrs in rollout.values() for a in addrs))
-    if not drivers:
-        raise ValueError("no rollout replicas to collect with")
-    out = []
-    for i, address in enumerate(drivers):
-        tasks = plan.tasks[i :: len(drivers)]
-        if not tasks:
-            continue
-        served = {p for p, addrs in rollout.items() if address in addrs}
-        routes = {p: addrs[i % len(addrs)] for p, addrs in rollout.items() if p not in served}
-        out.append(
-            (
-                address,
-                replace(plan, tasks=tasks, pool_addresses=routes, max_concurrent_tasks=len(tasks)),
-            )
-        )
-    return out

@@ -119,6 +119,8 @@ def event_to_pb(run_id: str, e: Mapping[str, Any]) -> pb.RunEvent:
             weight_sync_seconds=e["weight_sync_seconds"],
             retries=e.get("retries", 0),
             timing={k: float(e[k]) for k in STEP_TIMING if k in e},
+            replicas=e.get("replicas", {}),
+            requeued_tasks=e.get("requeued_tasks", 0),
         ),
     )
 
@@ -164,5 +166,7 @@ def event_from_pb(m: pb.RunEvent) -> dict[str, Any]:
         "train_seconds": s.train_seconds,
         "weight_sync_seconds": s.weight_sync_seconds,
         "retries": s.retries,
+        "replicas": dict(s.replicas),
+        "requeued_tasks": s.requeued_tasks,
         **{k: s.timing[k] for k in STEP_TIMING if k in s.timing},
     }

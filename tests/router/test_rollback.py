@@ -9,9 +9,14 @@ from atgrpo.contract.trainer import TrainerInfo
 from atgrpo.rundir import Checkpoint, Progress, RunDir
 from atgrpo.sdk.env import EnvSpec
 from router_svc import events
+from router_svc.fleet import Fleet
 from router_svc.loop import RunLoop
 from router_svc.runs import Run
 from tests.router.test_run_pieces import config
+
+
+def fleet(cfg):
+    return Fleet(cfg.services.rollout, list(cfg.services.trainer))
 
 
 def test_no_rollback_when_the_trainers_kept_their_weights():
@@ -60,7 +65,9 @@ def test_prepare_after_a_trainer_restart_records_the_rollback(tmp_path):
     )
     emitted = []
     loop = RunLoop(
-        cfg, emitted.append, clients=SimpleNamespace(env=Env(), trainers={"a": Trainer(0)})
+        cfg,
+        emitted.append,
+        clients=SimpleNamespace(env=Env(), rollout=fleet(cfg), trainers={"a": Trainer(0)}),
     )
     asyncio.run(loop.prepare())
     assert loop.completed == 0
@@ -84,7 +91,9 @@ def test_prepare_that_continues_where_it_was_records_nothing(tmp_path):
     emitted = []
     asyncio.run(
         RunLoop(
-            cfg, emitted.append, clients=SimpleNamespace(env=Env(), trainers={"a": Trainer(1)})
+            cfg,
+            emitted.append,
+            clients=SimpleNamespace(env=Env(), rollout=fleet(cfg), trainers={"a": Trainer(1)}),
         ).prepare()
     )
     assert emitted == [] and [e["step"] for e in d.read_events()] == [1]
@@ -121,7 +130,9 @@ def test_a_resume_past_the_last_checkpoint_keeps_it_for_the_next_rollback(tmp_pa
     d = RunDir(tmp_path)
     two = Checkpoint(2, {"a": str(d.checkpoint_dir(2) / "a")}, {"a": 2})
     d.write_progress(Progress("r", 3, {"a": 3}, two, [two]))
-    loop = RunLoop(cfg, clients=SimpleNamespace(env=Env(), trainers={"a": Trainer(3)}))
+    loop = RunLoop(
+        cfg, clients=SimpleNamespace(env=Env(), rollout=fleet(cfg), trainers={"a": Trainer(3)})
+    )
     asyncio.run(loop.prepare())
     assert loop.completed == 3
     loop.completed = 4
@@ -139,7 +150,9 @@ def test_a_trainer_lost_before_the_first_checkpoint_sends_the_run_back_to_the_st
     d.write_progress(Progress("r", 2, {"a": 2}))
     emitted = []
     loop = RunLoop(
-        cfg, emitted.append, clients=SimpleNamespace(env=Env(), trainers={"a": Trainer(0)})
+        cfg,
+        emitted.append,
+        clients=SimpleNamespace(env=Env(), rollout=fleet(cfg), trainers={"a": Trainer(0)}),
     )
     asyncio.run(loop.prepare())
     (rollback,) = emitted
@@ -174,7 +187,11 @@ def test_a_step_recorded_but_not_counted_is_undone_and_said(tmp_path):
     three = Checkpoint(3, {"a": str(d.checkpoint_dir(3) / "a")}, {"a": 3})
     d.write_progress(Progress("r", 3, {"a": 3}, three, [three]))
     emitted, trainer = [], KeptTrainer(4, 3)
-    loop = RunLoop(cfg, emitted.append, clients=SimpleNamespace(env=Env(), trainers={"a": trainer}))
+    loop = RunLoop(
+        cfg,
+        emitted.append,
+        clients=SimpleNamespace(env=Env(), rollout=fleet(cfg), trainers={"a": trainer}),
+    )
     asyncio.run(loop.prepare())
     (rollback,) = emitted
     assert loop.completed == 3 and trainer.version == 3
@@ -192,7 +209,11 @@ def test_trainers_past_a_run_dir_with_no_progress_go_back_to_the_start(tmp_path)
     d = RunDir(tmp_path)
     d.append_event({"kind": "step", "step": 1})
     emitted, trainer = [], KeptTrainer(1, 0)
-    loop = RunLoop(cfg, emitted.append, clients=SimpleNamespace(env=Env(), trainers={"a": trainer}))
+    loop = RunLoop(
+        cfg,
+        emitted.append,
+        clients=SimpleNamespace(env=Env(), rollout=fleet(cfg), trainers={"a": trainer}),
+    )
     asyncio.run(loop.prepare())
     (rollback,) = emitted
     assert loop.completed == 0 and trainer.version == 0

@@ -15,8 +15,9 @@ from atgrpo.contract.run import status_dict
 from atgrpo.errors import FailedPrecondition
 from atgrpo.rundir import Checkpoint, Progress, RunDir
 from router_svc import events
+from router_svc.dispatch import routes_for
 from router_svc.loop import RunLoop
-from router_svc.steps import StepBatches, collect_plan, shard, step_tasks
+from router_svc.steps import StepBatches, collect_plan, step_tasks
 
 
 def config(tmp_path, level="L3", **run):
@@ -49,28 +50,16 @@ def config(tmp_path, level="L3", **run):
     )
 
 
-def test_shard_spreads_tasks_and_routes_other_pools(tmp_path):
-    cfg = config(tmp_path)
-    plan = collect_plan(cfg, step_tasks(0, 0, 6), step=1)
-    parts = shard(plan, cfg.services.rollout)
-    assert [a for a, _ in parts] == ["a0:1", "a1:1", "b0:1", "b1:1"]
-    assert sorted(t.task_id for _, p in parts for t in p.tasks) == sorted(
-        t.task_id for t in plan.tasks
-    )
-    routes = {a: p.pool_addresses for a, p in parts}
-    assert routes == {
+def test_each_replica_routes_other_pools_to_its_peer():
+    rollout = {"a": ["a0:1", "a1:1"], "b": ["b0:1", "b1:1"]}
+    assert {a: routes_for(a, rollout) for a in ["a0:1", "a1:1", "b0:1", "b1:1"]} == {
         "a0:1": {"b": "b0:1"},
         "a1:1": {"b": "b1:1"},
         "b0:1": {"a": "a0:1"},
         "b1:1": {"a": "a1:1"},
     }
-    assert all(p.max_concurrent_tasks == len(p.tasks) for _, p in parts)
-
-
-def test_shard_skips_replicas_left_without_tasks(tmp_path):
-    cfg = config(tmp_path)
-    parts = shard(collect_plan(cfg, step_tasks(0, 0, 1), step=1), cfg.services.rollout)
-    assert len(parts) == 1 and len(parts[0][1].tasks) == 1
+    # a pool with fewer replicas: the i-th wraps around
+    assert routes_for("a1:1", {"a": ["a0:1", "a1:1"], "b": ["b0:1"]}) == {"b": "b0:1"}
 
 
 def test_plans_round_trip_and_carry_the_turn_order(tmp_path):

@@ -187,16 +187,14 @@ def test_shuffled_samples_give_the_same_groups_and_advantages(grouping):
     assert sum(s.groups for s in base.agents.values()) == (10 if grouping == "turn" else 6)
 
 
-def test_collect_plans_number_their_episodes_and_shards_keep_them(tmp_path):
+def test_collect_plans_number_their_episodes_and_the_wire_keeps_them(tmp_path):
     from atgrpo.contract.rollout import TaskRef
     from atgrpo.contract.rollout_wire import collect_plan_from_pb, collect_plan_to_pb
-    from router_svc.steps import collect_plan, shard
+    from router_svc.steps import collect_plan
     from tests.router.test_run_pieces import config
 
     plan = collect_plan(
         config(tmp_path), [TaskRef("x", 1), TaskRef("y", 2), TaskRef("x", 1)], step=1
     )
     assert [(t.task_id, t.episode) for t in plan.tasks] == [("x", 1), ("y", 2), ("x", 3)]
-    shards = shard(plan, {"a": ["r0", "r1"]})
-    assert [[t.episode for t in p.tasks] for _, p in shards] == [[1, 3], [2]]
     assert collect_plan_from_pb(collect_plan_to_pb(plan)).tasks == plan.tasks

@@ -393,6 +393,26 @@ class StepEvent(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class ReplicasEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     STEP_FIELD_NUMBER: _builtins.int
     SUCCESS_RATE_FIELD_NUMBER: _builtins.int
     REWARD_MEAN_FIELD_NUMBER: _builtins.int
@@ -403,6 +423,8 @@ class StepEvent(_message.Message):
     WEIGHT_SYNC_SECONDS_FIELD_NUMBER: _builtins.int
     RETRIES_FIELD_NUMBER: _builtins.int
     TIMING_FIELD_NUMBER: _builtins.int
+    REPLICAS_FIELD_NUMBER: _builtins.int
+    REQUEUED_TASKS_FIELD_NUMBER: _builtins.int
     step: _builtins.int
     success_rate: _builtins.float
     reward_mean: _builtins.float
@@ -411,6 +433,8 @@ class StepEvent(_message.Message):
     weight_sync_seconds: _builtins.float
     retries: _builtins.int
     """faults this step recovered from before it completed"""
+    requeued_tasks: _builtins.int
+    """tasks collected again after their replica was lost"""
     @_builtins.property
     def agents(self) -> _containers.MessageMap[_builtins.str, Global___AgentStepMetrics]: ...
     @_builtins.property
@@ -421,6 +445,10 @@ class StepEvent(_message.Message):
         time_forward_s, ...) and its FLOP rates (gen_flops_per_s, gen_mfu, update_flops_per_s,
         update_mfu, ...): the step record's fields of those names (docs/observability.md, "A step's time").
         """
+
+    @_builtins.property
+    def replicas(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """pool -> rollout replicas the step's collection ran on"""
 
     def __init__(
         self,
@@ -435,10 +463,12 @@ class StepEvent(_message.Message):
         weight_sync_seconds: _builtins.float = ...,
         retries: _builtins.int = ...,
         timing: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        replicas: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        requeued_tasks: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "pools", b"pools", "retries", b"retries", "reward_mean", b"reward_mean", "rollout_seconds", b"rollout_seconds", "step", b"step", "success_rate", b"success_rate", "timing", b"timing", "train_seconds", b"train_seconds", "weight_sync_seconds", b"weight_sync_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "pools", b"pools", "replicas", b"replicas", "requeued_tasks", b"requeued_tasks", "retries", b"retries", "reward_mean", b"reward_mean", "rollout_seconds", b"rollout_seconds", "step", b"step", "success_rate", b"success_rate", "timing", b"timing", "train_seconds", b"train_seconds", "weight_sync_seconds", b"weight_sync_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
