@@ -13,6 +13,8 @@ them is gone, however it died: `atgrpo train` and `atgrpo eval` pass one, `atgrp
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -98,6 +101,27 @@ def _write_state(state_dir: Path, services: list[LocalService]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"services": [asdict(s) for s in services]}, indent=2))
     tmp.replace(path)
+
+
+@contextlib.contextmanager
+def _state_lock(state_dir: Path):
+    with open(Path(state_dir) / "services.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def update_state(
+    state_dir: Path, change: Callable[[list[LocalService]], list[LocalService]]
+) -> list[LocalService]:
+    """Read services.json, change it, write it back, under a lock: `atgrpo scale` and a run's
+    Supervisor both edit it, and neither may lose the other's entries."""
+    with _state_lock(state_dir):
+        services = change(read_state(state_dir))
+        _write_state(Path(state_dir), services)
+        return services
 
 
 def since_boot(pid: int) -> float:
@@ -396,7 +420,7 @@ class Supervisor:
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_s):
             services = read_state(self.state_dir)
-            for i, svc in enumerate(services):
+            for svc in services:
                 if (
                     self._stop.is_set()
                     or is_ours(svc)
@@ -404,10 +428,20 @@ class Supervisor:
                 ):
                     continue
                 try:
-                    services[i] = self._restart(svc)
+                    new = self._restart(svc)
                 except LaunchError as err:
                     log.error("could not restart %s: %s", svc.name, err)
-                _write_state(self.state_dir, services)
+                    continue
+                # Only this entry: `atgrpo scale` may have added or removed others meanwhile. One
+                # it removed (and stopped) while this restarted it stays stopped.
+                now = update_state(
+                    self.state_dir,
+                    lambda now, old=svc, new=new: [
+                        new if (s.name, s.pid) == (old.name, old.pid) else s for s in now
+                    ],
+                )
+                if new not in now:
+                    _stop_all([new], timeout_s=5.0)
 
     def _restart(self, svc: LocalService) -> LocalService:
         self.restarts[svc.name] = self.restarts.get(svc.name, 0) + 1

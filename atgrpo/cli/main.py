@@ -267,6 +267,21 @@ def _cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_scale(args: argparse.Namespace) -> int:
+    from atgrpo.cli.launcher import LaunchError
+    from atgrpo.cli.runner import TrainError
+    from atgrpo.cli.scale import scale
+    from atgrpo.config import ConfigError
+
+    try:
+        listed = scale(args.run_dir, args.pool, args.replicas, timeout_s=args.timeout_s)
+    except (TrainError, LaunchError, ConfigError) as err:
+        print(f"atgrpo scale: {err}", file=sys.stderr)
+        return 1
+    print(f"{args.pool}: {len(listed)} replicas: {' '.join(listed)}")
+    return 0
+
+
 def _cmd_env_serve(args: argparse.Namespace) -> int:
     from atgrpo.sdk.serve import serve_main
 
@@ -429,6 +444,16 @@ def build_parser() -> argparse.ArgumentParser:
         "recorded them in RUN_DIR/services) that are still running",
     )
     down.set_defaults(fn=_cmd_down)
+    sc = sub.add_parser(
+        "scale",
+        help="grow or shrink a local run's rollout replicas while it trains (new ones get the "
+        "current weights before any work; removed ones' tasks are collected elsewhere)",
+    )
+    sc.add_argument("pool", help="the pool whose replicas to scale")
+    sc.add_argument("replicas", type=int, help="how many it should run")
+    sc.add_argument("--run-dir", type=Path, required=True, help="the running run's directory")
+    sc.add_argument("--timeout-s", type=float, default=180.0, help="how long a start may take")
+    sc.set_defaults(fn=_cmd_scale)
     return ap
 
 

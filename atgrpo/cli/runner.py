@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from atgrpo.rpc.tether import Tether
 VLLM_PYTHON_ENV = "ATGRPO_VLLM_PYTHON"
 START_S, VLLM_START_S = 180.0, 900.0
 ROUTER_GRACE_S = 300.0  # how long a lost router may take to come back before `train` gives up
+REPLICA_DIR = "replicas"  # under a run's services/: each pool's replica list (atgrpo scale)
 
 
 class TrainError(RuntimeError):
@@ -126,22 +127,44 @@ def _vllm_python() -> str:
     return os.environ.get(VLLM_PYTHON_ENV, "")
 
 
-def with_services(cfg: RunConfig, services: list[LocalService]) -> RunConfig:
-    """The config with the started services' addresses filled in (connect mode from here on)."""
+def with_services(
+    cfg: RunConfig, services: list[LocalService], replica_dir: Path | None = None
+) -> RunConfig:
+    """The config with the started services' addresses filled in (connect mode from here on).
+    With `replica_dir`, each pool's rollout replicas are listed in `<replica_dir>/<pool>.txt` and
+    the config names that file (file://): `atgrpo scale` changes the list during the run."""
     by_name = {s.name: s.address for s in services}
+    rollout = {
+        p: tuple(by_name[f"rollout-{p}-{i}"] for i in range(pool.rollout_replicas))
+        for p, pool in cfg.pools.items()
+    }
+    if replica_dir is not None:
+        rollout = {p: (replica_list(replica_dir, p, addrs),) for p, addrs in rollout.items()}
     return replace(
         cfg,
         services=ServicesConfig(
             env=by_name["env"],
             sandbox=by_name["sandbox"],
             router=by_name["router"],
-            rollout={
-                p: tuple(by_name[f"rollout-{p}-{i}"] for i in range(pool.rollout_replicas))
-                for p, pool in cfg.pools.items()
-            },
+            rollout=rollout,
             trainer={p: by_name[f"trainer-{p}"] for p, pool in cfg.pools.items() if pool.trainable},
         ),
     )
+
+
+def replica_list(replica_dir: Path, pool: str, addresses: Sequence[str]) -> str:
+    """Write a pool's replica list (atgrpo.discovery's file targets); its file:// target."""
+    path = Path(replica_dir).resolve() / f"{pool}.txt"
+    write_replica_list(path, addresses)
+    return f"file://{path}"
+
+
+def write_replica_list(path: Path, addresses: Sequence[str]) -> None:
+    """Replaced whole (rename), so a reader sees the old list or the new one, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(f"{a}\n" for a in addresses))
+    tmp.replace(path)
 
 
 def resolve_paths(cfg: RunConfig) -> RunConfig:
@@ -204,7 +227,7 @@ class LocalServices:
             self.tether.close()
             raise
         self.supervisor = launcher.Supervisor(self.state_dir, tether=self.tether).start()
-        return with_services(self.cfg, started)
+        return with_services(self.cfg, started, self.state_dir / REPLICA_DIR)
 
     def __exit__(self, *exc: object) -> None:
         self.supervisor.stop()

@@ -21,6 +21,7 @@ import pytest
 from atgrpo.cli.runner import LocalServices, drive
 from atgrpo.config import parse_config
 from atgrpo.contract.sampling import Sampling
+from atgrpo.discovery import listed_now
 from rollout_svc.client import RolloutClient
 from tests.conftest import ROOT
 from tests.e2e.test_training import Collect, served_versions, toy_config
@@ -52,7 +53,7 @@ def smollm2_config(run_dir, model: str, level: str, engine: str) -> dict:
 
 
 async def ask(cfg) -> list:
-    address = cfg.services.rollout["a"][0]
+    address = listed_now(cfg.services.rollout["a"])[0]
     async with RolloutClient(address) as client:
         gen = await client.generate(
             "a", messages=QUESTION, sampling=Sampling(temperature=0.0, max_tokens=24)

@@ -17,6 +17,7 @@ import pytest
 
 from atgrpo.cli.runner import LocalServices, drive, run_until
 from atgrpo.config import dump_config, parse_config
+from atgrpo.discovery import listed_now
 from atgrpo.models.taught import TOY_CODE
 from atgrpo.rundir import read_metrics
 from rollout_svc.client import RolloutClient
@@ -81,8 +82,8 @@ def toy_config(run_dir: Path, model: str, level: str, *, steps: int = 2, **run) 
 
 async def served_versions(cfg) -> dict[tuple[str, str], int]:
     out = {}
-    for addresses in cfg.services.rollout.values():
-        for address in addresses:
+    for targets in cfg.services.rollout.values():
+        for address in listed_now(targets):
             async with RolloutClient(address) as client:
                 out.update({(p.pool, p.adapter): p.version for p in await client.policies()})
     return out

@@ -16,6 +16,7 @@ import pytest
 from atgrpo.cli import launcher
 from atgrpo.cli.runner import LocalServices
 from atgrpo.config import parse_config
+from atgrpo.discovery import listed_now
 from atgrpo.errors import Unavailable
 from atgrpo.rundir import read_metrics
 from rollout_svc.client import RolloutClient
@@ -70,7 +71,7 @@ async def run_with_a_restart(cfg, state_dir, address: str) -> int:
 def test_a_restarted_replica_is_resynced_and_no_stale_sample_is_trained(tiny_model, tmp_path):
     cfg = parse_config(toy_config(tmp_path / "run", tiny_model, "L1", steps=STEPS))
     with LocalServices(cfg) as running:
-        address = running.services.rollout["a"][0]
+        address = listed_now(running.services.rollout["a"])[0]
         served = asyncio.run(run_with_a_restart(running, tmp_path / "run" / "services", address))
         final_version = asyncio.run(serving_version(address))
 
