@@ -275,6 +275,40 @@ SCHEMAS["LeaderWorkerSet"] = _object(
 )
 
 
+# KEDA's ScaledObject (keda.sh/v1alpha1), the fields the chart writes, from KEDA's
+# apis/keda/v1alpha1/scaledobject_types.go: a scale target, replica bounds and triggers.
+SCHEMAS["ScaledObject"] = _object(
+    "ScaledObject",
+    _strict(
+        {
+            "scaleTargetRef": _strict(
+                {"apiVersion": {"type": "string"}, "kind": {"type": "string"}, "name": _STR},
+                ("name",),
+            ),
+            "minReplicaCount": {"type": "integer", "minimum": 0},
+            "maxReplicaCount": {"type": "integer", "minimum": 1},
+            "cooldownPeriod": {"type": "integer", "minimum": 0},
+            "pollingInterval": {"type": "integer", "minimum": 1},
+            "triggers": {
+                "type": "array",
+                "minItems": 1,
+                "items": _strict(
+                    {
+                        "type": _STR,
+                        "name": {"type": "string"},
+                        # every trigger's metadata is a map of strings (KEDA parses them)
+                        "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+                    },
+                    ("type", "metadata"),
+                ),
+            },
+        },
+        ("scaleTargetRef", "triggers"),
+    ),
+    api="keda.sh/v1alpha1",
+)
+
+
 def pod_templates(obj: dict) -> list[dict]:
     """The pod templates a custom object embeds, each as a core v1 PodTemplate object that
     kubernetes-validate checks strictly (named after the object and the template's field)."""

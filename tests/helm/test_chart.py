@@ -73,6 +73,7 @@ def test_helm_lint_passes_strict(helm, values):
 
 def test_ci_files_cover_the_issue_cases():
     assert {p.name for p in CI_VALUES} == {
+        "autoscale-values.yaml",
         "cpu-values.yaml",
         "l3-two-gpu-pools-values.yaml",
         "l2-lora-values.yaml",
@@ -220,7 +221,10 @@ def test_one_trainer_per_trainable_pool_and_rollouts_per_pool(case):
         mounts = pod_spec(sts)["containers"][0]["volumeMounts"]
         assert {"name": "data", "mountPath": "/data"} in mounts
     for pool, sts in rollouts.items():
-        assert sts["spec"]["replicas"] == pools[pool]["rollout"]["replicas"]
+        # an autoscaled pool's count is its autoscaler's (test_chart_autoscale.py)
+        fixed = pools[pool]["rollout"]["autoscale"]["mode"] == "off"
+        want = pools[pool]["rollout"]["replicas"] if fixed else None
+        assert sts["spec"].get("replicas") == want
         assert sts["spec"]["podManagementPolicy"] == "Parallel"
 
 
@@ -502,9 +506,10 @@ def test_run_config_is_valid_and_points_at_the_services(case):
     for pool, v in pools.items():
         sts = named(objs, "StatefulSet", f"{FULLNAME}-rollout-{pool}")
         svc = _service_for(objs, sts)
+        # every ready replica behind the headless Service, as they come and go
+        assert svc["spec"]["clusterIP"] == "None"
         assert list(cfg.services.rollout[pool]) == [
-            f"{sts['metadata']['name']}-{i}.{svc['metadata']['name']}.{DOMAIN}:{port}"
-            for i in range(sts["spec"]["replicas"])
+            f"dns:///{svc['metadata']['name']}.{DOMAIN}:{port}"
         ]
         assert cfg.pools[pool].rollout_replicas == v["rollout"]["replicas"]
         assert cfg.pools[pool].model_path == v["modelPath"]
@@ -577,9 +582,15 @@ def test_helm_test_pod_checks_every_service_and_replica(case):
     assert args.fn.__name__ == "_cmd_status"
     cfg = parse_config(run_config(objs))
     s = cfg.services
+    port = values_of(values_file)["ports"]["grpc"]
     want = [("router", s.router), ("env", s.env), ("sandbox", s.sandbox)]
+    pools = pools_of(values_of(values_file))
     for pool in sorted(cfg.pools):
-        want += [("rollout", a) for a in s.rollout[pool]]
+        sts = named(objs, "StatefulSet", f"{FULLNAME}-rollout-{pool}")
+        host = f"{_service_for(objs, sts)['metadata']['name']}.{DOMAIN}"
+        # an autoscaled pool (no fixed count) runs at least minReplicas
+        count = sts["spec"].get("replicas", pools[pool]["rollout"]["autoscale"]["minReplicas"])
+        want += [("rollout", f"{sts['metadata']['name']}-{i}.{host}:{port}") for i in range(count)]
         want += [("trainer", s.trainer[pool])] if pool in s.trainer else []
     assert [tuple(a.split("=", 1)) for a in args.address] == want
 

@@ -330,6 +330,9 @@ enableServiceLinks: false
 {{- with .restartPolicy }}
 restartPolicy: {{ . }}
 {{- end }}
+{{- with .terminationGracePeriodSeconds }}
+terminationGracePeriodSeconds: {{ . }}
+{{- end }}
 {{- if hasKey . "hostUsers" }}
 hostUsers: {{ .hostUsers }}
 {{- end }}

@@ -46,7 +46,9 @@ The run config the Job trains with (atgrpo/config.py): values.run.config, plus
 {{- $rollout := dict -}}
 {{- $trainer := dict -}}
 {{- range $name, $pool := $allPools }}
-{{- $_ := set $rollout $name (include "atgrpo.rolloutAddresses" (dict "root" $ "pool" $name "replicas" $pool.rollout.replicas) | trim | splitList "\n") -}}
+{{- /* The pool's headless Service: its DNS name lists every ready replica, so one that joins
+(a scaled StatefulSet) is synced and given work, and one that leaves is dropped (router_svc/fleet.py). */ -}}
+{{- $_ := set $rollout $name (list (printf "dns:///%s" (include "atgrpo.address" (dict "root" $ "component" "rollout" "pool" $name)))) -}}
 {{- if ne $pool.trainable false }}
 {{- $_ := set $trainer $name (include "atgrpo.trainerAddress" (dict "root" $ "pool" $name "gpus" $pool.trainer.gpus)) -}}
 {{- end }}
@@ -66,7 +68,10 @@ The run config the Job trains with (atgrpo/config.py): values.run.config, plus
       (printf "env=%s" (include "atgrpo.address" (dict "root" . "component" "env")))
       (printf "sandbox=%s" (include "atgrpo.address" (dict "root" . "component" "sandbox"))) -}}
 {{- range $pool, $p := include "atgrpo.pools" . | fromYaml }}
-{{- range $a := include "atgrpo.rolloutAddresses" (dict "root" $ "pool" $pool "replicas" $p.rollout.replicas) | trim | splitList "\n" }}
+{{- /* an autoscaled pool runs at least minReplicas: those are checked */ -}}
+{{- $auto := default dict $p.rollout.autoscale -}}
+{{- $count := ternary $p.rollout.replicas (default 1 $auto.minReplicas) (eq (default "off" $auto.mode) "off") -}}
+{{- range $a := include "atgrpo.rolloutAddresses" (dict "root" $ "pool" $pool "replicas" $count) | trim | splitList "\n" }}
 {{- $targets = append $targets (printf "rollout=%s" $a) -}}
 {{- end }}
 {{- if ne $p.trainable false }}
