@@ -289,37 +289,11 @@ def up(
             reported = _await_ports({n: v[:3] for n, v in live.items()}, deadline)
             for name, ports in reported.items():
                 proc, _, log_path, p, argv = live.pop(name)
-                created, since = _identity(proc.pid)
-                started.append(
-                    LocalService(
-                        p.name,
-                        p.kind,
-                        proc.pid,
-                        created,
-                        f"127.0.0.1:{ports['port']}",
-                        f"127.0.0.1:{ports['metrics_port']}",
-                        str(log_path),
-                        argv,
-                        dict(p.env),
-                        since,
-                    )
-                )
+                started.append(record_of(p, proc, ports, log_path, argv))
             started.sort(key=lambda svc: order.index(svc.name))
             # record as we go, so `down` can clean a partial start
             _write_state(state_dir, started)
-        probes = asyncio.run(
-            probe_all(
-                [(s.kind, s.address) for s in started],
-                timeout_s=max(1.0, deadline - time.monotonic()),
-            )
-        )
-        bad = [
-            f"{s.name}: {pr.health} {pr.error}"
-            for s, pr in zip(started, probes, strict=True)
-            if not pr.ok
-        ]
-        if bad:
-            raise LaunchError("services not healthy: " + "; ".join(bad))
+        check_healthy(started, max(1.0, deadline - time.monotonic()))
     except BaseException:
         _stop_all(started, timeout_s=5.0)
         for proc in spawned:  # those that never reported a port
@@ -329,6 +303,37 @@ def up(
         (state_dir / STATE_FILE).unlink(missing_ok=True)
         raise
     return started
+
+
+def record_of(
+    plan: ServicePlan, proc: subprocess.Popen, ports: dict, log_path: Path, argv: list[str]
+) -> LocalService:
+    """What services.json keeps of a process that reported its ports."""
+    created, since = _identity(proc.pid)
+    return LocalService(
+        plan.name,
+        plan.kind,
+        proc.pid,
+        created,
+        f"127.0.0.1:{ports['port']}",
+        f"127.0.0.1:{ports['metrics_port']}",
+        str(log_path),
+        argv,
+        dict(plan.env),
+        since,
+    )
+
+
+def check_healthy(started: list[LocalService], timeout_s: float) -> None:
+    """LaunchError naming each of `started` that does not answer its health check SERVING."""
+    probes = asyncio.run(probe_all([(s.kind, s.address) for s in started], timeout_s=timeout_s))
+    bad = [
+        f"{s.name}: {pr.health} {pr.error}"
+        for s, pr in zip(started, probes, strict=True)
+        if not pr.ok
+    ]
+    if bad:
+        raise LaunchError("services not healthy: " + "; ".join(bad))
 
 
 def _stop_all(services: list[LocalService], timeout_s: float) -> dict[str, str]:

@@ -19,7 +19,6 @@ run's end stops them with the rest (they are in services.json); after a crash, `
 
 from __future__ import annotations
 
-import asyncio
 import re
 import sys
 import time
@@ -32,7 +31,6 @@ from atgrpo.cli.placement import PlacementError, local_placement
 from atgrpo.cli.runner import REPLICA_DIR, TrainError, service_plan, write_replica_list
 from atgrpo.config import RunConfig, load_config
 from atgrpo.discovery import read_address_file
-from atgrpo.rpc.probe import probe_all
 
 START_S = 180.0
 
@@ -113,14 +111,7 @@ def _start(
     try:
         for plan in (p for p in plans if p.name in wanted):
             started.append(_spawn(plan, state_dir, known, time.monotonic() + timeout_s))
-        probes = asyncio.run(probe_all([(s.kind, s.address) for s in started], timeout_s=timeout_s))
-        bad = [
-            f"{s.name}: {p.health} {p.error}"
-            for s, p in zip(started, probes, strict=True)
-            if not p.ok
-        ]
-        if bad:
-            raise LaunchError("replicas not healthy: " + "; ".join(bad))
+        launcher.check_healthy(started, timeout_s)
     except BaseException:
         _stop(started)
         raise
@@ -139,19 +130,7 @@ def _spawn(
     except LaunchError:
         proc.kill()
         raise
-    created, since = launcher._identity(proc.pid)
-    return LocalService(
-        plan.name,
-        plan.kind,
-        proc.pid,
-        created,
-        f"127.0.0.1:{ports['port']}",
-        f"127.0.0.1:{ports['metrics_port']}",
-        str(log_path),
-        argv,
-        dict(plan.env),
-        since,
-    )
+    return launcher.record_of(plan, proc, ports, log_path, argv)
 
 
 def _stop(services: list[LocalService]) -> None:
