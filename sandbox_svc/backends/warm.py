@@ -130,9 +130,12 @@ class WarmSandbox:
         if self.proc is not None:
             # The zygote is in a session of its own: kill it by pid, not only bwrap's group, then
             # wait for it (it is re-parented to this process, a subreaper, and must be reaped).
-            inner = [
-                psutil.Process(p) for p in self.own_pids() - {self.proc.pid} if psutil.pid_exists(p)
-            ]
+            inner = []
+            for pid in self.own_pids() - {self.proc.pid}:
+                try:
+                    inner.append(psutil.Process(pid))
+                except psutil.NoSuchProcess:
+                    pass  # ended between the listing and now (seen in CI as an INTERNAL Execute)
             for target in (self.proc.pid, *(p.pid for p in inner)):
                 try:
                     os.kill(target, 9)
