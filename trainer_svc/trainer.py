@@ -181,9 +181,10 @@ class Trainer:
         """Replicas that are gone (or died mid-push) leave the list: they hold no current weights,
         so the router must not collect on them until a Setup lists them again and syncs them.
         The update itself stands: its weights reach every replica that remains."""
+        # counted at 0 too: the series exists (and a dashboard shows 0) before any loss
+        telemetry.replicas_lost(state.spec.run_id, state.spec.pool, len(lost))
         if lost:
             log.warning("pool %s: rollout replicas %s lost; left out", state.spec.pool, lost)
-            telemetry.replicas_lost(state.spec.run_id, state.spec.pool, len(lost))
             self._set_replicas(
                 state, [a for a in state.spec.rollout_addresses if a not in set(lost)]
             )
