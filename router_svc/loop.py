@@ -4,7 +4,7 @@ router_svc.pipeline instead, collection ahead of training; the rest is this loop
 
     for step in resumed+1 .. steps:
         tasks   = step_tasks(seed, step)                        same tasks after a resume
-        samples = Collect(tasks) sharded over all rollout replicas (tree sampling, K-way)
+        samples = Collect(tasks) over the replicas there now, by queue (tree sampling, K-way)
         batches = mix rewards, group (task, agent, turn), advantages, filter, route to pools
         Train(batch) on every pool's trainer at once            answers once replicas hold v+1
         every eval_every_steps:       flat rollouts on the eval split
