@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # `make lock` after changing pyproject.toml. The CPU and trainer images install with them too;
 # the GPU rollout image has its own (docker/constraints-rollout-gpu.txt, `make lock-images`).
 CONSTRAINTS := constraints.txt
-EXTRAS ?= train,data,docker,dev,models,benchmarks,openenv,verifiers
+EXTRAS ?= train,data,docker,dev,models,benchmarks,openenv,verifiers,cluster
 
 # vLLM's CPU build, for the vllm engine's integration test: its own venv, since it brings its
 # own dependency pins (and CUDA-built torchvision/torchaudio that cannot load beside CPU torch).

@@ -76,6 +76,20 @@ def _cmd_config_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_submit(args: argparse.Namespace) -> int:
+    from atgrpo.cli import submit
+
+    args.namespace = args.namespace or submit.default_namespace(args.kubeconfig, args.context)
+    return submit.submit(args)
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    from atgrpo.cli import submit
+
+    args.namespace = args.namespace or submit.default_namespace(args.kubeconfig, args.context)
+    return submit.runs(args)
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     from atgrpo.cli.runplan import plan_run, render
     from atgrpo.config_parse import parse_bytes
@@ -454,7 +468,42 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--run-dir", type=Path, required=True, help="the running run's directory")
     sc.add_argument("--timeout-s", type=float, default=180.0, help="how long a start may take")
     sc.set_defaults(fn=_cmd_scale)
+    _cluster_parsers(sub)
     return ap
+
+
+def _cluster_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--release", required=True, help="the atgrpo Helm release (helm list)")
+    p.add_argument(
+        "--namespace", "-n", help="the release's namespace (default: the context's, as kubectl)"
+    )
+    p.add_argument("--kubeconfig", help="the kubeconfig file (default: KUBECONFIG, ~/.kube/config)")
+    p.add_argument("--context", help="the kubeconfig context (default: its current one)")
+    return p
+
+
+def _cluster_parsers(sub) -> None:
+    su = _cluster_args(
+        sub.add_parser(
+            "submit",
+            help="create a run on an installed release (its ConfigMap and Job as the chart renders "
+            "them) and follow it through the router",
+        )
+    )
+    su.add_argument("config", type=Path, help="the run config (no pools: or services:)")
+    su.add_argument(
+        "--router",
+        help="the router's HOST:PORT to follow the run through (default: the release's "
+        "in-cluster address; from outside, `kubectl port-forward` it)",
+    )
+    su.add_argument(
+        "--run-dir", type=Path, help="where the followed events go (default: runs/RELEASE/JOB)"
+    )
+    su.add_argument("--detach", action="store_true", help="create the run, do not follow it")
+    su.set_defaults(fn=_cmd_submit)
+    ru = _cluster_args(sub.add_parser("runs", help="a release's runs: the chart's and submitted"))
+    ru.add_argument("--json", action="store_true")
+    ru.set_defaults(fn=_cmd_runs)
 
 
 def main(argv: list[str] | None = None) -> int:

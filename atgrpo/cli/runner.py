@@ -283,13 +283,13 @@ async def drive(cfg: RunConfig, reporter: Any) -> dict[str, Any]:
         for sig in (signal.SIGTERM, signal.SIGHUP):
             loop.add_signal_handler(sig, on_term)
         try:
-            return await _follow(client, dump_config(cfg), status, reporter)
+            return await follow_run(client, dump_config(cfg), status, reporter)
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
 
 
-async def _follow(
+async def follow_run(
     client: Any, config_yaml: str, status: dict[str, Any], reporter: Any
 ) -> dict[str, Any]:
     """Watch the run to its end. A router that restarted has lost the run, so start it again on
