@@ -148,7 +148,9 @@ def capabilities(manifest: str) -> list[str]:
 
 
 def helm_binary() -> str:
-    for candidate in (os.environ.get("ATGRPO_HELM"), shutil.which("helm"), ".atgrpo/bin/helm"):
+    # last, the one `make install` puts in a checkout (scripts/install_helm.sh)
+    local = Path(__file__).resolve().parents[2] / ".atgrpo" / "bin" / "helm"
+    for candidate in (os.environ.get("ATGRPO_HELM"), shutil.which("helm"), str(local)):
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     raise ReleaseError(

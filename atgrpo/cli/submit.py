@@ -45,6 +45,7 @@ from atgrpo.cli.release import (
     release_keys_problem,
     render,
 )
+from atgrpo.errors import AtgrpoError
 
 FINAL = ("stopped", "finished", "failed")
 POLL_S = 2.0
@@ -151,9 +152,15 @@ class Cluster:
                 except ApiException:
                     pass
             raise
-        job = self._call(f"reading Job {run.name}", batch.read_namespaced_job, run.name, ns)
-        uid = job["metadata"]["uid"]
-        if made_cm:
+        uid = self._call(f"reading Job {run.name}", batch.read_namespaced_job, run.name, ns)[
+            "metadata"
+        ]["uid"]
+        # Handed over only while the router owns it: a config left by an earlier try is, one the
+        # chart made (the release runs this very config) is Helm's and stays as it is.
+        mine = self._call(
+            f"reading ConfigMap {run.name}", core.read_namespaced_config_map, run.name, ns
+        )
+        if mine["metadata"].get("ownerReferences") == [owner]:
             ref = _owner_ref("batch/v1", "Job", run.name, uid)
             self._call(
                 f"handing ConfigMap {run.name} to its Job",
@@ -400,7 +407,7 @@ def submit(args: Any) -> int:
     mirror = args.run_dir or Path("runs") / args.release / run.name
     try:
         final = asyncio.run(follow(cluster, run, args.namespace, router, mirror))
-    except ClusterError as err:
+    except (ClusterError, AtgrpoError) as err:  # the run goes on: `atgrpo runs` shows it
         print(f"atgrpo submit: {err}", file=sys.stderr)
         return 1
     print(

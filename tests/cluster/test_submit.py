@@ -464,3 +464,17 @@ def test_an_object_the_api_would_refuse_is_refused_with_its_field(cluster):
         ClusterError, match=r"Job j: the kubernetes client .* refuses it \(spec.backofLimit: Extra"
     ):
         c._create_or_exists(client.BatchV1Api(c.api).create_namespaced_job, NS, job)
+
+
+def test_the_releases_own_run_is_followed_and_left_as_helm_made_it(cluster, tmp_path, capsys):
+    """The config the release itself runs (run.enabled) renders to the same names: submit finds
+    that Job, and leaves Helm's ConfigMap to Helm (no patch)."""
+    own = helm_template({**INSTALL_VALUES, "run": {"enabled": True, "config": CONFIG}}, tmp_path)
+    for o in own:
+        if o["kind"] in ("ConfigMap", "Job") and "-run-" in o["metadata"]["name"]:
+            cluster.put("api/v1" if o["kind"] == "ConfigMap" else "apis/batch/v1", o)
+    assert submit(cluster, config_file(tmp_path), "--detach") == 0
+    assert "was already submitted" in capsys.readouterr().out
+    assert cluster.sent("PATCH") == []
+    (cm,) = cluster.stored("configmaps").values()
+    assert "ownerReferences" not in cm["metadata"]
