@@ -341,12 +341,13 @@ async def wait_started(
     run_id: str,
     job: Callable[[], tuple[str, str]],
     where: str,
+    service: str = "svc/<release>-atgrpo-router",
     *,
     poll_s: float = POLL_S,
     reach_s: float = REACH_S,
 ) -> dict[str, Any]:
     """The run's status once its Job has started it on the router (or the Job has ended)."""
-    from atgrpo.errors import NotFound, Unavailable
+    from atgrpo.errors import DeadlineExceeded, NotFound, Unavailable
 
     unreachable_since = None
     while True:
@@ -362,13 +363,13 @@ async def wait_started(
                 return status
         except NotFound:
             unreachable_since = None
-        except Unavailable as err:
+        except (Unavailable, DeadlineExceeded) as err:  # no route, or no answer in time
             unreachable_since = unreachable_since or time.monotonic()
             if time.monotonic() - unreachable_since > reach_s:
                 raise ClusterError(
                     f"cannot reach the router at {client.address} ({err}); the run goes on. "
-                    "From outside the cluster: kubectl port-forward svc/<release>-atgrpo-router "
-                    "50051, then --router 127.0.0.1:50051"
+                    f"From outside the cluster: kubectl port-forward {service} 50051, then "
+                    "--router 127.0.0.1:50051"
                 ) from None
         await asyncio.sleep(poll_s)
 
@@ -383,7 +384,11 @@ async def follow(cluster: Cluster, run: RenderedRun, ns: str, router: str, mirro
     cfg = load_yaml_config(run.run_yaml).with_overrides(run_dir=str(mirror))
     async with RouterClient(router) as client:
         status = await wait_started(
-            client, cfg.run.name, lambda: cluster.job_state(run.name, ns), f"-n {ns} job/{run.name}"
+            client,
+            cfg.run.name,
+            lambda: cluster.job_state(run.name, ns),
+            f"-n {ns} job/{run.name}",
+            f"-n {ns} svc/{run.router}",  # the router Service has its Deployment's name
         )
         reporter = Reporter(cfg, mirror=True)
         reporter.start(status)

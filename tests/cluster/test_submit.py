@@ -478,3 +478,31 @@ def test_the_releases_own_run_is_followed_and_left_as_helm_made_it(cluster, tmp_
     assert cluster.sent("PATCH") == []
     (cm,) = cluster.stored("configmaps").values()
     assert "ownerReferences" not in cm["metadata"]
+
+
+def test_an_unreachable_router_says_how_to_reach_it():
+    """From a laptop the release's in-cluster router address does not resolve: submit says how
+    to port-forward it, once the router has been out of reach for reach_s."""
+    from atgrpo.cli.submit import ClusterError, wait_started
+    from router_svc.client import RouterClient
+
+    async def go():
+        async with RouterClient("127.0.0.1:1", timeout_s=1.0) as client:
+            await wait_started(
+                client,
+                "toy-a",
+                lambda: ("pending", ""),
+                "-n ml job/j",
+                "-n ml svc/rl-atgrpo-router",
+                poll_s=0.1,
+                reach_s=0.5,
+            )
+
+    started = time.monotonic()
+    with pytest.raises(
+        ClusterError,
+        match=r"cannot reach the router at 127\.0\.0\.1:1 .*"
+        r"kubectl port-forward -n ml svc/rl-atgrpo-router 50051",
+    ):
+        asyncio.run(go())
+    assert time.monotonic() - started < 30
