@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import psutil
@@ -463,15 +463,4 @@ class Supervisor:
         proc = _popen(argv, svc.log, self.tether, svc.kind, svc.env)  # on the same GPUs
         _await_port(proc, port_file, Path(svc.log), svc.name, time.monotonic() + self.timeout_s)
         created, since = _identity(proc.pid)
-        return LocalService(
-            svc.name,
-            svc.kind,
-            proc.pid,
-            created,
-            svc.address,
-            svc.metrics_address,
-            svc.log,
-            argv,
-            svc.env,
-            since,
-        )
+        return replace(svc, pid=proc.pid, create_time=created, argv=argv, started=since)

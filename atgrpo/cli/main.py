@@ -91,7 +91,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from atgrpo.cli.runplan import plan_run, render
+    from atgrpo.cli.runplan import GPUS_PER_NODE, plan_run, render
     from atgrpo.config_parse import parse_bytes
 
     cfg = _load(args)
@@ -116,7 +116,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         gpus=args.gpus,
         gpu_memory=memory,
         source=str(args.config),
-        gpus_per_node=args.gpus_per_node,
+        gpus_per_node=args.gpus_per_node or GPUS_PER_NODE,
     )
     print(render(plan))
     return 0 if plan.ok and not plan.unplanned else 1
@@ -374,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--gpus-per-node",
         type=int,
-        default=8,
+        default=None,  # runplan.GPUS_PER_NODE, read when the plan is made (runplan loads lazily)
         help="GPUs of one node (the chart's gpu.perNode, default 8): a trainer with more spans "
         "nodes, a whole number of them",
     )
