@@ -23,36 +23,32 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from atgrpo.config import RunConfig
 from atgrpo.contract.rollout import CollectPlan, EpisodeEnd, Sample, TaskRef
-from atgrpo.contract.trainer import PoolSpec
 from atgrpo.env_check import check_spec, env_options, not_found
 from atgrpo.errors import (
     AtgrpoError,
     DeadlineExceeded,
     FailedPrecondition,
     Internal,
-    InvalidArgument,
     NotFound,
     ResourceExhausted,
     Unavailable,
 )
 from atgrpo.rundir import Checkpoint, Progress, RunDir
-from env_svc.client import EnvClient
 from router_svc import events
 from router_svc.checkpoints import retained
+from router_svc.clients import Clients, pool_spec
 from router_svc.dispatch import Dispatch
-from router_svc.fleet import Fleet
 from router_svc.outcome import StepIncomplete, check_complete, pool_metrics
 from router_svc.pipeline import Pipeline
 from router_svc.run_state import RunState
 from router_svc.steps import batches_for, collect_plan, off_version, step_tasks
-from trainer_svc.client import TrainerClient, checkpoint_deadline_s
+from trainer_svc.client import checkpoint_deadline_s
 
 log = logging.getLogger("atgrpo.router")
 
@@ -70,74 +66,6 @@ RECOVERABLE = (
     Internal,
     StepIncomplete,
 )
-
-
-@dataclass
-class Clients:
-    env: EnvClient
-    rollout: Fleet  # each pool's replicas as they come and go
-    trainers: dict[str, TrainerClient]  # trainable pool -> client
-
-    @classmethod
-    def connect(cls, cfg: RunConfig) -> Clients:
-        s = cfg.services
-        if cfg.local_mode:
-            raise InvalidArgument(
-                "the config names no service addresses; the router drives running services. "
-                "Use `atgrpo train CONFIG`, which starts them locally, or fill in services:"
-            )
-        trainable = [p for p, pool in cfg.pools.items() if pool.trainable]
-        return cls(
-            EnvClient(s.env),
-            Fleet(s.rollout, trainable),
-            {p: TrainerClient(s.trainer[p]) for p in trainable},
-        )
-
-    async def close(self) -> None:
-        await self.rollout.close()
-        for c in [self.env, *self.trainers.values()]:
-            await c.close()
-
-
-def pool_spec(
-    cfg: RunConfig, pool: str, checkpoint_root: str, replicas: Sequence[str] = ()
-) -> PoolSpec:
-    """A trainable pool's setup for this run, from the config; `replicas`: the pool's rollout
-    replicas now (the config may name them by DNS or a file, atgrpo.discovery)."""
-    p = cfg.pools[pool]
-    lora = p.lora
-    return PoolSpec(
-        run_id=cfg.run.name,
-        pool=pool,
-        model_path=p.model_path,
-        agents=tuple(cfg.agents_of(pool)),
-        specialization=p.specialization,
-        **(
-            dict(
-                lora_rank=lora.rank,
-                lora_alpha=lora.alpha,
-                lora_dropout=lora.dropout,
-                lora_targets=tuple(lora.target_modules),
-            )
-            if lora
-            else {}
-        ),
-        lr=p.optim.lr,
-        weight_decay=p.optim.weight_decay,
-        betas=p.optim.betas,
-        warmup_steps=p.optim.warmup_steps,
-        total_steps=cfg.run.steps,
-        min_lr_ratio=p.optim.min_lr_ratio,
-        grad_clip=p.optim.grad_clip,
-        device=p.device,
-        dtype=p.dtype,
-        seed=cfg.run.seed,
-        checkpoint_dir=checkpoint_root,
-        checkpoint_every_updates=0,  # the router keeps the cadence
-        rollout_addresses=tuple(replicas),
-        micro_batch_tokens=p.micro_batch_tokens,
-        gradient_checkpointing=p.gradient_checkpointing,
-    )
 
 
 class RunLoop:
