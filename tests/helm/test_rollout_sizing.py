@@ -56,6 +56,18 @@ def test_every_ci_case_starts_vllm_with_its_agents_context_and_its_gpus(case):
         assert got.get("gpu-memory-utilization") == (str(share) if share else None)
 
 
+def test_every_ci_case_writes_each_trainers_gpus_into_its_run_config(case):
+    """trainer_gpus is what the chart starts (one rank per GPU; 0 GPUs: one CPU rank), so a plan
+    of the written config is a plan of the pods."""
+    values_file, objs = case
+    cfg = run_config(objs)
+    for name, pool in pools_of(values_of(values_file)).items():
+        if pool["trainable"] is False:
+            assert cfg.pools[name].trainer_gpus == 1  # the default: no trainer to size
+            continue
+        assert cfg.pools[name].trainer_gpus == max(1, pool["trainer"]["gpus"])
+
+
 def test_the_l3_case_has_a_tensor_parallel_replica():
     objs = rendered(str(CHART / "ci" / "l3-two-gpu-pools-values.yaml"))
     assert flags(objs, "coder")["tensor-parallel-size"] == "2"

@@ -2,7 +2,7 @@
 The run config the Job trains with (atgrpo/config.py): values.run.config, plus
   - agents: every agent of env.turn_order, on the only pool when it names none;
   - pools: from values.pools (model path, engine, device from the GPUs, replicas, rollout GPUs and
-    memory fraction, trainable) and
+    memory fraction, trainable, the trainer's GPUs) and
     their `config` extras (lora, optim, micro_batch_tokens);
   - services: the in-cluster addresses of this release's Services and per-pod StatefulSet names;
   - run.run_dir under dataMountPath, so trainers checkpoint onto their volumes.
@@ -40,6 +40,9 @@ The run config the Job trains with (atgrpo/config.py): values.run.config, plus
 {{- if gt (int $pool.rollout.gpus) 0 }}{{ $_ := set $p "rollout_gpus" (int $pool.rollout.gpus) }}{{ end -}}
 {{- with $pool.rollout.gpuMemoryUtilization }}{{ $_ := set $p "rollout_gpu_memory_utilization" . }}{{ end -}}
 {{- $_ := set $p "trainable" (ne $pool.trainable false) -}}
+{{- /* the ranks its trainer starts (0 GPUs: one CPU rank), so `atgrpo plan` on this config and
+the run's own check plan what runs */ -}}
+{{- if ne $pool.trainable false }}{{ $_ := set $p "trainer_gpus" (max 1 (int $pool.trainer.gpus)) }}{{ end -}}
 {{- $_ := set $pools $name $p -}}
 {{- end }}
 {{- $_ := set $cfg "pools" $pools -}}
