@@ -107,7 +107,11 @@ class Cluster:
     def kube_version(self) -> str:
         from kubernetes import client
 
-        version = self._call("reading the cluster's version", client.VersionApi(self.api).get_code)
+        try:
+            version = self._call("reading its version", client.VersionApi(self.api).get_code)
+        except ClusterError as err:  # helm's own default then; the chart's checks still run
+            print(f"warning: {err}; rendering for helm's default version", file=sys.stderr)
+            return ""
         return version.get("gitVersion", "")
 
     def release(self, name: str, ns: str) -> dict[str, Any]:
@@ -134,8 +138,8 @@ class Cluster:
         )
         return _owner_ref("apps/v1", "Deployment", d["metadata"]["name"], d["metadata"]["uid"])
 
-    def create(self, run: RenderedRun, ns: str, owner: dict[str, Any]) -> tuple[str, bool]:
-        """Create the run's objects; (the Job's uid, whether this call created it)."""
+    def create(self, run: RenderedRun, ns: str, owner: dict[str, Any]) -> bool:
+        """Create the run's objects; whether this call created the Job (False: it was there)."""
         from kubernetes.client.exceptions import ApiException
 
         core, _, batch = self._apis()
@@ -146,39 +150,46 @@ class Cluster:
         except ClusterError:
             if made_cm:  # nothing half-made stays behind
                 try:
-                    core.delete_namespaced_config_map(
-                        run.config_map["metadata"]["name"], ns, _preload_content=False
-                    )
+                    core.delete_namespaced_config_map(run.name, ns, _preload_content=False)
                 except ApiException:
                     pass
             raise
-        uid = self._call(f"reading Job {run.name}", batch.read_namespaced_job, run.name, ns)[
-            "metadata"
-        ]["uid"]
-        # Handed over only while the router owns it: a config left by an earlier try is, one the
-        # chart made (the release runs this very config) is Helm's and stays as it is.
-        mine = self._call(
-            f"reading ConfigMap {run.name}", core.read_namespaced_config_map, run.name, ns
-        )
-        if mine["metadata"].get("ownerReferences") == [owner]:
-            ref = _owner_ref("batch/v1", "Job", run.name, uid)
-            self._call(
-                f"handing ConfigMap {run.name} to its Job",
-                core.patch_namespaced_config_map,
-                run.name,
-                ns,
-                [{"op": "replace", "path": "/metadata/ownerReferences", "value": [ref]}],
-            )
-        return uid, made_job
+        if made_job is None:  # an earlier submit of this config made it, and handed its config
+            return False
+        try:
+            self._hand_over(run.name, ns, owner, made_job["metadata"]["uid"], made_cm is not None)
+        except ClusterError as err:  # the run is made: say so, and go on
+            print(f"warning: {err}; the ConfigMap stays the router's", file=sys.stderr)
+        return True
 
-    def _create_or_exists(self, fn: Callable[..., Any], ns: str, body: dict[str, Any]) -> bool:
+    def _hand_over(self, name: str, ns: str, owner: dict, job_uid: str, made_now: bool) -> None:
+        """The ConfigMap to its Job (a JSON patch of its ownerReferences: with a strategic merge
+        the router would stay an owner, and it would outlive the Job). Only while the router owns
+        it: a ConfigMap the chart made is Helm's and stays as it is."""
+        core, _, _ = self._apis()
+        if not made_now:
+            cm = self._call(f"reading ConfigMap {name}", core.read_namespaced_config_map, name, ns)
+            if cm["metadata"].get("ownerReferences") != [owner]:
+                return
+        ref = _owner_ref("batch/v1", "Job", name, job_uid)
+        self._call(
+            f"handing ConfigMap {name} to its Job",
+            core.patch_namespaced_config_map,
+            name,
+            ns,
+            [{"op": "replace", "path": "/metadata/ownerReferences", "value": [ref]}],
+        )
+
+    def _create_or_exists(
+        self, fn: Callable[..., Any], ns: str, body: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """The object as created, or None when one of its name exists (a hash of its config)."""
         from kubernetes.client.exceptions import ApiException
         from pydantic import ValidationError
 
         what = f"creating {body['kind']} {body['metadata']['name']}"
         try:
-            fn(ns, body, _preload_content=False)
-            return True
+            return json.loads(fn(ns, body, _preload_content=False).data)
         except ValidationError as err:  # the client checks a body against its own models first
             from kubernetes import __version__
 
@@ -189,8 +200,8 @@ class Cluster:
                 f"{first['msg']}): upgrade it to one as new as the cluster"
             ) from None
         except ApiException as err:
-            if err.status == 409:  # the same name is the same config (a hash of it)
-                return False
+            if err.status == 409:
+                return None
             raise ClusterError(f"{what}: {_api_problem(err)}") from None
 
     def job_state(self, name: str, ns: str) -> tuple[str, str]:
@@ -400,7 +411,7 @@ def submit(args: Any) -> int:
         cluster = Cluster.connect(args.kubeconfig, args.context)
         run = prepare(cluster, args.config, args.release, args.namespace)
         owner = cluster.owner(run.router, args.namespace)
-        _, made = cluster.create(run, args.namespace, owner)
+        made = cluster.create(run, args.namespace, owner)
     except (ClusterError, ReleaseError) as err:
         print(f"atgrpo submit: {err}", file=sys.stderr)
         return 2

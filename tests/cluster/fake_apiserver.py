@@ -112,6 +112,8 @@ class FakeApiServer:
         with self._lock:
             self.requests.append(req)
         if req.path.rstrip("/") == "/version":
+            if (req.method, "version") in self.refuse:
+                return _status(*self.refuse[(req.method, "version")])
             major, minor = self.kube_version.lstrip("v").split(".")[:2]
             return 200, {"major": major, "minor": minor, "gitVersion": self.kube_version}
         parts = req.path.strip("/").split("/")

@@ -506,3 +506,17 @@ def test_an_unreachable_router_says_how_to_reach_it():
     ):
         asyncio.run(go())
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize(
+    ("refused", "warned"),
+    [
+        (("PATCH", "configmaps"), "handing ConfigMap"),  # the run is made all the same
+        (("GET", "version"), "rendering for helm's default version"),
+    ],
+)
+def test_what_submit_can_do_without_is_a_warning(cluster, tmp_path, capsys, refused, warned):
+    cluster.refuse[refused] = (403, "forbidden")
+    assert submit(cluster, config_file(tmp_path), "--detach") == 0
+    assert warned in capsys.readouterr().err
+    assert len(cluster.stored("jobs")) == 1 and len(cluster.stored("configmaps")) == 1
