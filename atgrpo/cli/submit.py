@@ -92,10 +92,10 @@ class Cluster:
             return json.loads(fn(*args, _preload_content=False, **kw).data or b"{}")
         except ApiException as err:
             raise ClusterError(f"{what}: {_api_problem(err)}") from None
-        except HTTPError as err:
+        except (HTTPError, ValueError) as err:  # no answer, or not the API's JSON
             host = self.api.configuration.host
             raise ClusterError(
-                f"{what}: cannot reach the API server at {host} ({type(err).__name__}); check "
+                f"{what}: no Kubernetes API answer from {host} ({type(err).__name__}); check "
                 "`kubectl cluster-info` with the same kubeconfig and context"
             ) from None
 
@@ -225,8 +225,10 @@ def _has_kubeconfig() -> bool:
 
 def default_namespace(kubeconfig: str | None, context: str | None) -> str:
     """The namespace of the kubeconfig's context (as kubectl picks it), or the pod's own."""
-    from kubernetes import config
-
+    try:
+        from kubernetes import config
+    except ImportError:  # Cluster.connect says how to install it
+        return "default"
     try:
         if kubeconfig or context or _has_kubeconfig():
             contexts, active = config.list_kube_config_contexts(config_file=kubeconfig)
@@ -245,8 +247,9 @@ def _api_problem(err: Any) -> str:
         message = err.reason
     hint = {
         401: "your credentials were refused: log in again (kubectl config view --minify)",
-        403: "ask for create/get on configmaps and jobs, get on secrets and deployments in "
-        "the namespace (kubectl auth can-i create jobs -n NS)",
+        403: "submit needs, in the namespace: get/list on secrets and get on deployments (the "
+        "release), create/get/list/patch/delete on configmaps and jobs (kubectl auth can-i "
+        "create jobs -n NS)",
         404: "check --namespace and --release (helm list -A)",
     }.get(err.status)
     return f"{message} (HTTP {err.status})" + (f": {hint}" if hint else "")

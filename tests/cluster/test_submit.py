@@ -4,140 +4,26 @@ stores one, and the real helm binary rendering it."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
-import threading
-import time
-from functools import cache
-from pathlib import Path
-from types import SimpleNamespace
 
 import kubernetes_validate
 import pytest
 import yaml
 
-from atgrpo._proto.v1 import router_pb2_grpc
 from atgrpo.cli import main
 from atgrpo.cli.release import decode_release, encode_release
+from tests.cluster.conftest import (
+    CONFIG,
+    INSTALL_VALUES,
+    NS,
+    RELEASE,
+    ROUTER,
+    config_file,
+    helm_template,
+    submit,
+)
 from tests.cluster.fake_apiserver import FakeApiServer
-from tests.helm.conftest import BASE_VALUES, CHART, require_helm, run_helm
-
-RELEASE, NS = "rl", "ml"
-ROUTER = "rl-atgrpo-router"
-CONFIG = {
-    "run": {"name": "toy-a", "steps": 3, "tasks_per_step": 2},
-    "env": {"name": "toy", "max_turns": 2, "turn_order": ["tool", "plan"]},
-    "algorithm": {"k": 2},
-}
-# The release as installed: the chart's own run (plan-path) is off, a pool named `main`.
-INSTALL_VALUES = {**yaml.safe_load(BASE_VALUES.read_text()), "run": {"enabled": False}}
-KUBE = "v1.33.2"
-
-
-def chart_as_stored(chart_dir: Path) -> dict:
-    """The chart as Helm 3 keeps it in a release: metadata, values, schema, templates, files."""
-
-    def b64(p: Path) -> str:
-        return base64.b64encode(p.read_bytes()).decode()
-
-    special = {"Chart.yaml", "values.yaml", "values.schema.json"}
-    files = sorted(p for p in chart_dir.rglob("*") if p.is_file())
-    rel = [(str(p.relative_to(chart_dir)), p) for p in files]
-    return {
-        "metadata": yaml.safe_load((chart_dir / "Chart.yaml").read_text()),
-        "lock": None,
-        "values": yaml.safe_load((chart_dir / "values.yaml").read_text()),
-        "schema": b64(chart_dir / "values.schema.json"),
-        "templates": [{"name": n, "data": b64(p)} for n, p in rel if n.startswith("templates/")],
-        "files": [
-            {"name": n, "data": b64(p)}
-            for n, p in rel
-            if not n.startswith("templates/") and n not in special
-        ],
-    }
-
-
-def helm_template(values: dict, tmp: Path) -> list[dict]:
-    f = tmp / "values.yaml"
-    f.write_text(yaml.safe_dump(values))
-    out = run_helm(
-        "template", RELEASE, str(CHART), "--namespace", NS, "-f", str(f), "--kube-version", KUBE
-    )
-    return [d for d in yaml.safe_load_all(out) if d]
-
-
-@cache
-def installed() -> tuple[dict, dict]:
-    """(the release Secret, the router Deployment) of RELEASE installed with INSTALL_VALUES."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        objs = helm_template(INSTALL_VALUES, Path(tmp))
-    router = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == ROUTER)
-    release = {
-        "name": RELEASE,
-        "namespace": NS,
-        "version": 2,
-        "info": {"status": "deployed"},
-        "chart": chart_as_stored(CHART),
-        "config": INSTALL_VALUES,
-        "manifest": yaml.safe_dump_all(objs),
-    }
-    secret = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "type": "helm.sh/release.v1",
-        "metadata": {
-            "name": f"sh.helm.release.v1.{RELEASE}.v2",
-            "namespace": NS,
-            "labels": {"owner": "helm", "name": RELEASE, "status": "deployed", "version": "2"},
-        },
-        "data": {"release": encode_release(release)},
-    }
-    return secret, router
-
-
-@pytest.fixture
-def cluster(tmp_path, monkeypatch):
-    require_helm()
-    monkeypatch.setenv("ATGRPO_HELM", str(require_helm()))
-    secret, router = installed()
-    with FakeApiServer(kube_version=KUBE) as fake:
-        # an older revision, superseded: never the one rendered
-        old = yaml.safe_load(yaml.safe_dump(secret))
-        old["metadata"]["name"] = old["metadata"]["name"][:-1] + "1"
-        old["metadata"]["labels"].update(status="superseded", version="1")
-        old["data"]["release"] = "bm90IGEgcmVsZWFzZQ=="  # undecodable: reading it would fail
-        fake.put("api/v1", old)
-        fake.put("api/v1", secret)
-        fake.put("apis/apps/v1", router)
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump(fake.kubeconfig(namespace=NS)))
-        fake.kubeconfig_path = kubeconfig
-        yield fake
-        # every object sent passed the API's schema (FakeApiServer checks each one it is sent)
-        assert fake.invalid == [] and fake.hook_errors == []
-
-
-def config_file(tmp_path: Path, cfg: dict = CONFIG) -> Path:
-    p = tmp_path / "run.yaml"
-    p.write_text(yaml.safe_dump(cfg))
-    return p
-
-
-def submit(fake: FakeApiServer, config: Path, *extra: str) -> int:
-    return main(
-        [
-            "submit",
-            str(config),
-            "--release",
-            RELEASE,
-            "--kubeconfig",
-            str(fake.kubeconfig_path),
-            *extra,
-        ]
-    )
 
 
 def test_release_round_trip_is_helms_format():
@@ -247,7 +133,7 @@ def test_an_unreachable_api_server_is_named(tmp_path, capsys):
     # the fake is gone: nothing listens there any more
     code = main(["runs", "--release", RELEASE, "--kubeconfig", str(kubeconfig)])
     assert code == 2
-    assert "cannot reach the API server at http://127.0.0.1:" in capsys.readouterr().err
+    assert "no Kubernetes API answer from http://127.0.0.1:" in capsys.readouterr().err
 
 
 def test_runs_lists_the_releases_runs(cluster, tmp_path, capsys):
@@ -291,136 +177,6 @@ def test_runs_lists_the_releases_runs(cluster, tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["JOB", "RUN", "STATE", "CREATED", "BY"]
     assert lines[1].startswith(job_name) and "failed (BackoffLimitExceeded" in lines[1]
-
-
-class ScriptedLoop:
-    """A fake RunLoop (names it as such): three empty steps, then finished. It pins how submit
-    follows a run; the loop itself is tested in tests/router."""
-
-    def __init__(self, cfg, emit):
-        from atgrpo.rundir import RunDir
-
-        self.cfg, self.emit, self.completed, self.resumed_from = cfg, emit, 0, 0
-        self.dir = RunDir(cfg.run.run_dir)
-        self.stop_requested = asyncio.Event()
-        self.clients = SimpleNamespace(close=lambda: asyncio.sleep(0))
-
-    async def prepare(self):
-        pass
-
-    async def run(self):
-        from router_svc.events import step_event
-        from router_svc.steps import StepBatches
-
-        for step in range(1, self.cfg.run.steps + 1):
-            await asyncio.sleep(0.2)
-            self.completed = step
-            timings = {
-                "rollout_seconds": 0.1,
-                "train_seconds": 0.1,
-                "weight_sync_seconds": 0.0,
-                "step_seconds": 0.2,
-                "time": time.time(),
-                "retries": 0,
-                "replicas": {},
-                "requeued_tasks": 0,
-            }
-            self.emit(step_event(step, StepBatches({}, {}, 0), [], {}, timings))
-        return "finished"
-
-
-class Router:
-    """A real router gRPC server (ScriptedLoop runs its runs) on its own thread and event loop."""
-
-    def __enter__(self):
-        from atgrpo.rpc.server import Binding, create_server
-        from router_svc.runs import Runs
-        from router_svc.server import RouterServicer
-
-        self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, daemon=True).start()
-        servicer = RouterServicer(Runs(ScriptedLoop))
-        binding = Binding(
-            "atgrpo.v1.RouterService", servicer, router_pb2_grpc.add_RouterServiceServicer_to_server
-        )
-        self.server = self.call(create_server([binding]))
-        self.address = f"127.0.0.1:{self.server.port}"
-        return self
-
-    def call(self, coro):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
-
-    def __exit__(self, *exc):
-        self.call(self.server.stop(0))
-        self.loop.call_soon_threadsafe(self.loop.stop)
-
-
-def test_submit_follows_the_run_its_job_starts_to_the_end(cluster, tmp_path, capsys):
-    from router_svc.client import RouterClient
-
-    with Router() as router:
-
-        def job_starts_the_run(job):
-            """What the Job's container does: `atgrpo train /config/run.yaml --connect`."""
-            time.sleep(1.0)  # the init container's wait
-            cm = cluster.stored("configmaps")[job["metadata"]["name"]]
-            run_yaml = cm["data"]["run.yaml"].replace(
-                f"/data/runs/{CONFIG['run']['name']}", str(tmp_path / "router-side")
-            )
-
-            stored = cluster.stored("jobs")[job["metadata"]["name"]]
-            stored["status"] = {"active": 1}
-
-            async def train_connect():
-                async with RouterClient(router.address) as client:
-                    status = await client.start_run(run_yaml)
-                    async for _ in client.watch_run(status["run_id"]):
-                        pass
-
-            router.call(train_connect())
-            stored["status"] = {
-                "succeeded": 1,
-                "conditions": [{"type": "Complete", "status": "True"}],
-            }
-
-        cluster.on_create["jobs"] = job_starts_the_run
-        mirror = tmp_path / "mirror"
-        code = submit(
-            cluster, config_file(tmp_path), "--router", router.address, "--run-dir", str(mirror)
-        )
-    out = capsys.readouterr().out
-    assert code == 0, out
-    assert "run toy-a finished at step 3" in out
-    steps = [
-        e["step"]
-        for e in map(json.loads, (mirror / "metrics.jsonl").read_text().splitlines())
-        if e["kind"] == "step"
-    ]
-    assert steps == [1, 2, 3]
-
-
-def test_submit_says_when_the_job_fails_before_its_run_starts(cluster, tmp_path, capsys):
-    with Router() as router:
-
-        def job_fails(job):
-            stored = cluster.stored("jobs")[job["metadata"]["name"]]
-            stored["status"] = {
-                "conditions": [
-                    {
-                        "type": "Failed",
-                        "status": "True",
-                        "reason": "BackoffLimitExceeded",
-                        "message": "Job has reached the specified backoff limit",
-                    }
-                ]
-            }
-
-        cluster.on_create["jobs"] = job_fails
-        code = submit(cluster, config_file(tmp_path), "--router", router.address)
-    assert code == 1
-    err = capsys.readouterr().err
-    assert "failed (BackoffLimitExceeded: Job has reached the specified backoff limit)" in err
-    assert "kubectl logs -n ml job/rl-atgrpo-run-" in err
 
 
 def test_an_object_the_api_would_refuse_is_refused_with_its_field(cluster):
@@ -478,34 +234,6 @@ def test_the_releases_own_run_is_followed_and_left_as_helm_made_it(cluster, tmp_
     assert cluster.sent("PATCH") == []
     (cm,) = cluster.stored("configmaps").values()
     assert "ownerReferences" not in cm["metadata"]
-
-
-def test_an_unreachable_router_says_how_to_reach_it():
-    """From a laptop the release's in-cluster router address does not resolve: submit says how
-    to port-forward it, once the router has been out of reach for reach_s."""
-    from atgrpo.cli.submit import ClusterError, wait_started
-    from router_svc.client import RouterClient
-
-    async def go():
-        async with RouterClient("127.0.0.1:1", timeout_s=1.0) as client:
-            await wait_started(
-                client,
-                "toy-a",
-                lambda: ("pending", ""),
-                "-n ml job/j",
-                "-n ml svc/rl-atgrpo-router",
-                poll_s=0.1,
-                reach_s=0.5,
-            )
-
-    started = time.monotonic()
-    with pytest.raises(
-        ClusterError,
-        match=r"cannot reach the router at 127\.0\.0\.1:1 .*"
-        r"kubectl port-forward -n ml svc/rl-atgrpo-router 50051",
-    ):
-        asyncio.run(go())
-    assert time.monotonic() - started < 30
 
 
 @pytest.mark.parametrize(
