@@ -7,8 +7,9 @@ networkPolicy.grpcFrom says so.
 The expected edges come from two places, each checked against its source:
   - service -> service: the typed clients each service's code imports (`<callee>_svc.client`,
     followed through atgrpo's modules; test_the_callers_table_is_what_the_code_imports), narrowed by
-    pool where the code narrows it: a trainer pushes to its own pool's replicas (router_svc/clients.py
-    pool_spec: rollout_addresses=services.rollout[pool]), and a rollout replica calls another
+    pool where the code narrows it: a trainer pushes to its own pool's replicas
+    (router_svc/clients.py pool_spec: rollout_addresses=services.rollout[pool]), and a rollout
+    replica calls another
     pool's replicas only (router_svc/dispatch.py routes_for: the pools it does not serve);
   - the run Job and helm test: the addresses in their rendered commands (`atgrpo status --address`,
     and the run config's router for `atgrpo train --connect`, atgrpo/cli/runner.py drive)."""
