@@ -15,7 +15,7 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 HELM := .atgrpo/bin/helm
 
-.PHONY: install demo test protos lint bench lock lock-images clean
+.PHONY: install demo test test-all protos lint bench lock lock-images clean
 
 install: $(STAMP) $(VLLM_STAMP) $(HELM)
 
@@ -56,13 +56,23 @@ demo: $(STAMP) $(DEMO_MODEL)
 $(DEMO_MODEL): | $(STAMP)
 	$(BIN)/atgrpo model tiny --out $(DEMO_MODEL)
 
-# The service boundaries first (pyproject.toml's import-linter contracts): seconds, and a new
-# crossing fails before the long suite starts. Then the suite on two workers (pytest-xdist): one
-# test's services wait on each other about as often as they compute, and the other worker's test
-# fills the gaps. The 25 slowest are listed: where the time goes.
+# Two tiers (pyproject.toml's `slow` marker). `make test` is what a contributor runs before every
+# commit: every test not marked slow (unit, contract, RPC, fuzz, each service through real gRPC on
+# loopback, one short run through all five services). `make test-all` adds the slow tier (learning
+# runs, real models, bench smokes, image resolution); CI runs it. Both check the service
+# boundaries first (pyproject.toml's import-linter contracts): seconds, and a new crossing fails
+# before the suite starts. The suite runs on two workers (pytest-xdist): one test's services wait
+# on each other about as often as they compute, and the other worker's test fills the gaps; tests
+# marked with one xdist_group share a worker, so a model they load is loaded once. The 25 slowest
+# are listed: where the time goes.
+PYTEST := $(BIN)/pytest -q -n 2 --dist loadgroup --durations=25
 test: install
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/pytest -q -n 2 --durations=25
+	$(PYTEST) -m "not slow"
+
+test-all: install
+	$(BIN)/lint-imports --no-cache
+	$(PYTEST)
 
 protos: install
 	$(BIN)/python scripts/gen_protos.py
