@@ -115,8 +115,6 @@ def test_the_openenv_game_keeps_every_rule_of_env_check(capsys):
 
 
 @pytest.mark.slow
-# 15-30 s alone; a teach and a run beside the other pytest worker's torch took up to 10x that
-@pytest.mark.timeout(900)
 def test_the_openenv_example_trains_on_the_taught_tiny_model(tiny_model, tmp_path):
     """examples/openenv_guess_L0_tiny.yaml, two steps on the tiny model taught to guess digits:
     its answers parse, the OpenEnv game scores them, and the pool updates."""

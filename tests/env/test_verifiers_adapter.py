@@ -204,8 +204,6 @@ SYSTEM_PROMPT = "Guess the secret digit (0-9). Answer with <guess>D</guess> and 
 
 
 @pytest.mark.slow
-# 15-30 s alone; a teach and a run beside the other pytest worker's torch took up to 10x that
-@pytest.mark.timeout(900)
 def test_the_verifiers_example_is_taught_and_trains_on_the_tiny_model(tiny_model, tmp_path):
     """examples/verifiers_guess_L0_tiny.yaml: `atgrpo model teach` on the game's first prompts,
     then two steps on the taught tiny model: its answers parse, the rubric scores them, the pool
