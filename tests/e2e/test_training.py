@@ -333,35 +333,41 @@ class StopAtSuccess(Collect):
             await client.stop_run(self.status["run_id"], f"greedy success >= {self.target}")
 
 
-# 350 steps take 3 to 7 minutes on two cores (395 s measured on a quiet 2-core machine on
-# 2026-12-01, the code before and after issue 16 alike), and up to 3x that beside the other pytest
-# worker's tests (111 s alone, 231-351 s beside them, for a run that stopped early): the suite's
-# 300 s default is too tight for a run that needs all 350 steps.
-@pytest.mark.timeout(1800)
 def test_the_demo_learns(tiny_model, tmp_path):
-    """The demo's config (examples/toy_L1_tiny.yaml), at most 350 steps: greedy eval success goes
-    from ~0 (a random tiny model hardly ever emits a digit) to at least 0.75, and the run stops
-    at the first evaluation that shows it. A listener that ignores the speaker succeeds with
-    probability at most 1/4 + 3/4 * 1/3 = 0.5 over two turns (a new guess on the retry), so 0.75
-    needs the relay to work."""
+    """The demo's config (examples/toy_L1_tiny.yaml) from the random tiny model, at most 30 steps:
+    greedy eval success goes from ~0 to at least 0.25, and the run stops at the first evaluation
+    that shows it (step 10 in probes).
+
+    A random model's greedy answer names no digit (it emits one ~1% of the time when sampling), so
+    0.25 needs the loop to have learnt from the rare rewarded samples: a greedy listener that
+    names a digit blindly is right for a quarter of the secrets on its first turn. This is the
+    format, not the relay (a blind listener succeeds at most 1/4 + 3/4 * 1/3 = 0.5 over two
+    turns); `make demo` shows the relay (0.83 by step 225, 1.0 from 275), and
+    test_swapping_the_trained_adapters_breaks_the_relay pins that each role learns its own skill.
+    The full 350-step climb to 0.75 took 6.5 minutes of a 21-minute suite and is not repeated."""
     import yaml
 
     data = yaml.safe_load(
         (Path(__file__).resolve().parents[2] / "examples" / "toy_L1_tiny.yaml").read_text()
     )
     data["run"].update(
-        steps=350, eval_every_steps=25, checkpoint_every_steps=0, run_dir=str(tmp_path / "run")
+        steps=30, eval_every_steps=5, checkpoint_every_steps=0, run_dir=str(tmp_path / "run")
     )
     data["pools"]["shared"]["model_path"] = tiny_model
     cfg = parse_config(data)
     with LocalServices(cfg) as running:
-        sink = StopAtSuccess(running.services.router, 0.75)
+        sink = StopAtSuccess(running.services.router, 0.25)
         final = asyncio.run(drive(running, sink))
     evals = [(e["step"], e["success_rate"]) for e in sink.events if e["kind"] == "eval"]
-    assert evals[0][1] <= 0.1 and evals[-1][1] >= 0.75, evals
+    assert evals[0] == (0, evals[0][1]) and evals[0][1] <= 0.05, evals
+    assert evals[-1][1] >= 0.25, evals
     # stopped at the first evaluation that reached it (finished: that was the last one)
     assert final["state"] in ("stopped", "finished"), final
-    assert all(success < 0.75 for _, success in evals[:-1]), evals
+    assert all(success < 0.25 for _, success in evals[:-1]), evals
+    # every step trained the shared pool once, and only the steps before the stop ran
+    steps = [e for e in sink.events if e["kind"] == "step"]
+    assert [e["pools"]["shared"]["version"] for e in steps] == list(range(1, len(steps) + 1))
+    assert len(steps) <= evals[-1][0] + 1
 
 
 def test_swapping_the_trained_adapters_breaks_the_relay(knows_the_code, tmp_path):
