@@ -32,6 +32,21 @@ def python():
 
 
 @pytest.fixture(scope="session")
+def smollm2_tokenizer(tmp_path_factory) -> str:
+    """A directory holding only SmolLM2-135M-Instruct's tokenizer, as the GGUF gives it and
+    `atgrpo model smollm2` saves it (~6 s): for tests of the template and the tokens, which need
+    none of the weights that smollm2_model takes ~45 s to convert."""
+    from transformers import AutoTokenizer
+
+    from atgrpo.models.smollm2 import packaged_gguf
+
+    gguf = packaged_gguf()
+    out = tmp_path_factory.mktemp("models") / "smollm2-tokenizer"
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> str:
     """The tiny offline model's directory (atgrpo.models.build_tiny_model), built once for the
     session: the build is byte-identical every time. Read it, never write into it; a test that
