@@ -245,25 +245,49 @@ def test_keep_checkpoints_prunes_the_disk_and_the_run_still_resumes(tiny_model, 
     assert on_disk() == sorted({7, 8, best})
 
 
-def test_bad_config_is_refused_by_the_router(tiny_model, tmp_path):
+def careless_config(run_dir: Path, model: str, **env) -> dict:
+    """The toy L1 config with a third-party env (env.path: hosted by the env service `atgrpo
+    train` starts) whose spec the config may disagree with, or whose code may raise."""
+    data = toy_config(run_dir, model, "L1")
+    data["env"] = {
+        "name": "careless",
+        "path": "tests.env.sdk_envs:CarelessEnv",
+        "turn_order": ["a", "b"],
+        "max_turns": 2,
+        **env,
+    }
+    data["agents"] = {a: {"pool": "a", "train_sampling": {"max_tokens": 4}} for a in ("a", "b")}
+    return data
+
+
+@pytest.fixture(scope="module")
+def careless_services(tiny_model, tmp_path_factory):
+    """One set of the five services for the runs that are refused or fail at their start: none of
+    them trains a step, so none leaves anything the next one would see (8 s of start-up each)."""
+    cfg = parse_config(careless_config(tmp_path_factory.mktemp("careless") / "run", tiny_model))
+    with LocalServices(cfg) as running:
+        yield running
+
+
+@pytest.mark.xdist_group("careless")  # one worker, so the services start once
+def test_bad_config_is_refused_by_the_router(careless_services):
     """StartRun answers INVALID_ARGUMENT with every config problem, and starts nothing."""
     from atgrpo.errors import InvalidArgument
 
-    cfg = parse_config(toy_config(tmp_path / "run", tiny_model, "L1"))
-
-    async def start(router_address: str, text: str):
-        async with RouterClient(router_address) as router:
+    async def start(text: str):
+        async with RouterClient(careless_services.services.router) as router:
             return await router.start_run(text)
 
-    with LocalServices(cfg) as running:
-        with pytest.raises(InvalidArgument, match="algorithm.k") as err:
-            asyncio.run(start(running.services.router, "run: {name: x}\nalgorithm: {k: 0}\n"))
-        assert "env" in str(err.value)
-        local_mode = dump_config(cfg)  # valid, but names no services the router could reach
-        with pytest.raises(InvalidArgument, match="services: section is empty"):
-            asyncio.run(start(running.services.router, local_mode))
+    with pytest.raises(InvalidArgument, match="algorithm.k") as err:
+        asyncio.run(start("run: {name: x}\nalgorithm: {k: 0}\n"))
+    assert "env" in str(err.value)
+    # valid, but names no services the router could reach
+    local_mode = dump_config(careless_services, services=False)
+    with pytest.raises(InvalidArgument, match="services: section is empty"):
+        asyncio.run(start(local_mode))
 
 
+@pytest.mark.xdist_group("careless")
 @pytest.mark.parametrize(
     "env, message",
     [
@@ -289,29 +313,23 @@ def test_bad_config_is_refused_by_the_router(tiny_model, tmp_path):
     ],
     ids=["max_turns", "turn_order", "env_code_raises", "unknown_env", "parallel"],
 )
-def test_a_run_that_cannot_work_fails_at_once_saying_why(env, message, tiny_model, tmp_path):
-    """A third-party env (env.path: hosted by the env service `atgrpo train` starts) whose spec
-    disagrees with the config, or whose code raises, fails the run on its first attempt with the
-    reason, instead of retrying a step that fails the same way every time."""
+def test_a_run_that_cannot_work_fails_at_once_saying_why(
+    env, message, careless_services, tiny_model, tmp_path
+):
+    """A third-party env whose spec disagrees with the config, or whose code raises, fails the run
+    on its first attempt with the reason, instead of retrying a step that fails the same way every
+    time."""
+    import dataclasses
     import re
 
-    data = toy_config(tmp_path / "run", tiny_model, "L1")
-    data["env"] = {
-        "name": "careless",
-        "path": "tests.env.sdk_envs:CarelessEnv",
-        "turn_order": ["a", "b"],
-        "max_turns": 2,
-        **env,
-    }
-    data["agents"] = {a: {"pool": "a", "train_sampling": {"max_tokens": 4}} for a in ("a", "b")}
-    cfg = parse_config(data)
+    cfg = parse_config(careless_config(tmp_path / "run", tiny_model, **env))
+    cfg = dataclasses.replace(cfg, services=careless_services.services)
     sink = Collect()
-    with LocalServices(cfg) as running:
-        final = asyncio.run(drive(running, sink))
+    final = asyncio.run(drive(cfg, sink))
     assert final["state"] == "failed" and re.search(message, final["error"]), final
     assert not [e for e in sink.events if e["kind"] == "step"]
-    router_log = (tmp_path / "run" / "services" / "logs" / "router.log").read_text()
-    assert "recovering in" not in router_log  # failed on the first attempt, no backoff
+    logs = Path(careless_services.run.run_dir) / "services" / "logs"
+    assert "recovering in" not in (logs / "router.log").read_text()  # no backoff, no retry
 
 
 class StopAtSuccess(Collect):
