@@ -17,6 +17,26 @@ if "torch" in sys.modules:  # a plugin imported it first: the variable is read a
 SERVICE_KINDS = ("env", "sandbox", "rollout", "router", "trainer")
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """`--dist loadgroup` (the Makefile's) sends the tests of one xdist_group to one worker, so a
+    model or a set of services they share is made once. pytest-xdist 3.8 marks a grouped test by
+    setting `item._nodeid`, which pytest 9 no longer reads (its node ids live in `_id`): every
+    group was split over both workers. This sets the suffix xdist's scheduler reads the way
+    pytest 9 keeps it; a later xdist that does it itself leaves nothing for this to do."""
+    if not config.getvalue("loadgroup"):
+        return
+    from _pytest.nodeid import coerce_node_id
+
+    for item in items:
+        names = {
+            str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+            for m in item.iter_markers("xdist_group")
+        }
+        if names and not item.nodeid.endswith("@" + "_".join(sorted(names))):
+            item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(sorted(names))}")
+
+
 @pytest.fixture
 def subprocess_env():
     """The environment for child processes: this interpreter's package on the path, quiet logs."""
