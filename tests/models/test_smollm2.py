@@ -15,7 +15,9 @@ from safetensors import safe_open
 from atgrpo.models import model_fingerprint
 from atgrpo.models.smollm2 import write_plain
 
-pytestmark = pytest.mark.slow
+# smollm2: the GGUF (smollm2_gguf, and smollm2_model built from it) loads once per run, on the
+# worker that runs the group under `--dist loadgroup`, not once on each worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("smollm2")]
 
 PROMPTS = [
     [{"role": "user", "content": "What is 2+3? Answer with a number."}],
