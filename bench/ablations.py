@@ -22,14 +22,15 @@ Equal work: K = 8 branches, temperature 1, at most 4 new tokens, one optimizer s
 tasks a step, 16 for L0, whose episodes have one agent's samples, not two. The tokens each
 variant trained a step are measured and printed beside its success.
 
-Success is evaluated every --eval-every steps on 128 eval tasks, sampled at the training
-temperature (a greedy evaluation of four secrets moves in steps of 1/4), and once more greedily
-from the last step's checkpoint. The speaker's final return tells which protocol a team learnt
-on the code task: 0.6 when it encodes (3 -> 7), 0 when it says the secret itself and the listener
-echoes it, which the environment also counts as solved. Output: a table (stdout and
+Success is evaluated every --eval-every steps on --eval-tasks eval tasks (128), sampled at the
+training temperature (a greedy evaluation of four secrets moves in steps of 1/4), and once more
+greedily from the last step's checkpoint. The speaker's final return tells which protocol a team
+learnt on the code task: 0.6 when it encodes (3 -> 7), 0 when it says the secret itself and the
+listener echoes it, which the environment also counts as solved. Output: a table (stdout and
 OUT/ablations.md), the curves (OUT/ablations.png) and every figure (OUT/ablations.json).
 
-    python bench/ablations.py [--seeds 0,1,2] [--steps 80] [--eval-every 10] [--tasks relay,code]
+    python bench/ablations.py [--seeds 0,1,2] [--steps 80] [--eval-every 10] [--eval-tasks 128]
+                              [--tasks relay,code]
                               [--variants at-grpo,trajectory,alpha0,L0,L2,L2-equal] [--jobs 2]
                               [--model DIR] [--out DIR]
 """
@@ -75,6 +76,7 @@ def run_config(
     steps: int,
     eval_every: int,
     equal_rank: int,
+    eval_tasks: int,
 ) -> dict:
     """The config of one run: the AT-GRPO baseline with `variant`'s one change."""
     agents = ["speaker"] if variant == "L0" else ["speaker", "listener"]
@@ -104,7 +106,7 @@ def run_config(
             "steps": steps,
             "tasks_per_step": TASKS_PER_STEP * (2 if variant == "L0" else 1),
             "eval_every_steps": eval_every,
-            "eval_tasks": EVAL_TASKS,
+            "eval_tasks": eval_tasks,
             "checkpoint_every_steps": steps,
             "run_dir": str(run_dir),
         },
@@ -127,6 +129,7 @@ def one_run(
     steps: int,
     eval_every: int,
     equal_rank: int,
+    eval_tasks: int,
 ) -> dict:
     """Train one variant on one task; its evaluations and what it trained a step."""
     from atgrpo.cli.runner import LocalServices, evaluate, run_until
@@ -134,7 +137,9 @@ def one_run(
     from atgrpo.rundir import read_metrics
 
     run_dir = Path(work) / f"{task}-{variant}-{seed}"
-    data = run_config(task, variant, seed, model, run_dir, steps, eval_every, equal_rank)
+    data = run_config(
+        task, variant, seed, model, run_dir, steps, eval_every, equal_rank, eval_tasks
+    )
     start = time.perf_counter()
     with LocalServices(parse_config(data)) as running:
         # to the end; metrics.jsonl has it all
@@ -256,6 +261,8 @@ def main() -> None:
     ap.add_argument("--seeds", default="0" if SMOKE else "0,1,2")
     ap.add_argument("--steps", type=int, default=2 if SMOKE else 80)
     ap.add_argument("--eval-every", type=int, default=1 if SMOKE else 10)
+    # Smoke: a few eval tasks still take every evaluation's path (sampled and greedy).
+    ap.add_argument("--eval-tasks", type=int, default=8 if SMOKE else EVAL_TASKS)
     ap.add_argument("--tasks", default="code" if SMOKE else ",".join(TASKS))
     ap.add_argument("--variants", default="at-grpo,L2" if SMOKE else ",".join(VARIANTS))
     ap.add_argument(
@@ -280,7 +287,7 @@ def main() -> None:
         equal_rank = round(whole / (2 * per_rank))
         trained = {v: trainable(v, whole, per_rank, equal_rank) for v in variants}
         jobs = [
-            (t, v, int(s), model, work, args.steps, args.eval_every, equal_rank)
+            (t, v, int(s), model, work, args.steps, args.eval_every, equal_rank, args.eval_tasks)
             for s in args.seeds.split(",")
             for t in tasks
             for v in variants

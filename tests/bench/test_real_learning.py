@@ -1,8 +1,9 @@
-"""bench/real_learning.py at its smoke size: the tiny model, the arithmetic task, AT-GRPO and L0,
-two steps each, two eval tasks. It checks the bench's wiring (configs the services accept, a
-greedy evaluation at every step with its samples kept, the table, curves and JSON agreeing, a
-second call keeping the first call's runs); the real run (SmolLM2, tens of minutes a variant)
-writes docs/real_learning/."""
+"""bench/real_learning.py at its smoke size: the tiny model, the arithmetic task, two eval tasks;
+AT-GRPO for two steps, then a second call for L0 whose training budget stops it. It checks the
+bench's wiring (configs the services accept, a greedy evaluation at every step with its samples
+kept, a stopped run's checkpoint evaluated, a second call keeping the first call's runs, the table,
+curves and JSON agreeing); the real run (SmolLM2, tens of minutes a variant) writes
+docs/real_learning/. One variant a call: three runs of the five services, not four."""
 
 from __future__ import annotations
 
@@ -30,45 +31,31 @@ def bench(tmp_path, env, *args):
     return proc, json.loads((tmp_path / "real_learning.json").read_text())
 
 
+def eval_task_ids(path) -> set[str]:
+    return {json.loads(line)["task_id"] for line in path.open()}
+
+
 def test_real_learning_smoke(tiny_model, tmp_path, subprocess_env):
     env = {**subprocess_env, "ATGRPO_BENCH_SMOKE": "1"}
-    proc, data = bench(tmp_path, env, "--model", tiny_model)
-    assert [(r["task"], r["variant"]) for r in data["runs"]] == [
-        ("arithmetic", "at-grpo"),
-        ("arithmetic", "L0"),
-    ]
-    for run in data["runs"]:
-        assert [e["step"] for e in run["evals"]] == [0, 1, 2]
-        for e in run["evals"]:
-            assert 0.0 <= e["success"] <= 1.0 and 0.0 <= e["reasoner_unreadable"] <= 1.0
-            # Greedy evaluation of the same two tasks: the samples each evaluation kept say so.
-            rows = [
-                json.loads(line)
-                for line in (
-                    tmp_path
-                    / "runs"
-                    / f"arithmetic-{run['variant']}-bf16"  # the bench's dtype: bfloat16
-                    / "eval-samples"
-                    / f"step-{e['step']:06d}.jsonl"
-                ).open()
-            ]
-            assert len({r["task_id"] for r in rows}) == 2
-        assert run["train_s"] > 0 and len(run["train_reward"]) == 2 and run["dtype"] == "bfloat16"
-    at, l0 = data["runs"]
-    # 8 tasks x K 4 x two agents, one turn; L0 takes 16 tasks of its one agent: as many samples.
-    assert at["samples_per_step"] == l0["samples_per_step"] == 64
-    assert "tool_right" in at["evals"][0] and "tool_right" not in l0["evals"][0]
-    table = (tmp_path / "real_learning.md").read_text()
-    assert (
-        f"| arithmetic | L0 | bfloat16 | {l0['evals'][0]['success']:.3f} |" in table
-        and table.strip() in proc.stdout
-    )
-    assert (tmp_path / "real_learning.png").stat().st_size > 10_000
+    _, data = bench(tmp_path, env, "--model", tiny_model, "--variants", "at-grpo")
+    [at] = data["runs"]
+    assert (at["task"], at["variant"], at["dtype"]) == ("arithmetic", "at-grpo", "bfloat16")
+    assert [e["step"] for e in at["evals"]] == [0, 1, 2]
+    runs = tmp_path / "runs"
+    for e in at["evals"]:
+        assert 0.0 <= e["success"] <= 1.0 and 0.0 <= e["reasoner_unreadable"] <= 1.0
+        assert "tool_right" in e
+        # Greedy evaluation of the same two tasks: the samples each evaluation kept say so.
+        kept = runs / "arithmetic-at-grpo-bf16" / "eval-samples" / f"step-{e['step']:06d}.jsonl"
+        assert len(eval_task_ids(kept)) == 2  # the bench's dtype, bfloat16, names the run
+    assert at["train_s"] > 0 and len(at["train_reward"]) == 2
+    # 8 tasks x K 4 x two agents, one turn
+    assert at["samples_per_step"] == 64
 
-    # A second call for one variant redoes that run and keeps the other. Its training budget is
+    # A second call for the other variant keeps the first call's run. Its training budget is
     # spent by the first step: the run stops there, between evaluations, and the checkpoint of
     # that step is evaluated.
-    _, again = bench(
+    proc, again = bench(
         tmp_path,
         env,
         "--model",
@@ -82,15 +69,24 @@ def test_real_learning_smoke(tiny_model, tmp_path, subprocess_env):
         "--minutes",
         "0.0001",
     )
-    kept, redone = again["runs"]
-    assert (kept["variant"], [e["step"] for e in kept["evals"]]) == ("at-grpo", [0, 1, 2])
+    kept, l0 = again["runs"]
+    assert kept == at
     # The stop is asked at step 1's event; the step already in flight may complete too.
-    last = len(redone["train_reward"])
+    last = len(l0["train_reward"])
+    assert l0["variant"] == "L0" and last in (1, 2)
+    assert [e["step"] for e in l0["evals"]] == [0, last]
+    assert "tool_right" not in l0["evals"][0] and l0["train_s"] > 0
+    (stopped,) = (runs / "arithmetic-L0-bf16" / "evals").glob("*/eval-samples/*.jsonl")
+    assert len(eval_task_ids(stopped)) == 2
+    # L0 takes 16 tasks of its one agent: as many samples as AT-GRPO's two agents
+    assert l0["samples_per_step"] == 64
+    table = (tmp_path / "real_learning.md").read_text()
     assert (
-        redone["variant"] == "L0"
-        and last in (1, 2)
-        and [e["step"] for e in redone["evals"]] == [0, last]
+        f"| arithmetic | at-grpo | bfloat16 | {at['evals'][0]['success']:.3f} |" in table
+        and f"| arithmetic | L0 | bfloat16 | {l0['evals'][0]['success']:.3f} |" in table
+        and table.strip() in proc.stdout
     )
+    assert (tmp_path / "real_learning.png").stat().st_size > 10_000
 
 
 def test_a_budgeted_run_is_stopped_so_that_its_last_step_ends_within_the_budget():
