@@ -24,7 +24,7 @@ def pytest_collection_modifyitems(config, items):
     setting `item._nodeid`, which pytest 9 no longer reads (its node ids live in `_id`): every
     group was split over both workers. This sets the suffix xdist's scheduler reads the way
     pytest 9 keeps it; a later xdist that does it itself leaves nothing for this to do."""
-    if config.getoption("dist", None) != "loadgroup":
+    if not getattr(config.option, "loadgroup", False):  # set on xdist's workers only
         return
     from _pytest.nodeid import coerce_node_id
 
