@@ -353,13 +353,14 @@ class StopAtSuccess(Collect):
 
 def test_the_demo_learns(tiny_model, tmp_path):
     """The demo's config (examples/toy_L1_tiny.yaml) from the random tiny model, at most 30 steps:
-    greedy eval success goes from ~0 to at least 0.25, and the run stops at the first evaluation
+    greedy eval success goes from ~0 to at least 0.125, and the run stops at the first evaluation
     that shows it (step 10 in probes).
 
     A random model's greedy answer names no digit (it emits one ~1% of the time when sampling), so
-    0.25 needs the loop to have learnt from the rare rewarded samples: a greedy listener that
-    names a digit blindly is right for a quarter of the secrets on its first turn. This is the
-    format, not the relay (a blind listener succeeds at most 1/4 + 3/4 * 1/3 = 0.5 over two
+    the bar needs the loop to have learnt from the rare rewarded samples. It is set so that any
+    listener that names a digit passes: each of the four secrets is the secret of 9 to 24 of the
+    64 eval tasks (0.14 at least); one run's listener said "1" to every message, 11 of 64. That is
+    the format, not the relay (a blind listener succeeds at most 1/4 + 3/4 * 1/3 = 0.5 over two
     turns); `make demo` shows the relay (0.83 by step 225, 1.0 from 275), and
     test_swapping_the_trained_adapters_breaks_the_relay pins that each role learns its own skill.
     The full 350-step climb to 0.75 took 6.5 minutes of a 21-minute suite and is not repeated."""
@@ -374,14 +375,14 @@ def test_the_demo_learns(tiny_model, tmp_path):
     data["pools"]["shared"]["model_path"] = tiny_model
     cfg = parse_config(data)
     with LocalServices(cfg) as running:
-        sink = StopAtSuccess(running.services.router, 0.25)
+        sink = StopAtSuccess(running.services.router, 0.125)
         final = asyncio.run(drive(running, sink))
     evals = [(e["step"], e["success_rate"]) for e in sink.events if e["kind"] == "eval"]
     assert evals[0] == (0, evals[0][1]) and evals[0][1] <= 0.05, evals
-    assert evals[-1][1] >= 0.25, evals
+    assert evals[-1][1] >= 0.125, evals
     # stopped at the first evaluation that reached it (finished: that was the last one)
     assert final["state"] in ("stopped", "finished"), final
-    assert all(success < 0.25 for _, success in evals[:-1]), evals
+    assert all(success < 0.125 for _, success in evals[:-1]), evals
     # every step trained the shared pool once, and only the steps before the stop ran
     steps = [e for e in sink.events if e["kind"] == "step"]
     assert [e["pools"]["shared"]["version"] for e in steps] == list(range(1, len(steps) + 1))
