@@ -17,6 +17,27 @@ if "torch" in sys.modules:  # a plugin imported it first: the variable is read a
 SERVICE_KINDS = ("env", "sandbox", "rollout", "router", "trainer")
 
 
+def _own_sandbox_uids(count: int = 16) -> None:
+    """Give this test process's in-process bwrap sandboxes host uids of their own. They default to
+    uid 60000 and up without claiming it, as a sandbox service does (sandbox_svc/uids.py): a test
+    on one worker then ran its programs under the uids of the other worker's sandbox, and the
+    hostile tests' check for a process that outlived its request saw (and their sandboxes killed)
+    the other's programs. A claimed block is skipped by every service's claim, and each worker
+    has its own."""
+    from sandbox_svc.backends.bwrap import BwrapBackend
+    from sandbox_svc.uids import claim
+
+    held = claim(count)  # held while this process lives: the lock files stay open
+    policy, _, bwrap = BwrapBackend.__init__.__defaults__
+    BwrapBackend.__init__.__defaults__ = (policy, held.base, bwrap)
+    globals()["_SANDBOX_UIDS"] = held
+
+
+if os.geteuid() == 0:  # uids are only switched as root
+    _own_sandbox_uids()
+
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     """`--dist loadgroup` (the Makefile's) sends the tests of one xdist_group to one worker, so a
