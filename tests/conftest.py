@@ -14,10 +14,11 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 if "torch" in sys.modules:  # a plugin imported it first: the variable is read at import only
     sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 SERVICE_KINDS = ("env", "sandbox", "rollout", "router", "trainer")
 
 
-def _own_sandbox_uids(count: int = 16) -> None:
+def _own_sandbox_uids(count: int = 16):
     """Give this test process's in-process bwrap sandboxes host uids of their own. They default to
     uid 60000 and up without claiming it, as a sandbox service does (sandbox_svc/uids.py): a test
     on one worker then ran its programs under the uids of the other worker's sandbox, and the
@@ -27,15 +28,14 @@ def _own_sandbox_uids(count: int = 16) -> None:
     from sandbox_svc.backends.bwrap import BwrapBackend
     from sandbox_svc.uids import claim
 
-    held = claim(count)  # held while this process lives: the lock files stay open
+    held = claim(count)
     policy, _, bwrap = BwrapBackend.__init__.__defaults__
     BwrapBackend.__init__.__defaults__ = (policy, held.base, bwrap)
-    globals()["_SANDBOX_UIDS"] = held
+    return held
 
 
-if os.geteuid() == 0:  # uids are only switched as root
-    _own_sandbox_uids()
-
+# Held for the life of the process (its lock files stay open); uids are switched as root only.
+_SANDBOX_UIDS = _own_sandbox_uids() if os.geteuid() == 0 else None
 
 
 @pytest.hookimpl(trylast=True)
