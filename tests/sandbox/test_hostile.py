@@ -14,6 +14,10 @@ from tests.sandbox import hostile
 from tests.sandbox.test_bwrap_backend import uid_processes
 from tests.sandbox.test_docker_backend import only_idle
 
+# One worker for the hostile-program modules (--dist loadgroup): their services take fixed host
+# uids, and each checks that no process of its uids outlives a request.
+pytestmark = pytest.mark.xdist_group("hostile-sandbox")
+
 POLICY = Policy()
 FAST = Limits(
     wall_timeout_ms=3000,

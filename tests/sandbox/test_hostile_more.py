@@ -20,7 +20,13 @@ from sandbox_svc.client import SandboxClient
 
 TOKEN = "tok-planted-by-test-hostile-more-0123456789abcdef"
 SECRET = "s3cr3t-env-of-the-sandbox-service"
-UID_BASE = 61000
+# Not 61000: the docker backend's programs run as 61000 + slot (backends/docker_image.py) and show
+# on this host; a docker test on the other pytest worker read as this service's strays.
+UID_BASE = 61500
+
+# One worker for the hostile-program modules (--dist loadgroup): their services take fixed host
+# uids, and each checks that no process of its uids outlives a request.
+pytestmark = pytest.mark.xdist_group("hostile-sandbox")
 WORKERS = 2
 FAST = Limits(
     wall_timeout_ms=2000,
