@@ -1,6 +1,7 @@
 """The run loop (DESIGN.md §2): collect, group, train every pool, evaluate, checkpoint, repeat.
-With algorithm.max_staleness > 0 the steps between two evaluations or checkpoints run through
-router_svc.pipeline instead, collection ahead of training; the rest is this loop's.
+The steps between two evaluations or checkpoints run through router_svc.pipeline (one step after
+the other, or collection ahead of training with algorithm.max_staleness > 0); evaluations,
+checkpoints, set-up and recovery are this loop's.
 
     for step in resumed+1 .. steps:
         tasks   = step_tasks(seed, step)                        same tasks after a resume
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,10 +44,10 @@ from router_svc import events
 from router_svc.checkpoints import retained
 from router_svc.clients import Clients, pool_spec
 from router_svc.dispatch import Dispatch
-from router_svc.outcome import StepIncomplete, check_complete, pool_metrics
+from router_svc.outcome import StepIncomplete, check_complete
 from router_svc.pipeline import Pipeline
 from router_svc.run_state import RunState
-from router_svc.steps import batches_for, collect_plan, off_version, step_tasks
+from router_svc.steps import collect_plan, step_tasks
 from trainer_svc.client import checkpoint_deadline_s
 
 log = logging.getLogger("atgrpo.router")
@@ -88,7 +88,7 @@ class RunLoop:
         self._checkpoint_bytes: dict[str, int] = {}  # pool -> about one checkpoint's size
         self._last_eval: tuple[int, float] | None = None  # (step, success rate)
         self._failures = 0
-        self.pipeline = Pipeline(self) if cfg.asynchronous else None
+        self.pipeline = Pipeline(self)
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -97,7 +97,7 @@ class RunLoop:
         Returns 'finished' or 'stopped'."""
         cfg = self.cfg
         every = cfg.run.checkpoint_every_steps
-        if self.completed == 0:
+        if self.run_state.completed == 0:
             # Without it a lost trainer sends the run back to the start from model_path: the same
             # weights, without writing a checkpoint of them (115 GB for a full Qwen3-8B).
             if cfg.run.checkpoint_at_start and not self._checkpoint_at(0):
@@ -105,17 +105,13 @@ class RunLoop:
             if cfg.run.eval_every_steps:
                 await self._guarded(self.evaluate, 0)  # the baseline the curves start from
         while True:
-            while self.completed < cfg.run.steps and not self.stop_requested.is_set():
-                if self.pipeline is None:
-                    step, ran = (
-                        self.completed + 1,
-                        await self._guarded(self.run_step, self.completed + 1),
-                    )
-                else:  # up to the next evaluation or checkpoint, collecting ahead of training
-                    ran = await self._guarded(self.pipeline.run, self._segment_end())
-                    step = self.completed
+            while self.run_state.completed < cfg.run.steps and not self.stop_requested.is_set():
+                # up to the next evaluation or checkpoint (collecting ahead of training when
+                # max_staleness allows it)
+                ran = await self._guarded(self.pipeline.run, self._segment_end())
+                step = self.run_state.completed
                 if not ran:
-                    continue  # recovered: the loop goes on from self.completed
+                    continue  # recovered: the loop goes on from self.run_state.completed
                 if cfg.run.eval_every_steps and (
                     step % cfg.run.eval_every_steps == 0 or step == cfg.run.steps
                 ):
@@ -123,20 +119,20 @@ class RunLoop:
                 if every and step % every == 0:
                     await self._guarded(self.checkpoint, step)
             # A stopped run keeps its last step, so a restart continues right after it.
-            if self._checkpoint_at(self.completed):
-                return "finished" if self.completed >= cfg.run.steps else "stopped"
-            await self._guarded(self.checkpoint, self.completed)
+            if self._checkpoint_at(self.run_state.completed):
+                return "finished" if self.run_state.completed >= cfg.run.steps else "stopped"
+            await self._guarded(self.checkpoint, self.run_state.completed)
 
     def _segment_end(self) -> int:
-        """The next step after self.completed with an evaluation or a checkpoint, or the last step:
-        the asynchronous pipeline drains there."""
+        """The next step after the last completed one with an evaluation or a checkpoint, or the
+        last step: the pipeline drains there."""
         run = self.cfg.run
         every = [n for n in (run.eval_every_steps, run.checkpoint_every_steps) if n]
-        return min([run.steps] + [(self.completed // n + 1) * n for n in every])
+        return min([run.steps] + [(self.run_state.completed // n + 1) * n for n in every])
 
     async def _guarded(self, fn, step: int) -> bool:
         """fn(step); after a recoverable fault, recover and return False (the caller redoes its
-        work from self.completed). Fails the run after MAX_ATTEMPTS faults in a row."""
+        work from self.run_state.completed). Fails the run after MAX_ATTEMPTS faults in a row."""
         for _ in range(MAX_ATTEMPTS):
             try:
                 await fn(step)
@@ -198,16 +194,20 @@ class RunLoop:
         root = str(self.dir.path / "checkpoints")
         # Asynchronous: pools may be past the recorded step; when the trainers come back with the
         # versions this router gave them, the run goes on from what it holds (Pipeline).
-        live = dict(self.versions) if self.pipeline is not None else None
+        live = dict(self.run_state.versions)
         await self._setup_trainers(root, ckpt)
-        held, behind = dict(self.versions), []
+        held, behind = dict(self.run_state.versions), []
         try:
-            self.completed = self._resume_point(progress, live)
+            self.run_state.completed = self._resume_point(progress, live)
         except FailedPrecondition:
             # Some trainer restarted from the checkpoint (before the first one: from model_path, at
             # version 0) while others went on: all go back to it.
             back = ckpt or Checkpoint(0, {}, dict.fromkeys(self.clients.trainers, 0))
-            behind = [p for p in self.clients.trainers if self.versions[p] != back.versions.get(p)]
+            behind = [
+                p
+                for p in self.clients.trainers
+                if self.run_state.versions[p] != back.versions.get(p)
+            ]
             log.warning(
                 "pools %s roll back to the %s",
                 behind,
@@ -216,12 +216,12 @@ class RunLoop:
                 else "starting weights (no checkpoint yet)",
             )
             await self._setup_trainers(root, ckpt, reload=behind)
-            self.completed = self._resume_point(progress)
-        self.resumed_from = self.completed
-        self.dir.truncate_events(self.completed)
+            self.run_state.completed = self._resume_point(progress)
+        self.resumed_from = self.run_state.completed
+        self.dir.truncate_events(self.run_state.completed)
         rollback = events.rollback_event(
             recorded,
-            self.completed,
+            self.run_state.completed,
             self.dir.checkpoint_dir(ckpt.step).name if ckpt else "start",
             progress.versions if progress else {},
             held,
@@ -236,12 +236,12 @@ class RunLoop:
             log.warning(
                 "rolled back from step %d to step %d: %s",
                 rollback["from_step"],
-                self.completed,
+                self.run_state.completed,
                 rollback["reason"],
             )
             self.run_state.record(rollback)
-        elif self.completed:
-            log.info("resuming %s after step %d", self.cfg.run.name, self.completed)
+        elif self.run_state.completed:
+            log.info("resuming %s after step %d", self.cfg.run.name, self.run_state.completed)
 
     async def _setup_trainers(
         self, root: str, ckpt: Checkpoint | None, reload: list[str] | None = None
@@ -263,7 +263,9 @@ class RunLoop:
         )
         for p, info in zip(pools, infos, strict=True):
             self.clients.rollout.synced(p, listed[p], info.rollout_addresses)
-        self.versions.update({p: info.version for p, info in zip(pools, infos, strict=True)})
+        self.run_state.versions.update(
+            {p: info.version for p, info in zip(pools, infos, strict=True)}
+        )
         self._checkpoint_bytes.update(
             {p: info.checkpoint_bytes for p, info in zip(pools, infos, strict=True)}
         )
@@ -296,82 +298,27 @@ class RunLoop:
         checkpoint's step when they were restarted from it."""
         if progress is None:
             # trained a step the router never counted: back to the start
-            if any(self.versions.values()):
+            if any(self.run_state.versions.values()):
                 raise FailedPrecondition(
-                    f"the trainers hold versions {self.versions}, but {self.dir.path} "
+                    f"the trainers hold versions {self.run_state.versions}, but {self.dir.path} "
                     "records no completed step"
                 )
             return 0
-        if progress.versions == self.versions or (live and live == self.versions):
+        if progress.versions == self.run_state.versions or (
+            live and live == self.run_state.versions
+        ):
             return progress.completed_step
         ckpt = progress.checkpoint
-        if ckpt and ckpt.versions == self.versions:
+        if ckpt and ckpt.versions == self.run_state.versions:
             return ckpt.step
-        if ckpt is None and not any(self.versions.values()):
+        if ckpt is None and not any(self.run_state.versions.values()):
             return 0  # no checkpoint yet, and every trainer holds the starting weights
         raise FailedPrecondition(
-            f"the trainers hold versions {self.versions}, but {self.dir.path} records "
+            f"the trainers hold versions {self.run_state.versions}, but {self.dir.path} records "
             f"{progress.versions} after step {progress.completed_step}"
             + (f" and {ckpt.versions} at step {ckpt.step}" if ckpt else "")
             + ": restart the trainers so they load the last checkpoint"
         )
-
-    async def run_step(self, step: int) -> dict[str, Any]:
-        cfg = self.cfg
-        start = time.perf_counter()
-        tasks = await self.tasks(cfg.env.train_split, step - 1, cfg.run.tasks_per_step)
-        samples, ends = await self.collect(
-            collect_plan(cfg, tasks, step=step, versions=self.versions)
-        )
-        check_complete(ends, len(tasks))
-        stale = off_version(samples, self.versions)
-        # recovery pushes the current weights to the replica, then the step is collected again
-        if stale:
-            raise FailedPrecondition(f"step {step}: {stale}; nothing of this step is trained")
-        rollout_s = time.perf_counter() - start
-        batches = batches_for(cfg, samples)
-        if cfg.run.save_samples:
-            self.dir.write_samples(step, samples, batches.rewards, batches.advantages, cfg.pool_of)
-        t_train = time.perf_counter()
-        results = await self.train(step, batches.per_pool)
-        train_s = time.perf_counter() - t_train
-        sync_s = max((r["push_seconds"] for r in results.values()), default=0.0)
-        event = events.step_event(
-            step,
-            batches,
-            ends,
-            results,
-            {
-                "rollout_seconds": rollout_s,
-                "train_seconds": train_s - sync_s,
-                "weight_sync_seconds": sync_s,
-                "step_seconds": time.perf_counter() - start,
-                "time": time.time(),
-                "retries": self.run_state.take_retries(),
-                **self.run_state.take_fleet(),
-            },
-            cfg.env.turn_order,
-        )
-        self.run_state.complete(step, event)
-        return event
-
-    async def train(self, step: int, per_pool: dict[str, list]) -> dict[str, dict[str, float]]:
-        """Every pool's update at once; a pool with no samples this step (all filtered) keeps its
-        version."""
-
-        async def one(pool: str) -> tuple[str, dict[str, float]]:
-            resp = await self.clients.trainers[pool].train(
-                self.cfg.run.name,
-                step,
-                self.versions[pool],
-                per_pool[pool],
-                self.cfg.update_for(pool),
-            )
-            self.versions[pool] = resp.version
-            return pool, pool_metrics(resp)
-
-        trained = [p for p in self.clients.trainers if per_pool.get(p)]
-        return dict(await asyncio.gather(*(one(p) for p in trained)))
 
     # ---- collection --------------------------------------------------------------------------
 
@@ -437,7 +384,7 @@ class RunLoop:
         # the same every time
         tasks = await self.tasks(cfg.env.eval_split, 0, cfg.run.eval_tasks, distinct=True)
         samples, ends = await self.collect(
-            collect_plan(cfg, tasks, step=step, eval_mode=True, versions=self.versions)
+            collect_plan(cfg, tasks, step=step, eval_mode=True, versions=self.run_state.versions)
         )
         check_complete(ends, len(tasks))
         # an evaluation trains nothing: its reward is the local one, no advantage
@@ -509,20 +456,3 @@ class RunLoop:
 
     def _checkpoint_at(self, step: int) -> bool:
         return bool(self.run_state.checkpoints) and self.run_state.checkpoints[-1].step == step
-
-    # The run's progress lives in self.run_state; these read it as the loop always has.
-    @property
-    def completed(self) -> int:
-        return self.run_state.completed
-
-    @completed.setter
-    def completed(self, step: int) -> None:
-        self.run_state.completed = step
-
-    @property
-    def versions(self) -> dict[str, int]:
-        return self.run_state.versions
-
-    @versions.setter
-    def versions(self, versions: dict[str, int]) -> None:
-        self.run_state.versions = versions

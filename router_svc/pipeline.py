@@ -1,8 +1,9 @@
-"""Asynchronous AT-GRPO (algorithm.max_staleness N >= 1): collection runs ahead while the pools
-train, and every pool steps on its own.
+"""The training steps of a run, collected, grouped, trained and recorded: one path for synchronous
+AT-GRPO (algorithm.max_staleness N = 0) and asynchronous (N >= 1), where collection runs ahead
+while the pools train and every pool steps on its own.
 
     collector:    for step s: wait until every pool p has trained step s-1-N_p, collect s whole,
-                  group it, hand it over                      (N = 0 everywhere: the sync loop)
+                  group it, hand it over          (N = 0: after every pool trained s-1)
     pool p:       for step s: wait for s's samples, train p's part, push; never waits for another
                   pool
     recorder:     when every pool has trained s: the step event, state.json (completed = s)
@@ -73,7 +74,7 @@ class PipelineState:
 
 
 class Pipeline:
-    """Runs the steps of one segment (after loop.run_state.completed, up to `last`) with N >= 1."""
+    """Runs the steps of one segment: after loop.run_state.completed, up to `last`."""
 
     def __init__(self, loop: RunLoop):
         self.loop = loop
@@ -164,9 +165,11 @@ class Pipeline:
         start = time.perf_counter()
         if tasks is None:
             tasks = await loop.tasks(cfg.env.train_split, step - 1, cfg.run.tasks_per_step)
-        # Not pinned to versions: replicas load new weights while this collects (one n=K
+        # A pool with N = 0 holds still while this collects: every replica must serve its version.
+        # The others are not pinned: their replicas load new weights while this collects (one n=K
         # generation runs on one version, so a group never mixes two); each sample says which.
-        samples, ends = await loop.collect(collect_plan(cfg, tasks, step=step))
+        pinned = {p: v for p, v in self.state.versions.items() if self.staleness(p) == 0}
+        samples, ends = await loop.collect(collect_plan(cfg, tasks, step=step, versions=pinned))
         check_complete(ends, len(tasks))
         self._check_not_behind(step, samples)
         return Collected(

@@ -183,19 +183,6 @@ def expected_versions(cfg: RunConfig, versions: Mapping[str, int]) -> tuple[Poli
     return (*full, *lora)
 
 
-def off_version(samples: Sequence[Sample], versions: Mapping[str, int]) -> str | None:
-    """What is wrong when a sample of a trainable pool was not drawn from the version its trainer
-    holds (a replica that swapped or restarted mid-collection); None when all were."""
-    for s in samples:
-        want = versions.get(s.policy.pool)
-        if want is not None and s.policy.version != want:
-            return (
-                f"task {s.task_id!r}, agent {s.agent!r} was sampled from {s.policy.pool!r} version "
-                f"{s.policy.version}, not {want}"
-            )
-    return None
-
-
 def stale_tasks(
     samples: Sequence[Sample],
     pool_of: Mapping[str, str],

@@ -101,15 +101,12 @@ class ScriptedLoop:
         self.clients = SimpleNamespace(trainers={"a": ScriptedTrainer(self)})
         self.train_delay, self.collect_delay = train_delay, collect_delay
         self.served = 0  # the version the scripted replica serves
+        self.pinned: list[tuple[PolicyRef, ...]] = []  # each collection's expected versions
         # step -> a version served to that step's first collection
         self.serve_once: dict[int, int] = {}
         self.log: list[tuple[str, int]] = []
         self.run_state = LoggedRunState(self.log)
         self.events, self.progress = self.run_state.events, self.run_state.progress
-
-    @property
-    def completed(self):
-        return self.run_state.completed
 
     async def before_train(self, step: int) -> None:
         pass
@@ -119,6 +116,7 @@ class ScriptedLoop:
 
     async def collect(self, plan):
         self.log.append(("collect", plan.step))
+        self.pinned.append(plan.expected_versions)
         version = self.serve_once.pop(plan.step, self.served)
         await asyncio.sleep(self.collect_delay)
         samples = [
@@ -137,6 +135,7 @@ class ScriptedLoop:
                 bool(b),
                 b == 0,
                 Sampling(),
+                episode=t.episode,
             )
             for t in plan.tasks
             for b in range(K)
@@ -147,6 +146,20 @@ class ScriptedLoop:
 
 def order(log, what, step) -> int:
     return log.index((what, step))
+
+
+def test_without_staleness_a_step_is_collected_after_the_last_trained_and_pinned_to_it():
+    loop = ScriptedLoop(config(0, steps=4))
+    asyncio.run(Pipeline(loop).run(4))
+    # one step after the other: s+1 is collected once s has trained
+    assert [x for x in loop.log if x[0] in ("collect", "trained")] == [
+        (what, s) for s in range(1, 5) for what in ("collect", "trained")
+    ]
+    assert [e["step"] for e in loop.events] == [1, 2, 3, 4]
+    # every replica must serve the version the trainer holds when the step starts
+    assert loop.pinned == [(PolicyRef("a", "", v),) for v in range(4)]
+    # step -> (the version it was trained at, the versions its samples came from, N)
+    assert loop.clients.trainers["a"].trained == {s: (s - 1, [s - 1], 0) for s in range(1, 5)}
 
 
 def test_collection_of_step_s_waits_only_for_step_s_minus_1_minus_n():
@@ -221,4 +234,4 @@ def test_a_stop_trains_and_records_what_was_collected():
     collected = sorted({s for what, s in loop.log if what == "collected"})
     # every collected step trained and recorded
     assert [e["step"] for e in loop.events] == collected
-    assert len(collected) < 10 and loop.completed == collected[-1]
+    assert len(collected) < 10 and loop.run_state.completed == collected[-1]

@@ -116,7 +116,7 @@ def test_a_step_is_on_disk_before_state_json_counts_it(tmp_path):
     """A kill between the two writes must not lose a step: state.json may only say step 3 is done
     once its event is in metrics.jsonl (else a resume at step 3 never records it)."""
     loop = RunLoop(config(tmp_path), clients=object())
-    loop.versions = {"a": 3, "b": 3}
+    loop.run_state.versions = {"a": 3, "b": 3}
     seen = []
     write = loop.dir.write_progress
     loop.dir.write_progress = lambda p: (
@@ -159,14 +159,14 @@ def test_a_state_json_from_before_the_checkpoint_list_lists_its_last_checkpoint(
 )
 def test_resume_point(tmp_path, versions, expect):
     loop = RunLoop(config(tmp_path), clients=object())
-    loop.versions = versions
+    loop.run_state.versions = versions
     progress = Progress("r", 5, {"a": 5, "b": 4}, Checkpoint(3, {}, {"a": 3, "b": 3}))
     assert loop._resume_point(progress) == expect
 
 
 def test_resume_refuses_trainers_that_match_no_recorded_step(tmp_path):
     loop = RunLoop(config(tmp_path), clients=object())
-    loop.versions = {"a": 1, "b": 0}
+    loop.run_state.versions = {"a": 1, "b": 0}
     with pytest.raises(FailedPrecondition, match="restart the trainers"):
         loop._resume_point(Progress("r", 5, {"a": 5, "b": 4}, Checkpoint(3, {}, {"a": 3, "b": 3})))
 
@@ -251,34 +251,3 @@ def test_collect_pins_each_trainable_policy_at_its_trainers_version(tmp_path):
     )
     assert collect_plan_from_pb(collect_plan_to_pb(l2)).expected_versions == l2.expected_versions
     assert collect_plan(config(tmp_path), step_tasks(0, 0, 1), step=1).expected_versions == ()
-
-
-def test_a_sample_of_other_weights_is_named(tmp_path):
-    from atgrpo.contract.rollout import PolicyRef, Sample
-    from atgrpo.contract.sampling import Sampling
-    from router_svc.steps import off_version
-
-    def sample(version):
-        return Sample(
-            "t1",
-            "speaker",
-            0,
-            0,
-            PolicyRef("a", "", version),
-            [1],
-            [2],
-            [-1.0],
-            0.0,
-            0.0,
-            True,
-            True,
-            True,
-            Sampling(),
-        )
-
-    assert off_version([sample(2), sample(2)], {"a": 2}) is None
-    assert off_version([sample(0)], {}) is None  # a pool no trainer holds is not pinned
-    assert (
-        off_version([sample(2), sample(0)], {"a": 2})
-        == "task 't1', agent 'speaker' was sampled from 'a' version 0, not 2"
-    )

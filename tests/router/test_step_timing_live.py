@@ -82,7 +82,8 @@ def one_step(model: str, run_dir) -> dict:
             )
             loop = RunLoop(cfg)
             await loop.prepare()
-            return await loop.run_step(1)
+            await loop.pipeline.run(1)
+            return loop.dir.read_events()[-1]
         finally:
             if loop is not None:
                 await loop.clients.close()
