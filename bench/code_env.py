@@ -213,7 +213,9 @@ async def main_async(args) -> None:
     policy = ScriptedPolicy(problems, replica)
     sampling = Sampling(temperature=1.0, max_tokens=args.max_tokens, max_prompt_tokens=1024)
     agents = {a: AgentPlan(a, "p", sampling=sampling) for a in ("coder", "tester")}
-    tasks = tuple(TaskRef(problems[i % len(problems)].id, i, "train") for i in range(args.tasks))
+    tasks = tuple(
+        TaskRef(problems[i % len(problems)].id, i, "train", i + 1) for i in range(args.tasks)
+    )
 
     def plan(ts, concurrency):
         return CollectPlan(

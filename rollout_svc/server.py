@@ -79,6 +79,12 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         plan = rollout_wire.collect_plan_from_pb(request)
         if not plan.tasks or not plan.turn_order or plan.max_turns < 1:
             raise InvalidArgument("Collect needs tasks, a turn_order and max_turns >= 1")
+        runs = [(t.task_id, t.episode) for t in plan.tasks]
+        if min(e for _, e in runs) < 1 or len(set(runs)) != len(runs):
+            raise InvalidArgument(
+                "number the tasks of a Collect from 1 (TaskRef.episode), each (task_id, episode) "
+                "once: the samples carry it back, and it names the tree they are grouped in"
+            )
         if not 1 <= plan.k <= 1024:
             raise InvalidArgument(
                 f"k={plan.k} must be between 1 and 1024 (branches per agent turn; 0 = 1)"

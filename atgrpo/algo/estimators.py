@@ -34,58 +34,28 @@ def trajectory_grpo(samples: Sequence[Any], rewards: torch.Tensor, *, norm_std: 
     return Estimate(*trajectory_advantages(rewards, groups, copies, norm_std=norm_std), groups)
 
 
-def _numbered(samples: Sequence[Any]) -> bool:
-    """Whether every sample names its episode (a rollout service that echoes TaskRef.episode)."""
-    return all(s.episode > 0 for s in samples)
+def _named_episodes(samples: Sequence[Any]) -> None:
+    """Each sample names its run of its task (Sample.episode, from its TaskRef, numbered from 1 by
+    the collection plan): without it two runs of one task in a step would share a group."""
+    unnamed = next((s for s in samples if s.episode < 1), None)
+    if unnamed is not None:
+        raise ValueError(
+            f"a sample of task {unnamed.task_id!r} (agent {unnamed.agent!r}) has episode "
+            f"{unnamed.episode}: number each task of a collection plan from 1 (TaskRef.episode, as "
+            "router_svc.steps.collect_plan does); the rollout service echoes it on every sample"
+        )
 
 
 def _group_keys(samples: Sequence[Any]) -> list[tuple]:
     """(task, agent, turn, episode) per sample. One step can run the same task twice (a finite task
     list repeats a task when a step straddles an epoch boundary, or holds fewer tasks than a step);
     each run is its own tree and its own group: each sample names its run (Sample.episode)."""
-    if _numbered(samples):
-        return [(s.task_id, s.agent, s.turn, s.episode) for s in samples]
-    return _arrival_group_keys(samples)
+    _named_episodes(samples)
+    return [(s.task_id, s.agent, s.turn, s.episode) for s in samples]
 
 
 def _trajectory_keys(samples: Sequence[Any]) -> list[tuple]:
     """(task, agent, episode) per sample for grouping "trajectory": one group per agent over the
     K copies of one run of a task. A task run twice in a step is two groups."""
-    if _numbered(samples):
-        return [(s.task_id, s.agent, s.episode) for s in samples]
-    return _arrival_trajectory_keys(samples)
-
-
-# --- unnumbered samples (a rollout service from before Sample.episode): runs by arrival order ---
-
-
-def _arrival_group_keys(samples: Sequence[Any]) -> list[tuple]:
-    """A task's episodes are emitted whole, one after another, and each (agent, turn) of an
-    episode holds branches 0..K-1 once, so the n-th sample seen with a given (task, agent, turn,
-    branch) belongs to that task's n-th episode."""
-    seen: dict[tuple, int] = {}
-    keys = []
-    for s in samples:
-        b = (s.task_id, s.agent, s.turn, s.branch)
-        n = seen[b] = seen.get(b, -1) + 1
-        keys.append((s.task_id, s.agent, s.turn, n))
-    return keys
-
-
-def _arrival_trajectory_keys(samples: Sequence[Any]) -> list[tuple]:
-    """Counting occurrences as _arrival_group_keys does would not do here: a turn that only the
-    second run reached would count as the first run's and join its group. Instead, as a task's
-    runs are emitted whole one after another, a sample whose (agent, turn, branch) the task's
-    current run already holds starts its next run (each run begins with copy 0's first sample,
-    which every run has)."""
-    run: dict[str, int] = {}
-    held: dict[str, set[tuple]] = {}
-    keys = []
-    for s in samples:
-        mark = (s.agent, s.turn, s.branch)
-        if mark in held.setdefault(s.task_id, set()):
-            run[s.task_id] = run.get(s.task_id, 0) + 1
-            held[s.task_id] = set()
-        held[s.task_id].add(mark)
-        keys.append((s.task_id, s.agent, run.get(s.task_id, 0)))
-    return keys
+    _named_episodes(samples)
+    return [(s.task_id, s.agent, s.episode) for s in samples]

@@ -55,7 +55,9 @@ class TaskRef:
     task_id: str
     seed: int
     split: str = "train"
-    episode: int = 0  # which run of the task within its Collect (1, 2, ...); 0: unnumbered
+    # which run of the task within its Collect (1, 2, ...): the plan numbers every task, and the
+    # rollout service refuses a plan that does not
+    episode: int = 0
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ def one_group(rewards, **kw):
     return adv.tolist(), flat.tolist()
 
 
-def sample(task, agent, turn, branch, team, local=0.0):
+def sample(task, agent, turn, branch, team, local=0.0, episode=1):
     return Sample(
         task,
         agent,
@@ -40,6 +40,7 @@ def sample(task, agent, turn, branch, team, local=0.0):
         False,
         branch == 0,
         Sampling(),
+        episode=episode,
     )
 
 
@@ -199,17 +200,24 @@ def test_two_episodes_of_one_task_in_a_step_are_not_pooled():
     # episodes of task "t". Each is its own tree: episode 1's (a, turn 0) = [1, 0], episode 2's =
     # [1, 1]. Right: E1 -> +-0.5/0.7071078 = +-0.7071058; E2 flat -> 0, 0. Pooled (the bug):
     # [1,0,1,1], mean .75, std .5 -> [0.499999, -1.499997, 0.499999, 0.499999].
-    # episode 2
     samples = [
-        sample("t", "a", 0, 0, 1),
-        sample("t", "a", 0, 1, 0),  # episode 1
-        sample("t", "a", 0, 0, 1),
-        sample("t", "a", 0, 1, 1),
+        sample("t", "a", 0, 0, 1, episode=1),
+        sample("t", "a", 0, 1, 0, episode=1),
+        sample("t", "a", 0, 0, 1, episode=2),
+        sample("t", "a", 0, 1, 1, episode=2),
     ]
     out = step_batches(samples, {"a": "p"})
     assert out.advantages == pytest.approx([0.7071057812, -0.7071057812, 0.0, 0.0], rel=1e-6)
     assert (out.agents["a"].groups, out.agents["a"].zero_variance_groups) == (2, 1)
     assert step_batches(samples, {"a": "p"}, filter_zero_variance=True).dropped == 2
+
+
+@pytest.mark.parametrize("grouping", ["turn", "trajectory"])
+def test_a_sample_that_names_no_episode_is_refused(grouping):
+    # Without its episode a sample's group is a guess: two runs of one task would share it.
+    samples = [sample("t", "a", 0, 0, 1), sample("t", "a", 0, 1, 0, episode=0)]
+    with pytest.raises(ValueError, match="task 't' .* has episode 0: number each task"):
+        step_batches(samples, {"a": "p"}, grouping=grouping)
 
 
 # ---- the loss: 2 sequences x 2 tokens ----------------------------------------------------------

@@ -140,7 +140,7 @@ class TimedScript(ScriptedEngine):
 def test_the_last_episode_end_of_a_collect_carries_its_timing():
     plan = CollectPlan(
         env="pick",
-        tasks=tuple(TaskRef(f"t{i}", i) for i in range(3)),
+        tasks=tuple(TaskRef(f"t{i}", i, episode=i + 1) for i in range(3)),
         agents={"a": AgentPlan("a", "p"), "b": AgentPlan("b", "p")},
         turn_order=("a", "b"),
         max_turns=1,

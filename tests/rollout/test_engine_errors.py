@@ -289,7 +289,7 @@ def test_collect_goes_on_through_out_of_memory_and_ends_retryably_when_nothing_f
             max_turns=2,
             k=3,
             alpha=1.0,
-            tasks=tuple(TaskRef(f"t{i}", i) for i in range(2)),
+            tasks=tuple(TaskRef(f"t{i}", i, episode=i + 1) for i in range(2)),
             agents=agents,
         )
 

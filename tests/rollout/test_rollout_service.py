@@ -278,7 +278,7 @@ def test_collect_streams_groups_with_the_real_model(tiny_model):
             max_turns=2,
             k=3,
             alpha=1.0,
-            tasks=tuple(TaskRef(f"t{i}", i) for i in range(2)),
+            tasks=tuple(TaskRef(f"t{i}", i, episode=i + 1) for i in range(2)),
             agents=agents,
         )
         return CollectPlan(**{**fields, **kw})
@@ -392,7 +392,7 @@ def test_collect_routes_other_pools_to_their_replicas(tiny_model):
                     turn_order=("a", "b"),
                     max_turns=1,
                     k=2,
-                    tasks=(TaskRef("t", 0),),
+                    tasks=(TaskRef("t", 0, episode=1),),
                     agents={
                         "a": AgentPlan("a", "A", sampling=sampling),
                         "b": AgentPlan("b", "B", sampling=sampling),

@@ -21,7 +21,7 @@ def envs():
 def plan(**kw):
     base = dict(
         env="pick",
-        tasks=(TaskRef("t0", 0),),
+        tasks=(TaskRef("t0", 0, episode=1),),
         agents={"a": AgentPlan("a", "p"), "b": AgentPlan("b", "p")},
         turn_order=("a", "b"),
         max_turns=3,

@@ -85,7 +85,7 @@ def envs():
 def plan(**kw):
     base = dict(
         env="max_digit",
-        tasks=(TaskRef("t0", 0),),
+        tasks=(TaskRef("t0", 0, episode=1),),
         agents={n: AgentPlan(n, "p") for n in ROLES},
         turn_order=ROLES,
         max_turns=1,

@@ -1,7 +1,6 @@
 """The router's step logic: resumable task choice, and samples -> per-pool training batches."""
 
 import random
-from dataclasses import replace
 
 import pytest
 
@@ -11,7 +10,7 @@ from atgrpo.sdk.env import EVAL_SEED_OFFSET
 from router_svc.steps import episode_metrics, step_batches, step_tasks
 
 
-def sample(task, agent, turn, branch, team, local=0.0):
+def sample(task, agent, turn, branch, team, local=0.0, episode=1):
     return Sample(
         task,
         agent,
@@ -27,6 +26,7 @@ def sample(task, agent, turn, branch, team, local=0.0):
         False,
         branch == 0,
         Sampling(),
+        episode=episode,
     )
 
 
@@ -120,11 +120,11 @@ def test_trajectory_groups_are_per_task_agent_episode_over_copies():
     # episode 1 mean 0.5 -> copy 0 +0.5 (both its samples), copy 1 -0.5 (not -1/3 over samples);
     # episode 2 mean 1.0 -> -1.0, +1.0.
     samples = [
-        sample("t0", "tool", 0, 0, 1.0),
-        sample("t0", "tool", 1, 0, 1.0),
-        sample("t0", "tool", 0, 1, 0.0),
-        sample("t0", "tool", 0, 0, 0.0),
-        sample("t0", "tool", 0, 1, 2.0),
+        sample("t0", "tool", 0, 0, 1.0, episode=1),
+        sample("t0", "tool", 1, 0, 1.0, episode=1),
+        sample("t0", "tool", 0, 1, 0.0, episode=1),
+        sample("t0", "tool", 0, 0, 0.0, episode=2),
+        sample("t0", "tool", 0, 1, 2.0, episode=2),
     ]
     out = step_batches(samples, {"tool": "p"}, norm_std=False, grouping="trajectory")
     assert out.advantages == pytest.approx([0.5, 0.5, -0.5, -1.0, 1.0])
@@ -138,33 +138,13 @@ def test_trajectory_groups_are_per_task_agent_episode_over_copies():
     )
 
 
-def test_trajectory_turns_only_a_second_run_reached_stay_in_that_run():
-    # Run 1 of t0: copies 0 and 1 end after turn 0 (returns 1.0, 0.0). Run 2: copy 0 plays turns
-    # 0 and 1 (return 3.0), copy 1 turn 0 (1.0). Run 2's turn-1 sample must not join run 1's group.
-    # norm_std off: run 1 mean 0.5 -> +0.5, -0.5; run 2 mean 2.0 -> +1.0 (both samples), -1.0.
-    samples = [
-        sample("t0", "tool", 0, 0, 1.0),
-        sample("t0", "tool", 0, 1, 0.0),
-        sample("t0", "tool", 0, 0, 3.0),
-        sample("t0", "tool", 1, 0, 3.0),
-        sample("t0", "tool", 0, 1, 1.0),
-    ]
-    out = step_batches(samples, {"tool": "p"}, norm_std=False, grouping="trajectory")
-    assert out.advantages == pytest.approx([0.5, -0.5, 1.0, 1.0, -1.0])
-    assert out.agents["tool"].groups == 2
-
-
-def numbered(task, agent, turn, branch, team, episode, local=0.0):
-    return replace(sample(task, agent, turn, branch, team, local), episode=episode)
-
-
 @pytest.mark.parametrize("grouping", ["turn", "trajectory"])
 def test_shuffled_samples_give_the_same_groups_and_advantages(grouping):
     # t0 ran twice (episodes 1 and 3) and t1 once (episode 2), two agents, K = 3, up to two turns:
     # with each sample naming its episode, the order the samples arrive in changes nothing.
     rng = random.Random(0)
     samples = [
-        numbered(task, agent, turn, b, rng.choice([0.0, 1.0, 2.0]), ep, local=rng.random())
+        sample(task, agent, turn, b, rng.choice([0.0, 1.0, 2.0]), rng.random(), episode=ep)
         for task, ep, turns in (("t0", 1, 2), ("t1", 2, 1), ("t0", 3, 2))
         for turn in range(turns)
         for agent in ("a", "b")

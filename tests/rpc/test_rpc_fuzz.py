@@ -306,7 +306,7 @@ def valid_requests(services) -> dict[str, Callable[[], list]]:
             rollout_pb2.CollectRequest(
                 run_id="fuzz-collect",
                 env="toy",
-                tasks=[rollout_pb2.TaskRef(task_id="0", seed=1, split="train")],
+                tasks=[rollout_pb2.TaskRef(task_id="0", seed=1, split="train", episode=1)],
                 agents=agents,
                 turn_order=["speaker", "listener"],
                 max_turns=2,
