@@ -18,7 +18,7 @@ built-ins: estimators `turn` (AT-GRPO) and `trajectory` (atgrpo.algo.estimators)
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import import_module
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Literal
@@ -66,8 +66,32 @@ class PolicyLoss:
     proximal: bool = False
 
 
-_ESTIMATORS: dict[str, AdvantageEstimator] = {}
-_LOSSES: dict[str, PolicyLoss] = {}
+class _Deferred:
+    """A built-in's function, imported on its first call: a config names and checks a built-in
+    (its collect, proximal) without importing torch, which the router and the CLI start without.
+    Its module registers the real function in its place when imported."""
+
+    def __init__(self, module: str, qualname: str):
+        self.__module__, self.__qualname__ = module, qualname
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import_module(self.__module__)  # registers the real function
+        return getattr(import_module(self.__module__), self.__qualname__)(*args, **kwargs)
+
+
+# The built-ins, by name: what a config check needs of them, and where their code is.
+_BUILTIN_ESTIMATORS = {
+    "turn": AdvantageEstimator("turn", _Deferred("atgrpo.algo.estimators", "at_grpo")),
+    "trajectory": AdvantageEstimator(
+        "trajectory", _Deferred("atgrpo.algo.estimators", "trajectory_grpo"), "trajectory"
+    ),
+}
+_BUILTIN_LOSSES = {
+    "ppo_clip": PolicyLoss("ppo_clip", _Deferred("atgrpo.algo.loss", "ppo_clip")),
+    "decoupled": PolicyLoss("decoupled", _Deferred("atgrpo.algo.loss", "decoupled"), True),
+}
+_ESTIMATORS: dict[str, AdvantageEstimator] = dict(_BUILTIN_ESTIMATORS)
+_LOSSES: dict[str, PolicyLoss] = dict(_BUILTIN_LOSSES)
 
 
 def register_adv_est(
@@ -78,7 +102,7 @@ def register_adv_est(
         raise ValueError(f"collect must be 'tree' or 'trajectory', not {collect!r}")
 
     def add(fn: Estimator) -> Estimator:
-        _add(_ESTIMATORS, AdvantageEstimator(name, fn, collect))
+        _add(_ESTIMATORS, _BUILTIN_ESTIMATORS, AdvantageEstimator(name, fn, collect))
         return fn
 
     return add
@@ -89,14 +113,20 @@ def register_policy_loss(name: str, *, proximal: bool = False) -> Callable[[Loss
     entropy)` as the policy loss `name`; `proximal`: it uses prox_logprobs (max_staleness > 0)."""
 
     def add(fn: Loss) -> Loss:
-        _add(_LOSSES, PolicyLoss(name, fn, proximal))
+        _add(_LOSSES, _BUILTIN_LOSSES, PolicyLoss(name, fn, proximal))
         return fn
 
     return add
 
 
-def _add(table: dict[str, Any], entry: AdvantageEstimator | PolicyLoss) -> None:
+def _add(table: dict[str, Any], builtins: dict[str, Any], entry: Any) -> None:
     old = table.get(entry.name)
+    builtin = builtins.get(entry.name)
+    if builtin is not None and replace(builtin, fn=entry.fn) != entry:
+        raise ValueError(
+            f"{entry!r} registers the built-in {entry.name!r} unlike atgrpo.algo.registry's table "
+            f"of built-ins ({builtin!r}): make the two agree"
+        )
     # Re-registering the same function (a module imported again, a test run twice) is harmless.
     if old is not None and _where(old.fn) != _where(entry.fn):
         raise ValueError(
@@ -128,17 +158,14 @@ def policy_loss_named(name: str) -> PolicyLoss:
 
 
 def estimator_names() -> list[str]:
-    _builtins()
     return sorted(_ESTIMATORS)
 
 
 def loss_names() -> list[str]:
-    _builtins()
     return sorted(_LOSSES)
 
 
 def _find(table: dict, group: str, name: str, what: str, setting: str, decorator: str):
-    _builtins()
     if name not in table:
         for ep in entry_points(group=group):
             if ep.name == name:
@@ -150,12 +177,6 @@ def _find(table: dict, group: str, name: str, what: str, setting: str, decorator
             f"(entry point group {group!r})"
         )
     return table[name]
-
-
-def _builtins() -> None:
-    # Imported here, not at the top: they import this module to register themselves.
-    import_module("atgrpo.algo.estimators")
-    import_module("atgrpo.algo.loss")
 
 
 def estimate(

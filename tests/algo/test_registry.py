@@ -3,7 +3,10 @@ step by their config names; the built-ins are found the same way; unknown names 
 the known ones listed."""
 
 import copy
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +17,7 @@ from atgrpo.algo.registry import (
     adv_estimator,
     estimator_names,
     loss_names,
+    policy_loss_named,
     register_adv_est,
     register_policy_loss,
 )
@@ -24,6 +28,8 @@ from atgrpo.contract.trainer import LossConfig, UpdateConfig
 from router_svc.steps import step_batches
 from tests.trainer.test_update import load, on_policy_samples
 from trainer_svc.update import update
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @register_adv_est("test_rank")
@@ -162,3 +168,34 @@ def test_an_estimator_of_the_wrong_shape_is_refused_with_what_it_must_return():
         )
     with pytest.raises(ValueError, match="already registered"):
         register_adv_est("test_rank")(short)
+
+
+def test_a_config_names_and_checks_the_built_ins_without_importing_torch():
+    # The router and the CLI start without torch (pyproject.toml): the registry knows each
+    # built-in's name and what a config check reads of it (collect, proximal) from a table, and
+    # imports the function on its first call.
+    probe = (
+        "import sys\n"
+        "from atgrpo.config import load_config\n"
+        "cfg = load_config('examples/toy_L1_tiny.yaml')\n"
+        "from atgrpo.algo import registry\n"
+        "print(registry.adv_estimator('trajectory').collect,"
+        " registry.policy_loss_named('decoupled').proximal, 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert out.stdout.split() == ["trajectory", "True", "False"]
+
+
+def test_the_table_of_built_ins_agrees_with_their_registration():
+    import atgrpo.algo.estimators  # noqa: F401  (registers the real functions in the table's place)
+    import atgrpo.algo.loss  # noqa: F401
+
+    assert adv_estimator("turn").fn.__name__ == "at_grpo"
+    assert adv_estimator("trajectory").collect == "trajectory"
+    assert policy_loss_named("ppo_clip").proximal is False
+    assert policy_loss_named("decoupled").proximal is True
+    # a registration that disagrees with the table is refused, not silently taken
+    with pytest.raises(ValueError, match="unlike atgrpo.algo.registry's table"):
+        register_adv_est("trajectory")(atgrpo.algo.estimators.trajectory_grpo)
