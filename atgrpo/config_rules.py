@@ -15,8 +15,8 @@ from atgrpo.config_parse import (
     did_you_mean,
     parse_bytes,
 )
+from atgrpo.contract.address import DNS_SCHEME, FILE_SCHEME, DiscoveryError, parse_target
 from atgrpo.contract.trainer import UPDATE_BOUNDS
-from atgrpo.discovery import DNS_SCHEME, FILE_SCHEME, DiscoveryError, parse_target
 from atgrpo.plan import VLLM_LORA_RANKS
 
 if TYPE_CHECKING:

@@ -25,7 +25,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-from atgrpo.discovery import DNS_SCHEME, Lookup, ReplicaResolver, system_lookup
+from atgrpo.contract.address import DNS_SCHEME
+from atgrpo.discovery import Lookup, ReplicaResolver, system_lookup
 from atgrpo.errors import Unavailable
 from rollout_svc.client import RolloutClient
 

@@ -7,6 +7,7 @@ import re
 
 from atgrpo._proto.v1 import common_pb2
 from atgrpo._proto.v1 import rollout_pb2 as pb
+from atgrpo.contract.address import DiscoveryError, parse_target
 from atgrpo.contract.env_wire import dict_from, struct_from
 from atgrpo.contract.rollout import (
     AgentPlan,
@@ -22,7 +23,6 @@ from atgrpo.contract.rollout import (
 )
 from atgrpo.contract.sampling import Sampling
 from atgrpo.contract.service_wire import service_info_from_pb
-from atgrpo.discovery import DiscoveryError, parse_target
 from atgrpo.errors import InvalidArgument
 
 _MODES = {

@@ -7,12 +7,9 @@ import socket
 
 import pytest
 
+from atgrpo.contract.address import DiscoveryError, Target, format_address, parse_target
 from atgrpo.discovery import (
-    DiscoveryError,
     ReplicaResolver,
-    Target,
-    format_address,
-    parse_target,
     resolve,
     system_lookup,
     wait_for_replicas,
