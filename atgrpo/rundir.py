@@ -67,8 +67,7 @@ class RunDir:
         data = json.loads(path.read_text())
         ckpt = data.pop("checkpoint", None)
         last = Checkpoint(**ckpt) if ckpt else None
-        # A state.json from before the list: the last checkpoint is the one known to be on disk.
-        on_disk = [Checkpoint(**c) for c in data.pop("checkpoints", [])] or ([last] if last else [])
+        on_disk = [Checkpoint(**c) for c in data.pop("checkpoints")]
         return Progress(**data, checkpoint=last, checkpoints=on_disk)
 
     def write_progress(self, p: Progress) -> None:

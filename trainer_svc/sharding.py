@@ -175,9 +175,6 @@ def load_optimizer_state(
 
         set_optimizer_state_dict(model, optimizer, state, options=_full_options())
         return
-    if all(isinstance(n, int) for g in state["param_groups"] for n in g["params"]):
-        optimizer.load_state_dict(state)  # a checkpoint from before names: torch's positional keys
-        return
     names = _names(model)
     index = {
         names[id(p)]: i

@@ -1,7 +1,6 @@
 """The run loop's plain pieces: sharding a Collect over replicas, the run directory, where a
 resumed run continues, and the event records."""
 
-import json
 from dataclasses import replace
 
 import pytest
@@ -133,21 +132,6 @@ def test_the_first_event_makes_the_run_dir(tmp_path):
     d = RunDir(tmp_path / "run" / "evals" / "start")
     d.append_event({"kind": "eval", "step": 0})
     assert d.read_events() == [{"kind": "eval", "step": 0}]
-
-
-def test_a_state_json_from_before_the_checkpoint_list_lists_its_last_checkpoint(tmp_path):
-    (tmp_path / "state.json").write_text(
-        json.dumps(
-            {
-                "run": "r",
-                "completed_step": 2,
-                "versions": {"a": 2},
-                "checkpoint": {"step": 1, "paths": {"a": "/c"}, "versions": {"a": 1}},
-            }
-        )
-    )
-    last = Checkpoint(1, {"a": "/c"}, {"a": 1})
-    assert RunDir(tmp_path).read_progress() == Progress("r", 2, {"a": 2}, last, [last])
 
 
 @pytest.mark.parametrize(
