@@ -44,9 +44,9 @@ from router_svc import events
 from router_svc.checkpoints import retained
 from router_svc.clients import Clients, pool_spec
 from router_svc.dispatch import Dispatch
+from router_svc.ledger import Ledger
 from router_svc.outcome import StepIncomplete, check_complete
 from router_svc.pipeline import Pipeline
-from router_svc.run_state import RunState
 from router_svc.steps import collect_plan, step_tasks
 from trainer_svc.client import checkpoint_deadline_s
 
@@ -81,7 +81,7 @@ class RunLoop:
         self.dir = RunDir(cfg.run.run_dir)
         self.clients = clients or Clients.connect(cfg)
         self.emit = emit
-        self.run_state = RunState(cfg.run.name, self.dir, emit)  # shared with the pipeline
+        self.ledger = Ledger(cfg.run.name, self.dir, emit)  # shared with the pipeline
         self.resumed_from = 0
         self.stop_requested = asyncio.Event()
         self._task_ids: dict[str, list[str] | None] = {}
@@ -97,7 +97,7 @@ class RunLoop:
         Returns 'finished' or 'stopped'."""
         cfg = self.cfg
         every = cfg.run.checkpoint_every_steps
-        if self.run_state.completed == 0:
+        if self.ledger.completed == 0:
             # Without it a lost trainer sends the run back to the start from model_path: the same
             # weights, without writing a checkpoint of them (115 GB for a full Qwen3-8B).
             if cfg.run.checkpoint_at_start and not self._checkpoint_at(0):
@@ -105,13 +105,13 @@ class RunLoop:
             if cfg.run.eval_every_steps:
                 await self._guarded(self.evaluate, 0)  # the baseline the curves start from
         while True:
-            while self.run_state.completed < cfg.run.steps and not self.stop_requested.is_set():
+            while self.ledger.completed < cfg.run.steps and not self.stop_requested.is_set():
                 # up to the next evaluation or checkpoint (collecting ahead of training when
                 # max_staleness allows it)
                 ran = await self._guarded(self.pipeline.run, self._segment_end())
-                step = self.run_state.completed
+                step = self.ledger.completed
                 if not ran:
-                    continue  # recovered: the loop goes on from self.run_state.completed
+                    continue  # recovered: the loop goes on from self.ledger.completed
                 if cfg.run.eval_every_steps and (
                     step % cfg.run.eval_every_steps == 0 or step == cfg.run.steps
                 ):
@@ -119,20 +119,20 @@ class RunLoop:
                 if every and step % every == 0:
                     await self._guarded(self.checkpoint, step)
             # A stopped run keeps its last step, so a restart continues right after it.
-            if self._checkpoint_at(self.run_state.completed):
-                return "finished" if self.run_state.completed >= cfg.run.steps else "stopped"
-            await self._guarded(self.checkpoint, self.run_state.completed)
+            if self._checkpoint_at(self.ledger.completed):
+                return "finished" if self.ledger.completed >= cfg.run.steps else "stopped"
+            await self._guarded(self.checkpoint, self.ledger.completed)
 
     def _segment_end(self) -> int:
         """The next step after the last completed one with an evaluation or a checkpoint, or the
         last step: the pipeline drains there."""
         run = self.cfg.run
         every = [n for n in (run.eval_every_steps, run.checkpoint_every_steps) if n]
-        return min([run.steps] + [(self.run_state.completed // n + 1) * n for n in every])
+        return min([run.steps] + [(self.ledger.completed // n + 1) * n for n in every])
 
     async def _guarded(self, fn, step: int) -> bool:
         """fn(step); after a recoverable fault, recover and return False (the caller redoes its
-        work from self.run_state.completed). Fails the run after MAX_ATTEMPTS faults in a row."""
+        work from self.ledger.completed). Fails the run after MAX_ATTEMPTS faults in a row."""
         for _ in range(MAX_ATTEMPTS):
             try:
                 await fn(step)
@@ -140,7 +140,7 @@ class RunLoop:
                 return True
             except RECOVERABLE as err:
                 self._failures += 1
-                self.run_state.retries += 1
+                self.ledger.retries += 1
                 if self._failures >= MAX_ATTEMPTS:
                     raise
                 delay = min(10.0, 0.25 * 2**self._failures)  # faults in a row back off further
@@ -182,7 +182,7 @@ class RunLoop:
                 "give this run its own run_dir"
             )
         ckpt = progress.checkpoint if progress else None
-        self.run_state.checkpoints = list(progress.checkpoints) if progress else []
+        self.ledger.checkpoints = list(progress.checkpoints) if progress else []
         # A step's event is written before state.json counts it: one past it was never completed.
         recorded = max(
             [
@@ -194,19 +194,17 @@ class RunLoop:
         root = str(self.dir.path / "checkpoints")
         # Asynchronous: pools may be past the recorded step; when the trainers come back with the
         # versions this router gave them, the run goes on from what it holds (Pipeline).
-        live = dict(self.run_state.versions)
+        live = dict(self.ledger.versions)
         await self._setup_trainers(root, ckpt)
-        held, behind = dict(self.run_state.versions), []
+        held, behind = dict(self.ledger.versions), []
         try:
-            self.run_state.completed = self._resume_point(progress, live)
+            self.ledger.completed = self._resume_point(progress, live)
         except FailedPrecondition:
             # Some trainer restarted from the checkpoint (before the first one: from model_path, at
             # version 0) while others went on: all go back to it.
             back = ckpt or Checkpoint(0, {}, dict.fromkeys(self.clients.trainers, 0))
             behind = [
-                p
-                for p in self.clients.trainers
-                if self.run_state.versions[p] != back.versions.get(p)
+                p for p in self.clients.trainers if self.ledger.versions[p] != back.versions.get(p)
             ]
             log.warning(
                 "pools %s roll back to the %s",
@@ -216,12 +214,12 @@ class RunLoop:
                 else "starting weights (no checkpoint yet)",
             )
             await self._setup_trainers(root, ckpt, reload=behind)
-            self.run_state.completed = self._resume_point(progress)
-        self.resumed_from = self.run_state.completed
-        self.dir.truncate_events(self.run_state.completed)
+            self.ledger.completed = self._resume_point(progress)
+        self.resumed_from = self.ledger.completed
+        self.dir.truncate_events(self.ledger.completed)
         rollback = events.rollback_event(
             recorded,
-            self.run_state.completed,
+            self.ledger.completed,
             self.dir.checkpoint_dir(ckpt.step).name if ckpt else "start",
             progress.versions if progress else {},
             held,
@@ -231,17 +229,17 @@ class RunLoop:
         if rollback:
             # The run is at the checkpoint now: a recovery that prepares again continues from it
             # rather than recording the same rollback once more.
-            self.run_state.write_progress()
+            self.ledger.write_progress()
             # Said where the user looks (the console, metrics.jsonl, TensorBoard), not only here.
             log.warning(
                 "rolled back from step %d to step %d: %s",
                 rollback["from_step"],
-                self.run_state.completed,
+                self.ledger.completed,
                 rollback["reason"],
             )
-            self.run_state.record(rollback)
-        elif self.run_state.completed:
-            log.info("resuming %s after step %d", self.cfg.run.name, self.run_state.completed)
+            self.ledger.record(rollback)
+        elif self.ledger.completed:
+            log.info("resuming %s after step %d", self.cfg.run.name, self.ledger.completed)
 
     async def _setup_trainers(
         self, root: str, ckpt: Checkpoint | None, reload: list[str] | None = None
@@ -263,9 +261,7 @@ class RunLoop:
         )
         for p, info in zip(pools, infos, strict=True):
             self.clients.rollout.synced(p, listed[p], info.rollout_addresses)
-        self.run_state.versions.update(
-            {p: info.version for p, info in zip(pools, infos, strict=True)}
-        )
+        self.ledger.versions.update({p: info.version for p, info in zip(pools, infos, strict=True)})
         self._checkpoint_bytes.update(
             {p: info.checkpoint_bytes for p, info in zip(pools, infos, strict=True)}
         )
@@ -298,23 +294,21 @@ class RunLoop:
         checkpoint's step when they were restarted from it."""
         if progress is None:
             # trained a step the router never counted: back to the start
-            if any(self.run_state.versions.values()):
+            if any(self.ledger.versions.values()):
                 raise FailedPrecondition(
-                    f"the trainers hold versions {self.run_state.versions}, but {self.dir.path} "
+                    f"the trainers hold versions {self.ledger.versions}, but {self.dir.path} "
                     "records no completed step"
                 )
             return 0
-        if progress.versions == self.run_state.versions or (
-            live and live == self.run_state.versions
-        ):
+        if progress.versions == self.ledger.versions or (live and live == self.ledger.versions):
             return progress.completed_step
         ckpt = progress.checkpoint
-        if ckpt and ckpt.versions == self.run_state.versions:
+        if ckpt and ckpt.versions == self.ledger.versions:
             return ckpt.step
-        if ckpt is None and not any(self.run_state.versions.values()):
+        if ckpt is None and not any(self.ledger.versions.values()):
             return 0  # no checkpoint yet, and every trainer holds the starting weights
         raise FailedPrecondition(
-            f"the trainers hold versions {self.run_state.versions}, but {self.dir.path} records "
+            f"the trainers hold versions {self.ledger.versions}, but {self.dir.path} records "
             f"{progress.versions} after step {progress.completed_step}"
             + (f" and {ckpt.versions} at step {ckpt.step}" if ckpt else "")
             + ": restart the trainers so they load the last checkpoint"
@@ -364,7 +358,7 @@ class RunLoop:
             plan, replicas, lambda a, part: fleet.client(a).collect(part), fleet.lost
         )
         samples, ends = await dispatch.run()
-        self.run_state.observe_collect(replicas, dispatch.requeued)
+        self.ledger.observe_collect(replicas, dispatch.requeued)
         return samples, ends
 
     async def _sync_pool(self, pool: str, replicas: list[str]) -> list[str]:
@@ -384,7 +378,7 @@ class RunLoop:
         # the same every time
         tasks = await self.tasks(cfg.env.eval_split, 0, cfg.run.eval_tasks, distinct=True)
         samples, ends = await self.collect(
-            collect_plan(cfg, tasks, step=step, eval_mode=True, versions=self.run_state.versions)
+            collect_plan(cfg, tasks, step=step, eval_mode=True, versions=self.ledger.versions)
         )
         check_complete(ends, len(tasks))
         # an evaluation trains nothing: its reward is the local one, no advantage
@@ -399,7 +393,7 @@ class RunLoop:
             )
         event = events.eval_event(step, ends, cfg.env.turn_order)
         self._last_eval = (step, event["success_rate"])
-        self.run_state.record(event)
+        self.ledger.record(event)
         return event
 
     async def checkpoint(self, step: int) -> Checkpoint:
@@ -421,10 +415,8 @@ class RunLoop:
             evaluated,
             {p: self._checkpoint_bytes.get(p, 0) for p in pools},
         )
-        self.run_state.checkpoints = [c for c in self.run_state.checkpoints if c.step != step] + [
-            ckpt
-        ]
-        self.run_state.write_progress()  # complete and recorded before any older one is deleted
+        self.ledger.checkpoints = [c for c in self.ledger.checkpoints if c.step != step] + [ckpt]
+        self.ledger.write_progress()  # complete and recorded before any older one is deleted
         await self._prune()
         return ckpt
 
@@ -432,8 +424,8 @@ class RunLoop:
         """Delete the checkpoints run.keep_checkpoints no longer keeps. state.json lists each until
         its folders are gone, so one whose delete failed (or was cut short) is tried again after
         the next checkpoint; a failed delete never fails the run."""
-        keep = retained(self.run_state.checkpoints, self.cfg.run.keep_checkpoints)
-        for old in [c for c in self.run_state.checkpoints if c not in keep]:
+        keep = retained(self.ledger.checkpoints, self.cfg.run.keep_checkpoints)
+        for old in [c for c in self.ledger.checkpoints if c not in keep]:
             try:
                 await asyncio.gather(
                     *(
@@ -451,8 +443,8 @@ class RunLoop:
                     err,
                 )
                 continue
-            self.run_state.checkpoints.remove(old)
-            self.run_state.write_progress()
+            self.ledger.checkpoints.remove(old)
+            self.ledger.write_progress()
 
     def _checkpoint_at(self, step: int) -> bool:
-        return bool(self.run_state.checkpoints) and self.run_state.checkpoints[-1].step == step
+        return bool(self.ledger.checkpoints) and self.ledger.checkpoints[-1].step == step

@@ -74,7 +74,7 @@ class PipelineState:
 
 
 class Pipeline:
-    """Runs the steps of one segment: after loop.run_state.completed, up to `last`."""
+    """Runs the steps of one segment: after loop.ledger.completed, up to `last`."""
 
     def __init__(self, loop: RunLoop):
         self.loop = loop
@@ -90,21 +90,21 @@ class Pipeline:
 
     def _fresh_state(self) -> PipelineState:
         loop = self.loop
-        s = self.state
+        state = self.state
         if (
-            s is not None
-            and s.completed == loop.run_state.completed
-            and s.versions == loop.run_state.versions
+            state is not None
+            and state.completed == loop.ledger.completed
+            and state.versions == loop.ledger.versions
         ):
-            return s  # the trainers kept their weights: go on with what was collected
+            return state  # the trainers kept their weights: go on with what was collected
         return PipelineState(
-            loop.run_state.completed,
-            dict(loop.run_state.versions),
-            dict.fromkeys(loop.clients.trainers, loop.run_state.completed),
+            loop.ledger.completed,
+            dict(loop.ledger.versions),
+            dict.fromkeys(loop.clients.trainers, loop.ledger.completed),
         )
 
     async def run(self, last: int) -> None:
-        """Steps loop.run_state.completed+1 .. `last`; returns with all of them recorded (or fewer
+        """Steps loop.ledger.completed+1 .. `last`; returns with all of them recorded (or fewer
         when a stop was requested: the steps already collected are still trained and recorded)."""
         self.state = self._fresh_state()
         self._collection_over = False
@@ -118,7 +118,7 @@ class Pipeline:
         try:
             done, _ = await asyncio.wait([*tasks, recorder], return_when=asyncio.FIRST_EXCEPTION)
             for t in done:
-                t.result()  # the first fault, raised for the loop's recovery
+                t.result()  # the first fault, raised for the loop'state recovery
             await recorder
         finally:
             for t in [*tasks, recorder]:
@@ -137,24 +137,24 @@ class Pipeline:
         return self.loop.stop_requested.is_set()
 
     def _last_collected(self) -> int:
-        s = self.state
-        return max([s.completed, *s.collected])
+        state = self.state
+        return max([state.completed, *state.collected])
 
     # ---- the three parts -------------------------------------------------------------------
 
     async def _collector(self, last: int) -> None:
-        s = self.state
+        state = self.state
         step = self._last_collected() + 1
         while step <= last and not self._stopping():
             await self._wait(
                 lambda st=step: (
-                    all(s.trained[p] >= st - 1 - self.staleness(p) for p in s.trained)
+                    all(state.trained[p] >= st - 1 - self.staleness(p) for p in state.trained)
                     or self._stopping()
                 )
             )
             if self._stopping():
                 break
-            s.collected[step] = await self._collect(step)
+            state.collected[step] = await self._collect(step)
             await self._notify()
             step += 1
         self._collection_over = True
@@ -195,24 +195,28 @@ class Pipeline:
                 )
 
     async def _pool(self, pool: str, last: int) -> None:
-        s, loop = self.state, self.loop
-        while s.trained[pool] < last:
-            step = s.trained[pool] + 1
-            await self._wait(lambda st=step: st in s.collected or self._collection_over)
-            if step not in s.collected:
+        state, loop = self.state, self.loop
+        while state.trained[pool] < last:
+            step = state.trained[pool] + 1
+            await self._wait(lambda st=step: st in state.collected or self._collection_over)
+            if step not in state.collected:
                 return  # collection stopped before this step
-            samples, dropped = await self._fresh_samples(pool, s.collected[step])
+            samples, dropped = await self._fresh_samples(pool, state.collected[step])
             metrics: dict[str, Any] = {}
             if samples:
                 resp = await loop.clients.trainers[pool].train(
-                    self.cfg.run.name, step, s.versions[pool], samples, self.cfg.update_for(pool)
+                    self.cfg.run.name,
+                    step,
+                    state.versions[pool],
+                    samples,
+                    self.cfg.update_for(pool),
                 )
-                s.versions[pool] = loop.run_state.versions[pool] = resp.version
+                state.versions[pool] = loop.ledger.versions[pool] = resp.version
                 metrics = pool_metrics(resp)
             if metrics or dropped:
-                s.results.setdefault(step, {})[pool] = {**metrics, "dropped_stale": dropped}
-            s.versions_after.setdefault(step, {})[pool] = s.versions[pool]
-            s.trained[pool] = step
+                state.results.setdefault(step, {})[pool] = {**metrics, "dropped_stale": dropped}
+            state.versions_after.setdefault(step, {})[pool] = state.versions[pool]
+            state.trained[pool] = step
             await self._notify()
 
     async def _fresh_samples(self, pool: str, c: Collected) -> tuple[list, int]:
@@ -243,24 +247,24 @@ class Pipeline:
         )
 
     async def _recorder(self, last: int) -> None:
-        s = self.state
-        while s.completed < last:
-            step = s.completed + 1
+        state = self.state
+        while state.completed < last:
+            step = state.completed + 1
             await self._wait(
                 lambda st=step: (
-                    all(t >= st for t in s.trained.values())
-                    or (self._collection_over and st not in s.collected)
+                    all(t >= st for t in state.trained.values())
+                    or (self._collection_over and st not in state.collected)
                 )
             )
-            if step not in s.collected:
+            if step not in state.collected:
                 return
             self._record(step)
 
     def _record(self, step: int) -> None:
-        s, loop, cfg = self.state, self.loop, self.cfg
-        c = s.collected.pop(step)
-        results = s.results.pop(step, {})
-        after = s.versions_after.pop(step)
+        state, loop, cfg = self.state, self.loop, self.cfg
+        c = state.collected.pop(step)
+        results = state.results.pop(step, {})
+        after = state.versions_after.pop(step)
         now = time.perf_counter()
         trained = [r for r in results.values() if "train_seconds" in r]
         sync_s = max((r["push_seconds"] for r in trained), default=0.0)
@@ -275,16 +279,16 @@ class Pipeline:
                 "weight_sync_seconds": sync_s,
                 "step_seconds": now - max(self._last_record, c.started),
                 "time": time.time(),
-                "retries": loop.run_state.take_retries(),
-                **loop.run_state.take_fleet(),
+                "retries": loop.ledger.take_retries(),
+                **loop.ledger.take_fleet(),
             },
             cfg.env.turn_order,
         )
         self._last_record = now
         if cfg.run.save_samples:
-            loop.run_state.dir.write_samples(
+            loop.ledger.dir.write_samples(
                 step, c.samples, c.batches.rewards, c.batches.advantages, self.pool_of
             )
-        s.completed = step
+        state.completed = step
         # the versions after this step, not those of pools already ahead
-        loop.run_state.complete(step, event, after)
+        loop.ledger.complete(step, event, after)

@@ -36,7 +36,7 @@ class Run:
         return status_dict(
             self.id,
             self.state,
-            self.loop.run_state.completed,
+            self.loop.ledger.completed,
             self.cfg.run.steps,
             str(Path(self.cfg.run.run_dir).resolve()),
             self.loop.resumed_from,

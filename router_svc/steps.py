@@ -163,9 +163,9 @@ def agent_plans(cfg: RunConfig, *, eval_mode: bool = False) -> dict[str, AgentPl
     out = {}
     for name in cfg.env.turn_order:
         a = cfg.agents[name]
-        s = a.eval_sampling if eval_mode else a.train_sampling
+        sampling = a.eval_sampling if eval_mode else a.train_sampling
         adapter = name if cfg.pools[a.pool].specialization == "lora" else ""
-        out[name] = AgentPlan(name, a.pool, adapter, s, a.system_prompt or "")
+        out[name] = AgentPlan(name, a.pool, adapter, sampling, a.system_prompt or "")
     return out
 
 

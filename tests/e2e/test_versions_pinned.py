@@ -50,10 +50,10 @@ async def run_with_a_restart(cfg, state_dir, address: str) -> int:
     served_after_restart = -1
     try:
         await loop.prepare()
-        while loop.run_state.completed < STEPS:
+        while loop.ledger.completed < STEPS:
             if (
-                await loop._guarded(loop.run_step, loop.run_state.completed + 1)
-                and loop.run_state.completed == KILL_AFTER
+                await loop._guarded(loop.run_step, loop.ledger.completed + 1)
+                and loop.ledger.completed == KILL_AFTER
             ):
                 replica = next(s for s in launcher.read_state(state_dir) if s.name == "rollout-a-0")
                 os.kill(replica.pid, signal.SIGKILL)

@@ -83,16 +83,16 @@ def test_the_loop_prunes_after_each_checkpoint_and_retries_a_failed_delete(tmp_p
 
     async def go():
         for step in (1, 2, 3):
-            loop.run_state.completed = step
+            loop.ledger.completed = step
             await loop.checkpoint(step)
         assert steps(d.read_progress().checkpoints) == [2, 3]
         assert trainer.on_disk == {str(d.checkpoint_dir(s) / "a") for s in (2, 3)}
         trainer.down = True
-        loop.run_state.completed = 4
+        loop.ledger.completed = 4
         await loop.checkpoint(4)  # the delete of step 2 fails: the run goes on
         assert steps(d.read_progress().checkpoints) == [2, 3, 4]  # still listed, to be tried again
         trainer.down = False
-        loop.run_state.completed = 5
+        loop.ledger.completed = 5
         await loop.checkpoint(5)
         assert steps(d.read_progress().checkpoints) == [4, 5]
         assert trainer.on_disk == {str(d.checkpoint_dir(s) / "a") for s in (4, 5)}

@@ -13,8 +13,8 @@ from atgrpo.config import parse_config
 from atgrpo.contract.rollout import EpisodeEnd, PolicyRef, Sample
 from atgrpo.contract.sampling import Sampling
 from atgrpo.contract.trainer import TrainResult
+from router_svc.ledger import Ledger
 from router_svc.pipeline import Pipeline
-from router_svc.run_state import RunState
 from router_svc.steps import step_tasks
 
 K = 2
@@ -75,8 +75,8 @@ class ScriptedTrainer:
         )
 
 
-class LoggedRunState(RunState):
-    """The real RunState (the real order of a step's two records), its writes logged, not made."""
+class LoggedLedger(Ledger):
+    """The real Ledger (the real order of a step's two records), its writes logged, not made."""
 
     def __init__(self, log):
         super().__init__("r", None)
@@ -105,8 +105,8 @@ class ScriptedLoop:
         # step -> a version served to that step's first collection
         self.serve_once: dict[int, int] = {}
         self.log: list[tuple[str, int]] = []
-        self.run_state = LoggedRunState(self.log)
-        self.events, self.progress = self.run_state.events, self.run_state.progress
+        self.ledger = LoggedLedger(self.log)
+        self.events, self.progress = self.ledger.events, self.ledger.progress
 
     async def before_train(self, step: int) -> None:
         pass
@@ -234,4 +234,4 @@ def test_a_stop_trains_and_records_what_was_collected():
     collected = sorted({s for what, s in loop.log if what == "collected"})
     # every collected step trained and recorded
     assert [e["step"] for e in loop.events] == collected
-    assert len(collected) < 10 and loop.run_state.completed == collected[-1]
+    assert len(collected) < 10 and loop.ledger.completed == collected[-1]

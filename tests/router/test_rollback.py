@@ -70,7 +70,7 @@ def test_prepare_after_a_trainer_restart_records_the_rollback(tmp_path):
         clients=SimpleNamespace(env=Env(), rollout=fleet(cfg), trainers={"a": Trainer(0)}),
     )
     asyncio.run(loop.prepare())
-    assert loop.run_state.completed == 0
+    assert loop.ledger.completed == 0
     (rollback,) = emitted
     assert d.read_events() == [rollback]  # the undone steps go, the record of why stays
     assert (rollback["from_step"], rollback["to_step"], rollback["checkpoint"]) == (
@@ -80,7 +80,7 @@ def test_prepare_after_a_trainer_restart_records_the_rollback(tmp_path):
     )
     assert rollback["reason"].startswith("trainer 'a' restarted and lost its weights")
     asyncio.run(loop.prepare())  # a recovery that prepares again: said once
-    assert loop.run_state.completed == 0 and emitted == [rollback] and d.read_events() == [rollback]
+    assert loop.ledger.completed == 0 and emitted == [rollback] and d.read_events() == [rollback]
 
 
 def test_prepare_that_continues_where_it_was_records_nothing(tmp_path):
@@ -134,9 +134,9 @@ def test_a_resume_past_the_last_checkpoint_keeps_it_for_the_next_rollback(tmp_pa
         cfg, clients=SimpleNamespace(env=Env(), rollout=fleet(cfg), trainers={"a": Trainer(3)})
     )
     asyncio.run(loop.prepare())
-    assert loop.run_state.completed == 3
-    loop.run_state.completed = 4
-    loop.run_state.write_progress()  # what a step writes
+    assert loop.ledger.completed == 3
+    loop.ledger.completed = 4
+    loop.ledger.write_progress()  # what a step writes
     assert d.read_progress().checkpoint == two and d.read_progress().checkpoints == [two]
 
 
@@ -156,7 +156,7 @@ def test_a_trainer_lost_before_the_first_checkpoint_sends_the_run_back_to_the_st
     )
     asyncio.run(loop.prepare())
     (rollback,) = emitted
-    assert loop.run_state.completed == 0 and (
+    assert loop.ledger.completed == 0 and (
         rollback["from_step"],
         rollback["to_step"],
         rollback["checkpoint"],
@@ -194,7 +194,7 @@ def test_a_step_recorded_but_not_counted_is_undone_and_said(tmp_path):
     )
     asyncio.run(loop.prepare())
     (rollback,) = emitted
-    assert loop.run_state.completed == 3 and trainer.version == 3
+    assert loop.ledger.completed == 3 and trainer.version == 3
     assert (rollback["from_step"], rollback["to_step"]) == (4, 3)
     assert rollback["reason"].startswith(
         "the router stopped after recording step 4 but before state.json counted it"
@@ -216,6 +216,6 @@ def test_trainers_past_a_run_dir_with_no_progress_go_back_to_the_start(tmp_path)
     )
     asyncio.run(loop.prepare())
     (rollback,) = emitted
-    assert loop.run_state.completed == 0 and trainer.version == 0
+    assert loop.ledger.completed == 0 and trainer.version == 0
     assert (rollback["from_step"], rollback["to_step"], rollback["checkpoint"]) == (1, 0, "start")
     assert d.read_events() == [rollback] and d.read_progress().completed_step == 0

@@ -115,14 +115,14 @@ def test_a_step_is_on_disk_before_state_json_counts_it(tmp_path):
     """A kill between the two writes must not lose a step: state.json may only say step 3 is done
     once its event is in metrics.jsonl (else a resume at step 3 never records it)."""
     loop = RunLoop(config(tmp_path), clients=object())
-    loop.run_state.versions = {"a": 3, "b": 3}
+    loop.ledger.versions = {"a": 3, "b": 3}
     seen = []
     write = loop.dir.write_progress
     loop.dir.write_progress = lambda p: (
         seen.append((p.completed_step, loop.dir.read_events())),
         write(p),
     )
-    loop.run_state.complete(3, {"kind": "step", "step": 3})
+    loop.ledger.complete(3, {"kind": "step", "step": 3})
     assert seen == [(3, [{"kind": "step", "step": 3}])]
     assert loop.dir.read_progress().completed_step == 3
 
@@ -143,14 +143,14 @@ def test_the_first_event_makes_the_run_dir(tmp_path):
 )
 def test_resume_point(tmp_path, versions, expect):
     loop = RunLoop(config(tmp_path), clients=object())
-    loop.run_state.versions = versions
+    loop.ledger.versions = versions
     progress = Progress("r", 5, {"a": 5, "b": 4}, Checkpoint(3, {}, {"a": 3, "b": 3}))
     assert loop._resume_point(progress) == expect
 
 
 def test_resume_refuses_trainers_that_match_no_recorded_step(tmp_path):
     loop = RunLoop(config(tmp_path), clients=object())
-    loop.run_state.versions = {"a": 1, "b": 0}
+    loop.ledger.versions = {"a": 1, "b": 0}
     with pytest.raises(FailedPrecondition, match="restart the trainers"):
         loop._resume_point(Progress("r", 5, {"a": 5, "b": 4}, Checkpoint(3, {}, {"a": 3, "b": 3})))
 

@@ -1,7 +1,7 @@
-"""What the loop and the pipeline share of one run: how far it has come and how a step is recorded.
+"""The run's ledger: how far it has come (the last recorded step, each pool's version, the
+checkpoints on disk) and how a step, an evaluation or a checkpoint is recorded.
 
-The synchronous loop (loop.py) and the asynchronous pipeline (pipeline.py) both finish steps; both
-go through one RunState, so a step is recorded the same way whichever ran it: its event on disk
+The loop (loop.py) and the pipeline (pipeline.py) share one Ledger. A step's event is on disk
 before state.json counts it (a crash between the two leaves an event the resume drops and redoes,
 never a counted step without its event)."""
 
@@ -14,7 +14,9 @@ from atgrpo.rundir import Checkpoint, Progress, RunDir
 from router_svc import metrics
 
 
-class RunState:
+class Ledger:
+    """One run's progress and its records (metrics.jsonl, state.json, Prometheus)."""
+
     def __init__(
         self,
         run_name: str,
