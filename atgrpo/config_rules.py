@@ -183,10 +183,10 @@ def _check_env_and_agents(c: Checks, cfg: RunConfig) -> None:
             _check_sampling(c, f"{path}.{which}", getattr(agent, which))
 
 
-def _check_sampling(c: Checks, path: str, s: Sampling) -> None:
+def _check_sampling(c: Checks, path: str, sampling: Sampling) -> None:
     c.limits(
         path,
-        s,
+        sampling,
         {
             "temperature": (lambda v: v >= 0, ">= 0", "Use 0 for greedy decoding"),
             "top_p": (lambda v: 0 < v <= 1, "in (0, 1]", "Use 1.0 to turn top-p off"),
@@ -195,7 +195,7 @@ def _check_sampling(c: Checks, path: str, s: Sampling) -> None:
             "max_prompt_tokens": AT_LEAST_1,
         },
     )
-    for i, stop in enumerate(s.stop):
+    for i, stop in enumerate(sampling.stop):
         if not stop:
             c.add(
                 f"{path}.stop[{i}]",

@@ -297,17 +297,17 @@ class PoolRuntime:
     ) -> list[list[Completion] | AtgrpoError]:
         """Each piece's completions, or the error it fails with (see classify). The retries run
         here, inside one worker iteration: no swap comes between the pieces of a batch."""
-        s = sampling
-        if pieces[0].first and s.seed is not None:  # a later share of one request's samples
+        sp = sampling
+        if pieces[0].first and sp.seed is not None:  # a later share of one request's samples
             # draws its own, not the same again
-            s = dataclasses.replace(s, seed=s.seed + pieces[0].first)
+            sp = dataclasses.replace(sp, seed=sp.seed + pieces[0].first)
         start = time.perf_counter()
         try:
             outs = await self._thread.run(
                 self.engine.generate,
                 [p.request.prompt for p in pieces],
                 [p.n for p in pieces],
-                s,
+                sp,
                 adapter,
             )
             if [len(o) for o in outs] != [p.n for p in pieces]:
@@ -319,7 +319,7 @@ class PoolRuntime:
             return [err] * len(pieces)
         except Exception as err:  # noqa: BLE001 - told apart below; the pool keeps serving
             kind = classify(err, self.engine)
-            error = self._error(kind, err, pieces, s)
+            error = self._error(kind, err, pieces, sp)
             if kind == ENGINE_FAILURE or (kind == BAD_REQUEST and len(pieces) == 1):
                 log.warning("pool %s: %s", self.name, error.message, exc_info=err)
         else:
@@ -395,15 +395,15 @@ class PoolRuntime:
                 p.request.timing[k] = p.request.timing.get(k, 0.0) + v
 
     def _error(
-        self, kind: str, err: BaseException, pieces: list[_Piece], s: Sampling
+        self, kind: str, err: BaseException, pieces: list[_Piece], sampling: Sampling
     ) -> AtgrpoError:
         what = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
         if kind == OUT_OF_MEMORY:
             p = pieces[0]  # the error is final only for one sample of one request
             return ResourceExhausted(
                 f"pool {self.name!r} ran out of memory generating one sample of a "
-                f"{len(p.request.prompt)}-token prompt with max_tokens {s.max_tokens}, even alone "
-                f"({what}). Retryable (memory may be free "
+                f"{len(p.request.prompt)}-token prompt with max_tokens {sampling.max_tokens}, "
+                f"even alone ({what}). Retryable (memory may be free "
                 "later, or on another replica); to need less, lower sampling.max_tokens, the "
                 "tree's k (samples per prompt) or sampling.max_prompt_tokens"
             )

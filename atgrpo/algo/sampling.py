@@ -9,8 +9,8 @@ import torch
 from atgrpo.contract.sampling import Sampling
 
 
-def transform_logits(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
-    """Logits of the distribution `s` samples from: temperature, then top-k, then top-p.
+def transform_logits(logits: torch.Tensor, sp: Sampling) -> torch.Tensor:
+    """Logits of the distribution `sp` samples from: temperature, then top-k, then top-p.
 
     logits: (N, V) raw. Returns (N, V) with excluded tokens at -inf. Temperature 0 (greedy)
     leaves the logits as they are: greedy picks the argmax and reports raw log-probs.
@@ -18,24 +18,24 @@ def transform_logits(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
     prefix (largest first) whose mass reaches top_p, and every token tied with its last. Each is a
     threshold on the logits: tokens below it go.
     """
-    if s.temperature <= 0:
+    if sp.temperature <= 0:
         return logits
-    out = logits / s.temperature
-    if s.top_k > 0 and s.top_k < out.shape[-1]:
-        top = torch.topk(out, s.top_k, dim=-1).values  # (N, k), largest first
+    out = logits / sp.temperature
+    if sp.top_k > 0 and sp.top_k < out.shape[-1]:
+        top = torch.topk(out, sp.top_k, dim=-1).values  # (N, k), largest first
         kth = top[..., -1:]
-        if s.top_p < 1.0:
+        if sp.top_p < 1.0:
             # top-p over the top-k survivors only: k sorted values, no sort of the vocabulary. The
             # survivors' mass counts the tokens tied with the k-th beyond the k.
             ties = (out == kth).sum(-1, keepdim=True) - (top == kth).sum(-1, keepdim=True)
             logz = torch.logaddexp(
                 torch.logsumexp(top, -1, keepdim=True), kth + ties.clamp(min=0).log()
             )
-            kth = _top_p_threshold(top, logz, s.top_p)
+            kth = _top_p_threshold(top, logz, sp.top_p)
         return out.masked_fill(out < kth, float("-inf"))
-    if s.top_p < 1.0:
+    if sp.top_p < 1.0:
         ordered = torch.sort(out, descending=True, dim=-1).values  # (N, V)
-        threshold = _top_p_threshold(ordered, torch.logsumexp(ordered, -1, keepdim=True), s.top_p)
+        threshold = _top_p_threshold(ordered, torch.logsumexp(ordered, -1, keepdim=True), sp.top_p)
         out = out.masked_fill(out < threshold, float("-inf"))
     return out
 

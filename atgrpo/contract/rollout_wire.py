@@ -87,15 +87,15 @@ def sampling_from_pb(m: common_pb2.SamplingParams, where: str = "sampling") -> S
     )
 
 
-def sampling_to_pb(s: Sampling) -> common_pb2.SamplingParams:
+def sampling_to_pb(sp: Sampling) -> common_pb2.SamplingParams:
     return common_pb2.SamplingParams(
-        temperature=s.temperature,
-        top_p=s.top_p,
-        top_k=s.top_k,
-        max_tokens=s.max_tokens,
-        max_prompt_tokens=s.max_prompt_tokens,
-        stop=list(s.stop),
-        seed=s.seed,
+        temperature=sp.temperature,
+        top_p=sp.top_p,
+        top_k=sp.top_k,
+        max_tokens=sp.max_tokens,
+        max_prompt_tokens=sp.max_prompt_tokens,
+        stop=list(sp.stop),
+        seed=sp.seed,
     )
 
 
