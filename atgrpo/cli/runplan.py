@@ -6,7 +6,9 @@ prints.
 
 from __future__ import annotations
 
+import argparse
 import math
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -550,3 +552,61 @@ def train_problem(cfg: RunConfig) -> str | None:
     if plan.ok:
         return None
     return render(plan) + "\n(see `atgrpo plan CONFIG`; --gpus and --gpu-memory try other GPUs)"
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+
+def add_command(sub: argparse._SubParsersAction) -> None:
+    plan = sub.add_parser(
+        "plan",
+        help="GPU memory, host memory and disk of every process a config starts, "
+        "and whether it fits the GPUs it states",
+    )
+    plan.add_argument("config", type=Path)
+    plan.add_argument(
+        "--gpus", type=int, help="GPUs of each pool's trainer (overrides pools.<name>.trainer_gpus)"
+    )
+    plan.add_argument(
+        "--gpu-memory",
+        help="memory of each GPU, e.g. 80GiB or 141GiB (overrides pools.<name>.gpu_memory)",
+    )
+    plan.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=None,  # GPUS_PER_NODE, when the option is left out
+        help="GPUs of one node (the chart's gpu.perNode, default 8): a trainer with more spans "
+        "nodes, a whole number of them",
+    )
+    plan.set_defaults(fn=_cmd_plan)
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from atgrpo.cli.preflight import load_run_config
+
+    cfg = load_run_config(args)
+    if cfg is None:
+        return 2
+    memory = None
+    if args.gpu_memory is not None:
+        memory = parse_bytes(args.gpu_memory)
+        if memory is None:
+            print(
+                f"--gpu-memory {args.gpu_memory!r}: write a size with its unit, e.g. 80GiB or "
+                f"141GiB",
+                file=sys.stderr,
+            )
+            return 2
+    for flag, value in (("--gpus", args.gpus), ("--gpus-per-node", args.gpus_per_node)):
+        if value is not None and value < 1:
+            print(f"{flag} {value}: give at least 1", file=sys.stderr)
+            return 2
+    plan = plan_run(
+        cfg,
+        gpus=args.gpus,
+        gpu_memory=memory,
+        source=str(args.config),
+        gpus_per_node=args.gpus_per_node or GPUS_PER_NODE,
+    )
+    print(render(plan))
+    return 0 if plan.ok and not plan.unplanned else 1
