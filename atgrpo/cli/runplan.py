@@ -269,76 +269,98 @@ def _pool_processes(
     memory: int | None,
     per_node: int = GPUS_PER_NODE,
 ) -> list[ProcessPlan]:
-    agents = len(cfg.agents_of(name))
-    sample = longest_sample(cfg, name)
-    k = cfg.algorithm.k
+    """The pool's trainer (when it trains) and its rollout replicas."""
     out = []
     if pool.trainable:
-        tokens = max(pool.micro_batch_tokens, sample)  # a sample longer than the budget goes alone
-        comps = trainer_components(
-            shape,
-            pool,
-            cfg.algorithm,
-            device,
-            agents=agents,
-            ranks=ranks,
-            tokens=tokens,
-            memory=memory,
-            sorts=sorts_vocabulary(cfg, name),
-        )
-        other = pool_activation_bytes(
-            shape, pool, device, tokens, not checkpointing_on(pool, device)
-        )
-        notes = [
-            f"activations at {tokens} tokens: {gib(comps['activations'])} with checkpointing "
-            f"{'on' if checkpointing_on(pool, device) else 'off'}, {gib(other)} with it "
-            f"{'off' if checkpointing_on(pool, device) else 'on'}"
-        ]
-        if tokens > pool.micro_batch_tokens:
-            notes.append(
-                f"micro_batch_tokens {pool.micro_batch_tokens} is below the longest sample "
-                f"({sample} "
-                "tokens), which goes alone"
-            )
-        # on CPU the device memory is the host's
-        host = (
-            trainer_host_bytes(shape, pool, ranks=ranks)
-            if device == "cuda"
-            else HOST_BASE_BYTES + trainer_peak(comps)
-        )
-        plan = ProcessPlan(
-            f"trainer-{name}",
-            "trainer",
-            name,
-            device,
-            ranks if device == "cuda" else 0,
-            comps,
-            memory if device == "cuda" else None,
-            host,
-            tuple(notes),
-        )
-        if plan.fits is False:
-            plan = replace(
-                plan, fixes=tuple(trainer_fixes(cfg, name, pool, shape, ranks, memory, per_node))
-            )
-        out.append(plan)
-    tasks = math.ceil(cfg.run.tasks_per_step / pool.rollout_replicas)
-    comps = rollout_components(
-        shape, pool, agents=agents, k=k, tasks=tasks, sample_tokens=sample, device=device
+        out.append(_trainer_process(cfg, name, pool, shape, device, ranks, memory, per_node))
+    return out + _rollout_processes(cfg, name, pool, shape, device, memory)
+
+
+def _trainer_process(
+    cfg: RunConfig,
+    name: str,
+    pool: PoolConfig,
+    shape: ModelShape,
+    device: str,
+    ranks: int,
+    memory: int | None,
+    per_node: int,
+) -> ProcessPlan:
+    """The pool's trainer: one row for all its ranks, each of which needs what the row says."""
+    sample = longest_sample(cfg, name)
+    tokens = max(pool.micro_batch_tokens, sample)  # a sample longer than the budget goes alone
+    comps = trainer_components(
+        shape,
+        pool,
+        cfg.algorithm,
+        device,
+        agents=len(cfg.agents_of(name)),
+        ranks=ranks,
+        tokens=tokens,
+        memory=memory,
+        sorts=sorts_vocabulary(cfg, name),
     )
-    full = rollout_full_kv_bytes(shape, pool, k=k, tasks=tasks, sample_tokens=sample, device=device)
-    tp = pool.rollout_gpus if device == "cuda" else 1
-    if (
-        tp > 1
-        # tensor parallel: each GPU holds 1/tp of the weights and of every KV head; the runtime
-        # whole
-    ):
-        comps = {key: v if key == "runtime" else v // tp for key, v in comps.items()}
-        full //= tp
+    # on CPU the device memory is the host's
+    host = (
+        trainer_host_bytes(shape, pool, ranks=ranks)
+        if device == "cuda"
+        else HOST_BASE_BYTES + trainer_peak(comps)
+    )
+    plan = ProcessPlan(
+        f"trainer-{name}",
+        "trainer",
+        name,
+        device,
+        ranks if device == "cuda" else 0,
+        comps,
+        memory if device == "cuda" else None,
+        host,
+        _trainer_notes(pool, shape, device, comps, tokens, sample),
+    )
+    if plan.fits is False:
+        plan = replace(
+            plan, fixes=tuple(trainer_fixes(cfg, name, pool, shape, ranks, memory, per_node))
+        )
+    return plan
+
+
+def _trainer_notes(
+    pool: PoolConfig, shape: ModelShape, device: str, comps: dict, tokens: int, sample: int
+) -> tuple[str, ...]:
+    """The activations with gradient checkpointing as configured and as not, and a sample over
+    the micro-batch budget."""
+    on = checkpointing_on(pool, device)
+    other = pool_activation_bytes(shape, pool, device, tokens, not on)
+    notes = [
+        f"activations at {tokens} tokens: {gib(comps['activations'])} with checkpointing "
+        f"{'on' if on else 'off'}, {gib(other)} with it {'off' if on else 'on'}"
+    ]
+    if tokens > pool.micro_batch_tokens:
+        notes.append(
+            f"micro_batch_tokens {pool.micro_batch_tokens} is below the longest sample "
+            f"({sample} tokens), which goes alone"
+        )
+    return tuple(notes)
+
+
+def _rollout_processes(
+    cfg: RunConfig,
+    name: str,
+    pool: PoolConfig,
+    shape: ModelShape,
+    device: str,
+    memory: int | None,
+) -> list[ProcessPlan]:
+    """One row per replica (they are alike): on each of its GPUs, its share of the weights and of
+    the KV cache of the tasks it collects."""
+    agents, sample = len(cfg.agents_of(name)), longest_sample(cfg, name)
+    tasks = math.ceil(cfg.run.tasks_per_step / pool.rollout_replicas)
+    comps, full, tp = _rollout_gpu_bytes(cfg, pool, shape, device, agents, tasks, sample)
     width, _ = compute_dtype(pool, device)
     host = HOST_BASE_BYTES + shape.params * width + push_bytes(shape, pool, agents=agents)
     if device != "cuda":
         host += sum(comps.values())
+    out = []
     for i in range(pool.rollout_replicas):
         plan = ProcessPlan(
             f"rollout-{name}-{i}",
@@ -351,36 +373,67 @@ def _pool_processes(
             host,
         )
         if memory is not None and device == "cuda":
-            room = usable(memory) - plan.gpu_total + comps["kv_cache"]
-            at_once = k * tasks
-            if full > room:
-                share = max(0, room) * at_once // full
-                need = math.ceil(cfg.run.tasks_per_step / max(1, room // (full // tasks)))
-                plan = replace(
-                    plan,
-                    notes=(
-                        f"KV cache for all {at_once} sequences (K {k} x {tasks} tasks x {sample} "
-                        f"tokens) at once: {gib(full)}; about {share} fit at once and vLLM queues "
-                        f"the rest (rollout_replicas: {need} would run them all at once)",
-                    ),
-                )
-            else:
-                plan = replace(
-                    plan, notes=(f"KV cache for all {at_once} sequences at once: {gib(full)}",)
-                )
-            if plan.fits is False:
-                plan = replace(
-                    plan,
-                    fixes=(
-                        f"shorter samples: max_prompt_tokens + max_tokens of pools.{name}'s agents "
-                        f"is {sample}",
-                        f"more GPUs per replica: pools.{name}.rollout_gpus: {tp * 2} (vLLM splits "
-                        f"the model over them)",
-                        "a GPU with more memory",
-                    ),
-                )
+            plan = _rollout_kv_fit(plan, cfg, memory, full, tasks, sample, tp)
         out.append(plan)
     return out
+
+
+def _rollout_gpu_bytes(
+    cfg: RunConfig,
+    pool: PoolConfig,
+    shape: ModelShape,
+    device: str,
+    agents: int,
+    tasks: int,
+    sample: int,
+) -> tuple[dict[str, int], int, int]:
+    """(a replica's components on each of its GPUs, the KV cache of all its sequences at once on
+    each, its GPUs)."""
+    k = cfg.algorithm.k
+    comps = rollout_components(
+        shape, pool, agents=agents, k=k, tasks=tasks, sample_tokens=sample, device=device
+    )
+    full = rollout_full_kv_bytes(shape, pool, k=k, tasks=tasks, sample_tokens=sample, device=device)
+    tp = pool.rollout_gpus if device == "cuda" else 1
+    if tp > 1:
+        # tensor parallel: each GPU holds 1/tp of the weights and of every KV head; the runtime
+        # stays whole on each
+        comps = {key: v if key == "runtime" else v // tp for key, v in comps.items()}
+        full //= tp
+    return comps, full, tp
+
+
+def _rollout_kv_fit(
+    plan: ProcessPlan, cfg: RunConfig, memory: int, full: int, tasks: int, sample: int, tp: int
+) -> ProcessPlan:
+    """The replica with a note on how much of its KV cache fits at once, and the fixes when the
+    replica does not fit its GPUs."""
+    k, name = cfg.algorithm.k, plan.pool
+    room = usable(memory) - plan.gpu_total + plan.gpu["kv_cache"]
+    at_once = k * tasks
+    if full > room:
+        share = max(0, room) * at_once // full
+        need = math.ceil(cfg.run.tasks_per_step / max(1, room // (full // tasks)))
+        note = (
+            f"KV cache for all {at_once} sequences (K {k} x {tasks} tasks x {sample} "
+            f"tokens) at once: {gib(full)}; about {share} fit at once and vLLM queues "
+            f"the rest (rollout_replicas: {need} would run them all at once)"
+        )
+    else:
+        note = f"KV cache for all {at_once} sequences at once: {gib(full)}"
+    plan = replace(plan, notes=(note,))
+    if plan.fits is False:
+        plan = replace(
+            plan,
+            fixes=(
+                f"shorter samples: max_prompt_tokens + max_tokens of pools.{name}'s agents "
+                f"is {sample}",
+                f"more GPUs per replica: pools.{name}.rollout_gpus: {tp * 2} (vLLM splits "
+                f"the model over them)",
+                "a GPU with more memory",
+            ),
+        )
+    return plan
 
 
 def trainer_fixes(
