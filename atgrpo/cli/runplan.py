@@ -177,7 +177,10 @@ def plan_run(
             continue
         if problem := tensor_parallel_problem(name, pool, shape):
             problems.append(problem)
-        pool_rows = _pool_processes(cfg, name, pool, shape, device, ranks, memory, gpus_per_node)
+        pool_rows = _rollout_processes(cfg, name, pool, shape, device, memory)
+        if pool.trainable:  # its row first
+            trainer = _trainer_process(cfg, name, pool, shape, device, ranks, memory, gpus_per_node)
+            pool_rows = [trainer, *pool_rows]
         if device == "cuda" and pool.trainable:
             nodes, problem = node_layout(name, ranks, gpus_per_node)
             problems += [problem] if problem else []
@@ -259,21 +262,23 @@ def node_layout(name: str, ranks: int, per_node: int) -> tuple[int, str | None]:
     return ranks // per_node, None
 
 
-def _pool_processes(
-    cfg: RunConfig,
+def _model_process(
     name: str,
-    pool: PoolConfig,
-    shape: ModelShape,
+    kind: str,
+    pool: str,
     device: str,
-    ranks: int,
+    gpus: int,
+    gpu: dict[str, int],
     memory: int | None,
-    per_node: int = GPUS_PER_NODE,
-) -> list[ProcessPlan]:
-    """The pool's trainer (when it trains) and its rollout replicas."""
-    out = []
-    if pool.trainable:
-        out.append(_trainer_process(cfg, name, pool, shape, device, ranks, memory, per_node))
-    return out + _rollout_processes(cfg, name, pool, shape, device, memory)
+    host: int,
+    notes: tuple[str, ...] = (),
+) -> ProcessPlan:
+    """A trainer's or a rollout replica's row: on CPU it holds no GPU and is checked against no GPU
+    memory."""
+    cuda = device == "cuda"
+    return ProcessPlan(
+        name, kind, pool, device, gpus if cuda else 0, gpu, memory if cuda else None, host, notes
+    )
 
 
 def _trainer_process(
@@ -306,16 +311,9 @@ def _trainer_process(
         if device == "cuda"
         else HOST_BASE_BYTES + trainer_peak(comps)
     )
-    plan = ProcessPlan(
-        f"trainer-{name}",
-        "trainer",
-        name,
-        device,
-        ranks if device == "cuda" else 0,
-        comps,
-        memory if device == "cuda" else None,
-        host,
-        _trainer_notes(pool, shape, device, comps, tokens, sample),
+    notes = _trainer_notes(pool, shape, device, comps, tokens, sample)
+    plan = _model_process(
+        f"trainer-{name}", "trainer", name, device, ranks, comps, memory, host, notes
     )
     if plan.fits is False:
         plan = replace(
@@ -362,15 +360,8 @@ def _rollout_processes(
         host += sum(comps.values())
     out = []
     for i in range(pool.rollout_replicas):
-        plan = ProcessPlan(
-            f"rollout-{name}-{i}",
-            "rollout",
-            name,
-            device,
-            tp if device == "cuda" else 0,
-            comps,
-            memory if device == "cuda" else None,
-            host,
+        plan = _model_process(
+            f"rollout-{name}-{i}", "rollout", name, device, tp, comps, memory, host
         )
         if memory is not None and device == "cuda":
             plan = _rollout_kv_fit(plan, cfg, memory, full, tasks, sample, tp)
