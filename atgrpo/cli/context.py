@@ -1,4 +1,5 @@
-"""Does each pool's model allow the context its agents need? (`atgrpo config check`)
+"""`atgrpo config check`: is the config valid, does its env fit it, and does each pool's model allow
+the context its agents need?
 
 A pool's engines are started with a context of RunConfig.context_tokens (the longest
 max_prompt_tokens + max_tokens of its agents); vLLM refuses to start with more than the model's
@@ -7,8 +8,12 @@ own limit, so a too-small model is named here, before any service starts.
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
+from pathlib import Path
 
+from atgrpo.cli.preflight import env_problem, load_run_config
 from atgrpo.config import RunConfig
 from atgrpo.plan import find_model_config
 
@@ -61,3 +66,32 @@ def context_problems(cfg: RunConfig) -> list[str]:
             "model with a longer context"
         )
     return problems
+
+
+def add_command(sub: argparse._SubParsersAction) -> None:
+    config = sub.add_parser("config", help="run configs").add_subparsers(dest="what", required=True)
+    check = config.add_parser("check", help="validate a run config and say what to fix")
+    check.add_argument("config", type=Path)
+    check.set_defaults(fn=_cmd_config_check)
+
+
+def _cmd_config_check(args: argparse.Namespace) -> int:
+    cfg = load_run_config(args)
+    if cfg is None:
+        return 2
+    problem = env_problem(cfg)
+    if problem:
+        print(f"{args.config}: {problem}", file=sys.stderr)
+        return 2
+    short = context_problems(cfg)  # vLLM would refuse to start these pools' engines
+    if short:
+        print(
+            f"{args.config}: a model's context is too small\n" + "\n".join(short), file=sys.stderr
+        )
+        return 2
+    mode = "local" if cfg.local_mode else "connect"
+    print(
+        f"{args.config}: ok ({cfg.level}, {len(cfg.agents)} agents on {len(cfg.pools)} pools, "
+        f"{mode} mode)"
+    )
+    return 0

@@ -3,6 +3,7 @@ so a config that cannot run fails in a second, not after five services have star
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from atgrpo.config import RunConfig
@@ -39,3 +40,28 @@ def env_problem(cfg: RunConfig) -> str | None:
     if problems:
         return f"env {name!r} does not fit this config\nInvalidArgument: " + "; ".join(problems)
     return None
+
+
+def load_run_config(args: argparse.Namespace, **overrides) -> RunConfig | None:
+    """The run config at args.config, or None after saying why it is invalid."""
+    from atgrpo.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config)
+        return cfg.with_overrides(**overrides) if overrides else cfg
+    except ConfigError as err:
+        print(f"{args.config}: invalid config\n{err}", file=sys.stderr)
+        return None
+
+
+def load_for_run(args: argparse.Namespace, command: str) -> RunConfig | None:
+    """The config with the command line's overrides, once its env is built here and fits it (a
+    bad env.path fails in a second, before any service starts); None after saying why not."""
+    cfg = load_run_config(
+        args, steps=getattr(args, "steps", None), run_dir=getattr(args, "run_dir", None)
+    )
+    problem = env_problem(cfg) if cfg is not None else None
+    if problem:
+        print(f"atgrpo {command}: {args.config}: {problem}", file=sys.stderr)
+        return None
+    return cfg

@@ -3,6 +3,7 @@ TensorBoard scalars and a PNG of the reward and success curves (`atgrpo plot` re
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 from typing import Any
@@ -284,3 +285,20 @@ class Reporter:
             self.bar.write(line)
         else:
             print(line, flush=True)
+
+
+def add_command(sub: argparse._SubParsersAction) -> None:
+    pl = sub.add_parser(
+        "plot", help="redraw a run's reward and success curves (RUN_DIR/curves.png)"
+    )
+    pl.add_argument("run_dir", type=Path)
+    pl.set_defaults(fn=_cmd_plot)
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    try:
+        print(plot_run(args.run_dir))
+    except FileNotFoundError as err:
+        print(f"atgrpo plot: {err}", file=sys.stderr)
+        return 1
+    return 0

@@ -10,7 +10,9 @@ process dies (atgrpo.rpc.tether: the router first, after the step in flight), an
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -23,6 +25,7 @@ from typing import Any
 from atgrpo.cli import launcher
 from atgrpo.cli.launcher import LocalService, ServicePlan
 from atgrpo.cli.placement import Placement, PlacementError, local_placement
+from atgrpo.cli.preflight import load_for_run
 from atgrpo.config import (
     EVALUATE_START,
     ConfigError,
@@ -401,3 +404,83 @@ async def _evaluate(cfg: RunConfig) -> dict[str, Any]:
             f"{status['error'] or 'no error given'}"
         )
     return result
+
+
+# --- the commands ---------------------------------------------------------------------------------
+
+
+def add_command(sub: argparse._SubParsersAction) -> None:
+    tr = sub.add_parser(
+        "train", help="train a team: start the services locally, or drive running ones"
+    )
+    tr.add_argument("config", type=Path)
+    tr.add_argument("--steps", type=int, help="override run.steps")
+    tr.add_argument("--run-dir", help="override run.run_dir")
+    tr.add_argument(
+        "--connect",
+        action="store_true",
+        help="drive the services named in the config's services: (e.g. on Kubernetes); "
+        "fail rather than start local ones",
+    )
+    tr.add_argument(
+        "--timing",
+        action="store_true",
+        help="end each step's line with where its time went: generation (prefill, decode, "
+        "share of this machine's measured matmul rate), env, waiting, the update "
+        "(forward, backward, optimizer, share of the matmul rate) and the weight push",
+    )
+    tr.set_defaults(fn=_cmd_train)
+    ev = sub.add_parser("eval", help="success rate and per-agent figures on the eval split")
+    ev.add_argument("config", type=Path)
+    ev.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="a run directory (its last checkpoint) or one of its checkpoints/step-N; "
+        "without it, the starting weights (each pool's model_path)",
+    )
+    ev.add_argument("--json", action="store_true")
+    ev.set_defaults(fn=_cmd_eval)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from atgrpo.errors import AtgrpoError
+
+    cfg = load_for_run(args, "train")
+    if cfg is None:
+        return 2
+    from atgrpo.cli.runplan import train_problem
+
+    # before any service starts: a run that cannot fit fails now, not by OOM
+    problem = train_problem(cfg)
+    if problem:
+        print(
+            f"atgrpo train: {args.config} does not fit the GPUs it states\n{problem}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        final = train(cfg, connect=args.connect, timing=args.timing)
+    except (TrainError, AtgrpoError) as err:
+        print(f"atgrpo train: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("atgrpo train: left without waiting for the run to stop", file=sys.stderr)
+        return 130
+    return {"finished": 0, "stopped": 130}.get(final["state"], 1)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from atgrpo.cli.report import eval_line
+    from atgrpo.errors import AtgrpoError
+
+    cfg = load_for_run(args, "eval")
+    if cfg is None:
+        return 2
+    try:
+        result = evaluate(cfg, args.checkpoint)
+    except (TrainError, AtgrpoError) as err:
+        print(f"atgrpo eval: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2) if args.json else eval_line(result))
+    return 0

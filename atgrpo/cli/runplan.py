@@ -6,7 +6,9 @@ prints.
 
 from __future__ import annotations
 
+import argparse
 import math
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -175,7 +177,10 @@ def plan_run(
             continue
         if problem := tensor_parallel_problem(name, pool, shape):
             problems.append(problem)
-        pool_rows = _pool_processes(cfg, name, pool, shape, device, ranks, memory, gpus_per_node)
+        pool_rows = _rollout_processes(cfg, name, pool, shape, device, memory)
+        if pool.trainable:  # its row first
+            trainer = _trainer_process(cfg, name, pool, shape, device, ranks, memory, gpus_per_node)
+            pool_rows = [trainer, *pool_rows]
         if device == "cuda" and pool.trainable:
             nodes, problem = node_layout(name, ranks, gpus_per_node)
             problems += [problem] if problem else []
@@ -257,7 +262,26 @@ def node_layout(name: str, ranks: int, per_node: int) -> tuple[int, str | None]:
     return ranks // per_node, None
 
 
-def _pool_processes(
+def _model_process(
+    name: str,
+    kind: str,
+    pool: str,
+    device: str,
+    gpus: int,
+    gpu: dict[str, int],
+    memory: int | None,
+    host: int,
+    notes: tuple[str, ...] = (),
+) -> ProcessPlan:
+    """A trainer's or a rollout replica's row: on CPU it holds no GPU and is checked against no GPU
+    memory."""
+    cuda = device == "cuda"
+    return ProcessPlan(
+        name, kind, pool, device, gpus if cuda else 0, gpu, memory if cuda else None, host, notes
+    )
+
+
+def _trainer_process(
     cfg: RunConfig,
     name: str,
     pool: PoolConfig,
@@ -265,120 +289,142 @@ def _pool_processes(
     device: str,
     ranks: int,
     memory: int | None,
-    per_node: int = GPUS_PER_NODE,
-) -> list[ProcessPlan]:
-    agents = len(cfg.agents_of(name))
+    per_node: int,
+) -> ProcessPlan:
+    """The pool's trainer: one row for all its ranks, each of which needs what the row says."""
     sample = longest_sample(cfg, name)
-    k = cfg.algorithm.k
-    out = []
-    if pool.trainable:
-        tokens = max(pool.micro_batch_tokens, sample)  # a sample longer than the budget goes alone
-        comps = trainer_components(
-            shape,
-            pool,
-            cfg.algorithm,
-            device,
-            agents=agents,
-            ranks=ranks,
-            tokens=tokens,
-            memory=memory,
-            sorts=sorts_vocabulary(cfg, name),
+    tokens = max(pool.micro_batch_tokens, sample)  # a sample longer than the budget goes alone
+    comps = trainer_components(
+        shape,
+        pool,
+        cfg.algorithm,
+        device,
+        agents=len(cfg.agents_of(name)),
+        ranks=ranks,
+        tokens=tokens,
+        memory=memory,
+        sorts=sorts_vocabulary(cfg, name),
+    )
+    # on CPU the device memory is the host's
+    host = (
+        trainer_host_bytes(shape, pool, ranks=ranks)
+        if device == "cuda"
+        else HOST_BASE_BYTES + trainer_peak(comps)
+    )
+    notes = _trainer_notes(pool, shape, device, comps, tokens, sample)
+    plan = _model_process(
+        f"trainer-{name}", "trainer", name, device, ranks, comps, memory, host, notes
+    )
+    if plan.fits is False:
+        plan = replace(
+            plan, fixes=tuple(trainer_fixes(cfg, name, pool, shape, ranks, memory, per_node))
         )
-        other = pool_activation_bytes(
-            shape, pool, device, tokens, not checkpointing_on(pool, device)
+    return plan
+
+
+def _trainer_notes(
+    pool: PoolConfig, shape: ModelShape, device: str, comps: dict, tokens: int, sample: int
+) -> tuple[str, ...]:
+    """The activations with gradient checkpointing as configured and as not, and a sample over
+    the micro-batch budget."""
+    on = checkpointing_on(pool, device)
+    other = pool_activation_bytes(shape, pool, device, tokens, not on)
+    notes = [
+        f"activations at {tokens} tokens: {gib(comps['activations'])} with checkpointing "
+        f"{'on' if on else 'off'}, {gib(other)} with it {'off' if on else 'on'}"
+    ]
+    if tokens > pool.micro_batch_tokens:
+        notes.append(
+            f"micro_batch_tokens {pool.micro_batch_tokens} is below the longest sample "
+            f"({sample} tokens), which goes alone"
         )
-        notes = [
-            f"activations at {tokens} tokens: {gib(comps['activations'])} with checkpointing "
-            f"{'on' if checkpointing_on(pool, device) else 'off'}, {gib(other)} with it "
-            f"{'off' if checkpointing_on(pool, device) else 'on'}"
-        ]
-        if tokens > pool.micro_batch_tokens:
-            notes.append(
-                f"micro_batch_tokens {pool.micro_batch_tokens} is below the longest sample "
-                f"({sample} "
-                "tokens), which goes alone"
-            )
-        # on CPU the device memory is the host's
-        host = (
-            trainer_host_bytes(shape, pool, ranks=ranks)
-            if device == "cuda"
-            else HOST_BASE_BYTES + trainer_peak(comps)
-        )
-        plan = ProcessPlan(
-            f"trainer-{name}",
-            "trainer",
-            name,
-            device,
-            ranks if device == "cuda" else 0,
-            comps,
-            memory if device == "cuda" else None,
-            host,
-            tuple(notes),
-        )
-        if plan.fits is False:
-            plan = replace(
-                plan, fixes=tuple(trainer_fixes(cfg, name, pool, shape, ranks, memory, per_node))
-            )
-        out.append(plan)
+    return tuple(notes)
+
+
+def _rollout_processes(
+    cfg: RunConfig,
+    name: str,
+    pool: PoolConfig,
+    shape: ModelShape,
+    device: str,
+    memory: int | None,
+) -> list[ProcessPlan]:
+    """One row per replica (they are alike): on each of its GPUs, its share of the weights and of
+    the KV cache of the tasks it collects."""
+    agents, sample = len(cfg.agents_of(name)), longest_sample(cfg, name)
     tasks = math.ceil(cfg.run.tasks_per_step / pool.rollout_replicas)
+    comps, full, tp = _rollout_gpu_bytes(cfg, pool, shape, device, agents, tasks, sample)
+    width, _ = compute_dtype(pool, device)
+    host = HOST_BASE_BYTES + shape.params * width + push_bytes(shape, pool, agents=agents)
+    if device != "cuda":
+        host += sum(comps.values())
+    out = []
+    for i in range(pool.rollout_replicas):
+        plan = _model_process(
+            f"rollout-{name}-{i}", "rollout", name, device, tp, comps, memory, host
+        )
+        if memory is not None and device == "cuda":
+            plan = _rollout_kv_fit(plan, cfg, memory, full, tasks, sample, tp)
+        out.append(plan)
+    return out
+
+
+def _rollout_gpu_bytes(
+    cfg: RunConfig,
+    pool: PoolConfig,
+    shape: ModelShape,
+    device: str,
+    agents: int,
+    tasks: int,
+    sample: int,
+) -> tuple[dict[str, int], int, int]:
+    """(a replica's components on each of its GPUs, the KV cache of all its sequences at once on
+    each, its GPUs)."""
+    k = cfg.algorithm.k
     comps = rollout_components(
         shape, pool, agents=agents, k=k, tasks=tasks, sample_tokens=sample, device=device
     )
     full = rollout_full_kv_bytes(shape, pool, k=k, tasks=tasks, sample_tokens=sample, device=device)
     tp = pool.rollout_gpus if device == "cuda" else 1
-    if (
-        tp > 1
+    if tp > 1:
         # tensor parallel: each GPU holds 1/tp of the weights and of every KV head; the runtime
-        # whole
-    ):
+        # stays whole on each
         comps = {key: v if key == "runtime" else v // tp for key, v in comps.items()}
         full //= tp
-    width, _ = compute_dtype(pool, device)
-    host = HOST_BASE_BYTES + shape.params * width + push_bytes(shape, pool, agents=agents)
-    if device != "cuda":
-        host += sum(comps.values())
-    for i in range(pool.rollout_replicas):
-        plan = ProcessPlan(
-            f"rollout-{name}-{i}",
-            "rollout",
-            name,
-            device,
-            tp if device == "cuda" else 0,
-            comps,
-            memory if device == "cuda" else None,
-            host,
+    return comps, full, tp
+
+
+def _rollout_kv_fit(
+    plan: ProcessPlan, cfg: RunConfig, memory: int, full: int, tasks: int, sample: int, tp: int
+) -> ProcessPlan:
+    """The replica with a note on how much of its KV cache fits at once, and the fixes when the
+    replica does not fit its GPUs."""
+    k, name = cfg.algorithm.k, plan.pool
+    room = usable(memory) - plan.gpu_total + plan.gpu["kv_cache"]
+    at_once = k * tasks
+    if full > room:
+        share = max(0, room) * at_once // full
+        need = math.ceil(cfg.run.tasks_per_step / max(1, room // (full // tasks)))
+        note = (
+            f"KV cache for all {at_once} sequences (K {k} x {tasks} tasks x {sample} "
+            f"tokens) at once: {gib(full)}; about {share} fit at once and vLLM queues "
+            f"the rest (rollout_replicas: {need} would run them all at once)"
         )
-        if memory is not None and device == "cuda":
-            room = usable(memory) - plan.gpu_total + comps["kv_cache"]
-            at_once = k * tasks
-            if full > room:
-                share = max(0, room) * at_once // full
-                need = math.ceil(cfg.run.tasks_per_step / max(1, room // (full // tasks)))
-                plan = replace(
-                    plan,
-                    notes=(
-                        f"KV cache for all {at_once} sequences (K {k} x {tasks} tasks x {sample} "
-                        f"tokens) at once: {gib(full)}; about {share} fit at once and vLLM queues "
-                        f"the rest (rollout_replicas: {need} would run them all at once)",
-                    ),
-                )
-            else:
-                plan = replace(
-                    plan, notes=(f"KV cache for all {at_once} sequences at once: {gib(full)}",)
-                )
-            if plan.fits is False:
-                plan = replace(
-                    plan,
-                    fixes=(
-                        f"shorter samples: max_prompt_tokens + max_tokens of pools.{name}'s agents "
-                        f"is {sample}",
-                        f"more GPUs per replica: pools.{name}.rollout_gpus: {tp * 2} (vLLM splits "
-                        f"the model over them)",
-                        "a GPU with more memory",
-                    ),
-                )
-        out.append(plan)
-    return out
+    else:
+        note = f"KV cache for all {at_once} sequences at once: {gib(full)}"
+    plan = replace(plan, notes=(note,))
+    if plan.fits is False:
+        plan = replace(
+            plan,
+            fixes=(
+                f"shorter samples: max_prompt_tokens + max_tokens of pools.{name}'s agents "
+                f"is {sample}",
+                f"more GPUs per replica: pools.{name}.rollout_gpus: {tp * 2} (vLLM splits "
+                f"the model over them)",
+                "a GPU with more memory",
+            ),
+        )
+    return plan
 
 
 def trainer_fixes(
@@ -550,3 +596,61 @@ def train_problem(cfg: RunConfig) -> str | None:
     if plan.ok:
         return None
     return render(plan) + "\n(see `atgrpo plan CONFIG`; --gpus and --gpu-memory try other GPUs)"
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+
+def add_command(sub: argparse._SubParsersAction) -> None:
+    plan = sub.add_parser(
+        "plan",
+        help="GPU memory, host memory and disk of every process a config starts, "
+        "and whether it fits the GPUs it states",
+    )
+    plan.add_argument("config", type=Path)
+    plan.add_argument(
+        "--gpus", type=int, help="GPUs of each pool's trainer (overrides pools.<name>.trainer_gpus)"
+    )
+    plan.add_argument(
+        "--gpu-memory",
+        help="memory of each GPU, e.g. 80GiB or 141GiB (overrides pools.<name>.gpu_memory)",
+    )
+    plan.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=None,  # GPUS_PER_NODE, when the option is left out
+        help="GPUs of one node (the chart's gpu.perNode, default 8): a trainer with more spans "
+        "nodes, a whole number of them",
+    )
+    plan.set_defaults(fn=_cmd_plan)
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from atgrpo.cli.preflight import load_run_config
+
+    cfg = load_run_config(args)
+    if cfg is None:
+        return 2
+    memory = None
+    if args.gpu_memory is not None:
+        memory = parse_bytes(args.gpu_memory)
+        if memory is None:
+            print(
+                f"--gpu-memory {args.gpu_memory!r}: write a size with its unit, e.g. 80GiB or "
+                f"141GiB",
+                file=sys.stderr,
+            )
+            return 2
+    for flag, value in (("--gpus", args.gpus), ("--gpus-per-node", args.gpus_per_node)):
+        if value is not None and value < 1:
+            print(f"{flag} {value}: give at least 1", file=sys.stderr)
+            return 2
+    plan = plan_run(
+        cfg,
+        gpus=args.gpus,
+        gpu_memory=memory,
+        source=str(args.config),
+        gpus_per_node=args.gpus_per_node or GPUS_PER_NODE,
+    )
+    print(render(plan))
+    return 0 if plan.ok and not plan.unplanned else 1

@@ -19,6 +19,7 @@ run's end stops them with the rest (they are in services.json); after a crash, `
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 import time
@@ -29,7 +30,7 @@ from atgrpo.cli import launcher
 from atgrpo.cli.launcher import LaunchError, LocalService, ServicePlan
 from atgrpo.cli.placement import PlacementError, local_placement
 from atgrpo.cli.runner import REPLICA_DIR, TrainError, service_plan, write_replica_list
-from atgrpo.config import RunConfig, load_config
+from atgrpo.config import ConfigError, RunConfig, load_config
 from atgrpo.discovery import read_address_file
 
 START_S = 180.0
@@ -136,3 +137,26 @@ def _spawn(
 def _stop(services: list[LocalService]) -> None:
     """SIGTERM (a replica ends its streams), SIGKILL after 10 s."""
     launcher._stop_all(services, timeout_s=10.0)
+
+
+def add_command(sub: argparse._SubParsersAction) -> None:
+    sc = sub.add_parser(
+        "scale",
+        help="grow or shrink a local run's rollout replicas while it trains (new ones get the "
+        "current weights before any work; removed ones' tasks are collected elsewhere)",
+    )
+    sc.add_argument("pool", help="the pool whose replicas to scale")
+    sc.add_argument("replicas", type=int, help="how many it should run")
+    sc.add_argument("--run-dir", type=Path, required=True, help="the running run's directory")
+    sc.add_argument("--timeout-s", type=float, default=180.0, help="how long a start may take")
+    sc.set_defaults(fn=_cmd_scale)
+
+
+def _cmd_scale(args: argparse.Namespace) -> int:
+    try:
+        listed = scale(args.run_dir, args.pool, args.replicas, timeout_s=args.timeout_s)
+    except (TrainError, LaunchError, ConfigError) as err:
+        print(f"atgrpo scale: {err}", file=sys.stderr)
+        return 1
+    print(f"{args.pool}: {len(listed)} replicas: {' '.join(listed)}")
+    return 0

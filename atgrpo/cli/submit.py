@@ -20,6 +20,7 @@ while another trains waits in its Job's init container and then fails on StartRu
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -444,3 +445,50 @@ def runs(args: Any) -> int:
         return 2
     print(json.dumps(rows, indent=2) if args.json else format_runs(rows))
     return 0
+
+
+# --- the commands ---------------------------------------------------------------------------------
+
+
+def add_command(sub: argparse._SubParsersAction) -> None:
+    su = _cluster_args(
+        sub.add_parser(
+            "submit",
+            help="create a run on an installed release (its ConfigMap and Job as the chart renders "
+            "them) and follow it through the router",
+        )
+    )
+    su.add_argument("config", type=Path, help="the run config (no pools: or services:)")
+    su.add_argument(
+        "--router",
+        help="the router's HOST:PORT to follow the run through (default: the release's "
+        "in-cluster address; from outside, `kubectl port-forward` it)",
+    )
+    su.add_argument(
+        "--run-dir", type=Path, help="where the followed events go (default: runs/RELEASE/JOB)"
+    )
+    su.add_argument("--detach", action="store_true", help="create the run, do not follow it")
+    su.set_defaults(fn=_cmd_submit)
+    ru = _cluster_args(sub.add_parser("runs", help="a release's runs: the chart's and submitted"))
+    ru.add_argument("--json", action="store_true")
+    ru.set_defaults(fn=_cmd_runs)
+
+
+def _cluster_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--release", required=True, help="the atgrpo Helm release (helm list)")
+    p.add_argument(
+        "--namespace", "-n", help="the release's namespace (default: the context's, as kubectl)"
+    )
+    p.add_argument("--kubeconfig", help="the kubeconfig file (default: KUBECONFIG, ~/.kube/config)")
+    p.add_argument("--context", help="the kubeconfig context (default: its current one)")
+    return p
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    args.namespace = args.namespace or default_namespace(args.kubeconfig, args.context)
+    return submit(args)
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    args.namespace = args.namespace or default_namespace(args.kubeconfig, args.context)
+    return runs(args)

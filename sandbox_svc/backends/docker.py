@@ -49,7 +49,7 @@ from sandbox_svc.backends.base import BackendUnavailable
 from sandbox_svc.backends.docker_image import IDLE_UID, SANDBOX_UID_BASE
 from sandbox_svc.backends.docker_programs import IDLE, LAUNCHER
 from sandbox_svc.backends.process import Output, verdict
-from sandbox_svc.languages import LANGUAGES
+from sandbox_svc.languages import LANGUAGES, Language
 from sandbox_svc.policy import Policy
 from sandbox_svc.syscalls import launcher_seccomp
 
@@ -114,6 +114,82 @@ class _Frames:
             frames.append((kind, bytes(self.ours[5 : 5 + size])))
             del self.ours[: 5 + size]
         return frames
+
+
+def _payload(req: ExecRequest, language: Language, workdir: str) -> list[bytes]:
+    """What the launcher reads from the exec's stdin: a length-prefixed JSON header (where to write
+    the files, the program's argv, its environment, rlimits and syscall filter), then the files'
+    bytes and the program's stdin."""
+    files = [(language.filename, req.code.encode()), *req.files]
+    header = json.dumps(
+        {
+            "dir": workdir,
+            "files": [[path, len(content)] for path, content in files],
+            "stdin": len(req.stdin),
+            "argv": list(language.argv),
+            "env": {"PATH": _PATH, "HOME": workdir},
+            "rlimits": _rlimits(req.limits),
+            "seccomp": launcher_seccomp(),
+        }
+    ).encode()
+    return [struct.pack(">I", len(header)), header, *(c for _, c in files), req.stdin]
+
+
+class _Exchange:
+    """One execution's stream: the program's output, the launcher's report, and whether (and why)
+    the launcher was told to kill the program."""
+
+    def __init__(self, max_output_bytes: int) -> None:
+        self.out, self.err = Output(max_output_bytes), Output(max_output_bytes)
+        self.frames = _Frames()
+        self.report: dict | None = None
+        self.killed_for: str | None = None  # wall | cancel | output
+        self.kill_sent_at: float | None = None
+        self.broken = False  # the container is not to be reused
+
+    def pump(self, raw, payload: list[bytes], deadline: float, cancel) -> None:
+        """Send the payload, then read until the launcher ends the stream; on the deadline, a
+        cancel or a truncated output, tell it to kill the program, and give up on it (broken)
+        when it does not answer within _KILL_GRACE_S."""
+        raw.settimeout(max(deadline - time.monotonic(), 0.1) + 5)
+        for part in payload:
+            raw.sendall(part)
+        raw.setblocking(False)
+        while True:
+            now = time.monotonic()
+            if self.killed_for is None:
+                self.killed_for = self._kill_reason(now, deadline, cancel)
+            if self.killed_for is not None and self.kill_sent_at is None:
+                self.kill_sent_at = now
+                _send_kill(raw)
+            if self.kill_sent_at is not None and now - self.kill_sent_at > _KILL_GRACE_S:
+                self.broken = True  # the launcher does not answer: the container goes
+                return
+            wait = 0.05 if self.killed_for is not None else min(0.05, max(deadline - now, 0))
+            data = _receive(raw, wait)
+            if data is None:
+                continue
+            if not data:
+                return
+            self._take(data)
+
+    def _kill_reason(self, now: float, deadline: float, cancel) -> str | None:
+        if now >= deadline:
+            return "wall"
+        if cancel is not None and cancel.is_set():
+            return "cancel"
+        if self.out.truncated or self.err.truncated:
+            return "output"
+        return None
+
+    def _take(self, data: bytes) -> None:
+        for kind, chunk in self.frames.feed(data):
+            if kind == b"o":
+                self.out.add(chunk)
+            elif kind == b"e":
+                self.err.add(chunk)
+            elif kind == b"r":
+                self.report = json.loads(chunk)
 
 
 class DockerBackend:
@@ -322,106 +398,24 @@ class DockerBackend:
         limits = req.limits
         start = time.monotonic()
         deadline = start + limits.wall_timeout_ms / 1000
-        workdir = f"/tmp/run-{next(self._runs)}"
-        files = [(language.filename, req.code.encode()), *req.files]
-        header = json.dumps(
-            {
-                "dir": workdir,
-                "files": [[path, len(content)] for path, content in files],
-                "stdin": len(req.stdin),
-                "argv": list(language.argv),
-                "env": {"PATH": _PATH, "HOME": workdir},
-                "rlimits": _rlimits(limits),
-                "seccomp": launcher_seccomp(),
-            }
-        ).encode()
-        payload = [struct.pack(">I", len(header)), header, *(c for _, c in files), req.stdin]
-
+        payload = _payload(req, language, f"/tmp/run-{next(self._runs)}")
+        _, exec_id, sock = self._open_exec(slot)
+        ex = _Exchange(limits.max_output_bytes)
         try:
-            warm, exec_id, sock = self._start_exec(slot)
-        except BackendUnavailable:
-            raise
-        except Exception as err:
-            from atgrpo.errors import Unavailable
-
-            raise Unavailable(
-                f"the docker backend cannot start an execution ({err}): {_FIX_ENGINE}"
-            ) from err
-        raw = getattr(sock, "_sock", sock)
-        out, err = Output(limits.max_output_bytes), Output(limits.max_output_bytes)
-        frames = _Frames()
-        report: dict | None = None
-        killed_for: str | None = None
-        kill_sent_at: float | None = None
-        broken = False
-        try:
-            raw.settimeout(max(deadline - time.monotonic(), 0.1) + 5)
-            for part in payload:
-                raw.sendall(part)
-            raw.setblocking(False)
-            while True:
-                now = time.monotonic()
-                if killed_for is None:
-                    if now >= deadline:
-                        killed_for = "wall"
-                    elif cancel is not None and cancel.is_set():
-                        killed_for = "cancel"
-                    elif out.truncated or err.truncated:
-                        killed_for = "output"
-                if killed_for is not None and kill_sent_at is None:
-                    kill_sent_at = now
-                    _send_kill(raw)
-                if kill_sent_at is not None and now - kill_sent_at > _KILL_GRACE_S:
-                    broken = True  # the launcher does not answer: the container goes
-                    break
-                wait = 0.05 if killed_for is not None else min(0.05, max(deadline - now, 0))
-                if not _pending(raw):
-                    ready = select.select([raw], [], [], wait)[0]
-                    if not ready:
-                        continue
-                try:
-                    data = raw.recv(_READ_CHUNK)
-                except (BlockingIOError, InterruptedError):
-                    continue
-                if not data:
-                    break
-                for kind, chunk in frames.feed(data):
-                    if kind == b"o":
-                        out.add(chunk)
-                    elif kind == b"e":
-                        err.add(chunk)
-                    elif kind == b"r":
-                        report = json.loads(chunk)
+            ex.pump(getattr(sock, "_sock", sock), payload, deadline, cancel)
         except OSError as exc:
             log.warning("docker exec stream for slot %d failed: %s", slot, exc)
-            broken = True
+            ex.broken = True
         finally:
             _close_socket(sock)
         wall_ms = int((time.monotonic() - start) * 1000)
-
-        if report is None:
-            broken = True
-            code, sig, cpu_ms = self._exit_of(exec_id)
-            if frames.diag:
-                log.warning(
-                    "sandbox launcher in slot %d said: %s",
-                    slot,
-                    bytes(frames.diag[-2000:]).decode(errors="replace"),
-                )
-        else:
-            code, sig, cpu_ms = int(report["code"]), int(report["sig"]), int(report["cpu_ms"])
-            if not report.get("clean"):
-                broken = True
-                log.warning(
-                    "sandbox container for slot %d not clean after a run (%s); replacing it",
-                    slot,
-                    "; ".join(report.get("problems", [])),
-                )
-        if broken:
+        code, sig, cpu_ms = self._outcome(slot, exec_id, ex)
+        if ex.broken:
             # Never reuse a container we are not sure of; removing it kills all it holds.
             self._discard(slot)
+        out, err = ex.out, ex.err
         return ExecResult(
-            verdict=verdict(killed_for, code, sig, cpu_ms, bytes(err.data), limits, language),
+            verdict=verdict(ex.killed_for, code, sig, cpu_ms, bytes(err.data), limits, language),
             exit_code=code,
             signal=sig,
             stdout=bytes(out.data),
@@ -431,6 +425,44 @@ class DockerBackend:
             wall_ms=wall_ms,
             cpu_ms=cpu_ms,
         )
+
+    def _open_exec(self, slot: int):
+        """_start_exec, with any failure but BackendUnavailable as Unavailable naming the fix."""
+        try:
+            return self._start_exec(slot)
+        except BackendUnavailable:
+            raise
+        except Exception as err:
+            from atgrpo.errors import Unavailable
+
+            raise Unavailable(
+                f"the docker backend cannot start an execution ({err}): {_FIX_ENGINE}"
+            ) from err
+
+    def _outcome(self, slot: int, exec_id: str, ex: _Exchange) -> tuple[int, int, int]:
+        """(code, signal, cpu_ms) from the launcher's report, or from the exec's own exit status
+        when it sent none; the exchange is marked broken unless the report says the container is
+        clean."""
+        report = ex.report
+        if report is None:
+            ex.broken = True
+            code, sig, cpu_ms = self._exit_of(exec_id)
+            if ex.frames.diag:
+                log.warning(
+                    "sandbox launcher in slot %d said: %s",
+                    slot,
+                    bytes(ex.frames.diag[-2000:]).decode(errors="replace"),
+                )
+            return code, sig, cpu_ms
+        code, sig, cpu_ms = int(report["code"]), int(report["sig"]), int(report["cpu_ms"])
+        if not report.get("clean"):
+            ex.broken = True
+            log.warning(
+                "sandbox container for slot %d not clean after a run (%s); replacing it",
+                slot,
+                "; ".join(report.get("problems", [])),
+            )
+        return code, sig, cpu_ms
 
     def _exit_of(self, exec_id: str) -> tuple[int, int, int]:
         """(code, signal, cpu_ms) of an exec whose launcher did not report: its own exit status."""
@@ -460,6 +492,16 @@ def _send_kill(raw) -> None:
         pass
     finally:
         raw.setblocking(False)
+
+
+def _receive(raw, wait: float) -> bytes | None:
+    """The stream's next bytes, b"" at its end, or None when none came within `wait` seconds."""
+    if not _pending(raw) and not select.select([raw], [], [], wait)[0]:
+        return None
+    try:
+        return raw.recv(_READ_CHUNK)
+    except (BlockingIOError, InterruptedError):
+        return None
 
 
 def _pending(raw) -> bool:
