@@ -10,13 +10,13 @@ from atgrpo import __version__
 from atgrpo.cli import (
     context,
     env,
-    launcher,
     model,
     report,
     runner,
     runplan,
     samples,
     scale,
+    services,
     submit,
 )
 
@@ -29,7 +29,7 @@ COMMANDS = (
     runplan,  # plan
     runner,  # train, eval
     report,  # plot
-    launcher,  # up, status, down
+    services,  # up, status, down
     scale,
     submit,  # submit, runs
 )
