@@ -25,7 +25,7 @@ from _report import parse_args, record, sandbox_uid_base  # noqa: E402
 from env_svc.datasets import Source, load  # noqa: E402
 from env_svc.envs.code import CodeEnv  # noqa: E402
 from env_svc.envs.code_check import complete_function  # noqa: E402
-from env_svc.envs.math import sandbox_call  # noqa: E402
+from env_svc.envs.common import sandbox_call  # noqa: E402
 from sandbox_svc.backends.bwrap import BwrapBackend  # noqa: E402
 from sandbox_svc.executor import Executor  # noqa: E402
 from sandbox_svc.inprocess import LocalSandbox  # noqa: E402

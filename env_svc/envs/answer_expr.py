@@ -37,6 +37,7 @@ from env_svc.envs.answer_limits import (
     too_large,
     undefined,
 )
+from env_svc.envs.common import MATH_FUNCTIONS
 
 
 def _funcs() -> dict[str, tuple[Any, tuple[int, ...]]]:
@@ -70,32 +71,10 @@ def _funcs() -> dict[str, tuple[Any, tuple[int, ...]]]:
     }
 
 
-_FUNCS = {
-    "sqrt",
-    "cbrt",
-    "exp",
-    "ln",
-    "log",
-    "sin",
-    "cos",
-    "tan",
-    "cot",
-    "sec",
-    "csc",
-    "asin",
-    "acos",
-    "atan",
-    "arcsin",
-    "arccos",
-    "arctan",
-    "sinh",
-    "cosh",
-    "tanh",
-    "abs",
-    "floor",
-    "ceil",
-    "binomial",
-}
+# The shared names, and those this parser builds itself, bounded (answer_eval): the arc-
+# spellings, cube root, floor, ceiling and binomials up to MAX_BINOMIAL. rg_safe's gate in front
+# of sympy's own parser does not take these.
+_FUNCS = MATH_FUNCTIONS | {"cbrt", "arcsin", "arccos", "arctan", "floor", "ceil", "binomial"}
 _CONSTS = {"pi", "e", "i", "oo", "inf", "infty", "infinity", "nan"}
 _INFINITIES = {"oo", "inf", "infty", "infinity"}
 # names found inside a run of letters (xsin = x sin); an infinity or nan only as a whole word, so

@@ -66,9 +66,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from atgrpo.contract.sandbox import Compare, Limits
+from atgrpo.contract.sandbox import Compare
 from atgrpo.errors import FailedPrecondition, InvalidArgument
-from atgrpo.sdk.env import EVAL_SEED_OFFSET, Environment, EnvSpec, Message, StepResult
+from atgrpo.sdk.env import Environment, Message, StepResult
 from atgrpo.sdk.judge import JudgeError, failure_info
 from env_svc import datasets
 from env_svc.envs._text import clip as _clip
@@ -83,10 +83,16 @@ from env_svc.envs.code_check import (
     judge,
 )
 from env_svc.envs.code_program import MAX_TESTS, function_case, function_program, parse_tests
-from env_svc.envs.math import sandbox_call, turn_options
+from env_svc.envs.common import TOOL_LIMITS, TeamTurns, choice_option, pick_problem, sandbox_call
 
 AGENTS = ("coder", "tester")
-FAILURE_REWARD = -1.0
+NO_PROGRAM = (
+    "no ```python code block found; answer with the whole program in one ```python ... ``` block"
+)
+NO_TESTS = (
+    "no tests found; write each test as **Test Input:** and **Test Output:** each followed by a "
+    "``` fenced block"
+)
 TEST_CHARS = 400  # per input / output shown in a prompt
 CODE_CHARS = 4000
 MAX_WRONG = 4  # wrong programs a tester's tests are tried against
@@ -109,7 +115,7 @@ class TesterTest:
     error: str = ""  # malformed (function problems): why; such a test is not run
 
 
-class CodeEnv(Environment):
+class CodeEnv(TeamTurns, Environment):
     """A coder and a unit tester solve a programming problem; programs run in the sandbox."""
 
     name = "code"
@@ -117,22 +123,11 @@ class CodeEnv(Environment):
 
     def __init__(self, options: Mapping[str, Any] | None = None):
         super().__init__(options)
-        order, parallel = turn_options(self.options, AGENTS, self.name)
-        self.spec = EnvSpec(
-            self.name,
-            agents=order,
-            turn_order=order,
-            max_turns=int(self.options.get("max_turns", 5)),
-            parallel=parallel,
-            description="a coder and a unit tester solve a programming problem",
-        )
+        self._start_team(AGENTS, 5, "a coder and a unit tester solve a programming problem")
         self.sources = datasets.sources(self.options, "code")
-        self.done_when = str(self.options.get("done_when", "success"))
-        if self.done_when not in ("tests", "success"):
-            raise ValueError(
-                f"code: done_when must be 'tests' or 'success', got {self.done_when!r}"
-            )
-        self.failure_reward = float(self.options.get("failure_reward", FAILURE_REWARD))
+        self.done_when = choice_option(
+            self.options, "done_when", "success", ("tests", "success"), self.name
+        )
         self.max_tests = int(self.options.get("max_tests", MAX_TESTS))
         self.max_hidden = int(self.options.get("max_hidden_tests", 0))
         self.stop_on_timeout = bool(self.options.get("stop_on_timeout", True))
@@ -143,22 +138,15 @@ class CodeEnv(Environment):
                 "code: case_timeout_s and memory_mb must be > 0, max_tests >= 1, max_hidden_tests "
                 ">= 0"
             )
-        self.limits = (
-            None
-            if Limits is None
-            else Limits(
-                wall_timeout_ms=timeout_ms,
-                cpu_time_ms=timeout_ms,
-                memory_bytes=memory,
-                max_output_bytes=4 * 2**20,
-                max_processes=16,
-                max_file_bytes=2**20,
-                max_open_files=64,
-            )
+        # The tool agent's limits with the per-test time, memory_mb and room for long outputs.
+        self.limits = dataclasses.replace(
+            TOOL_LIMITS,
+            wall_timeout_ms=timeout_ms,
+            cpu_time_ms=timeout_ms,
+            memory_bytes=memory,
+            max_output_bytes=4 * 2**20,
         )
         self.problem: datasets.CodeProblem | None = None
-        self.turn = 0
-        self.acted: set[str] = set()
         self.done = self.success = False
         self.code: str | None = None  # the coder's current program (source)
         self.hidden_ratio = 0.0
@@ -167,22 +155,16 @@ class CodeEnv(Environment):
         self.valid: list[bool] | None = None  # per test: agrees with the reference (None: unknown)
         self.runs: list[CaseRun] = []  # the current program on the current tests
         self.reference = ""  # dataset solution, or a program that passed all hidden tests
-        self.history: list[str] = []
-        self.notes: dict[str, str] = {}
 
     # ---- Environment ------------------------------------------------------------------------
 
     def reset(self, task_id: str, seed: int, split: str) -> None:
-        try:
-            problems = datasets.load("code", self.sources[split], split)
-        except datasets.DatasetError as e:
-            raise InvalidArgument(str(e)) from None
-        self.problem = datasets.pick(problems, task_id, seed, split, EVAL_SEED_OFFSET)
-        self.turn, self.acted, self.done, self.success = 0, set(), False, False
+        self.problem = pick_problem("code", self.sources, task_id, seed, split)
+        self.done = self.success = False
         self.code, self.hidden_ratio, self.tests, self.valid, self.runs = None, 0.0, [], None, []
         self.wrong = []
         self.reference = self.problem.solution
-        self.history, self.notes = [], {}
+        self._start_turns()
 
     def observe(self, agent: str) -> list[Message]:
         self._check(agent)
@@ -201,79 +183,52 @@ class CodeEnv(Environment):
                 "You are the unit tester of a two-agent team (you and a coder): write test cases "
                 "that a correct solution passes, to catch mistakes in the coder's program."
             )
-        parts = [
-            f"{role}\nTurn {self.turn + 1} of {self.spec.max_turns}.",
-            f"Problem:\n{p.statement}",
-            self._io_rules(),
-        ]
-        if self.history:
-            parts.append("Previous turns:\n" + "\n".join(self.history[-6:]))
+        tail: list[str] = []
         if self.code is not None:
-            parts.append(
+            tail.append(
                 f"The coder's current "
                 f"program:\n```python\n{_clip(self.code.strip(), CODE_CHARS)}\n```"
             )
         if self.tests:
-            parts.append(self._tests_report())
+            tail.append(self._tests_report())
         if agent == "coder":
             whole = "function" if p.check else "program"
-            parts.append(f"Answer with the complete {whole} in one ```python code block.")
+            tail.append(f"Answer with the complete {whole} in one ```python code block.")
         else:
-            parts.append(
+            tail.append(
                 f"Write up to {self.max_tests} tests, each as:\n**Test Input:**\n```\n...\n```\n"
                 "**Test Output:**\n```\n...\n```"
             )
-        return [{"role": "user", "content": "\n\n".join(parts)}]
+        return self._prompt(role, [f"Problem:\n{p.statement}", self._io_rules()], tail)
 
-    async def step(self, agent: str, action: str) -> StepResult:
-        self._check(agent)
-        if self.problem is None:
-            raise RuntimeError("code: step() before reset()")
-        if self.done:
-            return StepResult(
-                self.hidden_ratio, 0.0, True, self.success, {"error": "the episode is over"}
-            )
+    def _ready(self) -> bool:
+        return self.problem is not None
+
+    async def _act(self, agent: str, action: str) -> StepResult:
         if self.sandbox is None:
             raise FailedPrecondition(
                 "the code env runs programs, but no sandbox is configured: start env_svc "
                 "with --sandbox HOST:PORT (local mode does this)"
             )
-        action = action if isinstance(action, str) else ""
-        result = await (self._coder(action) if agent == "coder" else self._tester(action))
-        self.acted.add(agent)
-        if self.acted >= set(self.spec.turn_order):
-            line = "; ".join(
-                f"{a} {self.notes[a]}" for a in self.spec.turn_order if a in self.notes
-            )
-            self.history.append(f"Turn {self.turn + 1}: {line}")
-            self.turn, self.acted, self.notes = self.turn + 1, set(), {}
-        return result
+        return await (self._coder(action) if agent == "coder" else self._tester(action))
+
+    def _team(self) -> float:
+        return self.hidden_ratio
 
     # ---- agents -----------------------------------------------------------------------------
 
     async def _coder(self, action: str) -> StepResult:
         code = extract_code(action)
         if code is None:
-            self.notes["coder"] = "gave no program"
-            return StepResult(
-                self.hidden_ratio,
-                self.failure_reward,
-                False,
-                False,
-                {
-                    "parse_error": "no ```python code block found; answer with the whole program "
-                    "in one ```python ... ``` block"
-                },
-            )
+            return self._failed("coder", "gave no program", {"parse_error": NO_PROGRAM})
         p = self.problem
         assert p is not None
         if p.check:
             try:
                 runs = [await self._run_check(code)]
             except JudgeError as e:
-                self.notes["coder"] = "wrote a program the judge could not judge"
-                return StepResult(
-                    self.hidden_ratio, self.failure_reward, False, False, failure_info(e)
+                return self._failed(
+                    "coder", "wrote a program the judge could not judge", failure_info(e)
                 )
         else:
             hidden = hidden_tests(p.statement, p.tests)
@@ -309,7 +264,7 @@ class CodeEnv(Environment):
             await self._run_current_on_tests()
             info["tests_passed"] = sum(r.passed for r in self.runs)
         self.done = self._is_done()
-        self.notes["coder"] = f"wrote a program ({self._tests_line()})"
+        self._record("coder", f"wrote a program ({self._tests_line()})")
         # Paid what it gained: the sum over an episode is the last program's pass fraction.
         return StepResult(
             self.hidden_ratio, round(self.hidden_ratio - before, 6), self.done, self.success, info
@@ -318,17 +273,7 @@ class CodeEnv(Environment):
     async def _tester(self, action: str) -> StepResult:
         parsed = parse_tests(action, self.max_tests)
         if not parsed:
-            self.notes["tester"] = "gave no tests"
-            return StepResult(
-                self.hidden_ratio,
-                self.failure_reward,
-                False,
-                False,
-                {
-                    "parse_error": "no tests found; write each test as **Test Input:** and **Test "
-                    "Output:** each followed by a ``` fenced block"
-                },
-            )
+            return self._failed("tester", "gave no tests", {"parse_error": NO_TESTS})
         p = self.problem
         assert p is not None
         tests, judge_error = [], ""
@@ -366,7 +311,7 @@ class CodeEnv(Environment):
         else:
             self.runs = []
         self.done = self._is_done()
-        self.notes["tester"] = f"wrote {len(tests)} tests"
+        self._record("tester", f"wrote {len(tests)} tests")
         return StepResult(self.hidden_ratio, local, self.done, self.success, info)
 
     # ---- running programs -------------------------------------------------------------------
@@ -562,12 +507,6 @@ class CodeEnv(Environment):
                     )
                     lines.append(f"-> failed ({r.verdict}): {_clip(tail, 200)}")
         return "\n".join(lines)
-
-    def _check(self, agent: str) -> None:
-        if agent not in self.spec.agents:
-            raise ValueError(
-                f"code: unknown agent {agent!r}; this environment's agents are {self.spec.agents}"
-            )
 
 
 def _count(items: Any) -> dict[str, int]:

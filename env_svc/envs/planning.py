@@ -70,7 +70,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from atgrpo.contract.sandbox import Limits
 from atgrpo.sdk.env import Environment, EnvSpec, Message, StepResult, task_rng, turn_order_option
 from atgrpo.sdk.judge import (
     MAX_DEPTH,
@@ -81,17 +80,22 @@ from atgrpo.sdk.judge import (
     literal,
 )
 from env_svc.envs._text import clip as _clip
-from env_svc.envs._text import decode as _decode
-from env_svc.envs._text import program_lines, run_failure
+from env_svc.envs._text import program_lines
+from env_svc.envs.common import (
+    CODE_CHARS,
+    FAILURE_REWARD,
+    HISTORY_TURNS,
+    read_result,
+    tool_limits,
+    user_prompt,
+)
 
 AGENTS = ("tool", "plan")
-FAILURE_REWARD = -1.0  # no code block, crash, timeout, no sandbox, no actions list, no `#### `...
 MIN_ANSWER_REWARD = -0.9  # minus the most an episode's costs are charged (above FAILURE_REWARD)
 MAX_MOVES_PER_ACTION = 400
 ACTIONS_MARKER = "**Actions List**:"
 PLAN_MARKER = "####"
-HISTORY_TURNS = 6  # earlier turns shown in a prompt (the most recent ones)
-CODE_CHARS, STDOUT_CHARS, STDERR_CHARS = 1500, 600, 400
+STDOUT_CHARS = 600  # of the tool program's stdout, in the plan agent's prompt
 
 
 @dataclass(frozen=True)
@@ -225,24 +229,7 @@ class PlanningEnv(Environment):
                 f"{self.name}: min_answer_reward ({self.min_answer_reward}) must be <= 0 and above "
                 f"failure_reward ({self.failure_reward}), so that failing never pays"
             )
-        timeout_ms = int(float(self.options.get("tool_timeout_s", 5.0)) * 1000)
-        if timeout_ms <= 0:
-            raise ValueError(
-                f"{self.name}: tool_timeout_s must be > 0, got {self.options['tool_timeout_s']}"
-            )
-        self.tool_limits = (
-            None
-            if Limits is None
-            else Limits(
-                wall_timeout_ms=timeout_ms,
-                cpu_time_ms=timeout_ms,
-                memory_bytes=512 * 2**20,
-                max_output_bytes=64 * 2**10,
-                max_processes=16,
-                max_file_bytes=2**20,
-                max_open_files=64,
-            )
-        )
+        self.tool_limits = tool_limits(self.options, self.name)
         self.state: Any = None
         self.task_id = ""
         self.turn = 0  # completed turns
@@ -343,7 +330,7 @@ class PlanningEnv(Environment):
                 "End your answer with a line: #### followed by a JSON list of moves, "
                 f"e.g.\n#### {self.example_moves}"
             )
-        return [{"role": "user", "content": "\n\n".join(p for p in parts if p)}]
+        return user_prompt(p for p in parts if p)
 
     async def step(self, agent: str, action: str) -> StepResult:
         self._check_agent(agent)
@@ -383,22 +370,12 @@ class PlanningEnv(Environment):
         if self.sandbox is None:
             return fail("no sandbox configured")
         stdin = json.dumps(self.puzzle_json(), separators=(",", ":")).encode()
-        kwargs = {} if self.tool_limits is None else {"limits": self.tool_limits}
         try:
-            result = await self.sandbox.execute(code, stdin=stdin, **kwargs)
+            result = await self.sandbox.execute(code, stdin=stdin, limits=self.tool_limits)
         except Exception as e:  # the sandbox refused or is down: score, never crash the episode
             info["sandbox_error"] = True
             return fail(f"sandbox error: {type(e).__name__}: {e}")
-        stdout = _decode(getattr(result, "stdout", b""))
-        stderr = _decode(getattr(result, "stderr", b""))
-        out["stdout"], out["stderr"] = (
-            _clip(stdout.strip(), STDOUT_CHARS),
-            _clip(stderr.strip(), STDERR_CHARS),
-        )
-        info["verdict"] = getattr(
-            getattr(result, "verdict", None), "value", str(getattr(result, "verdict", ""))
-        )
-        failure = run_failure(result, stderr)
+        stdout, failure = read_result(result, out, info, STDOUT_CHARS)
         if failure:
             return fail(failure)
         moves, err = self._read_moves(stdout, ACTIONS_MARKER)

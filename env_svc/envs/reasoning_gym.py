@@ -45,17 +45,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from atgrpo.errors import InvalidArgument
-from atgrpo.sdk.env import EVAL_SEED_OFFSET, Environment, EnvSpec, Message, StepResult
+from atgrpo.sdk.env import EVAL_SEED_OFFSET, Environment, Message, StepResult
 from atgrpo.sdk.judge import JudgeError, check_bounds, failure_info
 from env_svc.envs._text import clip as _clip
 from env_svc.envs.answer_extract import extract_answer
-from env_svc.envs.math import ToolTurns, run_tool, tool_limits, turn_options
+from env_svc.envs.common import ToolTurns, tool_limits
 from env_svc.envs.rg_safe import SYMPY_SCORED, math_text, scorer_for
 from env_svc.envs.rg_scorer import WORKER
 
 AGENTS = ("tool", "reasoner")
-FAILURE_REWARD = -1.0
 ANSWER_CHARS = 600
+NO_ANSWER = "no <answer>...</answer> found; end with the final answer in <answer></answer> tags"
 INSTALL_HINT = "pip install 'atgrpo[benchmarks]'"
 OWNED_KEYS = ("seed", "size")  # create_dataset arguments this env sets from its own options
 
@@ -180,14 +180,8 @@ class ReasoningGymEnv(ToolTurns, Environment):
 
     def __init__(self, options: Mapping[str, Any] | None = None):
         super().__init__(options)
-        order, parallel = turn_options(self.options, AGENTS, self.name)
-        self.spec = EnvSpec(
-            self.name,
-            agents=order,
-            turn_order=order,
-            max_turns=int(self.options.get("max_turns", 1)),
-            parallel=parallel,
-            description="a reasoning-gym task: the dataset's own scorer grades the answer",
+        self._start_team(
+            AGENTS, 1, "a reasoning-gym task: the dataset's own scorer grades the answer"
         )
         self.sizes = {
             "train": int(self.options.get("train_size", 10_000)),
@@ -199,7 +193,6 @@ class ReasoningGymEnv(ToolTurns, Environment):
                     f"reasoning_gym: {split}_size must be in 1..{EVAL_SEED_OFFSET - 1}, got {size}"
                 )
         self.data_seed = int(self.options.get("data_seed", 0))
-        self.failure_reward = float(self.options.get("failure_reward", FAILURE_REWARD))
         self.limits = tool_limits(self.options, self.name)
         # A run always passes options (atgrpo adds turn_order); only a listing builds with none.
         self.source = (
@@ -209,11 +202,8 @@ class ReasoningGymEnv(ToolTurns, Environment):
         )
         self.dataset: Any = None
         self.entry: dict[str, Any] | None = None
-        self.turn, self.acted, self.done = 0, set(), False
+        self.done = False
         self.score = 0.0  # the reasoner's latest score
-        self.tool_out: dict[str, Any] | None = None
-        self.history: list[str] = []
-        self.notes: dict[str, str] = {}
 
     # ---- Environment ------------------------------------------------------------------------
 
@@ -227,8 +217,8 @@ class ReasoningGymEnv(ToolTurns, Environment):
         offset = EVAL_SEED_OFFSET if split == "eval" else 0
         self.dataset = _dataset(name, config_json, self.data_seed + offset, self.sizes[split])
         self.entry = self.dataset[entry_index(seed, split, self.sizes[split])]
-        self.turn, self.acted, self.done, self.score = 0, set(), False, 0.0
-        self.tool_out, self.history, self.notes = None, [], {}
+        self.done, self.score = False, 0.0
+        self._start_turns()
 
     def observe(self, agent: str) -> list[Message]:
         self._check(agent)
@@ -244,39 +234,33 @@ class ReasoningGymEnv(ToolTurns, Environment):
             if multi
             else "Solve the task."
         )
-        parts = [
-            f"{role}\nTurn {self.turn + 1} of {self.spec.max_turns}.",
-            f"Task:\n{self.entry['question']}",
-        ]
-        if self.history:
-            parts.append("Previous turns:\n" + "\n".join(self.history[-6:]))
         if agent == "tool":
-            parts.append(
+            tail = [
                 "Write the program in one ```python code block. It runs with Python 3 and its "
                 "standard library only, without input. Print the final answer on the last line, or "
                 "between <answer> and </answer> when it spans several lines."
-            )
+            ]
         else:
-            if "tool" in self.spec.turn_order:
-                parts.append(self._tool_report())
-            parts.append(
+            tail = [self._tool_report()] if "tool" in self.spec.turn_order else []
+            tail.append(
                 "Think step by step, then give only the final answer between <answer> and "
                 "</answer>, in exactly the format the task asks for."
             )
-        return [{"role": "user", "content": "\n\n".join(parts)}]
+        return self._prompt(role, [f"Task:\n{self.entry['question']}"], tail)
 
-    async def step(self, agent: str, action: str) -> StepResult:
-        self._check(agent)
-        if self.entry is None:
-            raise RuntimeError("reasoning_gym: step() before reset()")
-        if self.done:
-            return StepResult(self.score, 0.0, True, True, {"error": "the episode is over"})
-        action = action if isinstance(action, str) else ""
-        result = await (self._tool(action) if agent == "tool" else self._reasoner(action))
-        self.acted.add(agent)
-        if self.acted >= set(self.spec.turn_order):
-            self._end_turn()
-        return result
+    @property
+    def success(self) -> bool:
+        """The reasoner's latest score is 1.0: the episode ends on it."""
+        return self.done
+
+    def _ready(self) -> bool:
+        return self.entry is not None
+
+    async def _act(self, agent: str, action: str) -> StepResult:
+        return await (self._tool(action) if agent == "tool" else self._reasoner(action))
+
+    def _team(self) -> float:
+        return self.score
 
     # ---- agents -----------------------------------------------------------------------------
 
@@ -302,17 +286,7 @@ class ReasoningGymEnv(ToolTurns, Environment):
     async def _reasoner(self, action: str) -> StepResult:
         answer = reasoner_answer(action)
         if answer is None:
-            self._record("reasoner", "gave no <answer>")
-            return StepResult(
-                self.score,
-                self.failure_reward,
-                False,
-                False,
-                {
-                    "parse_error": "no <answer>...</answer> found; end with the final answer in "
-                    "<answer></answer> tags"
-                },
-            )
+            return self._failed("reasoner", "gave no <answer>", {"parse_error": NO_ANSWER})
         self.score, info = await self._score(answer)
         self.done = self.score >= 1.0
         info.update(answer=_clip(answer, ANSWER_CHARS), score=self.score)
@@ -325,19 +299,11 @@ class ReasoningGymEnv(ToolTurns, Environment):
         return StepResult(self.score, local, self.done, self.done, info)
 
     async def _tool(self, action: str) -> StepResult:
-        run = await run_tool(action, self.sandbox, self.limits, self.name)
+        ran = await self._run_tool(action, program_answer, {"score": 0.0})
+        if isinstance(ran, StepResult):
+            return ran
+        run, answer = ran
         out, info = run.out, run.info
-        self.tool_out = out
-        if run.failure:
-            key, message = run.failure
-            out["error"] = info[key] = message
-            self._record("tool", f"failed ({_clip(message, 120)})")
-            return StepResult(self.score, self.failure_reward, False, False, info)
-        answer = program_answer(run.stdout)
-        if answer is None:
-            out["error"] = "the program printed nothing"
-            self._record("tool", "printed nothing")
-            return StepResult(self.score, 0.0, False, False, {**info, "answer": None, "score": 0.0})
         out["answer"] = _clip(answer, ANSWER_CHARS)
         score, extra = await self._score(answer)
         info.update(extra, answer=out["answer"], score=score)
@@ -345,12 +311,3 @@ class ReasoningGymEnv(ToolTurns, Environment):
         return StepResult(
             self.score, self.failure_reward if "judge_error" in info else score, False, False, info
         )
-
-    # ---- helpers ----------------------------------------------------------------------------
-
-    def _check(self, agent: str) -> None:
-        if agent not in self.spec.agents:
-            raise ValueError(
-                f"reasoning_gym: unknown agent {agent!r}; this environment's agents are "
-                f"{self.spec.agents}"
-            )

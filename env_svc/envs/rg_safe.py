@@ -45,6 +45,7 @@ from fractions import Fraction
 from typing import Any
 
 from atgrpo.sdk.judge import JudgeError, literal
+from env_svc.envs.common import MATH_FUNCTIONS
 
 MAX_EXPR_CHARS = 1000  # countdown's six numbers with operators and brackets take under 100
 MAX_EXPR_TOKENS = 200
@@ -289,29 +290,9 @@ SAFE: dict[str, Scorer] = {
 SYMPY_SCORED = frozenset(
     {"polynomial_multiplication", "simple_integration", "intermediate_integration"}
 )
-_MATH_NAMES = frozenset(
-    {
-        "sin",
-        "cos",
-        "tan",
-        "cot",
-        "sec",
-        "csc",
-        "asin",
-        "acos",
-        "atan",
-        "sinh",
-        "cosh",
-        "tanh",
-        "exp",
-        "log",
-        "ln",
-        "sqrt",
-        "pi",
-        "Abs",
-        "abs",
-    }
-)
+# The shared names, pi and sympy's spelling Abs: what the polynomial and integration answers use.
+# No more: sympy's parse_expr evaluates whatever a name means (binomial(10**6, 5*10**5) in full).
+_MATH_NAMES = MATH_FUNCTIONS | {"pi", "Abs"}
 _MATH_RE = re.compile(
     r"\s*(?:([0-9]+(?:\.[0-9]*)?|\.[0-9]+)|([A-Za-z]+)|(\*\*|[-+*/^(),])|(\S))", re.ASCII
 )

@@ -18,8 +18,9 @@ from atgrpo.sdk.inprocess import LocalEnvs
 from atgrpo.sdk.registry import Registry
 from env_svc import code_formats, datasets
 from env_svc.envs import BUILTIN
-from env_svc.envs.code import FAILURE_REWARD, CodeEnv, extract_code
+from env_svc.envs.code import CodeEnv, extract_code
 from env_svc.envs.code_program import function_program, parse_tests
+from env_svc.envs.common import FAILURE_REWARD
 
 
 def run(coro):

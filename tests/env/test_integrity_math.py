@@ -27,7 +27,8 @@ from atgrpo.sdk.registry import Registry
 from env_svc.envs import BUILTIN
 from env_svc.envs.answer_extract import extract_answer, extract_code, stdout_answer
 from env_svc.envs.answers import answers_match, judge_answer
-from env_svc.envs.math import FAILURE_REWARD, MathEnv
+from env_svc.envs.common import FAILURE_REWARD
+from env_svc.envs.math import MathEnv
 
 WALL_S = 2.0  # per judge call: generous, so that only real blow-ups fail
 MB = 1 << 20

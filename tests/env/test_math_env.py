@@ -17,7 +17,8 @@ from env_svc import datasets
 from env_svc.envs import BUILTIN
 from env_svc.envs.answer_extract import extract_answer
 from env_svc.envs.answers import _Text, answers_match, parse_answer
-from env_svc.envs.math import FAILURE_REWARD, MathEnv
+from env_svc.envs.common import FAILURE_REWARD
+from env_svc.envs.math import MathEnv
 
 
 def run(coro):

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
+from env_svc.envs.common import FAILURE_REWARD
 from env_svc.envs.plan_path import PlanPathEnv
 from env_svc.envs.planning import (
-    FAILURE_REWARD,
     MIN_ANSWER_REWARD,
     episode_charge,
     moves_text,

@@ -13,7 +13,8 @@ from atgrpo.sdk.env import EVAL_SEED_OFFSET
 from atgrpo.sdk.host import EnvHost
 from atgrpo.sdk.registry import Registry
 from env_svc.envs import BUILTIN
-from env_svc.envs.reasoning_gym import FAILURE_REWARD, ReasoningGymEnv, _dataset
+from env_svc.envs.common import FAILURE_REWARD
+from env_svc.envs.reasoning_gym import ReasoningGymEnv, _dataset
 
 ARITHMETIC = {
     "dataset": "basic_arithmetic",
