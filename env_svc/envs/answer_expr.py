@@ -37,7 +37,7 @@ from env_svc.envs.answer_limits import (
     too_large,
     undefined,
 )
-from env_svc.envs.common import MATH_FUNCTIONS
+from env_svc.envs.math_names import MATH_FUNCTIONS
 
 
 def _funcs() -> dict[str, tuple[Any, tuple[int, ...]]]:

@@ -7,9 +7,6 @@
   report to the others (math, reasoning_gym).
 - The tool agent's program run in the sandbox (`run_tool`, `sandbox_call`) and its limits
   (`TOOL_LIMITS`, `tool_limits`; the planning envs and code's test runs start from them too).
-- `MATH_FUNCTIONS`: the function names both math-text parsers let through (answer_expr's, and
-  rg_safe's gate before sympy). A name added here reaches both, so each parser's own additions
-  stay beside it, with the reason they are its alone.
 """
 
 from __future__ import annotations
@@ -43,28 +40,6 @@ TOOL_LIMITS = Limits(
     max_processes=16,
     max_file_bytes=2**20,
     max_open_files=64,
-)
-
-MATH_FUNCTIONS = frozenset(
-    {
-        "sqrt",
-        "exp",
-        "ln",
-        "log",
-        "sin",
-        "cos",
-        "tan",
-        "cot",
-        "sec",
-        "csc",
-        "asin",
-        "acos",
-        "atan",
-        "sinh",
-        "cosh",
-        "tanh",
-        "abs",
-    }
 )
 
 

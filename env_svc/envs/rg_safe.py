@@ -45,7 +45,7 @@ from fractions import Fraction
 from typing import Any
 
 from atgrpo.sdk.judge import JudgeError, literal
-from env_svc.envs.common import MATH_FUNCTIONS
+from env_svc.envs.math_names import MATH_FUNCTIONS
 
 MAX_EXPR_CHARS = 1000  # countdown's six numbers with operators and brackets take under 100
 MAX_EXPR_TOKENS = 200

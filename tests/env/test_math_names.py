@@ -6,7 +6,7 @@ added to either one is a decision a test records."""
 import pytest
 
 from atgrpo.sdk.judge import JudgeError
-from env_svc.envs import answer_expr, common, rg_safe
+from env_svc.envs import answer_expr, math_names, rg_safe
 from env_svc.envs.answer_expr import tokenize
 from env_svc.envs.answer_limits import AnswerError
 from env_svc.envs.rg_safe import math_text
@@ -16,13 +16,13 @@ GATE_ONLY = {"pi", "Abs"}
 
 
 def test_both_parsers_read_the_same_list():
-    assert answer_expr.MATH_FUNCTIONS is common.MATH_FUNCTIONS
-    assert rg_safe.MATH_FUNCTIONS is common.MATH_FUNCTIONS
-    assert answer_expr._FUNCS == common.MATH_FUNCTIONS | JUDGE_ONLY
-    assert rg_safe._MATH_NAMES == common.MATH_FUNCTIONS | GATE_ONLY
+    assert answer_expr.MATH_FUNCTIONS is math_names.MATH_FUNCTIONS
+    assert rg_safe.MATH_FUNCTIONS is math_names.MATH_FUNCTIONS
+    assert answer_expr._FUNCS == math_names.MATH_FUNCTIONS | JUDGE_ONLY
+    assert rg_safe._MATH_NAMES == math_names.MATH_FUNCTIONS | GATE_ONLY
 
 
-@pytest.mark.parametrize("name", sorted(common.MATH_FUNCTIONS))
+@pytest.mark.parametrize("name", sorted(math_names.MATH_FUNCTIONS))
 def test_a_shared_name_is_a_function_to_both(name):
     assert ("id", name) in tokenize(f"{name}(x)")
     math_text(f"{name}(x) + 1")
