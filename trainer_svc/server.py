@@ -3,7 +3,6 @@ ranks (torchrun) only rank 0 runs it; its Trainer forwards each operation to the
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -136,9 +135,8 @@ def _check_token_ids(samples: list[TrainSample], vocab: int | None) -> None:
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
-    def __init__(self, trainer: Trainer, micro_batch_tokens: int = 8192) -> None:
+    def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
-        self.micro_batch_tokens = micro_batch_tokens
         ranks = trainer.ranks.world_size if trainer.ranks else 1
         self._service = service_info(
             "trainer",
@@ -177,9 +175,6 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         await self.trainer.setup(
             spec, request.resume_from, request.reload, replicas_only=request.replicas_only
         )
-        # the run's budget; the --micro-batch-tokens flag is the default
-        if spec.micro_batch_tokens > 0:
-            self.micro_batch_tokens = spec.micro_batch_tokens
         return self._info()
 
     async def Train(
@@ -212,11 +207,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         check_update(header.update)
         state = self.trainer.need_state()
         _check_token_ids(samples, _vocab_size(state))
-        update = dataclasses.replace(
-            trainer_wire.update_from_pb(header.update),
-            micro_batch_tokens=self.micro_batch_tokens,
-            grad_clip=state.spec.grad_clip,
-        )
+        update = trainer_wire.update_from_pb(header.update)
         result = await self.trainer.train(
             header.run_id, header.step, header.expected_version, samples, update
         )
@@ -247,11 +238,13 @@ def bindings(
 ) -> list[Binding]:
     """`ranks`: this is rank 0 of a pool over several ranks (torchrun); the others follow it."""
     settings = settings or TrainerSettings()
-    trainer = trainer or Trainer(settings.pool, settings.sharding, ranks)
+    trainer = trainer or Trainer(
+        settings.pool, settings.sharding, ranks, settings.micro_batch_tokens
+    )
     return [
         Binding(
             "atgrpo.v1.TrainerService",
-            TrainerServicer(trainer, settings.micro_batch_tokens),
+            TrainerServicer(trainer),
             trainer_pb2_grpc.add_TrainerServiceServicer_to_server,
         )
     ]

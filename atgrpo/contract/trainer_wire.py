@@ -107,7 +107,8 @@ def spec_from_pb(m: pb.SetupRequest) -> PoolSpec:
 
 
 def update_to_pb(u: UpdateConfig) -> pb.UpdateParams:
-    """What of an update the router decides; the trainer's own settings do not travel."""
+    """The router's settings of a step's update (all of UpdateConfig); the trainer's own
+    (micro-batch budget, gradient clip, precision) come with its Setup."""
     loss = u.loss
     return pb.UpdateParams(
         clip_eps_low=loss.clip_eps_low,

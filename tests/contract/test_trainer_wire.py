@@ -25,7 +25,7 @@ def test_update_config_round_trips_including_the_async_fields():
     )
     wire = pb.UpdateParams.FromString(update_to_pb(sent).SerializeToString())
     assert (wire.max_staleness, wire.behav_imp_cap) == (2, 2.5)
-    # Only what the router decides travels; the trainer fills in the rest from its pool.
+    # All of UpdateConfig is the router's and travels; the trainer's own settings do not.
     assert update_from_pb(wire) == sent
 
 
