@@ -13,7 +13,7 @@ from atgrpo._proto.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
 from atgrpo.algo.registry import policy_loss_named
 from atgrpo.contract import trainer_wire
 from atgrpo.contract.rollout_wire import check_address
-from atgrpo.contract.trainer import TrainerInfo, TrainSample, update_problems
+from atgrpo.contract.trainer import TrainerInfo, TrainSample, UpdateConfig, update_problems
 from atgrpo.errors import FailedPrecondition, InvalidArgument, NotFound
 from atgrpo.rpc.server import Binding, service_info
 from trainer_svc.distributed import Ranks
@@ -101,17 +101,17 @@ def check_setup(m: trainer_pb2.SetupRequest) -> None:
     )
 
 
-def check_update(update: trainer_pb2.UpdateParams) -> None:
-    """The update settings as the trainer will use them (0 = the default) against the one table of
-    bounds the run config is checked with (atgrpo.contract.trainer.UPDATE_BOUNDS)."""
-    bad = update_problems(trainer_wire.update_from_pb(update))
+def check_update(update: UpdateConfig) -> None:
+    """The update settings as the trainer will use them (converted: 0 = the default) against the
+    one table of bounds the run config is checked with (atgrpo.contract.trainer.UPDATE_BOUNDS),
+    and the policy loss against the registry."""
+    bad = update_problems(update)
     if bad:
         raise InvalidArgument("Train update: " + "; ".join(bad) + " (0 = the default)")
-    if update.policy_loss:
-        try:
-            policy_loss_named(update.policy_loss)
-        except KeyError as err:
-            raise InvalidArgument(f"Train update.policy_loss: {err.args[0]}") from None
+    try:
+        policy_loss_named(update.loss.policy_loss)
+    except KeyError as err:
+        raise InvalidArgument(f"Train update.policy_loss: {err.args[0]}") from None
 
 
 def _vocab_size(state) -> int | None:
@@ -204,10 +204,10 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                 f"the header announced {header.num_samples} samples, {len(samples)} arrived; "
                 "nothing was trained, resend the step"
             )
-        check_update(header.update)
+        update = trainer_wire.update_from_pb(header.update)
+        check_update(update)
         state = self.trainer.need_state()
         _check_token_ids(samples, _vocab_size(state))
-        update = trainer_wire.update_from_pb(header.update)
         result = await self.trainer.train(
             header.run_id, header.step, header.expected_version, samples, update
         )

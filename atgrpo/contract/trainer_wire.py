@@ -125,6 +125,7 @@ def update_to_pb(u: UpdateConfig) -> pb.UpdateParams:
 
 
 def update_from_pb(m: pb.UpdateParams) -> UpdateConfig:
+    """The one conversion of a Train call's update settings; 0 (unset) takes the default."""
     d, dl = UpdateConfig(), LossConfig()
     # A client that predates behav_imp_cap sends none: it gets the default cap, not 0 (which
     # would zero every token's loss); an explicit 0 means the default too, as elsewhere here.
