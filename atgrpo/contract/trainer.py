@@ -47,8 +47,7 @@ class LossConfig:
     behav_imp_cap: float = 2.0
     """with max_staleness > 0 (the decoupled PPO loss): the cap on each token's importance weight
     from the sampling policy to the trainer's policy before the update. 1 truncates as V-trace
-    does (Espeholt et al. 2018); AReaL uses 5, which at the demo's large learning rate did not
-    learn; 2 matched the synchronous loop's steps to 0.75 on six seeds (docs/design.md)"""
+    does (Espeholt et al. 2018), AReaL uses 5; docs/design.md gives the reasons for 2"""
     policy_loss: str = "ppo_clip"
     """the policy loss, by its registered name (atgrpo.algo.registry). ppo_clip: the clipped
     surrogate with dual clip; with max_staleness > 0 it trains with its decoupled form
