@@ -48,15 +48,8 @@ def main(
         grad_clip=NO_CLIP,
         autocast_bf16=bf16 and sharding != "fsdp",
     )
-    metrics = update(
-        model,
-        opt,
-        samples,
-        cfg,
-        params=params,
-        settings=settings,
-        generator=torch.Generator().manual_seed(1),
-    )
+    g = torch.Generator().manual_seed(1)
+    metrics = update(model, opt, samples, cfg, params=params, settings=settings, generator=g)
     state = full_model_state(model) if sharding == "fsdp" else model.state_dict()
     if dist.get_rank() == 0:
         torch.save(
