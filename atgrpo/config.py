@@ -314,7 +314,8 @@ class RunConfig:
         return self.algorithm.update.max_staleness if own is None else own
 
     def update_for(self, pool: str) -> UpdateConfig:
-        """What `pool`'s trainer takes for each step's update (its own settings it fills in)."""
+        """The router's settings of `pool`'s update, sent with each step: the one place they are
+        made (the algorithm's, with the pool's max_staleness)."""
         return replace(self.algorithm.update, max_staleness=self.max_staleness(pool))
 
     @property

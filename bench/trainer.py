@@ -25,7 +25,7 @@ from _report import parse_args, record  # noqa: E402
 from atgrpo.contract.sampling import Sampling  # noqa: E402
 from atgrpo.contract.trainer import TrainSample, UpdateConfig  # noqa: E402
 from atgrpo.models import build_tiny_model  # noqa: E402
-from trainer_svc.update import update  # noqa: E402
+from trainer_svc.update import TrainerUpdateSettings, update  # noqa: E402
 
 
 def batch(args, vocab=1500):
@@ -106,13 +106,12 @@ def atgrpo_rate(model_dir: str, args, bf16: bool) -> float:
         )
         for i in range(args.samples)
     ]
-    cfg = UpdateConfig(
-        mini_batch_size=args.samples,
-        micro_batch_tokens=args.samples * (args.prompt + args.response),
-        autocast_bf16=bf16,
+    cfg = UpdateConfig(mini_batch_size=args.samples)
+    settings = TrainerUpdateSettings(
+        micro_batch_tokens=args.samples * (args.prompt + args.response), autocast_bf16=bf16
     )
     return _rate(
-        lambda: update(model, optimizer, samples, cfg, params=params),
+        lambda: update(model, optimizer, samples, cfg, params=params, settings=settings),
         responses.numel(),
         args.repeats,
     )
@@ -156,12 +155,10 @@ def head_rates(args) -> tuple[float, float]:
     ]
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(params, lr=0.0)  # the weights stay: both paths see the same model
-    cfg = UpdateConfig(
-        mini_batch_size=args.samples,
-        micro_batch_tokens=args.samples * (args.prompt + args.response),
-    )
+    cfg = UpdateConfig(mini_batch_size=args.samples)
+    settings = TrainerUpdateSettings(args.samples * (args.prompt + args.response))
     chunked = _rate(
-        lambda: update(model, optimizer, samples, cfg, params=params),
+        lambda: update(model, optimizer, samples, cfg, params=params, settings=settings),
         responses.numel(),
         args.repeats,
     )
@@ -169,7 +166,7 @@ def head_rates(args) -> tuple[float, float]:
     logprobs.chunked_head_available = lambda m: False  # the baseline: the model's own full logits
     try:
         full = _rate(
-            lambda: update(model, optimizer, samples, cfg, params=params),
+            lambda: update(model, optimizer, samples, cfg, params=params, settings=settings),
             responses.numel(),
             args.repeats,
         )

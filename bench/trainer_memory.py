@@ -180,10 +180,8 @@ def update_rates(args) -> tuple[float, float]:
         )
         for _ in range(args.samples)
     ]
-    cfg = UpdateConfig(
-        mini_batch_size=args.samples,
-        micro_batch_tokens=args.samples * (args.prompt + args.response),
-    )
+    cfg = UpdateConfig(mini_batch_size=args.samples)
+    settings = upd.TrainerUpdateSettings(args.samples * (args.prompt + args.response))
     tokens = args.samples * args.response
     chunked = upd.response_logprobs
     keep = logprobs.LOGPROB_KEEP_ELEMENTS
@@ -198,11 +196,11 @@ def update_rates(args) -> tuple[float, float]:
         ):
             upd.response_logprobs = fn
             logprobs.LOGPROB_KEEP_ELEMENTS = kept
-            upd.update(model, optimizer, samples, cfg, params=params)  # warm-up
+            upd.update(model, optimizer, samples, cfg, params=params, settings=settings)  # warm-up
             best = 0.0
             for _ in range(args.repeats):
                 t = time.perf_counter()
-                upd.update(model, optimizer, samples, cfg, params=params)
+                upd.update(model, optimizer, samples, cfg, params=params, settings=settings)
                 best = max(best, tokens / (time.perf_counter() - t))
             rates[name] = best
     finally:

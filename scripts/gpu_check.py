@@ -294,12 +294,8 @@ def check_trainer(args, work: Path) -> dict:
     loaded_s = time.monotonic() - started
     per_sample = min(args.sample_tokens, tokens)
     samples = samples_for(per_sample, max(1, tokens // per_sample), cfg["vocab_size"])
-    update = dataclasses.replace(
-        run.update_for(name),
-        mini_batch_size=len(samples),
-        micro_batch_tokens=tokens,
-        autocast_bf16=state.autocast,
-    )
+    # the budget (pool.micro_batch_tokens) and precision are the pool's: state.update_settings
+    update = dataclasses.replace(run.update_for(name), mini_batch_size=len(samples))
     ops.train(samples, update)  # warm-up: allocator, AdamW state, kernels
     _reset_peak(args.device)
     t0 = time.monotonic()
@@ -344,7 +340,7 @@ def check_logprobs(args, work: Path) -> dict:
 
     from atgrpo.contract.trainer import TrainSample
     from rollout_svc.engines.hf import HFEngine
-    from trainer_svc.update import proximal_logprobs
+    from trainer_svc.update import UpdateContext, proximal_logprobs
 
     run, name, pool = example_pool(args)
     sampling = example_sampling(run, name, args.gen_tokens)
@@ -368,12 +364,12 @@ def check_logprobs(args, work: Path) -> dict:
     if args.device.startswith("cuda"):
         torch.cuda.empty_cache()
     ops = setup_pool(args, path, name, pool)
-    cfg = dataclasses.replace(
-        run.update_for(name),
-        micro_batch_tokens=pool.micro_batch_tokens,
-        autocast_bf16=ops.state.autocast,
+    state = ops.state
+    scored = proximal_logprobs(
+        UpdateContext(
+            state.model, samples, run.update_for(name), state.update_settings, str(state.device)
+        )
     )
-    scored = proximal_logprobs(ops.state.model, samples, cfg, str(ops.state.device))
     rollout = torch.cat([torch.tensor(s.old_logprobs, dtype=torch.float32) for s in samples])
     trainer = torch.cat(scored)
     # tokens the trainer's transform excludes: a top-k/top-p mismatch

@@ -28,7 +28,9 @@ def main() -> int:
             format=f"%(asctime)s trainer[rank {ranks.rank}] %(levelname)s %(name)s: %(message)s",
         )
         try:
-            return distributed.run_follower(ranks, PoolOps(settings.sharding), serve.grace_s)
+            return distributed.run_follower(
+                ranks, PoolOps(settings.sharding, settings.micro_batch_tokens), serve.grace_s
+            )
         finally:
             skip_exit_collection()
     try:

@@ -43,7 +43,7 @@ def compute_bf16(spec: PoolSpec, device: str) -> bool:
 
 def weight_dtype(spec: PoolSpec, trainable: bool) -> torch.dtype:
     """The dtype the weights are held in: float32 masters for trained weights under bf16
-    (float16 still trains in float16, as before: it would need loss scaling)."""
+    (float16 trains in float16: float16 mixed precision would need loss scaling)."""
     if spec.dtype == "bfloat16" and trainable:
         return torch.float32
     return _DTYPES.get(spec.dtype, torch.float32)

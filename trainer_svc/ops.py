@@ -14,7 +14,7 @@ from atgrpo.contract.trainer import PoolSpec, TrainSample, UpdateConfig
 from atgrpo.model_thread import peak_rss_bytes, release_freed_memory, rss_bytes
 from atgrpo.perf import matmul_rate
 from trainer_svc.state import PoolState
-from trainer_svc.update import update
+from trainer_svc.update import DEFAULT_MICRO_BATCH_TOKENS, update
 
 
 class PoolOps:
@@ -23,14 +23,17 @@ class PoolOps:
     (distributed.py), because FSDP's gathers and gradient reductions are collectives. Requests
     are validated on rank 0 before they are sent, so every rank sees only good input."""
 
-    def __init__(self, sharding: str = "auto"):
+    def __init__(
+        self, sharding: str = "auto", micro_batch_tokens: int = DEFAULT_MICRO_BATCH_TOKENS
+    ):
         self.sharding = sharding
+        self.micro_batch_tokens = micro_batch_tokens  # the budget when a pool's spec sets none
         self.state: PoolState | None = None
         # FLOP/s of this process's matmuls on the pool's device (atgrpo.perf)
         self.matmul_rate = 0.0
 
     def setup(self, spec: PoolSpec, resume_from: str = "") -> PoolState:
-        state = PoolState(spec, self.sharding)
+        state = PoolState(spec, self.sharding, self.micro_batch_tokens)
         if resume_from:
             state.load(resume_from)
         # Measured once per device and dtype (cached), here rather than in the first update: what
@@ -48,6 +51,7 @@ class PoolOps:
             samples,
             cfg,
             params=state.params,
+            settings=state.update_settings,
             device=state.device,
             adapter=state.activate if state.lora else None,
             generator=state.generator,

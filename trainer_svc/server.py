@@ -3,7 +3,6 @@ ranks (torchrun) only rank 0 runs it; its Trainer forwards each operation to the
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,7 +13,7 @@ from atgrpo._proto.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
 from atgrpo.algo.registry import policy_loss_named
 from atgrpo.contract import trainer_wire
 from atgrpo.contract.rollout_wire import check_address
-from atgrpo.contract.trainer import TrainerInfo, TrainSample, update_problems
+from atgrpo.contract.trainer import TrainerInfo, TrainSample, UpdateConfig, update_problems
 from atgrpo.errors import FailedPrecondition, InvalidArgument, NotFound
 from atgrpo.rpc.server import Binding, service_info
 from trainer_svc.distributed import Ranks
@@ -102,17 +101,17 @@ def check_setup(m: trainer_pb2.SetupRequest) -> None:
     )
 
 
-def check_update(update: trainer_pb2.UpdateParams) -> None:
-    """The update settings as the trainer will use them (0 = the default) against the one table of
-    bounds the run config is checked with (atgrpo.contract.trainer.UPDATE_BOUNDS)."""
-    bad = update_problems(trainer_wire.update_from_pb(update))
+def check_update(update: UpdateConfig) -> None:
+    """The update settings as the trainer will use them (converted: 0 = the default) against the
+    one table of bounds the run config is checked with (atgrpo.contract.trainer.UPDATE_BOUNDS),
+    and the policy loss against the registry."""
+    bad = update_problems(update)
     if bad:
         raise InvalidArgument("Train update: " + "; ".join(bad) + " (0 = the default)")
-    if update.policy_loss:
-        try:
-            policy_loss_named(update.policy_loss)
-        except KeyError as err:
-            raise InvalidArgument(f"Train update.policy_loss: {err.args[0]}") from None
+    try:
+        policy_loss_named(update.loss.policy_loss)
+    except KeyError as err:
+        raise InvalidArgument(f"Train update.policy_loss: {err.args[0]}") from None
 
 
 def _vocab_size(state) -> int | None:
@@ -136,9 +135,8 @@ def _check_token_ids(samples: list[TrainSample], vocab: int | None) -> None:
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
-    def __init__(self, trainer: Trainer, micro_batch_tokens: int = 8192) -> None:
+    def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
-        self.micro_batch_tokens = micro_batch_tokens
         ranks = trainer.ranks.world_size if trainer.ranks else 1
         self._service = service_info(
             "trainer",
@@ -177,9 +175,6 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         await self.trainer.setup(
             spec, request.resume_from, request.reload, replicas_only=request.replicas_only
         )
-        # the run's budget; the --micro-batch-tokens flag is the default
-        if spec.micro_batch_tokens > 0:
-            self.micro_batch_tokens = spec.micro_batch_tokens
         return self._info()
 
     async def Train(
@@ -209,14 +204,10 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                 f"the header announced {header.num_samples} samples, {len(samples)} arrived; "
                 "nothing was trained, resend the step"
             )
-        check_update(header.update)
+        update = trainer_wire.update_from_pb(header.update)
+        check_update(update)
         state = self.trainer.need_state()
         _check_token_ids(samples, _vocab_size(state))
-        update = dataclasses.replace(
-            trainer_wire.update_from_pb(header.update),
-            micro_batch_tokens=self.micro_batch_tokens,
-            grad_clip=state.spec.grad_clip,
-        )
         result = await self.trainer.train(
             header.run_id, header.step, header.expected_version, samples, update
         )
@@ -247,11 +238,13 @@ def bindings(
 ) -> list[Binding]:
     """`ranks`: this is rank 0 of a pool over several ranks (torchrun); the others follow it."""
     settings = settings or TrainerSettings()
-    trainer = trainer or Trainer(settings.pool, settings.sharding, ranks)
+    trainer = trainer or Trainer(
+        settings.pool, settings.sharding, ranks, settings.micro_batch_tokens
+    )
     return [
         Binding(
             "atgrpo.v1.TrainerService",
-            TrainerServicer(trainer, settings.micro_batch_tokens),
+            TrainerServicer(trainer),
             trainer_pb2_grpc.add_TrainerServiceServicer_to_server,
         )
     ]

@@ -9,12 +9,14 @@ from dataclasses import dataclass
 
 from atgrpo.rpc.main import SettingsError
 from trainer_svc.sharding import SHARDINGS
+from trainer_svc.update import DEFAULT_MICRO_BATCH_TOKENS
 
 
 @dataclass(frozen=True)
 class TrainerSettings:
     pool: str = ""
-    micro_batch_tokens: int = 8192  # the default; a run's Setup may set its own budget
+    # the default; a run's Setup may set its own budget
+    micro_batch_tokens: int = DEFAULT_MICRO_BATCH_TOKENS
     sharding: str = "auto"
 
     @staticmethod
@@ -23,7 +25,7 @@ class TrainerSettings:
         ap.add_argument(
             "--micro-batch-tokens",
             type=int,
-            default=8192,
+            default=DEFAULT_MICRO_BATCH_TOKENS,
             help="token budget of one forward/backward micro-batch",
         )
         ap.add_argument(
@@ -39,6 +41,6 @@ class TrainerSettings:
         if args.micro_batch_tokens < 1:
             raise SettingsError(
                 f"--micro-batch-tokens {args.micro_batch_tokens}: give the tokens of one "
-                "forward/backward (>= the longest sample; 8192 by default)"
+                f"forward/backward (>= the longest sample; {DEFAULT_MICRO_BATCH_TOKENS} by default)"
             )
         return cls(args.pool, args.micro_batch_tokens, args.sharding)

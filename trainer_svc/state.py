@@ -46,6 +46,7 @@ from trainer_svc.sharding import (
     shard,
     world,
 )
+from trainer_svc.update import DEFAULT_MICRO_BATCH_TOKENS, TrainerUpdateSettings
 
 PEFT_STATE_PREFIX = "base_model.model."
 TRAINER_STATE = "trainer_state.pt"  # schedule, RNGs; optimizer and masters unless sharded
@@ -65,7 +66,13 @@ class PoolState:
     """One rank's part of the pool. On a pool over several ranks (torchrun) every rank builds
     one from the same spec and seed; `sharding` (see sharding.py) picks the layout."""
 
-    def __init__(self, spec: PoolSpec, sharding: str = "auto"):
+    def __init__(
+        self,
+        spec: PoolSpec,
+        sharding: str = "auto",
+        micro_batch_tokens: int = DEFAULT_MICRO_BATCH_TOKENS,
+    ):
+        """`micro_batch_tokens`: the budget when the spec sets none (0)."""
         if spec.specialization not in ("full", "lora"):
             raise InvalidArgument(f"specialization {spec.specialization!r}: use 'full' or 'lora'")
         self.rank, world_size = world()
@@ -91,6 +98,11 @@ class PoolState:
         self.generator = torch.Generator().manual_seed(spec.seed)
         # a full pool's frozen initial weights, loaded when the KL first needs them
         self._reference = None
+        self.update_settings = TrainerUpdateSettings(
+            micro_batch_tokens=spec.micro_batch_tokens or micro_batch_tokens,
+            grad_clip=spec.grad_clip,
+            autocast_bf16=self.autocast,
+        )
 
     def _build(self):
         dtype = weight_dtype(self.spec, trainable=not self.lora)

@@ -28,7 +28,7 @@ from trainer_svc import metrics as telemetry  # `metrics` is a TrainResult's dic
 from trainer_svc.distributed import Ranks, bind_device
 from trainer_svc.ops import PoolOps
 from trainer_svc.state import PoolState, delete_checkpoint
-from trainer_svc.update import validate
+from trainer_svc.update import DEFAULT_MICRO_BATCH_TOKENS, validate
 
 
 def staleness_max(samples: Sequence[TrainSample], allowed: int, max_staleness: int = 0) -> int:
@@ -78,9 +78,16 @@ log = logging.getLogger("atgrpo.trainer")
 
 
 class Trainer:
-    def __init__(self, pool_name: str = "", sharding: str = "auto", ranks: Ranks | None = None):
+    def __init__(
+        self,
+        pool_name: str = "",
+        sharding: str = "auto",
+        ranks: Ranks | None = None,
+        micro_batch_tokens: int = DEFAULT_MICRO_BATCH_TOKENS,
+    ):
+        """`micro_batch_tokens`: the budget of a pool whose Setup sets none."""
         self.pool_name = pool_name
-        self.ops = PoolOps(sharding)
+        self.ops = PoolOps(sharding, micro_batch_tokens)
         self.ranks = ranks  # set on rank 0 of a torchrun pool: the other ranks follow
         # (run, step) -> result, the last REPLAYED steps': Train is idempotent. A retry is of the
         # step in flight; an older step's samples are refused by their version anyway.
@@ -260,10 +267,9 @@ class Trainer:
                     f"the samples were drawn from version {expected_version}, the pool is at "
                     f"{state.version}: recollect with the current weights (on-policy)"
                 )
-            validate(samples, state.spec.agents, cfg.micro_batch_tokens)
+            validate(samples, state.spec.agents, state.update_settings.micro_batch_tokens)
             staleness = staleness_max(samples, state.version, cfg.max_staleness)
             lags = sample_staleness(samples, state.version)
-            cfg = dataclasses.replace(cfg, autocast_bf16=state.autocast)
             start = time.perf_counter()
             metrics = await self._run("train", samples, cfg)
             metrics["train_seconds"] = time.perf_counter() - start

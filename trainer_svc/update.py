@@ -28,11 +28,11 @@ update equals the single-process one.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import itertools
 import math
 import zlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -52,13 +52,45 @@ DECOUPLED_KEYS = (
     "behav_imp_weight_max",
     "behav_capped_fraction",
 )
-# `prox` when the update is one optimizer step: every forward runs on the weights it starts from,
-# so each micro-batch's own log-probs, detached, are the proximal policy's, and no extra pass runs.
-SAME_FORWARD = "same forward"
+# The micro-batch token budget when neither the pool's setup nor the service's flag sets one.
+DEFAULT_MICRO_BATCH_TOKENS = 8192
 
 # The frozen reference for the KL term: a context that yields the model to score with (a LoRA
 # pool's base with its adapters off, or a full pool's initial weights).
 Reference = Callable[[], contextlib.AbstractContextManager]
+# Activates an agent's LoRA adapter for the block.
+Adapter = Callable[[str], contextlib.AbstractContextManager]
+
+
+@dataclass(frozen=True)
+class TrainerUpdateSettings:
+    """The trainer's own settings of every update of its pool, fixed when the pool is set up
+    (PoolState.update_settings); the router's per-step settings are UpdateConfig."""
+
+    micro_batch_tokens: int = DEFAULT_MICRO_BATCH_TOKENS
+    """the token budget of one forward/backward"""
+    grad_clip: float = 1.0
+    """the gradient norm each clip group (the model, or one agent's adapter) is clipped to"""
+    autocast_bf16: bool = False
+    """bf16 mixed precision for forward/backward (float32 master weights)"""
+
+
+@dataclass(frozen=True)
+class Proximal:
+    """The decoupled loss's proximal policy (max_staleness > 0): the weights the update starts
+    from, for every epoch."""
+
+    scored: Sequence[torch.Tensor] | None
+    """every sample's log-probs under those weights, scored before the first optimizer step
+    (proximal_logprobs). None when the update is one optimizer step: every forward then runs on
+    the weights it starts from, so each micro-batch's own log-probs, detached, are the proximal
+    policy's and no extra pass runs"""
+
+    def logprobs(self, micro: Sequence[int], lp: torch.Tensor) -> torch.Tensor:
+        """Rows `micro`'s proximal log-probs, shaped like `lp` (their log-probs under training)."""
+        if self.scored is None:
+            return lp.detach()
+        return _padded([self.scored[r] for r in micro], lp)
 
 
 class _UpdateClock(PhaseClock):
@@ -94,24 +126,60 @@ class _UpdateClock(PhaseClock):
         }
 
 
-# The running update's clock (update() sets it): the forward, backward and optimizer calls below
-# time themselves into it through _timed, whatever function they are in.
-_CLOCK: contextvars.ContextVar[_UpdateClock | None] = contextvars.ContextVar(
-    "update_clock", default=None
-)
+@dataclass(frozen=True)
+class UpdateContext:
+    """What every layer of one update reads: the model and the step's samples, the router's
+    settings (`cfg`) and the trainer's (`settings`), and where and how the model runs. The fields
+    after `proximal` follow from the model and the process group."""
 
+    model: torch.nn.Module
+    samples: Sequence[TrainSample]
+    cfg: UpdateConfig = field(default_factory=UpdateConfig)
+    settings: TrainerUpdateSettings = field(default_factory=TrainerUpdateSettings)
+    device: str = "cpu"
+    adapter: Adapter | None = None
+    """activates an agent's LoRA adapter; None: one shared model"""
+    reference: Reference | None = None
+    """the frozen reference for the KL term (used only when kl_coef > 0)"""
+    clock: _UpdateClock | None = None
+    """times the forwards, backwards and optimizer steps; None: untimed"""
+    proximal: Proximal | None = None
+    """the decoupled loss's proximal policy; None: the synchronous loss"""
+    sharded: bool = field(init=False)
+    shared: bool = field(init=False)
+    """the forward runs each distinct prompt of a micro-batch once (shares_prompts)"""
+    rank: int = field(init=False)
+    world_size: int = field(init=False)
 
-@contextlib.contextmanager
-def _timed(part: str, batch: Sequence[TrainSample] | None = None, *, grad: bool = True):
-    """Time the block as `part` of the running update; a forward also counts `batch`'s positions."""
-    clock = _CLOCK.get()
-    if clock is None:
-        yield
-        return
-    if batch is not None:
-        clock.count(batch, grad)
-    with clock.phase(part):
-        yield
+    def __post_init__(self) -> None:
+        rank, world_size = world()
+        object.__setattr__(self, "sharded", is_sharded(self.model))
+        object.__setattr__(self, "shared", shares_prompts(self.model))
+        object.__setattr__(self, "rank", rank)
+        object.__setattr__(self, "world_size", world_size)
+
+    @property
+    def per_agent(self) -> bool:
+        """Whether each agent's policy updates on its own (a LoRA pool's adapters)."""
+        return self.adapter is not None
+
+    def as_agent(self, agent: str | None) -> contextlib.AbstractContextManager:
+        """`agent`'s adapter active for the block (None: the model as it is)."""
+        return self.adapter(agent) if agent is not None else contextlib.nullcontext()
+
+    def rows(self, micro: Sequence[int]) -> list[TrainSample]:
+        return [self.samples[r] for r in micro]
+
+    @contextlib.contextmanager
+    def timed(self, part: str, batch: Sequence[TrainSample] | None = None, *, grad: bool = True):
+        """Time the block as `part` of the update; a forward also counts `batch`'s positions."""
+        if self.clock is None:
+            yield
+            return
+        if batch is not None:
+            self.clock.count(batch, grad)
+        with self.clock.phase(part):
+            yield
 
 
 def validate(
@@ -152,28 +220,19 @@ def validate(
             )
 
 
-def _plan(
-    mini: Sequence[int],
-    samples: Sequence[TrainSample],
-    cfg: UpdateConfig,
-    rank: int,
-    world_size: int,
-    sharded: bool,
-    shared: bool = False,
-) -> list[tuple[list[int], float]]:
+def _plan(ctx: UpdateContext, mini: Sequence[int]) -> list[tuple[list[int], float]]:
     """This rank's micro-batches of a mini-batch (rows rank::world), each with a weight: 1, or 0
     for padding. FSDP all-gathers in every forward and reduce-scatters in every backward, so
     under FSDP every rank must run as many micro-batches: one with fewer repeats a real row at
-    weight 0 (it adds nothing to the gradient but takes part in the collectives). `shared`: the
-    model runs each distinct prompt of a micro-batch once (shares_prompts), so the rows are
-    ordered by prompt before they are dealt (a group of K spreads over the ranks, K / world a
-    rank) and packed by what the shared forward holds."""
-    mini = by_prompt(mini, samples) if shared else list(mini)
-    mine = [(m, 1.0) for m in pack(mini[rank::world_size], samples, cfg.micro_batch_tokens, shared)]
-    if sharded:
+    weight 0 (it adds nothing to the gradient but takes part in the collectives). When the model
+    shares prompts (ctx.shared) the rows are ordered by prompt before they are dealt (a group of
+    K spreads over the ranks, K / world a rank) and packed by what the shared forward holds."""
+    samples, budget, world_size = ctx.samples, ctx.settings.micro_batch_tokens, ctx.world_size
+    mini = by_prompt(mini, samples) if ctx.shared else list(mini)
+    mine = [(m, 1.0) for m in pack(mini[ctx.rank :: world_size], samples, budget, ctx.shared)]
+    if ctx.sharded:
         most = max(
-            len(pack(mini[r::world_size], samples, cfg.micro_batch_tokens, shared))
-            for r in range(world_size)
+            len(pack(mini[r::world_size], samples, budget, ctx.shared)) for r in range(world_size)
         )
         mine += [([mini[0]], 0.0)] * (most - len(mine))
     return mine
@@ -197,8 +256,10 @@ def _padded(rows: Sequence[Sequence[float] | torch.Tensor], like: torch.Tensor) 
     return out
 
 
-def _autocast(cfg: UpdateConfig, device: str):
-    return torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.autocast_bf16)
+def _autocast(ctx: UpdateContext):
+    return torch.autocast(
+        ctx.device.split(":")[0], dtype=torch.bfloat16, enabled=ctx.settings.autocast_bf16
+    )
 
 
 def _agent_rows(samples: Sequence[TrainSample]) -> dict[str, list[int]]:
@@ -209,14 +270,7 @@ def _agent_rows(samples: Sequence[TrainSample]) -> dict[str, list[int]]:
     return rows
 
 
-def proximal_logprobs(
-    model,
-    samples: Sequence[TrainSample],
-    cfg: UpdateConfig,
-    device: str = "cpu",
-    adapter: Callable[[str], contextlib.AbstractContextManager] | None = None,
-    sharded: bool = False,
-) -> list[torch.Tensor]:
+def proximal_logprobs(ctx: UpdateContext) -> list[torch.Tensor]:
     """Every sample's response log-probs under the weights as they are (the decoupled loss's
     proximal policy), without gradient: one float32 CPU tensor per sample, -inf where the
     sample's transform excludes the token. Scored as the update's forward scores: per agent with
@@ -225,66 +279,57 @@ def proximal_logprobs(
     Under torch.distributed each rank scores its share (rows rank::world of each agent's rows;
     under FSDP padded to the same number of forwards, as _plan does, since every forward is a
     collective) and the ranks sum their disjoint shares, so every rank ends with all of them."""
-    rank, world_size = world()
+    samples = ctx.samples
     offsets = [0, *itertools.accumulate(len(s.response_ids) for s in samples)]
     flat = torch.zeros(offsets[-1], dtype=torch.float32)
-    groups = _agent_rows(samples) if adapter is not None else {None: list(range(len(samples)))}
+    groups = _agent_rows(samples) if ctx.per_agent else {None: list(range(len(samples)))}
     for agent, rows in groups.items():
         # no_grad inside the adapter's context: activating an adapter may turn gradients back on.
-        with adapter(agent) if agent is not None else contextlib.nullcontext(), torch.no_grad():
-            for micro, weight in _plan(
-                rows, samples, cfg, rank, world_size, sharded, shares_prompts(model)
-            ):
-                with (
-                    _autocast(cfg, device),
-                    _timed("forward", [samples[r] for r in micro], grad=False),
-                ):
-                    lp = response_logprobs(
-                        model, [samples[r] for r in micro], device, with_entropy=False
-                    )[0]
+        with ctx.as_agent(agent), torch.no_grad():
+            for micro, weight in _plan(ctx, rows):
+                batch = ctx.rows(micro)
+                with _autocast(ctx), ctx.timed("forward", batch, grad=False):
+                    lp = response_logprobs(ctx.model, batch, ctx.device, with_entropy=False)[0]
                 if weight:  # a padding forward (weight 0) repeats a row another rank owns
                     for i, r in enumerate(micro):
                         flat[offsets[r] : offsets[r + 1]] = (
                             lp[i, : offsets[r + 1] - offsets[r]].float().cpu()
                         )
-    if world_size > 1:
+    if ctx.world_size > 1:
         torch.distributed.all_reduce(flat)
     return [flat[offsets[r] : offsets[r + 1]] for r in range(len(samples))]
 
 
-def _micro_step(
-    model,
-    batch: Sequence[TrainSample],
-    cfg: UpdateConfig,
-    device: str,
-    share: float,
-    reference: Reference | None,
-    prox: Sequence[torch.Tensor] | None = None,
-) -> dict[str, float]:
-    """Forward and backward of one micro-batch, its loss scaled by `share` (its part of the
-    mini-batch's tokens); returns its share-weighted metrics and its masked-token count. `prox`:
-    the batch's proximal log-probs, for the decoupled loss (None: the synchronous loss)."""
-    with _autocast(cfg, device):
+def _micro_step(ctx: UpdateContext, micro: Sequence[int], share: float) -> dict[str, float]:
+    """Forward and backward of the micro-batch of rows `micro`, its loss scaled by `share` (its
+    part of the mini-batch's tokens); returns its share-weighted metrics and its masked-token
+    count."""
+    cfg, device, batch = ctx.cfg, ctx.device, ctx.rows(micro)
+    with _autocast(ctx):
         # The entropy carries a gradient only as a bonus; otherwise it is a metric.
-        with _timed("forward", batch):
+        with ctx.timed("forward", batch):
             lp, ent, mask = response_logprobs(
-                model, batch, device, entropy_grad=bool(cfg.loss.entropy_coef)
+                ctx.model, batch, device, entropy_grad=bool(cfg.loss.entropy_coef)
             )
         ref = None
-        if cfg.loss.kl_coef and reference is not None:
-            with torch.no_grad(), reference() as ref_model, _timed("forward", batch, grad=False):
+        if cfg.loss.kl_coef and ctx.reference is not None:
+            with (
+                torch.no_grad(),
+                ctx.reference() as ref_model,
+                ctx.timed("forward", batch, grad=False),
+            ):
                 ref = response_logprobs(ref_model, batch, device, with_entropy=False)[0]
     adv = torch.tensor([s.advantage for s in batch], device=device)
     old = _old_logprobs(batch, lp)  # the sampler's (behaviour) policy's
     loss_fn = loss_for(cfg)
-    if prox is not None:
-        prox_lp = lp.detach() if prox is SAME_FORWARD else _padded(prox, lp)
+    if ctx.proximal is not None:
+        prox_lp = ctx.proximal.logprobs(micro, lp)
     else:  # on-policy: the sampler's weights are the trainer's before the update
         prox_lp = old if loss_fn.proximal else None
     loss, m = loss_fn.fn(
         lp, old, adv, mask, cfg.loss, prox_logprobs=prox_lp, ref_logprobs=ref, entropy=ent
     )
-    with _timed("backward"):
+    with ctx.timed("backward"):
         (loss * share).backward()
     # A registered loss reports what it can; the keys it lacks are left out of the step's metrics.
     return {k: m[k] * share for k in _mean_keys(cfg) if k in m} | {
@@ -334,32 +379,15 @@ def _clip(params: Sequence[torch.nn.Parameter], max_norm: float) -> float:
     return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
 
-def _mini_batch(
-    model,
-    samples: Sequence[TrainSample],
-    mini: Sequence[int],
-    cfg: UpdateConfig,
-    device: str,
-    agent: str | None,
-    adapter,
-    sharded: bool,
-    reference: Reference | None,
-    prox: Sequence[torch.Tensor] | None = None,
-) -> dict[str, float]:
-    """Accumulate this rank's gradients for one mini-batch (of one agent when `agent` is set, with
-    its adapter active); returns its share-weighted metrics. `prox`: every sample's proximal
-    log-probs (decoupled loss), or None."""
-    rank, world_size = world()
-    total = sum(len(samples[r].response_ids) for r in mini)
-    stats = dict.fromkeys((*_mean_keys(cfg), "masked_tokens"), 0.0)
-    for micro, weight in _plan(
-        mini, samples, cfg, rank, world_size, sharded, shares_prompts(model)
-    ):
-        batch = [samples[r] for r in micro]
-        share = weight * sum(len(s.response_ids) for s in batch) / total
-        with adapter(agent) if agent is not None else contextlib.nullcontext():
-            rows = [prox[r] for r in micro] if prox not in (None, SAME_FORWARD) else prox
-            for k, v in _micro_step(model, batch, cfg, device, share, reference, rows).items():
+def _mini_batch(ctx: UpdateContext, agent: str | None, mini: Sequence[int]) -> dict[str, float]:
+    """Accumulate this rank's gradients for the mini-batch of rows `mini` (of one agent when
+    `agent` is set, with its adapter active); returns its share-weighted metrics."""
+    total = sum(len(ctx.samples[r].response_ids) for r in mini)
+    stats = dict.fromkeys((*_mean_keys(ctx.cfg), "masked_tokens"), 0.0)
+    for micro, weight in _plan(ctx, mini):
+        share = weight * sum(len(s.response_ids) for s in ctx.rows(micro)) / total
+        with ctx.as_agent(agent):
+            for k, v in _micro_step(ctx, micro, share).items():
                 # padding rows count no tokens
                 stats[k] += v * weight if k == "masked_tokens" else v
     return stats
@@ -424,17 +452,19 @@ def update(
     cfg: UpdateConfig,
     *,
     params: Sequence[torch.nn.Parameter],
+    settings: TrainerUpdateSettings = TrainerUpdateSettings(),
     device: str = "cpu",
-    adapter: Callable[[str], contextlib.AbstractContextManager] | None = None,
+    adapter: Adapter | None = None,
     generator: torch.Generator | None = None,
     reference: Reference | None = None,
 ) -> dict[str, float]:
     """Run the update; returns averaged metrics (per agent of a LoRA pool also `grad_norm/<agent>`).
-    `adapter(agent)` activates an agent's LoRA adapter (None: one shared model). `generator`
-    seeds the mini-batch order (exact resume). `reference()` gives the frozen reference model
-    for the KL term (used only when kl_coef > 0). With max_staleness > 0 every sample's
-    proximal log-probs are scored first (proximal_logprobs) and the update trains with the
-    decoupled loss; with 0 it is the synchronous update, unchanged.
+    `cfg`: the router's settings of this step; `settings`: the trainer's own. `adapter(agent)`
+    activates an agent's LoRA adapter (None: one shared model). `generator` seeds the mini-batch
+    order (exact resume). `reference()` gives the frozen reference model for the KL term (used
+    only when kl_coef > 0). With max_staleness > 0 every sample's proximal log-probs are scored
+    first (proximal_logprobs) and the update trains with the decoupled loss; with 0 it is the
+    synchronous update.
 
     Under torch.distributed every rank gets the same samples and generator seed and works on its
     share of each mini-batch (rows rank::world). Replicated (ddp): gradients are summed by
@@ -443,47 +473,24 @@ def update(
     result is the single-process one whatever the world size."""
     if cfg.loss.kl_coef and reference is None:
         raise ValueError("kl_coef > 0 needs the frozen reference: pass reference=")
-    world_size = world()[1]
-    sharded = is_sharded(model)
+    model.train()
+    clock = _UpdateClock(device, shares_prompts(model))
+    ctx = UpdateContext(model, samples, cfg, settings, device, adapter, reference, clock)
+    # Before any step: the proximal policy is the weights this update starts from, for every epoch.
+    if cfg.max_staleness > 0:
+        scored = None if one_step(samples, cfg, ctx.per_agent) else proximal_logprobs(ctx)
+        ctx = replace(ctx, proximal=Proximal(scored))
     stats: dict[str, float] = dict.fromkeys((*_mean_keys(cfg), "grad_norm", "masked_tokens"), 0.0)
     norms: dict[str, list[float]] = {}
     groups = steps = 0
-    model.train()
-    clock = _UpdateClock(device, shares_prompts(model))
-    _CLOCK.set(clock)
-    # Before any step: the proximal policy is the weights this update starts from, for every epoch.
-    prox = None
-    if cfg.max_staleness > 0:
-        prox = (
-            SAME_FORWARD
-            if one_step(samples, cfg, adapter is not None)
-            else proximal_logprobs(model, samples, cfg, device, adapter, sharded)
-        )
     for _ in range(cfg.epochs):
-        for step in steps_of_epoch(samples, cfg.mini_batch_size, adapter is not None, generator):
-            optimizer.zero_grad(set_to_none=True)
-            parts = {
-                f"{i}/{k}": v
-                for i, (agent, rows) in enumerate(step)
-                for k, v in _mini_batch(
-                    model, samples, rows, cfg, device, agent, adapter, sharded, reference, prox
-                ).items()
-            }
-            if world_size > 1:
-                _sum_over_ranks(parts)
-                if not sharded:
-                    _all_reduce_grads(params)
+        for step in steps_of_epoch(samples, cfg.mini_batch_size, ctx.per_agent, generator):
+            parts, step_norms = _optimizer_step(ctx, optimizer, params, step)
             for key, v in parts.items():
                 stats[key.split("/", 1)[1]] += v
-            for agent, _ in step:
-                with _timed("optimizer"):
-                    norm = _clip(
-                        params if agent is None else adapter_params(model, agent), cfg.grad_clip
-                    )
+            for agent, norm in step_norms:
                 norms.setdefault(agent or "", []).append(norm)
                 stats["grad_norm"] += norm
-            with _timed("optimizer"):
-                optimizer.step()
             groups += len(step)
             steps += 1
     # masked_tokens: of the samples (each epoch sees them again); the rest: means over the groups.
@@ -491,5 +498,32 @@ def update(
         k: v / cfg.epochs if k == "masked_tokens" else v / max(groups, 1) for k, v in stats.items()
     }
     per_agent = {f"grad_norm/{a}": sum(n) / len(n) for a, n in norms.items() if a}
-    _CLOCK.set(None)
     return out | per_agent | {"optimizer_steps": float(steps)} | clock.report(model)
+
+
+def _optimizer_step(
+    ctx: UpdateContext,
+    optimizer: torch.optim.Optimizer,
+    params: Sequence[torch.nn.Parameter],
+    step: list[tuple[str | None, list[int]]],
+) -> tuple[dict[str, float], list[tuple[str | None, float]]]:
+    """One optimizer step over its clip groups (steps_of_epoch): each group's metrics, keyed
+    "<group>/<metric>" and summed over the ranks, and each group's (agent, gradient norm)."""
+    optimizer.zero_grad(set_to_none=True)
+    parts = {
+        f"{i}/{k}": v
+        for i, (agent, rows) in enumerate(step)
+        for k, v in _mini_batch(ctx, agent, rows).items()
+    }
+    if ctx.world_size > 1:
+        _sum_over_ranks(parts)
+        if not ctx.sharded:
+            _all_reduce_grads(params)
+    norms = []
+    for agent, _ in step:
+        with ctx.timed("optimizer"):
+            group = params if agent is None else adapter_params(ctx.model, agent)
+            norms.append((agent, _clip(group, ctx.settings.grad_clip)))
+    with ctx.timed("optimizer"):
+        optimizer.step()
+    return parts, norms

@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from atgrpo.contract.fields import FLAT, NOT_CONFIG
+from atgrpo.contract.fields import FLAT
 from atgrpo.contract.sampling import Sampling
 from atgrpo.contract.service import ServiceInfo
 
@@ -47,8 +47,7 @@ class LossConfig:
     behav_imp_cap: float = 2.0
     """with max_staleness > 0 (the decoupled PPO loss): the cap on each token's importance weight
     from the sampling policy to the trainer's policy before the update. 1 truncates as V-trace
-    does (Espeholt et al. 2018); AReaL uses 5, which at the demo's large learning rate did not
-    learn; 2 matched the synchronous loop's steps to 0.75 on six seeds (docs/design.md)"""
+    does (Espeholt et al. 2018), AReaL uses 5; docs/design.md gives the reasons for 2"""
     policy_loss: str = "ppo_clip"
     """the policy loss, by its registered name (atgrpo.algo.registry). ppo_clip: the clipped
     surrogate with dual clip; with max_staleness > 0 it trains with its decoupled form
@@ -57,10 +56,10 @@ class LossConfig:
 
 @dataclass(frozen=True)
 class UpdateConfig:
-    """How a pool updates on a step's samples. The router sends `loss`, `epochs`, `mini_batch_size`
-    and `max_staleness`: the run config's algorithm section holds this type (its keys written
-    there, flat) and RunConfig.update_for gives a pool's. The trainer fills in the rest from its
-    pool's setup."""
+    """How a pool updates on a step's samples: the router's settings, sent with every Train call.
+    The run config's algorithm section holds this type (its keys written there, flat) and
+    RunConfig.update_for gives a pool's. The trainer's own settings (micro-batch budget, gradient
+    clip, precision) come from its pool's setup, not from here."""
 
     loss: LossConfig = field(default_factory=LossConfig, metadata=FLAT)
     """the policy loss's settings"""
@@ -74,11 +73,6 @@ class UpdateConfig:
     u - v <= max_staleness (older ones are dropped and their task collected again), and collection
     runs ahead while the pools train; > 0 trains with the decoupled loss. 0 = the synchronous
     on-policy loop. A pool may set its own (pools.<p>.max_staleness; RunConfig.max_staleness)"""
-    # The trainer's own, from its pool's setup (not the router's, not a run config key).
-    micro_batch_tokens: int = field(default=8192, metadata=NOT_CONFIG)
-    grad_clip: float = field(default=1.0, metadata=NOT_CONFIG)
-    # bf16 mixed precision for forward/backward (fp32 master weights)
-    autocast_bf16: bool = field(default=False, metadata=NOT_CONFIG)
 
     @property
     def policy_loss(self) -> str:

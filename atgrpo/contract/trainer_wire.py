@@ -107,7 +107,8 @@ def spec_from_pb(m: pb.SetupRequest) -> PoolSpec:
 
 
 def update_to_pb(u: UpdateConfig) -> pb.UpdateParams:
-    """What of an update the router decides; the trainer's own settings do not travel."""
+    """The router's settings of a step's update (all of UpdateConfig); the trainer's own
+    (micro-batch budget, gradient clip, precision) come with its Setup."""
     loss = u.loss
     return pb.UpdateParams(
         clip_eps_low=loss.clip_eps_low,
@@ -124,6 +125,7 @@ def update_to_pb(u: UpdateConfig) -> pb.UpdateParams:
 
 
 def update_from_pb(m: pb.UpdateParams) -> UpdateConfig:
+    """The one conversion of a Train call's update settings; 0 (unset) takes the default."""
     d, dl = UpdateConfig(), LossConfig()
     # A client that predates behav_imp_cap sends none: it gets the default cap, not 0 (which
     # would zero every token's loss); an explicit 0 means the default too, as elsewhere here.

@@ -25,7 +25,7 @@ def test_update_config_round_trips_including_the_async_fields():
     )
     wire = pb.UpdateParams.FromString(update_to_pb(sent).SerializeToString())
     assert (wire.max_staleness, wire.behav_imp_cap) == (2, 2.5)
-    # Only what the router decides travels; the trainer fills in the rest from its pool.
+    # All of UpdateConfig is the router's and travels; the trainer's own settings do not.
     assert update_from_pb(wire) == sent
 
 
@@ -102,11 +102,14 @@ def test_a_sample_keeps_its_policy_version():
 
 
 def test_the_trainer_refuses_a_negative_staleness_or_cap():
-    from trainer_svc.server import check_update  # the servicer's range checks, before it converts
+    from trainer_svc.server import check_update  # the servicer's range checks, before it trains
 
-    check_update(pb.UpdateParams(max_staleness=4, behav_imp_cap=2.0))
-    check_update(pb.UpdateParams())  # an old client
+    def check(**kw):
+        check_update(update_from_pb(pb.UpdateParams(**kw)))
+
+    check(max_staleness=4, behav_imp_cap=2.0)
+    check()  # an old client
     with pytest.raises(
         InvalidArgument, match=r"behav_imp_cap -1.0 must be >= 1.*max_staleness -1 must be >= 0"
     ):
-        check_update(pb.UpdateParams(max_staleness=-1, behav_imp_cap=-1.0))
+        check(max_staleness=-1, behav_imp_cap=-1.0)

@@ -18,7 +18,7 @@ from tests.trainer.test_update_async import mixed_staleness
 from trainer_svc.loading import enable_checkpointing
 from trainer_svc.logprobs import chunked_head_available
 from trainer_svc.sharding import full_model_state, shard
-from trainer_svc.update import update
+from trainer_svc.update import TrainerUpdateSettings, update
 
 NO_CLIP = 1e9  # clipping would normalise a wrongly scaled gradient back to the right update
 
@@ -42,16 +42,14 @@ def main(
         shard(model, "cpu", mixed_bf16=bf16)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=0.1)
-    cfg = UpdateConfig(
-        mini_batch_size=mini_batch,
+    cfg = UpdateConfig(mini_batch_size=mini_batch, max_staleness=int(stale))
+    settings = TrainerUpdateSettings(
         micro_batch_tokens=micro_tokens,
         grad_clip=NO_CLIP,
-        max_staleness=int(stale),
         autocast_bf16=bf16 and sharding != "fsdp",
     )
-    metrics = update(
-        model, opt, samples, cfg, params=params, generator=torch.Generator().manual_seed(1)
-    )
+    g = torch.Generator().manual_seed(1)
+    metrics = update(model, opt, samples, cfg, params=params, settings=settings, generator=g)
     state = full_model_state(model) if sharding == "fsdp" else model.state_dict()
     if dist.get_rank() == 0:
         torch.save(

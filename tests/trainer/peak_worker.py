@@ -24,7 +24,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from atgrpo.contract.sampling import Sampling
 from atgrpo.contract.trainer import LossConfig, TrainSample, UpdateConfig
-from trainer_svc.update import update
+from trainer_svc.update import TrainerUpdateSettings, update
 
 
 def _status(key: str) -> int:
@@ -57,13 +57,12 @@ def _run(spec: dict, layers: int | None = None) -> None:
         )
         for i in range(2 * rows)
     ]
-    cfg = UpdateConfig(
-        loss=LossConfig(),
-        mini_batch_size=rows,
-        micro_batch_tokens=spec["micro_batch_tokens"],
-        autocast_bf16=spec["dtype"] == "bfloat16",
+    cfg = UpdateConfig(loss=LossConfig(), mini_batch_size=rows)
+    settings = TrainerUpdateSettings(
+        micro_batch_tokens=spec["micro_batch_tokens"], autocast_bf16=spec["dtype"] == "bfloat16"
     )
-    update(model, optimizer, samples, cfg, params=params, device="cpu")  # two optimizer steps
+    # two optimizer steps
+    update(model, optimizer, samples, cfg, params=params, settings=settings, device="cpu")
 
 
 def main(spec: dict) -> dict:

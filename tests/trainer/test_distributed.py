@@ -15,7 +15,7 @@ from tests.conftest import ROOT
 from tests.trainer.dist_worker import NO_CLIP
 from tests.trainer.test_update import load, on_policy_samples
 from tests.trainer.test_update_async import mixed_staleness
-from trainer_svc.update import DECOUPLED_KEYS, update
+from trainer_svc.update import DECOUPLED_KEYS, TrainerUpdateSettings, update
 
 
 def free_port() -> int:
@@ -103,13 +103,9 @@ def test_two_gloo_ranks_equal_one_process(
         model,
         torch.optim.SGD(params, lr=0.1),
         samples,
-        UpdateConfig(
-            mini_batch_size=mini_batch,
-            micro_batch_tokens=micro_tokens,
-            grad_clip=NO_CLIP,
-            max_staleness=int(flag == "stale"),
-        ),
+        UpdateConfig(mini_batch_size=mini_batch, max_staleness=int(flag == "stale")),
         params=params,
+        settings=TrainerUpdateSettings(micro_batch_tokens=micro_tokens, grad_clip=NO_CLIP),
         generator=torch.Generator().manual_seed(1),
     )
     assert metrics["optimizer_steps"] == (1 if mini_batch == 8 else 2)
@@ -142,10 +138,11 @@ def test_fsdp_mixed_precision_trains_as_autocast_does(tiny_model, tmp_path):
         model,
         torch.optim.SGD(params, lr=0.1),
         on_policy_samples(model),
-        UpdateConfig(
-            mini_batch_size=8, micro_batch_tokens=8192, grad_clip=NO_CLIP, autocast_bf16=True
-        ),
+        UpdateConfig(mini_batch_size=8),
         params=params,
+        settings=TrainerUpdateSettings(
+            micro_batch_tokens=8192, grad_clip=NO_CLIP, autocast_bf16=True
+        ),
         generator=torch.Generator().manual_seed(1),
     )
     assert two["metrics"]["loss"] == pytest.approx(metrics["loss"], rel=0.05, abs=1e-3)

@@ -30,6 +30,7 @@ def spec(model_dir, **kw) -> PoolSpec:
         min_lr_ratio=1.0,
         device="cpu",
         dtype="float32",
+        grad_clip=NO_CLIP,
     )
     return PoolSpec(**{**base, **kw})
 
@@ -41,11 +42,8 @@ def setup(model_dir, **kw) -> PoolOps:
 
 
 def train(ops: PoolOps, samples) -> dict[str, float]:
-    # Trainer.train turns autocast on from the pool (trainer.py); PoolOps alone does not.
-    cfg = UpdateConfig(
-        mini_batch_size=len(samples), grad_clip=NO_CLIP, autocast_bf16=ops.state.mixed_bf16
-    )
-    return ops.train(samples, cfg)
+    # autocast and the clip are the pool's (PoolState.update_settings)
+    return ops.train(samples, UpdateConfig(mini_batch_size=len(samples)))
 
 
 def layer_calls(model) -> list[int]:
@@ -131,15 +129,16 @@ def test_bf16_with_float32_masters_moves_the_weights_as_float32_does(tiny_model,
     model = load(tiny_model).to(torch.bfloat16)
     opt = torch.optim.AdamW(model.parameters(), lr=5e-6, weight_decay=0.0)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    from trainer_svc.update import update
+    from trainer_svc.update import TrainerUpdateSettings, update
 
     for _ in range(10):
         update(
             model,
             opt,
             samples,
-            UpdateConfig(mini_batch_size=8, grad_clip=NO_CLIP),
+            UpdateConfig(mini_batch_size=8),
             params=list(model.parameters()),
+            settings=TrainerUpdateSettings(grad_clip=NO_CLIP),
         )
     assert (
         mean_relative_change(before, {n: p.detach() for n, p in model.named_parameters()})

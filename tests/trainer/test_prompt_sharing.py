@@ -16,7 +16,7 @@ from tests.trainer.test_logprob_chunks import SAMPLINGS, assert_same, run
 from tests.trainer.test_update import load
 from tests.trainer.test_update_hardened import lora_model
 from trainer_svc.packing import by_prompt, pack
-from trainer_svc.update import shares_prompts, update
+from trainer_svc.update import TrainerUpdateSettings, shares_prompts, update
 
 
 def grouped_samples(k=4, prompt_lens=(5, 9, 7), seed=0):
@@ -136,8 +136,9 @@ def test_an_update_with_shared_prompts_equals_the_unshared_one(tiny_model, budge
             model,
             opt,
             samples,
-            UpdateConfig(mini_batch_size=12, micro_batch_tokens=budget),
+            UpdateConfig(mini_batch_size=12),
             params=params,
+            settings=TrainerUpdateSettings(micro_batch_tokens=budget),
             generator=torch.Generator().manual_seed(1),
         )
         return metrics, dict(model.named_parameters())

@@ -2,6 +2,7 @@
 result, LoRA updates only the trained agent's adapter, and bad samples are refused whole."""
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -11,7 +12,7 @@ from atgrpo.contract.sampling import Sampling
 from atgrpo.contract.trainer import TrainSample, UpdateConfig
 from atgrpo.errors import InvalidArgument
 from trainer_svc.packing import pack
-from trainer_svc.update import response_logprobs, update, validate
+from trainer_svc.update import TrainerUpdateSettings, response_logprobs, update, validate
 
 S = Sampling(temperature=0.7)  # random test tokens must stay inside the support (no top-k/top-p)
 
@@ -55,6 +56,16 @@ def on_policy_samples(model, n=8, agents=("a",), seed=0):
     ]
 
 
+TRAINER_KEYS = {f.name for f in dataclasses.fields(TrainerUpdateSettings)}
+
+
+def split(**kw) -> dict:
+    """update()'s cfg and settings from one set of keywords: the trainer's own keys go to
+    settings, the rest to the router's UpdateConfig."""
+    own = {k: kw.pop(k) for k in TRAINER_KEYS & kw.keys()}
+    return {"cfg": UpdateConfig(**kw), "settings": TrainerUpdateSettings(**own)}
+
+
 def run_update(model, samples, optimizer=torch.optim.AdamW, **cfg):
     params = [p for p in model.parameters() if p.requires_grad]
     opt = optimizer(params, lr=1e-3)
@@ -62,7 +73,7 @@ def run_update(model, samples, optimizer=torch.optim.AdamW, **cfg):
         model,
         opt,
         samples,
-        UpdateConfig(**cfg),
+        **split(**cfg),
         params=params,
         generator=torch.Generator().manual_seed(1),
     )

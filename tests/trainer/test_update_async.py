@@ -8,9 +8,16 @@ import pytest
 import torch
 
 from atgrpo.contract.trainer import LossConfig, UpdateConfig
-from tests.trainer.test_update import load, on_policy_samples
+from tests.trainer.test_update import load, on_policy_samples, split
 from tests.trainer.test_update_hardened import lora_model
-from trainer_svc.update import DECOUPLED_KEYS, proximal_logprobs, response_logprobs, update
+from trainer_svc.update import (
+    DECOUPLED_KEYS,
+    TrainerUpdateSettings,
+    UpdateContext,
+    proximal_logprobs,
+    response_logprobs,
+    update,
+)
 
 
 def sgd_update(model, samples, **cfg):
@@ -21,7 +28,7 @@ def sgd_update(model, samples, **cfg):
         model,
         torch.optim.SGD(params, lr=0.1),
         samples,
-        UpdateConfig(**cfg),
+        **split(**cfg),
         params=params,
         generator=torch.Generator().manual_seed(1),
     )
@@ -127,8 +134,10 @@ def test_the_cap_bounds_a_very_stale_token(tiny_model):
 def test_micro_batching_of_the_proximal_pass_changes_nothing(tiny_model):
     model = load(tiny_model)
     samples = on_policy_samples(model)
-    whole = proximal_logprobs(model, samples, UpdateConfig(micro_batch_tokens=10_000))
-    one_each = proximal_logprobs(model, samples, UpdateConfig(micro_batch_tokens=1))
+    whole, one_each = (
+        proximal_logprobs(UpdateContext(model, samples, settings=TrainerUpdateSettings(tokens)))
+        for tokens in (10_000, 1)
+    )
     for s, a, b in zip(samples, whole, one_each, strict=True):
         assert a.shape == (len(s.response_ids),) and a.dtype == torch.float32
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -106,7 +106,7 @@ def train_lora(model, samples, **loss):
         p.requires_grad = "lora_" in name
     params = [p for n, p in model.named_parameters() if "lora_" in n]
     opt = torch.optim.AdamW(params, lr=1e-2)
-    cfg = UpdateConfig(mini_batch_size=4, grad_clip=1.0, loss=LossConfig(**loss))
+    cfg = UpdateConfig(mini_batch_size=4, loss=LossConfig(**loss))  # grad_clip: 1.0
     return update(
         model,
         opt,
