@@ -17,7 +17,7 @@ from atgrpo.config_parse import (
 )
 from atgrpo.contract.address import DNS_SCHEME, FILE_SCHEME, DiscoveryError, parse_target
 from atgrpo.contract.trainer import UPDATE_BOUNDS
-from atgrpo.plan import VLLM_LORA_RANKS
+from atgrpo.memory import VLLM_LORA_RANKS
 
 if TYPE_CHECKING:
     from atgrpo.config import PoolConfig, RunConfig, RunSection

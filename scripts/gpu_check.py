@@ -280,7 +280,7 @@ def check_trainer(args, work: Path) -> dict:
     estimate."""
     import torch
 
-    from atgrpo.plan import trainer_components, trainer_peak
+    from atgrpo.memory import trainer_components, trainer_peak
 
     run, name, pool = example_pool(args)
     cfg = model_config(args.size)
@@ -328,7 +328,7 @@ def check_trainer(args, work: Path) -> dict:
 
 
 def _shape(cfg: dict):
-    from atgrpo.plan import ModelShape
+    from atgrpo.memory import ModelShape
 
     return ModelShape.from_config(cfg)
 

@@ -20,12 +20,12 @@ from torch.utils.checkpoint import checkpoint
 from atgrpo.algo.sampling import transform_logits
 from atgrpo.contract.sampling import Sampling
 from atgrpo.contract.trainer import TrainSample
-from atgrpo.plan import LOGPROB_CHUNK_ELEMENTS, logprob_pass_elements
+from atgrpo.memory import LOGPROB_CHUNK_ELEMENTS, logprob_pass_elements
 from trainer_svc.sharding import FORWARD_METHOD, is_sharded, sharded_forward
 
 
 # The chunked path's bound: logits elements (positions x vocabulary) per pass, sized by the
-# device's memory (atgrpo.plan.logprob_pass_elements: 2**24 on a CPU, 110 positions of Qwen3's
+# device's memory (atgrpo.memory.logprob_pass_elements: 2**24 on a CPU, 110 positions of Qwen3's
 # 151,936-token vocabulary; an 80 GiB GPU's 368). Its float32 temporaries (logits, the
 # transform's, log-probs, and their gradients in the backward) are what bounds the log-prob
 # path's memory. The passes run in one autograd Function

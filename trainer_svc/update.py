@@ -220,7 +220,7 @@ def validate(
             )
 
 
-def _plan(ctx: UpdateContext, mini: Sequence[int]) -> list[tuple[list[int], float]]:
+def _micro_batches(ctx: UpdateContext, mini: Sequence[int]) -> list[tuple[list[int], float]]:
     """This rank's micro-batches of a mini-batch (rows rank::world), each with a weight: 1, or 0
     for padding. FSDP all-gathers in every forward and reduce-scatters in every backward, so
     under FSDP every rank must run as many micro-batches: one with fewer repeats a real row at
@@ -277,8 +277,9 @@ def proximal_logprobs(ctx: UpdateContext) -> list[torch.Tensor]:
     its adapter active (LoRA), in micro-batches of the same budget, under the same autocast.
 
     Under torch.distributed each rank scores its share (rows rank::world of each agent's rows;
-    under FSDP padded to the same number of forwards, as _plan does, since every forward is a
-    collective) and the ranks sum their disjoint shares, so every rank ends with all of them."""
+    under FSDP padded to the same number of forwards, as _micro_batches does, since every forward
+    is a collective) and the ranks sum their disjoint shares, so every rank ends with all of
+    them."""
     samples = ctx.samples
     offsets = [0, *itertools.accumulate(len(s.response_ids) for s in samples)]
     flat = torch.zeros(offsets[-1], dtype=torch.float32)
@@ -286,7 +287,7 @@ def proximal_logprobs(ctx: UpdateContext) -> list[torch.Tensor]:
     for agent, rows in groups.items():
         # no_grad inside the adapter's context: activating an adapter may turn gradients back on.
         with ctx.as_agent(agent), torch.no_grad():
-            for micro, weight in _plan(ctx, rows):
+            for micro, weight in _micro_batches(ctx, rows):
                 batch = ctx.rows(micro)
                 with _autocast(ctx), ctx.timed("forward", batch, grad=False):
                     lp = response_logprobs(ctx.model, batch, ctx.device, with_entropy=False)[0]
@@ -384,7 +385,7 @@ def _mini_batch(ctx: UpdateContext, agent: str | None, mini: Sequence[int]) -> d
     `agent` is set, with its adapter active); returns its share-weighted metrics."""
     total = sum(len(ctx.samples[r].response_ids) for r in mini)
     stats = dict.fromkeys((*_mean_keys(ctx.cfg), "masked_tokens"), 0.0)
-    for micro, weight in _plan(ctx, mini):
+    for micro, weight in _micro_batches(ctx, mini):
         share = weight * sum(len(s.response_ids) for s in ctx.rows(micro)) / total
         with ctx.as_agent(agent):
             for k, v in _micro_step(ctx, micro, share).items():

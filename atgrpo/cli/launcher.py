@@ -43,7 +43,7 @@ DEFAULT_STATE_DIR = Path(os.environ.get("ATGRPO_STATE_DIR", ".atgrpo/local"))
 
 
 @dataclass(frozen=True)
-class ServicePlan:
+class ServiceProcess:
     """One process to start: a unique name, its kind (env, rollout ...) and extra flags.
 
     An argument "{name}" becomes the address of the service `name` of the same plan, which is
@@ -60,14 +60,15 @@ class ServicePlan:
         return {a[1:-1] for a in self.args if a.startswith("{") and a.endswith("}")}
 
 
-DEFAULT_PLAN = (
-    ServicePlan("sandbox", "sandbox"),
-    ServicePlan("env", "env", ("--sandbox", "{sandbox}")),
-    # Collect drives the env service, as atgrpo.cli.runner.service_plan's replicas do; without --env
-    # every run against these services fails with "this replica has no environment service".
-    ServicePlan("rollout", "rollout", ("--env", "{env}")),
-    ServicePlan("trainer", "trainer"),
-    ServicePlan("router", "router"),
+DEFAULT_SERVICES = (
+    ServiceProcess("sandbox", "sandbox"),
+    ServiceProcess("env", "env", ("--sandbox", "{sandbox}")),
+    # Collect drives the env service, as the replicas of atgrpo.cli.runner.service_processes do;
+    # without --env every run against these services fails with "this replica has no environment
+    # service".
+    ServiceProcess("rollout", "rollout", ("--env", "{env}")),
+    ServiceProcess("trainer", "trainer"),
+    ServiceProcess("router", "router"),
 )
 
 
@@ -174,7 +175,7 @@ def _log_tail(path: Path, lines: int = 20) -> str:
 
 
 def _spawn(
-    plan: ServicePlan,
+    plan: ServiceProcess,
     state_dir: Path,
     python: str,
     addresses: dict[str, str],
@@ -253,7 +254,7 @@ def _await_port(
 
 def up(
     state_dir: Path = DEFAULT_STATE_DIR,
-    plan: tuple[ServicePlan, ...] = DEFAULT_PLAN,
+    plan: tuple[ServiceProcess, ...] = DEFAULT_SERVICES,
     *,
     timeout_s: float = 60.0,
     python: str = sys.executable,
@@ -310,7 +311,7 @@ def up(
 
 
 def record_of(
-    plan: ServicePlan, proc: subprocess.Popen, ports: dict, log_path: Path, argv: list[str]
+    plan: ServiceProcess, proc: subprocess.Popen, ports: dict, log_path: Path, argv: list[str]
 ) -> LocalService:
     """What services.json keeps of a process that reported its ports."""
     created, since = _identity(proc.pid)

@@ -13,10 +13,10 @@ from atgrpo.cli import (
     model,
     report,
     runner,
-    runplan,
     samples,
     scale,
     services,
+    sizing,
     submit,
 )
 
@@ -26,7 +26,7 @@ COMMANDS = (
     env,  # env serve | check
     samples,
     context,  # config check
-    runplan,  # plan
+    sizing,  # plan
     runner,  # train, eval
     report,  # plot
     services,  # up, status, down

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from atgrpo.cli.runplan import ProcessPlan, gib, plan_run, usable
+from atgrpo.cli.sizing import ProcessSizing, gib, size_run, usable
 from atgrpo.config import RunConfig
 
 
@@ -43,7 +43,7 @@ def place(cfg: RunConfig, ids: Sequence[str], gpu_memory: int) -> Placement:
             )
         return Placement()
     procs = [
-        p for p in plan_run(cfg, gpu_memory=gpu_memory, local=True).processes if p.device == "cuda"
+        p for p in size_run(cfg, gpu_memory=gpu_memory, local=True).processes if p.device == "cuda"
     ]
     for p in procs:
         if p.gpus > len(ids):
@@ -52,7 +52,7 @@ def place(cfg: RunConfig, ids: Sequence[str], gpu_memory: int) -> Placement:
                 f"are visible. Set pools.{p.pool}.rollout_gpus: {len(ids)} or less, or run where "
                 f"{p.gpus} are visible"
             )
-    on: dict[int, list[ProcessPlan]] = {}
+    on: dict[int, list[ProcessSizing]] = {}
     devices, cursor = {}, 0
     for p in procs:
         mine = [(cursor + k) % len(ids) for k in range(p.gpus)]
@@ -70,12 +70,12 @@ def place(cfg: RunConfig, ids: Sequence[str], gpu_memory: int) -> Placement:
     return Placement(devices, fractions)
 
 
-def _set_fraction(cfg: RunConfig, p: ProcessPlan) -> float | None:
+def _set_fraction(cfg: RunConfig, p: ProcessSizing) -> float | None:
     return cfg.pools[p.pool].rollout_gpu_memory_utilization if p.kind == "rollout" else None
 
 
 def _shares(
-    cfg: RunConfig, sharing: list[ProcessPlan], memory: int, gpu: str, count: int, visible: int
+    cfg: RunConfig, sharing: list[ProcessSizing], memory: int, gpu: str, count: int, visible: int
 ) -> dict[str, float]:
     """The vLLM fraction of each engine on one shared GPU: what usable memory the others (trainers,
     transformers replicas, engines with a fraction set) leave, split evenly, rounded down."""
@@ -93,7 +93,7 @@ def _shares(
 
 
 def _refusal(
-    cfg: RunConfig, sharing: list[ProcessPlan], memory: int, gpu: str, count: int, visible: int
+    cfg: RunConfig, sharing: list[ProcessSizing], memory: int, gpu: str, count: int, visible: int
 ) -> str:
     needs = ", ".join(f"{p.name} {gib(p.gpu_total)}" for p in sharing)
     fixes = [

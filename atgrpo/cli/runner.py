@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from atgrpo.cli import launcher
-from atgrpo.cli.launcher import LocalService, ServicePlan
+from atgrpo.cli.launcher import LocalService, ServiceProcess
 from atgrpo.cli.placement import Placement, PlacementError, local_placement
 from atgrpo.cli.preflight import load_for_run
 from atgrpo.config import (
@@ -34,7 +34,7 @@ from atgrpo.config import (
     dump_config,
     parse_config,
 )
-from atgrpo.plan import vllm_lora_limits
+from atgrpo.memory import vllm_lora_limits
 from atgrpo.rpc.tether import Tether
 
 VLLM_PYTHON_ENV = "ATGRPO_VLLM_PYTHON"
@@ -47,14 +47,14 @@ class TrainError(RuntimeError):
     """A run that could not start or did not finish; the message says what to do."""
 
 
-def service_plan(cfg: RunConfig, gpus: Placement | None = None) -> tuple[ServicePlan, ...]:
+def service_processes(cfg: RunConfig, gpus: Placement | None = None) -> tuple[ServiceProcess, ...]:
     """The local processes a config needs; names match the keys with_services() reads back. `gpus`:
     each GPU process's CUDA_VISIBLE_DEVICES and vLLM memory fraction (atgrpo.cli.placement)."""
     gpus = gpus or Placement()
     env_args = ("--sandbox", "{sandbox}") + (
         ("--env-path", f"{cfg.env.name}={cfg.env.path}") if cfg.env.path else ()
     )
-    plan = [ServicePlan("sandbox", "sandbox"), ServicePlan("env", "env", env_args)]
+    plan = [ServiceProcess("sandbox", "sandbox"), ServiceProcess("env", "env", env_args)]
 
     threads = cpu_threads(cfg, gpus)
 
@@ -87,7 +87,7 @@ def service_plan(cfg: RunConfig, gpus: Placement | None = None) -> tuple[Service
                 else ()
             )
             plan.append(
-                ServicePlan(
+                ServiceProcess(
                     proc,
                     "rollout",
                     ("--pool", spec, "--env", "{env}", *engine, *extra),
@@ -97,14 +97,14 @@ def service_plan(cfg: RunConfig, gpus: Placement | None = None) -> tuple[Service
             )
         if pool.trainable:
             plan.append(
-                ServicePlan(
+                ServiceProcess(
                     f"trainer-{name}",
                     "trainer",
                     ("--pool", name, "--micro-batch-tokens", str(pool.micro_batch_tokens)),
                     on(f"trainer-{name}"),
                 )
             )
-    plan.append(ServicePlan("router", "router"))
+    plan.append(ServiceProcess("router", "router"))
     return tuple(plan)
 
 
@@ -208,7 +208,7 @@ class LocalServices:
         self.cfg = cfg
         self.state_dir = Path(cfg.run.run_dir) / "services"
         try:
-            self.plan = service_plan(cfg, local_placement(cfg))
+            self.plan = service_processes(cfg, local_placement(cfg))
         except PlacementError as err:
             raise TrainError(f"the local services do not fit this machine's GPUs: {err}") from None
         self.timeout_s = timeout_s if timeout_s is not None else start_timeout_s(cfg)
@@ -449,7 +449,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cfg = load_for_run(args, "train")
     if cfg is None:
         return 2
-    from atgrpo.cli.runplan import train_problem
+    from atgrpo.cli.sizing import train_problem
 
     # before any service starts: a run that cannot fit fails now, not by OOM
     problem = train_problem(cfg)

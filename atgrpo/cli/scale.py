@@ -4,7 +4,7 @@ trains, as a Kubernetes autoscaler does a pool's pods.
 A pool's replicas are listed in `<run_dir>/services/replicas/<pool>.txt`, the file the run's
 config names (atgrpo.discovery's file targets); the router reads it before each collection.
 
-- Up: each new replica is started like the run's own (atgrpo.cli.runner.service_plan), waited
+- Up: each new replica is started like the run's own (atgrpo.cli.runner.service_processes), waited
   for until it is healthy, recorded in services.json (the run's supervisor restarts it, `atgrpo
   down` stops it) and only then listed: the router has the pool's trainer push it the current
   weights before it gets any work.
@@ -27,9 +27,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from atgrpo.cli import launcher
-from atgrpo.cli.launcher import LaunchError, LocalService, ServicePlan
+from atgrpo.cli.launcher import LaunchError, LocalService, ServiceProcess
 from atgrpo.cli.placement import PlacementError, local_placement
-from atgrpo.cli.runner import REPLICA_DIR, TrainError, service_plan, write_replica_list
+from atgrpo.cli.runner import REPLICA_DIR, TrainError, service_processes, write_replica_list
 from atgrpo.config import ConfigError, RunConfig, load_config
 from atgrpo.discovery import read_address_file
 
@@ -101,7 +101,7 @@ def _start(
         pools={**cfg.pools, pool: replace(cfg.pools[pool], rollout_replicas=indices.stop)},
     )
     try:
-        plans = service_plan(grown, local_placement(grown))
+        plans = service_processes(grown, local_placement(grown))
     except PlacementError as err:
         raise TrainError(
             f"{indices.stop} replicas of {pool!r} do not fit this machine: {err}"
@@ -121,7 +121,7 @@ def _start(
 
 
 def _spawn(
-    plan: ServicePlan, state_dir: Path, known: dict[str, str], deadline: float
+    plan: ServiceProcess, state_dir: Path, known: dict[str, str], deadline: float
 ) -> LocalService:
     proc, port_file, log_path, argv = launcher._spawn(
         plan, state_dir, sys.executable, known, tether=None

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from atgrpo.cli.launcher import (
-    DEFAULT_PLAN,
+    DEFAULT_SERVICES,
     DEFAULT_STATE_DIR,
     LaunchError,
     LocalService,
@@ -70,10 +70,10 @@ def add_command(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    plan, cfg = DEFAULT_PLAN, None
+    plan, cfg = DEFAULT_SERVICES, None
     if args.config is not None:
         from atgrpo.cli.preflight import load_for_run
-        from atgrpo.cli.runner import TrainError, check_models, resolve_paths, service_plan
+        from atgrpo.cli.runner import TrainError, check_models, resolve_paths, service_processes
 
         cfg = load_for_run(args, "up")
         if cfg is None:
@@ -85,7 +85,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
             print(f"atgrpo up: {err}", file=sys.stderr)
             return 1
         # what `atgrpo train CONFIG` would start: its pools, --env on every rollout
-        plan = service_plan(cfg)
+        plan = service_processes(cfg)
     try:
         services = up(args.state_dir, plan, timeout_s=args.timeout_s)
     except LaunchError as err:

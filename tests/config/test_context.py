@@ -7,7 +7,7 @@ import json
 import yaml
 
 from atgrpo.cli import main
-from atgrpo.cli.runner import service_plan
+from atgrpo.cli.runner import service_processes
 from atgrpo.config import parse_config
 
 
@@ -46,7 +46,7 @@ def test_context_is_the_longest_prompt_plus_response_of_the_pools_agents(tmp_pat
 
 
 def test_the_launcher_starts_each_vllm_replica_with_its_pools_context(tmp_path):
-    plan = {p.name: p.args for p in service_plan(parse_config(three_agents(tmp_path)))}
+    plan = {p.name: p.args for p in service_processes(parse_config(three_agents(tmp_path)))}
     for name, context in (
         ("rollout-x-0", "7000"),
         ("rollout-x-1", "7000"),
@@ -54,7 +54,9 @@ def test_the_launcher_starts_each_vllm_replica_with_its_pools_context(tmp_path):
     ):
         args = plan[name]
         assert args[args.index("--max-model-len") + 1] == context
-    hf = {p.name: p.args for p in service_plan(parse_config(three_agents(tmp_path, engine="hf")))}
+    hf = {
+        p.name: p.args for p in service_processes(parse_config(three_agents(tmp_path, engine="hf")))
+    }
     assert "--max-model-len" not in hf["rollout-x-0"]  # transformers takes the model's own limit
 
 

@@ -8,10 +8,10 @@ import pytest
 
 from atgrpo.cli import launcher, placement
 from atgrpo.cli.placement import Placement, PlacementError, local_placement, place
-from atgrpo.cli.runner import service_plan
-from atgrpo.cli.runplan import ProcessPlan, RunPlan, plan_run
+from atgrpo.cli.runner import service_processes
+from atgrpo.cli.sizing import ProcessSizing, RunSizing, size_run
 from atgrpo.config import ConfigError, parse_config
-from atgrpo.plan import GiB
+from atgrpo.memory import GiB
 
 GPU = 100 * GiB  # usable: 90 GiB (plan.USABLE_FRACTION)
 
@@ -26,14 +26,14 @@ def config(**pool) -> dict:
 
 
 def with_needs(monkeypatch, trainer_gib: float, rollout_gib: float, replicas: int = 1, tp: int = 1):
-    """plan_run stubbed to say: trainer-x needs trainer_gib, each rollout-x-i rollout_gib per
+    """size_run stubbed to say: trainer-x needs trainer_gib, each rollout-x-i rollout_gib per
     GPU."""
-    procs = [ProcessPlan("trainer-x", "trainer", "x", "cuda", 1, {"all": int(trainer_gib * GiB)})]
+    procs = [ProcessSizing("trainer-x", "trainer", "x", "cuda", 1, {"all": int(trainer_gib * GiB)})]
     procs += [
-        ProcessPlan(f"rollout-x-{i}", "rollout", "x", "cuda", tp, {"all": int(rollout_gib * GiB)})
+        ProcessSizing(f"rollout-x-{i}", "rollout", "x", "cuda", tp, {"all": int(rollout_gib * GiB)})
         for i in range(replicas)
     ]
-    monkeypatch.setattr(placement, "plan_run", lambda *a, **k: RunPlan("", tuple(procs), (), ()))
+    monkeypatch.setattr(placement, "size_run", lambda *a, **k: RunSizing("", tuple(procs), (), ()))
 
 
 def test_one_gpu_shared_gives_the_engine_what_the_trainer_leaves(monkeypatch):
@@ -102,7 +102,7 @@ def test_the_real_plan_on_one_80gb_gpu():
     engine (72 - 36.3) / 80 = 0.44; under LoRA (6.7 GiB) 0.81."""
     cfg = parse_config(config())
     trainer = next(
-        p for p in plan_run(cfg, gpu_memory=80 * GiB, local=True).processes if p.kind == "trainer"
+        p for p in size_run(cfg, gpu_memory=80 * GiB, local=True).processes if p.kind == "trainer"
     )
     assert round(trainer.gpu_total / GiB, 1) == 36.3
     assert place(cfg, ["0"], 80 * GiB).memory_utilization == {"rollout-x-0": 0.44}
@@ -130,7 +130,7 @@ def test_the_launcher_gets_each_process_its_gpus_and_flags():
     gpus = Placement(
         {"trainer-x": "0", "rollout-x-0": "1,2", "rollout-x-1": "0,1"}, {"rollout-x-1": 0.55}
     )
-    plan = {p.name: p for p in service_plan(cfg, gpus)}
+    plan = {p.name: p for p in service_processes(cfg, gpus)}
     assert plan["trainer-x"].env == (("CUDA_VISIBLE_DEVICES", "0"),)
     assert plan["rollout-x-0"].env == (("CUDA_VISIBLE_DEVICES", "1,2"),)
     one, two = plan["rollout-x-0"].args, plan["rollout-x-1"].args
@@ -146,10 +146,10 @@ def test_an_asynchronous_run_on_cpu_shares_the_cores_between_rollout_and_trainer
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
     data = config(device="cpu", engine="hf", rollout_replicas=3)
-    sync = {p.name: p.env for p in service_plan(parse_config(data))}
+    sync = {p.name: p.env for p in service_processes(parse_config(data))}
     assert set(sync.values()) == {()}  # synchronous: torch's default, one per core
     data["algorithm"] = {"max_staleness": 1}
-    plan = {p.name: p.env for p in service_plan(parse_config(data))}
+    plan = {p.name: p.env for p in service_processes(parse_config(data))}
     share = (("OMP_NUM_THREADS", "2"),)  # 8 cores over 3 replicas and 1 trainer
     assert plan == {
         **dict.fromkeys(sync, ()),
@@ -160,14 +160,14 @@ def test_an_asynchronous_run_on_cpu_shares_the_cores_between_rollout_and_trainer
     }
     # a process on a GPU keeps only its devices; the user's own setting wins
     gpus = Placement({"trainer-x": "0"})
-    assert {p.name: p.env for p in service_plan(parse_config(data), gpus)}["trainer-x"] == (
+    assert {p.name: p.env for p in service_processes(parse_config(data), gpus)}["trainer-x"] == (
         ("CUDA_VISIBLE_DEVICES", "0"),
     )
-    assert {p.name: p.env for p in service_plan(parse_config(data), gpus)}["rollout-x-0"] == (
+    assert {p.name: p.env for p in service_processes(parse_config(data), gpus)}["rollout-x-0"] == (
         ("OMP_NUM_THREADS", "2"),
     )
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    assert set(p.env for p in service_plan(parse_config(data))) == {()}
+    assert set(p.env for p in service_processes(parse_config(data))) == {()}
 
 
 def test_spawn_sets_the_planned_environment(tmp_path, monkeypatch):
@@ -181,7 +181,7 @@ def test_spawn_sets_the_planned_environment(tmp_path, monkeypatch):
     (tmp_path / "logs").mkdir()
     with pytest.raises(RuntimeError):
         launcher._spawn(
-            launcher.ServicePlan("t", "trainer", (), (("CUDA_VISIBLE_DEVICES", "3"),)),
+            launcher.ServiceProcess("t", "trainer", (), (("CUDA_VISIBLE_DEVICES", "3"),)),
             tmp_path,
             "python",
             {},
@@ -222,7 +222,7 @@ def test_the_plan_splits_a_tensor_parallel_replica_over_its_gpus():
     one, two = (
         next(
             p
-            for p in plan_run(parse_config(config(rollout_gpus=tp)), gpu_memory=80 * GiB).processes
+            for p in size_run(parse_config(config(rollout_gpus=tp)), gpu_memory=80 * GiB).processes
             if p.kind == "rollout"
         )
         for tp in (1, 2)

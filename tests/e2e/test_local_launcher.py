@@ -129,8 +129,8 @@ def test_a_service_that_fails_to_start_is_reported_and_nothing_is_left(tmp_path,
     mark = str(tmp_path)
     monkeypatch.setenv("ATGRPO_TEST_MARK", mark)  # the services inherit it
     plan = (
-        launcher.ServicePlan("env", "env"),
-        launcher.ServicePlan("broken", "env", ("--no-such-flag",)),
+        launcher.ServiceProcess("env", "env"),
+        launcher.ServiceProcess("broken", "env", ("--no-such-flag",)),
     )
     before = _service_pids(mark)
     with pytest.raises(

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from atgrpo.cli import launcher
-from atgrpo.cli.launcher import ServicePlan
+from atgrpo.cli.launcher import ServiceProcess
 from atgrpo.rpc.tether import Tether
 from atgrpo.rundir import read_metrics
 from tests.e2e.test_training import toy_config
@@ -22,7 +22,7 @@ from tests.e2e.test_training import toy_config
 pytestmark = pytest.mark.slow
 
 # Two of the lightest services: the router (a leader) and one it would call.
-PLAN = (ServicePlan("sandbox", "sandbox"), ServicePlan("router", "router"))
+PLAN = (ServiceProcess("sandbox", "sandbox"), ServiceProcess("router", "router"))
 
 
 def _wait(what: str, done, timeout_s: float, poll_s: float = 0.2):

@@ -11,8 +11,8 @@ from tests.env.planning_solvers import PATH_SOLVER
 from tests.env.test_planning_envs import plan_answer
 
 PLAN = (
-    launcher.ServicePlan("sandbox", "sandbox"),
-    launcher.ServicePlan("env", "env", ("--sandbox", "{sandbox}")),
+    launcher.ServiceProcess("sandbox", "sandbox"),
+    launcher.ServiceProcess("env", "env", ("--sandbox", "{sandbox}")),
 )
 
 

@@ -152,8 +152,8 @@ def env_address(tmp_path_factory):
     from atgrpo.cli import launcher
 
     plan = (
-        launcher.ServicePlan("sandbox", "sandbox"),
-        launcher.ServicePlan("env", "env", ("--sandbox", "{sandbox}")),
+        launcher.ServiceProcess("sandbox", "sandbox"),
+        launcher.ServiceProcess("env", "env", ("--sandbox", "{sandbox}")),
     )
     state = tmp_path_factory.mktemp("services")
     services = launcher.up(state, plan, timeout_s=60)

@@ -320,7 +320,7 @@ def env_address(tmp_path_factory):
     from atgrpo.cli import launcher
 
     state = tmp_path_factory.mktemp("services")
-    services = launcher.up(state, (launcher.ServicePlan("env", "env"),), timeout_s=60)
+    services = launcher.up(state, (launcher.ServiceProcess("env", "env"),), timeout_s=60)
     yield next(s.address for s in services if s.name == "env")
     launcher.down(state)
 

@@ -1,7 +1,7 @@
 """Where the pods' files live: the models volume (each pool's modelPath on it), the datasets volume
 (each dataset file env_svc reads on it), the optional claims and populate Jobs that fill them,
 and bounded storage (every emptyDir has a size limit, every container ephemeral-storage requests
-and limits that cover them), with defaults sized from the code's own figures (atgrpo.plan)."""
+and limits that cover them), with defaults sized from the code's own figures (atgrpo.memory)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from atgrpo.cli.runplan import checkpoints_at_once, plan_run
+from atgrpo.cli.sizing import checkpoints_at_once, size_run
 from atgrpo.config import parse_config
-from atgrpo.plan import checkpoint_bytes, load_shape
+from atgrpo.memory import checkpoint_bytes, load_shape
 from env_svc.datasets import sources
 from tests.helm.conftest import (
     CHART,
@@ -131,7 +131,7 @@ def example_disks():
     out = []
     for path in sorted((ROOT / "examples").glob("*_gpu.yaml")):
         cfg = parse_config(yaml.safe_load(path.read_text()), source=str(path))
-        out += [(path.name, cfg.pools[d.pool].model_path, d) for d in plan_run(cfg).disk]
+        out += [(path.name, cfg.pools[d.pool].model_path, d) for d in size_run(cfg).disk]
     return out
 
 
@@ -156,7 +156,7 @@ def test_checkpoint_volume_holds_the_kept_checkpoints_of_the_default_model():
     one."""
     cfg = run_config(rendered(None))
     size = quantity(values_of(None)["poolDefaults"]["trainer"]["checkpoints"]["size"])
-    [d] = plan_run(cfg).disk
+    [d] = size_run(cfg).disk
     assert 20 * GIB < d.checkpoint < 25 * GIB  # Qwen3-1.7B: 1.72 B parameters x 14 bytes under bf16
     assert size >= d.trainer_volume
     longer = dataclasses.replace(cfg.run, steps=10_000)

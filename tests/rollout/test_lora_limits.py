@@ -7,10 +7,10 @@ import argparse
 
 import pytest
 
-from atgrpo.cli.runner import service_plan
-from atgrpo.cli.runplan import tensor_parallel_problem
+from atgrpo.cli.runner import service_processes
+from atgrpo.cli.sizing import tensor_parallel_problem
 from atgrpo.config import ConfigError, LoraConfig, PoolConfig, parse_config
-from atgrpo.plan import ModelShape, load_shape, rollout_components, vllm_lora_limits
+from atgrpo.memory import ModelShape, load_shape, rollout_components, vllm_lora_limits
 from atgrpo.rpc.main import SettingsError
 from rollout_svc.__main__ import make_engine
 from rollout_svc.engines import vllm
@@ -61,7 +61,7 @@ def test_the_engine_rank_is_the_smallest_vllm_offers_that_holds_the_pools(rank, 
 def test_the_launcher_starts_vllm_with_the_runs_rank_and_a_slot_per_agent(
     tmp_path, tiny_model, monkeypatch
 ):
-    args = {p.name: p.args for p in service_plan(parse_config(l2_config(tmp_path, 100, 9)))}[
+    args = {p.name: p.args for p in service_processes(parse_config(l2_config(tmp_path, 100, 9)))}[
         "rollout-x-0"
     ]
     assert (

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from atgrpo.plan import trainer_peak
+from atgrpo.memory import trainer_peak
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -83,7 +83,7 @@ def test_the_gpu_check_runs_on_cpu_and_reports_every_part(tmp_path, subprocess_e
         and trainer["micro_batch_tokens"] == 512
         and trainer["tokens_per_s"] > 0
     )
-    # The plan's peak: the resident parts plus the largest phase (atgrpo.plan.trainer_peak).
+    # The plan's peak: the resident parts plus the largest phase (atgrpo.memory.trainer_peak).
     assert trainer["peak_bytes"] > 0 and trainer["plan_bytes"] == trainer_peak(
         trainer["plan_components"]
     )

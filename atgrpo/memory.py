@@ -1,11 +1,10 @@
-"""The estimates behind `atgrpo plan`: what a process of a run needs (GPU memory, host memory,
-disk), worked out from the model's config.json alone (atgrpo.cli.runplan puts them together per
-run).
+"""The memory planner behind `atgrpo plan`: what a process of a run needs (GPU memory, host
+memory, disk), worked out from the model's config.json alone (atgrpo.cli.sizing puts them together
+per run), so a run that does not fit says so before five services start and the model loads.
 
-A run that does not fit used to find out by running out of memory after five services had started
-and the model had loaded. These are estimates of each process's peak, in bytes, from the model's
-shape and the run config; the formulas are in the docstrings, the figures they give for Qwen3 in
-docs and tests. Pure functions: nothing here imports torch or reads weights.
+These are estimates of each process's peak, in bytes, from the model's shape and the run config;
+the formulas are in the docstrings, the figures they give for Qwen3 in docs and tests. Pure
+functions: nothing here imports torch or reads weights.
 
 Assumptions about the trainer (trainer_svc/loading.py, state.py, update.py, logprobs.py): under
 bfloat16 a full pool's parameters are its float32 master weights (no second, 16-bit copy is
@@ -44,7 +43,7 @@ LOGPROB_PASS_SHARE = 1 / 64
 LOGPROB_MAX_ELEMENTS = 2**27
 # float32 (positions, vocab) tensors a pass is sized for (between the two counts below).
 LOGPROB_TEMPORARIES = 6
-# ... and those alive at its peak (tests/trainer/test_plan_vs_measured.py): with top-k or no
+# ... and those alive at its peak (tests/trainer/test_memory_vs_measured.py): with top-k or no
 # truncation, the logits, the tempered logits, the masked ones and the log-softmax (the backward's
 # log-probs, probabilities and their gradient are fewer); top-p without top-k sorts the whole
 # vocabulary: its sorted copy, the int64 indices (two), the probabilities and their cumulative sum.
@@ -205,7 +204,7 @@ def activation_bytes_per_token_layer(
     norms keep 4h each, q/k norms 4(a + kv), the MLP 3*width*i (down's input goes), and each
     adapted linear keeps its input and its rank-wide middle: width(in + rank).
 
-    Each term is what autograd's saved-tensor hooks find (tests/trainer/test_plan_vs_measured.py):
+    Each term is what autograd's saved-tensor hooks find (tests/trainer/test_memory_vs_measured.py):
     float32 24h + 16a + 16kv + 16i (196,776 B at Qwen3-1.7B's sizes, with the 4-byte terms); bf16
     autocast over float32 masters 26h + 10a + 10kv + 8i (133,288 B; a GPU measured 134,312)."""
     h, a, kv, i, w = shape.hidden, shape.q_dim, shape.kv_dim, shape.intermediate, width
@@ -388,7 +387,7 @@ def trainer_components(
     HEAD_GRAD_ROWS slice of the head's gradient; the CUDA runtime.
 
     Its peak is trainer_peak() (the phases overlap only in part), within 25% of the peaks measured
-    on CPU (tests/trainer/test_plan_vs_measured.py)."""
+    on CPU (tests/trainer/test_memory_vs_measured.py)."""
     ranks = ranks or pool.trainer_gpus
     tokens = tokens or pool.micro_batch_tokens
     response_tokens = response_tokens or tokens

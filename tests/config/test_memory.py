@@ -1,4 +1,4 @@
-"""atgrpo.plan: the memory and disk figures, checked against numbers worked out by hand, and the
+"""atgrpo.memory: the memory and disk figures, checked against numbers worked out by hand, and the
 pool settings `atgrpo plan` reads (trainer_gpus, gpu_memory, gradient_checkpointing)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import re
 import pytest
 import yaml
 
-from atgrpo.cli.runplan import plan_run, train_problem
+from atgrpo.cli.sizing import size_run, train_problem
 from atgrpo.config import (
     AlgorithmConfig,
     ConfigError,
@@ -21,7 +21,7 @@ from atgrpo.config import (
 )
 from atgrpo.config_parse import parse_bytes
 from atgrpo.contract.trainer import LossConfig, UpdateConfig
-from atgrpo.plan import (
+from atgrpo.memory import (
     GPU_RUNTIME_BYTES,
     HEAD_GRAD_ROWS,
     LOGPROB_CHUNK_ELEMENTS,
@@ -337,7 +337,7 @@ def test_checkpoints_a_run_keeps_on_disk(run, written, at_once, tmp_path):
     data = yaml.safe_load((ROOT / "examples" / "toy_L1_gpu.yaml").read_text())
     data["run"].update(run)
     cfg = parse_config(data)
-    (disk,) = plan_run(cfg).disk
+    (disk,) = size_run(cfg).disk
     assert (disk.checkpoints, disk.at_once) == (written, at_once)
     assert disk.trainer_volume == at_once * disk.checkpoint
     # vLLM: served + incoming
@@ -351,9 +351,9 @@ def test_logprob_chunk_matches_the_trainers():
         int(re.search(r"^LOGPROB_CHUNK_TOKENS = (\d+)", text, re.M).group(1))
         == LOGPROB_CHUNK_TOKENS
     )
-    # the pass size the trainer takes from atgrpo.plan itself: 2**24 on a CPU (and a small GPU),
+    # the pass size the trainer takes from atgrpo.memory itself: 2**24 on a CPU (and a small GPU),
     # 1/64 of a big GPU's memory in the pass's six float32 temporaries
-    assert "from atgrpo.plan import LOGPROB_CHUNK_ELEMENTS, logprob_pass_elements" in text
+    assert "from atgrpo.memory import LOGPROB_CHUNK_ELEMENTS, logprob_pass_elements" in text
     assert (
         logprob_pass_elements(None)
         == logprob_pass_elements(16 * GiB)
@@ -378,26 +378,26 @@ def _gpu_example(name: str, **pool_edits) -> dict:
 
 def test_8b_full_on_one_80gb_gpu_is_refused_with_fixes():
     cfg = parse_config(_gpu_example("toy_L1_gpu.yaml", trainer_gpus=1, gpu_memory="80GiB"))
-    plan = plan_run(cfg, source="x")
+    plan = size_run(cfg, source="x")
     assert not plan.ok
     (trainer,) = [p for p in plan.processes if p.kind == "trainer"]
     assert trainer.fits is False and trainer.gpu_total > 140 * GiB
     assert any("trainer_gpus: 3" in f for f in trainer.fixes)
     assert any("specialization: lora" in f for f in trainer.fixes)
-    assert plan_run(cfg, gpus=8).ok and plan_run(cfg, gpus=2, gpu_memory=141 * GiB).ok
+    assert size_run(cfg, gpus=8).ok and size_run(cfg, gpus=2, gpu_memory=141 * GiB).ok
     # FSDP's own bf16 gathers (no autocast casts) and the chunked head: 4 x 80 GB, and 3, suffice
-    assert plan_run(cfg, gpus=4).ok and plan_run(cfg, gpus=3).ok and not plan_run(cfg, gpus=2).ok
+    assert size_run(cfg, gpus=4).ok and size_run(cfg, gpus=3).ok and not size_run(cfg, gpus=2).ok
 
 
 def test_checkpointing_off_is_named_as_the_fix_when_it_is_enough():
     cfg = parse_config(_gpu_example("code_L1_gpu.yaml", gradient_checkpointing=False))
-    (trainer,) = [p for p in plan_run(cfg).processes if p.kind == "trainer"]
+    (trainer,) = [p for p in size_run(cfg).processes if p.kind == "trainer"]
     assert trainer.fits is False
     assert trainer.fixes[0] == "turn checkpointing on: pools.shared.gradient_checkpointing: true"
     tokens = int(re.search(r"micro_batch_tokens: (\d+)", trainer.fixes[1]).group(1))
     assert (
         6144 <= tokens < 16384
-        and plan_run(
+        and size_run(
             parse_config(
                 _gpu_example(
                     "code_L1_gpu.yaml", gradient_checkpointing=False, micro_batch_tokens=tokens

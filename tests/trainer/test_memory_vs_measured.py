@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from atgrpo.config import AlgorithmConfig, PoolConfig
-from atgrpo.plan import (
+from atgrpo.memory import (
     ModelShape,
     activation_bytes_per_token_layer,
     trainer_components,

@@ -1,5 +1,5 @@
 """`atgrpo plan`: what every process of a run needs, and whether it fits the GPUs the config is
-sized for. The per-process formulas are in atgrpo.plan; this module lays out a run's processes
+sized for. The per-process formulas are in atgrpo.memory; this module lays out a run's processes
 (trainers, rollout replicas, the services without a model), their disk, and the table the CLI
 prints.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from atgrpo.config_parse import parse_bytes
-from atgrpo.plan import (
+from atgrpo.memory import (
     HOST_BASE_BYTES,
     SERVICE_HOST_BYTES,
     USABLE_FRACTION,
@@ -45,7 +45,7 @@ GPUS_PER_NODE = 8
 
 
 @dataclass(frozen=True)
-class ProcessPlan:
+class ProcessSizing:
     """One process (a trainer's ranks share one row: each rank needs what the row says)."""
 
     name: str
@@ -108,9 +108,9 @@ def checkpoints_at_once(run: RunSection) -> int:
 
 
 @dataclass(frozen=True)
-class RunPlan:
+class RunSizing:
     source: str
-    processes: tuple[ProcessPlan, ...]
+    processes: tuple[ProcessSizing, ...]
     disk: tuple[PoolDisk, ...]
     problems: tuple[str, ...]  # config-level reasons the run cannot go as written
     unplanned: tuple[str, ...] = ()  # GPU pools with no model config to plan from
@@ -131,7 +131,7 @@ def pool_device(pool: PoolConfig, gpu_memory: int | None) -> str:
     return pool.device
 
 
-def plan_run(
+def size_run(
     cfg: RunConfig,
     *,
     gpus: int | None = None,
@@ -139,11 +139,11 @@ def plan_run(
     source: str = "",
     local: bool = False,
     gpus_per_node: int = GPUS_PER_NODE,
-) -> RunPlan:
+) -> RunSizing:
     """Every process `cfg` starts, with what it needs. `gpus` / `gpu_memory` override each pool's
     trainer_gpus / gpu_memory. `local`: plan what local mode starts (one trainer process a pool).
     A trainer of more than `gpus_per_node` GPUs spans nodes, as the chart places it."""
-    processes: list[ProcessPlan] = []
+    processes: list[ProcessSizing] = []
     disks: list[PoolDisk] = []
     problems: list[str] = []
     unplanned: list[str] = []
@@ -210,10 +210,10 @@ def plan_run(
                 )
             )
     processes += [
-        ProcessPlan(kind, kind, host=SERVICE_HOST_BYTES[kind])
+        ProcessSizing(kind, kind, host=SERVICE_HOST_BYTES[kind])
         for kind in ("env", "sandbox", "router")
     ]
-    return RunPlan(source, tuple(processes), tuple(disks), tuple(problems), tuple(unplanned))
+    return RunSizing(source, tuple(processes), tuple(disks), tuple(problems), tuple(unplanned))
 
 
 def tensor_parallel_problem(name: str, pool: PoolConfig, shape: ModelShape) -> str | None:
@@ -272,11 +272,11 @@ def _model_process(
     memory: int | None,
     host: int,
     notes: tuple[str, ...] = (),
-) -> ProcessPlan:
+) -> ProcessSizing:
     """A trainer's or a rollout replica's row: on CPU it holds no GPU and is checked against no GPU
     memory."""
     cuda = device == "cuda"
-    return ProcessPlan(
+    return ProcessSizing(
         name, kind, pool, device, gpus if cuda else 0, gpu, memory if cuda else None, host, notes
     )
 
@@ -290,7 +290,7 @@ def _trainer_process(
     ranks: int,
     memory: int | None,
     per_node: int,
-) -> ProcessPlan:
+) -> ProcessSizing:
     """The pool's trainer: one row for all its ranks, each of which needs what the row says."""
     sample = longest_sample(cfg, name)
     tokens = max(pool.micro_batch_tokens, sample)  # a sample longer than the budget goes alone
@@ -348,7 +348,7 @@ def _rollout_processes(
     shape: ModelShape,
     device: str,
     memory: int | None,
-) -> list[ProcessPlan]:
+) -> list[ProcessSizing]:
     """One row per replica (they are alike): on each of its GPUs, its share of the weights and of
     the KV cache of the tasks it collects."""
     agents, sample = len(cfg.agents_of(name)), longest_sample(cfg, name)
@@ -395,8 +395,8 @@ def _rollout_gpu_bytes(
 
 
 def _rollout_kv_fit(
-    plan: ProcessPlan, cfg: RunConfig, memory: int, full: int, tasks: int, sample: int, tp: int
-) -> ProcessPlan:
+    plan: ProcessSizing, cfg: RunConfig, memory: int, full: int, tasks: int, sample: int, tp: int
+) -> ProcessSizing:
     """The replica with a note on how much of its KV cache fits at once, and the fixes when the
     replica does not fit its GPUs."""
     k, name = cfg.algorithm.k, plan.pool
@@ -519,7 +519,7 @@ _COLUMNS = (
 )
 
 
-def render(plan: RunPlan) -> str:
+def render(plan: RunSizing) -> str:
     """The table `atgrpo plan` prints: GiB per GPU of each process, its host memory, and whether it
     fits."""
     head = ["process", "gpus", *(c for c, _ in _COLUMNS), "total", "of", "fits", "host"]
@@ -592,7 +592,7 @@ def train_problem(cfg: RunConfig) -> str | None:
     with no memory stated, or whose model config is on the cluster only (they are left out)."""
     if all(p.device == "cpu" for p in cfg.pools.values()):
         return None
-    plan = plan_run(cfg, source="the config", local=cfg.local_mode)
+    plan = size_run(cfg, source="the config", local=cfg.local_mode)
     if plan.ok:
         return None
     return render(plan) + "\n(see `atgrpo plan CONFIG`; --gpus and --gpu-memory try other GPUs)"
@@ -645,7 +645,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             print(f"{flag} {value}: give at least 1", file=sys.stderr)
             return 2
-    plan = plan_run(
+    plan = size_run(
         cfg,
         gpus=args.gpus,
         gpu_memory=memory,
