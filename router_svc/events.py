@@ -74,8 +74,7 @@ def timing_fields(
     rollout_seconds: rendering, batching, the RPCs, the router's own work. Tokens and FLOP rates are
     over every replica and every pool: FLOPs over the engines' (or the updates') seconds, and the
     mfu their ratio to what each process's measured matmul rate does in the same seconds. A rate
-    is left out when nothing measured it (an older service, a vLLM engine on GPU has no matmul
-    rate)."""
+    is left out when nothing measured it (a vLLM engine on GPU has no matmul rate)."""
     collects = [e.timing for e in ends if e.timing]
     slow = max(collects, key=lambda t: t.get("collect_s", 0.0), default={})
     prefill, decode, env = (slow.get(k, 0.0) for k in ("prefill_s", "decode_s", "env_s"))

@@ -25,11 +25,7 @@ class EpisodeFailed(RuntimeError):
 _DETERMINISTIC = ("EnvCodeError", "InvalidArgument")
 
 
-# Figures a trainer may not report: the KL to the reference (only with kl_coef > 0), the mean
-# staleness (not from a trainer older than asynchronous training).
-_IF_SENT = ("kl_ref", "staleness_mean")
-# Where the update's time went, and its FLOPs (not from a trainer older than the step breakdown):
-# events.timing_fields reads them.
+# Where the update's time went, and its FLOPs: events.timing_fields reads them.
 TIMING = (
     "time_forward_s",
     "time_backward_s",
@@ -55,9 +51,12 @@ def pool_metrics(r: TrainResult) -> dict[str, Any]:
                 "entropy",
                 "push_seconds",
                 "train_seconds",
+                "staleness_mean",
+                *TIMING,
             )
         },
-        **{k: r.metrics[k] for k in (*_IF_SENT, *TIMING) if k in r.metrics},
+        # the KL to the reference is measured only with kl_coef > 0
+        **({"kl_ref": r.metrics["kl_ref"]} if "kl_ref" in r.metrics else {}),
         **(
             {"memory": memory}
             if (memory := {k: r.metrics[k] for k in MEMORY if k in r.metrics})

@@ -22,7 +22,7 @@ from atgrpo.contract.trainer import (
 _DEFAULT = PoolSpec(run_id="", pool="", model_path="", agents=())
 _FIGURES = ("loss", "clip_fraction", "approx_kl", "entropy", "train_seconds", "push_seconds")
 _COUNTS = ("tokens", "samples", "push_bytes", "staleness_max", "masked_tokens")
-# Where the update's time went (TrainResponse.timing): sent when the trainer measured them.
+# Where the update's time went (TrainResponse.timing).
 _TIMING = (
     "time_forward_s",
     "time_backward_s",
@@ -204,10 +204,10 @@ def result_to_pb(r: TrainResult, pool: str) -> pb.TrainResponse:
         replayed=r.replayed,
         grad_norm=grad_norm,
         kl_ref=m.get("kl_ref"),
-        staleness_mean=m.get("staleness_mean", 0.0),
+        staleness_mean=m["staleness_mean"],
         **{k: m[k] for k in _FIGURES},
         **{k: int(m.get(k, 0)) for k in _COUNTS},
-        timing={k: float(m[k]) for k in _TIMING if k in m},
+        timing={k: float(m[k]) for k in _TIMING},
         memory={k: float(m[k]) for k in MEMORY if k in m},
         agents={
             a: pb.AgentTrainMetrics(

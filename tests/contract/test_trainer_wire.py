@@ -41,58 +41,46 @@ def test_an_old_client_gets_the_default_cap_and_a_synchronous_update():
     assert update_from_pb(pb.UpdateParams(behav_imp_cap=0.0)).loss.behav_imp_cap == 2.0
 
 
-def test_a_result_carries_the_mean_staleness():
-    metrics = dict(
-        loss=0.5,
-        clip_fraction=0.1,
-        approx_kl=0.01,
-        entropy=2.0,
-        train_seconds=1.5,
-        push_seconds=0.25,
-        grad_norm=0.75,
-        tokens=40.0,
-        samples=8.0,
-        push_bytes=1024.0,
-        staleness_max=2.0,
-        masked_tokens=1.0,
-        staleness_mean=1.25,
-    )
+# what a trainer reports of every update (trainer_svc.trainer.Trainer.train)
+METRICS = dict(
+    loss=0.5,
+    clip_fraction=0.1,
+    approx_kl=0.01,
+    entropy=2.0,
+    train_seconds=1.5,
+    push_seconds=0.25,
+    grad_norm=0.75,
+    tokens=40.0,
+    samples=8.0,
+    push_bytes=1024.0,
+    staleness_max=2.0,
+    masked_tokens=1.0,
+    staleness_mean=1.25,
+    time_forward_s=0.5,
+    time_backward_s=1.0,
+    time_optimizer_s=0.25,
+    update_tokens=96.0,
+    update_flops=1e9,
+    matmul_flops_per_s=2e10,
+)
+
+
+def round_trip(metrics: dict) -> TrainResult:
     sent = TrainResult("r", 3, 4, metrics, {"a": {"samples": 8.0, "tokens": 40.0}})
     back = result_from_pb(pb.TrainResponse.FromString(result_to_pb(sent, "p").SerializeToString()))
     assert back == sent
-    old = dict(metrics)
-    del old["staleness_mean"]  # a result made before it existed
-    assert (
-        result_from_pb(result_to_pb(TrainResult("r", 3, 4, old), "p")).metrics["staleness_mean"]
-        == 0.0
-    )
+    return back
+
+
+def test_a_result_carries_the_mean_staleness_and_the_timing():
+    back = round_trip(METRICS)
+    assert back.metrics["staleness_mean"] == 1.25 and back.metrics["update_flops"] == 1e9
     assert "rss_gb" not in back.metrics  # a trainer that did not measure its memory
 
 
 def test_a_result_carries_the_trainers_memory():
-    metrics = dict(
-        loss=0.5,
-        clip_fraction=0.1,
-        approx_kl=0.01,
-        entropy=2.0,
-        train_seconds=1.5,
-        push_seconds=0.25,
-        grad_norm=0.75,
-        tokens=40.0,
-        samples=8.0,
-        push_bytes=1024.0,
-        staleness_max=0.0,
-        masked_tokens=0.0,
-        staleness_mean=0.0,
-        rss_gb=10.75,
-        rss_released_gb=8.25,
-        rss_peak_gb=11.0,
-    )
-    sent = TrainResult("r", 3, 4, metrics, {"a": {"samples": 8.0, "tokens": 40.0}})
-    assert (
-        result_from_pb(pb.TrainResponse.FromString(result_to_pb(sent, "p").SerializeToString()))
-        == sent
-    )
+    memory = dict(rss_gb=10.75, rss_released_gb=8.25, rss_peak_gb=11.0)
+    assert round_trip(METRICS | memory).metrics["rss_peak_gb"] == 11.0
 
 
 def test_a_sample_keeps_its_policy_version():

@@ -324,7 +324,7 @@ def test_services_that_report_no_timing_give_zero_times_and_no_rates():
 # ---- the wire ----------------------------------------------------------------------------------
 
 
-def test_timing_survives_the_wire_and_is_empty_from_older_services():
+def test_timing_survives_the_wire():
     plan = CollectPlan(env="e", tasks=(), agents={}, turn_order=(), max_turns=1)
     timed = end(collect_s=2.0, decode_s=1.5)
     assert rollout_wire.event_from_pb(rollout_wire.end_to_pb(timed, plan)).timing == {
@@ -347,6 +347,7 @@ def test_timing_survives_the_wire_and_is_empty_from_older_services():
         "grad_norm": 1.0,
         "train_seconds": 2.0,
         "push_seconds": 0.5,
+        "staleness_mean": 0.0,
     }
     timing = {
         "time_forward_s": 0.5,
@@ -360,10 +361,6 @@ def test_timing_survives_the_wire_and_is_empty_from_older_services():
         trainer_wire.result_to_pb(TrainResult("r", 1, 1, figures | timing), "p")
     )
     assert {k: back.metrics[k] for k in timing} == timing
-    old = trainer_wire.result_from_pb(
-        trainer_wire.result_to_pb(TrainResult("r", 1, 1, figures), "p")
-    )
-    assert not set(timing) & set(old.metrics)
 
 
 # ---- `atgrpo train --timing` and TensorBoard -----------------------------------------------------

@@ -14,6 +14,7 @@ from atgrpo.contract.rollout import EpisodeEnd, PolicyRef, Sample
 from atgrpo.contract.sampling import Sampling
 from atgrpo.contract.trainer import TrainResult
 from router_svc.ledger import Ledger
+from router_svc.outcome import TIMING
 from router_svc.pipeline import Pipeline
 from router_svc.steps import step_tasks
 
@@ -68,6 +69,8 @@ class ScriptedTrainer:
                     "entropy",
                     "push_seconds",
                     "train_seconds",
+                    "staleness_mean",
+                    *TIMING,
                 ),
                 0.0,
             ),
