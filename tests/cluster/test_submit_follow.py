@@ -26,7 +26,8 @@ class ScriptedLoop:
     def __init__(self, cfg, emit):
         from atgrpo.rundir import RunDir
 
-        self.cfg, self.emit, self.completed, self.resumed_from = cfg, emit, 0, 0
+        self.cfg, self.emit, self.resumed_from = cfg, emit, 0
+        self.ledger = SimpleNamespace(completed=0)
         self.dir = RunDir(cfg.run.run_dir)
         self.stop_requested = asyncio.Event()
         self.clients = SimpleNamespace(close=lambda: asyncio.sleep(0))
@@ -40,7 +41,7 @@ class ScriptedLoop:
 
         for step in range(1, self.cfg.run.steps + 1):
             await asyncio.sleep(0.2)
-            self.completed = step
+            self.ledger.completed = step
             timings = {
                 "rollout_seconds": 0.1,
                 "train_seconds": 0.1,
