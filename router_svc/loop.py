@@ -192,8 +192,9 @@ class RunLoop:
         )
         self.dir.write_config(self.cfg)
         root = str(self.dir.path / "checkpoints")
-        # Asynchronous: pools may be past the recorded step; when the trainers come back with the
-        # versions this router gave them, the run goes on from what it holds (Pipeline).
+        # Pools may be past the recorded step (a fault between an update and its record, or
+        # collection running ahead); when the trainers come back with the versions this router
+        # gave them, the run goes on from what it holds (Pipeline).
         live = dict(self.ledger.versions)
         await self._setup_trainers(root, ckpt)
         held, behind = dict(self.ledger.versions), []

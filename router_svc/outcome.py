@@ -1,5 +1,5 @@
 """What a step's collection and updates came to: whether every episode finished, and a pool's
-update as a step event records it (shared by the synchronous loop and the pipeline)."""
+update as a step event records it (shared by the loop and the pipeline)."""
 
 from __future__ import annotations
 

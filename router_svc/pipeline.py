@@ -15,11 +15,11 @@ that came back with old weights) is dropped and its task collected again, before
 
 Evaluations and checkpoints are barriers: a segment runs the pipeline up to the next step that
 has one and drains it (every collected step trained, nothing in flight), so a checkpoint holds
-every pool at the same step and nothing half-collected: a resume starts from it exactly as a
-synchronous run does, and the tasks of every later step are the same (step_tasks is a function
-of the step). A fault mid-segment keeps what the router holds when the trainers kept their
-weights (the steps collected and each pool's progress); otherwise every pool rolls back to the
-checkpoint (RunLoop.prepare) and the segment starts over from it.
+every pool at the same step and nothing half-collected: a resume starts from it at that step,
+and the tasks of every later step are the same (step_tasks is a function of the step). A fault
+mid-segment keeps what the router holds when the trainers kept their weights (the steps
+collected and each pool's progress); otherwise every pool rolls back to the checkpoint
+(RunLoop.prepare) and the segment starts over from it.
 """
 
 from __future__ import annotations

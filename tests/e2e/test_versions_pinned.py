@@ -52,7 +52,7 @@ async def run_with_a_restart(cfg, state_dir, address: str) -> int:
         await loop.prepare()
         while loop.ledger.completed < STEPS:
             if (
-                await loop._guarded(loop.run_step, loop.ledger.completed + 1)
+                await loop._guarded(loop.pipeline.run, loop.ledger.completed + 1)
                 and loop.ledger.completed == KILL_AFTER
             ):
                 replica = next(s for s in launcher.read_state(state_dir) if s.name == "rollout-a-0")
