@@ -10,13 +10,13 @@ from atgrpo import __version__
 from atgrpo.cli import (
     context,
     env,
+    fit_report,
     model,
     report,
     runner,
     samples,
     scale,
     services,
-    sizing,
     submit,
 )
 
@@ -26,7 +26,7 @@ COMMANDS = (
     env,  # env serve | check
     samples,
     context,  # config check
-    sizing,  # plan
+    fit_report,  # plan
     runner,  # train, eval
     report,  # plot
     services,  # up, status, down

@@ -449,7 +449,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cfg = load_for_run(args, "train")
     if cfg is None:
         return 2
-    from atgrpo.cli.sizing import train_problem
+    from atgrpo.cli.fit_report import train_problem
 
     # before any service starts: a run that cannot fit fails now, not by OOM
     problem = train_problem(cfg)

@@ -10,7 +10,8 @@ import re
 import pytest
 import yaml
 
-from atgrpo.cli.sizing import size_run, train_problem
+from atgrpo.cli.fit_report import train_problem
+from atgrpo.cli.sizing import size_run
 from atgrpo.config import (
     AlgorithmConfig,
     ConfigError,
