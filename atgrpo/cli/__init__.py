@@ -3,3 +3,7 @@ services.py), the run's sizing and placement (sizing.py, placement.py, fit_repor
 (report.py) and the kubectl-style contexts (context.py). Each command's module registers its own
 subcommands (add_command). The library below it (config, contract, rpc, sdk, algo) knows nothing
 of it."""
+
+from atgrpo.cli.main import build_parser, main
+
+__all__ = ["build_parser", "main"]
