@@ -3,7 +3,7 @@ single-agent GRPO (L0) and trajectory-level GRPO on the same budget.
 
     python bench/real_learning.py [--tasks arithmetic,letters] [--variants at-grpo,L0,trajectory]
                                   [--steps 40] [--eval-every 10] [--eval-tasks 64] [--model DIR]
-                                  [--out docs/real_learning]
+                                  [--target 0.9 [--hold 2]] [--out docs/real_learning]
 
 Tasks (reasoning-gym, through the `reasoning_gym` env: its hardened judges, a tool agent whose
 program runs in the sandbox, and a reasoner that answers in <answer></answer>):
@@ -23,6 +23,10 @@ Variants, one shared model (full weights), K = 4, 8 tasks a step, temperature 1:
   L0          the reasoner alone (env.turn_order: [reasoner]), 16 tasks a step: as many samples
 Every variant runs --steps steps; success is greedy (temperature 0) on the first --eval-tasks
 entries of the eval split (never trained on), at step 0, every --eval-every steps and at the end.
+Time to accuracy (--target T): a run stops --hold evaluations after its greedy success first
+reaches T, and reports the training minutes to that evaluation's step (evaluations not counted;
+their minutes are reported beside), its steps and samples, and whether success held at or above
+T at the --hold evaluations after it.
 Output in --out: real_learning.md (the table), real_learning.png (the curves) and
 real_learning.json (every evaluation, the training seconds, and what the eval samples show: the
 share of each agent's answers the judge could not read, and of tool programs that printed the
@@ -182,6 +186,34 @@ def stop_due(took: list[float], budget_s: float) -> bool:
     return sum(took) + 2 * statistics.fmean(took[-3:]) > budget_s
 
 
+def target_stop(successes: list[float], target: float, hold: int) -> bool:
+    """Whether a run whose evaluations so far scored `successes` (greedy success, step 0 first)
+    has what --target asks: the first evaluation at or above `target`, and `hold` after it."""
+    first = next((i for i, x in enumerate(successes) if x >= target), None)
+    return first is not None and len(successes) - 1 - first >= hold
+
+
+def time_to_target(
+    steps: list[dict], evals: list[dict], target: float, hold: int
+) -> dict[str, Any] | None:
+    """The training it took to reach `target` (None when no evaluation did): the first evaluation
+    at or above it, the steps, samples and training minutes (each step's step_seconds, which
+    leave evaluations out) up to its step, and whether the `hold` evaluations after it stayed at
+    or above the target (None when the run ended before them)."""
+    first = next((i for i, e in enumerate(evals) if e["success"] >= target), None)
+    if first is None:
+        return None
+    step = evals[first]["step"]
+    upto = [e for e in steps if e["step"] <= step]
+    after = evals[first + 1 : first + 1 + hold]
+    return {
+        "step": step,
+        "minutes": sum(e["step_seconds"] for e in upto) / 60,
+        "samples": int(sum(sum(a["samples"] for a in e["agents"].values()) for e in upto)),
+        "held": all(e["success"] >= target for e in after) if len(after) == hold else None,
+    }
+
+
 def one_run(
     task: str,
     variant: str,
@@ -192,11 +224,14 @@ def one_run(
     eval_tasks: int,
     minutes: float | None = None,
     dtype: str = DTYPE,
+    target: float | None = None,
+    hold: int = 2,
 ) -> dict:
     """Train one variant on one task through the five local services; its evaluations and times.
     `minutes`: stop at the last step whose training time (evaluations not counted) stays within
     it, as the recent steps' times foretell, and evaluate that step's checkpoint, if the run has
-    not reached `steps` by then."""
+    not reached `steps` by then. `target`: stop `hold` evaluations after greedy success first
+    reaches it (time_to_target)."""
     from atgrpo.cli.runner import LocalServices, evaluate, run_until
     from atgrpo.config import parse_config
     from atgrpo.rundir import read_metrics
@@ -205,8 +240,17 @@ def one_run(
     shutil.rmtree(run_dir, ignore_errors=True)  # a rerun starts over, never resumes an old run
     data = run_config(task, variant, model, run_dir, steps, eval_every, eval_tasks, dtype=dtype)
     took: list[float] = []  # each step's training seconds
+    successes: list[float] = []  # each evaluation's greedy success
+    # An evaluation's seconds: from the event before it (its step's, or the run's start) to its own.
+    eval_s, last_event = [0.0], [time.perf_counter()]
 
     def spent(event: dict) -> bool:
+        now, since = time.perf_counter(), last_event[0]
+        last_event[0] = now
+        if event["kind"] == "eval":
+            eval_s[0] += now - since
+            successes.append(event["success_rate"])
+            return target is not None and target_stop(successes, target, hold)
         if event["kind"] != "step" or minutes is None:
             return False
         took.append(
@@ -216,7 +260,8 @@ def one_run(
 
     start = time.perf_counter()
     with LocalServices(parse_config(data)) as running:
-        final = asyncio.run(run_until(running, spent, "the bench's training minutes are spent"))
+        reason = "the bench's minutes are spent, or its target held"
+        final = asyncio.run(run_until(running, spent, reason))
     if final["state"] not in ("finished", "stopped"):
         raise RuntimeError(f"{task}/{variant} ended {final['state']}: {final}")
     events = read_metrics(run_dir / "metrics.jsonl")
@@ -231,6 +276,15 @@ def one_run(
         result = evaluate(parse_config(data), run_dir)
         (kept,) = (run_dir / "evals").glob("*/eval-samples/*.jsonl")
         evals.append(({**result, "step": steps_[-1]["step"]}, kept))
+    scored = [
+        {
+            "step": e["step"],
+            "success": e["success_rate"],
+            "returns": {a: m["reward_mean"] for a, m in e["agents"].items()},
+            **eval_samples_show(kept),
+        }
+        for e, kept in evals
+    ]
     return {
         "task": task,
         "variant": variant,
@@ -238,16 +292,14 @@ def one_run(
         "wall_s": time.perf_counter() - start,
         "run_dir": str(run_dir),
         "train_s": sum(e["step_seconds"] for e in steps_),
+        "eval_s": eval_s[0],
         "step_s": statistics.fmean(e["step_seconds"] for e in steps_),
-        "evals": [
-            {
-                "step": e["step"],
-                "success": e["success_rate"],
-                "returns": {a: m["reward_mean"] for a, m in e["agents"].items()},
-                **eval_samples_show(kept),
-            }
-            for e, kept in evals
-        ],
+        "evals": scored,
+        **(
+            {"target": target, "to_target": time_to_target(steps_, scored, target, hold)}
+            if target is not None
+            else {}
+        ),
         "train_reward": [(e["step"], e["reward_mean"]) for e in steps_],
         "samples_per_step": statistics.fmean(
             sum(a["samples"] for a in e["agents"].values()) for e in steps_
@@ -287,6 +339,30 @@ def table(runs: list[dict]) -> str:
             f"{last['success']:.3f} | {last['success'] - first['success']:+.3f} | "
             f"{r['train_s'] / 60:.1f} | {r['step_s']:.0f} | {r['samples_per_step']:.0f} | "
             f"{first['reasoner_unreadable']:.2f} -> {last['reasoner_unreadable']:.2f} | {tool} |"
+        )
+    return "\n".join(lines)
+
+
+def target_table(runs: list[dict]) -> str:
+    """Time to accuracy of the runs made with --target ("" when none was)."""
+    timed = [r for r in runs if "to_target" in r]
+    if not timed:
+        return ""
+    head = (
+        "| task | variant | dtype | target | reached at step | training min to it | samples to it "
+        "| evaluation min (whole run) | held after |"
+    )
+    lines = [head, "|---" * (head.count("|") - 1) + "|"]
+    for r in timed:
+        t = r["to_target"]
+        reached = (
+            f"{t['step']} | {t['minutes']:.1f} | {t['samples']} | {r['eval_s'] / 60:.1f} | "
+            + {True: "yes", False: "no", None: "not measured"}[t["held"]]
+            if t
+            else f"not reached | - | - | {r['eval_s'] / 60:.1f} | -"
+        )
+        lines.append(
+            f"| {r['task']} | {r['variant']} | {run_dtype(r)} | {r['target']} | {reached} |"
         )
     return "\n".join(lines)
 
@@ -335,6 +411,19 @@ def main() -> None:
         default=None if SMOKE else 60.0,
         help="training minutes (evaluations not counted) a run stays within; it is evaluated at "
         "its end",
+    )
+    ap.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        help="time to accuracy: stop a run --hold evaluations after its greedy success first "
+        "reaches this, and report the training minutes, steps and samples to it",
+    )
+    ap.add_argument(
+        "--hold",
+        type=int,
+        default=2,
+        help="with --target: the evaluations after the first at the target that must stay at it",
     )
     ap.add_argument("--eval-every", type=int, default=1 if SMOKE else 10)
     ap.add_argument("--eval-tasks", type=int, default=2 if SMOKE else 64)
@@ -393,6 +482,8 @@ def main() -> None:
                 args.eval_tasks,
                 args.minutes,
                 args.dtype,
+                args.target,
+                args.hold,
             )
             runs.append(run)
             print(
@@ -405,12 +496,13 @@ def main() -> None:
                 flush=True,
             )
             write(out, args, runs, time.perf_counter() - start)  # each finished run is kept at once
-    print("\n" + table(runs))
+    print("\n" + table(runs) + ("\n\n" + target_table(runs) if target_table(runs) else ""))
 
 
 def write(out: Path, args: argparse.Namespace, runs: list[dict], took: float) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "real_learning.md").write_text(table(runs) + "\n")
+    timed = target_table(runs)
+    (out / "real_learning.md").write_text(table(runs) + "\n" + (f"\n{timed}\n" if timed else ""))
     (out / "real_learning.json").write_text(
         json.dumps(
             {

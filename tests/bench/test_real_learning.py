@@ -37,8 +37,13 @@ def eval_task_ids(path) -> set[str]:
 
 def test_real_learning_smoke(tiny_model, tmp_path, subprocess_env):
     env = {**subprocess_env, "ATGRPO_BENCH_SMOKE": "1"}
-    _, data = bench(tmp_path, env, "--model", tiny_model, "--variants", "at-grpo")
+    # A target every evaluation meets: reached at step 0, held at the two after it, so the run
+    # stops where it would anyway.
+    args = ("--model", tiny_model, "--variants", "at-grpo", "--target", "0", "--hold", "2")
+    _, data = bench(tmp_path, env, *args)
     [at] = data["runs"]
+    assert at["to_target"] == {"step": 0, "minutes": 0.0, "samples": 0, "held": True}
+    assert at["target"] == 0 and at["eval_s"] > 0
     assert (at["task"], at["variant"], at["dtype"]) == ("arithmetic", "at-grpo", "bfloat16")
     assert [e["step"] for e in at["evals"]] == [0, 1, 2]
     runs = tmp_path / "runs"
@@ -87,6 +92,33 @@ def test_real_learning_smoke(tiny_model, tmp_path, subprocess_env):
         and table.strip() in proc.stdout
     )
     assert (tmp_path / "real_learning.png").stat().st_size > 10_000
+    # the time-to-accuracy table has the --target run only
+    assert "| arithmetic | at-grpo | bfloat16 | 0.0 | 0 | 0.0 | 0 |" in table
+    assert "| arithmetic | L0 | bfloat16 | 0.0 |" not in table
+
+
+def test_a_target_run_stops_once_the_target_held_and_reports_the_training_to_it():
+    sys.path.insert(0, str(ROOT))
+    from bench.real_learning import target_stop, time_to_target
+
+    # evaluations at steps 0, 10, 20, 30: 0.1, 0.92, 0.88, 0.95 against 0.9, hold 2
+    successes = [0.1, 0.92, 0.88, 0.95]
+    assert [target_stop(successes[:n], 0.9, 2) for n in range(1, 5)] == [False] * 3 + [True]
+    assert not target_stop([0.1, 0.5], 0.9, 0) and target_stop([0.1, 0.9], 0.9, 0)
+    # steps 1..30 of 60 s, 64 samples over two agents each; evaluations excluded by step_seconds
+    steps = [
+        {"step": s, "step_seconds": 60.0, "agents": {"a": {"samples": 32}, "b": {"samples": 32}}}
+        for s in range(1, 31)
+    ]
+    evals = [{"step": 10 * i, "success": x} for i, x in enumerate(successes)]
+    assert time_to_target(steps, evals, 0.9, 2) == {
+        "step": 10,
+        "minutes": 10.0,
+        "samples": 640,
+        "held": False,  # 0.88 at step 20
+    }
+    assert time_to_target(steps, evals, 0.9, 3)["held"] is None  # the run ended before 3 more
+    assert time_to_target(steps, evals, 0.99, 2) is None
 
 
 def test_a_budgeted_run_is_stopped_so_that_its_last_step_ends_within_the_budget():
