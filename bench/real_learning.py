@@ -4,6 +4,7 @@ single-agent GRPO (L0) and trajectory-level GRPO on the same budget.
     python bench/real_learning.py [--tasks arithmetic,letters] [--variants at-grpo,L0,trajectory]
                                   [--steps 40] [--eval-every 10] [--eval-tasks 64] [--model DIR]
                                   [--target 0.9 [--hold 2]] [--out docs/real_learning]
+                                  [--lr 1e-5] [--k 4] [--tasks-per-step 8] [--seed 0] [--label L]
 
 Tasks (reasoning-gym, through the `reasoning_gym` env: its hardened judges, a tool agent whose
 program runs in the sandbox, and a reasoner that answers in <answer></answer>):
@@ -26,7 +27,8 @@ entries of the eval split (never trained on), at step 0, every --eval-every step
 Time to accuracy (--target T): a run stops --hold evaluations after its greedy success first
 reaches T, and reports the training minutes to that evaluation's step (evaluations not counted;
 their minutes are reported beside), its steps and samples, and whether success held at or above
-T at the --hold evaluations after it.
+T at the --hold evaluations after it. The knobs a user tunes (--lr, --k, --tasks-per-step, --seed)
+go with a --label that keeps such runs apart: their own directory and table row.
 Output in --out: real_learning.md (the table), real_learning.png (the curves) and
 real_learning.json (every evaluation, the training seconds, and what the eval samples show: the
 share of each agent's answers the judge could not read, and of tool programs that printed the
@@ -45,6 +47,7 @@ import shutil
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +98,19 @@ BREAKDOWN = (
 )
 
 
+@dataclass(frozen=True)
+class Knobs:
+    """What a user tunes (the time-to-accuracy sweep): the learning rate, K, tasks a step (L0
+    takes twice as many, for as many samples) and the seed. `label` names a run made with other
+    knobs than the defaults, so it keeps its own directory and table row."""
+
+    lr: float = LR
+    k: int = K
+    tasks_per_step: int = TASKS_PER_STEP
+    seed: int = 0
+    label: str = ""
+
+
 def run_config(
     task: str,
     variant: str,
@@ -103,8 +119,8 @@ def run_config(
     steps: int,
     eval_every: int,
     eval_tasks: int,
-    seed: int = 0,
     dtype: str = DTYPE,
+    knobs: Knobs = Knobs(),
 ) -> dict[str, Any]:
     """One run's config: the AT-GRPO baseline with `variant`'s one change."""
     agents = ["reasoner"] if variant == "L0" else ["tool", "reasoner"]
@@ -116,9 +132,9 @@ def run_config(
     return {
         "run": {
             "name": f"real-{task}-{variant.lower()}",
-            "seed": seed,
+            "seed": knobs.seed,
             "steps": steps,
-            "tasks_per_step": TASKS_PER_STEP * (2 if variant == "L0" else 1),
+            "tasks_per_step": knobs.tasks_per_step * (2 if variant == "L0" else 1),
             "eval_every_steps": eval_every,
             "eval_tasks": eval_tasks,
             "checkpoint_every_steps": 0,
@@ -140,7 +156,7 @@ def run_config(
                 "device": "cpu",
                 "dtype": dtype,
                 "micro_batch_tokens": 4096,
-                "optim": {"lr": LR, "warmup_steps": 0, "min_lr_ratio": 1.0},
+                "optim": {"lr": knobs.lr, "warmup_steps": 0, "min_lr_ratio": 1.0},
             }
         },
         "agents": {
@@ -154,7 +170,7 @@ def run_config(
         # One optimizer step a step, on the groups whose rewards differ: the others' advantages are
         # 0 and their update would be all cost (most groups, early on).
         "algorithm": {
-            "k": K,
+            "k": knobs.k,
             "alpha": 1.0,
             "mini_batch_size": 1024,
             "filter": "zero_variance",
@@ -226,6 +242,7 @@ def one_run(
     dtype: str = DTYPE,
     target: float | None = None,
     hold: int = 2,
+    knobs: Knobs = Knobs(),
 ) -> dict:
     """Train one variant on one task through the five local services; its evaluations and times.
     `minutes`: stop at the last step whose training time (evaluations not counted) stays within
@@ -236,9 +253,13 @@ def one_run(
     from atgrpo.config import parse_config
     from atgrpo.rundir import read_metrics
 
-    run_dir = work / f"{task}-{variant}{DTYPE_SUFFIX[dtype]}"
+    run_dir = work / (
+        f"{task}-{variant}{DTYPE_SUFFIX[dtype]}" + (f"-{knobs.label}" if knobs.label else "")
+    )
     shutil.rmtree(run_dir, ignore_errors=True)  # a rerun starts over, never resumes an old run
-    data = run_config(task, variant, model, run_dir, steps, eval_every, eval_tasks, dtype=dtype)
+    data = run_config(
+        task, variant, model, run_dir, steps, eval_every, eval_tasks, dtype=dtype, knobs=knobs
+    )
     took: list[float] = []  # each step's training seconds
     successes: list[float] = []  # each evaluation's greedy success
     # An evaluation's seconds: from the event before it (its step's, or the run's start) to its own.
@@ -289,6 +310,13 @@ def one_run(
         "task": task,
         "variant": variant,
         "dtype": dtype,
+        **({"label": knobs.label} if knobs.label else {}),
+        "knobs": {
+            "lr": knobs.lr,
+            "k": knobs.k,
+            "tasks_per_step": knobs.tasks_per_step,
+            "seed": knobs.seed,
+        },
         "wall_s": time.perf_counter() - start,
         "run_dir": str(run_dir),
         "train_s": sum(e["step_seconds"] for e in steps_),
@@ -314,6 +342,11 @@ def one_run(
     }
 
 
+def run_name(run: dict) -> str:
+    """The variant, with the label of a run made with other knobs."""
+    return run["variant"] + (f" ({run['label']})" if run.get("label") else "")
+
+
 def run_dtype(run: dict) -> str:
     return run.get("dtype", "float32")  # runs recorded before the dtype was were float32
 
@@ -334,7 +367,7 @@ def table(runs: list[dict]) -> str:
             else "-"
         )
         lines.append(
-            f"| {r['task']} | {r['variant']} | {run_dtype(r)} | {first['success']:.3f} | "
+            f"| {r['task']} | {run_name(r)} | {run_dtype(r)} | {first['success']:.3f} | "
             f"{best:.3f} | "
             f"{last['success']:.3f} | {last['success'] - first['success']:+.3f} | "
             f"{r['train_s'] / 60:.1f} | {r['step_s']:.0f} | {r['samples_per_step']:.0f} | "
@@ -362,7 +395,7 @@ def target_table(runs: list[dict]) -> str:
             else f"not reached | - | - | {r['eval_s'] / 60:.1f} | -"
         )
         lines.append(
-            f"| {r['task']} | {r['variant']} | {run_dtype(r)} | {r['target']} | {reached} |"
+            f"| {r['task']} | {run_name(r)} | {run_dtype(r)} | {r['target']} | {reached} |"
         )
     return "\n".join(lines)
 
@@ -372,7 +405,7 @@ def plot(runs: list[dict], path: Path) -> None:
         # x: minutes of training (evaluations excluded), so the variants share a time axis.
         per_step = r["train_s"] / 60 / max(r["evals"][-1]["step"], 1)
         return (
-            r["variant"] + DTYPE_SUFFIX[run_dtype(r)],
+            run_name(r) + DTYPE_SUFFIX[run_dtype(r)],
             [e["step"] * per_step for e in r["evals"]],
             [e["success"] for e in r["evals"]],
         )
@@ -425,6 +458,17 @@ def main() -> None:
         default=2,
         help="with --target: the evaluations after the first at the target that must stay at it",
     )
+    ap.add_argument("--lr", type=float, default=LR, help="the pool's learning rate")
+    ap.add_argument("--k", type=int, default=K, help="branches per agent per turn")
+    ap.add_argument(
+        "--tasks-per-step", type=int, default=TASKS_PER_STEP, help="tasks a step (L0: twice)"
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--label",
+        default="",
+        help="names runs made with other knobs (their directory and table row), e.g. lr3e-5",
+    )
     ap.add_argument("--eval-every", type=int, default=1 if SMOKE else 10)
     ap.add_argument("--eval-tasks", type=int, default=2 if SMOKE else 64)
     ap.add_argument(
@@ -463,8 +507,8 @@ def main() -> None:
         [
             r
             for r in json.loads(kept.read_text())["runs"]
-            if (r["task"], r["variant"], run_dtype(r))
-            not in {(t, v, args.dtype) for t in tasks for v in variants}
+            if (r["task"], r["variant"], run_dtype(r), r.get("label", ""))
+            not in {(t, v, args.dtype, args.label) for t in tasks for v in variants}
         ]
         if kept.exists() and not args.fresh
         else []
@@ -484,6 +528,7 @@ def main() -> None:
                 args.dtype,
                 args.target,
                 args.hold,
+                Knobs(args.lr, args.k, args.tasks_per_step, args.seed, args.label),
             )
             runs.append(run)
             print(
@@ -509,9 +554,7 @@ def write(out: Path, args: argparse.Namespace, runs: list[dict], took: float) ->
                 "args": vars(args),
                 "model": args.model or str(DEFAULT_MODEL),
                 "minutes_this_call": took / 60,
-                "k": K,
-                "tasks_per_step": TASKS_PER_STEP,
-                "lr": LR,
+                "defaults": {"k": K, "tasks_per_step": TASKS_PER_STEP, "lr": LR},
                 "max_tokens": MAX_TOKENS,
                 "runs": runs,
             },

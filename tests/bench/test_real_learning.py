@@ -73,28 +73,38 @@ def test_real_learning_smoke(tiny_model, tmp_path, subprocess_env):
         "10",
         "--minutes",
         "0.0001",
+        "--lr",
+        "2e-5",
+        "--label",
+        "lr2e-5",
     )
     kept, l0 = again["runs"]
     assert kept == at
     # The stop is asked at step 1's event; the step already in flight may complete too.
     last = len(l0["train_reward"])
     assert l0["variant"] == "L0" and last in (1, 2)
+    assert l0["label"] == "lr2e-5" and l0["knobs"] == {
+        "lr": 2e-5,
+        "k": 4,
+        "tasks_per_step": 8,
+        "seed": 0,
+    }
     assert [e["step"] for e in l0["evals"]] == [0, last]
     assert "tool_right" not in l0["evals"][0] and l0["train_s"] > 0
-    (stopped,) = (runs / "arithmetic-L0-bf16" / "evals").glob("*/eval-samples/*.jsonl")
+    (stopped,) = (runs / "arithmetic-L0-bf16-lr2e-5" / "evals").glob("*/eval-samples/*.jsonl")
     assert len(eval_task_ids(stopped)) == 2
     # L0 takes 16 tasks of its one agent: as many samples as AT-GRPO's two agents
     assert l0["samples_per_step"] == 64
     table = (tmp_path / "real_learning.md").read_text()
     assert (
         f"| arithmetic | at-grpo | bfloat16 | {at['evals'][0]['success']:.3f} |" in table
-        and f"| arithmetic | L0 | bfloat16 | {l0['evals'][0]['success']:.3f} |" in table
+        and f"| arithmetic | L0 (lr2e-5) | bfloat16 | {l0['evals'][0]['success']:.3f} |" in table
         and table.strip() in proc.stdout
     )
     assert (tmp_path / "real_learning.png").stat().st_size > 10_000
     # the time-to-accuracy table has the --target run only
     assert "| arithmetic | at-grpo | bfloat16 | 0.0 | 0 | 0.0 | 0 |" in table
-    assert "| arithmetic | L0 | bfloat16 | 0.0 |" not in table
+    assert "| arithmetic | L0 (lr2e-5) | bfloat16 | 0.0 |" not in table
 
 
 def test_a_target_run_stops_once_the_target_held_and_reports_the_training_to_it():
@@ -119,6 +129,20 @@ def test_a_target_run_stops_once_the_target_held_and_reports_the_training_to_it(
     }
     assert time_to_target(steps, evals, 0.9, 3)["held"] is None  # the run ended before 3 more
     assert time_to_target(steps, evals, 0.99, 2) is None
+
+
+def test_the_knobs_reach_the_run_config():
+    sys.path.insert(0, str(ROOT))
+    from atgrpo.config import parse_config
+    from bench.real_learning import Knobs, run_config
+
+    knobs = Knobs(lr=3e-5, k=8, tasks_per_step=4, seed=7, label="sweep")
+    for variant, tasks in (("at-grpo", 4), ("L0", 8)):  # L0: twice the tasks, as many samples
+        cfg = parse_config(
+            run_config("arithmetic", variant, "/m", ROOT / "x", 10, 5, 64, knobs=knobs)
+        )
+        assert (cfg.run.seed, cfg.run.tasks_per_step, cfg.algorithm.k) == (7, tasks, 8)
+        assert cfg.pools["shared"].optim.lr == 3e-5
 
 
 def test_a_budgeted_run_is_stopped_so_that_its_last_step_ends_within_the_budget():
