@@ -75,7 +75,7 @@ class _Deferred:
         self.__module__, self.__qualname__ = module, qualname
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        import_module(self.__module__)  # registers the real function
+        # importing the module registers the real function in this one's place
         return getattr(import_module(self.__module__), self.__qualname__)(*args, **kwargs)
 
 

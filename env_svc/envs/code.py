@@ -337,7 +337,6 @@ class CodeEnv(TeamTurns, Environment):
         """HumanEval's check(entry_point) against `code`, each call in its own sandboxed process."""
         p = self.problem
         assert p is not None
-        assert self.limits is not None
         per_call_s = self.limits.wall_timeout_ms / 1000
         program = call_program(
             complete_function(p.starter_code, code, p.fn_name), p.fn_name, per_call_s

@@ -140,7 +140,7 @@ def read_result(
     return stdout, run_failure(result, stderr)
 
 
-async def run_tool(action: str, sandbox: Any, limits: Limits | None, env: str) -> ToolRun:
+async def run_tool(action: str, sandbox: Any, limits: Limits, env: str) -> ToolRun:
     """The ```python block of `action` run in the sandbox, what the prompts show of it, and why it
     failed if it did (the caller rewards that with its failure_reward)."""
     run = ToolRun({"code": "", "stdout": "", "stderr": "", "answer": None, "error": ""}, {})
@@ -157,9 +157,8 @@ async def run_tool(action: str, sandbox: Any, limits: Limits | None, env: str) -
             f"the {env} env's tool agent runs code, but no sandbox is configured: start "
             "env_svc with --sandbox HOST:PORT (local mode does this)"
         )
-    kwargs = {} if limits is None else {"limits": limits}
     try:
-        result = await sandbox_call(sandbox.execute, code, **kwargs)
+        result = await sandbox_call(sandbox.execute, code, limits=limits)
     except InvalidArgument as e:  # the program itself is unacceptable (e.g. a NUL byte)
         run.failure = ("exec_error", f"the sandbox refused the program: {e}")
         return run
