@@ -25,7 +25,8 @@ from _report import parse_args, record  # noqa: E402
 from atgrpo.contract.sampling import Sampling  # noqa: E402
 from atgrpo.contract.trainer import TrainSample, UpdateConfig  # noqa: E402
 from atgrpo.models import build_tiny_model  # noqa: E402
-from trainer_svc.update import TrainerUpdateSettings, update  # noqa: E402
+from trainer_svc.update import update  # noqa: E402
+from trainer_svc.update_context import TrainerUpdateSettings
 
 
 def batch(args, vocab=1500):

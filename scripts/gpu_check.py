@@ -340,7 +340,8 @@ def check_logprobs(args, work: Path) -> dict:
 
     from atgrpo.contract.trainer import TrainSample
     from rollout_svc.engines.hf import HFEngine
-    from trainer_svc.update import UpdateContext, proximal_logprobs
+    from trainer_svc.update import proximal_logprobs
+    from trainer_svc.update_context import UpdateContext
 
     run, name, pool = example_pool(args)
     sampling = example_sampling(run, name, args.gen_tokens)

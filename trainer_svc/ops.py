@@ -14,7 +14,8 @@ from atgrpo.contract.trainer import PoolSpec, TrainSample, UpdateConfig
 from atgrpo.model_thread import peak_rss_bytes, release_freed_memory, rss_bytes
 from atgrpo.perf import matmul_rate
 from trainer_svc.state import PoolState
-from trainer_svc.update import DEFAULT_MICRO_BATCH_TOKENS, update
+from trainer_svc.update import update
+from trainer_svc.update_context import DEFAULT_MICRO_BATCH_TOKENS
 
 
 class PoolOps:

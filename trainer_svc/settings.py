@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from atgrpo.rpc.main import SettingsError
 from trainer_svc.sharding import SHARDINGS
-from trainer_svc.update import DEFAULT_MICRO_BATCH_TOKENS
+from trainer_svc.update_context import DEFAULT_MICRO_BATCH_TOKENS
 
 
 @dataclass(frozen=True)

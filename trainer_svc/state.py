@@ -46,7 +46,7 @@ from trainer_svc.sharding import (
     shard,
     world,
 )
-from trainer_svc.update import DEFAULT_MICRO_BATCH_TOKENS, TrainerUpdateSettings
+from trainer_svc.update_context import DEFAULT_MICRO_BATCH_TOKENS, TrainerUpdateSettings
 
 PEFT_STATE_PREFIX = "base_model.model."
 TRAINER_STATE = "trainer_state.pt"  # schedule, RNGs; optimizer and masters unless sharded

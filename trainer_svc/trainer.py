@@ -28,7 +28,8 @@ from trainer_svc import metrics as telemetry  # `metrics` is a TrainResult's dic
 from trainer_svc.distributed import Ranks, bind_device
 from trainer_svc.ops import PoolOps
 from trainer_svc.state import PoolState, delete_checkpoint
-from trainer_svc.update import DEFAULT_MICRO_BATCH_TOKENS, validate
+from trainer_svc.update import validate
+from trainer_svc.update_context import DEFAULT_MICRO_BATCH_TOKENS
 
 
 def staleness_max(samples: Sequence[TrainSample], allowed: int, max_staleness: int = 0) -> int:

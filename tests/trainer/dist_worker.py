@@ -18,7 +18,8 @@ from tests.trainer.test_update_async import mixed_staleness
 from trainer_svc.loading import enable_checkpointing
 from trainer_svc.logprobs import chunked_head_available
 from trainer_svc.sharding import full_model_state, shard
-from trainer_svc.update import TrainerUpdateSettings, update
+from trainer_svc.update import update
+from trainer_svc.update_context import TrainerUpdateSettings
 
 NO_CLIP = 1e9  # clipping would normalise a wrongly scaled gradient back to the right update
 

@@ -24,7 +24,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from atgrpo.contract.sampling import Sampling
 from atgrpo.contract.trainer import LossConfig, TrainSample, UpdateConfig
-from trainer_svc.update import TrainerUpdateSettings, update
+from trainer_svc.update import update
+from trainer_svc.update_context import TrainerUpdateSettings
 
 
 def _status(key: str) -> int:

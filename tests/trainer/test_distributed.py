@@ -15,7 +15,8 @@ from tests.conftest import ROOT
 from tests.trainer.dist_worker import NO_CLIP
 from tests.trainer.test_update import load, on_policy_samples
 from tests.trainer.test_update_async import mixed_staleness
-from trainer_svc.update import DECOUPLED_KEYS, TrainerUpdateSettings, update
+from trainer_svc.update import DECOUPLED_KEYS, update
+from trainer_svc.update_context import TrainerUpdateSettings
 
 
 def free_port() -> int:

@@ -129,7 +129,8 @@ def test_bf16_with_float32_masters_moves_the_weights_as_float32_does(tiny_model,
     model = load(tiny_model).to(torch.bfloat16)
     opt = torch.optim.AdamW(model.parameters(), lr=5e-6, weight_decay=0.0)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    from trainer_svc.update import TrainerUpdateSettings, update
+    from trainer_svc.update import update
+    from trainer_svc.update_context import TrainerUpdateSettings
 
     for _ in range(10):
         update(

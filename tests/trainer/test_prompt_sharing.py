@@ -16,7 +16,8 @@ from tests.trainer.test_logprob_chunks import SAMPLINGS, assert_same, run
 from tests.trainer.test_update import load
 from tests.trainer.test_update_hardened import lora_model
 from trainer_svc.packing import by_prompt, pack
-from trainer_svc.update import TrainerUpdateSettings, shares_prompts, update
+from trainer_svc.update import update
+from trainer_svc.update_context import TrainerUpdateSettings, shares_prompts
 
 
 def grouped_samples(k=4, prompt_lens=(5, 9, 7), seed=0):

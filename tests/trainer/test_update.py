@@ -12,7 +12,8 @@ from atgrpo.contract.sampling import Sampling
 from atgrpo.contract.trainer import TrainSample, UpdateConfig
 from atgrpo.errors import InvalidArgument
 from trainer_svc.packing import pack
-from trainer_svc.update import TrainerUpdateSettings, response_logprobs, update, validate
+from trainer_svc.update import response_logprobs, update, validate
+from trainer_svc.update_context import TrainerUpdateSettings
 
 S = Sampling(temperature=0.7)  # random test tokens must stay inside the support (no top-k/top-p)
 
