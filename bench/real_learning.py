@@ -106,13 +106,15 @@ BREAKDOWN = (
 @dataclass(frozen=True)
 class Knobs:
     """What a user tunes (the time-to-accuracy sweep): the learning rate, K, tasks a step (L0
-    takes twice as many, for as many samples) and the seed. `label` names a run made with other
+    takes twice as many, for as many samples), the seed and max_staleness (collecting the next
+    step while this one trains). `label` names a run made with other
     knobs than the defaults, so it keeps its own directory and table row."""
 
     lr: float = LR
     k: int = K
     tasks_per_step: int = TASKS_PER_STEP
     seed: int = 0
+    max_staleness: int = 0
     label: str = ""
 
 
@@ -180,6 +182,7 @@ def run_config(
             "mini_batch_size": 1024,
             "filter": "zero_variance",
             "grouping": "trajectory" if variant == "trajectory" else "turn",
+            "max_staleness": knobs.max_staleness,
         },
     }
 
@@ -321,6 +324,7 @@ def one_run(
             "k": knobs.k,
             "tasks_per_step": knobs.tasks_per_step,
             "seed": knobs.seed,
+            "max_staleness": knobs.max_staleness,
         },
         "wall_s": time.perf_counter() - start,
         "run_dir": str(run_dir),
@@ -395,6 +399,12 @@ def main() -> None:
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
+        "--max-staleness",
+        type=int,
+        default=0,
+        help="asynchronous AT-GRPO: collect up to this many steps ahead of training (0: in turns)",
+    )
+    ap.add_argument(
         "--label",
         default="",
         help="names runs made with other knobs (their directory and table row), e.g. lr3e-5",
@@ -458,7 +468,14 @@ def main() -> None:
                 args.dtype,
                 args.target,
                 args.hold,
-                Knobs(args.lr, args.k, args.tasks_per_step, args.seed, args.label),
+                Knobs(
+                    args.lr,
+                    args.k,
+                    args.tasks_per_step,
+                    args.seed,
+                    args.max_staleness,
+                    args.label,
+                ),
             )
             runs.append(run)
             print(
