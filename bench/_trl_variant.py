@@ -328,6 +328,7 @@ def trl_run(
         "trl": {
             "settings": {k: v for k, v in settings.items() if k != "output_dir"},
             "optimizer": "torch.optim.AdamW(all weights), constant lr (atgrpo's pool optimizer)",
+            "mixed_precision": trainer.accelerator.mixed_precision,  # bf16: autocast on CPU
             "differs": DIFFERS,
         },
     }
