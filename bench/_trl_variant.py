@@ -184,7 +184,15 @@ def _callback(run: dict[str, Any], evaluate_at, eval_every, minutes, target, hol
 
         def on_step_end(self, args, state, control, model=None, **kw):
             step, took = state.global_step, time.perf_counter() - run["mark"]
-            run["steps"].append({"step": step, "step_seconds": took, "samples": run["samples"]})
+            rollout, run["rollout_s"] = run["rollout_s"], 0.0
+            run["steps"].append(
+                {
+                    "step": step,
+                    "step_seconds": took,
+                    "samples": run["samples"],
+                    "rollout_seconds": rollout,
+                }
+            )
             spent = [e["step_seconds"] for e in run["steps"]]
             # The step after this one would end past the budget (TRL stops right after the step
             # that asks, where atgrpo's router finishes the one in flight: real_learning.stop_due).
@@ -254,7 +262,7 @@ def trl_run(
     constant = torch.optim.lr_scheduler.LambdaLR(adamw, lambda _: 1.0)
 
     samples = cfg.run.tasks_per_step * cfg.algorithm.k
-    run: dict[str, Any] = {"steps": [], "train_reward": [], "samples": samples}
+    run: dict[str, Any] = {"steps": [], "train_reward": [], "samples": samples, "rollout_s": 0.0}
     evals: list[dict[str, Any]] = []
     eval_s = [0.0]
 
@@ -296,6 +304,16 @@ def trl_run(
         callbacks=[_callback(run, evaluate_at, eval_every, minutes, target, hold)],
         optimizers=(adamw, constant),
     )
+    generate = trainer._generate_and_score_completions  # TRL's rollout: sampling and rewards
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            run["rollout_s"] += time.perf_counter() - began
+
+    trainer._generate_and_score_completions = timed  # a step's rollout seconds, beside its own
     trainer.train()
     steps_ = run["steps"]
     return {
@@ -324,7 +342,9 @@ def trl_run(
         "train_reward": run["train_reward"],
         "samples_per_step": float(run["samples"]),
         "trained_samples_per_step": float(run["samples"]),
-        "time_breakdown_s": {"step_seconds": statistics.fmean(e["step_seconds"] for e in steps_)},
+        "time_breakdown_s": {
+            k: statistics.fmean(e[k] for e in steps_) for k in ("step_seconds", "rollout_seconds")
+        },
         "trl": {
             "settings": {k: v for k, v in settings.items() if k != "output_dir"},
             "optimizer": "torch.optim.AdamW(all weights), constant lr (atgrpo's pool optimizer)",

@@ -167,7 +167,8 @@ def test_the_trl_variant_trains_l0_with_trl_and_is_evaluated_by_atgrpo(
     [trl] = data["runs"]
     assert (trl["task"], trl["variant"], trl["dtype"]) == ("arithmetic", "trl", "bfloat16")
     assert [e["step"] for e in trl["evals"]] == [0, 1]
-    assert trl["steps"][0]["step"] == 1 and trl["steps"][0]["step_seconds"] > 0
+    first = trl["steps"][0]
+    assert first["step"] == 1 and first["step_seconds"] > first["rollout_seconds"] > 0
     # L0's samples: 16 tasks x K 4, one optimizer step over them
     assert trl["steps"][0]["samples"] == 64 and trl["samples_per_step"] == 64
     assert trl["train_s"] > 0 and trl["eval_s"] > 0 and len(trl["train_reward"]) == 1
