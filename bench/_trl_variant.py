@@ -55,7 +55,8 @@ DIFFERS = {
     "rollout": "TRL samples with model.generate on the training model (float32 weights, "
     "bf16 autocast with --dtype bfloat16); atgrpo's rollout service samples from a bf16 copy",
     "prompt_limit": "TRL 1.16 has no prompt limit (max_prompt_length is gone): the prompts "
-    "(~70 tokens) are far under atgrpo's max_prompt_tokens 1024, so neither cuts one",
+    "(~85 SmolLM2 tokens for arithmetic) are far under atgrpo's max_prompt_tokens 1024, so "
+    "neither cuts one",
 }
 
 
