@@ -1,9 +1,11 @@
 """bench/real_learning.py's report: the table of its runs, the time-to-accuracy table of those
-made with --target, and the curves over training minutes."""
+made with --target, the minutes-to-T table of every run (--compare-target), and the curves over
+training minutes."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from bench._report import plot_panels
 
@@ -18,6 +20,35 @@ def run_name(run: dict) -> str:
 
 def run_dtype(run: dict) -> str:
     return run.get("dtype", "float32")  # runs recorded before the dtype was were float32
+
+
+def target_stop(successes: list[float], target: float, hold: int) -> bool:
+    """Whether a run whose evaluations so far scored `successes` (greedy success, step 0 first)
+    has what --target asks: the first evaluation at or above `target`, and `hold` after it."""
+    first = next((i for i, x in enumerate(successes) if x >= target), None)
+    return first is not None and len(successes) - 1 - first >= hold
+
+
+def time_to_target(
+    steps: list[dict], evals: list[dict], target: float, hold: int
+) -> dict[str, Any] | None:
+    """The training it took to reach `target` (None when no evaluation did): the first evaluation
+    at or above it, the steps, samples and training minutes (each step's step_seconds, which
+    leave evaluations out; `steps`: a run's "steps", each with its step_seconds and samples) up
+    to its step, and whether the `hold` evaluations after it stayed at or above the target (None
+    when the run ended before them)."""
+    first = next((i for i, e in enumerate(evals) if e["success"] >= target), None)
+    if first is None:
+        return None
+    step = evals[first]["step"]
+    upto = [e for e in steps if e["step"] <= step]
+    after = evals[first + 1 : first + 1 + hold]
+    return {
+        "step": step,
+        "minutes": sum(e["step_seconds"] for e in upto) / 60,
+        "samples": int(sum(e["samples"] for e in upto)),
+        "held": all(e["success"] >= target for e in after) if len(after) == hold else None,
+    }
 
 
 def table(runs: list[dict]) -> str:
@@ -66,6 +97,30 @@ def target_table(runs: list[dict]) -> str:
         lines.append(
             f"| {r['task']} | {run_name(r)} | {run_dtype(r)} | {r['target']} | {reached} |"
         )
+    return "\n".join(lines)
+
+
+def compare_table(runs: list[dict], target: float | None, hold: int) -> str:
+    """Minutes to `target` of every run, side by side (TRL's L0, atgrpo's L0, the team), from
+    each run's own evaluations and steps ("" without a target; a run recorded before runs kept
+    their steps has no figures)."""
+    if target is None:
+        return ""
+    head = (
+        f"| task | variant | dtype | minutes to {target} (training) | steps to it | samples to it "
+        f"| held {hold} evaluations after | best success |"
+    )
+    lines = [head, "|---" * (head.count("|") - 1) + "|"]
+    for r in runs:
+        t = time_to_target(r["steps"], r["evals"], target, hold) if "steps" in r else None
+        best = max(e["success"] for e in r["evals"])
+        figures = (
+            f"{t['minutes']:.1f} | {t['step']} | {t['samples']} | "
+            + {True: "yes", False: "no", None: "not measured"}[t["held"]]
+            if t
+            else ("not reached | - | - | -" if "steps" in r else "not recorded | - | - | -")
+        )
+        lines.append(f"| {r['task']} | {run_name(r)} | {run_dtype(r)} | {figures} | {best:.3f} |")
     return "\n".join(lines)
 
 

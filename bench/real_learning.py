@@ -3,7 +3,8 @@ single-agent GRPO (L0) and trajectory-level GRPO on the same budget.
 
     python bench/real_learning.py [--tasks arithmetic,letters] [--variants at-grpo,L0,trajectory]
                                   [--steps 40] [--eval-every 10] [--eval-tasks 64] [--model DIR]
-                                  [--target 0.9 [--hold 2]] [--out docs/real_learning]
+                                  [--target 0.9 [--hold 2]] [--compare-target 0.7]
+                                  [--out docs/real_learning]
                                   [--lr 1e-5] [--k 4] [--tasks-per-step 8] [--seed 0] [--label L]
 
 Tasks (reasoning-gym, through the `reasoning_gym` env: its hardened judges, a tool agent whose
@@ -22,13 +23,17 @@ Variants, one shared model (full weights), K = 4, 8 tasks a step, temperature 1:
   trajectory  L1, K independent episodes a task, groups (task, agent), each sample gets its
               episode's return (algorithm.grouping: trajectory)
   L0          the reasoner alone (env.turn_order: [reasoner]), 16 tasks a step: as many samples
+  trl         L0's run by TRL's GRPOTrainer: its tasks, prompts, judge, optimizer, atgrpo's
+              evaluation of its saves (bench/_trl_variant.py; what differs is recorded)
 Every variant runs --steps steps; success is greedy (temperature 0) on the first --eval-tasks
 entries of the eval split (never trained on), at step 0, every --eval-every steps and at the end.
 Time to accuracy (--target T): a run stops --hold evaluations after its greedy success first
 reaches T, and reports the training minutes to that evaluation's step (evaluations not counted;
 their minutes are reported beside), its steps and samples, and whether success held at or above
-T at the --hold evaluations after it. The knobs a user tunes (--lr, --k, --tasks-per-step, --seed)
-go with a --label that keeps such runs apart: their own directory and table row.
+T at the --hold evaluations after it. --compare-target T (default --target) adds a table of every
+run's training minutes, steps and samples to T, from its evaluations. The knobs a user tunes
+(--lr, --k, --tasks-per-step, --seed) go with a --label that keeps such runs apart: their own
+directory and table row.
 Output in --out: real_learning.md (the table), real_learning.png (the curves) and
 real_learning.json (every evaluation, the training seconds, and what the eval samples show: the
 share of each agent's answers the judge could not read, and of tool programs that printed the
@@ -56,10 +61,13 @@ sys.path.insert(0, str(ROOT))
 
 from bench._learning_report import (  # noqa: E402
     DTYPE_SUFFIX,
+    compare_table,
     plot,
     run_dtype,
     table,
+    target_stop,
     target_table,
+    time_to_target,
 )
 from bench._report import SMOKE  # noqa: E402
 
@@ -79,7 +87,7 @@ TASKS: dict[str, dict[str, Any]] = {
     },
     "letters": {"dataset": "letter_counting", "dataset_config": {"min_words": 5, "max_words": 8}},
 }
-VARIANTS = ("at-grpo", "trajectory", "L0")
+VARIANTS = ("at-grpo", "trajectory", "L0", "trl")
 K, TASKS_PER_STEP = 4, 8
 MAX_TOKENS = {"tool": 96, "reasoner": 64}  # a short program; a sentence and the tagged answer
 LR = 1e-5  # full weights of a 135M model over tens of steps (1e-6 barely moves it here)
@@ -210,34 +218,6 @@ def stop_due(took: list[float], budget_s: float) -> bool:
     return sum(took) + 2 * statistics.fmean(took[-3:]) > budget_s
 
 
-def target_stop(successes: list[float], target: float, hold: int) -> bool:
-    """Whether a run whose evaluations so far scored `successes` (greedy success, step 0 first)
-    has what --target asks: the first evaluation at or above `target`, and `hold` after it."""
-    first = next((i for i, x in enumerate(successes) if x >= target), None)
-    return first is not None and len(successes) - 1 - first >= hold
-
-
-def time_to_target(
-    steps: list[dict], evals: list[dict], target: float, hold: int
-) -> dict[str, Any] | None:
-    """The training it took to reach `target` (None when no evaluation did): the first evaluation
-    at or above it, the steps, samples and training minutes (each step's step_seconds, which
-    leave evaluations out) up to its step, and whether the `hold` evaluations after it stayed at
-    or above the target (None when the run ended before them)."""
-    first = next((i for i, e in enumerate(evals) if e["success"] >= target), None)
-    if first is None:
-        return None
-    step = evals[first]["step"]
-    upto = [e for e in steps if e["step"] <= step]
-    after = evals[first + 1 : first + 1 + hold]
-    return {
-        "step": step,
-        "minutes": sum(e["step_seconds"] for e in upto) / 60,
-        "samples": int(sum(sum(a["samples"] for a in e["agents"].values()) for e in upto)),
-        "held": all(e["success"] >= target for e in after) if len(after) == hold else None,
-    }
-
-
 def one_run(
     task: str,
     variant: str,
@@ -264,6 +244,11 @@ def one_run(
     run_dir = work / (
         f"{task}-{variant}{DTYPE_SUFFIX[dtype]}" + (f"-{knobs.label}" if knobs.label else "")
     )
+    if variant == "trl":  # TRL's GRPOTrainer in L0's setting, atgrpo's evaluation
+        from bench._trl_variant import trl_run
+
+        args = (steps, eval_every, eval_tasks, minutes, dtype, target, hold, knobs)
+        return trl_run(task, model, run_dir, *args)
     shutil.rmtree(run_dir, ignore_errors=True)  # a rerun starts over, never resumes an old run
     data = run_config(
         task, variant, model, run_dir, steps, eval_every, eval_tasks, dtype=dtype, knobs=knobs
@@ -295,6 +280,14 @@ def one_run(
         raise RuntimeError(f"{task}/{variant} ended {final['state']}: {final}")
     events = read_metrics(run_dir / "metrics.jsonl")
     steps_ = [e for e in events if e["kind"] == "step"]
+    timed = [  # what time_to_target reads, kept with the run (the minutes-to-T table)
+        {
+            "step": e["step"],
+            "step_seconds": e["step_seconds"],
+            "samples": sum(a["samples"] for a in e["agents"].values()),
+        }
+        for e in steps_
+    ]
     evals = [
         (e, run_dir / "eval-samples" / f"step-{e['step']:06d}.jsonl")
         for e in events
@@ -333,14 +326,13 @@ def one_run(
         "step_s": statistics.fmean(e["step_seconds"] for e in steps_),
         "evals": scored,
         **(
-            {"target": target, "to_target": time_to_target(steps_, scored, target, hold)}
+            {"target": target, "to_target": time_to_target(timed, scored, target, hold)}
             if target is not None
             else {}
         ),
+        "steps": timed,
         "train_reward": [(e["step"], e["reward_mean"]) for e in steps_],
-        "samples_per_step": statistics.fmean(
-            sum(a["samples"] for a in e["agents"].values()) for e in steps_
-        ),
+        "samples_per_step": statistics.fmean(e["samples"] for e in timed),
         "trained_samples_per_step": statistics.fmean(
             sum(p.get("samples", 0.0) for p in e["pools"].values()) for e in steps_
         ),
@@ -391,6 +383,12 @@ def main() -> None:
         type=int,
         default=2,
         help="with --target: the evaluations after the first at the target that must stay at it",
+    )
+    ap.add_argument(
+        "--compare-target",
+        type=float,
+        default=None,
+        help="the minutes-to-T table's T for every run in the table (default: --target)",
     )
     ap.add_argument("--lr", type=float, default=LR, help="the pool's learning rate")
     ap.add_argument("--k", type=int, default=K, help="branches per agent per turn")
@@ -488,13 +486,19 @@ def main() -> None:
                 flush=True,
             )
             write(out, args, runs, time.perf_counter() - start)  # each finished run is kept at once
-    print("\n" + table(runs) + ("\n\n" + target_table(runs) if target_table(runs) else ""))
+    print("\n" + report(args, runs))
+
+
+def report(args: argparse.Namespace, runs: list[dict]) -> str:
+    """The table, then the time-to-accuracy and the minutes-to-T tables when there are any."""
+    compare = args.compare_target if args.compare_target is not None else args.target
+    tables = (table(runs), target_table(runs), compare_table(runs, compare, args.hold))
+    return "\n\n".join(t for t in tables if t)
 
 
 def write(out: Path, args: argparse.Namespace, runs: list[dict], took: float) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    timed = target_table(runs)
-    (out / "real_learning.md").write_text(table(runs) + "\n" + (f"\n{timed}\n" if timed else ""))
+    (out / "real_learning.md").write_text(report(args, runs) + "\n")
     (out / "real_learning.json").write_text(
         json.dumps(
             {

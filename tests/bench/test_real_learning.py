@@ -54,6 +54,8 @@ def test_real_learning_smoke(tiny_model, tmp_path, subprocess_env):
         kept = runs / "arithmetic-at-grpo-bf16" / "eval-samples" / f"step-{e['step']:06d}.jsonl"
         assert len(eval_task_ids(kept)) == 2  # the bench's dtype, bfloat16, names the run
     assert at["train_s"] > 0 and len(at["train_reward"]) == 2
+    # each step's training seconds and samples, what the minutes-to-T table reads
+    assert [(e["step"], e["samples"]) for e in at["steps"]] == [(1, 64), (2, 64)]
     # 8 tasks x K 4 x two agents, one turn
     assert at["samples_per_step"] == 64
 
@@ -116,11 +118,8 @@ def test_a_target_run_stops_once_the_target_held_and_reports_the_training_to_it(
     successes = [0.1, 0.92, 0.88, 0.95]
     assert [target_stop(successes[:n], 0.9, 2) for n in range(1, 5)] == [False] * 3 + [True]
     assert not target_stop([0.1, 0.5], 0.9, 0) and target_stop([0.1, 0.9], 0.9, 0)
-    # steps 1..30 of 60 s, 64 samples over two agents each; evaluations excluded by step_seconds
-    steps = [
-        {"step": s, "step_seconds": 60.0, "agents": {"a": {"samples": 32}, "b": {"samples": 32}}}
-        for s in range(1, 31)
-    ]
+    # steps 1..30 of 60 s, 64 samples each (a run's "steps"); evaluations excluded by step_seconds
+    steps = [{"step": s, "step_seconds": 60.0, "samples": 64} for s in range(1, 31)]
     evals = [{"step": 10 * i, "success": x} for i, x in enumerate(successes)]
     assert time_to_target(steps, evals, 0.9, 2) == {
         "step": 10,
@@ -156,3 +155,75 @@ def test_a_budgeted_run_is_stopped_so_that_its_last_step_ends_within_the_budget(
     assert [stop_due(took[:n], 600.0) for n in range(1, 7)] == [False] * 4 + [True] * 2
     # the recent steps foretell: steps that got faster let the run go on
     assert not stop_due([200.0, 50.0, 50.0, 50.0], 600.0) and stop_due([200.0, 200.0, 200.0], 600.0)
+
+
+def test_the_trl_variant_trains_l0_with_trl_and_is_evaluated_by_atgrpo(
+    tiny_model, tmp_path, subprocess_env
+):
+    """TRL's GRPOTrainer at the smoke size: its budget is spent by its first step, so it stops
+    there, its save is evaluated by atgrpo's evaluation, and its result has one_run's shape."""
+    env = {**subprocess_env, "ATGRPO_BENCH_SMOKE": "1"}
+    args = ("--model", tiny_model, "--variants", "trl", "--steps", "3", "--eval-every", "10")
+    budget = ("--minutes", "0.0001", "--target", "0", "--hold", "1", "--compare-target", "0")
+    proc, data = bench(tmp_path, env, *args, *budget)
+    [trl] = data["runs"]
+    assert (trl["task"], trl["variant"], trl["dtype"]) == ("arithmetic", "trl", "bfloat16")
+    assert [e["step"] for e in trl["evals"]] == [0, 1]
+    first = trl["steps"][0]
+    assert first["step"] == 1 and first["step_seconds"] > first["rollout_seconds"] > 0
+    # L0's samples: 16 tasks x K 4, one optimizer step over them
+    assert trl["steps"][0]["samples"] == 64 and trl["samples_per_step"] == 64
+    assert trl["train_s"] > 0 and trl["eval_s"] > 0 and len(trl["train_reward"]) == 1
+    assert trl["to_target"] == {"step": 0, "minutes": 0.0, "samples": 0, "held": True}
+    settings = trl["trl"]["settings"]
+    assert settings["num_generations"] == 4 and settings["max_completion_length"] == 64
+    assert settings["beta"] == 0.0 and settings["temperature"] == 1.0 and settings["bf16"]
+    assert settings["per_device_train_batch_size"] * settings["gradient_accumulation_steps"] == 64
+    # atgrpo's evaluation did the scoring: its eval samples of the same two tasks, each step's
+    kept = tmp_path / "runs" / "arithmetic-trl-bf16" / "eval-samples"
+    for e in trl["evals"]:
+        assert len(eval_task_ids(kept / f"step-{e['step']:06d}.jsonl")) == 2
+        assert 0.0 <= e["success"] <= 1.0 and "reasoner_unreadable" in e
+    table = (tmp_path / "real_learning.md").read_text()
+    assert "| arithmetic | trl | bfloat16 | 0.0 | 0 | 0 | yes |" in table  # minutes to T
+    assert table.strip() in proc.stdout
+
+
+def test_the_trl_variant_gets_l0s_tasks_prompts_and_rewards_from_the_env(tiny_model):
+    """The TRL reward function is the env's judge mixed as the router mixes L0's rewards
+    (alpha 1 x team + local): right 1 + 1, wrong 0 + 0, unreadable 0 + failure_reward -1; its
+    prompts are the env's messages of the router's tasks, tokenized as the rollout does."""
+    sys.path.insert(0, str(ROOT))
+    from transformers import AutoTokenizer
+
+    from atgrpo.config import parse_config
+    from bench._trl_variant import EnvJudge, train_tasks, trl_settings
+    from bench.real_learning import run_config
+    from rollout_svc.engines.render import chat_tokens
+    from router_svc.steps import step_tasks
+
+    cfg = parse_config(run_config("arithmetic", "L0", tiny_model, ROOT / "x", 2, 1, 2))
+    judge = EnvJudge(cfg)
+    tasks = train_tasks(cfg.run.seed, 2, cfg.run.tasks_per_step)
+    assert len(tasks) == 32 and tasks[16:] == [(t.task_id, t.seed) for t in step_tasks(0, 1, 16)]
+    prompts = judge.prompts(tasks[:3])
+    question = prompts[0][-1]["content"].split("Calculate ")[1].split(".")[0]  # e.g. "0 - 4"
+    a, op, b = question.split()
+    right = int(a) + int(b) if op == "+" else int(a) - int(b)
+    reward = judge.reward_func()
+    answers = [f"So <answer>{right}</answer>", f"<answer>{right + 1}</answer>", "I do not know"]
+    completions = [[{"role": "assistant", "content": x}] for x in answers]
+    task_id, seed = [tasks[0][0]] * 3, [tasks[0][1]] * 3
+    assert reward(completions=completions, task_id=task_id, seed=seed) == [2.0, 0.0, -1.0]
+    # the prompt ids TRL renders (its apply_chat_template call) are the rollout's
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    trl_ids = tok.apply_chat_template(
+        conversation=prompts,
+        tools=None,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+    )["input_ids"]
+    assert [list(ids) for ids in trl_ids] == [chat_tokens(tok, p) for p in prompts]
+    settings = trl_settings(cfg, 2, ROOT / "x", "bfloat16")
+    assert settings["learning_rate"] == cfg.pools["shared"].optim.lr and settings["beta"] == 0.0
