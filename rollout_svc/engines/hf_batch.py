@@ -138,6 +138,8 @@ class ContinuousBatch:
             self._prefill(out)
             if self.row_job:
                 self._decode(out)
+        if not self.jobs:  # idle: its buffers (sized for the largest rows seen) go back
+            self._reset()
         return out
 
     def _prefill(self, out: list[Outcome]) -> None:

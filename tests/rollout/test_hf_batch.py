@@ -196,3 +196,48 @@ def test_a_failed_decode_step_fails_its_requests_and_the_pool_serves_on(engine, 
         return await pool.generate("", p, s, 2)
 
     assert_same(asyncio.run(go()).completions, want)
+
+
+def test_out_of_memory_in_a_step_runs_the_request_again_as_a_fixed_batch(engine, monkeypatch):
+    p = prompts_of(9, seed=6)[0]
+    s = Sampling(temperature=0.0, max_tokens=6)
+    want = engine.generate([p], [2], s)[0]
+    real, calls = hf_batch.ContinuousBatch._forward, []
+
+    def short_of_memory_once(self):
+        calls.append(1)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CPU out of memory")
+        return real(self)
+
+    monkeypatch.setattr(hf_batch.ContinuousBatch, "_forward", short_of_memory_once)
+    gen = asyncio.run(_pool(engine, "cb-oom").generate("", p, s, 2))
+    assert_same(gen.completions, want)
+
+
+def test_requests_for_two_adapters_each_run_with_their_own(tiny_model):
+    """A LoRA adapter is the model's state for a whole forward: requests for two adapters, sent
+    together, each get what they get alone (the second waits for the first's rows)."""
+    from tests.rollout.test_rollout_service import _adapter
+
+    engine = HFEngine(tiny_model, device="cpu", dtype="float32")
+    for name, seed in (("tool", 1), ("reasoner", 2)):
+        state, cfg = _adapter(tiny_model, seed)
+        engine.load_adapter(name, cfg, state)
+    p, q = prompts_of(8, 12, seed=8)
+    s = Sampling(temperature=0.0, max_tokens=8)
+    want = {a: engine.generate([p, q], [2, 2], s, a) for a in ("tool", "reasoner", "")}
+    batch = hf_batch.ContinuousBatch(engine)
+    for a in ("tool", "reasoner", ""):
+        batch.add((a, 0), p, 2, s, a)
+    got, steps = {}, 0
+    while not batch.idle:
+        if steps == 2:
+            batch.add(("tool", 1), q, 2, s, "tool")
+            batch.add(("reasoner", 1), q, 2, s, "reasoner")
+            batch.add(("", 1), q, 2, s, "")
+        got.update((o.key, o.result) for o in batch.step())
+        steps += 1
+    for (a, i), comps in got.items():
+        assert_same(comps, want[a][i])
+    assert want["tool"][0][0].token_ids != want["reasoner"][0][0].token_ids
