@@ -3,6 +3,9 @@
 One prefill per prompt, shared by its n samples (the KV cache is duplicated after prefill, not
 recomputed), a batch of prompts at once, and per-token log-probs under the exact sampling
 transform (sampling.transform_logits), so the trainer can recompute them.
+
+`generate` runs one fixed batch; `batcher()` makes a continuous one (hf_batch.py), which the pool
+uses when `continuous` is on: requests join and leave one decode loop as they come and end.
 """
 
 from __future__ import annotations

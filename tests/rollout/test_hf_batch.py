@@ -241,3 +241,19 @@ def test_requests_for_two_adapters_each_run_with_their_own(tiny_model):
     for (a, i), comps in got.items():
         assert_same(comps, want[a][i])
     assert want["tool"][0][0].token_ids != want["reasoner"][0][0].token_ids
+
+
+def test_the_engine_counts_rows_waiting_for_their_prefill_and_rows_decoding(engine):
+    batch = engine.batcher()
+    a, b = prompts_of(6, 40, seed=10)
+    s = Sampling(temperature=0.0, max_tokens=4)
+    batch.add("a", a, 2, s)
+    assert engine.stats() == {"sequences_running": 0, "sequences_waiting": 2}
+    batch.step()  # nothing decoded yet: all of a's prompt at once
+    batch.add("b", b, 3, s)
+    batch.chunk = 16
+    batch.step()  # a decodes while b's 40 tokens are prefilled 16 a step
+    assert engine.stats() == {"sequences_running": 2, "sequences_waiting": 3}
+    while not batch.idle:
+        batch.step()
+    assert engine.stats() == {"sequences_running": 0, "sequences_waiting": 0}
