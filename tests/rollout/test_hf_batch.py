@@ -118,6 +118,15 @@ def _pool(engine, name):
     return PoolRuntime(name, engine)
 
 
+async def until(holds, seconds=60.0):
+    """Wait for `holds()` (the pool works in its thread meanwhile); fail past `seconds`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not holds():
+        assert loop.time() < deadline, "timed out waiting"
+        await asyncio.sleep(0.005)
+
+
 def test_a_request_joins_one_that_is_decoding_and_both_get_their_own_output(engine):
     """The pool hands the second request to the batch while the first decodes: it ends first
     (it is short), and each output is what it gets alone."""
@@ -132,8 +141,7 @@ def test_a_request_joins_one_that_is_decoding_and_both_get_their_own_output(engi
         ended = []
         first = asyncio.ensure_future(pool.generate("", long_p, long_s, 2))
         first.add_done_callback(lambda _: ended.append("long"))
-        while engine.stats()["sequences_running"] == 0:  # the long request decodes
-            await asyncio.sleep(0.005)
+        await until(lambda: engine.stats()["sequences_running"] > 0)  # the long one decodes
         second = asyncio.ensure_future(pool.generate("", short_p, short_s, 2))
         second.add_done_callback(lambda _: ended.append("short"))
         return await first, await second, ended
@@ -155,21 +163,20 @@ def test_a_cancelled_request_leaves_and_a_failing_one_fails_alone(engine):
     the vocabulary: the cancelled one's rows leave, the bad one is INVALID_ARGUMENT, and the
     remaining request's output is what it gets alone."""
     keep_p, gone_p = prompts_of(11, 8, seed=9)
-    s = Sampling(temperature=0.0, max_tokens=30)
+    s = Sampling(temperature=0.0, max_tokens=60)
     want = engine.generate([keep_p], [3], s)[0]
 
     async def go():
         pool = _pool(engine, "cb-cancel")
         keep = asyncio.ensure_future(pool.generate("", keep_p, s, 3))
         gone = asyncio.ensure_future(pool.generate("", gone_p, s, 2))
-        while engine.stats()["sequences_running"] < 5:
-            await asyncio.sleep(0.005)
+        await until(lambda: engine.stats()["sequences_running"] == 5)
         gone.cancel()
         bad = asyncio.ensure_future(pool.generate("", [5, engine.vocab_size + 7], s, 1))
         with pytest.raises(errors.InvalidArgument):
             await bad
-        while engine.stats()["sequences_running"] > 3:  # the cancelled rows left
-            await asyncio.sleep(0.005)
+        await until(lambda: engine.stats()["sequences_running"] == 3)  # the cancelled rows left
+        assert not keep.done()  # while the other still decodes
         return await keep
 
     assert_same(asyncio.run(go()).completions, want)
