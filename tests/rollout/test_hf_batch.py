@@ -264,3 +264,30 @@ def test_the_engine_counts_rows_waiting_for_their_prefill_and_rows_decoding(engi
     while not batch.idle:
         batch.step()
     assert engine.stats() == {"sequences_running": 0, "sequences_waiting": 0}
+
+
+def test_a_short_prompt_in_a_long_ones_slot_and_a_row_ended_by_its_first_token(engine, monkeypatch):
+    """A 30-token prompt ends after 2 tokens and its slot goes to a 4-token prompt that joins
+    later (the old keys past 4 are masked, not read); a max_tokens 1 request ends at its join."""
+    placed, place = [], hf_batch.SlotCache.place
+
+    def recorded(self, slot, prefill, rows, own):
+        placed.append((slot, prefill.layers[0].keys.shape[-2]))
+        return place(self, slot, prefill, rows, own)
+
+    monkeypatch.setattr(hf_batch.SlotCache, "place", recorded)
+    long_p, mid_p, short_p, one_p = prompts_of(30, 5, 4, 7, seed=12)
+    greedy = Sampling(temperature=0.0, max_tokens=12)
+    two, one = (Sampling(temperature=0.0, max_tokens=m) for m in (2, 1))
+    got = run(
+        hf_batch.ContinuousBatch(engine),
+        {
+            0: [("long", long_p, 2, two), ("mid", mid_p, 2, greedy)],
+            4: [("short", short_p, 3, greedy), ("one", one_p, 2, one)],
+        },
+    )
+    assert placed == [(0, 30), (1, 5), (0, 4)]  # "one" ended at its join: placed nowhere
+    assert_same(got["short"], engine.generate([short_p], [3], greedy)[0])
+    assert_same(got["mid"], engine.generate([mid_p], [2], greedy)[0])
+    assert_same(got["one"], engine.generate([one_p], [2], one)[0])
+    assert [len(c.token_ids) for c in got["one"]] == [1, 1]
