@@ -94,7 +94,9 @@ class SharedPrefix:
     positions are real (P, W), each row's prompt (`slot`) and place among that prompt's rows
     (`rank`, below `width`: the most rows a prompt has), and the rows' own keys it goes with (the
     very tensor the cache handed the model: a prefix left behind by a step that failed between
-    its cache update and its attention is never applied to another call)."""
+    its cache update and its attention is never applied to another call). `own_real` (N, T):
+    which of the rows' own positions are real, where rows joined a continuous batch at different
+    steps and so hold different numbers of their own keys (None: all of them)."""
 
     keys: torch.Tensor
     values: torch.Tensor
@@ -103,6 +105,7 @@ class SharedPrefix:
     rank: torch.Tensor
     width: int
     own: torch.Tensor
+    own_real: torch.Tensor | None = None
 
 
 _handoff = threading.local()
@@ -156,7 +159,10 @@ def shared_prefix_attention(
     q = query.to(keys.dtype).reshape(n, hkv, g, d)  # query head j reads key head j // g
     prompt = _by_prompt(q, prefix) @ prefix.keys.transpose(-1, -2)  # (P, Hkv, width*G, W)
     prompt = prompt.masked_fill(~prefix.real[:, None, None, :], float("-inf"))
-    scores = torch.cat([_by_row(prompt, prefix, g), q @ keys.transpose(-1, -2)], dim=-1) * scale
+    own = q @ keys.transpose(-1, -2)  # (N, Hkv, G, T)
+    if prefix.own_real is not None:
+        own = own.masked_fill(~prefix.own_real[:, None, None, :], float("-inf"))
+    scores = torch.cat([_by_row(prompt, prefix, g), own], dim=-1) * scale
     weights = scores.softmax(dim=-1)
     w_prompt, w_own = weights.split([prefix.keys.shape[-2], keys.shape[-2]], dim=-1)
     out = _by_row(_by_prompt(w_prompt, prefix) @ prefix.values, prefix, g) + w_own @ values

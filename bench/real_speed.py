@@ -3,7 +3,9 @@ group's prompt shared against the unshared update, the update's micro-batches pa
 against arrival order (positions computed for a mixed step), the update under bf16 autocast,
 generation against this process's matmul rate, against a decode step's own matmuls (every weight
 once at the decode's rows: what its shapes allow) and against transformers' own sdpa attention,
-generation with bf16 weights, and one step of bench/real_learning.py's AT-GRPO config (bf16)
+generation with bf16 weights, the service's generation rate in the learning bench's mix with the
+continuous batch against one fixed batch at a time and the engine's fixed batches
+(bench/_serve_speed.py), and one step of bench/real_learning.py's AT-GRPO config (bf16)
 through the five services.
 
     python bench/real_speed.py [--model DIR] [--groups 4] [--k 4] [--prompt 96] [--response 32]
@@ -12,7 +14,9 @@ through the five services.
 Targets (issue 35): update FLOPs per trained response token cut >= 2x at K = 4 with prompts 3x
 longer than their answers (counted by torch's FlopCounterMode over the forward and backward, not
 assumed); generation >= 60% of the measured matmul rate; one step of the learning bench's
-config <= 60 s when nothing else runs (it prints the step's breakdown: what stands in the way).
+config <= 60 s when nothing else runs (it prints the step's breakdown: what stands in the way);
+service generation with the continuous batch >= 2x one batch at a time and >= 75% of the engine's
+fixed-batch rate.
 """
 
 from __future__ import annotations
@@ -38,6 +42,16 @@ from trainer_svc.logprobs import response_logprobs  # noqa: E402
 from trainer_svc.packing import MICRO_BATCH_OVERHEAD, by_prompt, pack, padded_size  # noqa: E402
 
 SAMPLING = Sampling(temperature=1.0)
+# The service mix at smoke size (bench/_serve_speed.py): the same code paths, a few tokens.
+SERVE_SMOKE = {
+    "tasks": 3,
+    "k": 2,
+    "tool_tokens": 6,
+    "reasoner_tokens": 4,
+    "prompt": 12,
+    "env_s": (0.01, 0.05),
+}
+DTYPE = "bfloat16"  # the learning bench's pool dtype (bench/real_learning.py)
 
 
 def grouped(groups: int, k: int, prompt: int, response: int, vocab: int) -> list[TrainSample]:
@@ -354,6 +368,32 @@ def main() -> None:
             "generation FLOP/s in bf16 / float32 matmul rate",
             f_b16 / t_b16 / rate,
             "",
+        )
+
+        # The service's rate in the learning bench's mix: requests arriving as the tree driver
+        # sends them, through a pool, with the continuous batch and one fixed batch at a time.
+        from bench._serve_speed import Mix, measure
+
+        mix = Mix(**(SERVE_SMOKE if SMOKE else {}))
+        engine = HFEngine(path, device="cpu", dtype=DTYPE)
+        engine.warm_up()
+        print(
+            f"service generation, {mix.tasks} tasks x K {mix.k} (tool {mix.tool_tokens} then "
+            f"reasoner {mix.reasoner_tokens} tokens, staggered), {DTYPE}:"
+        )
+        serve = measure(engine, mix)
+        del engine
+        record(
+            "real_speed",
+            "service generation tokens/s, continuous batch / one batch at a time",
+            serve["continuous"] / serve["one_at_a_time"],
+            f"target >= 2; {serve['continuous']:.1f} tokens/s continuous",
+        )
+        record(
+            "real_speed",
+            "service generation tokens/s, continuous batch / engine's fixed batch",
+            serve["continuous"] / serve["fixed_batch"],
+            f"target >= 0.75; {serve['fixed_batch']:.1f} tokens/s in fixed batches",
         )
 
         if not args.no_step:

@@ -136,7 +136,8 @@ class PoolCollector:
             "sequences": GaugeMetricFamily(
                 "atgrpo_rollout_engine_sequences",
                 "Sequences (samples) inside the engine, by pool and state: running, or "
-                "waiting for KV-cache room (vLLM's scheduler).",
+                "waiting (vLLM's scheduler: for KV-cache room; the hf engine's continuous batch: "
+                "for their prompt's prefill).",
                 labels=["pool", "state"],
             ),
             "busy": CounterMetricFamily(

@@ -1,5 +1,7 @@
 """A model pool on one rollout replica: its engine, its versions, and a queue that batches
-concurrent generations and orders weight swaps between them.
+concurrent generations and orders weight swaps between them. (An engine with a continuous batch,
+the hf engine's, is served by rollout_svc.pool_continuous instead of the fixed batches below; the
+contract is the same.)
 
 Every generation and every swap goes through one worker, so a swap happens between batches:
 a generation in flight finishes on the old weights and is tagged with the old version, and no
@@ -157,6 +159,12 @@ class PoolRuntime:
         # service starts): what a generation's FLOP/s are held against. 0.0: unknown.
         rate = getattr(engine, "matmul_rate", None)
         self.matmul_rate = float(rate()) if callable(rate) else 0.0
+        # An engine with a continuous batch (rollout_svc.pool_continuous) takes each request as
+        # it arrives; any other runs one fixed batch at a time. Read on the engine's class, not
+        # through a wrapper's attribute forwarding: a wrapper's own generate must still be called.
+        self.continuous = bool(getattr(engine, "continuous", False)) and callable(
+            getattr(type(engine), "batcher", None)
+        )
         metrics.set_versions(name, self.versions)
         metrics.register_pool(name, self)
 
@@ -264,6 +272,11 @@ class PoolRuntime:
             await asyncio.sleep(gap)
 
     async def _run(self) -> None:
+        if self.continuous:
+            from rollout_svc.pool_continuous import ContinuousWorker
+
+            await ContinuousWorker(self).run()
+            return
         while True:
             item = await self._queue.get()
             if isinstance(item, _Swap):
@@ -374,25 +387,30 @@ class PoolRuntime:
             seconds,
         )
         decode_s = seconds - prefill_s
-        size = getattr(self.engine, "model_size", None)
         prompt = [len(p.request.prompt) for p in pieces]
         decoded = [sum(len(c.token_ids) for c in out) for out in outs]
         rows = sum(p.n for p in pieces)
         for p, prompt_tokens, decode_tokens in zip(pieces, prompt, decoded, strict=True):
             pre = prefill_s * prompt_tokens / max(sum(prompt), 1)
             dec = decode_s * (decode_tokens / sum(decoded) if sum(decoded) else p.n / rows)
-            add = {
-                "prefill_s": pre,
-                "decode_s": dec,
-                "prefill_tokens": float(prompt_tokens),
-                "decode_tokens": float(decode_tokens),
-                "gen_flops": generation_flops(size, 1, prompt_tokens, decode_tokens)
-                if size
-                else 0.0,
-                "gen_matmul_flops": (pre + dec) * self.matmul_rate,
-            }
-            for k, v in add.items():
-                p.request.timing[k] = p.request.timing.get(k, 0.0) + v
+            self.add_timing(p.request.timing, pre, dec, prompt_tokens, decode_tokens)
+
+    def add_timing(
+        self, timing: dict[str, float], pre: float, dec: float, prompt: int, decoded: int
+    ) -> None:
+        """Add to a request's timing its prefill and decode seconds and tokens, its model FLOPs
+        and what the matmul rate would have done in its seconds (gen_matmul_flops)."""
+        size = getattr(self.engine, "model_size", None)
+        add = {
+            "prefill_s": pre,
+            "decode_s": dec,
+            "prefill_tokens": float(prompt),
+            "decode_tokens": float(decoded),
+            "gen_flops": generation_flops(size, 1, prompt, decoded) if size else 0.0,
+            "gen_matmul_flops": (pre + dec) * self.matmul_rate,
+        }
+        for k, v in add.items():
+            timing[k] = timing.get(k, 0.0) + v
 
     def _error(
         self, kind: str, err: BaseException, pieces: list[_Piece], sampling: Sampling

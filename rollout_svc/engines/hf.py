@@ -3,12 +3,16 @@
 One prefill per prompt, shared by its n samples (the KV cache is duplicated after prefill, not
 recomputed), a batch of prompts at once, and per-token log-probs under the exact sampling
 transform (sampling.transform_logits), so the trainer can recompute them.
+
+`generate` runs one fixed batch; `batcher()` makes a continuous one (hf_batch.py), which the pool
+uses when `continuous` is on: requests join and leave one decode loop as they come and end.
 """
 
 from __future__ import annotations
 
 import functools
 import time
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -74,7 +78,9 @@ def pick_dtype(dtype: str, device: str) -> torch.dtype:
 
 
 class HFEngine:
-    def __init__(self, model_path: str, *, device: str = "auto", dtype: str = "auto"):
+    def __init__(
+        self, model_path: str, *, device: str = "auto", dtype: str = "auto", continuous: bool = True
+    ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.model_path = model_path
@@ -114,6 +120,32 @@ class HFEngine:
         # the call, in the same worker, and counts the rest of the call as decode.
         self.last_timing: dict[str, float] = {}
         self._size: ModelSize | None = None
+        # Continuous batching (hf_batch.py, what the pool uses when this is on): off, the pool runs
+        # one fixed batch at a time through `generate` (kept: a bench compares the two).
+        self.continuous = continuous and self.can_batch_continuously()
+        self._batches: weakref.WeakSet = weakref.WeakSet()  # continuous batches (stats)
+
+    def can_batch_continuously(self) -> bool:
+        """Whether hf_batch.py can serve this model: it needs atgrpo.attention's own attention
+        (prompts' keys shared by their rows) and a cache it can reserve (full attention layers).
+        On CPU only for now: on a GPU, a step's python bookkeeping and host copies would want
+        measuring first."""
+        from rollout_svc.engines.hf_cache import reserved_cache
+
+        return (
+            self.device == "cpu"
+            and self.model.config._attn_implementation == ATTENTION
+            and reserved_cache(self.model.config, 0) is not None
+        )
+
+    def batcher(self):
+        """A new continuous batch over this engine (rollout_svc.engines.hf_batch): the pool adds
+        requests to it and runs its steps on the model's thread."""
+        from rollout_svc.engines.hf_batch import ContinuousBatch
+
+        batch = ContinuousBatch(self)
+        self._batches.add(batch)
+        return batch
 
     def warm_up(self) -> None:
         """One tiny generation: the first call pays seconds of lazy initialisation."""
@@ -226,9 +258,13 @@ class HFEngine:
             self._sequences = 0
 
     def stats(self) -> dict[str, float]:
-        """What rollout_svc.metrics reads at each scrape. Every sequence of a batch runs at once, so
-        none waits; the KV cache is allocated per batch, so it has no usage share to report."""
-        return {"sequences_running": self._sequences, "sequences_waiting": 0}
+        """What rollout_svc.metrics reads at each scrape: in a fixed batch every sequence runs at
+        once; in a continuous one a request's rows wait until its prompt is prefilled. The KV
+        cache is allocated as needed, so it has no usage share to report."""
+        return {
+            "sequences_running": self._sequences + sum(b.running_rows for b in self._batches),
+            "sequences_waiting": sum(b.waiting_rows for b in self._batches),
+        }
 
     def _prefill(
         self, prompts: Sequence[Sequence[int]], capacity: int

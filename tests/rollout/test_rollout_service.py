@@ -33,9 +33,9 @@ GREEDY = Sampling(temperature=0.0, max_tokens=12)
 HELLO = [{"role": "user", "content": "Say something about grids."}]
 
 
-def serve(model_dir, fn, *, lora=False, dtype="float32"):
+def serve(model_dir, fn, *, lora=False, dtype="float32", continuous=True):
     async def go():
-        engine = HFEngine(model_dir, device="cpu", dtype=dtype)
+        engine = HFEngine(model_dir, device="cpu", dtype=dtype, continuous=continuous)
         replica = Replica({"p": PoolRuntime("p", engine, lora=lora)})
         registry = Registry(discover=False)
         registry.register(PickEnv)
@@ -188,17 +188,24 @@ def _header_dict(chunk):
     return {f.name: getattr(h, f.name) for f in h.DESCRIPTOR.fields}
 
 
-def test_generations_during_a_swap_never_mix_versions(tiny_model):
+@pytest.mark.parametrize("continuous", [True, False], ids=["continuous", "fixed"])
+def test_generations_during_a_swap_never_mix_versions(tiny_model, monkeypatch, continuous):
+    """A swap waits for the requests taken before it (a fixed batch, or the requests in the
+    continuous batch); those behind it run on the new weights."""
+    from rollout_svc.engines.hf_batch import ContinuousBatch
+
     async def go(c, engine):
         v0 = (await c.generate("p", messages=HELLO, sampling=GREEDY)).completions[0].token_ids
         state = _perturbed(engine, seed=1)
-        generating, generate = threading.Event(), engine.generate
+        generating = threading.Event()
+        owner, name = (ContinuousBatch, "step") if continuous else (engine, "generate")
+        generate = getattr(owner, name)
 
         def observed(*args):
             generating.set()
             return generate(*args)
 
-        engine.generate = observed
+        monkeypatch.setattr(owner, name, observed)
         gens = [
             asyncio.create_task(c.generate("p", messages=HELLO, sampling=GREEDY)) for _ in range(12)
         ]
@@ -215,7 +222,7 @@ def test_generations_during_a_swap_never_mix_versions(tiny_model):
             assert g.completions[0].token_ids == (v0 if g.policy.version == 0 else v1)
         assert 0 in {g.policy.version for g in results} <= {0, 1}
 
-    serve(tiny_model, go)
+    serve(tiny_model, go, continuous=continuous)
 
 
 def _adapter(model_dir, seed):
