@@ -95,6 +95,8 @@ LR = 1e-5  # full weights of a 135M model over tens of steps (1e-6 barely moves 
 # bf16. This CPU (AMD EPYC, avx512_bf16) multiplies bf16 matrices ~2.5x faster than float32 ones;
 # a CPU without bf16 instructions would be slower in bf16 (--dtype float32 there).
 DTYPE = "bfloat16"
+# A program's closing fence; the opening one ("```python" + newline) does not contain it.
+FENCE_END = "\n```\n"
 FAILURE = -1.0  # the env's failure_reward: the judge could not read the answer
 BREAKDOWN = (
     "step_seconds",
@@ -115,7 +117,9 @@ BREAKDOWN = (
 class Knobs:
     """What a user tunes (the time-to-accuracy sweep): the learning rate, K, tasks a step (L0
     takes twice as many, for as many samples), the seed and max_staleness (collecting the next
-    step while this one trains). `label` names a run made with other
+    step while this one trains) and stop_at_fence (the tool agent's generation ends at its program's
+    closing fence: only the program runs, so what the untrained model writes after it, up to
+    max_tokens, cost decode and update time for nothing). `label` names a run made with other
     knobs than the defaults, so it keeps its own directory and table row."""
 
     lr: float = LR
@@ -123,6 +127,7 @@ class Knobs:
     tasks_per_step: int = TASKS_PER_STEP
     seed: int = 0
     max_staleness: int = 0
+    stop_at_fence: bool = False
     label: str = ""
 
 
@@ -144,6 +149,8 @@ def run_config(
         a: {"temperature": 1.0, "max_tokens": MAX_TOKENS[a], "max_prompt_tokens": 1024}
         for a in agents
     }
+    if knobs.stop_at_fence and "tool" in sampling:
+        sampling["tool"]["stop"] = [FENCE_END]
     return {
         "run": {
             "name": f"real-{task}-{variant.lower()}",
@@ -318,6 +325,7 @@ def one_run(
             "tasks_per_step": knobs.tasks_per_step,
             "seed": knobs.seed,
             "max_staleness": knobs.max_staleness,
+            "stop_at_fence": knobs.stop_at_fence,
         },
         "wall_s": time.perf_counter() - start,
         "run_dir": str(run_dir),
@@ -403,6 +411,11 @@ def main() -> None:
         help="asynchronous AT-GRPO: collect up to this many steps ahead of training (0: in turns)",
     )
     ap.add_argument(
+        "--stop-at-fence",
+        action="store_true",
+        help="end the tool agent's generation at its program's closing fence",
+    )
+    ap.add_argument(
         "--label",
         default="",
         help="names runs made with other knobs (their directory and table row), e.g. lr3e-5",
@@ -472,6 +485,7 @@ def main() -> None:
                     args.tasks_per_step,
                     args.seed,
                     args.max_staleness,
+                    args.stop_at_fence,
                     args.label,
                 ),
             )
