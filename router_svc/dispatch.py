@@ -58,6 +58,7 @@ class Dispatch:
     ):
         self.plan, self.rollout, self.stream, self.on_lost = plan, rollout, stream, on_lost
         self.alive = list(dict.fromkeys(a for addrs in rollout.values() for a in addrs))
+        self.index = {a: float(i) for i, a in enumerate(self.alive)}  # timing's "replica"
         if not self.alive:
             raise Unavailable("no rollout replica to collect with")
         self.queue: deque[TaskRef] = deque(plan.tasks)
@@ -121,6 +122,8 @@ class Dispatch:
                     continue
                 pending.remove(_ended(pending, event, buffer))
                 self.samples += buffer
+                if event.timing:  # which replica's model served it (events.timing_fields)
+                    event = replace(event, timing={**event.timing, "replica": self.index[address]})
                 self.ends.append(event)
                 buffer = []
                 self.unfinished[address] -= 1

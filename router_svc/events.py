@@ -63,21 +63,40 @@ def step_event(
     }
 
 
+def _slowest_replica(collects: Sequence[Mapping[str, float]]) -> tuple[float, float, float]:
+    """(prefill, decode, env seconds) of the replica whose Collect took longest. A replica runs
+    several Collects at once (router_svc.dispatch sends its tasks in chunks) on one model, which
+    splits each batch's seconds among their requests: so its prefill and decode seconds are its
+    Collects' summed, and its env seconds the longest Collect's (the others' env calls overlap
+    its generation). A Collect without its replica's index is a replica of its own."""
+    by: dict[object, list[Mapping[str, float]]] = {}
+    for i, t in enumerate(collects):
+        by.setdefault(t.get("replica", ("alone", i)), []).append(t)
+    if not by:
+        return 0.0, 0.0, 0.0
+    slow = max(by.values(), key=lambda ts: max(t.get("collect_s", 0.0) for t in ts))
+    return (
+        sum(t.get("prefill_s", 0.0) for t in slow),
+        sum(t.get("decode_s", 0.0) for t in slow),
+        max(t.get("env_s", 0.0) for t in slow),
+    )
+
+
 def timing_fields(
     ends: Sequence[EpisodeEnd], pools: Mapping[str, Mapping[str, Any]], rollout_s: float
 ) -> dict[str, float]:
     """Where a step's time went, and at what FLOP rate (docs/observability.md, "A step's time").
 
     The seconds follow what the step waited for: the replica whose Collect took longest (each
-    replica's Collect reports on its last EpisodeEnd, rollout_svc.tree) and the pool whose update
-    took longest, so they split rollout_seconds and train_seconds. time_wait_s is the rest of
+    Collect reports on its last EpisodeEnd, rollout_svc.tree; _slowest_replica) and the pool whose
+    update took longest, so they split rollout_seconds and train_seconds. time_wait_s is the rest of
     rollout_seconds: rendering, batching, the RPCs, the router's own work. Tokens and FLOP rates are
     over every replica and every pool: FLOPs over the engines' (or the updates') seconds, and the
     mfu their ratio to what each process's measured matmul rate does in the same seconds. A rate
     is left out when nothing measured it (a vLLM engine on GPU has no matmul rate)."""
     collects = [e.timing for e in ends if e.timing]
-    slow = max(collects, key=lambda t: t.get("collect_s", 0.0), default={})
-    prefill, decode, env = (slow.get(k, 0.0) for k in ("prefill_s", "decode_s", "env_s"))
+    prefill, decode, env = _slowest_replica(collects)
+    env = min(env, max(0.0, rollout_s - prefill - decode))
     out = {
         "time_prefill_s": prefill,
         "time_decode_s": decode,

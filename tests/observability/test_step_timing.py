@@ -305,6 +305,24 @@ def test_the_step_follows_the_slowest_replica_and_pool_and_rates_count_them_all(
     )
 
 
+def test_a_replica_running_several_collects_at_once_counts_its_model_seconds_once_each():
+    # One replica served three Collects at once (the dispatcher's chunks): its model's seconds are
+    # split among their requests, so they add up; its env seconds are the longest Collect's. The
+    # other replica ran one shorter Collect.
+    ends = [
+        end(replica=0, collect_s=12, prefill_s=1, decode_s=4, env_s=1),
+        end(replica=0, collect_s=9, prefill_s=0.5, decode_s=3, env_s=2),
+        end(replica=0, collect_s=6, prefill_s=0.5, decode_s=1, env_s=0.5),
+        end(replica=1, collect_s=11, prefill_s=1, decode_s=9, env_s=1),
+    ]
+    t = timing_fields(ends, {}, rollout_s=13.0)
+    assert (t["time_prefill_s"], t["time_decode_s"], t["time_env_s"]) == (2, 8, 2)
+    assert t["time_wait_s"] == pytest.approx(1)  # 13 - (2 + 8 + 2)
+    # env seconds never exceed what the model's seconds leave of the rollout
+    t = timing_fields(ends, {}, rollout_s=10.5)
+    assert (t["time_env_s"], t["time_wait_s"]) == (0.5, 0)
+
+
 def test_services_that_report_no_timing_give_zero_times_and_no_rates():
     t = timing_fields([end()], {"p": {"train_seconds": 3}}, rollout_s=2.5)
     assert t == {

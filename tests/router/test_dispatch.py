@@ -61,7 +61,10 @@ class ScriptedReplicas:
                 raise self.error(f"{address} is gone")  # mid-episode: a sample already sent
             yield sample(task)
             self.ended[address] = self.ended.get(address, 0) + 1
-            yield EpisodeEnd(task.task_id, True, 1, {"a": 1.0})
+            last = task is part.tasks[-1]  # a Collect's last end says where its time went
+            yield EpisodeEnd(
+                task.task_id, True, 1, {"a": 1.0}, timing={"collect_s": 1.0} if last else {}
+            )
 
 
 def run(coro):
@@ -77,6 +80,9 @@ def test_an_even_fleet_gets_today_s_even_split():
     assert per == {"r0": 4, "r1": 4}
     # guided self-scheduling: big chunks first, never more than a replica's share in flight
     assert [n for _, n in d.chunks] == [2, 2, 1, 1, 1, 1]
+    # each Collect's timing names its replica, so a step adds up the Collects a model served
+    timed = sorted(e.timing["replica"] for e in ends if e.timing)
+    assert timed == [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
 
 
 def test_chunks_shrink_with_the_queue():
