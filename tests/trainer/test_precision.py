@@ -204,3 +204,31 @@ def test_an_auto_pool_on_the_cpu_holds_and_computes_in_float32(tiny_model):
     )
     assert state.spec.dtype == "float32" and not state.mixed_bf16
     assert {p.dtype for p in state.model.parameters()} == {torch.float32}
+
+
+def test_the_fused_adamw_step_moves_the_weights_as_the_loop_does(tiny_model, tmp_path):
+    """A pool's AdamW runs fused (state.fused_adamw): the same step as torch's per-weight loop up
+    to float rounding, and a checkpoint written by a loop optimizer resumes into a fused one."""
+    samples = on_policy_samples(load(tiny_model))
+    ops = setup(tiny_model, lr=5e-3, weight_decay=0.01)
+    assert ops.state.optimizer.param_groups[0]["fused"]
+    loop = setup(tiny_model, lr=5e-3, weight_decay=0.01)
+    state = loop.state
+    state.optimizer = torch.optim.AdamW(state.params, lr=5e-3, weight_decay=0.01)
+    state.scheduler = torch.optim.lr_scheduler.LambdaLR(state.optimizer, lambda s: 1.0)
+    for _ in range(3):
+        train(ops, samples)
+        train(loop, samples)
+    # Adam divides by the root of the second moment, so a weight whose gradients are near 0 carries
+    # the kernels' different rounding order into its step: atol is 1/1000 of one step (lr).
+    for (name, p), q in zip(
+        ops.state.model.named_parameters(), state.model.parameters(), strict=True
+    ):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=5e-6, msg=name)
+    state.save(tmp_path / "ckpt")
+    resumed = PoolState(spec(tiny_model, lr=5e-3, weight_decay=0.01))
+    resumed.load(tmp_path / "ckpt")
+    assert resumed.optimizer.param_groups[0]["fused"]
+    exp_avg = {id(p): s["exp_avg"] for p, s in state.optimizer.state.items()}
+    for p, q in zip(state.params, resumed.params, strict=True):
+        torch.testing.assert_close(resumed.optimizer.state[q]["exp_avg"], exp_avg[id(p)])
