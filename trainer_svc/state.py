@@ -26,6 +26,7 @@ from atgrpo.contract.trainer import PoolSpec
 from atgrpo.errors import FailedPrecondition, InvalidArgument
 from trainer_svc.loading import (
     broadcast_full_state,
+    cast_norms_once,
     checkpointing_on,
     compute_bf16,
     enable_checkpointing,
@@ -136,6 +137,8 @@ class PoolState:
     def _prepare(self, model) -> None:
         if checkpointing_on(self.spec, self.device):
             enable_checkpointing(model)
+        # the norms' hooks (cast_norms_once), kept so a bench can time the update without them
+        self.norm_hooks = cast_norms_once(model) if self.autocast else []
 
     @property
     def checkpointing(self) -> bool:

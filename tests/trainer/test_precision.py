@@ -232,3 +232,31 @@ def test_the_fused_adamw_step_moves_the_weights_as_the_loop_does(tiny_model, tmp
     exp_avg = {id(p): s["exp_avg"] for p, s in state.optimizer.state.items()}
     for p, q in zip(state.params, resumed.params, strict=True):
         torch.testing.assert_close(resumed.optimizer.state[q]["exp_avg"], exp_avg[id(p)])
+
+
+def test_casting_each_norm_once_keeps_the_bf16_log_probs_and_gradients(tiny_model):
+    """loading.cast_norms_once: under bf16 autocast the same log-probs, bit for bit, and the same
+    gradients up to one more bf16 rounding of the projections' summed input gradients (autocast
+    sums them in float32): as far from float32's as autocast's own (measured: 0.506% against
+    0.503% of the gradient's norm, and 0.27% from autocast's)."""
+    from trainer_svc.loading import cast_norms_once
+    from trainer_svc.logprobs import response_logprobs
+
+    samples = on_policy_samples(load(tiny_model))
+    out = {}
+    for mode in ("float32", "autocast", "once"):
+        model = load(tiny_model)
+        assert mode != "once" or len(cast_norms_once(model)) == 2 * model.config.num_hidden_layers
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode != "float32"):
+            lp, _, mask = response_logprobs(model, samples, "cpu", with_entropy=False)
+        (lp * mask).sum().backward()
+        out[mode] = lp.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])
+    assert torch.equal(out["autocast"][0], out["once"][0])
+    exact = out["float32"][1]
+
+    def off(mode: str) -> float:
+        return float(
+            torch.linalg.vector_norm(out[mode][1] - exact) / torch.linalg.vector_norm(exact)
+        )
+
+    assert off("once") <= 1.1 * off("autocast") and off("autocast") < 0.02
