@@ -1,4 +1,7 @@
-"""Where a real model's step goes on CPU, in one run on SmolLM2-135M-Instruct: the update with each
+"""Where a real model's step goes on CPU, in one run on SmolLM2-135M-Instruct: the trainer service's
+bf16 update (its own path, PoolOps) against a 1024^3 bf16 matmul and against how it ran before
+issue 55 (autocast's per-projection and per-micro-batch casts, AdamW's per-weight loop), the
+update with each
 group's prompt shared against the unshared update, the update's micro-batches packed by length
 against arrival order (positions computed for a mixed step), the update under bf16 autocast,
 generation against this process's matmul rate, against a decode step's own matmuls (every weight
@@ -8,11 +11,13 @@ through the five services.
 
     python bench/real_speed.py [--model DIR] [--groups 4] [--k 4] [--prompt 96] [--response 32]
                                [--gen-prompts 8] [--gen-prompt 200] [--gen-tokens 64] [--no-step]
+                               [--update-reps 3] [--update-only]
 
 Targets (issue 35): update FLOPs per trained response token cut >= 2x at K = 4 with prompts 3x
 longer than their answers (counted by torch's FlopCounterMode over the forward and backward, not
 assumed); generation >= 60% of the measured matmul rate; one step of the learning bench's
 config <= 60 s when nothing else runs (it prints the step's breakdown: what stands in the way).
+Issue 55: the bf16 update >= 35% of the bf16 matmul rate (FLOPs counted by FlopCounterMode).
 """
 
 from __future__ import annotations
