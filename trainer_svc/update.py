@@ -27,7 +27,6 @@ update equals the single-process one.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import zlib
@@ -127,20 +126,6 @@ def _autocast(ctx: UpdateContext):
     return torch.autocast(
         ctx.device.split(":")[0], dtype=torch.bfloat16, enabled=ctx.settings.autocast_bf16
     )
-
-
-def _weight_casts_kept(ctx: UpdateContext):
-    """A region over one optimizer step's micro-batches in which autocast keeps its bf16 copies of
-    the float32 weights: its cast cache lives until the outermost autocast region exits, so each
-    micro-batch's own region (_autocast) cast every weight again. Inside this one (autocast off,
-    as the backward runs) the first forward's copies serve the rest; each is a ToCopyBackward of
-    its master, which keeps no tensor, so every micro-batch's backward still casts its gradient
-    to float32 and adds it to .grad as before: the same numbers. It exits before the optimizer
-    moves the weights. (Only forwards with gradient run in it: a no-grad forward of the trained
-    weights would cache copies without a backward and must not.)"""
-    if not ctx.settings.autocast_bf16:
-        return contextlib.nullcontext()
-    return torch.autocast(ctx.device.split(":")[0], dtype=torch.bfloat16, enabled=False)
 
 
 def _agent_rows(samples: Sequence[TrainSample]) -> dict[str, list[int]]:
@@ -266,13 +251,12 @@ def _mini_batch(ctx: UpdateContext, agent: str | None, mini: Sequence[int]) -> d
     `agent` is set, with its adapter active); returns its share-weighted metrics."""
     total = sum(len(ctx.samples[r].response_ids) for r in mini)
     stats = dict.fromkeys((*_mean_keys(ctx.cfg), "masked_tokens"), 0.0)
-    with _weight_casts_kept(ctx):
-        for micro, weight in _micro_batches(ctx, mini):
-            share = weight * sum(len(s.response_ids) for s in ctx.rows(micro)) / total
-            with ctx.as_agent(agent):
-                for k, v in _micro_step(ctx, micro, share).items():
-                    # padding rows count no tokens
-                    stats[k] += v * weight if k == "masked_tokens" else v
+    for micro, weight in _micro_batches(ctx, mini):
+        share = weight * sum(len(s.response_ids) for s in ctx.rows(micro)) / total
+        with ctx.as_agent(agent):
+            for k, v in _micro_step(ctx, micro, share).items():
+                # padding rows count no tokens
+                stats[k] += v * weight if k == "masked_tokens" else v
     return stats
 
 
