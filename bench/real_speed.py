@@ -1,6 +1,6 @@
 """Where a real model's step goes on CPU, in one run on SmolLM2-135M-Instruct: the trainer service's
 bf16 update (its own path, PoolOps) against a 1024^3 bf16 matmul and against how it ran before
-issue 55 (autocast's per-projection and per-micro-batch casts, AdamW's per-weight loop), the
+issue 55 (autocast's per-projection casts, AdamW's per-weight loop), the
 update with each
 group's prompt shared against the unshared update, the update's micro-batches packed by length
 against arrival order (positions computed for a mixed step), the update under bf16 autocast,
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import statistics
 import sys
@@ -130,12 +129,10 @@ def service_update(path: str, reps: int) -> dict[str, float]:
     autocast over float32 masters, 4096-token micro-batches) on a mixed step: seconds of each
     phase and FLOP/s (torch's FlopCounterMode over one update), against a 1024^3 bf16 matmul timed
     beside each update. Interleaved, `reps` times each, with the update as it ran before: autocast
-    casting a norm's output once per projection (the norms' hooks off, loading.cast_norms_once),
-    every micro-batch casting the weights again (update._weight_casts_kept off) and AdamW's
-    per-weight loop. Returns the medians."""
+    casting a norm's output once per projection (the norms' hooks off, loading.cast_norms_once)
+    and AdamW's per-weight loop. Returns the medians."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    import trainer_svc.update as update_mod
     from atgrpo.contract.trainer import PoolSpec, UpdateConfig
     from trainer_svc.loading import cast_norms_once
     from trainer_svc.ops import PoolOps
@@ -153,14 +150,11 @@ def service_update(path: str, reps: int) -> dict[str, float]:
         ),
     }
 
-    kept, no_cache = update_mod._weight_casts_kept, lambda ctx: contextlib.nullcontext()
-
     def run(variant: str) -> dict[str, float]:
         for hook in state.norm_hooks:
             hook.remove()
         state.norm_hooks = cast_norms_once(state.model) if variant == "now" else []
         state.optimizer = optimizers[variant]
-        update_mod._weight_casts_kept = kept if variant == "now" else no_cache
         start = time.perf_counter()
         m = ops.train(samples, cfg)
         return {"update_s": time.perf_counter() - start} | m
@@ -175,7 +169,6 @@ def service_update(path: str, reps: int) -> dict[str, float]:
         for variant in optimizers:
             square.append(square_bf16_rate())
             runs[variant].append(run(variant))
-    update_mod._weight_casts_kept = kept
     out = {"flops": float(counter.get_total_flops()), "square_bf16": statistics.median(square)}
     for variant, ms in runs.items():
         for key in ("update_s", "time_forward_s", "time_backward_s", "time_optimizer_s"):
@@ -216,7 +209,7 @@ def report_service_update(path: str, reps: int) -> None:
     )
     record(
         "real_speed",
-        "bf16 update seconds, before / now (norm casts, weight casts, fused AdamW)",
+        "bf16 update seconds, before / now (norm casts, fused AdamW)",
         u["before_update_s"] / u["now_update_s"],
         f"{u['before_update_s']:.2f} s -> {u['now_update_s']:.2f} s",
     )
