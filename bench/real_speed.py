@@ -1,8 +1,7 @@
 """Where a real model's step goes on CPU, in one run on SmolLM2-135M-Instruct: the trainer service's
 bf16 update (its own path, PoolOps) against a 1024^3 bf16 matmul and against how it ran before
-issue 55 (autocast's per-projection casts, AdamW's per-weight loop), the
-update with each
-group's prompt shared against the unshared update, the update's micro-batches packed by length
+issue 55 (autocast's per-projection casts, AdamW's per-weight loop), the update with each group's
+prompt shared against the unshared update, the update's micro-batches packed by length
 against arrival order (positions computed for a mixed step), the update under bf16 autocast,
 generation against this process's matmul rate, against a decode step's own matmuls (every weight
 once at the decode's rows: what its shapes allow) and against transformers' own sdpa attention,
