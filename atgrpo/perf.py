@@ -101,23 +101,34 @@ def model_size(model: torch.nn.Module) -> ModelSize:
 # keep the tensor cores busy, where a small one would measure kernel launches.
 _CPU_SHAPE = (256, 576, 1536)
 _GPU_SHAPE = (8192, 8192, 8192)
+# The update's reference on a CPU: a 1024^3 square, which the matrix units run at their best
+# (bench/cpu_shapes.py holds every projection against it). An update's projections run at ~2048
+# rows, at 94-103% of it in bf16; _CPU_SHAPE's 256 rows do not (in bf16 on an EPYC with
+# avx512_bf16: 30-105 GFLOP/s from one trial to the next against 145 for the square, two busy
+# cores), and held against that an update's mfu read 2-5x too high and varied with the moment the
+# trainer measured it.
+UPDATE_CPU_SHAPE = (1024, 1024, 1024)
 
 
 @functools.cache
 def matmul_rate(
-    device: str = "cpu", dtype: torch.dtype = torch.float32, seconds: float = 0.2
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    seconds: float = 0.2,
+    shape: tuple[int, int, int] | None = None,
 ) -> float:
     """FLOP/s of one (M, K) @ (K, N) matmul in `dtype` on `device`, in this process as it is set up
     (its torch threads): the best of several short trials over about `seconds`, so a moment of
-    contention from another process lowers one trial, not the figure. Measured once per process
-    (cached): a service calls it when it starts, before it serves. 0.0 when it cannot run here."""
+    contention from another process lowers one trial, not the figure. `shape`: (M, K, N), by
+    default the device's (_CPU_SHAPE, _GPU_SHAPE). Measured once per process (cached): a service
+    calls it when it starts, before it serves. 0.0 when it cannot run here."""
     try:
         dev = torch.device(device)
         if dev.type not in ("cpu", "cuda") or (
             dev.type == "cuda" and not torch.cuda.is_available()
         ):
             return 0.0
-        m, k, n = _GPU_SHAPE if dev.type == "cuda" else _CPU_SHAPE
+        m, k, n = shape or (_GPU_SHAPE if dev.type == "cuda" else _CPU_SHAPE)
         a = torch.randn(m, k, device=dev, dtype=dtype)
         b = torch.randn(k, n, device=dev, dtype=dtype)
         sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)

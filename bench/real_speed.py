@@ -1,5 +1,7 @@
-"""Where a real model's step goes on CPU, in one run on SmolLM2-135M-Instruct: the update with each
-group's prompt shared against the unshared update, the update's micro-batches packed by length
+"""Where a real model's step goes on CPU, in one run on SmolLM2-135M-Instruct: the trainer service's
+bf16 update (its own path, PoolOps) against a 1024^3 bf16 matmul and against how it ran before
+issue 55 (autocast's per-projection casts, AdamW's per-weight loop), the update with each group's
+prompt shared against the unshared update, the update's micro-batches packed by length
 against arrival order (positions computed for a mixed step), the update under bf16 autocast,
 generation against this process's matmul rate, against a decode step's own matmuls (every weight
 once at the decode's rows: what its shapes allow) and against transformers' own sdpa attention,
@@ -10,13 +12,15 @@ through the five services.
 
     python bench/real_speed.py [--model DIR] [--groups 4] [--k 4] [--prompt 96] [--response 32]
                                [--gen-prompts 8] [--gen-prompt 200] [--gen-tokens 64] [--no-step]
+                               [--update-reps 3] [--update-only]
 
 Targets (issue 35): update FLOPs per trained response token cut >= 2x at K = 4 with prompts 3x
 longer than their answers (counted by torch's FlopCounterMode over the forward and backward, not
 assumed); generation >= 60% of the measured matmul rate; one step of the learning bench's
-config <= 60 s when nothing else runs (it prints the step's breakdown: what stands in the way);
-service generation with the continuous batch >= 2x one batch at a time and >= 75% of the engine's
-fixed-batch rate.
+config <= 60 s when nothing else runs (it prints the step's breakdown: what stands in the way).
+Issue 55: service generation with the continuous batch >= 2x one batch at a time and >= 75% of the
+engine's fixed-batch rate; the bf16 update >= 35% of the bf16 matmul rate (FLOPs counted by
+FlopCounterMode).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -38,6 +43,7 @@ from atgrpo.contract.sampling import Sampling  # noqa: E402
 from atgrpo.contract.trainer import TrainSample  # noqa: E402
 from atgrpo.perf import generation_flops, matmul_rate  # noqa: E402
 from bench._report import SMOKE, parse_args, record  # noqa: E402
+from bench.cpu_shapes import rate as best_rate  # noqa: E402
 from trainer_svc.logprobs import response_logprobs  # noqa: E402
 from trainer_svc.packing import MICRO_BATCH_OVERHEAD, by_prompt, pack, padded_size  # noqa: E402
 
@@ -124,6 +130,104 @@ def update_pass(model, samples, share: bool) -> tuple[float, float]:
     return flops, best
 
 
+def square_bf16_rate(seconds: float = 0.3) -> float:
+    """FLOP/s of a 1024^3 bf16 matmul in this process (bench/cpu_shapes.py's reference): the
+    best of short trials over about `seconds`."""
+    a, b = (torch.randn(1024, 1024, dtype=torch.bfloat16) for _ in range(2))
+    return best_rate(lambda: a @ b, 2.0 * 1024**3, seconds) * 1e9
+
+
+def service_update(path: str, reps: int) -> dict[str, float]:
+    """The trainer's update as a `dtype: bfloat16` pool runs it (trainer_svc.ops.PoolOps, bf16
+    autocast over float32 masters, 4096-token micro-batches) on a mixed step: seconds of each
+    phase and FLOP/s (torch's FlopCounterMode over one update), against a 1024^3 bf16 matmul timed
+    beside each update. Interleaved, `reps` times each, with the update as it ran before: autocast
+    casting a norm's output once per projection (the norms' hooks off, loading.cast_norms_once)
+    and AdamW's per-weight loop. Returns the medians."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from atgrpo.contract.trainer import PoolSpec, UpdateConfig
+    from trainer_svc.loading import cast_norms_once
+    from trainer_svc.ops import PoolOps
+
+    spec = PoolSpec(
+        "bench", "p", path, ("tool", "reasoner"), dtype="bfloat16", micro_batch_tokens=4096
+    )
+    ops = PoolOps()
+    state = ops.setup(spec)
+    samples, cfg = mixed_step(), UpdateConfig(mini_batch_size=48)
+    optimizers = {
+        "now": state.optimizer,
+        "before": torch.optim.AdamW(
+            state.params, lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay
+        ),
+    }
+
+    def run(variant: str) -> dict[str, float]:
+        for hook in state.norm_hooks:
+            hook.remove()
+        state.norm_hooks = cast_norms_once(state.model) if variant == "now" else []
+        state.optimizer = optimizers[variant]
+        start = time.perf_counter()
+        m = ops.train(samples, cfg)
+        return {"update_s": time.perf_counter() - start} | m
+
+    for variant in optimizers:  # AdamW allocates its moments in its first step
+        run(variant)
+    with FlopCounterMode(display=False) as counter:
+        run("now")
+    runs: dict[str, list[dict[str, float]]] = {v: [] for v in optimizers}
+    square = []
+    for _ in range(reps):
+        for variant in optimizers:
+            square.append(square_bf16_rate())
+            runs[variant].append(run(variant))
+    out = {"flops": float(counter.get_total_flops()), "square_bf16": statistics.median(square)}
+    for variant, ms in runs.items():
+        for key in ("update_s", "time_forward_s", "time_backward_s", "time_optimizer_s"):
+            out[f"{variant}_{key}"] = statistics.median(m[key] for m in ms)
+        out[f"{variant}_mfu"] = statistics.median(
+            m["update_flops"]
+            / (m["time_forward_s"] + m["time_backward_s"] + m["time_optimizer_s"])
+            / ops.matmul_rate
+            for m in ms
+        )
+    return out
+
+
+def report_service_update(path: str, reps: int) -> None:
+    """Prints and records service_update's figures (issue 55: the bf16 update >= 35% of the bf16
+    matmul rate)."""
+    u = service_update(path, reps)
+    square = u["square_bf16"]
+    print(
+        f"the service's bf16 update of a mixed step (48 samples), median of {reps}, against a "
+        f"1024^3 bf16 matmul ({square / 1e9:.0f} GFLOP/s in this process):"
+    )
+    for variant in ("before", "now"):
+        t = u[f"{variant}_update_s"]
+        print(
+            f"  {variant:>6}: {t:6.2f} s (forward {u[f'{variant}_time_forward_s']:.2f}, backward "
+            f"{u[f'{variant}_time_backward_s']:.2f}, optimizer "
+            f"{u[f'{variant}_time_optimizer_s']:.2f}), {u['flops'] / t / 1e9:.0f} GFLOP/s = "
+            f"{u['flops'] / t / square:.0%} of the bf16 matmul; update_mfu "
+            f"{u[f'{variant}_mfu']:.2f}"
+        )
+    record(
+        "real_speed",
+        "bf16 update FLOP/s / 1024^3 bf16 matmul rate (the service's path)",
+        u["flops"] / u["now_update_s"] / square,
+        f"target >= 0.35; {u['now_update_s']:.2f} s, before "
+        f"{u['flops'] / u['before_update_s'] / square:.0%}",
+    )
+    record(
+        "real_speed",
+        "bf16 update seconds, before / now (norm casts, fused AdamW)",
+        u["before_update_s"] / u["now_update_s"],
+        f"{u['before_update_s']:.2f} s -> {u['now_update_s']:.2f} s",
+    )
+
+
 def generation(
     engine, prompts: int, k: int, prompt_tokens: int, new_tokens: int
 ) -> tuple[float, float]:
@@ -197,6 +301,12 @@ def main() -> None:
     ap.add_argument(
         "--no-step", action="store_true", help="skip the one-step run through the services"
     )
+    ap.add_argument(
+        "--update-reps", type=int, default=3, help="timings of the service's bf16 update, each way"
+    )
+    ap.add_argument(
+        "--update-only", action="store_true", help="time the service's bf16 update and stop"
+    )
     args = parse_args(
         ap,
         {
@@ -207,6 +317,7 @@ def main() -> None:
             "gen_prompt": 16,
             "gen_tokens": 8,
             "no_step": True,
+            "update_reps": 1,
         },
     )
     from transformers import AutoModelForCausalLM
@@ -223,6 +334,9 @@ def main() -> None:
             from bench.real_learning import DEFAULT_MODEL, ensure_smollm2
 
             path = ensure_smollm2(DEFAULT_MODEL)
+        report_service_update(path, args.update_reps)
+        if args.update_only:
+            return
         rate = matmul_rate("cpu", torch.float32)
         print(f"matmul rate (float32, this process): {rate / 1e9:.1f} GFLOP/s")
 

@@ -140,9 +140,8 @@ class _FusedHeadLogprobs(torch.autograd.Function):
                 lp[t0 : t0 + step] = logp.gather(-1, targets[t0 : t0 + step, None]).squeeze(-1)
                 if entropy != "none":
                     p = logp.exp()
-                    ent[t0 : t0 + step] = -(
-                        p * torch.where(p > 0, logp, torch.zeros_like(logp))
-                    ).sum(-1)
+                    # a scalar 0, not zeros_like: one (n, V) allocation and pass fewer
+                    ent[t0 : t0 + step] = -(p * torch.where(p > 0, logp, 0.0)).sum(-1)
                     del p
                 if keep:
                     kept.append(logp)
@@ -181,22 +180,22 @@ class _FusedHeadLogprobs(torch.autograd.Function):
                 h = hidden[t0:t1].to(cdt)
                 logp = ctx.kept[i] if ctx.kept is not None else _pass_logp(h, w, b, sampling)
                 p = logp.exp()
+                g = g_lp[t0:t1, None]
                 if g_ent is not None:
                     # d H / d log p = -p (log p + 1) on the support (0 off it), as autograd derives
                     # it
-                    dlogp = (
-                        torch.where(p > 0, logp, torch.zeros_like(logp))
-                        .add_(1)
-                        .mul_(p)
-                        .mul_(-g_ent[t0:t1, None])
-                    )
+                    dlogp = torch.where(p > 0, logp, 0.0).add_(1).mul_(p).mul_(-g_ent[t0:t1, None])
+                    dlogp.scatter_add_(-1, targets[t0:t1, None], g)
+                    del logp
+                    # log-softmax backward, then the temperature; p is 0 off the support, and so
+                    # is dlogp.
+                    dz = dlogp.sub_(p.mul_(dlogp.sum(-1, keepdim=True)))
                 else:
-                    dlogp = torch.zeros_like(logp)
-                dlogp.scatter_add_(-1, targets[t0:t1, None], g_lp[t0:t1, None])
-                del logp
-                # log-softmax backward, then the temperature; p is 0 off the support, and so is
-                # dlogp.
-                dz = dlogp.sub_(p.mul_(dlogp.sum(-1, keepdim=True)))
+                    # d log p is g at the target and 0 elsewhere, so its row sum is g and the
+                    # log-softmax backward is onehot * g - p * g: the same numbers, bit for bit,
+                    # without an (n, V) zeros, its row sum and a subtraction pass.
+                    del logp
+                    dz = p.mul_(-g).scatter_add_(-1, targets[t0:t1, None], g)
                 del p
                 if scale != 1.0:
                     dz.mul_(scale)

@@ -12,7 +12,7 @@ import torch
 
 from atgrpo.contract.trainer import PoolSpec, TrainSample, UpdateConfig
 from atgrpo.model_thread import peak_rss_bytes, release_freed_memory, rss_bytes
-from atgrpo.perf import matmul_rate
+from atgrpo.perf import UPDATE_CPU_SHAPE, matmul_rate
 from trainer_svc.state import PoolState
 from trainer_svc.update import update
 from trainer_svc.update_context import DEFAULT_MICRO_BATCH_TOKENS
@@ -38,9 +38,13 @@ class PoolOps:
         if resume_from:
             state.load(resume_from)
         # Measured once per device and dtype (cached), here rather than in the first update: what
-        # an update's FLOP/s are held against, in the dtype its matmuls run in.
+        # an update's FLOP/s are held against (update_mfu), in the dtype its matmuls run in, at a
+        # shape the matrix units run at their best (on a CPU a 1024^3 square: UPDATE_CPU_SHAPE).
         compute = torch.bfloat16 if state.mixed_bf16 else next(state.model.parameters()).dtype
-        self.matmul_rate = matmul_rate(str(state.device), compute)
+        cpu = torch.device(state.device).type == "cpu"
+        self.matmul_rate = matmul_rate(
+            str(state.device), compute, shape=UPDATE_CPU_SHAPE if cpu else None
+        )
         self.state = state
         return state
 

@@ -180,7 +180,16 @@ def load_optimizer_state(
         names[id(p)]: i
         for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])
     }
-    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]]
+    # The saved groups carry the implementation the checkpoint was written with (fused, foreach);
+    # this optimizer keeps its own, so an older checkpoint does not turn the fused step off.
+    impl = {
+        k: optimizer.param_groups[0][k]
+        for k in ("fused", "foreach")
+        if k in optimizer.param_groups[0]
+    }
+    groups = [
+        {**g, "params": [index[n] for n in g["params"]], **impl} for g in state["param_groups"]
+    ]
     optimizer.load_state_dict(
         {"state": {index[n]: s for n, s in state["state"].items()}, "param_groups": groups}
     )

@@ -26,6 +26,7 @@ from atgrpo.contract.trainer import PoolSpec
 from atgrpo.errors import FailedPrecondition, InvalidArgument
 from trainer_svc.loading import (
     broadcast_full_state,
+    cast_norms_once,
     checkpointing_on,
     compute_bf16,
     enable_checkpointing,
@@ -62,6 +63,15 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def fused_adamw(sharded: bool) -> bool | None:
+    """AdamW's fused kernel (one pass over each weight, its gradient and both moments) where the
+    weights are plain tensors; None (torch's default: the per-weight loop on a CPU) for FSDP's
+    DTensor shards. On a CPU the loop reads and writes every float32 tensor once per operation:
+    SmolLM2-135M's step took 6.2 s against 2.6 s fused (two busy EPYC cores, one process), the
+    same update up to float rounding."""
+    return None if sharded else True
+
+
 class PoolState:
     """One rank's part of the pool. On a pool over several ranks (torchrun) every rank builds
     one from the same spec and seed; `sharding` (see sharding.py) picks the layout."""
@@ -89,7 +99,11 @@ class PoolState:
         self.updates = 0
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            self.params, lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay
+            self.params,
+            lr=spec.lr,
+            betas=spec.betas,
+            weight_decay=spec.weight_decay,
+            fused=fused_adamw(self.sharded),
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
@@ -123,6 +137,8 @@ class PoolState:
     def _prepare(self, model) -> None:
         if checkpointing_on(self.spec, self.device):
             enable_checkpointing(model)
+        # the norms' hooks (cast_norms_once), kept so a bench can time the update without them
+        self.norm_hooks = cast_norms_once(model) if self.autocast else []
 
     @property
     def checkpointing(self) -> bool:

@@ -276,3 +276,26 @@ def test_the_head_backward_multiplies_a_column_major_copy_of_a_16_bit_weight_on_
     assert torch.equal(got, w) and got.stride() == (1, 48) and got.data_ptr() != w.data_ptr()
     f = torch.randn(48, 8)
     assert _column_major(f) is f
+
+
+def test_without_an_entropy_gradient_the_head_backward_is_the_log_softmax_formula_bit_for_bit():
+    """The fused backward's d(logits) when only the log-probs carry a gradient: onehot * g - p * g
+    taken as -p * g plus g at the target (no (n, V) zeros, no row sum), the numbers of
+    zeros.scatter_add(g) - p * its row sum exactly."""
+    head, hidden, targets, mask = _head_case(False)
+    sampling = Sampling(temperature=1.0, top_k=20)
+    h = hidden[mask > 0].clone().requires_grad_()
+    t = targets[mask > 0]
+    g = torch.randn(len(t), generator=torch.Generator().manual_seed(3))
+    lp, _ = logprobs._FusedHeadLogprobs.apply(
+        h, head.weight, None, t, sampling, "metric", len(t), False
+    )
+    (lp * torch.where(torch.isfinite(lp), g, 0.0)).sum().backward()
+    with torch.no_grad():
+        logp = logprobs._pass_logp(h, head.weight, None, sampling)
+        d = torch.zeros_like(logp).scatter_add_(
+            -1, t[:, None], torch.where(torch.isfinite(lp), g, 0.0)[:, None]
+        )
+        dz = d.sub_(logp.exp().mul_(d.sum(-1, keepdim=True)))
+    assert torch.equal(h.grad, dz @ head.weight)
+    assert torch.equal(head.weight.grad, dz.T @ h.detach())
