@@ -37,9 +37,10 @@ from typing import Any
 from bench.real_learning import (
     Knobs,
     eval_samples_show,
+    reached,
     run_config,
+    run_record,
     target_stop,
-    time_to_target,
 )
 
 # What this variant does differently from atgrpo's L0 run, and why (TRL 1.16 has no setting for it).
@@ -318,28 +319,8 @@ def trl_run(
     trainer.train()
     steps_ = run["steps"]
     return {
-        "task": task,
-        "variant": "trl",
-        "dtype": dtype,
-        **({"label": knobs.label} if knobs.label else {}),
-        "knobs": {
-            "lr": knobs.lr,
-            "k": knobs.k,
-            "tasks_per_step": knobs.tasks_per_step,
-            "seed": knobs.seed,
-        },
-        "wall_s": time.perf_counter() - start,
-        "run_dir": str(run_dir),
-        "train_s": sum(e["step_seconds"] for e in steps_),
-        "eval_s": eval_s[0],
-        "step_s": statistics.fmean(e["step_seconds"] for e in steps_),
-        "evals": evals,
-        **(
-            {"target": target, "to_target": time_to_target(steps_, evals, target, hold)}
-            if target is not None
-            else {}
-        ),
-        "steps": steps_,
+        **run_record(task, "trl", dtype, knobs, start, run_dir, steps_, evals, eval_s[0]),
+        **reached(steps_, evals, target, hold),
         "train_reward": run["train_reward"],
         "samples_per_step": float(run["samples"]),
         "trained_samples_per_step": float(run["samples"]),

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import shutil
 import statistics
@@ -315,30 +316,8 @@ def one_run(
         for e, kept in evals
     ]
     return {
-        "task": task,
-        "variant": variant,
-        "dtype": dtype,
-        **({"label": knobs.label} if knobs.label else {}),
-        "knobs": {
-            "lr": knobs.lr,
-            "k": knobs.k,
-            "tasks_per_step": knobs.tasks_per_step,
-            "seed": knobs.seed,
-            "max_staleness": knobs.max_staleness,
-            "stop_at_fence": knobs.stop_at_fence,
-        },
-        "wall_s": time.perf_counter() - start,
-        "run_dir": str(run_dir),
-        "train_s": sum(e["step_seconds"] for e in steps_),
-        "eval_s": eval_s[0],
-        "step_s": statistics.fmean(e["step_seconds"] for e in steps_),
-        "evals": scored,
-        **(
-            {"target": target, "to_target": time_to_target(timed, scored, target, hold)}
-            if target is not None
-            else {}
-        ),
-        "steps": timed,
+        **run_record(task, variant, dtype, knobs, start, run_dir, timed, scored, eval_s[0]),
+        **reached(timed, scored, target, hold),
         "train_reward": [(e["step"], e["reward_mean"]) for e in steps_],
         "samples_per_step": statistics.fmean(e["samples"] for e in timed),
         "trained_samples_per_step": statistics.fmean(
@@ -349,6 +328,42 @@ def one_run(
         ),
         "time_breakdown_s": {k: statistics.fmean(e.get(k, 0.0) for e in steps_) for k in BREAKDOWN},
     }
+
+
+def run_record(
+    task: str,
+    variant: str,
+    dtype: str,
+    knobs: Knobs,
+    start: float,
+    run_dir: Path,
+    steps: list[dict],
+    evals: list[dict],
+    eval_s: float,
+) -> dict[str, Any]:
+    """What every variant's result holds (the TRL one too): what ran, with which knobs, its
+    evaluations, each step's record and its training seconds (evaluations left out)."""
+    return {
+        "task": task,
+        "variant": variant,
+        "dtype": dtype,
+        **({"label": knobs.label} if knobs.label else {}),
+        "knobs": {k: v for k, v in dataclasses.asdict(knobs).items() if k != "label"},
+        "wall_s": time.perf_counter() - start,
+        "run_dir": str(run_dir),
+        "train_s": sum(e["step_seconds"] for e in steps),
+        "eval_s": eval_s,
+        "step_s": statistics.fmean(e["step_seconds"] for e in steps),
+        "evals": evals,
+        "steps": steps,
+    }
+
+
+def reached(steps: list[dict], evals: list[dict], target: float | None, hold: int) -> dict:
+    """With --target: the target and what it took to reach it (time_to_target)."""
+    if target is None:
+        return {}
+    return {"target": target, "to_target": time_to_target(steps, evals, target, hold)}
 
 
 def tiny_model(work: Path) -> str:
