@@ -198,7 +198,8 @@ def run_config(
             "mini_batch_size": 1024,
             "filter": "zero_variance",
             "grouping": "trajectory" if variant == "trajectory" else "turn",
-            "max_staleness": knobs.max_staleness,
+            # only when asked: the examples carry the bench's default config as it stands
+            **({"max_staleness": knobs.max_staleness} if knobs.max_staleness else {}),
         },
     }
 
