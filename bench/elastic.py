@@ -38,6 +38,7 @@ from _report import parse_args, record  # noqa: E402
 from e2e import atgrpo_config  # noqa: E402
 
 from atgrpo.models import build_tiny_model  # noqa: E402
+from atgrpo.rundir import read_metrics  # noqa: E402
 
 
 def pin(pid: int, core: int) -> None:
@@ -49,8 +50,6 @@ def pin(pid: int, core: int) -> None:
 
 
 def steps_of(run_dir: Path) -> list[dict]:
-    from atgrpo.rundir import read_metrics
-
     path = run_dir / "metrics.jsonl"
     return [e for e in read_metrics(path) if e["kind"] == "step"] if path.exists() else []
 
@@ -116,6 +115,15 @@ def elastic_run(model: str, root: Path, args) -> tuple[list[dict], dict]:
         os.environ.pop("OMP_NUM_THREADS", None)
     if final["state"] != "stopped" or "done_at" not in times:
         raise RuntimeError(f"the run did not go through the changes: {final}, {times}")
+    # A rollback redoes steps on whatever fleet there is then: the rates would mix the phases.
+    rollbacks = [e for e in read_metrics(run_dir / "metrics.jsonl") if e["kind"] == "rollback"]
+    if rollbacks:
+        log = (run_dir / "services" / "logs" / "router.log").read_text().splitlines()
+        warned = "\n".join(line for line in log if " WARNING " in line)
+        raise RuntimeError(
+            f"the run rolled back through the changes ({[e['reason'] for e in rollbacks]}); "
+            f"the router's warnings:\n{warned[-4000:]}"
+        )
     return steps_of(run_dir), times
 
 

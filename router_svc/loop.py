@@ -88,6 +88,7 @@ class RunLoop:
         self._checkpoint_bytes: dict[str, int] = {}  # pool -> about one checkpoint's size
         self._last_eval: tuple[int, float] | None = None  # (step, success rate)
         self._failures = 0
+        self._failed_at = -1  # self.ledger.completed at the last fault
         self.pipeline = Pipeline(self)
 
     # ---- the loop ----------------------------------------------------------------------------
@@ -139,6 +140,10 @@ class RunLoop:
                 self._failures = 0
                 return True
             except RECOVERABLE as err:
+                # in a row = with no step recorded between them: a segment runs many steps, and
+                # a fault each hundred steps (a replica scaled down) must not add up to a failure
+                if self.ledger.completed != self._failed_at:
+                    self._failures, self._failed_at = 0, self.ledger.completed
                 self._failures += 1
                 self.ledger.retries += 1
                 if self._failures >= MAX_ATTEMPTS:

@@ -28,9 +28,16 @@ def to_domain_error(err: aio.AioRpcError, target: str) -> AtgrpoError:
         if key == RETRY_AFTER_KEY:
             retry_after = int(value)
     message = err.details() or err.code().name
-    if err.code() == grpc.StatusCode.UNAVAILABLE:
+    code = err.code()
+    if code == grpc.StatusCode.CANCELLED:
+        # A status this side did not cancel (that raises asyncio.CancelledError here) comes from
+        # a server that stopped: grpc cancels the calls it had received but not yet started when
+        # its stop began, grace or not. Like UNAVAILABLE, the call may go again, elsewhere.
+        code = grpc.StatusCode.UNAVAILABLE
+        message = f"{target} cancelled the call ({message}): it is stopping; retry it elsewhere"
+    elif code == grpc.StatusCode.UNAVAILABLE:
         message = f"{target} is unavailable ({message}); is the service running at that address?"
-    return error_for_status(err.code(), message, retry_after)
+    return error_for_status(code, message, retry_after)
 
 
 class ServiceClient:

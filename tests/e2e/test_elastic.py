@@ -144,7 +144,9 @@ def test_replicas_join_and_leave_mid_run_and_nothing_is_lost_or_repeated(tiny_mo
     ]
     assert final["state"] == "stopped", final
     assert left == ["rollout-a-0"] and len(listed) == 1
-    steps = [e for e in read_metrics(run_dir / "metrics.jsonl") if e["kind"] == "step"]
+    events = read_metrics(run_dir / "metrics.jsonl")
+    assert [e for e in events if e["kind"] == "rollback"] == []  # no step trained twice
+    steps = [e for e in events if e["kind"] == "step"]
     n = len(steps)
     assert n > done_at[0] and [e["step"] for e in steps] == list(range(1, n + 1))  # each once
     assert [e["pools"]["a"]["version"] for e in steps] == list(range(1, n + 1))

@@ -4,8 +4,11 @@ WatchRun, its metrics), and a watcher that held the undone steps is sent them ag
 import asyncio
 from types import SimpleNamespace
 
+import pytest
+
 from atgrpo.contract import run_wire
 from atgrpo.contract.trainer import TrainerInfo
+from atgrpo.errors import Unavailable
 from atgrpo.rundir import Checkpoint, Progress, RunDir
 from atgrpo.sdk.env import EnvSpec
 from router_svc import events
@@ -219,3 +222,34 @@ def test_trainers_past_a_run_dir_with_no_progress_go_back_to_the_start(tmp_path)
     assert loop.ledger.completed == 0 and trainer.version == 0
     assert (rollback["from_step"], rollback["to_step"], rollback["checkpoint"]) == (1, 0, "start")
     assert d.read_events() == [rollback] and d.read_progress().completed_step == 0
+
+
+def test_faults_fail_the_run_only_when_they_come_in_a_row(tmp_path, monkeypatch):
+    """MAX_ATTEMPTS counts faults with no step recorded between them: a long segment with a fault
+    now and then (a replica scaled down) goes on; the same step failing again and again does not."""
+    from router_svc import loop as loop_module
+    from router_svc.loop import MAX_ATTEMPTS
+
+    nap = asyncio.sleep
+    monkeypatch.setattr(loop_module.asyncio, "sleep", lambda s: nap(0))  # the backoff, skipped
+    loop = RunLoop(config(tmp_path, level="L2"), clients=SimpleNamespace(trainers={}))
+
+    async def prepared():
+        pass
+
+    loop.prepare = prepared
+
+    async def a_step_then_a_fault(step):
+        loop.ledger.completed += 1
+        raise Unavailable("replica gone")
+
+    async def the_same_fault(step):
+        raise Unavailable("replica gone")
+
+    async def go(fn, times):
+        return [await loop._guarded(fn, 0) for _ in range(times)]
+
+    assert asyncio.run(go(a_step_then_a_fault, 3 * MAX_ATTEMPTS)) == [False] * (3 * MAX_ATTEMPTS)
+    assert asyncio.run(go(the_same_fault, MAX_ATTEMPTS - 2)) == [False] * (MAX_ATTEMPTS - 2)
+    with pytest.raises(Unavailable, match="replica gone"):  # the one before counted too: in a row
+        asyncio.run(go(the_same_fault, 1))

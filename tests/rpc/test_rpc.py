@@ -15,7 +15,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 
 from atgrpo import errors
-from atgrpo.errors import AtgrpoError
 from atgrpo.rpc import interceptors
 from atgrpo.rpc.client import ServiceClient
 from atgrpo.rpc.server import Binding, create_server
@@ -37,6 +36,10 @@ async def _fail(request: bytes, context) -> bytes:
     if kind == "todo":
         raise NotImplementedError
     raise ValueError("boom")
+
+
+async def _cancel(request: bytes, context) -> bytes:
+    await context.abort(grpc.StatusCode.CANCELLED, "CANCELLED")  # as a stopping server ends a call
 
 
 async def _stream(request: bytes, context):
@@ -80,6 +83,7 @@ def _binding(hold: Hold | None = None, refuse: Refuse | None = None) -> Binding:
     methods = {
         "Sleep": grpc.unary_unary_rpc_method_handler(_sleep),
         "Fail": grpc.unary_unary_rpc_method_handler(_fail),
+        "Cancel": grpc.unary_unary_rpc_method_handler(_cancel),
         "Stream": grpc.unary_stream_rpc_method_handler(_stream),
         "Upload": grpc.stream_unary_rpc_method_handler((refuse or Refuse()).handle),
     }
@@ -124,9 +128,9 @@ async def until(condition, what: str, timeout_s: float = 10.0) -> None:
 
 
 async def refused_soon(client: _ProbeClient, timeout_s: float = 10.0) -> bool:
-    """Whether a new call (Sleep(0), no retries) is refused as UNAVAILABLE within `timeout_s`.
-    Calls before that one may still be answered, or cancelled if they meet the server just as it
-    begins to stop; any other error is raised."""
+    """Whether a new call (Sleep(0), no retries) is refused as UNAVAILABLE within `timeout_s`
+    (a call that meets the server just as it begins to stop is cancelled, which the client also
+    reads as UNAVAILABLE); calls before that one may still be answered."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while loop.time() < deadline:
@@ -134,9 +138,6 @@ async def refused_soon(client: _ProbeClient, timeout_s: float = 10.0) -> bool:
             await client.call("Sleep", b"0", timeout_s=2, retry=False)
         except errors.Unavailable:
             return True
-        except AtgrpoError:
-            if client.refused[-1] != grpc.StatusCode.CANCELLED:
-                raise
         await asyncio.sleep(0.005)
     return False
 
@@ -165,6 +166,28 @@ def test_domain_errors_become_their_status_codes_and_back():
         await running.stop(0)
 
     run(go())
+
+
+def test_a_call_the_server_cancelled_is_unavailable_and_retried():
+    """grpc cancels the calls a server had received but not started when its stop began: for the
+    caller, that server is gone (a rollout replica scaled down mid-Collect), not a bug."""
+
+    async def go():
+        running = await create_server([_binding()])
+        try:
+            async with _ProbeClient(f"127.0.0.1:{running.port}") as c:
+                with pytest.raises(errors.Unavailable) as once:
+                    await c.call("Cancel", b"", retry=False)
+                retried = len(c.refused)
+                with pytest.raises(errors.Unavailable):
+                    await c.call("Cancel", b"", timeout_s=0.5)
+                return once.value, retried, len(c.refused) - retried
+        finally:
+            await running.stop(0)
+
+    err, once, retried = run(go())
+    assert err.retryable and "cancelled the call" in err.message and "127.0.0.1" in err.message
+    assert once == 1 and retried > 1  # with retries on, the client tried again until its deadline
 
 
 def test_streaming_error_after_items_keeps_items_and_code():
