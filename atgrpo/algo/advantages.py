@@ -45,14 +45,8 @@ def group_advantages(
     """
     rewards = rewards.double()
     n_groups = int(groups.max()) + 1 if groups.numel() else 0
-    # (G,)
-    count = torch.zeros(n_groups, dtype=torch.double).index_add_(
-        0, groups, torch.ones_like(rewards)
-    )
-    mean = torch.zeros(n_groups, dtype=torch.double).index_add_(0, groups, rewards) / count  # (G,)
+    count, mean, std = _group_moments(rewards, groups, n_groups)  # (G,) each
     centred = rewards - mean[groups]  # (B,)
-    sq = torch.zeros(n_groups, dtype=torch.double).index_add_(0, groups, centred**2)  # (G,)
-    std = torch.sqrt(sq / (count - 1).clamp(min=1))  # (G,)
     # "All equal" is decided on the spread of the values, with a tolerance for float noise:
     # 0.1 + 0.2 and 0.3 are the same reward, and dividing their 5e-17 difference by a 4e-17 std
     # would turn noise into advantages of +-0.7.
@@ -67,6 +61,43 @@ def group_advantages(
     adv = centred / (std[groups] + eps) if norm_std else centred
     adv = torch.where(flat, torch.zeros_like(adv), adv)
     return adv.float(), flat
+
+
+def leave_one_out_advantages(
+    rewards: torch.Tensor, groups: torch.Tensor, *, norm_std: bool = True, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Leave-one-out (RLOO) advantages: each sample's baseline is the mean of the others in its
+    group, A_i = r_i - mean_{j != i} r_j = n/(n-1) (r_i - mean_g); with norm_std, divided by the
+    group's unbiased std + eps as group_advantages does. A group whose rewards are all equal (a
+    singleton included: it has no others) gives A = 0 exactly.
+
+    rewards: (B,) float; groups: (B,) int64 in [0, G). Returns (A (B,), zero_variance (B,) bool).
+    """
+    centred, flat = group_advantages(rewards, groups, norm_std=False)  # r_i - mean_g, 0 if flat
+    if not rewards.numel():
+        return centred, flat
+    count, _, std = _group_moments(rewards.double(), groups, int(groups.max()) + 1)
+    n = count[groups]  # (B,)
+    adv = centred.double() * n / (n - 1).clamp(min=1)
+    if norm_std:
+        adv = adv / (std[groups] + eps)
+    return torch.where(flat, torch.zeros_like(adv), adv).float(), flat
+
+
+def _group_moments(
+    rewards: torch.Tensor, groups: torch.Tensor, n_groups: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per group: the sample count, the mean and the unbiased std (0 for a singleton).
+
+    rewards: (B,) float64; groups: (B,) int64 in [0, n_groups). Returns three (G,) float64."""
+    count = torch.zeros(n_groups, dtype=torch.double).index_add_(
+        0, groups, torch.ones_like(rewards)
+    )
+    mean = torch.zeros(n_groups, dtype=torch.double).index_add_(0, groups, rewards) / count
+    sq = torch.zeros(n_groups, dtype=torch.double).index_add_(
+        0, groups, (rewards - mean[groups]) ** 2
+    )
+    return count, mean, torch.sqrt(sq / (count - 1).clamp(min=1))
 
 
 def trajectory_advantages(

@@ -4,6 +4,12 @@
   one state; A = (r - mean_g) / (std_g + eps) (group_advantages).
 - `trajectory` (the trajectory-level GRPO baseline): groups (task, agent, episode) over K
   independent copies of the episode, one return per copy (trajectory_advantages).
+- `turn_loo`: `turn`'s groups, each sample's baseline the mean of the group's other branches
+  (leave_one_out_advantages).
+- the grouping ablation, the same tree samples with a coarser key (the paper's Table 3):
+  `task` (task, episode): every agent and turn of a tree in one group; `task_agent` (task, agent,
+  episode): one agent's turns together; `task_turn` (task, turn, episode): the agents of a turn
+  together. `turn` is (task, agent, turn, episode).
 
 A sample is any object with task_id, agent, turn, branch and episode
 (atgrpo.contract.rollout.Sample).
@@ -16,7 +22,12 @@ from typing import Any
 
 import torch
 
-from atgrpo.algo.advantages import group_advantages, group_index, trajectory_advantages
+from atgrpo.algo.advantages import (
+    group_advantages,
+    group_index,
+    leave_one_out_advantages,
+    trajectory_advantages,
+)
 from atgrpo.algo.registry import Estimate, register_adv_est
 
 
@@ -24,6 +35,30 @@ from atgrpo.algo.registry import Estimate, register_adv_est
 def at_grpo(samples: Sequence[Any], rewards: torch.Tensor, *, norm_std: bool) -> Estimate:
     groups = group_index(_group_keys(samples))
     return Estimate(*group_advantages(rewards, groups, norm_std=norm_std), groups)
+
+
+@register_adv_est("turn_loo")
+def at_grpo_loo(samples: Sequence[Any], rewards: torch.Tensor, *, norm_std: bool) -> Estimate:
+    groups = group_index(_group_keys(samples))
+    return Estimate(*leave_one_out_advantages(rewards, groups, norm_std=norm_std), groups)
+
+
+def _keyed(attribute: str, *fields: str):
+    """An estimator grouping tree samples by (fields..., episode), normalised as `turn` is; named
+    as this module's `attribute`, where the registry's table of built-ins finds it."""
+
+    def estimator(samples: Sequence[Any], rewards: torch.Tensor, *, norm_std: bool) -> Estimate:
+        _named_episodes(samples)
+        groups = group_index([(*(getattr(s, f) for f in fields), s.episode) for s in samples])
+        return Estimate(*group_advantages(rewards, groups, norm_std=norm_std), groups)
+
+    estimator.__name__ = estimator.__qualname__ = attribute
+    return estimator
+
+
+by_task = register_adv_est("task")(_keyed("by_task", "task_id"))
+by_task_agent = register_adv_est("task_agent")(_keyed("by_task_agent", "task_id", "agent"))
+by_task_turn = register_adv_est("task_turn")(_keyed("by_task_turn", "task_id", "turn"))
 
 
 @register_adv_est("trajectory", collect="trajectory")

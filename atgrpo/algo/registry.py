@@ -11,7 +11,8 @@
 A service process finds an estimator or loss registered in another package through the entry
 point groups `atgrpo.advantages` and `atgrpo.losses` (name = "module:function" of the decorated
 function, whose module registering it is enough), loaded the first time a name is not known. The
-built-ins: estimators `turn` (AT-GRPO) and `trajectory` (atgrpo.algo.estimators), losses
+built-ins: estimators `turn` (AT-GRPO), `trajectory`, `turn_loo` and the grouping ablation's
+`task`, `task_agent`, `task_turn` (atgrpo.algo.estimators), losses
 `ppo_clip` and `decoupled` (atgrpo.algo.loss).
 """
 
@@ -85,6 +86,15 @@ _BUILTIN_ESTIMATORS = {
     "trajectory": AdvantageEstimator(
         "trajectory", _Deferred("atgrpo.algo.estimators", "trajectory_grpo"), "trajectory"
     ),
+    "turn_loo": AdvantageEstimator("turn_loo", _Deferred("atgrpo.algo.estimators", "at_grpo_loo")),
+    **{
+        name: AdvantageEstimator(name, _Deferred("atgrpo.algo.estimators", fn))
+        for name, fn in (
+            ("task", "by_task"),
+            ("task_agent", "by_task_agent"),
+            ("task_turn", "by_task_turn"),
+        )
+    },
 }
 _BUILTIN_LOSSES = {
     "ppo_clip": PolicyLoss("ppo_clip", _Deferred("atgrpo.algo.loss", "ppo_clip")),

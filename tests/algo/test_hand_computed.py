@@ -4,12 +4,14 @@ computed by the code under test. Conventions: r = alpha * team + local; groups (
 A = (r - mean) / (unbiased std + 1e-6); norm_std=False: A = r - mean; zero-variance -> A = 0."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
-from atgrpo.algo.advantages import group_advantages
+from atgrpo.algo.advantages import group_advantages, leave_one_out_advantages
 from atgrpo.algo.loss import policy_loss
+from atgrpo.algo.registry import estimate
 from atgrpo.contract.rollout import PolicyRef, Sample
 from atgrpo.contract.sampling import Sampling
 from atgrpo.contract.trainer import LossConfig
@@ -212,7 +214,49 @@ def test_two_episodes_of_one_task_in_a_step_are_not_pooled():
     assert step_batches(samples, {"a": "p"}, filter_zero_variance=True).dropped == 2
 
 
-@pytest.mark.parametrize("grouping", ["turn", "trajectory"])
+def test_leave_one_out_baseline_is_the_mean_of_the_other_branches():
+    # One group [1, 0, 0, 0] (K = 4): baselines (0+0+0)/3 = 0 and (1+0+0)/3 = 1/3, so
+    # A = 1 - 0 = 1 and 0 - 1/3 = -0.3333333 (= 4/3 * (r - 0.25)); with norm_std divided by
+    # the group's unbiased std 0.5 (+1e-6): 1/0.500001 = 1.999996, -0.3333333/0.500001 = -0.6666653.
+    # A second group [2, 2] is flat -> 0; a singleton [5] has no others -> 0.
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 2.0, 2.0, 5.0], dtype=torch.double)
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 2])
+    adv, flat = leave_one_out_advantages(rewards, groups, norm_std=False)
+    assert adv.tolist() == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 0.0], abs=1e-7)
+    assert flat.tolist() == [False] * 4 + [True] * 3
+    adv, _ = leave_one_out_advantages(rewards, groups, norm_std=True)
+    assert adv.tolist()[:2] == pytest.approx([1.999996, -0.6666653], rel=1e-6)
+
+
+def test_the_grouping_ablation_keys_on_one_tree():
+    # One task, agents a and b, turns 0 and 1, K = 2; rewards r = 0..7 in the order
+    # (a,0,b0) (a,0,b1) (a,1,b0) (a,1,b1) (b,0,b0) (b,0,b1) (b,1,b0) (b,1,b1); norm_std off.
+    #   turn (task, agent, turn): pairs [0,1] [2,3] [4,5] [6,7] -> -0.5, +0.5 each
+    #   turn_loo: the other branch is the baseline -> -1, +1 each
+    #   task_agent: a = [0..3] mean 1.5, b = [4..7] mean 5.5 -> -1.5 -0.5 0.5 1.5 twice
+    #   task_turn: turn 0 = [0,1,4,5] mean 2.5, turn 1 = [2,3,6,7] mean 4.5
+    #   task: all eight, mean 3.5 -> r - 3.5
+    samples = [sample("t", a, u, b, 0.0) for a in "ab" for u in (0, 1) for b in (0, 1)]
+    r = torch.arange(8, dtype=torch.double)
+    expected = {
+        "turn": [-0.5, 0.5] * 4,
+        "turn_loo": [-1.0, 1.0] * 4,
+        "task_agent": [-1.5, -0.5, 0.5, 1.5] * 2,
+        "task_turn": [-2.5, -1.5, -2.5, -1.5, 1.5, 2.5, 1.5, 2.5],
+        "task": [-3.5, -2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.5],
+    }
+    for name, want in expected.items():
+        got = estimate(name, samples, r, norm_std=False)
+        assert got.advantages.tolist() == pytest.approx(want), name
+    assert estimate("task", samples, r, norm_std=False).groups.tolist() == [0] * 8
+    # a second run of the task (episode 2) is its own group under every key
+    twice = samples + [replace(x, episode=2) for x in samples]
+    assert estimate("task", twice, torch.cat([r, r]), norm_std=False).groups.tolist() == (
+        [0] * 8 + [1] * 8
+    )
+
+
+@pytest.mark.parametrize("grouping", ["turn", "trajectory", "turn_loo", "task", "task_turn"])
 def test_a_sample_that_names_no_episode_is_refused(grouping):
     # Without its episode a sample's group is a guess: two runs of one task would share it.
     samples = [sample("t", "a", 0, 0, 1), sample("t", "a", 0, 1, 0, episode=0)]

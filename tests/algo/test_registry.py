@@ -121,7 +121,9 @@ def test_a_registered_estimator_and_loss_train_a_toy_step(tiny_model):
 
 
 def test_the_built_ins_are_registered():
-    assert {"turn", "trajectory"} <= set(estimator_names())
+    assert {"turn", "trajectory", "turn_loo", "task", "task_agent", "task_turn"} <= set(
+        estimator_names()
+    )
     assert {"ppo_clip", "decoupled"} <= set(loss_names())
     assert adv_estimator("trajectory").collect == "trajectory"
 
@@ -193,6 +195,7 @@ def test_the_table_of_built_ins_agrees_with_their_registration():
     import atgrpo.algo.loss  # noqa: F401
 
     assert adv_estimator("turn").fn.__name__ == "at_grpo"
+    assert adv_estimator("task_turn").fn.__name__ == "by_task_turn"
     assert adv_estimator("trajectory").collect == "trajectory"
     assert policy_loss_named("ppo_clip").proximal is False
     assert policy_loss_named("decoupled").proximal is True
