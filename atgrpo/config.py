@@ -92,6 +92,11 @@ class RunSection:
     """evaluate every this many steps; 0 = never"""
     eval_tasks: int = 64
     """episodes per evaluation (at most one per task when the eval split is a finite list)"""
+    eval_overlap: bool = False
+    """evaluate step N's weights while step N+1 collects, on the same replicas, instead of in a
+    pause between the two: the update of N+1 waits for the evaluation, so it never mixes two
+    versions. The evaluations before the first step, at the last one and at a checkpoint still
+    run between steps"""
     checkpoint_every_steps: int = 50
     """save every trainable pool every this many steps; 0 = only at the end (or a stop)"""
     keep_checkpoints: int = 3

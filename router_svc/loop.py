@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -113,9 +114,7 @@ class RunLoop:
                 step = self.ledger.completed
                 if not ran:
                     continue  # recovered: the loop goes on from self.ledger.completed
-                if cfg.run.eval_every_steps and (
-                    step % cfg.run.eval_every_steps == 0 or step == cfg.run.steps
-                ):
+                if self.eval_due(step) and not self._evaluated(step):
                     await self._guarded(self.evaluate, step)
                 if every and step % every == 0:
                     await self._guarded(self.checkpoint, step)
@@ -128,7 +127,8 @@ class RunLoop:
         """The next step after the last completed one with an evaluation or a checkpoint, or the
         last step: the pipeline drains there."""
         run = self.cfg.run
-        every = [n for n in (run.eval_every_steps, run.checkpoint_every_steps) if n]
+        evals = 0 if run.eval_overlap else run.eval_every_steps  # else the pipeline evaluates
+        every = [n for n in (evals, run.checkpoint_every_steps) if n]
         return min([run.steps] + [(self.ledger.completed // n + 1) * n for n in every])
 
     async def _guarded(self, fn, step: int) -> bool:
@@ -379,8 +379,17 @@ class RunLoop:
 
     # ---- evaluation and checkpoints ----------------------------------------------------------
 
+    def eval_due(self, step: int) -> bool:
+        every = self.cfg.run.eval_every_steps
+        return bool(every) and (step % every == 0 or step == self.cfg.run.steps)
+
+    def _evaluated(self, step: int) -> bool:
+        """The pipeline evaluated `step` already (run.eval_overlap; a stop ended its segment)."""
+        return self._last_eval is not None and self._last_eval[0] == step
+
     async def evaluate(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
+        start = time.perf_counter()
         # the same every time
         tasks = await self.tasks(cfg.env.eval_split, 0, cfg.run.eval_tasks, distinct=True)
         samples, ends = await self.collect(
@@ -397,7 +406,11 @@ class RunLoop:
                 cfg.pool_of,
                 folder="eval-samples",
             )
-        event = events.eval_event(step, ends, cfg.env.turn_order)
+        event = {
+            **events.eval_event(step, ends, cfg.env.turn_order),
+            "eval_seconds": time.perf_counter() - start,
+            "time": time.time(),
+        }
         self._last_eval = (step, event["success_rate"])
         self.ledger.record(event)
         return event

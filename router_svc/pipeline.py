@@ -20,6 +20,10 @@ and the tasks of every later step are the same (step_tasks is a function of the 
 mid-segment keeps what the router holds when the trainers kept their weights (the steps
 collected and each pool's progress); otherwise every pool rolls back to the checkpoint
 (RunLoop.prepare) and the segment starts over from it.
+
+With run.eval_overlap an evaluation is no barrier: step s's starts once every pool has trained s,
+runs beside the collection of the steps after (on the same replicas), and no pool trains s+1
+before it has ended, so it sees s's weights only.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ class PipelineState:
     results: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
     # step -> pool -> version
     versions_after: dict[int, dict[str, int]] = field(default_factory=dict)
+    evaluated: set[int] = field(default_factory=set)  # steps evaluated mid-segment (eval_overlap)
 
 
 class Pipeline:
@@ -84,6 +89,7 @@ class Pipeline:
         self._changed = asyncio.Condition()
         self._collection_over = False  # the collector collects no further step in this run()
         self._last_record = 0.0
+        self._evals: dict[int, asyncio.Task] = {}  # step -> its evaluation (eval_overlap)
 
     def staleness(self, pool: str) -> int:
         return self.cfg.max_staleness(pool)
@@ -109,6 +115,7 @@ class Pipeline:
         self.state = self._fresh_state()
         self._collection_over = False
         self._last_record = time.perf_counter()
+        self._evals = {}
         tasks = [asyncio.create_task(self._collector(last), name="collector")]
         tasks += [
             asyncio.create_task(self._pool(p, last), name=f"pool {p}")
@@ -121,9 +128,10 @@ class Pipeline:
                 t.result()  # the first fault, raised for the loop'state recovery
             await recorder
         finally:
-            for t in [*tasks, recorder]:
+            running = [*tasks, recorder, *self._evals.values()]
+            for t in running:
                 t.cancel()
-            await asyncio.gather(*tasks, recorder, return_exceptions=True)
+            await asyncio.gather(*running, return_exceptions=True)
 
     async def _wait(self, ready) -> None:
         async with self._changed:
@@ -201,6 +209,7 @@ class Pipeline:
             await self._wait(lambda st=step: st in state.collected or self._collection_over)
             if step not in state.collected:
                 return  # collection stopped before this step
+            await self._evaluate_before(step, last)
             samples, dropped = await self._fresh_samples(pool, state.collected[step])
             metrics: dict[str, Any] = {}
             if samples:
@@ -218,6 +227,23 @@ class Pipeline:
             state.versions_after.setdefault(step, {})[pool] = state.versions[pool]
             state.trained[pool] = step
             await self._notify()
+
+    async def _evaluate_before(self, step: int, last: int) -> None:
+        """With run.eval_overlap, step-1's evaluation, if it has one, ends before any pool trains
+        `step`: it starts once every pool has trained step-1 and runs beside the collection of
+        the steps after (the replicas hold step-1's weights until a pool trains again). The
+        segment's last step is evaluated after it (RunLoop.run), as without overlap."""
+        due = step - 1
+        if not (self.cfg.run.eval_overlap and 0 < due < last and self.loop.eval_due(due)):
+            return
+        state = self.state
+        if due in state.evaluated:
+            return
+        await self._wait(lambda: all(t >= due for t in state.trained.values()))
+        if due not in self._evals:  # the first pool here starts it; the others wait for it too
+            self._evals[due] = asyncio.create_task(self.loop.evaluate(due), name=f"eval {due}")
+        await asyncio.shield(self._evals[due])
+        state.evaluated.add(due)
 
     async def _fresh_samples(self, pool: str, c: Collected) -> tuple[list, int]:
         """Pool's samples of step c.step, none more than N versions behind its weights now: a task

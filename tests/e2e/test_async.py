@@ -96,3 +96,34 @@ def test_a_stopped_asynchronous_run_resumes_with_each_step_once(tiny_model, tmp_
         ]
         assert sorted({s["task_id"] for s in step_samples(run_dir, e["step"])}) == sorted(planned)
     assert served == {("a", ""): 6}
+
+
+@pytest.mark.parametrize(("level", "staleness"), [("L1", 0), ("L3", 1)])
+def test_an_overlapped_evaluation_runs_beside_the_next_collection_on_its_own_step(
+    level, staleness, tiny_model, tmp_path
+):
+    """run.eval_overlap: step 2's and 4's evaluations run while the next step collects (the step
+    after counts the evaluation inside its own seconds, not before them), on step 2's and 4's
+    weights only; the last step's is evaluated after it, as without overlap."""
+    run_dir = tmp_path / "run"
+    data = toy_config(
+        run_dir, tiny_model, level, steps=5, eval_every_steps=2, save_eval_samples=True
+    )
+    data["run"]["eval_overlap"] = True
+    data["algorithm"]["max_staleness"] = staleness
+    cfg = parse_config(data)
+    train_locally(data)
+
+    recorded = read_metrics(run_dir / "metrics.jsonl")
+    assert [(e["kind"], e["step"]) for e in recorded] == [("eval", 0)] + [
+        x for s in range(1, 6) for x in [("step", s)] + ([("eval", s)] if s in (2, 4, 5) else [])
+    ]
+    steps = {e["step"]: e for e in recorded if e["kind"] == "step"}
+    evals = {e["step"]: e for e in recorded if e["kind"] == "eval"}
+    for e in (2, 4):
+        after = steps[e + 1]
+        assert after["time"] - after["step_seconds"] < evals[e]["time"], (after, evals[e])
+        lines = (run_dir / "eval-samples" / f"step-{e:06d}.jsonl").read_text().splitlines()
+        versions = {(s["pool"], s["policy"]["version"]) for s in map(json.loads, lines)}
+        assert versions == {(p, e) for p in cfg.pools}  # step e's weights, every pool's
+    assert all(evals[s]["eval_seconds"] > 0 for s in evals)
