@@ -4,10 +4,16 @@ training minutes."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import statistics
+import time
 from pathlib import Path
 from typing import Any
 
 from bench._report import plot_panels
+
+FAILURE = -1.0  # the env's failure_reward: the judge could not read the answer
 
 # A run's directory and curve name carry its dtype but for float32's (the first runs').
 DTYPE_SUFFIX = {"float32": "", "bfloat16": "-bf16"}
@@ -139,3 +145,53 @@ def plot(runs: list[dict], path: Path) -> None:
         for task in dict.fromkeys(r["task"] for r in runs)
     }
     plot_panels(panels, path, "training minutes (2 CPU cores)", "greedy eval success")
+
+
+def eval_samples_show(path: Path) -> dict[str, float]:
+    """What an evaluation's samples (run.save_eval_samples' file) show: per agent, the share of
+    answers the judge could not read (format failures), of right ones (local reward 1) and the
+    mean response length."""
+    rows = [json.loads(line) for line in path.open()]
+    out: dict[str, float] = {}
+    for agent in dict.fromkeys(r["agent"] for r in rows):
+        mine = [r for r in rows if r["agent"] == agent]
+        out[f"{agent}_unreadable"] = sum(r["local_reward"] == FAILURE for r in mine) / len(mine)
+        out[f"{agent}_right"] = sum(r["local_reward"] >= 1.0 for r in mine) / len(mine)
+        out[f"{agent}_tokens"] = statistics.fmean(len(r["response_ids"]) for r in mine)
+    return out
+
+
+def run_record(
+    task: str,
+    variant: str,
+    dtype: str,
+    knobs: Any,  # real_learning.Knobs, a dataclass
+    start: float,
+    run_dir: Path,
+    steps: list[dict],
+    evals: list[dict],
+    eval_s: float,
+) -> dict[str, Any]:
+    """What every variant's result holds (the TRL one too): what ran, with which knobs, its
+    evaluations, each step's record and its training seconds (evaluations left out)."""
+    return {
+        "task": task,
+        "variant": variant,
+        "dtype": dtype,
+        **({"label": knobs.label} if knobs.label else {}),
+        "knobs": {k: v for k, v in dataclasses.asdict(knobs).items() if k != "label"},
+        "wall_s": time.perf_counter() - start,
+        "run_dir": str(run_dir),
+        "train_s": sum(e["step_seconds"] for e in steps),
+        "eval_s": eval_s,
+        "step_s": statistics.fmean(e["step_seconds"] for e in steps),
+        "evals": evals,
+        "steps": steps,
+    }
+
+
+def reached(steps: list[dict], evals: list[dict], target: float | None, hold: int) -> dict:
+    """With --target: the target and what it took to reach it (time_to_target)."""
+    if target is None:
+        return {}
+    return {"target": target, "to_target": time_to_target(steps, evals, target, hold)}

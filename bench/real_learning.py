@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import shutil
 import statistics
@@ -63,12 +62,14 @@ sys.path.insert(0, str(ROOT))
 from bench._learning_report import (  # noqa: E402
     DTYPE_SUFFIX,
     compare_table,
+    eval_samples_show,
     plot,
+    reached,
     run_dtype,
+    run_record,
     table,
     target_stop,
     target_table,
-    time_to_target,
 )
 from bench._report import SMOKE  # noqa: E402
 
@@ -98,7 +99,6 @@ LR = 1e-5  # full weights of a 135M model over tens of steps (1e-6 barely moves 
 DTYPE = "bfloat16"
 # A program's closing fence; the opening one ("```python" + newline) does not contain it.
 FENCE_END = "\n```\n"
-FAILURE = -1.0  # the env's failure_reward: the judge could not read the answer
 BREAKDOWN = (
     "step_seconds",
     "time_prefill_s",
@@ -120,8 +120,9 @@ class Knobs:
     takes twice as many, for as many samples), the seed and max_staleness (collecting the next
     step while this one trains) and stop_at_fence (the tool agent's generation ends at its program's
     closing fence: only the program runs, so what the untrained model writes after it, up to
-    max_tokens, cost decode and update time for nothing). `label` names a run made with other
-    knobs than the defaults, so it keeps its own directory and table row."""
+    max_tokens, cost decode and update time for nothing) and eval_overlap (an evaluation runs
+    beside the next step's collection; its cost then shows in that step's seconds). `label` names
+    a run made with other knobs than the defaults, so it keeps its own directory and table row."""
 
     lr: float = LR
     k: int = K
@@ -130,6 +131,7 @@ class Knobs:
     max_staleness: int = 0
     stop_at_fence: bool = False
     label: str = ""
+    eval_overlap: bool = False
 
 
 def run_config(
@@ -163,6 +165,8 @@ def run_config(
             "checkpoint_every_steps": 0,
             "run_dir": str(run_dir),
             "save_eval_samples": True,
+            # only when asked, as max_staleness
+            **({"eval_overlap": True} if knobs.eval_overlap else {}),
         },
         "env": {
             "name": "reasoning_gym",
@@ -202,20 +206,6 @@ def run_config(
             **({"max_staleness": knobs.max_staleness} if knobs.max_staleness else {}),
         },
     }
-
-
-def eval_samples_show(path: Path) -> dict[str, float]:
-    """What an evaluation's samples (run.save_eval_samples' file) show: per agent, the share of
-    answers the judge could not read (format failures), of right ones (local reward 1) and the
-    mean response length."""
-    rows = [json.loads(line) for line in path.open()]
-    out: dict[str, float] = {}
-    for agent in dict.fromkeys(r["agent"] for r in rows):
-        mine = [r for r in rows if r["agent"] == agent]
-        out[f"{agent}_unreadable"] = sum(r["local_reward"] == FAILURE for r in mine) / len(mine)
-        out[f"{agent}_right"] = sum(r["local_reward"] >= 1.0 for r in mine) / len(mine)
-        out[f"{agent}_tokens"] = statistics.fmean(len(r["response_ids"]) for r in mine)
-    return out
 
 
 def stop_due(took: list[float], budget_s: float) -> bool:
@@ -331,42 +321,6 @@ def one_run(
     }
 
 
-def run_record(
-    task: str,
-    variant: str,
-    dtype: str,
-    knobs: Knobs,
-    start: float,
-    run_dir: Path,
-    steps: list[dict],
-    evals: list[dict],
-    eval_s: float,
-) -> dict[str, Any]:
-    """What every variant's result holds (the TRL one too): what ran, with which knobs, its
-    evaluations, each step's record and its training seconds (evaluations left out)."""
-    return {
-        "task": task,
-        "variant": variant,
-        "dtype": dtype,
-        **({"label": knobs.label} if knobs.label else {}),
-        "knobs": {k: v for k, v in dataclasses.asdict(knobs).items() if k != "label"},
-        "wall_s": time.perf_counter() - start,
-        "run_dir": str(run_dir),
-        "train_s": sum(e["step_seconds"] for e in steps),
-        "eval_s": eval_s,
-        "step_s": statistics.fmean(e["step_seconds"] for e in steps),
-        "evals": evals,
-        "steps": steps,
-    }
-
-
-def reached(steps: list[dict], evals: list[dict], target: float | None, hold: int) -> dict:
-    """With --target: the target and what it took to reach it (time_to_target)."""
-    if target is None:
-        return {}
-    return {"target": target, "to_target": time_to_target(steps, evals, target, hold)}
-
-
 def tiny_model(work: Path) -> str:
     from atgrpo.models import build_tiny_model
 
@@ -430,6 +384,11 @@ def main() -> None:
         "--stop-at-fence",
         action="store_true",
         help="end the tool agent's generation at its program's closing fence",
+    )
+    ap.add_argument(
+        "--eval-overlap",
+        action="store_true",
+        help="evaluate beside the next step's collection, not in a pause (run.eval_overlap)",
     )
     ap.add_argument(
         "--label",
@@ -503,6 +462,7 @@ def main() -> None:
                     args.max_staleness,
                     args.stop_at_fence,
                     args.label,
+                    args.eval_overlap,
                 ),
             )
             runs.append(run)

@@ -92,6 +92,7 @@ def test_real_learning_smoke(tiny_model, tmp_path, subprocess_env):
         "seed": 0,
         "max_staleness": 0,
         "stop_at_fence": False,
+        "eval_overlap": False,
     }
     assert [e["step"] for e in l0["evals"]] == [0, last]
     assert "tool_right" not in l0["evals"][0] and l0["train_s"] > 0
@@ -113,7 +114,7 @@ def test_real_learning_smoke(tiny_model, tmp_path, subprocess_env):
 
 def test_a_target_run_stops_once_the_target_held_and_reports_the_training_to_it():
     sys.path.insert(0, str(ROOT))
-    from bench.real_learning import target_stop, time_to_target
+    from bench._learning_report import target_stop, time_to_target
 
     # evaluations at steps 0, 10, 20, 30: 0.1, 0.92, 0.88, 0.95 against 0.9, hold 2
     successes = [0.1, 0.92, 0.88, 0.95]
