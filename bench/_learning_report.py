@@ -40,20 +40,26 @@ def time_to_target(
 ) -> dict[str, Any] | None:
     """The training it took to reach `target` (None when no evaluation did): the first evaluation
     at or above it, the steps, samples and training minutes (each step's step_seconds, which
-    leave evaluations out; `steps`: a run's "steps", each with its step_seconds and samples) up
-    to its step, and whether the `hold` evaluations after it stayed at or above the target (None
-    when the run ended before them)."""
+    leave evaluations out but for what an overlapped one (run.eval_overlap) cost its next step;
+    `steps`: a run's "steps", each with its step_seconds and samples) up
+    to its step, whether the `hold` evaluations after it stayed at or above the target (None
+    when the run ended before them), and the wall minutes to it, evaluations included."""
     first = next((i for i, e in enumerate(evals) if e["success"] >= target), None)
     if first is None:
         return None
     step = evals[first]["step"]
     upto = [e for e in steps if e["step"] <= step]
     after = evals[first + 1 : first + 1 + hold]
+    clock = [e.get("time") for e in (evals[0], evals[first])]
     return {
         "step": step,
         "minutes": sum(e["step_seconds"] for e in upto) / 60,
         "samples": int(sum(e["samples"] for e in upto)),
         "held": all(e["success"] >= target for e in after) if len(after) == hold else None,
+        # from the end of the evaluation before training to the end of this one: the training
+        # and every evaluation between, overlapped or not (runs recorded before evaluations had
+        # a time: None)
+        **({"wall_minutes": (clock[1] - clock[0]) / 60} if None not in clock else {}),
     }
 
 
@@ -89,16 +95,18 @@ def target_table(runs: list[dict]) -> str:
         return ""
     head = (
         "| task | variant | dtype | target | reached at step | training min to it | samples to it "
-        "| evaluation min (whole run) | held after |"
+        "| wall min to it (evaluations in) | evaluation min (whole run) | held after |"
     )
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
     for r in timed:
         t = r["to_target"]
+        wall = f"{t['wall_minutes']:.1f}" if t and "wall_minutes" in t else "-"
         reached = (
-            f"{t['step']} | {t['minutes']:.1f} | {t['samples']} | {r['eval_s'] / 60:.1f} | "
+            f"{t['step']} | {t['minutes']:.1f} | {t['samples']} | {wall} | "
+            f"{r['eval_s'] / 60:.1f} | "
             + {True: "yes", False: "no", None: "not measured"}[t["held"]]
             if t
-            else f"not reached | - | - | {r['eval_s'] / 60:.1f} | -"
+            else f"not reached | - | - | - | {r['eval_s'] / 60:.1f} | -"
         )
         lines.append(
             f"| {r['task']} | {run_name(r)} | {run_dtype(r)} | {r['target']} | {reached} |"

@@ -302,6 +302,7 @@ def one_run(
             "step": e["step"],
             "success": e["success_rate"],
             "returns": {a: m["reward_mean"] for a, m in e["agents"].items()},
+            **{k: e[k] for k in ("time", "eval_seconds") if k in e},  # the router's evaluations
             **eval_samples_show(kept),
         }
         for e, kept in evals

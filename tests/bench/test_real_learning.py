@@ -42,7 +42,13 @@ def test_real_learning_smoke(tiny_model, tmp_path, subprocess_env):
     args = ("--model", tiny_model, "--variants", "at-grpo", "--target", "0", "--hold", "2")
     _, data = bench(tmp_path, env, *args)
     [at] = data["runs"]
-    assert at["to_target"] == {"step": 0, "minutes": 0.0, "samples": 0, "held": True}
+    assert at["to_target"] == {
+        "step": 0,
+        "minutes": 0.0,
+        "samples": 0,
+        "held": True,
+        "wall_minutes": 0.0,  # the evaluation before training is the one that reached it
+    }
     assert at["target"] == 0 and at["eval_s"] > 0
     assert (at["task"], at["variant"], at["dtype"]) == ("arithmetic", "at-grpo", "bfloat16")
     assert [e["step"] for e in at["evals"]] == [0, 1, 2]
@@ -129,6 +135,9 @@ def test_a_target_run_stops_once_the_target_held_and_reports_the_training_to_it(
         "samples": 640,
         "held": False,  # 0.88 at step 20
     }
+    # with the router's evaluation times: from the end of step 0's to the end of step 10's
+    clocked = [{**e, "time": 1000.0 + 700.0 * i} for i, e in enumerate(evals)]
+    assert time_to_target(steps, clocked, 0.9, 2)["wall_minutes"] == pytest.approx(700 / 60)
     assert time_to_target(steps, evals, 0.9, 3)["held"] is None  # the run ended before 3 more
     assert time_to_target(steps, evals, 0.99, 2) is None
 
