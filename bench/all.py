@@ -21,6 +21,7 @@ SKIP = (
     "async_learning.py",
     "ablations.py",
     "real_learning.py",
+    "paper_table.py",
     "parallel_credit.py",
 )
 

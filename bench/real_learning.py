@@ -18,6 +18,8 @@ program runs in the sandbox, and a reasoner that answers in <answer></answer>):
   letters     letter_counting, 5 to 8 words ("How many times does the letter "e" appear in
               ..."): the tool agent can count exactly with str.count if it learns to, the
               reasoner cannot by itself.
+  arithmetic3 basic_arithmetic, two three-digit numbers and + - * ("Calculate 312 * 845."): the
+              tool's program computes it, the reasoner alone does not.
 Variants, one shared model (full weights), K = 4, 8 tasks a step, temperature 1:
   at-grpo     L1 (tool + reasoner), tree sampling, groups (task, agent, turn), alpha 1
   trajectory  L1, K independent episodes a task, groups (task, agent), each sample gets its
@@ -88,8 +90,35 @@ TASKS: dict[str, dict[str, Any]] = {
         },
     },
     "letters": {"dataset": "letter_counting", "dataset_config": {"min_words": 5, "max_words": 8}},
+    # issue 56's harder one: three-digit numbers and a product, which the tool's program computes
+    # and the reasoner alone does not
+    "arithmetic3": {
+        "dataset": "basic_arithmetic",
+        "dataset_config": {
+            "min_terms": 2,
+            "max_terms": 2,
+            "min_digits": 3,
+            "max_digits": 3,
+            "operators": ["+", "-", "*"],
+            "allow_parentheses": False,
+            "allow_negation": False,
+        },
+    },
 }
 VARIANTS = ("at-grpo", "trajectory", "L0", "trl")
+# The paper's other variants (bench/paper_table.py): where each role's policy lives, and the
+# grouping ablation on the same tree samples (atgrpo.algo.estimators)
+POLICY_VARIANTS = ("L2", "L3")  # a LoRA adapter per role on one base; a model per role
+GROUPING = {
+    "trajectory": "trajectory",
+    "by-task": "task",
+    "by-task-agent": "task_agent",
+    "by-task-turn": "task_turn",
+    "turn-loo": "turn_loo",
+}
+LORA = {"rank": 16, "alpha": 32.0}  # on the attention projections (the default target_modules)
+LORA_LR = 3e-4  # not tuned: 10x the full weights' 3e-5, LoRA's usual ratio
+ALL_VARIANTS = VARIANTS + POLICY_VARIANTS + tuple(v for v in GROUPING if v not in VARIANTS)
 K, TASKS_PER_STEP = 4, 8
 MAX_TOKENS = {"tool": 96, "reasoner": 64}  # a short program; a sentence and the tagged answer
 LR = 1e-5  # full weights of a 135M model over tens of steps (1e-6 barely moves it here)
@@ -174,21 +203,10 @@ def run_config(
             "turn_order": agents,
             "options": env_options,
         },
-        # 4096 tokens a micro-batch: ~2 MB of float32 activations a position for SmolLM2 (measured),
-        # so the default 8192 peaks near 20 GB and, beside the rollout, OOMs a 24 GB machine.
-        "pools": {
-            "shared": {
-                "model_path": model,
-                "engine": "hf",
-                "device": "cpu",
-                "dtype": dtype,
-                "micro_batch_tokens": 4096,
-                "optim": {"lr": knobs.lr, "warmup_steps": 0, "min_lr_ratio": 1.0},
-            }
-        },
+        **pools_of(variant, agents, model, dtype, knobs.lr),
         "agents": {
             a: {
-                "pool": "shared",
+                "pool": a if variant == "L3" else "shared",
                 "train_sampling": sampling[a],
                 "eval_sampling": {**sampling[a], "temperature": 0.0},
             }
@@ -201,11 +219,32 @@ def run_config(
             "alpha": 1.0,
             "mini_batch_size": 1024,
             "filter": "zero_variance",
-            "grouping": "trajectory" if variant == "trajectory" else "turn",
+            "grouping": GROUPING.get(variant, "turn"),
             # only when asked: the examples carry the bench's default config as it stands
             **({"max_staleness": knobs.max_staleness} if knobs.max_staleness else {}),
         },
     }
+
+
+def pools_of(variant: str, agents: list[str], model: str, dtype: str, lr: float) -> dict:
+    """One shared model (L1, and L0's one agent); with L2 a LoRA adapter per role on it; with L3
+    a model per role, each pool named after its agent."""
+    # 4096 tokens a micro-batch: ~2 MB of float32 activations a position for SmolLM2 (measured),
+    # so the default 8192 peaks near 20 GB and, beside the rollout, OOMs a 24 GB machine.
+    pool: dict[str, Any] = {
+        "model_path": model,
+        "engine": "hf",
+        "device": "cpu",
+        "dtype": dtype,
+        "micro_batch_tokens": 4096,
+        "optim": {"lr": lr, "warmup_steps": 0, "min_lr_ratio": 1.0},
+    }
+    if variant == "L3":
+        return {"pools": {a: pool for a in agents}}
+    if variant == "L2":
+        lora = {"specialization": "lora", "lora": LORA}
+        return {"pools": {"shared": {**pool, **lora, "optim": {**pool["optim"], "lr": LORA_LR}}}}
+    return {"pools": {"shared": pool}}
 
 
 def stop_due(took: list[float], budget_s: float) -> bool:
@@ -420,7 +459,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     tasks, variants = args.tasks.split(","), args.variants.split(",")
-    for name, known, given in (("task", TASKS, tasks), ("variant", VARIANTS, variants)):
+    for name, known, given in (("task", TASKS, tasks), ("variant", ALL_VARIANTS, variants)):
         if unknown := [g for g in given if g not in known]:
             ap.error(f"unknown {name}(s) {unknown}; choose from {list(known)}")
     out = Path(args.out)

@@ -1,0 +1,233 @@
+"""The paper's comparisons measured at 135M (issue 56): SmolLM2-135M on reasoning-gym tasks, every
+variant of arXiv 2510.11062's tables on the same number of training samples, one table.
+
+    python bench/paper_table.py [--tasks arithmetic,letters] [--variants L0,at-grpo,...]
+                                [--steps 24] [--seeds 2] [--out docs/paper_table]
+
+Each cell is bench/real_learning.py's run (its config, the tuned knobs: lr 3e-5, the tool stopped at
+its program's fence, K 4, 8 tasks a step, bf16) for --steps steps: every variant collects 64
+samples a step (the team's 8 tasks x K 4 x 2 agents, L0's 16 tasks x K 4), so a cell's budget is
+samples, and work sharing the machine costs it time, not training (wall minutes are reported
+beside). Rows, the paper's:
+  single agent, untrained      L0's evaluation at step 0
+  single agent + GRPO (L0)     the reasoner alone
+  team, untrained              the team's evaluation at step 0 (L1's)
+  AT-GRPO, shared model (L1)   at-grpo: tree sampling, groups (task, agent, turn)
+  AT-GRPO, LoRA per role (L2)  one base, an adapter per role
+  AT-GRPO, model per role (L3) a model per role
+  L2 / L3 swapped              the trained per-role policies evaluated in each other's role
+  trajectory GRPO              K independent episodes, groups (task, agent)
+  grouping by (task), (task, agent), (task, turn): the same tree samples, only the key changed
+  turn leave-one-out           (task, agent, turn) groups, each branch's baseline its siblings' mean
+A cell's figure is greedy success on the 64 held-out tasks at its last step, with its best beside.
+The main tasks' L0 and L1 cells run --seeds seeds, the others one.
+
+Resumable: OUT/paper_table.json keeps every finished cell, and a cell found there is not run
+again. OUT gets paper_table.md (the table), paper_table.png (the curves over training samples)
+and paper_table.json (every evaluation of every cell). Hours on 2 CPU cores: `make bench` skips
+it; its smoke size (ATGRPO_BENCH_SMOKE=1) trains the tiny model one step a cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench._report import SMOKE, plot_panels  # noqa: E402
+from bench.real_learning import (  # noqa: E402
+    ALL_VARIANTS,
+    DEFAULT_MODEL,
+    DTYPE,
+    TASKS,
+    Knobs,
+    ensure_smollm2,
+    one_run,
+    run_config,
+    tiny_model,
+)
+
+MAIN_TASKS = ("arithmetic", "arithmetic3")  # where the team-vs-L0 cells get every seed
+VARIANTS = (
+    "L0",
+    "at-grpo",
+    "L2",
+    "L3",
+    "trajectory",
+    "by-task",
+    "by-task-agent",
+    "by-task-turn",
+    "turn-loo",
+)
+ROWS = (  # (row, variant, what of its run)
+    ("single agent, untrained", "L0", "start"),
+    ("single agent + GRPO (L0)", "L0", "end"),
+    ("team, untrained", "at-grpo", "start"),
+    ("AT-GRPO, shared model (L1)", "at-grpo", "end"),
+    ("AT-GRPO, LoRA per role (L2)", "L2", "end"),
+    ("AT-GRPO, model per role (L3)", "L3", "end"),
+    ("L2, roles swapped", "L2", "swapped"),
+    ("L3, roles swapped", "L3", "swapped"),
+    ("trajectory GRPO", "trajectory", "end"),
+    ("group (task)", "by-task", "end"),
+    ("group (task, agent)", "by-task-agent", "end"),
+    ("group (task, turn)", "by-task-turn", "end"),
+    ("group (task, agent, turn) = L1", "at-grpo", "end"),
+    ("turn leave-one-out", "turn-loo", "end"),
+)
+KNOBS = {"lr": 3e-5, "stop_at_fence": True}  # issue 55's tuned config
+
+
+def cells(tasks: list[str], variants: list[str], seeds: int) -> list[tuple[str, str, int]]:
+    """(task, variant, seed) of the grid: every seed for L0 and L1 on the main tasks."""
+    return [
+        (t, v, s)
+        for t in tasks
+        for v in variants
+        for s in range(seeds if t in MAIN_TASKS and v in ("L0", "at-grpo") else 1)
+    ]
+
+
+def key(task: str, variant: str, seed: int) -> str:
+    return f"{task}/{variant}/s{seed}"
+
+
+def swapped_checkpoint(run_dir: Path, variant: str) -> Path:
+    """A copy of the run's last checkpoint with the two roles' policies exchanged: L3's pools' model
+    folders (a pool per agent; each pool folder keeps its own record, atgrpo.json, which names
+    the pool), L2's adapter folders (an adapter per agent)."""
+    from atgrpo.cli.runner import latest_checkpoint
+
+    ckpt = latest_checkpoint(run_dir)
+    out = run_dir / "swapped" / ckpt.name  # step-N: the evaluation takes its step from the name
+    shutil.rmtree(out, ignore_errors=True)
+    if variant == "L3":
+        for pool, other in (("tool", "reasoner"), ("reasoner", "tool")):
+            shutil.copytree(ckpt / pool, out / pool, ignore=shutil.ignore_patterns("model"))
+            shutil.copytree(ckpt / other / "model", out / pool / "model")
+    else:
+        shutil.copytree(ckpt / "shared", out / "shared")
+        adapters = out / "shared" / "model"
+        (adapters / "tool").rename(adapters / "was-tool")
+        (adapters / "reasoner").rename(adapters / "tool")
+        (adapters / "was-tool").rename(adapters / "reasoner")
+    return out
+
+
+def one_cell(task: str, variant: str, seed: int, model: str, work: Path, args) -> dict[str, Any]:
+    from atgrpo.cli.runner import evaluate
+    from atgrpo.config import parse_config
+
+    knobs = Knobs(seed=seed, label=f"s{seed}", **KNOBS)
+    start = time.perf_counter()
+    run = one_run(
+        task, variant, model, work, args.steps, args.eval_every, args.eval_tasks, knobs=knobs
+    )
+    if variant in ("L2", "L3"):
+        run_dir = Path(run["run_dir"])
+        sizes = (args.steps, args.eval_every, args.eval_tasks)
+        # the swapped evaluation's own run directory: the run's evals/ keeps its own
+        data = run_config(
+            task, variant, model, run_dir / "swapped", *sizes, dtype=DTYPE, knobs=knobs
+        )
+        crossed = evaluate(parse_config(data), swapped_checkpoint(run_dir, variant))
+        run["swapped"] = {"step": crossed["step"], "success": crossed["success_rate"]}
+    run["cell_wall_s"] = time.perf_counter() - start
+    return run
+
+
+def figure(run: dict | None, what: str) -> str:
+    if run is None:
+        return "not run"
+    if what == "swapped":
+        return f"{run['swapped']['success']:.3f}"
+    successes = [e["success"] for e in run["evals"]]
+    if what == "start":
+        return f"{successes[0]:.3f}"
+    return f"{successes[-1]:.3f} ({max(successes):.3f})"
+
+
+def table(done: dict[str, dict], tasks: list[str]) -> str:
+    """Tasks across, the paper's rows down; a cell with seeds gives each seed's figure."""
+    head = "| method | " + " | ".join(tasks) + " |"
+    lines = [head, "|---" * (len(tasks) + 1) + "|", *_rows(done, tasks)]
+    note = (
+        "Greedy success on the 64 held-out tasks at the last step (the best evaluation in "
+        "brackets); seeds separated by /."
+    )
+    return "\n".join(lines) + "\n\n" + note
+
+
+def _rows(done: dict[str, dict], tasks: list[str]) -> list[str]:
+    out = []
+    for row, variant, what in ROWS:
+        figures = []
+        for t in tasks:
+            runs = [r for k, r in sorted(done.items()) if k.startswith(f"{t}/{variant}/")]
+            figures.append(" / ".join(figure(r, what) for r in runs) or "not run")
+        out.append(f"| {row} | " + " | ".join(figures) + " |")
+    return out
+
+
+def plot(done: dict[str, dict], path: Path) -> None:
+    panels: dict[str, list] = {}
+    for k, r in sorted(done.items()):
+        samples = r.get("samples_per_step", 64)
+        panels.setdefault(f"SmolLM2-135M, {r['task']}", []).append(
+            (
+                k.split("/", 1)[1],
+                [e["step"] * samples for e in r["evals"]],
+                [e["success"] for e in r["evals"]],
+            )
+        )
+    plot_panels(panels, path, "training samples", "greedy eval success")
+
+
+def write(out: Path, done: dict[str, dict], tasks: list[str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "paper_table.json").write_text(json.dumps({"cells": done}, indent=1) + "\n")
+    (out / "paper_table.md").write_text(table(done, tasks) + "\n")
+    plot(done, out / "paper_table.png")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tasks", default="arithmetic" if SMOKE else ",".join(TASKS))
+    ap.add_argument("--variants", default="L0,L3" if SMOKE else ",".join(VARIANTS))
+    ap.add_argument("--steps", type=int, default=1 if SMOKE else 24)
+    ap.add_argument("--seeds", type=int, default=1 if SMOKE else 2)
+    ap.add_argument("--eval-every", type=int, default=1 if SMOKE else 4)
+    ap.add_argument("--eval-tasks", type=int, default=2 if SMOKE else 64)
+    ap.add_argument("--model", default="", help="model directory (default: SmolLM2, built)")
+    ap.add_argument("--out", default=str(ROOT / "runs" / "paper_table"))
+    args = ap.parse_args()
+    tasks, variants = args.tasks.split(","), args.variants.split(",")
+    for name, known, given in (("task", TASKS, tasks), ("variant", ALL_VARIANTS, variants)):
+        if unknown := [g for g in given if g not in known]:
+            ap.error(f"unknown {name}(s) {unknown}; choose from {list(known)}")
+    out = Path(args.out)
+    work = out / "runs"
+    work.mkdir(parents=True, exist_ok=True)
+    model = args.model or (tiny_model(work) if SMOKE else ensure_smollm2(DEFAULT_MODEL))
+    saved = out / "paper_table.json"
+    done: dict[str, dict] = json.loads(saved.read_text())["cells"] if saved.exists() else {}
+    for task, variant, seed in cells(tasks, variants, args.seeds):
+        if key(task, variant, seed) in done:
+            print(f"{key(task, variant, seed)}: done before, kept", flush=True)
+            continue
+        done[key(task, variant, seed)] = one_cell(task, variant, seed, model, work, args)
+        print(f"{key(task, variant, seed)}: {figure(done[key(task, variant, seed)], 'end')}")
+        write(out, done, tasks)  # each finished cell is kept at once
+    write(out, done, tasks)
+    print("\n" + table(done, tasks))
+
+
+if __name__ == "__main__":
+    main()
