@@ -26,6 +26,15 @@ def parse_args(ap: argparse.ArgumentParser, smoke: dict[str, Any]) -> argparse.N
     return ap.parse_args()
 
 
+def choices(ap: argparse.ArgumentParser, given: str, known, name: str) -> list[str]:
+    """`given`, comma-separated, as a list of names each in `known`; the parser's error naming
+    the choices otherwise."""
+    got = given.split(",")
+    if unknown := [g for g in got if g not in known]:
+        ap.error(f"unknown {name}(s) {unknown}; choose from {list(known)}")
+    return got
+
+
 def sandbox_uid_base(slots: int) -> int:
     """The first of `slots` host uids no other sandbox on this host holds, until the process
     exits."""

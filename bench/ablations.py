@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 
 from atgrpo.config import LoraConfig  # noqa: E402
 from atgrpo.models.taught import TOY_CODE  # noqa: E402
-from bench._report import SMOKE, plot_panels  # noqa: E402
+from bench._report import SMOKE, choices, plot_panels  # noqa: E402
 
 K, TASKS_PER_STEP, EVAL_TASKS = 8, 8, 128
 SAMPLING = {"temperature": 1.0, "max_tokens": 4}
@@ -274,10 +274,8 @@ def main() -> None:
     )
     ap.add_argument("--out", default=str(ROOT / "runs" / "ablations"))
     args = ap.parse_args()
-    tasks, variants = args.tasks.split(","), args.variants.split(",")
-    for name, known, given in (("task", TASKS, tasks), ("variant", VARIANTS, variants)):
-        if unknown := [g for g in given if g not in known]:
-            ap.error(f"unknown {name}(s) {unknown}; choose from {list(known)}")
+    tasks = choices(ap, args.tasks, TASKS, "task")
+    variants = choices(ap, args.variants, VARIANTS, "variant")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()

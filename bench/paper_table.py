@@ -41,7 +41,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._report import SMOKE, plot_panels  # noqa: E402
+from bench._report import SMOKE, choices, plot_panels  # noqa: E402
 from bench.real_learning import (  # noqa: E402
     ALL_VARIANTS,
     DEFAULT_MODEL,
@@ -208,10 +208,8 @@ def main() -> None:
     ap.add_argument("--model", default="", help="model directory (default: SmolLM2, built)")
     ap.add_argument("--out", default=str(ROOT / "runs" / "paper_table"))
     args = ap.parse_args()
-    tasks, variants = args.tasks.split(","), args.variants.split(",")
-    for name, known, given in (("task", TASKS, tasks), ("variant", ALL_VARIANTS, variants)):
-        if unknown := [g for g in given if g not in known]:
-            ap.error(f"unknown {name}(s) {unknown}; choose from {list(known)}")
+    tasks = choices(ap, args.tasks, TASKS, "task")
+    variants = choices(ap, args.variants, ALL_VARIANTS, "variant")
     out = Path(args.out)
     work = out / "runs"
     work.mkdir(parents=True, exist_ok=True)

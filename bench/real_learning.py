@@ -73,7 +73,7 @@ from bench._learning_report import (  # noqa: E402
     target_stop,
     target_table,
 )
-from bench._report import SMOKE  # noqa: E402
+from bench._report import SMOKE, choices  # noqa: E402
 
 DEFAULT_MODEL = ROOT / ".atgrpo" / "models" / "smollm2"
 TASKS: dict[str, dict[str, Any]] = {
@@ -458,10 +458,8 @@ def main() -> None:
         "(default: keep those of other tasks and variants)",
     )
     args = ap.parse_args()
-    tasks, variants = args.tasks.split(","), args.variants.split(",")
-    for name, known, given in (("task", TASKS, tasks), ("variant", ALL_VARIANTS, variants)):
-        if unknown := [g for g in given if g not in known]:
-            ap.error(f"unknown {name}(s) {unknown}; choose from {list(known)}")
+    tasks = choices(ap, args.tasks, TASKS, "task")
+    variants = choices(ap, args.variants, ALL_VARIANTS, "variant")
     out = Path(args.out)
     work = Path(args.work) if args.work else out / "runs"
     work.mkdir(parents=True, exist_ok=True)

@@ -108,3 +108,10 @@ def test_paper_table_smoke_runs_a_cell_once(tiny_model, tmp_path, subprocess_env
     assert (tmp_path / "paper_table.png").stat().st_size > 10_000
     again, kept = bench()
     assert kept == done and again.stdout.count("done before, kept") == 3
+
+
+def test_an_unknown_task_or_variant_is_refused_with_the_choices():
+    argv = [sys.executable, str(ROOT / "bench" / "paper_table.py"), "--variants", "L0,L9"]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "unknown variant(s) ['L9']; choose from ['at-grpo'" in proc.stderr
