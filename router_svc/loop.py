@@ -223,6 +223,8 @@ class RunLoop:
             self.ledger.completed = self._resume_point(progress)
         self.resumed_from = self.ledger.completed
         self.dir.truncate_events(self.ledger.completed)
+        if self._last_eval and self._last_eval[0] > self.ledger.completed:
+            self._last_eval = None  # its event went with the undone steps: evaluate it again
         rollback = events.rollback_event(
             recorded,
             self.ledger.completed,

@@ -63,6 +63,7 @@ def test_prepare_after_a_trainer_restart_records_the_rollback(tmp_path):
     d = RunDir(tmp_path)
     for s in (1, 2, 3):
         d.append_event({"kind": "step", "step": s})
+    d.append_event({"kind": "eval", "step": 2})
     d.write_progress(
         Progress("r", 3, {"a": 3}, Checkpoint(0, {"a": str(d.checkpoint_dir(0) / "a")}, {"a": 0}))
     )
@@ -72,8 +73,10 @@ def test_prepare_after_a_trainer_restart_records_the_rollback(tmp_path):
         emitted.append,
         clients=SimpleNamespace(env=Env(), rollout=fleet(cfg), trainers={"a": Trainer(0)}),
     )
+    loop._last_eval = (2, 0.5)  # this router evaluated step 2 before the trainer restarted
     asyncio.run(loop.prepare())
     assert loop.ledger.completed == 0
+    assert loop._last_eval is None  # step 2's evaluation went with its event: it runs again
     (rollback,) = emitted
     assert d.read_events() == [rollback]  # the undone steps go, the record of why stays
     assert (rollback["from_step"], rollback["to_step"], rollback["checkpoint"]) == (
