@@ -53,7 +53,11 @@ def uid_processes(backend, slot=0):
 @pytest.fixture(autouse=True)
 def no_stray_processes(backend):
     yield
-    assert uid_processes(backend) == [], "a sandboxed process outlived its request"
+    # A discarded sandbox's processes are killed, then reaped within the sweep's 2 s; on a loaded
+    # machine (the suite's other worker) one may still be on its way out. Dying is not escaping:
+    # what is still alive after 10 s is.
+    _, alive = psutil.wait_procs(uid_processes(backend), timeout=10)
+    assert alive == [], "a sandboxed process outlived its request"
 
 
 def test_the_parent_cannot_be_killed(backend):
