@@ -41,12 +41,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._learning_variants import ALL_VARIANTS, TASKS  # noqa: E402
 from bench._report import SMOKE, choices, plot_panels  # noqa: E402
 from bench.real_learning import (  # noqa: E402
-    ALL_VARIANTS,
     DEFAULT_MODEL,
     DTYPE,
-    TASKS,
     Knobs,
     ensure_smollm2,
     one_run,

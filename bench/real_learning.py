@@ -73,52 +73,16 @@ from bench._learning_report import (  # noqa: E402
     target_stop,
     target_table,
 )
+from bench._learning_variants import (  # noqa: E402
+    ALL_VARIANTS,
+    GROUPING,
+    TASKS,
+    VARIANTS,
+    pools_of,
+)
 from bench._report import SMOKE, choices  # noqa: E402
 
 DEFAULT_MODEL = ROOT / ".atgrpo" / "models" / "smollm2"
-TASKS: dict[str, dict[str, Any]] = {
-    "arithmetic": {
-        "dataset": "basic_arithmetic",
-        "dataset_config": {
-            "min_terms": 2,
-            "max_terms": 2,
-            "min_digits": 1,
-            "max_digits": 1,
-            "operators": ["+", "-"],
-            "allow_parentheses": False,
-            "allow_negation": False,
-        },
-    },
-    "letters": {"dataset": "letter_counting", "dataset_config": {"min_words": 5, "max_words": 8}},
-    # issue 56's harder one: three-digit numbers and a product, which the tool's program computes
-    # and the reasoner alone does not
-    "arithmetic3": {
-        "dataset": "basic_arithmetic",
-        "dataset_config": {
-            "min_terms": 2,
-            "max_terms": 2,
-            "min_digits": 3,
-            "max_digits": 3,
-            "operators": ["+", "-", "*"],
-            "allow_parentheses": False,
-            "allow_negation": False,
-        },
-    },
-}
-VARIANTS = ("at-grpo", "trajectory", "L0", "trl")
-# The paper's other variants (bench/paper_table.py): where each role's policy lives, and the
-# grouping ablation on the same tree samples (atgrpo.algo.estimators)
-POLICY_VARIANTS = ("L2", "L3")  # a LoRA adapter per role on one base; a model per role
-GROUPING = {
-    "trajectory": "trajectory",
-    "by-task": "task",
-    "by-task-agent": "task_agent",
-    "by-task-turn": "task_turn",
-    "turn-loo": "turn_loo",
-}
-LORA = {"rank": 16, "alpha": 32.0}  # on the attention projections (the default target_modules)
-LORA_LR = 3e-4  # not tuned: 10x the full weights' 3e-5, LoRA's usual ratio
-ALL_VARIANTS = VARIANTS + POLICY_VARIANTS + tuple(v for v in GROUPING if v not in VARIANTS)
 K, TASKS_PER_STEP = 4, 8
 MAX_TOKENS = {"tool": 96, "reasoner": 64}  # a short program; a sentence and the tagged answer
 LR = 1e-5  # full weights of a 135M model over tens of steps (1e-6 barely moves it here)
@@ -224,27 +188,6 @@ def run_config(
             **({"max_staleness": knobs.max_staleness} if knobs.max_staleness else {}),
         },
     }
-
-
-def pools_of(variant: str, agents: list[str], model: str, dtype: str, lr: float) -> dict:
-    """One shared model (L1, and L0's one agent); with L2 a LoRA adapter per role on it; with L3
-    a model per role, each pool named after its agent."""
-    # 4096 tokens a micro-batch: ~2 MB of float32 activations a position for SmolLM2 (measured),
-    # so the default 8192 peaks near 20 GB and, beside the rollout, OOMs a 24 GB machine.
-    pool: dict[str, Any] = {
-        "model_path": model,
-        "engine": "hf",
-        "device": "cpu",
-        "dtype": dtype,
-        "micro_batch_tokens": 4096,
-        "optim": {"lr": lr, "warmup_steps": 0, "min_lr_ratio": 1.0},
-    }
-    if variant == "L3":
-        return {"pools": {a: pool for a in agents}}
-    if variant == "L2":
-        lora = {"specialization": "lora", "lora": LORA}
-        return {"pools": {"shared": {**pool, **lora, "optim": {**pool["optim"], "lr": LORA_LR}}}}
-    return {"pools": {"shared": pool}}
 
 
 def stop_due(took: list[float], budget_s: float) -> bool:

@@ -77,7 +77,8 @@ def test_the_smollm2_examples_are_the_learning_bench_s_at_grpo_runs():
     import sys
 
     sys.path.insert(0, str(ROOT))
-    from bench.real_learning import TASKS, run_config
+    from bench._learning_variants import TASKS
+    from bench.real_learning import run_config
 
     for task in TASKS:
         example = yaml.safe_load((EXAMPLES / f"reasoning_gym_{task}_L1_smollm2.yaml").read_text())
