@@ -50,9 +50,12 @@ LORA_LR = 3e-4  # not tuned: 10x the full weights' 3e-5, LoRA's usual ratio
 ALL_VARIANTS = VARIANTS + POLICY_VARIANTS + tuple(v for v in GROUPING if v not in VARIANTS)
 
 
-def pools_of(variant: str, agents: list[str], model: str, dtype: str, lr: float) -> dict:
+def pools_of(
+    variant: str, agents: list[str], model: str, dtype: str, lr: float, min_lr_ratio: float = 1.0
+) -> dict:
     """One shared model (L1, and L0's one agent); with L2 a LoRA adapter per role on it; with L3
-    a model per role, each pool named after its agent."""
+    a model per role, each pool named after its agent. The learning rate is constant unless
+    min_lr_ratio < 1 (a cosine decay over the run's steps to that fraction)."""
     # 4096 tokens a micro-batch: ~2 MB of float32 activations a position for SmolLM2 (measured),
     # so the default 8192 peaks near 20 GB and, beside the rollout, OOMs a 24 GB machine.
     pool: dict[str, Any] = {
@@ -61,7 +64,7 @@ def pools_of(variant: str, agents: list[str], model: str, dtype: str, lr: float)
         "device": "cpu",
         "dtype": dtype,
         "micro_batch_tokens": 4096,
-        "optim": {"lr": lr, "warmup_steps": 0, "min_lr_ratio": 1.0},
+        "optim": {"lr": lr, "warmup_steps": 0, "min_lr_ratio": min_lr_ratio},
     }
     if variant == "L3":
         return {"pools": {a: pool for a in agents}}

@@ -114,7 +114,9 @@ class Knobs:
     step while this one trains) and stop_at_fence (the tool agent's generation ends at its program's
     closing fence: only the program runs, so what the untrained model writes after it, up to
     max_tokens, cost decode and update time for nothing) and eval_overlap (an evaluation runs
-    beside the next step's collection; its cost then shows in that step's seconds). `label` names
+    beside the next step's collection; its cost then shows in that step's seconds) and min_lr_ratio
+    (below 1, the learning rate decays on a cosine to that fraction of itself over --steps: smaller
+    steps once the run is near its target, where constant ones overshot). `label` names
     a run made with other knobs than the defaults, so it keeps its own directory and table row."""
 
     lr: float = LR
@@ -125,6 +127,7 @@ class Knobs:
     stop_at_fence: bool = False
     label: str = ""
     eval_overlap: bool = False
+    min_lr_ratio: float = 1.0
 
 
 def run_config(
@@ -167,7 +170,7 @@ def run_config(
             "turn_order": agents,
             "options": env_options,
         },
-        **pools_of(variant, agents, model, dtype, knobs.lr),
+        **pools_of(variant, agents, model, dtype, knobs.lr, knobs.min_lr_ratio),
         "agents": {
             a: {
                 "pool": a if variant == "L3" else "shared",
@@ -374,6 +377,12 @@ def main() -> None:
         help="evaluate beside the next step's collection, not in a pause (run.eval_overlap)",
     )
     ap.add_argument(
+        "--min-lr-ratio",
+        type=float,
+        default=1.0,
+        help="cosine decay of the learning rate over --steps to this fraction of it (1: constant)",
+    )
+    ap.add_argument(
         "--label",
         default="",
         help="names runs made with other knobs (their directory and table row), e.g. lr3e-5",
@@ -444,6 +453,7 @@ def main() -> None:
                     args.stop_at_fence,
                     args.label,
                     args.eval_overlap,
+                    args.min_lr_ratio,
                 ),
             )
             runs.append(run)
