@@ -1,9 +1,13 @@
-"""`atgrpo model teach`: a tiny model taught to answer an env's roles in its answer format.
+"""`atgrpo model teach` and `atgrpo model demos`: supervised warm starts.
 
-A random tiny model never writes an answer a new env can parse, so every sample scores the same
-and a smoke run trains on nothing (zero advantages, zero loss). A few hundred supervised steps on
-the env's own first-turn prompts, with example answers per role, fix that in seconds on a CPU:
-the taught model answers with one of the examples, chosen at random (atgrpo.models.taught)."""
+A model that never writes an answer its env can parse scores the same on every sample, and a run
+trains on nothing (zero advantages, zero loss). Two ways to fix that:
+- `teach --examples`: a tiny model taught, in seconds on a CPU, to answer each role's first-turn
+  prompts with one of a few fixed example answers (the format, for smoke runs;
+  atgrpo.models.taught);
+- `demos` then `teach --demos`: train episodes played with the env's own solver (or a program
+  the user names), each agent's prompt and right answer written as JSONL (atgrpo.sdk.demos), and
+  a real model fine-tuned on them (atgrpo.models.sft): a warm start a user can reproduce."""
 
 from __future__ import annotations
 
@@ -22,19 +26,50 @@ def add_command(model: argparse._SubParsersAction) -> None:
         help="teach a (tiny) model an env's answer format from example answers, for smoke runs",
     )
     p.add_argument("--base", required=True, type=Path, help="the model to start from (a folder)")
-    p.add_argument(
+    given = p.add_mutually_exclusive_group(required=True)
+    given.add_argument(
         "--examples",
-        required=True,
         type=Path,
         help="YAML or JSON: each agent's example answers, {agent: [answer, ...]} (or one answer)",
     )
+    given.add_argument(
+        "--demos",
+        type=Path,
+        help="JSONL of demonstrations (`atgrpo model demos` writes them): fine-tune on them",
+    )
     p.add_argument("--out", required=True, type=Path, help="the folder to write the model to")
+    p.add_argument("--epochs", type=int, default=2, help="with --demos: passes over them")
+    p.add_argument("--lr", type=float, default=1e-5, help="with --demos: AdamW learning rate")
+    p.add_argument("--batch-size", type=int, default=8, help="with --demos: examples a step")
+    p.add_argument("--seed", type=int, default=0, help="with --demos: the shuffle's seed")
     p.add_argument("--config", type=Path, default=None, help="a run config: its env and options")
     p.add_argument("--env", default=None, help="package.module:Class or a name (else --config's)")
     p.add_argument("--options", default="{}", help="the env's options as JSON")
     p.add_argument("--tasks", type=int, default=8, help="train tasks whose prompts are taught")
     p.add_argument("--steps", type=int, default=300, help="supervised steps (default 300)")
     p.set_defaults(fn=run)
+    d = model.add_parser(
+        "demos",
+        help="play train episodes with the env's own solver and write each agent's prompt and "
+        "answer, for `teach --demos`",
+    )
+    d.add_argument("--out", required=True, type=Path, help="the JSONL file to write")
+    d.add_argument("--config", type=Path, default=None, help="a run config: its env and options")
+    d.add_argument("--env", default=None, help="package.module:Class or a name (else --config's)")
+    d.add_argument("--options", default="{}", help="the env's options as JSON (over the config's)")
+    d.add_argument("--episodes", type=int, default=200, help="train episodes to play")
+    d.add_argument(
+        "--solver",
+        default=None,
+        help="package.module:function(agent, messages) -> answer, for agents the env has no "
+        "demonstration for",
+    )
+    d.add_argument(
+        "--sandbox",
+        default="",
+        help="a sandbox_svc address, for envs that run code (`atgrpo up` starts one)",
+    )
+    d.set_defaults(fn=run_demos)
 
 
 def read_examples(path: Path) -> dict[str, list[str]]:
@@ -80,10 +115,8 @@ async def first_prompts(
     return out
 
 
-def run(args: argparse.Namespace) -> int:
-    from atgrpo.errors import AtgrpoError
-
-    import_from_here()
+def env_of(args: argparse.Namespace, command: str) -> tuple[str, dict] | None:
+    """(env target, its options) from --env/--config/--options, or None once the error is told."""
     target, options = args.env, {}
     if args.config is not None:
         from atgrpo import env_check
@@ -93,16 +126,34 @@ def run(args: argparse.Namespace) -> int:
             cfg = load_config(args.config)
         except ConfigError as err:
             print(f"{args.config}: invalid config\n{err}", file=sys.stderr)
-            return 2
+            return None
         target = target or cfg.env.path or cfg.env.name
         options = env_check.env_options(cfg)
     if target is None:
-        print(
-            "atgrpo model teach: give --env or --config (whose prompts to teach)", file=sys.stderr
-        )
-        return 2
+        print(f"atgrpo model {command}: give --env or --config (whose env)", file=sys.stderr)
+        return None
     try:
-        options.update(json.loads(args.options))
+        extra = json.loads(args.options)
+    except ValueError as err:
+        print(f"atgrpo model {command}: --options is not JSON ({err})", file=sys.stderr)
+        return None
+    if not isinstance(extra, dict):
+        print(f"atgrpo model {command}: --options must be a JSON object", file=sys.stderr)
+        return None
+    return target, {**options, **extra}
+
+
+def run(args: argparse.Namespace) -> int:
+    from atgrpo.errors import AtgrpoError
+
+    import_from_here()
+    if args.demos is not None:
+        return run_sft(args)
+    what = env_of(args, "teach")
+    if what is None:
+        return 2
+    target, options = what
+    try:
         examples = read_examples(args.examples)
         prompts = asyncio.run(first_prompts(target, options, list(examples), args.tasks))
     except (OSError, ValueError, AtgrpoError) as err:
@@ -111,4 +162,83 @@ def run(args: argparse.Namespace) -> int:
     from atgrpo.models.taught import teach
 
     print(teach(args.base, args.out, prompts, examples, steps=args.steps))
+    return 0
+
+
+def run_sft(args: argparse.Namespace) -> int:
+    from atgrpo.models.sft import sft
+    from atgrpo.sdk import demos
+
+    try:
+        rows = demos.read(args.demos)
+        stats = sft(
+            args.base,
+            args.out,
+            rows,
+            epochs=args.epochs,
+            lr=args.lr,
+            batch_size=args.batch_size,
+            seed=args.seed,
+        )
+    except (OSError, ValueError) as err:
+        print(f"atgrpo model teach: {err}", file=sys.stderr)
+        return 2
+    print(f"{args.out}: {stats.line()}")
+    return 0
+
+
+def load_solver(spec: str):
+    """The function `package.module:function` names; ValueError saying what to write."""
+    import importlib
+
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        raise ValueError(f"--solver {spec!r}: write package.module:function")
+    fn = getattr(importlib.import_module(module), name, None)
+    if not callable(fn):
+        raise ValueError(f"--solver {spec!r}: {module} has no function {name!r}")
+    return fn
+
+
+def run_demos(args: argparse.Namespace) -> int:
+    from atgrpo.errors import AtgrpoError
+    from atgrpo.sdk import demos
+    from atgrpo.sdk.host import EnvHost
+    from atgrpo.sdk.registry import registry_for
+
+    import_from_here()
+    what = env_of(args, "demos")
+    if what is None:
+        return 2
+    target, options = what
+
+    async def played():
+        sandbox = None
+        if args.sandbox:
+            from sandbox_svc.client import SandboxClient
+
+            sandbox = SandboxClient(args.sandbox)
+        name, registry = registry_for(target)
+        return await demos.play(
+            EnvHost(registry, sandbox=sandbox), name, options, args.episodes, solver=solver
+        )
+
+    try:
+        solver = load_solver(args.solver) if args.solver else None
+        rows, stats = asyncio.run(played())
+    except (ImportError, ValueError, AtgrpoError) as err:
+        print(f"atgrpo model demos: {getattr(err, 'message', err)}", file=sys.stderr)
+        return 2
+    if not rows:
+        print(
+            f"atgrpo model demos: none of {stats.episodes} episodes succeeded with the "
+            "demonstrations: nothing written (does the env need --sandbox?)",
+            file=sys.stderr,
+        )
+        return 1
+    demos.write(rows, args.out)
+    print(
+        f"{args.out}: {stats.demos} demonstrations from {stats.kept} of {stats.episodes} "
+        "episodes (those that succeeded)"
+    )
     return 0

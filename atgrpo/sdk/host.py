@@ -191,6 +191,22 @@ class EnvHost:
                 messages = await _maybe_await(episode.env.observe(agent))
         return _checked_messages(messages, where), episode.turn
 
+    async def demonstration(self, episode_id: str, agent: str) -> str | None:
+        """The env's own right answer for `agent` now (Environment.demonstration), or None where
+        it has none: what `atgrpo model demos` plays; never called in training."""
+        episode = self.store.get(episode_id)
+        self._agent(episode, agent)
+        where = f"{_named(episode.env_name, episode.env)}: demonstration({agent!r})"
+        method = getattr(episode.env, "demonstration", None)
+        if method is None:  # an env written against an SDK without it
+            return None
+        async with episode.lock:
+            with env_code(where):
+                text = await _maybe_await(method(agent))
+        if text is not None and not isinstance(text, str):
+            raise EnvCodeError(f"{where} returned {type(text).__name__}; return a str or None")
+        return text
+
     async def step(self, episode_id: str, agent: str, action: str) -> StepResult:
         episode = self.store.get(episode_id)
         self._agent(episode, agent)
