@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench._learning_variants import ALL_VARIANTS, TASKS  # noqa: E402
 from bench._report import SMOKE, choices, plot_panels  # noqa: E402
+from bench._warm_start import warm_model  # noqa: E402
 from bench.real_learning import (  # noqa: E402
     DEFAULT_MODEL,
     DTYPE,
@@ -98,25 +99,28 @@ def key(task: str, variant: str, seed: int) -> str:
     return f"{task}/{variant}/s{seed}"
 
 
-def swapped_checkpoint(run_dir: Path, variant: str) -> Path:
+def swapped_checkpoint(
+    run_dir: Path, variant: str, roles: tuple[str, ...] = ("tool", "reasoner")
+) -> Path:
     """A copy of the run's last checkpoint with the two roles' policies exchanged: L3's pools' model
     folders (a pool per agent; each pool folder keeps its own record, atgrpo.json, which names
     the pool), L2's adapter folders (an adapter per agent)."""
+    one, two = roles
     from atgrpo.cli.runner import latest_checkpoint
 
     ckpt = latest_checkpoint(run_dir)
     out = run_dir / "swapped" / ckpt.name  # step-N: the evaluation takes its step from the name
     shutil.rmtree(out, ignore_errors=True)
     if variant == "L3":
-        for pool, other in (("tool", "reasoner"), ("reasoner", "tool")):
+        for pool, other in ((one, two), (two, one)):
             shutil.copytree(ckpt / pool, out / pool, ignore=shutil.ignore_patterns("model"))
             shutil.copytree(ckpt / other / "model", out / pool / "model")
     else:
         shutil.copytree(ckpt / "shared", out / "shared")
         adapters = out / "shared" / "model"
-        (adapters / "tool").rename(adapters / "was-tool")
-        (adapters / "reasoner").rename(adapters / "tool")
-        (adapters / "was-tool").rename(adapters / "reasoner")
+        (adapters / one).rename(adapters / f"was-{one}")
+        (adapters / two).rename(adapters / one)
+        (adapters / f"was-{one}").rename(adapters / two)
     return out
 
 
@@ -136,7 +140,8 @@ def one_cell(task: str, variant: str, seed: int, model: str, work: Path, args) -
         data = run_config(
             task, variant, model, run_dir / "swapped", *sizes, dtype=DTYPE, knobs=knobs
         )
-        crossed = evaluate(parse_config(data), swapped_checkpoint(run_dir, variant))
+        swapped = swapped_checkpoint(run_dir, variant, TASKS[task].team)
+        crossed = evaluate(parse_config(data), swapped)
         run["swapped"] = {"step": crossed["step"], "success": crossed["success_rate"]}
     run["cell_wall_s"] = time.perf_counter() - start
     return run
@@ -175,6 +180,21 @@ def _rows(done: dict[str, dict], tasks: list[str]) -> list[str]:
     return out
 
 
+def warm_lines(warm: dict[str, dict]) -> str:
+    """What each warm start took, under the table."""
+    if not warm:
+        return ""
+    lines = ["", "", "Warm starts (each task's variants all start from it; bench/_warm_start.py):"]
+    for task, w in sorted(warm.items()):
+        d, f = w["demos"], w["sft"]
+        lines.append(
+            f"- {task}: {d['demos']} demonstrations from the {d['kept']} of {d['episodes']} "
+            f"train episodes its env's solver won; {f['epochs']} epoch at lr {w['lr']:g}, "
+            f"{f['seconds'] / 60:.1f} min, loss {f['loss_first']:.3f} -> {f['loss_last']:.3f}"
+        )
+    return "\n".join(lines)
+
+
 def plot(done: dict[str, dict], path: Path) -> None:
     panels: dict[str, list] = {}
     for k, r in sorted(done.items()):
@@ -189,10 +209,11 @@ def plot(done: dict[str, dict], path: Path) -> None:
     plot_panels(panels, path, "training samples", "greedy eval success")
 
 
-def write(out: Path, done: dict[str, dict], tasks: list[str]) -> None:
+def write(out: Path, done: dict[str, dict], tasks: list[str], warm: dict[str, dict]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "paper_table.json").write_text(json.dumps({"cells": done}, indent=1) + "\n")
-    (out / "paper_table.md").write_text(table(done, tasks) + "\n")
+    saved = {"cells": done, "warm_starts": warm}
+    (out / "paper_table.json").write_text(json.dumps(saved, indent=1) + "\n")
+    (out / "paper_table.md").write_text(table(done, tasks) + warm_lines(warm) + "\n")
     plot(done, out / "paper_table.png")
 
 
@@ -206,6 +227,19 @@ def main() -> None:
     ap.add_argument("--eval-tasks", type=int, default=2 if SMOKE else 64)
     ap.add_argument("--model", default="", help="model directory (default: SmolLM2, built)")
     ap.add_argument("--out", default=str(ROOT / "runs" / "paper_table"))
+    ap.add_argument(
+        "--warm-start",
+        choices=("auto", "all", "none"),
+        default="auto",
+        help="fine-tune the model on each task's env demonstrations before every variant: auto "
+        "where the task asks for it (those SmolLM2 starts at 0 on), all, or none",
+    )
+    ap.add_argument(
+        "--warm-episodes",
+        type=int,
+        default=4 if SMOKE else 200,
+        help="train episodes played with the env's solver for a warm start's demonstrations",
+    )
     args = ap.parse_args()
     tasks = choices(ap, args.tasks, TASKS, "task")
     variants = choices(ap, args.variants, ALL_VARIANTS, "variant")
@@ -214,15 +248,25 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     model = args.model or (tiny_model(work) if SMOKE else ensure_smollm2(DEFAULT_MODEL))
     saved = out / "paper_table.json"
-    done: dict[str, dict] = json.loads(saved.read_text())["cells"] if saved.exists() else {}
+    kept = json.loads(saved.read_text()) if saved.exists() else {}
+    done: dict[str, dict] = kept.get("cells", {})
+    warm: dict[str, dict] = kept.get("warm_starts", {})
     for task, variant, seed in cells(tasks, variants, args.seeds):
         if key(task, variant, seed) in done:
             print(f"{key(task, variant, seed)}: done before, kept", flush=True)
             continue
-        done[key(task, variant, seed)] = one_cell(task, variant, seed, model, work, args)
+        start = model
+        if args.warm_start == "all" or (args.warm_start == "auto" and TASKS[task].warm_start):
+            if task not in warm:
+                config = run_config(task, "at-grpo", model, work / f"warm-{task}" / "run", 1, 1, 1)
+                warm[task] = warm_model(config, model, work / f"warm-{task}", args.warm_episodes)
+                print(f"{task}: warm start, {warm[task]}", flush=True)
+            start = warm[task]["model"]
+        done[key(task, variant, seed)] = one_cell(task, variant, seed, start, work, args)
+        done[key(task, variant, seed)]["warm_start"] = start != model
         print(f"{key(task, variant, seed)}: {figure(done[key(task, variant, seed)], 'end')}")
-        write(out, done, tasks)  # each finished cell is kept at once
-    write(out, done, tasks)
+        write(out, done, tasks, warm)  # each finished cell is kept at once
+    write(out, done, tasks, warm)
     print("\n" + table(done, tasks))
 
 

@@ -84,7 +84,6 @@ from bench._report import SMOKE, choices  # noqa: E402
 
 DEFAULT_MODEL = ROOT / ".atgrpo" / "models" / "smollm2"
 K, TASKS_PER_STEP = 4, 8
-MAX_TOKENS = {"tool": 96, "reasoner": 64}  # a short program; a sentence and the tagged answer
 LR = 1e-5  # full weights of a 135M model over tens of steps (1e-6 barely moves it here)
 # The pool's dtype: the update under bf16 autocast over float32 masters and the engine's weights in
 # bf16. This CPU (AMD EPYC, avx512_bf16) multiplies bf16 matrices ~2.5x faster than float32 ones;
@@ -142,10 +141,13 @@ def run_config(
     knobs: Knobs = Knobs(),
 ) -> dict[str, Any]:
     """One run's config: the AT-GRPO baseline with `variant`'s one change."""
-    agents = ["reasoner"] if variant == "L0" else ["tool", "reasoner"]
-    env_options = {**TASKS[task], "max_turns": 1, "turn_order": agents, "eval_size": eval_tasks}
+    spec = TASKS[task]
+    agents = [spec.single] if variant == "L0" else list(spec.team)
+    env_options = {**spec.options, "max_turns": spec.max_turns, "turn_order": agents}
+    if spec.env == "reasoning_gym":  # its eval split is a dataset of this size; others generate
+        env_options["eval_size"] = eval_tasks
     sampling = {
-        a: {"temperature": 1.0, "max_tokens": MAX_TOKENS[a], "max_prompt_tokens": 1024}
+        a: {"temperature": 1.0, "max_tokens": spec.max_tokens[a], "max_prompt_tokens": 1024}
         for a in agents
     }
     if knobs.stop_at_fence and "tool" in sampling:
@@ -165,8 +167,8 @@ def run_config(
             **({"eval_overlap": True} if knobs.eval_overlap else {}),
         },
         "env": {
-            "name": "reasoning_gym",
-            "max_turns": 1,
+            "name": spec.env,
+            "max_turns": spec.max_turns,
             "turn_order": agents,
             "options": env_options,
         },
@@ -487,7 +489,7 @@ def write(out: Path, args: argparse.Namespace, runs: list[dict], took: float) ->
                 "model": args.model or str(DEFAULT_MODEL),
                 "minutes_this_call": took / 60,
                 "defaults": {"k": K, "tasks_per_step": TASKS_PER_STEP, "lr": LR},
-                "max_tokens": MAX_TOKENS,
+                "max_tokens": {t: TASKS[t].max_tokens for t in {r["task"] for r in runs}},
                 "runs": runs,
             },
             indent=1,

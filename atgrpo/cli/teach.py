@@ -42,6 +42,11 @@ def add_command(model: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=float, default=1e-5, help="with --demos: AdamW learning rate")
     p.add_argument("--batch-size", type=int, default=8, help="with --demos: examples a step")
     p.add_argument("--seed", type=int, default=0, help="with --demos: the shuffle's seed")
+    p.add_argument(
+        "--bf16",
+        action="store_true",
+        help="with --demos: bf16 autocast (faster on CPUs with bf16 instructions, and GPUs)",
+    )
     p.add_argument("--config", type=Path, default=None, help="a run config: its env and options")
     p.add_argument("--env", default=None, help="package.module:Class or a name (else --config's)")
     p.add_argument("--options", default="{}", help="the env's options as JSON")
@@ -179,6 +184,7 @@ def run_sft(args: argparse.Namespace) -> int:
             lr=args.lr,
             batch_size=args.batch_size,
             seed=args.seed,
+            bf16=args.bf16,
         )
     except (OSError, ValueError) as err:
         print(f"atgrpo model teach: {err}", file=sys.stderr)

@@ -4,8 +4,8 @@ model which never answers in its env's format a first reward to improve on.
 Each demonstration is the prompt the rollout would render for its agent (atgrpo.models.chat, the
 same function) and the answer it should write; the loss is the answer's tokens' mean negative
 log-likelihood, the prompt masked. Batches are drawn from one shuffled order an epoch, of
-neighbouring lengths so padding costs little. The weights train in float32 and are saved in the
-base model's dtype (what every pool then loads)."""
+neighbouring lengths so padding costs little. The weights train in float32 (optionally under
+bf16 autocast) and are saved in the base model's dtype (what every pool then loads)."""
 
 from __future__ import annotations
 
@@ -85,8 +85,11 @@ def sft(
     lr: float = 1e-5,
     batch_size: int = 8,
     seed: int = 0,
+    bf16: bool = False,
 ) -> SftStats:
-    """Copy the model at `base` to `out`, fine-tuned on `demos`; what it trained and how long."""
+    """Copy the model at `base` to `out`, fine-tuned on `demos`; what it trained and how long.
+    `bf16`: the forward and backward under bf16 autocast over the float32 weights, as the pools'
+    bf16 update runs (on a CPU with bf16 instructions, ~2.5x faster matmuls)."""
     if not demos:
         raise ValueError("no demonstrations to train on")
     if epochs < 1 or batch_size < 1 or lr <= 0:
@@ -112,7 +115,8 @@ def sft(
         total = 0.0
         epoch = batches(rows, batch_size, rng, pad)
         for ids, mask, labels in epoch:
-            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()

@@ -172,3 +172,35 @@ def test_the_docs_example_passes_env_check_from_its_folder(example_dir):
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "env 'pair_sum': ok, every rule kept" in out.stdout
+
+
+def test_the_docs_demos_command_writes_the_example_s_demonstrations(example_dir, tmp_path):
+    """`atgrpo model demos` as the docs give it, on the example's own demonstration(): every
+    episode ends solved, so each is written, each agent's answer summing to the target."""
+    import shutil
+
+    out = tmp_path / "demos.jsonl"
+    done = subprocess.run(
+        [
+            shutil.which("atgrpo") or str(Path(sys.executable).parent / "atgrpo"),
+            "model",
+            "demos",
+            "--env",
+            "pair_sum:PairSumEnv",
+            "--episodes",
+            "6",
+            "--out",
+            str(out),
+        ],
+        cwd=example_dir,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "12 demonstrations from 6 of 6 episodes" in done.stdout
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    for first, second in zip(rows[::2], rows[1::2], strict=True):
+        target = int(first["messages"][0]["content"].split()[1].rstrip("."))
+        assert (first["agent"], second["agent"]) == ("first", "second")
+        assert int(first["response"]) + int(second["response"]) == target
