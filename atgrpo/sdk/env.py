@@ -101,3 +101,9 @@ class Environment:
     def task_ids(self, split: str) -> Sequence[str] | None:
         """The tasks of a split, or None when tasks are generated from seeds (any id is valid)."""
         return None
+
+    def demonstration(self, agent: str) -> str | None:
+        """A right answer for `agent` in the current state, as the model should write it (the
+        env's own solver), or None where the env has none. `atgrpo model demos` plays episodes with
+        these to build supervised demonstrations for a warm start; it never runs during training."""
+        return None

@@ -135,6 +135,15 @@ class MathEnv(ToolTurns, Environment):
             )
         return self._prompt(role, [f"Problem:\n{p.question}"], tail)
 
+    def demonstration(self, agent: str) -> str | None:
+        """The reasoner: the problem's reference answer in \\boxed{}; the tool agent has none (a
+        program computing an arbitrary problem's answer is not ours to write)."""
+        self._check(agent)
+        if self.problem is None or self.done or agent != "reasoner":
+            return None
+        answer = str(self.problem.answer).strip()
+        return f"\\boxed{{{answer}}}" if answer else None
+
     def _ready(self) -> bool:
         return self.problem is not None
 

@@ -34,6 +34,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from env_svc.envs import plan_programs
 from env_svc.envs.planning import DIRECTIONS, Outcome, PlanningEnv, Record, direction_moves
 
 COST_STEP, COST_INVALID, R_GOAL, R_OPTIMAL, SHAPING = 0.01, 0.1, 1.0, 0.5, 1.0
@@ -88,6 +89,7 @@ class PlanPathEnv(PlanningEnv):
         '"pos" [row, col] current position, "goal" [row, col]; row 0 is the top'
     )
     shared_on_fork = (*PlanningEnv.shared_on_fork, "grid", "dist")
+    tool_program: ClassVar[str | None] = plan_programs.PLAN_PATH
 
     def __init__(self, options=None):
         super().__init__(options)
@@ -220,3 +222,6 @@ class PlanPathEnv(PlanningEnv):
     def solution(self) -> list[str]:
         """An optimal list of moves from the current position (for tests and baselines)."""
         return shortest_path(self.grid, self.state.pos, self.goal) or []
+
+    def demo_moves(self) -> list[str] | None:
+        return self.solution() or None

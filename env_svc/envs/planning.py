@@ -56,7 +56,9 @@ bracket scan that finds the literal stops at 64 KiB or 32 levels, so nothing an 
 raise out of `step`.
 
 A puzzle subclass supplies the rules: `generate`, `render`, `rules`, `puzzle_json`, `parse_moves`,
-`start_record`, `simulate` and `progress` (see each method). Its state lives in `self.state` as
+`start_record`, `simulate` and `progress` (see each method), and for `demonstration` (warm-start
+data, never used in training) its solver: `demo_moves` and a general `tool_program`
+(plan_programs.py). Its state lives in `self.state` as
 plain data, so the default deep-copying `fork()` gives an independent copy (ledgers included).
 """
 
@@ -202,6 +204,7 @@ class PlanningEnv(Environment):
     default_max_turns: ClassVar[int] = 5  # the reference's stateful configs use max_turns 5
     stdin_doc: ClassVar[str] = ""  # the keys of the puzzle JSON the tool program reads
     example_moves: ClassVar[str] = '["U","R"]'
+    tool_program: ClassVar[str | None] = None  # the tool agent's demonstration (plan_programs.py)
     # Attributes set by generate() and never changed after: forks share them instead of copying.
     shared_on_fork = (*Environment.shared_on_fork, "tool_limits")
 
@@ -281,6 +284,11 @@ class PlanningEnv(Environment):
         """The team signal for the current state: in [0, 1], exactly 1.0 when solved."""
         raise NotImplementedError
 
+    def demo_moves(self) -> list[Any] | None:
+        """Moves that solve the puzzle from the current state (the env's own solver), as the plan
+        agent writes them; None where there is none. The default has none."""
+        return None
+
     # ---- Environment ----------------------------------------------------------------------
 
     def reset(self, task_id: str, seed: int, split: str) -> None:
@@ -343,6 +351,24 @@ class PlanningEnv(Environment):
         if agent == "tool":
             return await self._tool_step(action)
         return self._plan_step(action)
+
+    def demonstration(self, agent: str) -> str | None:
+        """The tool agent: the puzzle's general solver program (`tool_program`); the plan agent:
+        the env's own solution from the current state. None before reset and once it is over."""
+        self._check_agent(agent)
+        if self.state is None or self.done:
+            return None
+        if agent == "tool":
+            if self.tool_program is None:
+                return None
+            return (
+                "This program searches from the current state for the moves that solve the "
+                f"puzzle and prints them.\n```python\n{self.tool_program}```"
+            )
+        moves = self.demo_moves()
+        if not moves:
+            return None
+        return f"These moves solve the puzzle from the current state.\n#### {moves_text(moves)}"
 
     # ---- the tool agent -------------------------------------------------------------------
 

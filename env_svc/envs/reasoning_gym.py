@@ -26,6 +26,9 @@ per epoch, and evaluation takes the first `eval_size` entries.
   the `<answer>...</answer>` it prints, else its last non-empty stdout line. Local reward: its
   answer's score, 0 when it printed nothing, `failure_reward` for no code block or a crash.
 - **team reward** (both agents): the reasoner's latest score (0 before it answers).
+- **demonstration** (warm-start data, never used in training): the reasoner's is the entry's
+  answer in <answer> tags; the tool agent's a program computing it, for the datasets whose entry
+  determines it (`TOOL_PROGRAMS`: basic_arithmetic, letter_counting), else None.
 - **done / success**: success = the reasoner's latest score is 1.0; the episode ends then, or
   after `max_turns` (default 1; a later turn tells the agents their answer was not right, an
   oracle, so evaluate with `max_turns: 1`).
@@ -41,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from atgrpo.errors import InvalidArgument
@@ -79,6 +82,36 @@ def program_answer(stdout: str) -> str | None:
     else its last non-empty line."""
     lines = [ln.strip() for ln in stdout.strip().splitlines() if ln.strip()]
     return tagged_answer(stdout) or (lines[-1] if lines else None)
+
+
+def _arithmetic_program(dataset: Any, entry: dict) -> str | None:
+    """basic_arithmetic: the expression printed. With parentheses allowed (the default) the dataset
+    computes it as Python does, its `/` as floor division; without, it computes left to right,
+    and a `/` in the question may not be the division it did, so that answer is not derivable."""
+    expression = str(entry["metadata"]["expression"])
+    if getattr(dataset.config, "allow_parentheses", True):
+        return f"print({expression.replace('/', '//')})"
+    if "/" in expression:
+        return None
+    first, *rest = expression.split()
+    for op, number in zip(rest[::2], rest[1::2], strict=True):
+        first = f"({first} {op} {number})"
+    return f"print({first.removeprefix('(').removesuffix(')') if rest else first})"
+
+
+def _letters_program(dataset: Any, entry: dict) -> str:
+    """letter_counting: the letter counted in the text, case-insensitively (as the dataset
+    counts)."""
+    meta = entry["metadata"]
+    text, letter = " ".join(meta["span"]), str(meta["target_letter"]).lower()
+    return f"text = {text!r}\nprint(text.lower().count({letter!r}))"
+
+
+# The tool agent's demonstration, for the datasets whose answer a program computes from the entry.
+TOOL_PROGRAMS: dict[str, Callable[[Any, dict], str | None]] = {
+    "basic_arithmetic": _arithmetic_program,
+    "letter_counting": _letters_program,
+}
 
 
 def _in_process(scorer: Any, dataset: Any, answer: str, entry: dict) -> float:
@@ -247,6 +280,22 @@ class ReasoningGymEnv(ToolTurns, Environment):
                 "</answer>, in exactly the format the task asks for."
             )
         return self._prompt(role, [f"Task:\n{self.entry['question']}"], tail)
+
+    def demonstration(self, agent: str) -> str | None:
+        """The reasoner: the entry's reference answer in <answer> tags; the tool agent: a program
+        computing it, for the datasets of TOOL_PROGRAMS (None for the others). None before reset
+        and once the episode is over."""
+        self._check(agent)
+        if self.entry is None or self.done:
+            return None
+        if agent == "reasoner":
+            answer = self.entry.get("answer")
+            if not isinstance(answer, str) or not answer.strip():
+                return None
+            return f"<answer>{answer.strip()}</answer>"
+        build = TOOL_PROGRAMS.get(self.source[0])
+        program = build(self.dataset, self.entry) if build is not None else None
+        return None if program is None else f"```python\n{program}\n```"
 
     @property
     def success(self) -> bool:

@@ -42,6 +42,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from env_svc.envs import plan_programs
 from env_svc.envs.planning import DIRECTIONS, Outcome, PlanningEnv, Record, direction_moves
 
 COST_STEP, COST_INVALID, COST_OFF_GOAL, COST_FAIL = 0.01, 0.05, 0.5, 5.0
@@ -152,6 +153,7 @@ class SokobanEnv(PlanningEnv):
         '"boxes" and "goals" lists of [row, col]; row 0 is the top'
     )
     shared_on_fork = (*PlanningEnv.shared_on_fork, "floor", "goals", "dead")
+    tool_program: ClassVar[str | None] = plan_programs.SOKOBAN
 
     def __init__(self, options=None):
         super().__init__(options)
@@ -366,3 +368,6 @@ class SokobanEnv(PlanningEnv):
         return solve_sokoban(
             self.floor, frozenset(self.goals), self.state.boxes, self.state.player, dead=self.dead
         )
+
+    def demo_moves(self) -> list[str] | None:
+        return self.solution() or None

@@ -43,6 +43,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from env_svc.envs import plan_programs
 from env_svc.envs._text import clip
 from env_svc.envs.planning import MAX_MOVES_PER_ACTION, Outcome, PlanningEnv, Record
 
@@ -177,6 +178,7 @@ class SudokuEnv(PlanningEnv):
     title: ClassVar[str] = "Sudoku"
     example_moves: ClassVar[str] = "[[0,1,3],[2,2,4]]"
     shared_on_fork = (*PlanningEnv.shared_on_fork, "givens", "solution")
+    tool_program: ClassVar[str | None] = plan_programs.SUDOKU
 
     def __init__(self, options=None):
         super().__init__(options)
@@ -419,6 +421,11 @@ class SudokuEnv(PlanningEnv):
             for c in range(self.size)
             if self.state.grid[r][c] != self.solution[r][c]
         ]
+
+    def demo_moves(self) -> list[list[int]]:
+        """The solution as a full grid: it replaces every written cell at once, so digits written
+        wrong earlier clash with nothing."""
+        return [list(row) for row in self.solution]
 
 
 def _is_int(x: Any) -> bool:
