@@ -95,6 +95,11 @@ def cells(tasks: list[str], variants: list[str], seeds: int) -> list[tuple[str, 
     ]
 
 
+def shown(done: dict[str, dict], tasks: list[str]) -> list[str]:
+    """The table's columns: this call's tasks and those of cells kept from earlier calls."""
+    return [t for t in TASKS if t in tasks or any(k.startswith(f"{t}/") for k in done)]
+
+
 def key(task: str, variant: str, seed: int) -> str:
     return f"{task}/{variant}/s{seed}"
 
@@ -265,9 +270,9 @@ def main() -> None:
         done[key(task, variant, seed)] = one_cell(task, variant, seed, start, work, args)
         done[key(task, variant, seed)]["warm_start"] = start != model
         print(f"{key(task, variant, seed)}: {figure(done[key(task, variant, seed)], 'end')}")
-        write(out, done, tasks, warm)  # each finished cell is kept at once
-    write(out, done, tasks, warm)
-    print("\n" + table(done, tasks))
+        write(out, done, shown(done, tasks), warm)  # each finished cell is kept at once
+    write(out, done, shown(done, tasks), warm)
+    print("\n" + table(done, shown(done, tasks)))
 
 
 if __name__ == "__main__":

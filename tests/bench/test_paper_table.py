@@ -1,6 +1,6 @@
 """bench/paper_table.py: its grid, the swap of two roles' policies in a checkpoint, its table,
-and at smoke size (the tiny model, one step a cell) a run of L0, L2 and L3 with the swapped
-evaluations, resumed without running a finished cell again."""
+and at smoke size (the tiny model, one step a cell) a run of L0, L2 and L3 from one warm start
+with the swapped evaluations, resumed without running a finished cell again."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT))
 
-from bench.paper_table import cells, swapped_checkpoint, table  # noqa: E402
+from bench.paper_table import cells, shown, swapped_checkpoint, table  # noqa: E402
 
 
 def test_the_main_tasks_team_and_single_agent_cells_get_every_seed():
@@ -30,15 +30,22 @@ def test_the_main_tasks_team_and_single_agent_cells_get_every_seed():
     ]
 
 
+def test_the_table_keeps_the_columns_of_cells_from_earlier_calls_in_the_tasks_order():
+    done = {"letters/L0/s0": {}, "arithmetic3/L3/s0": {}}
+    assert shown(done, ["arithmetic"]) == ["arithmetic", "arithmetic3", "letters"]
+    assert shown({}, ["plan_path"]) == ["plan_path"]
+
+
 @pytest.mark.parametrize("variant", ["L3", "L2"])
-def test_a_swapped_checkpoint_gives_each_role_the_other_s_policy(variant, tmp_path):
+@pytest.mark.parametrize("team", [("tool", "reasoner"), ("tool", "plan")])
+def test_a_swapped_checkpoint_gives_each_role_the_other_s_policy(variant, team, tmp_path):
     # the layouts the trainers write: a folder per pool (L3: a pool per agent), and in an L2
     # pool's model folder an adapter folder per agent
     last = tmp_path / "checkpoints" / "step-000007"
     older = tmp_path / "checkpoints" / "step-000003"
     roles = {
         r: (last / r if variant == "L3" else last / "shared" / "model" / r)
-        for r in ("tool", "reasoner")
+        for r in team
     }
     weights = "model/weights" if variant == "L3" else "weights"
     pools = list(roles.values()) if variant == "L3" else [last / "shared"]
@@ -49,12 +56,13 @@ def test_a_swapped_checkpoint_gives_each_role_the_other_s_policy(variant, tmp_pa
         (pool / "atgrpo.json").write_text(f"pool {pool.name}")
     older.mkdir(parents=True)
 
-    out = swapped_checkpoint(tmp_path, variant)
+    out = swapped_checkpoint(tmp_path, variant, team)
+    other = team[1]
 
     assert out == tmp_path / "swapped" / "step-000007"
     inside = out if variant == "L3" else out / "shared" / "model"
-    assert (inside / "tool" / weights).read_text() == "trained as reasoner"
-    assert (inside / "reasoner" / weights).read_text() == "trained as tool"
+    assert (inside / "tool" / weights).read_text() == f"trained as {other}"
+    assert (inside / other / weights).read_text() == "trained as tool"
     # each pool keeps its own record (the trainer checks the pool it names)
     for pool in pools:
         assert (out / pool.name / "atgrpo.json").read_text() == f"pool {pool.name}"
@@ -91,7 +99,7 @@ def test_the_table_puts_tasks_across_and_the_paper_s_rows_down():
 def test_paper_table_smoke_runs_a_cell_once(tiny_model, tmp_path, subprocess_env):
     env = {**subprocess_env, "ATGRPO_BENCH_SMOKE": "1"}
     argv = [sys.executable, str(ROOT / "bench" / "paper_table.py"), "--out", str(tmp_path)]
-    argv += ["--model", tiny_model, "--variants", "L0,L2,L3"]
+    argv += ["--model", tiny_model, "--variants", "L0,L2,L3", "--warm-start", "all"]
 
     def bench():
         proc = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -99,6 +107,17 @@ def test_paper_table_smoke_runs_a_cell_once(tiny_model, tmp_path, subprocess_env
         return proc, json.loads((tmp_path / "paper_table.json").read_text())["cells"]
 
     _, done = bench()
+    # one warm start for the task, from the env's demonstrations (4 episodes, tool and reasoner
+    # each answering right), and every cell trained from it
+    warm = json.loads((tmp_path / "paper_table.json").read_text())["warm_starts"]["arithmetic"]
+    assert warm["demos"] == {"episodes": 4, "kept": 4, "demos": 8}
+    assert warm["sft"]["examples"] == 8 and warm["model"] == str(
+        tmp_path / "runs/warm-arithmetic/model"
+    )
+    assert all(cell["warm_start"] for cell in done.values())
+    assert (
+        "arithmetic: 8 demonstrations from the 4 of 4" in (tmp_path / "paper_table.md").read_text()
+    )
     assert sorted(done) == ["arithmetic/L0/s0", "arithmetic/L2/s0", "arithmetic/L3/s0"]
     for cell in ("arithmetic/L2/s0", "arithmetic/L3/s0"):
         assert [e["step"] for e in done[cell]["evals"]] == [0, 1]
