@@ -32,7 +32,7 @@ def warm_model(config: dict[str, Any], base: str, out: Path, episodes: int) -> d
     from atgrpo.sdk import demos
 
     env = config["env"]
-    rows, played = asyncio.run(_play(env["name"], env["options"], episodes))
+    rows, played = _play(env["name"], env["options"], episodes)
     if not rows:
         raise RuntimeError(f"no {env['name']} episode of {episodes} succeeded: no warm start")
     demos.write(rows, out / "demos.jsonl")
@@ -50,18 +50,21 @@ def warm_model(config: dict[str, Any], base: str, out: Path, episodes: int) -> d
     return done
 
 
-async def _play(name: str, options: dict[str, Any], episodes: int):
+def _play(name: str, options: dict[str, Any], episodes: int):
     from atgrpo.cli.launcher import ServiceProcess, down, up
     from atgrpo.sdk import demos
     from atgrpo.sdk.host import EnvHost
     from atgrpo.sdk.registry import Registry
     from sandbox_svc.client import SandboxClient
 
+    async def played(address: str):
+        async with SandboxClient(address) as client:
+            host = EnvHost(Registry(), sandbox=client)
+            return await demos.play(host, name, options, episodes)
+
     with tempfile.TemporaryDirectory() as state:
         (sandbox,) = up(Path(state), (ServiceProcess("sandbox", "sandbox"),))
         try:
-            async with SandboxClient(sandbox.address) as client:
-                host = EnvHost(Registry(), sandbox=client)
-                return await demos.play(host, name, options, episodes)
+            return asyncio.run(played(sandbox.address))
         finally:
             down(Path(state))
