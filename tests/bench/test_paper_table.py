@@ -43,10 +43,7 @@ def test_a_swapped_checkpoint_gives_each_role_the_other_s_policy(variant, team, 
     # pool's model folder an adapter folder per agent
     last = tmp_path / "checkpoints" / "step-000007"
     older = tmp_path / "checkpoints" / "step-000003"
-    roles = {
-        r: (last / r if variant == "L3" else last / "shared" / "model" / r)
-        for r in team
-    }
+    roles = {r: (last / r if variant == "L3" else last / "shared" / "model" / r) for r in team}
     weights = "model/weights" if variant == "L3" else "weights"
     pools = list(roles.values()) if variant == "L3" else [last / "shared"]
     for role, where in roles.items():
