@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import inspect
 import json
 import logging
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from atgrpo.errors import AtgrpoError, EnvCodeError, FailedPrecondition, InvalidArgument
@@ -27,8 +30,22 @@ MAX_ACTION_CHARS = 1 << 20
 log = logging.getLogger(__name__)
 
 
+# Synchronous steps run here, one at a time as they did on the event loop, so a slow judge in a
+# plain `def step` delays no health check and no other env's async step.
+_STEP_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env-step")
+
+
 async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
+
+
+async def _off_loop(method: Callable[..., Any], *args: Any) -> Any:
+    """`method(*args)`: an `async def` on the event loop (it awaits its own slow parts), any other
+    in the step thread (what it returns is awaited if it is awaitable)."""
+    if inspect.iscoroutinefunction(method):
+        return await method(*args)
+    call = functools.partial(contextvars.copy_context().run, method, *args)
+    return await _maybe_await(await asyncio.get_running_loop().run_in_executor(_STEP_THREAD, call))
 
 
 def _json_safe(info: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -220,7 +237,7 @@ class EnvHost:
                 raise FailedPrecondition(f"episode {episode_id} is done; Reset a new one")
             where = f"{_named(episode.env_name, episode.env)}: step({agent!r}, ...)"
             with metrics.STEP_SECONDS.labels(episode.env_name).time(), env_code(where):
-                result = await _maybe_await(episode.env.step(agent, action))
+                result = await _off_loop(episode.env.step, agent, action)
             result = _checked_result(result, where)
             metrics.judged(episode.env_name, result.info)
             result.turn = episode.advance(agent)

@@ -17,9 +17,10 @@ How it maps (docs/environments.md, "Environments from the hubs"):
   calls its reset with the task's seed and an episode id; one that takes neither is called bare.
 - A role sees a system message (the action's JSON schema and how to answer) and the latest
   observation as JSON (its own fields; `done`, `reward` and `metadata` are the adapter's).
-- A role's text is the action: a JSON object, fenced JSON, or, for an action with one required
-  field, that field's raw value. Text that does not validate is not sent: it scores 0 with
-  `info["parse_error"]`, and the episode goes on (max_turns bounds it).
+- A role's text is the action: a JSON object, fenced JSON (read by atgrpo.sdk.judge's bounded
+  parser), or, for an action with one required field, that field's raw value. Text that does not
+  validate is not sent: it scores 0 as a format failure (`info["judge_error"]` and
+  `info["parse_error"]`), and the episode goes on (max_turns bounds it).
 - The step's reward is the team reward; an episode succeeds when it ends with a reward of at
   least `success_reward`. A reward that is not a finite number is the environment's bug: refused.
 - fork() deep-copies the OpenEnv object, as tree sampling needs: an environment that holds a
@@ -38,6 +39,8 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ValidationError
 
 from atgrpo.sdk.env import Environment, EnvSpec, Message, StepResult, turn_order_option
+from atgrpo.sdk.host import MAX_ACTION_CHARS
+from atgrpo.sdk.judge import JudgeError, failure_info, literal
 
 # The observation fields OpenEnv's base class defines: the adapter reads them, the model is not
 # shown them.
@@ -47,18 +50,23 @@ _FENCE = re.compile(r"^```[a-zA-Z]*\n(.*)\n```$", re.DOTALL)
 
 def parse_action(text: str, action: type[BaseModel]) -> BaseModel:
     """`text` as an `action`: a JSON object, fenced JSON, or the raw value of the action's one
-    required field. Raises ValueError saying what is wrong."""
+    required field. Raises JudgeError saying what is wrong: JSON is read with the bounded parser
+    (nesting, size, elements), and the action model's own validators run on model text too."""
     text = text.strip()
     fenced = _FENCE.match(text)
     body = fenced.group(1).strip() if fenced else text
     try:
-        value: Any = json.loads(body)
-    except json.JSONDecodeError:
-        value = body
+        value: Any = literal(body, "the action", max_chars=MAX_ACTION_CHARS, python=False)
+    except JudgeError as err:
+        if err.reason != "not_data" and body[:1] in "[{":  # JSON, past a bound
+            raise
+        value = body  # not JSON: the raw value of the one required field
     if not isinstance(value, dict):
         required = action.model_json_schema().get("required", [])
         if len(required) != 1:
-            raise ValueError(f"answer with a JSON object of {action.__name__}'s fields")
+            raise JudgeError(
+                "not_action", f"answer with a JSON object of {action.__name__}'s fields"
+            )
         value = {required[0]: value}
     try:
         return action.model_validate(value)
@@ -66,7 +74,11 @@ def parse_action(text: str, action: type[BaseModel]) -> BaseModel:
         problems = "; ".join(
             f"{'.'.join(map(str, e['loc'])) or 'action'}: {e['msg']}" for e in err.errors()
         )
-        raise ValueError(f"not a valid {action.__name__}: {problems}") from None
+        raise JudgeError("not_action", f"not a valid {action.__name__}: {problems}") from None
+    except Exception as err:  # noqa: BLE001 - a validator of the env's that raised on this text
+        raise JudgeError(
+            "not_action", f"{action.__name__}'s validation raised {type(err).__name__}: {err}"
+        ) from None
 
 
 def _reward(value: Any) -> float:
@@ -134,9 +146,9 @@ class OpenEnvEnvironment(Environment):
     def step(self, agent: str, action: str) -> StepResult:
         try:
             parsed = parse_action(action, self.action)
-        except ValueError as err:
+        except JudgeError as err:
             self.error = str(err)
-            return StepResult(team_reward=0.0, info={"parse_error": self.error})
+            return StepResult(team_reward=0.0, info=failure_info(err))
         self.observation, self.error = self.env.step(parsed), ""
         reward, done = _reward(self.observation.reward), bool(self.observation.done)
         return StepResult(

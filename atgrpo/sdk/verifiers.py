@@ -29,12 +29,15 @@ How it maps (docs/environments.md, "Environments from the hubs"):
 Not mapped (refused with a message when the env uses them): tool calls (`ToolEnv`,
 `StatefulToolEnv`: the policy's text is the answer, not a function call), group reward functions
 and env-provided advantages (atgrpo computes advantages itself), and environments that call the
-model themselves. A `vf.Error` raised by the env ends the episode as it does in verifiers.
+model themselves. A `vf.Error` raised by the env ends the episode as it does in verifiers; so does
+any other exception its hooks raise on an answer, which verifiers would let fail the rollout: here
+the step is also a format failure (`judge_error` "env_raised"), so no answer voids its episode.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
@@ -42,7 +45,11 @@ from typing import Any, ClassVar
 import verifiers as vf
 from verifiers.legacy.utils.message_utils import normalize_messages
 
+from atgrpo.errors import AtgrpoError
 from atgrpo.sdk.env import Environment, EnvSpec, Message, StepResult, turn_order_option
+from atgrpo.sdk.judge import JudgeError, failure_info
+
+log = logging.getLogger(__name__)
 
 
 class ModelCallRefused(RuntimeError):
@@ -123,6 +130,18 @@ def _as_chat(messages: Any) -> list[Message]:
             }
         )
     return chat
+
+
+def _raised_on_answer(state: Any, err: Exception) -> dict[str, Any]:
+    """An exception other than vf.Error from the env's hooks on an answer (int() of a superscript
+    digit, json.loads of deep nesting). verifiers would fail the rollout, and a failed episode
+    yields no samples: a policy could void its bad episodes so. Here the episode ends as on a
+    vf.Error (the rubric scores it) and the step is a format failure, its traceback logged."""
+    log.warning("the verifiers environment raised on an answer", exc_info=err)
+    state["error"] = vf.Error(f"{type(err).__name__}: {err}")
+    state.update(is_completed=True, stop_condition="env_raised")
+    message = f"the environment raised {type(err).__name__} on this answer: {err}"
+    return failure_info(JudgeError("env_raised", message[:300]))
 
 
 def _finite(value: Any, what: str) -> float:
@@ -215,14 +234,15 @@ class VerifiersEnvironment(Environment):
             "trajectory_id": state["trajectory_id"],
             "extras": {},
         }
-        await env.add_trajectory_step(state, turn)
-        if not await self._over(state):
-            try:
-                self.prompt = await env.get_prompt_messages(state)  # runs env_response
-            except vf.Error as err:
-                _record(state, err)
-            if not await env.is_completed(state):
-                return StepResult(team_reward=_finite(turn["reward"], "step reward"))
+        info: dict[str, Any] = {}
+        try:
+            goes_on = await self._answered(state, turn)
+        except Exception as err:  # noqa: BLE001 - the env's own code, on model text
+            if isinstance(err, AtgrpoError) or _refusal(err) is not None:
+                raise
+            goes_on, info = False, _raised_on_answer(state, err)
+        if goes_on:
+            return StepResult(team_reward=_finite(turn["reward"], "step reward"))
         await env.cleanup(state)  # renders the completion, as verifiers does before scoring
         await env.rubric.score_rollout(state)
         await env.rubric.cleanup(state)
@@ -231,8 +251,21 @@ class VerifiersEnvironment(Environment):
             team_reward=reward,
             done=True,
             success=reward >= getattr(env, "pass_threshold", 1.0),
-            info={"stop_condition": str(state.get("stop_condition"))},
+            info={**info, "stop_condition": str(state.get("stop_condition"))},
         )
+
+    async def _answered(self, state: Any, turn: dict[str, Any]) -> bool:
+        """The env's hooks that read the answer (add_trajectory_step, its stop conditions,
+        env_response); whether the episode goes on."""
+        env = self.vf_env
+        await env.add_trajectory_step(state, turn)
+        if await self._over(state):
+            return False
+        try:
+            self.prompt = await env.get_prompt_messages(state)  # runs env_response
+        except vf.Error as err:
+            _record(state, err)
+        return not await env.is_completed(state)
 
     async def _over(self, state: Any) -> bool:
         """The env's stop conditions, or the episode's last answer (options.max_turns may be

@@ -58,9 +58,9 @@ env_svc/datasets.py), `max_turns`, `turn_order`, `parallel`, `done_when`, `failu
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -76,10 +76,10 @@ from env_svc.envs._text import decode as _decode
 from env_svc.envs.answer_extract import extract_code
 from env_svc.envs.code_check import (
     Check,
-    call_outcome,
     call_program,
     complete_function,
     gather_chunks,
+    harness_outcomes,
     judge,
 )
 from env_svc.envs.code_program import MAX_TESTS, function_case, function_program, parse_tests
@@ -352,21 +352,8 @@ class CodeEnv(TeamTurns, Environment):
                 res = await sandbox_call(self.sandbox.execute, program, stdin=stdin, limits=limits)
             except InvalidArgument as e:  # the program itself is unacceptable (a NUL byte)
                 return [("error", f"refused: {e}")] * len(keys)
-            try:
-                texts = json.loads(_decode(res.stdout))
-            except (ValueError, RecursionError):
-                texts = None
-            stderr = _decode(res.stderr).strip().splitlines()
-            tail = f" ({_clip(stderr[-1], 200)})" if stderr else ""
-            if not isinstance(texts, list) or not all(
-                t is None or isinstance(t, str) for t in texts
-            ):
-                return [("error", f"the calls' harness failed{tail}")] * len(keys)
-            out = [call_outcome(t) for t in texts[: len(keys)]]
-            out = [
-                (kind, f"{what}{tail}") if kind == "error" else (kind, what) for kind, what in out
-            ]
-            return out + [("error", "not run")] * (len(keys) - len(out))
+            # Off the event loop: the output is up to the sandbox's limit, and hostile.
+            return await asyncio.to_thread(harness_outcomes, res.stdout, res.stderr, len(keys))
 
         verdict = await judge(
             Check(p.starter_code, p.check, p.fn_name, p.id),

@@ -11,7 +11,11 @@ from its caller's frame. So here the two never meet:
 - each distinct call of the proxy runs the answer in its own sandboxed process (`call_program`),
   its arguments going in and its result coming out as data (call_data.py): the judge compares
   fresh built-in values, and a result that is not plain data is a failed call;
-- nothing of the test is in the sandbox, and no exit code or output line means "passed".
+- nothing of the test is in the sandbox, and no exit code or output line means "passed";
+- nothing the answer returns can stall the service: results are decoded within bounds (a result
+  too large, too deep or hash-colliding to build is a JudgeError: a format failure), copied fresh
+  for each use in linear time, and check() runs in a thread, off the event loop, within
+  CHECK_BUDGET_S.
 
 The check is sequential (an assert needs its call's result) and the sandbox is best used in
 batches, so it is replayed: each probing round runs check() with its asserts made harmless and
@@ -29,11 +33,13 @@ from __future__ import annotations
 import ast
 import asyncio
 import builtins
-import copy
 import inspect
 import json
+import math
 import random
+import sys
 import textwrap
+import time
 import traceback
 import types
 from collections.abc import Awaitable, Callable, Sequence
@@ -42,6 +48,7 @@ from typing import Any
 
 from atgrpo.sdk.judge import JudgeError
 from env_svc.envs import call_data
+from env_svc.envs._text import clip, decode
 
 MAX_CALLS = 512  # distinct candidate calls one check may make (HumanEval's most: ~110)
 MAX_ROUNDS = 64
@@ -49,6 +56,8 @@ CHUNK = 64  # calls per sandbox run; runs go concurrently over the sandbox's wor
 FIRST_BATCH = 8  # calls of the first round; each round doubles it (the harness stops a
 # batch at its first call that hangs, so that costs one time limit)
 CHECK_FILE = "<check>"
+PROMPT_FILE = "<prompt>"
+CHECK_BUDGET_S = 10.0  # the check's own running time on one answer, all rounds (HumanEval's: ms)
 
 _HARNESS = '''\
 from __future__ import annotations
@@ -244,7 +253,7 @@ class _Round:
             kind, value = self.known[key]
             if kind == "error":
                 raise CandidateError(value)
-            return copy.deepcopy(value)  # check may mutate it; the next call gets it fresh
+            return call_data.fresh(value)  # check may mutate it; the next call gets it fresh
         if key not in self.missing:
             if len(self.known) + len(self.missing) >= MAX_CALLS:
                 raise _Refused(
@@ -287,7 +296,7 @@ class Check:
     """A problem's check(candidate), compiled once, replayed against recorded calls."""
 
     def __init__(self, prompt: str, test: str, entry_point: str, seed: str):
-        prompt_code = compile(prompt, "<prompt>", "exec")
+        prompt_code = compile(prompt, PROMPT_FILE, "exec")
         soft = ast.fix_missing_locations(_SoftAsserts().visit(ast.parse(test)))
         self.code = {
             False: (prompt_code, compile(test, CHECK_FILE, "exec")),
@@ -296,9 +305,10 @@ class Check:
         self.entry_point, self.seed = entry_point, seed
 
     def replay(
-        self, known: dict[str, tuple[str, Any]], probe: bool
+        self, known: dict[str, tuple[str, Any]], probe: bool, budget_s: float = math.inf
     ) -> tuple[list[str], BaseException | None]:
-        """One round: the calls it could not answer, and how check() ended (None: it returned)."""
+        """One round: the calls it could not answer, and how check() ended (None: it returned).
+        JudgeError when it runs past budget_s."""
         rnd = _Round(known)
         fake_random = _seeded_random(self.seed)
 
@@ -310,6 +320,8 @@ class Check:
             "__probe__": lambda _: None,
             "__builtins__": {**builtins.__dict__, "__import__": _import},
         }
+        outer = sys.gettrace()  # a debugger's or coverage's, given back after
+        sys.settrace(_deadline(time.monotonic() + budget_s))
         try:
             for code in self.code[probe]:
                 exec(code, ns)
@@ -321,33 +333,72 @@ class Check:
             raise r.err from None
         except Exception as e:  # an assert or the candidate's failure (or a placeholder)
             return rnd.missing, e
+        finally:
+            sys.settrace(outer)
         return rnd.missing, None
+
+
+def _deadline(at: float) -> Any:
+    """A trace function (this thread's) that stops a round past `at`: checked at every call, and
+    at every line of the check's and the prompt's own code, where a loop over what an answer
+    returned would spin. (A long C-level operation is not interrupted: the data is bounded so that
+    none is long.)"""
+
+    def tracer(frame: types.FrameType, event: str, arg: Any) -> Any:
+        if time.monotonic() > at:
+            raise _Refused(
+                JudgeError("check_timeout", "the check ran past its time on this answer's results")
+            )
+        return tracer if frame.f_code.co_filename in (CHECK_FILE, PROMPT_FILE) else None
+
+    return tracer
 
 
 Runner = Callable[[Sequence[str]], Awaitable[list[tuple[str, Any]]]]
 
 
-async def judge(check: Check, run_calls: Runner) -> Verdict:
+async def judge(check: Check, run_calls: Runner, budget_s: float = CHECK_BUDGET_S) -> Verdict:
     """Replay `check` until a round needs no new call; `run_calls(keys)` runs the candidate on each
-    call and returns ("value", v) / ("error", message) / ("timeout", message) per key."""
+    call and returns ("value", v) / ("error", message) / ("timeout", message) / ("refused",
+    JudgeError) per key. The rounds run in a thread, off the event loop, within budget_s together;
+    JudgeError past it, or for a refused result."""
     known: dict[str, tuple[str, Any]] = {}
+    left = budget_s
+
+    async def replay(probe: bool) -> tuple[list[str], BaseException | None]:
+        nonlocal left
+        missing, ended, took = await asyncio.to_thread(_timed, check, known, probe, left)
+        left -= took
+        return missing, ended
+
     batch = FIRST_BATCH
     for _ in range(MAX_ROUNDS):
-        missing, ended = check.replay(known, probe=False)
+        missing, ended = await replay(probe=False)
         if not missing:
             if ended is None:
                 return Verdict(True, "ok", calls=len(known))
             return Verdict(False, "runtime_error", _describe(ended), len(known))
         # The check's next call first, then what a probing round finds after it; batches double,
         # so a wrong answer fails after a few calls and a right one takes a few rounds.
-        probed, _ = check.replay(known, probe=True)
+        probed, _ = await replay(probe=True)
         keys = [missing[0], *(k for k in probed if k != missing[0])][:batch]
         batch *= 2
         for key, outcome in zip(keys, await run_calls(keys), strict=True):
+            if outcome[0] == "refused":
+                raise outcome[1]
             if outcome[0] == "timeout":
                 return Verdict(False, "timeout", outcome[1], len(known) + 1)
             known[key] = outcome
     raise JudgeError("too_many_calls", f"the check needed more than {MAX_ROUNDS} rounds of calls")
+
+
+def _timed(
+    check: Check, known: dict[str, tuple[str, Any]], probe: bool, budget_s: float
+) -> tuple[list[str], BaseException | None, float]:
+    """check.replay and the seconds it took (timed where it runs: not its wait for a thread)."""
+    start = time.monotonic()
+    missing, ended = check.replay(known, probe, budget_s)
+    return missing, ended, time.monotonic() - start
 
 
 def _describe(err: BaseException) -> str:
@@ -367,7 +418,8 @@ def _describe(err: BaseException) -> str:
 
 
 def call_outcome(text: str | None) -> tuple[str, Any]:
-    """One call's result from call_program's list, as the judge sees it."""
+    """One call's result from call_program's list, as the judge sees it: a value too large to
+    judge is ("refused", JudgeError)."""
     if text is None:
         return "timeout", "a call ran past the time limit"
     try:
@@ -379,9 +431,25 @@ def call_outcome(text: str | None) -> tuple[str, Any]:
     if "error" in out:
         return "error", str(out["error"])[:80]
     try:
-        return "value", call_data.decode(json.dumps(out.get("value")), "the returned value")
+        return "value", call_data.decode_json(out.get("value"))
     except JudgeError as e:
-        return "error", str(e)
+        return ("error", str(e)) if e.reason == "not_data" else ("refused", e)
+
+
+def harness_outcomes(stdout: bytes, stderr: bytes, n: int) -> list[tuple[str, Any]]:
+    """The outcome of each of the n calls of one call_program run (call_outcome's), from its
+    output: linear in it, and run off the event loop (it is up to the sandbox's output limit)."""
+    try:
+        texts = json.loads(decode(stdout))
+    except (ValueError, RecursionError):
+        texts = None
+    lines = decode(stderr).strip().splitlines()
+    tail = f" ({clip(lines[-1], 200)})" if lines else ""
+    if not isinstance(texts, list) or not all(t is None or isinstance(t, str) for t in texts):
+        return [("error", f"the calls' harness failed{tail}")] * n
+    out = [call_outcome(t) for t in texts[:n]]
+    out = [(kind, f"{what}{tail}") if kind == "error" else (kind, what) for kind, what in out]
+    return out + [("error", "not run")] * (n - len(out))
 
 
 def complete_function(prompt: str, answer: str, entry_point: str) -> str:

@@ -18,7 +18,8 @@ from datasets import Dataset
 
 from atgrpo.sdk.verifiers import VerifiersEnvironment
 
-FORMAT = re.compile(r"<guess>\d</guess>")
+FORMAT = re.compile(r"<guess>[0-9]</guess>")
+DIGIT = re.compile(r"\s*([0-9])\s*")  # ASCII: str.isdigit() accepts "²", which int() refuses
 SYSTEM = "Guess the secret digit (0-9). Answer with <guess>D</guess> and nothing else."
 
 
@@ -27,11 +28,11 @@ class GuessEnv(vf.MultiTurnEnv):
 
     async def env_response(self, messages: vf.Messages, state: vf.State, **kwargs) -> vf.Messages:
         guess = self.parser.parse_answer(messages)
-        secret = int(state["answer"])
-        if guess is None or not guess.strip().isdigit():
+        digit = DIGIT.fullmatch(guess) if guess is not None else None
+        if digit is None:
             hint = "Answer with <guess>D</guess>, D a digit."
         else:
-            hint = "higher" if int(guess) < secret else "lower"
+            hint = "higher" if int(digit.group(1)) < int(state["answer"]) else "lower"
         return [vf.UserMessage(content=hint)]
 
     @vf.stop

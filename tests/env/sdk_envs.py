@@ -1,6 +1,7 @@
 """Environments written for the SDK tests: each pins one rule of the host."""
 
 import asyncio
+import time
 
 from atgrpo.sdk import Environment, EnvSpec, StepResult, task_rng
 
@@ -103,4 +104,6 @@ class CarelessEnv(CounterEnv):
             return StepResult(np.float32(0.5), np.int64(1))
         if self.mode == "step_raises":
             raise ValueError("boom in step")
+        if self.mode == "step_blocks":  # a slow judge in a plain `def step`
+            time.sleep(0.5)
         return super().step(agent, action)

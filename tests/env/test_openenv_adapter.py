@@ -10,8 +10,10 @@ import math
 import pytest
 from openenv.core.env_server.interfaces import Environment as OpenEnvBase
 from openenv.core.env_server.types import Action, Observation, State
+from pydantic import field_validator
 
 from atgrpo.cli.main import main
+from atgrpo.sdk.judge import JudgeError
 from atgrpo.sdk.openenv import OpenEnvEnvironment, parse_action
 from examples.hubs.openenv_guess import Guess, GuessAction
 from tests.env.conftest import two_steps_of
@@ -42,6 +44,44 @@ def test_an_answer_that_is_no_action_scores_zero_and_says_why(text, why):
     assert "not an action" in env.observe("player")[1]["content"]  # the role is told, once
     env.step("player", "0" if env.env._secret else "1")
     assert "not an action" not in env.observe("player")[1]["content"]
+
+
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("[" * 100_000 + "]" * 100_000, "too_deep"),  # json.loads: RecursionError
+        ('{"guess": ' + "[" * 5_000 + "]" * 5_000 + "}", "too_deep"),
+        ("²", "not_action"),
+        ("9" * 5_000, "not_action"),  # past int()'s 4,300 digits
+        ('{"guess": 1e999}', "not_action"),
+    ],
+)
+def test_hostile_text_is_a_format_failure_never_an_exception(text, reason):
+    env = Guess({})
+    env.reset("0", 0, "train")
+    result = env.step("player", text)
+    assert (result.team_reward, result.done) == (0.0, False)
+    assert result.info["judge_error"] == reason and result.info["parse_error"]
+
+
+class Picky(Action):
+    """An action model whose own validator raises on some text, as a TypeError."""
+
+    word: str
+
+    @field_validator("word")
+    @classmethod
+    def _short(cls, v: str) -> str:
+        if len(v) > 3:
+            raise TypeError("too long")
+        return v
+
+
+def test_an_action_validator_that_raises_on_model_text_is_a_format_failure():
+    with pytest.raises(JudgeError, match="raised TypeError: too long") as err:
+        parse_action("abcdef", Picky)
+    assert err.value.reason == "not_action"
+    assert parse_action("abc", Picky).word == "abc"
 
 
 def test_the_game_is_played_through_the_adapter_and_a_fork_is_independent():

@@ -178,6 +178,26 @@ def test_calls_on_one_episode_are_serialised():
     assert env.most_inside == 1  # one at a time, though all were sent at once
 
 
+def test_a_synchronous_step_runs_off_the_event_loop():
+    """A plain `def step` that blocks for 0.5 s: meanwhile health checks answer and another
+    episode's async step runs."""
+
+    async def go(c, host):
+        blocked, _ = await c.reset("careless", "t", 0, options={"mode": "step_blocks"})
+        other, _ = await c.reset("slow", "t", 0)
+        start = time.perf_counter()
+        step = asyncio.create_task(c.step(blocked, "a", "1"))
+        await asyncio.sleep(0.1)
+        assert await c.health() == "SERVING" and not step.done()
+        await c.step(other, "a", "1")
+        answered = time.perf_counter() - start
+        assert (await step).local_reward == 0.1
+        return answered, time.perf_counter() - start
+
+    answered, blocked = with_client(go)
+    assert answered < 0.4 <= blocked
+
+
 def test_finite_task_lists_page():
     async def go(c, host):
         assert await c.list_tasks("finite", "eval", offset=1, limit=2) == (["eval-1", "eval-2"], 5)

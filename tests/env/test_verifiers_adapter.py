@@ -13,6 +13,10 @@ import yaml
 from datasets import Dataset
 
 from atgrpo.cli.main import main
+from atgrpo.sdk import metrics
+from atgrpo.sdk.host import EnvHost
+from atgrpo.sdk.inprocess import LocalEnvs
+from atgrpo.sdk.registry import Registry
 from atgrpo.sdk.verifiers import VerifiersEnvironment
 from examples.hubs.verifiers_guess import Guess
 from tests.env.conftest import two_steps_of
@@ -113,6 +117,49 @@ def test_a_verifiers_error_ends_the_episode_and_it_is_scored_as_verifiers_does()
     result = run(started(RaisingGame({}), "1").step("player", "2"))
     assert result.done and result.team_reward == 1.0
     assert result.info["stop_condition"] == "has_error"
+
+
+class Careless(vf.MultiTurnEnv):
+    """Parses the answer as many hub environments do: int() of whatever the parser found."""
+
+    async def env_response(self, messages, state, **kwargs):
+        int(vf.Parser().parse_answer(messages))
+        return [vf.UserMessage(content="again")]
+
+
+class CarelessGame(VerifiersEnvironment):
+    name = "careless_game"
+    load = staticmethod(
+        lambda: Careless(dataset=_rows(), rubric=vf.Rubric(funcs=[exact]), max_turns=4)
+    )
+
+
+def test_an_env_that_raises_on_an_answer_ends_the_episode_as_a_format_failure():
+    """verifiers would fail the rollout (no samples: a policy could void its bad episodes); here
+    the rubric scores the episode, the step says why, and the host counts a judge error instead of
+    failing the run with EnvCodeError."""
+
+    async def go():
+        host = EnvHost(Registry({"careless_game": f"{__name__}:CarelessGame"}, discover=False))
+        envs = LocalEnvs(host)
+        ep, _ = await envs.reset("careless_game", "1", seed=0, split="train")
+        before = metrics.JUDGE_ERRORS.labels("careless_game", "env_raised")._value.get()
+        result = await envs.step(ep, "player", "²")
+        after = metrics.JUDGE_ERRORS.labels("careless_game", "env_raised")._value.get()
+        return result, after - before
+
+    result, counted = run(go())
+    assert result.done and not result.success and result.team_reward == 0.0  # exact: "²" != "2"
+    assert result.info["judge_error"] == "env_raised" and counted == 1
+    assert "ValueError" in result.info["parse_error"]
+    assert result.info["stop_condition"] == "env_raised"
+
+
+def test_the_example_reads_a_superscript_digit_as_no_guess():
+    env = started(Guess({}), "5")
+    result = run(env.step("player", "<guess>²</guess>"))
+    assert (result.team_reward, result.done) == (0.0, False)
+    assert "Answer with <guess>D</guess>" in env.observe("player")[-1]["content"]
 
 
 def nan_reward(completion, **kwargs) -> float:
