@@ -93,37 +93,39 @@ def test_correct_program_earns_full_reward_and_success(sandbox):
     env = make(sandbox=sandbox)
     r = run(env.step("coder", RIGHT))
     assert (r.team_reward, r.local_reward, r.success) == (1.0, 1.0, True), r
-    # five tests, less the statement's own example ("3 4" -> 7)
-    assert r.info["hidden_passed"] == r.info["hidden_total"] == 4 and r.info["verdicts"] == {
-        "ok": 4
+    # five tests, the statement's own example ("3 4" -> 7) run and required but not paid
+    assert r.info["hidden_passed"] == r.info["hidden_total"] == 5 and r.info["verdicts"] == {
+        "ok": 5
     }
+    assert r.info["examples"] == 1
     assert r.done  # success ends the episode (done_when: success)
 
 
 def test_wrong_program_earns_its_pass_fraction(sandbox):
     env = make(sandbox=sandbox)
     r = run(env.step("coder", WRONG))
-    # a - b equals a + b only for the test "0 0"
-    assert r.local_reward == r.team_reward == pytest.approx(1 / 4) and not r.success
-    assert r.info["hidden_passed"] == 1
+    # a - b equals a + b only for the test "0 0"; it fails the statement's example "3 4" -> 7,
+    # which counts because it failed it: 1 of the 4 other tests and that example
+    assert r.local_reward == r.team_reward == pytest.approx(1 / 5) and not r.success
+    assert r.info["hidden_passed"] == 1 and r.info["examples"] == 1
 
 
 def test_crashing_program_earns_zero_and_says_why(sandbox):
     env = make(sandbox=sandbox)
     r = run(env.step("coder", CRASH))
     assert r.local_reward == 0.0 > FAILURE_REWARD and not r.success
-    assert r.info["verdicts"] == {"runtime_error": 4} and "NameError" in r.info["error"]
+    assert r.info["verdicts"] == {"runtime_error": 5} and "NameError" in r.info["error"]
 
 
 def test_hanging_program_costs_one_time_limit(sandbox):
     env = make(sandbox=sandbox, case_timeout_s=0.4)
     t = time.monotonic()
     r = run(env.step("coder", HANG))
-    assert time.monotonic() - t < 3.0  # one 0.4 s limit, not four
+    assert time.monotonic() - t < 3.0  # one 0.4 s limit, not five
     assert (
         r.local_reward == 0.0
-        and r.info["verdicts"] == {"timeout": 1, "not_run": 3}
-        and r.info["not_run"] == 3
+        and r.info["verdicts"] == {"timeout": 1, "not_run": 4}
+        and r.info["not_run"] == 4
     )
 
 
@@ -132,7 +134,7 @@ def test_no_code_block_is_a_format_failure_and_keeps_the_program(sandbox):
     run(env.step("coder", WRONG))
     r = run(env.step("coder", "I would add the numbers."))
     assert r.local_reward == FAILURE_REWARD and "```python" in r.info["parse_error"]
-    assert r.team_reward == 0.25 and "a - b" in env.code  # the previous program stays
+    assert r.team_reward == 0.2 and "a - b" in env.code  # the previous program stays
 
 
 def test_a_step_without_a_sandbox_is_refused_not_scored():
@@ -178,7 +180,7 @@ def test_agreeing_on_wrong_tests_does_not_end_the_episode(sandbox):
     # tests written for a - b
     r = run(env.step("tester", answer_with_tests([("5 3", "2"), ("9 1", "8")])))
     assert r.info["code_passed"] == 2 and r.info["agree"] == 0
-    assert not r.done and r.local_reward == 0.0 and r.team_reward == pytest.approx(0.25)
+    assert not r.done and r.local_reward == 0.0 and r.team_reward == pytest.approx(0.2)
     prompt = env.observe("coder")[0]["content"]
     assert "passes 2 of the tester's 2 tests" in prompt
     # the coder fixes its program; the tester's wrong tests now fail it, still not done
@@ -195,7 +197,7 @@ def test_tests_that_miss_the_bug_earn_nothing_and_do_not_end_the_episode(sandbox
         run(env.step("coder", WRONG))
         # right tests, b = 0 only
         r = run(env.step("tester", answer_with_tests([("0 0", "0"), ("7 0", "7")])))
-        assert not r.done and not r.success and r.team_reward == pytest.approx(0.25)
+        assert not r.done and not r.success and r.team_reward == pytest.approx(0.2)
         assert r.local_reward == 0.0 and (r.info["agree"], r.info["caught"]) == (2, 0)
         # catches a - b
         r = run(env.step("tester", answer_with_tests([("0 0", "0"), ("7 2", "9")])))
@@ -292,7 +294,7 @@ def test_episode_with_forks_through_the_host(sandbox):
                 for b, a in zip(branches, (WRONG, RIGHT, CRASH), strict=True)
             )
         )
-        assert [r.local_reward for r in results] == [pytest.approx(0.25), 1.0, 0.0]
+        assert [r.local_reward for r in results] == [pytest.approx(0.2), 1.0, 0.0]
         assert all(r.turn == 0 for r in results)
         best = branches[1]
         await envs.close_episodes([ep, branches[0], branches[2]])
@@ -326,7 +328,7 @@ def test_fork_is_independent(sandbox):
     fork = env.fork()
     assert fork.sandbox is sandbox and fork.problem is env.problem
     run(fork.step("coder", RIGHT))
-    assert fork.hidden_ratio == 1.0 and env.hidden_ratio == pytest.approx(0.25)
+    assert fork.paid == 1.0 and env.paid == pytest.approx(0.2)
     assert "a - b" in env.code and "a + b" in fork.code
 
 

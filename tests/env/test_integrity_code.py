@@ -16,9 +16,11 @@ from atgrpo.sdk import metrics
 from atgrpo.sdk.host import EnvHost
 from atgrpo.sdk.inprocess import LocalEnvs
 from atgrpo.sdk.registry import Registry
+from env_svc import datasets
 from env_svc.envs import BUILTIN
 from env_svc.envs.code import CodeEnv
 from env_svc.envs.code_check import call_program
+from env_svc.envs.code_examples import shown_examples
 from tests.env.test_code_env import RIGHT, SUM, WRONG, answer_with_tests
 
 
@@ -32,9 +34,9 @@ def fenced(code):
     return f"```python\n{code}\n```"
 
 
-async def coder_results(sandbox, answers, dataset="humaneval"):
+async def coder_results(sandbox, answers, dataset="humaneval", **options):
     async def one(task, code):
-        env = CodeEnv({"dataset": dataset, "turn_order": ["coder"]})
+        env = CodeEnv({"dataset": dataset, "turn_order": ["coder"], **options})
         env.reset(task, 0, "eval" if dataset == "humaneval" else "train")
         env.sandbox = sandbox
         return await env.step("coder", fenced(code))
@@ -130,9 +132,133 @@ def test_the_sandboxed_program_holds_no_test():
 
 
 def test_printing_the_statement_s_example_earns_nothing(sandbox):
-    """train-sum-two's statement shows `3 4` -> `7`: that case is not a hidden test."""
+    """train-sum-two's statement shows `3 4` -> `7`: that case is run and required, not paid."""
     (r,) = asyncio.run(coder_results(sandbox, [(SUM, "print(7)")], dataset="sample"))
-    assert r.local_reward == 0.0 and r.info["hidden_total"] == 4
+    assert r.local_reward == 0.0 and not r.success
+    assert (r.info["hidden_passed"], r.info["hidden_total"], r.info["examples"]) == (1, 5, 1)
+
+
+# A program's time limit for the tests below, whose verdicts must not depend on a loaded machine
+# (a cold docker run of `print(a + b)` can take over the default 2 s).
+SLACK = {"case_timeout_s": 10}
+
+
+# ---- examples: every hidden test decides success, the statement's examples are not paid ---------
+
+# (task, a program wrong on an edge case that the statement's definition mentions, its paid
+# fraction). The old filter took a test whose input and output occurred anywhere in the statement
+# for an example and dropped it (leap year kept only 2024 and 2023): each of these got 1.0 and
+# success.
+EDGE_CASES = [
+    # the century rule: only the examples test it, and the failed one (1900) counts
+    ("train-leap-year", "y = int(input())\nprint('YES' if y % 4 == 0 else 'NO')", 3 / 4),
+    (
+        "train-prime-check",  # 1 is not prime
+        "n = int(input())\nprint('YES' if all(n % d for d in range(2, int(n**0.5) + 1)) else 'NO')",
+        4 / 5,
+    ),
+    (
+        "train-fibonacci",  # F(0) = 1
+        "n = int(input())\na, b = 1, 1\nfor _ in range(n - 1):\n    a, b = b, a + b\nprint(a)",
+        3 / 4,
+    ),
+    (
+        "train-fibonacci",  # F(1) = 0
+        "n = int(input())\na, b = 0, 1\nfor _ in range(n):\n    a, b = b, a + b\n"
+        "print(a if n != 1 else 0)",
+        3 / 4,
+    ),
+    (
+        "train-factorial",  # 0! = 0
+        "n = int(input())\nr = n\nfor i in range(2, n):\n    r *= i\nprint(r)",
+        3 / 4,
+    ),
+    (
+        "train-factorial",  # 1! = 0
+        "import math\nn = int(input())\nprint(math.factorial(n) if n != 1 else 0)",
+        3 / 4,
+    ),
+]
+
+
+def test_programs_wrong_on_an_edge_case_neither_succeed_nor_get_full_credit(sandbox):
+    for task, code, paid in EDGE_CASES:  # one at a time: the module's sandbox outlives each loop
+        (r,) = asyncio.run(coder_results(sandbox, [(task, code)], dataset="sample", **SLACK))
+        assert not r.success and not r.done, (task, r.info)
+        assert r.local_reward == r.team_reward == pytest.approx(paid, abs=1e-6), (task, r.info)
+
+
+def test_an_example_followed_by_a_full_stop_is_not_paid(sandbox):
+    """count_vowels's statement ends `count_vowels("Hello") == 2.`: the old filter read `2.` as
+    one word, missed the example and paid a program returning 2 for it (0.2)."""
+    (r,) = asyncio.run(
+        coder_results(
+            sandbox,
+            [("train-count-vowels", "def count_vowels(s):\n    return 2")],
+            dataset="sample",
+            **SLACK,
+        )
+    )
+    assert r.local_reward == 0.0 and not r.success and r.info["examples"] == 1
+
+
+def test_the_examples_are_the_pairs_the_statements_show_and_only_those():
+    """Across the 50 sample problems the examples are exactly the pairs each statement shows (its
+    `Example:` line, and binary's `0 prints 0`): the values a definition mentions (`0! = 1`,
+    `F(1) = 1`, `divisible by 4`, `(0 for n = 0)`, `A` for 90) stay paid tests."""
+    found = {
+        p.id: [i for i, shown in enumerate(shown_examples(p.statement, p.tests)) if shown]
+        for split in ("train", "eval")
+        for p in datasets.load("code", datasets.Source(), split)
+    }
+    two = {"train-leap-year", "train-balanced-brackets", "train-power-of-two", "train-binary"}
+    assert len(found) == 50
+    assert found == {pid: [0, 1] if pid in two else [0] for pid in found}
+
+
+STATEMENT_STYLES = {
+    "codeforces": (
+        "Print the sum of n numbers.\n\nInput\n\nThe first line holds n (1 ≤ n ≤ 100).\n\n"
+        "Output\n\nPrint one integer.\n\nExamples\n\nInput\n\n3\n1 2 3\n\nOutput\n\n6\n\n"
+        "Input\n\n1\n100\n\nOutput\n\n100\n\nNote\n\n1 + 2 + 3 = 6.",
+        [("3\n1 2 3\n", "6\n"), ("1\n100\n", "100\n"), ("2\n1 1\n", "2\n"), ("1\n100\n", "101\n")],
+        (True, True, False, False),
+    ),
+    "atcoder": (
+        "Print A+B.\n\nSample Input 1\n\n1 2\n\nSample Output 1\n\n3\n\n"
+        "Sample Input 2\n\n100 100\n\nSample Output 2\n\n200\n",
+        [("1 2\n", "3\n"), ("100 100\n", "200\n"), ("1 100\n", "101\n")],
+        (True, True, False),
+    ),
+    "leetcode, named arguments": (
+        "Return the indices of the two numbers that add up to target.\n\nExample 1:\n\n"
+        "Input: nums = [2,7,11,15], target = 9\nOutput: [0,1]\n\nConstraints: 2 <= n",
+        [("[2,7,11,15]\n9\n", "[0,1]\n"), ("[3,3]\n6\n", "[0,1]\n")],
+        (True, False),
+    ),
+    "doctest, Python literals": (
+        "def f(x, flag):\n    '''\n    >>> f(2, True)\n    4.0\n    >>> f('a', None)\n    'aa'\n"
+        "    '''",
+        [("2\ntrue\n", "4\n"), ('"a"\nnull\n', '"aa"\n'), ("3\ntrue\n", "6\n")],
+        (True, True, False),
+    ),
+    "inline connectors and punctuation": (
+        "Read n and print n squared: 3 is 9, 4 -> 16 and f(5) returns 25; input `6` prints `36`.",
+        [("3\n", "9\n"), ("4\n", "16\n"), ("5\n", "25\n"), ("6\n", "36\n"), ("7\n", "49\n")],
+        (False, True, True, True, False),  # "is" in running text does not mark a pair
+    ),
+    "fenced blocks": (
+        "Reverse the line.\n\nInput:\n```\nabc\n```\nOutput:\n```\ncba\n```",
+        [("abc\n", "cba\n"), ("xy\n", "yx\n")],
+        (True, False),
+    ),
+}
+
+
+@pytest.mark.parametrize("style", STATEMENT_STYLES)
+def test_examples_are_recognised_in_each_dataset_s_statement_style(style):
+    statement, tests, expected = STATEMENT_STYLES[style]
+    assert shown_examples(statement, tuple(tests)) == expected
 
 
 def test_junk_on_stdout_fails_a_function_problem(sandbox):
@@ -177,7 +303,7 @@ def test_worse_then_better_adds_up_to_the_last_program(sandbox):
     env.sandbox = sandbox
     crash = "```python\nraise SystemExit(1)\n```"
     rewards = [step(env, "coder", a).local_reward for a in (WRONG, crash, WRONG, crash, RIGHT)]
-    assert sum(rewards) == pytest.approx(1.0) and rewards[1] == pytest.approx(-0.25)
+    assert sum(rewards) == pytest.approx(1.0) and rewards[1] == pytest.approx(-0.2)
 
 
 def test_copies_of_one_trivial_test_earn_little_and_never_end_the_episode(sandbox):
