@@ -19,17 +19,21 @@ on the tester's tests). Every program runs in the sandbox (`RunTests`), never in
   `failure_reward` (option, default -1), the previous program stays.
 - **tester** writes test cases, each a `**Test Input:**` and a `**Test Output:**` marker followed
   by a fenced block (function problems: the arguments one JSON value per line, the output one JSON
-  value). Local reward = validity x discrimination. Validity: the distinct tests (one per input)
-  that **agree with the reference solution** (the reference program, run in the sandbox on the
-  test's input, prints the test's output), over the tests written, so eight copies of one test
-  earn 1/8. Discrimination: the fraction of this episode's wrong programs (the coder's programs
-  that failed a hidden test, the last MAX_WRONG distinct ones) that some valid test fails, or 1
-  before there is a wrong program. Tests that are right and catch bugs, not tests that the coder
-  happens to pass. The reference's tester reward
-  was always 0 because its golden code was never set. Where a dataset has no reference solution
-  (LiveCodeBench), a coder program of this episode that passed every hidden test serves as one;
-  until there is one the tester's local reward is 0 (`info["no_reference"]`). No parsable test:
-  `failure_reward`, the previous tests stay. At most `max_tests` (8) tests count.
+  value). Its score is validity x discrimination (`info["score"]`). Validity: the distinct tests
+  (one per input) that **agree with the reference solution** (the reference program, run in the
+  sandbox on the test's input, prints the test's output), over the tests written, so eight copies
+  of one test score 1/8. Discrimination: the fraction of the episode's wrong programs (the coder's
+  programs that failed a hidden test, the last MAX_WRONG distinct ones) that some valid test fails;
+  0 while there is none, so right tests that have met no wrong program score nothing. Local reward
+  = the score gained since its previous step, so its rewards over an episode add up to its last
+  tests' discrimination at the end of the episode (in the default order it acts after every program
+  but one that succeeds and so ends the episode; a sample is scored when its step is, so this is
+  how end-of-episode pay reaches its samples). Tests that are right and catch bugs, not tests that
+  the coder happens to pass. The reference's tester reward was always 0 because its golden code was
+  never set. Where a dataset has no reference solution (LiveCodeBench), a coder program of this
+  episode that passed every hidden test serves as one; until there is one the tester's score is 0
+  (`info["no_reference"]`). No parsable test: `failure_reward`, the previous tests stay. At most
+  `max_tests` (8) tests count.
 - **team reward** (both agents): the paid fraction of the coder's current program (0 before it
   has one). With alpha = 1 the coder earns 2 x paid fraction, the reference's reward.
 - **done**: never while a hidden test fails. `done_when: success` (the default): when the hidden
@@ -151,6 +155,7 @@ class CodeEnv(TeamTurns, Environment):
         self.done = self.success = False
         self.code: str | None = None  # the coder's current program (source)
         self.paid = 0.0  # the paid fraction of the current program (the team reward)
+        self.tester_paid = 0.0  # the tester's score its steps have been paid so far
         self.wrong: list[str] = []  # distinct programs that failed a hidden test
         self.tests: list[TesterTest] = []  # the tester's current tests
         self.valid: list[bool] | None = None  # per test: agrees with the reference (None: unknown)
@@ -163,7 +168,7 @@ class CodeEnv(TeamTurns, Environment):
         self.problem = pick_problem("code", self.sources, task_id, seed, split)
         self.done = self.success = False
         self.code, self.paid, self.tests, self.valid, self.runs = None, 0.0, [], None, []
-        self.wrong = []
+        self.wrong, self.tester_paid = [], 0.0
         self.reference = self.problem.solution
         self._start_turns()
 
@@ -295,15 +300,19 @@ class CodeEnv(TeamTurns, Environment):
                 f"{len(malformed)} test(s) are not JSON values: {_clip(malformed[0], 120)}"
             )
             info["judge_error"] = judge_error
+        score = 0.0
         if self.reference:
             runs = await self._run_on_tests(self.reference, tests)
             self.valid = [r.passed for r in runs]
             info["agree"] = sum(self.valid)
-            local, info["caught"] = await self._tester_reward(tests, self.valid)
+            score, info["caught"] = await self._tester_score(tests, self.valid)
+            info["score"] = score
         else:
             self.valid = None
-            local = 0.0
             info["no_reference"] = True
+        # Paid what its score gained: the sum over an episode is its last tests' score against
+        # the episode's wrong programs, however often it rewrites them.
+        local, self.tester_paid = round(score - self.tester_paid, 6), score
         if self.code is not None:
             await self._run_current_on_tests()
             info["code_passed"] = sum(r.passed for r in self.runs)
@@ -315,8 +324,9 @@ class CodeEnv(TeamTurns, Environment):
 
     # ---- running programs -------------------------------------------------------------------
 
-    async def _tester_reward(self, tests: list[TesterTest], valid: list[bool]) -> tuple[float, int]:
-        """validity x discrimination (module docstring), and how many wrong programs were caught."""
+    async def _tester_score(self, tests: list[TesterTest], valid: list[bool]) -> tuple[float, int]:
+        """validity x discrimination (module docstring), and how many wrong programs were caught;
+        0 before there is a wrong program to catch."""
         seen: set[str] = set()
         distinct = []  # one valid test per input: copies add nothing
         for t, ok in zip(tests, valid, strict=True):
@@ -324,9 +334,9 @@ class CodeEnv(TeamTurns, Environment):
             if ok and key not in seen:
                 seen.add(key)
                 distinct.append(t)
-        validity = len(distinct) / len(tests)
         if not self.wrong or not distinct:
-            return round(validity, 6), 0
+            return 0.0, 0
+        validity = len(distinct) / len(tests)
         caught = 0
         for program in self.wrong:
             caught += not all(r.passed for r in await self._run_on_tests(program, distinct))

@@ -146,18 +146,26 @@ def test_a_step_without_a_sandbox_is_refused_not_scored():
 # ---- tester rewards, done and success -------------------------------------------------------
 
 
-def test_tester_reward_is_agreement_with_the_reference(sandbox):
+def test_tester_reward_is_right_tests_that_catch_the_wrong_programs(sandbox):
     env = make(sandbox=sandbox)
+    # Right tests before any wrong program catch nothing yet: no pay (the reference's paid 1).
     right = run(env.step("tester", answer_with_tests([("1 2", "3"), ("10 -4", "6")])))
-    assert right.local_reward == 1.0 and right.info == {"tests": 2, "agree": 2, "caught": 0}
-    env = make(sandbox=sandbox)
+    assert right.local_reward == 0.0 and right.info == {
+        "tests": 2,
+        "agree": 2,
+        "caught": 0,
+        "score": 0.0,
+    }
+    assert not right.done and right.team_reward == 0.0  # no program yet
+    run(env.step("coder", WRONG))  # a - b
+    # half the tests agree with the reference, and "1 2" -> 3 catches a - b
     half = run(
         env.step(
             "tester", answer_with_tests([("1 2", "3"), ("2 2", "5"), ("0 0", "1"), ("4 4", "8")])
         )
     )
     assert half.local_reward == pytest.approx(0.5) and half.info["agree"] == 2
-    assert not half.done and half.team_reward == 0.0  # no program yet
+    assert half.info["caught"] == 1 and not half.done
     bad = run(env.step("tester", "Test: 1 2 gives 3"))
     assert bad.local_reward == FAILURE_REWARD and "**Test Input:**" in bad.info["parse_error"]
 
@@ -166,7 +174,8 @@ def test_done_when_the_program_passes_tests_that_are_right(sandbox):
     env = make(sandbox=sandbox, done_when="tests")
     assert not run(env.step("coder", RIGHT)).done  # the tester has not written tests yet
     r = run(env.step("tester", answer_with_tests([("1 2", "3"), ("-5 6", "1")])))
-    assert (r.done, r.success, r.local_reward, r.team_reward) == (True, True, 1.0, 1.0)
+    # no wrong program in this episode for the tests to catch: the tester earns nothing
+    assert (r.done, r.success, r.local_reward, r.team_reward) == (True, True, 0.0, 1.0)
     assert r.info["code_passed"] == 2
     again = run(env.step("coder", RIGHT))
     assert again.done and again.info == {"error": "the episode is over"}
@@ -263,7 +272,8 @@ def test_function_problem_tester_tests_are_json_arguments(sandbox):
         and r.info["malformed"] == 1
         and "not a JSON value" in r.info["parse_error"]
     )
-    assert r.local_reward == pytest.approx(3 / 4) and r.info["code_passed"] == 3
+    assert r.info["agree"] == 3 and r.info["code_passed"] == 3
+    assert r.local_reward == 0.0  # right tests, but no wrong program yet to catch
     assert not r.done  # a malformed test is not a right one
     assert "-> not run:" in env.observe("coder")[0]["content"]
 
@@ -342,7 +352,7 @@ def test_no_reference_solution_uses_a_program_that_passed(sandbox):
     r = run(env.step("coder", RIGHT))
     assert env.reference and env.valid == [True, False] and not r.done
     r = run(env.step("tester", answer_with_tests([("1 2", "3")])))
-    assert r.local_reward == 1.0 and r.done
+    assert r.info["agree"] == 1 and r.local_reward == 0.0 and r.done  # no wrong program to catch
 
 
 CHECKER_HEAD = "\n".join(

@@ -317,6 +317,46 @@ def test_copies_of_one_trivial_test_earn_little_and_never_end_the_episode(sandbo
     assert r.local_reward == pytest.approx(1 / 8) and not r.done
 
 
+def test_a_trivially_right_test_before_any_wrong_program_earns_nothing(sandbox):
+    """The reference (and this env until now) paid validity, 1.0, for one right test written
+    before the coder had a wrong program for it to catch."""
+    for order in (["tester", "coder"], ["coder", "tester"]):
+        env = CodeEnv({"turn_order": order, **SLACK})
+        env.reset(SUM, 0, "train")
+        env.sandbox = sandbox
+        if order[0] == "coder":
+            step(env, "coder", "no program")  # the coder fails to answer: still no wrong program
+        r = step(env, "tester", answer_with_tests([("1 1", "2")]))
+        assert r.local_reward == 0.0 and r.info["agree"] == 1, r.info
+
+
+def test_the_tester_is_paid_its_tests_discrimination_at_the_end_of_the_episode(sandbox):
+    """Each tester step is paid what its score gained, so the episode's tester rewards add up to
+    its last tests' discrimination against all the episode's wrong programs: rewriting the same
+    tests earns nothing twice, and tests that miss a later wrong program give back its share."""
+    env = CodeEnv(SLACK)
+    env.reset(SUM, 0, "train")
+    env.sandbox = sandbox
+    catches_minus = [("0 5", "5")]  # a - b prints -5
+    paid = []
+    step(env, "coder", WRONG)  # a - b
+    paid.append(step(env, "tester", answer_with_tests(catches_minus)).local_reward)
+    paid.append(step(env, "tester", answer_with_tests(catches_minus)).local_reward)
+    assert paid == [1.0, 0.0]  # the same tests again: paid once
+    step(env, "coder", "```python\na, b = map(int, input().split())\nprint(abs(a + b))\n```")
+    r = step(env, "tester", answer_with_tests(catches_minus))  # abs(0 + 5) passes it
+    paid.append(r.local_reward)
+    assert r.info["caught"] == 1 and r.info["score"] == 0.5
+    r = step(env, "tester", answer_with_tests([*catches_minus, ("-1 -1", "-2")]))
+    paid.append(r.local_reward)
+    assert r.info["caught"] == 2 and r.info["score"] == 1.0
+    assert paid == [1.0, 0.0, -0.5, 0.5] and sum(paid) == 1.0
+    # eight copies of the catching test score 1/8: the sum falls to that
+    r = step(env, "tester", answer_with_tests([("-1 -1", "-2")] * 8))
+    assert r.info["score"] == pytest.approx(1 / 8)
+    assert sum(paid) + r.local_reward == pytest.approx(1 / 8)
+
+
 def test_oversized_and_deeply_nested_tester_input_is_a_malformed_test_not_a_crash(sandbox):
     async def go():
         host = EnvHost(Registry(BUILTIN, discover=False), sandbox=sandbox)
@@ -328,7 +368,7 @@ def test_oversized_and_deeply_nested_tester_input_is_a_malformed_test_not_a_cras
             ep, "tester", answer_with_tests([(f"{deep}\n1", "[0, 1]"), ("[1, 2]\n3", "[0, 1]")])
         )
         assert r.info["malformed"] == 1 and r.info["judge_error"] == "too_deep"
-        assert r.local_reward == pytest.approx(0.5)
+        assert r.info["agree"] == 1 and r.local_reward == 0.0  # no wrong program to catch yet
         assert metrics.JUDGE_ERRORS.labels("code", "too_deep")._value.get() == before + 1
         huge = "[" + ",".join(["1"] * 200_000) + "]"
         r = await envs.step(ep, "tester", answer_with_tests([(f"{huge}\n1", "[0, 1]")]))
