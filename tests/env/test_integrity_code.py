@@ -3,9 +3,12 @@ backends, each asserting no credit (or a bounded penalty) and no crash.
 
 HumanEval (check() judged through the call proxy): forged pass lines and exits, atexit hooks,
 objects equal to everything, patched builtins, shadowed helpers, reading the test from disk or a
-caller's frame. Sample problems: printing the statement's example, junk on stdout. Farming: a
-correct program repeated, worse-then-better, a tester's copies of one trivial test, and tests
-that keep an episode open. Oversized and deeply nested tester input.
+caller's frame. Sample problems: printing the statement's examples (one followed by a full stop
+too), programs wrong on an edge case the statement's definition mentions, junk on stdout; which
+tests are examples, on every sample problem and in each dataset's statement style. Farming: a
+correct program repeated, worse-then-better, a tester's copies of one trivial test, a right test
+before any wrong program, the same tests rewritten, and tests that keep an episode open.
+Oversized and deeply nested tester input.
 """
 
 import asyncio
@@ -318,8 +321,8 @@ def test_copies_of_one_trivial_test_earn_little_and_never_end_the_episode(sandbo
 
 
 def test_a_trivially_right_test_before_any_wrong_program_earns_nothing(sandbox):
-    """The reference (and this env until now) paid validity, 1.0, for one right test written
-    before the coder had a wrong program for it to catch."""
+    """The reference paid validity, 1.0, for one right test written before the coder had a wrong
+    program for it to catch (with the tester first, or after a coder step without a program)."""
     for order in (["tester", "coder"], ["coder", "tester"]):
         env = CodeEnv({"turn_order": order, **SLACK})
         env.reset(SUM, 0, "train")
