@@ -8,28 +8,34 @@ on the tester's tests). Every program runs in the sandbox (`RunTests`), never in
   the requested function / `class Solution` method (function-call problems; a harness calls it
   with each test's arguments and prints the canonical JSON of the result). The last ```python
   block counts (an unlabeled ``` block when none is labeled; text after `</think>` first). Its
-  program is run on the problem's **hidden tests** (a crash, a timeout or a wrong output fails
-  that test). Local reward = the hidden pass fraction gained over the episode's previous program
-  (the first program: its fraction), so a coder's rewards over an episode add up to its last
-  program's fraction: submitting a correct program again, or a worse one and then a better one,
-  earns nothing more. No code block: `failure_reward` (option, default -1), the previous program
-  stays. Hidden tests exclude the cases the statement itself shows (an input and output both in
-  the statement), so printing the example earns nothing.
+  program is run on all the problem's **hidden tests** (a crash, a timeout or a wrong output fails
+  that test), and every one decides success. The **paid fraction** leaves out the examples the
+  statement shows (code_examples.py: an input and its output shown as one pair) that it passes:
+  the pass fraction over the other tests and the examples it fails, so printing the examples
+  earns nothing and a program wrong on one is not paid in full. Local reward = the paid
+  fraction gained over the episode's previous program (the first program: its fraction), so a
+  coder's rewards over an episode add up to its last program's fraction: submitting a correct
+  program again, or a worse one and then a better one, earns nothing more. No code block:
+  `failure_reward` (option, default -1), the previous program stays.
 - **tester** writes test cases, each a `**Test Input:**` and a `**Test Output:**` marker followed
   by a fenced block (function problems: the arguments one JSON value per line, the output one JSON
-  value). Local reward = validity x discrimination. Validity: the distinct tests (one per input)
-  that **agree with the reference solution** (the reference program, run in the sandbox on the
-  test's input, prints the test's output), over the tests written, so eight copies of one test
-  earn 1/8. Discrimination: the fraction of this episode's wrong programs (the coder's programs
-  that failed a hidden test, the last MAX_WRONG distinct ones) that some valid test fails, or 1
-  before there is a wrong program. Tests that are right and catch bugs, not tests that the coder
-  happens to pass. The reference's tester reward
-  was always 0 because its golden code was never set. Where a dataset has no reference solution
-  (LiveCodeBench), a coder program of this episode that passed every hidden test serves as one;
-  until there is one the tester's local reward is 0 (`info["no_reference"]`). No parsable test:
-  `failure_reward`, the previous tests stay. At most `max_tests` (8) tests count.
-- **team reward** (both agents): the hidden-test pass fraction of the coder's current program
-  (0 before it has one). With alpha = 1 the coder earns 2 x pass fraction, the reference's reward.
+  value). Its score is validity x discrimination (`info["score"]`). Validity: the distinct tests
+  (one per input) that **agree with the reference solution** (the reference program, run in the
+  sandbox on the test's input, prints the test's output), over the tests written, so eight copies
+  of one test score 1/8. Discrimination: the fraction of the episode's wrong programs (the coder's
+  programs that failed a hidden test, the last MAX_WRONG distinct ones) that some valid test fails;
+  0 while there is none, so right tests that have met no wrong program score nothing. Local reward
+  = the score gained since its previous step, so its rewards over an episode add up to its last
+  tests' discrimination at the end of the episode (in the default order it acts after every program
+  but one that succeeds and so ends the episode; a sample is scored when its step is, so this is
+  how end-of-episode pay reaches its samples). Tests that are right and catch bugs, not tests that
+  the coder happens to pass. The reference's tester reward was always 0 because its golden code was
+  never set. Where a dataset has no reference solution (LiveCodeBench), a coder program of this
+  episode that passed every hidden test serves as one; until there is one the tester's score is 0
+  (`info["no_reference"]`). No parsable test: `failure_reward`, the previous tests stay. At most
+  `max_tests` (8) tests count.
+- **team reward** (both agents): the paid fraction of the coder's current program (0 before it
+  has one). With alpha = 1 the coder earns 2 x paid fraction, the reference's reward.
 - **done**: never while a hidden test fails. `done_when: success` (the default): when the hidden
   tests all pass. `done_when: tests`: when they pass *and* the tester's current tests are all right
   and the program passes them (the tester must finish its job too). Or after `max_turns` (default
@@ -60,8 +66,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -82,6 +86,7 @@ from env_svc.envs.code_check import (
     harness_outcomes,
     judge,
 )
+from env_svc.envs.code_examples import paid_fraction, shown_examples
 from env_svc.envs.code_program import MAX_TESTS, function_case, function_program, parse_tests
 from env_svc.envs.common import TOOL_LIMITS, TeamTurns, choice_option, pick_problem, sandbox_call
 
@@ -149,7 +154,8 @@ class CodeEnv(TeamTurns, Environment):
         self.problem: datasets.CodeProblem | None = None
         self.done = self.success = False
         self.code: str | None = None  # the coder's current program (source)
-        self.hidden_ratio = 0.0
+        self.paid = 0.0  # the paid fraction of the current program (the team reward)
+        self.tester_paid = 0.0  # the tester's score its steps have been paid so far
         self.wrong: list[str] = []  # distinct programs that failed a hidden test
         self.tests: list[TesterTest] = []  # the tester's current tests
         self.valid: list[bool] | None = None  # per test: agrees with the reference (None: unknown)
@@ -161,8 +167,8 @@ class CodeEnv(TeamTurns, Environment):
     def reset(self, task_id: str, seed: int, split: str) -> None:
         self.problem = pick_problem("code", self.sources, task_id, seed, split)
         self.done = self.success = False
-        self.code, self.hidden_ratio, self.tests, self.valid, self.runs = None, 0.0, [], None, []
-        self.wrong = []
+        self.code, self.paid, self.tests, self.valid, self.runs = None, 0.0, [], None, []
+        self.wrong, self.tester_paid = [], 0.0
         self.reference = self.problem.solution
         self._start_turns()
 
@@ -213,7 +219,7 @@ class CodeEnv(TeamTurns, Environment):
         return await (self._coder(action) if agent == "coder" else self._tester(action))
 
     def _team(self) -> float:
-        return self.hidden_ratio
+        return self.paid
 
     # ---- agents -----------------------------------------------------------------------------
 
@@ -223,6 +229,7 @@ class CodeEnv(TeamTurns, Environment):
             return self._failed("coder", "gave no program", {"parse_error": NO_PROGRAM})
         p = self.problem
         assert p is not None
+        examples: tuple[bool, ...] = (False,)
         if p.check:
             try:
                 runs = [await self._run_check(code)]
@@ -231,16 +238,13 @@ class CodeEnv(TeamTurns, Environment):
                     "coder", "wrote a program the judge could not judge", failure_info(e)
                 )
         else:
-            hidden = hidden_tests(p.statement, p.tests)
-            runs = await self._run(
-                self._program(code),
-                hidden[: self.max_hidden] if self.max_hidden else hidden,
-                p.compare,
-            )
+            cases = p.tests[: self.max_hidden] if self.max_hidden else p.tests
+            examples = shown_examples(p.statement, cases)
+            runs = await self._run(self._program(code), cases, p.compare)
         passed = sum(r.passed for r in runs)
-        before = self.hidden_ratio
-        self.code, self.hidden_ratio = code, round(passed / len(runs), 6)
-        self.success = passed == len(runs)
+        before = self.paid
+        self.code, self.paid = code, round(paid_fraction([r.passed for r in runs], examples), 6)
+        self.success = passed == len(runs)  # the examples too
         if not self.success and code not in self.wrong:
             self.wrong = [*self.wrong, code][-MAX_WRONG:]
         if self.success and not self.reference:
@@ -252,6 +256,8 @@ class CodeEnv(TeamTurns, Environment):
             "hidden_total": len(runs),
             "verdicts": _count(r.verdict for r in runs),
         }
+        if any(examples) and not all(examples):
+            info["examples"] = sum(examples)  # run and required, not paid
         not_run = sum(r.verdict == "not_run" for r in runs)
         if not_run:
             info["not_run"] = not_run
@@ -265,10 +271,8 @@ class CodeEnv(TeamTurns, Environment):
             info["tests_passed"] = sum(r.passed for r in self.runs)
         self.done = self._is_done()
         self._record("coder", f"wrote a program ({self._tests_line()})")
-        # Paid what it gained: the sum over an episode is the last program's pass fraction.
-        return StepResult(
-            self.hidden_ratio, round(self.hidden_ratio - before, 6), self.done, self.success, info
-        )
+        # Paid what it gained: the sum over an episode is the last program's paid fraction.
+        return StepResult(self.paid, round(self.paid - before, 6), self.done, self.success, info)
 
     async def _tester(self, action: str) -> StepResult:
         parsed = parse_tests(action, self.max_tests)
@@ -296,15 +300,19 @@ class CodeEnv(TeamTurns, Environment):
                 f"{len(malformed)} test(s) are not JSON values: {_clip(malformed[0], 120)}"
             )
             info["judge_error"] = judge_error
+        score = 0.0
         if self.reference:
             runs = await self._run_on_tests(self.reference, tests)
             self.valid = [r.passed for r in runs]
             info["agree"] = sum(self.valid)
-            local, info["caught"] = await self._tester_reward(tests, self.valid)
+            score, info["caught"] = await self._tester_score(tests, self.valid)
+            info["score"] = score
         else:
             self.valid = None
-            local = 0.0
             info["no_reference"] = True
+        # Paid what its score gained: the sum over an episode is its last tests' score against
+        # the episode's wrong programs, however often it rewrites them.
+        local, self.tester_paid = round(score - self.tester_paid, 6), score
         if self.code is not None:
             await self._run_current_on_tests()
             info["code_passed"] = sum(r.passed for r in self.runs)
@@ -312,12 +320,13 @@ class CodeEnv(TeamTurns, Environment):
             self.runs = []
         self.done = self._is_done()
         self._record("tester", f"wrote {len(tests)} tests")
-        return StepResult(self.hidden_ratio, local, self.done, self.success, info)
+        return StepResult(self.paid, local, self.done, self.success, info)
 
     # ---- running programs -------------------------------------------------------------------
 
-    async def _tester_reward(self, tests: list[TesterTest], valid: list[bool]) -> tuple[float, int]:
-        """validity x discrimination (module docstring), and how many wrong programs were caught."""
+    async def _tester_score(self, tests: list[TesterTest], valid: list[bool]) -> tuple[float, int]:
+        """validity x discrimination (module docstring), and how many wrong programs were caught;
+        0 before there is a wrong program to catch."""
         seen: set[str] = set()
         distinct = []  # one valid test per input: copies add nothing
         for t, ok in zip(tests, valid, strict=True):
@@ -325,9 +334,9 @@ class CodeEnv(TeamTurns, Environment):
             if ok and key not in seen:
                 seen.add(key)
                 distinct.append(t)
-        validity = len(distinct) / len(tests)
         if not self.wrong or not distinct:
-            return round(validity, 6), 0
+            return 0.0, 0
+        validity = len(distinct) / len(tests)
         caught = 0
         for program in self.wrong:
             caught += not all(r.passed for r in await self._run_on_tests(program, distinct))
@@ -500,22 +509,3 @@ def _count(items: Any) -> dict[str, int]:
     for x in items:
         out[x] = out.get(x, 0) + 1
     return out
-
-
-_TOKEN_RE = re.compile(r"[A-Za-z0-9_.+-]+|[^\sA-Za-z0-9_.+-]")
-
-
-@functools.lru_cache(maxsize=4096)
-def hidden_tests(statement: str, tests: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
-    """The tests the statement does not show: a case whose input and output both appear in the
-    statement (as runs of whole tokens) is an example, and a program that prints the example must
-    earn nothing for it. All of them when the statement shows every one (nothing else to judge)."""
-    words = [t.lower() for t in _TOKEN_RE.findall(statement)]
-
-    def shown(text: str) -> bool:
-        toks = [t.lower() for t in _TOKEN_RE.findall(text)]
-        n = len(toks)
-        return 0 < n <= 200 and any(words[i : i + n] == toks for i in range(len(words) - n + 1))
-
-    hidden = tuple(c for c in tests if not (shown(c[0]) and shown(c[1])))
-    return hidden or tests

@@ -93,37 +93,39 @@ def test_correct_program_earns_full_reward_and_success(sandbox):
     env = make(sandbox=sandbox)
     r = run(env.step("coder", RIGHT))
     assert (r.team_reward, r.local_reward, r.success) == (1.0, 1.0, True), r
-    # five tests, less the statement's own example ("3 4" -> 7)
-    assert r.info["hidden_passed"] == r.info["hidden_total"] == 4 and r.info["verdicts"] == {
-        "ok": 4
+    # five tests, the statement's own example ("3 4" -> 7) run and required but not paid
+    assert r.info["hidden_passed"] == r.info["hidden_total"] == 5 and r.info["verdicts"] == {
+        "ok": 5
     }
+    assert r.info["examples"] == 1
     assert r.done  # success ends the episode (done_when: success)
 
 
 def test_wrong_program_earns_its_pass_fraction(sandbox):
     env = make(sandbox=sandbox)
     r = run(env.step("coder", WRONG))
-    # a - b equals a + b only for the test "0 0"
-    assert r.local_reward == r.team_reward == pytest.approx(1 / 4) and not r.success
-    assert r.info["hidden_passed"] == 1
+    # a - b equals a + b only for the test "0 0"; it fails the statement's example "3 4" -> 7,
+    # which counts because it failed it: 1 of the 4 other tests and that example
+    assert r.local_reward == r.team_reward == pytest.approx(1 / 5) and not r.success
+    assert r.info["hidden_passed"] == 1 and r.info["examples"] == 1
 
 
 def test_crashing_program_earns_zero_and_says_why(sandbox):
     env = make(sandbox=sandbox)
     r = run(env.step("coder", CRASH))
     assert r.local_reward == 0.0 > FAILURE_REWARD and not r.success
-    assert r.info["verdicts"] == {"runtime_error": 4} and "NameError" in r.info["error"]
+    assert r.info["verdicts"] == {"runtime_error": 5} and "NameError" in r.info["error"]
 
 
 def test_hanging_program_costs_one_time_limit(sandbox):
     env = make(sandbox=sandbox, case_timeout_s=0.4)
     t = time.monotonic()
     r = run(env.step("coder", HANG))
-    assert time.monotonic() - t < 3.0  # one 0.4 s limit, not four
+    assert time.monotonic() - t < 3.0  # one 0.4 s limit, not five
     assert (
         r.local_reward == 0.0
-        and r.info["verdicts"] == {"timeout": 1, "not_run": 3}
-        and r.info["not_run"] == 3
+        and r.info["verdicts"] == {"timeout": 1, "not_run": 4}
+        and r.info["not_run"] == 4
     )
 
 
@@ -132,7 +134,7 @@ def test_no_code_block_is_a_format_failure_and_keeps_the_program(sandbox):
     run(env.step("coder", WRONG))
     r = run(env.step("coder", "I would add the numbers."))
     assert r.local_reward == FAILURE_REWARD and "```python" in r.info["parse_error"]
-    assert r.team_reward == 0.25 and "a - b" in env.code  # the previous program stays
+    assert r.team_reward == 0.2 and "a - b" in env.code  # the previous program stays
 
 
 def test_a_step_without_a_sandbox_is_refused_not_scored():
@@ -144,18 +146,26 @@ def test_a_step_without_a_sandbox_is_refused_not_scored():
 # ---- tester rewards, done and success -------------------------------------------------------
 
 
-def test_tester_reward_is_agreement_with_the_reference(sandbox):
+def test_tester_reward_is_right_tests_that_catch_the_wrong_programs(sandbox):
     env = make(sandbox=sandbox)
+    # Right tests before any wrong program catch nothing yet: no pay (the reference's paid 1).
     right = run(env.step("tester", answer_with_tests([("1 2", "3"), ("10 -4", "6")])))
-    assert right.local_reward == 1.0 and right.info == {"tests": 2, "agree": 2, "caught": 0}
-    env = make(sandbox=sandbox)
+    assert right.local_reward == 0.0 and right.info == {
+        "tests": 2,
+        "agree": 2,
+        "caught": 0,
+        "score": 0.0,
+    }
+    assert not right.done and right.team_reward == 0.0  # no program yet
+    run(env.step("coder", WRONG))  # a - b
+    # half the tests agree with the reference, and "1 2" -> 3 catches a - b
     half = run(
         env.step(
             "tester", answer_with_tests([("1 2", "3"), ("2 2", "5"), ("0 0", "1"), ("4 4", "8")])
         )
     )
     assert half.local_reward == pytest.approx(0.5) and half.info["agree"] == 2
-    assert not half.done and half.team_reward == 0.0  # no program yet
+    assert half.info["caught"] == 1 and not half.done
     bad = run(env.step("tester", "Test: 1 2 gives 3"))
     assert bad.local_reward == FAILURE_REWARD and "**Test Input:**" in bad.info["parse_error"]
 
@@ -164,7 +174,8 @@ def test_done_when_the_program_passes_tests_that_are_right(sandbox):
     env = make(sandbox=sandbox, done_when="tests")
     assert not run(env.step("coder", RIGHT)).done  # the tester has not written tests yet
     r = run(env.step("tester", answer_with_tests([("1 2", "3"), ("-5 6", "1")])))
-    assert (r.done, r.success, r.local_reward, r.team_reward) == (True, True, 1.0, 1.0)
+    # no wrong program in this episode for the tests to catch: the tester earns nothing
+    assert (r.done, r.success, r.local_reward, r.team_reward) == (True, True, 0.0, 1.0)
     assert r.info["code_passed"] == 2
     again = run(env.step("coder", RIGHT))
     assert again.done and again.info == {"error": "the episode is over"}
@@ -178,7 +189,7 @@ def test_agreeing_on_wrong_tests_does_not_end_the_episode(sandbox):
     # tests written for a - b
     r = run(env.step("tester", answer_with_tests([("5 3", "2"), ("9 1", "8")])))
     assert r.info["code_passed"] == 2 and r.info["agree"] == 0
-    assert not r.done and r.local_reward == 0.0 and r.team_reward == pytest.approx(0.25)
+    assert not r.done and r.local_reward == 0.0 and r.team_reward == pytest.approx(0.2)
     prompt = env.observe("coder")[0]["content"]
     assert "passes 2 of the tester's 2 tests" in prompt
     # the coder fixes its program; the tester's wrong tests now fail it, still not done
@@ -195,7 +206,7 @@ def test_tests_that_miss_the_bug_earn_nothing_and_do_not_end_the_episode(sandbox
         run(env.step("coder", WRONG))
         # right tests, b = 0 only
         r = run(env.step("tester", answer_with_tests([("0 0", "0"), ("7 0", "7")])))
-        assert not r.done and not r.success and r.team_reward == pytest.approx(0.25)
+        assert not r.done and not r.success and r.team_reward == pytest.approx(0.2)
         assert r.local_reward == 0.0 and (r.info["agree"], r.info["caught"]) == (2, 0)
         # catches a - b
         r = run(env.step("tester", answer_with_tests([("0 0", "0"), ("7 2", "9")])))
@@ -261,7 +272,8 @@ def test_function_problem_tester_tests_are_json_arguments(sandbox):
         and r.info["malformed"] == 1
         and "not a JSON value" in r.info["parse_error"]
     )
-    assert r.local_reward == pytest.approx(3 / 4) and r.info["code_passed"] == 3
+    assert r.info["agree"] == 3 and r.info["code_passed"] == 3
+    assert r.local_reward == 0.0  # right tests, but no wrong program yet to catch
     assert not r.done  # a malformed test is not a right one
     assert "-> not run:" in env.observe("coder")[0]["content"]
 
@@ -292,7 +304,7 @@ def test_episode_with_forks_through_the_host(sandbox):
                 for b, a in zip(branches, (WRONG, RIGHT, CRASH), strict=True)
             )
         )
-        assert [r.local_reward for r in results] == [pytest.approx(0.25), 1.0, 0.0]
+        assert [r.local_reward for r in results] == [pytest.approx(0.2), 1.0, 0.0]
         assert all(r.turn == 0 for r in results)
         best = branches[1]
         await envs.close_episodes([ep, branches[0], branches[2]])
@@ -326,7 +338,7 @@ def test_fork_is_independent(sandbox):
     fork = env.fork()
     assert fork.sandbox is sandbox and fork.problem is env.problem
     run(fork.step("coder", RIGHT))
-    assert fork.hidden_ratio == 1.0 and env.hidden_ratio == pytest.approx(0.25)
+    assert fork.paid == 1.0 and env.paid == pytest.approx(0.2)
     assert "a - b" in env.code and "a + b" in fork.code
 
 
@@ -340,7 +352,7 @@ def test_no_reference_solution_uses_a_program_that_passed(sandbox):
     r = run(env.step("coder", RIGHT))
     assert env.reference and env.valid == [True, False] and not r.done
     r = run(env.step("tester", answer_with_tests([("1 2", "3")])))
-    assert r.local_reward == 1.0 and r.done
+    assert r.info["agree"] == 1 and r.local_reward == 0.0 and r.done  # no wrong program to catch
 
 
 CHECKER_HEAD = "\n".join(

@@ -287,7 +287,8 @@ def test_livecodebench_function_problem_runs_end_to_end(sandbox):
     assert r.local_reward == 1.0 and r.success
     # no dataset solution: the program that passed every hidden test judges the tester's tests
     t = asyncio.run(env.step("tester", answer_with_tests([("[2, 3]\n5", "1"), ("[2, 2]\n4", "2")])))
-    assert t.local_reward == pytest.approx(0.5) and not t.done
+    assert t.info["agree"] == 1 and not t.done
+    assert t.local_reward == 0.0  # right tests, but no wrong program in the episode to catch
 
 
 def test_apps_call_based_problem_uses_its_solution_as_reference(sandbox):
@@ -299,7 +300,7 @@ def test_apps_call_based_problem_uses_its_solution_as_reference(sandbox):
             "tester", answer_with_tests([("[1, 2]", "3"), ("[0.5, 0.25]", "0.75"), ("[1]", "2")])
         )
     )
-    assert t.local_reward == pytest.approx(2 / 3) and t.info["agree"] == 2
+    assert t.info["agree"] == 2 and t.local_reward == 0.0  # no wrong program yet to catch
     r = asyncio.run(
         env.step("coder", "```python\ndef sum_list(xs):\n    return float(sum(xs))\n```")
     )

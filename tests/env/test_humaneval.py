@@ -190,9 +190,10 @@ def test_the_tester_s_tests_are_judged_by_the_canonical_solution(sandbox):
     r = asyncio.run(
         env.step("tester", answer_with_tests([("2\n3", "5"), ("5\n7", "12"), ("1\n1", "3")]))
     )
-    assert r.local_reward == pytest.approx(2 / 3) and r.info["agree"] == 2 and not r.done
+    assert r.info["agree"] == 2 and r.local_reward == 0.0 and not r.done  # nothing to catch yet
+    asyncio.run(env.step("coder", fenced("def add(x: int, y: int):\n    return x - y\n")))
     r = asyncio.run(env.step("tester", answer_with_tests([("2\n3", "5"), ("-1\n1", "0")])))
-    assert r.local_reward == 1.0
+    assert r.local_reward == 1.0 and r.info["caught"] == 1  # right, and they catch x - y
     r = asyncio.run(env.step("coder", fenced("def add(x: int, y: int):\n    return x + y\n")))
     assert r.success and r.done and r.info["tests_passed"] == 2
 

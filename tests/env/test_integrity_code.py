@@ -3,9 +3,12 @@ backends, each asserting no credit (or a bounded penalty) and no crash.
 
 HumanEval (check() judged through the call proxy): forged pass lines and exits, atexit hooks,
 objects equal to everything, patched builtins, shadowed helpers, reading the test from disk or a
-caller's frame. Sample problems: printing the statement's example, junk on stdout. Farming: a
-correct program repeated, worse-then-better, a tester's copies of one trivial test, and tests
-that keep an episode open. Oversized and deeply nested tester input.
+caller's frame. Sample problems: printing the statement's examples (one followed by a full stop
+too), programs wrong on an edge case the statement's definition mentions, junk on stdout; which
+tests are examples, on every sample problem and in each dataset's statement style. Farming: a
+correct program repeated, worse-then-better, a tester's copies of one trivial test, a right test
+before any wrong program, the same tests rewritten, and tests that keep an episode open.
+Oversized and deeply nested tester input.
 """
 
 import asyncio
@@ -16,9 +19,11 @@ from atgrpo.sdk import metrics
 from atgrpo.sdk.host import EnvHost
 from atgrpo.sdk.inprocess import LocalEnvs
 from atgrpo.sdk.registry import Registry
+from env_svc import datasets
 from env_svc.envs import BUILTIN
 from env_svc.envs.code import CodeEnv
 from env_svc.envs.code_check import call_program
+from env_svc.envs.code_examples import shown_examples
 from tests.env.test_code_env import RIGHT, SUM, WRONG, answer_with_tests
 
 
@@ -32,9 +37,9 @@ def fenced(code):
     return f"```python\n{code}\n```"
 
 
-async def coder_results(sandbox, answers, dataset="humaneval"):
+async def coder_results(sandbox, answers, dataset="humaneval", **options):
     async def one(task, code):
-        env = CodeEnv({"dataset": dataset, "turn_order": ["coder"]})
+        env = CodeEnv({"dataset": dataset, "turn_order": ["coder"], **options})
         env.reset(task, 0, "eval" if dataset == "humaneval" else "train")
         env.sandbox = sandbox
         return await env.step("coder", fenced(code))
@@ -130,9 +135,133 @@ def test_the_sandboxed_program_holds_no_test():
 
 
 def test_printing_the_statement_s_example_earns_nothing(sandbox):
-    """train-sum-two's statement shows `3 4` -> `7`: that case is not a hidden test."""
+    """train-sum-two's statement shows `3 4` -> `7`: that case is run and required, not paid."""
     (r,) = asyncio.run(coder_results(sandbox, [(SUM, "print(7)")], dataset="sample"))
-    assert r.local_reward == 0.0 and r.info["hidden_total"] == 4
+    assert r.local_reward == 0.0 and not r.success
+    assert (r.info["hidden_passed"], r.info["hidden_total"], r.info["examples"]) == (1, 5, 1)
+
+
+# A program's time limit for the tests below, whose verdicts must not depend on a loaded machine
+# (a cold docker run of `print(a + b)` can take over the default 2 s).
+SLACK = {"case_timeout_s": 10}
+
+
+# ---- examples: every hidden test decides success, the statement's examples are not paid ---------
+
+# (task, a program wrong on an edge case that the statement's definition mentions, its paid
+# fraction). The old filter took a test whose input and output occurred anywhere in the statement
+# for an example and dropped it (leap year kept only 2024 and 2023): each of these got 1.0 and
+# success.
+EDGE_CASES = [
+    # the century rule: only the examples test it, and the failed one (1900) counts
+    ("train-leap-year", "y = int(input())\nprint('YES' if y % 4 == 0 else 'NO')", 3 / 4),
+    (
+        "train-prime-check",  # 1 is not prime
+        "n = int(input())\nprint('YES' if all(n % d for d in range(2, int(n**0.5) + 1)) else 'NO')",
+        4 / 5,
+    ),
+    (
+        "train-fibonacci",  # F(0) = 1
+        "n = int(input())\na, b = 1, 1\nfor _ in range(n - 1):\n    a, b = b, a + b\nprint(a)",
+        3 / 4,
+    ),
+    (
+        "train-fibonacci",  # F(1) = 0
+        "n = int(input())\na, b = 0, 1\nfor _ in range(n):\n    a, b = b, a + b\n"
+        "print(a if n != 1 else 0)",
+        3 / 4,
+    ),
+    (
+        "train-factorial",  # 0! = 0
+        "n = int(input())\nr = n\nfor i in range(2, n):\n    r *= i\nprint(r)",
+        3 / 4,
+    ),
+    (
+        "train-factorial",  # 1! = 0
+        "import math\nn = int(input())\nprint(math.factorial(n) if n != 1 else 0)",
+        3 / 4,
+    ),
+]
+
+
+def test_programs_wrong_on_an_edge_case_neither_succeed_nor_get_full_credit(sandbox):
+    for task, code, paid in EDGE_CASES:  # one at a time: the module's sandbox outlives each loop
+        (r,) = asyncio.run(coder_results(sandbox, [(task, code)], dataset="sample", **SLACK))
+        assert not r.success and not r.done, (task, r.info)
+        assert r.local_reward == r.team_reward == pytest.approx(paid, abs=1e-6), (task, r.info)
+
+
+def test_an_example_followed_by_a_full_stop_is_not_paid(sandbox):
+    """count_vowels's statement ends `count_vowels("Hello") == 2.`: the old filter read `2.` as
+    one word, missed the example and paid a program returning 2 for it (0.2)."""
+    (r,) = asyncio.run(
+        coder_results(
+            sandbox,
+            [("train-count-vowels", "def count_vowels(s):\n    return 2")],
+            dataset="sample",
+            **SLACK,
+        )
+    )
+    assert r.local_reward == 0.0 and not r.success and r.info["examples"] == 1
+
+
+def test_the_examples_are_the_pairs_the_statements_show_and_only_those():
+    """Across the 50 sample problems the examples are exactly the pairs each statement shows (its
+    `Example:` line, and binary's `0 prints 0`): the values a definition mentions (`0! = 1`,
+    `F(1) = 1`, `divisible by 4`, `(0 for n = 0)`, `A` for 90) stay paid tests."""
+    found = {
+        p.id: [i for i, shown in enumerate(shown_examples(p.statement, p.tests)) if shown]
+        for split in ("train", "eval")
+        for p in datasets.load("code", datasets.Source(), split)
+    }
+    two = {"train-leap-year", "train-balanced-brackets", "train-power-of-two", "train-binary"}
+    assert len(found) == 50
+    assert found == {pid: [0, 1] if pid in two else [0] for pid in found}
+
+
+STATEMENT_STYLES = {
+    "codeforces": (
+        "Print the sum of n numbers.\n\nInput\n\nThe first line holds n (1 ≤ n ≤ 100).\n\n"
+        "Output\n\nPrint one integer.\n\nExamples\n\nInput\n\n3\n1 2 3\n\nOutput\n\n6\n\n"
+        "Input\n\n1\n100\n\nOutput\n\n100\n\nNote\n\n1 + 2 + 3 = 6.",
+        [("3\n1 2 3\n", "6\n"), ("1\n100\n", "100\n"), ("2\n1 1\n", "2\n"), ("1\n100\n", "101\n")],
+        (True, True, False, False),
+    ),
+    "atcoder": (
+        "Print A+B.\n\nSample Input 1\n\n1 2\n\nSample Output 1\n\n3\n\n"
+        "Sample Input 2\n\n100 100\n\nSample Output 2\n\n200\n",
+        [("1 2\n", "3\n"), ("100 100\n", "200\n"), ("1 100\n", "101\n")],
+        (True, True, False),
+    ),
+    "leetcode, named arguments": (
+        "Return the indices of the two numbers that add up to target.\n\nExample 1:\n\n"
+        "Input: nums = [2,7,11,15], target = 9\nOutput: [0,1]\n\nConstraints: 2 <= n",
+        [("[2,7,11,15]\n9\n", "[0,1]\n"), ("[3,3]\n6\n", "[0,1]\n")],
+        (True, False),
+    ),
+    "doctest, Python literals": (
+        "def f(x, flag):\n    '''\n    >>> f(2, True)\n    4.0\n    >>> f('a', None)\n    'aa'\n"
+        "    '''",
+        [("2\ntrue\n", "4\n"), ('"a"\nnull\n', '"aa"\n'), ("3\ntrue\n", "6\n")],
+        (True, True, False),
+    ),
+    "inline connectors and punctuation": (
+        "Read n and print n squared: 3 is 9, 4 -> 16 and f(5) returns 25; input `6` prints `36`.",
+        [("3\n", "9\n"), ("4\n", "16\n"), ("5\n", "25\n"), ("6\n", "36\n"), ("7\n", "49\n")],
+        (False, True, True, True, False),  # "is" in running text does not mark a pair
+    ),
+    "fenced blocks": (
+        "Reverse the line.\n\nInput:\n```\nabc\n```\nOutput:\n```\ncba\n```",
+        [("abc\n", "cba\n"), ("xy\n", "yx\n")],
+        (True, False),
+    ),
+}
+
+
+@pytest.mark.parametrize("style", STATEMENT_STYLES)
+def test_examples_are_recognised_in_each_dataset_s_statement_style(style):
+    statement, tests, expected = STATEMENT_STYLES[style]
+    assert shown_examples(statement, tuple(tests)) == expected
 
 
 def test_junk_on_stdout_fails_a_function_problem(sandbox):
@@ -177,7 +306,7 @@ def test_worse_then_better_adds_up_to_the_last_program(sandbox):
     env.sandbox = sandbox
     crash = "```python\nraise SystemExit(1)\n```"
     rewards = [step(env, "coder", a).local_reward for a in (WRONG, crash, WRONG, crash, RIGHT)]
-    assert sum(rewards) == pytest.approx(1.0) and rewards[1] == pytest.approx(-0.25)
+    assert sum(rewards) == pytest.approx(1.0) and rewards[1] == pytest.approx(-0.2)
 
 
 def test_copies_of_one_trivial_test_earn_little_and_never_end_the_episode(sandbox):
@@ -191,6 +320,46 @@ def test_copies_of_one_trivial_test_earn_little_and_never_end_the_episode(sandbo
     assert r.local_reward == pytest.approx(1 / 8) and not r.done
 
 
+def test_a_trivially_right_test_before_any_wrong_program_earns_nothing(sandbox):
+    """The reference paid validity, 1.0, for one right test written before the coder had a wrong
+    program for it to catch (with the tester first, or after a coder step without a program)."""
+    for order in (["tester", "coder"], ["coder", "tester"]):
+        env = CodeEnv({"turn_order": order, **SLACK})
+        env.reset(SUM, 0, "train")
+        env.sandbox = sandbox
+        if order[0] == "coder":
+            step(env, "coder", "no program")  # the coder fails to answer: still no wrong program
+        r = step(env, "tester", answer_with_tests([("1 1", "2")]))
+        assert r.local_reward == 0.0 and r.info["agree"] == 1, r.info
+
+
+def test_the_tester_is_paid_its_tests_discrimination_at_the_end_of_the_episode(sandbox):
+    """Each tester step is paid what its score gained, so the episode's tester rewards add up to
+    its last tests' discrimination against all the episode's wrong programs: rewriting the same
+    tests earns nothing twice, and tests that miss a later wrong program give back its share."""
+    env = CodeEnv(SLACK)
+    env.reset(SUM, 0, "train")
+    env.sandbox = sandbox
+    catches_minus = [("0 5", "5")]  # a - b prints -5
+    paid = []
+    step(env, "coder", WRONG)  # a - b
+    paid.append(step(env, "tester", answer_with_tests(catches_minus)).local_reward)
+    paid.append(step(env, "tester", answer_with_tests(catches_minus)).local_reward)
+    assert paid == [1.0, 0.0]  # the same tests again: paid once
+    step(env, "coder", "```python\na, b = map(int, input().split())\nprint(abs(a + b))\n```")
+    r = step(env, "tester", answer_with_tests(catches_minus))  # abs(0 + 5) passes it
+    paid.append(r.local_reward)
+    assert r.info["caught"] == 1 and r.info["score"] == 0.5
+    r = step(env, "tester", answer_with_tests([*catches_minus, ("-1 -1", "-2")]))
+    paid.append(r.local_reward)
+    assert r.info["caught"] == 2 and r.info["score"] == 1.0
+    assert paid == [1.0, 0.0, -0.5, 0.5] and sum(paid) == 1.0
+    # eight copies of the catching test score 1/8: the sum falls to that
+    r = step(env, "tester", answer_with_tests([("-1 -1", "-2")] * 8))
+    assert r.info["score"] == pytest.approx(1 / 8)
+    assert sum(paid) + r.local_reward == pytest.approx(1 / 8)
+
+
 def test_oversized_and_deeply_nested_tester_input_is_a_malformed_test_not_a_crash(sandbox):
     async def go():
         host = EnvHost(Registry(BUILTIN, discover=False), sandbox=sandbox)
@@ -202,7 +371,7 @@ def test_oversized_and_deeply_nested_tester_input_is_a_malformed_test_not_a_cras
             ep, "tester", answer_with_tests([(f"{deep}\n1", "[0, 1]"), ("[1, 2]\n3", "[0, 1]")])
         )
         assert r.info["malformed"] == 1 and r.info["judge_error"] == "too_deep"
-        assert r.local_reward == pytest.approx(0.5)
+        assert r.info["agree"] == 1 and r.local_reward == 0.0  # no wrong program to catch yet
         assert metrics.JUDGE_ERRORS.labels("code", "too_deep")._value.get() == before + 1
         huge = "[" + ",".join(["1"] * 200_000) + "]"
         r = await envs.step(ep, "tester", answer_with_tests([(f"{huge}\n1", "[0, 1]")]))
