@@ -5,7 +5,7 @@ Each step is checked after it is taken, and a step that fails or does not take h
 `Unsealed(step)`: the call is refused ("isolation_failed"), never scored open. In order:
 
 - fds: stdin, stdout and stderr on /dev/null, every other descriptor but the verdict pipe closed,
-  a session of its own.
+  a session of its own (checked: the session, the count of open descriptors).
 - uid: uid/gid 65534 and no groups when the worker runs as root (checked: getresuid/getresgid).
 - namespaces: new user, mount, network and IPC namespaces (checked: each /proc/self/ns link
   changed, the network holds only `lo`). So no network and none of the host's abstract unix
@@ -20,7 +20,8 @@ Each step is checked after it is taken, and a step that fails or does not take h
 - seccomp: a filter, compiled once in the worker by libseccomp, refusing sockets of any kind,
   signals to any process, the keyring calls, io_uring, ptrace and process_vm_*, mounts and
   namespaces, bpf, userfaultfd and perf_event_open (EPERM); SysV shmat and memfd_create (memory no
-  rlimit counts) and every other ABI's calls get ENOSYS (checked: socket() is refused).
+  rlimit counts) and every other ABI's calls get ENOSYS (checked: socket() and a signal to the
+  worker are refused).
 
 The namespaces and the filter each close what Landlock below ABI 6 leaves open (TCP, abstract
 sockets, signals to the env service when it runs under the same uid), so the seal does not depend
@@ -170,7 +171,10 @@ def seal(keep_fd: int, timeout: float, plan: Plan) -> None:
         ("rlimits", lambda: _rlimits(timeout, mapped)),
         ("seccomp", lambda: _seccomp(libc, plan.bpf)),
     )
-    mapped = os.sysconf("SC_PAGE_SIZE") * int(Path("/proc/self/statm").read_text().split()[0])
+    try:  # the worker's size, read before /proc is hidden: the address-space limit builds on it
+        mapped = os.sysconf("SC_PAGE_SIZE") * int(Path("/proc/self/statm").read_text().split()[0])
+    except (OSError, ValueError):
+        raise Unsealed("rlimits") from None
     for step, take in steps:
         try:
             held = take()
