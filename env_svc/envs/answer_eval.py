@@ -1,10 +1,15 @@
 """The math judge's numeric evaluator: the values of answer_expr's sympy expressions in mpmath,
-every operation bounded (answer_limits) before it runs, and the opaque numbers that keep every
-value but a rational out of sympy's hands (why: answer_expr).
+every operation bounded (answer_limits) before it runs, the opaque numbers that keep every value
+but a rational out of sympy's hands (why: answer_expr), and the secret sample points at which
+expressions with variables are compared.
 """
 
 from __future__ import annotations
 
+import hmac
+import random
+import secrets
+import string
 import threading
 from typing import Any
 
@@ -236,3 +241,28 @@ class Evaluator:
         if abs(c.re(t)) > _LN_LIMIT or abs(c.im(t)) > MAX_TRIG_ARG:
             raise Unbounded("too_large", "a power")
         return c.power(b, e)
+
+
+# ---- sample points ----------------------------------------------------------------------------
+
+# This process's key for the sample points: an answer cannot know it, so it cannot know the points.
+_POINTS_KEY = secrets.token_bytes(32)
+POINTS = 8
+_LETTERS = {c: i for i, c in enumerate(string.ascii_letters)}
+
+
+def sample_values(reference: str) -> list[float]:
+    """The values of the sample points of a comparison with `reference`: POINTS points, each a
+    value in (0.5, 3) per letter (`sample_point`). Generic (no two letters, no point equal, no
+    small integers), positive (so the principal roots and logs of honest answers agree), the same
+    for a letter in both answers, and drawn from an HMAC of the reference under a key of this
+    process: the same points every time for one task (a verdict does not change), other points
+    for another, and none an answer can know, so none it can be built to vanish at."""
+    seed = hmac.new(_POINTS_KEY, reference.encode("utf-8", "replace"), "sha256").digest()
+    rng = random.Random(seed)
+    return [0.5 + 2.5 * rng.random() for _ in range(POINTS * len(_LETTERS))]
+
+
+def sample_point(values: list[float], k: int, letters: frozenset[str]) -> dict[str, float]:
+    """Point k of `values`, for `letters` only (a letter's value does not depend on the others)."""
+    return {c: values[k * len(_LETTERS) + _LETTERS[c]] for c in letters}

@@ -97,6 +97,7 @@ _TEXT_CMDS = {
 _CMD_RE = re.compile(r"\\([A-Za-z]+|.)")
 _FRAC_CMDS = {"frac", "dfrac", "tfrac", "cfrac"}
 _BINOM_CMDS = {"binom", "dbinom", "tbinom", "choose"}
+_LOGS = ("ln", "log", "arcsin", "arccos", "arctan")
 
 
 def _arg(s: str, i: int) -> tuple[str, int]:
@@ -185,7 +186,9 @@ def latex_to_plain(s: str, depth: int = 0) -> str:
         elif name in _TEXT_CMDS:
             a, i = _arg(s, i)
             words = a.strip()
-            if re.fullmatch(r"[A-Za-z ]*", words) and len(words.replace(" ", "")) > 1:
+            if words in _FUNCS or words in _LOGS:
+                out.append(f" {words} ")  # \operatorname{sin}: a function, not a word to drop
+            elif re.fullmatch(r"[A-Za-z ]*", words) and len(words.replace(" ", "")) > 1:
                 out.append(f" ⟦{words}⟧ ")  # words: units, or a text answer (decided later)
             else:
                 out.append(latex_to_plain(a, depth + 1))
@@ -201,7 +204,7 @@ def latex_to_plain(s: str, depth: int = 0) -> str:
             out.append(
                 f"(log({latex_to_plain(x, depth + 1)})/log({latex_to_plain(base, depth + 1)}))"
             )
-        elif name in _FUNCS or name in ("ln", "log", "arcsin", "arccos", "arctan"):
+        elif name in _FUNCS or name in _LOGS:
             out.append(f" {name} ")
         else:
             raise AnswerError(f"unsupported LaTeX command \\{name}")

@@ -3,7 +3,7 @@
 Model text never reaches eval, sympify or parse_expr: a LaTeX scanner, a whitelist tokenizer and
 a recursive-descent parser build the sympy expression node by node, within bounds (answer length,
 tokens, nesting, digits, the bits of exact numbers, roots, magnitudes, factorials, binomials; see
-answer_expr.py). Equality is numeric, by answer_expr's bounded evaluator (256 bits; 128 at fixed
+answer_expr.py). Equality is numeric, by answer_expr's bounded evaluator (256 bits; 128 at secret
 points when variables occur), never sympy's evalf or simplify; intervals, sets, tuples and
 equations compare by structure. Used by the `math` environment
 (env_svc/envs/math.py).
@@ -14,13 +14,18 @@ What the judge guarantees (`judge_answer`; tests/env/test_integrity_math.py trie
   failure. Every step is linear in the answer or bounded by a constant (MAX_RAW_CHARS, then
   MAX_ANSWER_CHARS; each expression is evaluated once however many set items it is paired with).
 - No value stands for another: NaN, complex infinity, `0/0` and infinity inside arithmetic
-  (`1/oo`) are refused; `oo` equals only `oo`; two integers are equal only exactly, and a number
-  next to an integer within rel_tol absolutely (a relative tolerance would make 1000000000 or
-  1000000006.6 equal to 1000000007).
+  (`1/oo`) are refused; `oo` equals only `oo`; two integers are equal only exactly; a number is
+  within rel_tol of the reference relative to the reference (never to the answer: 0 is not
+  2^-20), absolutely next to an integer reference (a relative tolerance would make 1000000006.6
+  equal to 1000000007), and within abs_tol of a reference of 0.
 - More values never earn more: a list, set or union matches only one with as many items, matched
   one to one; `5 or 6`, `5, 6` and `\\pm 5` are not 5; `x = 5 = 1` needs every side to match.
-- Variables are compared at fixed generic points (the same value per letter in both answers), and
-  an answer undefined at a point where the reference is defined (or the other way) is unequal.
+  Words beside a number are not dropped unless they are units: `5\\text{ is not the answer}` is
+  text, not 5.
+- Variables are compared at generic points drawn per reference from a key of this process (the
+  same points for one task every time, the same value per letter in both answers, none an answer
+  can know), and an answer undefined at a point where the reference is defined (or the other
+  way) is unequal; floor, ceiling and abs of a variable only match a reference that uses them.
 
 This module reads an answer's structure and compares answers; the pieces it builds on are
 siblings: answer_extract.py (the answer or program in model text), answer_latex.py (LaTeX to
@@ -29,14 +34,19 @@ plain syntax) and answer_expr.py (plain syntax to sympy, the numeric evaluator, 
 
 from __future__ import annotations
 
-import random
 import re
-import string
 from dataclasses import dataclass
 from typing import Any
 
 from atgrpo.sdk.judge import JudgeError
-from env_svc.envs.answer_eval import Evaluator, Unbounded, variables
+from env_svc.envs.answer_eval import (
+    POINTS,
+    Evaluator,
+    Unbounded,
+    sample_point,
+    sample_values,
+    variables,
+)
 from env_svc.envs.answer_expr import parse_expression
 from env_svc.envs.answer_extract import _braced, extract_boxed
 from env_svc.envs.answer_latex import latex_to_plain
@@ -157,6 +167,9 @@ def parse_answer(raw: str) -> Any:
         rest = re.sub(r"⟦[^⟧]*⟧", " ", plain).strip()
         if words and not rest:
             return _Text(" ".join(words).lower())
+        if any(w.lower() not in _UNITS for group in words for w in group.split()):
+            # `5\text{ is not the answer}`: words beside a number are not a unit to drop
+            raise AnswerError("words beside mathematics are compared as text")
         return _structure(rest, 0)
     except AnswerError:
         return _Text(re.sub(r"\s+", "", s).lower())
@@ -265,25 +278,24 @@ def _limit(items: list[str]) -> list[str]:
 # ---- comparison -------------------------------------------------------------------------------
 
 
-def _point_values(n: int = 8) -> list[dict[str, float]]:
-    """n points, each a value in (0.5, 3) per letter: generic (no two letters, no point equal, no
-    small integers), positive (so the principal roots and logs of honest answers agree), fixed
-    (the same verdict every time), and the same for a letter in both answers."""
-    rng = random.Random(20240607)
-    return [{c: 0.5 + 2.5 * rng.random() for c in string.ascii_letters} for _ in range(n)]
+def _piecewise(x: Any) -> set[str]:
+    """The floor, ceiling and abs applied to a variable in x: piecewise functions, which sampled
+    points cannot tell from others (floor(x/4) and abs(x) - x vanish at every point)."""
+    import sympy as sp
 
-
-_POINTS = _point_values()
+    return {type(f).__name__ for f in x.atoms(sp.floor, sp.ceiling, sp.Abs) if variables(f)}
 
 
 class _Judge:
     """One comparison: its tolerances, and caches so that each expression is evaluated once (at
     each point), and each pair of items matched once, however often a set matching asks."""
 
-    def __init__(self, rel_tol: float, abs_tol: float):
+    def __init__(self, rel_tol: float, abs_tol: float, reference: str):
         self.rel_tol, self.abs_tol = rel_tol, abs_tol
+        self.reference = reference  # the seed of the sample points, drawn when variables occur
+        self.points: list[float] | None = None
         self.pairs: dict[tuple[int, int], bool] = {}
-        self.evaluators: dict[int | None, Evaluator] = {}
+        self.evaluators: dict[tuple[int, frozenset[str]] | None, Evaluator] = {}
 
     def match(self, a: Any, b: Any) -> bool:
         key = (id(a), id(b))
@@ -339,9 +351,11 @@ class _Judge:
     # ---- expressions --------------------------------------------------------------------------
 
     def equal(self, a: Any, b: Any) -> bool:
-        """Two sympy expressions: equal as built, else numerically (the bounded evaluator, never
-        sympy's evalf, which re-evaluates nested logs at rising precision: exponential in their
-        depth), at fixed points when variables occur. Two integers are equal only exactly."""
+        """Answer `a` and reference `b`, two sympy expressions: equal as built, else numerically
+        (the bounded evaluator, never sympy's evalf, which re-evaluates nested logs at rising
+        precision: exponential in their depth), at the reference's secret points when variables
+        occur. Two integers are equal only exactly; floor, ceiling and abs of a variable only
+        where both use them (sampled points cannot tell abs(x) - x from 0)."""
         if a == b:
             return True
         if a.is_Integer and b.is_Integer:
@@ -349,40 +363,56 @@ class _Judge:
         symbols = variables(a) | variables(b)
         if len(symbols) > MAX_SYMBOLS:
             return False
-        points = range(len(_POINTS)) if symbols else (None,)
-        integer = not symbols and (a.is_Integer or b.is_Integer)
+        if symbols and _piecewise(a) != _piecewise(b):
+            return False
+        letters = frozenset(v.name for v in symbols)
+        points = [(k, letters) for k in range(POINTS)] if symbols else [None]
+        integer = not symbols and bool(b.is_Integer)
         agreed = 0
-        for k in points:
-            va, vb = self._value(a, k), self._value(b, k)
+        for at in points:
+            va, vb = self._value(a, at), self._value(b, at)
             if va is None and vb is None:
                 continue  # both undefined (or past the bounds) here: no evidence
-            if va is None or vb is None or not self._close(self._evaluator(k).ctx, va, vb, integer):
+            if (
+                va is None
+                or vb is None
+                or not self._close(self._evaluator(at).ctx, va, vb, integer)
+            ):
                 return False
             agreed += 1
         return agreed > 0
 
-    def _evaluator(self, k: int | None) -> Evaluator:
-        """The evaluator of point k (None: no variables, 256 bits, so that 30 digits survive
-        cancellation in honest answers like sqrt(10^20 + 1) - 10^10); made once per comparison."""
-        ev = self.evaluators.get(k)
-        if ev is None:
-            ev = self.evaluators[k] = Evaluator(256) if k is None else Evaluator(128, _POINTS[k])
+    def _evaluator(self, at: tuple[int, frozenset[str]] | None) -> Evaluator:
+        """The evaluator of sample point `at` (point k for these letters; None: no variables, 256
+        bits, so that 30 digits survive cancellation in honest answers like sqrt(10^20 + 1) -
+        10^10); made once per comparison."""
+        ev = self.evaluators.get(at)
+        if ev is None and at is None:
+            ev = self.evaluators[at] = Evaluator(256)
+        elif ev is None:
+            if self.points is None:
+                self.points = sample_values(self.reference)
+            ev = self.evaluators[at] = Evaluator(128, sample_point(self.points, *at))
         return ev
 
-    def _value(self, x: Any, k: int | None) -> Any:
+    def _value(self, x: Any, at: tuple[int, frozenset[str]] | None) -> Any:
         try:
-            return self._evaluator(k).value(x)
+            return self._evaluator(at).value(x)
         except (Unbounded, RecursionError):
             return None
 
     def _close(self, ctx: Any, u: Any, v: Any, integer: bool) -> bool:
-        """Two values within tolerance; infinities equal only themselves. Next to an integer the
-        tolerance is absolute, as if the integer were 1: a relative one makes 1000000006.6 (or,
-        between two non-integers, 1000000000.5) equal to 1000000007."""
+        """The answer's value u within tolerance of the reference's v; infinities equal only
+        themselves. The tolerance is rel_tol relative to the reference, never to the answer (an
+        answer of 0 would bring its own tolerance down to nothing; one of 1e9 up to 1000). Next to
+        an integer reference it is absolute, as if the integer were 1 (a relative one makes
+        1000000006.6 equal to 1000000007), and a reference of 0 takes abs_tol (1e-9: a program's
+        float noise), so that 0 and 2^-20 are different answers both ways."""
         if ctx.isinf(u) or ctx.isinf(v):
             return bool(u == v)
-        size = 1 if integer else max(abs(u), abs(v))
-        return bool(abs(u - v) <= max(self.abs_tol, self.rel_tol * size))
+        if v == 0:
+            return bool(abs(u) <= self.abs_tol)
+        return bool(abs(u - v) <= self.rel_tol * (1 if integer else abs(v)))
 
 
 def _words(s: str) -> str:
@@ -426,7 +456,7 @@ def judge_answer(pred: str, gold: str, rel_tol: float = 1e-6, abs_tol: float = 1
         ga = _Text(g)
     if isinstance(pa, _Text) or isinstance(ga, _Text):
         return _words(p) == _words(g)
-    return _guarded(_Judge(rel_tol, abs_tol).match, pa, ga)
+    return _guarded(_Judge(rel_tol, abs_tol, g).match, pa, ga)
 
 
 def _guarded(fn: Any, *args: Any) -> Any:

@@ -9,11 +9,13 @@ reasoner sees the tool agent's program and output of the same turn).
   is wrong or nothing was printed, `failure_reward` (option, default -1) for no code block or a
   program that crashes or runs past `tool_timeout_s` (the reference's +1 / 0 / -1).
 - **reasoner** ends its answer with `\\boxed{...}` (the last box counts; a `Final answer: ...`
-  line is accepted when there is no box). Local reward: +1 right, 0 wrong, `failure_reward` when
-  no answer can be found.
-- **team reward** (both agents): 1.0 while the reasoner's latest answer is right, else 0.0. With
-  alpha = 1 the reasoner earns 2 x correct and the tool agent own +1/0/-1 + the reasoner's
-  correctness: the reference's rewards.
+  line is accepted when there is no box). Local reward: +1 for its first right answer of the
+  episode, 0 for a wrong one or a right one again, `failure_reward` when no answer can be found.
+- **team reward** (both agents): 1.0 in the turn the reasoner's answer first becomes right, else
+  0.0. With alpha = 1 the reasoner earns 2 x correct and the tool agent own +1/0/-1 + the
+  reasoner's correctness: the reference's rewards. Under `done_when: correct` the first right
+  answer ends the episode; under `agree` it goes on until the agents agree, and a right answer
+  kept (while the tool disagrees) is paid once, not every turn.
 - **done / success**: success = the reasoner's latest answer is right. `done_when: correct` (the
   default) ends the episode when it is; `done_when: agree` ends it when the reasoner's and the
   tool's answers agree mathematically (the reference), scored by correctness all the same. The
@@ -24,7 +26,8 @@ reasoner sees the tool agent's program and output of the same turn).
 
 Answers are compared as mathematics, not strings (`answers_match`): `1/2` = `0.5` =
 `\\frac{1}{2}`, `\\sqrt{8}` = `2\\sqrt{2}`, `(x-1)(x+1)` = `x^2-1`, numbers within a relative
-tolerance (`rel_tol`, default 1e-6), intervals `(0, 1]` (brackets must match), unions of
+tolerance (`rel_tol`, default 1e-6, relative to the reference; absolute next to an integer; a
+reference of 0 takes `abs_tol`, 1e-9), intervals `(0, 1]` (brackets must match), unions of
 intervals, sets `\\{1, 2\\}` = `{2, 1}` and comma lists in any order, tuples in order, `x = 3` =
 `3`, units and `^\\circ` ignored, and text answers compared case-insensitively.
 
@@ -36,13 +39,14 @@ per answer (1,600 before normalising), 300 tokens, nesting depth 50, 32 items a 
 literals, exact numbers of at most 20,000 bits (`9^{9^{9^9}}` is refused before it is computed,
 not after), roots of numbers of at most 256 bits (sympy factors them), numeric values within
 2^-20,000 .. 2^20,000, factorials to 300, binomials to 1,000. Equality is decided by numeric
-evaluation, by a bounded evaluator (at fixed sample points when variables occur), never by
-sympy's `evalf` or `simplify`, so a check takes milliseconds. An answer the judge refuses (too
-long, too large, too deep, undefined like `0/0` or `1/\\infty`) is a format failure:
-`failure_reward`, `correct: False`, and `judge_error` (the reason, counted in
+evaluation, by a bounded evaluator (at sample points when variables occur), never by sympy's
+`evalf` or `simplify`, so a check takes milliseconds. The sample points are drawn per reference
+from a key of the env process, so no answer can be built to vanish at them. An answer the judge
+refuses (too long, too large, too deep, undefined like `0/0` or `1/\\infty`) is a format
+failure: `failure_reward`, `correct: False`, and `judge_error` (the reason, counted in
 `atgrpo_env_judge_errors_total{env,reason}`) and `parse_error` in the info; a reference answer
 past the bounds is compared as text. What the judge guarantees is in env_svc/envs/answers.py;
-tests/env/test_integrity_math.py tries to break it.
+tests/env/test_integrity_math*.py try to break it.
 
 Options: the problem source (`dataset`, `path`, `train`/`eval`, `start`/`stop`; see
 env_svc/datasets.py), `max_turns` (4, the reference's), `turn_order` (e.g. `[reasoner]` for a
@@ -88,6 +92,7 @@ class MathEnv(ToolTurns, Environment):
         self.limits = tool_limits(self.options, self.name)
         self.problem: datasets.MathProblem | None = None
         self.done = self.success = False
+        self.solved_turn: int | None = None  # the turn the reasoner was first right in
         self.answer: str | None = None  # the reasoner's latest answer (None when refused)
         self.tool_answer: str | None = None  # the tool program's latest answer (None when refused)
 
@@ -101,6 +106,7 @@ class MathEnv(ToolTurns, Environment):
             )
         self.problem = pick_problem("math", self.sources, task_id, seed, split)
         self.done = self.success = False
+        self.solved_turn = None
         self.answer = self.tool_answer = None
         self._start_turns()
 
@@ -185,6 +191,9 @@ class MathEnv(ToolTurns, Environment):
             self.answer, self.success = None, False
             return self._refused("reasoner", ans, verdict, {})
         correct = verdict
+        first = correct and self.solved_turn is None  # paid once: a right answer kept is not new
+        if first:
+            self.solved_turn = self.turn
         self.answer, self.success = ans, correct
         info: dict[str, Any] = {"answer": _clip(ans, 400), "correct": correct}
         if self.done_when == "correct":
@@ -194,7 +203,7 @@ class MathEnv(ToolTurns, Environment):
             info["agree"] = agree
             self.done = agree
         self._record("reasoner", f"answered {_clip(ans, 200)}")
-        return StepResult(self._team(), 1.0 if correct else 0.0, self.done, self.success, info)
+        return StepResult(self._team(), 1.0 if first else 0.0, self.done, self.success, info)
 
     async def _tool(self, action: str) -> StepResult:
         ran = await self._run_tool(action, stdout_answer, {"correct": False})
@@ -220,4 +229,7 @@ class MathEnv(ToolTurns, Environment):
     # ---- helpers ----------------------------------------------------------------------------
 
     def _team(self) -> float:
-        return 1.0 if self.success else 0.0
+        """1.0 in the turn the reasoner's answer first became right, while it stays right; never
+        again after (under `done_when: agree` the episode goes on until the tool agrees, and a
+        right answer repeated turn after turn must not be paid turn after turn)."""
+        return 1.0 if self.success and self.solved_turn == self.turn else 0.0

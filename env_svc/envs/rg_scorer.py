@@ -6,15 +6,13 @@ score and again if it dies) imports reasoning-gym and builds each dataset once. 
 on stdin and answers on stdout, each a 4-byte big-endian length and a body: the request a pickle
 (the env's entry as it is, tuples and all; only the env writes it), the reply JSON
 {"score": x} or {"error": reason, "message": ...}. Each score runs in a child forked for that one
-call, so nothing a scorer does to itself outlives the call. The child, before it scores:
-
-- closes the protocol pipes and points stdin/stdout/stderr at /dev/null;
-- drops to uid/gid 65534 with no groups when the worker runs as root;
-- where the kernel allows: unshares a user and a network namespace (no network), and takes a
-  Landlock domain that refuses every file write, execve and ptrace of processes outside it
-  (a same-uid child could otherwise reach the env through /proc/PID);
-- sets rlimits: CPU seconds, address space ~1 GiB beyond the worker's, file size 0, no new
-  processes.
+call, so nothing a scorer does to itself outlives the call, and the child seals itself in first
+(rg_seal.py: no uid of the env, no network, no host sockets, no IPC or keyring state shared with
+another call, no file writes, no exec, no signals, rlimits), checking that each step took hold; a
+step that did not is "isolation_failed" and nothing is scored. The worker starts with an
+environment of its own (paths, locale, thread counts: `_PASSED`): no other variable of the env
+service's reaches a scorer, and no text a scorer wrote reaches the env but a builtin exception's
+name.
 
 The worker kills a child still running after SCORE_TIMEOUT_S; the env gives the worker
 REQUEST_TIMEOUT_S (a dataset's first build included) before it kills and later restarts it. A
@@ -27,6 +25,7 @@ own call's verdict.
 
 from __future__ import annotations
 
+import builtins
 import ctypes
 import functools
 import importlib
@@ -35,7 +34,6 @@ import math
 import numbers
 import os
 import pickle
-import resource
 import select
 import signal
 import struct
@@ -47,12 +45,11 @@ from pathlib import Path
 from typing import Any
 
 from atgrpo.sdk.judge import MAX_LITERAL_CHARS, JudgeError
+from env_svc.envs import rg_seal
 
 SCORE_TIMEOUT_S = 5.0  # one score_answer call (sympy's slowest honest answers take well under 1 s)
 REQUEST_TIMEOUT_S = 60.0  # one request: the worker's start and a dataset's first build included
 ANSWER_CHARS = MAX_LITERAL_CHARS
-NOBODY = 65534
-MEMORY_MARGIN = 1 << 30
 MAX_FRAME = 64 << 20  # a request carries one entry; an ARC grid entry is tens of KiB
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -110,7 +107,7 @@ def _dataset(module: str, name: str, config_json: str, seed: int, size: int) -> 
     return reasoning_gym.create_dataset(name, seed=seed, size=size, **json.loads(config_json))
 
 
-def _serve(request: dict[str, Any], out_fd: int) -> dict[str, Any]:
+def _serve(request: dict[str, Any]) -> dict[str, Any]:
     key = (request["module"], request["name"], request["config"], request["seed"], request["size"])
     try:
         dataset = _dataset(*key)
@@ -119,12 +116,16 @@ def _serve(request: dict[str, Any], out_fd: int) -> dict[str, Any]:
             "error": "scorer_error",
             "message": f"building the dataset failed: {type(e).__name__}: {e}"[:300],
         }
+    try:
+        plan = rg_seal.prepare()
+    except rg_seal.Unsealed:
+        return _verdict(b"Iprepare")
     if key not in _warm:
         _warm.add(key)
         _warm_up(dataset, request["entry"], request["timeout"])
     try:
         return _score_in_child(
-            dataset, request["answer"][:ANSWER_CHARS], request["entry"], request["timeout"], out_fd
+            dataset, request["answer"][:ANSWER_CHARS], request["entry"], request["timeout"], plan
         )
     except OSError as e:  # fork or pipe refused (no memory, no pids)
         return {"error": "scorer_error", "message": f"could not start the scorer: {e}"}
@@ -152,14 +153,14 @@ def _alarm(signum: int, frame: Any) -> None:
 
 
 def _score_in_child(
-    dataset: Any, answer: str, entry: dict, timeout: float, out_fd: int
+    dataset: Any, answer: str, entry: dict, timeout: float, plan: rg_seal.Plan
 ) -> dict[str, Any]:
     """score_answer in a child forked for this call; its verdict comes back as one short line."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns
         os.close(r)
-        _child(dataset, answer, entry, timeout, w, out_fd)
+        _child(dataset, answer, entry, timeout, w, plan)
     os.close(w)
     try:
         data = _read_child(r, time.monotonic() + timeout)
@@ -193,11 +194,19 @@ def _reap(pid: int) -> None:
 
 
 def _verdict(data: bytes) -> dict[str, Any]:
-    """The child's line: "S<score>" or "E<message>"; anything else (it crashed, was killed by a
-    limit, or wrote junk) is a scorer error."""
+    """The child's line: "S<score>", "E<exception type>" or "I<seal step>"; anything else (it
+    crashed, was killed by a limit, or wrote junk) is a scorer error. The child ran the answer, so
+    its line is hostile: no text of it reaches the reply but a builtin exception's name or a step's
+    (an exception's message, even its class's name, could carry whatever the answer read)."""
     text = data[:1024].decode("utf-8", "replace")
+    if text.startswith("I"):
+        step = text[1:] if text[1:] in rg_seal.STEPS else "unknown"
+        return {
+            "error": "isolation_failed",
+            "message": f"the scorer's isolation did not take hold ({step}); nothing was scored",
+        }
     if text.startswith("E"):
-        return {"error": "scorer_error", "message": text[1:300]}
+        return {"error": "scorer_error", "message": f"the scorer raised {_builtin_name(text[1:])}"}
     try:
         score = float(text[1:]) if text.startswith("S") else math.nan
     except ValueError:
@@ -205,70 +214,32 @@ def _verdict(data: bytes) -> dict[str, Any]:
     if not 0.0 <= score <= 1.0:
         return {
             "error": "scorer_error",
-            "message": f"the scorer died or returned no score in [0, 1]: {text[:60]!r}",
+            "message": "the scorer died or returned no score in [0, 1]",
         }
     return {"score": score}
 
 
-def _child(dataset: Any, answer: str, entry: dict, timeout: float, w: int, out_fd: int) -> None:
+def _builtin_name(name: str) -> str:
+    """`name` if it names a builtin exception, else a fixed word."""
+    known = getattr(builtins, name, None) if name.isidentifier() else None
+    return name if isinstance(known, type) and issubclass(known, BaseException) else "an exception"
+
+
+def _child(
+    dataset: Any, answer: str, entry: dict, timeout: float, w: int, plan: rg_seal.Plan
+) -> None:
     try:
-        _isolate(out_fd, timeout)
+        rg_seal.seal(w, timeout, plan)
         score = dataset.score_answer(answer, entry)
-        line = (
-            f"S{float(score)!r}"
-            if isinstance(score, numbers.Real)
-            else f"Ethe scorer returned a {type(score).__name__}"
-        )
+        line = f"S{float(score)!r}" if isinstance(score, numbers.Real) else "ETypeError"
+    except rg_seal.Unsealed as e:
+        line = f"I{e.step}"
     except BaseException as e:  # noqa: BLE001 - whatever the scorer raises is the answer's failure
-        line = f"E{type(e).__name__}: {e}"
+        line = f"E{type(e).__name__}"
     try:
         os.write(w, line[:1000].encode("utf-8", "replace"))
     finally:
         os._exit(0)
-
-
-def _isolate(out_fd: int, timeout: float) -> None:
-    """Shut this child in (see the module docstring); each step is skipped where not allowed."""
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(devnull, fd)
-    os.close(out_fd)
-    if os.getuid() == 0:
-        os.setgroups([])
-        os.setgid(NOBODY)
-        os.setuid(NOBODY)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.unshare(0x10000000 | 0x40000000)  # CLONE_NEWUSER | CLONE_NEWNET
-    _landlock(libc)
-    cpu = math.ceil(timeout)
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
-    mapped = os.sysconf("SC_PAGE_SIZE") * int(Path("/proc/self/statm").read_text().split()[0])
-    resource.setrlimit(resource.RLIMIT_AS, (mapped + MEMORY_MARGIN, mapped + MEMORY_MARGIN))
-
-
-# Landlock (linux/landlock.h): every filesystem right but reading files and directories is handled
-# and none is granted (ABI 1: bits 0-12; 2: refer; 3: truncate; 5: ioctl on devices), TCP bind and
-# connect (ABI 4) likewise; ABI 6 also scopes abstract unix sockets and signals to the domain.
-_LANDLOCK_FS = {1: 0x1FFF, 2: 0x3FFF, 3: 0x7FFF, 5: 0xFFFF}
-_READ = (1 << 2) | (1 << 3)
-
-
-def _landlock(libc: Any) -> None:
-    libc.syscall.restype = ctypes.c_long
-    abi = libc.syscall(444, None, 0, 1)  # landlock_create_ruleset(NULL, 0, VERSION)
-    if abi < 1:
-        return
-    fs = _LANDLOCK_FS[max(v for v in _LANDLOCK_FS if v <= abi)] & ~_READ
-    attr = struct.pack("=QQQ", fs, 0x3 if abi >= 4 else 0, 0x3 if abi >= 6 else 0)
-    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
-    ruleset = libc.syscall(444, ctypes.c_char_p(attr), ctypes.c_size_t(size), 0)
-    if ruleset < 0:
-        return
-    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS, which Landlock needs
-    libc.syscall(446, ruleset, 0)  # landlock_restrict_self
-    os.close(ruleset)
 
 
 def main() -> None:
@@ -282,7 +253,7 @@ def main() -> None:
             request = pickle.loads(_read_frame(0))
         except EOFError:
             return
-        os.write(out_fd, _frame(json.dumps(_serve(request, out_fd)).encode()))
+        os.write(out_fd, _frame(json.dumps(_serve(request)).encode()))
 
 
 # ---- the env's side --------------------------------------------------------------------------
@@ -354,15 +325,7 @@ class ScorerWorker:
     def _running(self) -> subprocess.Popen:
         if self.proc is None or self.proc.poll() is not None:
             self.stop()
-            # no thread pools in a process that forks
-            env = {
-                **os.environ,
-                "PYTHONPATH": os.pathsep.join(
-                    filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
-                ),
-                "OPENBLAS_NUM_THREADS": "1",
-                "OMP_NUM_THREADS": "1",
-            }
+            env = _worker_environment()
             self.proc = subprocess.Popen(
                 self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=ROOT
             )
@@ -376,6 +339,24 @@ class ScorerWorker:
             for pipe in (self.proc.stdin, self.proc.stdout):
                 pipe.close()
             self.proc = None
+
+
+# What the worker takes of the env service's environment: where things are and the locale, never
+# a credential. (HOME and the cache directories: matplotlib, imported by reasoning-gym, writes its
+# font cache there, or leaves a temporary directory behind at every worker start.)
+_PASSED = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "MPLCONFIGDIR", "XDG_CACHE_HOME")
+
+
+def _worker_environment() -> dict[str, str]:
+    """The worker's whole environment: _PASSED, never the env service's other variables, which a
+    scorer running an answer could otherwise read and echo. No thread pools in a process that
+    forks."""
+    return {
+        **{name: os.environ[name] for name in _PASSED if name in os.environ},
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "OPENBLAS_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 WORKER = ScorerWorker()
