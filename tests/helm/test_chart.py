@@ -436,7 +436,7 @@ def test_every_container_is_locked_down(case):
             assert sc["capabilities"]["drop"] == ["ALL"], where
             assert "privileged" not in sc and "add" not in sc["capabilities"], where
             assert c.get("resources", {}).get("requests"), f"{where} has no resource requests"
-        if component(obj) != "sandbox":
+        if component(obj) not in ("sandbox", "env"):  # both relaxed, below
             assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
 
 
@@ -460,6 +460,28 @@ def test_sandbox_security_settings(case):
     runtime = values_of(values_file)["sandbox"]["runtimeClassName"]
     assert spec.get("runtimeClassName", "") == runtime
     assert c["resources"]["limits"]["cpu"] and c["resources"]["limits"]["memory"]
+
+
+def test_env_pods_relax_only_what_the_scorer_seal_takes(case):
+    _, objs = case
+    spec = pod_spec(named(objs, "Deployment", f"{FULLNAME}-env"))
+    # unshare and mount for reasoning_gym's sealed scorer calls, in the pod's own user namespace
+    assert spec["hostUsers"] is False and spec["securityContext"]["runAsNonRoot"] is True
+    assert "seccompProfile" not in spec["securityContext"]
+    [c] = spec["containers"]
+    sc = c["securityContext"]
+    assert sc["seccompProfile"] == {"type": "Unconfined"} == sc["appArmorProfile"]
+    assert "procMount" not in sc and sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+
+
+def test_without_the_scorer_seal_env_pods_keep_the_runtime_defaults(helm):
+    spec = pod_spec(
+        named(template("--set", "env.scorerSeal=false"), "Deployment", f"{FULLNAME}-env")
+    )
+    assert "hostUsers" not in spec
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "seccompProfile" not in spec["containers"][0]["securityContext"]
 
 
 def test_every_workload_has_a_matching_disruption_budget(case):

@@ -114,10 +114,16 @@ def test_user_namespaces_need_kubernetes_1_33(helm):
         "sandbox.runtimeClassName: gvisor, sandbox.hostUsers: true, "
         "sandbox.securityContext.procMount: Default (docs/deploy.md, step 9)"
     ) in error
-    # the gVisor way on an older cluster, and the default on 1.33
+    assert (
+        "env.scorerSeal: true runs the env pods in a user namespace of their own (hostUsers: "
+        "false), which needs Kubernetes 1.33 or newer, and this cluster is v1.32.4"
+    ) in refused("--kube-version", "1.32.4", "--set", "sandbox.hostUsers=true")
+    # the gVisor way on an older cluster (reasoning_gym's scorers unsealed), the default on 1.33
     older = template(
         "--kube-version",
         "1.30.0",
+        "--set",
+        "env.scorerSeal=false",
         "--set",
         "sandbox.hostUsers=true",
         "--set",
@@ -143,6 +149,13 @@ def test_chart_kube_version_is_the_oldest_tested():
     with pytest.raises(HelmError, match="incompatible with Kubernetes v1.29"):
         template("--kube-version", "1.29.9")
     assert of_kind(
-        template("--kube-version", KUBE_VERSIONS[0], "--set", "sandbox.hostUsers=true"),
+        template(
+            "--kube-version",
+            KUBE_VERSIONS[0],
+            "--set",
+            "sandbox.hostUsers=true",
+            "--set",
+            "env.scorerSeal=false",
+        ),
         "Deployment",
     )
