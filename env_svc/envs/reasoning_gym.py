@@ -12,16 +12,18 @@ per epoch, and evaluation takes the first `eval_size` entries.
 
 - **reasoner** sees the question and ends with `<answer>...</answer>` (reasoning-gym's own
   convention; the last one counts; a `\\boxed{}` or `Final answer:` line is accepted when there is
-  none). Local reward: the answer's score (in [0, 1]; some tasks give partial credit),
+  none). Local reward: the answer's score (in [0, 1]; a few tasks give partial credit),
   `failure_reward` (default -1) when no answer can be found.
 - **the judge**: model text never runs as code in this process. A dataset whose own scorer
   evaluates the answer or pays wrong answers is scored by ours (rg_safe.py: data and arithmetic
   parsing only, the dataset's score for an honest answer); every other dataset's `score_answer`
   runs in the scorer worker (rg_scorer.py), in a child process forked per call, isolated and
-  bounded. An answer over 64 KiB or nested over 32 brackets deep, or one the judge cannot score
-  (a scorer crash or timeout, text that is not the arithmetic asked for), is a format failure:
-  local reward `failure_reward`, team score 0, `judge_error` (the reason) and `parse_error` in
-  the step's info.
+  bounded, and pays its verdict of right (1.0) or nothing, partial credit only where audited as
+  progress (rg_credit.py: most of reasoning-gym's partial credit pays constant answers).
+  `composite` is refused (it would score around all this). An answer over 64 KiB or nested over
+  32 brackets deep, or one the judge cannot score (a scorer crash or timeout, text that is not
+  the arithmetic asked for), is a format failure: local reward `failure_reward`, team score 0,
+  `judge_error` (the reason) and `parse_error` in the step's info.
 - **tool** writes one ```python block, run in the sandbox like `math`'s tool agent; its answer is
   the `<answer>...</answer>` it prints, else its last non-empty stdout line. Local reward: its
   answer's score, 0 when it printed nothing, `failure_reward` for no code block or a crash.
@@ -53,6 +55,7 @@ from atgrpo.sdk.judge import JudgeError, check_bounds, failure_info
 from env_svc.envs._text import clip as _clip
 from env_svc.envs.answer_extract import extract_answer
 from env_svc.envs.common import ToolTurns, tool_limits
+from env_svc.envs.rg_credit import REFUSED, credit
 from env_svc.envs.rg_safe import SYMPY_SCORED, math_text, scorer_for
 from env_svc.envs.rg_scorer import WORKER
 
@@ -179,6 +182,8 @@ def check_dataset(name: Any, config: Any) -> tuple[str, str]:
             f"reasoning_gym: unknown dataset {name!r}; use one of reasoning-gym's {len(names)} "
             f"datasets, e.g. {some} (all: reasoning_gym.factory.DATASETS)"
         )
+    if name in REFUSED:
+        raise ValueError(f"reasoning_gym: dataset {name!r} is not served: {REFUSED[name]}")
     if not isinstance(config, Mapping):
         raise ValueError(
             f"reasoning_gym: dataset_config must be a mapping of {name}'s config fields, got "
@@ -323,8 +328,11 @@ class ReasoningGymEnv(ToolTurns, Environment):
             if scorer is None:
                 if name in SYMPY_SCORED:
                     math_text(answer)  # sympy's parse_expr evals: plain mathematics only
-                score = await asyncio.to_thread(
-                    WORKER.score, self.dataset, name, config_json, answer, self.entry
+                score = credit(
+                    name,
+                    await asyncio.to_thread(
+                        WORKER.score, self.dataset, name, config_json, answer, self.entry
+                    ),
                 )
             else:
                 score = _in_process(scorer, self.dataset, answer, self.entry)

@@ -25,14 +25,21 @@ literal_eval and substring credit in every dataset's score_answer), and what we 
   **chain_sum**, **products** (utils.compute_decimal_reward): the wrong answer "12" earned 0.5
   where the right one was "2". Ours pay the exact answer only (chain_sum and products: equal as
   decimals).
-- left as the dataset's (in the worker), noted: substring credit in manipulate_matrix, tsumego
-  and codeio; number_sorting accepts any value within 1 of the right one, and eval()s its own
-  reference answer (not the model's text); the sudoku family's positional partial credit is
-  shaping the dataset means (and our referee tests pin it).
+- a verdict of 1.0 for wrong answers: **game_of_life_halting** compared bool(answer) with
+  bool(reference), two non-empty strings, so any answer scored 1.0; **coin_flip** paid any
+  answer within 1e-4 of the probability ("0" when it is under 1e-4) and credited a matching
+  prefix over the shorter length ("0" earned 1.0 against "0.3125"). Ours compare True/False,
+  and the probability within 1e-4 and 1%.
+- format rewards: countdown and puzzle24 paid 0.05 and 0.01 for any well-formed expression, the
+  constant "1" included; ours pay 0 for a wrong one. Every other dataset's partial credit is
+  settled in rg_credit.py (its verdict of right, or nothing, unless audited as progress).
+- left as the dataset's (in the worker), noted: number_sorting accepts any value within 1 of
+  the right one, and eval()s its own reference answer (not the model's text).
 
 Every scorer here takes (dataset, answer, entry), returns the dataset's score for an honest
-answer (tests/env/test_integrity_reasoning_gym.py checks that on the datasets' own references),
-and raises JudgeError for an answer it refuses to read.
+answer less its format rewards (tests/env/test_integrity_reasoning_gym.py checks that on the
+datasets' own references and honest variants), and raises JudgeError for an answer it refuses to
+read.
 """
 
 from __future__ import annotations
@@ -173,20 +180,20 @@ def arithmetic(text: str, operators: Any = "+-*/") -> Arithmetic:
 
 
 def score_countdown(dataset: Any, answer: str, entry: dict) -> float:
-    """countdown: 1.0 for the target from all the puzzle's numbers, each once; 0.05 (the
-    dataset's) for any other well-formed expression."""
+    """countdown: 1.0 for the target from all the puzzle's numbers, each once; 0 for any other
+    expression (the dataset paid 0.05, which the constant "1" collected on every puzzle)."""
     meta = entry["metadata"]
     expr = arithmetic(answer, dataset.config.operators)
     right = sorted(expr.numbers) == sorted(meta["numbers"]) and expr.value == meta["target"]
-    return 1.0 if right else 0.05
+    return 1.0 if right else 0.0
 
 
 def score_puzzle24(dataset: Any, answer: str, entry: dict) -> float:
-    """puzzle24: 1.0 for exactly 24 from the puzzle's four numbers, each once; 0.01 (the
-    dataset's) otherwise."""
+    """puzzle24: 1.0 for exactly 24 from the puzzle's four numbers, each once; 0 otherwise (the
+    dataset paid 0.01)."""
     expr = arithmetic(answer, dataset.config.operators)
     right = sorted(expr.numbers) == sorted(entry["metadata"]["numbers"]) and expr.value == 24
-    return 1.0 if right else 0.01
+    return 1.0 if right else 0.0
 
 
 def _data(answer: str) -> Any:
@@ -274,6 +281,41 @@ def score_decimal(dataset: Any, answer: str, entry: dict) -> float:
         return 0.0
 
 
+def score_game_of_life_halting(dataset: Any, answer: str, entry: dict) -> float:
+    """game_of_life_halting: the question asks for 'True' or 'False'; the dataset compared
+    bool(answer) with bool(reference), both non-empty strings, so every answer scored 1.0."""
+    return 1.0 if answer.strip().lower() == str(entry["answer"]).strip().lower() else 0.0
+
+
+_PROBABILITY_RE = re.compile(
+    r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?|[0-9]+/[0-9]+", re.ASCII
+)
+MAX_NUMBER_CHARS = 64
+
+
+def _probability(text: str) -> float | None:
+    """A decimal or a fraction a/b as a float; None for anything else (and for a/0)."""
+    text = text.strip().replace(",", "")
+    if len(text) > MAX_NUMBER_CHARS or not _PROBABILITY_RE.fullmatch(text):
+        return None
+    if "/" in text:
+        num, den = text.split("/")
+        return int(num) / int(den) if int(den) else None
+    return float(text)
+
+
+def score_coin_flip(dataset: Any, answer: str, entry: dict) -> float:
+    """coin_flip: the probability within the dataset's 1e-4, and within 1% of it, so a small one
+    needs two significant figures. The dataset's absolute 1e-4 alone paid "0" for any probability
+    under 1e-4, and its prefix credit paid "0" 1.0 for any probability under 1 (it divides the
+    characters "0" shares with "0.3125" by the shorter length)."""
+    value, oracle = _probability(answer), _probability(str(entry["answer"]))
+    if value is None or oracle is None:
+        return 0.0
+    error = abs(value - oracle)
+    return 1.0 if value == oracle or (error <= 1e-4 and error <= 0.01 * abs(oracle)) else 0.0
+
+
 SAFE: dict[str, Scorer] = {
     "countdown": score_countdown,
     "puzzle24": score_puzzle24,
@@ -283,6 +325,8 @@ SAFE: dict[str, Scorer] = {
     "string_insertion": score_string_insertion,
     "chain_sum": score_decimal,
     "products": score_decimal,
+    "game_of_life_halting": score_game_of_life_halting,
+    "coin_flip": score_coin_flip,
 }
 
 # ---- a gate for the symbolic answers sympy reads in the worker -------------------------------

@@ -6,7 +6,8 @@ sympy's parse_expr (countdown, puzzle24, the integration tasks), and pay wrong a
 gaps (countdown's `0e0`, puzzle24's unchecked numbers, substring credit). The env scores those
 datasets with our safe scorers (env_svc/envs/rg_safe.py) and every other dataset in the scorer
 worker (env_svc/envs/rg_scorer.py): a child process per call, isolated. `rg_probe` registers a
-dataset whose scorer evals the answer, standing in for a future scorer nobody audited.
+dataset whose scorer evals the answer, standing in for a future scorer nobody audited. Constant
+answers against every dataset: test_integrity_rg_constants.py.
 """
 
 import asyncio
@@ -270,9 +271,10 @@ def test_countdown_pays_only_the_puzzles_numbers():
     r = answer(env, zeroed)
     assert r.local_reward == -1.0 and r.info["judge_error"] == "not_data"
     assert answer(env, ref).local_reward == 1.0
-    assert answer(env, f"{target}").local_reward <= 0.05  # not the puzzle's numbers
-    assert answer(env, f"{ref} + {nums[0]} - {nums[0]}").local_reward <= 0.05  # a number used again
-    assert answer(env, f"({ref}) * 1 * 1").local_reward <= 0.05  # numbers of its own
+    assert env.dataset.score_answer(f"{target}", env.entry) == 0.05  # its format reward
+    assert answer(env, f"{target}").local_reward == 0.0  # not the puzzle's numbers
+    assert answer(env, f"{ref} + {nums[0]} - {nums[0]}").local_reward == 0.0  # a number used again
+    assert answer(env, f"({ref}) * 1 * 1").local_reward == 0.0  # numbers of its own
     for form in (f"{nums[0]}.0", f"0{nums[0]}", f"{nums[0]}e0", f"{nums[0]}_0"):
         r = answer(env, ref.replace(str(nums[0]), form, 1))
         assert r.local_reward == -1.0 and r.info["judge_error"] == "not_data", form
@@ -293,7 +295,7 @@ def test_puzzle24_pays_only_the_puzzles_numbers_and_exactly_24():
     for trick in (others, truncated):
         # the holes, in the dataset's scorer
         assert env.dataset.score_answer(trick, env.entry) == 1.0
-        assert answer(env, trick).local_reward <= 0.01  # the dataset's score for a wrong answer
+        assert answer(env, trick).local_reward == 0.0  # wrong: no format reward either
     assert answer(env, env.entry["answer"]).local_reward == 1.0
     r = answer(env, TOWER)
     assert r.local_reward == -1.0 and r.info["judge_error"] == "not_data"
@@ -385,10 +387,12 @@ def _variants(name, ref, entry):
     return out
 
 
-@pytest.mark.parametrize("name", sorted(SAFE))
+@pytest.mark.parametrize("name", sorted(set(SAFE) - {"game_of_life_halting", "coin_flip"}))
 def test_safe_scorers_score_honest_answers_as_the_dataset_does(name):
-    """On each dataset's own reference answers and on honest wrong ones, ours give its score; an
-    answer ours refuses (JudgeError) is one the dataset paid its floor (0 or 0.01) at most."""
+    """On each dataset's own reference answers and on honest wrong ones, ours give its score less
+    its substring credit and format rewards; an answer ours refuses (JudgeError) is one the
+    dataset paid its floor (0 or 0.01) at most. (game_of_life_halting and coin_flip paid wrong
+    answers 1.0: tests/env/test_integrity_rg_constants.py.)"""
     count = 30 if name == "puzzle24" else 200  # puzzle24 generates with sympy: slow
     ds = rg.create_dataset(name, seed=11, size=count)
     for i in range(count):
@@ -396,8 +400,8 @@ def test_safe_scorers_score_honest_answers_as_the_dataset_does(name):
         assert SAFE[name](ds, entry["answer"], entry) == 1.0, (i, entry["answer"])
         for text in _variants(name, entry["answer"], entry):
             theirs = ds.score_answer(text, entry)
-            if name in ("chain_sum", "products") and theirs < 1.0:
-                theirs = 0.0  # no substring credit (tested above)
+            if name in ("chain_sum", "products", "countdown", "puzzle24") and theirs < 1.0:
+                theirs = 0.0  # no substring credit (tested above) nor format reward
             try:
                 ours = SAFE[name](ds, text, entry)
             except JudgeError:

@@ -71,14 +71,23 @@ def test_rewards_by_value():
     )
 
 
-def test_partial_credit_is_the_datasets_own():
+def test_partial_credit_is_paid_only_where_audited():
+    """mini_sudoku's positional credit pays constants (a grid of ones: 0.225), so the env pays its
+    verdict of right only; tower_of_hanoi's credit for a longer solution is progress and stays."""
     env = make(dataset="mini_sudoku", dataset_config={})
     grid = env.entry["answer"]
     assert run(env.fork().step("reasoner", f"<answer>\n{grid}\n</answer>")).local_reward == 1.0
     first = grid[0]
     one_off = str(int(first) % 4 + 1) + grid[1:]  # one of 16 digits wrong
+    assert env.dataset.score_answer(one_off, env.entry) == pytest.approx(0.9 * 15 / 16)
     r = run(env.step("reasoner", f"<answer>\n{one_off}\n</answer>"))
-    assert r.local_reward == r.team_reward == pytest.approx(0.9 * 15 / 16) and not r.success
+    assert r.local_reward == r.team_reward == 0.0 and not r.success
+    hanoi = make(dataset="tower_of_hanoi", dataset_config={})
+    start, moves = hanoi.entry["metadata"]["start_peg"], hanoi.entry["answer"].splitlines()
+    spare = next(p for p in (1, 2, 3) if p != start)
+    detour = [f"Move disk 1 from Peg {a} to Peg {b}" for a, b in ((start, spare), (spare, start))]
+    r = run(hanoi.step("reasoner", "<answer>" + "\n".join(detour + moves) + "</answer>"))
+    assert r.local_reward == pytest.approx(len(moves) / (len(moves) + 2)) and not r.success
 
 
 def test_seeds_pick_reproducible_entries_and_splits_differ():
@@ -220,8 +229,8 @@ def test_sudoku_family_over_grpc(env_address):
                 bad = await c.step(
                     bad_ep, "reasoner", f"<answer>{str(int(grid[0]) % 4 + 1) + grid[1:]}</answer>"
                 )
-                # done: one turn
-                assert bad.local_reward == pytest.approx(0.9 * 15 / 16) and not bad.success
+                # done: one turn; no positional credit (rg_credit.py)
+                assert bad.local_reward == 0.0 and not bad.success
                 good = await c.step(ep, "reasoner", f"<answer>\n{grid}\n</answer>")
                 assert (good.local_reward, good.done, good.success) == (1.0, True, True)
                 await c.close_episodes([ep, bad_ep])
