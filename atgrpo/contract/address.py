@@ -64,7 +64,7 @@ def parse_target(text: str, default_port: int | None = None) -> Target:
         if default_port is None:
             raise DiscoveryError(f"{text!r}: no port. Add one, e.g. {host}:50051")
         return Target(host, default_port, dns)
-    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+    if not port_text.isdecimal() or not 1 <= int(port_text) <= 65535:
         raise DiscoveryError(f"{text!r}: port {port_text!r} is not a number in 1-65535")
     return Target(host, int(port_text), dns)
 

@@ -28,7 +28,23 @@ from atgrpo.sdk.env import Environment, Sandbox
 from atgrpo.sdk.host import EnvHost
 from atgrpo.sdk.registry import registry_for
 
-PROBES = ("", "1", "4", "up", "A", "```python\nprint(1)\n```", "\\boxed{1}", "[[0, 0]]", "x" * 2000)
+# Texts a policy finds: the formats envs parse, and what crashes naive parsers: a digit int()
+# refuses though str.isdigit() accepts it, more digits than int() converts, JSON nested past the
+# recursion limit.
+PROBES = (
+    "",
+    "1",
+    "4",
+    "up",
+    "A",
+    "```python\nprint(1)\n```",
+    "\\boxed{1}",
+    "[[0, 0]]",
+    "x" * 2000,
+    "\u00b2",
+    "9" * 5000,
+    "[" * 50_000,
+)
 ROLES = frozenset({"system", "user", "assistant"})
 REWARD_RANGE = (-1.0, 1.0)  # what atgrpo's own envs keep (docs/environments.md, The contract)
 PROMPT_CHARS_WARN = 100_000  # ~25k tokens: more than most models' context

@@ -203,7 +203,7 @@ class VerifiersEnvironment(Environment):
 
     async def reset(self, task_id: str, seed: int, split: str) -> None:
         rows = self._rows(split)
-        if not task_id.isdigit() or int(task_id) >= len(rows):
+        if not task_id.isdecimal() or int(task_id) >= len(rows):
             raise ValueError(
                 f"{self.name}: task id {task_id!r} is not a row of the {split} dataset "
                 f"(ids are 0..{len(rows) - 1})"

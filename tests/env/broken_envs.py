@@ -84,7 +84,7 @@ class PickBase(Environment):
 
     def _digit(self, action):
         text = action.strip()
-        return int(text) if text.isdigit() and len(text) == 1 else 0
+        return int(text) if text.isdecimal() and len(text) == 1 else 0
 
 
 class PickAtOnce(PickBase):

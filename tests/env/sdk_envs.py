@@ -30,7 +30,7 @@ class CounterEnv(Environment):
         ]
 
     def step(self, agent, action):
-        if not action.strip().isdigit():
+        if not action.strip().isdecimal() or len(action.strip()) > 3:
             return StepResult(0.0, -1.0, info={"parse_error": f"not a number: {action[:20]!r}"})
         self.total += int(action)
         self.log.append((agent, int(action)))
