@@ -2,9 +2,8 @@
 fine-tuned on its env's own demonstrations, once, and every variant of the task trains from it,
 so the comparison stays fair. What a user runs by hand:
 
-    atgrpo up                                     # a sandbox for the tool agents' programs
-    atgrpo model demos --config run.yaml --episodes 200 --out demos.jsonl --sandbox ADDRESS
-    atgrpo model teach --base SmolLM2 --demos demos.jsonl --epochs 1 --out warm
+    atgrpo model demos --config run.yaml --episodes 200 --out demos.jsonl --sandbox local
+    atgrpo model teach --base SmolLM2 --demos demos.jsonl --epochs 1 --bf16 --out warm
 
 Here the same through the library: a sandbox service of its own, the train split's episodes (the
 evaluation's tasks are another split), the episodes that succeed kept. The model, the
@@ -14,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -51,7 +49,7 @@ def warm_model(config: dict[str, Any], base: str, out: Path, episodes: int) -> d
 
 
 def _play(name: str, options: dict[str, Any], episodes: int):
-    from atgrpo.cli.launcher import ServiceProcess, down, up
+    from atgrpo.cli.teach import sandbox_at
     from atgrpo.sdk import demos
     from atgrpo.sdk.host import EnvHost
     from atgrpo.sdk.registry import Registry
@@ -62,9 +60,5 @@ def _play(name: str, options: dict[str, Any], episodes: int):
             host = EnvHost(Registry(), sandbox=client)
             return await demos.play(host, name, options, episodes)
 
-    with tempfile.TemporaryDirectory() as state:
-        (sandbox,) = up(Path(state), (ServiceProcess("sandbox", "sandbox"),))
-        try:
-            return asyncio.run(played(sandbox.address))
-        finally:
-            down(Path(state))
+    with sandbox_at("local") as address:
+        return asyncio.run(played(address))

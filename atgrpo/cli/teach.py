@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from atgrpo.sdk.registry import import_from_here
@@ -72,7 +75,8 @@ def add_command(model: argparse._SubParsersAction) -> None:
     d.add_argument(
         "--sandbox",
         default="",
-        help="a sandbox_svc address, for envs that run code (`atgrpo up` starts one)",
+        help="for envs that run agents' programs: a sandbox_svc address, or 'local' to start one "
+        "for this command",
     )
     d.set_defaults(fn=run_demos)
 
@@ -206,6 +210,23 @@ def load_solver(spec: str):
     return fn
 
 
+@contextlib.contextmanager
+def sandbox_at(spec: str) -> Iterator[str]:
+    """The sandbox address `spec` names: "" none, "local" one started here until the block ends
+    (sandbox_svc, as `atgrpo up` starts it), else `spec` itself."""
+    if spec != "local":
+        yield spec
+        return
+    from atgrpo.cli.launcher import ServiceProcess, down, up
+
+    with tempfile.TemporaryDirectory() as state:
+        (sandbox,) = up(Path(state), (ServiceProcess("sandbox", "sandbox"),))
+        try:
+            yield sandbox.address
+        finally:
+            down(Path(state))
+
+
 def run_demos(args: argparse.Namespace) -> int:
     from atgrpo.errors import AtgrpoError
     from atgrpo.sdk import demos
@@ -218,12 +239,12 @@ def run_demos(args: argparse.Namespace) -> int:
         return 2
     target, options = what
 
-    async def played():
+    async def played(address: str):
         sandbox = None
-        if args.sandbox:
+        if address:
             from sandbox_svc.client import SandboxClient
 
-            sandbox = SandboxClient(args.sandbox)
+            sandbox = SandboxClient(address)
         name, registry = registry_for(target)
         return await demos.play(
             EnvHost(registry, sandbox=sandbox), name, options, args.episodes, solver=solver
@@ -231,9 +252,13 @@ def run_demos(args: argparse.Namespace) -> int:
 
     try:
         solver = load_solver(args.solver) if args.solver else None
-        rows, stats = asyncio.run(played())
+        with sandbox_at(args.sandbox) as address:
+            rows, stats = asyncio.run(played(address))
     except (ImportError, ValueError, AtgrpoError) as err:
-        print(f"atgrpo model demos: {getattr(err, 'message', err)}", file=sys.stderr)
+        said = str(getattr(err, "message", err))
+        if "sandbox" in said and not args.sandbox:
+            said += "; here: --sandbox ADDRESS, or --sandbox local to start one"
+        print(f"atgrpo model demos: {said}", file=sys.stderr)
         return 2
     if not rows:
         print(

@@ -3,6 +3,7 @@
 --demos` fine-tunes a real (tiny) model on them, on the prompt the rollout renders."""
 
 import asyncio
+import json
 import random
 
 import pytest
@@ -131,3 +132,22 @@ def greedy(model_dir, rows) -> list[str]:
         gen = model.generate(ids, max_new_tokens=4, do_sample=False)
         said.append(tok.decode(gen[0, ids.shape[1] :], skip_special_tokens=True).strip())
     return said
+
+
+def test_demos_of_an_env_that_runs_programs_need_a_sandbox_and_local_starts_one(tmp_path, capsys):
+    """reasoning_gym's tool agent: its demonstration is a program, run in the sandbox; without one
+    the command says how to give one and writes nothing; `--sandbox local` starts its own."""
+    options = {
+        "dataset": "basic_arithmetic",
+        "dataset_config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+        "turn_order": ["tool", "reasoner"],
+        "max_turns": 1,
+    }
+    out = tmp_path / "demos.jsonl"
+    argv = ["model", "demos", "--env", "reasoning_gym", "--options", json.dumps(options)]
+    argv += ["--episodes", "2", "--out", str(out)]
+    assert main(argv) == 2 and "or --sandbox local to start one" in capsys.readouterr().err
+    assert not out.exists()
+    assert main([*argv, "--sandbox", "local"]) == 0
+    assert "4 demonstrations from 2 of 2 episodes" in capsys.readouterr().out
+    assert [r.agent for r in demos.read(out)] == ["tool", "reasoner"] * 2
