@@ -110,6 +110,9 @@ class Plan:
 
     hidden: tuple[str, ...]
     bpf: bytes
+    # inside a hidden place, what the child still reads (a checkout or a venv under /tmp or
+    # /root): mounted back, read-only, on the empty tmpfs
+    kept: tuple[str, ...] = ()
 
 
 @functools.lru_cache(maxsize=1)
@@ -117,25 +120,29 @@ def prepare() -> Plan:
     """The worker's half of the seal; Unsealed("prepare") where libseccomp is missing or /proc
     could not be hidden."""
     try:
-        return Plan(_hidden(), _compile_filter())
+        hidden, kept = _hidden()
+        return Plan(hidden, _compile_filter(), kept)
     except Exception:  # noqa: BLE001 - no filter, no scoring
         raise Unsealed("prepare") from None
 
 
-def _hidden() -> tuple[str, ...]:
-    """HIDE, resolved, less any place that holds something the child may still read (the
-    interpreter, its libraries, the project)."""
+def _hidden() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(HIDE resolved, the places inside them that hold something the child still reads: the
+    interpreter, its libraries, the project). A place that is itself needed is not hidden."""
     needed = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, ROOT)}
     needed |= {os.path.realpath(p) for p in sys.path if os.path.isabs(p)}
-    out: list[str] = []
+    needed = {n for n in needed if os.path.isdir(n)}
+    hidden: list[str] = []
     for place in HIDE:
         real = os.path.realpath(place)
-        inside = [n for n in needed if n == real or n.startswith(real.rstrip("/") + "/")]
-        if os.path.isdir(real) and not inside and real not in out and real != "/":
-            out.append(real)
-    if "/proc" not in out:  # the checks below read /proc before hiding it; nothing needs it after
-        raise Unsealed("prepare")
-    return tuple(out)
+        if os.path.isdir(real) and real not in needed and real not in hidden and real != "/":
+            hidden.append(real)
+    inside = {n for n in needed for h in hidden if n.startswith(h.rstrip("/") + "/")}
+    # the outermost only: a kept place brings what is below it
+    kept = sorted(n for n in inside if not any(n.startswith(o + "/") for o in inside if o != n))
+    if "/proc" not in hidden or any(k.startswith("/proc/") for k in kept):
+        raise Unsealed("prepare")  # the checks below read /proc before hiding it
+    return tuple(hidden), tuple(kept)
 
 
 def _compile_filter() -> bytes:
@@ -166,7 +173,7 @@ def seal(keep_fd: int, timeout: float, plan: Plan) -> None:
         ("fds", lambda: _fds(keep_fd)),
         ("uid", _drop_uid),
         ("namespaces", lambda: _namespaces(libc)),
-        ("mounts", lambda: _mounts(libc, plan.hidden)),
+        ("mounts", lambda: _mounts(libc, plan.hidden, plan.kept)),
         ("landlock", lambda: _landlock(libc)),
         ("rlimits", lambda: _rlimits(timeout, mapped)),
         ("seccomp", lambda: _seccomp(libc, plan.bpf)),
@@ -214,39 +221,82 @@ def _unshare(libc, flags: int) -> int:
 def _namespaces(libc) -> bool:
     kinds = ("user", "mnt", "net", "ipc")
     before = [os.readlink(f"/proc/self/ns/{k}") for k in kinds]
+    uid, gid = os.getuid(), os.getgid()
     if _unshare(libc, NAMESPACES) != 0:
         return False
+    # its own ids mapped to themselves and nothing else: the mounts step can then make the kept
+    # places' mount points on its tmpfs (an unmapped id creates no file)
+    # (after a change of uid the process is not dumpable, and /proc/self is root's to write: made
+    # dumpable for the three writes, and not again at once)
+    libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
+    try:
+        Path("/proc/self/setgroups").write_text("deny")
+        Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
+        Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
+    finally:
+        libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     after = [os.readlink(f"/proc/self/ns/{k}") for k in kinds]
     lines = Path("/proc/self/net/dev").read_text().splitlines()[2:]
     links = [line.split(":")[0].strip() for line in lines]
     return all(a != b for a, b in zip(after, before, strict=True)) and links == ["lo"]
 
 
+_PR_SET_DUMPABLE = 4
+
 # mount(2) and mount_setattr(2) flags
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 _MS_REC, _MS_PRIVATE = 0x4000, 0x40000
 _MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID, _AT_RECURSIVE, _AT_FDCWD = 0x1, 0x2, 0x8000, -100
-_SYS_MOUNT_SETATTR = 442
+_SYS_MOUNT_SETATTR, _SYS_OPEN_TREE, _SYS_MOVE_MOUNT = 442, 428, 429  # one number on every arch
+_OPEN_TREE_CLONE, _MOVE_EMPTY = 0x1, 0x4  # MOVE_MOUNT_F_EMPTY_PATH
+_TMPFS = b"size=64k,nr_inodes=64,mode=0755"
 
 
 def _mount(libc, source, target, fstype, flags, data) -> int:
     return libc.mount(source, target, fstype, flags, data)
 
 
-def _mounts(libc, hidden: tuple[str, ...]) -> bool:
-    """Read-only everywhere, then an empty read-only tmpfs over each hidden place."""
+def _mounts(libc, hidden: tuple[str, ...], kept: tuple[str, ...] = ()) -> bool:
+    """Read-only everywhere, then an empty read-only tmpfs over each hidden place, with only the
+    kept places inside it mounted back (read-only clones taken before it is covered)."""
     if _mount(libc, None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
         return False
     attr = struct.pack("=QQQQ", _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID, 0, 0, 0)
     if libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, attr, len(attr)) != 0:
         return False
     was = {p: os.stat(p) for p in hidden}
+    shown: dict[str, set[str]] = {}
     for place in hidden:
-        flags = _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
-        if _mount(libc, b"tmpfs", place.encode(), b"tmpfs", flags, b"size=4k,nr_inodes=4") != 0:
+        # (one this child's uid cannot reach, it could not read anyway: it stays hidden)
+        inner = [k for k in kept if k.startswith(place.rstrip("/") + "/") and os.access(k, os.X_OK)]
+        shown[place] = {os.path.relpath(k, place).split("/")[0] for k in inner}
+        clones = [(k, _open_tree(libc, k)) for k in inner]
+        if any(fd < 0 for _, fd in clones):
             return False
-    fresh = all(not os.listdir(p) and os.stat(p).st_dev != was[p].st_dev for p in hidden)
+        flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | (0 if inner else _MS_RDONLY)
+        if _mount(libc, b"tmpfs", place.encode(), b"tmpfs", flags, _TMPFS) != 0:
+            return False
+        for k, fd in clones:
+            os.makedirs(k, mode=0o755)
+            moved = libc.syscall(_SYS_MOVE_MOUNT, fd, b"", _AT_FDCWD, k.encode(), _MOVE_EMPTY)
+            os.close(fd)
+            if moved != 0:
+                return False
+        ro = libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, place.encode(), 0, attr, len(attr))
+        if inner and ro != 0:
+            return False
+    fresh = all(
+        set(os.listdir(p)) == shown[p]
+        and os.stat(p).st_dev != was[p].st_dev
+        and os.statvfs(p).f_flag & os.ST_RDONLY
+        for p in hidden
+    )
     return fresh and bool(os.statvfs("/").f_flag & os.ST_RDONLY)
+
+
+def _open_tree(libc, path: str) -> int:
+    """A detached read-only clone of the mounts at `path` and below (open_tree(2)), or -1."""
+    return libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, path.encode(), _OPEN_TREE_CLONE | _AT_RECURSIVE)
 
 
 # Landlock (linux/landlock.h): every filesystem right but reading files and directories is handled
