@@ -99,6 +99,7 @@ def test_real_learning_smoke(tiny_model, tmp_path, subprocess_env):
         "max_staleness": 0,
         "stop_at_fence": False,
         "eval_overlap": False,
+        "min_lr_ratio": 1.0,
     }
     assert [e["step"] for e in l0["evals"]] == [0, last]
     assert "tool_right" not in l0["evals"][0] and l0["train_s"] > 0
