@@ -69,3 +69,18 @@ def two_steps_of(example: str, model: str, run_dir) -> list[dict]:
         for f in sorted((run_dir / "samples").glob("*.jsonl"))
         for line in f.read_text().splitlines()
     ]
+
+
+@pytest.fixture(scope="module")
+def env_address(tmp_path_factory):
+    """A real env service with a real sandbox service behind it, one per test module."""
+    from atgrpo.cli import launcher
+
+    plan = (
+        launcher.ServiceProcess("sandbox", "sandbox"),
+        launcher.ServiceProcess("env", "env", ("--sandbox", "{sandbox}")),
+    )
+    state = tmp_path_factory.mktemp("services")
+    services = launcher.up(state, plan, timeout_s=60)
+    yield next(s.address for s in services if s.name == "env")
+    launcher.down(state)

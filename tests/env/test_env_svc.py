@@ -3,25 +3,9 @@ environments over gRPC, with the tool agent's code running in the sandbox servic
 
 import asyncio
 
-import pytest
-
-from atgrpo.cli import launcher
 from atgrpo.sdk.client import EnvClient
 from tests.env.planning_solvers import PATH_SOLVER
 from tests.env.test_planning_envs import plan_answer
-
-PLAN = (
-    launcher.ServiceProcess("sandbox", "sandbox"),
-    launcher.ServiceProcess("env", "env", ("--sandbox", "{sandbox}")),
-)
-
-
-@pytest.fixture(scope="module")
-def env_address(tmp_path_factory):
-    state = tmp_path_factory.mktemp("services")
-    services = launcher.up(state, PLAN, timeout_s=60)
-    yield next(s.address for s in services if s.name == "env")
-    launcher.down(state)
 
 
 def test_builtins_are_listed_and_described(env_address):

@@ -13,7 +13,6 @@ import time
 
 import pytest
 
-from atgrpo.cli import launcher
 from atgrpo.sdk.client import EnvClient
 from atgrpo.sdk.judge import JudgeError
 from env_svc.envs import call_data
@@ -111,20 +110,6 @@ def test_a_check_that_spins_on_a_result_runs_off_the_loop_and_stops_at_its_budge
         asyncio.run(go())
     assert err.value.reason == "check_timeout" and time.perf_counter() - start < 3
     assert len(gaps) > 10 and max(gaps) < 0.25
-
-
-PLAN = (
-    launcher.ServiceProcess("sandbox", "sandbox"),
-    launcher.ServiceProcess("env", "env", ("--sandbox", "{sandbox}")),
-)
-
-
-@pytest.fixture(scope="module")
-def env_address(tmp_path_factory):
-    state = tmp_path_factory.mktemp("services")
-    services = launcher.up(state, PLAN, timeout_s=60)
-    yield next(s.address for s in services if s.name == "env")
-    launcher.down(state)
 
 
 @pytest.mark.parametrize("shape", ["set", "dict"])
