@@ -156,20 +156,6 @@ def test_a_listing_needs_no_dataset_but_reset_does():
 # ---- through the real env_svc and sandbox_svc ------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def env_address(tmp_path_factory):
-    from atgrpo.cli import launcher
-
-    plan = (
-        launcher.ServiceProcess("sandbox", "sandbox"),
-        launcher.ServiceProcess("env", "env", ("--sandbox", "{sandbox}")),
-    )
-    state = tmp_path_factory.mktemp("services")
-    services = launcher.up(state, plan, timeout_s=60)
-    yield next(s.address for s in services if s.name == "env")
-    launcher.down(state)
-
-
 def test_tool_and_reasoner_over_grpc(env_address):
     """basic_arithmetic at L1: the tool's program runs in the sandbox service and scores 1.0, the
     reasoner sees its answer; a wrong reasoner answer scores 0 and the episode goes on."""
