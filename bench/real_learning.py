@@ -91,6 +91,7 @@ LR = 1e-5  # full weights of a 135M model over tens of steps (1e-6 barely moves 
 DTYPE = "bfloat16"
 # A program's closing fence; the opening one ("```python" + newline) does not contain it.
 FENCE_END = "\n```\n"
+PARAGRAPH_END = "\n\n"
 BREAKDOWN = (
     "step_seconds",
     "time_prefill_s",
@@ -115,7 +116,10 @@ class Knobs:
     max_tokens, cost decode and update time for nothing) and eval_overlap (an evaluation runs
     beside the next step's collection; its cost then shows in that step's seconds) and min_lr_ratio
     (below 1, the learning rate decays on a cosine to that fraction of itself over --steps: smaller
-    steps once the run is near its target, where constant ones overshot). `label` names
+    steps once the run is near its target, where constant ones overshot) and stop_at_paragraph (the
+    reasoner's generation ends at its first blank line: the judge reads the last answer phrase of
+    the text, and a greedy reasoner that gave the right number went on to max_tokens restating it
+    until a cut or a paraphrase was the last one it read). `label` names
     a run made with other knobs than the defaults, so it keeps its own directory and table row."""
 
     lr: float = LR
@@ -127,6 +131,7 @@ class Knobs:
     label: str = ""
     eval_overlap: bool = False
     min_lr_ratio: float = 1.0
+    stop_at_paragraph: bool = False
 
 
 def run_config(
@@ -152,6 +157,8 @@ def run_config(
     }
     if knobs.stop_at_fence and "tool" in sampling:
         sampling["tool"]["stop"] = [FENCE_END]
+    if knobs.stop_at_paragraph and "reasoner" in sampling:
+        sampling["reasoner"]["stop"] = [PARAGRAPH_END]
     return {
         "run": {
             "name": f"real-{task}-{variant.lower()}",
@@ -374,6 +381,11 @@ def main() -> None:
         help="end the tool agent's generation at its program's closing fence",
     )
     ap.add_argument(
+        "--stop-at-paragraph",
+        action="store_true",
+        help="end the reasoner's generation at its first blank line (its answer's paragraph)",
+    )
+    ap.add_argument(
         "--eval-overlap",
         action="store_true",
         help="evaluate beside the next step's collection, not in a pause (run.eval_overlap)",
@@ -456,6 +468,7 @@ def main() -> None:
                     args.label,
                     args.eval_overlap,
                     args.min_lr_ratio,
+                    args.stop_at_paragraph,
                 ),
             )
             runs.append(run)

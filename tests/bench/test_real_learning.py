@@ -100,6 +100,7 @@ def test_real_learning_smoke(tiny_model, tmp_path, subprocess_env):
         "stop_at_fence": False,
         "eval_overlap": False,
         "min_lr_ratio": 1.0,
+        "stop_at_paragraph": False,
     }
     assert [e["step"] for e in l0["evals"]] == [0, last]
     assert "tool_right" not in l0["evals"][0] and l0["train_s"] > 0
@@ -149,7 +150,14 @@ def test_the_knobs_reach_the_run_config():
     from bench.real_learning import Knobs, run_config
 
     knobs = Knobs(
-        lr=3e-5, k=8, tasks_per_step=4, seed=7, max_staleness=1, stop_at_fence=True, label="sweep"
+        lr=3e-5,
+        k=8,
+        tasks_per_step=4,
+        seed=7,
+        max_staleness=1,
+        stop_at_fence=True,
+        label="sweep",
+        stop_at_paragraph=True,
     )
     for variant, tasks in (("at-grpo", 4), ("L0", 8)):  # L0: twice the tasks, as many samples
         cfg = parse_config(
@@ -158,7 +166,9 @@ def test_the_knobs_reach_the_run_config():
         assert (cfg.run.seed, cfg.run.tasks_per_step, cfg.algorithm.k) == (7, tasks, 8)
         assert cfg.max_staleness("shared") == 1
         assert {a: c.train_sampling.stop for a, c in cfg.agents.items()} == (
-            {"tool": ("\n```\n",), "reasoner": ()} if variant == "at-grpo" else {"reasoner": ()}
+            {"tool": ("\n```\n",), "reasoner": ("\n\n",)}
+            if variant == "at-grpo"
+            else {"reasoner": ("\n\n",)}
         )
         assert cfg.pools["shared"].optim.lr == 3e-5
 
