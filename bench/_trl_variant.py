@@ -126,6 +126,8 @@ def trl_settings(cfg: Any, steps: int, output_dir: Path, dtype: str) -> dict[str
     update, sampling = cfg.update_for("shared"), cfg.agents["reasoner"].train_sampling
     if optim.warmup_steps or optim.min_lr_ratio != 1.0 or update.epochs != 1:
         raise ValueError("the trl variant matches a constant lr, no warmup and one epoch only")
+    if sampling.stop:  # GRPOTrainer's generate has no stop strings of its own to match them with
+        raise ValueError("the trl variant matches no stop strings: leave out --stop-at-paragraph")
     samples = cfg.run.tasks_per_step * alg.k
     accum = micro_batches(samples)
     return {

@@ -225,7 +225,7 @@ def test_the_trl_variant_gets_l0s_tasks_prompts_and_rewards_from_the_env(tiny_mo
 
     from atgrpo.config import parse_config
     from bench._trl_variant import EnvJudge, train_tasks, trl_settings
-    from bench.real_learning import run_config
+    from bench.real_learning import Knobs, run_config
     from rollout_svc.engines.render import chat_tokens
     from router_svc.steps import step_tasks
 
@@ -254,3 +254,9 @@ def test_the_trl_variant_gets_l0s_tasks_prompts_and_rewards_from_the_env(tiny_mo
     assert [list(ids) for ids in trl_ids] == [chat_tokens(tok, p) for p in prompts]
     settings = trl_settings(cfg, 2, ROOT / "x", "bfloat16")
     assert settings["learning_rate"] == cfg.pools["shared"].optim.lr and settings["beta"] == 0.0
+    # a stop string TRL's generate would not honour is refused, not silently dropped
+    stopped = run_config(
+        "arithmetic", "L0", tiny_model, ROOT / "x", 2, 1, 2, knobs=Knobs(stop_at_paragraph=True)
+    )
+    with pytest.raises(ValueError, match="stop strings"):
+        trl_settings(parse_config(stopped), 2, ROOT / "x", "bfloat16")
