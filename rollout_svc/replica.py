@@ -65,6 +65,14 @@ class Replica:
             self._renderer, engine.render, messages, max_prompt_tokens
         )
 
+    async def tokenize(self, pool: str, text: str) -> list[int]:
+        """Prompt ids of plain `text` (no chat template; the tokenizer's own special tokens, as
+        vLLM's completions add them), off the event loop like render."""
+        tokenizer = self.pool(pool).engine.tokenizer
+        return await asyncio.get_running_loop().run_in_executor(
+            self._renderer, lambda: list(tokenizer.encode(text, add_special_tokens=True))
+        )
+
     def prompt_budget(self, pool: str, sampling: Sampling) -> int:
         """What a prompt for `pool` is cut to: see prompt_budget()."""
         return prompt_budget(self.pool(pool).engine, sampling)
