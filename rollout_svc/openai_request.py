@@ -285,4 +285,4 @@ def resolve_model(model: str, served: dict[str, tuple[str, ...]]) -> tuple[str, 
 
 
 def model_names(served: dict[str, tuple[str, ...]]) -> list[str]:
-    return [n for pool in sorted(served) for n in [pool, *(f"{pool}/{a}" for a in served[pool])]]
+    return [n for p in sorted(served) for n in [p, *(f"{p}/{a}" for a in sorted(served[p]))]]
