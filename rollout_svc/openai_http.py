@@ -35,6 +35,7 @@ from rollout_svc.openai_request import (
     parse_completion,
     resolve_model,
 )
+from rollout_svc.openai_tools import renders_tools
 from rollout_svc.replica import Replica
 
 log = logging.getLogger(__name__)
@@ -154,9 +155,9 @@ class OpenAIHttp:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         req = parse_chat(await self._body(request))
         pool, adapter = resolve_model(req.model, self._served())
-        if req.tools:
-            self._refuse_tools(pool, req.model)
-        ids, _ = await self.replica.render(pool, list(req.messages), 0)
+        if req.tool_use:
+            self._check_tools(pool, req)
+        ids, _ = await self.replica.render(pool, list(req.messages), 0, list(req.tools))
         return await self._answer(request, req, pool, adapter, ids, "chat")
 
     async def _completion(self, request: web.Request) -> web.StreamResponse:
@@ -168,20 +169,25 @@ class OpenAIHttp:
             ids = list(req.prompt)
         return await self._answer(request, req, pool, adapter, ids, "completion")
 
-    def _refuse_tools(self, pool: str, model: str) -> None:
+    def _check_tools(self, pool: str, req: ApiRequest) -> None:
+        """Tools only for a model whose chat template renders them in Qwen3's form; not in a
+        stream (calls are parsed from the whole answer)."""
         tokenizer = getattr(self.replica.pool(pool).engine, "tokenizer", None)
-        template = getattr(tokenizer, "chat_template", None) or ""
-        why = (
-            "its chat template renders tools, but this server does not parse tool calls yet"
-            if "tools" in template
-            else "its chat template defines no tool use"
-        )
-        raise ApiError(
-            400,
-            f"tools: model {model!r} cannot take tools here ({why}); leave `tools` out and "
-            "describe the tools in a system message, parsing the calls from the answer's text",
-            "tools",
-        )
+        if not renders_tools(getattr(tokenizer, "chat_template", None)):
+            raise ApiError(
+                400,
+                f"tools: model {req.model!r} cannot take tools (its chat template defines no tool "
+                "use in Qwen3's <tool_call> form); leave out `tools`, tool calls and tool "
+                "messages, and describe the tools in a system message instead",
+                "tools",
+            )
+        if req.stream and req.tool_choice == "auto":
+            raise ApiError(
+                400,
+                "stream: with tools, ask without streaming: tool calls are parsed from the whole "
+                "answer (or send tool_choice 'none')",
+                "stream",
+            )
 
     async def _answer(
         self,
@@ -202,8 +208,10 @@ class OpenAIHttp:
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         args = (rid, int(time.time()), req.model, gen, req.logprobs)
         if not req.stream:
-            build = out.chat_response if kind == "chat" else out.completion_response
-            return _json(200, build(*args, decode))
+            if kind == "chat":
+                tools = req.tool_choice == "auto"
+                return _json(200, out.chat_response(*args, decode, tools=tools))
+            return _json(200, out.completion_response(*args, decode))
         chunks = out.chat_chunks if kind == "chat" else out.completion_chunks
         return await _stream(request, chunks(*args, req.include_usage, decode))
 

@@ -15,6 +15,10 @@ from typing import Any
 
 from atgrpo.contract.rollout_wire import MAX_STOPS, MAX_TOKENS
 from atgrpo.contract.sampling import Sampling
+from rollout_svc.openai_errors import ApiError, bad
+from rollout_svc.openai_tools import check_tool_choice, check_tools, tool_message
+
+__all__ = ["ApiError", "ApiRequest", "parse_chat", "parse_completion", "resolve_model"]
 
 MAX_N = 1024  # what Generate takes (rollout_svc.replica)
 MAX_SEED = (1 << 64) - 1  # GenerateRequest's seed is a uint64
@@ -36,41 +40,6 @@ UNSUPPORTED = {
 }
 
 
-class ApiError(Exception):
-    """An answer other than 200, in OpenAI's error shape."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        kind: str = "invalid_request_error",
-        code: str | None = None,
-    ):
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind, self.code = (
-            status,
-            message,
-            param,
-            kind,
-            code,
-        )
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-
-
-def bad(param: str, message: str) -> ApiError:
-    return ApiError(400, f"{param}: {message}", param)
-
-
 @dataclass(frozen=True)
 class ApiRequest:
     """One /v1/chat/completions or /v1/completions request, checked."""
@@ -83,7 +52,9 @@ class ApiRequest:
     logprobs: bool = False  # the standard `logprobs` object (the sampled tokens' only)
     messages: tuple[dict[str, str], ...] = ()  # chat
     prompt: str | tuple[int, ...] = ""  # completions: text, or token ids taken as they are
-    tools: tuple[dict, ...] = ()  # chat: what the model may call (atgrpo.openai_http checks)
+    tools: tuple[dict, ...] = ()  # chat: what the model may call (rollout_svc.openai_tools)
+    tool_choice: str = "none"  # "auto": answers' tool calls are parsed; "none": never
+    tool_use: bool = False  # tools given, or tool calls and results in the messages
 
 
 def _int(body: dict, name: str, low: int, high: int, default: int | None = None) -> int | None:
@@ -212,12 +183,12 @@ def parse_chat(body: Any) -> ApiRequest:
         if not isinstance(m, dict):
             raise bad(where, "each message is an object with a role and a content")
         if m.get("role") == "tool" or m.get("tool_calls"):
-            raise bad(
-                f"{where}.tool_calls" if m.get("tool_calls") else f"{where}.role",
-                "tool calls and tool results need `tools`, which this server does not serve",
-            )
+            out.append(tool_message(m, where))
+            continue
         if m.get("role") not in ROLES:
-            raise bad(f"{where}.role", f"{m.get('role')!r}: use one of {', '.join(ROLES)}")
+            raise bad(
+                f"{where}.role", f"{m.get('role')!r}: use one of {', '.join(ROLES)} (or tool)"
+            )
         out.append({"role": m["role"], "content": _content(m.get("content"), f"{where}.content")})
     logprobs = _bool(body, "logprobs")
     top = _int(body, "top_logprobs", 0, 20, 0)
@@ -227,10 +198,15 @@ def parse_chat(body: Any) -> ApiRequest:
             f"{top}: this engine returns only the sampled token's log-prob; send top_logprobs 0 "
             "or leave it out (logprobs: true gives the sampled tokens' log-probs)",
         )
-    tools = body.get("tools") or ()
-    if not isinstance(tools, (list, tuple)):
-        raise bad("tools", "give a list of tool definitions")
-    return ApiRequest(**common, logprobs=logprobs, messages=tuple(out), tools=tuple(tools))
+    tools = check_tools(body.get("tools"))
+    return ApiRequest(
+        **common,
+        logprobs=logprobs,
+        messages=tuple(out),
+        tools=tools,
+        tool_choice=check_tool_choice(body.get("tool_choice"), tools),
+        tool_use=bool(tools) or any(m["role"] == "tool" or "tool_calls" in m for m in out),
+    )
 
 
 def parse_completion(body: Any) -> ApiRequest:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from atgrpo.contract.rollout import Completion, Generation, PolicyRef
+from rollout_svc.openai_tools import parse_tool_calls
 
 Decode = Callable[[Sequence[int]], str]
 
@@ -31,7 +32,7 @@ def models_list(policies: Sequence[PolicyRef], created: int) -> dict[str, Any]:
             "parent": p.pool if p.adapter else None,
             "policy_version": p.version,
         }
-        for p in policies
+        for p in sorted(policies, key=lambda p: (p.pool, p.adapter))
     ]
     return {"object": "list", "data": data}
 
@@ -76,19 +77,36 @@ def _exact(c: Completion) -> dict[str, Any]:
     return {"token_ids": list(c.token_ids), "token_logprobs": list(c.logprobs)}
 
 
+def _message(c: Completion, tools: bool, prefix: str) -> tuple[dict[str, Any], str]:
+    """(the assistant message, the finish reason): with `tools`, the answer's tool calls parsed
+    out of its text (rollout_svc.openai_tools), and "tool_calls" when it made any."""
+    content, calls = parse_tool_calls(c.text, prefix) if tools else (c.text, [])
+    if not calls:
+        return {"role": "assistant", "content": c.text}, c.finish_reason
+    return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+
+
 def chat_response(
-    rid: str, created: int, model: str, gen: Generation, logprobs: bool, decode: Decode
+    rid: str,
+    created: int,
+    model: str,
+    gen: Generation,
+    logprobs: bool,
+    decode: Decode,
+    tools: bool = False,
 ) -> dict[str, Any]:
-    choices = [
-        {
-            "index": i,
-            "message": {"role": "assistant", "content": c.text},
-            "logprobs": _chat_logprobs(c.token_ids, c.logprobs, decode) if logprobs else None,
-            "finish_reason": c.finish_reason,
-            **_exact(c),
-        }
-        for i, c in enumerate(gen.completions)
-    ]
+    choices = []
+    for i, c in enumerate(gen.completions):
+        message, finish = _message(c, tools, f"call_{rid.rpartition('-')[2][:16]}_{i}")
+        choices.append(
+            {
+                "index": i,
+                "message": message,
+                "logprobs": _chat_logprobs(c.token_ids, c.logprobs, decode) if logprobs else None,
+                "finish_reason": finish,
+                **_exact(c),
+            }
+        )
     return {
         "id": rid,
         "object": "chat.completion",

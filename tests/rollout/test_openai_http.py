@@ -19,21 +19,34 @@ from atgrpo.contract.sampling import Sampling
 from atgrpo.models.chat import chat_tokens
 from rollout_svc.client import RolloutClient
 from tests.conftest import ROOT
+from tests.rollout.qwen3_style import qwen3_style_model
 
 TOKEN = "tok-openai-3c1d9e"
 POOL = "tiny"
+TOOL_POOL = "qwen3"  # the tiny model with a chat template that renders tools (Qwen3's form)
 HELLO = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "Hi there"}]
+MOVE = {
+    "type": "function",
+    "function": {
+        "name": "move",
+        "description": "Move the agent one cell.",
+        "parameters": {"type": "object", "properties": {"dir": {"type": "string"}}},
+    },
+}
 
 
 @pytest.fixture(scope="module")
 def service(tiny_model, tmp_path_factory):
-    """(http base url, grpc address, metrics url) of one rollout process for the module."""
+    """(http base url, grpc address, metrics url, the tool pool's model directory) of one rollout
+    process for the module: the tiny model, and its copy whose template renders tools."""
     tmp = tmp_path_factory.mktemp("openai")
+    tools_model = qwen3_style_model(tiny_model, tmp / "qwen3-style")
     port_file, log = tmp / "port.json", tmp / "rollout.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATGRPO_")}
     env |= {"PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])}
     env |= {"ATGRPO_AUTH_TOKEN": TOKEN, "ATGRPO_LOG_LEVEL": "WARNING"}
     argv = [sys.executable, "-m", "rollout_svc", "--pool", f"{POOL}={tiny_model}"]
+    argv += ["--pool", f"{TOOL_POOL}={tools_model}"]
     argv += [
         "--port",
         "0",
@@ -57,12 +70,12 @@ def service(tiny_model, tmp_path_factory):
             f"http://127.0.0.1:{ports['http_port']}/v1",
             f"127.0.0.1:{ports['port']}",
             f"http://127.0.0.1:{ports['metrics_port']}/metrics",
+            tools_model,
         )
+        proc.terminate()  # a graceful stop closes the HTTP port with the gRPC one, cleanly
+        assert proc.wait(15) == 0, log.read_text(errors="replace")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
+        if proc.poll() is None:
             proc.kill()
             proc.wait()
 
@@ -83,7 +96,10 @@ def chat(client, messages=HELLO, **kw):
 
 def test_models_lists_the_pool_and_its_version(client):
     models = client.models.list().data
-    assert [(m.id, m.object, m.policy_version) for m in models] == [(POOL, "model", 0)]
+    assert [(m.id, m.object, m.policy_version) for m in models] == [
+        (TOOL_POOL, "model", 0),
+        (POOL, "model", 0),
+    ]
 
 
 def test_a_chat_completion_carries_its_exact_tokens(client, tokenizer):
@@ -167,7 +183,9 @@ def test_wrong_requests_are_refused_naming_the_field(client, service):
     assert err.value.param == "tools" and "defines no tool use" in err.value.message
     with pytest.raises(openai.NotFoundError) as err:
         client.chat.completions.create(model="nope", messages=HELLO)
-    assert err.value.code == "model_not_found" and f"the models are: {POOL}" in err.value.message
+    assert (
+        err.value.code == "model_not_found" and "the models are: qwen3, tiny" in err.value.message
+    )
     with pytest.raises(openai.BadRequestError) as err:  # over the context: refused, never cut
         chat(client, messages=[{"role": "user", "content": "grid " * 5000}], max_tokens=4)
     assert "context length" in err.value.message
@@ -222,3 +240,38 @@ def test_token_parity_with_generate_over_a_multi_turn_conversation(client, servi
             {"role": "assistant", "content": r.choices[0].message.content},
             {"role": "user", "content": f"And turn {turn + 2}?"},
         ]
+
+
+def test_tools_render_in_qwen3s_form_where_the_template_has_it(client, service):
+    tokenizer = AutoTokenizer.from_pretrained(service[3])
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "move", "arguments": '{"dir": "up"}'},
+    }
+    messages = [
+        *HELLO,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "moved up"},
+    ]
+    r = client.chat.completions.create(
+        model=TOOL_POOL, messages=messages, tools=[MOVE], max_tokens=6, seed=1
+    )
+    seen = [*HELLO, {"role": "assistant", "content": "", "tool_calls": [call]}, messages[-1]]
+    assert r.prompt_token_ids == chat_tokens(tokenizer, seen, [MOVE])
+    prompt = tokenizer.decode(r.prompt_token_ids)
+    assert f"<tools>\n{json.dumps(MOVE)}\n</tools>" in prompt
+    assert '<tool_call>\n{"name": "move", "arguments": {"dir": "up"}}\n</tool_call>' in prompt
+    assert "<tool_response>\nmoved up\n</tool_response>" in prompt
+    # the random tiny model writes no call: its text stays the answer
+    assert r.choices[0].message.tool_calls is None
+    assert r.choices[0].finish_reason in ("stop", "length")
+    for change, param in [
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"stream": True}, "stream"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(
+                model=TOOL_POOL, messages=HELLO, tools=[MOVE], max_tokens=2, **change
+            )
+        assert err.value.param == param

@@ -6,7 +6,8 @@ import pytest
 from atgrpo.contract.rollout import Completion, Generation, PolicyRef
 from atgrpo.contract.sampling import Sampling
 from rollout_svc.openai_request import ApiError, parse_chat, parse_completion, resolve_model
-from rollout_svc.openai_response import chat_chunks, models_list, pieces
+from rollout_svc.openai_response import chat_chunks, chat_response, models_list, pieces
+from rollout_svc.openai_tools import parse_tool_calls, renders_tools
 
 CHAT = {"model": "p", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -61,7 +62,15 @@ def test_a_chat_request_becomes_generate_settings():
         ({"messages": []}, "messages", "non-empty list"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "system, user"),
         ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content", "string"),
-        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "tools"),
+        (
+            {"messages": [{"role": "user", "tool_calls": [1]}]},
+            "messages[0].tool_calls",
+            "assistant",
+        ),
+        ({"messages": [{"role": "tool", "content": 3}]}, "messages[0].content", "string"),
+        ({"tools": [{"type": "function", "function": {}}]}, "tools[0].function.name", "name"),
+        ({"tools": {"a": 1}}, "tools", "list"),
+        ({"tools": [], "tool_choice": "required"}, "tool_choice", "cannot force"),
         ({"temperature": -1}, "temperature", "between 0.0"),
         ({"temperature": float("nan")}, "temperature", "number"),
         ({"top_p": 0}, "top_p", "between"),
@@ -164,3 +173,57 @@ def test_a_chat_stream_carries_the_prompt_ids_once_and_every_token():
         assert sum((m.get("token_logprobs", []) for m in mine), []) == c.logprobs
         assert mine[-1]["finish_reason"] == c.finish_reason
     assert chunks[-1]["usage"] == {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}
+
+
+def test_a_conversation_with_tools_keeps_its_calls_and_results_for_the_template():
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}
+    req = parse_chat(
+        {
+            **CHAT,
+            "messages": [
+                {"role": "user", "content": "go"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "done"},
+            ],
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+        }
+    )
+    assert req.messages[1] == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
+        ],
+    }
+    assert req.messages[2] == {"role": "tool", "content": "done", "tool_call_id": "c1"}
+    assert (req.tool_use, req.tool_choice) == (True, "auto")
+    assert (parse_chat(CHAT).tool_use, parse_chat(CHAT).tool_choice) == (False, "none")
+
+
+def test_tool_calls_are_parsed_from_qwen3_blocks_and_bad_ones_stay_text():
+    text = 'Let me look.\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
+    text += '\n<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>'
+    content, calls = parse_tool_calls(text, "call_a")
+    assert content == "Let me look."
+    assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
+        ("call_a_0", "f", '{"x": 1}'),
+        ("call_a_1", "g", "{}"),
+    ]
+    for broken in ("<tool_call>{not json}</tool_call>", '<tool_call>{"x": 1}</tool_call>', "hi"):
+        assert parse_tool_calls(broken, "c") == (broken, [])
+    gen = Generation([1], [Completion([5], [-1.0], text, "stop")], PolicyRef("p"))
+    choice = chat_response("chatcmpl-ab", 1, "p", gen, False, decode, tools=True)["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] == "Let me look."
+    assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["f", "g"]
+    plain = chat_response("chatcmpl-ab", 1, "p", gen, False, decode)["choices"][0]
+    assert (plain["finish_reason"], plain["message"]["content"]) == ("stop", text)
+
+
+def test_only_templates_with_qwen3s_tool_form_take_tools():
+    from atgrpo.models.tiny import CHAT_TEMPLATE
+    from tests.rollout.qwen3_style import QWEN3_STYLE_TEMPLATE
+
+    assert renders_tools(QWEN3_STYLE_TEMPLATE)
+    assert not renders_tools(CHAT_TEMPLATE)
+    assert not renders_tools(None)
