@@ -86,7 +86,14 @@ class OpenAIHttp:
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, self.port, ssl_context=security.ssl_context())
-        await site.start()
+        try:
+            await site.start()
+        except OSError as err:
+            await self._runner.cleanup()
+            raise OSError(
+                f"--http-port {self.port}: could not bind {host}:{self.port} "
+                f"({err.strerror or err}); is the port in use? Pass --http-port 0 for a free one"
+            ) from None
         port = site._server.sockets[0].getsockname()[1]  # the bound one, for port 0
         log.info("OpenAI-compatible API on %s:%d (%s)", host, port, security.describe())
         return port
