@@ -114,6 +114,7 @@ class OpenAIHttp:
             if self.token and not bearer_ok(
                 [("authorization", request.headers.get("Authorization", ""))], self.token
             ):
+                log.warning("refused %s from %s: no valid auth token", route, request.remote)
                 raise ApiError(
                     401,
                     "missing or wrong API key: send the cluster's auth token as "
@@ -137,6 +138,10 @@ class OpenAIHttp:
         except web.HTTPException as err:  # aiohttp's own: 404 route, 405, 413 body too large
             api = ApiError(err.status, f"{request.method} {route}: {err.reason}")
             response = _json(err.status, api.body())
+        except Exception as err:  # noqa: BLE001 - a bug here: answered 500, the port keeps serving
+            log.exception("%s failed", route)
+            api = ApiError(500, f"internal error: {err!r}", kind="server_error")
+            response = _json(500, api.body())
         metrics.observe_http(route, response.status, time.perf_counter() - start)
         return response
 
