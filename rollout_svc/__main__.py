@@ -2,6 +2,7 @@
 
 python -m rollout_svc --pool shared=/models/tiny --env 127.0.0.1:50051
 python -m rollout_svc --pool agents=/models/qwen3-1.7b:lora --engine hf --device cuda
+python -m rollout_svc --pool shared=/models/tiny --http-port 8000   # and OpenAI's API on :8000
 """
 
 from __future__ import annotations
@@ -74,7 +75,11 @@ async def build(settings: RolloutSettings) -> list:
 
         envs = EnvClient(settings.env)
     return bindings(
-        Replica(pools), envs, engine=settings.engine, device=pick_device(settings.device)
+        Replica(pools),
+        envs,
+        engine=settings.engine,
+        device=pick_device(settings.device),
+        http_port=settings.http_port,
     )
 
 

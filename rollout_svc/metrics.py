@@ -61,6 +61,38 @@ POLICY_VERSION = Gauge(
     'Weights version served, by pool and adapter ("" = the full model).',
     ["pool", "adapter"],
 )
+HTTP_REQUESTS = Counter(
+    "atgrpo_rollout_http_requests_total",
+    "Requests to the OpenAI-compatible HTTP port, by route and HTTP status code.",
+    ["route", "code"],
+)
+HTTP_SECONDS = Histogram(
+    "atgrpo_rollout_http_request_seconds",
+    "Time to answer one request of the OpenAI-compatible HTTP port, by route.",
+    ["route"],
+    buckets=(0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+)
+HTTP_TOKENS = Counter(
+    "atgrpo_rollout_http_tokens_total",
+    "Tokens of the OpenAI-compatible HTTP port's answers, by pool and kind (prompt: once a "
+    "request; completion: every choice's). Generated tokens are also in generated_tokens_total.",
+    ["pool", "kind"],
+)
+# The routes there are, so a scan of paths cannot make a label value each.
+HTTP_ROUTES = ("/v1/models", "/v1/chat/completions", "/v1/completions")
+
+
+def observe_http(route: str, code: int, seconds: float) -> None:
+    route = route if route in HTTP_ROUTES else "other"
+    HTTP_REQUESTS.labels(route, str(code)).inc()
+    HTTP_SECONDS.labels(route).observe(seconds)
+
+
+def count_http_tokens(
+    pool: str, prompt_tokens: int, completion_tokens: int, total_tokens: int = 0
+) -> None:
+    HTTP_TOKENS.labels(pool, "prompt").inc(prompt_tokens)
+    HTTP_TOKENS.labels(pool, "completion").inc(completion_tokens)
 
 
 def observe_batch(pool: str, outs: Sequence[Sequence], seconds: float) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -57,12 +58,22 @@ class Replica:
         self._renderer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="render")
 
     async def render(
-        self, pool: str, messages: list[Message], max_prompt_tokens: int
+        self, pool: str, messages: list[Message], max_prompt_tokens: int, tools: list | None = None
     ) -> tuple[list[int], bool]:
-        """Prompt ids of `messages` through the pool's chat template, off the event loop."""
+        """Prompt ids of `messages` (and `tools`, OpenAI function definitions, for templates that
+        render them) through the pool's chat template, off the event loop."""
         engine = self.pool(pool).engine
+        extra = {"tools": tools} if tools else {}
         return await asyncio.get_running_loop().run_in_executor(
-            self._renderer, engine.render, messages, max_prompt_tokens
+            self._renderer, functools.partial(engine.render, messages, max_prompt_tokens, **extra)
+        )
+
+    async def tokenize(self, pool: str, text: str) -> list[int]:
+        """Prompt ids of plain `text` (no chat template; the tokenizer's own special tokens, as
+        vLLM's completions add them), off the event loop like render."""
+        tokenizer = self.pool(pool).engine.tokenizer
+        return await asyncio.get_running_loop().run_in_executor(
+            self._renderer, lambda: list(tokenizer.encode(text, add_special_tokens=True))
         )
 
     def prompt_budget(self, pool: str, sampling: Sampling) -> int:

@@ -20,9 +20,22 @@ from rollout_svc.weights import read_chunk, receive
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     def __init__(
-        self, replica: Replica, envs: Envs | None, *, engine: str = "hf", device: str = "cpu"
+        self,
+        replica: Replica,
+        envs: Envs | None,
+        *,
+        engine: str = "hf",
+        device: str = "cpu",
+        http_port: int | None = None,
     ):
         self.replica, self.envs = replica, envs
+        # The OpenAI-compatible HTTP API beside the gRPC port (atgrpo.rpc.server.SidePort): the
+        # same replica, so the same engines and queues. Imported only when asked for: aiohttp.
+        self.side_ports = []
+        if http_port is not None:
+            from rollout_svc.openai_http import OpenAIHttp
+
+            self.side_ports.append(OpenAIHttp(replica, http_port))
         self._service = service_info(
             "rollout", {"engine": engine, "pools": ",".join(sorted(replica.pools))}
         )

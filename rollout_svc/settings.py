@@ -42,6 +42,7 @@ class RolloutSettings:
     tensor_parallel_size: int = 1  # vllm: GPUs the model is split over
     max_lora_rank: int = 64  # vllm: the largest adapter rank a LoRA pool serves
     max_loras: int = 8  # vllm: adapters (agents) in one batch
+    http_port: int | None = None  # the OpenAI-compatible HTTP API; None = off, 0 = a free port
 
     @staticmethod
     def add_flags(ap: argparse.ArgumentParser) -> None:
@@ -92,6 +93,15 @@ class RolloutSettings:
             help="vllm: adapters a LoRA pool serves in one batch (the agents on the pool)",
         )
 
+        ap.add_argument(
+            "--http-port",
+            type=int,
+            default=None,
+            help="also serve an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, "
+            "/v1/models) on this port, with the gRPC port's TLS and token; 0 = a free one (the "
+            "port file's http_port); off when unset",
+        )
+
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RolloutSettings:
         names = [p.name for p in args.pool]
@@ -116,6 +126,10 @@ class RolloutSettings:
             raise SettingsError(
                 f"--max-loras {args.max_loras}: give the number of agents the LoRA pool serves"
             )
+        if args.http_port is not None and not 0 <= args.http_port <= 65535:
+            raise SettingsError(
+                f"--http-port {args.http_port}: a port is between 1 and 65535 (0 = a free one)"
+            )
         return cls(
             tuple(args.pool),
             args.engine,
@@ -127,4 +141,5 @@ class RolloutSettings:
             tp,
             args.max_lora_rank,
             args.max_loras,
+            args.http_port,
         )

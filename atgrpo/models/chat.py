@@ -39,15 +39,21 @@ def defang(content: str, specials: Sequence[str]) -> str:
     return content
 
 
-def chat_tokens(tokenizer: Any, messages: list[Message]) -> list[int]:
+def chat_tokens(
+    tokenizer: Any, messages: list[Message], tools: Sequence[dict] | None = None
+) -> list[int]:
     """Prompt ids of `messages` through the tokenizer's chat template, with the generation prompt;
-    special-token strings inside the contents stay text (see the module's docstring)."""
+    special-token strings inside the contents stay text (see the module's docstring). `tools`
+    (OpenAI's function definitions) go to templates that render them (Qwen3's)."""
     specials = special_strings(tokenizer)
     messages = [
         {**m, "content": defang(m["content"], specials)} if isinstance(m.get("content"), str) else m
         for m in messages
     ]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    extra = {"tools": list(tools)} if tools else {}
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, **extra
+    )
     if hasattr(ids, "input_ids"):  # some tokenizers return a BatchEncoding
         ids = ids["input_ids"]
     return list(ids)

@@ -100,7 +100,8 @@ def base_parser(service: str) -> argparse.ArgumentParser:
         "--port-file",
         type=Path,
         default=None,
-        help="write {'port', 'metrics_port', 'pid'} as JSON here once serving (its models loaded)",
+        help="write {'port', 'metrics_port', 'pid'} (and side ports: rollout's 'http_port') as "
+        "JSON here once serving (its models loaded)",
     )
     ap.add_argument(
         "--grace-s", type=float, default=5.0, help="time calls in flight get on SIGTERM"
@@ -264,10 +265,13 @@ def parse(
         ap.error(str(err))
 
 
-def _write_port_file(path: Path, port: int, metrics_port: int | None) -> None:
+def _write_port_file(
+    path: Path, port: int, metrics_port: int | None, side_ports: dict[str, int] | None = None
+) -> None:
     # Written to a temporary name and renamed, so a reader never sees half a file.
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps({"port": port, "metrics_port": metrics_port, "pid": os.getpid()}))
+    ports = {"port": port, "metrics_port": metrics_port, **(side_ports or {})}
+    tmp.write_text(json.dumps({**ports, "pid": os.getpid()}))
     tmp.replace(path)
 
 
@@ -302,12 +306,16 @@ async def _serve(serve: ServeSettings, build: Build, service: str) -> None:
         await running.stop(0)
         raise
     servicers += [b.servicer for b in bindings]
-    await running.open(bindings)
+    try:
+        await running.open(bindings, serve.host)  # side ports (rollout's HTTP API) on our host
+    except BaseException:
+        await running.stop(0)
+        raise
     BUILD_SECONDS.labels(service).set(time.monotonic() - start)
     READY.labels(service).set(1)
     log.info("%s service serving after %.1f s of building", service, time.monotonic() - start)
     if serve.port_file:
-        _write_port_file(serve.port_file, running.port, metrics_port)
+        _write_port_file(serve.port_file, running.port, metrics_port, running.side_ports)
     await serve_until_signal(running, serve.grace_s)
     log.info("%s service stopped", service)
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import ssl
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,6 +160,23 @@ class ServerSecurity:
 
     def interceptors(self) -> list[aio.ServerInterceptor]:
         return [TokenAuthInterceptor(self.token)] if self.token else []
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The same TLS (and mutual TLS) for a service's HTTP port (rollout's OpenAI API) as for
+        its gRPC port; None in plaintext. ssl loads a certificate chain from files only, so the PEM
+        bytes pass through a private temporary directory, removed before this returns."""
+        if not self.tls:
+            return None
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        with tempfile.TemporaryDirectory(prefix="atgrpo-tls-") as tmp:  # mode 0700
+            cert, key = Path(tmp, "cert.pem"), Path(tmp, "key.pem")
+            cert.write_bytes(self.cert)
+            key.write_bytes(self.key)
+            ctx.load_cert_chain(cert, key)
+        if self.mutual_tls:
+            ctx.load_verify_locations(cadata=self.client_ca.decode())
+            ctx.verify_mode = ssl.CERT_REQUIRED
+        return ctx
 
     def describe(self) -> str:
         transport = "mutual TLS" if self.mutual_tls else "TLS" if self.tls else "plaintext"

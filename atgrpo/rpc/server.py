@@ -22,7 +22,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -49,6 +49,19 @@ class Binding:
     add_to_server: Callable[[Any, aio.Server], None]
 
 
+class SidePort(Protocol):
+    """A port a service serves beside gRPC, on the same event loop (rollout_svc's OpenAI HTTP
+    API): a servicer lists its own in `side_ports`. Opened once the servicers are built, with the
+    gRPC port's host, TLS and token; closed with the gRPC server, its calls in flight given the
+    same grace."""
+
+    name: str  # its key in the port file, e.g. "http_port"
+
+    async def open(self, host: str, security: ServerSecurity) -> int: ...
+
+    async def close(self, grace_s: float) -> None: ...
+
+
 @dataclass
 class RunningServer:
     server: aio.Server
@@ -59,9 +72,16 @@ class RunningServer:
     health_server: aio.Server | None = None  # the plaintext health-only port, when asked for
     health_port: int | None = None
     gate: Gate = field(default_factory=Gate)
+    side_ports: dict[str, int] = field(default_factory=dict)  # SidePort.name -> bound port
+    _sides: list[SidePort] = field(default_factory=list)
 
-    async def open(self, bindings: Sequence[Binding]) -> None:
-        """Serve `bindings` from now on, and turn health SERVING."""
+    async def open(self, bindings: Sequence[Binding], host: str | None = None) -> None:
+        """Serve `bindings` from now on, and turn health SERVING. With a `host`, the servicers'
+        side ports (SidePort) open on it first."""
+        sides = [s for b in bindings for s in getattr(b.servicer, "side_ports", ())]
+        for side in sides if host is not None else ():
+            self.side_ports[side.name] = await side.open(host, self.security)
+            self._sides.append(side)
         self.names = [b.name for b in bindings]
         self.gate.open(bindings, [*self.names, health.SERVICE_NAME, reflection.SERVICE_NAME])
         for name in ["", *self.names]:  # "" = the server as a whole, as probes ask
@@ -70,7 +90,7 @@ class RunningServer:
     async def stop(self, grace_s: float = 5.0) -> None:
         """Turn health NOT_SERVING, refuse new calls, and give calls in flight `grace_s` to end."""
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(grace_s)
+        await asyncio.gather(self.server.stop(grace_s), *(s.close(grace_s) for s in self._sides))
         if self.health_server is not None:
             await self.health_server.stop(0)
 

@@ -231,12 +231,15 @@ class HFEngine:
     # --- generation ------------------------------------------------------------------------
 
     def render(
-        self, messages: list[dict[str, str]], max_prompt_tokens: int
+        self, messages: list[dict[str, str]], max_prompt_tokens: int, tools: list | None = None
     ) -> tuple[list[int], bool]:
         """(prompt ids through the chat template, truncated); an over-long prompt loses its oldest
-        turns after the system prompt, then the middle of its last message (engines.render)."""
+        turns after the system prompt, then the middle of its last message (engines.render).
+        `tools`: OpenAI function definitions, for templates that render them."""
         return fit_prompt(
-            messages, max_prompt_tokens, functools.partial(chat_tokens, self.tokenizer)
+            messages,
+            max_prompt_tokens,
+            functools.partial(chat_tokens, self.tokenizer, tools=tools),
         )
 
     def _stopped(self, ids: list[int], stops: Sequence[str]) -> str | None:

@@ -142,12 +142,15 @@ class VLLMEngine:
         return matmul_rate("cpu", torch.float32) if self.device == "cpu" else 0.0
 
     def render(
-        self, messages: list[dict[str, str]], max_prompt_tokens: int
+        self, messages: list[dict[str, str]], max_prompt_tokens: int, tools: list | None = None
     ) -> tuple[list[int], bool]:
         """(prompt ids through the chat template, truncated); an over-long prompt loses its oldest
-        turns after the system prompt, then the middle of its last message (engines.render)."""
+        turns after the system prompt, then the middle of its last message (engines.render).
+        `tools`: OpenAI function definitions, for templates that render them."""
         return fit_prompt(
-            messages, max_prompt_tokens, functools.partial(chat_tokens, self.tokenizer)
+            messages,
+            max_prompt_tokens,
+            functools.partial(chat_tokens, self.tokenizer, tools=tools),
         )
 
     def generate(

@@ -48,3 +48,11 @@ def test_tensor_parallel_needs_vllm_and_a_positive_size(argv):
         SettingsError, match="--tensor-parallel-size .*: give 1, or more with --engine vllm"
     ):
         settings(*argv)
+
+
+def test_the_http_port_is_off_unless_given_and_0_picks_a_free_one():
+    assert settings().http_port is None
+    assert settings("--http-port", "0").http_port == 0
+    assert settings("--http-port", "8000").http_port == 8000
+    with pytest.raises(SettingsError, match="--http-port 70000: a port is between 1 and 65535"):
+        settings("--http-port", "70000")

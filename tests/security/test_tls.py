@@ -259,3 +259,37 @@ def test_a_local_training_run_works_over_mutual_tls_with_the_token(pki, tiny_mod
     for path in [p for p in run_dir.rglob("*") if p.is_file()]:
         assert TOKEN.encode() not in path.read_bytes(), f"the token is in {path}"
     assert TOKEN not in out.stdout + out.stderr
+
+
+def test_the_openai_http_port_takes_the_grpc_ports_mutual_tls_and_token(pki, tiny_model, tmp_path):
+    """rollout_svc's --http-port serves with the same certificate, client CA and token as its gRPC
+    port: a client with the CA, its certificate and the token is answered; one without a
+    certificate, or in plaintext, never reaches a handler."""
+    import ssl
+
+    import httpx
+    import openai
+
+    flags = ["--tls-cert", pki.server_pem, "--tls-key", pki.server_key]
+    flags += ["--tls-client-ca", pki.ca_pem, "--pool", f"tiny={tiny_model}", "--http-port", "0"]
+    proc = start_service("rollout", tmp_path, flags, {"ATGRPO_AUTH_TOKEN": TOKEN})
+    try:
+        port = json.loads((tmp_path / "rollout.port.json").read_text())["http_port"]
+        trusted = ssl.create_default_context(cafile=pki.ca_pem)
+        mine = ssl.create_default_context(cafile=pki.ca_pem)
+        mine.load_cert_chain(pki.client_pem, pki.client_key)
+
+        def client(scheme: str, ctx: ssl.SSLContext) -> openai.OpenAI:
+            return openai.OpenAI(
+                base_url=f"{scheme}://localhost:{port}/v1",
+                api_key=TOKEN,
+                max_retries=0,
+                http_client=httpx.Client(verify=ctx, timeout=30),
+            )
+
+        assert [m.id for m in client("https", mine).models.list().data] == ["tiny"]
+        for scheme, ctx in (("https", trusted), ("http", trusted)):
+            with pytest.raises(openai.APIConnectionError):
+                client(scheme, ctx).models.list()
+    finally:
+        proc.stop()

@@ -403,6 +403,9 @@ containers:
         containerPort: {{ $v.ports.health }}
         protocol: TCP
       {{- end }}
+      {{- with .extraPorts }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
     {{- /* Native gRPC probes (grpc.health.v1). Readiness asks for service "" (the server as a
     whole): SERVING once the service is built (a rollout replica: its models loaded), NOT_SERVING
     while it loads and on SIGTERM, so a loading pod gets no traffic. Startup and liveness ask for
@@ -515,6 +518,9 @@ spec:
       targetPort: metrics
       protocol: TCP
       appProtocol: http
+    {{- with .extraPorts }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
 {{- end -}}
 
 {{/* An init container that builds the tiny CPU model into a pool's model path (models.buildTiny). */}}
