@@ -24,7 +24,7 @@ from typing import Any
 from atgrpo.contract import env_wire
 from atgrpo.contract.env import EnvSpec, Message, StepResult, seed_for
 from atgrpo.errors import AtgrpoError, EnvCodeError, FailedPrecondition, NotFound
-from atgrpo.sdk.env import Environment, Sandbox
+from atgrpo.sdk.env import REWARD_RANGE, Environment, Sandbox
 from atgrpo.sdk.host import EnvHost
 from atgrpo.sdk.registry import registry_for
 
@@ -46,7 +46,6 @@ PROBES = (
     "[" * 50_000,
 )
 ROLES = frozenset({"system", "user", "assistant"})
-REWARD_RANGE = (-1.0, 1.0)  # what atgrpo's own envs keep (docs/environments.md, The contract)
 PROMPT_CHARS_WARN = 100_000  # ~25k tokens: more than most models' context
 STEP_MS_WARN = 1000.0  # tree sampling steps K x agents x turns times per task
 SPLIT_PAIRS = 8
