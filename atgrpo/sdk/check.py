@@ -66,6 +66,8 @@ RULES: dict[str, str] = {
     "flags": "success is a bool; a success comes with done (warning)",
     "step-deterministic": "the same answers from the same state give the same results and prompts",
     "fork-independent": "stepping a fork changes nothing its parent shows",
+    "replays": "a fork shows the agent about to act what its parent shows (an agent program, run "
+    "again with the recorded answers, makes the same calls)",
     "parallel-resolves-last": "in a parallel turn, no agent's step changes what the agents see "
     "until the turn's last agent steps",
     "time-per-step": f"step takes under {STEP_MS_WARN:.0f} ms (warning)",
@@ -151,6 +153,8 @@ class _Checker:
         if isinstance(err, EnvCodeError):
             if "rewards must be finite" in err.message:
                 return "rewards-finite", err.message
+            if "did not replay" in err.message:
+                return "replays", err.message
             return ("observe" if "observe() must return" in err.message else "never-raises"), (
                 err.message
             )
@@ -317,12 +321,27 @@ class _Checker:
             n = 0
             for _turn in range(self.spec.max_turns):
                 for i, agent in enumerate(self.spec.turn_order):
+                    if not self.spec.parallel:  # as the driver: observe, skip if nothing shown
+                        sa, sb = await self.seen(a, (agent,)), await self.seen(b, (agent,))
+                        if sa is None or sb is None:
+                            return
+                        if sa != sb:
+                            self.find(
+                                "step-deterministic",
+                                f"two resets of {task} played with the same answers show "
+                                f"{agent!r} {_short(sa[agent])} and {_short(sb[agent])}: a step "
+                                "must depend only on the state and the answer",
+                            )
+                            return
+                        if not sa[agent]:
+                            continue
                     action = self.answers[(offset + n) % len(self.answers)]
                     n += 1
                     ra, rb = await self.step(a, agent, action), await self.step(b, agent, action)
                     if ra is None or rb is None:
                         return
                     seers = () if ra.done or rb.done else self.next_seers(i)
+                    seers = seers if self.spec.parallel else ()  # sequential: seen before a step
                     sa, sb = await self.seen(a, seers), await self.seen(b, seers)
                     if _result(ra) != _result(rb) or sa != sb:
                         self.find(
@@ -373,6 +392,40 @@ class _Checker:
         finally:
             await self.host_close(*(e for e in (parent, child, sibling) if e))
 
+    async def fork_replays(self, task, offset: int) -> None:
+        """After a step, a fork shows the agent about to act what its parent shows (a sequential
+        env; an agent program's fork runs the program again with the recorded answers)."""
+        parent, child = await self.reset(task), None
+        if parent is None:
+            return
+        try:
+            order, stepped = self.spec.turn_order, 0
+            for n in range(2 * len(order)):
+                agent = order[n % len(order)]
+                shown = await self.seen(parent, (agent,))
+                if shown is None:
+                    return
+                if not shown[agent]:
+                    continue  # the driver skips it
+                if stepped:
+                    break
+                r = await self.step(parent, agent, self.answers[offset % len(self.answers)])
+                if r is None or r.done:
+                    return
+                stepped += 1
+            else:
+                return
+            child = await self.fork(parent)
+            mine = None if child is None else await self.seen(child, (agent,))
+            if mine is not None and mine != shown:
+                self.find(
+                    "replays",
+                    f"a fork shows {agent!r} {_short(mine[agent])} where its parent shows "
+                    f"{_short(shown[agent])}: fork() must copy the whole state",
+                )
+        finally:
+            await self.host_close(*(e for e in (parent, child) if e))
+
     async def parallel_resolves_last(self, task, offset: int) -> None:
         episode = await self.reset(task)
         if episode is None:
@@ -420,6 +473,8 @@ class _Checker:
             await self.reset_deterministic(task)
             await self.play_twice(task, offset=i)
             await self.fork_independent(task, offset=i)
+            if not self.spec.parallel:
+                await self.fork_replays(task, offset=i)
             if self.spec.parallel and len(self.spec.turn_order) > 1:
                 await self.parallel_resolves_last(task, offset=i)
         await self.splits_differ(by_split)

@@ -1,0 +1,214 @@
+"""Agent programs as environments (atgrpo.sdk.program), driven through the real EnvHost: calls
+become turns, rewards arrive at their steps, forks replay, and what a program breaks is named."""
+
+import asyncio
+import re
+import time
+
+import pytest
+
+from atgrpo.errors import EnvCodeError
+from atgrpo.sdk.check import check_env
+from atgrpo.sdk.host import EnvHost
+from atgrpo.sdk.registry import Registry
+from tests.env import programs
+
+ALL = (
+    programs.AddAsync,
+    programs.AddSync,
+    programs.LookTwice,
+    programs.Counting,
+    programs.Raises,
+    programs.ReturnsNan,
+    programs.ReturnsText,
+    programs.ReturnsTooMuch,
+    programs.Stalls,
+    programs.Gathers,
+)
+
+
+def user(text):
+    return [{"role": "user", "content": text}]
+
+
+def on_host(fn):
+    async def go():
+        r = Registry(discover=False)
+        for cls in ALL:
+            r.register(cls)
+        host = EnvHost(r)
+        try:
+            return await fn(host)
+        finally:
+            host.close(list(host.store._episodes))
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("env", ["add_async", "add_sync"])
+def test_each_call_is_a_turn_with_its_rewards_at_its_own_step(env):
+    async def go(host):
+        assert host.list_tasks(env, "train") == (["0", "1", "2"], 3)
+        ep, spec = await host.reset(env, "1", 0, "train")  # 3 + 4
+        assert spec.turn_order == ("tool", "reasoner") and spec.max_turns == 2
+        assert await host.observe(ep, "tool") == (user("Compute 3+4."), 0)
+        tool = await host.step(ep, "tool", "7")
+        assert (tool.team_reward, tool.local_reward, tool.done) == (0.0, 1.0, False)
+        assert await host.observe(ep, "reasoner") == (user("What is 3+4? The tool says 7."), 0)
+        last = await host.step(ep, "reasoner", "7")
+        assert (last.team_reward, last.local_reward, last.done, last.success) == (
+            1.0,
+            0.5,
+            True,
+            True,
+        )
+        assert last.info == {"call": 1} and last.turn == 0
+
+    on_host(go)
+
+
+@pytest.mark.parametrize("env", ["add_async", "add_sync"])
+def test_a_fork_replays_to_its_branch_point_and_goes_on_as_a_fresh_run_would(env):
+    async def go(host):
+        ep, _ = await host.reset(env, "0", 0, "train")  # 1 + 2
+        await host.observe(ep, "tool")
+        await host.step(ep, "tool", "4")  # a wrong tool answer: local 0
+        forks = await host.fork(ep, 3)
+        fresh, _ = await host.reset(env, "0", 0, "train")
+        await host.step(fresh, "tool", "4")
+        shown = (user("What is 1+2? The tool says 4."), 0)
+        assert [await host.observe(f, "reasoner") for f in forks] == [shown] * 3
+        assert await host.observe(fresh, "reasoner") == shown
+        results = [
+            await host.step(b, "reasoner", a) for b, a in zip([ep, *forks], "3333", strict=True)
+        ]
+        again = await host.step(fresh, "reasoner", "3")
+        # the parent resumed its paused program, each fork replayed it: all as a fresh run
+        assert {(r.team_reward, r.local_reward, r.done) for r in [*results, again]} == {
+            (1.0, 0.5, True)
+        }
+        # a fork's tool answer is replayed, its reward (paid before the fork) not paid again
+        t, _ = await host.reset(env, "0", 0, "train")
+        branches = await host.fork(t, 2)
+        paid = [
+            (await host.step(b, "tool", a)).local_reward
+            for b, a in zip(branches, "34", strict=True)
+        ]
+        assert paid == [1.0, 0.0]
+
+    on_host(go)
+
+
+def test_the_skip_rule_a_program_that_calls_the_tool_twice():
+    async def go(host):
+        ep, _ = await host.reset("look_twice", "2", 0, "train")  # 2 + 5
+        assert await host.observe(ep, "tool") == (user("Look up 2."), 0)
+        await host.step(ep, "tool", "2")
+        assert await host.observe(ep, "reasoner") == ([], 0)  # skipped: turn 0 is over
+        assert await host.observe(ep, "tool") == (user("Look up 5."), 1)
+        assert (await host.step(ep, "tool", "5")).turn == 1
+        assert await host.observe(ep, "reasoner") == (user("Add ['2', '5']."), 1)
+        last = await host.step(ep, "reasoner", "7")
+        assert (last.team_reward, last.local_reward, last.done) == (1.0, 0.25, True)
+
+    on_host(go)
+
+
+def test_a_program_that_does_not_replay_is_refused_naming_the_first_differing_call():
+    async def go(host):
+        ep, _ = await host.reset("counting", "0", 0, "train")
+        await host.step(ep, "tool", "3")
+        (fork,) = await host.fork(ep, 1)
+        with pytest.raises(EnvCodeError) as err:
+            await host.observe(fork, "reasoner")
+        message = err.value.message
+        assert (
+            "env 'counting' (program tests.env.programs.counting): the program did not replay"
+            in message
+        )
+        assert "call 0 ('tool'): message 0 (user) differs at character 4: recorded 'Run " in message
+        assert "draw its random choices from task.rng or task.seed" in message
+        with pytest.raises(EnvCodeError, match="did not replay"):  # the error stays
+            await host.step(fork, "reasoner", "3")
+
+    on_host(go)
+
+
+def test_env_check_reports_a_program_that_does_not_replay():
+    report = check_env(programs.Counting)
+    rules = {f.rule: f.message for f in report.failures}
+    assert "did not replay: call 0 ('tool')" in rules["replays"], report.render()
+    good = check_env(programs.AddAsync, examples=["3", "7"])
+    assert good.ok, good.render()
+
+
+@pytest.mark.parametrize(
+    "env, says",
+    [
+        ("raises", "the program raised KeyError: 'no digits'"),
+        (
+            "returns_nan",
+            "the returned team reward is 'nan': a reward must be a finite number in [-1.0, 1.0]",
+        ),
+        ("returns_text", "the program returned str '1.0': return the team reward (a float) or"),
+        ("returns_2", "the returned team reward is '2.0': a reward must be a finite number in"),
+    ],
+)
+def test_what_a_program_returns_is_checked_and_a_bad_value_is_the_envs_error(env, says):
+    async def go(host):
+        ep, _ = await host.reset(env, "0", 0, "train")
+        for _ in range(2):  # and the episode stays failed
+            with pytest.raises(EnvCodeError, match=f"env '{env}' .*{re.escape(says)}"):
+                await host.step(ep, "tool", "3")
+
+    on_host(go)
+
+
+def test_a_program_that_neither_calls_nor_returns_times_out():
+    async def go(host):
+        ep, _ = await host.reset("stalls", "0", 0, "train")
+        start = time.monotonic()
+        with pytest.raises(
+            EnvCodeError, match=r"neither called the model nor returned within 0.3 s"
+        ):
+            await host.observe(ep, "tool")
+        assert time.monotonic() - start < 2
+
+    on_host(go)
+
+
+def test_calls_made_together_are_served_in_turn_order():
+    async def go(host):
+        ep, _ = await host.reset("gathers", "0", 0, "train")
+        assert await host.observe(ep, "tool") == (user("Compute the sum."), 0)
+        await host.step(ep, "tool", "3")
+        assert await host.observe(ep, "reasoner") == (user("Guess the sum."), 0)
+        last = await host.step(ep, "reasoner", "3")
+        assert (last.team_reward, last.done) == (1.0, True)
+        (fork,) = await host.fork((await host.reset("gathers", "0", 0, "train"))[0], 1)
+        await host.step(fork, "tool", "3")  # a fork replays the same order
+        assert (await host.step(fork, "reasoner", "3")).team_reward == 1.0
+
+    on_host(go)
+
+
+def test_closing_an_episode_stops_its_program():
+    async def go(host):
+        ep, _ = await host.reset("add_async", "0", 0, "train")
+        await host.observe(ep, "tool")
+        run = host.store.get(ep).env._run
+        host.close([ep])
+        await asyncio.sleep(0.05)
+        assert run._job.cancelled() and run.closed
+        ep, _ = await host.reset("add_sync", "0", 0, "train")
+        await host.observe(ep, "tool")
+        run = host.store.get(ep).env._run
+        host.close([ep])
+        for _ in range(100):  # the thread's pending call fails, the program ends with it
+            await asyncio.sleep(0.02)
+            if run.finished.done():
+                break
+        value, error = run.finished.result()
+        assert value is None and "503" in str(error)
+
+    on_host(go)
