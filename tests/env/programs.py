@@ -110,3 +110,31 @@ async def gathers(task, client):
 
 
 Gathers = program_env("gathers", gathers, max_turns=2, tasks=tasks, **ROLES)
+
+
+async def via_base_url(task, client):
+    """Calls through a client of its own on task.base_url, as an agent framework would."""
+    import openai
+
+    own = openai.AsyncOpenAI(base_url=task.base_url, api_key="any", max_retries=0)
+    try:
+        models = [m.id for m in (await own.models.list()).data]
+        said = _text(await own.chat.completions.create(**_ask("tool", f"Models: {models}.")))
+    finally:
+        await own.close()
+    return 1.0 if said == "ok" else 0.0
+
+
+ViaBaseUrl = program_env("via_base_url", via_base_url, max_turns=2, tasks=tasks, **ROLES)
+
+
+async def streams(task, client):
+    await client.chat.completions.create(**_ask("tool", "Compute."), stream=True)
+
+
+async def calls_a_stranger(task, client):
+    await client.chat.completions.create(**_ask("gpt-4", "Compute."))
+
+
+Streams = program_env("streams", streams, max_turns=2, tasks=tasks, **ROLES)
+CallsAStranger = program_env("stranger", calls_a_stranger, max_turns=2, tasks=tasks, **ROLES)

@@ -24,6 +24,9 @@ ALL = (
     programs.ReturnsTooMuch,
     programs.Stalls,
     programs.Gathers,
+    programs.ViaBaseUrl,
+    programs.Streams,
+    programs.CallsAStranger,
 )
 
 
@@ -210,5 +213,33 @@ def test_closing_an_episode_stops_its_program():
                 break
         value, error = run.finished.result()
         assert value is None and "503" in str(error)
+
+    on_host(go)
+
+
+def test_a_framework_given_the_base_url_reaches_the_same_run():
+    async def go(host):
+        ep, _ = await host.reset("via_base_url", "0", 0, "train")
+        assert await host.observe(ep, "tool") == (user("Models: ['tool', 'reasoner']."), 0)
+        assert (await host.step(ep, "tool", "ok")).team_reward == 1.0
+
+    on_host(go)
+
+
+@pytest.mark.parametrize(
+    "env, says",
+    [
+        ("streams", "stream=True: the interception answers whole messages; call without it"),
+        (
+            "stranger",
+            "the program called model 'gpt-4': a call's model names the role that answers",
+        ),
+    ],
+)
+def test_a_call_the_interception_cannot_answer_ends_the_episode_saying_why(env, says):
+    async def go(host):
+        ep, _ = await host.reset(env, "0", 0, "train")
+        with pytest.raises(EnvCodeError, match=re.escape(says)):
+            await host.observe(ep, "tool")
 
     on_host(go)
