@@ -187,6 +187,16 @@ def _the_server() -> _Server:
         return _server
 
 
+def started() -> bool:
+    return _server is not None
+
+
+def start() -> int:
+    """Start the server (once per process; a blocking wait, so call it off the event loop) and
+    return its port."""
+    return _the_server().port
+
+
 def register(run: Receiver) -> tuple[str, str]:
     """(base_url, token): where `run`'s program calls the model, until unregister(token)."""
     server = _the_server()

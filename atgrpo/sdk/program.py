@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from atgrpo.errors import EnvCodeError, FailedPrecondition
+from atgrpo.sdk import intercept
 from atgrpo.sdk.env import Environment, EnvSpec, Message, StepResult, turn_order_option
 from atgrpo.sdk.program_checks import Outcome, checked_local, checked_outcome, replay_diff
 from atgrpo.sdk.program_run import Call, ProgramError, ProgramRun
@@ -153,6 +154,8 @@ class ProgramEnvironment(Environment):
 
     async def _replay(self) -> None:
         """Run the program from the start, answering its calls from the record."""
+        if not intercept.started():  # its first start waits on a thread: not on the loop
+            await asyncio.to_thread(intercept.start)
         self._run = ProgramRun(
             type(self).program,
             self.task,

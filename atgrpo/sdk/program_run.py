@@ -28,6 +28,9 @@ from atgrpo.sdk.program_checks import checked_reward
 # The program's client waits for each answer while the policy generates it, which can take minutes
 # on a CPU; closing the episode answers the call at once, so this bound is only a backstop.
 CLIENT_TIMEOUT_S = 3600.0
+# Calls one run may have waiting at once: a gather over the roles needs a few; thousands would be
+# a runaway loop, each holding a connection of the process's one interception server.
+MAX_PENDING_CALLS = 64
 
 
 class ProgramError(Exception):
@@ -194,6 +197,13 @@ class ProgramRun:
             why = (
                 f"the program called model {model!r}: a call's model names the role that "
                 f"answers, one of {list(self.roles)}"
+            )
+            self.refuse(why)
+            raise CallRefused(why)
+        if len(self.pending) >= MAX_PENDING_CALLS:
+            why = (
+                f"the program has {len(self.pending)} calls waiting at once, the cap is "
+                f"{MAX_PENDING_CALLS}: make calls one at a time, or a few together"
             )
             self.refuse(why)
             raise CallRefused(why)

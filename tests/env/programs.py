@@ -138,3 +138,29 @@ async def calls_a_stranger(task, client):
 
 Streams = program_env("streams", streams, max_turns=2, tasks=tasks, **ROLES)
 CallsAStranger = program_env("stranger", calls_a_stranger, max_turns=2, tasks=tasks, **ROLES)
+
+
+def _sum_by_code(task, printed):
+    a, b = task.data
+    right = printed.strip() == str(a + b)
+    task.reward("tool", 1.0 if right else 0.0)
+    return 1.0 if right else 0.0
+
+
+async def code_async(task, client):
+    """The tool writes code; the program runs it in the sandbox, never itself."""
+    a, b = task.data
+    code = _text(await client.chat.completions.create(**_ask("tool", f"Print {a}+{b} in Python.")))
+    ran = await task.sandbox.execute(code)
+    return _sum_by_code(task, ran.stdout.decode())
+
+
+def code_sync(task, client):
+    """The same; in a plain program task.sandbox blocks."""
+    a, b = task.data
+    code = _text(client.chat.completions.create(**_ask("tool", f"Print {a}+{b} in Python.")))
+    return _sum_by_code(task, task.sandbox.execute(code).stdout.decode())
+
+
+CodeAsync = program_env("code_async", code_async, max_turns=1, tasks=tasks, **ROLES)
+CodeSync = program_env("code_sync", code_sync, max_turns=1, tasks=tasks, **ROLES)

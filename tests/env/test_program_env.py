@@ -213,6 +213,12 @@ def test_closing_an_episode_stops_its_program():
                 break
         value, error = run.finished.result()
         assert value is None and "503" in str(error)
+        ep, _ = await host.reset("add_async", "0", 0, "train")  # an abandoned episode expires
+        await host.observe(ep, "tool")
+        run = host.store.get(ep).env._run
+        assert host.store.expire(now=time.monotonic() + host.store.ttl_s + 1) == 1
+        await asyncio.sleep(0.05)
+        assert run._job.cancelled() and run.closed
 
     on_host(go)
 
@@ -243,3 +249,21 @@ def test_a_call_the_interception_cannot_answer_ends_the_episode_saying_why(env, 
             await host.observe(ep, "tool")
 
     on_host(go)
+
+
+@pytest.mark.parametrize("env", ["code_async", "code_sync"])
+def test_a_program_runs_the_tools_code_in_the_sandbox(env, sandbox):
+    async def go():
+        r = Registry(discover=False)
+        r.register(programs.CodeAsync)
+        r.register(programs.CodeSync)
+        host = EnvHost(r, sandbox=sandbox)
+        paid = []
+        for code in ("print(3 + 4)", "print(8)", "import os; print(os.getuid())"):
+            ep, _ = await host.reset(env, "1", 0, "train")  # 3 + 4
+            result = await host.step(ep, "tool", code)
+            paid.append((result.team_reward, result.local_reward, result.done))
+            host.close([ep])
+        return paid
+
+    assert asyncio.run(go()) == [(1.0, 1.0, True), (0.0, 0.0, True), (0.0, 0.0, True)]
