@@ -125,7 +125,8 @@ class ProgramEnvironment(Environment):
         return EnvCodeError(self.error)
 
     async def _next(self, expect: tuple[str, list[Message]] | None = None) -> Call | None:
-        """The run's next call, or None when the program returned (self.outcome set)."""
+        """The run's next call, or None when the program ended (self.outcome set, unless a
+        replay `expect`ed a call: then the replay says what went wrong)."""
         run = self._run
         try:
             async with asyncio.timeout(self.timeout_s):
@@ -142,7 +143,7 @@ class ProgramEnvironment(Environment):
             for role, value in run.drain().items():
                 self.unpaid[role] = self.unpaid.get(role, 0.0) + value
             self.reached = run.answered
-        if call is None:
+        if call is None and expect is None:
             value, error = run.finished.result()
             if error is not None:
                 raise self._fail(f"the program raised {type(error).__name__}: {error}")
@@ -168,10 +169,12 @@ class ProgramEnvironment(Environment):
             call = await self._next(expect=recorded)
             if call is None or (call.role, call.messages) != recorded:
                 now = None if call is None else (call.role, call.messages)
+                error = self._run.finished.result()[1] if call is None else None
+                raised = f" (it raised {type(error).__name__}: {error})" if error else ""
                 raise self._fail(
-                    f"the program did not replay: {replay_diff(i, recorded, now)}. Given the same "
-                    "task and answers a program must make the same calls: draw its random choices "
-                    "from task.rng or task.seed, not from globals, the clock or state kept "
+                    f"the program did not replay: {replay_diff(i, recorded, now)}{raised}. Given "
+                    "the same task and answers a program must make the same calls: draw its random "
+                    "choices from task.rng or task.seed, not from globals, the clock or state kept "
                     "between runs"
                 )
             self._run.answer(call, answer)

@@ -87,7 +87,7 @@ def replay_diff(
     """Where a replayed call first differs from the recorded one, in a line."""
     role, messages = recorded
     if now is None:
-        return f"it returned before call {index} ({role!r}), which the first run made"
+        return f"it ended before call {index} ({role!r}), which the first run made"
     if now[0] != role:
         return f"call {index} was to {role!r} when recorded and is to {now[0]!r} in the replay"
     again = now[1]

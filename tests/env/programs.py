@@ -164,3 +164,17 @@ def code_sync(task, client):
 
 CodeAsync = program_env("code_async", code_async, max_turns=1, tasks=tasks, **ROLES)
 CodeSync = program_env("code_sync", code_sync, max_turns=1, tasks=tasks, **ROLES)
+
+_runs = itertools.count()
+
+
+async def every_other_run(task, client):
+    """Not replayable either: every other run it gives up before its first call."""
+    if next(_runs) % 2:
+        raise RuntimeError("gave up")
+    await client.chat.completions.create(**_ask("tool", "Compute."))
+    await client.chat.completions.create(**_ask("reasoner", "Answer."))
+    return 0.0
+
+
+EveryOtherRun = program_env("every_other_run", every_other_run, max_turns=2, tasks=tasks, **ROLES)

@@ -27,6 +27,7 @@ ALL = (
     programs.ViaBaseUrl,
     programs.Streams,
     programs.CallsAStranger,
+    programs.EveryOtherRun,
 )
 
 
@@ -133,6 +134,21 @@ def test_a_program_that_does_not_replay_is_refused_naming_the_first_differing_ca
         assert "draw its random choices from task.rng or task.seed" in message
         with pytest.raises(EnvCodeError, match="did not replay"):  # the error stays
             await host.step(fork, "reasoner", "3")
+
+    on_host(go)
+
+
+def test_a_replay_that_ends_early_says_so_with_what_the_program_raised():
+    async def go(host):
+        ep, _ = await host.reset("every_other_run", "0", 0, "train")
+        await host.step(ep, "tool", "3")  # the first run
+        (fork,) = await host.fork(ep, 1)
+        with pytest.raises(EnvCodeError) as err:
+            await host.observe(fork, "reasoner")  # the second run gives up
+        assert (
+            "did not replay: it ended before call 0 ('tool'), which the first run made "
+            "(it raised RuntimeError: gave up)" in err.value.message
+        )
 
     on_host(go)
 
