@@ -133,3 +133,15 @@ def test_parallel_turns_refuse_an_empty_observation():
             await h.observe(ep, "b")
 
     asyncio.run(go())
+
+
+def test_demonstrations_skip_the_agent_too_and_end_at_max_turns():
+    from atgrpo.sdk.demos import play
+
+    h = host()
+    solver = lambda agent, messages: "1"  # noqa: E731
+    demos, stats = asyncio.run(play(h, "fake_turns", {"script": "aab"}, 1, solver=solver))
+    assert [(d.agent, d.turn) for d in demos] == [("a", 0), ("a", 1), ("b", 1)]
+    assert (stats.kept, len(h.store)) == (1, 0)
+    demos, stats = asyncio.run(play(h, "fake_turns", {"script": ""}, 1, solver=solver))
+    assert (demos, stats.kept) == ([], 0)  # nobody ever acts: over after max_turns, no hang
