@@ -28,9 +28,9 @@ from atgrpo.errors import EnvCodeError, FailedPrecondition
 from atgrpo.sdk import intercept
 from atgrpo.sdk.env import Environment, EnvSpec, Message, StepResult, turn_order_option
 from atgrpo.sdk.program_checks import Outcome, checked_local, checked_outcome, replay_diff
-from atgrpo.sdk.program_run import Call, ProgramError, ProgramRun
+from atgrpo.sdk.program_run import Call, ProgramError, ProgramRun, Task
 
-__all__ = ["Outcome", "ProgramEnvironment", "program_env"]
+__all__ = ["Outcome", "ProgramEnvironment", "Task", "program_env"]
 
 
 class ProgramEnvironment(Environment):
@@ -243,6 +243,7 @@ def program_env(
     make_task: Callable[[str, int, str], Any] | None = None,
     success_reward: float = 1.0,
     timeout_s: float = 60.0,
+    settle_s: float = 0.02,
     description: str = "",
 ) -> type[ProgramEnvironment]:
     """An Environment class that plays `run(task, client)` (docs/environments.md, "Agent
@@ -250,7 +251,8 @@ def program_env(
     the order the program usually calls them (default `agents`); `tasks(split)`: the split's task
     data as a list (ids "0".."n-1"), or `make_task(task_id, seed, split)`: one task's data from its
     seed; neither: task.data is None. A returned float is the team reward, with success when it
-    reaches `success_reward`; `timeout_s`: the program's wall time per step."""
+    reaches `success_reward`; `timeout_s`: the program's wall time per step; `settle_s`: how far
+    apart calls issued together (asyncio.gather) may arrive and still be served in turn order."""
     if not callable(run):
         raise TypeError(f"program_env({name!r}): run must be a function run(task, client)")
     if tasks is not None and make_task is not None:
@@ -265,6 +267,7 @@ def program_env(
         "make_task": staticmethod(make_task) if make_task else None,
         "success_reward": success_reward,
         "timeout_s": timeout_s,
+        "settle_s": settle_s,
         "description": description or (run.__doc__ or "").strip().split("\n")[0],
         "_task_cache": {},
         "__module__": run.__module__,

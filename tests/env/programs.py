@@ -109,7 +109,8 @@ async def gathers(task, client):
     return 1.0 if [_text(r) for r in both] == ["3", "3"] else 0.0
 
 
-Gathers = program_env("gathers", gathers, max_turns=2, tasks=tasks, **ROLES)
+# settle_s: the two calls must both arrive before one is served, on a loaded machine too
+Gathers = program_env("gathers", gathers, max_turns=2, tasks=tasks, settle_s=0.2, **ROLES)
 
 
 async def via_base_url(task, client):
