@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import itertools
 import random
+import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +41,12 @@ class ProgramError(Exception):
 
 class ProgramStopped(Exception):
     """Answers a pending call of a run whose episode was closed."""
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """Never used on the loopback's plain HTTP; httpx builds one per client unless given one."""
+    return ssl.create_default_context()
 
 
 @dataclass(eq=False)
@@ -125,18 +133,21 @@ class ProgramRun:
 
     # ---- the program's side -----------------------------------------------------------------
 
-    def _client_args(self) -> dict[str, Any]:
+    def _client_args(self, http_client: Any) -> dict[str, Any]:
         return {
             "base_url": self.base_url,
             "api_key": "atgrpo",
             "max_retries": 0,  # a retried call would be a second, unrecorded turn
             "timeout": CLIENT_TIMEOUT_S,
+            # A client of its own per run (the program may close it), with one TLS context for
+            # all: loading the CA bundle was 30 ms of every run, and a replay is a run.
+            "http_client": http_client(verify=_tls_context()),
         }
 
     async def _main_async(self, program: Callable[..., Any]) -> None:
         import openai
 
-        client = openai.AsyncOpenAI(**self._client_args())
+        client = openai.AsyncOpenAI(**self._client_args(openai.DefaultAsyncHttpxClient))
         try:
             self._finish(await program(self.task, client), None)
         except BaseException as err:
@@ -150,7 +161,7 @@ class ProgramRun:
         import openai
 
         value, error = None, None
-        with openai.OpenAI(**self._client_args()) as client:
+        with openai.OpenAI(**self._client_args(openai.DefaultHttpxClient)) as client:
             try:
                 value = program(self.task, client)
             except BaseException as err:  # noqa: BLE001 - reported as the episode's error
