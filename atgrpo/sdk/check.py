@@ -301,14 +301,14 @@ class _Checker:
         a, b = await self.reset(task), await self.reset(task)
         if a is None or b is None:
             return
-        first, second = await self.seen(a), await self.seen(b)
+        first, second = await self.opening(a), await self.opening(b)
         await self.host_close(a, b)
         if first is not None and second is not None and first != second:
-            agent = next(k for k in first if first[k] != second.get(k))
+            agent = next(k for k in {**first, **second} if first.get(k) != second.get(k))
             self.find(
                 "reset-deterministic",
-                f"reset{task} twice gave {agent!r} different prompts ({_short(first[agent])} vs "
-                f"{_short(second[agent])}): draw everything from atgrpo.sdk.task_rng(split, "
+                f"reset{task} twice gave {agent!r} different prompts ({_short(first.get(agent))} "
+                f"vs {_short(second.get(agent))}): draw everything from atgrpo.sdk.task_rng(split, "
                 "seed), not from the global random module, the clock or state kept on the class",
             )
 
@@ -357,20 +357,41 @@ class _Checker:
         finally:
             await self.host_close(a, b)
 
+    async def first_actor(self, episode: str) -> tuple[str, dict[str, list[Message]]] | None:
+        """(the turn's first agent that acts, what the driver observed up to it): a sequential
+        turn skips agents shown nothing (an agent program waiting on another role)."""
+        if self.spec.parallel:
+            seen = await self.seen(episode)
+            return None if seen is None else (self.spec.turn_order[0], seen)
+        out: dict[str, list[Message]] = {}
+        for agent in self.spec.turn_order:
+            seen = await self.seen(episode, (agent,))
+            if seen is None:
+                return None
+            out.update(seen)
+            if seen[agent]:
+                return agent, out
+        return None
+
+    async def opening(self, episode: str) -> dict[str, list[Message]] | None:
+        """What the driver observes at an episode's start, up to the first agent that acts."""
+        acting = await self.first_actor(episode)
+        return None if acting is None else acting[1]
+
     async def fork_independent(self, task, offset: int) -> None:
         parent = await self.reset(task)
         if parent is None:
             return
+        acting = await self.first_actor(parent)
         child = await self.fork(parent)
         sibling = await self.fork(parent)
         try:
-            if child is None or sibling is None:
+            if acting is None or child is None or sibling is None:
                 return
-            before = await self.seen(parent)
-            agent = self.spec.turn_order[0]
+            agent, before = acting
             action = self.answers[offset % len(self.answers)]
             on_child = await self.step(child, agent, action)
-            after = await self.seen(parent)
+            after = await self.seen(parent, tuple(before))
             if before is not None and after is not None and before != after:
                 self.find(
                     "fork-independent",
@@ -495,7 +516,7 @@ class _Checker:
                 episode = await self.reset(task)
                 if episode is None:
                     return
-                shown.append(await self.seen(episode))
+                shown.append(await self.opening(episode))
                 await self.host_close(episode)
             if shown[0] != shown[1]:
                 return

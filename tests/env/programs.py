@@ -179,3 +179,15 @@ async def every_other_run(task, client):
 
 
 EveryOtherRun = program_env("every_other_run", every_other_run, max_turns=2, tasks=tasks, **ROLES)
+
+
+async def reasoner_first(task, client):
+    """Calls the reasoner before the tool: the tool is skipped in the first turn."""
+    a, b = task.data
+    guess = _text(await client.chat.completions.create(**_ask("reasoner", f"Guess {a}+{b}.")))
+    tool = _text(await client.chat.completions.create(**_ask("tool", f"Check {guess}.")))
+    task.reward("tool", 1.0 if tool == str(a + b) else 0.0)
+    return 1.0 if guess == str(a + b) else 0.0
+
+
+ReasonerFirst = program_env("reasoner_first", reasoner_first, max_turns=2, tasks=tasks, **ROLES)

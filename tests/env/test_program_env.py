@@ -157,8 +157,9 @@ def test_env_check_reports_a_program_that_does_not_replay():
     report = check_env(programs.Counting)
     rules = {f.rule: f.message for f in report.failures}
     assert "did not replay: call 0 ('tool')" in rules["replays"], report.render()
-    good = check_env(programs.AddAsync, examples=["3", "7"])
-    assert good.ok, good.render()
+    for cls in (programs.AddAsync, programs.ReasonerFirst, programs.LookTwice):
+        good = check_env(cls, examples=["3", "7"], tasks=1)
+        assert good.ok and good.findings == [], good.render()
 
 
 @pytest.mark.parametrize(
