@@ -212,30 +212,35 @@ def test_calls_made_together_are_served_in_turn_order():
     on_host(go)
 
 
+async def _until(done, within_s=5.0):
+    """Wait (polling) until done() holds; a loaded machine may take a few loop turns."""
+    deadline = time.monotonic() + within_s
+    while not done() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    return done()
+
+
 def test_closing_an_episode_stops_its_program():
     async def go(host):
         ep, _ = await host.reset("add_async", "0", 0, "train")
         await host.observe(ep, "tool")
         run = host.store.get(ep).env._run
         host.close([ep])
-        await asyncio.sleep(0.05)
-        assert run._job.cancelled() and run.closed
+        assert run.closed and await _until(run._job.done)
+        assert run._job.cancelled()
         ep, _ = await host.reset("add_sync", "0", 0, "train")
         await host.observe(ep, "tool")
         run = host.store.get(ep).env._run
         host.close([ep])
-        for _ in range(100):  # the thread's pending call fails, the program ends with it
-            await asyncio.sleep(0.02)
-            if run.finished.done():
-                break
+        assert await _until(run.finished.done)  # the thread's pending call failed: it ended
         value, error = run.finished.result()
         assert value is None and "503" in str(error)
         ep, _ = await host.reset("add_async", "0", 0, "train")  # an abandoned episode expires
         await host.observe(ep, "tool")
         run = host.store.get(ep).env._run
         assert host.store.expire(now=time.monotonic() + host.store.ttl_s + 1) == 1
-        await asyncio.sleep(0.05)
-        assert run._job.cancelled() and run.closed
+        assert run.closed and await _until(run._job.done)
+        assert run._job.cancelled()
 
     on_host(go)
 
