@@ -149,13 +149,16 @@ class ProgramRun:
 
         client = openai.AsyncOpenAI(**self._client_args(openai.DefaultAsyncHttpxClient))
         try:
-            self._finish(await program(self.task, client), None)
+            try:
+                value = await program(self.task, client)
+            finally:  # before the run says it finished: closing it then would cancel this
+                await client.close()
         except BaseException as err:
             self._finish(None, err)
             if not isinstance(err, Exception):  # cancelled: the episode closed
                 raise
-        finally:
-            await client.close()
+        else:
+            self._finish(value, None)
 
     def _main_thread(self, program: Callable[..., Any]) -> None:
         import openai
@@ -279,5 +282,5 @@ class ProgramRun:
             if not call.answer.done():
                 call.answer.set_exception(ProgramStopped("the episode was closed"))
         self.pending = []
-        if self._job is not None and not self._job.done():
+        if self._job is not None and not self.finished.done():
             self._job.cancel()

@@ -69,3 +69,4 @@ def test_the_docs_program_is_served_by_atgrpo_env_serve(tmp_path):
     finally:
         proc.terminate()
         assert proc.wait(timeout=10) == 0
+        proc.stdout.close()
