@@ -129,7 +129,9 @@ class ProgramRun:
         if asynchronous:
             self._job = self.loop.create_task(self._main_async(program))
         else:
-            threading.Thread(target=self._main_thread, args=(program,), daemon=True).start()
+            threading.Thread(
+                target=self._main_thread, args=(program,), name="atgrpo-program", daemon=True
+            ).start()
 
     # ---- the program's side -----------------------------------------------------------------
 
