@@ -437,13 +437,18 @@ class _Checker:
             else:
                 return
             child = await self.fork(parent)
-            mine = None if child is None else await self.seen(child, (agent,))
-            if mine is not None and mine != shown:
-                self.find(
-                    "replays",
-                    f"a fork shows {agent!r} {_short(mine[agent])} where its parent shows "
-                    f"{_short(shown[agent])}: fork() must copy the whole state",
-                )
+            # Both: an agent program's paused run goes on in one of them, the other replays it.
+            for episode, who in ((child, "a fork"), (parent, "the forked state")):
+                mine = None if episode is None else await self.seen(episode, (agent,))
+                if mine is None:
+                    return
+                if mine != shown:
+                    self.find(
+                        "replays",
+                        f"after a fork, {who} shows {agent!r} {_short(mine[agent])} where the "
+                        f"state showed {_short(shown[agent])}: fork() must copy the whole state",
+                    )
+                    return
         finally:
             await self.host_close(*(e for e in (parent, child) if e))
 

@@ -10,7 +10,8 @@ As an environment (docs/environments.md, "Agent programs"):
 - A step's team reward is 0 until the program returns; the step in which it returns is done,
   with the returned team reward. The acting role's local reward is what `task.reward` gave it.
 - The state is the answers given so far. fork() copies them, not the live program: the instance
-  holding a paused program resumes it; a fork runs the program again from the start, answering
+  holding a paused program resumes it (a fork takes it over from its parent: tree sampling steps
+  the forks and closes the parent); any other runs the program again from the start, answering
   its calls from the record up to the branch point (a replay), and refuses a program whose calls
   differ from the record, naming the first one that does.
 - Whatever the program returns or raises is checked (program_checks.py): a bad value ends the
@@ -105,7 +106,11 @@ class ProgramEnvironment(Environment):
             list(self.calls),
             dict(self.unpaid),
         )
-        twin._run = twin._call = None  # the twin replays: a live program cannot be copied
+        # A live program cannot be copied; it moves to the twin, which resumes it, and this
+        # instance replays if it is used again. Tree sampling closes the forked state right after
+        # stepping its forks, so one fork of K resumes instead of replaying.
+        twin._run, twin._call = self._run, self._call
+        self._run = self._call = None
         return twin
 
     def close(self) -> None:

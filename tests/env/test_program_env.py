@@ -77,7 +77,10 @@ def test_a_fork_replays_to_its_branch_point_and_goes_on_as_a_fresh_run_would(env
         ep, _ = await host.reset(env, "0", 0, "train")  # 1 + 2
         await host.observe(ep, "tool")
         await host.step(ep, "tool", "4")  # a wrong tool answer: local 0
+        live = host.store.get(ep).env._run
         forks = await host.fork(ep, 3)
+        holders = [e for e in [ep, *forks] if host.store.get(e).env._run is live]
+        assert len(holders) == 1 and holders[0] != ep  # a fork took the paused program over
         fresh, _ = await host.reset(env, "0", 0, "train")
         await host.step(fresh, "tool", "4")
         shown = (user("What is 1+2? The tool says 4."), 0)
@@ -87,7 +90,8 @@ def test_a_fork_replays_to_its_branch_point_and_goes_on_as_a_fresh_run_would(env
             await host.step(b, "reasoner", a) for b, a in zip([ep, *forks], "3333", strict=True)
         ]
         again = await host.step(fresh, "reasoner", "3")
-        # the parent resumed its paused program, each fork replayed it: all as a fresh run
+        # one fork resumed the paused program, the parent and the others replayed it: all as a
+        # fresh run would
         assert {(r.team_reward, r.local_reward, r.done) for r in [*results, again]} == {
             (1.0, 0.5, True)
         }
@@ -118,14 +122,24 @@ def test_the_skip_rule_a_program_that_calls_the_tool_twice():
     on_host(go)
 
 
+async def _the_fork_that_replays(host, episode):
+    """Fork `episode` twice and observe both: one takes its paused program over, the other runs
+    it again; (that one, its error)."""
+    failed = []
+    for fork in await host.fork(episode, 2):
+        try:
+            await host.observe(fork, "reasoner")
+        except EnvCodeError as err:
+            failed.append((fork, err.message))
+    assert len(failed) == 1, failed
+    return failed[0]
+
+
 def test_a_program_that_does_not_replay_is_refused_naming_the_first_differing_call():
     async def go(host):
         ep, _ = await host.reset("counting", "0", 0, "train")
         await host.step(ep, "tool", "3")
-        (fork,) = await host.fork(ep, 1)
-        with pytest.raises(EnvCodeError) as err:
-            await host.observe(fork, "reasoner")
-        message = err.value.message
+        fork, message = await _the_fork_that_replays(host, ep)
         assert (
             "env 'counting' (program tests.env.programs.counting): the program did not replay"
             in message
@@ -142,12 +156,10 @@ def test_a_replay_that_ends_early_says_so_with_what_the_program_raised():
     async def go(host):
         ep, _ = await host.reset("every_other_run", "0", 0, "train")
         await host.step(ep, "tool", "3")  # the first run
-        (fork,) = await host.fork(ep, 1)
-        with pytest.raises(EnvCodeError) as err:
-            await host.observe(fork, "reasoner")  # the second run gives up
+        _, message = await _the_fork_that_replays(host, ep)  # the second run gives up
         assert (
             "did not replay: it ended before call 0 ('tool'), which the first run made "
-            "(it raised RuntimeError: gave up)" in err.value.message
+            "(it raised RuntimeError: gave up)" in message
         )
 
     on_host(go)
