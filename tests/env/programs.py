@@ -191,3 +191,14 @@ async def reasoner_first(task, client):
 
 
 ReasonerFirst = program_env("reasoner_first", reasoner_first, max_turns=2, tasks=tasks, **ROLES)
+
+
+def seeded_task(task_id, seed, split):
+    """Tasks from seeds: the digits drawn from (split, seed)."""
+    from atgrpo.sdk import task_rng
+
+    rng = task_rng(split, seed)
+    return rng.randint(0, 9), rng.randint(0, 9)
+
+
+Seeded = program_env("seeded", add_async, max_turns=2, make_task=seeded_task, **ROLES)

@@ -28,6 +28,7 @@ ALL = (
     programs.Streams,
     programs.CallsAStranger,
     programs.EveryOtherRun,
+    programs.Seeded,
 )
 
 
@@ -301,3 +302,18 @@ def test_a_program_runs_the_tools_code_in_the_sandbox(env, sandbox):
         return paid
 
     assert asyncio.run(go()) == [(1.0, 1.0, True), (0.0, 0.0, True), (0.0, 0.0, True)]
+
+
+def test_tasks_from_seeds_and_a_turn_order_option_that_leaves_a_role_out():
+    async def go(host):
+        assert host.list_tasks("seeded", "train") == ([], -1)  # any id: tasks come from seeds
+        a, b = programs.seeded_task("x", 5, "eval")
+        ep, _ = await host.reset("seeded", "x", 5, "eval")
+        assert await host.observe(ep, "tool") == (user(f"Compute {a}+{b}."), 0)
+        # L0: only the reasoner acts; a program that calls the tool cannot run there
+        ep, spec = await host.reset("add_async", "0", 0, "train", {"turn_order": ["reasoner"]})
+        assert spec.turn_order == ("reasoner",)
+        with pytest.raises(EnvCodeError, match=r"called model 'tool': .* one of \['reasoner'\]"):
+            await host.observe(ep, "reasoner")
+
+    on_host(go)
