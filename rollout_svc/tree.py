@@ -8,7 +8,9 @@ plays up to max_turns turns on it, in one of two ways:
   response, score each branch with r = alpha * team + local, emit all K samples (one group: task,
   agent, turn), then keep the best branch (ties to the lowest index; selection "first" keeps
   branch 0) and close the others *before the next agent generates*, so that agent's prompt shows
-  the selected output. The episode ends at the first step whose selected branch is done.
+  the selected output. The episode ends at the first step whose selected branch is done. An
+  agent whose observe is empty does not act now (an agent program waits on another role): it is
+  skipped this turn, with no generation and no sample; in flat and trajectory mode too.
 - Parallel turns (plan.parallel): a turn is K joint actions. Every agent observes the pre-turn
   state and samples K responses from it (one n=K generation per agent, all agents at once); the
   pre-turn state is forked K ways once; branch k applies every agent's k-th response in turn
@@ -259,6 +261,8 @@ class _Episode:
         last = None
         for name in self.plan.turn_order:
             messages, _ = await self.envs.observe(self.episode_id, name)
+            if not messages:  # the env says this agent does not act now: no generation, no sample
+                continue
             last = await self._act(self.plan.agents[name], turn, messages)
             if last.done:
                 break
@@ -271,6 +275,12 @@ class _Episode:
         observed = await asyncio.gather(
             *(self.envs.observe(self.episode_id, a.name) for a in agents)
         )
+        skipped = [a.name for a, (m, _) in zip(agents, observed, strict=True) if not m]
+        if skipped:  # an env host that predates the rule (it refuses these itself)
+            raise ValueError(
+                f"env {self.plan.env!r} showed {skipped} no messages in a parallel turn: every "
+                "agent of a parallel turn acts, so none can be skipped"
+            )
         return list(
             await asyncio.gather(
                 *(
@@ -376,7 +386,7 @@ def _with_returns(
 ) -> tuple[list[Sample], dict[str, float]]:
     """Trajectory mode: copy `copy`'s samples carrying its returns (team = the last step's team
     reward, local = the agent's summed local rewards), and each agent's return R_aj."""
-    final = samples[-1].team_reward
+    final = samples[-1].team_reward if samples else 0.0  # every agent skipped every turn
     local = {a: 0.0 for a in agents}
     for s in samples:
         local[s.agent] += s.local_reward

@@ -119,7 +119,9 @@ async def first_prompts(
                 f"env {name!r} has no agent {unknown[0]!r} (its agents: {spec.agents})"
             )
         for agent in agents:
-            out.append((agent, (await host.observe(episode, agent))[0]))
+            messages, _ = await host.observe(episode, agent)
+            if messages:  # an agent that does not act at the start has no first-turn prompt
+                out.append((agent, messages))
         host.close([episode])
     return out
 

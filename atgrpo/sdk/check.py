@@ -24,7 +24,7 @@ from typing import Any
 from atgrpo.contract import env_wire
 from atgrpo.contract.env import EnvSpec, Message, StepResult, seed_for
 from atgrpo.errors import AtgrpoError, EnvCodeError, FailedPrecondition, NotFound
-from atgrpo.sdk.env import Environment, Sandbox
+from atgrpo.sdk.env import REWARD_RANGE, Environment, Sandbox
 from atgrpo.sdk.host import EnvHost
 from atgrpo.sdk.registry import registry_for
 
@@ -46,7 +46,6 @@ PROBES = (
     "[" * 50_000,
 )
 ROLES = frozenset({"system", "user", "assistant"})
-REWARD_RANGE = (-1.0, 1.0)  # what atgrpo's own envs keep (docs/environments.md, The contract)
 PROMPT_CHARS_WARN = 100_000  # ~25k tokens: more than most models' context
 STEP_MS_WARN = 1000.0  # tree sampling steps K x agents x turns times per task
 SPLIT_PAIRS = 8
@@ -67,6 +66,8 @@ RULES: dict[str, str] = {
     "flags": "success is a bool; a success comes with done (warning)",
     "step-deterministic": "the same answers from the same state give the same results and prompts",
     "fork-independent": "stepping a fork changes nothing its parent shows",
+    "replays": "a fork shows the agent about to act what its parent shows (an agent program, run "
+    "again with the recorded answers, makes the same calls)",
     "parallel-resolves-last": "in a parallel turn, no agent's step changes what the agents see "
     "until the turn's last agent steps",
     "time-per-step": f"step takes under {STEP_MS_WARN:.0f} ms (warning)",
@@ -152,6 +153,8 @@ class _Checker:
         if isinstance(err, EnvCodeError):
             if "rewards must be finite" in err.message:
                 return "rewards-finite", err.message
+            if "did not replay" in err.message:
+                return "replays", err.message
             return ("observe" if "observe() must return" in err.message else "never-raises"), (
                 err.message
             )
@@ -298,14 +301,14 @@ class _Checker:
         a, b = await self.reset(task), await self.reset(task)
         if a is None or b is None:
             return
-        first, second = await self.seen(a), await self.seen(b)
+        first, second = await self.opening(a), await self.opening(b)
         await self.host_close(a, b)
         if first is not None and second is not None and first != second:
-            agent = next(k for k in first if first[k] != second.get(k))
+            agent = next(k for k in {**first, **second} if first.get(k) != second.get(k))
             self.find(
                 "reset-deterministic",
-                f"reset{task} twice gave {agent!r} different prompts ({_short(first[agent])} vs "
-                f"{_short(second[agent])}): draw everything from atgrpo.sdk.task_rng(split, "
+                f"reset{task} twice gave {agent!r} different prompts ({_short(first.get(agent))} "
+                f"vs {_short(second.get(agent))}): draw everything from atgrpo.sdk.task_rng(split, "
                 "seed), not from the global random module, the clock or state kept on the class",
             )
 
@@ -318,12 +321,27 @@ class _Checker:
             n = 0
             for _turn in range(self.spec.max_turns):
                 for i, agent in enumerate(self.spec.turn_order):
+                    if not self.spec.parallel:  # as the driver: observe, skip if nothing shown
+                        sa, sb = await self.seen(a, (agent,)), await self.seen(b, (agent,))
+                        if sa is None or sb is None:
+                            return
+                        if sa != sb:
+                            self.find(
+                                "step-deterministic",
+                                f"two resets of {task} played with the same answers show "
+                                f"{agent!r} {_short(sa[agent])} and {_short(sb[agent])}: a step "
+                                "must depend only on the state and the answer",
+                            )
+                            return
+                        if not sa[agent]:
+                            continue
                     action = self.answers[(offset + n) % len(self.answers)]
                     n += 1
                     ra, rb = await self.step(a, agent, action), await self.step(b, agent, action)
                     if ra is None or rb is None:
                         return
                     seers = () if ra.done or rb.done else self.next_seers(i)
+                    seers = seers if self.spec.parallel else ()  # sequential: seen before a step
                     sa, sb = await self.seen(a, seers), await self.seen(b, seers)
                     if _result(ra) != _result(rb) or sa != sb:
                         self.find(
@@ -339,20 +357,41 @@ class _Checker:
         finally:
             await self.host_close(a, b)
 
+    async def first_actor(self, episode: str) -> tuple[str, dict[str, list[Message]]] | None:
+        """(the turn's first agent that acts, what the driver observed up to it): a sequential
+        turn skips agents shown nothing (an agent program waiting on another role)."""
+        if self.spec.parallel:
+            seen = await self.seen(episode)
+            return None if seen is None else (self.spec.turn_order[0], seen)
+        out: dict[str, list[Message]] = {}
+        for agent in self.spec.turn_order:
+            seen = await self.seen(episode, (agent,))
+            if seen is None:
+                return None
+            out.update(seen)
+            if seen[agent]:
+                return agent, out
+        return None
+
+    async def opening(self, episode: str) -> dict[str, list[Message]] | None:
+        """What the driver observes at an episode's start, up to the first agent that acts."""
+        acting = await self.first_actor(episode)
+        return None if acting is None else acting[1]
+
     async def fork_independent(self, task, offset: int) -> None:
         parent = await self.reset(task)
         if parent is None:
             return
+        acting = await self.first_actor(parent)
         child = await self.fork(parent)
         sibling = await self.fork(parent)
         try:
-            if child is None or sibling is None:
+            if acting is None or child is None or sibling is None:
                 return
-            before = await self.seen(parent)
-            agent = self.spec.turn_order[0]
+            agent, before = acting
             action = self.answers[offset % len(self.answers)]
             on_child = await self.step(child, agent, action)
-            after = await self.seen(parent)
+            after = await self.seen(parent, tuple(before))
             if before is not None and after is not None and before != after:
                 self.find(
                     "fork-independent",
@@ -373,6 +412,45 @@ class _Checker:
                 )
         finally:
             await self.host_close(*(e for e in (parent, child, sibling) if e))
+
+    async def fork_replays(self, task, offset: int) -> None:
+        """After a step, a fork shows the agent about to act what its parent shows (a sequential
+        env; an agent program's fork runs the program again with the recorded answers)."""
+        parent, child = await self.reset(task), None
+        if parent is None:
+            return
+        try:
+            order, stepped = self.spec.turn_order, 0
+            for n in range(2 * len(order)):
+                agent = order[n % len(order)]
+                shown = await self.seen(parent, (agent,))
+                if shown is None:
+                    return
+                if not shown[agent]:
+                    continue  # the driver skips it
+                if stepped:
+                    break
+                r = await self.step(parent, agent, self.answers[offset % len(self.answers)])
+                if r is None or r.done:
+                    return
+                stepped += 1
+            else:
+                return
+            child = await self.fork(parent)
+            # Both: an agent program's paused run goes on in one of them, the other replays it.
+            for episode, who in ((child, "a fork"), (parent, "the forked state")):
+                mine = None if episode is None else await self.seen(episode, (agent,))
+                if mine is None:
+                    return
+                if mine != shown:
+                    self.find(
+                        "replays",
+                        f"after a fork, {who} shows {agent!r} {_short(mine[agent])} where the "
+                        f"state showed {_short(shown[agent])}: fork() must copy the whole state",
+                    )
+                    return
+        finally:
+            await self.host_close(*(e for e in (parent, child) if e))
 
     async def parallel_resolves_last(self, task, offset: int) -> None:
         episode = await self.reset(task)
@@ -421,6 +499,8 @@ class _Checker:
             await self.reset_deterministic(task)
             await self.play_twice(task, offset=i)
             await self.fork_independent(task, offset=i)
+            if not self.spec.parallel:
+                await self.fork_replays(task, offset=i)
             if self.spec.parallel and len(self.spec.turn_order) > 1:
                 await self.parallel_resolves_last(task, offset=i)
         await self.splits_differ(by_split)
@@ -441,7 +521,7 @@ class _Checker:
                 episode = await self.reset(task)
                 if episode is None:
                     return
-                shown.append(await self.seen(episode))
+                shown.append(await self.opening(episode))
                 await self.host_close(episode)
             if shown[0] != shown[1]:
                 return

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from atgrpo.contract.env import TURN_ORDER_OPTION, seed_for
+from atgrpo.contract.env import TURN_ORDER_OPTION, EnvSpec, seed_for
 from atgrpo.sdk.host import EnvHost
 
 # (agent, its messages) -> the answer, or None: a solver outside the env (a stronger program)
@@ -61,7 +61,7 @@ async def play(
         episode, spec = await host.reset(name, task, seed_for(split, i), split, options)
         try:
             order = list(options.get(TURN_ORDER_OPTION) or spec.turn_order)
-            demos, success = await _episode(host, episode, task, order, spec.parallel, solver)
+            demos, success = await _episode(host, episode, task, order, spec, solver)
         finally:
             host.close([episode])
         if success:
@@ -75,22 +75,24 @@ async def _episode(
     episode: str,
     task: str,
     order: list[str],
-    parallel: bool,
+    spec: EnvSpec,
     solver: Solver | None,
 ) -> tuple[list[Demo], bool]:
     demos: list[Demo] = []
-    turn = 0
-    while True:
+    parallel = spec.parallel
+    for turn in range(spec.max_turns):  # the host ends the episode there too
         # a parallel turn's agents all answer the turn's first state
         seen = {a: (await host.observe(episode, a))[0] for a in order} if parallel else {}
         for agent in order:
             messages = seen[agent] if parallel else (await host.observe(episode, agent))[0]
+            if not messages:  # the agent does not act now: skipped, as the driver does
+                continue
             text = await answer(host, episode, agent, messages, solver)
             demos.append(Demo(task, agent, turn, [dict(m) for m in messages], text))
             result = await host.step(episode, agent, text)
             if result.done:
                 return demos, result.success
-        turn += 1
+    return demos, False
 
 
 async def answer(

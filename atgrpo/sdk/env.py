@@ -35,6 +35,11 @@ class Sandbox(Protocol):
     ) -> Any: ...
 
 
+# The scale atgrpo's own envs keep their rewards on, so `alpha * team + local` mixes like terms:
+# `atgrpo env check` warns outside it, and agent programs (atgrpo.sdk.program) may not leave it.
+REWARD_RANGE = (-1.0, 1.0)
+
+
 def turn_order_option(
     options: Mapping[str, Any], agents: tuple[str, ...], env: str
 ) -> tuple[str, ...]:
@@ -77,7 +82,9 @@ class Environment:
         raise NotImplementedError
 
     def observe(self, agent: str) -> list[Message]:
-        """The chat messages `agent` sees now (its prompt for this turn)."""
+        """The chat messages `agent` sees now (its prompt for this turn). An empty list says that
+        `agent` does not act now: in a sequential turn the driver skips it (no generation, no
+        sample), and it counts as done for the turn; a parallel turn refuses it."""
         raise NotImplementedError
 
     def step(self, agent: str, action: str) -> StepResult:
@@ -97,6 +104,10 @@ class Environment:
                 value = getattr(self, name)
                 memo[id(value)] = value
         return copy.deepcopy(self, memo)
+
+    def close(self) -> None:
+        """Release what the episode holds (a running program, a process) when it is closed or
+        expires. It must not raise; the default holds nothing."""
 
     def task_ids(self, split: str) -> Sequence[str] | None:
         """The tasks of a split, or None when tasks are generated from seeds (any id is valid)."""

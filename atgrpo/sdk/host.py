@@ -101,20 +101,17 @@ def _checked_result(result: Any, where: str) -> StepResult:
 
 
 def _checked_messages(messages: Any, where: str) -> list[Message]:
-    ok = (
-        isinstance(messages, (list, tuple))
-        and messages
-        and all(
-            isinstance(m, Mapping)
-            and isinstance(m.get("role"), str)
-            and isinstance(m.get("content"), str)
-            for m in messages
-        )
+    """The messages, checked; an empty list is allowed: the agent does not act now."""
+    ok = isinstance(messages, (list, tuple)) and all(
+        isinstance(m, Mapping)
+        and isinstance(m.get("role"), str)
+        and isinstance(m.get("content"), str)
+        for m in messages
     )
     if not ok:
         raise EnvCodeError(
-            f"{where} returned {str(messages)[:200]!r}; observe() must return a non-empty "
-            'list of {"role": str, "content": str} messages'
+            f"{where} returned {str(messages)[:200]!r}; observe() must return a list of "
+            '{"role": str, "content": str} messages (an empty one: the agent does not act now)'
         )
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
@@ -205,8 +202,18 @@ class EnvHost:
         where = f"{_named(episode.env_name, episode.env)}: observe({agent!r})"
         async with episode.lock:
             with env_code(where):
-                messages = await _maybe_await(episode.env.observe(agent))
-        return _checked_messages(messages, where), episode.turn
+                messages = _checked_messages(await _maybe_await(episode.env.observe(agent)), where)
+            if not messages:
+                if episode.env.spec.parallel:
+                    raise EnvCodeError(
+                        f"{where} returned no messages: in a parallel turn every agent acts on the "
+                        "turn's start, so none can be skipped; skip agents in sequential turns only"
+                    )
+                # Nothing to say: the driver skips the agent, and the turn counts it as done.
+                turn = episode.turn
+                episode.skip(agent)
+                return [], turn
+        return messages, episode.turn
 
     async def demonstration(self, episode_id: str, agent: str) -> str | None:
         """The env's own right answer for `agent` now (Environment.demonstration), or None where

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -16,6 +17,8 @@ from dataclasses import dataclass, field
 from atgrpo.errors import NotFound, ResourceExhausted
 from atgrpo.sdk import metrics
 from atgrpo.sdk.env import Environment
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -38,6 +41,20 @@ class Episode:
             self.acted = set()
         return turn
 
+    def skip(self, agent: str) -> None:
+        """`agent` does not act this turn (its observe was empty): it counts as done for the turn,
+        so a turn whose agents all acted or skipped ends, and max_turns still ends the episode."""
+        self.advance(agent)
+        self.done = self.done or self.turn >= self.env.spec.max_turns
+
+
+def _closed(episode: Episode) -> None:
+    """Let the env release what it holds (a program env stops its program); never raises."""
+    try:
+        episode.env.close()
+    except Exception:  # noqa: BLE001 - an env's close bug must not keep the episode alive
+        log.exception("env %r: close() raised", episode.env_name)
+
 
 class EpisodeStore:
     def __init__(self, max_episodes: int = 10_000, ttl_s: float = 900.0):
@@ -58,7 +75,7 @@ class EpisodeStore:
             if now - e.last_used > self.ttl_s and not e.lock.locked()
         ]
         for k in stale:
-            del self._episodes[k]
+            _closed(self._episodes.pop(k))
         return len(stale)
 
     def add(
@@ -101,4 +118,7 @@ class EpisodeStore:
         return episode
 
     def remove(self, episode_ids: list[str]) -> int:
-        return sum(self._episodes.pop(i, None) is not None for i in episode_ids)
+        gone = [e for e in (self._episodes.pop(i, None) for i in episode_ids) if e is not None]
+        for episode in gone:
+            _closed(episode)
+        return len(gone)

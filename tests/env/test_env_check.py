@@ -88,7 +88,7 @@ def _cli(capsys, *argv) -> tuple[int, str, str]:
 
 def test_the_command_exits_1_on_a_broken_env_and_0_on_a_good_one(capsys):
     code, out, _ = _cli(capsys, "tests.env.broken_envs:PickResolvesEarly")
-    assert code == 1 and "FAIL parallel-resolves-last:" in out and "1 of 16 rules broken" in out
+    assert code == 1 and "FAIL parallel-resolves-last:" in out and "1 of 17 rules broken" in out
     code, out, _ = _cli(capsys, "toy", "--options", '{"parallel": true}', "--json")
     assert code == 0 and json.loads(out) == {"env": "toy", "ok": True, "findings": []}
 

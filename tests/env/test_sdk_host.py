@@ -251,7 +251,7 @@ def test_installed_packages_add_environments_through_entry_points(tmp_path, monk
         ("nan_reward", "step", "team_reward=nan; rewards must be finite numbers"),
         ("inf_reward", "step", "team_reward=inf"),
         ("str_reward", "step", "team_reward='1.0'"),
-        ("observe_str", "observe", "observe\\(\\) must return a non-empty list"),
+        ("observe_str", "observe", "observe\\(\\) must return a list"),
         ("reset_raises", "reset", r"reset\('t', 0, 'train'\) raised ZeroDivisionError"),
         (
             "init_raises",
