@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from atgrpo.contract.env import content_text
 from atgrpo.contract.rollout_wire import MAX_STOPS, MAX_TOKENS
 from atgrpo.contract.sampling import Sampling
 from rollout_svc.openai_errors import ApiError, bad
@@ -161,13 +162,9 @@ def _common(body: Any) -> dict[str, Any]:
 
 def _content(value: Any, where: str) -> str:
     """A message's text: a string, or a list of text parts joined."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(
-        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-        for p in value
-    ):
-        return "".join(p["text"] for p in value)
+    text = content_text(value)
+    if text is not None:
+        return text
     raise bad(where, "give a string, or a list of text parts ({'type': 'text', 'text': ...})")
 
 

@@ -9,6 +9,21 @@ from typing import Any
 
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
 
+
+def content_text(value: Any) -> str | None:
+    """An OpenAI-style message content as text: a string, or a list of text parts joined; None
+    for anything else (images, tool parts), which the policy cannot read. Shared by the rollout's
+    OpenAI port and the program envs' interception server, so both read a message alike."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in value
+    ):
+        return "".join(p["text"] for p in value)
+    return None
+
+
 # Tasks generated from seeds: training uses seeds 0, 1, 2, ... and evaluation seeds from this
 # offset on, so no evaluation puzzle is generated from a training seed.
 EVAL_SEED_OFFSET = 1_000_000_000

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from atgrpo.contract.env import Message
+from atgrpo.contract.env import Message, content_text
 from atgrpo.sdk.host import MAX_ACTION_CHARS
 
 ROLES = frozenset({"system", "user", "assistant"})
@@ -49,13 +49,9 @@ class Receiver(Protocol):
 
 def _content(value: Any, i: int) -> str:
     """A message's content as text: a string, or OpenAI's list of text parts."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(
-        isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str)
-        for p in value
-    ):
-        return "".join(p["text"] for p in value)
+    text = content_text(value)
+    if text is not None:
+        return text
     raise CallRefused(
         f"message {i} has content {str(value)[:80]!r}: the policy reads text only (a string, or "
         'a list of {"type": "text", "text": ...} parts)'
