@@ -48,12 +48,13 @@ log = logging.getLogger(__name__)
 STOP = "stop"
 IDLE_TIMEOUT = timedelta(days=365)  # followers wait this long for rank 0's next operation
 # How long one rank waits for the others inside an operation (a training collective, the
-# agreement after it). The longest such wait that is no fault is rank 0 working alone while the
-# others wait: reading the model at Setup before it broadcasts it, writing a checkpoint's model
-# folder. Qwen3-8B's is 16 GB in bf16, ~80 s at 200 MB/s from a network volume; 600 s leaves a
-# wide margin for that, is NCCL's own default, and a hung rank stalls the pool 10 minutes, not
-# torch's 30 (a rank that fails, rather than hangs, ends the pool at once, whatever this is).
-DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
+# agreement after it). The longest such wait that is no fault is a checkpoint save: the shard
+# writes end in a collective that waits for the slowest rank, and rank 0 writes the model folder
+# alone. A full Qwen3-8B checkpoint is 107 GiB (P x 14 bytes), ~460 s at 250 MB/s onto a shared
+# volume; 900 s covers that about twice. Too short kills a healthy pool at every checkpoint (a
+# restart loop); too long only lets a hung rank stall the pool longer (15 minutes, not torch's
+# 30). A rank that fails, rather than hangs, ends the pool at once whatever this is.
+DEFAULT_COLLECTIVE_TIMEOUT_S = 900.0
 TIMEOUT_ENV = "ATGRPO_TRAINER_COLLECTIVE_TIMEOUT_S"
 FAILED_EXIT = 1
 # How long a failing rank offers its verdict before it exits: the others take it at once when

@@ -25,7 +25,7 @@ def settings(*argv: str) -> TrainerSettings:
 
 def test_the_timeout_is_finite_by_default_and_set_by_flag_or_environment(monkeypatch):
     monkeypatch.delenv(TIMEOUT_ENV, raising=False)
-    assert settings().collective_timeout_s == DEFAULT_COLLECTIVE_TIMEOUT_S == 600.0
+    assert settings().collective_timeout_s == DEFAULT_COLLECTIVE_TIMEOUT_S == 900.0
     assert settings("--collective-timeout-s", "30").collective_timeout_s == 30.0
     monkeypatch.setenv(TIMEOUT_ENV, "90")
     assert settings().collective_timeout_s == 90.0
