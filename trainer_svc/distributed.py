@@ -14,9 +14,9 @@ all ranks exit 0. torchrun signals every rank at once: a follower then waits (bo
 0's "stop" instead of dying in the middle of a collective.
 
 Failure: the ranks fail together, fast. After each operation they agree on how it went (one small
-all-reduce over a gloo group): every rank ran it, or every rank refused it with the same kind of
-request error (AtgrpoError: a checkpoint of another pool, a model that does not load; the pool's
-state is unchanged, rank 0 answers the error and the pool serves on). Anything else (an
+all-reduce over a gloo group): every rank ran it, or every rank refused it with a request error
+(AtgrpoError: a checkpoint of another pool, a model that does not load; the pool's state is
+unchanged, rank 0 answers its error and the pool serves on). Anything else (an
 out-of-memory, a collective that broke or timed out, a bug, one rank refusing alone) ends the rank
 at once with FAILED_EXIT and a log line naming the operation and the cause. A rank whose own
 operation raised first tells the others through the agreement (for TELL_S at most: they may be
@@ -191,8 +191,8 @@ def check_timeout(seconds: float) -> float:
         raise ValueError(
             f"--collective-timeout-s {seconds}: give the seconds a rank waits for the others "
             f"inside a pool operation before the pool fails and restarts (> 0; default "
-            f"{DEFAULT_COLLECTIVE_TIMEOUT_S:.0f}, or set {TIMEOUT_ENV}); longer than rank 0 takes "
-            "to read the model or write a checkpoint alone"
+            f"{DEFAULT_COLLECTIVE_TIMEOUT_S:.0f}, or set {TIMEOUT_ENV}), longer than a checkpoint "
+            "save takes"
         )
     return seconds
 
