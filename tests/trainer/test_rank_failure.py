@@ -33,7 +33,8 @@ from tests.trainer.test_update import load, on_policy_samples
 from trainer_svc.client import TrainerClient
 from trainer_svc.distributed import FAILED_EXIT, FAULT_ENV
 
-SURVIVOR_EXIT_S = 20.0  # the bound on rank 0's exit after the fault (seen: see the report)
+# rank 0's exit after the fault, at most (seen: raise 2.1 s, kill 0.1-0.2 s, stall 7.1 s)
+SURVIVOR_EXIT_S = 20.0
 
 
 class Pool:
