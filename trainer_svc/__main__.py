@@ -18,7 +18,7 @@ from trainer_svc.settings import TrainerSettings
 
 def main() -> int:
     serve, settings = parse("trainer", TrainerSettings)
-    ranks = distributed.init_from_env()
+    ranks = distributed.init_from_env(settings.collective_timeout_s)
     if ranks is None:
         serve_service("trainer", serve, lambda: bindings(settings))
         return 0

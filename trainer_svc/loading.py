@@ -75,7 +75,7 @@ def load_full(model_path: str, dtype: torch.dtype):
 
     try:
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
-    except OSError as err:
+    except (OSError, ValueError) as err:  # ValueError: a folder transformers cannot read
         raise InvalidArgument(f"cannot load the pool's model from {model_path!r}: {err}") from None
     # padded batches on CPU: no copy of the keys per query head (atgrpo.attention)
     use_gqa_sdpa(model)
@@ -129,7 +129,7 @@ def load_sharded(
 
     try:
         config = AutoConfig.from_pretrained(model_path)
-    except OSError as err:
+    except (OSError, ValueError) as err:  # ValueError: a folder transformers cannot read
         raise InvalidArgument(f"cannot load the pool's model from {model_path!r}: {err}") from None
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)

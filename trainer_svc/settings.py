@@ -1,5 +1,5 @@
 """The trainer service's settings: which pool it owns, its micro-batch budget, its layout over
-ranks."""
+ranks and how long its ranks wait for each other."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass
 
 from atgrpo.rpc.main import SettingsError
+from trainer_svc.distributed import DEFAULT_COLLECTIVE_TIMEOUT_S, TIMEOUT_ENV, check_timeout
 from trainer_svc.sharding import SHARDINGS
 from trainer_svc.update_context import DEFAULT_MICRO_BATCH_TOKENS
 
@@ -18,6 +19,8 @@ class TrainerSettings:
     # the default; a run's Setup may set its own budget
     micro_batch_tokens: int = DEFAULT_MICRO_BATCH_TOKENS
     sharding: str = "auto"
+    # a pool over several ranks: how long a rank waits for the others inside an operation
+    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
 
     @staticmethod
     def add_flags(ap: argparse.ArgumentParser) -> None:
@@ -35,6 +38,15 @@ class TrainerSettings:
             help="layout over torchrun ranks: fsdp shards a full fine-tuning model, ddp replicates "
             "it; auto = fsdp for full fine-tuning, ddp for LoRA pools (one rank: no sharding)",
         )
+        ap.add_argument(
+            "--collective-timeout-s",
+            type=float,
+            default=os.environ.get(TIMEOUT_ENV, str(DEFAULT_COLLECTIVE_TIMEOUT_S)),
+            help="torchrun ranks: how long one waits for the others inside a pool operation (a "
+            "training collective, rank 0 reading the model or writing a checkpoint) before the "
+            f"pool fails and restarts from its last checkpoint (default "
+            f"{DEFAULT_COLLECTIVE_TIMEOUT_S:.0f}; docs/deploy.md, 'When a trainer rank fails')",
+        )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> TrainerSettings:
@@ -43,4 +55,8 @@ class TrainerSettings:
                 f"--micro-batch-tokens {args.micro_batch_tokens}: give the tokens of one "
                 f"forward/backward (>= the longest sample; {DEFAULT_MICRO_BATCH_TOKENS} by default)"
             )
-        return cls(args.pool, args.micro_batch_tokens, args.sharding)
+        try:
+            timeout_s = check_timeout(args.collective_timeout_s)
+        except ValueError as err:
+            raise SettingsError(str(err)) from None
+        return cls(args.pool, args.micro_batch_tokens, args.sharding, timeout_s)

@@ -105,8 +105,8 @@ class Trainer:
         return self.ops.state
 
     def _collective(self, op: str, *args):
-        if self.ranks is not None:
-            self.ranks.send(op, args)
+        if self.ranks is not None:  # with the other ranks; a failure there ends this process
+            return self.ranks.lead(self.ops, op, args)
         return getattr(self.ops, op)(*args)
 
     async def _run(self, op: str, *args):

@@ -30,11 +30,14 @@ def cuda_calls(monkeypatch):
 class ScriptedRanks:
     """A fake of Ranks that hands the follower a fixed list of operations, then stop."""
 
-    rank, world_size = 1, 2
+    rank, world_size, fault = 1, 2, None
 
     def __init__(self, ops: list[str]):
         self.ops = [*ops, distributed.STOP]
         self.left = False
+
+    def agree(self, outcome: int) -> tuple[int, int]:
+        return outcome, outcome  # the other rank did as this one
 
     def receive(self):
         return self.ops.pop(0), ()
