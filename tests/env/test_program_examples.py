@@ -1,0 +1,94 @@
+"""examples/programs/arithmetic_team.py against the built-in `reasoning_gym` env it rewrites: for the
+same seeds (train and eval) and the same answers, both give each role the same prompt, the same
+local reward and the same team reward, through the real EnvHost and a real bwrap sandbox."""
+
+import asyncio
+
+import pytest
+import yaml
+
+from atgrpo.contract.env import EVAL_SEED_OFFSET
+from atgrpo.sdk.host import EnvHost
+from atgrpo.sdk.registry import Registry
+from env_svc.envs.reasoning_gym import ReasoningGymEnv
+from examples.programs.arithmetic_team import ArithmeticTeam
+from tests.conftest import ROOT
+
+BUILT_IN = yaml.safe_load(
+    (ROOT / "examples" / "reasoning_gym_arithmetic_L1_smollm2.yaml").read_text()
+)
+
+# (the tool's answer, the reasoner's answer) as functions of the task's expression and its value
+RIGHT = ("```python\nprint({expr})\n```", "<answer>{value}</answer>")
+PLAYS = [
+    RIGHT,
+    ("```python\nprint({expr} + 1)\n```", "So <answer>{wrong}</answer>"),  # both wrong: 0, 0
+    ("I would add them.", "The answer is {value}."),  # no code block: -1; no tagged answer: -1
+    ("```python\nraise SystemExit(3)\n```", "\\boxed{{{value}}}"),  # a crash: -1; boxed reads
+    ("```python\nx = 1\n```", "<answer>" + "[" * 40 + "1</answer>"),  # 0; too deep to read
+    ("```python\nprint('<answer>')\nprint({expr})\nprint('</answer>')\n```", "<answer> </answer>"),
+]
+
+
+def expression(prompt: str) -> str:
+    return prompt.split("Calculate ")[1].split(".\n")[0].split("\n")[0].rstrip(".")
+
+
+async def play(host, env, options, seed, split, tool_text, reasoner_text):
+    ep, _ = await host.reset(env, str(seed), seed, split, options)
+    (tool_prompt,), _ = await host.observe(ep, "tool")
+    expr = expression(tool_prompt["content"])
+    value = eval(expr)  # the test's own arithmetic on the dataset's question
+    fill = {"expr": expr, "value": value, "wrong": value + 7}
+    tool = await host.step(ep, "tool", tool_text.format(**fill))
+    (reasoner_prompt,), _ = await host.observe(ep, "reasoner")
+    reasoner = await host.step(ep, "reasoner", reasoner_text.format(**fill))
+    host.close([ep])
+    return {
+        "prompts": (tool_prompt["content"], reasoner_prompt["content"]),
+        "tool": (tool.team_reward, tool.local_reward),
+        "reasoner": (reasoner.team_reward, reasoner.local_reward, reasoner.done, reasoner.success),
+    }
+
+
+def test_the_program_example_plays_exactly_as_the_built_in_env(sandbox):
+    registry = Registry(discover=False)
+    registry.register(ReasoningGymEnv)
+    registry.register(ArithmeticTeam)
+    host = EnvHost(registry, sandbox=sandbox)
+    built_in = BUILT_IN["env"]["options"]
+    seeds = [(3, "train"), (9_999 + 4, "train"), (EVAL_SEED_OFFSET + 5, "eval")]
+
+    async def go():
+        got = []
+        for (seed, split), (tool_text, reasoner_text) in zip(seeds * 2, PLAYS, strict=True):
+            theirs = await play(
+                host, "reasoning_gym", built_in, seed, split, tool_text, reasoner_text
+            )
+            ours = await play(host, "arithmetic_team", None, seed, split, tool_text, reasoner_text)
+            assert ours == theirs, (seed, split, tool_text, reasoner_text)
+            got.append(ours)
+        return got
+
+    got = asyncio.run(go())
+    # the rewards the built-in env pays, seen through the program
+    assert [(g["tool"][1], g["reasoner"][1:]) for g in got] == [
+        (1.0, (1.0, True, True)),
+        (0.0, (0.0, True, False)),
+        (-1.0, (-1.0, True, False)),
+        (-1.0, (1.0, True, True)),
+        (0.0, (-1.0, True, False)),
+        (1.0, (-1.0, True, False)),
+    ]
+    assert [g["reasoner"][0] for g in got] == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]  # the team reward
+    assert "The tool agent gave no answer: the program printed nothing" in got[4]["prompts"][1]
+    assert "Calculate" in got[0]["prompts"][0] and "Turn 1 of 1." in got[0]["prompts"][0]
+
+
+@pytest.mark.parametrize("split, seed", [("train", 0), ("eval", EVAL_SEED_OFFSET)])
+def test_the_program_draws_the_built_in_envs_tasks(split, seed):
+    ours, theirs = ArithmeticTeam(), ReasoningGymEnv(BUILT_IN["env"]["options"])
+    for s in range(seed, seed + 3):
+        ours.reset(str(s), s, split)
+        theirs.reset(str(s), s, split)
+        assert ours.task[3] == theirs.entry
