@@ -68,3 +68,23 @@ def test_the_arithmetic_team_program_trains_at_l1_on_the_tiny_model(tiny_model, 
     assert [e["step"] for e in events if e["kind"] == "eval"] == [0, 2]
     assert len({r["task_id"] for r in evals}) == 2
     assert {r["agent"] for r in evals} == {"tool", "reasoner"}
+
+
+def test_a_program_written_with_the_openai_agents_sdk_trains_two_steps(tiny_model, tmp_path):
+    """examples/programs/agents_sdk_pair.py: two Agents SDK agents whose model is an
+    OpenAIChatCompletionsModel at task.base_url; each Runner.run is a turn of its role."""
+    events, samples, evals = train("agents_sdk_pair_L1_tiny.yaml", tiny_model, tmp_path / "run")
+    steps = [e for e in events if e["kind"] == "step"]
+    assert [e["pools"]["shared"]["version"] for e in steps] == [1, 2]
+    groups = Counter((s["episode"], s["task_id"], s["agent"], s["turn"]) for s in samples)
+    assert set(groups.values()) == {K} and len(groups) == 2 * 2 * 2
+    assert {(agent, turn) for _, _, agent, turn in groups} == {("solver", 0), ("checker", 0)}
+    # the SDK's messages reach the policy as it sent them: the agent's instructions, then the ask
+    solver = next(s for s in samples if s["agent"] == "solver")
+    assert "You add numbers. Reply with the sum only." in solver["prompt_text"]
+    assert "What is " in solver["prompt_text"]
+    checker = next(s for s in samples if s["agent"] == "checker")
+    assert "The solver says: " in checker["prompt_text"]
+    assert {s["local_reward"] for s in samples} <= {0.0, 1.0}
+    assert [e["step"] for e in events if e["kind"] == "eval"] == [0, 2]
+    assert {r["agent"] for r in evals} == {"solver", "checker"}
