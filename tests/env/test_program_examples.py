@@ -1,5 +1,5 @@
-"""examples/programs/arithmetic_team.py against the built-in `reasoning_gym` env it rewrites: for the
-same seeds (train and eval) and the same answers, both give each role the same prompt, the same
+"""examples/programs/arithmetic_team.py against the built-in `reasoning_gym` env it rewrites: for
+the same seeds (train and eval) and the same answers, both give each role the same prompt, the same
 local reward and the same team reward, through the real EnvHost and a real bwrap sandbox."""
 
 import asyncio
