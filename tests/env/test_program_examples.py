@@ -92,3 +92,59 @@ def test_the_program_draws_the_built_in_envs_tasks(split, seed):
         ours.reset(str(s), s, split)
         theirs.reset(str(s), s, split)
         assert ours.task[3] == theirs.entry
+
+
+def test_the_program_evaluates_against_a_rollout_replicas_openai_port(
+    tiny_model, sandbox, tmp_path
+):
+    """docs/environments.md, "Evaluate a program against a running policy": the same program, a
+    task of one's own, its client at `python -m rollout_svc --http-port` (a pool per role)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+    from types import SimpleNamespace
+
+    from openai import AsyncOpenAI
+
+    from examples.programs.arithmetic_team import arithmetic_team, make_task
+
+    port_file, log = tmp_path / "port.json", tmp_path / "rollout.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ATGRPO_")}
+    env |= {"PYTHONPATH": str(ROOT), "ATGRPO_LOG_LEVEL": "WARNING"}
+    argv = [sys.executable, "-m", "rollout_svc", "--pool", f"tool={tiny_model}"]
+    argv += ["--pool", f"reasoner={tiny_model}", "--port", "0", "--http-port", "0"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [*argv, "--port-file", str(port_file)], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while not port_file.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        base_url = f"http://127.0.0.1:{json.loads(port_file.read_text())['http_port']}/v1"
+        rewards = []
+
+        async def evaluate(seed):
+            client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+            task = SimpleNamespace(
+                id=str(seed),
+                seed=seed,
+                split="eval",
+                data=make_task(str(seed), seed, "eval"),
+                sandbox=sandbox,
+                base_url=base_url,
+                reward=lambda role, value: rewards.append((role, value)),
+            )
+            return await arithmetic_team(task, client)
+
+        team = asyncio.run(evaluate(EVAL_SEED_OFFSET))
+    finally:
+        proc.terminate()
+        proc.wait(15)
+    # the tiny random model writes no program and no tagged answer: the built-in env's rewards
+    assert team == 0.0
+    assert [role for role, _ in rewards] == ["tool", "reasoner"]
+    assert {value for _, value in rewards} <= {-1.0, 0.0}
