@@ -148,3 +148,33 @@ def test_the_program_evaluates_against_a_rollout_replicas_openai_port(
     assert team == 0.0
     assert [role for role, _ in rewards] == ["tool", "reasoner"]
     assert {value for _, value in rewards} <= {-1.0, 0.0}
+
+
+def test_the_smollm2_config_is_the_built_in_envs_with_only_the_env_changed():
+    from atgrpo.config import parse_config
+
+    ours = yaml.safe_load(
+        (ROOT / "examples" / "programs" / "arithmetic_team_L1_smollm2.yaml").read_text()
+    )
+    assert ours["env"] == {
+        "name": "arithmetic_team",
+        "path": "examples.programs.arithmetic_team:ArithmeticTeam",
+        "max_turns": 1,
+        "turn_order": ["tool", "reasoner"],
+    }
+    assert ours["run"].pop("name") == "program-arithmetic-l1-smollm2"
+    theirs = dict(BUILT_IN, run={k: v for k, v in BUILT_IN["run"].items() if k != "name"})
+    assert {k: v for k, v in ours.items() if k != "env"} == {
+        k: v for k, v in theirs.items() if k != "env"
+    }
+    parse_config(ours | {"run": {**ours["run"], "name": "x"}})  # a config the router accepts
+
+
+@pytest.mark.parametrize("target", ["arithmetic_team:ArithmeticTeam", "agents_sdk_pair:AgentsPair"])
+def test_the_program_examples_keep_every_rule_of_env_check(target, sandbox):
+    """`atgrpo env check` (forks replay the program, sandbox runs included): no rule broken."""
+    from atgrpo.sdk.check import check_env
+
+    examples = ["```python\nprint(3 + 4)\n```", "<answer>7</answer>", "The sum is 57"]
+    report = check_env(f"examples.programs.{target}", sandbox=sandbox, examples=examples)
+    assert report.ok and report.findings == [], report.render()
