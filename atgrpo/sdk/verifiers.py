@@ -28,10 +28,13 @@ How it maps (docs/environments.md, "Environments from the hubs"):
 - fork() deep-copies the rollout state (the verifiers environment object is shared).
 Not mapped (refused with a message when the env uses them): tool calls (`ToolEnv`,
 `StatefulToolEnv`: the policy's text is the answer, not a function call), group reward functions
-and env-provided advantages (atgrpo computes advantages itself), and environments that call the
-model themselves. A `vf.Error` raised by the env ends the episode as it does in verifiers; so does
-any other exception its hooks raise on an answer, which verifiers would let fail the rollout: here
-the step is also a format failure (`judge_error` "env_raised"), so no answer voids its episode.
+and env-provided advantages (atgrpo computes advantages itself), environments that call the
+model themselves, and verifiers' v1 API (`verifiers.v1`: an installed verifiers without the
+classic API fails the import, a v1 environment is refused when it loads, each saying to train it
+as an agent program through atgrpo.sdk.program instead). A `vf.Error` raised by the env ends the
+episode as it does in verifiers; so does any other exception its hooks raise on an answer, which
+verifiers would let fail the rollout: here the step is also a format failure (`judge_error`
+"env_raised"), so no answer voids its episode.
 """
 
 from __future__ import annotations
@@ -43,11 +46,31 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import verifiers as vf
-from verifiers.legacy.utils.message_utils import normalize_messages
 
 from atgrpo.errors import AtgrpoError
 from atgrpo.sdk.env import Environment, EnvSpec, Message, StepResult, turn_order_option
 from atgrpo.sdk.judge import JudgeError, failure_info
+
+SUPPORTED = "0.3.1"  # the last verifiers with the classic API (pyproject.toml, extra verifiers)
+# Why the adapter takes the classic API only, and what to do with a v1 environment instead.
+V1_INSTEAD = (
+    "the adapter steps a classic environment one model turn at a time through its own hooks, so "
+    "tree sampling can fork it between turns; a v1 environment's Env.run(task, agents) drives its "
+    "own agent loop, which cannot be forked. Train a v1 environment as an agent program instead: "
+    "wrap it in atgrpo.sdk.program.program_env with a run(task, client) that runs it with its "
+    "model client pointed at task.base_url (docs/environments.md, 'Agent programs')"
+)
+
+try:  # 0.4.0 removed the classic API (verifiers.legacy, aliased at verifiers.<module>)
+    from verifiers.legacy.utils.message_utils import normalize_messages
+except ImportError as err:
+    raise ImportError(
+        f"atgrpo.sdk.verifiers supports verifiers' classic API (vf.SingleTurnEnv, "
+        f"vf.MultiTurnEnv), verifiers {SUPPORTED}; the installed verifiers "
+        f"{getattr(vf, '__version__', '?')} has no verifiers.legacy (0.4.0 removed it for the "
+        "v1 API). Install {SUPPORTED} "
+        f"(`pip install --no-deps verifiers=={SUPPORTED}`, as make install does): {V1_INSTEAD}"
+    ) from err
 
 log = logging.getLogger(__name__)
 
@@ -296,6 +319,12 @@ class VerifiersEnvironment(Environment):
 
 def _check_supported(env: Any, who: str) -> None:
     """Refuse, when it loads, a verifiers environment whose features do not map."""
+    if any(c.__module__.startswith("verifiers.v1") for c in type(env).__mro__):
+        raise TypeError(
+            f"{who}.load returned {type(env).__name__}, a verifiers v1 environment; "
+            f"atgrpo.sdk.verifiers supports verifiers' classic API only (vf.SingleTurnEnv, "
+            f"vf.MultiTurnEnv; verifiers {SUPPORTED}): {V1_INSTEAD}"
+        )
     if not isinstance(env, vf.MultiTurnEnv):
         raise TypeError(
             f"{who}.load returned {type(env).__name__}; the adapter runs vf.SingleTurnEnv and "

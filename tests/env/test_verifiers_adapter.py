@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import subprocess
+import sys
 
 import pytest
 import verifiers as vf
@@ -276,3 +278,35 @@ def test_options_max_turns_under_the_envs_own_still_scores_the_last_turn():
     result = run(env.step("player", f"<guess>{(int(env.state['answer']) + 1) % 10}</guess>"))
     assert result.done and result.team_reward == pytest.approx(0.2)
     assert result.info["stop_condition"] == "options.max_turns"
+
+
+def test_a_verifiers_v1_environment_is_refused_saying_what_to_do_instead():
+    """verifiers.v1 (its Env.run(task, agents) drives its own agent loop) does not import here
+    (its dependencies are not installed), so a class that lives in verifiers.v1 stands for one."""
+    V1Env = type("SingleAgentEnv", (), {"__module__": "verifiers.v1.envs.single_agent"})
+
+    class FromV1(VerifiersEnvironment):
+        name = "from_v1"
+        load = staticmethod(V1Env)
+
+    with pytest.raises(TypeError) as refused:
+        FromV1({})
+    said = str(refused.value)
+    assert "FromV1.load returned SingleAgentEnv, a verifiers v1 environment" in said
+    assert "classic API only (vf.SingleTurnEnv, vf.MultiTurnEnv; verifiers 0.3.1)" in said
+    assert "atgrpo.sdk.program.program_env" in said and "task.base_url" in said
+
+
+def test_a_verifiers_without_the_classic_api_fails_the_import_naming_the_supported_version(
+    subprocess_env,
+):
+    """verifiers 0.4.0 has no verifiers.legacy: hidden here, in a child interpreter."""
+    code = "import sys; sys.modules['verifiers.legacy'] = None; import atgrpo.sdk.verifiers"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=subprocess_env, capture_output=True, text=True
+    )
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: atgrpo.sdk.verifiers supports verifiers' classic API")
+    assert "verifiers 0.3.1; the installed verifiers 0.3.1 has no verifiers.legacy" in last
+    assert "pip install --no-deps verifiers==0.3.1" in last and "task.base_url" in last
