@@ -16,7 +16,7 @@ from atgrpo.config_parse import (
     parse_bytes,
 )
 from atgrpo.contract.address import DNS_SCHEME, FILE_SCHEME, DiscoveryError, parse_target
-from atgrpo.contract.trainer import UPDATE_BOUNDS
+from atgrpo.contract.trainer import CAP_OFF_STALE, UPDATE_BOUNDS
 from atgrpo.memory import VLLM_LORA_RANKS
 
 if TYPE_CHECKING:
@@ -79,6 +79,12 @@ def _check_algorithm_names(c: Checks, cfg: RunConfig) -> None:
         )
         return
     stale = [p for p in cfg.pools if cfg.max_staleness(p) > 0]
+    if stale and alg.update.loss.behav_imp_cap == 0:
+        c.add(
+            "algorithm.behav_imp_cap",
+            CAP_OFF_STALE.format(staleness=max(cfg.max_staleness(p) for p in stale))
+            + f" (pools {', '.join(stale)})",
+        )
     if stale and not loss.proximal and loss.name != "ppo_clip":
         c.add(
             "algorithm.policy_loss",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from atgrpo.contract.rollout import EpisodeEnd
-from atgrpo.contract.trainer import TrainResult
+from atgrpo.contract.trainer import MISMATCH_KEYS, TrainResult
 from atgrpo.contract.trainer_wire import MEMORY
 
 
@@ -60,6 +60,12 @@ def pool_metrics(r: TrainResult) -> dict[str, Any]:
         **(
             {"memory": memory}
             if (memory := {k: r.metrics[k] for k in MEMORY if k in r.metrics})
+            else {}
+        ),
+        # the engine's log-probs against the trainer's: only when the trainer scored its own
+        **(
+            {"mismatch": mismatch}
+            if (mismatch := {k: r.metrics[k] for k in MISMATCH_KEYS if k in r.metrics})
             else {}
         ),
         **{

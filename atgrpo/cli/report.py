@@ -110,7 +110,8 @@ def tensorboard_scalars(e: dict[str, Any]) -> dict[str, float]:
         out.update({f"{prefix}/agent/{a}/{k}": float(v) for k, v in m.items()})
     for p, m in e.get("pools", {}).items():
         out.update({f"pool/{p}/{k}": float(v) for k, v in m.items() if isinstance(v, int | float)})
-        out.update({f"pool/{p}/memory/{k}": float(v) for k, v in m.get("memory", {}).items()})
+        for group in ("memory", "mismatch"):
+            out.update({f"pool/{p}/{group}/{k}": float(v) for k, v in m.get(group, {}).items()})
     for k in ("rollout_seconds", "train_seconds", "weight_sync_seconds"):
         if k in e:
             out[f"time/{k}"] = e[k]

@@ -110,6 +110,7 @@ def event_to_pb(run_id: str, e: Mapping[str, Any]) -> pb.RunEvent:
                     agents=m.get("agents", {}),
                     kl_ref=m.get("kl_ref"),
                     memory=m.get("memory", {}),
+                    mismatch=m.get("mismatch", {}),
                     **{k: m[k] for k in _POOL_STEP if k in m},
                 )
                 for p, m in e["pools"].items()
@@ -159,6 +160,7 @@ def event_from_pb(m: pb.RunEvent) -> dict[str, Any]:
                 **{k: getattr(v, k) for k in _POOL_STEP},
                 **({"kl_ref": v.kl_ref} if v.HasField("kl_ref") else {}),
                 **({"memory": dict(v.memory)} if v.memory else {}),
+                **({"mismatch": dict(v.mismatch)} if v.mismatch else {}),
             }
             for p, v in s.pools.items()
         },

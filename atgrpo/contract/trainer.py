@@ -45,13 +45,19 @@ class LossConfig:
     entropy_coef: float = 0.0
     """entropy bonus weight"""
     behav_imp_cap: float = 2.0
-    """with max_staleness > 0 (the decoupled PPO loss): the cap on each token's importance weight
-    from the sampling policy to the trainer's policy before the update. 1 truncates as V-trace
-    does (Espeholt et al. 2018), AReaL uses 5; docs/design.md gives the reasons for 2"""
+    """the cap on each token's truncated importance weight from the rollout engine's log-probs to
+    the trainer's, min(exp(trainer - engine), cap) (atgrpo.algo.mismatch). With it on, the PPO
+    ratio's old log-probs are the trainer's own, scored at the start of each update (its
+    behaviour log-probs; with max_staleness > 0 its proximal ones), and the engine's enter only
+    through this weight. 2 leaves the usual engine/trainer mismatch (ratios about 0.75 to 1.35)
+    uncut and truncates only the tail, where one token would otherwise dominate the batch; 1
+    truncates as V-trace does (Espeholt et al. 2018), AReaL uses 5; docs/design.md gives the
+    reasons. Exactly 0 turns the correction off: the ratio sits on the engine's log-probs (the
+    behaviour before issue 59), allowed only with max_staleness 0"""
     policy_loss: str = "ppo_clip"
     """the policy loss, by its registered name (atgrpo.algo.registry). ppo_clip: the clipped
-    surrogate with dual clip; with max_staleness > 0 it trains with its decoupled form
-    (`decoupled`), as a loss registered with proximal=True does itself"""
+    surrogate with dual clip; with behav_imp_cap > 0 or max_staleness > 0 it trains with its
+    decoupled form (`decoupled`), as a loss registered with proximal=True does itself"""
 
 
 @dataclass(frozen=True)
@@ -75,11 +81,18 @@ class UpdateConfig:
     on-policy loop. A pool may set its own (pools.<p>.max_staleness; RunConfig.max_staleness)"""
 
     @property
+    def trainer_logprobs(self) -> bool:
+        """Whether the trainer scores the samples itself at the start of the update, for the
+        ratio's old log-probs: with the behaviour correction on (behav_imp_cap > 0) or samples
+        that may be stale (max_staleness > 0)."""
+        return self.loss.behav_imp_cap > 0 or self.max_staleness > 0
+
+    @property
     def policy_loss(self) -> str:
-        """The registered loss the update trains with: ppo_clip turns into its decoupled form
-        when samples may be stale (the proximal log-probs it needs come with max_staleness > 0)."""
+        """The registered loss the update trains with: ppo_clip turns into its decoupled form when
+        the trainer scores its own log-probs (trainer_logprobs), the ratio sitting on them."""
         name = self.loss.policy_loss
-        return "decoupled" if name == "ppo_clip" and self.max_staleness > 0 else name
+        return "decoupled" if name == "ppo_clip" and self.trainer_logprobs else name
 
 
 # The update settings' bounds, one table: the run config's check (algorithm.*; atgrpo.config_rules)
@@ -95,7 +108,11 @@ UPDATE_BOUNDS: dict[str, Bound] = {
     "dual_clip_c": (lambda v: v > 1, "> 1", "The usual value is 3.0"),
     "kl_coef": _OFF,
     "entropy_coef": _OFF,
-    "behav_imp_cap": (lambda v: v >= 1, ">= 1", "The usual values are 1 (V-trace) to 5 (AReaL)"),
+    "behav_imp_cap": (
+        lambda v: v == 0 or v >= 1,
+        "0 (the correction off) or >= 1",
+        "The usual values are 1 (V-trace) to 5 (AReaL), 2 by default; 0 turns the correction off",
+    ),
     "epochs": (
         lambda v: 1 <= v <= MAX_EPOCHS,
         f"between 1 and {MAX_EPOCHS}",
@@ -113,11 +130,23 @@ def update_problems(u: UpdateConfig) -> list[str]:
         **{k: getattr(u.loss, k) for k in UPDATE_BOUNDS if hasattr(u.loss, k)},
         **{k: getattr(u, k) for k in UPDATE_BOUNDS if hasattr(u, k)},
     }
-    return [
+    out = [
         f"{k} {v} must be {UPDATE_BOUNDS[k][1]}"
         for k, v in values.items()
         if not (math.isfinite(v) and UPDATE_BOUNDS[k][0](v))
     ]
+    if u.loss.behav_imp_cap == 0 and u.max_staleness > 0:
+        out.append(CAP_OFF_STALE.format(staleness=u.max_staleness))
+    return out
+
+
+# Stale samples need the trainer's proximal log-probs and the importance weight from the engine's:
+# without a cap that weight is unbounded, and without the weight the loss ignores the staleness.
+CAP_OFF_STALE = (
+    "behav_imp_cap 0 (the correction off) needs max_staleness 0, not {staleness}: stale samples "
+    "train with the decoupled loss, whose importance weight needs a cap; set behav_imp_cap to "
+    "1 or more (2 is the default) or max_staleness to 0"
+)
 
 
 @dataclass(frozen=True)
@@ -152,16 +181,29 @@ class PoolSpec:
     gradient_checkpointing: bool | None = None  # None: on where the trainer runs on cuda
 
 
+# The update's rollout/training mismatch figures (atgrpo.algo.mismatch.mismatch_metrics): in
+# TrainResult.metrics, TrainResponse.mismatch and the step record's pools.<p>.mismatch.
+MISMATCH_KEYS = (
+    "mismatch_kl",
+    "mismatch_outside_support",
+    "mismatch_ratio_p05",
+    "mismatch_ratio_p50",
+    "mismatch_ratio_p95",
+    "mismatch_capped_fraction",
+)
+
+
 @dataclass
 class TrainResult:
     """A pool's update of one step: its new version and the update's figures (loss, clip_fraction,
     approx_kl, entropy, grad_norm, kl_ref, staleness_max, staleness_mean, masked_tokens, tokens,
-    samples, train_seconds, push_seconds, push_bytes; with max_staleness > 0 also the decoupled
-    loss's behav_approx_kl, behav_imp_weight_mean, behav_imp_weight_max, behav_capped_fraction,
-    which stay on the trainer: the wire does not carry them; and where the update's time went:
-    time_forward_s, time_backward_s, time_optimizer_s, update_tokens, update_flops and the trainer's
-    matmul_flops_per_s, atgrpo.perf), and per trained agent its samples, tokens and (LoRA
-    pools, whose adapters clip on their own) grad_norm."""
+    samples, train_seconds, push_seconds, push_bytes; when the trainer scores its own log-probs
+    (behav_imp_cap > 0 or max_staleness > 0) the mismatch figures MISMATCH_KEYS, which the wire
+    carries, and the decoupled loss's behav_approx_kl, behav_imp_weight_mean,
+    behav_imp_weight_max, behav_capped_fraction, which stay on the trainer; and where the
+    update's time went: time_forward_s, time_backward_s, time_optimizer_s, update_tokens,
+    update_flops and the trainer's matmul_flops_per_s, atgrpo.perf), and per trained agent its
+    samples, tokens and (LoRA pools, whose adapters clip on their own) grad_norm."""
 
     run_id: str
     step: int

@@ -11,6 +11,7 @@ from atgrpo._proto.v1 import trainer_pb2 as pb
 from atgrpo.contract.rollout_wire import sampling_from_pb, sampling_to_pb
 from atgrpo.contract.service_wire import service_info_from_pb
 from atgrpo.contract.trainer import (
+    MISMATCH_KEYS,
     LossConfig,
     PoolSpec,
     TrainerInfo,
@@ -127,9 +128,10 @@ def update_to_pb(u: UpdateConfig) -> pb.UpdateParams:
 def update_from_pb(m: pb.UpdateParams) -> UpdateConfig:
     """The one conversion of a Train call's update settings; 0 (unset) takes the default."""
     d, dl = UpdateConfig(), LossConfig()
-    # A client that predates behav_imp_cap sends none: it gets the default cap, not 0 (which
-    # would zero every token's loss); an explicit 0 means the default too, as elsewhere here.
-    cap = m.behav_imp_cap or dl.behav_imp_cap
+    # A client that predates behav_imp_cap sends none: it gets the default cap. Unlike the other
+    # fields here, an explicit 0 is kept: it turns the correction off (LossConfig.behav_imp_cap);
+    # routers before it never sent 0 (their bound was >= 1).
+    cap = m.behav_imp_cap if m.HasField("behav_imp_cap") else dl.behav_imp_cap
     return UpdateConfig(
         loss=LossConfig(
             m.clip_eps_low or dl.clip_eps_low,
@@ -209,6 +211,7 @@ def result_to_pb(r: TrainResult, pool: str) -> pb.TrainResponse:
         **{k: int(m.get(k, 0)) for k in _COUNTS},
         timing={k: float(m[k]) for k in _TIMING},
         memory={k: float(m[k]) for k in MEMORY if k in m},
+        mismatch={k: float(m[k]) for k in MISMATCH_KEYS if k in m},
         agents={
             a: pb.AgentTrainMetrics(
                 samples=int(v["samples"]), tokens=int(v["tokens"]), grad_norm=v.get("grad_norm")
@@ -226,6 +229,7 @@ def result_from_pb(m: pb.TrainResponse) -> TrainResult:
         metrics["kl_ref"] = m.kl_ref
     metrics.update(m.timing)
     metrics.update(m.memory)
+    metrics.update(m.mismatch)
     agents = {
         a: {
             "samples": float(v.samples),

@@ -208,6 +208,14 @@ def test_the_update_settings_are_the_contracts_own_types_written_flat_and_sent_a
     assert "Did you mean 'kl_coef'?" in errors_of(edited({"algorithm.kl_coef_": 0.1})).message
 
 
+def test_behav_imp_cap_defaults_to_2_and_0_turns_the_correction_off():
+    on = parse_config(example()).update_for("shared")
+    assert on.loss.behav_imp_cap == 2.0 and on.trainer_logprobs and on.policy_loss == "decoupled"
+    off = parse_config(edited({"algorithm.behav_imp_cap": 0})).update_for("shared")
+    assert off.loss.behav_imp_cap == 0.0 and not off.trainer_logprobs
+    assert off.policy_loss == "ppo_clip"  # the ratio on the engine's log-probs, as before
+
+
 def test_sampling_is_the_contracts_type_and_a_request_seed_is_no_config_key():
     tool = parse_config(example()).agents["tool"]
     assert type(tool.train_sampling) is Sampling and tool.eval_sampling.temperature == 0.0
@@ -339,6 +347,24 @@ BAD = [
         {"pools.shared.max_staleness": -2},
         "pools.shared.max_staleness",
         "Use 0 for on-policy",
+    ),
+    (
+        "cap-below-one",
+        {"algorithm.behav_imp_cap": 0.5},
+        "algorithm.behav_imp_cap",
+        "must be 0 (the correction off) or >= 1, got 0.5. The usual values are 1 (V-trace) to 5",
+    ),
+    (
+        "negative-cap",
+        {"algorithm.behav_imp_cap": -1},
+        "algorithm.behav_imp_cap",
+        "0 turns the correction off",
+    ),
+    (
+        "cap-off-with-stale-samples",
+        {"algorithm.behav_imp_cap": 0, "pools.shared.max_staleness": 2},
+        "algorithm.behav_imp_cap",
+        "set behav_imp_cap to 1 or more (2 is the default) or max_staleness to 0 (pools shared)",
     ),
     (
         "partial-services",

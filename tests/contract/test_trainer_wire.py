@@ -37,8 +37,10 @@ def test_an_old_client_gets_the_default_cap_and_a_synchronous_update():
     got = update_from_pb(pb.UpdateParams.FromString(old.SerializeToString()))
     assert got.loss.behav_imp_cap == 2.0 == LossConfig().behav_imp_cap  # not the proto's 0.0
     assert got.max_staleness == 0 and got == UpdateConfig()
-    # 0 = the default
-    assert update_from_pb(pb.UpdateParams(behav_imp_cap=0.0)).loss.behav_imp_cap == 2.0
+    # an explicit 0 is kept: the behaviour correction off (issue 59), not the default
+    off = update_from_pb(pb.UpdateParams(behav_imp_cap=0.0))
+    assert off.loss.behav_imp_cap == 0.0 and not off.trainer_logprobs
+    assert off.policy_loss == "ppo_clip" and got.policy_loss == "decoupled"
 
 
 # what a trainer reports of every update (trainer_svc.trainer.Trainer.train)
@@ -83,6 +85,20 @@ def test_a_result_carries_the_trainers_memory():
     assert round_trip(METRICS | memory).metrics["rss_peak_gb"] == 11.0
 
 
+def test_a_result_carries_the_mismatch_figures():
+    mismatch = dict(
+        mismatch_kl=0.0125,
+        mismatch_outside_support=0.25,
+        mismatch_ratio_p05=0.75,
+        mismatch_ratio_p50=1.0,
+        mismatch_ratio_p95=1.5,
+        mismatch_capped_fraction=0.125,
+    )
+    back = round_trip(METRICS | mismatch).metrics
+    assert {k: back[k] for k in mismatch} == mismatch
+    assert "mismatch_kl" not in round_trip(METRICS).metrics  # the correction off: none reported
+
+
 def test_a_sample_keeps_its_policy_version():
     for version in (None, 0, 3):
         s = TrainSample("a", [1, 2], [3, 4], [-0.5, -1.0], 0.25, policy_version=version)
@@ -97,7 +113,19 @@ def test_the_trainer_refuses_a_negative_staleness_or_cap():
 
     check(max_staleness=4, behav_imp_cap=2.0)
     check()  # an old client
+    check(behav_imp_cap=0.0)  # the correction off, on-policy
     with pytest.raises(
-        InvalidArgument, match=r"behav_imp_cap -1.0 must be >= 1.*max_staleness -1 must be >= 0"
+        InvalidArgument,
+        match=r"behav_imp_cap -1.0 must be 0 \(the correction off\) or >= 1.*"
+        r"max_staleness -1 must be >= 0",
     ):
         check(max_staleness=-1, behav_imp_cap=-1.0)
+    with pytest.raises(InvalidArgument, match=r"behav_imp_cap 0.5 must be 0 .* or >= 1"):
+        check(behav_imp_cap=0.5)
+    # off with stale samples: the decoupled loss needs its cap; the message names both fixes
+    with pytest.raises(
+        InvalidArgument,
+        match=r"behav_imp_cap 0 \(the correction off\) needs max_staleness 0, not 2.*"
+        r"set behav_imp_cap to 1 or more \(2 is the default\) or max_staleness to 0",
+    ):
+        check(max_staleness=2, behav_imp_cap=0.0)

@@ -469,3 +469,10 @@ def test_tensorboard_gets_each_pools_trainer_memory():
         tags["pool/p/memory/rss_peak_gb"],
     ) == (10.5, 8.0, 11.0)
     assert tags["pool/p/loss"] == 0.1 and not any("memory" in t for t in tensorboard_scalars(STEP))
+
+
+def test_tensorboard_gets_each_pools_mismatch_figures():
+    pools = {"p": {"version": 3, "mismatch": {"mismatch_kl": 0.25, "mismatch_ratio_p05": 0.75}}}
+    tags = tensorboard_scalars(STEP | {"pools": pools})
+    assert tags["pool/p/mismatch/mismatch_kl"] == 0.25
+    assert tags["pool/p/mismatch/mismatch_ratio_p05"] == 0.75

@@ -173,6 +173,7 @@ def test_events_survive_the_wire():
                 "push_seconds": 0.1,
                 "push_bytes": 10,
                 "memory": {"rss_gb": 2.5, "rss_peak_gb": 9.0},
+                "mismatch": {"mismatch_kl": 0.125, "mismatch_ratio_p95": 1.5},
             }
         },
         {"rollout_seconds": 1.0, "train_seconds": 2.0, "weight_sync_seconds": 0.1},
@@ -181,6 +182,7 @@ def test_events_survive_the_wire():
     assert back["success_rate"] == 1.0 and back["pools"]["a"]["agents"] == {"speaker": 8}
     assert back["pools"]["a"]["version"] == 4 and back["train_seconds"] == 2.0
     assert back["pools"]["a"]["memory"] == {"rss_gb": 2.5, "rss_peak_gb": 9.0}
+    assert back["pools"]["a"]["mismatch"] == {"mismatch_kl": 0.125, "mismatch_ratio_p95": 1.5}
     ev = events.eval_event(
         4,
         [

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from atgrpo._proto.v1 import common_pb2 as atgrpo_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x61tgrpo/v1/router.proto\x12\tatgrpo.v1\x1a\x16\x61tgrpo/v1/common.proto\"&\n\x0fStartRunRequest\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\"\x9d\x01\n\tRunStatus\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.atgrpo.v1.RunState\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x04 \x01(\x03\x12\x0f\n\x07run_dir\x18\x05 \x01(\t\x12\x19\n\x11resumed_from_step\x18\x06 \x01(\x03\x12\r\n\x05\x65rror\x18\x07 \x01(\t\"4\n\x0fWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tfrom_step\x18\x02 \x01(\x03\"0\n\x0eStopRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\x89\x02\n\x10\x41gentStepMetrics\x12\x13\n\x0breward_mean\x18\x01 \x01(\x01\x12\x14\n\x0csuccess_rate\x18\x02 \x01(\x01\x12\x12\n\nturns_mean\x18\x03 \x01(\x01\x12\x0f\n\x07samples\x18\x04 \x01(\x03\x12\x0e\n\x06groups\x18\x05 \x01(\x03\x12\x1e\n\x16zero_variance_fraction\x18\x06 \x01(\x01\x12\x16\n\x0e\x61\x64vantage_mean\x18\x07 \x01(\x01\x12\x15\n\radvantage_std\x18\x08 \x01(\x01\x12!\n\x19prompt_truncated_fraction\x18\t \x01(\x01\x12#\n\x1bresponse_truncated_fraction\x18\n \x01(\x01\"\xf3\x03\n\x0fPoolStepMetrics\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04loss\x18\x02 \x01(\x01\x12\x11\n\tapprox_kl\x18\x03 \x01(\x01\x12\x15\n\rclip_fraction\x18\x04 \x01(\x01\x12\x11\n\tgrad_norm\x18\x05 \x01(\x01\x12\x0f\n\x07\x65ntropy\x18\x06 \x01(\x01\x12\x14\n\x0cpush_seconds\x18\x07 \x01(\x01\x12\x12\n\npush_bytes\x18\x08 \x01(\x03\x12\x36\n\x06\x61gents\x18\t \x03(\x0b\x32&.atgrpo.v1.PoolStepMetrics.AgentsEntry\x12\x13\n\x06kl_ref\x18\n \x01(\x01H\x00\x88\x01\x01\x12\x15\n\rstaleness_max\x18\x0b \x01(\x03\x12\x15\n\rmasked_tokens\x18\x0c \x01(\x03\x12\x15\n\rdropped_stale\x18\r \x01(\x03\x12\x16\n\x0estaleness_mean\x18\x0e \x01(\x01\x12\x36\n\x06memory\x18\x0f \x03(\x0b\x32&.atgrpo.v1.PoolStepMetrics.MemoryEntry\x1a-\n\x0b\x41gentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a-\n\x0bMemoryEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\t\n\x07_kl_ref\"\xfa\x04\n\tStepEvent\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x14\n\x0csuccess_rate\x18\x02 \x01(\x01\x12\x13\n\x0breward_mean\x18\x03 \x01(\x01\x12\x30\n\x06\x61gents\x18\x04 \x03(\x0b\x32 .atgrpo.v1.StepEvent.AgentsEntry\x12.\n\x05pools\x18\x05 \x03(\x0b\x32\x1f.atgrpo.v1.StepEvent.PoolsEntry\x12\x17\n\x0frollout_seconds\x18\x06 \x01(\x01\x12\x15\n\rtrain_seconds\x18\x07 \x01(\x01\x12\x1b\n\x13weight_sync_seconds\x18\x08 \x01(\x01\x12\x0f\n\x07retries\x18\t \x01(\x03\x12\x30\n\x06timing\x18\n \x03(\x0b\x32 .atgrpo.v1.StepEvent.TimingEntry\x12\x34\n\x08replicas\x18\x0b \x03(\x0b\x32\".atgrpo.v1.StepEvent.ReplicasEntry\x12\x16\n\x0erequeued_tasks\x18\x0c \x01(\x03\x1aJ\n\x0b\x41gentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12*\n\x05value\x18\x02 \x01(\x0b\x32\x1b.atgrpo.v1.AgentStepMetrics:\x02\x38\x01\x1aH\n\nPoolsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.atgrpo.v1.PoolStepMetrics:\x02\x38\x01\x1a-\n\x0bTimingEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a/\n\rReplicasEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\";\n\x10\x41gentEvalMetrics\x12\x13\n\x0breward_mean\x18\x01 \x01(\x01\x12\x12\n\nturns_mean\x18\x02 \x01(\x01\"\xd8\x01\n\tEvalEvent\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x14\n\x0csuccess_rate\x18\x02 \x01(\x01\x12\x10\n\x08\x65pisodes\x18\x03 \x01(\x03\x12\x30\n\x06\x61gents\x18\x04 \x03(\x0b\x32 .atgrpo.v1.EvalEvent.AgentsEntry\x12\x17\n\x0f\x66\x61iled_episodes\x18\x05 \x01(\x03\x1aJ\n\x0b\x41gentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12*\n\x05value\x18\x02 \x01(\x0b\x32\x1b.atgrpo.v1.AgentEvalMetrics:\x02\x38\x01\"W\n\rRollbackEvent\x12\x11\n\tfrom_step\x18\x01 \x01(\x03\x12\x0f\n\x07to_step\x18\x02 \x01(\x03\x12\x12\n\ncheckpoint\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\xc5\x01\n\x08RunEvent\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12$\n\x04step\x18\x02 \x01(\x0b\x32\x14.atgrpo.v1.StepEventH\x00\x12$\n\x04\x65val\x18\x03 \x01(\x0b\x32\x14.atgrpo.v1.EvalEventH\x00\x12&\n\x06status\x18\x04 \x01(\x0b\x32\x14.atgrpo.v1.RunStatusH\x00\x12,\n\x08rollback\x18\x05 \x01(\x0b\x32\x18.atgrpo.v1.RollbackEventH\x00\x42\x07\n\x05\x65vent*\xb1\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12RUN_STATE_STARTING\x10\x01\x12\x15\n\x11RUN_STATE_RUNNING\x10\x02\x12\x16\n\x12RUN_STATE_STOPPING\x10\x03\x12\x15\n\x11RUN_STATE_STOPPED\x10\x04\x12\x16\n\x12RUN_STATE_FINISHED\x10\x05\x12\x14\n\x10RUN_STATE_FAILED\x10\x06\x32\xc0\x02\n\rRouterService\x12<\n\x07GetInfo\x12\x19.atgrpo.v1.GetInfoRequest\x1a\x16.atgrpo.v1.ServiceInfo\x12<\n\x08StartRun\x12\x1a.atgrpo.v1.StartRunRequest\x1a\x14.atgrpo.v1.RunStatus\x12=\n\x08WatchRun\x12\x1a.atgrpo.v1.WatchRunRequest\x1a\x13.atgrpo.v1.RunEvent0\x01\x12:\n\x07StopRun\x12\x19.atgrpo.v1.StopRunRequest\x1a\x14.atgrpo.v1.RunStatus\x12\x38\n\x06GetRun\x12\x18.atgrpo.v1.GetRunRequest\x1a\x14.atgrpo.v1.RunStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x61tgrpo/v1/router.proto\x12\tatgrpo.v1\x1a\x16\x61tgrpo/v1/common.proto\"&\n\x0fStartRunRequest\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\"\x9d\x01\n\tRunStatus\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.atgrpo.v1.RunState\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x04 \x01(\x03\x12\x0f\n\x07run_dir\x18\x05 \x01(\t\x12\x19\n\x11resumed_from_step\x18\x06 \x01(\x03\x12\r\n\x05\x65rror\x18\x07 \x01(\t\"4\n\x0fWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tfrom_step\x18\x02 \x01(\x03\"0\n\x0eStopRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\x89\x02\n\x10\x41gentStepMetrics\x12\x13\n\x0breward_mean\x18\x01 \x01(\x01\x12\x14\n\x0csuccess_rate\x18\x02 \x01(\x01\x12\x12\n\nturns_mean\x18\x03 \x01(\x01\x12\x0f\n\x07samples\x18\x04 \x01(\x03\x12\x0e\n\x06groups\x18\x05 \x01(\x03\x12\x1e\n\x16zero_variance_fraction\x18\x06 \x01(\x01\x12\x16\n\x0e\x61\x64vantage_mean\x18\x07 \x01(\x01\x12\x15\n\radvantage_std\x18\x08 \x01(\x01\x12!\n\x19prompt_truncated_fraction\x18\t \x01(\x01\x12#\n\x1bresponse_truncated_fraction\x18\n \x01(\x01\"\xe0\x04\n\x0fPoolStepMetrics\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04loss\x18\x02 \x01(\x01\x12\x11\n\tapprox_kl\x18\x03 \x01(\x01\x12\x15\n\rclip_fraction\x18\x04 \x01(\x01\x12\x11\n\tgrad_norm\x18\x05 \x01(\x01\x12\x0f\n\x07\x65ntropy\x18\x06 \x01(\x01\x12\x14\n\x0cpush_seconds\x18\x07 \x01(\x01\x12\x12\n\npush_bytes\x18\x08 \x01(\x03\x12\x36\n\x06\x61gents\x18\t \x03(\x0b\x32&.atgrpo.v1.PoolStepMetrics.AgentsEntry\x12\x13\n\x06kl_ref\x18\n \x01(\x01H\x00\x88\x01\x01\x12\x15\n\rstaleness_max\x18\x0b \x01(\x03\x12\x15\n\rmasked_tokens\x18\x0c \x01(\x03\x12\x15\n\rdropped_stale\x18\r \x01(\x03\x12\x16\n\x0estaleness_mean\x18\x0e \x01(\x01\x12\x36\n\x06memory\x18\x0f \x03(\x0b\x32&.atgrpo.v1.PoolStepMetrics.MemoryEntry\x12:\n\x08mismatch\x18\x10 \x03(\x0b\x32(.atgrpo.v1.PoolStepMetrics.MismatchEntry\x1a-\n\x0b\x41gentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a-\n\x0bMemoryEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a/\n\rMismatchEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\t\n\x07_kl_ref\"\xfa\x04\n\tStepEvent\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x14\n\x0csuccess_rate\x18\x02 \x01(\x01\x12\x13\n\x0breward_mean\x18\x03 \x01(\x01\x12\x30\n\x06\x61gents\x18\x04 \x03(\x0b\x32 .atgrpo.v1.StepEvent.AgentsEntry\x12.\n\x05pools\x18\x05 \x03(\x0b\x32\x1f.atgrpo.v1.StepEvent.PoolsEntry\x12\x17\n\x0frollout_seconds\x18\x06 \x01(\x01\x12\x15\n\rtrain_seconds\x18\x07 \x01(\x01\x12\x1b\n\x13weight_sync_seconds\x18\x08 \x01(\x01\x12\x0f\n\x07retries\x18\t \x01(\x03\x12\x30\n\x06timing\x18\n \x03(\x0b\x32 .atgrpo.v1.StepEvent.TimingEntry\x12\x34\n\x08replicas\x18\x0b \x03(\x0b\x32\".atgrpo.v1.StepEvent.ReplicasEntry\x12\x16\n\x0erequeued_tasks\x18\x0c \x01(\x03\x1aJ\n\x0b\x41gentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12*\n\x05value\x18\x02 \x01(\x0b\x32\x1b.atgrpo.v1.AgentStepMetrics:\x02\x38\x01\x1aH\n\nPoolsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.atgrpo.v1.PoolStepMetrics:\x02\x38\x01\x1a-\n\x0bTimingEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a/\n\rReplicasEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\";\n\x10\x41gentEvalMetrics\x12\x13\n\x0breward_mean\x18\x01 \x01(\x01\x12\x12\n\nturns_mean\x18\x02 \x01(\x01\"\xd8\x01\n\tEvalEvent\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x14\n\x0csuccess_rate\x18\x02 \x01(\x01\x12\x10\n\x08\x65pisodes\x18\x03 \x01(\x03\x12\x30\n\x06\x61gents\x18\x04 \x03(\x0b\x32 .atgrpo.v1.EvalEvent.AgentsEntry\x12\x17\n\x0f\x66\x61iled_episodes\x18\x05 \x01(\x03\x1aJ\n\x0b\x41gentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12*\n\x05value\x18\x02 \x01(\x0b\x32\x1b.atgrpo.v1.AgentEvalMetrics:\x02\x38\x01\"W\n\rRollbackEvent\x12\x11\n\tfrom_step\x18\x01 \x01(\x03\x12\x0f\n\x07to_step\x18\x02 \x01(\x03\x12\x12\n\ncheckpoint\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\xc5\x01\n\x08RunEvent\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12$\n\x04step\x18\x02 \x01(\x0b\x32\x14.atgrpo.v1.StepEventH\x00\x12$\n\x04\x65val\x18\x03 \x01(\x0b\x32\x14.atgrpo.v1.EvalEventH\x00\x12&\n\x06status\x18\x04 \x01(\x0b\x32\x14.atgrpo.v1.RunStatusH\x00\x12,\n\x08rollback\x18\x05 \x01(\x0b\x32\x18.atgrpo.v1.RollbackEventH\x00\x42\x07\n\x05\x65vent*\xb1\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12RUN_STATE_STARTING\x10\x01\x12\x15\n\x11RUN_STATE_RUNNING\x10\x02\x12\x16\n\x12RUN_STATE_STOPPING\x10\x03\x12\x15\n\x11RUN_STATE_STOPPED\x10\x04\x12\x16\n\x12RUN_STATE_FINISHED\x10\x05\x12\x14\n\x10RUN_STATE_FAILED\x10\x06\x32\xc0\x02\n\rRouterService\x12<\n\x07GetInfo\x12\x19.atgrpo.v1.GetInfoRequest\x1a\x16.atgrpo.v1.ServiceInfo\x12<\n\x08StartRun\x12\x1a.atgrpo.v1.StartRunRequest\x1a\x14.atgrpo.v1.RunStatus\x12=\n\x08WatchRun\x12\x1a.atgrpo.v1.WatchRunRequest\x1a\x13.atgrpo.v1.RunEvent0\x01\x12:\n\x07StopRun\x12\x19.atgrpo.v1.StopRunRequest\x1a\x14.atgrpo.v1.RunStatus\x12\x38\n\x06GetRun\x12\x18.atgrpo.v1.GetRunRequest\x1a\x14.atgrpo.v1.RunStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,6 +36,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_POOLSTEPMETRICS_AGENTSENTRY']._serialized_options = b'8\001'
   _globals['_POOLSTEPMETRICS_MEMORYENTRY']._loaded_options = None
   _globals['_POOLSTEPMETRICS_MEMORYENTRY']._serialized_options = b'8\001'
+  _globals['_POOLSTEPMETRICS_MISMATCHENTRY']._loaded_options = None
+  _globals['_POOLSTEPMETRICS_MISMATCHENTRY']._serialized_options = b'8\001'
   _globals['_STEPEVENT_AGENTSENTRY']._loaded_options = None
   _globals['_STEPEVENT_AGENTSENTRY']._serialized_options = b'8\001'
   _globals['_STEPEVENT_POOLSENTRY']._loaded_options = None
@@ -46,8 +48,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STEPEVENT_REPLICASENTRY']._serialized_options = b'8\001'
   _globals['_EVALEVENT_AGENTSENTRY']._loaded_options = None
   _globals['_EVALEVENT_AGENTSENTRY']._serialized_options = b'8\001'
-  _globals['_RUNSTATE']._serialized_start=2375
-  _globals['_RUNSTATE']._serialized_end=2552
+  _globals['_RUNSTATE']._serialized_start=2484
+  _globals['_RUNSTATE']._serialized_end=2661
   _globals['_STARTRUNREQUEST']._serialized_start=61
   _globals['_STARTRUNREQUEST']._serialized_end=99
   _globals['_RUNSTATUS']._serialized_start=102
@@ -61,31 +63,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_AGENTSTEPMETRICS']._serialized_start=399
   _globals['_AGENTSTEPMETRICS']._serialized_end=664
   _globals['_POOLSTEPMETRICS']._serialized_start=667
-  _globals['_POOLSTEPMETRICS']._serialized_end=1166
-  _globals['_POOLSTEPMETRICS_AGENTSENTRY']._serialized_start=1063
-  _globals['_POOLSTEPMETRICS_AGENTSENTRY']._serialized_end=1108
-  _globals['_POOLSTEPMETRICS_MEMORYENTRY']._serialized_start=1110
-  _globals['_POOLSTEPMETRICS_MEMORYENTRY']._serialized_end=1155
-  _globals['_STEPEVENT']._serialized_start=1169
-  _globals['_STEPEVENT']._serialized_end=1803
-  _globals['_STEPEVENT_AGENTSENTRY']._serialized_start=1559
-  _globals['_STEPEVENT_AGENTSENTRY']._serialized_end=1633
-  _globals['_STEPEVENT_POOLSENTRY']._serialized_start=1635
-  _globals['_STEPEVENT_POOLSENTRY']._serialized_end=1707
-  _globals['_STEPEVENT_TIMINGENTRY']._serialized_start=1709
-  _globals['_STEPEVENT_TIMINGENTRY']._serialized_end=1754
-  _globals['_STEPEVENT_REPLICASENTRY']._serialized_start=1756
-  _globals['_STEPEVENT_REPLICASENTRY']._serialized_end=1803
-  _globals['_AGENTEVALMETRICS']._serialized_start=1805
-  _globals['_AGENTEVALMETRICS']._serialized_end=1864
-  _globals['_EVALEVENT']._serialized_start=1867
-  _globals['_EVALEVENT']._serialized_end=2083
-  _globals['_EVALEVENT_AGENTSENTRY']._serialized_start=2009
-  _globals['_EVALEVENT_AGENTSENTRY']._serialized_end=2083
-  _globals['_ROLLBACKEVENT']._serialized_start=2085
-  _globals['_ROLLBACKEVENT']._serialized_end=2172
-  _globals['_RUNEVENT']._serialized_start=2175
-  _globals['_RUNEVENT']._serialized_end=2372
-  _globals['_ROUTERSERVICE']._serialized_start=2555
-  _globals['_ROUTERSERVICE']._serialized_end=2875
+  _globals['_POOLSTEPMETRICS']._serialized_end=1275
+  _globals['_POOLSTEPMETRICS_AGENTSENTRY']._serialized_start=1123
+  _globals['_POOLSTEPMETRICS_AGENTSENTRY']._serialized_end=1168
+  _globals['_POOLSTEPMETRICS_MEMORYENTRY']._serialized_start=1170
+  _globals['_POOLSTEPMETRICS_MEMORYENTRY']._serialized_end=1215
+  _globals['_POOLSTEPMETRICS_MISMATCHENTRY']._serialized_start=1217
+  _globals['_POOLSTEPMETRICS_MISMATCHENTRY']._serialized_end=1264
+  _globals['_STEPEVENT']._serialized_start=1278
+  _globals['_STEPEVENT']._serialized_end=1912
+  _globals['_STEPEVENT_AGENTSENTRY']._serialized_start=1668
+  _globals['_STEPEVENT_AGENTSENTRY']._serialized_end=1742
+  _globals['_STEPEVENT_POOLSENTRY']._serialized_start=1744
+  _globals['_STEPEVENT_POOLSENTRY']._serialized_end=1816
+  _globals['_STEPEVENT_TIMINGENTRY']._serialized_start=1818
+  _globals['_STEPEVENT_TIMINGENTRY']._serialized_end=1863
+  _globals['_STEPEVENT_REPLICASENTRY']._serialized_start=1865
+  _globals['_STEPEVENT_REPLICASENTRY']._serialized_end=1912
+  _globals['_AGENTEVALMETRICS']._serialized_start=1914
+  _globals['_AGENTEVALMETRICS']._serialized_end=1973
+  _globals['_EVALEVENT']._serialized_start=1976
+  _globals['_EVALEVENT']._serialized_end=2192
+  _globals['_EVALEVENT_AGENTSENTRY']._serialized_start=2118
+  _globals['_EVALEVENT_AGENTSENTRY']._serialized_end=2192
+  _globals['_ROLLBACKEVENT']._serialized_start=2194
+  _globals['_ROLLBACKEVENT']._serialized_end=2281
+  _globals['_RUNEVENT']._serialized_start=2284
+  _globals['_RUNEVENT']._serialized_end=2481
+  _globals['_ROUTERSERVICE']._serialized_start=2664
+  _globals['_ROUTERSERVICE']._serialized_end=2984
 # @@protoc_insertion_point(module_scope)

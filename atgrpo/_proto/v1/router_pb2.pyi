@@ -259,6 +259,26 @@ class PoolStepMetrics(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class MismatchEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     VERSION_FIELD_NUMBER: _builtins.int
     LOSS_FIELD_NUMBER: _builtins.int
     APPROX_KL_FIELD_NUMBER: _builtins.int
@@ -274,6 +294,7 @@ class PoolStepMetrics(_message.Message):
     DROPPED_STALE_FIELD_NUMBER: _builtins.int
     STALENESS_MEAN_FIELD_NUMBER: _builtins.int
     MEMORY_FIELD_NUMBER: _builtins.int
+    MISMATCH_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     loss: _builtins.float
     approx_kl: _builtins.float
@@ -298,6 +319,10 @@ class PoolStepMetrics(_message.Message):
     def memory(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """the trainer's rss_gb, rss_released_gb, rss_peak_gb (TrainResponse.memory)"""
 
+    @_builtins.property
+    def mismatch(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """engine vs trainer log-probs: mismatch_kl, ... (TrainResponse.mismatch)"""
+
     def __init__(
         self,
         *,
@@ -316,10 +341,11 @@ class PoolStepMetrics(_message.Message):
         dropped_stale: _builtins.int = ...,
         staleness_mean: _builtins.float = ...,
         memory: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        mismatch: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref", "kl_ref", b"kl_ref"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref", "agents", b"agents", "approx_kl", b"approx_kl", "clip_fraction", b"clip_fraction", "dropped_stale", b"dropped_stale", "entropy", b"entropy", "grad_norm", b"grad_norm", "kl_ref", b"kl_ref", "loss", b"loss", "masked_tokens", b"masked_tokens", "memory", b"memory", "push_bytes", b"push_bytes", "push_seconds", b"push_seconds", "staleness_max", b"staleness_max", "staleness_mean", b"staleness_mean", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref", "agents", b"agents", "approx_kl", b"approx_kl", "clip_fraction", b"clip_fraction", "dropped_stale", b"dropped_stale", "entropy", b"entropy", "grad_norm", b"grad_norm", "kl_ref", b"kl_ref", "loss", b"loss", "masked_tokens", b"masked_tokens", "memory", b"memory", "mismatch", b"mismatch", "push_bytes", b"push_bytes", "push_seconds", b"push_seconds", "staleness_max", b"staleness_max", "staleness_mean", b"staleness_mean", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__kl_ref: _TypeAlias = _typing.Literal["kl_ref"]  # noqa: Y015
     _WhichOneofArgType__kl_ref: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref"]  # noqa: Y015

@@ -266,8 +266,10 @@ class UpdateParams(_message.Message):
     > 0 trains with the decoupled loss (atgrpo.algo.loss.decoupled_policy_loss).
     """
     behav_imp_cap: _builtins.float
-    """The decoupled loss's cap on each token's sampler-to-trainer importance weight; unset or 0:
-    the default, 2.0 (optional, so that "not sent" is told apart from any value sent).
+    """The cap on each token's truncated importance weight from the engine's log-probs to the
+    trainer's (the ratio then sits on the trainer's own; atgrpo.algo.mismatch). Unset: the
+    default, 2.0 (optional, so that "not sent" is told apart from 0); 0: the correction off, the
+    ratio on the engine's log-probs (only with max_staleness 0).
     """
     policy_loss: _builtins.str
     """The registered policy loss (atgrpo.algo.registry; algorithm.policy_loss); empty (an older
@@ -517,6 +519,26 @@ class TrainResponse(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class MismatchEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     RUN_ID_FIELD_NUMBER: _builtins.int
     STEP_FIELD_NUMBER: _builtins.int
     POOL_FIELD_NUMBER: _builtins.int
@@ -539,6 +561,7 @@ class TrainResponse(_message.Message):
     STALENESS_MEAN_FIELD_NUMBER: _builtins.int
     TIMING_FIELD_NUMBER: _builtins.int
     MEMORY_FIELD_NUMBER: _builtins.int
+    MISMATCH_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     step: _builtins.int
     pool: _builtins.str
@@ -581,6 +604,15 @@ class TrainResponse(_message.Message):
         from older trainers.
         """
 
+    @_builtins.property
+    def mismatch(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """The rollout engine's log-probs against the trainer's own (issue 59; atgrpo.algo.mismatch):
+        mismatch_kl (k3 KL(engine || trainer) per token), mismatch_outside_support (fraction of
+        tokens the trainer's sampling transform excludes), mismatch_ratio_p05/_p50/_p95 (quantiles of
+        exp(trainer - engine)), mismatch_capped_fraction (weights cut at behav_imp_cap). Empty when
+        the trainer did not score its own log-probs (behav_imp_cap 0) and from older trainers.
+        """
+
     def __init__(
         self,
         *,
@@ -606,10 +638,11 @@ class TrainResponse(_message.Message):
         staleness_mean: _builtins.float = ...,
         timing: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         memory: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        mismatch: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref", "kl_ref", b"kl_ref"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref", "agents", b"agents", "approx_kl", b"approx_kl", "clip_fraction", b"clip_fraction", "entropy", b"entropy", "grad_norm", b"grad_norm", "kl_ref", b"kl_ref", "loss", b"loss", "masked_tokens", b"masked_tokens", "memory", b"memory", "pool", b"pool", "push_bytes", b"push_bytes", "push_seconds", b"push_seconds", "replayed", b"replayed", "run_id", b"run_id", "samples", b"samples", "staleness_max", b"staleness_max", "staleness_mean", b"staleness_mean", "step", b"step", "timing", b"timing", "tokens", b"tokens", "train_seconds", b"train_seconds", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref", "agents", b"agents", "approx_kl", b"approx_kl", "clip_fraction", b"clip_fraction", "entropy", b"entropy", "grad_norm", b"grad_norm", "kl_ref", b"kl_ref", "loss", b"loss", "masked_tokens", b"masked_tokens", "memory", b"memory", "mismatch", b"mismatch", "pool", b"pool", "push_bytes", b"push_bytes", "push_seconds", b"push_seconds", "replayed", b"replayed", "run_id", b"run_id", "samples", b"samples", "staleness_max", b"staleness_max", "staleness_mean", b"staleness_mean", "step", b"step", "timing", b"timing", "tokens", b"tokens", "train_seconds", b"train_seconds", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__kl_ref: _TypeAlias = _typing.Literal["kl_ref"]  # noqa: Y015
     _WhichOneofArgType__kl_ref: _TypeAlias = _typing.Literal["_kl_ref", b"_kl_ref"]  # noqa: Y015
