@@ -1,24 +1,25 @@
 """The AT-GRPO policy loss: token-level clipped PPO surrogate with dual clip, token-mean
 aggregation, optional KL to a frozen reference and entropy bonus (DESIGN.md §1; dual clip as in
-Ye et al. 2020 and verl's compute_policy_loss), and its decoupled form for samples drawn by
-older weights (asynchronous training, max_staleness > 0; Fu et al. 2025, AReaL)."""
+Ye et al. 2020 and verl's compute_policy_loss), and its decoupled form, whose ratio sits on the
+trainer's own log-probs and whose truncated importance weight corrects from the rollout engine's
+(samples drawn by older weights, max_staleness > 0, Fu et al. 2025, AReaL; and the engine's
+numerical mismatch with the trainer, behav_imp_cap > 0, issue 59)."""
 
 from __future__ import annotations
 
 import torch
 
+from atgrpo.algo.mismatch import LOG_RATIO_BOUND, in_support, truncated_weights
 from atgrpo.algo.registry import register_policy_loss
 from atgrpo.contract.trainer import LossConfig
 
-# exp() of a log-ratio past ~88 overflows float32 and its gradient is NaN; verl clamps the
-# log-ratio to +-20 before exp, where a clip has long taken over the token's loss anyway.
-LOG_RATIO_BOUND = 20.0
+# LOG_RATIO_BOUND (atgrpo.algo.mismatch): exp() of a log-ratio past ~88 overflows float32 and its
+# gradient is NaN; verl clamps the log-ratio to +-20 before exp, where a clip has long taken over
+# the token's loss anyway.
+
 # verl's bound on a token's k3 estimate: one token the reference finds near-impossible must not
 # swamp the KL term of the whole batch.
 KL_TOKEN_BOUND = 10.0
-# A token counts as capped (behav_capped_fraction) when its importance weight is over the cap by
-# more than this relative amount: float noise on a weight of exactly the cap is not a cut.
-CAP_TOLERANCE = 1e-5
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -145,45 +146,45 @@ def decoupled_policy_loss(
     ref_logprobs: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The decoupled PPO objective for samples drawn by older weights (Fu et al. 2025, AReaL,
-    arXiv 2505.24298, eq. 5): the trust region is around the proximal policy (the trainer's
-    weights before this update), not around the behaviour policy that sampled the tokens, which
-    may be several versions behind. Per token:
+    """The decoupled PPO objective (Fu et al. 2025, AReaL, arXiv 2505.24298, eq. 5): the trust
+    region is around the proximal policy, the trainer's own log-probs of the samples under the
+    weights the update starts from, not around the rollout engine's. Per token:
 
         w * max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))   (then the dual clip for A < 0)
         r = exp(logprobs - prox_logprobs)
         w = min(exp(prox_logprobs - behav_logprobs), behav_imp_cap)
 
-    w is the importance weight from the behaviour policy to the proximal one, detached: it
-    corrects which tokens were sampled, while the clip bounds how far this update moves.
+    behav_logprobs are the engine's. w (atgrpo.algo.mismatch.truncated_weights, detached)
+    corrects for the tokens having been drawn by the engine, while the clip bounds how far this
+    update moves. It covers two gaps at once: samples drawn by older weights (asynchronous
+    training, max_staleness > 0) and, on-policy too, the engine's kernels and precision, which
+    score the same weights differently from the trainer (issue 59; then prox_logprobs are the
+    trainer's behaviour log-probs).
 
     AReaL drops tokens whose w exceeds the cap (their loss is zeroed). Here w is capped instead
     (truncated importance sampling, as issue 23 asks): a token the sampler found much less likely
     than the trainer does still pushes, with a bounded weight, rather than vanishing from the
     update, so the cap trades a little bias for variance without silently discarding data.
 
-    Shapes and masking as policy_loss; a real token where any of the three log-probs is -inf is
-    left out and counted in `masked_tokens`. prox_logprobs and behav_logprobs carry no gradient.
-    Metrics: policy_loss's (approx_kl to the proximal policy) and `behav_approx_kl` (proximal to
-    sampler), `behav_imp_weight_mean` and `behav_imp_weight_max` (of w before the cap, over the
-    kept tokens), `behav_capped_fraction` (kept tokens whose w the cap lowered). With prox ==
-    behav, w = 1 and the loss and its gradient are policy_loss's.
+    Shapes and masking as policy_loss; a real token where any of the three log-probs is -inf
+    (e.g. outside the trainer's top-k/top-p support) is left out and counted in
+    `masked_tokens`. prox_logprobs and behav_logprobs carry no gradient. Metrics: policy_loss's
+    (approx_kl to the proximal policy) and `behav_approx_kl` (proximal to sampler),
+    `behav_imp_weight_mean` and `behav_imp_weight_max` (of w before the cap, over the kept
+    tokens), `behav_capped_fraction` (kept tokens whose w the cap lowered). With prox == behav,
+    w = 1 and the loss and its gradient are policy_loss's.
     """
     prox_logprobs, behav_logprobs = prox_logprobs.detach(), behav_logprobs.detach()
     real = mask > 0
-    ok = (
-        real
-        & torch.isfinite(logprobs)
-        & torch.isfinite(prox_logprobs)
-        & torch.isfinite(behav_logprobs)
-    )
+    ok = real & torch.isfinite(logprobs) & in_support(prox_logprobs, behav_logprobs)
     m = ok.to(logprobs.dtype)
     pg, clipped, log_ratio = _clipped_surrogate(logprobs, prox_logprobs, advantages, ok, cfg)
     behav_log_ratio = torch.clamp(
         _finite(prox_logprobs, ok) - _finite(behav_logprobs, ok), -LOG_RATIO_BOUND, LOG_RATIO_BOUND
     )
-    weight = torch.exp(behav_log_ratio)
-    loss = masked_mean(torch.clamp(weight, max=cfg.behav_imp_cap) * pg, m)
+    weight = torch.exp(behav_log_ratio)  # before the cap, for the metrics
+    w, capped = truncated_weights(prox_logprobs, behav_logprobs, ok, cfg.behav_imp_cap)
+    loss = masked_mean(w.to(pg.dtype) * pg, m)
     metrics = _surrogate_metrics(loss, clipped, log_ratio, m, real & ~ok)
     metrics.update(
         behav_approx_kl=masked_mean(0.5 * behav_log_ratio**2, m).item(),
@@ -191,11 +192,7 @@ def decoupled_policy_loss(
         behav_imp_weight_max=float(torch.where(ok, weight, torch.zeros_like(weight)).max())
         if ok.any()
         else 0.0,
-        # Over the cap by more than float noise: with the cap at 1, an on-policy token's weight is
-        # 1 +- 1e-7, which the cap lowers by nothing worth counting.
-        behav_capped_fraction=masked_mean(
-            (weight > cfg.behav_imp_cap * (1 + CAP_TOLERANCE)).to(m.dtype), m
-        ).item(),
+        behav_capped_fraction=masked_mean(capped.to(m.dtype), m).item(),
     )
     return _regularised(loss, metrics, logprobs, ok, mask, cfg, ref_logprobs, entropy)
 
@@ -233,9 +230,12 @@ def decoupled(
     ref_logprobs: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """decoupled_policy_loss, old_logprobs being the sampler's (behaviour) policy's."""
+    """decoupled_policy_loss, old_logprobs being the engine's (behaviour) log-probs."""
     if prox_logprobs is None:
-        raise ValueError("the decoupled loss needs the proximal log-probs (max_staleness > 0)")
+        raise ValueError(
+            "the decoupled loss needs the trainer's proximal log-probs "
+            "(max_staleness > 0 or behav_imp_cap > 0)"
+        )
     return decoupled_policy_loss(
         logprobs,
         prox_logprobs,
