@@ -61,6 +61,30 @@ BUSY_SECONDS = Counter(
     "pushes; its rate is the fraction of time the trainer is busy.",
     _POOL,
 )
+# The rollout engine's log-probs against the trainer's own (issue 59; atgrpo.algo.mismatch), set
+# only by updates that scored the trainer's (behav_imp_cap > 0 or max_staleness > 0).
+MISMATCH_KL = Gauge(
+    "atgrpo_trainer_mismatch_kl",
+    "k3 estimate of KL(engine || trainer) per token in the last update, on the tokens both give "
+    "a finite log-prob.",
+    _POOL,
+)
+MISMATCH_OUTSIDE = Gauge(
+    "atgrpo_trainer_mismatch_outside_support_ratio",
+    "Fraction of the last update's tokens the engine sampled but the trainer's sampling "
+    "transform (top-k/top-p) excludes; left out of the loss.",
+    _POOL,
+)
+MISMATCH_RATIO = Gauge(
+    "atgrpo_trainer_mismatch_ratio",
+    "Quantiles (0.05, 0.5, 0.95) of exp(trainer - engine log-prob) over the last update's tokens.",
+    [*_POOL, "quantile"],
+)
+MISMATCH_CAPPED = Gauge(
+    "atgrpo_trainer_mismatch_capped_ratio",
+    "Fraction of the last update's tokens whose importance weight was truncated at behav_imp_cap.",
+    _POOL,
+)
 MASKED_TOKENS = Counter(
     "atgrpo_trainer_masked_tokens_total",
     "Response tokens left out of the loss because "
@@ -135,6 +159,7 @@ def observe_update(
     ):
         if key in m:
             gauge.labels(run, pool).set(m[key])
+    _observe_mismatch(run, pool, m)
     UPDATES.labels(run, pool).inc()
     MASKED_TOKENS.labels(run, pool).inc(m.get("masked_tokens", 0.0))
     if "train_seconds" in m:
@@ -145,6 +170,19 @@ def observe_update(
     for agent, a in agents.items():
         TRAINED_SAMPLES.labels(run, pool, agent).inc(a.get("samples", 0.0))
         TRAINED_TOKENS.labels(run, pool, agent).inc(a.get("tokens", 0.0))
+
+
+def _observe_mismatch(run: str, pool: str, m: Mapping[str, float]) -> None:
+    for gauge, key in (
+        (MISMATCH_KL, "mismatch_kl"),
+        (MISMATCH_OUTSIDE, "mismatch_outside_support"),
+        (MISMATCH_CAPPED, "mismatch_capped_fraction"),
+    ):
+        if key in m:
+            gauge.labels(run, pool).set(m[key])
+    for q, label in (("05", "0.05"), ("50", "0.5"), ("95", "0.95")):
+        if (key := f"mismatch_ratio_p{q}") in m:
+            MISMATCH_RATIO.labels(run, pool, label).set(m[key])
 
 
 def push_failures(run: str, pool: str):

@@ -13,11 +13,17 @@ samples update only its adapter and never scale another agent's step.
 With kl_coef > 0 every micro-batch is also scored by the frozen reference (no gradient) and the
 loss adds kl_coef x the token-mean k3 KL to it (atgrpo.algo.loss).
 
-Asynchronous training (max_staleness > 0): samples may come from weights up to max_staleness
-versions behind, so before the first optimizer step every sample is scored by the weights as
-they are (no gradient): the proximal policy. The update then trains with the decoupled loss,
-whose trust region is around those log-probs and whose importance weight corrects from the
-sampler's (atgrpo.algo.loss.decoupled_policy_loss). With max_staleness 0 none of this runs.
+The PPO ratio's old log-probs are the trainer's own (issue 59): the rollout engine scores tokens
+with other kernels and precision, so its log-probs are not the trainer's even at the same
+weights. Before the first optimizer step every sample is scored by the weights as they are (no
+gradient; when the update is one optimizer step its training forwards are that scoring, and no
+extra pass runs): the proximal policy, on-policy the trainer's behaviour policy. The update
+trains with the decoupled loss, whose trust region is around those log-probs and whose truncated
+importance weight min(exp(trainer - engine), behav_imp_cap) corrects from the engine's
+(atgrpo.algo.loss.decoupled_policy_loss); the same weight corrects for stale samples
+(asynchronous training, max_staleness > 0: samples may come from weights up to max_staleness
+versions behind). The update reports the mismatch (trainer_svc.behaviour). With behav_imp_cap 0
+and max_staleness 0 none of this runs: the ratio sits on the engine's log-probs.
 
 On a pool spread over several ranks (torchrun; see sharding.py and distributed.py) every rank
 runs `update` on the same samples at once and takes its share of each mini-batch; the gradients
@@ -38,6 +44,7 @@ import torch
 from atgrpo.algo.registry import PolicyLoss, policy_loss_named
 from atgrpo.contract.trainer import TrainSample, UpdateConfig
 from atgrpo.errors import InvalidArgument
+from trainer_svc.behaviour import mismatch_figures
 from trainer_svc.logprobs import response_logprobs
 from trainer_svc.packing import by_prompt, pack
 from trainer_svc.update_context import (
@@ -53,7 +60,7 @@ from trainer_svc.update_context import (
 )
 
 METRIC_KEYS = ("loss", "clip_fraction", "approx_kl", "entropy")
-# The decoupled loss's own figures (max_staleness > 0), averaged like the others.
+# The decoupled loss's own figures (scores_own), averaged like the others.
 DECOUPLED_KEYS = (
     "behav_approx_kl",
     "behav_imp_weight_mean",
@@ -191,7 +198,9 @@ def _micro_step(ctx: UpdateContext, micro: Sequence[int], share: float) -> dict[
     loss_fn = loss_for(cfg)
     if ctx.proximal is not None:
         prox_lp = ctx.proximal.logprobs(micro, lp)
-    else:  # on-policy: the sampler's weights are the trainer's before the update
+        if share:  # a padding forward (share 0) repeats a row another rank owns
+            ctx.proximal.keep(micro, prox_lp, [len(s.response_ids) for s in batch])
+    else:  # the correction off: the engine's log-probs stand for the trainer's
         prox_lp = old if loss_fn.proximal else None
     loss, m = loss_fn.fn(
         lp, old, adv, mask, cfg.loss, prox_logprobs=prox_lp, ref_logprobs=ref, entropy=ent
@@ -209,9 +218,15 @@ def loss_for(cfg: UpdateConfig) -> PolicyLoss:
     return policy_loss_named(cfg.policy_loss)
 
 
+def scores_own(cfg: UpdateConfig) -> bool:
+    """Whether the update scores the trainer's own log-probs for the ratio: asked for
+    (behav_imp_cap > 0 or max_staleness > 0) and taken by the loss (proximal=True)."""
+    return cfg.trainer_logprobs and loss_for(cfg).proximal
+
+
 def _mean_keys(cfg: UpdateConfig) -> tuple[str, ...]:
     keys = (*METRIC_KEYS, "kl_ref") if cfg.loss.kl_coef else METRIC_KEYS
-    return (*keys, *DECOUPLED_KEYS) if cfg.max_staleness > 0 else keys
+    return (*keys, *DECOUPLED_KEYS) if scores_own(cfg) else keys
 
 
 def _all_reduce_grads(params: Sequence[torch.nn.Parameter]) -> None:
@@ -329,9 +344,11 @@ def update(
     `cfg`: the router's settings of this step; `settings`: the trainer's own. `adapter(agent)`
     activates an agent's LoRA adapter (None: one shared model). `generator` seeds the mini-batch
     order (exact resume). `reference()` gives the frozen reference model for the KL term (used
-    only when kl_coef > 0). With max_staleness > 0 every sample's proximal log-probs are scored
-    first (proximal_logprobs) and the update trains with the decoupled loss; with 0 it is the
-    synchronous update.
+    only when kl_coef > 0). With behav_imp_cap > 0 or max_staleness > 0 every sample's
+    proximal log-probs are scored first (proximal_logprobs; by the training forwards when the
+    update is one optimizer step), the update trains with the decoupled loss and reports the
+    engine/trainer mismatch (mismatch_*, trainer_svc.behaviour); with both 0 the ratio sits on
+    the engine's log-probs.
 
     Under torch.distributed every rank gets the same samples and generator seed and works on its
     share of each mini-batch (rows rank::world). Replicated (ddp): gradients are summed by
@@ -344,7 +361,7 @@ def update(
     clock = UpdateClock(device, shares_prompts(model))
     ctx = UpdateContext(model, samples, cfg, settings, device, adapter, reference, clock)
     # Before any step: the proximal policy is the weights this update starts from, for every epoch.
-    if cfg.max_staleness > 0:
+    if scores_own(cfg):
         scored = None if one_step(samples, cfg, ctx.per_agent) else proximal_logprobs(ctx)
         ctx = replace(ctx, proximal=Proximal(scored))
     stats: dict[str, float] = dict.fromkeys((*_mean_keys(cfg), "grad_norm", "masked_tokens"), 0.0)
@@ -365,7 +382,8 @@ def update(
         k: v / cfg.epochs if k == "masked_tokens" else v / max(groups, 1) for k, v in stats.items()
     }
     per_agent = {f"grad_norm/{a}": sum(n) / len(n) for a, n in norms.items() if a}
-    return out | per_agent | {"optimizer_steps": float(steps)} | clock.report(model)
+    figures = mismatch_figures(ctx)
+    return out | per_agent | figures | {"optimizer_steps": float(steps)} | clock.report(model)
 
 
 def _optimizer_step(

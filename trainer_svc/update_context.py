@@ -43,20 +43,31 @@ DEFAULT_SETTINGS = TrainerUpdateSettings()
 
 @dataclass(frozen=True)
 class Proximal:
-    """The decoupled loss's proximal policy (max_staleness > 0): the weights the update starts
-    from, for every epoch."""
+    """The trainer's own log-probs of the samples under the weights the update starts from, for
+    every epoch: the decoupled loss's proximal policy, the PPO ratio's old log-probs. On-policy
+    (max_staleness 0) these weights drew the samples, so they are the trainer's behaviour
+    log-probs, which the engine's are compared with (atgrpo.algo.mismatch)."""
 
     scored: Sequence[torch.Tensor] | None
     """every sample's log-probs under those weights, scored before the first optimizer step
     (proximal_logprobs). None when the update is one optimizer step: every forward then runs on
     the weights it starts from, so each micro-batch's own log-probs, detached, are the proximal
     policy's and no extra pass runs"""
+    seen: dict[int, torch.Tensor] = field(default_factory=dict)
+    """with `scored` None: each row's log-probs as its training forward scored them (float32, on
+    the CPU, its response's length), kept for the mismatch figures; rows of this rank only"""
 
     def logprobs(self, micro: Sequence[int], lp: torch.Tensor) -> torch.Tensor:
         """Rows `micro`'s proximal log-probs, shaped like `lp` (their log-probs under training)."""
         if self.scored is None:
             return lp.detach()
         return padded([self.scored[r] for r in micro], lp)
+
+    def keep(self, micro: Sequence[int], prox: torch.Tensor, lengths: Sequence[int]) -> None:
+        """Keep rows `micro`'s log-probs from the training forward (one-step updates only)."""
+        if self.scored is None:
+            for i, (r, n) in enumerate(zip(micro, lengths, strict=True)):
+                self.seen[r] = prox[i, :n].float().cpu()
 
 
 class UpdateClock(PhaseClock):

@@ -36,6 +36,9 @@ def sgd_update(model, samples, **cfg):
 
 # AReaL's cap, so that an importance weight of e^0.5 is not cut
 CAP5 = LossConfig(behav_imp_cap=5.0)
+# The correction off: the ratio on the sampler's log-probs, the synchronous update before issue 59
+# (and still what behav_imp_cap 0 gives with max_staleness 0).
+OFF = LossConfig(behav_imp_cap=0.0)
 
 
 def stale(samples, shift):
@@ -55,11 +58,12 @@ def mixed_staleness(samples):
 def test_on_policy_samples_give_the_synchronous_update(tiny_model):
     # Two epochs of three mini-batches: after the first step the weights move away from the
     # proximal policy, which stays the starting weights, as the samples' own log-probs do.
+    # On-policy with the default cap the update takes the same path as with max_staleness 2.
     runs = {}
-    for staleness in (0, 2):
+    for name, staleness, loss in (("off", 0, OFF), ("on", 0, LossConfig()), ("stale", 2, None)):
         model = load(tiny_model)
         samples = on_policy_samples(model)
-        runs[staleness] = (
+        runs[name] = (
             sgd_update(
                 model,
                 samples,
@@ -67,13 +71,15 @@ def test_on_policy_samples_give_the_synchronous_update(tiny_model):
                 epochs=2,
                 micro_batch_tokens=20,
                 max_staleness=staleness,
+                **({"loss": loss} if loss else {}),
             ),
             model.state_dict(),
         )
-    (sync, sync_w), (decoupled, dec_w) = runs[0], runs[2]
+    (sync, sync_w), (decoupled, dec_w) = runs["off"], runs["stale"]
     assert not set(DECOUPLED_KEYS) & set(sync)
     for k in sync_w:
         torch.testing.assert_close(dec_w[k], sync_w[k], rtol=1e-5, atol=1e-7, msg=k)
+        torch.testing.assert_close(runs["on"][1][k], dec_w[k], rtol=0, atol=0, msg=k)
     for k in (
         "loss",
         "clip_fraction",
@@ -97,14 +103,14 @@ def test_stale_log_probs_change_the_update(tiny_model):
     fresh = on_policy_samples(model)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     results = {}
-    for name, samples, staleness in (
-        ("fresh", fresh, 1),
-        ("stale", stale(fresh, 0.5), 1),
-        ("sync", stale(fresh, 0.5), 0),
+    for name, samples, staleness, loss in (
+        ("fresh", fresh, 1, CAP5),
+        ("stale", stale(fresh, 0.5), 1, CAP5),
+        ("sync", stale(fresh, 0.5), 0, OFF),  # the ratio on the sampler's log-probs
     ):
         model.load_state_dict(before)
         metrics = sgd_update(
-            model, samples, mini_batch_size=8, grad_clip=1e9, max_staleness=staleness, loss=CAP5
+            model, samples, mini_batch_size=8, grad_clip=1e9, max_staleness=staleness, loss=loss
         )
         results[name] = (metrics, {k: v - before[k] for k, v in model.state_dict().items()})
     (m_stale, d_stale), (_, d_fresh), (m_sync, _) = (
