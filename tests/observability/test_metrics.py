@@ -174,6 +174,31 @@ def test_an_update_observes_each_samples_staleness_and_the_busy_seconds():
     assert sample("atgrpo_trainer_busy_seconds_total", **labels) == 3.0
 
 
+def test_an_update_sets_the_mismatch_gauges_only_when_it_measured_them():
+    from trainer_svc import metrics as trainer_metrics
+
+    labels = dict(run="unit-run", pool="mismatch")
+    figures = dict(
+        mismatch_kl=0.0125,
+        mismatch_outside_support=0.25,
+        mismatch_ratio_p05=0.75,
+        mismatch_ratio_p50=1.0,
+        mismatch_ratio_p95=1.5,
+        mismatch_capped_fraction=0.125,
+    )
+    trainer_metrics.observe_update("unit-run", "mismatch", 1, {"loss": 0.1, **figures}, {})
+    assert sample("atgrpo_trainer_mismatch_kl", **labels) == 0.0125
+    assert sample("atgrpo_trainer_mismatch_outside_support_ratio", **labels) == 0.25
+    assert sample("atgrpo_trainer_mismatch_capped_ratio", **labels) == 0.125
+    assert [
+        sample("atgrpo_trainer_mismatch_ratio", quantile=q, **labels)
+        for q in ("0.05", "0.5", "0.95")
+    ] == [0.75, 1.0, 1.5]
+    # the correction off: nothing measured, the last values stand (no zeros that read as agreement)
+    trainer_metrics.observe_update("unit-run", "mismatch", 2, {"loss": 0.1}, {})
+    assert sample("atgrpo_trainer_mismatch_kl", **labels) == 0.0125
+
+
 def test_the_docs_list_exactly_the_metrics_the_code_defines():
     import re
 

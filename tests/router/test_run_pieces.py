@@ -155,6 +155,20 @@ def test_resume_refuses_trainers_that_match_no_recorded_step(tmp_path):
         loop._resume_point(Progress("r", 5, {"a": 5, "b": 4}, Checkpoint(3, {}, {"a": 3, "b": 3})))
 
 
+def test_the_step_records_a_pools_mismatch_only_when_its_trainer_measured_it():
+    from atgrpo.contract.trainer import MISMATCH_KEYS, TrainResult
+    from router_svc.outcome import TIMING, pool_metrics
+
+    base = dict.fromkeys(
+        ("loss", "approx_kl", "clip_fraction", "grad_norm", "entropy", "push_seconds"), 0.5
+    ) | dict.fromkeys(("train_seconds", "staleness_mean", *TIMING), 0.0)
+    figures = {k: 0.25 for k in MISMATCH_KEYS}
+    on = pool_metrics(TrainResult("r", 1, 2, base | figures, {"a": {"samples": 4.0}}))
+    assert on["mismatch"] == figures and "mismatch_kl" not in on  # grouped, not top level
+    off = pool_metrics(TrainResult("r", 1, 2, base, {"a": {"samples": 4.0}}))
+    assert "mismatch" not in off
+
+
 def test_events_survive_the_wire():
     batches = StepBatches({}, {}, 0)
     step = events.step_event(
