@@ -107,7 +107,10 @@ def check_update(update: UpdateConfig) -> None:
     and the policy loss against the registry."""
     bad = update_problems(update)
     if bad:
-        raise InvalidArgument("Train update: " + "; ".join(bad) + " (0 = the default)")
+        # 0 is the default for every field but behav_imp_cap, where it turns the correction off
+        raise InvalidArgument(
+            "Train update: " + "; ".join(bad) + " (0 = the default; behav_imp_cap 0 = off)"
+        )
     try:
         policy_loss_named(update.loss.policy_loss)
     except KeyError as err:
