@@ -1,8 +1,9 @@
 """The rollout/training mismatch of one update, measured over all of its samples (issue 59).
 
-The trainer's behaviour log-probs (UpdateContext.proximal) are scored once per update: by the
-proximal pass before the first optimizer step, or, when the update is one optimizer step, by the
-training forwards themselves (Proximal.keep). Either way every response token has one, and the
+The trainer's behaviour log-probs (UpdateContext.proximal) are scored once per update: the first
+optimizer step's rows by its own training forwards (Proximal.keep; settle gathers them from every
+rank after that step), the other rows by the proximal pass before it. Either way every response
+token has one, and the
 figures (atgrpo.algo.mismatch.mismatch_metrics) are computed once over the whole update, so the
 quantiles are the update's, not a mean of micro-batch quantiles.
 """
@@ -10,6 +11,7 @@ quantiles are the update's, not a mean of micro-batch quantiles.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 
 import torch
 
@@ -18,20 +20,38 @@ from trainer_svc.update_context import Proximal, UpdateContext
 
 
 def trainer_logprobs(ctx: UpdateContext, proximal: Proximal) -> torch.Tensor:
-    """Every response token's trainer log-prob, flat in sample order (float32, CPU). From the
-    training forwards (a one-step update), each rank holds its own rows: the ranks sum their
-    disjoint shares, a collective every rank reaches at the end of the update."""
-    samples = ctx.samples
-    if proximal.scored is not None:
+    """Every response token's trainer log-prob, flat in sample order (float32, CPU)."""
+    if proximal.scored is not None:  # settled after the first step
         return torch.cat([t.float() for t in proximal.scored])
-    offsets = [0, *itertools.accumulate(len(s.response_ids) for s in samples)]
+    return torch.cat(_gather(ctx, proximal, range(len(ctx.samples))))
+
+
+def _gather(ctx: UpdateContext, proximal: Proximal, rows: Sequence[int]) -> list[torch.Tensor]:
+    """Rows `rows`' log-probs from the training forwards, each rank holding its own: the ranks
+    sum their disjoint shares, a collective every rank reaches (-inf + 0 stays -inf)."""
+    lengths = [len(ctx.samples[r].response_ids) for r in rows]
+    offsets = [0, *itertools.accumulate(lengths)]
     flat = torch.zeros(offsets[-1], dtype=torch.float32)
-    for r, lp in proximal.seen.items():
-        flat[offsets[r] : offsets[r + 1]] = lp
+    for j, r in enumerate(rows):
+        if r in proximal.seen:
+            flat[offsets[j] : offsets[j + 1]] = proximal.seen[r]
     if ctx.world_size > 1:
-        # -inf + 0 from the other ranks stays -inf: a token outside the support survives the sum.
         torch.distributed.all_reduce(flat)
-    return flat
+    return [flat[offsets[j] : offsets[j + 1]] for j in range(len(rows))]
+
+
+def settle(ctx: UpdateContext) -> None:
+    """After the first optimizer step: its rows' log-probs, from the training forwards of every
+    rank, into Proximal.scored for the later steps and epochs (a row may be another rank's then).
+    Every rank calls it after every step; all but the first do nothing."""
+    proximal = ctx.proximal
+    if proximal is None or proximal.scored is None or not proximal.pending:
+        return
+    rows = sorted(proximal.pending)
+    for r, lp in zip(rows, _gather(ctx, proximal, rows), strict=True):
+        proximal.scored[r] = lp
+    proximal.pending.clear()
+    proximal.seen.clear()
 
 
 def mismatch_figures(ctx: UpdateContext) -> dict[str, float]:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import itertools
 import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 
 import torch
@@ -44,7 +44,7 @@ import torch
 from atgrpo.algo.registry import PolicyLoss, policy_loss_named
 from atgrpo.contract.trainer import TrainSample, UpdateConfig
 from atgrpo.errors import InvalidArgument
-from trainer_svc.behaviour import mismatch_figures
+from trainer_svc.behaviour import mismatch_figures, settle
 from trainer_svc.logprobs import response_logprobs
 from trainer_svc.packing import by_prompt, pack
 from trainer_svc.update_context import (
@@ -143,11 +143,13 @@ def _agent_rows(samples: Sequence[TrainSample]) -> dict[str, list[int]]:
     return rows
 
 
-def proximal_logprobs(ctx: UpdateContext) -> list[torch.Tensor]:
+def proximal_logprobs(ctx: UpdateContext, skip: Collection[int] = ()) -> list[torch.Tensor]:
     """Every sample's response log-probs under the weights as they are (the decoupled loss's
     proximal policy), without gradient: one float32 CPU tensor per sample, -inf where the
-    sample's transform excludes the token. Scored as the update's forward scores: per agent with
-    its adapter active (LoRA), in micro-batches of the same budget, under the same autocast.
+    sample's transform excludes the token. Rows in `skip` are not scored (zeros): the first
+    optimizer step's, whose own forwards give theirs (Proximal.pending). Scored as the update's
+    forward scores: per agent with its adapter active (LoRA), in micro-batches of the same
+    budget, under the same autocast.
 
     Under torch.distributed each rank scores its share (rows rank::world of each agent's rows;
     under FSDP padded to the same number of forwards, as _micro_batches does, since every forward
@@ -157,7 +159,11 @@ def proximal_logprobs(ctx: UpdateContext) -> list[torch.Tensor]:
     offsets = [0, *itertools.accumulate(len(s.response_ids) for s in samples)]
     flat = torch.zeros(offsets[-1], dtype=torch.float32)
     groups = _agent_rows(samples) if ctx.per_agent else {None: list(range(len(samples)))}
+    skip = set(skip)
     for agent, rows in groups.items():
+        rows = [r for r in rows if r not in skip]
+        if not rows:  # the same on every rank: all of them skip this agent's forwards
+            continue
         # no_grad inside the adapter's context: activating an adapter may turn gradients back on.
         with ctx.as_agent(agent), torch.no_grad():
             for micro, weight in _micro_batches(ctx, rows):
@@ -313,6 +319,12 @@ def steps_of_epoch(
     return [[(a, m[i]) for a, m in minis.items() if i < len(m)] for i in range(steps)]
 
 
+def first_step_rows(plan: list[list[tuple[str | None, list[int]]]]) -> set[int]:
+    """The rows of an epoch's first optimizer step (every clip group's): their training forwards
+    run on the weights the update starts from, so the proximal pass need not score them."""
+    return {r for _, rows in plan[0] for r in rows}
+
+
 def one_step(samples: Sequence[TrainSample], cfg: UpdateConfig, per_agent: bool) -> bool:
     """Whether the update is a single optimizer step: one epoch, and every sample (each agent's,
     on a LoRA pool) in one mini-batch."""
@@ -360,16 +372,24 @@ def update(
     model.train()
     clock = UpdateClock(device, shares_prompts(model))
     ctx = UpdateContext(model, samples, cfg, settings, device, adapter, reference, clock)
+    plan = steps_of_epoch(samples, cfg.mini_batch_size, ctx.per_agent, generator)  # epoch 0
     # Before any step: the proximal policy is the weights this update starts from, for every epoch.
     if scores_own(cfg):
-        scored = None if one_step(samples, cfg, ctx.per_agent) else proximal_logprobs(ctx)
-        ctx = replace(ctx, proximal=Proximal(scored))
+        if one_step(samples, cfg, ctx.per_agent):
+            ctx = replace(ctx, proximal=Proximal(None))
+        else:
+            first = first_step_rows(plan)
+            scored = proximal_logprobs(ctx, skip=first)
+            ctx = replace(ctx, proximal=Proximal(scored, pending=set(first)))
     stats: dict[str, float] = dict.fromkeys((*_mean_keys(cfg), "grad_norm", "masked_tokens"), 0.0)
     norms: dict[str, list[float]] = {}
     groups = steps = 0
-    for _ in range(cfg.epochs):
-        for step in steps_of_epoch(samples, cfg.mini_batch_size, ctx.per_agent, generator):
+    for epoch in range(cfg.epochs):
+        if epoch:
+            plan = steps_of_epoch(samples, cfg.mini_batch_size, ctx.per_agent, generator)
+        for step in plan:
             parts, step_norms = _optimizer_step(ctx, optimizer, params, step)
+            settle(ctx)  # after the first step: its rows' proximal log-probs, for the rest
             for key, v in parts.items():
                 stats[key.split("/", 1)[1]] += v
             for agent, norm in step_norms:

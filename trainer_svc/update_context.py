@@ -46,27 +46,38 @@ class Proximal:
     """The trainer's own log-probs of the samples under the weights the update starts from, for
     every epoch: the decoupled loss's proximal policy, the PPO ratio's old log-probs. On-policy
     (max_staleness 0) these weights drew the samples, so they are the trainer's behaviour
-    log-probs, which the engine's are compared with (atgrpo.algo.mismatch)."""
+    log-probs, which the engine's are compared with (atgrpo.algo.mismatch).
 
-    scored: Sequence[torch.Tensor] | None
-    """every sample's log-probs under those weights, scored before the first optimizer step
-    (proximal_logprobs). None when the update is one optimizer step: every forward then runs on
-    the weights it starts from, so each micro-batch's own log-probs, detached, are the proximal
-    policy's and no extra pass runs"""
+    The first optimizer step's forwards run on those weights, so its rows' log-probs come from
+    them, detached, at no cost: a one-step update scores nothing else (`scored` None), a longer
+    one scores only the other rows before it starts (`pending`: the first step's rows, filled in
+    after that step by trainer_svc.behaviour.settle)."""
+
+    scored: list[torch.Tensor] | None
+    """every sample's log-probs under those weights (proximal_logprobs; a pending row's once
+    settled). None when the update is one optimizer step: every forward then runs on the weights
+    it starts from, so each micro-batch's own log-probs, detached, are the proximal policy's"""
+    pending: set[int] = field(default_factory=set)
+    """rows of the first optimizer step that `scored` does not hold yet"""
     seen: dict[int, torch.Tensor] = field(default_factory=dict)
-    """with `scored` None: each row's log-probs as its training forward scored them (float32, on
-    the CPU, its response's length), kept for the mismatch figures; rows of this rank only"""
+    """the log-probs the training forwards gave the rows scored that way (float32, on the CPU,
+    each its response's length): this rank's rows only"""
+
+    def _from_forward(self, r: int) -> bool:
+        return self.scored is None or r in self.pending
 
     def logprobs(self, micro: Sequence[int], lp: torch.Tensor) -> torch.Tensor:
         """Rows `micro`'s proximal log-probs, shaped like `lp` (their log-probs under training)."""
         if self.scored is None:
             return lp.detach()
-        return padded([self.scored[r] for r in micro], lp)
+        scored = self.scored
+        rows = [lp[i].detach() if self._from_forward(r) else scored[r] for i, r in enumerate(micro)]
+        return padded(rows, lp)
 
     def keep(self, micro: Sequence[int], prox: torch.Tensor, lengths: Sequence[int]) -> None:
-        """Keep rows `micro`'s log-probs from the training forward (one-step updates only)."""
-        if self.scored is None:
-            for i, (r, n) in enumerate(zip(micro, lengths, strict=True)):
+        """Keep the log-probs the training forward gave rows `micro` that are scored that way."""
+        for i, (r, n) in enumerate(zip(micro, lengths, strict=True)):
+            if self._from_forward(r):
                 self.seen[r] = prox[i, :n].float().cpu()
 
 

@@ -168,3 +168,22 @@ def test_a_token_outside_the_trainers_support_is_masked_and_counted(tiny_model):
     )
     assert torch.isfinite(delta).all() and delta.norm() > 0
     assert all(math.isfinite(v) for v in metrics.values())
+
+
+def test_the_first_steps_rows_take_their_log_probs_from_its_own_forward(tiny_model, monkeypatch):
+    """Three mini-batches, two epochs: the proximal pass scores only the rows of the second and
+    third steps (the first step's forwards run on the starting weights and give theirs), and the
+    update is the one whose pass scores every row."""
+    import trainer_svc.update as upd
+
+    noisy = perturbed(on_policy_samples(load(tiny_model)), lambda i, t: 0.1 * ((i + t) % 3 - 1))
+    steps = {"mini_batch_size": 3, "epochs": 2}
+    m_skip, d_skip = sgd_delta(tiny_model, noisy, **steps)
+    monkeypatch.setattr(upd, "first_step_rows", lambda plan: set())
+    m_all, d_all = sgd_delta(tiny_model, noisy, **steps)
+    assert rel(d_skip, d_all) < 1e-5
+    for k in ("loss", "approx_kl", "behav_imp_weight_mean", "mismatch_kl", "mismatch_ratio_p95"):
+        assert m_skip[k] == pytest.approx(m_all[k], rel=1e-5, abs=1e-9), k
+    # the pass scored 5 of the 8 rows: fewer forward FLOPs, the same gradient ones
+    assert m_skip["update_flops"] < m_all["update_flops"]
+    assert m_skip["update_tokens"] == m_all["update_tokens"]

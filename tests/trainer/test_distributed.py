@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from atgrpo.contract.trainer import UpdateConfig
+from atgrpo.contract.trainer import MISMATCH_KEYS, UpdateConfig
 from tests.conftest import ROOT
 from tests.trainer.dist_worker import NO_CLIP
 from tests.trainer.test_update import load, on_policy_samples
@@ -112,7 +112,10 @@ def test_two_gloo_ranks_equal_one_process(
     assert metrics["optimizer_steps"] == (1 if mini_batch == 8 else 2)
     assert set(two["state"]) == set(before)
     assert update_mismatches(before, model.state_dict(), two["state"]) == []
-    for k in ("loss", "grad_norm", "entropy", *(DECOUPLED_KEYS if flag == "stale" else ())):
+    # every update here scores the trainer's own log-probs (behav_imp_cap 2): the one-step ddp
+    # one from its training forwards, the others from the pass and the first step's forwards,
+    # gathered over the ranks
+    for k in ("loss", "grad_norm", "entropy", *DECOUPLED_KEYS, *MISMATCH_KEYS):
         assert two["metrics"][k] == pytest.approx(metrics[k], rel=1e-5, abs=1e-7), k
 
 
