@@ -6,6 +6,7 @@ inside the phases the router timed itself, and the same fields survive WatchRun'
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
@@ -13,6 +14,7 @@ from atgrpo.cli.report import step_line, tensorboard_scalars
 from atgrpo.config import parse_config
 from atgrpo.contract import run_wire
 from atgrpo.contract.run import STEP_TIMING
+from atgrpo.contract.trainer import MISMATCH_KEYS
 from atgrpo.rpc.server import create_server
 from env_svc.client import EnvClient
 from env_svc.server import bindings as env_bindings
@@ -136,6 +138,14 @@ def test_a_step_says_where_its_time_went(tiny_model, tmp_path):
         e["update_flops_per_s"] / e["update_matmul_flops_per_s"]
     )
     assert pool["update_flops"] == pytest.approx(e["update_flops_per_s"] * update)
+
+    # The step record has the engine's log-probs against the trainer's (issue 59): the hf engine
+    # and the trainer run the same float32 model on CPU, so the ratios sit near 1.
+    mm = pool["mismatch"]
+    assert tuple(mm) == MISMATCH_KEYS and all(math.isfinite(v) for v in mm.values())
+    assert 0 <= mm["mismatch_outside_support"] <= 1 and 0 <= mm["mismatch_capped_fraction"] <= 1
+    assert mm["mismatch_ratio_p05"] <= mm["mismatch_ratio_p50"] <= mm["mismatch_ratio_p95"]
+    assert mm["mismatch_ratio_p50"] == pytest.approx(1.0, abs=0.05) and mm["mismatch_kl"] >= 0
 
     # WatchRun carries the breakdown, so `atgrpo train --timing` and TensorBoard see it.
     back = run_wire.event_from_pb(run_wire.event_to_pb("r", e))

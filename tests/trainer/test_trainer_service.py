@@ -110,6 +110,12 @@ def test_train_bumps_the_version_and_pushes_weights_that_change_the_rollout(tiny
         # peak
         m = resp.metrics
         assert 0 < m["rss_gb"] <= m["rss_peak_gb"] and -0.05 < m["rss_released_gb"] < m["rss_gb"]
+        # The engine's log-probs against the trainer's own, over the wire (issue 59): these
+        # samples' are the same model's, so the trainer finds no mismatch
+        assert m["mismatch_outside_support"] == 0.0 and m["mismatch_capped_fraction"] == 0.0
+        assert m["mismatch_kl"] == pytest.approx(0.0, abs=1e-6)
+        for q in ("p05", "p50", "p95"):
+            assert m[f"mismatch_ratio_{q}"] == pytest.approx(1.0, abs=1e-3), q
         assert {(p.adapter, p.version) for p in await r.policies()} == {("", 1)}
         after = await r.generate("p", messages=HELLO, sampling=GREEDY)
         assert after.policy.version == 1 and after.completions[0].logprobs != before
