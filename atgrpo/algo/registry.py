@@ -62,8 +62,10 @@ class AdvantageEstimator:
 class PolicyLoss:
     name: str
     fn: Loss
-    # Takes the proximal policy's log-probs (the trainer's weights before the update), which
-    # asynchronous training (max_staleness > 0) needs: the sampler may be versions behind.
+    # Takes the proximal policy's log-probs (the trainer's own, under its weights before the
+    # update), which the ratio sits on when the trainer scores them: behav_imp_cap > 0 (the
+    # engine's log-probs are not the trainer's) or max_staleness > 0 (the sampler may be versions
+    # behind).
     proximal: bool = False
 
 
@@ -120,7 +122,8 @@ def register_adv_est(
 
 def register_policy_loss(name: str, *, proximal: bool = False) -> Callable[[Loss], Loss]:
     """Register `fn(logprobs, old_logprobs, advantages, mask, cfg, *, prox_logprobs, ref_logprobs,
-    entropy)` as the policy loss `name`; `proximal`: it uses prox_logprobs (max_staleness > 0)."""
+    entropy)` as the policy loss `name`; `proximal`: it uses prox_logprobs (the trainer's own
+    log-probs, given when behav_imp_cap > 0 or max_staleness > 0)."""
 
     def add(fn: Loss) -> Loss:
         _add(_LOSSES, _BUILTIN_LOSSES, PolicyLoss(name, fn, proximal))

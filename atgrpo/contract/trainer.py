@@ -53,7 +53,8 @@ class LossConfig:
     uncut and truncates only the tail, where one token would otherwise dominate the batch; 1
     truncates as V-trace does (Espeholt et al. 2018), AReaL uses 5; docs/design.md gives the
     reasons. Exactly 0 turns the correction off: the ratio sits on the engine's log-probs (the
-    behaviour before issue 59), allowed only with max_staleness 0"""
+    behaviour before issue 59), allowed only with max_staleness 0. A registered loss without
+    proximal=True never gets the trainer's log-probs, so the cap does not apply to it"""
     policy_loss: str = "ppo_clip"
     """the policy loss, by its registered name (atgrpo.algo.registry). ppo_clip: the clipped
     surrogate with dual clip; with behav_imp_cap > 0 or max_staleness > 0 it trains with its

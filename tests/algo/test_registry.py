@@ -152,7 +152,10 @@ def test_config_names_are_checked_against_the_registries():
 
 def test_asynchronous_training_picks_the_decoupled_form_and_refuses_a_loss_without_it():
     assert parse_config(config(max_staleness=2)).update_for("p").policy_loss == "decoupled"
-    assert parse_config(config()).update_for("p").policy_loss == "ppo_clip"
+    # On-policy too by default: the ratio sits on the trainer's own log-probs (issue 59); only
+    # with the correction off is it the plain ppo_clip on the engine's.
+    assert parse_config(config()).update_for("p").policy_loss == "decoupled"
+    assert parse_config(config(behav_imp_cap=0)).update_for("p").policy_loss == "ppo_clip"
     with pytest.raises(ConfigError, match="proximal"):
         parse_config(config(max_staleness=1, policy_loss="test_reinforce"))
 
