@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 from atgrpo.contract.weight_payload import Payload  # noqa: E402
 from trainer_svc.sharding import host_state, shard  # noqa: E402
@@ -126,6 +127,68 @@ def main(out: str, hidden: int, layers: int, vocab: int) -> None:
         )
     dist.barrier()  # leave together (tests/trainer/dist_worker.py says why)
     dist.destroy_process_group()
+
+
+def push_host(args) -> None:
+    """bench/trainer_memory.py's section 4: this file's main on two gloo ranks under torchrun,
+    one thread each; prints the figures and records the ratios."""
+    import socket
+    import subprocess
+
+    from _report import record
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = Path(os.environ.get("TMPDIR", "/tmp")) / f"atgrpo-host-push-{os.getpid()}.json"
+    env = {
+        **os.environ,
+        "MALLOC_MMAP_THRESHOLD_": "65536",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT),
+    }
+    dims = [str(args.push_hidden), str(args.push_layers), str(args.push_vocab)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    cmd += ["--master-addr", "127.0.0.1", "--master-port", str(port)]
+    proc = subprocess.run(
+        [*cmd, __file__, str(out), *dims],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"push: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+    got = json.loads(out.read_text())
+    out.unlink()
+    mb = 1e6
+    print(
+        f"\npush from an FSDP bf16 pool, 2 gloo ranks (hidden {args.push_hidden}, "
+        f"{args.push_layers} layers, vocabulary {args.push_vocab}: "
+        f"{got['fp32_bytes'] / mb:.0f} MB float32, {got['bf16_bytes'] / mb:.0f} MB bf16, largest "
+        f"tensor {got['largest_fp32_bytes'] / mb:.0f} MB float32); rank 0's VmHWM above its "
+        "resident set before"
+    )
+    for name, key in (
+        ("gathered, then cast on the host", "host"),
+        ("cast, then gathered", "device"),
+    ):
+        print(f"  {name:<34} peak {got[key + '_peak'] / mb:7.0f} MB   {got[key + '_s']:6.2f} s")
+    print(f"  same tensors: {got['same_tensors']}, same digest: {got['same_digest']}")
+    if not (got["same_tensors"] and got["same_digest"]):
+        raise RuntimeError("the two paths pushed different bits")
+    detail = f"{got['host_peak'] / mb:.0f} vs {got['device_peak'] / mb:.0f} MB"
+    record(
+        "trainer_memory",
+        "push host peak, gathered then cast / cast then gathered",
+        got["host_peak"] / got["device_peak"],
+        f"{detail}; payload {got['bf16_bytes'] / mb:.0f} MB",
+    )
+    record(
+        "trainer_memory",
+        "push gather+cast+layout seconds, gathered then cast / cast then gathered",
+        got["host_s"] / got["device_s"],
+        f"{got['host_s']:.2f} vs {got['device_s']:.2f} s",
+    )
 
 
 if __name__ == "__main__":
