@@ -106,7 +106,7 @@ def shard(model: torch.nn.Module, device: str, mixed_bf16: bool = False) -> torc
         setattr(head, HEAD_COMPUTE_DTYPE, torch.bfloat16)
     fully_shard(model, mesh=mesh, mp_policy=root_policy)
     # The chunked log-prob path calls the decoder and the head apart, not model.forward: run as
-    # a forward of the root, FSDP gathers the root's parameters (embeddings, final norm, head)
+    # a forward of the root, FSDP gathers the root's parameters (final norm, head, a tied embedding)
     # for it and frees them after (logprobs.response_logprobs).
     setattr(model, FORWARD_METHOD, types.MethodType(_in_forward, model))
     register_fsdp_forward_method(model, FORWARD_METHOD)
