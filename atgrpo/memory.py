@@ -379,11 +379,12 @@ def trainer_components(
     T*2m (AdamW's two moments) and on CUDA T*m of its step's temporaries; weights, gradients and
     optimizer / N when sharded; FSDP's
     unsharded units: (embeddings + 2 layers) * 2m (gathered weights and their gradients, or under
-    bf16 both in bf16 and the gradients' float32 copy for the reduction); the KL reference P*w / N
+    bf16 both in bf16 and the gradients' float32 copy for the reduction, but for the head: float32
+    weight and gradient, and its bf16 copy V*H*w); the KL reference P*w / N
     (a full pool with kl_coef > 0; a LoRA pool's reference is its base); activations at `tokens`
     (default micro_batch_tokens) as pool_activation_bytes(); the chunked log-prob path at
     `response_tokens` positions (default `tokens`; `sorts`: an agent trains under top-p without
-    top-k) and, under autocast with float32 masters, one
+    top-k) and, under bf16 with float32 masters (autocast, or FSDP's float32 head), one
     HEAD_GRAD_ROWS slice of the head's gradient; the CUDA runtime.
 
     Its peak is trainer_peak() (the phases overlap only in part), within 25% of the peaks measured
@@ -407,6 +408,9 @@ def trainer_components(
         "step_temporaries": t * m // shards if device == "cuda" else 0,
         "fsdp_units": (
             (shape.embedding_params + FSDP_LAYERS_IN_FLIGHT * shape.layer_params) * 2 * m
+            # under bf16 the head is gathered in float32 with a float32 gradient (the same 2m a
+            # parameter) and a bf16 copy for its matmuls (sharding.shard)
+            + (shape.vocab * shape.hidden * width if autocast else 0)
             if shards > 1
             else 0
         ),
@@ -419,11 +423,7 @@ def trainer_components(
             memory=memory if device == "cuda" else None,
             sorts=sorts,
         )
-        + (
-            min(HEAD_GRAD_ROWS, shape.vocab) * shape.hidden * width
-            if autocast and not lora and shards == 1
-            else 0
-        ),
+        + (min(HEAD_GRAD_ROWS, shape.vocab) * shape.hidden * width if autocast and not lora else 0),
         "runtime": GPU_RUNTIME_BYTES if device == "cuda" else 0,
     }
 
@@ -513,15 +513,18 @@ def rollout_full_kv_bytes(
 
 def trainer_host_bytes(shape: ModelShape, pool: PoolConfig, *, ranks: int) -> int:
     """Rank 0's host memory: the model as loaded (a full pool's in its trained width, a LoRA
-    pool's base at the compute width), or, when FSDP gathers a checkpoint's model folder onto
-    rank 0's CPU, the whole model (P*m) and its cast for it (P*w under bf16). The masters and the
-    optimizer state are written by each rank, shard by shard (state.PoolState.save)."""
+    pool's base at the compute width), or, when FSDP gathers a push or a checkpoint's model
+    folder onto rank 0's CPU, the whole model in the dtype it leaves in (P*w under bf16, else
+    P*m: each tensor is cast on its device before it is gathered, sharding.host_state) and one
+    tensor more, the largest (the embedding, V*H*m). The masters and the optimizer state are
+    written by each rank, shard by shard (state.PoolState.save)."""
     device = "cuda" if pool.device != "cpu" else "cpu"
     width, autocast = compute_dtype(pool, device)
     m = trained_width(pool, device)
     lora = pool.specialization == "lora"
     load = shape.params * (width if lora else m)
-    gathered = shape.params * (m + (width if autocast else 0)) if not lora and ranks > 1 else 0
+    out = width if autocast else m
+    gathered = shape.params * out + shape.vocab * shape.hidden * m if not lora and ranks > 1 else 0
     return HOST_BASE_BYTES + max(load, gathered)
 
 

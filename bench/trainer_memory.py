@@ -8,7 +8,11 @@
    non-reentrant), at Qwen3-1.7B's layer dimensions (hidden 2048, intermediate 6144, 16 heads,
    8 kv heads, head_dim 128);
 3. the update's tokens/s, chunked against full logits (target >= 0.9x), on a few-layer model of
-   1.7B's hidden size and Qwen3's vocabulary.
+   1.7B's hidden size and Qwen3's vocabulary;
+4. a push from an FSDP bf16 pool over 2 gloo ranks (bench/_host_push.py): rank 0's host peak and
+   seconds to gather, cast and lay out the payload, each tensor cast before it is gathered
+   (sharding.host_state) against the float32 model gathered onto the host and cast there (the
+   path it replaced), on the same weights, with the payloads' bits compared.
 
 How memory is measured: every figure comes from a fresh subprocess (so nothing another
 measurement allocated or fragmented counts), with glibc returning every freed block over 64 KiB to
@@ -48,6 +52,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _host_push import push_host  # noqa: E402
 from _report import parse_args, record  # noqa: E402
 
 from atgrpo.algo.loss import policy_loss  # noqa: E402
@@ -237,6 +242,9 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--response", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--push-hidden", type=int, default=1024, help="section 4's model")
+    ap.add_argument("--push-layers", type=int, default=12)
+    ap.add_argument("--push-vocab", type=int, default=32000)
     args = parse_args(
         ap,
         smoke={
@@ -255,6 +263,9 @@ def main() -> None:
             "prompt": 8,
             "response": 64,
             "repeats": 1,
+            "push_hidden": 256,
+            "push_layers": 2,
+            "push_vocab": 4096,
         },
     )
     if args.child:
@@ -319,6 +330,8 @@ def main() -> None:
         act[False] / max(act[True], 1.0),
         f"{act[False] / 1024:.1f} vs {act[True] / 1024:.1f} KiB",
     )
+
+    push_host(args)
 
     chunked, full, recomputed = update_rates(args)
     print(

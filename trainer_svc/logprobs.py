@@ -21,7 +21,7 @@ from atgrpo.algo.sampling import transform_logits
 from atgrpo.contract.sampling import Sampling
 from atgrpo.contract.trainer import TrainSample
 from atgrpo.memory import LOGPROB_CHUNK_ELEMENTS, logprob_pass_elements
-from trainer_svc.sharding import FORWARD_METHOD, is_sharded, sharded_forward
+from trainer_svc.sharding import FORWARD_METHOD, HEAD_COMPUTE_DTYPE, is_sharded, sharded_forward
 
 
 # The chunked path's bound: logits elements (positions x vocabulary) per pass, sized by the
@@ -68,6 +68,15 @@ def _compute_dtype(device: torch.device, weight: torch.Tensor) -> torch.dtype:
     if torch.is_autocast_enabled(kind):
         return torch.get_autocast_dtype(kind)
     return weight.dtype
+
+
+def _head_compute(head: torch.nn.Module, device: torch.device):
+    """A head held in float32 whose matmuls run in bf16 (HEAD_COMPUTE_DTYPE: an FSDP pool's, so
+    its gradient sums in float32) runs them as under autocast (_compute_dtype)."""
+    dtype = getattr(head, HEAD_COMPUTE_DTYPE, None)
+    if dtype is None or torch.is_autocast_enabled(device.type):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
 
 
 def _pass_logp(
@@ -328,9 +337,10 @@ def hidden_logprobs(
         if fused:
             keep = torch.is_grad_enabled() and len(flat_t) * vocab <= keep_elements
             keep_elements -= len(flat_t) * vocab if keep else 0  # the budget is the whole call's
-            part = _FusedHeadLogprobs.apply(
-                flat_h, head.weight, head.bias, flat_t, sampling, entropy, step, keep
-            )
+            with _head_compute(head, hidden.device):
+                part = _FusedHeadLogprobs.apply(
+                    flat_h, head.weight, head.bias, flat_t, sampling, entropy, step, keep
+                )
             lp_parts.append(part[0])
             ent_parts.append(part[1])
             where.append(real.nonzero(as_tuple=True))

@@ -66,11 +66,20 @@ def rank_device(device: str) -> str:
 
 def shard(model: torch.nn.Module, device: str, mixed_bf16: bool = False) -> torch.nn.Module:
     """FSDP2 in place: one group per decoder layer (so only one layer is ever unsharded at a
-    time), then the root (embeddings, final norm, head; tied weights stay in one group).
+    time), then the root (final norm, head, and the embedding unless it has its own group; tied
+    weights stay in one group).
 
     `mixed_bf16`: FSDP2's own mixed precision (float32 shards, gathered in bf16, gradients
     reduced in float32) instead of autocast, whose cast cache kept a bf16 copy of every gathered
-    layer until the backward (~14 GiB a rank at 8B): the gathered bf16 layer is the only copy."""
+    layer until the backward (~14 GiB a rank at 8B): the gathered bf16 layer is the only copy.
+    The output layer's group is gathered in float32 (its matmuls still run in bf16:
+    HEAD_COMPUTE_DTYPE): the fused head adds its weight gradient into the gathered weight's .grad
+    pass by pass (logprobs._FusedHeadLogprobs), and a bf16 .grad rounded that sum at every one of
+    a micro-batch's ~34 passes (relative error 0.0056 against 0.0024 for one pass). That group
+    is the root: the head must be gathered by the root's forward (sharded_forward). An untied
+    embedding gets a bf16 group of its own, so that only the head and the final norm are float32
+    (Qwen3-8B, while the root is unsharded: its head 1.2 GB more gathered, 1.2 GB more gradient,
+    and a 1.2 GB bf16 copy for the matmuls); a tied one is the head, float32 with it."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import (
         FSDPModule,
@@ -85,13 +94,19 @@ def shard(model: torch.nn.Module, device: str, mixed_bf16: bool = False) -> torc
         if mixed_bf16
         else MixedPrecisionPolicy()
     )
+    root_policy = MixedPrecisionPolicy(reduce_dtype=torch.float32) if mixed_bf16 else policy
     layers = set(getattr(model, "_no_split_modules", None) or ())
     for module in model.modules():
         if type(module).__name__ in layers:
             fully_shard(module, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    if mixed_bf16 and head is not None:
+        if embedding is not None and embedding.weight is not head.weight:
+            fully_shard(embedding, mesh=mesh, mp_policy=policy)
+        setattr(head, HEAD_COMPUTE_DTYPE, torch.bfloat16)
+    fully_shard(model, mesh=mesh, mp_policy=root_policy)
     # The chunked log-prob path calls the decoder and the head apart, not model.forward: run as
-    # a forward of the root, FSDP gathers the root's parameters (embeddings, final norm, head)
+    # a forward of the root, FSDP gathers the root's parameters (final norm, head, a tied embedding)
     # for it and frees them after (logprobs.response_logprobs).
     setattr(model, FORWARD_METHOD, types.MethodType(_in_forward, model))
     register_fsdp_forward_method(model, FORWARD_METHOD)
@@ -106,6 +121,10 @@ def shard(model: torch.nn.Module, device: str, mixed_bf16: bool = False) -> torc
 
 
 FORWARD_METHOD = "atgrpo_forward"
+# The output layer's attribute naming the dtype its matmuls run in when the weight is held in
+# another (shard: a float32 head under FSDP's bf16 mixed precision); logprobs.hidden_logprobs
+# reads it.
+HEAD_COMPUTE_DTYPE = "atgrpo_compute_dtype"
 
 
 def _in_forward(model: torch.nn.Module, fn, *args):
@@ -132,11 +151,35 @@ def _full_options(**kw):
     return StateDictOptions(full_state_dict=True, **kw)
 
 
-def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Collective: the whole model's tensors (HF names) on rank 0's CPU; {} on other ranks."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+def host_state(model: torch.nn.Module, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """Collective when sharded: the whole model's tensors (HF names) on rank 0's CPU, floating ones
+    in `dtype` (None: as held); {} on the other ranks. Tied weights stay one tensor.
 
-    return get_model_state_dict(model, options=_full_options(cpu_offload=True))
+    One tensor at a time: its shard is cast where it lives (the GPU in production), gathered in
+    the cast dtype, copied to the host and dropped from the device, so rank 0's host holds the
+    cast model (what a push or the model folder needs) and at most one gathered tensor more. Qwen3-
+    8B pushed in bf16: 16.4 GB, where torch's get_model_state_dict gathered the float32 masters
+    first (32.8 GB) and the cast came on top (16.4 GB more, ~22 s a push). Casting then gathering
+    gives the bits of gathering then casting (the cast is per element), on half the bytes."""
+    from torch.distributed.tensor import DTensor
+
+    rank = world()[0]
+    out: dict[str, torch.Tensor] = {}
+    done: dict[int, torch.Tensor] = {}  # id of a parameter -> its host copy (tied names)
+    with torch.no_grad():
+        # keep_vars: the parameters themselves, so a tied weight is one object under two names
+        for name, t in model.state_dict(keep_vars=True).items():
+            if id(t) not in done:
+                v = t.detach()
+                if dtype is not None and v.is_floating_point():
+                    v = v.to(dtype)  # on its device; a DTensor casts its local shard
+                if isinstance(v, DTensor):
+                    v = v.full_tensor()  # all-gather: every rank takes part
+                done[id(t)] = v.cpu() if rank == 0 else v.new_empty(0)
+                del v
+            if rank == 0:
+                out[name] = done[id(t)]
+    return out
 
 
 def load_full_model_state(model: torch.nn.Module, full: dict[str, torch.Tensor]) -> None:

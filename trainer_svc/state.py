@@ -37,7 +37,7 @@ from trainer_svc.loading import (
     weight_dtype,
 )
 from trainer_svc.sharding import (
-    full_model_state,
+    host_state,
     load_optimizer_state,
     load_sharded_state,
     optimizer_state,
@@ -205,13 +205,15 @@ class PoolState:
     # --- what gets pushed to rollout replicas ------------------------------------------------
 
     def full_state(self) -> dict[str, torch.Tensor]:
-        """The whole model (collective when sharded: full on rank 0 only). A tied head is left out:
-        it is the embedding under a second name, which the replicas tie back (the engines'
-        load_full), and pushing it would send Qwen3-1.7B's embedding twice (0.6 GB more in bf16)."""
-        state = full_model_state(self.model) if self.sharded else self.model.state_dict()
+        """The whole model in the pushed dtype, on rank 0's CPU (collective when sharded; {} on the
+        other ranks), cast tensor by tensor on its device (sharding.host_state). A tied head is
+        left out: it is the embedding under a second name, which the replicas tie back (the
+        engines' load_full), and pushing it would send Qwen3-1.7B's embedding twice (0.6 GB more
+        in bf16)."""
+        state = host_state(self.model, io_dtype(self.spec))
         if getattr(self.model.config, "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)
-        return _cast(state, io_dtype(self.spec))
+        return state
 
     def adapter_state(self, agent: str) -> tuple[dict[str, torch.Tensor], dict]:
         from peft import get_peft_model_state_dict
@@ -247,27 +249,26 @@ class PoolState:
         exact resume needs: optimizer, schedule, RNG states and version. Every rank calls it (a
         sharded pool gathers its state); rank 0 writes."""
         where = Path(where)
-        model_state = full_model_state(self.model) if self.sharded else None
+        # Under mixed precision the model folder keeps the pool's dtype (what eval and rollout
+        # load, the size it had) and the float32 masters go with the optimizer, for an exact resume;
+        # the cast is made tensor by tensor on the device (host_state), never from a float32 copy.
+        master, out = None, io_dtype(self.spec)
+        model_state = host_state(self.model, out) if self.sharded else None
         if self.sharded:
             save_sharded_state(self.model, self.optimizer, where / SHARDED_STATE)
         optimizer = None if self.sharded else optimizer_state(self.model, self.optimizer)
         if self.rank != 0:
             return where
         where.mkdir(parents=True, exist_ok=True)
-        # Under mixed precision the model folder keeps the pool's dtype (what eval and rollout
-        # load, the size it had) and the float32 masters go with the optimizer, for an exact resume.
-        master, out = None, io_dtype(self.spec)
-        if out is not None and not self.lora:
-            master = model_state if model_state is not None else self.model.state_dict()
-            model_state = _cast(master, out)
+        if out is not None and not self.lora and not self.sharded:
+            master = self.model.state_dict()  # the live masters: no copy
+            model_state = host_state(self.model, out)
         if model_state is None:
             self.model.save_pretrained(where / "model")
         else:  # the gathered (or cast) tensors: the live ones are shards or masters
             self.model.save_pretrained(where / "model", state_dict=model_state)
-        if master is not None:
+        if out is not None and not self.lora:
             _set_saved_dtype(where / "model", out)
-        if self.sharded:
-            master = None  # in SHARDED_STATE, with the moments
         torch.save(
             {
                 **({"optimizer": optimizer} if optimizer is not None else {}),
@@ -393,28 +394,6 @@ def delete_checkpoint(where: str | Path, spec: PoolSpec) -> bool:
         with contextlib.suppress(OSError):  # not empty: another pool's checkpoint of that step
             where.parent.rmdir()
     return True
-
-
-def _cast(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    """Floating tensors in `dtype` (None: as they are), detached. Tied weights (an embedding and
-    the head: one tensor under two names) stay one tensor, so they are saved and pushed once:
-    a second copy of Qwen3-1.7B's embedding is 0.6 GB."""
-    out: dict[str, torch.Tensor] = {}
-    cast: dict[tuple, torch.Tensor] = {}
-    for k, v in state.items():
-        if dtype is None or not v.is_floating_point():
-            out[k] = v.detach()
-            continue
-        same = (
-            v.untyped_storage().data_ptr(),
-            v.storage_offset(),
-            tuple(v.shape),
-            tuple(v.stride()),
-        )
-        if same not in cast:
-            cast[same] = v.detach().to(dtype)
-        out[k] = cast[same]
-    return out
 
 
 def _set_saved_dtype(model_dir: Path, dtype: torch.dtype) -> None:

@@ -196,12 +196,15 @@ def test_trainer_components_of_a_full_bf16_pool_by_hand():
     assert off["activations"] == 4096 * 2 * SMALL_ACT
 
 
-def test_trainer_host_memory_of_a_sharded_checkpoint_is_the_model_and_its_cast():
+def test_trainer_host_memory_of_a_sharded_push_is_its_cast_and_one_tensor():
     s, p = ModelShape.from_config(SMALL), SMALL_PARAMS
     base = trainer_host_bytes(s, small_pool(), ranks=1) - 4 * p  # one process: its float32 masters
-    # FSDP: rank 0 gathers the masters and casts them to bf16 for the model folder; the moments
-    # (8 bytes a parameter) are each rank's to write, shard by shard, and never gathered.
-    assert trainer_host_bytes(s, small_pool(), ranks=4) == base + (4 + 2) * p
+    # FSDP: rank 0 gathers a push or the model folder cast to bf16 tensor by tensor, with one
+    # float32 tensor in flight at most (the embedding: 1000 x 64); the moments (8 bytes a
+    # parameter) are each rank's to write, shard by shard, and never gathered. Loading the
+    # float32 model at start-up is then the larger.
+    assert trainer_host_bytes(s, small_pool(), ranks=4) == base + max(2 * p + 64_000 * 4, 4 * p)
+    assert trainer_host_bytes(s, small_pool(), ranks=4) == base + 4 * p
     # bf16 base only
     assert trainer_host_bytes(s, small_pool(specialization="lora"), ranks=4) == base + 2 * p
 
@@ -236,11 +239,12 @@ def test_trainer_components_float32_cpu_sharded_kl_and_lora():
     )
     # FSDP's mixed precision gathers each layer in bf16: no autocast cache
     assert four["casts"] == 0
-    # embeddings + 2 layers, gathered + grads
-    assert four["fsdp_units"] == (64_000 + 2 * SMALL_LAYER) * (4 + 4)
+    # embeddings + 2 layers, gathered + grads; the head gathered in float32 and its bf16 copy
+    assert four["fsdp_units"] == (64_000 + 2 * SMALL_LAYER) * (4 + 4) + 64_000 * 2
     assert four["kl_reference"] == 2 * p // 4
-    # the chunked head as in one process, its gradient in place (bf16 gathered, bf16 gradient)
-    assert four["logprob"] == 4096 * 1000 * 4 * 4
+    # the chunked head as in one process, its float32 gradient in place, a bf16 product added to
+    # it (all 1000 rows: fewer than HEAD_GRAD_ROWS)
+    assert four["logprob"] == 4096 * 1000 * 4 * 4 + 1000 * 64 * 2
     # the residual stream is bf16 (the gathered embeddings are): 2h kept per checkpointed layer
     assert four["activations"] == 4096 * (2 * 2 * 64 + activation_bytes_per_token_layer(s, 2))
 

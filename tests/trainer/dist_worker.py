@@ -17,7 +17,7 @@ from tests.trainer.test_update import load, on_policy_samples
 from tests.trainer.test_update_async import mixed_staleness
 from trainer_svc.loading import enable_checkpointing
 from trainer_svc.logprobs import chunked_head_available
-from trainer_svc.sharding import full_model_state, shard
+from trainer_svc.sharding import host_state, shard
 from trainer_svc.update import update
 from trainer_svc.update_context import TrainerUpdateSettings
 
@@ -51,7 +51,7 @@ def main(
     )
     g = torch.Generator().manual_seed(1)
     metrics = update(model, opt, samples, cfg, params=params, settings=settings, generator=g)
-    state = full_model_state(model) if sharding == "fsdp" else model.state_dict()
+    state = host_state(model, None)
     if dist.get_rank() == 0:
         torch.save(
             {"state": state, "metrics": metrics, "chunked": chunked_head_available(model)}, out
