@@ -79,6 +79,9 @@ PARTS = ("trainer", "logprobs", "services", "push", "vllm", "two_gpu")
 # Parts that run only where what they need is there (vLLM; two GPUs): skipped, they do not fail
 # the check, and the report says why (gpu_check_parts).
 WHERE_AVAILABLE = ("vllm", "two_gpu")
+# The parts that run the trainer, and the CUDA allocator setting its service runs with.
+TRAINS = ("trainer", "logprobs", "two_gpu")
+ALLOC_CONF = ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 # What each part imports beyond the standard library, torch and the tree itself (which travels as
 # files), by distribution name; what a bare GPU machine lacks is these and what they require
 # (wheels()). tests/trainer/test_gpu_check.py runs the trainer's parts on an interpreter that has
@@ -359,6 +362,7 @@ def check_trainer(args, work: Path) -> dict:
         },
         "peak_bytes": measured,
         "reserved_bytes": _reserved(args.device),
+        "alloc_conf": os.environ.get(ALLOC_CONF[0], ""),
         "plan_bytes": trainer_peak(estimate),
         "plan_components": estimate,
         "plan_ratio": round(measured / max(1, trainer_peak(estimate)), 3),
@@ -611,6 +615,8 @@ CHECKS = {
 
 def run_part(args) -> dict:
     """One part, in this process: its figures, the wheels it imported and its host peak."""
+    if args.part in TRAINS:  # as the trainer service runs (trainer_svc/__main__.py), before torch
+        os.environ.setdefault(*ALLOC_CONF)
     if absent := parts.unavailable(args.part, args):  # vLLM, a second GPU: before the wheels
         return absent
     missing = missing_wheels(args.part)

@@ -88,6 +88,7 @@ def test_the_gpu_check_runs_on_cpu_and_reports_every_part(tmp_path, subprocess_e
         trainer["plan_components"]
     )
     assert trainer["reserved_bytes"] == 0  # no CUDA reserve on the CPU
+    assert trainer["alloc_conf"] == "expandable_segments:True"  # as the trainer service runs
     assert trainer["loss"] == trainer["loss"]  # a number, not NaN
     assert (
         services["exit_code"] == 0
