@@ -9,11 +9,18 @@ import logging
 import os
 import sys
 
-from atgrpo.rpc.main import parse, serve_service, skip_exit_collection
-from trainer_svc import distributed
-from trainer_svc.ops import PoolOps
-from trainer_svc.server import bindings
-from trainer_svc.settings import TrainerSettings
+# CUDA's caching allocator reads this once, when it starts: so before torch loads (below). Samples
+# of varying lengths leave cached blocks of many sizes; with expandable segments the allocator grows
+# one mapping instead, and reserved memory stays near allocated over a long run (on a GPU; nothing
+# on a CPU). An operator's own setting wins.
+ALLOC_CONF = ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+os.environ.setdefault(*ALLOC_CONF)
+
+from atgrpo.rpc.main import parse, serve_service, skip_exit_collection  # noqa: E402
+from trainer_svc import distributed  # noqa: E402
+from trainer_svc.ops import PoolOps  # noqa: E402
+from trainer_svc.server import bindings  # noqa: E402
+from trainer_svc.settings import TrainerSettings  # noqa: E402
 
 
 def main() -> int:

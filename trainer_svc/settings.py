@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from atgrpo.rpc.main import SettingsError
 from trainer_svc.distributed import DEFAULT_COLLECTIVE_TIMEOUT_S, TIMEOUT_ENV, check_timeout
-from trainer_svc.sharding import SHARDINGS
+from trainer_svc.sharding import SHARDINGS, resolve
 from trainer_svc.update_context import DEFAULT_MICRO_BATCH_TOKENS
 
 
@@ -35,8 +35,9 @@ class TrainerSettings:
             "--sharding",
             choices=SHARDINGS,
             default=os.environ.get("ATGRPO_TRAINER_SHARDING", "auto"),
-            help="layout over torchrun ranks: fsdp shards a full fine-tuning model, ddp replicates "
-            "it; auto = fsdp for full fine-tuning, ddp for LoRA pools (one rank: no sharding)",
+            help="layout over torchrun ranks: fsdp shards a full fine-tuning model over all ranks, "
+            "hsdp within each node and replicated across nodes, ddp replicates it; auto = hsdp "
+            "for full fine-tuning past one node, else fsdp; ddp for LoRA pools (one rank: none)",
         )
         ap.add_argument(
             "--collective-timeout-s",
@@ -57,6 +58,11 @@ class TrainerSettings:
             )
         try:
             timeout_s = check_timeout(args.collective_timeout_s)
+        except ValueError as err:
+            raise SettingsError(str(err)) from None
+        try:  # a forced hsdp on nodes of unequal sizes: refused before any rank joins
+            world_size = int(os.environ.get("WORLD_SIZE", "1"))
+            resolve(args.sharding, world_size, lora=False)
         except ValueError as err:
             raise SettingsError(str(err)) from None
         return cls(args.pool, args.micro_batch_tokens, args.sharding, timeout_s)

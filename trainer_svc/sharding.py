@@ -12,6 +12,10 @@ Three layouts:
   decoder layer, then the root, becomes one parameter group whose parameters, gradients and
   optimizer state are split over the ranks; forward/backward all-gather a layer's parameters
   and reduce-scatter its gradients. Works on CPU with gloo and on GPUs with NCCL.
+- ``hsdp``: ``fsdp`` within each node, replicated across nodes (FSDP2 on a 2-D DeviceMesh
+  (replicate, shard) = (nodes, ranks per node)): the per-layer all-gathers and reduce-scatters
+  stay on a node's NVLink, and only one all-reduce of each rank's gradient shard crosses the
+  network. ``auto`` picks it for a full fine-tuning pool past one node (mesh_shape).
 
 Everything that gathers or scatters here is a collective: every rank must call it, in the same
 order (trainer.py's PoolOps guarantees that). Full state lands on rank 0 only.
@@ -29,7 +33,8 @@ import torch.distributed as dist
 
 log = logging.getLogger(__name__)
 
-SHARDINGS = ("auto", "ddp", "fsdp")
+SHARDINGS = ("auto", "ddp", "fsdp", "hsdp")
+SHARDED = ("fsdp", "hsdp")  # the layouts whose parameters are FSDP shards
 
 
 def world() -> tuple[int, int]:
@@ -39,19 +44,48 @@ def world() -> tuple[int, int]:
     return 0, 1
 
 
-def resolve(sharding: str, world_size: int, lora: bool) -> str:
-    """The layout a pool actually gets: `auto` shards full fine-tuning over several ranks."""
+def ranks_per_node(world_size: int) -> int:
+    """The ranks on this node: torchrun's LOCAL_WORLD_SIZE (every node runs --nproc-per-node)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
+
+
+def resolve(sharding: str, world_size: int, lora: bool, per_node: int | None = None) -> str:
+    """The layout a pool actually gets: `auto` shards full fine-tuning over several ranks, within
+    each node and replicated across nodes once the pool spans more than one (hsdp)."""
     if sharding not in SHARDINGS:
         raise ValueError(f"sharding {sharding!r}: use one of {SHARDINGS}")
     if world_size == 1:
         return "none"
     if lora:
-        if sharding == "fsdp":
+        if sharding in SHARDED:
             log.info(
                 "a LoRA pool runs replicated (ddp) over the ranks; fsdp applies to full fine-tuning"
             )
         return "ddp"
-    return "ddp" if sharding == "ddp" else "fsdp"
+    if sharding == "ddp":
+        return "ddp"
+    per_node = ranks_per_node(world_size) if per_node is None else per_node
+    if sharding == "hsdp":
+        mesh_shape("hsdp", world_size, per_node)  # nodes of unequal sizes: refused, naming the fix
+    if sharding == "auto":  # nodes of unequal sizes (no 2-D mesh) shard flat
+        return "hsdp" if 0 < per_node < world_size and world_size % per_node == 0 else "fsdp"
+    return sharding
+
+
+def mesh_shape(layout: str, world_size: int, per_node: int) -> tuple[int, ...]:
+    """FSDP's device mesh: (world,) for fsdp; (nodes, ranks per node) for hsdp, whose rows are
+    nodes because torchrun numbers the ranks node after node. ValueError, naming the fix, when the
+    nodes hold different numbers of ranks (no 2-D mesh covers them)."""
+    if layout == "fsdp":
+        return (world_size,)
+    if per_node < 1 or world_size % per_node:
+        raise ValueError(
+            f"sharding hsdp over {world_size} ranks with {per_node} on this node: every node must "
+            "run the same number of ranks (the same --nproc-per-node, the chart's "
+            "trainerSvc.gpus); or set --sharding fsdp (ATGRPO_TRAINER_SHARDING) to shard flat "
+            "across all ranks"
+        )
+    return (world_size // per_node, per_node)
 
 
 def rank_device(device: str) -> str:
@@ -64,10 +98,13 @@ def rank_device(device: str) -> str:
     return device
 
 
-def shard(model: torch.nn.Module, device: str, mixed_bf16: bool = False) -> torch.nn.Module:
+def shard(
+    model: torch.nn.Module, device: str, mixed_bf16: bool = False, layout: str = "fsdp"
+) -> torch.nn.Module:
     """FSDP2 in place: one group per decoder layer (so only one layer is ever unsharded at a
     time), then the root (final norm, head, and the embedding unless it has its own group; tied
-    weights stay in one group).
+    weights stay in one group). `layout`: fsdp shards over every rank, hsdp within each node
+    (mesh_shape).
 
     `mixed_bf16`: FSDP2's own mixed precision (float32 shards, gathered in bf16, gradients
     reduced in float32) instead of autocast, whose cast cache kept a bf16 copy of every gathered
@@ -88,7 +125,10 @@ def shard(model: torch.nn.Module, device: str, mixed_bf16: bool = False) -> torc
         register_fsdp_forward_method,
     )
 
-    mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
+    size = dist.get_world_size()
+    shape = mesh_shape(layout, size, ranks_per_node(size))
+    names = ("replicate", "shard")[-len(shape) :]
+    mesh = init_device_mesh(torch.device(device).type, shape, mesh_dim_names=names)
     policy = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if mixed_bf16

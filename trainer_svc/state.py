@@ -37,6 +37,7 @@ from trainer_svc.loading import (
     weight_dtype,
 )
 from trainer_svc.sharding import (
+    SHARDED,
     host_state,
     load_optimizer_state,
     load_sharded_state,
@@ -126,7 +127,9 @@ class PoolState:
                 dtype,
                 self.device,
                 self._prepare,
-                lambda model, device: shard(model, device, mixed_bf16=self.mixed_bf16),
+                lambda model, device: shard(
+                    model, device, mixed_bf16=self.mixed_bf16, layout=self.layout
+                ),
             )
         model = load_full(self.spec.model_path, dtype)
         self._prepare(model)
@@ -147,7 +150,7 @@ class PoolState:
 
     @property
     def sharded(self) -> bool:
-        return self.layout == "fsdp"
+        return self.layout in SHARDED
 
     def _with_adapters(self, model):
         from peft import LoraConfig, get_peft_model
@@ -184,7 +187,13 @@ class PoolState:
         if self._reference is None:
             dtype = torch.bfloat16 if self.mixed_bf16 else weight_dtype(self.spec, trainable=False)
             if self.sharded:
-                ref = load_sharded(self.spec.model_path, dtype, self.device, lambda _: None, shard)
+                ref = load_sharded(
+                    self.spec.model_path,
+                    dtype,
+                    self.device,
+                    lambda _: None,
+                    lambda model, device: shard(model, device, layout=self.layout),
+                )
             else:
                 ref = load_full(self.spec.model_path, dtype).to(self.device)
             self._reference = ref.requires_grad_(False).eval()

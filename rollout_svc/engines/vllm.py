@@ -96,7 +96,12 @@ class VLLMEngine:
             # the same way, and a LoRA engine on CPU is eager anyway (vllm/platforms/cpu.py).
             self._kwargs["enforce_eager"] = True
         if lora:
-            self._kwargs.update(max_loras=max_loras, max_lora_rank=max_lora_rank)
+            # `max_loras` is the agents; vLLM gets one slot more. load_adapter adds a new
+            # version (a new id) before it removes the old one, and adding activates it: with one
+            # slot per agent the GPU slots and the CPU cache (max_cpu_loras = max_loras) are full
+            # then, and vLLM evicts the least recently used adapter, another agent's current one,
+            # which its next generation reloads from disk. The spare slot holds the newcomer.
+            self._kwargs.update(max_loras=max_loras + 1, max_lora_rank=max_lora_rank)
         if gpu_memory_utilization is not None:
             self._kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         # To check pushes here (vLLM's workers are elsewhere), and the FLOPs of a generation.

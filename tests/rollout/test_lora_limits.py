@@ -58,7 +58,7 @@ def test_the_engine_rank_is_the_smallest_vllm_offers_that_holds_the_pools(rank, 
     assert vllm_lora_limits(lora_pool(rank), agents=9) == (want, 9)
 
 
-def test_the_launcher_starts_vllm_with_the_runs_rank_and_a_slot_per_agent(
+def test_the_launcher_starts_vllm_with_the_runs_rank_and_a_slot_per_agent_plus_one(
     tmp_path, tiny_model, monkeypatch
 ):
     args = {p.name: p.args for p in service_processes(parse_config(l2_config(tmp_path, 100, 9)))}[
@@ -80,7 +80,10 @@ def test_the_launcher_starts_vllm_with_the_runs_rank_and_a_slot_per_agent(
         "9",
     )
     engine = make_engine(s, s.pools[0])
-    assert (engine._kwargs["max_lora_rank"], engine._kwargs["max_loras"]) == (128, 9)
+    # one slot per agent and a spare: a new adapter version loads without evicting another
+    # agent's current one (vLLM evicts the least recently used adapter when its slots are full)
+    assert (engine._kwargs["max_lora_rank"], engine._kwargs["max_loras"]) == (128, 10)
+    assert "max_cpu_loras" not in engine._kwargs  # vLLM's default: max_loras, the same 10
 
 
 def test_limits_vllm_cannot_take_are_refused_at_the_flag():

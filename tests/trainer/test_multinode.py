@@ -1,7 +1,9 @@
 """A trainer pool over two "nodes" on loopback: two torchrun launchers of one rank each, joined by
 the static rendezvous the chart renders for a trainer past one node (helm/atgrpo/templates/
 _trainer_nodes.tpl: --nnodes, --node-rank, --master-addr at the leader), gloo on the CPU. Node 0's
-rank serves gRPC; one update and its checkpoint equal a single process's on the same samples."""
+rank serves gRPC; one update and its checkpoint equal a single process's on the same samples. Past
+one node `--sharding auto` is hsdp (sharding.resolve): here a (2 nodes, 1 rank) mesh, its sharded
+checkpoint and its gathered push included."""
 
 from __future__ import annotations
 

@@ -88,3 +88,34 @@ metadata:
 spec:
   {{- include "atgrpo.podSpec" .pod | nindent 2 }}
 {{- end -}}
+
+{{/*
+What a trainer past one node adds for its network (dict: root, resources): a YAML map of env (the
+NCCL settings of gpu.multiNode.nccl that are set; none by default), resources (the pod's, plus the
+RDMA device where gpu.multiNode.rdma.enabled) and securityContext (the chart's, plus IPC_LOCK
+where RDMA is enabled: RDMA registers, i.e. pins, its buffers past the memlock limit; empty
+otherwise, so the chart's own applies unchanged).
+*/}}
+{{- define "atgrpo.trainerNetwork" -}}
+{{- $m := .root.Values.gpu.multiNode -}}
+{{- $env := list -}}
+{{- $names := dict "socketIfname" "NCCL_SOCKET_IFNAME" "ibHca" "NCCL_IB_HCA" "netGdrLevel" "NCCL_NET_GDR_LEVEL" "ibGidIndex" "NCCL_IB_GID_INDEX" "debug" "NCCL_DEBUG" -}}
+{{- range $key := keys $names | sortAlpha }}
+{{- with index $m.nccl $key }}
+{{- $env = append $env (dict "name" (index $names $key) "value" (toString .)) -}}
+{{- end }}
+{{- end }}
+{{- $env = concat $env (default list $m.nccl.extraEnv) -}}
+{{- $resources := deepCopy (default dict .resources) -}}
+{{- $securityContext := dict -}}
+{{- if $m.rdma.enabled }}
+{{- $rdma := dict $m.rdma.resourceName (int $m.rdma.count) -}}
+{{- $_ := set $resources "requests" (merge $rdma (default dict $resources.requests)) -}}
+{{- $_ := set $resources "limits" (merge (deepCopy $rdma) (default dict $resources.limits)) -}}
+{{- $securityContext = deepCopy .root.Values.securityContext -}}
+{{- $caps := default dict $securityContext.capabilities -}}
+{{- $_ := set $caps "add" (list "IPC_LOCK") -}}
+{{- $_ := set $securityContext "capabilities" $caps -}}
+{{- end }}
+{{- toYaml (dict "env" $env "resources" $resources "securityContext" $securityContext) -}}
+{{- end -}}
