@@ -49,9 +49,14 @@ class Episode:
 
 
 def _closed(episode: Episode) -> None:
-    """Let the env release what it holds (a program env stops its program); never raises."""
+    """Let the env release what it holds (a program env stops its program); never raises. An env
+    written against an SDK without close() (or duck-typed, not an Environment) has nothing to
+    release."""
+    close = getattr(episode.env, "close", None)
+    if close is None:
+        return
     try:
-        episode.env.close()
+        close()
     except Exception:  # noqa: BLE001 - an env's close bug must not keep the episode alive
         log.exception("env %r: close() raised", episode.env_name)
 
