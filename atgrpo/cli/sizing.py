@@ -187,6 +187,11 @@ def size_run(
                     f"{nodes} nodes x {gpus_per_node} GPUs: the chart runs it as a "
                     "LeaderWorkerSet, its checkpoints on a ReadWriteMany volume"
                 )
+                if one := one_node_ranks(cfg, name, pool, shape, memory, gpus_per_node):
+                    note += (
+                        f"; it also fits one node: prefer pools.{name}.trainer_gpus: {one} "
+                        "(every collective then stays inside the node, none crosses the network)"
+                    )
                 pool_rows = [
                     replace(p, notes=(*p.notes, note)) if p.kind == "trainer" else p
                     for p in pool_rows
@@ -242,6 +247,16 @@ def sorts_vocabulary(cfg: RunConfig, pool: str) -> bool:
     return any(
         0 < s.top_p < 1 and s.top_k <= 0
         for s in (cfg.agents[a].train_sampling for a in cfg.agents_of(pool))
+    )
+
+
+def one_node_ranks(
+    cfg: RunConfig, name: str, pool: PoolConfig, shape: ModelShape, memory: int, per_node: int
+) -> int | None:
+    """The fewest GPUs of one node the trainer fits on, or None: a pool that fits one node trains
+    faster there than spread over several (hybrid sharding still all-reduces across them)."""
+    return next(
+        (n for n in range(1, per_node + 1) if trainer_fits(cfg, name, pool, shape, memory, n)), None
     )
 
 
@@ -425,6 +440,32 @@ def _rollout_kv_fit(
     return plan
 
 
+def trainer_fits(
+    cfg: RunConfig,
+    name: str,
+    pool: PoolConfig,
+    shape: ModelShape,
+    memory: int,
+    ranks: int,
+    tokens: int | None = None,
+) -> bool:
+    """Whether the pool's trainer, as `pool` sets it, fits `ranks` GPUs of `memory` bytes."""
+    tokens = max(tokens or pool.micro_batch_tokens, longest_sample(cfg, name))
+    return trainer_peak(
+        trainer_components(
+            shape,
+            pool,
+            cfg.algorithm,
+            "cuda",
+            agents=len(cfg.agents_of(name)),
+            ranks=ranks,
+            tokens=tokens,
+            memory=memory,
+            sorts=sorts_vocabulary(cfg, name),
+        )
+    ) <= usable(memory)
+
+
 def trainer_fixes(
     cfg: RunConfig,
     name: str,
@@ -436,26 +477,10 @@ def trainer_fixes(
 ) -> list[str]:
     """Each single change that would make the pool's trainer fit, found by re-running the
     estimate."""
-    agents, sample, room = len(cfg.agents_of(name)), longest_sample(cfg, name), usable(memory)
+    sample = longest_sample(cfg, name)
 
     def fits(p: PoolConfig, n: int = ranks, tokens: int | None = None) -> bool:
-        tokens = max(tokens or p.micro_batch_tokens, sample)
-        return (
-            trainer_peak(
-                trainer_components(
-                    shape,
-                    p,
-                    cfg.algorithm,
-                    "cuda",
-                    agents=agents,
-                    ranks=n,
-                    tokens=tokens,
-                    memory=memory,
-                    sorts=sorts_vocabulary(cfg, name),
-                )
-            )
-            <= room
-        )
+        return trainer_fits(cfg, name, p, shape, memory, n, tokens)
 
     fixes = []
     if not checkpointing_on(pool, "cuda") and fits(replace(pool, gradient_checkpointing=True)):

@@ -37,7 +37,15 @@ def test_plan_refuses_8b_full_on_one_80gb_gpu_and_names_the_fix(capsys):
 def test_plan_places_a_trainer_past_one_node_in_whole_nodes(capsys):
     path = EXAMPLES / "toy_L1_gpu.yaml"
     assert main(["plan", str(path), "--gpus", "16", "--gpu-memory", "80GiB"]) == 0
-    assert "2 nodes x 8 GPUs: the chart runs it as a LeaderWorkerSet" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "2 nodes x 8 GPUs: the chart runs it as a LeaderWorkerSet" in out
+    # 8B full fits 3 GPUs of 80 GiB (below): one node holds it, so the plan says to prefer it
+    assert "it also fits one node: prefer pools.shared.trainer_gpus: 3" in out
+    # on 2-GPU nodes no one node holds it: two whole nodes, and nothing to prefer
+    args = ["--gpus", "4", "--gpu-memory", "80GiB", "--gpus-per-node", "2"]
+    assert main(["plan", str(path), *args]) == 0
+    out = capsys.readouterr().out
+    assert "2 nodes x 2 GPUs" in out and "fits one node" not in out
     assert main(["plan", str(path), "--gpus", "12", "--gpu-memory", "80GiB"]) == 1
     out = capsys.readouterr().out
     assert "pools.shared.trainer_gpus is 12, more than a node's 8 GPUs" in out
