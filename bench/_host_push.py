@@ -35,17 +35,19 @@ from atgrpo.contract.weight_payload import Payload  # noqa: E402
 from trainer_svc.sharding import host_state, shard  # noqa: E402
 
 
-def _status(key: str) -> int:
+def status_bytes(key: str) -> int:
+    """A /proc/self/status memory line (VmRSS, VmHWM) in bytes."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(key + ":"):
             return int(line.split()[1]) * 1024
     raise KeyError(key)
 
 
-def _reset_peak() -> int:
+def reset_peak() -> int:
+    """The resident set now, with the high-water mark reset to it."""
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")
-    return _status("VmRSS")
+    return status_bytes("VmRSS")
 
 
 def gather_then_cast(model, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -80,7 +82,7 @@ def build(hidden: int, layers: int, vocab: int):
 def measure(fn, rank: int) -> tuple[dict, float, int, Payload | None]:
     """(state, seconds, rank 0's peak growth, payload): `fn` gathers, then the payload is laid
     out and every chunk cut and digested, as a push's first stream does."""
-    before = _reset_peak()
+    before = reset_peak()
     start = time.perf_counter()
     state = fn()
     payload = None
@@ -89,7 +91,7 @@ def measure(fn, rank: int) -> tuple[dict, float, int, Payload | None]:
         for k in range(payload.num_chunks):
             payload.wire(k)
     seconds = time.perf_counter() - start
-    return state, seconds, _status("VmHWM") - before, payload
+    return state, seconds, status_bytes("VmHWM") - before, payload
 
 
 def main(out: str, hidden: int, layers: int, vocab: int) -> None:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import gc
 import json
 import os
 import subprocess
@@ -52,7 +51,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from _host_push import push_host  # noqa: E402
+from _host_push import push_host, reset_peak, status_bytes  # noqa: E402
 from _report import parse_args, record  # noqa: E402
 
 from atgrpo.algo.loss import policy_loss  # noqa: E402
@@ -63,20 +62,6 @@ GiB = 2**30
 # The GPU examples' training transform at its heaviest (top-k and top-p: the sort's temporaries).
 SAMPLING = Sampling(temperature=1.0, top_k=20, top_p=0.9)
 ROWS = 8  # responses per micro-batch in the log-prob measurement
-
-
-def _status(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
-def _reset_peak() -> int:
-    """The resident set now, with the high-water mark reset to it."""
-    gc.collect()
-    Path("/proc/self/clear_refs").write_text("5")
-    return _status("VmRSS")
 
 
 def qwen3(args, layers: int, vocab: int):
@@ -116,7 +101,7 @@ def measure_logprobs(args, path: str, tokens: int) -> dict:
     mask = torch.ones(ROWS, t)
     samplings = {SAMPLING: list(range(ROWS))}
     adv = torch.randn(ROWS)
-    before = _reset_peak()
+    before = reset_peak()
     start = time.perf_counter()
     if path == "chunked":
         lp, ent = hidden_logprobs(head, hidden, targets, mask, samplings, entropy="metric")
@@ -125,7 +110,7 @@ def measure_logprobs(args, path: str, tokens: int) -> dict:
     loss, _ = policy_loss(lp, lp.detach(), adv, mask, LossConfig(), entropy=ent)
     loss.backward()
     seconds = time.perf_counter() - start
-    return {"peak": _status("VmHWM") - before, "seconds": seconds}
+    return {"peak": status_bytes("VmHWM") - before, "seconds": seconds}
 
 
 def measure_activations(args, checkpointing: bool) -> dict:
@@ -144,10 +129,10 @@ def measure_activations(args, checkpointing: bool) -> dict:
             False,
             True,
         ):
-            before = _reset_peak()
+            before = reset_peak()
             out = model(input_ids=ids, use_cache=False)
             if measured:
-                held[n] = _status("VmRSS") - before
+                held[n] = status_bytes("VmRSS") - before
             out.logits.float().sum().backward()
             del out
     return {"per_token_layer": (held[3] - held[1]) / 2 / args.act_tokens}
