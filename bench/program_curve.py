@@ -2,12 +2,12 @@
 `reasoning_gym` env and as an agent program (examples/programs/arithmetic_team.py) on the
 `openai` client, with one config but for its `env` (issue 58: they should learn alike).
 
-    python bench/program_curve.py --program RUN_DIR --builtin RUN_DIR --out docs/programs
+    python bench/program_curve.py --program RUN_DIR... --builtin RUN_DIR... --out docs/programs
 
-reads each run's metrics.jsonl (as `atgrpo train` writes it) and writes OUT/program_curve.json
-(every evaluation and step), OUT/program_curve.md (the table) and OUT/program_curve.png (greedy
-success against steps: the runs' budgets are in samples, so other work on the machine costs
-minutes, not the comparison)."""
+(a run directory a seed on each side) reads each run's metrics.jsonl (as `atgrpo train`
+writes it) and writes OUT/program_curve.json (every evaluation and step), OUT/program_curve.md
+(the table) and OUT/program_curve.png (greedy success against steps: the runs' budgets are in
+samples, so other work on the machine costs minutes, not the comparison)."""
 
 from __future__ import annotations
 
@@ -51,14 +51,12 @@ def table(runs: dict[str, dict[str, Any]]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--program", required=True, help="the agent program's run directory")
-    ap.add_argument("--builtin", required=True, help="the built-in env's run directory")
+    ap.add_argument("--program", nargs="+", required=True, help="the agent program's runs")
+    ap.add_argument("--builtin", nargs="+", required=True, help="the built-in env's runs")
     ap.add_argument("--out", default="docs/programs")
     args = ap.parse_args()
-    runs = {
-        "built-in reasoning_gym": read_run(Path(args.builtin)),
-        "agent program": read_run(Path(args.program)),
-    }
+    sides = (("built-in reasoning_gym", args.builtin), ("agent program", args.program))
+    runs = {f"{kind} ({Path(d).name})": read_run(Path(d)) for kind, dirs in sides for d in dirs}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "program_curve.json").write_text(json.dumps(runs, indent=1) + "\n")

@@ -30,10 +30,10 @@ def test_the_table_has_the_steps_both_runs_evaluated_and_each_runs_median_step(t
     assert (out / "program_curve.md").read_text().splitlines() == [
         "| env | step 0 | step 4 | s / step (median) |",
         "|---|---|---|---|",
-        "| built-in reasoning_gym | 0.125 | 0.500 | 20.0 |",
-        "| agent program | 0.100 | 0.250 | 50.0 |",
+        "| built-in reasoning_gym (b) | 0.125 | 0.500 | 20.0 |",
+        "| agent program (p) | 0.100 | 0.250 | 50.0 |",
     ]
-    assert "| agent program | 0.100 | 0.250 | 50.0 |" in proc.stdout
+    assert "| agent program (p) | 0.100 | 0.250 | 50.0 |" in proc.stdout
     kept = json.loads((out / "program_curve.json").read_text())
-    assert kept["built-in reasoning_gym"]["evals"][2] == {"step": 8, "success": 0.9375}
+    assert kept["built-in reasoning_gym (b)"]["evals"][2] == {"step": 8, "success": 0.9375}
     assert (out / "program_curve.png").stat().st_size > 5_000
