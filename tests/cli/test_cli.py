@@ -102,14 +102,14 @@ def test_the_smollm2_examples_are_the_learning_bench_s_at_grpo_runs():
             data["run"].pop("name")
             data["run"].pop("run_dir", None)
         assert example == bench, task
-    # the _fast example is issue 55's tuned run (docs/results.md, "Time to accuracy, tuned")
+    # the arithmetic_fast example is issue 55's tuned run (docs/results.md, "Time to accuracy, tuned")
     from bench.real_learning import Knobs
 
     tuned = Knobs(lr=3e-5, max_staleness=1, stop_at_fence=True, stop_at_paragraph=True)
     bench = run_config(
         "arithmetic", "at-grpo", ".atgrpo/models/smollm2", ROOT / "x", 40, 4, 64, knobs=tuned
     )
-    fast = yaml.safe_load((EXAMPLES / "reasoning_gym_arithmetic_L1_smollm2_fast.yaml").read_text())
+    fast = yaml.safe_load((EXAMPLES / "reasoning_gym_arithmetic_fast_L1_smollm2.yaml").read_text())
     for data in (fast, bench):
         data["run"].pop("name")
         data["run"].pop("run_dir", None)
