@@ -102,7 +102,7 @@ def test_the_smollm2_examples_are_the_learning_bench_s_at_grpo_runs():
             data["run"].pop("name")
             data["run"].pop("run_dir", None)
         assert example == bench, task
-    # the arithmetic_fast example is issue 55's tuned run (docs/results.md, "Time to accuracy, tuned")
+    # arithmetic_fast is issue 55's tuned run (docs/results.md, "Time to accuracy, tuned")
     from bench.real_learning import Knobs
 
     tuned = Knobs(lr=3e-5, max_staleness=1, stop_at_fence=True, stop_at_paragraph=True)
