@@ -56,7 +56,12 @@ def main() -> None:
     ap.add_argument("--out", default="docs/programs")
     args = ap.parse_args()
     sides = (("built-in reasoning_gym", args.builtin), ("agent program", args.program))
-    runs = {f"{kind} ({Path(d).name})": read_run(Path(d)) for kind, dirs in sides for d in dirs}
+    # a row a run, named by its directory's last part (its seed: program-s1, ...-para-s1)
+    runs = {
+        f"{kind} ({Path(d).name.rsplit('-', 1)[-1]})": read_run(Path(d))
+        for kind, dirs in sides
+        for d in dirs
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "program_curve.json").write_text(json.dumps(runs, indent=1) + "\n")
