@@ -23,6 +23,7 @@ SKIP = (
     "real_learning.py",
     "paper_table.py",
     "parallel_credit.py",
+    "program_curve.py",  # a report of two runs' curves, not a benchmark
 )
 
 

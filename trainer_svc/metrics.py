@@ -77,8 +77,10 @@ MISMATCH_OUTSIDE = Gauge(
 )
 MISMATCH_RATIO = Gauge(
     "atgrpo_trainer_mismatch_ratio",
-    "Quantiles (0.05, 0.5, 0.95) of exp(trainer - engine log-prob) over the last update's tokens.",
-    [*_POOL, "quantile"],
+    "Quantiles (label q: 0.05, 0.5, 0.95) of exp(trainer - engine log-prob) over the last "
+    "update's tokens.",
+    # `q`, not `quantile`: Prometheus reserves that label for summaries (promtool refuses it here)
+    [*_POOL, "q"],
 )
 MISMATCH_CAPPED = Gauge(
     "atgrpo_trainer_mismatch_capped_ratio",

@@ -44,6 +44,10 @@ NOT_IN_A_TOY_RUN = {
     "atgrpo_rollout_kv_cache_usage_ratio",
     "atgrpo_gpu_memory_allocated_bytes",
     "atgrpo_gpu_memory_reserved_bytes",
+    # the OpenAI port (rollout_svc --http-port): a training run never calls it
+    "atgrpo_rollout_http_requests_total",
+    "atgrpo_rollout_http_request_seconds_bucket",
+    "atgrpo_rollout_http_tokens_total",
 }
 # What Grafana substitutes into the queries ("All" for the variables).
 GRAFANA_VARS = {"$__rate_interval": "1m", "$run": ".*", "$agent": ".*", "$pool": ".*"}

@@ -191,8 +191,7 @@ def test_an_update_sets_the_mismatch_gauges_only_when_it_measured_them():
     assert sample("atgrpo_trainer_mismatch_outside_support_ratio", **labels) == 0.25
     assert sample("atgrpo_trainer_mismatch_capped_ratio", **labels) == 0.125
     assert [
-        sample("atgrpo_trainer_mismatch_ratio", quantile=q, **labels)
-        for q in ("0.05", "0.5", "0.95")
+        sample("atgrpo_trainer_mismatch_ratio", q=q, **labels) for q in ("0.05", "0.5", "0.95")
     ] == [0.75, 1.0, 1.5]
     # the correction off: nothing measured, the last values stand (no zeros that read as agreement)
     trainer_metrics.observe_update("unit-run", "mismatch", 2, {"loss": 0.1}, {})
