@@ -322,6 +322,9 @@ def main() -> None:
     )
     from transformers import AutoModelForCausalLM
 
+    from atgrpo.malloc import keep_freed_memory
+
+    keep_freed_memory()  # as the rollout and trainer services run (atgrpo.malloc)
     with tempfile.TemporaryDirectory(prefix="real-speed-") as tmp:
         work = Path(tmp)
         if args.model:

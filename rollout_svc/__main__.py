@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from atgrpo.malloc import keep_freed_memory
 from atgrpo.rpc.main import run_service
 from rollout_svc.pool import PoolRuntime
 from rollout_svc.replica import Replica
@@ -84,4 +85,5 @@ async def build(settings: RolloutSettings) -> list:
 
 
 if __name__ == "__main__":
+    keep_freed_memory()  # a decode step's MB-sized tensors: reused, not faulted in again
     run_service("rollout", build, RolloutSettings)

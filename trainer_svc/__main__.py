@@ -16,6 +16,7 @@ import sys
 ALLOC_CONF = ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 os.environ.setdefault(*ALLOC_CONF)
 
+from atgrpo.malloc import keep_freed_memory  # noqa: E402
 from atgrpo.rpc.main import parse, serve_service, skip_exit_collection  # noqa: E402
 from trainer_svc import distributed  # noqa: E402
 from trainer_svc.ops import PoolOps  # noqa: E402
@@ -25,6 +26,7 @@ from trainer_svc.settings import TrainerSettings  # noqa: E402
 
 def main() -> int:
     serve, settings = parse("trainer", TrainerSettings)
+    keep_freed_memory()  # an update's MB-sized activations: reused, not faulted in again
     ranks = distributed.init_from_env(settings.collective_timeout_s)
     if ranks is None:
         serve_service("trainer", serve, lambda: bindings(settings))

@@ -20,7 +20,8 @@ def transform_logits(logits: torch.Tensor, sp: Sampling) -> torch.Tensor:
     """
     if sp.temperature <= 0:
         return logits
-    out = logits / sp.temperature
+    # At temperature 1 the logits as they are: dividing copies (N, V) for nothing.
+    out = logits / sp.temperature if sp.temperature != 1.0 else logits
     if sp.top_k > 0 and sp.top_k < out.shape[-1]:
         top = torch.topk(out, sp.top_k, dim=-1).values  # (N, k), largest first
         kth = top[..., -1:]
@@ -61,13 +62,51 @@ def sample_tokens(
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-def inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+# The width of inverse_cdf's blocks: the within-block prefix sum runs over this many entries a row.
+CDF_BLOCK = 256
+
+
+def inverse_cdf(
+    probs: torch.Tensor, generator: torch.Generator | None, block: int = CDF_BLOCK
+) -> torch.Tensor:
     """One draw per row of `probs` (N, V): the first token whose cumulative mass exceeds a uniform.
 
     The same distribution as torch.multinomial at a tenth of its CPU cost: one random number per
     row, where multinomial draws one per vocabulary entry (3.9 ms against 0.4 ms for 64 rows of
-    1,536). A token of probability 0 is never drawn (its cumulative mass equals its neighbour's).
-    The sum runs in float64 so a 150k vocabulary's tail keeps its mass."""
+    1,536). A token of probability 0 is never drawn. The sums run in float64 so a 150k
+    vocabulary's tail keeps its mass.
+
+    In two levels, because a float64 prefix sum over the whole vocabulary does not vectorise on a
+    CPU: 22 ms for 64 rows of SmolLM2's 49,152 (one thread, AMD EPYC), a fifth of a decode step.
+    The vocabulary is cut into blocks of `block`; the uniform picks a block from the blocks'
+    masses (a vectorised sum, then a prefix sum over V / block entries), then a token from that
+    block's own prefix sum: the token the one-level search would pick, up to float rounding at a
+    boundary (tests/algo/test_sampling.py holds the two to each other)."""
+    n, v = probs.shape
+    pad = (-v) % block
+    padded = torch.nn.functional.pad(probs, (0, pad)) if pad else probs.contiguous()
+    blocks = padded.view(n, -1, block)  # the padding's zeros are never drawn
+    mass = blocks.sum(-1, dtype=torch.float64)  # (N, B)
+    cdf = mass.cumsum(-1)
+    u = torch.rand((n, 1), generator=generator, dtype=torch.float64, device=probs.device)
+    u = u * cdf[:, -1:]
+    b = torch.searchsorted(cdf, u, right=True).clamp(max=cdf.shape[-1] - 1)  # (N, 1)
+    within = u - (cdf.gather(-1, b) - mass.gather(-1, b))  # the mass to go inside block b
+    rows = torch.arange(n, device=probs.device)
+    inner = blocks[rows, b.squeeze(-1)].double().cumsum(-1)  # (N, block)
+    j = torch.searchsorted(inner, within, right=True).clamp(max=block - 1)
+    picks = (b * block + j).squeeze(-1)
+    # Rounding at a block's edge (the block's sum against its own prefix sum) can land one past
+    # its last token with mass, on a token of probability 0: those rows draw again by the
+    # one-level search, which never lands there.
+    missed = probs.gather(-1, picks.clamp(max=v - 1)[:, None]).squeeze(-1) <= 0
+    if bool(missed.any()):
+        picks[missed] = _one_level(probs[missed], generator)
+    return picks.clamp(max=v - 1)
+
+
+def _one_level(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """inverse_cdf in one prefix sum over the whole vocabulary (float64): exact, and slow."""
     cdf = probs.double().cumsum(dim=-1)  # (N, V)
     u = torch.rand(
         (probs.shape[0], 1), generator=generator, dtype=torch.float64, device=probs.device

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from atgrpo.algo.sampling import inverse_cdf, sample_tokens, transform_logits
+from atgrpo.algo.sampling import _one_level, inverse_cdf, sample_tokens, transform_logits
 from atgrpo.contract.sampling import Sampling
 
 
@@ -27,6 +27,33 @@ def test_inverse_cdf_never_draws_a_zero_mass_edge_and_is_seeded():
     a = inverse_cdf(unnormalised, torch.Generator().manual_seed(3))
     b = inverse_cdf(unnormalised, torch.Generator().manual_seed(3))
     assert torch.equal(a, b) and a.max() < 1536
+
+
+@pytest.mark.parametrize("vocab, block", [(49_152, 256), (1_000, 256), (7, 256), (300, 16)])
+def test_two_level_search_picks_the_token_one_prefix_sum_picks(vocab, block):
+    # The same uniform per row (one draw each, the same generator), so the same token, whether the
+    # vocabulary fills its blocks or not: peaked rows, flat rows, rows with zero-mass stretches.
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(256, vocab, generator=g) * torch.tensor([0.5, 3.0, 8.0]).repeat(86)[
+        :256, None
+    ]
+    probs = torch.softmax(logits, -1)
+    probs[::4, : vocab // 2] = 0.0  # a quarter of the rows with no mass in their first half
+    two = inverse_cdf(probs, torch.Generator().manual_seed(5), block=block)
+    one = _one_level(probs, torch.Generator().manual_seed(5))
+    assert torch.equal(two, one)
+    assert (probs.gather(-1, two[:, None]) > 0).all()
+
+
+def test_two_level_search_lands_on_mass_when_the_uniform_falls_at_the_end():
+    # A block whose last token has no mass, and the last block all padding: draws that reach the
+    # very end of a block's mass still land on a token that has some.
+    probs = torch.zeros(2_000, 20)
+    probs[:, 3] = 1e-300  # next to nothing, but mass
+    probs[:, 9] = 1.0
+    picks = inverse_cdf(probs, torch.Generator().manual_seed(6), block=8)
+    assert set(picks.tolist()) <= {3, 9}
+    assert (picks == 9).all()  # 1e-300 of the mass: never drawn in 2,000 tries
 
 
 def test_sample_tokens_respects_top_k_and_reports_the_drawn_tokens_logprob():
