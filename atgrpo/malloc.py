@@ -12,8 +12,8 @@ model (rollout, trainer) keep freed memory for reuse: the heap is not trimmed, a
 to 32 MB (glibc's most) come from it. The process's resident memory stays at its peak instead of
 falling back between steps, which is what a pod's memory limit is sized for anyway.
 
-An operator's own setting wins: nothing changes where a MALLOC_* variable or GLIBC_TUNABLES is set, or with
-ATGRPO_MALLOC=default. On a C library without mallopt (musl, macOS) it does nothing.
+An operator's own setting wins: nothing changes where a MALLOC_* variable or GLIBC_TUNABLES is
+set, or with ATGRPO_MALLOC=default. On a C library without mallopt (musl, macOS) it does nothing.
 """
 
 from __future__ import annotations

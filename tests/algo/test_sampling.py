@@ -34,9 +34,9 @@ def test_two_level_search_picks_the_token_one_prefix_sum_picks(vocab, block):
     # The same uniform per row (one draw each, the same generator), so the same token, whether the
     # vocabulary fills its blocks or not: peaked rows, flat rows, rows with zero-mass stretches.
     g = torch.Generator().manual_seed(4)
-    logits = torch.randn(256, vocab, generator=g) * torch.tensor([0.5, 3.0, 8.0]).repeat(86)[
-        :256, None
-    ]
+    logits = (
+        torch.randn(256, vocab, generator=g) * torch.tensor([0.5, 3.0, 8.0]).repeat(86)[:256, None]
+    )
     probs = torch.softmax(logits, -1)
     probs[::4, : vocab // 2] = 0.0  # a quarter of the rows with no mass in their first half
     two = inverse_cdf(probs, torch.Generator().manual_seed(5), block=block)
