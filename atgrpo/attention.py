@@ -41,19 +41,6 @@ def gqa_sdpa_forward(
 
     if (prefix := _take_prefix()) is not None and prefix.own is key:
         return shared_prefix_attention(query, prefix, key, value, scaling), None
-    if key.dtype != query.dtype:  # a float32 cache under 16-bit weights (the hf engine on CPU)
-        out, _ = gqa_sdpa_forward(
-            module,
-            query.to(key.dtype),
-            key,
-            value,
-            attention_mask,
-            dropout,
-            scaling,
-            is_causal,
-            **kwargs,
-        )
-        return out.to(query.dtype), None
     masked_gqa = (
         attention_mask is not None
         and query.device.type == "cpu"

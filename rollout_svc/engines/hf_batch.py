@@ -175,9 +175,7 @@ class ContinuousBatch:
     def _prefill_chunk(self, job: Job, take: int) -> torch.Tensor | None:
         """Prefill `take` more of the job's prompt tokens; its last logits (V,) once all are."""
         if job.cache is None:
-            job.cache = reserved_cache(
-                self.engine.model.config, len(job.prompt), self.engine.cache_dtype
-            )
+            job.cache = reserved_cache(self.engine.model.config, len(job.prompt))
         dev, end = self.engine.device, job.done + take
         ids = torch.tensor([job.prompt[job.done : end]], device=dev)
         out = self.engine.model(

@@ -72,38 +72,20 @@ def test_the_hf_engine_decodes_padded_prompts_as_transformers_sdpa_does(tiny_mod
         )
 
 
-def test_a_16_bit_query_attends_to_a_float32_cache_in_float32(tiny_model):
-    """The hf engine on CPU keeps its cache in float32 under bf16 weights (torch's bf16 CPU
-    attention kernel runs ~4x slower): the attention computes in float32 and hands bf16 back."""
-    from atgrpo.attention import gqa_sdpa_forward
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-    module = model.model.layers[0].self_attn
-    g = torch.Generator().manual_seed(0)
-    q = torch.randn(2, 4, 1, 8, generator=g).bfloat16()
-    k, v = torch.randn(2, 2, 6, 8, generator=g), torch.randn(2, 2, 6, 8, generator=g)
-    mask = torch.ones(2, 1, 1, 6, dtype=torch.bool)
-    mask[0, ..., :2] = False  # a left-padded row: the mask path (enable_gqa)
-    out, _ = gqa_sdpa_forward(module, q, k, v, mask, scaling=8**-0.5)
-    want, _ = gqa_sdpa_forward(module, q.float(), k, v, mask, scaling=8**-0.5)
-    assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out, want.bfloat16(), rtol=0, atol=0)
-
-
-def test_a_bf16_engine_on_cpu_keeps_a_float32_cache_and_decodes(tiny_model, monkeypatch):
+def test_a_bf16_engine_on_cpu_keeps_a_bf16_cache_and_decodes(tiny_model, monkeypatch):
     import rollout_svc.engines.hf_cache as hf_cache
 
     engine = HFEngine(tiny_model, device="cpu", dtype="bfloat16")
-    assert engine.model.dtype == torch.bfloat16 and engine.cache_dtype == torch.float32
     made = []
     real = hf_cache.reserved_cache
     monkeypatch.setattr(hf_cache, "reserved_cache", lambda *a: made.append(real(*a)) or made[-1])
     out = engine.generate([[5, 6, 7], [8] * 9], [2, 2], Sampling(temperature=1.0, max_tokens=6))
-    assert made and all(layer._k.dtype == torch.float32 for cache in made for layer in cache.layers)
+    assert made and all(
+        layer._k.dtype == torch.bfloat16 for cache in made for layer in cache.layers
+    )
     completions = [c for per in out for c in per]
     assert all(len(c.token_ids) == len(c.logprobs) > 0 for c in completions)
     assert all(torch.isfinite(torch.tensor(c.logprobs)).all() for c in completions)
-    assert HFEngine(tiny_model, device="cpu", dtype="float32").cache_dtype is None
 
 
 def test_shared_prefix_attention_equals_attending_to_each_rows_prompt_and_own_keys():
