@@ -50,7 +50,8 @@ def test_freed_tensors_are_reused_without_faulting_pages_in_again():
 
 
 def test_an_operator_setting_or_the_opt_out_is_left_alone():
-    for env in ({"ATGRPO_MALLOC": "default"}, {"MALLOC_ARENA_MAX": "2"}):
-        applied, faults = probe(**env)
+    # (glibc's own count depends on the allocations before: 30,000 to 276,000 measured, so only
+    # the decision is held here.)
+    for env in ({"ATGRPO_MALLOC": "default"}, {"MALLOC_ARENA_MAX": "2"}, {"GLIBC_TUNABLES": ""}):
+        applied, _ = probe(**env)
         assert not applied
-        assert faults > 100_000, faults  # glibc's own behaviour: fresh pages every step
