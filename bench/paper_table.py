@@ -83,14 +83,20 @@ ROWS = (  # (row, variant, what of its run)
     ("turn leave-one-out", "turn-loo", "end"),
 )
 KNOBS = {"lr": 3e-5, "stop_at_fence": True}  # issue 55's tuned config
+# On a task of one turn a turn is the whole episode: grouping by (task, agent) is AT-GRPO's
+# (task, agent, turn), and (task, turn) is (task). Those cells are not run there; the table says
+# which row they equal.
+ONE_TURN_SAME = {"by-task-agent": "at-grpo", "by-task-turn": "by-task"}
 
 
 def cells(tasks: list[str], variants: list[str], seeds: int) -> list[tuple[str, str, int]]:
-    """(task, variant, seed) of the grid: every seed for L0 and L1 on the main tasks."""
+    """(task, variant, seed) of the grid: every seed for L0 and L1 on the main tasks; none of a
+    grouping that equals another's on a one-turn task (ONE_TURN_SAME)."""
     return [
         (t, v, s)
         for t in tasks
         for v in variants
+        if not (TASKS[t].max_turns == 1 and v in ONE_TURN_SAME)
         for s in range(seeds if t in MAIN_TASKS and v in ("L0", "at-grpo") else 1)
     ]
 
@@ -176,9 +182,16 @@ def table(done: dict[str, dict], tasks: list[str]) -> str:
 
 def _rows(done: dict[str, dict], tasks: list[str]) -> list[str]:
     out = []
+    name: dict[str, str] = {}  # a variant's first row of its trained figure
+    for row, variant, what in ROWS:
+        if what == "end":
+            name.setdefault(variant, row)
     for row, variant, what in ROWS:
         figures = []
         for t in tasks:
+            if TASKS[t].max_turns == 1 and variant in ONE_TURN_SAME:
+                figures.append(f"= {name[ONE_TURN_SAME[variant]]} (one turn)")
+                continue
             runs = [r for k, r in sorted(done.items()) if k.startswith(f"{t}/{variant}/")]
             figures.append(" / ".join(figure(r, what) for r in runs) or "not run")
         out.append(f"| {row} | " + " | ".join(figures) + " |")

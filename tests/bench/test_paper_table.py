@@ -30,6 +30,27 @@ def test_the_main_tasks_team_and_single_agent_cells_get_every_seed():
     ]
 
 
+def test_a_one_turn_task_runs_no_grouping_that_equals_another_and_the_table_says_which():
+    # (task, agent) is (task, agent, turn) and (task, turn) is (task) when an episode is one turn
+    grouping = ["by-task", "by-task-agent", "by-task-turn"]
+    assert cells(["arithmetic", "plan_path"], grouping, 1) == [
+        ("arithmetic", "by-task", 0),
+        ("plan_path", "by-task", 0),
+        ("plan_path", "by-task-agent", 0),
+        ("plan_path", "by-task-turn", 0),
+    ]
+    rows = {
+        line.split(" | ")[0].lstrip("| "): line
+        for line in table({}, ["arithmetic", "plan_path"]).splitlines()
+    }
+    assert rows["group (task, agent)"] == (
+        "| group (task, agent) | = AT-GRPO, shared model (L1) (one turn) | not run |"
+    )
+    assert (
+        rows["group (task, turn)"] == "| group (task, turn) | = group (task) (one turn) | not run |"
+    )
+
+
 def test_the_table_keeps_the_columns_of_cells_from_earlier_calls_in_the_tasks_order():
     done = {"letters/L0/s0": {}, "arithmetic3/L3/s0": {}}
     assert shown(done, ["arithmetic"]) == ["arithmetic", "arithmetic3", "letters"]
