@@ -25,17 +25,16 @@ class ReservedLayer(DynamicLayer):
 
     _layer_type = None  # never registered as a default layer type: only reserved_cache makes one
 
-    def __init__(self, capacity: int, dtype: torch.dtype | None = None):
+    def __init__(self, capacity: int):
         super().__init__()
         self.capacity = capacity
-        self.store_dtype = dtype  # None: the keys' own
         self.length = 0
         self._k = self._v = None
 
     def lazy_initialization(
         self, key_states: torch.Tensor, value_states: torch.Tensor, batch: int | None = None
     ) -> None:
-        self.dtype = self.store_dtype or key_states.dtype
+        self.dtype = key_states.dtype
         self.device = key_states.device
         b, h, n, _ = key_states.shape
         b, size = batch or b, max(self.capacity, n)
@@ -117,8 +116,8 @@ class ReservedLayer(DynamicLayer):
 class ReservedCache(DynamicCache):
     """A DynamicCache (so the models treat it as one) of ReservedLayers."""
 
-    def __init__(self, num_layers: int, capacity: int, dtype: torch.dtype | None = None):
-        Cache.__init__(self, layers=[ReservedLayer(capacity, dtype) for _ in range(num_layers)])
+    def __init__(self, num_layers: int, capacity: int):
+        Cache.__init__(self, layers=[ReservedLayer(capacity) for _ in range(num_layers)])
 
     def place(self, rows: torch.Tensor, part: Cache, batch: int, end: int) -> None:
         """Every layer of `part` (a prefill of some of the batch's prompts) into `rows`."""
@@ -126,7 +125,7 @@ class ReservedCache(DynamicCache):
             layer.place(rows, src.keys, src.values, batch, end)
 
 
-def reserved_cache(config, capacity: int, dtype: torch.dtype | None = None) -> ReservedCache | None:
+def reserved_cache(config, capacity: int) -> ReservedCache | None:
     """A cache reserved for `capacity` positions for a model of `config`, or None where a layer is
     not full attention (sliding windows, chunked or linear attention, shared layers): the model's
     own cache then. The layer types are the ones DynamicCache(config=...) would give."""
@@ -141,4 +140,4 @@ def reserved_cache(config, capacity: int, dtype: torch.dtype | None = None) -> R
         or len(types) != text.num_hidden_layers
     ):
         return None
-    return ReservedCache(len(types), capacity, dtype)
+    return ReservedCache(len(types), capacity)
