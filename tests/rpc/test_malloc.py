@@ -2,6 +2,7 @@
 again, and an operator's own malloc setting wins. Each case runs in a fresh interpreter: malloc's
 settings are the whole process's."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -28,7 +29,7 @@ PROBE = textwrap.dedent(
 
 
 def probe(**env: str) -> tuple[bool, int]:
-    base = {k: v for k, v in __import__("os").environ.items() if not k.startswith("MALLOC_")}
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     base.pop("GLIBC_TUNABLES", None)
     base.pop("ATGRPO_MALLOC", None)
     out = subprocess.run(
