@@ -254,7 +254,8 @@ def decode_matmul_rate(model: torch.nn.Module, rows: int, trials: int = 3) -> fl
     """FLOP/s of a decode step's matmuls alone: every nn.Linear of `model` (the output layer too),
     once each and in order, at `rows` rows in the weights' dtype, best of `trials`. A step reads
     every weight once for a few rows, so this, not matmul_rate's one 256-row product, bounds what
-    generation can reach (attention, norms and sampling come on top)."""
+    generation can reach (attention, norms and sampling come on top). Through each layer's own
+    forward, so on packed weights where the engine packs them (rollout_svc/engines/hf_packed.py)."""
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     inputs = {n: torch.randn(rows, n, dtype=model.dtype) for n in {m.in_features for m in linears}}
     flops = sum(2.0 * rows * m.in_features * m.out_features for m in linears)
@@ -263,7 +264,7 @@ def decode_matmul_rate(model: torch.nn.Module, rows: int, trials: int = 3) -> fl
         for _ in range(trials + 1):  # the first pass pays for allocation
             start = time.perf_counter()
             for m in linears:
-                torch.nn.functional.linear(inputs[m.in_features], m.weight)
+                m(inputs[m.in_features])  # the engine's own layer: packed where it packs
             best = min(best, time.perf_counter() - start)
     return flops / best
 
@@ -459,15 +460,24 @@ def main() -> None:
             t_stock / t_gen,
             f"{t_gen:.2f} s",
         )
-        # A pool's `dtype: bfloat16`: the engine's weights in bf16, its cache and attention in
-        # float32 (rollout_svc.engines.hf). A decode step at 32 rows reads every weight once, so
-        # half the bytes is most of the gain; against the bf16 matmul rate it stays low.
-        engine = HFEngine(path, device="cpu", dtype="bfloat16")
-        engine.warm_up()
-        f_b16, t_b16 = generation(
-            engine, args.gen_prompts, args.k, args.gen_prompt, args.gen_tokens
+        # A pool's `dtype: bfloat16`: the engine's weights, cache and attention in bf16, its
+        # weights packed once for oneDNN (rollout_svc.engines.hf_packed); the baseline, the same
+        # engine on torch's own linear.
+        b16 = {}
+        for packed in (False, True):
+            engine = HFEngine(path, device="cpu", dtype="bfloat16", pack_weights=packed)
+            engine.warm_up()
+            b16[packed] = generation(
+                engine, args.gen_prompts, args.k, args.gen_prompt, args.gen_tokens
+            )
+            del engine
+        f_b16, t_b16 = b16[True]
+        record(
+            "real_speed",
+            "generation seconds in bf16, torch's linear / weights packed for oneDNN",
+            b16[False][1] / t_b16,
+            f"{b16[False][1]:.2f} s -> {t_b16:.2f} s",
         )
-        del engine
         rate_b16 = matmul_rate("cpu", torch.bfloat16)
         print(
             f"generation in bf16: {t_b16:.2f} s, {f_b16 / t_b16 / 1e9:.1f} GFLOP/s: "

@@ -73,7 +73,7 @@ def inverse_cdf(
 
     The same distribution as torch.multinomial at a tenth of its CPU cost: one random number per
     row, where multinomial draws one per vocabulary entry (3.9 ms against 0.4 ms for 64 rows of
-    1,536). A token of probability 0 is never drawn. The sums run in float64 so a 150k
+    1,536). A token of probability 0 is never drawn. The prefix sums run in float64 so a 150k
     vocabulary's tail keeps its mass.
 
     In two levels, because a float64 prefix sum over the whole vocabulary does not vectorise on a
@@ -86,7 +86,10 @@ def inverse_cdf(
     pad = (-v) % block
     padded = torch.nn.functional.pad(probs, (0, pad)) if pad else probs.contiguous()
     blocks = padded.view(n, -1, block)  # the padding's zeros are never drawn
-    mass = blocks.sum(-1, dtype=torch.float64)  # (N, B)
+    # A block's 256 entries summed in float32 (within ~1e-7 of its mass), the blocks' prefix sum in
+    # float64: a float64 sum of every entry first writes a float64 copy of the whole vocabulary,
+    # 4 ms a step at 32 rows, against 0.1 ms (measured in the engine's decode).
+    mass = blocks.sum(-1).double()  # (N, B)
     cdf = mass.cumsum(-1)
     u = torch.rand((n, 1), generator=generator, dtype=torch.float64, device=probs.device)
     u = u * cdf[:, -1:]

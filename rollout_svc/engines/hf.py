@@ -23,6 +23,7 @@ from atgrpo.attention import use_gqa_sdpa
 from atgrpo.contract.rollout import Completion
 from atgrpo.contract.sampling import Sampling
 from atgrpo.perf import ModelSize, matmul_rate, model_size
+from rollout_svc.engines.hf_packed import pack_linears
 from rollout_svc.engines.render import chat_tokens, fit_prompt
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -79,7 +80,13 @@ def pick_dtype(dtype: str, device: str) -> torch.dtype:
 
 class HFEngine:
     def __init__(
-        self, model_path: str, *, device: str = "auto", dtype: str = "auto", continuous: bool = True
+        self,
+        model_path: str,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        continuous: bool = True,
+        pack_weights: bool = True,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -90,6 +97,10 @@ class HFEngine:
             model_path, dtype=pick_dtype(dtype, self.device)
         )
         self.model.to(self.device).eval()
+        # bf16 on CPU: weights packed once for oneDNN (hf_packed.py; off: a bench's baseline)
+        self.pack_weights = pack_weights
+        if pack_weights:
+            pack_linears(self.model)
         # Prompts of different lengths are left-padded, so every decode step has a mask: on CPU,
         # attend without copying the keys per query head (2x a SmolLM2 decode step,
         # atgrpo.attention).
@@ -197,6 +208,8 @@ class HFEngine:
             self.model = get_peft_model(self.model, cfg, adapter_name=name).eval()
         elif name not in self.model.peft_config:
             self.model.add_adapter(name, cfg)
+        if self.pack_weights:
+            pack_linears(self.model)  # the adapter's own layers
         self._size = None
         result = set_peft_model_state_dict(self.model, state, adapter_name=name)
         missing = [k for k in result.missing_keys if f".{name}." in k and "lora_" in k]
