@@ -475,9 +475,11 @@ def rollout_components(
     sample_tokens: int,
     device: str = "cuda",
 ) -> dict[str, int]:
-    """One rollout replica's device memory by component: weights P*w, the LoRA adapters, the KV
-    cache that must fit for one group (K branches of one task: K * sample_tokens tokens at
-    2 * layers * kv_dim * w bytes each; fewer and a generate call cannot run) and the runtime.
+    """One rollout replica's device memory by component: weights P*w (and, for the hf engine in
+    bf16 on CPU, the packed copy of its linears: rollout_svc.engines.hf_packed), the LoRA
+    adapters, the KV cache that must fit for one group (K branches of one task: K * sample_tokens
+    tokens at 2 * layers * kv_dim * w bytes each; fewer and a generate call cannot run) and the
+    runtime.
     vLLM holds its LoRA slots whole from the start: max_loras adapters of max_lora_rank on every
     linear it can adapt (all seven of a layer's), whatever the pool targets.
     The KV cache for every sequence of a step at once is rollout_full_kv_bytes()."""
@@ -488,8 +490,13 @@ def rollout_components(
         adapters = slots * shape.lora_params(rank, _LINEAR) * width
     else:
         adapters = trained_params(shape, pool, agents) * width if lora else 0
+    # The hf engine in bf16 on CPU runs its linears on a copy of their weights packed for oneDNN
+    # (rollout_svc.engines.hf_packed): every layer's seven and the output layer, once more.
+    packs = device == "cpu" and pool.engine == "hf" and resolved_dtype(pool, device) == "bfloat16"
+    linears = shape.layers * sum(i * o for i, o in map(shape.linear, _LINEAR))
     return {
         "weights": shape.params * width,
+        "packed_weights": (linears + shape.vocab * shape.hidden) * width if packs else 0,
         "adapters": adapters,
         "kv_cache": k * sample_tokens * shape.kv_bytes_per_token(width),
         "runtime": ROLLOUT_RUNTIME_BYTES if device == "cuda" else 0,

@@ -13,7 +13,7 @@ from atgrpo.config_parse import parse_bytes
 from atgrpo.memory import USABLE_FRACTION, GiB
 
 _COLUMNS = (
-    ("weights", ("weights", "adapters")),
+    ("weights", ("weights", "packed_weights", "adapters")),
     ("casts", ("casts",)),
     ("grads", ("gradients",)),
     ("optim", ("optimizer",)),
