@@ -475,8 +475,8 @@ def rollout_components(
     sample_tokens: int,
     device: str = "cuda",
 ) -> dict[str, int]:
-    """One rollout replica's device memory by component: weights P*w (and, for the hf engine in
-    bf16 on CPU, the packed copy of its linears: rollout_svc.engines.hf_packed), the LoRA
+    """One rollout replica's device memory by component: weights P*w (and, for the hf engine on
+    CPU, the packed copy of its linears: rollout_svc.engines.hf_packed), the LoRA
     adapters, the KV cache that must fit for one group (K branches of one task: K * sample_tokens
     tokens at 2 * layers * kv_dim * w bytes each; fewer and a generate call cannot run) and the
     runtime.
@@ -490,9 +490,9 @@ def rollout_components(
         adapters = slots * shape.lora_params(rank, _LINEAR) * width
     else:
         adapters = trained_params(shape, pool, agents) * width if lora else 0
-    # The hf engine in bf16 on CPU runs its linears on a copy of their weights packed for oneDNN
-    # (rollout_svc.engines.hf_packed): every layer's seven and the output layer, once more.
-    packs = device == "cpu" and pool.engine == "hf" and resolved_dtype(pool, device) == "bfloat16"
+    # The hf engine on CPU runs its linears on a copy of their weights packed for oneDNN
+    # (rollout_svc.engines.hf_packed; bf16 and float32): every layer's seven and the output layer.
+    packs = device == "cpu" and pool.engine == "hf" and resolved_dtype(pool, device) != "float16"
     linears = shape.layers * sum(i * o for i, o in map(shape.linear, _LINEAR))
     return {
         "weights": shape.params * width,

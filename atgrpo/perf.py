@@ -97,7 +97,8 @@ def model_size(model: torch.nn.Module) -> ModelSize:
 
 # The shapes the rate is measured with. CPU: one projection of a small model's batch (256 positions
 # of SmolLM2-135M's 576 wide into its 1536 MLP), as a rollout or an update runs them; the figure in
-# DESIGN.md section 5 (~115 GFLOP/s in float32 on two EPYC cores) is this one. GPU: large enough to
+# DESIGN.md section 5 (~115 GFLOP/s in float32 on two EPYC cores) is this one through torch's
+# matmul (MKL); oneDNN's packed linear runs it at ~230 a core. GPU: large enough to
 # keep the tensor cores busy, where a small one would measure kernel launches.
 _CPU_SHAPE = (256, 576, 1536)
 _GPU_SHAPE = (8192, 8192, 8192)
@@ -120,8 +121,10 @@ def matmul_rate(
     """FLOP/s of one (M, K) @ (K, N) matmul in `dtype` on `device`, in this process as it is set up
     (its torch threads): the best of several short trials over about `seconds`, so a moment of
     contention from another process lowers one trial, not the figure. `shape`: (M, K, N), by
-    default the device's (_CPU_SHAPE, _GPU_SHAPE). Measured once per process (cached): a service
-    calls it when it starts, before it serves. 0.0 when it cannot run here."""
+    default the device's (_CPU_SHAPE, _GPU_SHAPE). On a CPU, the better of torch's matmul and
+    oneDNN's linear on a packed weight, which the hf engine runs (in float32 on an AMD EPYC 2.3x
+    torch's matmul, MKL there). Measured once per process (cached): a service calls it when it
+    starts, before it serves. 0.0 when it cannot run here."""
     try:
         dev = torch.device(device)
         if dev.type not in ("cpu", "cuda") or (
@@ -132,22 +135,56 @@ def matmul_rate(
         a = torch.randn(m, k, device=dev, dtype=dtype)
         b = torch.randn(k, n, device=dev, dtype=dtype)
         sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-        for _ in range(2):  # the first calls pay for allocation and kernel choice
-            a @ b
-        sync()
-        best, trials, end = 0.0, 0, time.perf_counter() + seconds
-        while trials < 3 or (time.perf_counter() < end and trials < 50):
-            start, calls = time.perf_counter(), 0
-            while calls < 1 or time.perf_counter() - start < seconds / 5:
-                a @ b
-                calls += 1
-                if dev.type == "cuda":
-                    sync()
-            best = max(best, 2.0 * m * k * n * calls / (time.perf_counter() - start))
-            trials += 1
+        best = _best_rate(lambda: a @ b, 2.0 * m * k * n, seconds, sync)
+        if dev.type == "cpu":
+            # the hf engine's packed oneDNN linear (rollout_svc.engines.hf_packed): in float32 on
+            # an AMD CPU 2.3x torch's matmul, which runs MKL there; the rate is the better one
+            best = max(best, _packed_rate(a, b, seconds))
         return best
     except (RuntimeError, TypeError, ValueError):  # a device or dtype this process cannot use
         return 0.0
+
+
+def packable(dtype: torch.dtype) -> bool:
+    """Whether this process's oneDNN runs a linear on a packed weight in `dtype` on CPU
+    (rollout_svc.engines.hf_packed): float32 wherever oneDNN is built in, bf16 where the CPU has
+    its instructions."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return dtype == torch.float32
+
+
+def _packed_rate(a: torch.Tensor, b: torch.Tensor, seconds: float) -> float:
+    """FLOP/s of a @ b as oneDNN's linear on b packed once; 0.0 where it cannot run."""
+    if not packable(a.dtype):
+        return 0.0
+    packed = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), a.shape[0])
+    flops = 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
+    return _best_rate(
+        lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""),
+        flops,
+        seconds,
+        lambda: None,
+    )
+
+
+def _best_rate(op, flops: float, seconds: float, sync) -> float:
+    """The best of several short trials of `op` (of `flops`) over about `seconds`."""
+    for _ in range(2):  # the first calls pay for allocation and kernel choice
+        op()
+    sync()
+    best, trials, end = 0.0, 0, time.perf_counter() + seconds
+    while trials < 3 or (time.perf_counter() < end and trials < 50):
+        start, calls = time.perf_counter(), 0
+        while calls < 1 or time.perf_counter() - start < seconds / 5:
+            op()
+            calls += 1
+            sync()
+        best = max(best, flops * calls / (time.perf_counter() - start))
+        trials += 1
+    return best
 
 
 class PhaseClock:

@@ -97,7 +97,7 @@ class HFEngine:
             model_path, dtype=pick_dtype(dtype, self.device)
         )
         self.model.to(self.device).eval()
-        # bf16 on CPU: weights packed once for oneDNN (hf_packed.py; off: a bench's baseline)
+        # on CPU: weights packed once for oneDNN (hf_packed.py; off: a bench's baseline)
         self.pack_weights = pack_weights
         if pack_weights:
             pack_linears(self.model)

@@ -1,12 +1,14 @@
-"""The hf engine's linear layers on CPU in bf16 with their weights packed once for oneDNN.
+"""The hf engine's linear layers on CPU with their weights packed once for oneDNN (bf16, float32).
 
 A decode step multiplies every weight by a few rows. torch's bf16 `linear` on CPU hands each call
 to oneDNN with the weight in its plain layout, and oneDNN reorders it into its blocked one every
 call: at decode sizes that reorder is a large share of the matmul. Packing each weight once
 (`mkldnn._reorder_linear_weight`, what torch.compile's CPU freezing does) and calling oneDNN's
 linear on the packed copy gives the same numbers bit for bit, faster (SmolLM2's 1536x576 at 32
-rows: 171 against 141 us, at 1 row 68 against 37; tests/rollout/test_hf_packed.py,
-bench/real_speed.py).
+rows: 171 against 141 us, at 1 row 68 against 37). torch's float32 `linear` runs MKL's sgemm,
+which on this project's AMD EPYC reaches ~100 GFLOP/s a core where oneDNN reaches ~230: there
+the packed layer gives the same numbers within float32 rounding (oneDNN sums in another order),
+2.3x faster (tests/rollout/test_hf_packed.py, bench/real_speed.py).
 
 The packed copy follows the weight: a layer whose weight was replaced (a full push adopts the
 received tensors) or written in place (its version counter moved) packs again at its next call,
@@ -16,37 +18,31 @@ weight's dtype, the layer runs torch's own linear.
 
 from __future__ import annotations
 
-import logging
 import types
 import weakref
 
 import torch
 
-log = logging.getLogger(__name__)
+from atgrpo.perf import packable
+
 # oneDNN's packed layout is chosen for a batch size; decode steps are a few dozen rows.
 PACK_ROWS = 32
 
 
 def can_pack(model: torch.nn.Module) -> bool:
-    """bf16 weights on a CPU whose oneDNN runs bf16 (the CPU has its instructions)."""
     param = next(model.parameters(), None)
-    return (
-        param is not None
-        and param.device.type == "cpu"
-        and param.dtype == torch.bfloat16
-        and torch.backends.mkldnn.is_available()
-        and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    )
+    return param is not None and param.device.type == "cpu" and packable(param.dtype)
 
 
 def pack_linears(model: torch.nn.Module) -> int:
-    """Make every nn.Linear of `model` run on a packed copy of its weight (when can_pack says so);
-    how many layers will. Safe to call again: a layer already set up is left as it is."""
+    """Make every nn.Linear of `model` in its dtype run on a packed copy of its weight (when
+    can_pack says so); how many layers will. Safe to call again: a layer already set up is left
+    as it is."""
     if not can_pack(model):
         return 0
-    count = 0
+    dtype, count = next(model.parameters()).dtype, 0
     for module in model.modules():
-        if isinstance(module, torch.nn.Linear) and module.weight.dtype == torch.bfloat16:
+        if isinstance(module, torch.nn.Linear) and module.weight.dtype == dtype:
             if not hasattr(module, "_atgrpo_packed"):
                 module._atgrpo_packed = None  # (weakref to the weight, its version, packed)
                 module.forward = types.MethodType(_packed_forward, module)

@@ -293,17 +293,16 @@ def test_rollout_and_disk_figures_by_hand():
     got = rollout_components(s, small_pool(), agents=2, k=4, tasks=8, sample_tokens=300)
     assert got == {
         "weights": 2 * p,
-        "packed_weights": 0,  # on a GPU: the hf engine packs its weights only on CPU in bf16
+        "packed_weights": 0,  # on a GPU: the hf engine packs its weights only on CPU
         "adapters": 0,
         "kv_cache": 4 * 300 * 256,
         "runtime": ROLLOUT_RUNTIME_BYTES,
     }
-    # the hf engine in bf16 on CPU: the packed copy of every layer's linears and the output layer
+    # the hf engine on CPU: the packed copy of every layer's linears and the output layer
     cpu = dict(agents=2, k=4, tasks=8, sample_tokens=300, device="cpu")
-    packed = rollout_components(s, small_pool(device="cpu", engine="hf"), **cpu)
-    assert packed["packed_weights"] == (2 * 36_864 + 1000 * 64) * 2
-    f32 = rollout_components(s, small_pool(device="cpu", engine="hf", dtype="float32"), **cpu)
-    assert f32["packed_weights"] == 0
+    for dtype, width in (("bfloat16", 2), ("float32", 4), ("float16", 0)):
+        got = rollout_components(s, small_pool(device="cpu", engine="hf", dtype=dtype), **cpu)
+        assert got["packed_weights"] == (2 * 36_864 + 1000 * 64) * width
     assert (
         rollout_full_kv_bytes(s, small_pool(), k=4, tasks=8, sample_tokens=300) == 4 * 8 * 300 * 256
     )

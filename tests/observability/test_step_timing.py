@@ -93,6 +93,14 @@ def test_the_matmul_rate_is_measured_once_per_process():
     assert perf.matmul_rate("meta") == 0.0  # nothing runs there: no figure
 
 
+def test_on_a_cpu_the_rate_counts_the_packed_onednn_linear_the_engine_runs():
+    a, b = torch.randn(64, 96), torch.randn(96, 32)
+    if perf.packable(torch.float32):
+        assert perf._packed_rate(a, b, 0.01) > 1e8
+    assert perf._packed_rate(a.half(), b.half(), 0.01) == 0.0  # no packed float16: not counted
+    assert perf.matmul_rate("cpu", torch.float16, 0.01, (64, 96, 32)) > 0  # torch's matmul alone
+
+
 # ---- rollout: a Collect and an engine batch ---------------------------------------------------
 
 

@@ -1,77 +1,99 @@
-"""The hf engine's linear layers on packed bf16 weights (rollout_svc/engines/hf_packed.py): the
-same numbers as torch's linear bit for bit, and never a stale weight after an update."""
+"""The hf engine's linear layers on packed weights (rollout_svc/engines/hf_packed.py): torch's
+numbers (bit for bit in bf16, within float32 rounding in float32), and never a stale weight after
+an update."""
 
 import pytest
 import torch
 
 from atgrpo.contract.sampling import Sampling
+from atgrpo.perf import packable
 from rollout_svc.engines.hf import HFEngine
-from rollout_svc.engines.hf_packed import can_pack, pack_linears
+from rollout_svc.engines.hf_packed import pack_linears
 
-BF16 = torch.nn.Linear(1, 1).bfloat16()
-needs_bf16 = pytest.mark.skipif(
-    not can_pack(BF16), reason="this CPU's oneDNN runs no bf16: the engine packs nothing here"
-)
+DTYPES = [
+    pytest.param(
+        "float32",
+        marks=pytest.mark.skipif(not packable(torch.float32), reason="no oneDNN in this torch"),
+    ),
+    pytest.param(
+        "bfloat16",
+        marks=pytest.mark.skipif(
+            not packable(torch.bfloat16), reason="this CPU's oneDNN runs no bf16"
+        ),
+    ),
+]
 
 
-def layer(seed: int = 0) -> torch.nn.Linear:
+def same(a: torch.Tensor, b: torch.Tensor) -> None:
+    """bf16: the same bits (oneDNN runs torch's bf16 linear too); float32: oneDNN against MKL,
+    rounding apart."""
+    if a.dtype == torch.bfloat16:
+        assert torch.equal(a, b)
+    else:
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def layer(dtype: str, seed: int = 0) -> torch.nn.Linear:
     torch.manual_seed(seed)
-    return torch.nn.Linear(64, 96).bfloat16()
+    return torch.nn.Linear(64, 96).to(getattr(torch, dtype))
 
 
-def x(rows: int = 5) -> torch.Tensor:
-    return torch.randn(rows, 1, 64, generator=torch.Generator().manual_seed(1)).bfloat16()
+def x(dtype: str, rows: int = 5) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(rows, 1, 64, generator=g).to(getattr(torch, dtype))
 
 
-def test_float32_weights_are_not_packed():
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+def test_float16_weights_are_not_packed():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)).half()
     assert pack_linears(model) == 0
     assert all(not hasattr(m, "_atgrpo_packed") for m in model)
 
 
-@needs_bf16
-def test_a_packed_layer_gives_torchs_numbers_and_follows_each_weight_update():
-    lin = layer()
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_packed_layer_gives_torchs_numbers_and_follows_each_weight_update(dtype):
+    lin, inp = layer(dtype), x(dtype)
     assert pack_linears(lin) == 1 and pack_linears(lin) == 1  # twice: set up once
     with torch.inference_mode():
-        assert torch.equal(lin(x()), torch.nn.functional.linear(x(), lin.weight, lin.bias))
+        same(lin(inp), torch.nn.functional.linear(inp, lin.weight, lin.bias))
         assert lin._atgrpo_packed is not None  # it did run packed
     with torch.no_grad():
         lin.weight.mul_(-2)  # written in place: the version counter moves
     with torch.inference_mode():
-        assert torch.equal(lin(x()), torch.nn.functional.linear(x(), lin.weight, lin.bias))
-    other = layer(seed=7)
+        same(lin(inp), torch.nn.functional.linear(inp, lin.weight, lin.bias))
+    other = layer(dtype, seed=7)
     lin.load_state_dict(other.state_dict(), assign=True)  # replaced, as a full push adopts
     with torch.inference_mode():
-        assert torch.equal(lin(x(3)), other(x(3)))
+        same(lin(inp), other(inp))
 
 
-@needs_bf16
-def test_with_gradients_on_a_packed_layer_runs_torchs_linear():
-    lin = layer()
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_with_gradients_on_a_packed_layer_runs_torchs_linear(dtype):
+    lin = layer(dtype)
     pack_linears(lin)
-    out = lin(x())
+    out = lin(x(dtype))
     assert out.requires_grad and lin._atgrpo_packed is None  # never packed: autograd's path
     out.float().sum().backward()
     assert lin.weight.grad is not None
 
 
-@needs_bf16
-def test_the_engine_samples_the_same_packed_after_a_full_push_and_with_an_adapter(tiny_model):
-    packed = HFEngine(tiny_model, device="cpu", dtype="bfloat16")
-    plain = HFEngine(tiny_model, device="cpu", dtype="bfloat16", pack_weights=False)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_engine_samples_the_same_packed_after_a_full_push_and_with_an_adapter(
+    tiny_model, dtype
+):
+    packed = HFEngine(tiny_model, device="cpu", dtype=dtype)
+    plain = HFEngine(tiny_model, device="cpu", dtype=dtype, pack_weights=False)
     assert any(hasattr(m, "_atgrpo_packed") for m in packed.model.modules())
     assert not any(hasattr(m, "_atgrpo_packed") for m in plain.model.modules())
     prompts, n = [[5, 6, 7, 8] * 5, [9, 10, 11]], [3, 2]
     s = Sampling(temperature=1.0, max_tokens=12, seed=4)
 
-    def same() -> None:
-        a, b = packed.generate(prompts, n, s), plain.generate(prompts, n, s)
-        for per_a, per_b in zip(a, b, strict=True):
-            for ca, cb in zip(per_a, per_b, strict=True):
-                assert ca.token_ids == cb.token_ids and ca.logprobs == cb.logprobs
+    def agree(adapter: str = "") -> None:
+        a, b = packed.generate(prompts, n, s, adapter), plain.generate(prompts, n, s, adapter)
+        for ca, cb in zip([c for p in a for c in p], [c for p in b for c in p], strict=True):
+            assert ca.token_ids == cb.token_ids
+            same(torch.tensor(ca.logprobs), torch.tensor(cb.logprobs))
 
-    same()
+    agree()
     g = torch.Generator().manual_seed(3)
     state = {
         k: (v + 0.05 * torch.randn(v.shape, generator=g).to(v.dtype)).contiguous()
@@ -80,7 +102,7 @@ def test_the_engine_samples_the_same_packed_after_a_full_push_and_with_an_adapte
     before = packed.generate(prompts, n, s)
     for engine in (packed, plain):
         engine.load_full({k: v.clone() for k, v in state.items()})
-    same()  # the packed engine serves the pushed weights, not the ones it packed first
+    agree()  # the packed engine serves the pushed weights, not the ones it packed first
     assert [c.token_ids for per in before for c in per] != [
         c.token_ids for per in packed.generate(prompts, n, s) for c in per
     ]
@@ -90,6 +112,4 @@ def test_the_engine_samples_the_same_packed_after_a_full_push_and_with_an_adapte
     state, cfg = _adapter(tiny_model, 1)
     for engine in (packed, plain):
         engine.load_adapter("tool", cfg, state)
-    a, b = packed.generate(prompts, n, s, "tool"), plain.generate(prompts, n, s, "tool")
-    assert [c.token_ids for per in a for c in per] == [c.token_ids for per in b for c in per]
-    assert [c.logprobs for per in a for c in per] == [c.logprobs for per in b for c in per]
+    agree("tool")
