@@ -93,6 +93,10 @@ class SharedPrefix:
     width: int
     own: torch.Tensor
     own_real: torch.Tensor | None = None
+    # mask_bias of `real` and of `own_real` in the keys' dtype, where the caller made them once for
+    # a step's layers (None: made here)
+    real_bias: torch.Tensor | None = None
+    own_bias: torch.Tensor | None = None
 
 
 _handoff = threading.local()
@@ -148,16 +152,27 @@ def shared_prefix_attention(
     scale = d**-0.5 if scaling is None else scaling
     q = (query.to(keys.dtype) * scale).reshape(n, hkv, g, d)  # query head j reads key head j // g
     prompt = _by_prompt(q, prefix) @ prefix.keys.transpose(-1, -2)  # (P, Hkv, width*G, W)
-    prompt.masked_fill_(~prefix.real[:, None, None, :], float("-inf"))
+    prompt += prefix.real_bias if prefix.real_bias is not None else mask_bias(prefix.real, q.dtype)
     own = q @ keys.transpose(-1, -2)  # (N, Hkv, G, T)
     if prefix.own_real is not None:
-        own.masked_fill_(~prefix.own_real[:, None, None, :], float("-inf"))
+        own += (
+            prefix.own_bias if prefix.own_bias is not None else mask_bias(prefix.own_real, q.dtype)
+        )
     # A place of the prompts' layout with no row in it gets own scores of 0: a finite softmax,
     # read by no row.
     weights = torch.cat([prompt, _by_prompt(own, prefix)], dim=-1).softmax(dim=-1)
     w_prompt, w_own = weights.split([prefix.keys.shape[-2], keys.shape[-2]], dim=-1)
     out = _by_row(w_prompt @ prefix.values, prefix, g) + _by_row(w_own, prefix, g) @ values
     return out.reshape(n, 1, hq, d).to(query.dtype)
+
+
+def mask_bias(real: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(X, 1, 1, Y): 0 where `real` (X, Y) holds, -inf where not, to add to scores: the same
+    numbers as masking them (x + 0 is x). A decode step's caches make it once for the step's 30
+    layers (SharedPrefix.real_bias): a masked fill of the prompt scores took 51 us a layer at 32
+    rows, adding this 21."""
+    bias = torch.zeros(real.shape, dtype=dtype, device=real.device)
+    return bias.masked_fill_(~real, float("-inf"))[:, None, None, :]
 
 
 @functools.cache

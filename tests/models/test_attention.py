@@ -112,6 +112,15 @@ def test_shared_prefix_attention_equals_attending_to_each_rows_prompt_and_own_ke
         q, keys, values, attn_mask=mask, scale=0.3, enable_gqa=True
     )
     torch.testing.assert_close(got, want.transpose(1, 2), rtol=1e-5, atol=1e-6)
+    # A prefix given no bias made for its step is masked by `real` as it is at the call.
+    real[1, :2] = False
+    again = shared_prefix_attention(q, prefix, own_k, own_v, 0.3)
+    mask = torch.cat([real[rows.slot], torch.ones(6, 3, dtype=torch.bool)], dim=1)[:, None, None]
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q, keys, values, attn_mask=mask, scale=0.3, enable_gqa=True
+    )
+    torch.testing.assert_close(again, want.transpose(1, 2), rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(again[3], got[3])  # row 3 is prompt 1's
     # Rows cut to 1 of prompt 0 and both of prompt 2: prompt 1 drops out, prompts renumbered.
     live = rows.select(torch.tensor([1, 4, 5]))
     assert live.tolist() == [0, 2] and rows.slot.tolist() == [0, 1, 1]
