@@ -152,3 +152,17 @@ def test_an_unknown_task_or_variant_is_refused_with_the_choices():
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "unknown variant(s) ['L9']; choose from ['at-grpo'" in proc.stderr
+
+
+def test_write_only_runs_nothing_and_shows_every_asked_column(tmp_path, subprocess_env):
+    cell = {"task": "arithmetic", "evals": [{"step": 0, "success": 0.25}]}
+    kept = {"cells": {"arithmetic/L0/s0": cell}, "warm_starts": {}}
+    (tmp_path / "paper_table.json").write_text(json.dumps(kept))
+    argv = [sys.executable, str(ROOT / "bench" / "paper_table.py"), "--out", str(tmp_path)]
+    argv += ["--write-only", "--tasks", "plan_path,arithmetic"]
+    proc = subprocess.run(argv, env=subprocess_env, cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((tmp_path / "paper_table.json").read_text()) == kept
+    head = (tmp_path / "paper_table.md").read_text().splitlines()[0]
+    assert head == "| method | arithmetic | plan_path |"  # the tasks' order, not the call's
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
