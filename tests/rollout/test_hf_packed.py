@@ -113,3 +113,59 @@ def test_the_engine_samples_the_same_packed_after_a_full_push_and_with_an_adapte
     for engine in (packed, plain):
         engine.load_adapter("tool", cfg, state)
     agree("tool")
+
+
+class QKV(torch.nn.Module):
+    """Three sibling projections of one input, as an attention layer holds them."""
+
+    def __init__(self, dtype: str, bias: bool):
+        super().__init__()
+        torch.manual_seed(2)
+        for name, out in (("q_proj", 96), ("k_proj", 32), ("v_proj", 32)):
+            setattr(self, name, torch.nn.Linear(64, out, bias=bias).to(getattr(torch, dtype)))
+
+    def own(self, name: str, inp: torch.Tensor) -> torch.Tensor:
+        lin = getattr(self, name)
+        return torch.nn.functional.linear(inp, lin.weight, lin.bias)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sibling_projections_run_as_one_matmul_each_with_its_own_numbers(dtype, bias):
+    m, inp = QKV(dtype, bias), x(dtype)
+    pack_linears(m)
+    assert m.q_proj._atgrpo_group[0] is m.v_proj._atgrpo_group[0]
+    with torch.inference_mode():
+        q, k, v = m.q_proj(inp), m.k_proj(inp), m.v_proj(inp)
+        assert m.k_proj._atgrpo_packed is None  # k and v came from q's matmul
+        for name, out in (("q_proj", q), ("k_proj", k), ("v_proj", v)):
+            same(out, m.own(name, inp))
+        assert m.q_proj._atgrpo_group[0].stash is None  # nothing held past the last sibling
+        # another input, or the same one written in place since q's call: k's own matmul
+        other = x(dtype, rows=3) * 3
+        m.q_proj(inp)
+        same(m.k_proj(other), m.own("k_proj", other))
+    with torch.no_grad():  # outside inference mode the input keeps a version counter
+        m.q_proj(inp)
+        inp.mul_(-1)
+        same(m.v_proj(inp), m.own("v_proj", inp))
+        m.v_proj.weight.add_(1.0)  # one sibling's weight moved: the side-by-side copy follows
+        m.q_proj(inp)
+        same(m.v_proj(inp), m.own("v_proj", inp))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_model_with_fused_siblings_gives_the_same_logits(tiny_model, dtype):
+    from transformers import AutoModelForCausalLM
+
+    def model(fuse: bool):
+        net = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=getattr(torch, dtype))
+        pack_linears(net, fuse=fuse)
+        return net.eval()
+
+    fused, alone = model(True), model(False)
+    groups = {id(m._atgrpo_group[0]) for m in fused.modules() if getattr(m, "_atgrpo_group", 0)}
+    assert len(groups) == 2 * fused.config.num_hidden_layers  # q/k/v and gate/up, every layer
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]])
+    with torch.inference_mode():
+        same(fused(input_ids=ids).logits, alone(input_ids=ids).logits)
