@@ -180,6 +180,20 @@ def mask_bias(real: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return bias.masked_fill_(~real, float("-inf"))[:, None, None, :]
 
 
+class StepBiases:
+    """mask_bias of a decode step's masks in the keys' dtype, made at the step's first layer and
+    read by every other (a cache's per-step state holds one, renewed when its masks change)."""
+
+    def __init__(self, *masks: torch.Tensor):
+        self.masks = masks
+        self._made: tuple[torch.dtype, tuple[torch.Tensor, ...]] | None = None
+
+    def get(self, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        if self._made is None or self._made[0] != dtype:
+            self._made = (dtype, tuple(mask_bias(m, dtype) for m in self.masks))
+        return self._made[1]
+
+
 @functools.cache
 def _register() -> None:
     from transformers import AttentionInterface

@@ -18,7 +18,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache
 
-from atgrpo.attention import SharedPrefix, attend_with_prefix, mask_bias
+from atgrpo.attention import SharedPrefix, StepBiases, attend_with_prefix
 from rollout_svc.engines.hf_cache import ReservedLayer
 
 
@@ -35,14 +35,7 @@ class Rows:
         one_hot = torch.nn.functional.one_hot(slot, self.real.shape[0])  # (N, P)
         self.rank = (one_hot.cumsum(0) * one_hot).sum(-1) - 1
         self.width = int(self.rank.max()) + 1 if slot.numel() else 0
-        self._bias: tuple[torch.dtype, torch.Tensor] | None = None
-
-    def bias(self, dtype: torch.dtype) -> torch.Tensor:
-        """`real` as an additive bias in `dtype` (atgrpo.attention.mask_bias), made once for every
-        layer and step until the rows are cut."""
-        if self._bias is None or self._bias[0] != dtype:
-            self._bias = (dtype, mask_bias(self.real, dtype))
-        return self._bias[1]
+        self.biases = StepBiases(self.real)  # for every layer and step until the rows are cut
 
     def select(self, keep: torch.Tensor) -> torch.Tensor | None:
         """Keep rows `keep` (in that order); returns the prompts still sampled where some no
@@ -87,7 +80,7 @@ class SharedPrefixLayer(ReservedLayer):
                 r.rank,
                 r.width,
                 self.keys,
-                real_bias=r.bias(self.dtype),
+                real_bias=r.biases.get(self.dtype)[0],
             )
         )
         return own

@@ -16,7 +16,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
-from atgrpo.attention import SharedPrefix, attend_with_prefix, mask_bias
+from atgrpo.attention import SharedPrefix, StepBiases, attend_with_prefix
 
 
 class Slots:
@@ -57,14 +57,7 @@ class Slots:
         one_hot = torch.nn.functional.one_hot(self.slot, self.prompts)  # (N, P)
         self.rank = (one_hot.cumsum(0) * one_hot).sum(-1) - 1
         self.width = int(self.rank.max()) + 1
-        self._biases = None
-
-    def biases(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step's masks (`real`, `own_real`) as additive biases in `dtype`: made at the first
-        layer, read by every other (atgrpo.attention.mask_bias)."""
-        if self._biases is None or self._biases[0] != dtype:
-            self._biases = (dtype, mask_bias(self.real, dtype), mask_bias(self.own_real, dtype))
-        return self._biases[1], self._biases[2]
+        self.biases = StepBiases(self.real, self.own_real)
 
 
 def _grown(buf: torch.Tensor, dim: int, need: int) -> torch.Tensor:
@@ -124,7 +117,7 @@ class SlotLayer(DynamicLayer):
         self.ov[rows, :, s.write] = value_states[:, :, 0].to(self.dtype)
         own_k = self.ok[: s.step_rows, :, : s.own_width]
         own_v = self.ov[: s.step_rows, :, : s.own_width]
-        real_bias, own_bias = s.biases(self.dtype)
+        real_bias, own_bias = s.biases.get(self.dtype)
         attend_with_prefix(
             SharedPrefix(
                 self.pk[: s.prompts, :, : s.prompt_width],
