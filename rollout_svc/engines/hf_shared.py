@@ -18,7 +18,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache
 
-from atgrpo.attention import SharedPrefix, StepBiases, attend_with_prefix
+from atgrpo.attention import SharedPrefix, StepBiases, attend_with_prefix, dense_rows
 from rollout_svc.engines.hf_cache import ReservedLayer
 
 
@@ -35,6 +35,7 @@ class Rows:
         one_hot = torch.nn.functional.one_hot(slot, self.real.shape[0])  # (N, P)
         self.rank = (one_hot.cumsum(0) * one_hot).sum(-1) - 1
         self.width = int(self.rank.max()) + 1 if slot.numel() else 0
+        self.dense = dense_rows(slot, self.real.shape[0], self.width)
         self.biases = StepBiases(self.real)  # for every layer and step until the rows are cut
 
     def select(self, keep: torch.Tensor) -> torch.Tensor | None:
@@ -81,6 +82,7 @@ class SharedPrefixLayer(ReservedLayer):
                 r.width,
                 self.keys,
                 real_bias=r.biases.get(self.dtype)[0],
+                dense=r.dense,
             )
         )
         return own

@@ -16,7 +16,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
-from atgrpo.attention import SharedPrefix, StepBiases, attend_with_prefix
+from atgrpo.attention import SharedPrefix, StepBiases, attend_with_prefix, dense_rows
 
 
 class Slots:
@@ -57,6 +57,7 @@ class Slots:
         one_hot = torch.nn.functional.one_hot(self.slot, self.prompts)  # (N, P)
         self.rank = (one_hot.cumsum(0) * one_hot).sum(-1) - 1
         self.width = int(self.rank.max()) + 1
+        self.dense = dense_rows(self.slot, self.prompts, self.width)
         self.biases = StepBiases(self.real, self.own_real)
 
 
@@ -130,6 +131,7 @@ class SlotLayer(DynamicLayer):
                 s.own_real,
                 real_bias,
                 own_bias,
+                s.dense,
             )
         )
         self.keys, self.values = own_k, own_v

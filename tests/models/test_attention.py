@@ -127,6 +127,31 @@ def test_shared_prefix_attention_equals_attending_to_each_rows_prompt_and_own_ke
     assert rows.rank.tolist() == [0, 0, 1] and torch.equal(rows.real, real[[0, 2]])
 
 
+def test_rows_in_prompt_order_attend_through_views_with_the_same_numbers():
+    """Two prompts x 3 rows in prompt order (a fixed batch, none ended): the dense layout, a view
+    of the rows, gives the scatter's numbers; rows cut or out of order are not dense."""
+    from atgrpo.attention import SharedPrefix, dense_rows, shared_prefix_attention
+    from rollout_svc.engines.hf_shared import Rows
+
+    g = torch.Generator().manual_seed(1)
+    pk, pv = torch.randn(2, 2, 5, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g)
+    real = torch.ones(2, 5, dtype=torch.bool)
+    real[1, :2] = False
+    rows = Rows(torch.tensor([0, 0, 0, 1, 1, 1]), real)
+    assert rows.dense
+    own_k, own_v = torch.randn(6, 2, 4, 8, generator=g), torch.randn(6, 2, 4, 8, generator=g)
+    q = torch.randn(6, 4, 1, 8, generator=g)
+    args = (pk, pv, rows.real, rows.slot, rows.rank, rows.width, own_k)
+    dense = shared_prefix_attention(q, SharedPrefix(*args, dense=True), own_k, own_v, 0.3)
+    scattered = shared_prefix_attention(q, SharedPrefix(*args), own_k, own_v, 0.3)
+    assert torch.equal(dense, scattered)
+    assert not dense_rows(torch.tensor([0, 1, 0, 1]), 2, 2)  # interleaved
+    assert not dense_rows(torch.tensor([0, 0, 1]), 2, 2)  # prompt 1 has one row left
+    assert not dense_rows(torch.tensor([], dtype=torch.long), 0, 0)
+    rows.select(torch.tensor([0, 1, 3, 4, 5]))
+    assert not rows.dense
+
+
 def test_a_prefix_left_behind_by_a_failed_step_is_dropped_not_applied_to_the_next_call(
     tiny_model,
 ):
