@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from atgrpo.cli import main
 from atgrpo.models.chat import chat_tokens
-from atgrpo.models.sft import IGNORE, batches, sft
+from atgrpo.models.sft import IGNORE, answer_loss, batch_backward, batches, sft
 from atgrpo.sdk import demos
 from atgrpo.sdk.host import EnvHost
 from atgrpo.sdk.registry import registry_for
@@ -108,6 +108,28 @@ def test_batches_mask_the_prompt_and_the_padding_and_show_each_row_once():
             assert labels[i, :n].tolist().count(IGNORE) == ids[i, :n].tolist().count(7)
             seen.append((n, len(kept)))
     assert sorted(seen) == sorted((len(r), len(r) - p) for r, p in rows)
+
+
+def test_the_answer_loss_is_the_models_own_labelled_loss_and_gradient(tiny_model):
+    """Logits only at the answer's positions: the same loss and gradient as the model's own
+    `labels=` loss over every position."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    rows = [([5, 6, 7, 8, 9, 10, 11], 4), ([12, 13, 14, 15, 16], 2), ([17, 18, 19], 1)]
+    ids, mask, labels = batches(rows, 3, random.Random(0), pad=0)[0]
+    got = answer_loss(model, ids, mask, labels)
+    got.backward()
+    mine = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    want = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    want.backward()
+    torch.testing.assert_close(got, want)
+    for a, p in zip(mine, model.parameters(), strict=True):
+        torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-6)
+    # one row at a time, each cut to its own length: the batch's mean and gradient again
+    model.zero_grad()
+    assert batch_backward(model, ids, mask, labels, 1, bf16=False) == pytest.approx(want.item())
+    for a, p in zip(mine, model.parameters(), strict=True):
+        torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-6)
 
 
 def test_fine_tuning_teaches_the_tiny_model_its_demonstrations(tiny_model, tmp_path):
