@@ -53,7 +53,7 @@ def pack_linears(model: torch.nn.Module, fuse: bool = True) -> int:
     for module in model.modules():
         if isinstance(module, torch.nn.Linear) and module.weight.dtype == dtype:
             if not hasattr(module, "_atgrpo_packed"):
-                module._atgrpo_packed = None  # (weakref to the weight, its version, packed)
+                module._atgrpo_packed = None  # ([(weakref to the weight, its version)], packed)
                 module._atgrpo_group = None  # (its _Siblings, its place among them)
                 module.forward = types.MethodType(_packed_forward, module)
             count += 1
