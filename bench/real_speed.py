@@ -102,7 +102,7 @@ def one_step(model: str, work: Path) -> dict:
     from atgrpo.cli.runner import LocalServices, run_until
     from atgrpo.config import parse_config
     from atgrpo.rundir import read_metrics
-    from bench.real_learning import run_config
+    from bench._learning_config import run_config
 
     data = run_config(
         "arithmetic", "at-grpo", model, work / "step", steps=1, eval_every=0, eval_tasks=8
