@@ -173,7 +173,7 @@ def run_record(
     task: str,
     variant: str,
     dtype: str,
-    knobs: Any,  # real_learning.Knobs, a dataclass
+    knobs: Any,  # _learning_config.Knobs, a dataclass
     start: float,
     run_dir: Path,
     steps: list[dict],

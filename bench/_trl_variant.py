@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench._learning_config import Knobs, run_config
 from bench._learning_report import eval_samples_show, reached, run_record, target_stop
-from bench.real_learning import Knobs, run_config
 
 # What this variant does differently from atgrpo's L0 run, and why (TRL 1.16 has no setting for it).
 DIFFERS = {

@@ -41,18 +41,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._learning_config import DTYPE, Knobs, run_config  # noqa: E402
 from bench._learning_variants import ALL_VARIANTS, TASKS  # noqa: E402
 from bench._report import SMOKE, choices, plot_panels  # noqa: E402
 from bench._warm_start import warm_model  # noqa: E402
-from bench.real_learning import (  # noqa: E402
-    DEFAULT_MODEL,
-    DTYPE,
-    Knobs,
-    ensure_smollm2,
-    one_run,
-    run_config,
-    tiny_model,
-)
+from bench.real_learning import DEFAULT_MODEL, ensure_smollm2, one_run, tiny_model  # noqa: E402
 
 MAIN_TASKS = ("arithmetic", "arithmetic3")  # where the team-vs-L0 cells get every seed
 VARIANTS = (

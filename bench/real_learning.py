@@ -43,6 +43,10 @@ right answer). Each run's eval samples stay in its run directory (run.save_eval_
 
 Tens of minutes a run on 2 CPU cores: `make bench` skips it; its smoke size (ATGRPO_BENCH_SMOKE=1,
 what tests/bench runs) trains the tiny model two steps on the arithmetic task.
+
+A run's config (the knobs, run_config) is bench/_learning_config.py's, the tasks and variants
+bench/_learning_variants.py's, the tables and curves bench/_learning_report.py's; this file runs
+and reports.
 """
 
 from __future__ import annotations
@@ -54,13 +58,19 @@ import shutil
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._learning_config import (  # noqa: E402
+    DTYPE,
+    LR,
+    TASKS_PER_STEP,
+    K,
+    Knobs,
+    run_config,
+)
 from bench._learning_report import (  # noqa: E402
     DTYPE_SUFFIX,
     compare_table,
@@ -73,25 +83,10 @@ from bench._learning_report import (  # noqa: E402
     target_stop,
     target_table,
 )
-from bench._learning_variants import (  # noqa: E402
-    ALL_VARIANTS,
-    GROUPING,
-    TASKS,
-    VARIANTS,
-    pools_of,
-)
+from bench._learning_variants import ALL_VARIANTS, TASKS, VARIANTS  # noqa: E402
 from bench._report import SMOKE, choices  # noqa: E402
 
 DEFAULT_MODEL = ROOT / ".atgrpo" / "models" / "smollm2"
-K, TASKS_PER_STEP = 4, 8
-LR = 1e-5  # full weights of a 135M model over tens of steps (1e-6 barely moves it here)
-# The pool's dtype: the update under bf16 autocast over float32 masters and the engine's weights in
-# bf16. This CPU (AMD EPYC, avx512_bf16) multiplies bf16 matrices ~2.5x faster than float32 ones;
-# a CPU without bf16 instructions would be slower in bf16 (--dtype float32 there).
-DTYPE = "bfloat16"
-# A program's closing fence; the opening one ("```python" + newline) does not contain it.
-FENCE_END = "\n```\n"
-PARAGRAPH_END = "\n\n"
 BREAKDOWN = (
     "step_seconds",
     "time_prefill_s",
@@ -105,101 +100,6 @@ BREAKDOWN = (
     "gen_mfu",
     "update_mfu",
 )
-
-
-@dataclass(frozen=True)
-class Knobs:
-    """What a user tunes (the time-to-accuracy sweep): the learning rate, K, tasks a step (L0
-    takes twice as many, for as many samples), the seed and max_staleness (collecting the next
-    step while this one trains) and stop_at_fence (the tool agent's generation ends at its program's
-    closing fence: only the program runs, so what the untrained model writes after it, up to
-    max_tokens, cost decode and update time for nothing) and eval_overlap (an evaluation runs
-    beside the next step's collection; its cost then shows in that step's seconds) and min_lr_ratio
-    (below 1, the learning rate decays on a cosine to that fraction of itself over --steps: smaller
-    steps once the run is near its target, where constant ones overshot) and stop_at_paragraph (the
-    reasoner's generation ends at its first blank line: the judge reads the last answer phrase of
-    the text, and a greedy reasoner that gave the right number went on to max_tokens restating it
-    until a cut or a paraphrase was the last one it read). `label` names
-    a run made with other knobs than the defaults, so it keeps its own directory and table row."""
-
-    lr: float = LR
-    k: int = K
-    tasks_per_step: int = TASKS_PER_STEP
-    seed: int = 0
-    max_staleness: int = 0
-    stop_at_fence: bool = False
-    label: str = ""
-    eval_overlap: bool = False
-    min_lr_ratio: float = 1.0
-    stop_at_paragraph: bool = False
-
-
-def run_config(
-    task: str,
-    variant: str,
-    model: str,
-    run_dir: Path,
-    steps: int,
-    eval_every: int,
-    eval_tasks: int,
-    dtype: str = DTYPE,
-    knobs: Knobs = Knobs(),
-) -> dict[str, Any]:
-    """One run's config: the AT-GRPO baseline with `variant`'s one change."""
-    spec = TASKS[task]
-    agents = [spec.single] if variant == "L0" else list(spec.team)
-    env_options = {**spec.options, "max_turns": spec.max_turns, "turn_order": agents}
-    if spec.env == "reasoning_gym":  # its eval split is a dataset of this size; others generate
-        env_options["eval_size"] = eval_tasks
-    sampling = {
-        a: {"temperature": 1.0, "max_tokens": spec.max_tokens[a], "max_prompt_tokens": 1024}
-        for a in agents
-    }
-    if knobs.stop_at_fence and "tool" in sampling:
-        sampling["tool"]["stop"] = [FENCE_END]
-    if knobs.stop_at_paragraph and "reasoner" in sampling:
-        sampling["reasoner"]["stop"] = [PARAGRAPH_END]
-    return {
-        "run": {
-            "name": f"real-{task}-{variant.lower()}",
-            "seed": knobs.seed,
-            "steps": steps,
-            "tasks_per_step": knobs.tasks_per_step * (2 if variant == "L0" else 1),
-            "eval_every_steps": eval_every,
-            "eval_tasks": eval_tasks,
-            "checkpoint_every_steps": 0,
-            "run_dir": str(run_dir),
-            "save_eval_samples": True,
-            # only when asked, as max_staleness
-            **({"eval_overlap": True} if knobs.eval_overlap else {}),
-        },
-        "env": {
-            "name": spec.env,
-            "max_turns": spec.max_turns,
-            "turn_order": agents,
-            "options": env_options,
-        },
-        **pools_of(variant, agents, model, dtype, knobs.lr, knobs.min_lr_ratio),
-        "agents": {
-            a: {
-                "pool": a if variant == "L3" else "shared",
-                "train_sampling": sampling[a],
-                "eval_sampling": {**sampling[a], "temperature": 0.0},
-            }
-            for a in agents
-        },
-        # One optimizer step a step, on the groups whose rewards differ: the others' advantages are
-        # 0 and their update would be all cost (most groups, early on).
-        "algorithm": {
-            "k": knobs.k,
-            "alpha": 1.0,
-            "mini_batch_size": 1024,
-            "filter": "zero_variance",
-            "grouping": GROUPING.get(variant, "turn"),
-            # only when asked: the examples carry the bench's default config as it stands
-            **({"max_staleness": knobs.max_staleness} if knobs.max_staleness else {}),
-        },
-    }
 
 
 def stop_due(took: list[float], budget_s: float) -> bool:
@@ -223,7 +123,7 @@ def one_run(
     dtype: str = DTYPE,
     target: float | None = None,
     hold: int = 2,
-    knobs: Knobs = Knobs(),
+    knobs: Knobs = Knobs(),  # noqa: B008 - a frozen dataclass
 ) -> dict:
     """Train one variant on one task through the five local services; its evaluations and times.
     `minutes`: stop at the last step whose training time (evaluations not counted) stays within

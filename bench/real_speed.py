@@ -21,6 +21,9 @@ config <= 60 s when nothing else runs (it prints the step's breakdown: what stan
 Issue 55: service generation with the continuous batch >= 2x one batch at a time and >= 75% of the
 engine's fixed-batch rate; the bf16 update >= 35% of the bf16 matmul rate (FLOPs counted by
 FlopCounterMode).
+
+The update's measures live in bench/_update_speed.py, generation's in bench/_gen_speed.py and the
+service-level one in bench/_serve_speed.py; this file runs them, prints and records the ratios.
 """
 
 from __future__ import annotations
@@ -28,10 +31,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,15 +40,18 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from atgrpo.contract.sampling import Sampling  # noqa: E402
-from atgrpo.contract.trainer import TrainSample  # noqa: E402
-from atgrpo.perf import generation_flops, matmul_rate  # noqa: E402
+from atgrpo.perf import matmul_rate  # noqa: E402
+from bench._gen_speed import decode_matmul_rate, generation  # noqa: E402
 from bench._report import SMOKE, parse_args, record  # noqa: E402
-from bench.cpu_shapes import rate as best_rate  # noqa: E402
-from trainer_svc.logprobs import response_logprobs  # noqa: E402
-from trainer_svc.packing import MICRO_BATCH_OVERHEAD, by_prompt, pack, padded_size  # noqa: E402
+from bench._update_speed import (  # noqa: E402
+    arrival_packing,
+    grouped,
+    mixed_step,
+    service_update,
+    update_pass,
+)
+from trainer_svc.packing import MICRO_BATCH_OVERHEAD, pack, padded_size  # noqa: E402
 
-SAMPLING = Sampling(temperature=1.0)
 # The service mix at smoke size (bench/_serve_speed.py): the same code paths, a few tokens.
 SERVE_SMOKE = {
     "tasks": 3,
@@ -58,141 +62,6 @@ SERVE_SMOKE = {
     "env_s": (0.01, 0.05),
 }
 DTYPE = "bfloat16"  # the learning bench's pool dtype (bench/real_learning.py)
-
-
-def grouped(groups: int, k: int, prompt: int, response: int, vocab: int) -> list[TrainSample]:
-    """`groups` prompts of `prompt` tokens, `k` responses of `response` tokens each, in group
-    order."""
-    g = torch.Generator().manual_seed(0)
-    out = []
-    for _ in range(groups):
-        p = torch.randint(10, vocab, (prompt,), generator=g).tolist()
-        for _ in range(k):
-            r = torch.randint(10, vocab, (response,), generator=g).tolist()
-            out.append(TrainSample("a", p, r, [0.0] * response, 1.0, SAMPLING))
-    return out
-
-
-def mixed_step(seed: int = 0) -> list[TrainSample]:
-    """A step's samples as the learning run's are: 6 tool groups (128-token prompts, programs of
-    30-90 tokens) and 6 reasoner groups (150-250-token prompts, answers of 8-40), K = 4, arriving
-    interleaved."""
-    g = torch.Generator().manual_seed(seed)
-
-    def n(lo, hi):
-        return int(torch.randint(lo, hi + 1, (1,), generator=g))
-
-    out = []
-    for i in range(12):
-        tool = i % 2 == 0
-        prompt = [3 + i] * (128 if tool else n(150, 250))
-        for _ in range(4):
-            r = n(30, 90) if tool else n(8, 40)
-            out.append(
-                TrainSample(
-                    "tool" if tool else "reasoner", prompt, [5] * r, [0.0] * r, 1.0, SAMPLING
-                )
-            )
-    return out
-
-
-def arrival_packing(samples: list[TrainSample], budget: int) -> list[list[int]]:
-    """The baseline: whole groups in arrival order, a new micro-batch when the next row
-    overflows."""
-    out, cur = [], []
-    for r in by_prompt(range(len(samples)), samples):
-        if cur and padded_size([samples[i] for i in [*cur, r]], True) > budget:
-            out.append(cur)
-            cur = []
-        cur.append(r)
-    return out + [cur]
-
-
-def update_pass(model, samples, share: bool) -> tuple[float, float]:
-    """(FLOPs, seconds) of one forward and backward of the update's log-probs (its loss's work)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    def once():
-        model.zero_grad(set_to_none=True)
-        lp, _, mask = response_logprobs(
-            model, samples, "cpu", with_entropy=False, share_prompts=share
-        )
-        (lp * mask).sum().backward()
-
-    with FlopCounterMode(display=False) as counter:
-        once()
-    flops = counter.get_total_flops()
-    best = float("inf")
-    for _ in range(2):
-        start = time.perf_counter()
-        once()
-        best = min(best, time.perf_counter() - start)
-    return flops, best
-
-
-def square_bf16_rate(seconds: float = 0.3) -> float:
-    """FLOP/s of a 1024^3 bf16 matmul in this process (bench/cpu_shapes.py's reference): the
-    best of short trials over about `seconds`."""
-    a, b = (torch.randn(1024, 1024, dtype=torch.bfloat16) for _ in range(2))
-    return best_rate(lambda: a @ b, 2.0 * 1024**3, seconds) * 1e9
-
-
-def service_update(path: str, reps: int) -> dict[str, float]:
-    """The trainer's update as a `dtype: bfloat16` pool runs it (trainer_svc.ops.PoolOps, bf16
-    autocast over float32 masters, 4096-token micro-batches) on a mixed step: seconds of each
-    phase and FLOP/s (torch's FlopCounterMode over one update), against a 1024^3 bf16 matmul timed
-    beside each update. Interleaved, `reps` times each, with the update as it ran before: autocast
-    casting a norm's output once per projection (the norms' hooks off, loading.cast_norms_once)
-    and AdamW's per-weight loop. Returns the medians."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from atgrpo.contract.trainer import PoolSpec, UpdateConfig
-    from trainer_svc.loading import cast_norms_once
-    from trainer_svc.ops import PoolOps
-
-    spec = PoolSpec(
-        "bench", "p", path, ("tool", "reasoner"), dtype="bfloat16", micro_batch_tokens=4096
-    )
-    ops = PoolOps()
-    state = ops.setup(spec)
-    samples, cfg = mixed_step(), UpdateConfig(mini_batch_size=48)
-    optimizers = {
-        "now": state.optimizer,
-        "before": torch.optim.AdamW(
-            state.params, lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay
-        ),
-    }
-
-    def run(variant: str) -> dict[str, float]:
-        for hook in state.norm_hooks:
-            hook.remove()
-        state.norm_hooks = cast_norms_once(state.model) if variant == "now" else []
-        state.optimizer = optimizers[variant]
-        start = time.perf_counter()
-        m = ops.train(samples, cfg)
-        return {"update_s": time.perf_counter() - start} | m
-
-    for variant in optimizers:  # AdamW allocates its moments in its first step
-        run(variant)
-    with FlopCounterMode(display=False) as counter:
-        run("now")
-    runs: dict[str, list[dict[str, float]]] = {v: [] for v in optimizers}
-    square = []
-    for _ in range(reps):
-        for variant in optimizers:
-            square.append(square_bf16_rate())
-            runs[variant].append(run(variant))
-    out = {"flops": float(counter.get_total_flops()), "square_bf16": statistics.median(square)}
-    for variant, ms in runs.items():
-        for key in ("update_s", "time_forward_s", "time_backward_s", "time_optimizer_s"):
-            out[f"{variant}_{key}"] = statistics.median(m[key] for m in ms)
-        out[f"{variant}_mfu"] = statistics.median(
-            m["update_flops"]
-            / (m["time_forward_s"] + m["time_backward_s"] + m["time_optimizer_s"])
-            / ops.matmul_rate
-            for m in ms
-        )
-    return out
 
 
 def report_service_update(path: str, reps: int) -> None:
@@ -228,53 +97,12 @@ def report_service_update(path: str, reps: int) -> None:
     )
 
 
-def generation(
-    engine, prompts: int, k: int, prompt_tokens: int, new_tokens: int
-) -> tuple[float, float]:
-    """(FLOPs, seconds) of the hf engine sampling `k` answers to each of `prompts` prompts, whose
-    lengths spread from half to 1.5x `prompt_tokens` as a step's do (left-padded: the batch has a
-    mask, which prompts of one length would not)."""
-    g = torch.Generator().manual_seed(1)
-    lengths = [round(prompt_tokens * (0.5 + i / max(1, prompts - 1))) for i in range(prompts)]
-    ps = [torch.randint(10, engine.vocab_size, (n,), generator=g).tolist() for n in lengths]
-    best, flops = float("inf"), 0.0
-    for _ in range(2):
-        start = time.perf_counter()
-        out = engine.generate(
-            ps, [k] * prompts, Sampling(temperature=1.0, max_tokens=new_tokens, seed=0)
-        )
-        took = time.perf_counter() - start
-        decoded = sum(len(c.token_ids) for per in out for c in per)
-        if took < best:
-            best, flops = took, generation_flops(engine.model_size, prompts, sum(lengths), decoded)
-    return flops, best
-
-
-def decode_matmul_rate(model: torch.nn.Module, rows: int, trials: int = 3) -> float:
-    """FLOP/s of a decode step's matmuls alone: every nn.Linear of `model` (the output layer too),
-    once each and in order, at `rows` rows in the weights' dtype, best of `trials`. A step reads
-    every weight once for a few rows, so this, not matmul_rate's one 256-row product, bounds what
-    generation can reach (attention, norms and sampling come on top). Through each layer's own
-    forward, so on packed weights where the engine packs them (rollout_svc/engines/hf_packed.py)."""
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    inputs = {n: torch.randn(rows, n, dtype=model.dtype) for n in {m.in_features for m in linears}}
-    flops = sum(2.0 * rows * m.in_features * m.out_features for m in linears)
-    best = float("inf")
-    with torch.inference_mode():
-        for _ in range(trials + 1):  # the first pass pays for allocation
-            start = time.perf_counter()
-            for m in linears:
-                m(inputs[m.in_features])  # the engine's own layer: packed where it packs
-            best = min(best, time.perf_counter() - start)
-    return flops / best
-
-
 def one_step(model: str, work: Path) -> dict:
     """One training step (no evaluation) of bench/real_learning.py's AT-GRPO arithmetic run."""
     from atgrpo.cli.runner import LocalServices, run_until
     from atgrpo.config import parse_config
     from atgrpo.rundir import read_metrics
-    from bench.real_learning import run_config
+    from bench._learning_config import run_config
 
     data = run_config(
         "arithmetic", "at-grpo", model, work / "step", steps=1, eval_every=0, eval_tasks=8

@@ -1,6 +1,6 @@
 """Parts of the GPU check (scripts/gpu_check.py) added for issue 59, and the measurements they
-share with its older parts. `g` is the gpu_check module itself (its helpers: the random model, the
-example's pool and sampling, PoolOps set up as the trainer sets a pool up).
+share with its older parts. `g` is gpu_check_fixtures (the helpers every part shares: the random
+model, the example's pool and sampling, PoolOps set up as the trainer sets a pool up).
 
 - padded samples: the trainer's tokens/s and the log-prob agreement on samples of unequal lengths
   (the batch padded) under the example's top-k / top-p transform, beside the equal-length ones;

@@ -20,8 +20,9 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 
 def main(cfg: dict) -> None:
-    import gpu_check as g
+    import gpu_check_fixtures as g
     import torch
+    from gpu_check_wheels import imported_wheels
 
     from trainer_svc import distributed
     from trainer_svc.ops import PoolOps
@@ -69,7 +70,7 @@ def main(cfg: dict) -> None:
         out["resume_max_abs_diff"] = max(
             float((after[k].float() - before[k].float()).abs().max()) for k in before
         )
-        Path(cfg["out"]).write_text(json.dumps({**out, "wheels": g.imported_wheels()}))
+        Path(cfg["out"]).write_text(json.dumps({**out, "wheels": imported_wheels()}))
     import torch.distributed as dist
 
     dist.barrier()

@@ -97,7 +97,7 @@ def cast_norms_once(model) -> list[torch.utils.hooks.RemovableHandle]:
     gradients in bf16 before its one cast back (one more bf16 rounding of a sum of 3 or 2 terms).
     SmolLM2-135M, 30 layers: 6 of a layer's 10 activation casts each way, about 5% of a bf16
     update on a CPU. A no-op outside autocast (FSDP's own mixed precision, float32 pools) and for
-    norms already in bf16 (a LoRA pool's bf16 base). Returns the hooks (bench/real_speed.py
+    norms already in bf16 (a LoRA pool's bf16 base). Returns the hooks (bench/_update_speed.py
     removes them to time autocast's own casts)."""
     if getattr(getattr(model, "config", None), "model_type", None) not in _CAST_ONCE_TYPES:
         return []

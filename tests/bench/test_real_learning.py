@@ -147,7 +147,7 @@ def test_a_target_run_stops_once_the_target_held_and_reports_the_training_to_it(
 def test_the_knobs_reach_the_run_config():
     sys.path.insert(0, str(ROOT))
     from atgrpo.config import parse_config
-    from bench.real_learning import Knobs, run_config
+    from bench._learning_config import Knobs, run_config
 
     knobs = Knobs(
         lr=3e-5,
@@ -224,8 +224,8 @@ def test_the_trl_variant_gets_l0s_tasks_prompts_and_rewards_from_the_env(tiny_mo
     from transformers import AutoTokenizer
 
     from atgrpo.config import parse_config
+    from bench._learning_config import Knobs, run_config
     from bench._trl_variant import EnvJudge, train_tasks, trl_settings
-    from bench.real_learning import Knobs, run_config
     from rollout_svc.engines.render import chat_tokens
     from router_svc.steps import step_tasks
 

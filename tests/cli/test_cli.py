@@ -80,8 +80,8 @@ def test_the_smollm2_examples_are_the_learning_bench_s_at_grpo_runs():
     import sys
 
     sys.path.insert(0, str(ROOT))
+    from bench._learning_config import run_config
     from bench._learning_variants import TASKS
-    from bench.real_learning import run_config
 
     for task in TASKS:
         env = TASKS[task].env
@@ -103,7 +103,7 @@ def test_the_smollm2_examples_are_the_learning_bench_s_at_grpo_runs():
             data["run"].pop("run_dir", None)
         assert example == bench, task
     # arithmetic_fast is issue 55's tuned run (docs/results.md, "Time to accuracy, tuned")
-    from bench.real_learning import Knobs
+    from bench._learning_config import Knobs
 
     tuned = Knobs(lr=3e-5, max_staleness=1, stop_at_fence=True, stop_at_paragraph=True)
     bench = run_config(

@@ -10,7 +10,7 @@ The other tests read files only.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import re
 import sys
 import tempfile
@@ -25,17 +25,18 @@ from tests.helm.conftest import ROOT
 from tests.helm.dockerfile import parse
 
 
-def _lock_module():
-    spec = importlib.util.spec_from_file_location(
-        "lock_images", ROOT / "scripts" / "lock_images.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["lock_images"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+def _script_module(name: str):
+    """scripts/<name>.py, imported as the script imports its siblings (its folder on sys.path)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
 
 
-L = _lock_module()
+L = _script_module("lock_images")  # the checks and the lock
+B = _script_module("lock_images_build")  # what an image installs
+R = _script_module("lock_images_resolve")  # pip's dry run
 ROLLOUT_LOCK = ROOT / L.LOCKED["rollout-gpu"]
 
 
@@ -43,7 +44,7 @@ ROLLOUT_LOCK = ROOT / L.LOCKED["rollout-gpu"]
 
 
 def test_each_image_installs_with_its_own_constraints():
-    builds = {image: L.build_of(image) for image in L.IMAGES}
+    builds = {image: B.build_of(image) for image in L.IMAGES}
     assert builds["cpu"].extras == ["train", "data"]
     assert builds["rollout-gpu"].extras == ["train", "vllm"]
     assert builds["trainer-gpu"].extras == ["train"]
@@ -58,9 +59,9 @@ def test_each_image_installs_with_its_own_constraints():
 
 def test_the_cpu_image_reads_parquet():
     """env_svc runs in the CPU image and reads .parquet datasets when pyarrow is importable."""
-    reqs = [Requirement(r) for r in L.requirements(L.build_of("cpu").extras)]
+    reqs = [Requirement(r) for r in B.requirements(B.build_of("cpu").extras)]
     [pyarrow] = [r for r in reqs if r.name == "pyarrow"]
-    pinned = L.read_pins(ROOT / "constraints.txt")["pyarrow"]
+    pinned = R.read_pins(ROOT / "constraints.txt")["pyarrow"]
     assert pyarrow.specifier.contains(pinned), (
         f"constraints.txt pins pyarrow {pinned}, outside {pyarrow}"
     )
@@ -70,7 +71,7 @@ def test_the_cuda_version_is_written_once():
     """docker/cuda.txt holds it; both GPU images install with it; no Dockerfile names another."""
     assert L.cuda_version() == "13.0"
     for image in L.GPU_IMAGES:
-        assert L.CUDA_FILE in L.build_of(image).constraints
+        assert L.CUDA_FILE in B.build_of(image).constraints
     for path in (ROOT / "docker").glob("*.Dockerfile"):
         for ins in parse(path.read_text()).instructions:
             assert not re.search(r"cuda[^a-z]*\d|\bcu1\d\d?\b|nvidia/cuda", ins.args, re.I), (
@@ -83,17 +84,17 @@ def test_the_rollout_pins_follow_pyproject_and_constraints():
     """docker/constraints-rollout-gpu.txt is stale when pyproject or constraints.txt moved without
     `make lock-images`: its pins must satisfy the image's requirements, and agree with
     constraints.txt except where its header says why they differ."""
-    pins = {canonicalize_name(n): v for n, v in L.read_pins(ROLLOUT_LOCK).items()}
+    pins = {canonicalize_name(n): v for n, v in R.read_pins(ROLLOUT_LOCK).items()}
     lines = [ln for ln in ROLLOUT_LOCK.read_text().splitlines() if ln and not ln.startswith("#")]
     assert len(lines) == len(pins) and all(re.fullmatch(r"[\w.-]+==[\w.+!-]+", ln) for ln in lines)
-    for text in L.requirements(L.build_of("rollout-gpu").extras):
+    for text in B.requirements(B.build_of("rollout-gpu").extras):
         req = Requirement(text)
         version = pins.get(canonicalize_name(req.name))
         assert version is not None and req.specifier.contains(version, prereleases=True), (
             f"{ROLLOUT_LOCK.name} pins {req.name} {version}, outside pyproject's {text}: run `make "
             f"lock-images`"
         )
-    base = {canonicalize_name(n): v for n, v in L.read_pins(ROOT / "constraints.txt").items()}
+    base = {canonicalize_name(n): v for n, v in R.read_pins(ROOT / "constraints.txt").items()}
     differs = L.differs(ROLLOUT_LOCK)
     assert "numpy" in differs  # vLLM -> mistral_common[image] -> numpy<2.4 (Python <= 3.12)
     for name, version in pins.items():
@@ -133,10 +134,10 @@ ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/en/latest/topics
 
 
 def test_a_conflict_names_the_pin_its_file_and_who_excludes_it():
-    err = L.explain_failure(
+    err = R.explain_failure(
         "rollout-gpu", NUMPY_CONFLICT, [ROOT / "constraints.txt", ROOT / L.CUDA_FILE], []
     )
-    assert isinstance(err, L.ResolutionFailed) and err.pins == ["numpy==2.4.6"]
+    assert isinstance(err, R.ResolutionFailed) and err.pins == ["numpy==2.4.6"]
     text = str(err)
     assert "ResolutionImpossible" in text and "numpy==2.4.6 (pinned in constraints.txt)" in text
     assert 'mistral-common 1.13.1 depends on numpy<2.4 and >=1.25; python_version <= "3.12"' in text
@@ -144,11 +145,11 @@ def test_a_conflict_names_the_pin_its_file_and_who_excludes_it():
 
 
 def test_an_unreachable_index_fails_saying_so():
-    dead = L.Sources(index_url="http://127.0.0.1:9/simple")  # nothing listens on the discard port
+    dead = R.Sources(index_url="http://127.0.0.1:9/simple")  # nothing listens on the discard port
     with pytest.raises(
-        L.ImageCheckError, match=r"the package index http://127.0.0.1:9/simple is unreachable"
+        B.ImageCheckError, match=r"the package index http://127.0.0.1:9/simple is unreachable"
     ):
-        L.resolve(L.build_of("trainer-gpu"), dead)
+        R.resolve(B.build_of("trainer-gpu"), dead)
 
 
 def test_the_index_is_pips_own(monkeypatch):
@@ -156,16 +157,16 @@ def test_the_index_is_pips_own(monkeypatch):
     monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "file:///srv/a/simple file:///srv/b/simple")
     monkeypatch.setenv("PIP_FIND_LINKS", "/srv/wheels")
     monkeypatch.setenv("PIP_DEFAULT_TIMEOUT", "77")
-    s = L.pip_sources()
+    s = R.pip_sources()
     assert s.index_url == "https://mirror.invalid/simple"
     assert s.extra_index_urls == ["file:///srv/a/simple", "file:///srv/b/simple"]
     assert s.find_links == ["/srv/wheels"] and s.connection["PIP_DEFAULT_TIMEOUT"] == "77"
 
 
 def test_the_dry_run_targets_the_image_and_sees_no_local_wheels_for_gpu(tmp_path):
-    s = L.Sources(find_links=["/srv/wheels"])
-    gpu = L.dry_run_command(
-        L.build_of("rollout-gpu"), tmp_path / "r.txt", [], s, tmp_path / "r.json", False, []
+    s = R.Sources(find_links=["/srv/wheels"])
+    gpu = R.dry_run_command(
+        B.build_of("rollout-gpu"), tmp_path / "r.txt", [], s, tmp_path / "r.json", False, []
     )
     for flag in (
         "--dry-run",
@@ -188,12 +189,12 @@ def resolutions():
     a future of its Resolution, or of the ImageCheckError that says why not. Each test waits for
     its own image only, so no one test carries all three (cpu 15 s, trainer-gpu 30 s, rollout-gpu
     42 s measured side by side here)."""
-    sources = L.pip_sources()
+    sources = R.pip_sources()
 
     def one(image, cache):
         try:
             return L.check(image, sources, cache)
-        except L.ImageCheckError as err:
+        except B.ImageCheckError as err:
             return err
 
     with (
@@ -205,7 +206,7 @@ def resolutions():
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("image-deps")  # one worker resolves each image once (make test-all)
-@pytest.mark.timeout(L.DRY_RUN_TIMEOUT_S + 120)
+@pytest.mark.timeout(R.DRY_RUN_TIMEOUT_S + 120)
 @pytest.mark.parametrize("image", L.IMAGES)
 def test_image_requirements_resolve(image, resolutions, record_property):
     res = resolutions[image].result()
@@ -222,4 +223,4 @@ def test_image_requirements_resolve(image, resolutions, record_property):
         assert res.packages["cuda-toolkit"].startswith(L.cuda_version() + ".")
     if image == "rollout-gpu":
         assert res.packages["vllm"] == "0.32.0"
-        assert res.packages["numpy"] == L.read_pins(ROLLOUT_LOCK)["numpy"]
+        assert res.packages["numpy"] == R.read_pins(ROLLOUT_LOCK)["numpy"]

