@@ -35,7 +35,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from env_svc.envs import plan_programs
-from env_svc.envs.planning import DIRECTIONS, Outcome, PlanningEnv, Record, direction_moves
+from env_svc.envs.plan_answers import DIRECTIONS, direction_moves
+from env_svc.envs.plan_ledger import Outcome, Record
+from env_svc.envs.planning import PlanningEnv
 
 COST_STEP, COST_INVALID, R_GOAL, R_OPTIMAL, SHAPING = 0.01, 0.1, 1.0, 0.5, 1.0
 

@@ -53,7 +53,8 @@ text; for the plan agent also this turn's tool code, its stdout/stderr truncated
 
 Every parse of model text or program output goes through atgrpo.sdk.judge's bounded parsers; the
 bracket scan that finds the literal stops at 64 KiB or 32 levels, so nothing an agent writes can
-raise out of `step`.
+raise out of `step`. The parsers are in plan_answers.py; the record, the Outcome of a list of moves
+and the episode's charge in plan_ledger.py.
 
 A puzzle subclass supplies the rules: `generate`, `render`, `rules`, `puzzle_json`, `parse_moves`,
 `start_record`, `simulate` and `progress` (see each method), and for `demonstration` (warm-start
@@ -65,22 +66,12 @@ plain data, so the default deep-copying `fork()` gives an independent copy (ledg
 from __future__ import annotations
 
 import json
-import math
 import random
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from atgrpo.sdk.env import Environment, EnvSpec, Message, StepResult, task_rng, turn_order_option
-from atgrpo.sdk.judge import (
-    MAX_DEPTH,
-    MAX_LITERAL_CHARS,
-    JudgeError,
-    brackets,
-    failure_info,
-    literal,
-)
+from atgrpo.sdk.judge import JudgeError, failure_info
 from env_svc.envs._text import clip as _clip
 from env_svc.envs._text import program_lines
 from env_svc.envs.common import (
@@ -91,110 +82,14 @@ from env_svc.envs.common import (
     tool_limits,
     user_prompt,
 )
+from env_svc.envs.plan_answers import extract_code, moves_text, parse_list_after
+from env_svc.envs.plan_ledger import Outcome, Record, episode_charge
 
 AGENTS = ("tool", "plan")
 MIN_ANSWER_REWARD = -0.9  # minus the most an episode's costs are charged (above FAILURE_REWARD)
-MAX_MOVES_PER_ACTION = 400
 ACTIONS_MARKER = "**Actions List**:"
 PLAN_MARKER = "####"
 STDOUT_CHARS = 600  # of the tool program's stdout, in the plan agent's prompt
-
-
-@dataclass(frozen=True)
-class Record:
-    """The best an agent's side of the episode has reached: what further moves are paid against."""
-
-    potential: float  # the highest potential reached so far
-    won: bool = False  # the win bonus was paid
-    marks: frozenset[Any] = frozenset()  # one-off events paid (Sokoban: goals reached)
-
-    def merge(self, other: Record) -> Record:
-        return Record(
-            max(self.potential, other.potential), self.won or other.won, self.marks | other.marks
-        )
-
-
-@dataclass
-class Outcome:
-    """What a list of moves does to a state (computed on a copy; `state` is the new one)."""
-
-    state: Any
-    gains: float  # paid against the record: >= 0
-    costs: float  # steps, invalid moves, failures: >= 0, charged by the ledger
-    record: Record  # the record after these moves
-    solved: bool = False
-    failed: bool = False  # irrecoverable (e.g. a Sokoban box in a dead square)
-    summary: str = ""  # one line for the history, e.g. "now at (3, 4); 1 invalid move"
-    info: dict[str, Any] = field(default_factory=dict)  # JSON-able details
-
-
-# ---------------------------------------------------------------------------------------------
-# Parsing model output
-
-_CODE_RE = re.compile(r"```(?:python|py|python3)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
-
-
-def extract_code(text: str) -> str | None:
-    """The last ```python block of `text` (an unterminated last block counts), or None."""
-    blocks = [b for b in _CODE_RE.findall(text) if b.strip()]
-    return blocks[-1] if blocks else None
-
-
-def _balanced(text: str, start: int, what: str) -> str:
-    """The bracketed literal starting at text[start] == '[' up to its matching ']'. JudgeError when
-    it is not closed, or nests or runs past what judge.literal would take anyway: the scan stops
-    there, so a 10,000-deep `[[[...` costs 33 characters, not a recursion."""
-    depth, end = 0, min(len(text), start + MAX_LITERAL_CHARS)
-    for i, ch in brackets(text, start, end):
-        if ch == "[":
-            depth += 1
-            if depth > MAX_DEPTH:
-                raise JudgeError(
-                    "too_deep",
-                    f"{what} nests brackets more than {MAX_DEPTH} deep; answer with plain data",
-                )
-        elif ch == "]":
-            depth -= 1
-            if depth == 0:
-                return text[start : i + 1]
-    if end < len(text):
-        raise JudgeError(
-            "too_large", f"{what} runs past {MAX_LITERAL_CHARS} characters; answer with less"
-        )
-    raise JudgeError("not_closed", f"{what} is not closed with ']'")
-
-
-def parse_list_after(text: str, marker: str) -> tuple[Any, JudgeError | None]:
-    """The list literal right after the last `marker` that is followed by one: (value, None), or
-    (None, a JudgeError saying what was wrong). JSON first; a Python literal (single quotes) is
-    accepted too; both through judge.literal (bounded in size, nesting and elements)."""
-    positions = [m.end() for m in re.finditer(re.escape(marker), text)]
-    if not positions:
-        return None, JudgeError("no_marker", f"no '{marker}' found")
-    what = f"the list after '{marker}'"
-    for pos in reversed(positions):
-        j = pos
-        while j < len(text) and text[j] in " \t`":
-            j += 1
-        if j < len(text) and text[j] == "[":
-            found = ""
-            try:
-                found = _balanced(text, j, what)
-                return literal(found, what), None
-            except JudgeError as err:
-                if err.reason == "not_data":  # show the agent the literal it wrote
-                    err = JudgeError("not_data", f"{what} is not valid JSON: {_clip(found, 80)}")
-                return None, err
-    return None, JudgeError(
-        "no_list", f'\'{marker}\' is not followed by a JSON list like ["U", "R"]'
-    )
-
-
-def moves_text(moves: Any) -> str:
-    return json.dumps(moves, separators=(",", ":"))
-
-
-# ---------------------------------------------------------------------------------------------
 
 
 class PlanningEnv(Environment):
@@ -517,36 +412,3 @@ class PlanningEnv(Environment):
             raise ValueError(
                 f"{self.name}: unknown agent {agent!r}; this environment's agents are {AGENTS}"
             )
-
-
-def episode_charge(costs: float, m: float) -> float:
-    """What an episode's summed costs are charged: in full up to h = m/2, then h more at most,
-    approached exponentially; continuous with slope 1 at h, increasing, never above m (m <= 0:
-    nothing is charged)."""
-    h = m / 2
-    if h <= 0:
-        return 0.0
-    if costs <= h:
-        return costs
-    return h + h * -math.expm1(-(costs - h) / h)
-
-
-def direction_moves(value: Any, *, limit: int = MAX_MOVES_PER_ACTION) -> list[str]:
-    """A checked list of U/D/L/R moves (case-insensitive); ValueError says what is wrong."""
-    if not isinstance(value, list):
-        raise ValueError(f'expected a list of moves like ["U","R"], got {type(value).__name__}')
-    if not value:
-        raise ValueError("the list of moves is empty; give at least one move")
-    if len(value) > limit:
-        raise ValueError(f"{len(value)} moves is over the limit of {limit} per answer")
-    moves = []
-    for i, m in enumerate(value):
-        if not isinstance(m, str) or m.strip().upper() not in DIRECTIONS:
-            raise ValueError(
-                f'unknown move {_clip(repr(m), 40)} at position {i}; use only "U", "D", "L", "R"'
-            )
-        moves.append(m.strip().upper())
-    return moves
-
-
-DIRECTIONS: dict[str, tuple[int, int]] = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}

@@ -43,7 +43,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from env_svc.envs import plan_programs
-from env_svc.envs.planning import DIRECTIONS, Outcome, PlanningEnv, Record, direction_moves
+from env_svc.envs.plan_answers import DIRECTIONS, direction_moves
+from env_svc.envs.plan_ledger import Outcome, Record
+from env_svc.envs.planning import PlanningEnv
 
 COST_STEP, COST_INVALID, COST_OFF_GOAL, COST_FAIL = 0.01, 0.05, 0.5, 5.0
 R_ON_GOAL, R_WIN, SHAPING = 1.0, 10.0, 0.1

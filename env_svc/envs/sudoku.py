@@ -33,8 +33,8 @@ never checked them, so any valid Sudoku "solved" every puzzle; here clues can ne
 success checks them again. Team reward: the fraction of the blank cells holding the solution's
 digit, 1.0 when solved. `done` = `success` = solved. Tool agent: the same table, simulated on a
 copy and paid against its own record (no gains for cells play or its earlier proposals already
-got right). Grids and moves are read through the bounded parser of planning.py; at most 400
-cells per answer.
+got right). Grids and moves are read through the bounded parser of plan_answers.py; at most
+400 cells per answer.
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ from typing import Any, ClassVar
 
 from env_svc.envs import plan_programs
 from env_svc.envs._text import clip
-from env_svc.envs.planning import MAX_MOVES_PER_ACTION, Outcome, PlanningEnv, Record
+from env_svc.envs.plan_answers import MAX_MOVES_PER_ACTION
+from env_svc.envs.plan_ledger import Outcome, Record
+from env_svc.envs.planning import PlanningEnv
 
 COST_REJECTED, R_SOLVED = 0.1, 2.0  # and a right digit undone costs 1/blanks (self.blanks)
 BOX = {4: 2, 9: 3}

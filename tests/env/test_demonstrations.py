@@ -8,8 +8,10 @@ import pytest
 
 from atgrpo.sdk.env import Environment
 from env_svc.envs.math import MathEnv
+from env_svc.envs.plan_answers import DIRECTIONS
+from env_svc.envs.plan_ledger import episode_charge
 from env_svc.envs.plan_path import PlanPathEnv
-from env_svc.envs.planning import DIRECTIONS, MIN_ANSWER_REWARD, episode_charge
+from env_svc.envs.planning import MIN_ANSWER_REWARD
 from env_svc.envs.reasoning_gym import ReasoningGymEnv
 from env_svc.envs.sokoban import SokobanEnv, box_distance
 from env_svc.envs.sudoku import SudokuEnv

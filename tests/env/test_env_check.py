@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from atgrpo.cli import main
-from atgrpo.sdk.check import RULES, check_env, check_env_async
+from atgrpo.sdk.check import check_env, check_env_async
+from atgrpo.sdk.check_report import RULES
 from tests.env import broken_envs as broken
 from tests.env.sdk_envs import CarelessEnv, CounterEnv
 

@@ -21,8 +21,9 @@ from types import SimpleNamespace
 import pytest
 
 from env_svc.envs.common import FAILURE_REWARD
+from env_svc.envs.plan_ledger import episode_charge
 from env_svc.envs.plan_path import PlanPathEnv
-from env_svc.envs.planning import MIN_ANSWER_REWARD, episode_charge
+from env_svc.envs.planning import MIN_ANSWER_REWARD
 from env_svc.envs.sokoban import SokobanEnv, SokobanState, box_distance, dead_squares
 from env_svc.envs.sudoku import SudokuEnv
 from tests.env.planning_solvers import PATH_SOLVER, SOKOBAN_SOLVER, SUDOKU_SOLVER

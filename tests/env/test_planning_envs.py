@@ -10,13 +10,10 @@ import json
 import pytest
 
 from env_svc.envs.common import FAILURE_REWARD
+from env_svc.envs.plan_answers import moves_text, parse_list_after
+from env_svc.envs.plan_ledger import episode_charge
 from env_svc.envs.plan_path import PlanPathEnv
-from env_svc.envs.planning import (
-    MIN_ANSWER_REWARD,
-    episode_charge,
-    moves_text,
-    parse_list_after,
-)
+from env_svc.envs.planning import MIN_ANSWER_REWARD
 from env_svc.envs.sokoban import SokobanEnv
 from env_svc.envs.sudoku import SudokuEnv, count_solutions
 from tests.env.planning_solvers import PATH_SOLVER, SOKOBAN_SOLVER, SUDOKU_SOLVER
