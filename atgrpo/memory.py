@@ -53,7 +53,7 @@ LOGPROB_SORT_TEMPORARIES = 8
 # chunks its checkpointed passes keep as their inputs, and the logits' gradient.
 FULL_LOGITS_COPIES = 3
 # The fused head adds a float32 output layer's bf16 weight gradient this many vocabulary rows at a
-# time (trainer_svc/logprobs.py HEAD_GRAD_ROWS): one (rows, hidden) product at a time.
+# time (trainer_svc/fused_head.py HEAD_GRAD_ROWS): one (rows, hidden) product at a time.
 HEAD_GRAD_ROWS = 8192
 # The adapter ranks vLLM can be started for (vllm/config/lora.py MaxLoRARanks): a LoRA pool's
 # engine takes the smallest that holds the pool's rank.
