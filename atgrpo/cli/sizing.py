@@ -1,7 +1,7 @@
 """A run's sizing: what every process of a run needs, and whether it fits the GPUs the config is
-sized for. The per-process formulas are in atgrpo.memory; this module lays out a run's processes
-(trainers, rollout replicas, the services without a model) and their disk; atgrpo.cli.fit_report
-prints them (`atgrpo plan`).
+sized for. The per-process formulas are in atgrpo.memory and atgrpo.memory_rollout; this module
+lays out a run's processes (trainers, rollout replicas, the services without a model) and their
+disk; atgrpo.cli.fit_report prints them (`atgrpo plan`).
 """
 
 from __future__ import annotations
@@ -17,20 +17,18 @@ from atgrpo.memory import (
     SERVICE_HOST_BYTES,
     USABLE_FRACTION,
     GiB,
-    ModelShape,
     checkpoint_bytes,
     checkpointing_on,
     compute_dtype,
-    load_shape,
     longest_sample,
     pool_activation_bytes,
     push_bytes,
-    rollout_components,
-    rollout_full_kv_bytes,
     trainer_components,
     trainer_host_bytes,
     trainer_peak,
 )
+from atgrpo.memory_rollout import rollout_components, rollout_full_kv_bytes
+from atgrpo.model_shape import ModelShape, load_shape
 
 if TYPE_CHECKING:
     from atgrpo.config import PoolConfig, RunConfig, RunSection

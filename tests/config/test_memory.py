@@ -27,24 +27,24 @@ from atgrpo.memory import (
     HEAD_GRAD_ROWS,
     LOGPROB_CHUNK_ELEMENTS,
     LOGPROB_CHUNK_TOKENS,
-    ROLLOUT_RUNTIME_BYTES,
     GiB,
-    ModelShape,
     activation_bytes,
     activation_bytes_per_token_layer,
     checkpoint_bytes,
-    find_model_config,
-    load_shape,
     logprob_pass_elements,
     matmul_params,
     push_bytes,
-    rollout_components,
-    rollout_full_kv_bytes,
     trainer_components,
     trainer_host_bytes,
     trainer_peak,
     trainer_peak_bytes,
 )
+from atgrpo.memory_rollout import (
+    ROLLOUT_RUNTIME_BYTES,
+    rollout_components,
+    rollout_full_kv_bytes,
+)
+from atgrpo.model_shape import ModelShape, find_model_config, load_shape
 from tests.conftest import ROOT
 
 # A small decoder whose figures are easy to work out by hand:
