@@ -70,6 +70,10 @@ SERVICE_HOST_BYTES = {"env": 1 * GiB, "sandbox": 2 * GiB, "router": 2 * GiB}
 FSDP_LAYERS_IN_FLIGHT = 2
 
 
+def usable(gpu_memory: int) -> int:
+    return int(gpu_memory * USABLE_FRACTION)
+
+
 # --- per-token and per-parameter figures ---------------------------------------------------------
 
 
