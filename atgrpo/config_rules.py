@@ -17,7 +17,7 @@ from atgrpo.config_parse import (
 )
 from atgrpo.contract.address import DNS_SCHEME, FILE_SCHEME, DiscoveryError, parse_target
 from atgrpo.contract.trainer import CAP_OFF_STALE, UPDATE_BOUNDS
-from atgrpo.memory import VLLM_LORA_RANKS
+from atgrpo.memory_rollout import VLLM_LORA_RANKS
 
 if TYPE_CHECKING:
     from atgrpo.config import PoolConfig, RunConfig, RunSection

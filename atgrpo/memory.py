@@ -1,6 +1,9 @@
 """The memory planner behind `atgrpo plan`: what a process of a run needs (GPU memory, host
 memory, disk), worked out from the model's config.json alone (atgrpo.cli.sizing puts them together
 per run), so a run that does not fit says so before five services start and the model loads.
+This module holds the trainer's figures (its device memory, its host memory, its checkpoints and
+pushes) and the per-token and per-parameter ones they are built from; the model's sizes are read
+by atgrpo.model_shape, a rollout replica's figures are in atgrpo.memory_rollout.
 
 These are estimates of each process's peak, in bytes, from the model's shape and the run config;
 the formulas are in the docstrings, the figures they give for Qwen3 in docs and tests. Pure
@@ -20,11 +23,10 @@ whole, the transform LOGPROB_CHUNK_TOKENS positions at a time).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from atgrpo.model_shape import _LINEAR, ModelShape
 
 if TYPE_CHECKING:
     from atgrpo.config import AlgorithmConfig, PoolConfig, RunConfig
@@ -53,15 +55,10 @@ LOGPROB_SORT_TEMPORARIES = 8
 # chunks its checkpointed passes keep as their inputs, and the logits' gradient.
 FULL_LOGITS_COPIES = 3
 # The fused head adds a float32 output layer's bf16 weight gradient this many vocabulary rows at a
-# time (trainer_svc/logprobs.py HEAD_GRAD_ROWS): one (rows, hidden) product at a time.
+# time (trainer_svc/fused_head.py HEAD_GRAD_ROWS): one (rows, hidden) product at a time.
 HEAD_GRAD_ROWS = 8192
-# The adapter ranks vLLM can be started for (vllm/config/lora.py MaxLoRARanks): a LoRA pool's
-# engine takes the smallest that holds the pool's rank.
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # Every process that uses a GPU: the CUDA context and the cuBLAS/NCCL workspaces.
 GPU_RUNTIME_BYTES = 1 * GiB
-# A rollout engine adds its CUDA graphs and the sampler's temporaries to that.
-ROLLOUT_RUNTIME_BYTES = 2 * GiB
 # What of a GPU's memory a process can count on: the allocator's fragmentation takes the rest
 # (vLLM's default gpu_memory_utilization is the same 0.9).
 USABLE_FRACTION = 0.9
@@ -71,108 +68,10 @@ HOST_BASE_BYTES = 3 * GiB
 SERVICE_HOST_BYTES = {"env": 1 * GiB, "sandbox": 2 * GiB, "router": 2 * GiB}
 # Under FSDP a rank holds one decoder layer unsharded while it computes and prefetches the next.
 FSDP_LAYERS_IN_FLIGHT = 2
-CARRIED_CONFIGS = Path(__file__).parent / "models" / "configs"
-_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-# --- the model -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """A Qwen/Llama-style decoder's sizes, as config.json gives them."""
-
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    tied: bool
-    source: str = ""
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], source: str = "") -> ModelShape:
-        heads = int(config["num_attention_heads"])
-        head_dim = config.get("head_dim") or config["hidden_size"] // heads
-        return cls(
-            hidden=int(config["hidden_size"]),
-            intermediate=int(config["intermediate_size"]),
-            layers=int(config["num_hidden_layers"]),
-            heads=heads,
-            kv_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(head_dim),
-            vocab=int(config["vocab_size"]),
-            tied=bool(config.get("tie_word_embeddings", False)),
-            source=source,
-        )
-
-    @property
-    def q_dim(self) -> int:
-        return self.heads * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.kv_heads * self.head_dim
-
-    def linear(self, name: str) -> tuple[int, int] | None:
-        """(in, out) features of one decoder layer's linear `name`; None for another module."""
-        h, a, kv, i = self.hidden, self.q_dim, self.kv_dim, self.intermediate
-        return {
-            "q_proj": (h, a),
-            "k_proj": (h, kv),
-            "v_proj": (h, kv),
-            "o_proj": (a, h),
-            "gate_proj": (h, i),
-            "up_proj": (h, i),
-            "down_proj": (i, h),
-        }.get(name)
-
-    @property
-    def layer_params(self) -> int:
-        """Seven bias-free linears, two RMSNorms of h and Qwen3's q/k norms of head_dim."""
-        linears = sum(i * o for i, o in map(self.linear, _LINEAR))
-        return linears + 2 * self.hidden + 2 * self.head_dim
-
-    @property
-    def embedding_params(self) -> int:
-        """The input embedding and the output layer (one matrix when tied)."""
-        return self.vocab * self.hidden * (1 if self.tied else 2)
-
-    @property
-    def params(self) -> int:
-        # + the final norm
-        return self.layers * self.layer_params + self.embedding_params + self.hidden
-
-    def lora_params(self, rank: int, targets: tuple[str, ...]) -> int:
-        """One adapter: A (r x in) and B (out x r) on each targeted linear of every layer."""
-        shapes = [s for s in map(self.linear, targets) if s is not None]
-        return self.layers * sum(rank * (i + o) for i, o in shapes)
-
-    def kv_bytes_per_token(self, width: int) -> int:
-        """K and V of every layer: 2 * layers * kv_heads * head_dim * width."""
-        return 2 * self.layers * self.kv_dim * width
-
-
-def find_model_config(model_path: str) -> Path | None:
-    """model_path/config.json, else the architecture-only copy the repository carries for a model of
-    that folder's name (so a laptop plans a cluster run without the weights); None if neither."""
-    own = Path(model_path).expanduser() / "config.json"
-    if own.is_file():
-        return own
-    name = Path(model_path).name.lower()
-    for carried in sorted(CARRIED_CONFIGS.glob("*/config.json")):
-        if carried.parent.name.lower() == name:
-            return carried
-    return None
-
-
-def load_shape(model_path: str) -> ModelShape | None:
-    path = find_model_config(model_path)
-    if path is None:
-        return None
-    return ModelShape.from_config(json.loads(path.read_text(encoding="utf-8")), source=str(path))
+def usable(gpu_memory: int) -> int:
+    return int(gpu_memory * USABLE_FRACTION)
 
 
 # --- per-token and per-parameter figures ---------------------------------------------------------
@@ -453,69 +352,6 @@ def trainer_peak_bytes(
     compare with a measured peak; keywords as trainer_components()."""
     shape = model if isinstance(model, ModelShape) else ModelShape.from_config(model)
     return trainer_peak(trainer_components(shape, pool, algorithm, device, **kw))
-
-
-def vllm_lora_limits(pool: PoolConfig, agents: int) -> tuple[int, int]:
-    """(max_lora_rank, max_loras) a vLLM engine of a LoRA pool starts with: the smallest rank
-    vLLM offers that holds the pool's, and one slot per agent on the pool."""
-    rank = pool.lora.rank if pool.lora is not None else 16
-    fitting = [r for r in VLLM_LORA_RANKS if r >= rank]
-    if not fitting:
-        raise ValueError(f"LoRA rank {rank} is over vLLM's largest, {VLLM_LORA_RANKS[-1]}")
-    return fitting[0], max(1, agents)
-
-
-def rollout_components(
-    shape: ModelShape,
-    pool: PoolConfig,
-    *,
-    agents: int,
-    k: int,
-    tasks: int,
-    sample_tokens: int,
-    device: str = "cuda",
-) -> dict[str, int]:
-    """One rollout replica's device memory by component: weights P*w (and, for the hf engine on
-    CPU, the packed copy of its linears: rollout_svc.engines.hf_packed), the LoRA
-    adapters, the KV cache that must fit for one group (K branches of one task: K * sample_tokens
-    tokens at 2 * layers * kv_dim * w bytes each; fewer and a generate call cannot run) and the
-    runtime.
-    vLLM holds its LoRA slots whole from the start: max_loras adapters of max_lora_rank on every
-    linear it can adapt (all seven of a layer's), whatever the pool targets.
-    The KV cache for every sequence of a step at once is rollout_full_kv_bytes()."""
-    width, _ = compute_dtype(pool, device)
-    lora = pool.specialization == "lora"
-    if lora and pool.engine == "vllm":
-        rank, slots = vllm_lora_limits(pool, agents)
-        adapters = slots * shape.lora_params(rank, _LINEAR) * width
-    else:
-        adapters = trained_params(shape, pool, agents) * width if lora else 0
-    # The hf engine on CPU runs its linears on a copy of their weights packed for oneDNN
-    # (rollout_svc.engines.hf_packed; bf16 and float32): every layer's seven and the output layer.
-    packs = device == "cpu" and pool.engine == "hf" and resolved_dtype(pool, device) != "float16"
-    linears = shape.layers * sum(i * o for i, o in map(shape.linear, _LINEAR))
-    return {
-        "weights": shape.params * width,
-        "packed_weights": (linears + shape.vocab * shape.hidden) * width if packs else 0,
-        "adapters": adapters,
-        "kv_cache": k * sample_tokens * shape.kv_bytes_per_token(width),
-        "runtime": ROLLOUT_RUNTIME_BYTES if device == "cuda" else 0,
-    }
-
-
-def rollout_full_kv_bytes(
-    shape: ModelShape,
-    pool: PoolConfig,
-    *,
-    k: int,
-    tasks: int,
-    sample_tokens: int,
-    device: str = "cuda",
-) -> int:
-    """KV for K x tasks x (prompt + response) tokens: every sequence of a replica's share of a
-    step generating at once (vLLM queues what does not fit: slower, not a failure)."""
-    width, _ = compute_dtype(pool, device)
-    return k * tasks * sample_tokens * shape.kv_bytes_per_token(width)
 
 
 def trainer_host_bytes(shape: ModelShape, pool: PoolConfig, *, ranks: int) -> int:

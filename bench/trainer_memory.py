@@ -22,9 +22,9 @@ size (/proc/self/clear_refs)
 just before the measured step, minus the resident set then: weights, their gradients (allocated
 beforehand: they are the planner's per-model figure, not per token) and the inputs are not in it.
 The chunked path's backward adds the output layer's weight gradient into that preallocated .grad
-pass by pass (trainer_svc/logprobs.py, _FusedHeadLogprobs), so its peak holds no (V, H) tensor: what
-it holds is one pass's logits temporaries (the top-k / top-p transform's sort and softmaxes, about
-ten 64 MiB float32 tensors at 2**24 elements) plus a few (tokens, hidden) tensors.
+pass by pass (trainer_svc/fused_head.py, _FusedHeadLogprobs), so its peak holds no (V, H) tensor:
+what it holds is one pass's logits temporaries (the top-k / top-p transform's sort and softmaxes,
+about ten 64 MiB float32 tensors at 2**24 elements) plus a few (tokens, hidden) tensors.
 Activations are the resident set held after the forward (the autograd graph alive) minus before it,
 the difference between a 3-layer and a 1-layer model, per layer and per token.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from atgrpo.memory import VLLM_LORA_RANKS
+from atgrpo.memory_rollout import VLLM_LORA_RANKS
 from atgrpo.rpc.main import SettingsError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")

@@ -103,7 +103,7 @@ def check_trainer(args, work: Path) -> dict:
 
 
 def _shape(cfg: dict):
-    from atgrpo.memory import ModelShape
+    from atgrpo.model_shape import ModelShape
 
     return ModelShape.from_config(cfg)
 

@@ -111,7 +111,7 @@ def shard(
     layer until the backward (~14 GiB a rank at 8B): the gathered bf16 layer is the only copy.
     The output layer's group is gathered in float32 (its matmuls still run in bf16:
     HEAD_COMPUTE_DTYPE): the fused head adds its weight gradient into the gathered weight's .grad
-    pass by pass (logprobs._FusedHeadLogprobs), and a bf16 .grad rounded that sum at every one of
+    pass by pass (fused_head._FusedHeadLogprobs), and a bf16 .grad rounded that sum at every one of
     a micro-batch's ~34 passes (relative error 0.0056 against 0.0024 for one pass). That group
     is the root: the head must be gathered by the root's forward (sharded_forward). An untied
     embedding gets a bf16 group of its own, so that only the head and the final norm are float32

@@ -12,7 +12,8 @@ import torch
 
 from atgrpo.contract.trainer import TrainSample, UpdateConfig
 from atgrpo.perf import PhaseClock, forward_flops, model_size, update_flops
-from trainer_svc.logprobs import chunked_head_available, prefix_sharing_available
+from trainer_svc.logprobs import chunked_head_available
+from trainer_svc.prompt_sharing import prefix_sharing_available
 from trainer_svc.sharding import is_sharded, world
 
 # The micro-batch token budget when neither the pool's setup nor the service's flag sets one.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from atgrpo.cli.preflight import env_problem, load_run_config
 from atgrpo.config import RunConfig
-from atgrpo.memory import find_model_config
+from atgrpo.model_shape import find_model_config
 
 
 def model_limit(model_path: str) -> int | None:

@@ -7,10 +7,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from atgrpo.cli.sizing import GPUS_PER_NODE, RunSizing, gib, size_run, usable
+from atgrpo.cli.sizing import RunSizing, gib, size_run
+from atgrpo.cli.trainer_fit import GPUS_PER_NODE
 from atgrpo.config import RunConfig
 from atgrpo.config_parse import parse_bytes
-from atgrpo.memory import USABLE_FRACTION, GiB
+from atgrpo.memory import USABLE_FRACTION, GiB, usable
 
 _COLUMNS = (
     ("weights", ("weights", "packed_weights", "adapters")),

@@ -16,8 +16,9 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from atgrpo.cli.sizing import ProcessSizing, gib, size_run, usable
+from atgrpo.cli.sizing import ProcessSizing, gib, size_run
 from atgrpo.config import RunConfig
+from atgrpo.memory import usable
 
 
 class PlacementError(ValueError):

@@ -34,7 +34,7 @@ from atgrpo.config import (
     dump_config,
     parse_config,
 )
-from atgrpo.memory import vllm_lora_limits
+from atgrpo.memory_rollout import vllm_lora_limits
 from atgrpo.rpc.tether import Tether
 
 VLLM_PYTHON_ENV = "ATGRPO_VLLM_PYTHON"

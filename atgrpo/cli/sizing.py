@@ -1,7 +1,8 @@
 """A run's sizing: what every process of a run needs, and whether it fits the GPUs the config is
-sized for. The per-process formulas are in atgrpo.memory; this module lays out a run's processes
-(trainers, rollout replicas, the services without a model) and their disk; atgrpo.cli.fit_report
-prints them (`atgrpo plan`).
+sized for. The per-process formulas are in atgrpo.memory and atgrpo.memory_rollout; this module
+lays out a run's processes (trainers, rollout replicas, the services without a model) and their
+disk; atgrpo.cli.fit_report prints them (`atgrpo plan`). Where a trainer fits (how many GPUs, how
+many nodes, what would make it fit) is searched in atgrpo.cli.trainer_fit.
 """
 
 from __future__ import annotations
@@ -9,34 +10,36 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from atgrpo.cli.trainer_fit import (
+    GPUS_PER_NODE,
+    node_layout,
+    one_node_ranks,
+    sorts_vocabulary,
+    trainer_fixes,
+)
 from atgrpo.config_parse import parse_bytes
 from atgrpo.memory import (
     HOST_BASE_BYTES,
     SERVICE_HOST_BYTES,
-    USABLE_FRACTION,
     GiB,
-    ModelShape,
     checkpoint_bytes,
     checkpointing_on,
     compute_dtype,
-    load_shape,
     longest_sample,
     pool_activation_bytes,
     push_bytes,
-    rollout_components,
-    rollout_full_kv_bytes,
     trainer_components,
     trainer_host_bytes,
     trainer_peak,
+    usable,
 )
+from atgrpo.memory_rollout import rollout_components, rollout_full_kv_bytes
+from atgrpo.model_shape import ModelShape, load_shape
 
 if TYPE_CHECKING:
     from atgrpo.config import PoolConfig, RunConfig, RunSection
-
-# GPUs of one node, as the chart's gpu.perNode assumes by default: a trainer with more spans nodes.
-GPUS_PER_NODE = 8
 
 
 # --- the plan of a run ----------------------------------------------------------------------------
@@ -116,10 +119,6 @@ class RunSizing:
     @property
     def ok(self) -> bool:
         return not self.problems and all(p.fits is not False for p in self.processes)
-
-
-def usable(gpu_memory: int) -> int:
-    return int(gpu_memory * USABLE_FRACTION)
 
 
 def pool_device(pool: PoolConfig, gpu_memory: int | None) -> str:
@@ -239,40 +238,6 @@ def tensor_parallel_problem(name: str, pool: PoolConfig, shape: ModelShape) -> s
         f"{shape.kv_heads} KV heads do not split evenly over {tp} GPUs (vLLM would refuse it at "
         f"start). Use rollout_gpus: {fits[-1]}, or another count that divides them"
     )
-
-
-def sorts_vocabulary(cfg: RunConfig, pool: str) -> bool:
-    """Whether an agent of `pool` trains under top-p without top-k: its log-prob passes sort the
-    vocabulary (more temporaries a pass)."""
-    return any(
-        0 < s.top_p < 1 and s.top_k <= 0
-        for s in (cfg.agents[a].train_sampling for a in cfg.agents_of(pool))
-    )
-
-
-def one_node_ranks(
-    cfg: RunConfig, name: str, pool: PoolConfig, shape: ModelShape, memory: int, per_node: int
-) -> int | None:
-    """The fewest GPUs of one node the trainer fits on, or None: a pool that fits one node trains
-    faster there than spread over several (hybrid sharding still all-reduces across them)."""
-    return next(
-        (n for n in range(1, per_node + 1) if trainer_fits(cfg, name, pool, shape, memory, n)), None
-    )
-
-
-def node_layout(name: str, ranks: int, per_node: int) -> tuple[int, str | None]:
-    """The nodes a trainer of `ranks` GPUs spans, as the chart places it (gpu.perNode GPUs a
-    node): 1 up to a node's GPUs, else ranks / per_node, which must divide evenly."""
-    if ranks <= per_node:
-        return 1, None
-    if ranks % per_node:
-        low, high = ranks // per_node * per_node, (ranks // per_node + 1) * per_node
-        return 0, (
-            f"pools.{name}.trainer_gpus is {ranks}, more than a node's {per_node} GPUs and not a "
-            f"multiple of them: a trainer past one node runs {per_node} ranks on each (the chart's "
-            f"gpu.perNode, `atgrpo plan --gpus-per-node`). Use trainer_gpus: {low} or {high}"
-        )
-    return ranks // per_node, None
 
 
 def _model_process(
@@ -438,87 +403,6 @@ def _rollout_kv_fit(
             ),
         )
     return plan
-
-
-def trainer_fits(
-    cfg: RunConfig,
-    name: str,
-    pool: PoolConfig,
-    shape: ModelShape,
-    memory: int,
-    ranks: int,
-    tokens: int | None = None,
-) -> bool:
-    """Whether the pool's trainer, as `pool` sets it, fits `ranks` GPUs of `memory` bytes."""
-    tokens = max(tokens or pool.micro_batch_tokens, longest_sample(cfg, name))
-    return trainer_peak(
-        trainer_components(
-            shape,
-            pool,
-            cfg.algorithm,
-            "cuda",
-            agents=len(cfg.agents_of(name)),
-            ranks=ranks,
-            tokens=tokens,
-            memory=memory,
-            sorts=sorts_vocabulary(cfg, name),
-        )
-    ) <= usable(memory)
-
-
-def trainer_fixes(
-    cfg: RunConfig,
-    name: str,
-    pool: PoolConfig,
-    shape: ModelShape,
-    ranks: int,
-    memory: int,
-    per_node: int = GPUS_PER_NODE,
-) -> list[str]:
-    """Each single change that would make the pool's trainer fit, found by re-running the
-    estimate."""
-    sample = longest_sample(cfg, name)
-
-    def fits(p: PoolConfig, n: int = ranks, tokens: int | None = None) -> bool:
-        return trainer_fits(cfg, name, p, shape, memory, n, tokens)
-
-    fixes = []
-    if not checkpointing_on(pool, "cuda") and fits(replace(pool, gradient_checkpointing=True)):
-        fixes.append(f"turn checkpointing on: pools.{name}.gradient_checkpointing: true")
-    fit_tokens = _largest_fitting(lambda t: fits(pool, tokens=t), sample, pool.micro_batch_tokens)
-    if fit_tokens:
-        fixes.append(f"fewer micro-batch tokens: pools.{name}.micro_batch_tokens: {fit_tokens}")
-    if pool.specialization == "full":
-        # counts a cluster can place: up to a node's GPUs, then whole nodes
-        placeable = (n for n in range(ranks + 1, 65) if n <= per_node or n % per_node == 0)
-        more = next((n for n in placeable if fits(pool, n=n)), None)
-        if more:
-            fixes.append(
-                f"more GPUs: pools.{name}.trainer_gpus: {more} (FSDP shards the model and "
-                f"optimizer over them; or `atgrpo plan --gpus {more}`)"
-            )
-        from atgrpo.config import LoraConfig
-
-        if fits(replace(pool, specialization="lora", lora=LoraConfig())):
-            fixes.append(
-                f"LoRA: pools.{name}.specialization: lora (the base stays frozen in 16 bits; "
-                "only the adapters train)"
-            )
-    if not fixes:
-        fixes.append("a GPU with more memory (--gpu-memory), or a smaller model")
-    return fixes
-
-
-def _largest_fitting(ok: Any, low: int, high: int) -> int | None:
-    """The largest multiple of 1024 in [low, high) for which ok() holds (ok is monotone)."""
-    if not ok(low):
-        return None
-    lo, hi = low, high
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-    best = lo // 1024 * 1024
-    return best if best >= low else lo
 
 
 # --- output ---------------------------------------------------------------------------------------

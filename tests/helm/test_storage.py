@@ -17,7 +17,8 @@ import yaml
 
 from atgrpo.cli.sizing import checkpoints_at_once, size_run
 from atgrpo.config import parse_config
-from atgrpo.memory import checkpoint_bytes, load_shape
+from atgrpo.memory import checkpoint_bytes
+from atgrpo.model_shape import load_shape
 from env_svc.datasets import sources
 from tests.helm.conftest import (
     CHART,

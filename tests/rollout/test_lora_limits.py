@@ -10,7 +10,8 @@ import pytest
 from atgrpo.cli.runner import service_processes
 from atgrpo.cli.sizing import tensor_parallel_problem
 from atgrpo.config import ConfigError, LoraConfig, PoolConfig, parse_config
-from atgrpo.memory import ModelShape, load_shape, rollout_components, vllm_lora_limits
+from atgrpo.memory_rollout import rollout_components, vllm_lora_limits
+from atgrpo.model_shape import ModelShape, load_shape
 from atgrpo.rpc.main import SettingsError
 from rollout_svc.__main__ import make_engine
 from rollout_svc.engines import vllm

@@ -90,7 +90,7 @@ def test_with_the_correction_a_perturbed_engine_gives_the_true_update(tiny_model
 def per_token_grads(model, samples):
     """Each response token's gradient of its log-prob, flat, in sample order: (tokens, params).
     By backward() into .grad, not autograd.grad: the chunked output layer writes its weight's
-    gradient straight into .grad (trainer_svc.logprobs), which autograd.grad would miss."""
+    gradient straight into .grad (trainer_svc.fused_head), which autograd.grad would miss."""
     params = list(model.parameters())
     lp = response_logprobs(model, samples, "cpu", with_entropy=False)[0]  # (B, T)
     rows = []

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 import torch
 
+import trainer_svc.fused_head as fused_head
 import trainer_svc.logprobs as logprobs
 from atgrpo.algo.loss import policy_loss
 from atgrpo.contract.sampling import Sampling
@@ -269,7 +270,7 @@ def test_a_gpus_passes_are_sized_by_its_memory(monkeypatch):
 def test_the_head_backward_multiplies_a_column_major_copy_of_a_16_bit_weight_on_cpu():
     """Same values, the layout a CPU's fast 16-bit GEMM takes; float32 weights are left as they
     are."""
-    from trainer_svc.logprobs import _column_major
+    from trainer_svc.fused_head import _column_major
 
     w = torch.randn(48, 8).bfloat16()
     got = _column_major(w)
@@ -287,12 +288,12 @@ def test_without_an_entropy_gradient_the_head_backward_is_the_log_softmax_formul
     h = hidden[mask > 0].clone().requires_grad_()
     t = targets[mask > 0]
     g = torch.randn(len(t), generator=torch.Generator().manual_seed(3))
-    lp, _ = logprobs._FusedHeadLogprobs.apply(
+    lp, _ = fused_head._FusedHeadLogprobs.apply(
         h, head.weight, None, t, sampling, "metric", len(t), False
     )
     (lp * torch.where(torch.isfinite(lp), g, 0.0)).sum().backward()
     with torch.no_grad():
-        logp = logprobs._pass_logp(h, head.weight, None, sampling)
+        logp = fused_head._pass_logp(h, head.weight, None, sampling)
         d = torch.zeros_like(logp).scatter_add_(
             -1, t[:, None], torch.where(torch.isfinite(lp), g, 0.0)[:, None]
         )

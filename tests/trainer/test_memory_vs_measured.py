@@ -25,11 +25,11 @@ import torch
 
 from atgrpo.config import AlgorithmConfig, PoolConfig
 from atgrpo.memory import (
-    ModelShape,
     activation_bytes_per_token_layer,
     trainer_components,
     trainer_peak,
 )
+from atgrpo.model_shape import ModelShape
 from tests.conftest import ROOT
 
 SIZES = {
