@@ -159,9 +159,10 @@ def logprob_bytes(
     memory: int | None = None,
     sorts: bool = False,
 ) -> int:
-    """The log-prob path at `positions` response positions. Chunked (update.hidden_logprobs): one
-    pass of at most logprob_pass_elements(memory) // vocab positions, LOGPROB_TOPK_TEMPORARIES
-    float32 tensors of (pass positions, vocab), LOGPROB_SORT_TEMPORARIES when a sampling transform
+    """The log-prob path at `positions` response positions. Chunked
+    (trainer_svc.logprobs.hidden_logprobs): one pass of at most
+    logprob_pass_elements(memory) // vocab positions, LOGPROB_TOPK_TEMPORARIES float32 tensors of
+    (pass positions, vocab), LOGPROB_SORT_TEMPORARIES when a sampling transform
     `sorts` the vocabulary (top-p without top-k); the other passes keep nothing. Full logits (an
     output layer the chunked path cannot take): FULL_LOGITS_COPIES (positions, vocab) tensors at the
     compute `width`, plus one transform pass of LOGPROB_CHUNK_TOKENS positions."""

@@ -17,7 +17,7 @@ from atgrpo.contract.sampling import Sampling
 from trainer_svc.sharding import HEAD_COMPUTE_DTYPE
 
 # Vocabulary rows of the output layer's weight gradient added per product when it is float32 and
-# the matmul runs in bf16 (plan.py counts one such slice).
+# the matmul runs in bf16 (atgrpo/memory.py counts one such slice).
 HEAD_GRAD_ROWS = 8192
 
 
