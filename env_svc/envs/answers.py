@@ -8,7 +8,7 @@ points when variables occur), never sympy's evalf or simplify; intervals, sets, 
 equations compare by structure. Used by the `math` environment
 (env_svc/envs/math.py).
 
-What the judge guarantees (`judge_answer`; tests/env/test_integrity_math.py tries to break it):
+What the judge guarantees (`judge_answer`; tests/env/test_integrity_math*.py try to break it):
 - An answer it cannot judge raises JudgeError with a reason (too_large, too_deep, undefined,
   judge_failed), in bounded time and memory, never another exception: the env makes it a format
   failure. Every step is linear in the answer or bounded by a constant (MAX_RAW_CHARS, then

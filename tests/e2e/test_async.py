@@ -16,7 +16,7 @@ from atgrpo.cli.runner import LocalServices
 from atgrpo.config import parse_config
 from atgrpo.rundir import read_metrics
 from router_svc.steps import step_tasks
-from tests.e2e.test_training import stop_after_step, toy_config, train_locally
+from tests.e2e.toy_runs import stop_after_step, toy_config, train_locally
 
 pytestmark = pytest.mark.slow
 

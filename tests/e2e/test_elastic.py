@@ -35,7 +35,7 @@ from atgrpo.config import parse_config
 from atgrpo.discovery import read_address_file
 from atgrpo.rundir import read_metrics
 from router_svc.steps import step_tasks
-from tests.e2e.test_training import toy_config
+from tests.e2e.toy_runs import toy_config
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from atgrpo.cli.runner import LocalServices, drive
 from atgrpo.config import parse_config
 from atgrpo.rundir import read_metrics
 from router_svc.steps import step_tasks
-from tests.e2e.test_training import Collect, toy_config
+from tests.e2e.toy_runs import Collect, toy_config
 
 pytestmark = pytest.mark.slow
 

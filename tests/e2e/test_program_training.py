@@ -11,7 +11,7 @@ import yaml
 from atgrpo.cli.runner import LocalServices, drive
 from atgrpo.config import parse_config
 from tests.conftest import ROOT
-from tests.e2e.test_training import Collect
+from tests.e2e.toy_runs import Collect
 
 K = 4
 

@@ -26,7 +26,7 @@ from atgrpo.config import parse_config
 from atgrpo.contract.sampling import Sampling
 from atgrpo.discovery import listed_now
 from rollout_svc.client import RolloutClient
-from tests.e2e.test_training import Collect, served_versions, toy_config
+from tests.e2e.toy_runs import Collect, served_versions, toy_config
 
 # smollm2: the GGUF behind smollm2_model loads once per run, on the worker that runs the group
 # (`--dist loadgroup`), rather than once on each worker that meets a SmolLM2 test.

@@ -13,7 +13,7 @@ import pytest
 from atgrpo.cli.runner import LocalServices, drive
 from atgrpo.config import dump_config, parse_config
 from router_svc.client import RouterClient
-from tests.e2e.test_training import Collect, toy_config
+from tests.e2e.toy_runs import Collect, toy_config
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ from atgrpo.cli import launcher
 from atgrpo.cli.launcher import ServiceProcess
 from atgrpo.rpc.tether import Tether
 from atgrpo.rundir import read_metrics
-from tests.e2e.test_training import toy_config
+from tests.e2e.toy_runs import toy_config
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import pytest
 
-from tests.e2e.test_training import K, toy_config, train_locally
+from tests.e2e.toy_runs import K, toy_config, train_locally
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ from atgrpo.errors import Unavailable
 from atgrpo.rundir import read_metrics
 from rollout_svc.client import RolloutClient
 from router_svc.loop import RunLoop
-from tests.e2e.test_training import toy_config
+from tests.e2e.toy_runs import toy_config
 
 pytestmark = pytest.mark.slow
 

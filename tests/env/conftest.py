@@ -53,7 +53,7 @@ def two_steps_of(example: str, model: str, run_dir) -> list[dict]:
     from atgrpo.cli.runner import LocalServices, drive
     from atgrpo.config import parse_config
     from tests.conftest import ROOT
-    from tests.e2e.test_training import Collect
+    from tests.e2e.toy_runs import Collect
 
     data = yaml.safe_load((ROOT / "examples" / example).read_text())
     data["run"].update(steps=2, eval_every_steps=0, run_dir=str(run_dir))

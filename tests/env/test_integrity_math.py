@@ -4,7 +4,10 @@ Each attack asserts that it earns no credit, and where the judge cannot judge th
 too deep, undefined) that it says so (`judge_error` and `parse_error` in the info, counted by the
 host) instead of raising out of step; all of it within a generous wall clock, so that an attack
 that makes the judge work hard fails here rather than hanging a run. Honest equivalent answers
-still score. What the judge guarantees is in env_svc/envs/answers.py's docstring.
+still score. What the judge guarantees is in env_svc/envs/answers.py's docstring. This file holds
+the judge's refusals, what more values earn and the honest answers; crafted input that would make
+the judge or the extractors work hard is in test_integrity_math_bounded.py, the env's own handling
+of refused answers in test_integrity_math_env.py.
 
 On the code before this suite: `\\sqrt{2}^{\\sqrt{2}^{\\sqrt{2}^{99}}}` raised MemoryError,
 `((\\sqrt{2}^{19999})^{19999})^{19999}` ran 24 s then raised MemoryError; `\\sqrt{2^{9999}+1}` took
@@ -13,39 +16,15 @@ level); "answer" and 20,000 spaces took 4 s, quadratic, so a megabyte of them ho
 backtracking regex); and 1000000000 scored as 1000000007 (a relative tolerance).
 """
 
-import asyncio
-import random
-import time
-
 import pytest
 
-from atgrpo.sdk import metrics
-from atgrpo.sdk.host import EnvHost
-from atgrpo.sdk.inprocess import LocalEnvs
 from atgrpo.sdk.judge import JudgeError
-from atgrpo.sdk.registry import Registry
-from env_svc.envs import BUILTIN
-from env_svc.envs.answer_extract import extract_answer, extract_code, stdout_answer
 from env_svc.envs.answers import answers_match, judge_answer
-from env_svc.envs.common import FAILURE_REWARD
-from env_svc.envs.math import MathEnv
-
-WALL_S = 2.0  # per judge call: generous, so that only real blow-ups fail
-MB = 1 << 20
-
-
-def run(coro):
-    return asyncio.run(coro)
-
-
-def timed(fn, *args):
-    t = time.monotonic()
-    try:
-        return fn(*args)
-    finally:
-        assert time.monotonic() - t < WALL_S, (
-            f"{fn.__name__} took {time.monotonic() - t:.1f}s on {args[0][:80]!r}"
-        )
+from tests.env.math_judging import (
+    MB,
+    timed,
+    warm,  # noqa: F401 - an autouse fixture
+)
 
 
 def refused(answer, gold="1"):
@@ -53,11 +32,6 @@ def refused(answer, gold="1"):
     with pytest.raises(JudgeError) as e:
         timed(judge_answer, answer, gold)
     return e.value
-
-
-@pytest.fixture(scope="module", autouse=True)
-def warm():
-    answers_match("\\frac{1}{2}", "0.5")  # sympy's and mpmath's imports are not an attack
 
 
 # ---- too large, too deep, undefined: refused with a reason, fast ---------------------------
@@ -266,138 +240,6 @@ def test_variables_cannot_hide_behind_sample_points():
     assert judge_answer("\\frac{x^2 - 1}{x - 1}", "x + 1") and not judge_answer("y", "x")
 
 
-# ---- bounded work: no blow-up on crafted input --------------------------------------------
-
-NESTED = {
-    "logs": ("\\log(", "3", ")"),
-    "logs of a big number": ("\\log(", "3^{12000}", ")"),
-    "log_b": ("\\log_{", "2", "}(\\sqrt{2})"),
-    "sin of log": ("\\sin(\\log(", "2", "))"),
-    "sqrt of log": ("\\sqrt{\\log(", "3", ")}"),
-    "tan": ("\\tan(", "(-1+i)^{\\sqrt{2}-1}", ")"),
-    "floor": ("\\lfloor ", "\\sqrt{2}\\cdot 10^{70}", "\\rfloor"),
-    "abs": ("abs(", "2^{100} + 3^{60}i", ")"),
-    "exp": ("\\exp(-", "1", ")"),
-    "powers": ("\\sqrt{2}^{", "2", "}"),
-}
-
-
-@pytest.mark.parametrize("kind", NESTED)
-def test_nested_functions_cost_linear_time(kind):
-    """sympy evaluates a function of a number numerically, again at every level, more precisely
-    each time: nine nested logs took 3 s, twelve about as many hours."""
-    open_, inner, close = NESTED[kind]
-    for depth in (6, 12, 24):
-        answer = open_ * depth + inner + close * depth
-        if len(answer) <= 400:
-            try:
-                timed(judge_answer, answer, "\\sqrt{2}")
-            except JudgeError as e:
-                assert e.reason in ("too_large", "too_deep", "undefined")
-
-
-BACKTRACKING = {
-    "answer then spaces": "Final answer" + " " * MB + "x",
-    "answer then tabs, repeated": ("answer" + "\t" * 1000) * (MB // 1006),
-    "boxed then spaces": "\\boxed" + " " * MB,
-    "unclosed boxes": "\\boxed{" * (MB // 7),
-    "one huge box": "\\boxed{" + "1" * MB + "}",
-    "nested boxes": "\\boxed{" * 50_000 + "1" + "}" * 50_000,
-    "fence then spaces": "```" + " " * MB,
-    "fence then tabs, repeated": "```python \t\t" * (MB // 12),
-    "unclosed fences": "```\n" * (MB // 4),
-    "think tags": "</think>" * (MB // 8) + "```python\nprint(1)\n```",
-    "and/or spaces": "\\boxed{1" + " " * 1500 + "and}",
-    "dollars": "$" * MB,
-    "backslashes": "\\" * MB,
-}
-
-
-@pytest.mark.parametrize("kind", BACKTRACKING)
-def test_megabyte_texts_are_read_in_linear_time(kind):
-    text = BACKTRACKING[kind]
-    t = time.monotonic()
-    for got in (extract_answer(text), stdout_answer(text)):
-        if got is not None:
-            answers_match(got, "1")
-    extract_code(text)
-    assert time.monotonic() - t < 3 * WALL_S, f"{kind}: {time.monotonic() - t:.1f}s"
-
-
-def test_extractors_keep_their_meaning_on_honest_text():
-    assert extract_code("```python\nprint(1)\n```") == "print(1)\n"
-    assert extract_code("``` python3 \nprint(2)\n```") == "print(2)\n"
-    assert (
-        extract_answer("The answer is:  $12$") == "12"
-        and extract_answer("Final answer is 7.") is None
-    )
-    assert extract_answer("final answer is : 7") == "7"
-    assert (
-        stdout_answer("thinking\n\\boxed{3}\n") == "3" and stdout_answer("x\nAnswer: 4\n\n") == "4"
-    )
-    assert stdout_answer("1" * 5000) == "1" * 5000  # whole: the judge refuses it, not a cut
-
-
-def test_random_hostile_expressions_never_raise_anything_else():
-    """A seeded fuzz of towers, roots, functions and sets: every verdict is a bool or a JudgeError,
-    each well within the wall clock."""
-    rng = random.Random(34)
-    atoms = [
-        "2",
-        "9",
-        "0",
-        "-1",
-        "x",
-        "\\pi",
-        "e",
-        "i",
-        "\\infty",
-        "1e99",
-        "1e-99",
-        "2^{19999}",
-        "(2^{255}+1)",
-        "\\sqrt{2}",
-        "99999999999999999999",
-        "300",
-        "\\frac{1}{3}",
-    ]
-    forms = [
-        "{a}^{{{b}}}",
-        "({a})^{{{b}}}",
-        "{a}+{b}",
-        "({a})({b})",
-        "\\frac{{{a}}}{{{b}}}",
-        "\\sqrt{{{a}}}",
-        "\\sqrt[{a}]{{{b}}}",
-        "({a})!",
-        "\\sin({a})",
-        "e^{{{a}}}",
-        "\\log_{{{a}}}({b})",
-        "\\binom{{{a}}}{{{b}}}",
-        "\\lfloor {a} \\rfloor",
-        "abs({a})",
-        "\\ln({a})",
-        "\\arcsin({a})",
-        "\\{{{a}, {b}\\}}",
-        "({a}, {b}]",
-        "x = {a}",
-    ]
-
-    def gen(depth):
-        if depth <= 0 or rng.random() < 0.25:
-            return rng.choice(atoms)
-        return rng.choice(forms).format(a=gen(depth - 1), b=gen(depth - 1))
-
-    for _ in range(300):
-        answer = gen(rng.randrange(1, 8))
-        try:
-            assert isinstance(
-                timed(judge_answer, answer, rng.choice(["1", "x^2+1", "\\sqrt{2}", "(0,1]"])), bool
-            )
-        except JudgeError as e:
-            assert e.reason in ("too_large", "too_deep", "undefined", "judge_failed")
-
-
 # ---- honest answers still score ------------------------------------------------------------
 
 HONEST = [
@@ -432,112 +274,3 @@ HONEST = [
 @pytest.mark.parametrize("a, b", HONEST)
 def test_honest_equivalent_answers_still_score(a, b):
     assert timed(judge_answer, a, b) and timed(judge_answer, b, a)
-
-
-# ---- the environment: a refusal is a format failure, never an exception --------------------
-
-
-def make(sandbox=None, **options):
-    env = MathEnv(options)
-    env.reset("train-half-of-third", 0, "train")  # the answer is 1/6
-    env.sandbox = sandbox
-    return env
-
-
-@pytest.mark.parametrize(
-    "answer",
-    [
-        "\\boxed{9^{9^{9^{9}}}}",
-        "\\boxed{" + "(" * 5_000 + "1" + ")" * 5_000 + "}",
-        "\\boxed{0/0}",
-        "\\boxed{" + "1" * 19_000 + "}",
-        "\\boxed{\\sqrt{2^{19999}+1}}",
-    ],
-)
-def test_reasoner_refused_answer_is_a_format_failure(answer):
-    """Refused after a right answer: the latest answer counts, and a refused one is wrong."""
-    env = make(done_when="agree")
-    assert run(env.step("reasoner", "\\boxed{1/6}")).success
-    t = time.monotonic()
-    r = run(env.step("reasoner", f"Let me think.\n{answer}"))
-    assert time.monotonic() - t < WALL_S
-    assert (r.local_reward, r.team_reward, r.done, r.success) == (FAILURE_REWARD, 0.0, False, False)
-    assert r.info["judge_error"] in ("too_large", "too_deep", "undefined") and r.info["parse_error"]
-    assert r.info["correct"] is False and len(r.info["answer"]) < 300
-    assert env.answer is None and not env.success
-
-
-def test_reasoner_megabyte_answers():
-    env = make()
-    for text in (
-        "\\boxed{" + "1" * MB + "}",
-        "x" * MB,
-        "\\boxed{" * (MB // 7),
-        "answer" + " " * MB + ": 1/7",
-    ):
-        t = time.monotonic()
-        r = run(env.step("reasoner", text))
-        assert time.monotonic() - t < 3 * WALL_S
-        assert r.local_reward in (FAILURE_REWARD, 0.0) and not r.success
-        assert "parse_error" in r.info or r.info.get("correct") is False
-
-
-def test_reasoner_hedge_earns_nothing():
-    env = make()
-    for answer in (
-        "\\boxed{\\frac{1}{6}, \\frac{1}{5}}",
-        "\\boxed{\\frac16 \\text{ or } \\frac15}",
-        "\\boxed{\\pm\\frac{1}{6}}",
-        "\\boxed{x = \\frac{1}{5} = \\frac{1}{6}}",
-    ):
-        r = run(env.step("reasoner", answer))
-        assert r.local_reward <= 0.0 and not r.success and not r.done, answer
-
-
-def test_tool_output_is_bounded(sandbox):
-    programs = {
-        "tower": "print('9**9**9**9')",
-        "long": "print('1' * 5000)",
-        "deep": "print('(' * 10000 + '1' + ')' * 10000)",
-        "nan": "print(float('nan'))",
-        "inf": "print('oo-oo')",
-        "huge int": "print(10 ** 100)",
-    }
-    for name, body in programs.items():
-        env = make(sandbox=sandbox)
-        r = run(env.step("tool", f"```python\n{body}\n```"))
-        assert r.local_reward in (FAILURE_REWARD, 0.0) and not r.info.get("correct"), name
-        if r.local_reward == FAILURE_REWARD:
-            assert (
-                r.info["judge_error"] in ("too_large", "too_deep", "undefined")
-                and r.info["parse_error"]
-            ), name
-            assert env.tool_answer is None
-    env = make(sandbox=sandbox, done_when="agree")
-    run(env.step("tool", "```python\nprint('9**9**9**9')\n```"))
-    r = run(env.step("reasoner", "\\boxed{9**9**9**9}"))
-    assert not r.done and r.local_reward == FAILURE_REWARD  # two refused answers never agree
-
-
-def test_host_counts_judge_errors():
-    def count(reason):
-        return metrics.JUDGE_ERRORS.labels("math", reason)._value.get()
-
-    async def go():
-        envs = LocalEnvs(EnvHost(Registry(BUILTIN, discover=False)))
-        ep, _ = await envs.reset(
-            "math",
-            "train-half-of-third",
-            seed=0,
-            split="train",
-            options={"turn_order": ["reasoner"]},
-        )
-        before = count("too_large"), count("undefined")
-        r = await envs.step(ep, "reasoner", "\\boxed{9^{9^{9^{9}}}}")
-        assert r.info["judge_error"] == "too_large" and r.local_reward == FAILURE_REWARD
-        r = await envs.step(ep, "reasoner", "\\boxed{0/0}")
-        assert r.info["judge_error"] == "undefined"
-        assert (count("too_large"), count("undefined")) == (before[0] + 1, before[1] + 1)
-        await envs.close_episodes([ep])
-
-    run(go())

@@ -6,52 +6,41 @@ hostile text) and asserts what it earns: no credit beyond what the honest play e
 penalty, and that an honest optimal episode scores strictly more than every farming strategy
 tried. The rules are in env_svc/envs/planning.py's docstring (gains paid once against the
 episode's record; costs charged by the episode's ledger, below 0.9 in total; a format failure
-scores -1 flat). Tool programs run in the real bwrap sandbox (tests/env/conftest.py).
+scores -1 flat). This file holds the plan agent's farming of each puzzle and the episode's floor;
+the tool agent's attacks are in test_integrity_planning_tool.py, hostile text in
+test_integrity_planning_hostile.py, and the puzzles all three play in planning_puzzles.py.
 
 Numbers the old rules gave (the adversarial tester's, and this file's attacks on the old code):
 Sokoban on/off cycling 25.4 in one answer and 19.2 across turns against an honest 12.16;
 Plan-Path walking away and back 37.5 against 10.4; the tool agent paid a full solve every turn.
 """
 
-import asyncio
-import json
-import time
-from types import SimpleNamespace
-
 import pytest
 
 from env_svc.envs.common import FAILURE_REWARD
 from env_svc.envs.plan_ledger import episode_charge
-from env_svc.envs.plan_path import PlanPathEnv
 from env_svc.envs.planning import MIN_ANSWER_REWARD
-from env_svc.envs.sokoban import SokobanEnv, SokobanState, box_distance, dead_squares
-from env_svc.envs.sudoku import SudokuEnv
-from tests.env.planning_solvers import PATH_SOLVER, SOKOBAN_SOLVER, SUDOKU_SOLVER
-
-BACK = {"U": "D", "D": "U", "L": "R", "R": "L"}
-M = -MIN_ANSWER_REWARD  # the most an episode's costs are charged
-
-
-def run(coro):
-    return asyncio.run(coro)
-
-
-def answer(moves):
-    return f"I have a plan.\n#### {json.dumps(moves)}"
-
-
-def fenced(script):
-    return f"```python\n{script}\n```"
-
-
-def printing(moves):
-    """A tool program that proposes `moves` whatever the puzzle."""
-    return fenced(f"print('**Actions List**: ' + {json.dumps(json.dumps(moves))})")
-
-
-def plays(env, answers, agent="plan"):
-    """Step `agent` through `answers`; the local rewards."""
-    return [run(env.step(agent, a)).local_reward for a in answers]
+from env_svc.envs.sokoban import SokobanState, dead_squares
+from tests.env.planning_puzzles import (
+    AWAY,
+    BACK,
+    BACK_FROM_LEFT,
+    BACK_FROM_RIGHT,
+    CYCLE,
+    FINISH,
+    OFF_LEFT,
+    OFF_RIGHT,
+    ON,
+    SOKOBAN_HONEST_GAINS,
+    M,
+    answer,
+    honest_sum,
+    path_env,
+    plays,
+    room,
+    run,
+    sudoku_env,
+)
 
 
 def totals(results):
@@ -60,57 +49,6 @@ def totals(results):
         sum(r.info.get("gains", 0.0) for r in results),
         sum(r.info.get("costs", 0.0) for r in results),
         sum(r.local_reward for r in results),
-    )
-
-
-# ---- puzzles ---------------------------------------------------------------------------------
-
-# A 5x5 open room: box A starts beside its goal (one push R), box B likewise (one push R from
-# (4,2)). A can be pushed on and off its goal, back and forth, without solving the room.
-ROOM = ["#######", "#_____#", "#@$.__#", "#_____#", "#__$._#", "#_____#", "#######"]
-ON, FINISH = ["R"], ["D", "D", "R"]  # honest: A onto its goal, then B onto its own
-OFF_RIGHT = ["R"]  # A on (2,3) -> off to (2,4); player at (2,3)
-BACK_FROM_RIGHT = ["U", "R", "R", "D", "L"]  # round to (2,5), push A back on
-OFF_LEFT = ["L"]  # A on (2,3) -> off to (2,2); player at (2,3)
-BACK_FROM_LEFT = ["U", "L", "L", "D", "R"]  # round to (2,1), push A back on
-CYCLE = OFF_RIGHT + BACK_FROM_RIGHT + OFF_LEFT + BACK_FROM_LEFT  # two off-and-on rounds
-SOKOBAN_HONEST_GAINS = 1 + 1 + 10 + 0.1 * 2  # two goals, the win, D from 2 to 0
-
-
-def room(**options):
-    env = SokobanEnv({"size": 7, "boxes": 2, **options})
-    env.reset("room", 0, "train")  # then the hand-made room replaces the drawn one
-    cells = {(r, c): ch for r, row in enumerate(ROOM) for c, ch in enumerate(row)}
-    env.floor = frozenset(p for p, ch in cells.items() if ch != "#")
-    env.goals = tuple(sorted(p for p, ch in cells.items() if ch == "."))
-    boxes = tuple(sorted(p for p, ch in cells.items() if ch == "$"))
-    env.dead = dead_squares(env.floor, frozenset(env.goals))
-    env.d0 = box_distance(boxes, env.goals)
-    env.state = SokobanState((2, 1), boxes)
-    env.record = env.tool_record = env.start_record()
-    return env
-
-
-def path_env(**options):
-    """An open 10x10 grid: start (3, 4), goal (8, 8), 9 moves; four moves L walk straight away."""
-    env = PlanPathEnv({"grid_size": 10, "wall_ratio": 0.0, **options})
-    env.reset("path", 4, "train")
-    assert (env.state.pos, env.goal, env.optimum) == ((3, 4), (8, 8), 9)
-    return env
-
-
-AWAY = ["L"] * 4
-
-
-def sudoku_env():
-    env = SudokuEnv({})
-    env.reset("sudoku", 9, "train")
-    return env
-
-
-def honest_sum(env):
-    return sum(
-        plays(env, [answer(env.solution_moves() if isinstance(env, SudokuEnv) else env.solution())])
     )
 
 
@@ -295,179 +233,6 @@ def test_a_deadlock_is_charged_within_the_floor():
         -episode_charge(5.03, M), abs=1e-6
     )
     assert MIN_ANSWER_REWARD < r.local_reward < -0.89  # (was: exactly -0.9, per answer)
-
-
-# ---- the tool agent: paid for what a proposal adds --------------------------------------------
-
-SOLVERS = {
-    "plan_path": (path_env, PATH_SOLVER),
-    "sokoban": (room, SOKOBAN_SOLVER),
-    "sudoku": (sudoku_env, SUDOKU_SOLVER),
-}
-
-
-@pytest.mark.parametrize("name", SOLVERS)
-def test_tool_repeating_a_winning_proposal_while_the_plan_stalls_is_paid_once(name, sandbox):
-    make, solver = SOLVERS[name]
-    env = make()
-    env.sandbox = sandbox
-    tool = []
-    for turn in range(5):
-        r = run(env.step("tool", fenced(solver)))
-        assert r.info["would_solve"] and r.info["verdict"] == "ok", r.info
-        if turn:
-            assert r.info["gains"] == 0.0 and r.local_reward <= 0  # the same proposal: nothing new
-        tool.append(r.local_reward)
-        stall = run(env.step("plan", "#### let me think"))
-        assert stall.local_reward == FAILURE_REWARD
-    one_solve = tool[0]
-    assert sum(tool) <= one_solve and sum(tool) > one_solve - M  # was 5 x one solve
-    # The plan agent following the proposal is paid the full solve: play's record is its own.
-    r = run(env.step("tool", fenced(solver)))
-    p = run(env.step("plan", answer(r.info["actions"])))
-    assert p.success and p.local_reward == pytest.approx(one_solve, abs=1e-6)
-
-
-def test_tool_creeping_one_step_per_turn_is_paid_at_most_one_solve(sandbox):
-    env = path_env(max_turns=12)
-    env.sandbox = sandbox
-    path = env.solution()
-    tool = []
-    for k in range(1, len(path) + 2):  # one step more each turn, then all again
-        r = run(env.step("tool", printing(path[:k])))
-        tool.append(r.local_reward)
-        run(env.step("plan", "#### hmm"))  # the plan agent never moves
-        assert r.info["gains"] == pytest.approx(
-            1 if k < len(path) else 2.5 if k == len(path) else 0
-        )
-    assert sum(tool) == pytest.approx(
-        9 + 1.5 - episode_charge(0.01 * (sum(range(1, 10)) + 9), M), abs=1e-5
-    )
-    assert sum(tool) < honest_sum(path_env())  # never more than a solve
-
-
-def test_tool_is_not_paid_for_what_play_already_reached(sandbox):
-    env = path_env()
-    env.sandbox = sandbox
-    path = env.solution()
-    run(env.step("plan", answer(path[:5])))  # play gets 5 of 9 closer
-    behind = run(env.step("tool", printing([BACK[path[4]]])))  # a step back: nothing
-    assert behind.info["gains"] == 0.0 and behind.local_reward == pytest.approx(-0.01)
-    rest = run(env.step("tool", printing(path[5:])))  # the rest: 4 steps and the goal
-    assert rest.info["gains"] == pytest.approx(4 + 1 + 0.5) and rest.info["simulated"]["optimal"]
-    again = run(env.step("tool", printing(path[5:])))  # the same again: nothing
-    assert again.info["gains"] == 0.0
-
-
-# ---- nothing an agent writes crashes a step ---------------------------------------------------
-
-DEEP = "[" * 10_000 + "]" * 10_000
-HOSTILE = [
-    ("#### " + DEEP, "too_deep"),
-    ("#### " + "[" * 10_000, "too_deep"),  # never closed
-    ("#### [" + "{" * 10_000 + "}" * 10_000 + "]", "too_deep"),
-    ("#### [" + "(" * 10_000 + ")" * 10_000 + "]", "too_deep"),
-    ("#### " + json.dumps(["U"] * 20_000), "too_large"),  # 100,000 characters
-    ('#### ["U' + "x" * 200_000, "too_large"),  # a string never closed
-    ("#### " + json.dumps(["U"] * 401), "bad_moves"),  # over 400 moves
-    ("#### [" + "9" * 5_000 + "]", "not_data"),  # past Python's int digits
-    ("#### " * 200_000, "no_list"),
-    ("x" * 2_000_000, "no_marker"),
-    ('#### ["U", "X"]', "bad_moves"),  # unknown moves ...
-    ('#### ["up"]', "bad_moves"),
-    ("#### [null, 1, 1e999999]", "bad_moves"),
-    ('#### [["U"]]', "bad_moves"),
-    ("#### [" + '"U",' * 100 + '"U\\u0000"]', "bad_moves"),
-    ('#### {"U": 1}', "no_list"),
-    ("#### [U, R]", "not_data"),
-]
-ENVS = {"plan_path": path_env, "sokoban": room, "sudoku": sudoku_env}
-
-
-@pytest.mark.parametrize("name", ENVS)
-@pytest.mark.parametrize(
-    "text, reason", HOSTILE, ids=[f"{r}-{i}" for i, (_, r) in enumerate(HOSTILE)]
-)
-def test_hostile_plan_answers_are_format_failures(name, text, reason):
-    env = ENVS[name]()
-    before = json.dumps(env.puzzle_json())
-    t = time.perf_counter()
-    r = run(env.step("plan", text))
-    assert time.perf_counter() - t < 2.0  # linear work, no recursion
-    assert r.local_reward == FAILURE_REWARD and not r.done
-    assert r.info["judge_error"] == reason, r.info
-    assert len(r.info["parse_error"]) < 1000 and "####" in r.info["parse_error"]
-    assert json.dumps(env.puzzle_json()) == before
-    assert honest_sum(env) == honest_sum(ENVS[name]())  # the ledgers are untouched
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "#### [[0, 0, " + "9" * 4000 + "]]",
-        "#### [[0, 0, 1.0]]",
-        "#### [[0, 0, true]]",
-        "#### [[-1, 0, 1]]",
-        "#### [[0, 0, 5]]",
-        "#### [[0, 0, 1, 2]]",
-        "#### [[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, " + "9" * 4000 + "]]",
-    ],
-)
-def test_hostile_sudoku_cells_are_format_failures(text):
-    env = sudoku_env()
-    r = run(env.step("plan", text))
-    assert r.local_reward == FAILURE_REWARD and r.info["judge_error"] == "bad_moves"
-    assert len(r.info["parse_error"]) < 1000
-
-
-@pytest.mark.parametrize(
-    "output, reason",
-    [
-        (DEEP, "too_deep"),
-        ("[" * 10_000, "too_deep"),
-        (json.dumps(["U"] * 401), "bad_moves"),
-        ('["U", "X"]', "bad_moves"),
-        ("[" + "9" * 5_000 + "]", "not_data"),
-    ],
-)
-def test_hostile_tool_output_is_a_format_failure(output, reason, sandbox):
-    env = path_env()
-    env.sandbox = sandbox
-    program = fenced(f"import sys\nsys.stdout.write('**Actions List**: ' + {output!r})\n")
-    r = run(env.step("tool", program))
-    assert r.info["verdict"] == "ok", r.info
-    assert r.local_reward == FAILURE_REWARD and r.info["judge_error"] == reason, r.info
-    assert "actions list" in r.info["parse_error"]
-    assert "proposed no actions" in env.observe("plan")[0]["content"]
-    assert run(env.step("tool", fenced(PATH_SOLVER))).local_reward == pytest.approx(
-        honest_sum(path_env())
-    )
-
-
-def test_a_sandbox_returning_a_megabyte_of_brackets_is_a_format_failure():
-    """A sandbox whose output limit is larger than ours (or none): the parser still bounds it."""
-
-    class Flood:
-        async def execute(self, code, **kwargs):
-            out = (
-                b"**Actions List**: " + b"[" * 1_000_000 + b"\n**Actions List**: " + b"[" * 500_000
-            )
-            return SimpleNamespace(
-                stdout=out, stderr=b"", verdict=SimpleNamespace(value="ok"), exit_code=0
-            )
-
-    env = path_env()
-    env.sandbox = Flood()
-    t = time.perf_counter()
-    r = run(env.step("tool", fenced("print('hi')")))
-    assert time.perf_counter() - t < 2.0
-    assert r.local_reward == FAILURE_REWARD and r.info["judge_error"] == "too_deep"
-
-
-def test_a_tool_answer_without_code_is_a_counted_format_failure():
-    env = path_env()
-    r = run(env.step("tool", "```python" * 100_000))
-    assert r.local_reward == FAILURE_REWARD and r.info["judge_error"] == "no_code"
 
 
 # ---- honest play wins -------------------------------------------------------------------------

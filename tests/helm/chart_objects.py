@@ -1,0 +1,26 @@
+"""What the chart's tests (test_chart.py, test_chart_pools.py, test_chart_security.py and
+test_chart_run.py) read off the rendered objects: the release's object names and cluster DNS
+domain, the workloads that serve gRPC, and the run config the chart hands the run Job."""
+
+from __future__ import annotations
+
+import yaml
+
+from tests.helm.conftest import NAMESPACE, RELEASE, of_kind
+
+FULLNAME = f"{RELEASE}-atgrpo"
+DOMAIN = f"{NAMESPACE}.svc.cluster.local"
+
+
+def containers(spec: dict) -> list[dict]:
+    return spec["containers"]
+
+
+def server_workloads(objs) -> list[dict]:
+    return [o for o in objs if o["kind"] in ("Deployment", "StatefulSet", "LeaderWorkerSet")]
+
+
+def run_config(objs) -> dict:
+    cms = [o for o in of_kind(objs, "ConfigMap") if "run.yaml" in o.get("data", {})]
+    assert len(cms) == 1
+    return yaml.safe_load(cms[0]["data"]["run.yaml"])
