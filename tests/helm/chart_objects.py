@@ -6,14 +6,9 @@ from __future__ import annotations
 
 import yaml
 
-from tests.helm.conftest import NAMESPACE, RELEASE, of_kind
+from tests.helm.conftest import NAMESPACE, of_kind
 
-FULLNAME = f"{RELEASE}-atgrpo"
 DOMAIN = f"{NAMESPACE}.svc.cluster.local"
-
-
-def containers(spec: dict) -> list[dict]:
-    return spec["containers"]
 
 
 def server_workloads(objs) -> list[dict]:

@@ -22,6 +22,7 @@ CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 # base=False).
 BASE_VALUES = Path(__file__).resolve().parent / "base-values.yaml"
 RELEASE, NAMESPACE = "rl", "ml"
+FULLNAME = f"{RELEASE}-atgrpo"  # the chart's fullname of that release
 # Service modules the chart and the images start with `python -m`.
 SERVICE_MODULES = ("env_svc", "sandbox_svc", "rollout_svc", "router_svc", "trainer_svc")
 

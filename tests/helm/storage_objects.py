@@ -10,8 +10,6 @@ import yaml
 from atgrpo.config import parse_config
 from tests.helm.conftest import HelmError, of_kind, pod_spec, template
 
-FULLNAME = "rl-atgrpo"
-
 
 def pods(objs):
     """(name, pod spec) of every object that runs pods."""

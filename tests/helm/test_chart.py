@@ -17,8 +17,16 @@ import kubernetes_validate
 import kubernetes_validate.utils
 import pytest
 
-from tests.helm.chart_objects import FULLNAME
-from tests.helm.conftest import BASE_VALUES, CHART, CI_VALUES, named, of_kind, rendered, run_helm
+from tests.helm.conftest import (
+    BASE_VALUES,
+    CHART,
+    CI_VALUES,
+    FULLNAME,
+    named,
+    of_kind,
+    rendered,
+    run_helm,
+)
 from tests.helm.crd_schemas import SCHEMAS, pod_templates
 
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schemas known.

@@ -9,9 +9,10 @@ import json
 import pytest
 
 from atgrpo.config import parse_config
-from tests.helm.chart_objects import DOMAIN, FULLNAME, run_config
+from tests.helm.chart_objects import DOMAIN, run_config
 from tests.helm.conftest import (
     CHART,
+    FULLNAME,
     HelmError,
     component,
     named,

@@ -9,9 +9,10 @@ import pytest
 
 from atgrpo.cli import build_parser
 from atgrpo.config import parse_config
-from tests.helm.chart_objects import DOMAIN, FULLNAME, run_config, server_workloads
+from tests.helm.chart_objects import DOMAIN, run_config, server_workloads
 from tests.helm.conftest import (
     CHART,
+    FULLNAME,
     NAMESPACE,
     RELEASE,
     component,

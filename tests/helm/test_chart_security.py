@@ -5,8 +5,17 @@ they need), and a disruption budget for every workload."""
 from __future__ import annotations
 
 from atgrpo.rpc.server import LIVENESS
-from tests.helm.chart_objects import FULLNAME, server_workloads
-from tests.helm.conftest import component, named, of_kind, pod_labels, pod_spec, template, values_of
+from tests.helm.chart_objects import server_workloads
+from tests.helm.conftest import (
+    FULLNAME,
+    component,
+    named,
+    of_kind,
+    pod_labels,
+    pod_spec,
+    template,
+    values_of,
+)
 
 # ---- probes, security, disruption budgets --------------------------------------------------
 

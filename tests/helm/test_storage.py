@@ -17,6 +17,7 @@ import yaml
 from env_svc.datasets import sources
 from tests.helm.conftest import (
     CHART,
+    FULLNAME,
     component,
     named,
     of_kind,
@@ -28,7 +29,7 @@ from tests.helm.conftest import (
     template,
     values_of,
 )
-from tests.helm.storage_objects import FULLNAME, pods, run_config
+from tests.helm.storage_objects import pods, run_config
 
 WAITS = ("wait-for-models", "wait-for-datasets")  # the populate Jobs' readers
 

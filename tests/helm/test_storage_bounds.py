@@ -15,8 +15,8 @@ from atgrpo.cli.sizing import checkpoints_at_once, size_run
 from atgrpo.config import parse_config
 from atgrpo.memory import checkpoint_bytes
 from atgrpo.model_shape import load_shape
-from tests.helm.conftest import ROOT, named, pod_spec, rendered, template, values_of
-from tests.helm.storage_objects import FULLNAME, pods, rejected, run_config
+from tests.helm.conftest import FULLNAME, ROOT, named, pod_spec, rendered, template, values_of
+from tests.helm.storage_objects import pods, rejected, run_config
 
 GIB = 1024**3
 UNITS = {

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tests.helm.conftest import HelmError, named, pod_spec, template
-from tests.helm.storage_objects import FULLNAME, rejected
+from tests.helm.conftest import FULLNAME, HelmError, named, pod_spec, template
+from tests.helm.storage_objects import rejected
 
 # ---- what the chart refuses ----------------------------------------------------------------
 
