@@ -59,10 +59,12 @@ def pipe_writer(payload: str) -> str:
     ],
 )
 def test_a_result_too_costly_to_build_is_refused_in_linear_time(value, reason):
-    start = time.perf_counter()
+    # CPU time, not wall time: the decode runs in this process, and a suite on two busy cores
+    # stretched its wall time past 1 s while the CPU it took stayed well under the bound
+    start = time.process_time()
     kind, err = call_outcome('{"value":' + value + "}")
     assert (kind, err.reason) == ("refused", reason)
-    assert time.perf_counter() - start < 0.5
+    assert time.process_time() - start < 0.5
     with pytest.raises(JudgeError) as raised:
         call_data.decode(value)
     assert raised.value.reason == reason
