@@ -200,10 +200,16 @@ def warm_lines(warm: dict[str, dict]) -> str:
     lines = ["", "", "Warm starts (each task's variants all start from it; bench/_warm_start.py):"]
     for task, w in sorted(warm.items()):
         d, f = w["demos"], w["sft"]
+        # the fine-tune keeps each epoch's mean loss: one epoch has one
+        loss = (
+            f"mean loss {f['loss_first']:.3f}"
+            if f["epochs"] == 1
+            else f"epoch mean loss {f['loss_first']:.3f} -> {f['loss_last']:.3f}"
+        )
         lines.append(
             f"- {task}: {d['demos']} demonstrations from the {d['kept']} of {d['episodes']} "
-            f"train episodes its env's solver won; {f['epochs']} epoch at lr {w['lr']:g}, "
-            f"{f['seconds'] / 60:.1f} min, loss {f['loss_first']:.3f} -> {f['loss_last']:.3f}"
+            f"train episodes its env's solver won; {f['epochs']} epoch(s) of {f['steps']} "
+            f"batches at lr {w['lr']:g}, {f['seconds'] / 60:.1f} min, {loss}"
         )
     return "\n".join(lines)
 
