@@ -1,9 +1,18 @@
 """A scripted engine and a number-picking environment that make the tree driver's choices
-predictable. The engine is a fake, on purpose: it pins the driver's rules, not generation."""
+predictable, and a Collect plan over that environment (pick_plan). The engine is a fake, on
+purpose: it pins the driver's rules, not generation."""
 
 import asyncio
 
-from atgrpo.contract.rollout import AgentPlan, Completion, Generation, PolicyRef
+from atgrpo.contract.rollout import (
+    AgentPlan,
+    CollectPlan,
+    Completion,
+    Generation,
+    PolicyRef,
+    TaskRef,
+)
+from atgrpo.contract.sampling import Sampling
 from atgrpo.sdk import Environment, EnvSpec, StepResult
 
 
@@ -59,3 +68,23 @@ class PickEnv(Environment):
             return StepResult(0.0, -1.0, info={"parse_error": "not a digit"})
         self.kept.append((agent, int(action)))
         return StepResult(int(action) / 10, 0.0, done=action == "9", success=action == "9")
+
+
+def pick_plan(**kw) -> CollectPlan:
+    """A tree Collect of PickEnv through a real engine: 2 tasks, agents a then b on pool "p"
+    sampling 4 tokens at temperature 1, 2 turns, K 3; `kw` replaces any field."""
+    agents = {
+        n: AgentPlan(n, "p", sampling=Sampling(temperature=1.0, max_tokens=4)) for n in ("a", "b")
+    }
+    fields = dict(
+        run_id="r",
+        step=1,
+        env="pick",
+        turn_order=("a", "b"),
+        max_turns=2,
+        k=3,
+        alpha=1.0,
+        tasks=tuple(TaskRef(f"t{i}", i, episode=i + 1) for i in range(2)),
+        agents=agents,
+    )
+    return CollectPlan(**{**fields, **kw})

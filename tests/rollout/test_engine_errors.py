@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY
 from atgrpo import errors
 from atgrpo._proto.v1 import rollout_pb2
 from atgrpo.contract import rollout_wire
-from atgrpo.contract.rollout import AgentPlan, CollectPlan, EpisodeEnd, Sample, TaskRef
+from atgrpo.contract.rollout import EpisodeEnd, Sample
 from atgrpo.contract.sampling import Sampling
 from atgrpo.rpc.server import create_server
 from atgrpo.sdk.host import EnvHost
@@ -27,7 +27,7 @@ from rollout_svc.engines.hf import HFEngine
 from rollout_svc.pool import BAD_REQUEST, ENGINE_FAILURE, OUT_OF_MEMORY, PoolRuntime, classify
 from rollout_svc.replica import Replica
 from rollout_svc.server import bindings
-from tests.rollout.scripted import PickEnv
+from tests.rollout.scripted import PickEnv, pick_plan
 
 GREEDY = Sampling(temperature=0.0, max_tokens=6)
 
@@ -276,33 +276,16 @@ def test_collect_goes_on_through_out_of_memory_and_ends_retryably_when_nothing_f
     error, which the router retries (only InvalidArgument and EnvCodeError episode errors fail a
     run)."""
 
-    def plan():
-        agents = {
-            n: AgentPlan(n, "p", sampling=Sampling(temperature=1.0, max_tokens=4))
-            for n in ("a", "b")
-        }
-        return CollectPlan(
-            run_id="r",
-            step=1,
-            env="pick",
-            turn_order=("a", "b"),
-            max_turns=2,
-            k=3,
-            alpha=1.0,
-            tasks=tuple(TaskRef(f"t{i}", i, episode=i + 1) for i in range(2)),
-            agents=agents,
-        )
-
     flaky = FlakyEngine(engine, oom, max_rows=2)
 
     async def go(c, pool):
-        events = [e async for e in c.collect(plan())]
+        events = [e async for e in c.collect(pick_plan())]
         ends = [e for e in events if isinstance(e, EpisodeEnd)]
         samples = [e for e in events if isinstance(e, Sample)]
         assert len(ends) == 2 and not any(e.error for e in ends)
         assert len(samples) == sum(e.turns for e in ends) * 2 * 3 and pool.oom_retries > 0
         flaky.max_rows = 0
-        ends = [e for e in [e async for e in c.collect(plan())] if isinstance(e, EpisodeEnd)]
+        ends = [e for e in [e async for e in c.collect(pick_plan())] if isinstance(e, EpisodeEnd)]
         assert len(ends) == 2 and all(
             e.error.startswith("ResourceExhausted: pool 'p' ran out of memory") for e in ends
         )

@@ -22,28 +22,13 @@ from rollout_svc.engines.hf import HFEngine
 from rollout_svc.pool import PoolRuntime
 from rollout_svc.replica import Replica
 from rollout_svc.server import bindings
-from tests.rollout.scripted import PickEnv
+from tests.rollout.scripted import PickEnv, pick_plan
 from tests.rollout.served import _perturbed, serve
 
 
 def test_collect_streams_groups_with_the_real_model(tiny_model):
     def plan(**kw):
-        agents = {
-            n: AgentPlan(n, "p", sampling=Sampling(temperature=1.0, max_tokens=4))
-            for n in ("a", "b")
-        }
-        fields = dict(
-            run_id="r",
-            step=3,
-            env="pick",
-            turn_order=("a", "b"),
-            max_turns=2,
-            k=3,
-            alpha=1.0,
-            tasks=tuple(TaskRef(f"t{i}", i, episode=i + 1) for i in range(2)),
-            agents=agents,
-        )
-        return CollectPlan(**{**fields, **kw})
+        return pick_plan(step=3, **kw)
 
     async def go(c, engine):
         raw = [e async for e in c.stub.Collect(rollout_wire.collect_plan_to_pb(plan()))]
