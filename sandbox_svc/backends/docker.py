@@ -269,10 +269,13 @@ class DockerBackend:
     def run(self, req: ExecRequest, slot: int, cancel: threading.Event | None = None) -> ExecResult:
         language = LANGUAGES[req.language]
         limits = req.limits
-        start = time.monotonic()
-        deadline = start + limits.wall_timeout_ms / 1000
         payload = _payload(req, language, f"/tmp/run-{next(self._runs)}")
         _, exec_id, sock = self._open_exec(slot)
+        # The wall clock starts once the container is up: a slot's replacement container (after a
+        # program broke the last one) takes seconds to start on a loaded host, which is not the
+        # next program's time.
+        start = time.monotonic()
+        deadline = start + limits.wall_timeout_ms / 1000
         ex = _Exchange(limits.max_output_bytes)
         try:
             ex.pump(getattr(sock, "_sock", sock), payload, deadline, cancel)

@@ -11,14 +11,13 @@ container may be reused (see its docstring for the whole protocol).
 from __future__ import annotations
 
 import json
-import math
 import select
 import socket
 import struct
 import time
 
 from atgrpo.contract.sandbox import ExecRequest, Limits
-from sandbox_svc.backends.process import Output
+from sandbox_svc.backends.process import Output, cpu_limit_s
 from sandbox_svc.languages import Language
 from sandbox_svc.syscalls import launcher_seccomp
 
@@ -28,7 +27,7 @@ _READ_CHUNK = 1 << 16
 
 
 def _rlimits(limits: Limits) -> list[tuple[str, int]]:
-    cpu = max(1, math.ceil(limits.cpu_time_ms / 1000))
+    cpu = cpu_limit_s(limits)
     return [
         # Soft = hard, as for prlimit in process.py: SIGKILL at the CPU limit.
         ("RLIMIT_CPU", cpu),

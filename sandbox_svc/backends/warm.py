@@ -14,6 +14,7 @@ import base64
 import json
 import logging
 import os
+import select
 import socket
 import subprocess
 import threading
@@ -24,7 +25,7 @@ from pathlib import Path
 import psutil
 
 from atgrpo.contract.sandbox import ExecRequest, ExecResult, Verdict
-from sandbox_svc.backends.process import Output, memfd_with, pump, verdict
+from sandbox_svc.backends.process import Output, await_end, memfd_with, pump, verdict
 from sandbox_svc.languages import LANGUAGES
 from sandbox_svc.syscalls import launcher_seccomp
 
@@ -183,9 +184,12 @@ class WarmSandbox:
                 os.close(fd)
         try:
             self._delivered_reply()  # {"started": pid}
-            killed_for = pump(
-                [(out_r, out), (err_r, err)], start + limits.wall_timeout_ms / 1000, cancel
-            )
+            deadline = start + limits.wall_timeout_ms / 1000
+            killed_for = pump([(out_r, out), (err_r, err)], deadline, cancel)
+            if killed_for is None:  # its pipes are closed; the program may still be running
+                killed_for = await_end(
+                    lambda t: bool(select.select([self.ctl], [], [], t)[0]), deadline, cancel
+                )
             if killed_for is not None:
                 self.ctl.send(b"kill")
             reply = self._delivered_reply()  # {"status", "cpu_ms"}: the program is over

@@ -19,6 +19,8 @@ WRITE_OUTSIDE_TMP = (
     "print('fails', fails)\n"
 )
 SLEEP_FOREVER = "import time\ntime.sleep(3600)\n"
+# Closes its output early, so the pipes end while it runs on: the wall clock must still stop it.
+CLOSE_OUTPUT_AND_SLEEP = "import os, time\nos.close(1)\nos.close(2)\ntime.sleep(3600)\n"
 KILL_PARENT = (
     "import os, signal\n"
     "for pid in (os.getppid(), 1):\n"

@@ -84,7 +84,13 @@ def test_memory_bomb_gets_memory_limit(backend):
 
 
 def test_infinite_loop_gets_timeout_at_the_cpu_limit(backend):
-    r = run(backend, hostile.INFINITE_LOOP)
+    # A wall clock far off, so the CPU limit stops it even where a loaded host gives the loop
+    # under 2 s of CPU in FAST's 3 s (measured: 1.4 s beside a learning run).
+    r = run(
+        backend,
+        hostile.INFINITE_LOOP,
+        limits=Limits(**{**FAST.__dict__, "wall_timeout_ms": 30_000}),
+    )
     assert r.verdict is Verdict.TIMEOUT
     assert FAST.cpu_time_ms * 0.9 <= r.cpu_ms <= FAST.cpu_time_ms + 1000
 
@@ -139,6 +145,18 @@ def test_sleep_past_the_wall_limit_is_a_timeout(backend):
         backend, hostile.SLEEP_FOREVER, limits=Limits(**{**FAST.__dict__, "wall_timeout_ms": 500})
     )
     assert r.verdict is Verdict.TIMEOUT and 500 <= r.wall_ms < 1500
+
+
+def test_closing_the_output_does_not_escape_the_wall_clock(backend):
+    # Both pipes end at once; the program sleeps on. Before: the warm sandbox waited for it past
+    # the wall limit, gave up after 5 s and restarted the sandbox ("sandbox failure", KILLED).
+    r = run(
+        backend,
+        hostile.CLOSE_OUTPUT_AND_SLEEP,
+        limits=Limits(**{**FAST.__dict__, "wall_timeout_ms": 500}),
+    )
+    assert r.verdict is Verdict.TIMEOUT and 500 <= r.wall_ms < 1500, r
+    assert run(backend, "print('next')").stdout == b"next\n"
 
 
 def test_nothing_persists_between_executions(backend):

@@ -205,3 +205,31 @@ def test_unsafe_backend_says_so_at_start_and_on_every_scrape(tmp_path, subproces
         proc.terminate()
         _, stderr = proc.communicate(timeout=10)
     assert stderr.count("SANDBOX ISOLATION IS OFF") >= 3  # at start, and once per scrape
+
+
+def test_unsafe_backend_keeps_the_wall_clock_after_the_output_closes():
+    # The program ends both pipes and sleeps on: run_launch must not wait for it past the wall.
+    from atgrpo.contract.sandbox import ExecRequest
+    from sandbox_svc.backends.unsafe import SubprocessBackend
+
+    limits = Limits(wall_timeout_ms=500, cpu_time_ms=2000)
+    r = SubprocessBackend().run(
+        ExecRequest("python", hostile.CLOSE_OUTPUT_AND_SLEEP, b"", (), limits), 0
+    )
+    assert r.verdict is Verdict.TIMEOUT and 500 <= r.wall_ms < 1500, r
+
+
+@pytest.mark.parametrize(
+    ("cpu_ms", "expected"),
+    [(2000, Verdict.TIMEOUT), (1890, Verdict.TIMEOUT), (1700, Verdict.KILLED)],
+)
+def test_a_sigkill_near_the_cpu_limit_is_the_limit(cpu_ms, expected):
+    # RLIMIT_CPU kills with SIGKILL; the killed program's rusage can read ~5% under the limit on a
+    # loaded host. Well under it, a SIGKILL came from elsewhere.
+    import signal
+
+    from sandbox_svc.backends.process import verdict
+    from sandbox_svc.languages import LANGUAGES
+
+    limits = Limits(wall_timeout_ms=3000, cpu_time_ms=1500)  # enforced as RLIMIT_CPU = 2 s
+    assert verdict(None, 0, signal.SIGKILL, cpu_ms, b"", limits, LANGUAGES["python"]) is expected
