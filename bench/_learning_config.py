@@ -60,8 +60,10 @@ def run_config(
     eval_tasks: int,
     dtype: str = DTYPE,
     knobs: Knobs = Knobs(),
+    checkpoint_every: int = 0,
 ) -> dict[str, Any]:
-    """One run's config: the AT-GRPO baseline with `variant`'s one change."""
+    """One run's config: the AT-GRPO baseline with `variant`'s one change. `checkpoint_every`:
+    steps between checkpoints (0: none), what a resumed run starts from."""
     spec = TASKS[task]
     agents = [spec.single] if variant == "L0" else list(spec.team)
     env_options = {**spec.options, "max_turns": spec.max_turns, "turn_order": agents}
@@ -83,7 +85,8 @@ def run_config(
             "tasks_per_step": knobs.tasks_per_step * (2 if variant == "L0" else 1),
             "eval_every_steps": eval_every,
             "eval_tasks": eval_tasks,
-            "checkpoint_every_steps": 0,
+            "checkpoint_every_steps": checkpoint_every,
+            "keep_checkpoints": 1,  # what a resume loads (and the best): ~2 GB each at 135M
             "run_dir": str(run_dir),
             "save_eval_samples": True,
             # only when asked, as max_staleness

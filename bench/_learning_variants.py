@@ -21,6 +21,9 @@ class Task:
     # a short program; a sentence and the tagged answer
     max_tokens: dict[str, int] = field(default_factory=lambda: {"tool": 96, "reasoner": 64})
     warm_start: bool = False
+    # the train episodes whose solver demonstrations make the warm start (0: paper_table's
+    # --warm-episodes); fewer demonstrations, a weaker start
+    warm_episodes: int = 0
 
 
 def arithmetic(digits: int, operators: list[str]) -> dict[str, Any]:

@@ -134,12 +134,12 @@ def one_cell(task: str, variant: str, seed: int, model: str, work: Path, args) -
 
     knobs = Knobs(seed=seed, label=f"s{seed}", **KNOBS)
     start = time.perf_counter()
-    run = one_run(
-        task, variant, model, work, args.steps, args.eval_every, args.eval_tasks, knobs=knobs
-    )
+    # A checkpoint at each evaluation: a cell cut short (the machine went away: a Plan-Path cell
+    # takes hours here) resumes from its last one when the grid runs again.
+    sizes = (args.steps, args.eval_every, args.eval_tasks)
+    run = one_run(task, variant, model, work, *sizes, knobs=knobs, checkpoint_every=args.eval_every)
     if variant in ("L2", "L3"):
         run_dir = Path(run["run_dir"])
-        sizes = (args.steps, args.eval_every, args.eval_tasks)
         # the swapped evaluation's own run directory: the run's evals/ keeps its own
         data = run_config(
             task, variant, model, run_dir / "swapped", *sizes, dtype=DTYPE, knobs=knobs
@@ -286,7 +286,8 @@ def main() -> None:
         if args.warm_start == "all" or (args.warm_start == "auto" and TASKS[task].warm_start):
             if task not in warm:
                 config = run_config(task, "at-grpo", model, work / f"warm-{task}" / "run", 1, 1, 1)
-                warm[task] = warm_model(config, model, work / f"warm-{task}", args.warm_episodes)
+                episodes = TASKS[task].warm_episodes or args.warm_episodes
+                warm[task] = warm_model(config, model, work / f"warm-{task}", episodes)
                 print(f"{task}: warm start, {warm[task]}", flush=True)
             start = warm[task]["model"]
         done[key(task, variant, seed)] = one_cell(task, variant, seed, start, work, args)

@@ -124,12 +124,15 @@ def one_run(
     target: float | None = None,
     hold: int = 2,
     knobs: Knobs = Knobs(),  # noqa: B008 - a frozen dataclass
+    checkpoint_every: int = 0,
 ) -> dict:
     """Train one variant on one task through the five local services; its evaluations and times.
     `minutes`: stop at the last step whose training time (evaluations not counted) stays within
     it, as the recent steps' times foretell, and evaluate that step's checkpoint, if the run has
     not reached `steps` by then. `target`: stop `hold` evaluations after greedy success first
-    reaches it (time_to_target)."""
+    reaches it (time_to_target). `checkpoint_every` > 0: checkpoints that often, and a run
+    directory left with one (a run cut short: the machine went away) is resumed from its last
+    checkpoint instead of started over; `wall_s` then counts this part only."""
     from atgrpo.cli.runner import LocalServices, evaluate, run_until
     from atgrpo.config import parse_config
     from atgrpo.rundir import read_metrics
@@ -142,9 +145,11 @@ def one_run(
 
         args = (steps, eval_every, eval_tasks, minutes, dtype, target, hold, knobs)
         return trl_run(task, model, run_dir, *args)
-    shutil.rmtree(run_dir, ignore_errors=True)  # a rerun starts over, never resumes an old run
+    resumed = checkpointed_step(run_dir) if checkpoint_every else 0
+    if not resumed:  # a rerun starts over, never resumes a run that kept no checkpoint
+        shutil.rmtree(run_dir, ignore_errors=True)
     data = run_config(
-        task, variant, model, run_dir, steps, eval_every, eval_tasks, dtype=dtype, knobs=knobs
+        task, variant, model, run_dir, steps, eval_every, eval_tasks, dtype, knobs, checkpoint_every
     )
     took: list[float] = []  # each step's training seconds
     successes: list[float] = []  # each evaluation's greedy success
@@ -191,6 +196,8 @@ def one_run(
         result = evaluate(parse_config(data), run_dir)
         (kept,) = (run_dir / "evals").glob("*/eval-samples/*.jsonl")
         evals.append(({**result, "step": steps_[-1]["step"]}, kept))
+    # the evaluations before a resume ran in an earlier process: their own recorded seconds
+    eval_s[0] += sum(e.get("eval_seconds", 0.0) for e, _ in evals if e["step"] < resumed)
     scored = [
         {
             "step": e["step"],
@@ -204,6 +211,7 @@ def one_run(
     return {
         **run_record(task, variant, dtype, knobs, start, run_dir, timed, scored, eval_s[0]),
         **reached(timed, scored, target, hold),
+        **({"resumed_after_step": resumed} if resumed else {}),
         "train_reward": [(e["step"], e["reward_mean"]) for e in steps_],
         "samples_per_step": statistics.fmean(e["samples"] for e in timed),
         "trained_samples_per_step": statistics.fmean(
@@ -214,6 +222,16 @@ def one_run(
         ),
         "time_breakdown_s": {k: statistics.fmean(e.get(k, 0.0) for e in steps_) for k in BREAKDOWN},
     }
+
+
+def checkpointed_step(run_dir: Path) -> int:
+    """The step of the last checkpoint `run_dir` holds (0: none, or no run there)."""
+    try:
+        state = json.loads((run_dir / "state.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    checkpoint = state.get("checkpoint") if isinstance(state, dict) else None
+    return int(checkpoint["step"]) if checkpoint else 0
 
 
 def tiny_model(work: Path) -> str:

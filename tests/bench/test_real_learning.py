@@ -260,3 +260,20 @@ def test_the_trl_variant_gets_l0s_tasks_prompts_and_rewards_from_the_env(tiny_mo
     )
     with pytest.raises(ValueError, match="stop strings"):
         trl_settings(parse_config(stopped), 2, ROOT / "x", "bfloat16")
+
+
+def test_a_checkpointed_run_cut_short_resumes_from_its_last_checkpoint(tiny_model, tmp_path):
+    # As a paper_table cell whose machine went away after step 1 of 2: run again, it trains step 2
+    # only, from step 1's checkpoint, and reports the whole run's steps and evaluations.
+    from bench.real_learning import one_run
+
+    first = one_run("arithmetic", "at-grpo", tiny_model, tmp_path, 1, 1, 2, checkpoint_every=1)
+    assert "resumed_after_step" not in first
+    second = one_run("arithmetic", "at-grpo", tiny_model, tmp_path, 2, 1, 2, checkpoint_every=1)
+    assert second["resumed_after_step"] == 1
+    assert [s["step"] for s in second["steps"]] == [1, 2]
+    assert [e["step"] for e in second["evals"]] == [0, 1, 2]
+    assert second["evals"][:2] == first["evals"]
+    # without checkpoints a rerun starts over
+    third = one_run("arithmetic", "at-grpo", tiny_model, tmp_path, 1, 1, 2)
+    assert "resumed_after_step" not in third and [s["step"] for s in third["steps"]] == [1]
