@@ -86,7 +86,8 @@ def run_config(
             "eval_every_steps": eval_every,
             "eval_tasks": eval_tasks,
             "checkpoint_every_steps": checkpoint_every,
-            "keep_checkpoints": 1,  # what a resume loads (and the best): ~2 GB each at 135M
+            # what a resume loads (and the best): ~2 GB each at 135M
+            **({"keep_checkpoints": 1} if checkpoint_every else {}),
             "run_dir": str(run_dir),
             "save_eval_samples": True,
             # only when asked, as max_staleness

@@ -83,7 +83,9 @@ def test_the_smollm2_examples_are_the_learning_bench_s_at_grpo_runs():
     from bench._learning_config import run_config
     from bench._learning_variants import TASKS
 
-    for task in TASKS:
+    # a task that differs from its env's only by a smaller warm start (plan_path_w60) is the same
+    # example with that model
+    for task in (t for t in TASKS if not TASKS[t].warm_episodes):
         env = TASKS[task].env
         name = f"{task}_L1_smollm2.yaml" if env == task else f"{env}_{task}_L1_smollm2.yaml"
         # plan_path's example starts from its warm start (its header says how to build it)

@@ -221,11 +221,11 @@ def test_unsafe_backend_keeps_the_wall_clock_after_the_output_closes():
 
 @pytest.mark.parametrize(
     ("cpu_ms", "expected"),
-    [(2000, Verdict.TIMEOUT), (1890, Verdict.TIMEOUT), (1700, Verdict.KILLED)],
+    [(2000, Verdict.TIMEOUT), (1600, Verdict.TIMEOUT), (900, Verdict.KILLED)],
 )
 def test_a_sigkill_near_the_cpu_limit_is_the_limit(cpu_ms, expected):
-    # RLIMIT_CPU kills with SIGKILL; the killed program's rusage can read ~5% under the limit on a
-    # loaded host. Well under it, a SIGKILL came from elsewhere.
+    # RLIMIT_CPU kills with SIGKILL; on a loaded host the killed program's rusage read as low as
+    # 80% of the limit. Under half of it, the SIGKILL came from elsewhere.
     import signal
 
     from sandbox_svc.backends.process import verdict
