@@ -196,8 +196,7 @@ def one_run(
         result = evaluate(parse_config(data), run_dir)
         (kept,) = (run_dir / "evals").glob("*/eval-samples/*.jsonl")
         evals.append(({**result, "step": steps_[-1]["step"]}, kept))
-    # the evaluations before a resume ran in an earlier process: their own recorded seconds
-    eval_s[0] += sum(e.get("eval_seconds", 0.0) for e, _ in evals if e["step"] < resumed)
+    eval_s[0] += earlier_eval_seconds([e for e, _ in evals], resumed)
     scored = [
         {
             "step": e["step"],
@@ -222,6 +221,13 @@ def one_run(
         ),
         "time_breakdown_s": {k: statistics.fmean(e.get(k, 0.0) for e in steps_) for k in BREAKDOWN},
     }
+
+
+def earlier_eval_seconds(evals: list[dict], resumed: int) -> float:
+    """The seconds of the evaluations an earlier process ran before this one resumed after step
+    `resumed` (0: none): those up to that step, the checkpoint's own included (the router
+    evaluates a step before it checkpoints it, and a resume does not evaluate it again)."""
+    return sum(e.get("eval_seconds", 0.0) for e in evals if resumed and e["step"] <= resumed)
 
 
 def checkpointed_step(run_dir: Path) -> int:

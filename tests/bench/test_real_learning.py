@@ -277,3 +277,13 @@ def test_a_checkpointed_run_cut_short_resumes_from_its_last_checkpoint(tiny_mode
     # without checkpoints a rerun starts over
     third = one_run("arithmetic", "at-grpo", tiny_model, tmp_path, 1, 1, 2)
     assert "resumed_after_step" not in third and [s["step"] for s in third["steps"]] == [1]
+
+
+def test_a_resumed_run_counts_the_evaluations_its_earlier_process_ran():
+    from bench.real_learning import earlier_eval_seconds
+
+    evals = [{"step": 0, "eval_seconds": 10.0}, {"step": 4, "eval_seconds": 20.0}]
+    evals.append({"step": 8, "eval_seconds": 30.0})
+    assert earlier_eval_seconds(evals, 4) == 30.0  # steps 0 and 4: 4's checkpoint came after it
+    assert earlier_eval_seconds(evals, 0) == 0.0  # not resumed: this process timed them all
+    assert earlier_eval_seconds([{"step": 0}], 4) == 0.0  # an evaluation with no seconds recorded
