@@ -37,9 +37,8 @@ def as_uid(uid: int | None) -> list[str]:
     return [] if uid is None else [SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
 
 
-def prlimit_argv(limits: Limits, extra_processes: int = 0) -> list[str]:
-    """`prlimit` options for `limits`. `extra_processes` leaves room for a wrapper's own
-    processes."""
+def prlimit_argv(limits: Limits) -> list[str]:
+    """`prlimit` options for `limits`."""
     cpu = cpu_limit_s(limits)
     return [
         PRLIMIT,
@@ -49,7 +48,7 @@ def prlimit_argv(limits: Limits, extra_processes: int = 0) -> list[str]:
         f"--as={limits.memory_bytes}",
         f"--fsize={limits.max_file_bytes}",
         f"--nofile={limits.max_open_files}",
-        f"--nproc={limits.max_processes + extra_processes}",
+        f"--nproc={limits.max_processes}",
         "--core=0",
         "--",
     ]
@@ -72,9 +71,6 @@ class Launch:
     env: dict[str, str] | None = None
     uid: int | None = None
     pass_fds: tuple[int, ...] = ()
-    # Exit codes above 128 mean death by signal (128 + n) for wrappers that relay it that way.
-    exit_code_encodes_signal: bool = False
-    extra_processes: int = 0  # the wrapper's own processes, on top of limits.max_processes
 
 
 class Output:
@@ -89,30 +85,23 @@ class Output:
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:
-    """Kill the program, then its wrapper's group.
-
-    Descendants go first so that a wrapper (bwrap) reaps them and exits on its own: killing the
-    wrapper first would orphan them, and where the host's init does not reap, they would stay
-    zombies counting against the slot's process limit.
-    """
+    """Kill the program, its process group and every descendant (one that left the group with
+    setsid too), at once: `proc` is the program itself (as_uid and prlimit exec it), so nothing
+    of its own is left to reap them, and waiting for it to exit would only add to its wall clock
+    (a program with a child of its own ran a second past its limit)."""
     try:
         descendants = psutil.Process(proc.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         descendants = []
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
     for child in descendants:
         try:
             child.kill()
         except psutil.NoSuchProcess:
             pass
-    # Where the command has no children (it exec'd the program itself), nothing is to be reaped
-    # by a wrapper: the group's kill below stops it at once, not after a second's wait.
-    give_up = time.monotonic() + (1.0 if descendants else 0.0)
-    while not _exited(proc.pid) and time.monotonic() < give_up:  # not reaped: wait4 needs it
-        time.sleep(0.005)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def become_subreaper() -> None:
@@ -237,7 +226,7 @@ def run_launch(
     start = time.monotonic()
     deadline = start + launch.limits.wall_timeout_ms / 1000
     out, err = Output(launch.limits.max_output_bytes), Output(launch.limits.max_output_bytes)
-    argv = [*as_uid(launch.uid), *prlimit_argv(launch.limits, launch.extra_processes), *launch.argv]
+    argv = [*as_uid(launch.uid), *prlimit_argv(launch.limits), *launch.argv]
     proc = subprocess.Popen(
         argv,
         stdin=launch.stdin_fd,
@@ -277,8 +266,6 @@ def run_launch(
     wall_ms = int((time.monotonic() - start) * 1000)
     cpu_ms = int((usage.ru_utime + usage.ru_stime) * 1000)
     code, sig = (os.WEXITSTATUS(status), 0) if os.WIFEXITED(status) else (0, os.WTERMSIG(status))
-    if launch.exit_code_encodes_signal and code > 128:
-        code, sig = 0, code - 128
     if killed_for == "orphans":  # the program itself finished; only its leftovers were killed
         killed_for = None
     return ExecResult(

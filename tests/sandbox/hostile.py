@@ -21,6 +21,12 @@ WRITE_OUTSIDE_TMP = (
 SLEEP_FOREVER = "import time\ntime.sleep(3600)\n"
 # Closes its output early, so the pipes end while it runs on: the wall clock must still stop it.
 CLOSE_OUTPUT_AND_SLEEP = "import os, time\nos.close(1)\nos.close(2)\ntime.sleep(3600)\n"
+# A child of its own that sleeps past any limit, its pid printed first, then the program sleeps.
+CHILD_AND_SLEEP = (
+    "import subprocess, sys, time\n"
+    "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'])\n"
+    "print(c.pid, flush=True)\ntime.sleep(3600)\n"
+)
 KILL_PARENT = (
     "import os, signal\n"
     "for pid in (os.getppid(), 1):\n"

@@ -219,6 +219,23 @@ def test_unsafe_backend_keeps_the_wall_clock_after_the_output_closes():
     assert r.verdict is Verdict.TIMEOUT and 500 <= r.wall_ms < 1500, r
 
 
+def test_unsafe_backend_kills_a_program_with_a_child_at_its_wall_clock():
+    # The kill took the child first, then waited a second for the program to exit by itself.
+    import psutil
+
+    from atgrpo.contract.sandbox import ExecRequest
+    from sandbox_svc.backends.unsafe import SubprocessBackend
+
+    limits = Limits(wall_timeout_ms=1000, cpu_time_ms=4000)
+    r = SubprocessBackend().run(ExecRequest("python", hostile.CHILD_AND_SLEEP, b"", (), limits), 0)
+    assert r.verdict is Verdict.TIMEOUT and 1000 <= r.wall_ms < 1900, r
+    child = int(r.stdout.split()[0])
+    try:
+        assert psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        pass
+
+
 @pytest.mark.parametrize(
     ("cpu_ms", "expected"),
     [(2000, Verdict.TIMEOUT), (1600, Verdict.TIMEOUT), (900, Verdict.KILLED)],
